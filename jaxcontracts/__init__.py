@@ -1,0 +1,27 @@
+"""jaxcontracts: contracts that keep host-driven JAX loops fast.
+
+No device-to-host reads, every state buffer donated, no recompiles: checked
+where it is cheapest and failing loudly, with the culprit named, on every
+backend, CPU included.
+"""
+
+from importlib.metadata import PackageNotFoundError as _PNF
+from importlib.metadata import version as _version
+
+from ._config import checks_level as checks_level
+from ._config import get_checks as get_checks
+from ._config import set_checks as set_checks
+from ._errors import ContractError as ContractError
+from ._errors import DefinitionError as DefinitionError
+from ._errors import DonationError as DonationError
+from ._errors import RecompileError as RecompileError
+from ._errors import SpecError as SpecError
+from ._errors import TransferError as TransferError
+from ._spec import spec_of as spec_of
+from ._state import state as state
+from ._state import static as static
+
+try:
+    __version__ = _version("jaxcontracts")
+except _PNF:  # pragma: no cover - running from a source tree
+    __version__ = "0.0.0+unknown"

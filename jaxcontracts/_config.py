@@ -1,0 +1,98 @@
+"""The checks level: ``JAXCONTRACTS_CHECKS=full|fast|off`` and a setter.
+
+``full`` (default) runs every pre- and post-dispatch check, ``fast`` only the
+pre-dispatch ones, ``off`` makes a hot_step a bare compiled call. Hot steps
+pick their call path when the level changes (listeners), so the per-call path
+never reads the level.
+"""
+
+from __future__ import annotations
+
+import os
+import weakref
+from collections.abc import Callable
+from typing import Literal
+
+from ._errors import DefinitionError
+
+__all__ = ["CHECK_LEVELS", "checks_level", "get_checks", "set_checks"]
+
+CheckLevel = Literal["full", "fast", "off"]
+CHECK_LEVELS: tuple[str, ...] = ("full", "fast", "off")
+_ENV = "JAXCONTRACTS_CHECKS"
+
+
+def _validate(level: object, where: str) -> CheckLevel:
+    if level not in CHECK_LEVELS:
+        raise DefinitionError(
+            f"{where} got {level!r}; valid levels are "
+            + ", ".join(repr(v) for v in CHECK_LEVELS)
+            + ".\n  full: every check before and after dispatch (default)."
+            "\n  fast: the checks before dispatch only."
+            "\n  off:  a hot_step is a bare compiled call."
+        )
+    return level  # type: ignore[return-value]
+
+
+_level: CheckLevel = _validate(
+    os.environ.get(_ENV, "full").strip().lower() or "full",
+    f"the environment variable {_ENV}",
+)
+_listeners: weakref.WeakSet = weakref.WeakSet()
+
+
+def get_checks() -> CheckLevel:
+    """Return the current checks level (``"full"``, ``"fast"`` or ``"off"``)."""
+    return _level
+
+
+def set_checks(level: CheckLevel) -> None:
+    """Set the checks level for the whole process.
+
+    Args:
+        level: ``"full"``, ``"fast"`` or ``"off"``.
+
+    Raises:
+        DefinitionError: for any other value.
+
+    Examples:
+        >>> import jaxcontracts as jc
+        >>> jc.set_checks("fast"); jc.get_checks()
+        'fast'
+        >>> jc.set_checks("full")
+    """
+    global _level
+    _level = _validate(level, "jc.set_checks()")
+    for listener in list(_listeners):
+        listener._on_checks_changed(_level)
+
+
+class checks_level:
+    """Context manager that sets the checks level and restores it on exit.
+
+    Examples:
+        >>> import jaxcontracts as jc
+        >>> with jc.checks_level("off"):
+        ...     jc.get_checks()
+        'off'
+    """
+
+    def __init__(self, level: CheckLevel):
+        self._level = _validate(level, "jc.checks_level()")
+        self._saved: list[CheckLevel] = []
+
+    def __enter__(self) -> checks_level:
+        self._saved.append(get_checks())
+        set_checks(self._level)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        set_checks(self._saved.pop())
+
+
+def add_listener(obj: object) -> None:
+    """Register an object whose ``_on_checks_changed(level)`` follows the level."""
+    _listeners.add(obj)
+
+
+ListenerCallback = Callable[[CheckLevel], None]

@@ -1,0 +1,742 @@
+"""``jc.state`` and ``jc.static``: validated state dataclasses with exact specs.
+
+A ``@jc.state`` class is a frozen dataclass registered as a pytree whose leaf
+paths read as field names (``.pos``). Its fields are
+
+* array fields, annotated ``Float32[Array, "n 3"]`` (a concrete dtype);
+* nested ``jc.state`` classes;
+* ``PyTree[...]`` fields (parameters, optimiser state), whose spec comes from
+  the instance;
+* ``jc.static(default)`` fields: hashable values that are part of the tree
+  structure, not leaves.
+
+Construction outside tracing validates every field against its annotation
+(jaxtyping decides dtype and shape, beartype checks static fields and pytree
+leaves), collects every failure and raises one :class:`SpecError`. Values are
+put in their exact device form: numpy arrays of the right dtype are placed on
+the device, Python scalars get the annotated dtype, weakly typed arrays become
+strongly typed. A jax or numpy array of the wrong dtype is an error, never
+cast. Inside a trace, and when jax rebuilds a state from its leaves
+(``tree_unflatten``), nothing is checked, so compiled steps pay nothing.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import typing
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from beartype import BeartypeConf
+from beartype.door import is_bearable
+from jaxtyping import _pytree_type as _jt_pytree
+from jaxtyping import jaxtyped
+
+from ._errors import DefinitionError, SpecError
+from ._format import fmt_aval, fmt_bindings, fmt_value
+from ._spec import ArrayAnnotation, leaf_spec, parse_array_annotation
+
+__all__ = ["is_state", "state", "static", "static_field_names"]
+
+T = TypeVar("T")
+
+_STATIC = "jaxcontracts.static"
+_INFO = "__jc_state__"
+_Tracer = jax.core.Tracer
+_BEAR = BeartypeConf(is_pep484_tower=True)
+
+try:  # one attribute read: is any trace active on this thread?
+    from jax._src.core import trace_state_clean as _trace_state_clean
+except ImportError:  # pragma: no cover - future jax
+    def _trace_state_clean() -> bool:
+        return True
+
+
+def static(default: Any = dataclasses.MISSING, **field_kwargs: Any) -> Any:
+    """Mark a state field as static: hashable, part of the tree structure.
+
+    A static field is not a leaf: changing its value changes the pytree
+    structure, which a hot_step treats as a new signature.
+
+    Args:
+        default: the default value (optional).
+        **field_kwargs: passed to :func:`dataclasses.field`.
+
+    Examples:
+        >>> import jaxcontracts as jc
+        >>> from jaxtyping import Array, Float32
+        >>> @jc.state
+        ... class S:
+        ...     x: Float32[Array, "n"]
+        ...     dt: float = jc.static(0.1)
+        >>> S.spec(n=2).dt
+        0.1
+    """
+    metadata = dict(field_kwargs.pop("metadata", None) or {})
+    metadata[_STATIC] = True
+    return dataclasses.field(default=default, metadata=metadata, **field_kwargs)
+
+
+# --------------------------------------------------------------------------
+# Field kinds
+
+
+@dataclasses.dataclass(frozen=True)
+class _ArrayField:
+    name: str
+    ann: ArrayAnnotation
+
+
+@dataclasses.dataclass(frozen=True)
+class _StateField:
+    name: str
+    cls: type
+
+
+@dataclasses.dataclass(frozen=True)
+class _PyTreeField:
+    name: str
+    annotation: Any
+    leaf: ArrayAnnotation | None  # a concrete leaf annotation, when there is one
+
+
+@dataclasses.dataclass(frozen=True)
+class _StaticField:
+    name: str
+    annotation: Any
+
+
+_Field = _ArrayField | _StateField | _PyTreeField | _StaticField
+
+
+@dataclasses.dataclass(frozen=True)
+class _StateInfo:
+    fields: tuple[_Field, ...]
+    data_names: tuple[str, ...]
+    static_names: tuple[str, ...]
+
+    @property
+    def dim_names(self) -> tuple[str, ...]:
+        names: list[str] = []
+        for f in self.fields:
+            if isinstance(f, _ArrayField):
+                names.extend(f.ann.dim_names)
+            elif isinstance(f, _StateField):
+                names.extend(_info(f.cls).dim_names)
+        return tuple(dict.fromkeys(names))
+
+
+def is_state(x: Any) -> bool:
+    """Whether ``x`` is a ``jc.state`` class or instance."""
+    return hasattr(x if isinstance(x, type) else type(x), _INFO)
+
+
+def _info(cls: type) -> _StateInfo:
+    return getattr(cls, _INFO)
+
+
+def static_field_names(cls: type) -> tuple[str, ...]:
+    return _info(cls).static_names
+
+
+def data_field_names(cls: type) -> tuple[str, ...]:
+    return _info(cls).data_names
+
+
+def _classify(cls: type, f: dataclasses.Field, hint: Any) -> _Field:
+    where = f"{cls.__qualname__}.{f.name}"
+    if f.metadata.get(_STATIC):
+        return _StaticField(f.name, hint)
+    array = parse_array_annotation(hint, where)
+    if array is not None:
+        return _ArrayField(f.name, array)
+    if isinstance(hint, type) and is_state(hint):
+        return _StateField(f.name, hint)
+    if isinstance(hint, _jt_pytree._MetaPyTree):
+        leaf = getattr(hint, "leaftype", None)
+        return _PyTreeField(f.name, hint, parse_array_annotation(leaf, where))
+    raise DefinitionError(
+        f"{where}: the annotation {_hint_name(hint)} is not something a state "
+        "field can hold.\nA jc.state field is one of:\n"
+        '  1. an array:        x: Float32[Array, "n 3"]   (a concrete dtype)\n'
+        "  2. a nested state:  inner: OtherState          (a @jc.state class)\n"
+        "  3. a pytree:        params: PyTree[Float32[Array, '...']]\n"
+        "  4. a static value:  dt: float = jc.static(0.01)\n"
+        f"Fix: if {f.name} is configuration, write `{f.name}: {_hint_name(hint)} = "
+        "jc.static(...)`; if it is data, annotate it as an array."
+    )
+
+
+def _hint_name(hint: Any) -> str:
+    return getattr(hint, "__name__", None) or repr(hint)
+
+
+# --------------------------------------------------------------------------
+# The decorator
+
+
+@typing.overload
+def state(cls: type[T], /) -> type[T]: ...
+@typing.overload
+def state(*, eq: bool = ...) -> Callable[[type[T]], type[T]]: ...
+def state(cls: Any = None, /, *, eq: bool = False) -> Any:
+    """Make a class a validated, frozen state dataclass registered as a pytree.
+
+    Args:
+        cls: the class, annotated with jaxtyping array types, nested states,
+            ``PyTree[...]`` and ``jc.static`` fields.
+        eq: generate ``__eq__`` (off by default: comparing device arrays
+            would read them back to the host).
+
+    Returns:
+        The class, with ``spec(**dims)``, ``zeros(**dims)`` and ``replace()``.
+
+    Raises:
+        DefinitionError: for a field that is not an array, state, pytree or
+            static field, or an array annotation with an abstract dtype.
+
+    Examples:
+        >>> import jax.numpy as jnp, jaxcontracts as jc
+        >>> from jaxtyping import Array, Float32, Int32
+        >>> @jc.state
+        ... class Counter:
+        ...     x: Float32[Array, "n"]
+        ...     step: Int32[Array, ""]
+        >>> c = Counter(x=jnp.zeros(3, jnp.float32), step=0)
+        >>> c
+        Counter(x=f32[3], step=i32[])
+    """
+    if cls is None:
+        return lambda c: state(c, eq=eq)
+    if not isinstance(cls, type):
+        raise DefinitionError(
+            f"@jc.state decorates a class, got {type(cls).__name__} {cls!r}."
+        )
+    user_post_init = cls.__dict__.get("__post_init__")
+
+    def __post_init__(self: Any) -> None:
+        _validate(self)
+        if user_post_init is not None:
+            user_post_init(self)
+
+    cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
+    try:
+        dc = dataclasses.dataclass(frozen=True, eq=eq, repr=False)(cls)
+    except (TypeError, ValueError) as e:
+        raise DefinitionError(
+            f"@jc.state could not make {cls.__qualname__} a dataclass: {e}\n"
+            "Fix: put fields with defaults (jc.static(...)) after fields "
+            "without, or give them keyword-only defaults."
+        ) from None
+    try:
+        hints = typing.get_type_hints(dc, include_extras=True)
+    except NameError as e:
+        raise DefinitionError(
+            f"@jc.state: cannot resolve an annotation of {cls.__qualname__}: {e}.\n"
+            "Fix: define (or import) that name before the class; state "
+            "annotations are read when the decorator runs."
+        ) from None
+    fields = tuple(_classify(dc, f, hints[f.name]) for f in dataclasses.fields(dc))
+    info = _StateInfo(
+        fields=fields,
+        data_names=tuple(f.name for f in fields if not isinstance(f, _StaticField)),
+        static_names=tuple(f.name for f in fields if isinstance(f, _StaticField)),
+    )
+    setattr(dc, _INFO, info)
+    _register_pytree(dc, info)
+
+    dc.__repr__ = _state_repr
+    dc.spec = classmethod(_spec_classmethod)
+    dc.zeros = classmethod(_zeros_classmethod)
+    dc.replace = _replace
+    return dc
+
+
+def _register_pytree(cls: type, info: _StateInfo) -> None:
+    data, static_ = info.data_names, info.static_names
+    keys = tuple(jax.tree_util.GetAttrKey(n) for n in data)
+    get_data = _getter(data)
+    get_static = _getter(static_)
+    new = object.__new__
+
+    def flatten(x: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
+        return get_data(x), get_static(x)
+
+    def flatten_with_keys(x: Any) -> tuple[Any, tuple[Any, ...]]:
+        return tuple(zip(keys, get_data(x))), get_static(x)
+
+    def unflatten(aux: tuple[Any, ...], children: Any) -> Any:
+        # Rebuild without __init__: no validation when jax reassembles a tree.
+        obj = new(cls)
+        d = obj.__dict__
+        d.update(zip(data, children))
+        d.update(zip(static_, aux))
+        return obj
+
+    jax.tree_util.register_pytree_with_keys(cls, flatten_with_keys, unflatten, flatten)
+
+
+def _getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    if not names:
+        return lambda x: ()
+    if len(names) == 1:
+        (name,) = names
+        return lambda x: (getattr(x, name),)
+    return operator.attrgetter(*names)
+
+
+def _build(cls: type, values: Mapping[str, Any]) -> Any:
+    """An instance from exact values, without validation."""
+    obj = object.__new__(cls)
+    obj.__dict__.update(values)
+    return obj
+
+
+def _replace(self: T, **changes: Any) -> T:
+    """Return a copy with some fields changed (validated like construction)."""
+    return dataclasses.replace(self, **changes)  # type: ignore[type-var]
+
+
+def _state_repr(self: Any) -> str:
+    # Never reads device memory: jax arrays show their spec, not their values,
+    # so printing a state inside a hot loop costs no transfer.
+    parts = []
+    for f in dataclasses.fields(self):
+        v = self.__dict__.get(f.name)
+        if isinstance(v, jax.ShapeDtypeStruct) or (
+            isinstance(v, jax.Array) and not isinstance(v, _Tracer)
+        ):
+            text = fmt_aval(v.shape, v.dtype, v.aval.weak_type if isinstance(v, jax.Array) else v.weak_type)
+        elif isinstance(v, (np.ndarray, np.generic)) or is_state(v) or v is None:
+            text = repr(v)
+        elif f.name in _info(type(self)).static_names:
+            text = repr(v)
+        else:
+            text = _tree_summary(v)
+        parts.append(f"{f.name}={text}")
+    return f"{type(self).__name__}({', '.join(parts)})"
+
+
+def _tree_summary(tree: Any) -> str:
+    leaves = jax.tree_util.tree_leaves(tree)
+    specs = [leaf_spec(x) for x in leaves]
+    nbytes = sum(
+        int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in specs if s is not None
+    )
+    return f"<{type(tree).__name__}: {len(leaves)} leaves, {nbytes:,} bytes>"
+
+
+# --------------------------------------------------------------------------
+# Validation at construction
+
+
+@dataclasses.dataclass
+class _Problem:
+    field: str
+    expected: str
+    got: str
+    fix: str
+
+
+def _is_tracing(self: Any, info: _StateInfo) -> bool:
+    if not _trace_state_clean():
+        return True
+    for name in info.data_names:
+        v = self.__dict__[name]
+        if isinstance(v, _Tracer):
+            return True
+    return False
+
+
+def _validate(self: Any) -> None:
+    __tracebackhide__ = True
+    cls = type(self)
+    info = _info(cls)
+    if _is_tracing(self, info):
+        return
+    problems: list[_Problem] = []
+    converted: dict[str, Any] = {}
+    bindings: dict[str, Any] = {}
+    bound_by: dict[str, str] = {}
+    to_check: list[tuple[str, Any, Any]] = []  # (field, value, jaxtyping annotation)
+
+    for f in info.fields:
+        value = self.__dict__[f.name]
+        if isinstance(f, _ArrayField):
+            new, problem = _convert_array(f.name, value, f.ann)
+            if problem is not None:
+                problems.append(problem)
+                continue
+            converted[f.name] = new
+            why, found = f.ann.match(leaf_spec(new).shape, bindings)
+            if why is not None:
+                owners = ", ".join(
+                    f"{k}={bindings[k]} (from .{bound_by[k]})" for k in f.ann.dim_names if k in bindings
+                )
+                problems.append(
+                    _Problem(
+                        f.name,
+                        f.ann.pretty() + (f" with {owners}" if owners else ""),
+                        fmt_value(new),
+                        f"{why}. Check how .{f.name} is created, or whether the "
+                        "dims above are the intended ones.",
+                    )
+                )
+                continue
+            for k, v in found.items():
+                bindings[k] = v
+                bound_by[k] = f.name
+            if not isinstance(new, jax.ShapeDtypeStruct):
+                to_check.append((f.name, new, f.ann.annotation))
+        elif isinstance(f, _StateField):
+            if not isinstance(value, f.cls):
+                problems.append(
+                    _Problem(
+                        f.name,
+                        f"a {f.cls.__name__} instance",
+                        _describe(value),
+                        f"build it with {f.cls.__name__}(...) or {f.cls.__name__}.zeros(...).",
+                    )
+                )
+        elif isinstance(f, _PyTreeField):
+            new, leaf_problems = _convert_pytree(f, value)
+            problems.extend(leaf_problems)
+            if not leaf_problems:
+                converted[f.name] = new
+                if not _all_specs(new):
+                    to_check.append((f.name, new, f.annotation))
+        else:
+            problems.extend(_check_static(f, value))
+
+    if not problems and to_check:
+        # jaxtyping is the authority on shapes, with one dim memo for all fields.
+        for name, ok in zip((n for n, _, _ in to_check), _jaxtyping_check(to_check)):
+            if not ok:
+                ann = next(a for n, _, a in to_check if n == name)
+                problems.append(
+                    _Problem(
+                        name,
+                        _hint_name(ann),
+                        fmt_value(converted[name])
+                        if not isinstance(converted[name], (dict, list, tuple))
+                        else _tree_summary(converted[name]),
+                        "its leaves must match the annotation, with named dims "
+                        "bound consistently across fields.",
+                    )
+                )
+    if problems:
+        raise SpecError(_spec_message(cls, problems, bindings, bound_by))
+    for name, v in converted.items():
+        object.__setattr__(self, name, v)
+
+
+@jaxtyped(typechecker=None)
+def _jaxtyping_check(items: list[tuple[str, Any, Any]]) -> list[bool]:
+    # isinstance checks inside one jaxtyped call share their dim bindings.
+    return [isinstance(value, ann) for _, value, ann in items]
+
+
+def _convert_array(name: str, value: Any, ann: ArrayAnnotation) -> tuple[Any, _Problem | None]:
+    """The exact device form of one array field, or the problem with it."""
+    want = ann.dtype
+    expected = ann.pretty()
+    if isinstance(value, jax.ShapeDtypeStruct):
+        if np.dtype(value.dtype) != want:
+            return None, _wrong_dtype(name, expected, value, "spec")
+        return value, None
+    if isinstance(value, jax.Array):
+        if np.dtype(value.dtype) != want:
+            return None, _wrong_dtype(name, expected, value, "jax array")
+        if value.aval.weak_type:
+            return jax.lax.convert_element_type(value, want), None
+        return value, None
+    if isinstance(value, (np.ndarray, np.generic)):
+        if np.dtype(value.dtype) != want:
+            return None, _wrong_dtype(name, expected, value, "numpy array")
+        return jax.device_put(np.asarray(value)), None
+    if isinstance(value, (bool, int, float, complex)):
+        problem = _scalar_problem(name, value, ann)
+        if problem is not None:
+            return None, problem
+        return jax.device_put(np.asarray(value, dtype=want)), None
+    return None, _Problem(
+        name, expected, _describe(value), "pass a jax array (or a numpy array of that dtype)."
+    )
+
+
+def _wrong_dtype(name: str, expected: str, value: Any, kind: str) -> _Problem:
+    want = expected.split("[")[0]
+    np_name = {"f32": "float32", "i32": "int32", "f64": "float64", "f16": "float16",
+               "bf16": "bfloat16", "u8": "uint8", "u32": "uint32", "i8": "int8",
+               "i64": "int64", "c64": "complex64"}.get(want, want)
+    return _Problem(
+        name,
+        expected,
+        fmt_value(value),
+        f"a {kind} of the wrong dtype is never cast silently (a step would "
+        f"return another dtype and recompile). Create it as {np_name}, e.g. "
+        f"jnp.zeros(shape, jnp.{np_name}), or cast it yourself with "
+        f".astype(jnp.{np_name}) if you mean it.",
+    )
+
+
+def _scalar_problem(name: str, value: Any, ann: ArrayAnnotation) -> _Problem | None:
+    expected = ann.pretty()
+    if ann.dims:
+        return _Problem(
+            name,
+            expected,
+            f"Python {type(value).__name__} {value!r}",
+            "a Python scalar fits only a rank-0 field; pass an array.",
+        )
+    kind = np.dtype(ann.dtype).kind
+    allowed = {
+        "b": (bool,),
+        "i": (int,),
+        "u": (int,),
+        "f": (int, float),
+        "c": (int, float, complex),
+    }.get(kind, ())
+    ok = isinstance(value, allowed) and not (isinstance(value, bool) and kind != "b")
+    if ok and kind in "iu":
+        info = np.iinfo(ann.dtype)
+        ok = info.min <= value <= info.max
+    if ok:
+        return None
+    return _Problem(
+        name,
+        expected,
+        f"Python {type(value).__name__} {value!r}",
+        f"it cannot be represented as {np.dtype(ann.dtype).name} without loss; "
+        "pass a value of the field's kind.",
+    )
+
+
+def _convert_pytree(f: _PyTreeField, value: Any) -> tuple[Any, list[_Problem]]:
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(value)
+    out, problems = [], []
+    for path, leaf in leaves:
+        where = f"{f.name}{jax.tree_util.keystr(path)}"
+        if isinstance(leaf, _Tracer):
+            out.append(leaf)
+        elif f.leaf is not None:
+            new, problem = _convert_array(where, leaf, f.leaf)
+            if problem is not None:
+                problems.append(problem)
+            out.append(new)
+        elif isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)):
+            weak = isinstance(leaf, jax.Array) and leaf.aval.weak_type
+            out.append(jax.lax.convert_element_type(leaf, leaf.dtype) if weak else leaf)
+        elif isinstance(leaf, (np.ndarray, np.generic)):
+            out.append(jax.device_put(np.asarray(leaf)))
+        else:
+            problems.append(
+                _Problem(
+                    where,
+                    "an array leaf",
+                    _describe(leaf),
+                    "pytree fields hold arrays; a Python scalar has no dtype here: "
+                    "use jnp.asarray(x, dtype) or annotate the leaf type, e.g. "
+                    "PyTree[Float32[Array, '...']].",
+                )
+            )
+            out.append(leaf)
+    return jax.tree_util.tree_unflatten(treedef, out), problems
+
+
+def _all_specs(tree: Any) -> bool:
+    return all(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree_util.tree_leaves(tree))
+
+
+def _check_static(f: _StaticField, value: Any) -> list[_Problem]:
+    problems = []
+    try:
+        hash(value)
+    except TypeError:
+        problems.append(
+            _Problem(
+                f.name,
+                f"a hashable {_hint_name(f.annotation)}",
+                _describe(value),
+                "static fields are part of the tree structure and must be hashable; "
+                "use a tuple instead of a list, or make it an array field.",
+            )
+        )
+        return problems
+    if isinstance(value, (jax.Array, np.ndarray)):
+        problems.append(
+            _Problem(
+                f.name,
+                f"a hashable {_hint_name(f.annotation)}",
+                fmt_value(value),
+                "an array in a static field would be compared by identity and "
+                "recompile every time; make it an array field instead.",
+            )
+        )
+    elif not is_bearable(value, f.annotation, conf=_BEAR):
+        problems.append(
+            _Problem(
+                f.name,
+                _hint_name(f.annotation),
+                _describe(value),
+                f"pass a {_hint_name(f.annotation)}.",
+            )
+        )
+    return problems
+
+
+def _describe(value: Any) -> str:
+    if leaf_spec(value) is not None:
+        return fmt_value(value)
+    text = repr(value)
+    return f"{type(value).__name__} {text[:50]}{'...' if len(text) > 50 else ''}"
+
+
+def _spec_message(
+    cls: type, problems: list[_Problem], bindings: dict[str, Any], bound_by: dict[str, str]
+) -> str:
+    n = len(problems)
+    lines = [
+        f"{cls.__module__}.{cls.__qualname__}(...) got {n} invalid field"
+        f"{'s' if n != 1 else ''}:"
+    ]
+    for p in problems:
+        lines.append(f"  .{p.field}: expected {p.expected}, got {p.got}")
+        lines.append(f"      fix: {p.fix}")
+    if bindings:
+        lines.append(
+            "  dims bound: "
+            + fmt_bindings(bindings)
+            + "  ("
+            + ", ".join(f"{k} from .{bound_by[k]}" for k in sorted(bindings))
+            + ")"
+        )
+    return "\n".join(lines)
+
+
+# --------------------------------------------------------------------------
+# spec() and zeros()
+
+
+def _split_kwargs(cls: type, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    info = _info(cls)
+    field_names = {f.name for f in info.fields}
+    values = {k: v for k, v in kwargs.items() if k in field_names}
+    dims = {k: v for k, v in kwargs.items() if k not in field_names}
+    return dims, values
+
+
+def _check_dim_names(cls: type, dims: Mapping[str, Any], what: str) -> None:
+    valid = set(_info(cls).dim_names)
+    unknown = sorted(set(dims) - valid)
+    if unknown:
+        raise SpecError(
+            f"{cls.__qualname__}.{what}() got unknown dimension(s) {', '.join(unknown)}."
+            f"\nValid dims: {', '.join(sorted(valid)) or '(none)'}; you may also pass "
+            "a value for any field, e.g. params=... for a PyTree field."
+        )
+
+
+def _field_sharding(sharding: Any, name: str) -> Any:
+    if isinstance(sharding, Mapping):
+        return sharding.get(name)
+    return sharding
+
+
+def _make(cls: type, kwargs: dict[str, Any], sharding: Any, leaf_fn: Callable, what: str) -> Any:
+    dims, given = _split_kwargs(cls, kwargs)
+    _check_dim_names(cls, dims, what)
+    values: dict[str, Any] = {}
+    for f in _info(cls).fields:
+        where = f"{cls.__qualname__}.{what}(): field .{f.name}"
+        shard = _field_sharding(sharding, f.name)
+        if f.name in given and not isinstance(f, _StaticField):
+            values[f.name] = jax.tree_util.tree_map(
+                lambda x, s=shard, w=where: leaf_fn(_given_spec(w, x), s), given[f.name]
+            )
+        elif isinstance(f, _ArrayField):
+            values[f.name] = leaf_fn(
+                jax.ShapeDtypeStruct(f.ann.shape(dims, where), f.ann.dtype), shard
+            )
+        elif isinstance(f, _StateField):
+            sub_dims = {k: v for k, v in dims.items() if k in _info(f.cls).dim_names}
+            inner = _make(f.cls, sub_dims, shard, leaf_fn, what)
+            values[f.name] = inner
+        elif isinstance(f, _PyTreeField):
+            raise SpecError(
+                f"{where} is a PyTree ({_hint_name(f.annotation)}), so its spec "
+                "comes from an instance.\nFix: pass it, e.g. "
+                f"{cls.__qualname__}.{what}(..., {f.name}=params) or "
+                f"{f.name}=jc.spec_of(params)."
+            )
+        else:
+            if f.name in given:
+                values[f.name] = given[f.name]
+            else:
+                default = _static_default(cls, f.name)
+                if default is dataclasses.MISSING:
+                    raise SpecError(
+                        f"{where} is static and has no default.\nFix: pass it, e.g. "
+                        f"{cls.__qualname__}.{what}(..., {f.name}=...)."
+                    )
+                values[f.name] = default
+    problems = [p for f in _info(cls).fields if isinstance(f, _StaticField)
+                for p in _check_static(f, values[f.name])]
+    if problems:
+        raise SpecError(_spec_message(cls, problems, {}, {}))
+    return _build(cls, values)
+
+
+def _given_spec(where: str, x: Any) -> jax.ShapeDtypeStruct:
+    spec = leaf_spec(x)
+    if spec is None:
+        raise SpecError(f"{where}: the leaf {_describe(x)} is not an array and has no spec.")
+    return spec
+
+
+def _static_default(cls: type, name: str) -> Any:
+    f = cls.__dataclass_fields__[name]
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    return dataclasses.MISSING
+
+
+def _to_spec(s: jax.ShapeDtypeStruct, sharding: Any) -> jax.ShapeDtypeStruct:
+    sharding = sharding if sharding is not None else getattr(s, "sharding", None)
+    return jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
+
+
+def _to_zeros(s: jax.ShapeDtypeStruct, sharding: Any) -> jax.Array:
+    sharding = sharding if sharding is not None else getattr(s, "sharding", None)
+    if sharding is None:
+        return jnp.zeros(s.shape, s.dtype)
+    return jax.device_put(jnp.zeros(s.shape, s.dtype), sharding)
+
+
+def _spec_classmethod(cls: type[T], /, *, sharding: Any = None, **dims_and_fields: Any) -> T:
+    """An instance whose leaves are ``jax.ShapeDtypeStruct`` s (no device memory).
+
+    Args:
+        sharding: one ``jax.sharding.Sharding`` for every leaf, or a mapping
+            from field name to sharding.
+        **dims_and_fields: named dims (``n=4096``), and a value or spec for
+            each ``PyTree`` field.
+
+    Raises:
+        SpecError: a missing or unknown dim, or a PyTree field not given.
+    """
+    return _make(cls, dims_and_fields, sharding, _to_spec, "spec")
+
+
+def _zeros_classmethod(cls: type[T], /, *, sharding: Any = None, **dims_and_fields: Any) -> T:
+    """A concrete instance filled with zeros, exact dtypes, on the device.
+
+    Takes the same arguments as ``spec()``.
+    """
+    return _make(cls, dims_and_fields, sharding, _to_zeros, "zeros")
