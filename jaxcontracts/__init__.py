@@ -17,6 +17,9 @@ from ._errors import DonationError as DonationError
 from ._errors import RecompileError as RecompileError
 from ._errors import SpecError as SpecError
 from ._errors import TransferError as TransferError
+from ._hot_step import HotStep as HotStep
+from ._hot_step import StepStats as StepStats
+from ._hot_step import hot_step as hot_step
 from ._spec import spec_of as spec_of
 from ._state import state as state
 from ._state import static as static
