@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import sys
 import time
 import typing
 import warnings
@@ -154,9 +155,15 @@ def hot_step(
         >>> step.stats.compiles, step.stats.calls
         (1, 1)
     """
+    # Annotations may name classes local to the caller's function: resolve there.
+    localns = dict(sys._getframe(1).f_locals)
     if fn is None:
-        return lambda f: HotStep(f, signature=signature, donate=donate, max_compiles=max_compiles)
-    return HotStep(fn, signature=signature, donate=donate, max_compiles=max_compiles)
+        return lambda f: HotStep(
+            f, signature=signature, donate=donate, max_compiles=max_compiles, _localns=localns
+        )
+    return HotStep(
+        fn, signature=signature, donate=donate, max_compiles=max_compiles, _localns=localns
+    )
 
 
 def _state_type_matches(annotation: Any, signature: Any) -> bool:
@@ -200,6 +207,7 @@ class HotStep(Generic[P, R]):
         signature: type | None,
         donate: str | tuple[str, ...],
         max_compiles: int,
+        _localns: dict[str, Any] | None = None,
     ):
         functools.update_wrapper(self, fn)
         self._fn = fn
@@ -207,7 +215,7 @@ class HotStep(Generic[P, R]):
         self._check_options(donate, max_compiles)
         self._donate = donate
         self._max_compiles = max_compiles
-        self._analyse_signature(signature)
+        self._analyse_signature(signature, _localns)
         self._entries: list[_Entry] = []
         self._entry: _Entry | None = None
         self.stats = StepStats()
@@ -240,7 +248,7 @@ class HotStep(Generic[P, R]):
                 "it must be an int >= 1 (1: exactly one signature, the default)."
             )
 
-    def _analyse_signature(self, signature: type | None) -> None:
+    def _analyse_signature(self, signature: type | None, localns: dict[str, Any] | None) -> None:
         fn = self._fn
         try:
             sig = inspect.signature(fn)
@@ -255,7 +263,7 @@ class HotStep(Generic[P, R]):
                 "Fix: name every parameter."
             )
         try:
-            hints = typing.get_type_hints(fn)
+            hints = typing.get_type_hints(fn, localns=localns)
         except Exception:  # noqa: BLE001 - unresolvable forward refs: use raw annotations
             hints = {p.name: p.annotation for p in params}
             hints["return"] = sig.return_annotation
@@ -294,12 +302,13 @@ class HotStep(Generic[P, R]):
                 f"does not contain the state type {type_name}.\nA hot step returns "
                 f"its new state: annotate `-> {type_name}` or `-> tuple[{type_name}, Metrics]`."
             )
-        if len(positions) != len(self._state_params):
+        if len(positions) > len(self._state_params):
             raise DefinitionError(
                 f"@jc.hot_step on {self._name}: {len(self._state_params)} state "
-                f"parameter(s) but {len(positions)} state(s) in the return annotation; "
-                "each state parameter must be returned (in the same order).\n"
-                "Fix: return every state, or annotate read-only inputs with another type."
+                f"parameter(s) but {len(positions)} state(s) in the return annotation.\n"
+                "The k-th returned state is the new value of the k-th state parameter.\n"
+                "Fix: return one state per state parameter (state parameters not "
+                "returned are read-only inputs)."
             )
         self._return_positions = positions
         if isinstance(self._donate, (tuple, list)) and is_state(signature):
@@ -572,23 +581,16 @@ class HotStep(Generic[P, R]):
                     else "every output of this shape and dtype already reuses another buffer"
                 )
                 lines.append(f"    {path}: {fmt_aval(spec.shape, spec.dtype)}: {why}")
-            names = sorted(
-                {
-                    field_of(p[1])
-                    for p, _ in jax.tree_util.tree_flatten_with_path(entry.spec_args)[0]
-                    if len(p) > 1 and p[0].idx in self._state_params
-                }
-                - {None}
-            )
             raise DonationError(
                 f"{self._name}: {len(missing)} donated leaf/leaves cannot be donated: "
-                "XLA found no output to reuse the buffer for, so it would be kept "
-                "alive and the step would need more memory than its state.\n"
+                "XLA found no output to reuse the buffer for, so it would stay alive "
+                "and the step would need more memory than its state.\n"
                 + "\n".join(lines)
                 + "\nFix: 1. return that leaf in the new state with the same spec (the "
-                "carry contract), or 2. donate the other fields only, e.g. donate="
-                f"{tuple(n for n in names if n not in {entry.flat_specs[i][0].split('.')[-1] for i in missing})!r}"
-                ', or 3. opt out with donate="none". Nothing has run yet.'
+                "carry contract); 2. if it is a read-only input, annotate it with "
+                "another type than the state type (state parameters are donated); "
+                "3. donate only the other fields, e.g. donate=(\"pos\", \"vel\"); or "
+                '4. opt out with donate="none". Nothing has run yet.'
             )
         return aliased
 
@@ -603,7 +605,7 @@ class HotStep(Generic[P, R]):
                 blocks.append(
                     f"  parameter `{name}`:\n"
                     + "\n".join(
-                        f"    {d.path}: compiled with {d.expected}, called with {d.got}"
+                        f"    {_join(name, d.path)}: compiled with {d.expected}, called with {d.got}"
                         + (f"\n      likely cause: {d.cause}" if d.cause else "")
                         for d in diffs
                     )
@@ -722,6 +724,10 @@ class HotStep(Generic[P, R]):
             "copy with np.array(x) / jc.fetch(x). The call's outputs are in this "
             "error's .result: nothing was lost."
         , result=out)
+
+
+def _join(param: str, path: str) -> str:
+    return param if path.startswith("(") else f"{param}{path}"
 
 
 def _make_dispatch(step: HotStep[Any, Any], entry: _Entry, level: str) -> Callable[..., Any]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import operator
+import sys
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -183,7 +184,7 @@ def _hint_name(hint: Any) -> str:
 def state(cls: type[T], /) -> type[T]: ...
 @typing.overload
 def state(*, eq: bool = ...) -> Callable[[type[T]], type[T]]: ...
-def state(cls: Any = None, /, *, eq: bool = False) -> Any:
+def state(cls: Any = None, /, *, eq: bool = False, _depth: int = 1) -> Any:
     """Make a class a validated, frozen state dataclass registered as a pytree.
 
     Args:
@@ -211,7 +212,10 @@ def state(cls: Any = None, /, *, eq: bool = False) -> Any:
         Counter(x=f32[3], step=i32[])
     """
     if cls is None:
-        return lambda c: state(c, eq=eq)
+        return lambda c: state(c, eq=eq, _depth=2)
+    # Annotations may name classes local to the defining function (and are
+    # strings under `from __future__ import annotations`): resolve them there.
+    localns = dict(sys._getframe(_depth).f_locals)
     if not isinstance(cls, type):
         raise DefinitionError(
             f"@jc.state decorates a class, got {type(cls).__name__} {cls!r}."
@@ -233,7 +237,7 @@ def state(cls: Any = None, /, *, eq: bool = False) -> Any:
             "without, or give them keyword-only defaults."
         ) from None
     try:
-        hints = typing.get_type_hints(dc, include_extras=True)
+        hints = typing.get_type_hints(dc, localns=localns, include_extras=True)
     except NameError as e:
         raise DefinitionError(
             f"@jc.state: cannot resolve an annotation of {cls.__qualname__}: {e}.\n"

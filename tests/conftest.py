@@ -1,0 +1,33 @@
+"""Strict settings for the whole suite: 8 simulated CPU devices, warnings fatal."""
+
+import os
+
+# Must happen before jax is imported anywhere.
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+import jax  # noqa: E402
+import pytest  # noqa: E402
+
+import jaxcontracts as jc  # noqa: E402
+
+
+@pytest.fixture(autouse=True)
+def _full_checks():
+    """Every test starts at the default checks level and leaves it there."""
+    jc.set_checks("full")
+    yield
+    jc.set_checks("full")
+
+
+@pytest.fixture
+def mesh2():
+    """A 1-D mesh over two CPU devices."""
+    from jax.sharding import Mesh
+
+    devices = jax.devices()
+    if len(devices) < 2:
+        pytest.skip("needs XLA_FLAGS=--xla_force_host_platform_device_count>=2")
+    import numpy as np
+
+    return Mesh(np.array(devices[:2]), ("x",))

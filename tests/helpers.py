@@ -1,0 +1,47 @@
+"""Shared state classes and helpers for the tests."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float32, Int32
+
+import jaxcontracts as jc
+
+
+@jc.state
+class Particles:
+    pos: Float32[Array, "n 3"]
+    vel: Float32[Array, "n 3"]
+    t: Float32[Array, ""]
+    dt: float = jc.static(0.01)
+
+
+def make_particles(n: int = 4, dt: float = 0.01) -> Particles:
+    key = jax.random.PRNGKey(0)
+    pos = jax.random.normal(key, (n, 3), jnp.float32)
+    return Particles(pos=pos, vel=jnp.zeros((n, 3), jnp.float32), t=jnp.float32(0), dt=dt)
+
+
+def advance_fn(p: Particles) -> Particles:
+    vel = p.vel - p.pos * p.dt
+    return Particles(pos=p.pos + vel * p.dt, vel=vel, t=p.t + p.dt, dt=p.dt)
+
+
+@jc.state
+class Counter:
+    x: Float32[Array, "n"]
+    count: Int32[Array, ""]
+
+
+def alive(tree) -> bool:
+    """Whether every jax array in the tree still has its buffer."""
+    return not any(
+        x.is_deleted() for x in jax.tree_util.tree_leaves(tree) if isinstance(x, jax.Array)
+    )
+
+
+def all_deleted(tree) -> bool:
+    return all(
+        x.is_deleted() for x in jax.tree_util.tree_leaves(tree) if isinstance(x, jax.Array)
+    )

@@ -1,0 +1,380 @@
+"""jc.hot_step: derived donation, compile-time contracts, call-time checks."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import Counter, Particles, advance_fn, alive, all_deleted, make_particles
+from jaxtyping import Array, Float32, Int32
+
+import jaxcontracts as jc
+
+
+def make_advance(**kw):
+    return jc.hot_step(advance_fn, signature=Particles, **kw)
+
+
+# -- donation -------------------------------------------------------------
+
+
+def test_donates_every_state_leaf_and_reuses_the_buffers():
+    advance = make_advance()
+    p = make_particles()
+    ptrs = [x.unsafe_buffer_pointer() for x in jax.tree_util.tree_leaves(p)]
+    q = advance(p)
+    assert all_deleted(p)
+    assert [x.unsafe_buffer_pointer() for x in jax.tree_util.tree_leaves(q)] == ptrs
+    assert advance.stats.calls == 1 and advance.stats.compiles == 1
+
+
+def test_parameter_inserted_before_the_state_still_donates_the_state():
+    # The classic desync: donate_argnums=0 would now donate `force`.
+    @jc.hot_step(signature=Particles)
+    def push(force: Float32[Array, "3"], p: Particles) -> Particles:
+        return Particles(pos=p.pos + force * p.dt, vel=p.vel, t=p.t + p.dt, dt=p.dt)
+
+    force = jnp.ones(3, jnp.float32)
+    p = make_particles()
+    ptrs = [x.unsafe_buffer_pointer() for x in jax.tree_util.tree_leaves(p)]
+    q = push(force, p)
+    assert all_deleted(p)
+    assert alive(force)
+    assert [x.unsafe_buffer_pointer() for x in jax.tree_util.tree_leaves(q)] == ptrs
+    q = push(force, q)  # the non-state argument is reusable
+    assert alive(force)
+
+
+def test_keyword_call_and_keyword_only_state():
+    @jc.hot_step(signature=Particles)
+    def push(scale: Float32[Array, ""], *, p: Particles) -> Particles:
+        return Particles(pos=p.pos * scale, vel=p.vel, t=p.t, dt=p.dt)
+
+    p = make_particles()
+    s = jnp.float32(1.0)
+    q = push(s, p=p)
+    assert all_deleted(p) and alive(s)
+    q = push(scale=s, p=q)
+    assert push.stats.calls == 2
+
+
+def test_donate_a_subset_of_fields():
+    advance = make_advance(donate=("pos",))
+    p = make_particles()
+    q = advance(p)
+    assert p.pos.is_deleted()
+    assert not p.vel.is_deleted() and not p.t.is_deleted()
+    advance(q)
+
+
+def test_donate_none_is_an_explicit_opt_out():
+    advance = make_advance(donate="none")
+    p = make_particles()
+    advance(p)
+    assert alive(p)
+
+
+def test_donated_leaf_that_cannot_alias_is_a_donation_error_at_compile():
+    # A read-only second state is donated too (it is a state parameter), but
+    # the step returns one state: its leaves have no output to alias.
+    @jc.hot_step(signature=Particles)
+    def relax(p: Particles, target: Particles) -> Particles:
+        pos = p.pos + (target.pos.mean(0) - p.pos) * p.dt
+        return Particles(pos=pos, vel=p.vel, t=p.t + target.t, dt=p.dt)
+
+    with pytest.raises(jc.DonationError) as info:
+        relax.compile(Particles.spec(n=8), Particles.spec(n=2))
+    msg = str(info.value)
+    assert "target.pos: f32[2,3]: no output is f32[2,3]" in msg
+    assert "target.vel: f32[2,3]: no output is f32[2,3]" in msg
+    assert "p.pos" not in msg
+    assert relax.compiled is None and relax.stats.compiles == 0
+
+    @jc.hot_step(signature=Particles, donate="none")
+    def relax_undonated(p: Particles, target: Particles) -> Particles:
+        return Particles(pos=p.pos + target.pos.mean(0), vel=p.vel, t=p.t, dt=p.dt)
+
+    relax_undonated.compile(Particles.spec(n=8), Particles.spec(n=2))
+
+
+def test_passthrough_and_constant_leaves_alias():
+    @jc.hot_step(signature=dict)
+    def step(s: dict) -> tuple[dict, Float32[Array, "4"]]:
+        return {"a": s["a"], "b": jnp.zeros(4), "c": s["c"] + 1}, s["a"] * 2
+
+    s = {"a": jnp.zeros(4), "b": jnp.zeros(4), "c": jnp.zeros(2)}
+    out, _ = step(s)
+    assert all_deleted(s) and alive(out)
+    assert step._entry.aliased == {0, 1, 2}
+
+
+def test_numpy_view_makes_xla_copy_and_raises_after_dispatch_with_result():
+    advance = make_advance()
+    p = make_particles()
+    advance.compile(p)
+    view = np.asarray(p.pos)  # zero-copy view: XLA:CPU must copy instead of donating
+    with pytest.raises(jc.DonationError) as info:
+        advance(p)
+    err = info.value
+    assert isinstance(err.result, Particles)
+    assert err.result.pos.shape == (4, 3)  # nothing lost: the outputs are here
+    assert "p.pos" in str(err) and "numpy view" in str(err)
+    del view
+
+
+# -- compile-time contracts -----------------------------------------------
+
+
+def test_int32_counter_dict_state_is_a_recompile_error_at_compile():
+    @jc.hot_step
+    def step(s: dict) -> dict:
+        return {"x": s["x"] * 0.5, "t": s["t"] + 1.0}
+
+    s = {"x": jnp.zeros(3), "t": jnp.int32(0)}
+    with pytest.raises(jc.RecompileError) as info:
+        step.compile(s)
+    msg = str(info.value)
+    assert "['t']: takes i32[], returns" in msg
+    assert "['x']" not in msg
+    assert alive(s) and step.stats.calls == 0
+
+
+def test_int32_counter_in_a_state_class_is_caught_at_construction():
+    with pytest.raises(jc.SpecError, match=r"\.t: expected f32\[\], got i32\[\]"):
+        Particles(pos=jnp.zeros((2, 3)), vel=jnp.zeros((2, 3)), t=jnp.int32(0))
+
+
+def test_compile_from_spec_then_call_with_data():
+    advance = make_advance()
+    compiled = advance.compile(Particles.spec(n=16))
+    assert compiled is advance.compiled
+    assert advance.signature[0].pos.shape == (16, 3)
+    p = advance(make_particles(16))
+    assert advance.stats.compiles == 1 and advance.stats.calls == 1
+    assert isinstance(advance.lowered.as_text(), str)
+    del p
+
+
+def test_max_compiles():
+    advance = make_advance(max_compiles=2)
+    a = advance(make_particles(4))
+    b = advance(make_particles(8))
+    assert advance.stats.compiles == 2
+    a = advance(a)
+    b = advance(b)  # switching between compiled signatures is allowed
+    with pytest.raises(jc.RecompileError, match="max_compiles=2"):
+        advance(make_particles(16))
+    assert len(advance.signatures) == 2
+
+
+def test_step_returning_state_and_metrics():
+    @jc.hot_step(signature=Counter)
+    def step(c: Counter) -> tuple[Counter, Float32[Array, ""]]:
+        return Counter(x=c.x + 1, count=c.count + 1), c.x.sum()
+
+    c = Counter.zeros(n=3)
+    c, loss = step(c)
+    c, loss = step(c)
+    assert int(c.count) == 2 and float(loss) == 3.0
+
+
+def test_not_blocking(monkeypatch):
+    advance = make_advance()
+    p = advance(make_particles())
+
+    def forbidden(*a, **k):
+        raise AssertionError("hot_step blocked on the device")
+
+    monkeypatch.setattr(jax, "block_until_ready", forbidden)
+    monkeypatch.setattr(type(p.pos), "block_until_ready", forbidden)
+    for _ in range(3):
+        p = advance(p)
+    monkeypatch.undo()
+    p.pos.block_until_ready()
+
+
+def test_plain_tracing_under_outer_transformations():
+    advance = make_advance()
+
+    @jax.jit
+    def two(p):
+        return advance(advance(p))
+
+    p = two(make_particles())
+    assert advance.stats.compiles == 0 and advance.stats.traced_calls == 2
+    grads = jax.grad(lambda pos: advance(Particles(pos=pos, vel=p.vel, t=p.t)).pos.sum())(p.pos)
+    assert grads.shape == (4, 3)
+    batched = jax.vmap(lambda pos: advance(Particles(pos=pos, vel=pos, t=p.t)).pos)(
+        jnp.zeros((2, 4, 3))
+    )
+    assert batched.shape == (2, 4, 3)
+
+
+# -- call-time checks: every wrong call raises before dispatch ------------
+
+
+def _compiled_advance():
+    advance = make_advance()
+    advance(make_particles())
+    return advance
+
+
+@pytest.mark.parametrize(
+    ("name", "make_bad", "error", "fragment"),
+    [
+        ("dtype", lambda p: {"pos": p.pos.astype(jnp.float16)}, jc.RecompileError, "p.pos: compiled with f32[4,3], called with f16[4,3]"),
+        ("shape", lambda p: {"pos": jnp.zeros((5, 3))}, jc.RecompileError, "p.pos: compiled with f32[4,3], called with f32[5,3]"),
+        ("weak python float", lambda p: {"t": 1.0}, jc.TransferError, "p.t: ~f32[] (Python float)"),
+        ("weak array", lambda p: {"t": jnp.asarray(1.0)}, jc.RecompileError, "p.t: compiled with f32[], called with ~f32[]"),
+        ("numpy array", lambda p: {"vel": np.zeros((4, 3), np.float32)}, jc.TransferError, "p.vel: f32[4,3] (numpy array)"),
+        ("static field", lambda p: {"dt": 0.5}, jc.RecompileError, "p.dt: compiled with static 0.01, called with static 0.5"),
+    ],
+)
+def test_wrong_call_raises_before_dispatch_and_inputs_stay_alive(name, make_bad, error, fragment):
+    advance = _compiled_advance()
+    p = make_particles()
+    fields = {"pos": p.pos, "vel": p.vel, "t": p.t, "dt": p.dt} | make_bad(p)
+    bad = Particles.__new__(Particles)
+    bad.__dict__.update(fields)  # bypass validation: what a careless caller might build
+    with pytest.raises(error) as info:
+        advance(bad)
+    assert fragment in str(info.value), str(info.value)
+    assert "intact" in str(info.value)
+    assert alive(p) and alive(bad)
+    assert advance.stats.calls == 1  # only the first, good call ran
+
+
+def test_wrong_structure():
+    advance = _compiled_advance()
+    p = make_particles()
+    with pytest.raises(jc.RecompileError, match="p: expected Particles, got dict|structure"):
+        advance({"pos": p.pos, "vel": p.vel, "t": p.t})
+    assert alive(p)
+
+
+def test_already_donated_leaf():
+    advance = _compiled_advance()
+    p = make_particles()
+    advance(p)
+    with pytest.raises(jc.DonationError, match=r"p.pos: f32\[4,3\] was already"):
+        advance(p)
+
+
+def test_one_buffer_passed_twice():
+    @jc.hot_step(signature=Counter)
+    def step(c: Counter, other: Float32[Array, "n"]) -> Counter:
+        return Counter(x=c.x + other, count=c.count)
+
+    c = Counter.zeros(n=3)
+    step(c, jnp.ones(3))
+    c = Counter.zeros(n=3)
+    with pytest.raises(jc.DonationError, match="c.x and other are the same buffer"):
+        step(c, c.x)
+    assert alive(c)
+
+
+def test_wrong_sharding_on_a_two_device_mesh(mesh2):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    rows = NamedSharding(mesh2, P("x"))
+    rep = NamedSharding(mesh2, P())
+    shard = {"pos": rows, "vel": rows, "t": rep}
+    advance = make_advance()
+    advance.compile(Particles.spec(n=8, sharding=shard))
+    p = Particles.zeros(n=8, sharding=shard)
+    ptrs = [s.data.unsafe_buffer_pointer() for s in p.pos.addressable_shards]
+    q = advance(p)
+    assert all_deleted(p)
+    assert [s.data.unsafe_buffer_pointer() for s in q.pos.addressable_shards] == ptrs
+    assert q.pos.sharding == rows
+
+    wrong = Particles.zeros(n=8, sharding=rep)  # replicated where rows were compiled
+    with pytest.raises(jc.RecompileError) as info:
+        advance(wrong)
+    msg = str(info.value)
+    assert "p.pos: compiled with f32[8,3] sharded ('x',)" in msg
+    assert "called with f32[8,3] sharded ()" in msg
+    assert alive(wrong)
+    uncommitted = Particles.zeros(n=8)  # single device, would be resharded silently
+    with pytest.raises(jc.RecompileError, match="sharded single device"):
+        advance(uncommitted)
+    assert alive(uncommitted)
+
+
+# -- definition errors ----------------------------------------------------
+
+
+def test_definition_errors():
+    with pytest.raises(jc.DefinitionError, match="no parameter is annotated with the state type Particles"):
+        jc.hot_step(lambda x: x, signature=Particles)
+    with pytest.raises(jc.DefinitionError, match="unknown field\\(s\\) 'position'") as info:
+        make_advance(donate=("position",))
+    assert "array fields: pos, vel, t" in str(info.value)
+    assert "static fields (not donatable, not arrays): dt" in str(info.value)
+    with pytest.raises(jc.DefinitionError, match='donate="all"'):
+        make_advance(donate="everything")
+    with pytest.raises(jc.DefinitionError, match="max_compiles"):
+        make_advance(max_compiles=0)
+
+    def no_return(p: Particles):
+        return p
+
+    with pytest.raises(jc.DefinitionError, match="return annotation"):
+        jc.hot_step(no_return)
+
+
+def test_unknown_donated_field_of_a_dict_state_is_reported_at_compile():
+    @jc.hot_step(signature=dict, donate=("y",))
+    def step(s: dict) -> dict:
+        return {"x": s["x"] + 1}
+
+    with pytest.raises(jc.DefinitionError, match="'y' that the state does not have"):
+        step.compile({"x": jnp.zeros(2)})
+
+
+# -- checks levels ---------------------------------------------------------
+
+
+def test_checks_levels():
+    advance = make_advance()
+    p = advance(make_particles())
+    with jc.checks_level("off"):
+        p = advance(p)  # a bare compiled call
+        view = np.asarray(p.pos)
+        p2 = advance(p)  # XLA copies; "off" does not look
+        del view
+        with pytest.raises(jc.RecompileError):  # failures are still explained
+            advance(make_particles(5))
+    with jc.checks_level("fast"):
+        view = np.asarray(p2.pos)
+        p3 = advance(p2)  # fast: no after-dispatch check
+        del view
+    view = np.asarray(p3.pos)
+    with pytest.raises(jc.DonationError):
+        advance(p3)
+    del view
+    with pytest.raises(jc.DefinitionError, match="valid levels are 'full', 'fast', 'off'"):
+        jc.set_checks("paranoid")
+
+
+def test_checks_env_variable_is_validated():
+    import subprocess
+    import sys
+
+    out = subprocess.run(
+        [sys.executable, "-c", "import jaxcontracts"],
+        env={"JAXCONTRACTS_CHECKS": "sometimes", "PATH": ""},
+        capture_output=True,
+        text=True,
+    )
+    assert out.returncode != 0
+    assert "JAXCONTRACTS_CHECKS got 'sometimes'" in out.stderr
+    ok = subprocess.run(
+        [sys.executable, "-c", "import jaxcontracts as jc; print(jc.get_checks())"],
+        env={"JAXCONTRACTS_CHECKS": "FAST", "PATH": ""},
+        capture_output=True,
+        text=True,
+    )
+    assert ok.stdout.strip() == "fast"

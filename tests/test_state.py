@@ -1,0 +1,214 @@
+"""jc.state, jc.static, Cls.spec/zeros and jc.spec_of."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import Counter, Particles, make_particles
+from jaxtyping import Array, Bool, Float, Float32, Int32, PyTree, Shaped
+
+import jaxcontracts as jc
+
+
+def test_paths_read_as_field_names_and_static_is_structure():
+    p = make_particles()
+    paths = [jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(p)]
+    assert paths == [".pos", ".vel", ".t"]
+    # dt is static: part of the structure, not a leaf
+    assert jax.tree_util.tree_structure(p) != jax.tree_util.tree_structure(p.replace(dt=0.5))
+    assert len(jax.tree_util.tree_leaves(p)) == 3
+
+
+def test_construction_puts_exact_device_values():
+    p = Particles(
+        pos=np.zeros((2, 3), np.float32),  # numpy of the right dtype: placed on device
+        vel=jnp.zeros((2, 3), jnp.float32),
+        t=0,  # Python int -> f32
+    )
+    assert isinstance(p.pos, jax.Array)
+    assert p.t.dtype == jnp.float32 and not p.t.aval.weak_type
+    w = Particles(pos=p.pos, vel=p.vel, t=jnp.asarray(1.0))  # weakly typed -> strong
+    assert w.t.aval.weak_type is False
+    assert float(w.t) == 1.0
+
+
+def test_wrong_dtype_is_never_cast_and_all_failures_are_collected():
+    with pytest.raises(jc.SpecError) as info:
+        Particles(
+            pos=jnp.zeros((4, 3), jnp.int32),  # jax array, wrong dtype
+            vel=np.zeros((4, 3), np.float64),  # numpy array, wrong dtype
+            t=jnp.int32(0),  # the seed's int32 counter
+        )
+    msg = str(info.value)
+    assert "got 3 invalid fields" in msg
+    for field in (".pos", ".vel", ".t"):
+        assert f"  {field}: expected" in msg
+    assert "never cast silently" in msg
+
+
+def test_named_dims_must_agree_across_fields():
+    with pytest.raises(jc.SpecError) as info:
+        Particles(pos=jnp.zeros((4, 3)), vel=jnp.zeros((5, 3)), t=0.0)
+    msg = str(info.value)
+    assert ".vel: expected f32[n,3] with n=4 (from .pos), got f32[5,3]" in msg
+    assert "dims bound: n=4" in msg
+
+
+def test_python_scalar_rules():
+    with pytest.raises(jc.SpecError, match=r"\.count: expected i32\[\], got Python float 1.5"):
+        Counter(x=jnp.zeros(2), count=1.5)
+    with pytest.raises(jc.SpecError, match="fits only a rank-0 field"):
+        Counter(x=1.0, count=0)
+    with pytest.raises(jc.SpecError, match="cannot be represented"):
+        Counter(x=jnp.zeros(2), count=2**40)
+
+
+def test_static_fields_are_checked():
+    with pytest.raises(jc.SpecError, match=r"\.dt: expected a hashable float"):
+        Particles(pos=jnp.zeros((1, 3)), vel=jnp.zeros((1, 3)), t=0.0, dt=[0.1])
+    with pytest.raises(jc.SpecError, match=r"\.dt: expected float"):
+        Particles(pos=jnp.zeros((1, 3)), vel=jnp.zeros((1, 3)), t=0.0, dt="fast")
+    # int for float follows the PEP 484 numeric tower
+    assert Particles(pos=jnp.zeros((1, 3)), vel=jnp.zeros((1, 3)), t=0.0, dt=1).dt == 1
+
+
+def test_spec_and_zeros():
+    spec = Particles.spec(n=5)
+    assert isinstance(spec.pos, jax.ShapeDtypeStruct)
+    assert spec.pos.shape == (5, 3) and spec.t.shape == () and spec.dt == 0.01
+    z = Particles.zeros(n=5)
+    assert z.pos.dtype == jnp.float32 and z.pos.shape == (5, 3)
+    assert jc.spec_of(z).pos.shape == spec.pos.shape
+    with pytest.raises(jc.SpecError, match="dimension 'n' of f32\\[n,3\\] is not given"):
+        Particles.spec()
+    with pytest.raises(jc.SpecError, match="(?s)unknown dimension\\(s\\) m.*Valid dims: n"):
+        Particles.spec(n=2, m=3)
+
+
+def test_abstract_dtype_is_a_definition_error():
+    for abstract in (Float, Shaped):
+        with pytest.raises(jc.DefinitionError, match="abstract dtype") as info:
+
+            @jc.state
+            class Bad:
+                x: abstract[Array, "n"]  # type: ignore[valid-type]
+
+        assert "Float32[Array, 'n']" in str(info.value)
+
+
+def test_non_array_field_is_a_definition_error_listing_the_choices():
+    with pytest.raises(jc.DefinitionError) as info:
+
+        @jc.state
+        class Bad:
+            lr: float
+
+    msg = str(info.value)
+    assert "Bad.lr" in msg and "jc.static" in msg and "1. an array" in msg
+
+
+def test_nested_state_and_pytree_fields():
+    @jc.state
+    class Train:
+        particles: Particles
+        params: PyTree[Float32[Array, "..."]]
+        opt: PyTree[Array]
+        step: Int32[Array, ""]
+
+    params = {"w": np.ones((3, 2), np.float32), "b": jnp.asarray(0.5)}
+    opt = (
+        {"mu": jnp.zeros((3, 2)), "nu": jnp.zeros((3, 2))},
+        {"count": jnp.zeros((), jnp.int32)},
+    )
+    s = Train(particles=make_particles(4), params=params, opt=opt, step=0)
+    paths = [jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(s)]
+    assert ".particles.pos" in paths and ".params['w']" in paths
+    assert ".opt[1]['count']" in paths
+    assert isinstance(s.params["w"], jax.Array) and not s.params["b"].aval.weak_type
+    spec = Train.spec(n=4, params=params, opt=opt)
+    assert spec.particles.pos.shape == (4, 3)
+    assert spec.params["w"].shape == (3, 2)
+    with pytest.raises(jc.SpecError, match="field .params is a PyTree"):
+        Train.spec(n=4)
+    with pytest.raises(jc.SpecError, match=r"\.params\['w'\]: expected f32"):
+        Train(particles=make_particles(4), params={"w": jnp.zeros(2, jnp.int32)}, opt=opt, step=0)
+    with pytest.raises(jc.SpecError, match="a Particles instance"):
+        Train(particles={"pos": 1}, params=params, opt=opt, step=0)
+
+
+def test_no_validation_inside_a_trace_or_on_unflatten(monkeypatch):
+    from jaxcontracts import _state
+
+    calls = []
+    original = _state._validate
+
+    def spy(self):
+        calls.append(type(self).__name__)
+        return original(self)
+
+    monkeypatch.setattr(_state, "_validate", spy)
+    p = make_particles()
+    calls.clear()
+    jax.tree_util.tree_map(lambda x: x + 1, p)  # unflatten: no __init__
+    assert calls == []
+
+    @jax.jit
+    def f(p):
+        return Particles(pos=p.pos, vel=p.vel, t=p.t + 1, dt=p.dt)
+
+    f(p)
+    assert calls == ["Particles"]  # called, but returned at once (tracers)
+
+
+def test_repr_never_reads_device_values():
+    p = make_particles()
+    assert repr(p) == "Particles(pos=f32[4,3], vel=f32[4,3], t=f32[], dt=0.01)"
+
+
+def test_dataclass_behaviour():
+    p = make_particles()
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        p.t = jnp.float32(1)  # type: ignore[misc]
+    q = dataclasses.replace(p, t=jnp.float32(2))
+    assert float(q.t) == 2.0
+
+
+def test_bool_and_other_dtypes():
+    @jc.state
+    class Flags:
+        alive: Bool[Array, "n"]
+        ids: Int32[Array, "n"]
+
+    f = Flags.zeros(n=3)
+    assert f.alive.dtype == jnp.bool_ and f.ids.dtype == jnp.int32
+    assert Flags(alive=np.ones(3, bool), ids=np.arange(3, dtype=np.int32)).alive.shape == (3,)
+
+
+def test_spec_of_keeps_weak_type_and_sharding(mesh2):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    s = NamedSharding(mesh2, P("x"))
+    x = jax.device_put(jnp.zeros(8), s)
+    spec = jc.spec_of({"x": x, "w": jnp.asarray(1.0), "n": np.zeros(2, np.int8)})
+    assert spec["x"].sharding == s
+    assert spec["w"].weak_type is True
+    assert spec["n"].dtype == np.int8
+    with pytest.raises(jc.SpecError, match=r"\['bad'\]: str"):
+        jc.spec_of({"bad": "text"})
+
+
+def test_state_spec_and_zeros_with_sharding(mesh2):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    row = NamedSharding(mesh2, P("x"))
+    rep = NamedSharding(mesh2, P())
+    z = Particles.zeros(n=4, sharding={"pos": row, "vel": row, "t": rep})
+    assert z.pos.sharding == row and z.t.sharding == rep
+    spec = Particles.spec(n=4, sharding=rep)
+    assert spec.vel.sharding == rep
