@@ -161,7 +161,11 @@ def simulate(steps: int, n: int, seed: int = 0, out: TextIO | None = None) -> De
 
     Progress lines (what is being compiled, the signature) go to ``out``.
     """
-    write = (lambda line="": print(line, file=out)) if out is not None else (lambda line="": None)
+
+    def write(line: str = "") -> None:
+        if out is not None:
+            print(line, file=out)
+
     kick_drift, force_kick = make_steps()
     spec = Particles.spec(n=n)
     write(f"Compiling ahead of time from Particles.spec(n={n}) (specs only, no data):")
@@ -213,7 +217,10 @@ def report(r: DemoResult, out: TextIO) -> bool:
     """Print the compiled steps and the results; return whether all is well."""
     ok = True
     a, b = r.steps_info
-    write = lambda line="": print(line, file=out)  # noqa: E731
+
+    def write(line: str = "") -> None:
+        print(line, file=out)
+
     for s in r.steps_info:
         n_leaves = len(s["leaves"])
         if s["aliased"] is None:

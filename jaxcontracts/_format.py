@@ -62,7 +62,9 @@ def fmt_sharding(sharding: Any) -> str:
     mesh = getattr(sharding, "mesh", None)
     if spec is not None and mesh is not None:
         axes = ",".join(f"{k}={v}" for k, v in mesh.shape.items())
-        return f"{tuple(spec)!s} on mesh({axes})".replace("PartitionSpec", "P")
+        parts = tuple(spec)
+        layout = f"P{parts!s}".replace(",)", ")") if any(p is not None for p in parts) else "replicated"
+        return f"{layout} on mesh({axes})"
     devices = getattr(sharding, "device_set", None)
     if devices is not None and len(devices) == 1:
         (device,) = tuple(devices)

@@ -294,8 +294,8 @@ def test_wrong_sharding_on_a_two_device_mesh(mesh2):
     with pytest.raises(jc.RecompileError) as info:
         advance(wrong)
     msg = str(info.value)
-    assert "p.pos: compiled with f32[8,3] sharded ('x',)" in msg
-    assert "called with f32[8,3] sharded ()" in msg
+    assert "p.pos: compiled with f32[8,3] sharded P('x')" in msg
+    assert "called with f32[8,3] sharded replicated" in msg
     assert alive(wrong)
     uncommitted = Particles.zeros(n=8)  # single device, would be resharded silently
     with pytest.raises(jc.RecompileError, match="sharded single device"):

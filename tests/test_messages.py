@@ -1,0 +1,113 @@
+"""Pinned wording of the main messages: they are part of the product."""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jaxtyping import Array, Float32
+
+import jaxcontracts as jc
+
+
+@jc.state
+class Body:
+    pos: Float32[Array, "n 3"]
+    t: Float32[Array, ""]
+    dt: float = jc.static(0.1)
+
+
+def move(b: Body) -> Body:
+    return Body(pos=b.pos + b.dt, t=b.t + b.dt, dt=b.dt)
+
+
+def counter(s: dict) -> dict:
+    return {"x": s["x"] * 2, "t": s["t"] + 1.0}
+
+
+def _message(fn, *args):
+    with pytest.raises(jc.ContractError) as info:
+        fn(*args)
+    return str(info.value)
+
+
+def test_spec_error_at_construction():
+    msg = _message(lambda: Body(pos=jnp.zeros((2, 3)), t=jnp.int32(0)))
+    assert msg == (
+        "test_messages.Body(...) got 1 invalid field:\n"
+        "  .t: expected f32[], got i32[] (jax array)\n"
+        "      fix: a jax array of the wrong dtype is never cast silently (a step "
+        "would return another dtype and recompile). Create it as float32, e.g. "
+        "jnp.zeros(shape, jnp.float32), or cast it yourself with "
+        ".astype(jnp.float32) if you mean it.\n"
+        "  dims bound: n=2  (n from .pos)"
+    )
+
+
+def test_recompile_error_at_compile_carry():
+    step = jc.hot_step(counter)
+    msg = _message(step.compile, {"x": jnp.zeros(2), "t": jnp.int32(0)})
+    assert msg.startswith(
+        "test_messages.counter does not return its state with the spec it takes"
+    )
+    assert "  parameter `s` -> the return value:\n    ['t']: takes i32[], returns ~f32[]\n" in msg
+    assert msg.endswith("Nothing has run yet.")
+
+
+def test_recompile_error_at_call():
+    step = jc.hot_step(move)
+    step(Body.zeros(n=2))
+    msg = _message(step, Body.zeros(n=3))
+    assert msg == (
+        "test_messages.move was called with a signature it was not compiled for "
+        "(max_compiles=1, 1 used).\n"
+        "  parameter `b`:\n"
+        "    b.pos: compiled with f32[2,3], called with f32[3,3]\n"
+        "      likely cause: shape changed: a smaller last batch? pad it, or drop it\n"
+        "Fix: pass arguments with the compiled spec (see the likely cause above), "
+        "or allow more signatures with @jc.hot_step(max_compiles=2). The call did "
+        "not run; your inputs are intact."
+    )
+
+
+def test_transfer_error_at_call():
+    step = jc.hot_step(move)
+    good = Body.zeros(n=2)
+    step(good)
+    bad = Body.__new__(Body)
+    bad.__dict__.update(pos=np.zeros((2, 3), np.float32), t=jnp.float32(0), dt=0.1)
+    msg = _message(step, bad)
+    assert msg.startswith(
+        "test_messages.move: 1 argument leaf/leaves are on the host, so every call "
+        "would copy them to the device"
+    )
+    assert "\n  b.pos: f32[2,3] (numpy array)\n" in msg
+    assert "jax.device_put(x)" in msg
+
+
+def test_donation_error_already_donated():
+    step = jc.hot_step(move)
+    b = Body.zeros(n=2)
+    step(b)
+    msg = _message(step, b)
+    assert msg.startswith("test_messages.move: the call would donate a buffer that cannot be donated:\n")
+    assert "  b.pos: f32[2,3] was already deleted (donated to an earlier call?)\n" in msg
+    assert "use the state the previous call returned (s = step(s))" in msg
+
+
+def test_definition_error_lists_valid_options():
+    msg = _message(lambda: jc.hot_step(move, donate="yes"))
+    assert msg == (
+        "@jc.hot_step on test_messages.move: donate='yes' is not valid.\n"
+        "Valid values:\n"
+        '  donate="all"            every leaf of every state parameter (default)\n'
+        '  donate=("pos", "vel")   those state fields only\n'
+        '  donate="none"           no donation (an explicit opt-out)'
+    )
+
+
+def test_errors_read_as_jaxcontracts_in_tracebacks():
+    for cls in (jc.ContractError, jc.SpecError, jc.RecompileError, jc.DonationError,
+                jc.TransferError, jc.DefinitionError):
+        assert cls.__module__ == "jaxcontracts"
+        assert issubclass(cls, jc.ContractError)
