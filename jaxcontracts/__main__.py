@@ -34,13 +34,13 @@ EPS = 0.2  # Plummer softening length
 
 @jc.state
 class Particles:
-    pos: Float32[Array, "n 3"]  # noqa: F722
-    vel: Float32[Array, "n 3"]  # noqa: F722
-    acc: Float32[Array, "n 3"]  # noqa: F722 - acceleration at pos (for the first half kick)
-    t: Float32[Array, ""]  # noqa: F722
-    step: Int32[Array, ""]  # noqa: F722
-    energy0: Float32[Array, ""]  # noqa: F722 - total energy at t = 0
-    max_drift: Float32[Array, ""]  # noqa: F722 - max |E - E0| / |E0| seen so far
+    pos: Float32[Array, "n 3"]
+    vel: Float32[Array, "n 3"]
+    acc: Float32[Array, "n 3"]  # acceleration at pos (for the first half kick)
+    t: Float32[Array, ""]
+    step: Int32[Array, ""]
+    energy0: Float32[Array, ""]  # total energy at t = 0
+    max_drift: Float32[Array, ""]  # max |E - E0| / |E0| seen so far
     dt: float = jc.static(0.01)
 
 
