@@ -30,7 +30,7 @@ def advance_fn(p: Particles) -> Particles:
 
 @jc.state
 class Counter:
-    x: Float32[Array, n]
+    x: Float32[Array, "n"]
     count: Int32[Array, ""]
 
 

@@ -32,7 +32,7 @@ def test_donates_every_state_leaf_and_reuses_the_buffers():
 def test_parameter_inserted_before_the_state_still_donates_the_state():
     # The classic desync: donate_argnums=0 would now donate `force`.
     @jc.hot_step(signature=Particles)
-    def push(force: Float32[Array, 3], p: Particles) -> Particles:
+    def push(force: Float32[Array, "3"], p: Particles) -> Particles:
         return Particles(pos=p.pos + force * p.dt, vel=p.vel, t=p.t + p.dt, dt=p.dt)
 
     force = jnp.ones(3, jnp.float32)
@@ -100,7 +100,7 @@ def test_donated_leaf_that_cannot_alias_is_a_donation_error_at_compile():
 
 def test_passthrough_and_constant_leaves_alias():
     @jc.hot_step(signature=dict)
-    def step(s: dict) -> tuple[dict, Float32[Array, 4]]:
+    def step(s: dict) -> tuple[dict, Float32[Array, "4"]]:
         return {"a": s["a"], "b": jnp.zeros(4), "c": s["c"] + 1}, s["a"] * 2
 
     s = {"a": jnp.zeros(4), "b": jnp.zeros(4), "c": jnp.zeros(2)}
@@ -263,7 +263,7 @@ def test_already_donated_leaf():
 
 def test_one_buffer_passed_twice():
     @jc.hot_step(signature=Counter)
-    def step(c: Counter, other: Float32[Array, n]) -> Counter:
+    def step(c: Counter, other: Float32[Array, "n"]) -> Counter:
         return Counter(x=c.x + other, count=c.count)
 
     c = Counter.zeros(n=3)

@@ -95,7 +95,7 @@ def test_abstract_dtype_is_a_definition_error():
 
             @jc.state
             class Bad:
-                x: abstract[Array, n]  # type: ignore[valid-type]
+                x: abstract[Array, "n"]  # type: ignore[valid-type]
 
         assert "Float32[Array, 'n']" in str(info.value)
 
@@ -115,7 +115,7 @@ def test_nested_state_and_pytree_fields():
     @jc.state
     class Train:
         particles: Particles
-        params: PyTree[Float32[Array, ...]]
+        params: PyTree[Float32[Array, "..."]]
         opt: PyTree[Array]
         step: Int32[Array, ""]
 
@@ -180,8 +180,8 @@ def test_dataclass_behaviour():
 def test_bool_and_other_dtypes():
     @jc.state
     class Flags:
-        alive: Bool[Array, n]
-        ids: Int32[Array, n]
+        alive: Bool[Array, "n"]
+        ids: Int32[Array, "n"]
 
     f = Flags.zeros(n=3)
     assert f.alive.dtype == jnp.bool_ and f.ids.dtype == jnp.int32
