@@ -66,7 +66,7 @@ class StepStats:
     """What a hot_step has done so far.
 
     At checks level ``off`` a call is the bare compiled call, so ``calls`` is
-    not counted there, and compile-time checks are skipped.
+    not counted there. Compile-time checks run at every level.
     """
 
     calls: int = 0
@@ -91,6 +91,11 @@ class _Entry:
     weak: tuple[bool, ...]
     multi_device: bool
     compile_seconds: float
+    # Provenance tokens (see _token_for): per state parameter that is a
+    # jc.state instance, the token its exact spec has; per returned jc.state,
+    # the token to stamp on it.
+    in_tokens: tuple[tuple[int, object], ...] = ()
+    out_tokens: tuple[tuple[tuple[int, ...], object], ...] = ()
 
     def matches(self, leaves: Sequence[Any], treedef: Any) -> list[LeafDiff]:
         if treedef != self.in_treedef:
@@ -509,14 +514,30 @@ class HotStep(Generic[P, R]):
             multi_device=multi,
             compile_seconds=seconds,
         )
-        if _config.get_checks() != "off":
-            self._check_carry(entry, traced.out_info, compiled.output_shardings)
-            entry.aliased = self._check_aliasing(entry, traced.out_info)
+        # Compile-time contracts run at every checks level: once per signature.
+        self._check_carry(entry, traced.out_info, compiled.output_shardings)
+        entry.aliased = self._check_aliasing(entry, traced.out_info)
+        self._assign_tokens(entry)
         self._entries.append(entry)
         self.stats.compiles += 1
         self.stats.compile_seconds += seconds
         self._use(entry)
         return entry
+
+    def _assign_tokens(self, entry: _Entry) -> None:
+        """Tokens for the fast path, once carry invariance has been verified."""
+        if entry.flat_style:
+            return
+        pairs = list(zip(self._state_params, self._return_positions))
+        ins, outs = [], []
+        for arg, pos in pairs:
+            spec = entry.spec_args[arg]
+            if not is_state(spec):
+                continue
+            token = _token_for(spec)
+            ins.append((arg, token))
+            outs.append((pos, token))
+        entry.in_tokens, entry.out_tokens = tuple(ins), tuple(outs)
 
     def _check_carry(self, entry: _Entry, out_info: Any, out_shardings: Any) -> None:
         __tracebackhide__ = True
@@ -794,6 +815,7 @@ def _make_dispatch(step: HotStep[Any, Any], entry: _Entry, level: str) -> Callab
             out = compiled(*leaves) if flat_style else compiled(*args)
         except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
             return slow_call(args, kwargs, e)
+        stamp(out)
         if full:
             for i in donated:
                 if not leaves[i].is_deleted():
@@ -801,7 +823,102 @@ def _make_dispatch(step: HotStep[Any, Any], entry: _Entry, level: str) -> Callab
         stats.calls += 1
         return out
 
-    return checked
+    out_tokens = entry.out_tokens
+    key = _TOKEN_KEY
+
+    def stamp(out: Any) -> None:
+        for pos, token in out_tokens:
+            obj = out
+            for k in pos:
+                obj = obj[k]
+            obj.__dict__[key] = token
+
+    if not entry.in_tokens or len(entry.in_tokens) != len(step._state_params):
+        return checked
+
+    # The provenance fast path. A jc.state returned by a hot_step carries the
+    # token of its exact spec (structure with static values, shapes, dtypes,
+    # weak types, shardings): the executable made every leaf, and carry
+    # invariance proved the spec when the step compiled. The instance is
+    # frozen and the token is dropped by replace(), tree_map and pickling, so
+    # an argument carrying this entry's token needs no per-leaf checks; the
+    # executable itself still refuses deleted buffers (-> the slow path).
+    in_tokens = entry.in_tokens
+    n_params = len(step._param_names)
+    others = tuple(i for i in range(n_params) if i not in dict(in_tokens))
+    state_getters = tuple(
+        (arg, _leaf_getter(type(entry.spec_args[arg]))) for arg, _ in in_tokens
+    )
+    other_leaf_count = len(leaves_of_others(entry, others))
+    other_treedef = jax.tree_util.tree_structure(tuple(entry.spec_args[i] for i in others))
+    other_weak = tuple(
+        bool(s.weak_type) for s in leaves_of_others(entry, others)
+    )
+    other_any_weak = any(other_weak)
+    donated_params = tuple(arg for arg, _ in in_tokens) if donated else ()
+
+    def provenance(*args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) != n_params:
+            return checked(*args, **kwargs)
+        for i, token in in_tokens:
+            d = getattr(args[i], "__dict__", None)
+            if d is None or d.get(key) is not token:
+                return checked(*args)
+        if others:
+            leaves, treedef = flatten(tuple(args[i] for i in others))
+            if treedef != other_treedef or len(leaves) != other_leaf_count:
+                return checked(*args)
+            for x, w in zip(leaves, other_weak):
+                if type(x) is not array_impl or (x.aval.weak_type is not w if other_any_weak else x.aval.weak_type):
+                    return checked(*args)
+            if shardings is not None:
+                return checked(*args)
+        try:
+            out = compiled(*args)
+        except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
+            return slow_call(args, kwargs, e)
+        stamp(out)
+        if full:
+            for arg, get in state_getters:
+                if arg in donated_params:
+                    for x in get(args[arg]):
+                        if not x.is_deleted():
+                            raise not_consumed(entry, flatten(args)[0], out)
+        stats.calls += 1
+        return out
+
+    return provenance
+
+
+def leaves_of_others(entry: _Entry, others: tuple[int, ...]) -> list[Any]:
+    return jax.tree_util.tree_leaves(tuple(entry.spec_args[i] for i in others))
+
+
+_TOKEN_KEY = "__jaxcontracts_token__"
+_tokens: dict[Any, object] = {}
+
+
+def _token_for(spec: Any) -> object:
+    """One object per exact spec: equal specs, the same token."""
+    leaves, treedef = jax.tree_util.tree_flatten(spec)
+    key = (
+        treedef,
+        tuple((tuple(x.shape), np.dtype(x.dtype), bool(x.weak_type), x.sharding) for x in leaves),
+    )
+    token = _tokens.get(key)
+    if token is None:
+        token = _tokens[key] = object()
+    return token
+
+
+def _leaf_getter(cls: type) -> Callable[[Any], Sequence[Any]]:
+    """The leaves of a state instance: attribute reads for a flat class."""
+    from ._state import flat_leaf_getter
+
+    getter = flat_leaf_getter(cls)
+    if getter is not None:
+        return getter
+    return lambda x: _flatten(x)[0]
 
 
 class _quiet_donation_warning(warnings.catch_warnings):

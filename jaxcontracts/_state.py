@@ -254,6 +254,7 @@ def state(cls: Any = None, /, *, eq: bool = False, _depth: int = 1) -> Any:
     _register_pytree(dc, info)
 
     dc.__repr__ = _state_repr
+    dc.__getstate__ = _getstate
     dc.spec = classmethod(_spec_classmethod)
     dc.zeros = classmethod(_zeros_classmethod)
     dc.replace = _replace
@@ -291,6 +292,19 @@ def _getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
         (name,) = names
         return lambda x: (getattr(x, name),)
     return operator.attrgetter(*names)
+
+
+def flat_leaf_getter(cls: type) -> Callable[[Any], tuple[Any, ...]] | None:
+    """Read the leaves of an instance by attribute, if every field is an array."""
+    info = _info(cls)
+    if not all(isinstance(f, (_ArrayField, _StaticField)) for f in info.fields):
+        return None
+    return _getter(info.data_names)
+
+
+def _getstate(self: Any) -> dict[str, Any]:
+    # Pickles and copies carry fields only: never a hot_step's provenance token.
+    return {k: v for k, v in self.__dict__.items() if not k.startswith("__jaxcontracts")}
 
 
 def _build(cls: type, values: Mapping[str, Any]) -> Any:

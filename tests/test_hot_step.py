@@ -378,3 +378,77 @@ def test_checks_env_variable_is_validated():
         text=True,
     )
     assert ok.stdout.strip() == "fast"
+
+
+# -- the provenance fast path: states returned by a hot_step ---------------
+
+
+def test_returned_states_carry_a_token_that_replace_tree_map_and_pickle_drop():
+    import pickle
+
+    from jaxcontracts._hot_step import _TOKEN_KEY
+
+    advance = make_advance()
+    q = advance(make_particles())
+    assert _TOKEN_KEY in vars(q)
+    assert _TOKEN_KEY not in vars(q.replace(dt=0.5))
+    assert _TOKEN_KEY not in vars(jax.tree_util.tree_map(lambda x: x, q))
+    restored = pickle.loads(pickle.dumps(q))
+    assert _TOKEN_KEY not in vars(restored)
+    assert repr(restored) == repr(q)
+
+
+def test_token_path_still_catches_every_hazard(monkeypatch):
+    from jaxcontracts import _hot_step
+
+    advance = make_advance()
+    other = make_advance()
+    q = advance(make_particles())
+    r = other(q)  # a second step with the same spec accepts the token
+    assert all_deleted(q)
+    with pytest.raises(jc.DonationError, match="already"):
+        advance(q)  # stamped, but its buffers were donated to `other`
+    assert alive(r)
+    with pytest.raises(jc.RecompileError, match="static 0.5"):
+        advance(r.replace(dt=0.5))
+    view = np.asarray(r.pos)
+    with pytest.raises(jc.DonationError) as info:
+        advance(r)  # XLA copied: caught after dispatch on the token path too
+    del view
+    s = info.value.result
+    assert isinstance(s, Particles) and alive(s)
+    # and the token path really is taken: no flatten of the state per call
+    calls = []
+    real = _hot_step._flatten
+    monkeypatch.setattr(_hot_step, "_flatten", lambda x: calls.append(1) or real(x))
+    fresh = make_advance()
+    fresh(make_particles())  # compiles: closures bind the patched flatten
+    s2 = fresh(make_particles())
+    calls.clear()
+    fresh(s2)
+    assert calls == []
+
+
+def test_token_path_checks_the_other_arguments():
+    @jc.hot_step(signature=Particles)
+    def push(force: Float32[Array, "3"], p: Particles) -> Particles:
+        return Particles(pos=p.pos + force * p.dt, vel=p.vel, t=p.t + p.dt, dt=p.dt)
+
+    force = jnp.ones(3, jnp.float32)
+    p = push(force, make_particles())
+    with pytest.raises(jc.TransferError, match="force: f32\\[3\\] \\(numpy array\\)"):
+        push(np.ones(3, np.float32), p)
+    with pytest.raises(jc.RecompileError, match="force: compiled with f32\\[3\\], called with f32\\[4\\]"):
+        push(jnp.ones(4), p)
+    assert alive(p)
+    p = push(force, p)
+    assert push.stats.calls == 2
+
+
+def test_compile_time_contracts_run_at_every_checks_level():
+    @jc.hot_step
+    def step(s: dict) -> dict:
+        return {"t": s["t"] + 1.0}
+
+    with jc.checks_level("off"), pytest.raises(jc.RecompileError, match=r"\['t'\]: takes i32"):
+        step.compile({"t": jnp.int32(0)})
