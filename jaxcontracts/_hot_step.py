@@ -322,18 +322,8 @@ class HotStep(Generic[P, R]):
                 "returned are read-only inputs)."
             )
         self._return_positions = positions
-        if isinstance(self._donate, (tuple, list)) and is_state(signature):
-            valid = data_field_names(signature)
-            static = static_field_names(signature)
-            bad = [n for n in self._donate if n not in valid]
-            if bad:
-                raise DefinitionError(
-                    f"@jc.hot_step on {self._name}: donate names unknown field(s) "
-                    f"{', '.join(map(repr, bad))} of {type_name}.\n"
-                    f"  array fields: {', '.join(valid)}"
-                    + (f"\n  static fields (not donatable, not arrays): {', '.join(static)}" if static else "")
-                    + '\nFix: use those names, or donate="all".'
-                )
+        if is_state(signature):
+            self._check_donated_names(data_field_names(signature), static_field_names(signature))
         kwonly = tuple(p.name for p in params if p.kind == p.KEYWORD_ONLY)
         n_pos = len(params) - len(kwonly)
         if kwonly:
@@ -426,16 +416,23 @@ class HotStep(Generic[P, R]):
                 fields_seen.add(name)
             if name in self._donate:
                 donated.append(i)
-        if isinstance(self._donate, (tuple, list)) and not is_state(self.state_type):
-            bad = [n for n in self._donate if n not in fields_seen]
-            if bad:
-                raise DefinitionError(
-                    f"@jc.hot_step on {self._name}: donate names field(s) "
-                    f"{', '.join(map(repr, bad))} that the state does not have.\n"
-                    f"  fields with arrays: {', '.join(sorted(fields_seen)) or '(none)'}\n"
-                    'Fix: use those names, or donate="all".'
-                )
+        if not is_state(self.state_type):  # a dict state: its fields are known now
+            self._check_donated_names(tuple(sorted(fields_seen)), ())
         return tuple(donated)
+
+    def _check_donated_names(self, valid: Sequence[str], static: Sequence[str]) -> None:
+        if not isinstance(self._donate, (tuple, list)):
+            return
+        bad = [n for n in self._donate if n not in valid]
+        if bad:
+            type_name = getattr(self.state_type, "__name__", repr(self.state_type))
+            raise DefinitionError(
+                f"@jc.hot_step on {self._name}: donate names unknown field(s) "
+                f"{', '.join(map(repr, bad))} of {type_name}.\n"
+                f"  array fields: {', '.join(valid) or '(none)'}"
+                + (f"\n  static fields (not donatable, not arrays): {', '.join(static)}" if static else "")
+                + '\nFix: use those names, or donate="all".'
+            )
 
     def _jit_for(
         self, positional: tuple[Any, ...]
