@@ -17,6 +17,10 @@ from ._errors import DonationError as DonationError
 from ._errors import RecompileError as RecompileError
 from ._errors import SpecError as SpecError
 from ._errors import TransferError as TransferError
+from ._guard import HotLoop as HotLoop
+from ._guard import Violation as Violation
+from ._guard import fetch as fetch
+from ._guard import hot_loop as hot_loop
 from ._hot_step import HotStep as HotStep
 from ._hot_step import StepStats as StepStats
 from ._hot_step import hot_step as hot_step

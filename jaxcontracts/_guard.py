@@ -1,27 +1,723 @@
-"""Hooks between hot steps and ``jc.hot_loop`` critical sections.
+"""``jc.hot_loop``: critical sections that catch transfers and compiles.
 
-``note_compile`` is called by a hot_step before it traces a new signature;
-``consumed_by`` names the step that consumed a donated array.
+JAX's device-to-host transfer guard never fires on CPU: a CPU ``jax.Array``
+lends its buffer to numpy without copying, so no "transfer" happens. A hot loop
+therefore intercepts the *reads* themselves, on every backend:
+
+* **Python-level reads.** ``ArrayImpl`` is a C++ type whose read methods
+  (``__float__``, ``__int__``, ``__bool__``, ``__complex__``, ``__index__``,
+  ``__format__``, ``__repr__``, ``__str__``, ``__reduce__``, ``__array__``,
+  ``__iter__``, ``tolist``, ``item``, ``tobytes`` and the ``_value`` property)
+  are Python functions on a mutable heap type. While at least one loop is
+  active anywhere, they are replaced on the class (which updates the C slots,
+  so existing arrays are covered) by wrappers that check a thread-local flag.
+  The last loop to exit puts the originals back, the same objects, so nothing
+  stays patched and nothing costs anything outside a loop.
+* **The buffer protocol.** On one CPU device ``np.asarray(x)``, ``np.array``,
+  ufuncs such as ``np.add(x, 1)`` and ``memoryview`` read the buffer through
+  the C buffer protocol and never call ``__array__``. On Python >= 3.12 the
+  class's ``__buffer__`` (PEP 688) is replaced; on 3.11 the type's
+  ``bf_getbuffer`` slot is swapped, through ctypes, for a callback that
+  refuses the export on a guarded thread and calls the original otherwise.
+  When the export is refused numpy falls back to ``__array__``, which raises
+  the contract error with the array named.
+* **Host-to-device.** JAX's own ``transfer_guard_host_to_device`` works on CPU:
+  it is engaged (thread-locally) for the loop, and its bare runtime error is
+  turned into a :class:`TransferError` naming the user's line when it leaves
+  the loop. On GPU/TPU JAX's device-to-host guard is engaged too.
+* **Compiles.** ``jax.monitoring`` reports the start of every trace, MLIR
+  lowering and backend compile on the calling thread; a listener turns them
+  into :class:`RecompileError`. A hot step meeting a new signature reports
+  itself first, by name. Warm calls emit nothing, and ``jax.debug.print``
+  callbacks (which read arrays on the host) are recognised and allowed.
+
+Explicit transfers stay allowed: ``jc.fetch(tree)``, ``jax.device_get``,
+``jax.device_put``.
 """
 
 from __future__ import annotations
 
-import weakref
-from typing import Any
+import contextlib
+import ctypes
+import dataclasses
+import functools
+import os
+import sys
+import sysconfig
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any, Literal, TypeVar
 
-__all__ = ["consumed_by", "note_compile", "record_consumed"]
+import jax
+import jax.numpy as jnp
+import numpy as np
 
-_consumers: weakref.WeakValueDictionary[int, Any] = weakref.WeakValueDictionary()
+from ._errors import DefinitionError, DonationError, RecompileError, TransferError
+from ._format import fmt_aval
+
+__all__ = ["HotLoop", "Violation", "compiling", "consumed_by", "fetch", "hot_loop", "note_call"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_ArrayImpl = type(jnp.zeros(()))
+_READS = (
+    "__float__",
+    "__int__",
+    "__bool__",
+    "__complex__",
+    "__index__",
+    "__format__",
+    "__repr__",
+    "__str__",
+    "__reduce__",
+    "__array__",
+    "__iter__",
+    "tolist",
+    "item",
+    "tobytes",
+)
+_READ_WORDS = {
+    "__float__": "float()",
+    "__int__": "int()",
+    "__bool__": "bool() (an `if` or `while` on an array?)",
+    "__complex__": "complex()",
+    "__index__": "use as an index (list index, range(), slice bound)",
+    "__format__": "formatting (f-string or format())",
+    "__repr__": "repr()",
+    "__str__": "str() / print()",
+    "__reduce__": "pickling",
+    "__array__": "conversion to numpy (np.asarray / np.array / a numpy ufunc)",
+    "__iter__": "iteration (one dispatch and read per element)",
+    "tolist": ".tolist()",
+    "item": ".item()",
+    "tobytes": ".tobytes()",
+    "_value": "reading its value",
+    "buffer": "the buffer protocol (np.asarray, memoryview)",
+}
+_COMPILE_EVENTS = (
+    "/jax/core/compile/jaxpr_trace_duration",
+    "/jax/core/compile/jaxpr_to_mlir_module_duration",
+    "/jax/core/compile/backend_compile_duration",
+)
+# Host callbacks (jax.debug.print, pure_callback) and explicit device_get read
+# arrays on purpose: reads from these frames are allowed.
+_ALLOWED_FRAMES = (
+    (os.path.join("jax", "_src", "debugging.py"), None),
+    (os.path.join("jax", "_src", "callback.py"), None),
+    (os.path.join("jax", "_src", "api.py"), "device_get"),
+)
 
 
-def note_compile(name: str) -> None:
-    """Called before a hot_step compiles (a hot_loop makes this an error)."""
+# --------------------------------------------------------------------------
+# Thread-local and global state
 
 
-def record_consumed(leaves: Any, step_name: str) -> None:
-    """Remember which step consumed these donated arrays (for messages)."""
+class _Local(threading.local):
+    loop: HotLoop | None = None  # the innermost active loop on this thread
+    allow: int = 0  # > 0 inside an explicit transfer (jc.fetch) or a re-entry
+
+
+_local = _Local()
+
+
+class _Tracking:
+    """Read by hot steps after each call: is any loop active anywhere?"""
+
+    count = 0
+
+
+tracking = _Tracking()
+_lock = threading.Lock()
+_steps: list[Any] = []  # hot steps that recorded calls while loops were active
+
+
+# --------------------------------------------------------------------------
+# Violations
+
+
+@dataclasses.dataclass
+class Violation:
+    """One kind of violation at one source line, with how often it happened."""
+
+    kind: Literal["transfer", "compile", "donation"]
+    what: str
+    where: str
+    count: int
+    message: str
+
+    def line(self) -> str:
+        return f"{self.kind:<9} {self.where:<40} x{self.count:<5} {self.what}"
+
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_SKIP_DIRS = tuple(
+    os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+    for m in (jax, np, contextlib)
+    if getattr(m, "__file__", None)
+) + (_PACKAGE_DIR + os.sep,)
+try:
+    import jaxlib
+
+    _SKIP_DIRS += (os.path.dirname(os.path.abspath(jaxlib.__file__)) + os.sep,)
+except ImportError:  # pragma: no cover
+    pass
+_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+
+
+def _is_library(filename: str) -> bool:
+    path = os.path.abspath(filename)
+    if path.startswith(_SKIP_DIRS):
+        return True
+    return path.startswith(_STDLIB) and "site-packages" not in path
+
+
+def _user_frame(frame: Any = None) -> Any:
+    frame = frame or sys._getframe(2)
+    first = frame
+    while frame is not None and _is_library(frame.f_code.co_filename):
+        frame = frame.f_back
+    return frame or first
+
+
+def _where(frame: Any, lineno: int | None = None) -> tuple[str, str]:
+    """(``file:line``, the source text of that line)."""
+    if frame is None:
+        return "<unknown>", ""
+    import linecache
+
+    filename = frame.f_code.co_filename
+    lineno = frame.f_lineno if lineno is None else lineno
+    text = linecache.getline(filename, lineno).strip()
+    short = filename
+    if not filename.startswith("<"):
+        try:
+            rel = os.path.relpath(filename)
+            short = rel if not rel.startswith(".." + os.sep + "..") else filename
+        except ValueError:  # another drive
+            pass
+    return f"{short}:{lineno}", text
+
+
+def _allowed_caller() -> bool:
+    """Is this read made by a host callback or an explicit device_get?"""
+    frame = sys._getframe(2)
+    while frame is not None:
+        code = frame.f_code
+        for suffix, name in _ALLOWED_FRAMES:
+            if code.co_filename.endswith(suffix) and (name is None or code.co_name == name):
+                return True
+        frame = frame.f_back
+    return False
+
+
+def _violation(kind: str, what: str, fix: str, error: type[Exception], frame: Any = None) -> None:
+    """Raise or record one violation for the current thread's loop."""
+    __tracebackhide__ = True
+    loop = _local.loop
+    if loop is None:
+        return
+    where, text = _where(_user_frame(frame))
+    title = {
+        "transfer": "implicit transfer inside jc.hot_loop",
+        "compile": "compile inside jc.hot_loop",
+        "donation": "use of a donated array inside jc.hot_loop",
+    }[kind]
+    message = f"{title}: {what}\n  at {where}" + (f":  {text}" if text else "") + f"\nFix: {fix}"
+    if loop.on_violation == "raise":
+        raise error(message)
+    loop._record(kind, what, where, message)
+
+
+# --------------------------------------------------------------------------
+# Naming arrays: state paths and the steps that consumed them
+
+
+def note_call(step: Any, args: tuple[Any, ...], out: Any) -> None:
+    """Called by a hot step after each call while any loop is active."""
+    if getattr(step, "_loop_last", None) is None:
+        with _lock:
+            _steps.append(step)
+    step._loop_last = (args, out)
+
+
+def _find(x: Any) -> tuple[str | None, str | None]:
+    """(the step that consumed x, ``step -> .path`` of a live output)."""
+    consumed, produced = None, None
+    for step in list(_steps):
+        last = getattr(step, "_loop_last", None)
+        if last is None:
+            continue
+        args, out = last
+        for p, leaf in jax.tree_util.tree_leaves_with_path(out):
+            if leaf is x:
+                produced = f"{step.__name__} -> {jax.tree_util.keystr(p)}"
+        for leaf in jax.tree_util.tree_leaves(args):
+            if leaf is x and leaf.is_deleted():
+                consumed = step._name
+    return consumed, produced
 
 
 def consumed_by(x: Any) -> str | None:
-    """The step that consumed ``x`` by donation, when known."""
-    return None
+    """The hot step that consumed ``x`` by donation, when it is known."""
+    return _find(x)[0] if isinstance(x, jax.Array) else None
+
+
+def _describe(x: Any) -> str:
+    try:
+        text = fmt_aval(x.shape, x.dtype, x.aval.weak_type)
+    except Exception:  # noqa: BLE001
+        return type(x).__name__
+    produced = _find(x)[1]
+    return f"{text} ({produced})" if produced else text
+
+
+# --------------------------------------------------------------------------
+# The read interceptors
+
+
+def _on_read(x: Any, name: str, frame: Any = None) -> None:
+    __tracebackhide__ = True
+    if x.is_deleted():
+        by = consumed_by(x)
+        _violation(
+            "donation",
+            f"{_READ_WORDS.get(name, name)} of an array that was donated"
+            + (f" to {by}" if by else " (deleted)")
+            + f": {fmt_aval(x.shape, x.dtype)}",
+            "use the state the step returned (s = step(s)); keep what you need "
+            "from the old state by returning it from the step.",
+            DonationError,
+            frame,
+        )
+        return
+    _violation(
+        "transfer",
+        f"device-to-host read: {_READ_WORDS.get(name, name)} of {_describe(x)}",
+        "read it deliberately and rarely with jc.fetch(x) (e.g. every 1000 "
+        "steps), or move the read after the loop; an `if` on an array belongs "
+        "in the step (jnp.where / lax.cond).",
+        TransferError,
+        frame,
+    )
+
+
+def _guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        local = _local
+        if local.loop is None or local.allow or not local.loop._transfers:
+            return original(self, *args, **kwargs)
+        if not _allowed_caller():
+            _on_read(self, name)
+        local.allow += 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            local.allow -= 1
+
+    guarded.__name__ = getattr(original, "__name__", name)
+    guarded.__qualname__ = getattr(original, "__qualname__", name)
+    guarded.__doc__ = getattr(original, "__doc__", None)
+    return guarded
+
+
+def _must_refuse_buffer(x: Any) -> bool:
+    """For the buffer hooks: refuse the export (numpy then calls __array__)?
+
+    In raise mode the refusal makes numpy fall back to the guarded
+    ``__array__``, which raises the contract error; in record mode the read is
+    recorded here and the export goes on.
+    """
+    local = _local
+    loop = local.loop
+    if loop is None or local.allow or not loop._transfers or _allowed_caller():
+        return False
+    if loop.on_violation == "raise":
+        return True
+    _on_read(x, "buffer", sys._getframe(1))
+    return False
+
+
+class _Patches:
+    """Install and remove the class-level interceptors (reference counted)."""
+
+    def __init__(self) -> None:
+        self.originals = {n: _ArrayImpl.__dict__[n] for n in _READS if n in _ArrayImpl.__dict__}
+        self.guarded = {n: _guarded(n, f) for n, f in self.originals.items()}
+        self.value = _ArrayImpl.__dict__.get("_value")
+        self.depth = 0
+        self._buffer_on, self._buffer_off = _buffer_hooks()
+
+    def install(self) -> None:
+        for name, fn in self.guarded.items():
+            setattr(_ArrayImpl, name, fn)
+        if isinstance(self.value, property) and self.value.fget is not None:
+            fget = _guarded("_value", self.value.fget)
+            _ArrayImpl._value = property(fget)
+        self._buffer_on()
+        jax.monitoring.register_scalar_listener(_on_monitoring_event)
+
+    def uninstall(self) -> None:
+        for name, fn in self.originals.items():
+            setattr(_ArrayImpl, name, fn)
+        if self.value is not None:
+            _ArrayImpl._value = self.value
+        self._buffer_off()
+        _unregister(_on_monitoring_event)
+        for step in _steps:
+            step._loop_last = None
+        _steps.clear()
+
+
+def _unregister(listener: Callable[..., Any]) -> None:
+    unregister = getattr(jax.monitoring, "unregister_scalar_listener", None)
+    if unregister is not None:
+        unregister(listener)
+        return
+    from jax._src import monitoring  # pragma: no cover - older jax
+
+    monitoring._scalar_listeners.remove(listener)  # type: ignore[attr-defined]
+
+
+def _buffer_hooks() -> tuple[Callable[[], None], Callable[[], None]]:
+    """(install, remove) for the buffer-protocol interceptor of this Python."""
+    original = _ArrayImpl.__dict__.get("__buffer__")
+    if sys.version_info >= (3, 12) and original is not None:
+
+        def __buffer__(self: Any, flags: int) -> memoryview:
+            if _must_refuse_buffer(self):
+                raise BufferError("jaxcontracts: device-to-host read inside jc.hot_loop")
+            return original(self, flags)
+
+        def on() -> None:
+            _ArrayImpl.__buffer__ = __buffer__  # type: ignore[attr-defined]
+
+        def off() -> None:
+            # Assign the original slot wrapper back; never `del` (NULL slot).
+            _ArrayImpl.__buffer__ = original  # type: ignore[attr-defined]
+
+        return on, off
+    return _ctypes_buffer_hooks()
+
+
+_CALLBACK_KEEPALIVE: list[Any] = []
+
+
+def _ctypes_buffer_hooks() -> tuple[Callable[[], None], Callable[[], None]]:
+    """Python 3.11: swap ``tp_as_buffer->bf_getbuffer`` for a callback."""
+    ptr = ctypes.sizeof(ctypes.c_void_p)
+    base = id(_ArrayImpl)
+    # PyTypeObject: ob_refcnt, ob_type, ob_size, tp_name, tp_basicsize, ...;
+    # tp_as_buffer is field 20. Check two known fields before touching it.
+    name_ptr = ctypes.c_void_p.from_address(base + 3 * ptr).value
+    basicsize = ctypes.c_ssize_t.from_address(base + 4 * ptr).value
+    procs = ctypes.c_void_p.from_address(base + 20 * ptr).value
+    sane = (
+        name_ptr
+        and ctypes.string_at(name_ptr).decode(errors="replace").endswith("ArrayImpl")
+        and basicsize == _ArrayImpl.__basicsize__
+        and procs
+    )
+    if not sane:  # pragma: no cover - unknown layout: Python-level reads only
+        return (lambda: None), (lambda: None)
+    slot = ctypes.c_void_p.from_address(procs)
+    original = slot.value
+    signature = (ctypes.c_int, ctypes.py_object, ctypes.c_void_p, ctypes.c_int)
+    call_original = ctypes.PYFUNCTYPE(*signature)(original)
+
+    @ctypes.CFUNCTYPE(*signature)
+    def getbuffer(obj: Any, view: int, flags: int) -> int:
+        try:
+            if _must_refuse_buffer(obj):
+                return -1  # numpy falls back to the guarded __array__
+            return call_original(obj, view, flags)
+        except BaseException:  # noqa: BLE001 - never let an error cross C
+            return -1
+
+    _CALLBACK_KEEPALIVE.append(getbuffer)
+    replacement = ctypes.cast(getbuffer, ctypes.c_void_p).value
+
+    def on() -> None:
+        slot.value = replacement
+
+    def off() -> None:
+        slot.value = original
+
+    return on, off
+
+
+def _on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
+    __tracebackhide__ = True
+    if event not in _COMPILE_EVENTS:
+        return
+    local = _local
+    loop = local.loop
+    if loop is None or local.allow or not loop._compiles:
+        return
+    # Raise at the first phase; record each compile once (every compile lowers
+    # to MLIR, while a cold eager op may skip the trace event).
+    if loop.on_violation != "raise" and not event.endswith("jaxpr_to_mlir_module_duration"):
+        return
+    name = str(kwargs.get("fun_name") or "a function")
+    if name.startswith("jit(") and name.endswith(")"):
+        name = name[4:-1]
+    _violation(
+        "compile",
+        f"jax compiles `{name}` (a fresh jax.jit, a new input signature, or a "
+        "cold eager op)",
+        "run it once before the loop so it is compiled and cached, or move the "
+        "eager op into a hot_step.",
+        RecompileError,
+    )
+
+
+_patches: _Patches | None = None
+
+
+def _acquire() -> None:
+    global _patches
+    with _lock:
+        if _patches is None:
+            _patches = _Patches()
+        if _patches.depth == 0:
+            _patches.install()
+        _patches.depth += 1
+        tracking.count += 1
+
+
+def _release() -> None:
+    with _lock:
+        assert _patches is not None
+        _patches.depth -= 1
+        tracking.count -= 1
+        if _patches.depth == 0:
+            _patches.uninstall()
+
+
+@contextlib.contextmanager
+def compiling(name: str) -> Iterator[None]:
+    """Wrap a hot step's compile: a violation inside a loop (recorded once)."""
+    __tracebackhide__ = True
+    loop = _local.loop
+    if loop is None or not loop._compiles or _local.allow:
+        yield
+        return
+    short = name.rsplit(".", 1)[-1]
+    _violation(
+        "compile",
+        f"hot_step {short} would compile a new signature",
+        f"compile it before the loop ({short}.compile(State.spec(...)) or one "
+        "call), and keep every call's arguments on that signature.",
+        RecompileError,
+    )
+    _local.allow += 1  # record mode: compile without reporting its phases again
+    try:
+        yield
+    finally:
+        _local.allow -= 1
+
+
+# --------------------------------------------------------------------------
+# Public API
+
+
+def fetch(tree: Any) -> Any:
+    """Copy a pytree of device arrays to the host, deliberately.
+
+    The one way to read device values inside a :func:`hot_loop`; it works the
+    same outside one.
+
+    Args:
+        tree: any pytree of ``jax.Array`` s (a ``jc.state`` instance included).
+
+    Returns:
+        The same tree with numpy arrays as leaves.
+
+    Examples:
+        >>> import jax.numpy as jnp, jaxcontracts as jc
+        >>> with jc.hot_loop():
+        ...     jc.fetch({"t": jnp.float32(2)})
+        {'t': array(2., dtype=float32)}
+    """
+    _local.allow += 1
+    try:
+        return jax.device_get(tree)
+    finally:
+        _local.allow -= 1
+
+
+_OPTIONS = {
+    "transfers": ("disallow", "allow"),
+    "compiles": ("disallow", "allow"),
+    "on_violation": ("raise", "record"),
+}
+
+
+class HotLoop:
+    """A critical section: see :func:`hot_loop`.
+
+    Attributes:
+        violations: in record mode, every violation seen (one per kind and
+            source line, with a count).
+    """
+
+    def __init__(
+        self,
+        *,
+        transfers: str = "disallow",
+        compiles: str = "disallow",
+        on_violation: str = "raise",
+    ) -> None:
+        for option, value in (
+            ("transfers", transfers),
+            ("compiles", compiles),
+            ("on_violation", on_violation),
+        ):
+            if value not in _OPTIONS[option]:
+                raise DefinitionError(
+                    f"jc.hot_loop({option}={value!r}): valid values are "
+                    + ", ".join(repr(v) for v in _OPTIONS[option])
+                    + "."
+                )
+        self._options = {"transfers": transfers, "compiles": compiles, "on_violation": on_violation}
+        self.on_violation = on_violation
+        self._transfers = transfers == "disallow"
+        self._compiles = compiles == "disallow"
+        self._violations: dict[tuple[str, str, str], Violation] = {}
+        self._saved: list[tuple[Any, Any]] = []
+
+    @property
+    def violations(self) -> list[Violation]:
+        return list(self._violations.values())
+
+    def _record(self, kind: str, what: str, where: str, message: str) -> None:
+        key = (kind, where, what)
+        found = self._violations.get(key)
+        if found is None:
+            self._violations[key] = Violation(kind, what, where, 1, message)  # type: ignore[arg-type]
+        else:
+            found.count += 1
+
+    def report(self) -> str:
+        """The violations as an aligned text table."""
+        if not self._violations:
+            return "jc.hot_loop: no violations"
+        lines = [f"jc.hot_loop: {len(self._violations)} violation(s) "
+                 f"({sum(v.count for v in self._violations.values())} events)",
+                 f"{'kind':<9} {'where':<40} {'count':<6} what"]
+        lines += [v.line() for v in self._violations.values()]
+        return "\n".join(lines)
+
+    def __enter__(self) -> HotLoop:
+        _acquire()
+        native = contextlib.ExitStack()
+        try:
+            if self._transfers:
+                mode = "disallow" if self.on_violation == "raise" else "log"
+                native.enter_context(jax.transfer_guard_host_to_device(mode))
+                if jax.default_backend() != "cpu":
+                    native.enter_context(
+                        jax.transfer_guard_device_to_host(
+                            "disallow" if self.on_violation == "raise" else "allow"
+                        )
+                    )
+        except BaseException:
+            native.close()
+            _release()
+            raise
+        self._saved.append((_local.loop, native))
+        _local.loop = self
+        return self
+
+    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        __tracebackhide__ = True
+        previous, native = self._saved.pop()
+        _local.loop = previous
+        try:
+            native.close()
+        finally:
+            _release()
+        if exc is not None and not isinstance(exc, Exception):
+            return False
+        if exc is not None and "Disallowed host-to-device transfer" in str(exc):
+            where, text = _traceback_where(tb)
+            detail = str(exc).split("Disallowed host-to-device transfer:", 1)[-1].strip()
+            raise TransferError(
+                "implicit transfer inside jc.hot_loop: host-to-device "
+                f"({detail.split(', dst_sharding')[0]})\n  at {where}"
+                + (f":  {text}" if text else "")
+                + "\nFix: put host data on the device once, before the loop "
+                "(x = jax.device_put(x)); a Python scalar in an eager op "
+                "(x * 2 outside a step) is a transfer too: do the op inside a "
+                "hot_step, or make the scalar a device array before the loop."
+            ) from None
+        if exc is not None and "Array has been deleted" in str(exc):
+            where, text = _traceback_where(tb)
+            raise DonationError(
+                "use of a donated array inside jc.hot_loop: an array that a "
+                f"hot_step consumed was used again\n  at {where}"
+                + (f":  {text}" if text else "")
+                + "\nFix: use the state the step returned (s = step(s))."
+            ) from None
+        return False
+
+    def __call__(self, fn: F) -> F:
+        """Use as a decorator: every call of ``fn`` runs in a fresh loop."""
+        options = dict(self._options)
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with HotLoop(**options):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
+def _traceback_where(tb: Any) -> tuple[str, str]:
+    """``file:line`` of the innermost user frame of a traceback."""
+    found = None
+    while tb is not None:
+        if not _is_library(tb.tb_frame.f_code.co_filename):
+            found = (tb.tb_frame, tb.tb_lineno)
+        tb = tb.tb_next
+    return _where(*found) if found else ("<unknown>", "")
+
+
+def hot_loop(
+    *,
+    transfers: Literal["disallow", "allow"] = "disallow",
+    compiles: Literal["disallow", "allow"] = "disallow",
+    on_violation: Literal["raise", "record"] = "raise",
+) -> HotLoop:
+    """A critical section where transfers and compiles are contract violations.
+
+    On the thread that enters it, for its duration, on every backend (CPU
+    included): an implicit device-to-host read of a ``jax.Array`` raises
+    :class:`TransferError`; an implicit host-to-device transfer raises
+    :class:`TransferError`; any trace or compile raises
+    :class:`RecompileError`; reading an array a hot step consumed raises
+    :class:`DonationError`. ``jc.fetch``, ``jax.device_get`` and
+    ``jax.device_put`` stay allowed. Other threads are unaffected; nesting
+    works; everything is restored on exit.
+
+    Args:
+        transfers: ``"disallow"`` (default) or ``"allow"``.
+        compiles: ``"disallow"`` (default) or ``"allow"``.
+        on_violation: ``"raise"`` (default), or ``"record"`` to collect the
+            violations in ``loop.violations`` / ``loop.report()`` instead.
+            In record mode implicit host-to-device transfers in eager ops are
+            left to JAX's guard in ``"log"`` mode (JAX offers no hook to
+            record them and go on).
+
+    Returns:
+        A context manager, also usable as a decorator.
+
+    Examples:
+        >>> import jax.numpy as jnp, jaxcontracts as jc
+        >>> x = jnp.arange(3.0)
+        >>> with jc.hot_loop(on_violation="record") as loop:
+        ...     _ = float(x[0])
+        >>> [v.kind for v in loop.violations]
+        ['transfer']
+    """
+    return HotLoop(transfers=transfers, compiles=compiles, on_violation=on_violation)

@@ -41,6 +41,7 @@ from . import _config
 from ._donation import aliased_parameters, field_of, find_hazards
 from ._errors import DefinitionError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval, fmt_path, fmt_value, qualname
+from ._guard import compiling, consumed_by, note_call, tracking
 from ._spec import LeafDiff, diff_leaves, diff_specs, leaf_spec
 from ._state import data_field_names, is_state, static_field_names
 
@@ -472,18 +473,16 @@ class HotStep(Generic[P, R]):
 
     def _new_entry(self, positional: tuple[Any, ...]) -> _Entry:
         __tracebackhide__ = True
-        from ._guard import note_compile  # hot_loop forbids compiles inside it
-
         if len(self._entries) >= self._max_compiles:
             raise self._refuse_signature(positional)
-        note_compile(self._name)
         jitted, spec_args, treedef, donated, flat_style = self._jit_for(positional)
-        t0 = time.perf_counter()
-        with _quiet_donation_warning():
-            traced = jitted.trace(*spec_args)
-            lowered = traced.lower()
-        compiled = lowered.compile()
-        seconds = time.perf_counter() - t0
+        with compiling(self._name):  # inside a hot_loop, a compile is a violation
+            t0 = time.perf_counter()
+            with _quiet_donation_warning():
+                traced = jitted.trace(*spec_args)
+                lowered = traced.lower()
+            compiled = lowered.compile()
+            seconds = time.perf_counter() - t0
 
         in_leaves = jax.tree_util.tree_leaves(compiled.input_shardings[0])
         flat_paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(positional)[0]]
@@ -710,8 +709,6 @@ class HotStep(Generic[P, R]):
         duplicates: list[tuple[int, int]],
         donated: Sequence[int],
     ) -> str:
-        from ._guard import consumed_by
-
         lines = []
         for i in deleted:
             by = consumed_by(leaves[i])
@@ -818,6 +815,8 @@ def _make_dispatch(step: HotStep[Any, Any], entry: _Entry, level: str) -> Callab
                 if not leaves[i].is_deleted():
                     raise not_consumed(entry, leaves, out)
         stats.calls += 1
+        if tracking.count:  # a hot_loop is active somewhere: remember for messages
+            note_call(step, args, out)
         return out
 
     out_tokens = entry.out_tokens
@@ -882,6 +881,8 @@ def _make_dispatch(step: HotStep[Any, Any], entry: _Entry, level: str) -> Callab
                         if not x.is_deleted():
                             raise not_consumed(entry, flatten(args)[0], out)
         stats.calls += 1
+        if tracking.count:
+            note_call(step, args, out)
         return out
 
     return provenance

@@ -1,0 +1,340 @@
+"""jc.hot_loop and jc.fetch: transfers, compiles and donated arrays in a loop."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import Particles, advance_fn, make_particles
+from jaxtyping import Array, Float32
+
+import jaxcontracts as jc
+from jaxcontracts import _guard
+
+# -- the access-path matrix -------------------------------------------------
+
+# Each path reads one array prepared before the loop: a 0-d float, a 0-d int
+# or a vector. Nothing else in the lambda touches jax (no eager op).
+READS = {
+    "float": ("f", lambda x: float(x)),
+    "int": ("f", lambda x: int(x)),
+    "bool (if)": ("f", lambda x: 1 if x else 0),
+    "complex": ("f", lambda x: complex(x)),
+    "index (list)": ("i", lambda x: [10, 20, 30][x]),
+    "index (range)": ("i", lambda x: range(x)),
+    ".item()": ("f", lambda x: x.item()),
+    ".tolist()": ("v", lambda x: x.tolist()),
+    "repr": ("v", lambda x: repr(x)),
+    "str": ("v", lambda x: str(x)),
+    "f-string": ("f", lambda x: f"{x:.3f}"),
+    "print": ("v", lambda x: print(x, file=io.StringIO())),
+    "iteration": ("v", lambda x: [None for _ in x]),
+    "np.asarray": ("v", lambda x: np.asarray(x)),
+    "np.array(dtype)": ("v", lambda x: np.array(x, dtype=np.float64)),
+    "np.add (ufunc)": ("v", lambda x: np.add(x, 1)),
+    "pickle": ("v", lambda x: pickle.dumps(x)),
+}
+
+
+def _arrays(layout: str, mesh2) -> dict[str, jax.Array]:
+    f, i, v = jnp.float32(2.5) + 0, jnp.int32(1) + 0, jnp.arange(4.0, dtype=jnp.float32)
+    if layout == "one device":
+        return {"f": f, "i": i, "v": v}
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    rep = NamedSharding(mesh2, P())
+    return {
+        "f": jax.device_put(f, rep),
+        "i": jax.device_put(i, rep),
+        "v": jax.device_put(v, NamedSharding(mesh2, P("x"))),
+    }
+
+
+@pytest.mark.parametrize("layout", ["one device", "2-device mesh"])
+@pytest.mark.parametrize("path", list(READS))
+def test_every_read_raises_inside_and_works_outside(path, layout, mesh2):
+    kind, read = READS[path]
+    x = _arrays(layout, mesh2)[kind]
+    read(x)  # outside: works (and warms any lazy path)
+    with pytest.raises(jc.TransferError) as info:
+        with jc.hot_loop():
+            read(x)
+    msg = str(info.value)
+    assert "device-to-host read" in msg
+    assert "test_guard.py:" in msg and "Fix: " in msg and "jc.fetch" in msg
+    read(x)  # and works again after the loop
+
+
+def test_explicit_transfers_are_allowed():
+    x = jnp.arange(3.0)
+    with jc.hot_loop():
+        host = jc.fetch({"x": x})
+        also = jax.device_get(x)
+        y = jax.device_put(np.ones(3, np.float32))
+    assert host["x"].tolist() == [0.0, 1.0, 2.0]
+    assert isinstance(also, np.ndarray) and y.shape == (3,)
+
+
+def test_message_names_the_state_path_and_the_line():
+    advance = jc.hot_step(advance_fn, signature=Particles)
+    p = advance(make_particles())
+    with pytest.raises(jc.TransferError) as info:
+        with jc.hot_loop():
+            p = advance(p)
+            float(p.t)  # the planted read
+    msg = str(info.value)
+    assert "float() of f32[] (advance_fn -> .t)" in msg
+    assert "float(p.t)  # the planted read" in msg
+
+
+# -- host-to-device and compiles --------------------------------------------
+
+
+def test_implicit_host_to_device_transfers_raise():
+    x = jnp.arange(3.0)
+    for planted in (
+        lambda: x + np.ones(3, np.float32),  # numpy into an eager op
+        lambda: x * 2,  # a Python scalar into an eager op
+    ):
+        planted()  # warm: only the transfer is left to catch
+        with pytest.raises(jc.TransferError, match="host-to-device") as info:
+            with jc.hot_loop():
+                planted()
+        assert "test_guard.py:" in str(info.value)
+    advance = jc.hot_step(advance_fn, signature=Particles)
+    advance(make_particles())
+    bad = Particles.__new__(Particles)
+    bad.__dict__.update(pos=np.zeros((4, 3), np.float32), vel=jnp.zeros((4, 3)), t=jnp.float32(0), dt=0.01)
+    with pytest.raises(jc.TransferError, match="on the host"):
+        with jc.hot_loop():
+            advance(bad)
+
+
+def test_compiles_raise_naming_the_function():
+    x = jnp.arange(3.0)
+
+    def fresh(a):
+        return a - 1
+
+    with pytest.raises(jc.RecompileError, match="`fresh`") as info:
+        with jc.hot_loop():
+            jax.jit(fresh)(x)
+    assert "test_guard.py:" in str(info.value)
+    with pytest.raises(jc.RecompileError, match="`tanh`"):
+        with jc.hot_loop():
+            jnp.tanh(x)  # a cold eager op
+    jnp.tanh(x)
+    with jc.hot_loop():
+        jnp.tanh(x)  # warm now: allowed
+
+
+def test_hot_step_first_compile_or_new_signature_inside_the_loop():
+    advance = jc.hot_step(advance_fn, signature=Particles, max_compiles=2)
+    p = make_particles()
+    with pytest.raises(jc.RecompileError, match="hot_step advance_fn would compile a new signature"):
+        with jc.hot_loop():
+            advance(p)
+    assert advance.stats.compiles == 0
+    p = advance(p)
+    bigger = make_particles(8)
+    with pytest.raises(jc.RecompileError, match="would compile a new signature"):
+        with jc.hot_loop():
+            advance(bigger)
+    with jc.hot_loop():
+        p = advance(p)
+
+
+def test_reading_a_donated_array_names_the_step():
+    advance = jc.hot_step(advance_fn, signature=Particles)
+    p = advance(make_particles())
+    with pytest.raises(jc.DonationError) as info:
+        with jc.hot_loop():
+            old = p
+            p = advance(p)
+            jc.fetch(p)
+            print(float(old.t))
+    assert "donated to" in str(info.value) and "advance_fn" in str(info.value)
+
+
+# -- no false positives -------------------------------------------------------
+
+
+@jc.state
+class Body:
+    x: Float32[Array, "n"]
+    v: Float32[Array, "n"]
+    dt: float = jc.static(0.1)
+
+
+@jc.hot_step(signature=Body)
+def drift(b: Body) -> Body:
+    return Body(x=b.x + b.v * b.dt, v=b.v, dt=b.dt)
+
+
+@jc.hot_step(signature=Body)
+def kick(b: Body, force: Float32[Array, "n"]) -> tuple[Body, Float32[Array, ""]]:
+    jax.debug.print("kick {}", b.x[0])  # must not trip the loop (jax issue 39289)
+    v = b.v + force * b.dt
+    return Body(x=b.x, v=v, dt=b.dt), jnp.sum(v * v)
+
+
+def test_correct_loops_raise_nothing(mesh2, capsys):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    for sharding in (None, NamedSharding(mesh2, P("x"))):
+        b = Body.zeros(n=8, sharding=sharding)
+        force = jax.device_put(np.ones(8, np.float32), sharding or jax.devices()[0])
+        b = drift(b) if sharding is None else b
+        kick_step = kick if sharding is None else jc.hot_step(kick.__wrapped__, signature=Body)
+        drift_step = drift if sharding is None else jc.hot_step(drift.__wrapped__, signature=Body)
+        b, energy = kick_step(drift_step(b), force)  # compile before the loop
+        seen = []
+        with jc.hot_loop():
+            for i in range(20):
+                b = drift_step(b)
+                b, energy = kick_step(b, force)
+                if i % 10 == 0:
+                    seen.append(jc.fetch(energy))
+        assert b.dt == 0.1 and len(seen) == 2
+        print(b, b.x, energy)  # everything prints after the loop
+        assert np.isfinite(float(energy))
+    assert "kick" in capsys.readouterr().out
+
+
+def test_another_thread_reads_while_the_main_thread_is_in_a_loop():
+    x = jnp.arange(4.0)
+    started, release = threading.Event(), threading.Event()
+    results = []
+
+    def reader():
+        started.wait()
+        results.append((float(x[1]), np.asarray(x).sum(), repr(x)[:5], memoryview(np.asarray(x)).nbytes))
+        release.set()
+
+    t = threading.Thread(target=reader)
+    t.start()
+    with jc.hot_loop():
+        started.set()
+        assert release.wait(30)
+    t.join()
+    assert results == [(1.0, 6.0, "Array", 16)]
+
+
+def test_two_threads_each_with_their_own_loop():
+    x = jnp.arange(4.0)
+    barrier = threading.Barrier(2)
+    out: dict[str, object] = {}
+
+    def raising():
+        with jc.hot_loop():
+            barrier.wait()
+            try:
+                np.asarray(x)
+            except jc.TransferError:
+                out["raising"] = "raised"
+            barrier.wait()
+
+    def recording():
+        with jc.hot_loop(on_violation="record") as loop:
+            barrier.wait()
+            for _ in range(2):
+                repr(x)
+            barrier.wait()
+        out["recording"] = [(v.kind, v.count) for v in loop.violations]
+
+    threads = [threading.Thread(target=raising), threading.Thread(target=recording)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert out == {"raising": "raised", "recording": [("transfer", 2)]}
+
+
+# -- record mode ----------------------------------------------------------------
+
+
+def test_record_mode_collects_deduplicated_violations():
+    x = jnp.arange(3.0)
+    s = jnp.float32(1.0)
+    with jc.hot_loop(on_violation="record") as loop:
+        for _ in range(5):
+            float(s)
+            np.asarray(x)
+        jax.jit(lambda a: a + 1)(x)
+    kinds = sorted((v.kind, v.count) for v in loop.violations)
+    assert kinds == [("compile", 1), ("transfer", 5), ("transfer", 5)]
+    assert all("test_guard.py:" in v.where for v in loop.violations)
+    report = loop.report()
+    assert "3 violation(s) (11 events)" in report and "float() of f32[]" in report
+    with jc.hot_loop(on_violation="record") as clean:
+        pass
+    assert clean.violations == [] and clean.report() == "jc.hot_loop: no violations"
+
+
+# -- restoration, nesting, options ---------------------------------------------
+
+
+def _pristine() -> bool:
+    """No interceptor left on the array class."""
+    impl = type(jnp.zeros(()))
+    patches = _guard._patches
+    if patches is None:
+        return True
+    return (
+        patches.depth == 0
+        and all(impl.__dict__[n] is f for n, f in patches.originals.items())
+        and impl.__dict__["_value"] is patches.value
+    )
+
+
+@pytest.mark.parametrize("exc", [ValueError("boom"), KeyboardInterrupt()])
+def test_everything_is_restored_after_an_exception(exc):
+    x = jnp.arange(3.0)
+    with pytest.raises(type(exc)):
+        with jc.hot_loop():
+            raise exc
+    assert _pristine() and _guard.tracking.count == 0
+    assert float(x[1]) == 1.0 and np.asarray(x).tolist() == [0.0, 1.0, 2.0]
+    assert memoryview(np.asarray(x)).nbytes == 12
+    assert _guard._local.loop is None
+
+
+def test_nesting_and_restoration():
+    x = jnp.float32(3.0)
+    with jc.hot_loop(on_violation="record") as outer:
+        with jc.hot_loop():
+            with pytest.raises(jc.TransferError):
+                float(x)
+        float(x)  # back in the outer, recording loop
+        assert _guard._patches.depth == 1
+    assert [v.count for v in outer.violations] == [1]
+    assert _pristine() and float(x) == 3.0
+
+
+def test_options_are_validated_and_can_allow():
+    with pytest.raises(jc.DefinitionError, match="valid values are 'raise', 'record'"):
+        jc.hot_loop(on_violation="ignore")
+    x = jnp.float32(2.0)
+    with jc.hot_loop(transfers="allow"):
+        assert float(x) == 2.0
+    with jc.hot_loop(compiles="allow"):
+        jax.jit(lambda a: a * 3)(x)
+
+
+def test_decorator_form():
+    x = jnp.float32(2.0)
+
+    @jc.hot_loop()
+    def bad():
+        return float(x)
+
+    with pytest.raises(jc.TransferError):
+        bad()
+    assert float(x) == 2.0
