@@ -287,8 +287,12 @@ def _pristine() -> bool:
     patches = _guard._patches
     if patches is None:
         return True
+    from jax._src import monitoring
+
+    listening = _guard._on_monitoring_event in getattr(monitoring, "_scalar_listeners", [])
     return (
-        patches.depth == 0
+        not listening
+        and patches.depth == 0
         and all(impl.__dict__[n] is f for n, f in patches.originals.items())
         and impl.__dict__["_value"] is patches.value
     )
