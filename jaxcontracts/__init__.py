@@ -24,6 +24,8 @@ from ._guard import hot_loop as hot_loop
 from ._hot_step import HotStep as HotStep
 from ._hot_step import StepStats as StepStats
 from ._hot_step import hot_step as hot_step
+from ._report import Report as Report
+from ._report import check as check
 from ._spec import spec_of as spec_of
 from ._state import state as state
 from ._state import static as static

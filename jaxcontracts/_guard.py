@@ -49,9 +49,9 @@ from collections.abc import Callable, Iterator
 from typing import Any, Literal, TypeVar
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
+from ._compat import ArrayImpl
 from ._errors import DefinitionError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval
 
@@ -59,7 +59,7 @@ __all__ = ["HotLoop", "Violation", "compiling", "consumed_by", "fetch", "hot_loo
 
 F = TypeVar("F", bound=Callable[..., Any])
 
-_ArrayImpl = type(jnp.zeros(()))
+_ArrayImpl = ArrayImpl
 _READS = (
     "__float__",
     "__int__",
@@ -598,15 +598,12 @@ class HotLoop:
         else:
             found.count += 1
 
-    def report(self) -> str:
-        """The violations as an aligned text table."""
-        if not self._violations:
-            return "jc.hot_loop: no violations"
-        lines = [f"jc.hot_loop: {len(self._violations)} violation(s) "
-                 f"({sum(v.count for v in self._violations.values())} events)",
-                 f"{'kind':<9} {'where':<40} {'count':<6} what"]
-        lines += [v.line() for v in self._violations.values()]
-        return "\n".join(lines)
+    def report(self) -> Any:
+        """A :class:`jc.Report` of the violations (text with ``str()``, HTML in
+        a notebook)."""
+        from ._report import loop_report
+
+        return loop_report(self)
 
     def __enter__(self) -> HotLoop:
         _acquire()

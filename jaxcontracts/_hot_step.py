@@ -38,6 +38,7 @@ import jax
 import numpy as np
 
 from . import _config
+from ._compat import ArrayImpl
 from ._donation import aliased_parameters, field_of, find_hazards
 from ._errors import DefinitionError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval, fmt_path, fmt_value, qualname
@@ -50,7 +51,7 @@ __all__ = ["HotStep", "StepStats", "hot_step"]
 P = ParamSpec("P")
 R = TypeVar("R")
 
-_ArrayImpl = type(jax.numpy.zeros(()))
+_ArrayImpl = ArrayImpl
 _Tracer = jax.core.Tracer
 # The registry's bound method skips tree_flatten's Python wrapper (per call).
 _flatten = getattr(jax.tree_util, "default_registry", None)
@@ -75,6 +76,7 @@ class StepStats:
     compile_seconds: float = 0.0
     refused: int = 0  # calls refused with a RecompileError/TransferError/DonationError
     traced_calls: int = 0  # calls under an outer transformation (plain tracing)
+    not_consumed: int = 0  # calls after which a donated input was still alive
 
 
 @dataclasses.dataclass
@@ -383,6 +385,15 @@ class HotStep(Generic[P, R]):
 
     def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
         return self._dispatch(*args, **kwargs)
+
+    def report(self) -> Any:
+        """A :class:`jc.Report` of the current signature: leaves, memory, contracts.
+
+        ``str()`` of it is a text table; in a notebook it renders as HTML.
+        """
+        from ._report import step_report
+
+        return step_report(self)
 
     def __repr__(self) -> str:
         state = "not compiled" if self._entry is None else f"{len(self._entries)} signature(s)"
@@ -730,7 +741,7 @@ class HotStep(Generic[P, R]):
         )
 
     def _not_consumed(self, entry: _Entry, leaves: Sequence[Any], out: Any) -> DonationError:
-        self.stats.refused += 1
+        self.stats.not_consumed += 1
         missing = [i for i in entry.donated if not leaves[i].is_deleted()]
         return DonationError(
             f"{self._name}: {len(missing)} donated input buffer(s) were not consumed: "

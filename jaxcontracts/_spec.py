@@ -16,6 +16,7 @@ import jax
 import numpy as np
 from jaxtyping import _array_types as _jt  # the dim classes have no public alias
 
+from ._compat import ArrayImpl
 from ._errors import DefinitionError, SpecError
 from ._format import fmt_aval, fmt_path, fmt_sharding
 
@@ -28,7 +29,7 @@ __all__ = [
     "spec_of",
 ]
 
-_ArrayImpl = type(jax.numpy.zeros(()))
+_ArrayImpl = ArrayImpl
 
 
 # --------------------------------------------------------------------------

@@ -37,6 +37,7 @@ from beartype.door import is_bearable
 from jaxtyping import _pytree_type as _jt_pytree
 from jaxtyping import jaxtyped
 
+from ._compat import trace_state_clean as _trace_state_clean
 from ._errors import DefinitionError, SpecError
 from ._format import fmt_aval, fmt_bindings, fmt_value
 from ._spec import ArrayAnnotation, leaf_spec, parse_array_annotation
@@ -49,12 +50,6 @@ _STATIC = "jaxcontracts.static"
 _INFO = "__jc_state__"
 _Tracer = jax.core.Tracer
 _BEAR = BeartypeConf(is_pep484_tower=True)
-
-try:  # one attribute read: is any trace active on this thread?
-    from jax._src.core import trace_state_clean as _trace_state_clean
-except ImportError:  # pragma: no cover - future jax
-    def _trace_state_clean() -> bool:
-        return True
 
 
 def static(default: Any = dataclasses.MISSING, **field_kwargs: Any) -> Any:

@@ -1,0 +1,389 @@
+"""Reports: what a step compiled, donated and aliased, and which contracts hold.
+
+A :class:`Report` is plain data with two renderings: ``str()`` gives an
+aligned text table for terminals, ``_repr_html_()`` a self-contained HTML table
+for notebooks. ``jc.check(step, *args)`` builds one without raising;
+``HotStep.report()`` describes what a step has compiled so far;
+``HotLoop.report()`` lists a recording loop's violations.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+
+from ._errors import ContractError, DonationError, RecompileError, TransferError
+from ._format import fmt_aval, fmt_sharding
+
+__all__ = ["Contract", "LeafRow", "Report", "check", "loop_report", "step_report"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafRow:
+    """One flat argument leaf of a compiled step."""
+
+    path: str
+    spec: str
+    sharding: str
+    donated: bool
+    aliased: bool | None  # None: not verified
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Contract:
+    """One contract and whether it holds."""
+
+    name: str
+    ok: bool
+    detail: str = ""
+    error: type[ContractError] = ContractError
+
+
+@dataclasses.dataclass
+class Report:
+    """A step's or a loop's contracts, in a form for terminals and notebooks.
+
+    Attributes:
+        title: what the report is about (``module.step`` or ``jc.hot_loop``).
+        rows: per-leaf rows (steps only).
+        totals: byte totals from the compiled executable's memory analysis.
+        facts: other figures, as (label, value) pairs.
+        contracts: each contract with pass/fail and its message.
+        violations: a recording loop's violations.
+    """
+
+    title: str
+    rows: list[LeafRow] = dataclasses.field(default_factory=list)
+    totals: dict[str, int | None] = dataclasses.field(default_factory=dict)
+    facts: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    contracts: list[Contract] = dataclasses.field(default_factory=list)
+    violations: list[Any] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Whether every contract holds (and a loop saw no violation)."""
+        return all(c.ok for c in self.contracts) and not self.violations
+
+    def raise_for_failures(self) -> None:
+        """Raise the failing contracts' error (their messages joined).
+
+        Raises:
+            ContractError: the subclass of the first failing contract.
+        """
+        __tracebackhide__ = True
+        failed = [c for c in self.contracts if not c.ok]
+        if not failed and not self.violations:
+            return
+        lines = [f"{self.title}: {len(failed) + len(self.violations)} contract failure(s)"]
+        lines += [f"- {c.name}: {c.detail}" for c in failed]
+        lines += [f"- {v.kind} at {v.where} (x{v.count}): {v.what}" for v in self.violations]
+        error = failed[0].error if failed else _VIOLATION_ERRORS.get(self.violations[0].kind, ContractError)
+        raise error("\n".join(lines))
+
+    # -- text ------------------------------------------------------------
+
+    def __str__(self) -> str:
+        out = [f"{self.title}  [{'OK' if self.ok else 'FAILED'}]"]
+        if self.rows:
+            header = ("leaf", "spec", "sharding", "donated", "aliased", "bytes")
+            table = [header] + [
+                (
+                    r.path,
+                    r.spec,
+                    r.sharding,
+                    "yes" if r.donated else "no",
+                    "-" if r.aliased is None else ("yes" if r.aliased else "NO"),
+                    _bytes(r.nbytes),
+                )
+                for r in self.rows
+            ]
+            out += _align(table, right={5})
+        if self.totals:
+            out.append(
+                "memory: "
+                + ", ".join(f"{k} {_bytes(v) if v is not None else 'n/a'}" for k, v in self.totals.items())
+            )
+        if self.facts:
+            out.append(" | ".join(f"{k}: {v}" for k, v in self.facts))
+        if self.violations:
+            table = [("kind", "where", "count", "what")] + [
+                (v.kind, v.where, str(v.count), v.what) for v in self.violations
+            ]
+            out += _align(table, right={2})
+        for c in self.contracts:
+            mark = "pass" if c.ok else "FAIL"
+            out.append(f"  [{mark}] {c.name}" + (f": {c.detail}" if c.detail and c.ok else ""))
+            if not c.ok and c.detail:
+                out += ["         " + line for line in c.detail.splitlines()]
+        return "\n".join(out)
+
+    def __repr__(self) -> str:
+        state = "ok" if self.ok else "FAILED"
+        return f"<jc.Report {self.title} ({state}, {len(self.contracts)} contracts)>"
+
+    # -- HTML ------------------------------------------------------------
+
+    def _repr_html_(self) -> str:
+        e = html.escape
+        status = "ok" if self.ok else "failed"
+        parts = [
+            f'<div class="jc-report jc-{status}" style="{_CSS_BOX}">',
+            f'<div style="{_CSS_TITLE}"><code>{e(self.title)}</code> '
+            f'<span style="{_badge(self.ok)}">{"OK" if self.ok else "FAILED"}</span></div>',
+        ]
+        if self.rows:
+            parts.append(f'<table class="jc-leaves" style="{_CSS_TABLE}"><thead><tr>')
+            for h, right in (("leaf", 0), ("spec", 0), ("sharding", 0), ("donated", 0), ("aliased", 0), ("bytes", 1)):
+                parts.append(f'<th style="{_CSS_TH}{"text-align:right;" if right else ""}">{h}</th>')
+            parts.append("</tr></thead><tbody>")
+            for i, r in enumerate(self.rows):
+                shade = _CSS_ODD if i % 2 else ""
+                aliased = "&ndash;" if r.aliased is None else ("yes" if r.aliased else "<b>NO</b>")
+                alias_style = "" if r.aliased is not False or not r.donated else "color:#b00020;"
+                parts.append(
+                    f'<tr style="{shade}"><td style="{_CSS_TD}"><code>{e(r.path)}</code></td>'
+                    f'<td style="{_CSS_TD}"><code>{e(r.spec)}</code></td>'
+                    f'<td style="{_CSS_TD}">{e(r.sharding)}</td>'
+                    f'<td style="{_CSS_TD}">{"yes" if r.donated else "no"}</td>'
+                    f'<td style="{_CSS_TD}{alias_style}">{aliased}</td>'
+                    f'<td style="{_CSS_TD}text-align:right;font-variant-numeric:tabular-nums;">'
+                    f"{e(_bytes(r.nbytes))}</td></tr>"
+                )
+            parts.append("</tbody></table>")
+        if self.violations:
+            parts.append(f'<table class="jc-violations" style="{_CSS_TABLE}"><thead><tr>')
+            for h in ("kind", "where", "count", "what"):
+                parts.append(f'<th style="{_CSS_TH}">{h}</th>')
+            parts.append("</tr></thead><tbody>")
+            for i, v in enumerate(self.violations):
+                shade = _CSS_ODD if i % 2 else ""
+                parts.append(
+                    f'<tr style="{shade}"><td style="{_CSS_TD}">{e(v.kind)}</td>'
+                    f'<td style="{_CSS_TD}"><code>{e(v.where)}</code></td>'
+                    f'<td style="{_CSS_TD}text-align:right;">{v.count}</td>'
+                    f'<td style="{_CSS_TD}">{e(v.what)}</td></tr>'
+                )
+            parts.append("</tbody></table>")
+        facts = [(k, _bytes(v) if v is not None else "n/a") for k, v in self.totals.items()]
+        facts += self.facts
+        if facts:
+            parts.append(f'<div class="jc-facts" style="{_CSS_FACTS}">')
+            parts += [
+                f'<span style="margin-right:1.2em;"><span style="color:#666;">{e(k)}</span> '
+                f"<b>{e(str(v))}</b></span>"
+                for k, v in facts
+            ]
+            parts.append("</div>")
+        if self.contracts:
+            parts.append('<ul class="jc-contracts" style="list-style:none;padding:0;margin:6px 0 0 0;">')
+            for c in self.contracts:
+                detail = (
+                    f'<pre style="{_CSS_PRE}">{e(c.detail)}</pre>'
+                    if c.detail and not c.ok
+                    else (f' <span style="color:#666;">{e(c.detail)}</span>' if c.detail else "")
+                )
+                parts.append(
+                    f'<li style="margin:2px 0;"><span style="{_badge(c.ok)}">'
+                    f'{"pass" if c.ok else "FAIL"}</span> {e(c.name)}{detail}</li>'
+                )
+            parts.append("</ul>")
+        parts.append("</div>")
+        return "".join(parts)
+
+
+_VIOLATION_ERRORS: dict[str, type[ContractError]] = {
+    "transfer": TransferError,
+    "compile": RecompileError,
+    "donation": DonationError,
+}
+
+_CSS_BOX = (
+    "font-family:-apple-system,BlinkMacSystemFont,'Segoe UI',Roboto,sans-serif;"
+    "font-size:13px;border:1px solid #d0d7de;border-radius:6px;padding:10px 12px;"
+    "max-width:960px;background:#fff;color:#1f2328;"
+)
+_CSS_TITLE = "font-size:14px;margin-bottom:8px;"
+_CSS_TABLE = "border-collapse:collapse;margin:4px 0 8px 0;"
+_CSS_TH = "text-align:left;padding:3px 10px;border-bottom:2px solid #d0d7de;font-weight:600;"
+_CSS_TD = "padding:3px 10px;border-bottom:1px solid #eaeef2;"
+_CSS_ODD = "background:#f6f8fa;"
+_CSS_FACTS = "margin:4px 0;"
+_CSS_PRE = (
+    "white-space:pre-wrap;margin:4px 0 6px 0;padding:6px 8px;background:#fff5f5;"
+    "border-left:3px solid #b00020;font-size:12px;"
+)
+
+
+def _badge(ok: bool) -> str:
+    color = "#1a7f37" if ok else "#b00020"
+    return (
+        f"display:inline-block;min-width:3.2em;text-align:center;border-radius:10px;"
+        f"padding:0 6px;font-size:11px;font-weight:600;color:#fff;background:{color};"
+    )
+
+
+def _bytes(n: int | None) -> str:
+    if n is None:
+        return "n/a"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def _align(rows: Sequence[Sequence[str]], right: set[int] = frozenset()) -> list[str]:  # type: ignore[assignment]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for k, r in enumerate(rows):
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        lines.append("  " + "  ".join(cells).rstrip())
+        if k == 0:
+            lines.append("  " + "  ".join("-" * w for w in widths))
+    return lines
+
+
+# --------------------------------------------------------------------------
+# Builders
+
+
+def _nbytes(spec: Any) -> int:
+    return int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+
+
+def step_report(step: Any, extra: Sequence[Contract] = ()) -> Report:
+    """The report of a hot step's current signature (see ``HotStep.report``)."""
+    entry = step._entry
+    stats = step.stats
+    report = Report(title=step._name)
+    report.facts = [
+        ("compiles", str(stats.compiles)),
+        ("compile time", f"{stats.compile_seconds * 1e3:.0f} ms"),
+        ("calls", str(stats.calls)),
+        ("refused", str(stats.refused)),
+        ("not consumed", str(stats.not_consumed)),
+        ("donate", repr(step._donate)),
+    ]
+    if entry is None:
+        report.contracts = list(extra) or [
+            Contract("compiled", False, "not compiled yet: call it or use .compile(specs)")
+        ]
+        return report
+    donated = set(entry.donated)
+    for i, (path, spec) in enumerate(entry.flat_specs):
+        report.rows.append(
+            LeafRow(
+                path=path,
+                spec=fmt_aval(spec.shape, spec.dtype, spec.weak_type),
+                sharding=fmt_sharding(spec.sharding),
+                donated=i in donated,
+                aliased=None if entry.aliased is None or i not in donated else i in entry.aliased,
+                nbytes=_nbytes(spec),
+            )
+        )
+    analysis = None
+    try:
+        analysis = entry.compiled.memory_analysis()
+    except Exception:  # noqa: BLE001 - not every backend has one
+        pass
+    report.totals = {
+        "arguments": getattr(analysis, "argument_size_in_bytes", None),
+        "outputs": getattr(analysis, "output_size_in_bytes", None),
+        "aliased": getattr(analysis, "alias_size_in_bytes", None),
+        "temporaries": getattr(analysis, "temp_size_in_bytes", None),
+    }
+    missing = [r.path for r in report.rows if r.donated and r.aliased is False]
+    n_donated = len(donated)
+    report.contracts = [
+        Contract("carry invariance: each returned state keeps its input's spec", True),
+        Contract(
+            f"donation verified in the executable ({n_donated} leaves donated)",
+            not missing,
+            "not aliased: " + ", ".join(missing) if missing else "",
+            DonationError,
+        ),
+        Contract(
+            "no call refused (recompile, transfer or donation)",
+            stats.refused == 0,
+            f"{stats.refused} call(s) refused" if stats.refused else "",
+            RecompileError,
+        ),
+        Contract(
+            "every donated input consumed (XLA did not copy)",
+            stats.not_consumed == 0,
+            f"{stats.not_consumed} call(s) where XLA copied instead" if stats.not_consumed else "",
+            DonationError,
+        ),
+        *extra,
+    ]
+    return report
+
+
+def check(step: Any, *args: Any, **kwargs: Any) -> Report:
+    """Compile ``step`` for these arguments (or specs) if needed and report.
+
+    Never raises a contract error: a failing compile-time contract appears in
+    the report as a failed contract with its full message.
+
+    Args:
+        step: a ``jc.hot_step``.
+        *args, **kwargs: arguments or specs, as for ``step.compile``.
+
+    Returns:
+        A :class:`Report`; ``report.ok`` tells whether every contract holds.
+
+    Examples:
+        >>> import jax.numpy as jnp, jaxcontracts as jc
+        >>> @jc.hot_step
+        ... def step(s: dict) -> dict:
+        ...     return {"t": s["t"] + 1.0}
+        >>> jc.check(step, {"t": jnp.int32(0)}).ok
+        False
+    """
+    from ._hot_step import HotStep
+
+    if not isinstance(step, HotStep):
+        raise TypeError(f"jc.check() takes a jc.hot_step, got {type(step).__name__}")
+    try:
+        step.compile(*args, **kwargs)
+    except ContractError as err:
+        return step_report(step, extra=[Contract(_contract_name(err), False, str(err), type(err))])
+    return step_report(step)
+
+
+def _contract_name(err: ContractError) -> str:
+    if isinstance(err, DonationError):
+        return "donation verified in the executable"
+    if isinstance(err, RecompileError):
+        if "does not return its state" in str(err):
+            return "carry invariance: each returned state keeps its input's spec"
+        return "arguments match a compiled signature"
+    if isinstance(err, TransferError):
+        return "arguments are device arrays"
+    return type(err).__name__
+
+
+def loop_report(loop: Any) -> Report:
+    """The report of a (recording) hot loop."""
+    violations = loop.violations
+    report = Report(title="jc.hot_loop", violations=violations)
+    counts = {k: sum(v.count for v in violations if v.kind == k) for k in ("transfer", "compile", "donation")}
+    report.facts = [
+        ("violations", str(len(violations))),
+        ("events", str(sum(v.count for v in violations))),
+        ("mode", loop.on_violation),
+    ]
+    report.contracts = [
+        Contract("no implicit transfers", counts["transfer"] == 0, _n(counts["transfer"]), TransferError),
+        Contract("no compiles", counts["compile"] == 0, _n(counts["compile"]), RecompileError),
+        Contract("no use of donated arrays", counts["donation"] == 0, _n(counts["donation"]), DonationError),
+    ]
+    return report
+
+
+def _n(count: int) -> str:
+    return f"{count} event(s)" if count else ""
