@@ -137,6 +137,8 @@ class Report:
             f'<span style="{_badge(self.ok)}">{"OK" if self.ok else "FAILED"}</span></div>',
         ]
         if self.rows:
+            total = sum(r.nbytes for r in self.rows)
+            donated = sum(r.nbytes for r in self.rows if r.donated)
             parts.append(f'<table class="jc-leaves" style="{_CSS_TABLE}"><thead><tr>')
             for h, right in (("leaf", 0), ("spec", 0), ("sharding", 0), ("donated", 0), ("aliased", 0), ("bytes", 1)):
                 parts.append(f'<th style="{_CSS_TH}{"text-align:right;" if right else ""}">{h}</th>')
@@ -146,15 +148,19 @@ class Report:
                 aliased = "&ndash;" if r.aliased is None else ("yes" if r.aliased else "<b>NO</b>")
                 alias_style = "" if r.aliased is not False or not r.donated else "color:#b00020;"
                 parts.append(
-                    f'<tr style="{shade}"><td style="{_CSS_TD}"><code>{e(r.path)}</code></td>'
-                    f'<td style="{_CSS_TD}"><code>{e(r.spec)}</code></td>'
+                    f'<tr style="{shade}"><td style="{_CSS_TD}"><code style="{_CSS_CODE}">{e(r.path)}</code></td>'
+                    f'<td style="{_CSS_TD}"><code style="{_CSS_CODE}">{e(r.spec)}</code></td>'
                     f'<td style="{_CSS_TD}">{e(r.sharding)}</td>'
                     f'<td style="{_CSS_TD}">{"yes" if r.donated else "no"}</td>'
                     f'<td style="{_CSS_TD}{alias_style}">{aliased}</td>'
                     f'<td style="{_CSS_TD}text-align:right;font-variant-numeric:tabular-nums;">'
                     f"{e(_bytes(r.nbytes))}</td></tr>"
                 )
-            parts.append("</tbody></table>")
+            parts.append(
+                f'</tbody><tfoot><tr><td style="{_CSS_FOOT}" colspan="5">'
+                f"{len(self.rows)} leaves, {e(_bytes(donated))} donated</td>"
+                f'<td style="{_CSS_FOOT}text-align:right;">{e(_bytes(total))}</td></tr></tfoot></table>'
+            )
         if self.violations:
             parts.append(f'<table class="jc-violations" style="{_CSS_TABLE}"><thead><tr>')
             for h in ("kind", "where", "count", "what"):
@@ -169,12 +175,15 @@ class Report:
                     f'<td style="{_CSS_TD}">{e(v.what)}</td></tr>'
                 )
             parts.append("</tbody></table>")
-        facts = [(k, _bytes(v) if v is not None else "n/a") for k, v in self.totals.items()]
-        facts += self.facts
-        if facts:
+        memory = [(k, _bytes(v)) for k, v in self.totals.items()]
+        for label, facts in (("memory", memory), ("", self.facts)):
+            if not facts:
+                continue
             parts.append(f'<div class="jc-facts" style="{_CSS_FACTS}">')
+            if label:
+                parts.append(f'<span style="{_CSS_FACT}color:#57606a;">{label}:</span>')
             parts += [
-                f'<span style="margin-right:1.2em;"><span style="color:#666;">{e(k)}</span> '
+                f'<span style="{_CSS_FACT}"><span style="color:#57606a;">{e(k)}</span> '
                 f"<b>{e(str(v))}</b></span>"
                 for k, v in facts
             ]
@@ -182,11 +191,14 @@ class Report:
         if self.contracts:
             parts.append('<ul class="jc-contracts" style="list-style:none;padding:0;margin:6px 0 0 0;">')
             for c in self.contracts:
-                detail = (
-                    f'<pre style="{_CSS_PRE}">{e(c.detail)}</pre>'
-                    if c.detail and not c.ok
-                    else (f' <span style="color:#666;">{e(c.detail)}</span>' if c.detail else "")
-                )
+                if not c.detail:
+                    detail = ""
+                elif not c.ok and "\n" in c.detail:
+                    detail = f'<pre style="{_CSS_PRE}">{e(c.detail)}</pre>'
+                else:
+                    color = "#57606a" if c.ok else "#b00020"
+                    detail = f' <span style="color:{color};">&mdash; {e(c.detail)}</span>'
+
                 parts.append(
                     f'<li style="margin:2px 0;"><span style="{_badge(c.ok)}">'
                     f'{"pass" if c.ok else "FAIL"}</span> {e(c.name)}{detail}</li>'
@@ -202,17 +214,23 @@ _VIOLATION_ERRORS: dict[str, type[ContractError]] = {
     "donation": DonationError,
 }
 
+_CSS_CODE = "font-size:12px;"
 _CSS_BOX = (
     "font-family:-apple-system,BlinkMacSystemFont,'Segoe UI',Roboto,sans-serif;"
     "font-size:13px;border:1px solid #d0d7de;border-radius:6px;padding:10px 12px;"
-    "max-width:960px;background:#fff;color:#1f2328;"
+    "max-width:960px;width:fit-content;background:#fff;color:#1f2328;"
 )
 _CSS_TITLE = "font-size:14px;margin-bottom:8px;"
 _CSS_TABLE = "border-collapse:collapse;margin:4px 0 8px 0;"
-_CSS_TH = "text-align:left;padding:3px 10px;border-bottom:2px solid #d0d7de;font-weight:600;"
-_CSS_TD = "padding:3px 10px;border-bottom:1px solid #eaeef2;"
+_CSS_TH = (
+    "text-align:left;padding:3px 10px;border-bottom:2px solid #d0d7de;font-weight:600;"
+    "font-size:12px;color:#57606a;"
+)
+_CSS_TD = "padding:3px 10px;border-bottom:1px solid #eaeef2;font-size:13px;"
+_CSS_FACT = "display:inline-block;white-space:nowrap;margin-right:1.2em;"
 _CSS_ODD = "background:#f6f8fa;"
-_CSS_FACTS = "margin:4px 0;"
+_CSS_FOOT = "padding:3px 10px;font-size:12px;color:#57606a;font-weight:600;"
+_CSS_FACTS = "margin:2px 0;"
 _CSS_PRE = (
     "white-space:pre-wrap;margin:4px 0 6px 0;padding:6px 8px;background:#fff5f5;"
     "border-left:3px solid #b00020;font-size:12px;"

@@ -1,0 +1,150 @@
+"""jc.check, jc.Report, HotStep.report and HotLoop.report."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from html.parser import HTMLParser
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import Particles, advance_fn, make_particles
+
+import jaxcontracts as jc
+
+
+class _Tables(HTMLParser):
+    """Collect every table as (class, header cells, rows of cells)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tables: list[tuple[str, list[str], list[list[str]]]] = []
+        self._cell: list[str] | None = None
+        self._row: list[str] | None = None
+        self._in_head = False
+        self._in_foot = False
+        self.footers: list[list[str]] = []
+
+    def handle_starttag(self, tag, attrs):
+        if tag == "table":
+            self.tables.append((dict(attrs).get("class", ""), [], []))
+        elif tag == "thead":
+            self._in_head = True
+        elif tag in ("tbody", "tfoot"):
+            self._in_head = False
+            self._in_foot = tag == "tfoot"
+        elif tag == "tr":
+            self._row = []
+        elif tag in ("td", "th"):
+            self._cell = []
+
+    def handle_endtag(self, tag):
+        if tag in ("td", "th") and self._cell is not None and self._row is not None:
+            self._row.append("".join(self._cell).strip())
+            self._cell = None
+        elif tag == "tr" and self._row is not None:
+            _, head, rows = self.tables[-1]
+            if self._in_head:
+                head.extend(self._row)
+            elif self._in_foot:
+                self.footers.append(self._row)
+            else:
+                rows.append(self._row)
+            self._row = None
+
+    def handle_data(self, data):
+        if self._cell is not None:
+            self._cell.append(data)
+
+
+def _tables(html: str, footers: list | None = None):
+    parser = _Tables()
+    parser.feed(html)
+    if footers is not None:
+        footers.extend(parser.footers)
+    return parser.tables
+
+
+def test_step_report_text_and_html():
+    advance = jc.hot_step(advance_fn, signature=Particles)
+    p = advance(make_particles(16))
+    advance(p)
+    report = advance.report()
+    assert report.ok
+    text = str(report)
+    assert text.splitlines()[0] == "helpers.advance_fn  [OK]"
+    assert "p.pos  f32[16,3]" in text and "192 B" in text
+    assert "calls: 2" in text and "[pass] donation verified in the executable (3 leaves donated)" in text
+    assert "memory: arguments 388 B, outputs " in text and "aliased 388 B" in text
+    footers: list = []
+    (cls, head, rows), = _tables(report._repr_html_(), footers)
+    assert cls == "jc-leaves"
+    assert footers == [["3 leaves, 388 B donated", "388 B"]]
+    assert head == ["leaf", "spec", "sharding", "donated", "aliased", "bytes"]
+    assert [r[0] for r in rows] == ["p.pos", "p.vel", "p.t"]
+    assert all(r[3] == "yes" and r[4] == "yes" for r in rows)
+    assert "FAIL" not in report._repr_html_()
+
+
+def test_check_reports_failures_without_raising():
+    @jc.hot_step
+    def counter(s: dict) -> dict:
+        return {"x": s["x"] + 1, "t": s["t"] + 1.0}
+
+    report = jc.check(counter, {"x": jnp.zeros(3), "t": jnp.int32(0)})
+    assert not report.ok
+    (failed,) = [c for c in report.contracts if not c.ok]
+    assert failed.name.startswith("carry invariance") and "['t']: takes i32[]" in failed.detail
+    assert "[FAIL] carry invariance" in str(report)
+    assert "<pre" in report._repr_html_() and "FAIL" in report._repr_html_()
+    with pytest.raises(jc.RecompileError, match=r"\['t'\]"):
+        report.raise_for_failures()
+    good = jc.check(jc.hot_step(advance_fn, signature=Particles), Particles.spec(n=4))
+    assert good.ok
+    good.raise_for_failures()
+
+
+def test_report_counts_refused_and_not_consumed_calls():
+    advance = jc.hot_step(advance_fn, signature=Particles)
+    p = advance(make_particles())
+    with pytest.raises(jc.RecompileError):
+        advance(make_particles(5))
+    view = np.asarray(p.pos)
+    with pytest.raises(jc.DonationError):
+        advance(p)
+    del view
+    report = advance.report()
+    assert not report.ok
+    failed = {c.name for c in report.contracts if not c.ok}
+    assert failed == {
+        "no call refused (recompile, transfer or donation)",
+        "every donated input consumed (XLA did not copy)",
+    }
+
+
+def test_loop_report():
+    x = jnp.arange(3.0)
+    with jc.hot_loop(on_violation="record") as loop:
+        for _ in range(2):
+            np.asarray(x)
+    report = loop.report()
+    assert not report.ok
+    text = str(report)
+    assert "[FAIL] no implicit transfers" in text and "[pass] no compiles" in text
+    (cls, head, rows), = _tables(report._repr_html_())
+    assert cls == "jc-violations" and head == ["kind", "where", "count", "what"]
+    assert rows[0][0] == "transfer" and rows[0][2] == "2" and "test_report.py:" in rows[0][1]
+    with pytest.raises(jc.TransferError, match="test_report.py"):
+        report.raise_for_failures()
+
+
+def test_importing_jaxcontracts_does_not_initialise_a_backend():
+    code = (
+        "import os, jaxcontracts\n"
+        "os.environ['XLA_FLAGS'] = '--xla_force_host_platform_device_count=3'\n"
+        "import jax; print(len(jax.devices()))"
+    )
+    env = {"PATH": "", "JAX_PLATFORMS": "cpu"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert out.stdout.strip() == "3", out.stderr
