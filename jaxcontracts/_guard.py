@@ -145,9 +145,6 @@ class Violation:
     count: int
     message: str
 
-    def line(self) -> str:
-        return f"{self.kind:<9} {self.where:<40} x{self.count:<5} {self.what}"
-
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 _SKIP_DIRS = tuple(

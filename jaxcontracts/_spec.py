@@ -299,10 +299,6 @@ class LeafDiff:
     got: str
     cause: str = ""
 
-    def line(self) -> str:
-        cause = f"  ({self.cause})" if self.cause else ""
-        return f"{self.path}: expected {self.expected}, got {self.got}{cause}"
-
 
 def describe_leaf(spec: Any, with_sharding: bool) -> str:
     if spec is None:
