@@ -3,11 +3,21 @@
 No device-to-host reads, every state buffer donated, no recompiles: checked
 where it is cheapest and failing loudly, with the culprit named, on every
 backend, CPU included.
+
+The public names are re-exported lazily (PEP 562), so that importing the
+package, or loading its pytest plugin at pytest's start, does not import jax:
+``JAX_*`` settings made afterwards (in a conftest, say) still take effect.
 """
 
+from __future__ import annotations
+
+import importlib
 from importlib.metadata import PackageNotFoundError as _PNF
 from importlib.metadata import version as _version
+from typing import TYPE_CHECKING, Any
 
+# Light modules (no jax): imported now, so JAXCONTRACTS_CHECKS is validated
+# at import.
 from ._config import checks_level as checks_level
 from ._config import get_checks as get_checks
 from ._config import set_checks as set_checks
@@ -17,20 +27,64 @@ from ._errors import DonationError as DonationError
 from ._errors import RecompileError as RecompileError
 from ._errors import SpecError as SpecError
 from ._errors import TransferError as TransferError
-from ._guard import HotLoop as HotLoop
-from ._guard import Violation as Violation
-from ._guard import fetch as fetch
-from ._guard import hot_loop as hot_loop
-from ._hot_step import HotStep as HotStep
-from ._hot_step import StepStats as StepStats
-from ._hot_step import hot_step as hot_step
-from ._report import Report as Report
-from ._report import check as check
-from ._spec import spec_of as spec_of
-from ._state import state as state
-from ._state import static as static
+
+if TYPE_CHECKING:
+    from ._guard import HotLoop as HotLoop
+    from ._guard import Violation as Violation
+    from ._guard import fetch as fetch
+    from ._guard import hot_loop as hot_loop
+    from ._hot_step import HotStep as HotStep
+    from ._hot_step import StepStats as StepStats
+    from ._hot_step import hot_step as hot_step
+    from ._report import Report as Report
+    from ._report import check as check
+    from ._spec import spec_of as spec_of
+    from ._state import state as state
+    from ._state import static as static
+
+_EXPORTS = {
+    "HotLoop": "_guard",
+    "Violation": "_guard",
+    "fetch": "_guard",
+    "hot_loop": "_guard",
+    "HotStep": "_hot_step",
+    "StepStats": "_hot_step",
+    "hot_step": "_hot_step",
+    "Report": "_report",
+    "check": "_report",
+    "spec_of": "_spec",
+    "state": "_state",
+    "static": "_state",
+}
+__all__ = sorted(
+    [
+        *_EXPORTS,
+        "checks_level",
+        "get_checks",
+        "set_checks",
+        "ContractError",
+        "DefinitionError",
+        "DonationError",
+        "RecompileError",
+        "SpecError",
+        "TransferError",
+    ]
+)
 
 try:
     __version__ = _version("jaxcontracts")
 except _PNF:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0+unknown"
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'jaxcontracts' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip this function
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

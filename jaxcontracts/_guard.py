@@ -151,7 +151,7 @@ _SKIP_DIRS = tuple(
     os.path.dirname(os.path.abspath(m.__file__)) + os.sep
     for m in (jax, np, contextlib)
     if getattr(m, "__file__", None)
-) + (_PACKAGE_DIR + os.sep,)
+)
 try:
     import jaxlib
 
@@ -162,9 +162,14 @@ _STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 
 
 def _is_library(filename: str) -> bool:
+    if filename.startswith("<frozen"):
+        return True
     path = os.path.abspath(filename)
     if path.startswith(_SKIP_DIRS):
         return True
+    if path.startswith(_PACKAGE_DIR + os.sep):
+        # Our own modules are library code; the demo (__main__.py) is a user.
+        return os.path.basename(path) != "__main__.py"
     return path.startswith(_STDLIB) and "site-packages" not in path
 
 
@@ -528,7 +533,12 @@ def fetch(tree: Any) -> Any:
         tree: any pytree of ``jax.Array`` s (a ``jc.state`` instance included).
 
     Returns:
-        The same tree with numpy arrays as leaves.
+        The same tree with numpy arrays as leaves. They are copies: on CPU a
+        plain ``np.asarray(x)`` shares the device buffer, and a live view of a
+        donated buffer makes XLA copy instead of donating at the next step.
+
+    Raises:
+        DonationError: a leaf was donated to (consumed by) a hot step.
 
     Examples:
         >>> import jax.numpy as jnp, jaxcontracts as jc
@@ -536,11 +546,23 @@ def fetch(tree: Any) -> Any:
         ...     jc.fetch({"t": jnp.float32(2)})
         {'t': array(2., dtype=float32)}
     """
+    __tracebackhide__ = True
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    for x in leaves:
+        if isinstance(x, jax.Array) and x.is_deleted():
+            by = consumed_by(x)
+            raise DonationError(
+                f"jc.fetch(): {fmt_aval(x.shape, x.dtype)} was donated to "
+                f"{by or 'a step'} and no longer exists.\nFix: fetch from the "
+                "state the step returned (s = step(s); jc.fetch(s.t))."
+            )
     _local.allow += 1
     try:
-        return jax.device_get(tree)
+        host = jax.device_get(leaves)
+        copies = [np.array(h, copy=True) if isinstance(h, np.ndarray) else h for h in host]
     finally:
         _local.allow -= 1
+    return jax.tree_util.tree_unflatten(treedef, copies)
 
 
 _OPTIONS = {

@@ -753,7 +753,7 @@ class HotStep(Generic[P, R]):
             + "\nLikely cause: on CPU, a numpy view of the array is alive "
             "(np.asarray(x) shares its buffer, so XLA must copy); elsewhere another "
             "live reference pins the buffer.\nFix: drop the view (del it), or take a "
-            "copy with np.array(x) / jc.fetch(x). The call's outputs are in this "
+            "copy with np.array(x) or jc.fetch(x) (which copies). The call's outputs are in this "
             "error's .result: nothing was lost."
         , result=out)
 
@@ -799,6 +799,9 @@ def _make_dispatch(step: HotStep[Any, Any], entry: _Entry, level: str) -> Callab
     shardings = [s.sharding for _, s in entry.flat_specs] if entry.multi_device else None
     flat_style = entry.flat_style
     not_consumed = step._not_consumed
+    # One is_deleted() per call catches the usual stale state (all of it was
+    # donated) before XLA refuses it with an error line on stderr.
+    first_donated = donated[0] if donated else None
 
     def checked(*args: Any, **kwargs: Any) -> Any:
         leaves, treedef = flatten(args)
@@ -816,6 +819,8 @@ def _make_dispatch(step: HotStep[Any, Any], entry: _Entry, level: str) -> Callab
             for x, s in zip(leaves, shardings):
                 if x.sharding != s:
                     return slow_call(args, kwargs, None)
+        if first_donated is not None and leaves[first_donated].is_deleted():
+            return slow_call(args, kwargs, None)  # a stale state: explain, quietly
         try:
             out = compiled(*leaves) if flat_style else compiled(*args)
         except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
@@ -863,6 +868,12 @@ def _make_dispatch(step: HotStep[Any, Any], entry: _Entry, level: str) -> Callab
     )
     other_any_weak = any(other_weak)
     donated_params = tuple(arg for arg, _ in in_tokens) if donated else ()
+    first_state_leaf = None
+    if donated_params and jax.tree_util.tree_leaves(entry.spec_args[state_getters[0][0]]):
+        arg0, get0 = state_getters[0]
+
+        def first_state_leaf(args: tuple[Any, ...]) -> Any:
+            return get0(args[arg0])[0]
 
     def provenance(*args: Any, **kwargs: Any) -> Any:
         if kwargs or len(args) != n_params:
@@ -871,6 +882,8 @@ def _make_dispatch(step: HotStep[Any, Any], entry: _Entry, level: str) -> Callab
             d = getattr(args[i], "__dict__", None)
             if d is None or d.get(key) is not token:
                 return checked(*args)
+        if first_state_leaf is not None and first_state_leaf(args).is_deleted():
+            return slow_call(args, kwargs, None)
         if others:
             leaves, treedef = flatten(tuple(args[i] for i in others))
             if treedef != other_treedef or len(leaves) != other_leaf_count:

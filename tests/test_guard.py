@@ -343,3 +343,28 @@ def test_decorator_form():
     with pytest.raises(jc.TransferError):
         bad()
     assert float(x) == 2.0
+
+
+def test_fetch_copies_so_a_kept_result_never_pins_a_donated_buffer():
+    advance = jc.hot_step(advance_fn, signature=Particles)
+    p = advance(make_particles())
+    with jc.hot_loop():
+        kept = jc.fetch(p.pos)  # kept across the next step
+        p = advance(p)  # at checks level full, a pinned buffer would raise here
+    assert kept.flags.owndata and kept.shape == (4, 3)
+    with pytest.raises(jc.DonationError, match="was donated to helpers.advance_fn"):
+        with jc.hot_loop():
+            old = p
+            p = advance(p)
+            jc.fetch(old.t)
+
+
+def test_stale_state_is_explained_without_an_xla_error_line(capfd):
+    advance = jc.hot_step(advance_fn, signature=Particles)
+    p = advance(make_particles())
+    q = advance(p)  # p is now stale
+    capfd.readouterr()
+    with pytest.raises(jc.DonationError, match="already"):
+        advance(p)
+    assert "ExecutePrepare" not in capfd.readouterr().err
+    assert q.pos.shape == (4, 3)

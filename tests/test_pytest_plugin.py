@@ -1,0 +1,308 @@
+"""The pytest plugin: the jc_hot_loop fixture and marker, and --jc-checks.
+
+Each test writes a small test file and runs pytest on it in this process
+(``pytester.runpytest``); the plugin is loaded there through its ``pytest11``
+entry point, as in a user's project. One run goes through a subprocess to
+check exactly that path.
+"""
+
+from __future__ import annotations
+
+import sys
+import textwrap
+
+import pytest
+
+import jaxcontracts as jc
+
+pytest_plugins = ["pytester"]
+
+# Strict like this repository's own settings, and independent of them.
+INI = """
+[pytest]
+addopts = --strict-markers -p no:cacheprovider
+filterwarnings = error
+"""
+
+HEADER = """
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxcontracts as jc
+
+double = jax.jit(lambda v: v * 2)
+
+
+@pytest.fixture
+def warm():
+    # Compiles and reads outside any loop: never a violation.
+    x = double(jnp.arange(4.0, dtype=jnp.float32))
+    assert float(x.sum()) == 12.0
+    yield x
+    assert float(x[1]) == 2.0  # teardown reads too
+
+
+def dirty_loop(s):
+    for _ in range(5):
+        s = double(s)
+        total = float(s.sum())  # READ
+    return jax.jit(lambda v: v + 1)(s)  # COMPILE
+"""
+
+
+def _write(pytester: pytest.Pytester, body: str, name: str = "test_inner") -> tuple[str, str]:
+    """Write a test file (HEADER + body); return (its file name, its source)."""
+    pytester.makeini(INI)
+    path = pytester.makepyfile(**{name: textwrap.dedent(HEADER) + textwrap.dedent(body)})
+    return path.name, path.read_text()
+
+
+def _line(source: str, text: str) -> int:
+    """The 1-based line number of the only line of ``source`` containing ``text``."""
+    found = [i for i, line in enumerate(source.splitlines(), 1) if text in line]
+    assert len(found) == 1, (text, found)
+    return found[0]
+
+
+# -- the fixture -------------------------------------------------------------
+
+
+def test_fixture_passes_a_clean_loop(pytester):
+    _write(
+        pytester,
+        """
+        def test_clean(warm, jc_hot_loop):
+            s = warm
+            with jc_hot_loop() as loop:
+                for _ in range(10):
+                    s = double(s)
+                host = jc.fetch(s)  # an explicit read is allowed
+            assert loop.violations == []
+            assert host.shape == (4,)
+        """,
+    )
+    pytester.runpytest().assert_outcomes(passed=1)
+
+
+def test_fixture_fails_listing_every_violation_with_file_and_line(pytester):
+    name, source = _write(
+        pytester,
+        """
+        def test_dirty(warm, jc_hot_loop):
+            with jc_hot_loop():
+                dirty_loop(warm)
+        """,
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    read, compile_ = _line(source, "# READ"), _line(source, "# COMPILE")
+    result.stdout.fnmatch_lines(
+        [
+            "jc_hot_loop: 2 violations (6 events) inside the loop",
+            f"  transfer  {name}:{read} * x5  device-to-host read: float() of f32[]",
+            "      > total = float(s.sum())  # READ",
+            "      Fix: read it deliberately*jc.fetch(x)*",
+            f"  compile   {name}:{compile_} * x1  jax compiles `<lambda>`*",
+            "      > return jax.jit(lambda v: v + 1)(s)  # COMPILE",
+            "      Fix: run it once before the loop*",
+            "FAILED test_inner.py::test_dirty - Failed: jc_hot_loop: 2 violations*",
+        ]
+    )
+    # pytest.fail with the list, not a traceback through the plugin.
+    assert "_pytest_plugin.py" not in result.stdout.str()
+
+
+def test_fixture_options_and_several_loops(pytester):
+    _write(
+        pytester,
+        """
+        def test_allowed(warm, jc_hot_loop):
+            with jc_hot_loop(compiles="allow"):
+                jax.jit(lambda v: v - 1)(warm)
+            with jc_hot_loop(transfers="allow"):
+                float(warm.sum())
+
+        def test_second_loop_fails(warm, jc_hot_loop):
+            with jc_hot_loop():
+                double(warm)
+            with jc_hot_loop():
+                warm.tolist()  # LATER
+        """,
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(["*transfer  test_inner.py:* x1  device-to-host read: .tolist()*"])
+
+
+@pytest.mark.skipif(sys.version_info < (3, 11), reason="exception notes are Python >= 3.11")
+def test_an_error_in_the_loop_propagates_with_the_violations_noted(pytester):
+    _write(
+        pytester,
+        """
+        def test_raises(warm, jc_hot_loop):
+            with jc_hot_loop():
+                float(warm.sum())
+                raise ValueError("the user's own error")
+        """,
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        [
+            "E *ValueError: the user's own error",
+            "E *jc_hot_loop: 1 violation (1 event) inside the loop",
+            "E *transfer  test_inner.py:* x1  device-to-host read: float()*",
+        ]
+    )
+
+
+# -- the marker --------------------------------------------------------------
+
+
+def test_marker_passes_a_clean_body_and_leaves_fixtures_outside(pytester):
+    _write(
+        pytester,
+        """
+        @pytest.mark.jc_hot_loop
+        def test_clean(warm):
+            s = warm
+            for _ in range(10):
+                s = double(s)
+
+        @pytest.mark.jc_hot_loop(compiles="allow")
+        def test_compiles_allowed(warm):
+            jax.jit(lambda v: v - 1)(warm)
+
+        @pytest.mark.jc_hot_loop
+        class TestClass:
+            def test_in_class(self, warm):
+                double(warm)
+        """,
+    )
+    pytester.runpytest().assert_outcomes(passed=3)
+
+
+def test_marker_fails_listing_every_violation(pytester):
+    name, source = _write(
+        pytester,
+        """
+        @pytest.mark.jc_hot_loop
+        def test_dirty(warm):
+            dirty_loop(warm)
+        """,
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    read, compile_ = _line(source, "# READ"), _line(source, "# COMPILE")
+    result.stdout.fnmatch_lines(
+        [
+            "@pytest.mark.jc_hot_loop: 2 violations (6 events) inside the loop",
+            f"  transfer  {name}:{read} * x5  device-to-host read: float() of f32[]",
+            "      Fix: *",
+            f"  compile   {name}:{compile_} * x1  jax compiles `<lambda>`*",
+            "      Fix: *",
+        ]
+    )
+    # The fixture's compiles and reads (setup and teardown) are not listed.
+    for text in ("x = double(", "float(x.sum())", "float(x[1])"):
+        assert f"{name}:{_line(source, text)}" not in result.stdout.str()
+
+
+def test_marker_rejects_unknown_arguments(pytester):
+    _write(
+        pytester,
+        """
+        @pytest.mark.jc_hot_loop(on_violation="raise")
+        def test_it(warm):
+            pass
+        """,
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(
+        ["*@pytest.mark.jc_hot_loop takes only the keyword arguments*; got on_violation"]
+    )
+
+
+def test_marker_is_registered(pytester):
+    pytester.makeini(INI)
+    result = pytester.runpytest("--markers")
+    result.stdout.fnmatch_lines(["@pytest.mark.jc_hot_loop(transfers='disallow'*: run the test*"])
+
+
+# -- the checks level ---------------------------------------------------------
+
+
+def test_jc_checks_option_sets_the_level_and_restores_it(pytester):
+    _write(
+        pytester,
+        """
+        def test_level():
+            assert jc.get_checks() == "fast"
+        """,
+    )
+    assert jc.get_checks() == "full"
+    pytester.runpytest("--jc-checks=fast").assert_outcomes(passed=1)
+    assert jc.get_checks() == "full"  # restored at unconfigure
+
+
+def test_jc_checks_ini_option_and_the_command_line_wins(pytester):
+    pytester.makeini(INI + "jc_checks = off\n")
+    pytester.makepyfile(
+        test_inner="""
+        import jaxcontracts as jc
+
+        def test_level(pytestconfig):
+            expected = pytestconfig.getoption("jc_checks") or "off"
+            assert jc.get_checks() == expected
+        """
+    )
+    pytester.runpytest().assert_outcomes(passed=1)
+    pytester.runpytest("--jc-checks", "full").assert_outcomes(passed=1)
+    assert jc.get_checks() == "full"
+
+
+@pytest.mark.parametrize("where", ["command line", "ini"])
+def test_an_invalid_level_is_a_usage_error_listing_the_valid_ones(pytester, where):
+    pytester.makeini(INI + ("jc_checks = bogus\n" if where == "ini" else ""))
+    pytester.makepyfile(test_inner="def test_never_runs(): pass")
+    args = ["--jc-checks=bogus"] if where == "command line" else []
+    result = pytester.runpytest(*args)
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["ERROR: * got 'bogus'; valid values are 'full', 'fast', 'off'."])
+    assert jc.get_checks() == "full"
+
+
+def test_the_entry_point_loads_the_plugin_in_a_fresh_process(pytester, monkeypatch):
+    monkeypatch.delenv("PYTEST_DISABLE_PLUGIN_AUTOLOAD", raising=False)
+    name, source = _write(
+        pytester,
+        """
+        def test_level():
+            assert jc.get_checks() == "off"
+
+        @pytest.mark.jc_hot_loop
+        def test_dirty(warm):
+            warm.tolist()  # TOLIST
+        """,
+    )
+    result = pytester.runpytest_subprocess("--jc-checks=off")
+    result.assert_outcomes(passed=1, failed=1)
+    result.stdout.fnmatch_lines(
+        [f"  transfer  {name}:{_line(source, '# TOLIST')}  x1  device-to-host read: .tolist()*"]
+    )
+
+
+def test_loading_the_plugin_does_not_import_jax(pytester):
+    pytester.makeconftest(
+        "import sys\n"
+        "def pytest_configure(config):\n"
+        "    config.jax_at_start = 'jax' in sys.modules\n"
+    )
+    pytester.makepyfile(
+        "def test_it(pytestconfig):\n"
+        "    assert pytestconfig.jax_at_start is False\n"
+    )
+    result = pytester.runpytest_subprocess()  # the entry point loads the plugin
+    result.assert_outcomes(passed=1)
