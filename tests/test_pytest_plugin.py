@@ -306,3 +306,17 @@ def test_loading_the_plugin_does_not_import_jax(pytester):
     )
     result = pytester.runpytest_subprocess()  # the entry point loads the plugin
     result.assert_outcomes(passed=1)
+
+
+def test_a_failed_assert_is_reported_as_the_assert_not_as_a_read(pytester):
+    pytester.makepyfile(
+        "import jax.numpy as jnp, pytest\n"
+        "x = jnp.arange(3.0)\n"
+        "@pytest.mark.jc_hot_loop\n"
+        "def test_it():\n"
+        "    assert x is None\n"
+    )
+    result = pytester.runpytest_subprocess()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*AssertionError*"])
+    result.stdout.no_fnmatch_line("*device-to-host read*")
