@@ -193,6 +193,9 @@ def _where(frame: Any, lineno: int | None = None) -> tuple[str, str]:
     filename = frame.f_code.co_filename
     lineno = frame.f_lineno if lineno is None else lineno
     text = linecache.getline(filename, lineno).strip()
+    cell = _notebook_cell(filename)
+    if cell is not None:  # name it as IPython's tracebacks do
+        return f"Cell In[{cell}], line {lineno}", text
     short = filename
     if not filename.startswith("<"):
         try:
@@ -201,6 +204,18 @@ def _where(frame: Any, lineno: int | None = None) -> tuple[str, str]:
         except ValueError:  # another drive
             pass
     return f"{short}:{lineno}", text
+
+
+def _notebook_cell(filename: str) -> int | None:
+    """The execution count of a notebook cell's pseudo-file, under IPython."""
+    ipython = sys.modules.get("IPython")
+    if ipython is None or "ipykernel_" not in filename and not filename.startswith("<ipython-input"):
+        return None
+    try:
+        shell = ipython.get_ipython()
+        return shell.compile._filename_map.get(filename) if shell else None
+    except Exception:  # noqa: BLE001 - IPython internals vary
+        return None
 
 
 def _allowed_caller() -> bool:
@@ -258,7 +273,7 @@ def _find(x: Any) -> tuple[str | None, str | None]:
                 produced = f"{step.__name__} -> {jax.tree_util.keystr(p)}"
         for leaf in jax.tree_util.tree_leaves(args):
             if leaf is x and leaf.is_deleted():
-                consumed = step._name
+                consumed = step.__name__
     return consumed, produced
 
 
@@ -726,7 +741,9 @@ def hot_loop(
             violations in ``loop.violations`` / ``loop.report()`` instead.
             In record mode implicit host-to-device transfers in eager ops are
             left to JAX's guard in ``"log"`` mode (JAX offers no hook to
-            record them and go on).
+            record them and go on), and a read of a donated array is
+            recorded but still fails, since its buffer is gone (a
+            ``DonationError`` when it leaves the loop).
 
     Returns:
         A context manager, also usable as a decorator.

@@ -352,7 +352,7 @@ def test_fetch_copies_so_a_kept_result_never_pins_a_donated_buffer():
         kept = jc.fetch(p.pos)  # kept across the next step
         p = advance(p)  # at checks level full, a pinned buffer would raise here
     assert kept.flags.owndata and kept.shape == (4, 3)
-    with pytest.raises(jc.DonationError, match="was donated to helpers.advance_fn"):
+    with pytest.raises(jc.DonationError, match="was donated to advance_fn"):
         with jc.hot_loop():
             old = p
             p = advance(p)
