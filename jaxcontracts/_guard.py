@@ -55,7 +55,16 @@ from ._compat import ArrayImpl
 from ._errors import DefinitionError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval
 
-__all__ = ["HotLoop", "Violation", "compiling", "consumed_by", "fetch", "hot_loop", "note_call"]
+__all__ = [
+    "HotLoop",
+    "Violation",
+    "compiling",
+    "consumed_by",
+    "fetch",
+    "hot_loop",
+    "in_hot_loop",
+    "note_call",
+]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -250,6 +259,12 @@ def _violation(kind: str, what: str, fix: str, error: type[Exception], frame: An
 
 # --------------------------------------------------------------------------
 # Naming arrays: state paths and the steps that consumed them
+
+
+def in_hot_loop() -> bool:
+    """Whether the current thread is inside a transfer-checking hot loop."""
+    loop = _local.loop
+    return loop is not None and loop._transfers and not _local.allow
 
 
 def note_call(step: Any, args: tuple[Any, ...], out: Any) -> None:

@@ -42,7 +42,7 @@ from ._compat import ArrayImpl
 from ._donation import aliased_parameters, field_of, find_hazards
 from ._errors import DefinitionError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval, fmt_path, fmt_value, qualname
-from ._guard import compiling, consumed_by, note_call, tracking
+from ._guard import compiling, consumed_by, in_hot_loop, note_call, tracking
 from ._spec import LeafDiff, diff_leaves, diff_specs, leaf_spec
 from ._state import data_field_names, is_state, static_field_names
 
@@ -628,13 +628,15 @@ class HotStep(Generic[P, R]):
             )
         return aliased
 
-    def _refuse_signature(self, positional: tuple[Any, ...]) -> RecompileError:
+    def _refuse_signature(self, positional: tuple[Any, ...]) -> RecompileError | TransferError:
         self.stats.refused += 1
         entry = self._entry
         assert entry is not None
         blocks = []
+        all_diffs = []
         for i, name in enumerate(self._param_names):
             diffs = diff_specs(entry.spec_args[i], positional[i])
+            all_diffs += diffs
             if diffs:
                 blocks.append(
                     f"  parameter `{name}`:\n"
@@ -644,6 +646,18 @@ class HotStep(Generic[P, R]):
                         for d in diffs
                     )
                 )
+        if all_diffs and all(d.kind == "sharding" for d in all_diffs) and in_hot_loop():
+            # Inside a loop, an array on other devices is a device-to-device
+            # transfer waiting to happen (jax.jit would move it every call).
+            return TransferError(
+                f"implicit device-to-device transfer inside jc.hot_loop: {self._name} "
+                "was called with arrays placed differently from its compiled signature.\n"
+                + "\n".join(blocks)
+                + "\nFix: place them once, before the loop, with "
+                "jax.device_put(x, sharding) using the compiled sharding (see "
+                f"{self._name.rsplit('.', 1)[-1]}.signature). The call did not run; "
+                "your inputs are intact."
+            )
         return RecompileError(
             f"{self._name} was called with a signature it was not compiled for "
             f"(max_compiles={self._max_compiles}, {len(self._entries)} used).\n"

@@ -298,6 +298,7 @@ class LeafDiff:
     expected: str
     got: str
     cause: str = ""
+    kind: str = "structure"  # structure, dtype, shape, weak_type or sharding
 
 
 def describe_leaf(spec: Any, with_sharding: bool) -> str:
@@ -320,19 +321,31 @@ def _sharding_equal(a: Any, b: Any, ndim: int) -> bool:
         return False
 
 
+def diff_kind(exp: Any, got: Any) -> str:
+    """What differs first between two leaf specs: dtype, shape, weak_type, sharding."""
+    if np.dtype(exp.dtype) != np.dtype(got.dtype):
+        return "dtype"
+    if tuple(exp.shape) != tuple(got.shape):
+        return "shape"
+    if bool(getattr(exp, "weak_type", False)) != bool(getattr(got, "weak_type", False)):
+        return "weak_type"
+    return "sharding"
+
+
 def leaf_cause(exp: Any, got: Any) -> str:
     """A likely cause for one leaf's difference, in a few words."""
-    if exp.dtype != got.dtype:
+    kind = diff_kind(exp, got)
+    if kind == "dtype":
         if np.issubdtype(exp.dtype, np.floating) and np.issubdtype(got.dtype, np.integer):
             return "an integer where a float is expected: was it initialised from an int?"
         if np.issubdtype(exp.dtype, np.integer) and np.issubdtype(got.dtype, np.floating):
             return "a float where an integer is expected: integer arithmetic with a float promotes"
         return "dtype changed: cast it with .astype() where it is made"
-    if exp.shape != got.shape:
+    if kind == "shape":
         if len(exp.shape) == len(got.shape):
             return "shape changed: a smaller last batch? pad it, or drop it"
         return "rank changed: a missing or extra axis?"
-    if getattr(exp, "weak_type", False) != getattr(got, "weak_type", False):
+    if kind == "weak_type":
         if getattr(got, "weak_type", False):
             return "weakly typed: made from a Python scalar; use jnp.float32(x) / jnp.asarray(x, dtype)"
         return "strongly typed where a weak type was compiled"
@@ -368,6 +381,7 @@ def diff_leaves(
                     describe_leaf(e, show_sharding),
                     describe_leaf(g, show_sharding),
                     leaf_cause(e, g),
+                    diff_kind(e, g),
                 )
             )
     return diffs

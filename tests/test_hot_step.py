@@ -452,3 +452,37 @@ def test_compile_time_contracts_run_at_every_checks_level():
 
     with jc.checks_level("off"), pytest.raises(jc.RecompileError, match=r"\['t'\]: takes i32"):
         step.compile({"t": jnp.int32(0)})
+
+
+def test_output_resharded_by_the_step_is_a_recompile_error_at_compile(mesh2):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    rows = NamedSharding(mesh2, P("x"))
+    rep = NamedSharding(mesh2, P())
+
+    @jc.hot_step(signature=Particles)
+    def gather(p: Particles) -> Particles:
+        pos = jax.lax.with_sharding_constraint(p.pos + 1, rep)  # comes back replicated
+        return Particles(pos=pos, vel=p.vel, t=p.t, dt=p.dt)
+
+    with pytest.raises(jc.RecompileError) as info:
+        gather.compile(Particles.spec(n=8, sharding={"pos": rows, "vel": rows, "t": rep}))
+    msg = str(info.value)
+    assert ".pos: takes f32[8,3] sharded P('x') on mesh(x=2), returns f32[8,3] sharded replicated" in msg
+    assert ".vel" not in msg and gather.stats.compiles == 0
+
+
+def test_arrays_on_other_devices_fed_to_a_step_in_a_hot_loop_are_transfers(mesh2):
+    import jax
+
+    advance = make_advance()
+    advance(make_particles())  # compiled for device 0
+    elsewhere = jax.device_put(make_particles(), jax.devices()[1])
+    with pytest.raises(jc.RecompileError, match="sharding changed"):
+        advance(elsewhere)  # outside a loop: a signature mismatch
+    with pytest.raises(jc.TransferError, match="implicit device-to-device transfer") as info:
+        with jc.hot_loop():
+            advance(elsewhere)
+    assert "p.pos: compiled with f32[4,3] sharded single device cpu:0" in str(info.value)
+    assert alive(elsewhere)
