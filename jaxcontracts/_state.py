@@ -672,9 +672,9 @@ def _make(cls: type, kwargs: dict[str, Any], sharding: Any, leaf_fn: Callable, w
                 lambda x, s=shard, w=where: leaf_fn(_given_spec(w, x), s), given[f.name]
             )
         elif isinstance(f, _ArrayField):
-            values[f.name] = leaf_fn(
-                jax.ShapeDtypeStruct(f.ann.shape(dims, where), f.ann.dtype), shard
-            )
+            spec = jax.ShapeDtypeStruct(f.ann.shape(dims, where), f.ann.dtype)
+            _check_sharding_fits(where, spec, shard)
+            values[f.name] = leaf_fn(spec, shard)
         elif isinstance(f, _StateField):
             sub_dims = {k: v for k, v in dims.items() if k in _info(f.cls).dim_names}
             inner = _make(f.cls, sub_dims, shard, leaf_fn, what)
@@ -702,6 +702,26 @@ def _make(cls: type, kwargs: dict[str, Any], sharding: Any, leaf_fn: Callable, w
     if problems:
         raise SpecError(_spec_message(cls, problems, {}, {}))
     return _build(cls, values)
+
+
+def _check_sharding_fits(where: str, spec: jax.ShapeDtypeStruct, sharding: Any) -> None:
+    """A SpecError naming the field when a sharding cannot apply to its shape."""
+    if sharding is None:
+        return
+    check = getattr(sharding, "check_compatible_aval", None)
+    if check is None:
+        return
+    try:
+        check(spec.shape)
+    except ValueError as e:
+        from ._format import fmt_sharding
+
+        raise SpecError(
+            f"{where}: the sharding {fmt_sharding(sharding)} does not fit "
+            f"{fmt_aval(spec.shape, spec.dtype)}: {e}\nFix: pass a mapping "
+            "from field name to sharding, e.g. sharding={'pos': rows, 't': "
+            "NamedSharding(mesh, P())} (scalars take P())."
+        ) from None
 
 
 def _given_spec(where: str, x: Any) -> jax.ShapeDtypeStruct:

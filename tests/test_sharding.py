@@ -1,0 +1,111 @@
+"""Sharded states on 8 simulated CPU devices: 1-D and 2-D meshes."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import alive, all_deleted
+from jax.sharding import Mesh, NamedSharding
+from jax.sharding import PartitionSpec as P
+from jaxtyping import Array, Float32
+
+import jaxcontracts as jc
+
+
+@jc.state
+class Field:
+    u: Float32[Array, "n m"]
+    w: Float32[Array, "n m"]
+    t: Float32[Array, ""]
+    dt: float = jc.static(0.1)
+
+
+def relax_fn(f: Field) -> Field:
+    u = f.u + f.dt * (f.w - f.u)
+    return Field(u=u, w=f.w, t=f.t + f.dt, dt=f.dt)
+
+
+def _mesh(shape: tuple[int, ...], names: tuple[str, ...]) -> Mesh:
+    n = int(np.prod(shape))
+    if len(jax.devices()) < n:
+        pytest.skip(f"needs {n} devices (XLA_FLAGS)")
+    return Mesh(np.array(jax.devices()[:n]).reshape(shape), names)
+
+
+LAYOUTS = {
+    "1-D, rows sharded": ((8,), ("x",), P("x"), P()),
+    "1-D, replicated": ((8,), ("x",), P(), P()),
+    "2-D, both axes": ((4, 2), ("x", "y"), P("x", "y"), P()),
+    "2-D, rows only": ((4, 2), ("x", "y"), P("x"), P()),
+}
+
+
+@pytest.mark.parametrize("layout", list(LAYOUTS))
+def test_sharded_state_compiles_donates_and_keeps_its_sharding(layout):
+    shape, names, field_spec, scalar_spec = LAYOUTS[layout]
+    mesh = _mesh(shape, names)
+    shard = {
+        "u": NamedSharding(mesh, field_spec),
+        "w": NamedSharding(mesh, field_spec),
+        "t": NamedSharding(mesh, scalar_spec),
+    }
+    step = jc.hot_step(relax_fn, signature=Field)
+    step.compile(Field.spec(n=16, m=8, sharding=shard))
+    f = Field.zeros(n=16, m=8, sharding=shard)
+    assert jc.spec_of(f).u.sharding == shard["u"]
+    ptrs = [s.data.unsafe_buffer_pointer() for s in f.u.addressable_shards]
+    g = step(f)
+    assert all_deleted(f)
+    assert [s.data.unsafe_buffer_pointer() for s in g.u.addressable_shards] == ptrs
+    assert g.u.sharding.is_equivalent_to(shard["u"], 2)
+    with jc.hot_loop():
+        for _ in range(5):
+            g = step(g)
+    report = step.report()
+    assert report.ok
+    assert all(r.donated and r.aliased for r in report.rows)
+
+
+@pytest.mark.parametrize(
+    ("mismatch", "leaf", "compiled", "called"),
+    [
+        ("rows vs columns", "u", "P('x') on mesh(x=4,y=2)", "P(None, 'x') on mesh(x=4,y=2)"),
+        ("sharded vs replicated", "w", "P('x') on mesh(x=4,y=2)", "replicated on mesh(x=4,y=2)"),
+        ("mesh vs one device", "t", "replicated on mesh(x=4,y=2)", "single device cpu:0"),
+    ],
+)
+def test_each_call_time_mismatch_names_the_leaf_and_both_shardings(mismatch, leaf, compiled, called):
+    mesh = _mesh((4, 2), ("x", "y"))
+    rows, rep = NamedSharding(mesh, P("x")), NamedSharding(mesh, P())
+    good = {"u": rows, "w": rows, "t": rep}
+    step = jc.hot_step(relax_fn, signature=Field)
+    step.compile(Field.spec(n=16, m=8, sharding=good))
+    bad_sharding = dict(good)
+    bad_sharding[leaf] = {
+        "rows vs columns": NamedSharding(mesh, P(None, "x")),
+        "sharded vs replicated": rep,
+        "mesh vs one device": jax.sharding.SingleDeviceSharding(jax.devices()[0]),
+    }[mismatch]
+    f = Field.zeros(n=16, m=8, sharding=bad_sharding)
+    with pytest.raises(jc.RecompileError) as info:
+        step(f)
+    msg = str(info.value)
+    assert f"f.{leaf}: compiled with " in msg
+    assert compiled in msg and called in msg
+    assert [line for line in msg.splitlines() if "compiled with" in line][0].strip().startswith(f"f.{leaf}")
+    assert alive(f)
+
+
+def test_uncommitted_input_to_a_sharded_step_is_not_silently_resharded():
+    mesh = _mesh((8,), ("x",))
+    rows = NamedSharding(mesh, P("x"))
+    with pytest.raises(jc.SpecError, match=r"field \.t: the sharding P\('x'\) on mesh\(x=8\) does not fit f32\[\]"):
+        Field.spec(n=16, m=8, sharding=rows)  # one sharding for all, but t is a scalar
+    step = jc.hot_step(relax_fn, signature=Field)
+    step.compile(Field.spec(n=16, m=8, sharding={"u": rows, "w": rows, "t": NamedSharding(mesh, P())}))
+    f = Field(u=jnp.zeros((16, 8)), w=jnp.zeros((16, 8)), t=0.0)  # uncommitted, device 0
+    with pytest.raises(jc.RecompileError, match="single device"):
+        step(f)
+    assert alive(f)
