@@ -342,7 +342,9 @@ def _guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         local = _local
         if local.loop is None or local.allow or not local.loop._transfers:
             return original(self, *args, **kwargs)
-        if not _allowed_caller():
+        if not _allowed_caller() and not (
+            name in ("__repr__", "__str__") and not self.is_fully_addressable
+        ):  # jax prints an array spanning other processes without reading it
             _on_read(self, name)
         local.allow += 1
         try:
@@ -421,7 +423,9 @@ def _buffer_hooks() -> tuple[Callable[[], None], Callable[[], None]]:
 
         def __buffer__(self: Any, flags: int) -> memoryview:
             if _must_refuse_buffer(self):
-                raise BufferError("jaxcontracts: device-to-host read inside jc.hot_loop")
+                # memoryview() sees this error; numpy falls back to the
+                # guarded __array__, which raises the same.
+                _on_read(self, "buffer")
             return original(self, flags)
 
         def on() -> None:
@@ -582,6 +586,18 @@ def fetch(tree: Any) -> Any:
     __tracebackhide__ = True
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     for x in leaves:
+        if (
+            isinstance(x, jax.Array)
+            and not x.is_fully_addressable
+            and not x.is_fully_replicated
+        ):
+            raise TransferError(
+                f"jc.fetch(): a {fmt_aval(x.shape, x.dtype)} leaf spans devices of "
+                "other processes, so this process cannot read all of it.\nFix: fetch "
+                "a replicated value (reduce it in the step), this process's shards "
+                "(jc.fetch([s.data for s in x.addressable_shards])), or gather it "
+                "with jax.experimental.multihost_utils.process_allgather."
+            )
         if isinstance(x, jax.Array) and x.is_deleted():
             by = consumed_by(x)
             raise DonationError(
@@ -699,6 +715,14 @@ class HotLoop:
                 "(x = jax.device_put(x)); a Python scalar in an eager op "
                 "(x * 2 outside a step) is a transfer too: do the op inside a "
                 "hot_step, or make the scalar a device array before the loop."
+            ) from None
+        if exc is not None and "Disallowed device-to-host transfer" in str(exc):
+            where, text = _traceback_where(tb)
+            raise TransferError(
+                "implicit transfer inside jc.hot_loop: device-to-host (seen by JAX's "
+                f"own guard)\n  at {where}" + (f":  {text}" if text else "")
+                + "\nFix: read it deliberately and rarely with jc.fetch(x), or move "
+                "the read after the loop."
             ) from None
         if exc is not None and "Array has been deleted" in str(exc):
             where, text = _traceback_where(tb)

@@ -105,7 +105,7 @@ class Report:
             out += _align(table, right={5})
         if self.totals:
             out.append(
-                "memory: "
+                "memory (per device): "
                 + ", ".join(f"{k} {_bytes(v) if v is not None else 'n/a'}" for k, v in self.totals.items())
             )
         if self.facts:
@@ -176,7 +176,7 @@ class Report:
                 )
             parts.append("</tbody></table>")
         memory = [(k, _bytes(v)) for k, v in self.totals.items()]
-        for label, facts in (("memory", memory), ("", self.facts)):
+        for label, facts in (("memory (per device)", memory), ("", self.facts)):
             if not facts:
                 continue
             parts.append(f'<div class="jc-facts" style="{_CSS_FACTS}">')

@@ -321,6 +321,15 @@ def _sharding_equal(a: Any, b: Any, ndim: int) -> bool:
         return False
 
 
+def _placement(sharding: Any) -> str:
+    """Devices and memory kind of a sharding, for shardings that read alike."""
+    try:
+        ids = sorted(d.id for d in sharding.device_set)
+    except Exception:  # noqa: BLE001
+        return repr(sharding)
+    return f"(devices {ids}, memory {getattr(sharding, 'memory_kind', None)})"
+
+
 def diff_kind(exp: Any, got: Any) -> str:
     """What differs first between two leaf specs: dtype, shape, weak_type, sharding."""
     if np.dtype(exp.dtype) != np.dtype(got.dtype):
@@ -375,11 +384,15 @@ def diff_leaves(
         )
         if not (same and shard_same):
             show_sharding = same and not shard_same
+            expected, got_text = describe_leaf(e, show_sharding), describe_leaf(g, show_sharding)
+            if expected == got_text:  # the short forms hide the difference
+                expected += f" {_placement(e.sharding)}"
+                got_text += f" {_placement(g.sharding)}"
             diffs.append(
                 LeafDiff(
                     path,
-                    describe_leaf(e, show_sharding),
-                    describe_leaf(g, show_sharding),
+                    expected,
+                    got_text,
                     leaf_cause(e, g),
                     diff_kind(e, g),
                 )

@@ -470,15 +470,31 @@ def _convert_array(name: str, value: Any, ann: ArrayAnnotation) -> tuple[Any, _P
     if isinstance(value, (np.ndarray, np.generic)):
         if np.dtype(value.dtype) != want:
             return None, _wrong_dtype(name, expected, value, "numpy array")
-        return jax.device_put(np.asarray(value)), None
+        return _to_device(value), None
     if isinstance(value, (bool, int, float, complex)):
         problem = _scalar_problem(name, value, ann)
         if problem is not None:
             return None, problem
-        return jax.device_put(np.asarray(value, dtype=want)), None
+        return _to_device(np.asarray(value, dtype=want)), None
     return None, _Problem(
         name, expected, _describe(value), "pass a jax array (or a numpy array of that dtype)."
     )
+
+
+def _to_device(value: Any) -> jax.Array:
+    """A device array that owns its buffer.
+
+    On CPU ``jax.device_put`` may borrow an aligned numpy buffer instead of
+    copying it; XLA cannot donate a borrowed buffer, so the first step would
+    silently copy the state. Such a buffer is copied on the device once here.
+    """
+    host = np.asarray(value)
+    x = jax.device_put(host)
+    try:
+        borrowed = host.size > 0 and x.unsafe_buffer_pointer() == host.ctypes.data
+    except Exception:  # noqa: BLE001 - no single buffer (sharded) or no pointer
+        borrowed = False
+    return jnp.copy(x) if borrowed else x
 
 
 def _wrong_dtype(name: str, expected: str, value: Any, kind: str) -> _Problem:
@@ -545,7 +561,7 @@ def _convert_pytree(f: _PyTreeField, value: Any) -> tuple[Any, list[_Problem]]:
             weak = isinstance(leaf, jax.Array) and leaf.aval.weak_type
             out.append(jax.lax.convert_element_type(leaf, leaf.dtype) if weak else leaf)
         elif isinstance(leaf, (np.ndarray, np.generic)):
-            out.append(jax.device_put(np.asarray(leaf)))
+            out.append(_to_device(leaf))
         else:
             problems.append(
                 _Problem(

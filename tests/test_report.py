@@ -76,7 +76,7 @@ def test_step_report_text_and_html():
     assert text.splitlines()[0] == "helpers.advance_fn  [OK]"
     assert "p.pos  f32[16,3]" in text and "192 B" in text
     assert "calls: 2" in text and "[pass] donation verified in the executable (3 leaves donated)" in text
-    assert "memory: arguments 388 B, outputs " in text and "aliased 388 B" in text
+    assert "memory (per device): arguments 388 B, outputs " in text and "aliased 388 B" in text
     footers: list = []
     (cls, head, rows), = _tables(report._repr_html_(), footers)
     assert cls == "jc-leaves"

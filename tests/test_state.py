@@ -212,3 +212,20 @@ def test_state_spec_and_zeros_with_sharding(mesh2):
     assert z.pos.sharding == row and z.t.sharding == rep
     spec = Particles.spec(n=4, sharding=rep)
     assert spec.vel.sharding == rep
+
+
+def test_state_built_from_numpy_owns_its_device_buffer():
+    # On CPU jax.device_put may borrow an aligned numpy buffer; XLA cannot
+    # donate a borrowed buffer, so the first step would silently copy.
+    raw = np.zeros(64 * 3 + 16, np.float32)
+    start = (-raw.ctypes.data % 64) // 4  # a 64-byte aligned view: borrowable
+    host = raw[start : start + 64 * 3].reshape(64, 3)
+    p = Particles(pos=host, vel=np.zeros((64, 3), np.float32), t=0.0)
+    assert p.pos.unsafe_buffer_pointer() != host.ctypes.data
+    @jc.hot_step(signature=Particles)
+    def advance(s: Particles) -> Particles:
+        return Particles(pos=s.pos + 1, vel=s.vel, t=s.t, dt=s.dt)
+
+    before = p.pos.unsafe_buffer_pointer()
+    q = advance(p)
+    assert q.pos.unsafe_buffer_pointer() == before  # donated on the very first step
