@@ -704,34 +704,9 @@ class HotLoop:
             _release()
         if exc is not None and not isinstance(exc, Exception):
             return False
-        if exc is not None and "Disallowed host-to-device transfer" in str(exc):
-            where, text = _traceback_where(tb)
-            detail = str(exc).split("Disallowed host-to-device transfer:", 1)[-1].strip()
-            raise TransferError(
-                "implicit transfer inside jc.hot_loop: host-to-device "
-                f"({detail.split(', dst_sharding')[0]})\n  at {where}"
-                + (f":  {text}" if text else "")
-                + "\nFix: put host data on the device once, before the loop "
-                "(x = jax.device_put(x)); a Python scalar in an eager op "
-                "(x * 2 outside a step) is a transfer too: do the op inside a "
-                "hot_step, or make the scalar a device array before the loop."
-            ) from None
-        if exc is not None and "Disallowed device-to-host transfer" in str(exc):
-            where, text = _traceback_where(tb)
-            raise TransferError(
-                "implicit transfer inside jc.hot_loop: device-to-host (seen by JAX's "
-                f"own guard)\n  at {where}" + (f":  {text}" if text else "")
-                + "\nFix: read it deliberately and rarely with jc.fetch(x), or move "
-                "the read after the loop."
-            ) from None
-        if exc is not None and "Array has been deleted" in str(exc):
-            where, text = _traceback_where(tb)
-            raise DonationError(
-                "use of a donated array inside jc.hot_loop: an array that a "
-                f"hot_step consumed was used again\n  at {where}"
-                + (f":  {text}" if text else "")
-                + "\nFix: use the state the step returned (s = step(s))."
-            ) from None
+        translated = _translate(exc, tb) if exc is not None else None
+        if translated is not None:
+            raise translated from None
         return False
 
     def __call__(self, fn: F) -> F:
@@ -744,6 +719,48 @@ class HotLoop:
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
+
+
+# JAX runtime errors that leave a loop, and what they mean there.
+_RUNTIME_ERRORS = (
+    (
+        "Disallowed host-to-device transfer",
+        TransferError,
+        "implicit transfer inside jc.hot_loop: host-to-device",
+        "put host data on the device once, before the loop (x = "
+        "jax.device_put(x)); a Python scalar in an eager op (x * 2 outside a "
+        "step) is a transfer too: do the op inside a hot_step, or make the "
+        "scalar a device array before the loop.",
+    ),
+    (
+        "Disallowed device-to-host transfer",
+        TransferError,
+        "implicit transfer inside jc.hot_loop: device-to-host (seen by JAX's own guard)",
+        "read it deliberately and rarely with jc.fetch(x), or move the read after the loop.",
+    ),
+    (
+        "Array has been deleted",
+        DonationError,
+        "use of a donated array inside jc.hot_loop: an array that a hot_step "
+        "consumed was used again",
+        "use the state the step returned (s = step(s)).",
+    ),
+)
+
+
+def _translate(exc: BaseException, tb: Any) -> Exception | None:
+    """A JAX runtime error leaving the loop, as the contract error it is."""
+    text = str(exc)
+    for marker, error, title, fix in _RUNTIME_ERRORS:
+        if marker in text:
+            detail = text.split(marker + ":", 1)[1].split(", dst_sharding")[0].strip() if marker + ":" in text else ""
+            where, source = _traceback_where(tb)
+            return error(
+                f"{title}{f' ({detail})' if detail else ''}\n  at {where}"
+                + (f":  {source}" if source else "")
+                + f"\nFix: {fix}"
+            )
+    return None
 
 
 def _traceback_where(tb: Any) -> tuple[str, str]:
