@@ -1,23 +1,26 @@
-"""What a ``jc.hot_loop`` costs a loop: 1,000 steps inside vs outside.
+"""loop: what a ``jc.hot_loop`` costs a loop: 1,000 steps inside vs outside.
 
-Two hot steps (``fn1``, ``fn2``) on a small particle state run in a plain host
-loop, either bare or inside ``with jc.hot_loop():``. Entering the loop patches
-the array class once and engages JAX's transfer guard; inside it, hot steps
-also remember their last call (for messages). The two variants are
-interleaved, in shuffled order, so machine drift cancels; each sample is one
-whole loop of ``--steps`` steps ending in one ``block_until_ready``, and the
-ratio is of the medians. Budget: inside / outside <= 1.05.
+What is measured
+----------------
+Two hot steps (``fn1``, ``fn2``, default ``full`` checks) on a small particle
+state run in a plain host loop ``p = fn2(fn1(p))`` of 1,000 iterations,
+either bare or inside ``with jc.hot_loop():``. Entering the loop patches the
+array class once and engages JAX's transfer guard; inside it, hot steps also
+remember their last call (for messages). Each sample is one whole loop,
+entering and leaving the ``with`` block included, ending in one
+``block_until_ready``. The two variants are interleaved in shuffled order so
+that machine drift cancels.
 
-Run: ``python benchmarks/loop.py`` (``--quick`` for a smoke run).
+Budget: inside / outside ``<= 1.05`` (ratio of medians).
+
+Run: ``python -m benchmarks.loop`` (``--quick`` for a smoke run).
 """
 
 from __future__ import annotations
 
-import argparse
 import gc
 import random
 import statistics
-import sys
 import time
 
 import jax
@@ -25,6 +28,9 @@ import jax.numpy as jnp
 from jaxtyping import Array, Float32, Int32
 
 import jaxcontracts as jc
+from benchmarks._common import Result, machine, parser, row
+
+LIMIT = 1.05
 
 
 @jc.state
@@ -63,46 +69,51 @@ def run(p: Particles, steps: int, guarded: bool) -> tuple[float, Particles]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--steps", type=int, default=1000)
-    parser.add_argument("--repeats", type=int, default=21)
-    parser.add_argument("--n", type=int, default=256, help="particles")
-    parser.add_argument("--quick", action="store_true", help="tiny smoke run")
-    args = parser.parse_args(argv)
-    if args.quick:
-        args.steps, args.repeats = 20, 3
+    p = parser(__doc__)
+    p.add_argument("--steps", type=int, help="loop iterations (default 1000)")
+    p.add_argument("--repeats", type=int, help="loops per variant (default 41)")
+    p.add_argument("--n", type=int, default=256, help="particles")
+    args = p.parse_args(argv)
+    steps = args.steps or (20 if args.quick else 1000)
+    repeats = args.repeats or (3 if args.quick else 41)
+    start = time.perf_counter()
+    res = Result("loop", f"{steps} iterations of p = fn2(fn1(p)), inside vs outside hot_loop")
+    res.meta = machine()
 
-    p = Particles(
+    state = Particles(
         pos=jax.random.normal(jax.random.PRNGKey(0), (args.n, 3), jnp.float32),
         vel=jnp.zeros((args.n, 3), jnp.float32),
         step=0,
     )
-    p = fn2(fn1(p))  # compile both before timing
+    state = fn2(fn1(state))  # compile both before timing
     samples: dict[bool, list[float]] = {False: [], True: []}
     for _ in range(2):  # warm-up of both variants
         for guarded in (False, True):
-            _, p = run(p, args.steps, guarded)
-    for _ in range(args.repeats):
+            _, state = run(state, steps, guarded)
+    rng = random.Random(args.seed)
+    for _ in range(repeats):
+        gc.collect()
         order = [False, True]
-        random.shuffle(order)
+        rng.shuffle(order)
         for guarded in order:
-            seconds, p = run(p, args.steps, guarded)
-            samples[guarded].append(seconds)
+            seconds, state = run(state, steps, guarded)
+            samples[guarded].append(seconds * 1e3)
 
-    outside = statistics.median(samples[False])
-    inside = statistics.median(samples[True])
-    ratios = sorted(i / o for i, o in zip(samples[True], samples[False]))
-    print(
-        f"jax {jax.__version__}, python {sys.version.split()[0]}, {args.steps} steps "
-        f"(2 hot steps each) x {args.repeats} interleaved repeats, n={args.n}"
-    )
-    print(f"{'variant':<20}{'median ms/loop':>16}{'us/step':>10}")
-    print(f"{'outside hot_loop':<20}{outside * 1e3:>16.2f}{outside / args.steps * 1e6:>10.1f}")
-    print(f"{'inside hot_loop':<20}{inside * 1e3:>16.2f}{inside / args.steps * 1e6:>10.1f}")
-    ratio = inside / outside
-    paired = statistics.median(ratios)
-    verdict = "met" if ratio <= 1.05 else "missed"
-    print(f"inside/outside: {ratio:.3f}x (median of paired ratios {paired:.3f}x); budget <= 1.05x: {verdict}")
+    case = f"{steps} x 2 steps, n={args.n}"
+    outside, inside = samples[False], samples[True]
+    res.rows.append(row(case, "outside hot_loop", outside, "ms/loop", base=outside, note="base"))
+    res.rows.append(row(case, "inside hot_loop", inside, "ms/loop", base=outside))
+    ratio = statistics.median(inside) / statistics.median(outside)
+    res.budget(f"a loop inside hot_loop <= {LIMIT:.2f}x the same loop outside", ratio, LIMIT,
+               paired=[a / b for a, b in zip(inside, outside)], seed=args.seed)
+    per_step = statistics.median(outside) / steps / 2 * 1e3
+    res.notes.append(f"{per_step:.1f} us per hot_step call outside the loop; {repeats} loops each")
+    for f in (fn1, fn2):
+        st = f.stats
+        if st.compiles != 1 or st.refused or st.not_consumed:
+            res.notes.append(f"WARNING: {f.__name__}: {st}")
+    res.seconds = time.perf_counter() - start
+    res.emit(args)
     return 0
 
 

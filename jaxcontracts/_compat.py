@@ -19,4 +19,24 @@ except ImportError:  # pragma: no cover - future jax
         return True
 
 
-__all__ = ["ArrayImpl", "trace_state_clean"]
+def cpp_call(compiled: object) -> object:
+    """The C++ call of a ``jax.stages.Compiled``, or ``compiled`` itself.
+
+    ``Compiled.__call__`` is a Python method whose only job, once warm, is to
+    forward to this C++ function (JAX's compiled fast path); calling it
+    directly saves that frame on every call. Errors are the same: it is the
+    very function ``Compiled.__call__`` calls.
+    """
+    call = getattr(compiled, "_call", None)
+    if call is None:
+        try:
+            call = compiled._executable.create_cpp_call(compiled._params)  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - private API moved: use the public call
+            return compiled
+        if call is None:
+            return compiled
+        compiled._call = call  # type: ignore[attr-defined]  # what __call__ would cache
+    return call
+
+
+__all__ = ["ArrayImpl", "cpp_call", "trace_state_clean"]

@@ -27,6 +27,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import operator
 import sys
 import time
 import typing
@@ -38,7 +39,7 @@ import jax
 import numpy as np
 
 from . import _config
-from ._compat import ArrayImpl
+from ._compat import ArrayImpl, cpp_call
 from ._donation import aliased_parameters, field_of, find_hazards
 from ._errors import DefinitionError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval, fmt_path, fmt_value, qualname
@@ -383,8 +384,15 @@ class HotStep(Generic[P, R]):
                 return e.compiled
         return self._new_entry(positional).compiled
 
-    def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R:
-        return self._dispatch(*args, **kwargs)
+    if typing.TYPE_CHECKING:
+
+        def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    else:
+        # A call goes straight to the current call path, with no Python frame
+        # of its own: the type's call slot finds this property and calls what
+        # it returns (one C-level attribute read).
+        __call__ = property(operator.attrgetter("_dispatch"))
 
     def report(self) -> Any:
         """A :class:`jc.Report` of the current signature: leaves, memory, contracts.
@@ -778,7 +786,7 @@ def _join(param: str, path: str) -> str:
 
 def _make_dispatch(step: HotStep[Any, Any], entry: _Entry, level: str) -> Callable[..., Any]:
     """Build the per-call closure for one compiled signature and checks level."""
-    compiled = entry.compiled
+    compiled = cpp_call(entry.compiled)  # skips Compiled.__call__'s Python frame
     slow_call = step._slow_call
     stats = step.stats
     in_treedef = entry.in_treedef
@@ -884,10 +892,14 @@ def _make_dispatch(step: HotStep[Any, Any], entry: _Entry, level: str) -> Callab
     donated_params = tuple(arg for arg, _ in in_tokens) if donated else ()
     first_state_leaf = None
     if donated_params and jax.tree_util.tree_leaves(entry.spec_args[state_getters[0][0]]):
-        arg0, get0 = state_getters[0]
+        arg0 = state_getters[0][0]
+        get_first = _first_leaf_getter(type(entry.spec_args[arg0]))  # O(1), not all leaves
 
         def first_state_leaf(args: tuple[Any, ...]) -> Any:
-            return get0(args[arg0])[0]
+            return get_first(args[arg0])
+
+    is_deleted = array_impl.is_deleted  # unbound: map() runs it in C
+    donated_getters = tuple((arg, get) for arg, get in state_getters if arg in donated_params)
 
     def provenance(*args: Any, **kwargs: Any) -> Any:
         if kwargs or len(args) != n_params:
@@ -913,17 +925,43 @@ def _make_dispatch(step: HotStep[Any, Any], entry: _Entry, level: str) -> Callab
             return slow_call(args, kwargs, e)
         stamp(out)
         if full:
-            for arg, get in state_getters:
-                if arg in donated_params:
-                    for x in get(args[arg]):
-                        if not x.is_deleted():
-                            raise not_consumed(entry, flatten(args)[0], out)
+            for arg, get in donated_getters:
+                if not all(map(is_deleted, get(args[arg]))):
+                    raise not_consumed(entry, flatten(args)[0], out)
         stats.calls += 1
         if tracking.count:
             note_call(step, args, out)
         return out
 
-    return provenance
+    if n_params != 1 or len(out_tokens) != 1 or out_tokens[0][0] != ():
+        return provenance
+    # The common `s = step(s)`: one parameter, the state, returned alone.
+    token0 = in_tokens[0][1]
+    out_token = out_tokens[0][1]
+    get_all = donated_getters[0][1] if donated_getters else None
+    first_leaf = first_state_leaf
+
+    def provenance_one(*args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) != 1:
+            return checked(*args, **kwargs)
+        d = getattr(args[0], "__dict__", None)
+        if d is None or d.get(key) is not token0:
+            return checked(*args)
+        if first_leaf is not None and first_leaf(args).is_deleted():
+            return slow_call(args, kwargs, None)
+        try:
+            out = compiled(*args)
+        except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
+            return slow_call(args, kwargs, e)
+        out.__dict__[key] = out_token
+        if full and get_all is not None and not all(map(is_deleted, get_all(args[0]))):
+            raise not_consumed(entry, flatten(args)[0], out)
+        stats.calls += 1
+        if tracking.count:
+            note_call(step, args, out)
+        return out
+
+    return provenance_one
 
 
 def leaves_of_others(entry: _Entry, others: tuple[int, ...]) -> list[Any]:
@@ -945,6 +983,15 @@ def _token_for(spec: Any) -> object:
     if token is None:
         token = _tokens[key] = object()
     return token
+
+
+def _first_leaf_getter(cls: type) -> Callable[[Any], Any]:
+    """The first leaf of a state instance: one attribute read for a flat class."""
+    from ._state import data_field_names, flat_leaf_getter
+
+    if flat_leaf_getter(cls) is not None:
+        return operator.attrgetter(data_field_names(cls)[0])
+    return lambda x: _flatten(x)[0][0]
 
 
 def _leaf_getter(cls: type) -> Callable[[Any], Sequence[Any]]:

@@ -1,0 +1,1 @@
+"""The jaxcontracts benchmark suite: ``python -m benchmarks`` (see README.md here)."""

@@ -1,0 +1,219 @@
+"""memory: peak resident memory of a 1 GiB state loop, as a multiple of the state.
+
+What is measured
+----------------
+A ``@jc.state`` of four ``f32`` leaves, 1 GiB in all, and an elementwise step
+(``x * 0.5 + 1`` on every leaf). One sample: note the resident set size,
+create the state (``S.zeros``), run ``s = f(s)`` 20 times, wait for it, and
+read the peak resident set size; the figure is ``(peak - before) / state
+size``. Variants, interleaved in shuffled order after one warm-up round (so
+compiles are not counted):
+
+* ``jax.jit donated``: ``jax.jit(step, donate_argnums=0)``, the reference
+  (expected ~1.0x: XLA updates the state in place);
+* ``jax.jit undonated``: ``jax.jit(step)`` (expected ~2.0x: input and output
+  are alive at once);
+* ``hot_step full``: ``jc.hot_step(step, signature=S)``, donated by default.
+
+The peak is read from ``VmHWM`` in ``/proc/self/status`` and reset between
+samples by writing ``5`` to ``/proc/self/clear_refs`` (Linux), so every sample
+runs in this one process. Where that is unavailable, each sample runs in a
+fresh child process and the peak is ``resource.getrusage().ru_maxrss``.
+
+Budget: ``hot_step`` peak growth ``<= 1.10x`` the state.
+
+Run: ``python -m benchmarks.memory`` (``--quick``: an 8 MiB state).
+"""
+
+from __future__ import annotations
+
+import gc
+import json
+import random
+import statistics
+import subprocess
+import sys
+import time
+from typing import Any
+
+import jax
+from jaxtyping import Array, Float32
+
+import jaxcontracts as jc
+from benchmarks._common import Result, machine, parser, row
+
+LIMIT = 1.10
+VARIANTS = ("jax.jit donated", "jax.jit undonated", "hot_step full")
+LEAVES = 4
+
+
+@jc.state
+class Big:
+    a: Float32[Array, "n"]
+    b: Float32[Array, "n"]
+    c: Float32[Array, "n"]
+    d: Float32[Array, "n"]
+
+
+def step(s: Big) -> Big:
+    return jax.tree_util.tree_map(lambda x: x * 0.5 + 1, s)
+
+
+def make(name: str, n: int) -> Any:
+    if name == "jax.jit donated":
+        return jax.jit(step, donate_argnums=0)
+    if name == "jax.jit undonated":
+        return jax.jit(step)
+    hot = jc.hot_step(step, signature=Big)
+    hot.compile(Big.spec(n=n))
+    return hot
+
+
+# --------------------------------------------------------------------------
+# Resident memory
+
+
+def _status_kib(key: str) -> int | None:
+    try:
+        with open("/proc/self/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith(key + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w", encoding="ascii") as f:
+            f.write("5")
+    except OSError:
+        return False
+    return True
+
+
+def can_reset_peak() -> bool:
+    """Whether this process can reset and read its own peak RSS."""
+    if _status_kib("VmHWM") is None or not _reset_peak():
+        return False
+    return _status_kib("VmHWM") is not None
+
+
+def _maxrss_bytes() -> int:
+    import resource
+
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return rss if sys.platform == "darwin" else rss * 1024
+
+
+def _rss_bytes() -> int:
+    kib = _status_kib("VmRSS")
+    if kib is not None:
+        return kib * 1024
+    try:
+        import psutil
+    except ImportError:
+        return _maxrss_bytes()  # the best there is: a lower bound on growth
+    return int(psutil.Process().memory_info().rss)
+
+
+def one_sample(f: Any, n: int, steps: int, reset: bool) -> float:
+    """Peak growth in bytes of: create the state, run ``steps`` steps."""
+    gc.collect()
+    if reset:
+        _reset_peak()
+    before = _rss_bytes()
+    s = Big.zeros(n=n)
+    for _ in range(steps):
+        s = f(s)
+    jax.block_until_ready(s)
+    peak = (_status_kib("VmHWM") or 0) * 1024 if reset else _maxrss_bytes()
+    del s
+    gc.collect()
+    return float(peak - before)
+
+
+def child(name: str, n: int, steps: int) -> int:
+    """One sample in a fresh process (where the peak cannot be reset)."""
+    f = make(name, n)
+    s = Big.zeros(n=n)
+    for _ in range(2):  # compile, and let the allocator settle
+        s = f(s)
+    del s
+    gc.collect()
+    print(json.dumps({"growth": one_sample(f, n, steps, reset=False)}))
+    return 0
+
+
+def sample_in_child(name: str, n: int, steps: int) -> float:
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.memory", "--child", name, "--n", str(n),
+         "--steps", str(steps)],
+        capture_output=True, text=True, check=True,
+    )
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["growth"])
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__)
+    p.add_argument("--mib", type=float, help="state size in MiB (default 1024)")
+    p.add_argument("--steps", type=int, default=20, help="steps per sample")
+    p.add_argument("--repeats", type=int, help="samples per variant (default 3)")
+    p.add_argument("--n", type=int, help=argparse_hidden())
+    p.add_argument("--child", choices=VARIANTS, help=argparse_hidden())
+    p.add_argument("--force-children", action="store_true",
+                   help="one process per sample even where the peak can be reset")
+    args = p.parse_args(argv)
+    mib = args.mib or (8.0 if args.quick else 1024.0)
+    n = args.n or int(mib * 2**20) // (4 * LEAVES)
+    if args.child:
+        return child(args.child, n, args.steps)
+    repeats = args.repeats or (2 if args.quick else 3)
+    state_bytes = n * 4 * LEAVES
+    start = time.perf_counter()
+    res = Result("memory", "peak RSS growth of 20 steps on a state, x the state size")
+    res.meta = machine()
+
+    in_process = not args.force_children and can_reset_peak()
+    fns = {name: make(name, n) for name in VARIANTS} if in_process else {}
+    growth: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    rng = random.Random(args.seed)
+    order = list(VARIANTS)
+    for r in range(repeats + (1 if in_process else 0)):
+        rng.shuffle(order)
+        for name in order:
+            if in_process:
+                g = one_sample(fns[name], n, args.steps, reset=True)
+                if r > 0:  # round 0 compiles and warms the allocator up
+                    growth[name].append(g / state_bytes)
+            else:
+                growth[name].append(sample_in_child(name, n, args.steps) / state_bytes)
+
+    case = f"{state_bytes / 2**20:,.0f} MiB, {LEAVES} leaves, {args.steps} steps"
+    expect = {"jax.jit donated": "expected ~1.0", "jax.jit undonated": "expected ~2.0"}
+    for name in VARIANTS:
+        res.rows.append(row(case, name, growth[name], "x state", note=expect.get(name, "")))
+    value = statistics.median(growth["hot_step full"])
+    res.budget(f"hot_step peak growth <= {LIMIT:.2f}x the state", value, LIMIT,
+               why="(a raw donated jax.jit measures "
+               f"{statistics.median(growth['jax.jit donated']):.3f}x here, an undonated one "
+               f"{statistics.median(growth['jax.jit undonated']):.3f}x)")
+    res.notes.append(
+        ("peak reset in-process (/proc/self/clear_refs)" if in_process
+         else "one child process per sample (ru_maxrss)")
+        + f"; {repeats} samples per variant; state {state_bytes:,} bytes"
+    )
+    res.seconds = time.perf_counter() - start
+    res.emit(args)
+    return 0
+
+
+def argparse_hidden() -> str:
+    import argparse
+
+    return argparse.SUPPRESS
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
