@@ -576,6 +576,8 @@ class HotStep(Generic[P, R]):
                     f"{type(out).__name__}, with no state at return value {list(pos)}"
                 )
                 continue
+            if _token_for(entry.spec_args[arg]) is _token_for(returned):
+                continue  # the same exact spec: nothing to explain
             diffs = diff_specs(entry.spec_args[arg], returned)
             if diffs:
                 where = f"return value {list(pos)}" if pos else "the return value"
