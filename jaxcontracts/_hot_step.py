@@ -885,11 +885,8 @@ def _make_dispatch(step: HotStep[Any, Any], entry: _Entry, level: str) -> Callab
     state_getters = tuple(
         (arg, _leaf_getter(type(entry.spec_args[arg]))) for arg, _ in in_tokens
     )
-    other_leaf_count = len(leaves_of_others(entry, others))
-    other_treedef = jax.tree_util.tree_structure(tuple(entry.spec_args[i] for i in others))
-    other_weak = tuple(
-        bool(s.weak_type) for s in leaves_of_others(entry, others)
-    )
+    other_specs, other_treedef = jax.tree_util.tree_flatten(tuple(entry.spec_args[i] for i in others))
+    other_weak = tuple(bool(s.weak_type) for s in other_specs)
     other_any_weak = any(other_weak)
     donated_params = tuple(arg for arg, _ in in_tokens) if donated else ()
     first_state_leaf = None
@@ -914,7 +911,7 @@ def _make_dispatch(step: HotStep[Any, Any], entry: _Entry, level: str) -> Callab
             return slow_call(args, kwargs, None)
         if others:
             leaves, treedef = flatten(tuple(args[i] for i in others))
-            if treedef != other_treedef or len(leaves) != other_leaf_count:
+            if treedef != other_treedef:
                 return checked(*args)
             for x, w in zip(leaves, other_weak):
                 if type(x) is not array_impl or (x.aval.weak_type is not w if other_any_weak else x.aval.weak_type):
@@ -964,10 +961,6 @@ def _make_dispatch(step: HotStep[Any, Any], entry: _Entry, level: str) -> Callab
         return out
 
     return provenance_one
-
-
-def leaves_of_others(entry: _Entry, others: tuple[int, ...]) -> list[Any]:
-    return jax.tree_util.tree_leaves(tuple(entry.spec_args[i] for i in others))
 
 
 _TOKEN_KEY = "__jaxcontracts_token__"
