@@ -44,7 +44,7 @@ from ._donation import aliased_parameters, field_of, find_hazards
 from ._errors import DefinitionError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval, fmt_path, fmt_value, qualname
 from ._guard import compiling, consumed_by, in_hot_loop, note_call, tracking
-from ._spec import LeafDiff, diff_leaves, diff_specs, leaf_spec
+from ._spec import LeafDiff, diff_leaves, diff_specs, leaf_spec, spec_nbytes
 from ._state import data_field_names, is_state, static_field_names
 
 __all__ = ["HotStep", "StepStats", "hot_step"]
@@ -609,7 +609,7 @@ class HotStep(Generic[P, R]):
         aliased = aliased_parameters(entry.compiled, n_args)
         if aliased is None:  # HLO unreadable: fall back on the byte count
             analysis = _memory_analysis(entry.compiled)
-            want = sum(_nbytes(entry.flat_specs[i][1]) for i in entry.donated)
+            want = sum(spec_nbytes(entry.flat_specs[i][1]) for i in entry.donated)
             got = getattr(analysis, "alias_size_in_bytes", want) if analysis else want
             return set(entry.donated) if got >= want else set()
         missing = [i for i in entry.donated if i not in aliased]
@@ -1014,7 +1014,4 @@ def _memory_analysis(compiled: Any) -> Any:
     except Exception:  # noqa: BLE001 - not every backend has one
         return None
 
-
-def _nbytes(spec: Any) -> int:
-    return int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
 

@@ -14,10 +14,9 @@ import html
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
-
 from ._errors import ContractError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval, fmt_sharding
+from ._spec import spec_nbytes
 
 __all__ = ["Contract", "LeafRow", "Report", "check", "loop_report", "step_report"]
 
@@ -269,9 +268,6 @@ def _align(rows: Sequence[Sequence[str]], right: set[int] = frozenset()) -> list
 # Builders
 
 
-def _nbytes(spec: Any) -> int:
-    return int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
-
 
 def step_report(step: Any, extra: Sequence[Contract] = ()) -> Report:
     """The report of a hot step's current signature (see ``HotStep.report``)."""
@@ -300,7 +296,7 @@ def step_report(step: Any, extra: Sequence[Contract] = ()) -> Report:
                 sharding=fmt_sharding(spec.sharding),
                 donated=i in donated,
                 aliased=None if entry.aliased is None or i not in donated else i in entry.aliased,
-                nbytes=_nbytes(spec),
+                nbytes=spec_nbytes(spec),
             )
         )
     analysis = None

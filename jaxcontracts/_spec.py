@@ -57,6 +57,11 @@ def leaf_spec(x: Any) -> jax.ShapeDtypeStruct | None:
     return None
 
 
+def spec_nbytes(spec: Any) -> int:
+    """Bytes of an array with this spec (all shards together)."""
+    return int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+
+
 def spec_of(tree: Any) -> Any:
     """Return the exact spec of a pytree: shape, dtype, weak type, sharding.
 
