@@ -156,6 +156,8 @@ class Violation:
     where: str
     count: int
     message: str
+    source: str = ""  # the text of the line at `where`
+    fix: str = ""
 
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
@@ -254,7 +256,7 @@ def _violation(kind: str, what: str, fix: str, error: type[Exception], frame: An
     message = f"{title}: {what}\n  at {where}" + (f":  {text}" if text else "") + f"\nFix: {fix}"
     if loop.on_violation == "raise":
         raise error(message)
-    loop._record(kind, what, where, message)
+    loop._record(kind, what, where, message, text, fix)
 
 
 # --------------------------------------------------------------------------
@@ -658,11 +660,13 @@ class HotLoop:
     def violations(self) -> list[Violation]:
         return list(self._violations.values())
 
-    def _record(self, kind: str, what: str, where: str, message: str) -> None:
+    def _record(
+        self, kind: str, what: str, where: str, message: str, source: str = "", fix: str = ""
+    ) -> None:
         key = (kind, where, what)
         found = self._violations.get(key)
         if found is None:
-            self._violations[key] = Violation(kind, what, where, 1, message)  # type: ignore[arg-type]
+            self._violations[key] = Violation(kind, what, where, 1, message, source, fix)  # type: ignore[arg-type]
         else:
             found.count += 1
 

@@ -81,18 +81,6 @@ _SAVED_LEVEL = pytest.StashKey[str]()
 # The failure message
 
 
-def _parts(violation: Violation) -> tuple[str, str]:
-    """(the source line, the fix) from a violation's message, when present."""
-    source, fix = "", ""
-    for line in violation.message.splitlines():
-        stripped = line.strip()
-        if stripped.startswith(f"at {violation.where}"):
-            source = stripped[len(f"at {violation.where}") :].lstrip(":").strip()
-        elif stripped.startswith("Fix:") and not fix:
-            fix = stripped
-    return source, fix
-
-
 def _format(violations: list[Violation], label: str) -> str:
     """The failure message: a header, then one entry per violation.
 
@@ -111,11 +99,10 @@ def _format(violations: list[Violation], label: str) -> str:
         lines.append(
             f"  {v.kind:<{kind_w}}  {v.where:<{where_w}}  {'x' + str(v.count):<{count_w}}  {v.what}"
         )
-        source, fix = _parts(v)
-        if source:
-            lines.append(f"      > {source}")
-        if fix:
-            lines.append(f"      {fix}")
+        if v.source:
+            lines.append(f"      > {v.source}")
+        if v.fix:
+            lines.append(f"      Fix: {v.fix}")
     return "\n".join(lines)
 
 

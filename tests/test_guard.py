@@ -368,3 +368,12 @@ def test_stale_state_is_explained_without_an_xla_error_line(capfd):
         advance(p)
     assert "ExecutePrepare" not in capfd.readouterr().err
     assert q.pos.shape == (4, 3)
+
+
+def test_recorded_violations_carry_the_source_line_and_the_fix():
+    x = jnp.float32(1.0)
+    with jc.hot_loop(on_violation="record") as loop:
+        float(x)  # the recorded line
+    (v,) = loop.violations
+    assert v.source == "float(x)  # the recorded line"
+    assert v.fix.startswith("read it deliberately and rarely with jc.fetch(x)")
