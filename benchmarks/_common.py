@@ -25,6 +25,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 from collections.abc import Sequence
 from typing import Any
 
@@ -128,6 +129,17 @@ class Result:
     notes: list[str] = dataclasses.field(default_factory=list)
     meta: dict[str, Any] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
+
+    def check_clean(self, label: str, step: Any) -> None:
+        """Note (and print) a hot step that compiled more than once or refused calls.
+
+        A benchmark is only meaningful if every timed call took the steady path.
+        """
+        st = step.stats
+        if st.compiles != 1 or st.refused or st.not_consumed:
+            warning = f"WARNING: {label}: {st}"
+            self.notes.append(warning)
+            print(warning, file=sys.stderr)
 
     def budget(
         self,

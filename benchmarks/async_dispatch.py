@@ -171,9 +171,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{statistics.median(xs) / statistics.median(base):.3f}x"
         )
     res.notes.append(f"{k} matmuls of {n}x{n} per step; {repeats} samples per variant")
-    st = hot.stats
-    if st.compiles != 1 or st.refused or st.not_consumed:
-        res.notes.append(f"WARNING: hot_step: {st}")
+    res.check_clean("hot_step", hot)
     res.seconds = time.perf_counter() - start
     res.emit(args)
     return 0

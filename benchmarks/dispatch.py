@@ -49,7 +49,6 @@ from __future__ import annotations
 import gc
 import random
 import statistics
-import sys
 import time
 import types
 from collections.abc import Callable
@@ -251,10 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             res.budget(line, value, limit, paired=paired, seed=args.seed)
 
     for n, hot in hot_steps.items():
-        st = hot.stats
-        if st.compiles != 1 or st.refused or st.not_consumed:
-            res.notes.append(f"WARNING: hot_step at {n} leaves: {st}")
-            print(f"WARNING: hot_step at {n} leaves: {st}", file=sys.stderr)
+        res.check_clean(f"hot_step at {n} leaves", hot)
     res.seconds = time.perf_counter() - start
     res.emit(args)
     return 0

@@ -109,9 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     per_step = statistics.median(outside) / steps / 2 * 1e3
     res.notes.append(f"{per_step:.1f} us per hot_step call outside the loop; {repeats} loops each")
     for f in (fn1, fn2):
-        st = f.stats
-        if st.compiles != 1 or st.refused or st.not_consumed:
-            res.notes.append(f"WARNING: {f.__name__}: {st}")
+        res.check_clean(f.__name__, f)
     res.seconds = time.perf_counter() - start
     res.emit(args)
     return 0
