@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -110,6 +110,3 @@ def qualname(fn: Any) -> str:
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
     return f"{mod}.{name}"
 
-
-def bullet(lines: Iterable[str], indent: str = "  ") -> str:
-    return "\n".join(indent + line for line in lines)
