@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ._config import checks_level as checks_level
 from ._config import get_checks as get_checks
 from ._config import set_checks as set_checks
+from ._errors import CapabilityWarning as CapabilityWarning
 from ._errors import ContractError as ContractError
 from ._errors import DefinitionError as DefinitionError
 from ._errors import DonationError as DonationError
@@ -29,29 +30,39 @@ from ._errors import SpecError as SpecError
 from ._errors import TransferError as TransferError
 
 if TYPE_CHECKING:
+    from ._check import check as check
+    from ._compat import Capability as Capability
+    from ._compat import capabilities as capabilities
     from ._guard import HotLoop as HotLoop
-    from ._guard import Violation as Violation
     from ._guard import fetch as fetch
     from ._guard import hot_loop as hot_loop
     from ._hot_step import HotStep as HotStep
-    from ._hot_step import StepStats as StepStats
     from ._hot_step import hot_step as hot_step
+    from ._records import CompiledSignature as CompiledSignature
+    from ._records import LeafRecord as LeafRecord
+    from ._records import StepDescription as StepDescription
+    from ._records import StepStats as StepStats
+    from ._records import Violation as Violation
     from ._report import Report as Report
-    from ._report import check as check
     from ._spec import spec_of as spec_of
     from ._state import state as state
     from ._state import static as static
 
 _EXPORTS = {
+    "check": "_check",
+    "Capability": "_compat",
+    "capabilities": "_compat",
     "HotLoop": "_guard",
-    "Violation": "_guard",
     "fetch": "_guard",
     "hot_loop": "_guard",
     "HotStep": "_hot_step",
-    "StepStats": "_hot_step",
     "hot_step": "_hot_step",
+    "CompiledSignature": "_records",
+    "LeafRecord": "_records",
+    "StepDescription": "_records",
+    "StepStats": "_records",
+    "Violation": "_records",
     "Report": "_report",
-    "check": "_report",
     "spec_of": "_spec",
     "state": "_state",
     "static": "_state",
@@ -59,6 +70,7 @@ _EXPORTS = {
 __all__ = sorted(
     [
         *_EXPORTS,
+        "CapabilityWarning",
         "checks_level",
         "get_checks",
         "set_checks",

@@ -1,25 +1,19 @@
-"""Donation: which leaves to donate, what really aliases, call-time hazards.
+"""Donation hazards at call time, and the field a leaf path selects.
 
-Donation is derived per leaf from the state type, never from argument
-positions, so inserting or renaming parameters cannot desync it. What JAX
-reports about donation (``args_info[...].donated``) is the *request*; what XLA
-did is in the compiled executable's ``input_output_alias`` table, which we read
-from the compiled HLO module (its first line), cross-checked against
-``memory_analysis().alias_size_in_bytes``.
+Donation is derived per leaf from the state type (``_signature``), never from
+argument positions; what XLA really aliased is read from the executable
+(``_compat.executable``). Here: the checks that need the arguments themselves,
+a buffer already deleted or one buffer passed twice.
 """
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
 import jax
 
-__all__ = ["aliased_parameters", "field_of", "find_hazards"]
-
-_ALIAS_RE = re.compile(r"input_output_alias=\{(.*?)\}\s*(?:,\s*[a-z_]+=|\n|$)")
-_PARAM_RE = re.compile(r"\(\s*(\d+)\s*,")
+__all__ = ["field_of", "find_hazards"]
 
 
 def field_of(key: Any) -> str | None:
@@ -29,56 +23,6 @@ def field_of(key: Any) -> str | None:
     if isinstance(key, jax.tree_util.DictKey):
         return str(key.key)
     return None
-
-
-def _entry_param_count(header: str) -> int | None:
-    """Number of entry parameters, from ``entry_computation_layout={(...)->``."""
-    start = header.find("entry_computation_layout={(")
-    if start < 0:
-        return None
-    i = start + len("entry_computation_layout={(")
-    depth, count, seen_item = 0, 0, False
-    while i < len(header):
-        c = header[i]
-        if c in "([{":
-            depth += 1
-        elif c in ")]}":
-            if depth == 0:
-                return count + (1 if seen_item else 0)
-            depth -= 1
-        elif c == "," and depth == 0:
-            count += 1
-        elif not c.isspace():
-            seen_item = True
-        i += 1
-    return None
-
-
-def aliased_parameters(compiled: Any, n_args: int) -> set[int] | None:
-    """Indices of the flat arguments XLA aliases to an output.
-
-    Args:
-        compiled: a ``jax.stages.Compiled``.
-        n_args: how many flat arguments the caller passes (JAX may prepend
-            hoisted constants as extra entry parameters; they are skipped).
-
-    Returns:
-        The set of flat argument indices that alias an output, or ``None`` when
-        the executable's HLO could not be read.
-    """
-    try:
-        text = compiled.as_text()
-    except Exception:  # noqa: BLE001 - some backends cannot print
-        return None
-    header = text.split("\n", 1)[0]
-    n_params = _entry_param_count(header)
-    offset = (n_params - n_args) if n_params is not None else 0
-    if offset < 0:
-        return None
-    match = _ALIAS_RE.search(header)
-    if match is None:
-        return set()
-    return {int(p) - offset for p in _PARAM_RE.findall(match.group(1))}
 
 
 def find_hazards(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-import numpy as np
+import jax
 from jax.tree_util import keystr
 
 __all__ = [
@@ -14,33 +14,17 @@ __all__ = [
     "fmt_dtype",
     "fmt_path",
     "fmt_sharding",
-    "fmt_value",
+    "fmt_bytes",
     "qualname",
 ]
 
-_SHORT = {
-    "float64": "f64",
-    "float32": "f32",
-    "float16": "f16",
-    "bfloat16": "bf16",
-    "int64": "i64",
-    "int32": "i32",
-    "int16": "i16",
-    "int8": "i8",
-    "uint64": "u64",
-    "uint32": "u32",
-    "uint16": "u16",
-    "uint8": "u8",
-    "complex64": "c64",
-    "complex128": "c128",
-    "bool": "bool",
-}
-
-
 def fmt_dtype(dtype: Any) -> str:
-    """``float32`` -> ``f32``; unknown dtypes keep their numpy name."""
-    name = str(np.dtype(dtype)) if not hasattr(dtype, "name") else dtype.name
-    return _SHORT.get(name, name)
+    """``float32`` -> ``f32``, as JAX prints avals (``key<fry>`` for PRNG keys)."""
+    try:
+        text: str = jax.core.ShapedArray((), dtype).str_short(short_dtypes=True)
+    except Exception:  # noqa: BLE001 - not a dtype JAX knows: numpy's name
+        return str(getattr(dtype, "name", dtype))
+    return text[: -len("[]")] if text.endswith("[]") else text
 
 
 def fmt_aval(shape: Sequence[Any], dtype: Any, weak_type: bool = False) -> str:
@@ -77,36 +61,19 @@ def fmt_bindings(bindings: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in sorted(bindings.items()))
 
 
-def fmt_value(value: Any) -> str:
-    """Describe a leaf of any kind in a few characters."""
-    from ._spec import leaf_spec  # local: _spec imports this module
-
-    if value is None:
-        return "None"
-    spec = leaf_spec(value)
-    if spec is None:
-        return f"{type(value).__name__} {value!r}"[:60]
-    kind = _kind(value)
-    return f"{fmt_aval(spec.shape, spec.dtype, spec.weak_type)} ({kind})"
-
-
-def _kind(value: Any) -> str:
-    import jax
-
-    if isinstance(value, jax.Array):
-        return "jax array"
-    if isinstance(value, jax.ShapeDtypeStruct):
-        return "spec"
-    if isinstance(value, np.ndarray):
-        return "numpy array"
-    if isinstance(value, np.generic):
-        return "numpy scalar"
-    return f"Python {type(value).__name__}"
-
-
 def qualname(fn: Any) -> str:
     """``module.qualname`` of a function, for the first line of a message."""
     mod = getattr(fn, "__module__", None) or "?"
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
     return f"{mod}.{name}"
 
+
+
+def fmt_bytes(n: int | None) -> str:
+    """``1.5 KiB``; ``n/a`` for an unknown size."""
+    if n is None:
+        return "n/a"
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"

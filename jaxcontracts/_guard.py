@@ -8,7 +8,7 @@ therefore intercepts the *reads* themselves, on every backend:
   (``__float__``, ``__int__``, ``__bool__``, ``__complex__``, ``__index__``,
   ``__format__``, ``__repr__``, ``__str__``, ``__reduce__``, ``__array__``,
   ``__iter__``, ``tolist``, ``item``, ``tobytes`` and the ``_value`` property)
-  are Python functions on a mutable heap type. While at least one loop is
+  are Python functions on a mutable heap type (``_compat.arrays``). While at least one loop is
   active anywhere, they are replaced on the class (which updates the C slots,
   so existing arrays are covered) by wrappers that check a thread-local flag.
   The last loop to exit puts the originals back, the same objects, so nothing
@@ -38,53 +38,30 @@ Explicit transfers stay allowed: ``jc.fetch(tree)``, ``jax.device_get``,
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import dataclasses
 import functools
 import os
 import sys
 import sysconfig
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+from types import FrameType
 from typing import Any, Literal, TypeVar
 
 import jax
 import numpy as np
 
-from ._compat import ArrayImpl
+from ._compat import arrays, events, frames, runtime_errors
 from ._errors import DefinitionError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval
+from ._records import Violation
+from ._report import Report, loop_report
+from ._runtime import clear_calls, consumed_by, find, local, tracking
 
-__all__ = [
-    "HotLoop",
-    "Violation",
-    "compiling",
-    "consumed_by",
-    "fetch",
-    "hot_loop",
-    "in_hot_loop",
-    "note_call",
-]
+__all__ = ["HotLoop", "Violation", "fetch", "hot_loop"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
-_ArrayImpl = ArrayImpl
-_READS = (
-    "__float__",
-    "__int__",
-    "__bool__",
-    "__complex__",
-    "__index__",
-    "__format__",
-    "__repr__",
-    "__str__",
-    "__reduce__",
-    "__array__",
-    "__iter__",
-    "tolist",
-    "item",
-    "tobytes",
-)
 _READ_WORDS = {
     "__float__": "float()",
     "__int__": "int()",
@@ -103,64 +80,14 @@ _READ_WORDS = {
     "_value": "reading its value",
     "buffer": "the buffer protocol (np.asarray, memoryview)",
 }
-_COMPILE_EVENTS = (
-    "/jax/core/compile/jaxpr_trace_duration",
-    "/jax/core/compile/jaxpr_to_mlir_module_duration",
-    "/jax/core/compile/backend_compile_duration",
-)
-# Host callbacks (jax.debug.print, pure_callback) and explicit device_get read
-# arrays on purpose: reads from these frames are allowed.
-_ALLOWED_FRAMES = (
-    (os.path.join("jax", "_src", "debugging.py"), None),
-    (os.path.join("jax", "_src", "callback.py"), None),
-    (os.path.join("jax", "_src", "api.py"), "device_get"),
-    # pytest explaining a failed assert shows the arrays: not the user's read
-    (os.path.join("_pytest", "assertion", "rewrite.py"), None),
-    (os.path.join("_pytest", "assertion", "util.py"), None),
-)
-
-
-# --------------------------------------------------------------------------
-# Thread-local and global state
-
-
-class _Local(threading.local):
-    loop: HotLoop | None = None  # the innermost active loop on this thread
-    allow: int = 0  # > 0 inside an explicit transfer (jc.fetch) or a re-entry
-
-
-_local = _Local()
-
-
-class _Tracking:
-    """Read by hot steps after each call: is any loop active anywhere?"""
-
-    count = 0
-
-
-tracking = _Tracking()
 _lock = threading.Lock()
-_steps: list[Any] = []  # hot steps that recorded calls while loops were active
 
 
 # --------------------------------------------------------------------------
-# Violations
+# Where a violation happened: the user's line
 
 
-@dataclasses.dataclass
-class Violation:
-    """One kind of violation at one source line, with how often it happened."""
-
-    kind: Literal["transfer", "compile", "donation"]
-    what: str
-    where: str
-    count: int
-    message: str
-    source: str = ""  # the text of the line at `where`
-    fix: str = ""
-
-
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(arrays.__file__)))
 _SKIP_DIRS = tuple(
     os.path.dirname(os.path.abspath(m.__file__)) + os.sep
     for m in (jax, np, contextlib)
@@ -176,26 +103,33 @@ _STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 
 
 def _is_library(filename: str) -> bool:
+    """Library code: JAX, numpy, the standard library, our private modules.
+
+    A module of this package is library code when its path below the package
+    has a component starting with ``_`` (``_guard.py``, ``_compat/...``,
+    ``__main__.py``); public subpackages such as ``jaxcontracts.demo`` are
+    code written as a user would, and messages point into them.
+    """
     if filename.startswith("<frozen"):
         return True
     path = os.path.abspath(filename)
     if path.startswith(_SKIP_DIRS):
         return True
     if path.startswith(_PACKAGE_DIR + os.sep):
-        # Our own modules are library code; the demo (__main__.py) is a user.
-        return os.path.basename(path) != "__main__.py"
+        parts = os.path.relpath(path, _PACKAGE_DIR).split(os.sep)
+        return any(p.startswith("_") for p in parts)
     return path.startswith(_STDLIB) and "site-packages" not in path
 
 
-def _user_frame(frame: Any = None) -> Any:
-    frame = frame or sys._getframe(2)
+def _user_frame(frame: FrameType | None = None) -> FrameType | None:
+    frame = frame or frames.caller_frame(2)
     first = frame
     while frame is not None and _is_library(frame.f_code.co_filename):
         frame = frame.f_back
     return frame or first
 
 
-def _where(frame: Any, lineno: int | None = None) -> tuple[str, str]:
+def _where(frame: FrameType | None, lineno: int | None = None) -> tuple[str, str]:
     """(``file:line``, the source text of that line)."""
     if frame is None:
         return "<unknown>", ""
@@ -204,7 +138,7 @@ def _where(frame: Any, lineno: int | None = None) -> tuple[str, str]:
     filename = frame.f_code.co_filename
     lineno = frame.f_lineno if lineno is None else lineno
     text = linecache.getline(filename, lineno).strip()
-    cell = _notebook_cell(filename)
+    cell = frames.notebook_cell(filename)
     if cell is not None:  # name it as IPython's tracebacks do
         return f"Cell In[{cell}], line {lineno}", text
     short = filename
@@ -217,86 +151,24 @@ def _where(frame: Any, lineno: int | None = None) -> tuple[str, str]:
     return f"{short}:{lineno}", text
 
 
-def _notebook_cell(filename: str) -> int | None:
-    """The execution count of a notebook cell's pseudo-file, under IPython."""
-    ipython = sys.modules.get("IPython")
-    if ipython is None or "ipykernel_" not in filename and not filename.startswith("<ipython-input"):
-        return None
-    try:
-        shell = ipython.get_ipython()
-        return shell.compile._filename_map.get(filename) if shell else None
-    except Exception:  # noqa: BLE001 - IPython internals vary
-        return None
-
-
-def _allowed_caller() -> bool:
-    """Is this read made by a host callback or an explicit device_get?"""
-    frame = sys._getframe(2)
-    while frame is not None:
-        code = frame.f_code
-        for suffix, name in _ALLOWED_FRAMES:
-            if code.co_filename.endswith(suffix) and (name is None or code.co_name == name):
-                return True
-        frame = frame.f_back
-    return False
+_TITLES = {
+    "transfer": "implicit transfer inside jc.hot_loop",
+    "compile": "compile inside jc.hot_loop",
+    "donation": "use of a donated array inside jc.hot_loop",
+}
+_CONTRACT_OF = {"transfer": "no-transfer", "compile": "no-compile", "donation": "no-donated-use"}
 
 
 def _violation(kind: str, what: str, fix: str, error: type[Exception], frame: Any = None) -> None:
     """Raise or record one violation for the current thread's loop."""
     __tracebackhide__ = True
-    loop = _local.loop
-    if loop is None:
-        return
-    where, text = _where(_user_frame(frame))
-    title = {
-        "transfer": "implicit transfer inside jc.hot_loop",
-        "compile": "compile inside jc.hot_loop",
-        "donation": "use of a donated array inside jc.hot_loop",
-    }[kind]
-    message = f"{title}: {what}\n  at {where}" + (f":  {text}" if text else "") + f"\nFix: {fix}"
-    if loop.on_violation == "raise":
-        raise error(message)
-    loop._record(kind, what, where, message, text, fix)
+    loop = local.loop
+    if loop is not None:
+        loop.violation(kind, what, fix, error, frame)
 
 
 # --------------------------------------------------------------------------
-# Naming arrays: state paths and the steps that consumed them
-
-
-def in_hot_loop() -> bool:
-    """Whether the current thread is inside a transfer-checking hot loop."""
-    loop = _local.loop
-    return loop is not None and loop._transfers and not _local.allow
-
-
-def note_call(step: Any, args: tuple[Any, ...], out: Any) -> None:
-    """Called by a hot step after each call while any loop is active."""
-    if getattr(step, "_loop_last", None) is None:
-        with _lock:
-            _steps.append(step)
-    step._loop_last = (args, out)
-
-
-def _find(x: Any) -> tuple[str | None, str | None]:
-    """(the step that consumed x, ``step -> .path`` of a live output)."""
-    consumed, produced = None, None
-    for step in list(_steps):
-        last = getattr(step, "_loop_last", None)
-        if last is None:
-            continue
-        args, out = last
-        for p, leaf in jax.tree_util.tree_leaves_with_path(out):
-            if leaf is x:
-                produced = f"{step.__name__} -> {jax.tree_util.keystr(p)}"
-        for leaf in jax.tree_util.tree_leaves(args):
-            if leaf is x and leaf.is_deleted():
-                consumed = step.__name__
-    return consumed, produced
-
-
-def consumed_by(x: Any) -> str | None:
-    """The hot step that consumed ``x`` by donation, when it is known."""
-    return _find(x)[0] if isinstance(x, jax.Array) else None
+# Naming arrays and the read interceptors
 
 
 def _describe(x: Any) -> str:
@@ -304,12 +176,8 @@ def _describe(x: Any) -> str:
         text = fmt_aval(x.shape, x.dtype, x.aval.weak_type)
     except Exception:  # noqa: BLE001
         return type(x).__name__
-    produced = _find(x)[1]
+    produced = find(x)[1]
     return f"{text} ({produced})" if produced else text
-
-
-# --------------------------------------------------------------------------
-# The read interceptors
 
 
 def _on_read(x: Any, name: str, frame: Any = None) -> None:
@@ -341,18 +209,19 @@ def _on_read(x: Any, name: str, frame: Any = None) -> None:
 def _guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        local = _local
-        if local.loop is None or local.allow or not local.loop._transfers:
+        loc = local
+        loop = loc.loop
+        if loop is None or loc.allow or not loop.checks_transfers:
             return original(self, *args, **kwargs)
-        if not _allowed_caller() and not (
+        if not frames.allowed_reader(frames.caller_frame(1)) and not (
             name in ("__repr__", "__str__") and not self.is_fully_addressable
         ):  # jax prints an array spanning other processes without reading it
             _on_read(self, name)
-        local.allow += 1
+        loc.allow += 1
         try:
             return original(self, *args, **kwargs)
         finally:
-            local.allow -= 1
+            loc.allow -= 1
 
     guarded.__name__ = getattr(original, "__name__", name)
     guarded.__qualname__ = getattr(original, "__qualname__", name)
@@ -367,137 +236,69 @@ def _must_refuse_buffer(x: Any) -> bool:
     ``__array__``, which raises the contract error; in record mode the read is
     recorded here and the export goes on.
     """
-    local = _local
     loop = local.loop
-    if loop is None or local.allow or not loop._transfers or _allowed_caller():
+    if loop is None or local.allow or not loop.checks_transfers:
+        return False
+    if frames.allowed_reader(frames.caller_frame(1)):
         return False
     if loop.on_violation == "raise":
         return True
-    _on_read(x, "buffer", sys._getframe(1))
+    _on_read(x, "buffer", frames.caller_frame(1))
     return False
+
+
+def _buffer_refused(x: Any) -> None:
+    # Python >= 3.12: memoryview() sees this error; numpy falls back to the
+    # guarded __array__, which raises the same.
+    _on_read(x, "buffer")
 
 
 class _Patches:
     """Install and remove the class-level interceptors (reference counted)."""
 
     def __init__(self) -> None:
-        self.originals = {n: _ArrayImpl.__dict__[n] for n in _READS if n in _ArrayImpl.__dict__}
-        self.guarded = {n: _guarded(n, f) for n, f in self.originals.items()}
-        self.value = _ArrayImpl.__dict__.get("_value")
+        self.originals = arrays.read_methods()
+        self.guarded: dict[str, Any] = {}
+        for name, original in self.originals.items():
+            if isinstance(original, property):
+                assert original.fget is not None
+                self.guarded[name] = property(_guarded(name, original.fget))
+            else:
+                self.guarded[name] = _guarded(name, original)
         self.depth = 0
-        self._buffer_on, self._buffer_off = _buffer_hooks()
+        self._buffer_on, self._buffer_off = arrays.buffer_hooks(_must_refuse_buffer, _buffer_refused)
+        self.listening = False
 
     def install(self) -> None:
         for name, fn in self.guarded.items():
-            setattr(_ArrayImpl, name, fn)
-        if isinstance(self.value, property) and self.value.fget is not None:
-            fget = _guarded("_value", self.value.fget)
-            _ArrayImpl._value = property(fget)
+            arrays.set_class_attr(name, fn)
         self._buffer_on()
-        jax.monitoring.register_scalar_listener(_on_monitoring_event)
+        from ._compat import capability
+
+        if capability("compile-events").available:
+            events.listen(_on_monitoring_event)
+            self.listening = True
 
     def uninstall(self) -> None:
         for name, fn in self.originals.items():
-            setattr(_ArrayImpl, name, fn)
-        if self.value is not None:
-            _ArrayImpl._value = self.value
+            arrays.set_class_attr(name, fn)
         self._buffer_off()
-        _unregister(_on_monitoring_event)
-        for step in _steps:
-            step._loop_last = None
-        _steps.clear()
-
-
-def _unregister(listener: Callable[..., Any]) -> None:
-    unregister = getattr(jax.monitoring, "unregister_scalar_listener", None)
-    if unregister is not None:
-        unregister(listener)
-        return
-    from jax._src import monitoring  # pragma: no cover - older jax
-
-    monitoring._scalar_listeners.remove(listener)  # type: ignore[attr-defined]
-
-
-def _buffer_hooks() -> tuple[Callable[[], None], Callable[[], None]]:
-    """(install, remove) for the buffer-protocol interceptor of this Python."""
-    original = _ArrayImpl.__dict__.get("__buffer__")
-    if sys.version_info >= (3, 12) and original is not None:
-
-        def __buffer__(self: Any, flags: int) -> memoryview:
-            if _must_refuse_buffer(self):
-                # memoryview() sees this error; numpy falls back to the
-                # guarded __array__, which raises the same.
-                _on_read(self, "buffer")
-            return original(self, flags)
-
-        def on() -> None:
-            _ArrayImpl.__buffer__ = __buffer__  # type: ignore[attr-defined]
-
-        def off() -> None:
-            # Assign the original slot wrapper back; never `del` (NULL slot).
-            _ArrayImpl.__buffer__ = original  # type: ignore[attr-defined]
-
-        return on, off
-    return _ctypes_buffer_hooks()
-
-
-_CALLBACK_KEEPALIVE: list[Any] = []
-
-
-def _ctypes_buffer_hooks() -> tuple[Callable[[], None], Callable[[], None]]:
-    """Python 3.11: swap ``tp_as_buffer->bf_getbuffer`` for a callback."""
-    ptr = ctypes.sizeof(ctypes.c_void_p)
-    base = id(_ArrayImpl)
-    # PyTypeObject: ob_refcnt, ob_type, ob_size, tp_name, tp_basicsize, ...;
-    # tp_as_buffer is field 20. Check two known fields before touching it.
-    name_ptr = ctypes.c_void_p.from_address(base + 3 * ptr).value
-    basicsize = ctypes.c_ssize_t.from_address(base + 4 * ptr).value
-    procs = ctypes.c_void_p.from_address(base + 20 * ptr).value
-    sane = (
-        name_ptr
-        and ctypes.string_at(name_ptr).decode(errors="replace").endswith("ArrayImpl")
-        and basicsize == _ArrayImpl.__basicsize__
-        and procs
-    )
-    if not sane:  # pragma: no cover - unknown layout: Python-level reads only
-        return (lambda: None), (lambda: None)
-    slot = ctypes.c_void_p.from_address(procs)
-    original = slot.value
-    signature = (ctypes.c_int, ctypes.py_object, ctypes.c_void_p, ctypes.c_int)
-    call_original = ctypes.PYFUNCTYPE(*signature)(original)
-
-    @ctypes.CFUNCTYPE(*signature)
-    def getbuffer(obj: Any, view: int, flags: int) -> int:
-        try:
-            if _must_refuse_buffer(obj):
-                return -1  # numpy falls back to the guarded __array__
-            return call_original(obj, view, flags)
-        except BaseException:  # noqa: BLE001 - never let an error cross C
-            return -1
-
-    _CALLBACK_KEEPALIVE.append(getbuffer)
-    replacement = ctypes.cast(getbuffer, ctypes.c_void_p).value
-
-    def on() -> None:
-        slot.value = replacement
-
-    def off() -> None:
-        slot.value = original
-
-    return on, off
+        if self.listening:
+            events.unlisten(_on_monitoring_event)
+            self.listening = False
+        clear_calls()
 
 
 def _on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
     __tracebackhide__ = True
-    if event not in _COMPILE_EVENTS:
+    if event not in events.COMPILE_EVENTS:
         return
-    local = _local
     loop = local.loop
-    if loop is None or local.allow or not loop._compiles:
+    if loop is None or local.allow or not loop.checks_compiles:
         return
     # Raise at the first phase; record each compile once (every compile lowers
     # to MLIR, while a cold eager op may skip the trace event).
-    if loop.on_violation != "raise" and not event.endswith("jaxpr_to_mlir_module_duration"):
+    if loop.on_violation != "raise" and event != events.LOWERING_EVENT:
         return
     name = str(kwargs.get("fun_name") or "a function")
     if name.startswith("jit(") and name.endswith(")"):
@@ -535,34 +336,11 @@ def _release() -> None:
             _patches.uninstall()
 
 
-@contextlib.contextmanager
-def compiling(name: str) -> Iterator[None]:
-    """Wrap a hot step's compile: a violation inside a loop (recorded once)."""
-    __tracebackhide__ = True
-    loop = _local.loop
-    if loop is None or not loop._compiles or _local.allow:
-        yield
-        return
-    short = name.rsplit(".", 1)[-1]
-    _violation(
-        "compile",
-        f"hot_step {short} would compile a new signature",
-        f"compile it before the loop ({short}.compile(State.spec(...)) or one "
-        "call), and keep every call's arguments on that signature.",
-        RecompileError,
-    )
-    _local.allow += 1  # record mode: compile without reporting its phases again
-    try:
-        yield
-    finally:
-        _local.allow -= 1
-
-
 # --------------------------------------------------------------------------
 # Public API
 
 
-def fetch(tree: Any) -> Any:
+def fetch(tree: T) -> T:
     """Copy a pytree of device arrays to the host, deliberately.
 
     The one way to read device values inside a :func:`hot_loop`; it works the
@@ -595,24 +373,25 @@ def fetch(tree: Any) -> Any:
         ):
             raise TransferError(
                 f"jc.fetch(): a {fmt_aval(x.shape, x.dtype)} leaf spans devices of "
-                "other processes, so this process cannot read all of it.\nFix: fetch "
-                "a replicated value (reduce it in the step), this process's shards "
-                "(jc.fetch([s.data for s in x.addressable_shards])), or gather it "
-                "with jax.experimental.multihost_utils.process_allgather."
+                "other processes, so this process cannot read all of it.",
+                fix="fetch a replicated value (reduce it in the step), this process's "
+                "shards (jc.fetch([s.data for s in x.addressable_shards])), or gather "
+                "it with jax.experimental.multihost_utils.process_allgather.",
             )
         if isinstance(x, jax.Array) and x.is_deleted():
             by = consumed_by(x)
             raise DonationError(
                 f"jc.fetch(): {fmt_aval(x.shape, x.dtype)} was donated to "
-                f"{by or 'a step'} and no longer exists.\nFix: fetch from the "
-                "state the step returned (s = step(s); jc.fetch(s.t))."
+                f"{by or 'a step'} and no longer exists.",
+                fix="fetch from the state the step returned (s = step(s); jc.fetch(s.t)).",
+                contract="no-donated-use",
             )
-    _local.allow += 1
+    local.allow += 1
     try:
         host = jax.device_get(leaves)
         copies = [np.array(h, copy=True) if isinstance(h, np.ndarray) else h for h in host]
     finally:
-        _local.allow -= 1
+        local.allow -= 1
     return jax.tree_util.tree_unflatten(treedef, copies)
 
 
@@ -651,14 +430,27 @@ class HotLoop:
                 )
         self._options = {"transfers": transfers, "compiles": compiles, "on_violation": on_violation}
         self.on_violation = on_violation
-        self._transfers = transfers == "disallow"
-        self._compiles = compiles == "disallow"
+        self.checks_transfers = transfers == "disallow"
+        self.checks_compiles = compiles == "disallow"
         self._violations: dict[tuple[str, str, str], Violation] = {}
         self._saved: list[tuple[Any, Any]] = []
 
     @property
     def violations(self) -> list[Violation]:
         return list(self._violations.values())
+
+    def violation(
+        self, kind: str, what: str, fix: str, error: type[Exception], frame: Any = None
+    ) -> None:
+        """Raise (or, in record mode, record) one violation at the user's line."""
+        __tracebackhide__ = True
+        where, text = _where(_user_frame(frame))
+        message = f"{_TITLES[kind]}: {what}\n  at {where}" + (f":  {text}" if text else "")
+        if self.on_violation == "raise":
+            if issubclass(error, TransferError | RecompileError | DonationError):
+                raise error(message, fix=fix, contract=_CONTRACT_OF[kind])
+            raise error(f"{message}\nFix: {fix}")
+        self._record(kind, what, where, f"{message}\nFix: {fix}", text, fix)
 
     def _record(
         self, kind: str, what: str, where: str, message: str, source: str = "", fix: str = ""
@@ -670,18 +462,16 @@ class HotLoop:
         else:
             found.count += 1
 
-    def report(self) -> Any:
+    def report(self) -> Report:
         """A :class:`jc.Report` of the violations (text with ``str()``, HTML in
         a notebook)."""
-        from ._report import loop_report
-
-        return loop_report(self)
+        return loop_report(self.violations, self.on_violation)
 
     def __enter__(self) -> HotLoop:
         _acquire()
         native = contextlib.ExitStack()
         try:
-            if self._transfers:
+            if self.checks_transfers:
                 mode = "disallow" if self.on_violation == "raise" else "log"
                 native.enter_context(jax.transfer_guard_host_to_device(mode))
                 if jax.default_backend() != "cpu":
@@ -694,14 +484,14 @@ class HotLoop:
             native.close()
             _release()
             raise
-        self._saved.append((_local.loop, native))
-        _local.loop = self
+        self._saved.append((local.loop, native))
+        local.loop = self
         return self
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         __tracebackhide__ = True
         previous, native = self._saved.pop()
-        _local.loop = previous
+        local.loop = previous
         try:
             native.close()
         finally:
@@ -726,45 +516,45 @@ class HotLoop:
 
 
 # JAX runtime errors that leave a loop, and what they mean there.
-_RUNTIME_ERRORS = (
-    (
-        "Disallowed host-to-device transfer",
+_RUNTIME_ERRORS: dict[str, tuple[type[Exception], str, str, str]] = {
+    "host-to-device": (
         TransferError,
+        "no-transfer",
         "implicit transfer inside jc.hot_loop: host-to-device",
         "put host data on the device once, before the loop (x = "
         "jax.device_put(x)); a Python scalar in an eager op (x * 2 outside a "
         "step) is a transfer too: do the op inside a hot_step, or make the "
         "scalar a device array before the loop.",
     ),
-    (
-        "Disallowed device-to-host transfer",
+    "device-to-host": (
         TransferError,
+        "no-transfer",
         "implicit transfer inside jc.hot_loop: device-to-host (seen by JAX's own guard)",
         "read it deliberately and rarely with jc.fetch(x), or move the read after the loop.",
     ),
-    (
-        "Array has been deleted",
+    "deleted": (
         DonationError,
+        "no-donated-use",
         "use of a donated array inside jc.hot_loop: an array that a hot_step "
         "consumed was used again",
         "use the state the step returned (s = step(s)).",
     ),
-)
+}
 
 
 def _translate(exc: BaseException, tb: Any) -> Exception | None:
     """A JAX runtime error leaving the loop, as the contract error it is."""
-    text = str(exc)
-    for marker, error, title, fix in _RUNTIME_ERRORS:
-        if marker in text:
-            detail = text.split(marker + ":", 1)[1].split(", dst_sharding")[0].strip() if marker + ":" in text else ""
-            where, source = _traceback_where(tb)
-            return error(
-                f"{title}{f' ({detail})' if detail else ''}\n  at {where}"
-                + (f":  {source}" if source else "")
-                + f"\nFix: {fix}"
-            )
-    return None
+    found = runtime_errors.classify(exc)
+    if found is None:
+        return None
+    kind, detail = found
+    error, contract, title, fix = _RUNTIME_ERRORS[kind]
+    where, source = _traceback_where(tb)
+    return error(
+        f"{title}{f' ({detail})' if detail else ''}\n  at {where}" + (f":  {source}" if source else ""),
+        fix=fix,
+        contract=contract,
+    )
 
 
 def _traceback_where(tb: Any) -> tuple[str, str]:

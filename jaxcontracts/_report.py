@@ -5,20 +5,26 @@ aligned text table for terminals, ``_repr_html_()`` a self-contained HTML table
 for notebooks. ``jc.check(step, *args)`` builds one without raising;
 ``HotStep.report()`` describes what a step has compiled so far;
 ``HotLoop.report()`` lists a recording loop's violations.
+
+Reports are built from records (``step.describe()``, a loop's violations),
+never from a step's private attributes, and every report lists the
+capabilities in force (see ``_compat``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import html
+import textwrap
 from collections.abc import Sequence
 from typing import Any
 
-from ._errors import ContractError, DonationError, RecompileError, TransferError
-from ._format import fmt_aval, fmt_sharding
-from ._spec import spec_nbytes
+from ._compat import capabilities
+from ._errors import CONTRACTS, ContractError, DonationError, RecompileError, TransferError
+from ._format import fmt_aval, fmt_bytes, fmt_sharding
+from ._records import StepDescription, Violation
 
-__all__ = ["Contract", "LeafRow", "Report", "check", "loop_report", "step_report"]
+__all__ = ["Contract", "LeafRow", "Report", "loop_report", "step_report"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +60,8 @@ class Report:
         facts: other figures, as (label, value) pairs.
         contracts: each contract with pass/fail and its message.
         violations: a recording loop's violations.
+        capabilities: each private mechanism (see ``python -m jaxcontracts
+            info``) and whether it is in force on the installed versions.
     """
 
     title: str
@@ -61,7 +69,10 @@ class Report:
     totals: dict[str, int | None] = dataclasses.field(default_factory=dict)
     facts: list[tuple[str, str]] = dataclasses.field(default_factory=list)
     contracts: list[Contract] = dataclasses.field(default_factory=list)
-    violations: list[Any] = dataclasses.field(default_factory=list)
+    violations: list[Violation] = dataclasses.field(default_factory=list)
+    capabilities: list[tuple[str, bool]] = dataclasses.field(
+        default_factory=lambda: [(c.name, c.available) for c in capabilities()]
+    )
 
     @property
     def ok(self) -> bool:
@@ -97,7 +108,7 @@ class Report:
                     r.sharding,
                     "yes" if r.donated else "no",
                     "-" if r.aliased is None else ("yes" if r.aliased else "NO"),
-                    _bytes(r.nbytes),
+                    fmt_bytes(r.nbytes),
                 )
                 for r in self.rows
             ]
@@ -105,7 +116,7 @@ class Report:
         if self.totals:
             out.append(
                 "memory (per device): "
-                + ", ".join(f"{k} {_bytes(v) if v is not None else 'n/a'}" for k, v in self.totals.items())
+                + ", ".join(f"{k} {fmt_bytes(v) if v is not None else 'n/a'}" for k, v in self.totals.items())
             )
         if self.facts:
             out.append(" | ".join(f"{k}: {v}" for k, v in self.facts))
@@ -119,7 +130,17 @@ class Report:
             out.append(f"  [{mark}] {c.name}" + (f": {c.detail}" if c.detail and c.ok else ""))
             if not c.ok and c.detail:
                 out += ["         " + line for line in c.detail.splitlines()]
+        out += textwrap.wrap(
+            self.capabilities_line(), width=88, initial_indent="  ", subsequent_indent="    "
+        )
         return "\n".join(out)
+
+    def capabilities_line(self) -> str:
+        """``capabilities in force (12/12): a, b, ...; missing: ...``."""
+        on = [n for n, ok in self.capabilities if ok]
+        off = [n for n, ok in self.capabilities if not ok]
+        text = f"capabilities in force ({len(on)}/{len(self.capabilities)}): " + ", ".join(on)
+        return text + (f"; MISSING: {', '.join(off)}" if off else "")
 
     def __repr__(self) -> str:
         state = "ok" if self.ok else "FAILED"
@@ -153,12 +174,12 @@ class Report:
                     f'<td style="{_CSS_TD}">{"yes" if r.donated else "no"}</td>'
                     f'<td style="{_CSS_TD}{alias_style}">{aliased}</td>'
                     f'<td style="{_CSS_TD}text-align:right;font-variant-numeric:tabular-nums;">'
-                    f"{e(_bytes(r.nbytes))}</td></tr>"
+                    f"{e(fmt_bytes(r.nbytes))}</td></tr>"
                 )
             parts.append(
                 f'</tbody><tfoot><tr><td style="{_CSS_FOOT}" colspan="5">'
-                f"{len(self.rows)} leaves, {e(_bytes(donated))} donated</td>"
-                f'<td style="{_CSS_FOOT}text-align:right;">{e(_bytes(total))}</td></tr></tfoot></table>'
+                f"{len(self.rows)} leaves, {e(fmt_bytes(donated))} donated</td>"
+                f'<td style="{_CSS_FOOT}text-align:right;">{e(fmt_bytes(total))}</td></tr></tfoot></table>'
             )
         if self.violations:
             parts.append(f'<table class="jc-violations" style="{_CSS_TABLE}"><thead><tr>')
@@ -174,7 +195,7 @@ class Report:
                     f'<td style="{_CSS_TD}">{e(v.what)}</td></tr>'
                 )
             parts.append("</tbody></table>")
-        memory = [(k, _bytes(v)) for k, v in self.totals.items()]
+        memory = [(k, fmt_bytes(v)) for k, v in self.totals.items()]
         for label, facts in (("memory (per device)", memory), ("", self.facts)):
             if not facts:
                 continue
@@ -203,6 +224,11 @@ class Report:
                     f'{"pass" if c.ok else "FAIL"}</span> {e(c.name)}{detail}</li>'
                 )
             parts.append("</ul>")
+        color = "#57606a" if all(ok for _, ok in self.capabilities) else "#b00020"
+        parts.append(
+            f'<div class="jc-capabilities" style="{_CSS_FACTS}font-size:11px;color:{color};">'
+            f"{e(self.capabilities_line())}</div>"
+        )
         parts.append("</div>")
         return "".join(parts)
 
@@ -244,15 +270,6 @@ def _badge(ok: bool) -> str:
     )
 
 
-def _bytes(n: int | None) -> str:
-    if n is None:
-        return "n/a"
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.1f} {unit}"
-    return f"{n} B"
-
-
 def _align(rows: Sequence[Sequence[str]], right: set[int] = frozenset()) -> list[str]:  # type: ignore[assignment]
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
@@ -269,55 +286,52 @@ def _align(rows: Sequence[Sequence[str]], right: set[int] = frozenset()) -> list
 
 
 
-def step_report(step: Any, extra: Sequence[Contract] = ()) -> Report:
+def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report:
     """The report of a hot step's current signature (see ``HotStep.report``)."""
-    entry = step._entry
-    stats = step.stats
-    report = Report(title=step._name)
+    cs = desc.current
+    stats = desc.stats
+    report = Report(title=desc.name)
     report.facts = [
         ("compiles", str(stats.compiles)),
         ("compile time", f"{stats.compile_seconds * 1e3:.0f} ms"),
         ("calls", str(stats.calls)),
         ("refused", str(stats.refused)),
         ("not consumed", str(stats.not_consumed)),
-        ("donate", repr(step._donate)),
+        ("donate", repr(desc.donate)),
     ]
-    if entry is None:
+    if cs is None:
         report.contracts = list(extra) or [
             Contract("compiled", False, "not compiled yet: call it or use .compile(specs)")
         ]
         return report
-    donated = set(entry.donated)
-    for i, (path, spec) in enumerate(entry.flat_specs):
+    for leaf in cs.leaves:
         report.rows.append(
             LeafRow(
-                path=path,
-                spec=fmt_aval(spec.shape, spec.dtype, spec.weak_type),
-                sharding=fmt_sharding(spec.sharding),
-                donated=i in donated,
-                aliased=None if entry.aliased is None or i not in donated else i in entry.aliased,
-                nbytes=spec_nbytes(spec),
+                path=leaf.path,
+                spec=fmt_aval(leaf.spec.shape, leaf.spec.dtype, leaf.spec.weak_type),
+                sharding=fmt_sharding(leaf.spec.sharding),
+                donated=leaf.donated,
+                aliased=leaf.aliased,
+                nbytes=leaf.nbytes,
             )
         )
-    analysis = None
-    try:
-        analysis = entry.compiled.memory_analysis()
-    except Exception:  # noqa: BLE001 - not every backend has one
-        pass
     report.totals = {
-        "arguments": getattr(analysis, "argument_size_in_bytes", None),
-        "outputs": getattr(analysis, "output_size_in_bytes", None),
-        "aliased": getattr(analysis, "alias_size_in_bytes", None),
-        "temporaries": getattr(analysis, "temp_size_in_bytes", None),
+        "arguments": cs.memory.arguments,
+        "outputs": cs.memory.outputs,
+        "aliased": cs.memory.aliased,
+        "temporaries": cs.memory.temporaries,
     }
-    missing = [r.path for r in report.rows if r.donated and r.aliased is False]
-    n_donated = len(donated)
+    missing = [leaf.path for leaf in cs.leaves if leaf.donated and leaf.aliased is False]
+    unverified = cs.donated and cs.aliased is None
+    n_donated = len(cs.donated)
     report.contracts = [
-        Contract("carry invariance: each returned state keeps its input's spec", True),
+        Contract(CONTRACTS["carry"], True),
         Contract(
-            f"donation verified in the executable ({n_donated} leaves donated)",
-            not missing,
-            "not aliased: " + ", ".join(missing) if missing else "",
+            f"{CONTRACTS['aliasing']} ({n_donated} leaves donated)",
+            not missing and not unverified,
+            "not aliased: " + ", ".join(missing)
+            if missing
+            else ("not verified: the executable's alias table could not be read" if unverified else ""),
             DonationError,
         ),
         Contract(
@@ -327,7 +341,7 @@ def step_report(step: Any, extra: Sequence[Contract] = ()) -> Report:
             RecompileError,
         ),
         Contract(
-            "every donated input consumed (XLA did not copy)",
+            CONTRACTS["consumed"],
             stats.not_consumed == 0,
             f"{stats.not_consumed} call(s) where XLA copied instead" if stats.not_consumed else "",
             DonationError,
@@ -337,64 +351,25 @@ def step_report(step: Any, extra: Sequence[Contract] = ()) -> Report:
     return report
 
 
-def check(step: Any, *args: Any, **kwargs: Any) -> Report:
-    """Compile ``step`` for these arguments (or specs) if needed and report.
-
-    Never raises a contract error: a failing compile-time contract appears in
-    the report as a failed contract with its full message.
-
-    Args:
-        step: a ``jc.hot_step``.
-        *args, **kwargs: arguments or specs, as for ``step.compile``.
-
-    Returns:
-        A :class:`Report`; ``report.ok`` tells whether every contract holds.
-
-    Examples:
-        >>> import jax.numpy as jnp, jaxcontracts as jc
-        >>> @jc.hot_step
-        ... def step(s: dict) -> dict:
-        ...     return {"t": s["t"] + 1.0}
-        >>> jc.check(step, {"t": jnp.int32(0)}).ok
-        False
-    """
-    from ._hot_step import HotStep
-
-    if not isinstance(step, HotStep):
-        raise TypeError(f"jc.check() takes a jc.hot_step, got {type(step).__name__}")
-    try:
-        step.compile(*args, **kwargs)
-    except ContractError as err:
-        return step_report(step, extra=[Contract(_contract_name(err), False, str(err), type(err))])
-    return step_report(step)
+def error_contract(err: ContractError) -> Contract:
+    """A failed contract from a contract error, read from its fields."""
+    return Contract(err.contract_name, False, str(err), type(err))
 
 
-def _contract_name(err: ContractError) -> str:
-    if isinstance(err, DonationError):
-        return "donation verified in the executable"
-    if isinstance(err, RecompileError):
-        if "does not return its state" in str(err):
-            return "carry invariance: each returned state keeps its input's spec"
-        return "arguments match a compiled signature"
-    if isinstance(err, TransferError):
-        return "arguments are device arrays"
-    return type(err).__name__
-
-
-def loop_report(loop: Any) -> Report:
+def loop_report(violations: Sequence[Violation], mode: str) -> Report:
     """The report of a (recording) hot loop."""
-    violations = loop.violations
+    violations = list(violations)
     report = Report(title="jc.hot_loop", violations=violations)
     counts = {k: sum(v.count for v in violations if v.kind == k) for k in ("transfer", "compile", "donation")}
     report.facts = [
         ("violations", str(len(violations))),
         ("events", str(sum(v.count for v in violations))),
-        ("mode", loop.on_violation),
+        ("mode", mode),
     ]
     report.contracts = [
-        Contract("no implicit transfers", counts["transfer"] == 0, _n(counts["transfer"]), TransferError),
-        Contract("no compiles", counts["compile"] == 0, _n(counts["compile"]), RecompileError),
-        Contract("no use of donated arrays", counts["donation"] == 0, _n(counts["donation"]), DonationError),
+        Contract(CONTRACTS["no-transfer"], counts["transfer"] == 0, _n(counts["transfer"]), TransferError),
+        Contract(CONTRACTS["no-compile"], counts["compile"] == 0, _n(counts["compile"]), RecompileError),
+        Contract(CONTRACTS["no-donated-use"], counts["donation"] == 0, _n(counts["donation"]), DonationError),
     ]
     return report
 

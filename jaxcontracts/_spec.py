@@ -14,22 +14,20 @@ from typing import Any
 
 import jax
 import numpy as np
-from jaxtyping import _array_types as _jt  # the dim classes have no public alias
 
-from ._compat import ArrayImpl
-from ._errors import DefinitionError, SpecError
+from ._annotations import STATIC
+from ._compat.tracing import Tracer
+from ._errors import SpecError
 from ._format import fmt_aval, fmt_path, fmt_sharding
 
 __all__ = [
-    "ArrayAnnotation",
     "LeafDiff",
     "diff_specs",
+    "fmt_value",
     "leaf_spec",
-    "parse_array_annotation",
+    "spec_nbytes",
     "spec_of",
 ]
-
-_ArrayImpl = ArrayImpl
 
 
 # --------------------------------------------------------------------------
@@ -42,19 +40,41 @@ def leaf_spec(x: Any) -> jax.ShapeDtypeStruct | None:
         return x
     if isinstance(x, jax.Array):
         aval = x.aval
-        sharding = x.sharding if not isinstance(x, jax.core.Tracer) else None
+        sharding = x.sharding if not isinstance(x, Tracer) else None
         return jax.ShapeDtypeStruct(
             aval.shape, aval.dtype, sharding=sharding, weak_type=aval.weak_type
         )
     if isinstance(x, (np.ndarray, np.generic)):
         return jax.ShapeDtypeStruct(np.shape(x), x.dtype)
     if isinstance(x, (bool, int, float, complex)):
-        # What jax would make of it: a weakly typed scalar of the default type.
-        aval = jax.core.get_aval(x) if hasattr(jax.core, "get_aval") else None
-        if aval is not None:
-            return jax.ShapeDtypeStruct((), aval.dtype, weak_type=aval.weak_type)
-        return jax.ShapeDtypeStruct((), jax.numpy.asarray(x).dtype, weak_type=True)
+        # What jax would make of it, worked out without touching a device: a
+        # scalar of the default type, weakly typed unless it is a bool.
+        return jax.ShapeDtypeStruct(
+            (), jax.numpy.result_type(x), weak_type=not isinstance(x, bool)
+        )
     return None
+
+
+def fmt_value(value: Any) -> str:
+    """Describe a leaf of any kind in a few characters (never reads the device)."""
+    if value is None:
+        return "None"
+    spec = leaf_spec(value)
+    if spec is None:
+        return f"{type(value).__name__} {value!r}"[:60]
+    return f"{fmt_aval(spec.shape, spec.dtype, spec.weak_type)} ({_kind(value)})"
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, jax.Array):
+        return "jax array"
+    if isinstance(value, jax.ShapeDtypeStruct):
+        return "spec"
+    if isinstance(value, np.ndarray):
+        return "numpy array"
+    if isinstance(value, np.generic):
+        return "numpy scalar"
+    return f"Python {type(value).__name__}"
 
 
 def spec_nbytes(spec: Any) -> int:
@@ -89,206 +109,12 @@ def spec_of(tree: Any) -> Any:
         specs.append(spec)
     if bad:
         raise SpecError(
-            "jc.spec_of(): these leaves are not arrays, so they have no spec:\n"
-            + "\n".join(bad)
-            + "\nFix: make them jax arrays, or mark them jc.static(...) in a "
-            "jc.state class so they become part of the tree structure."
+            "jc.spec_of(): these leaves are not arrays, so they have no spec:",
+            bad,
+            fix="make them jax arrays, or mark them jc.static(...) in a "
+            "jc.state class so they become part of the tree structure.",
         )
     return jax.tree_util.tree_unflatten(treedef, specs)
-
-
-# --------------------------------------------------------------------------
-# jaxtyping annotations -> shapes
-
-
-@dataclasses.dataclass(frozen=True)
-class ArrayAnnotation:
-    """A jaxtyping array annotation reduced to what a spec needs."""
-
-    annotation: Any
-    dtype: np.dtype
-    dims: tuple[Any, ...]
-    index_variadic: int | None
-
-    @property
-    def dim_names(self) -> tuple[str, ...]:
-        names: list[str] = []
-        for d in self.dims:
-            if isinstance(d, (_jt._NamedDim, _jt._NamedVariadicDim)):
-                names.append(d.name)
-            elif isinstance(d, _jt._SymbolicDim):
-                names.extend(_symbol_names(d.elem))
-        return tuple(dict.fromkeys(names))
-
-    def pretty(self) -> str:
-        """``f32[n,3]``."""
-        return fmt_aval([_dim_str(d) for d in self.dims], self.dtype)
-
-    def shape(self, bindings: Mapping[str, Any], where: str) -> tuple[int, ...]:
-        """The concrete shape for these dim bindings (SpecError if one is missing)."""
-        out: list[int] = []
-        for d in self.dims:
-            if isinstance(d, _jt._FixedDim):
-                out.append(d.size)
-            elif isinstance(d, _jt._NamedDim):
-                out.append(_need(bindings, d.name, where, self))
-            elif isinstance(d, _jt._NamedVariadicDim):
-                value = _need(bindings, d.name, where, self)
-                out.extend((value,) if isinstance(value, int) else tuple(value))
-            elif isinstance(d, _jt._SymbolicDim):
-                for name in _symbol_names(d.elem):
-                    _need(bindings, name, where, self)
-                out.append(int(eval(d.elem, {}, dict(bindings))))  # noqa: S307
-            else:
-                raise SpecError(
-                    f"{where}: the annotation {self.annotation.__name__} has an "
-                    f"anonymous dimension ({_dim_str(d)!r}), so no spec can be "
-                    "built from dims alone.\nFix: give that dimension a name "
-                    "(e.g. 'n' instead of '_' or '*batch' instead of '...'), or "
-                    "build the spec from an instance with jc.spec_of(x)."
-                )
-        return tuple(out)
-
-    def match(
-        self, shape: Sequence[int], bindings: dict[str, Any]
-    ) -> tuple[str | None, dict[str, Any]]:
-        """Match a concrete shape; return (why it fails or None, new bindings).
-
-        Used to explain a failure and to report bindings; jaxtyping's own
-        ``isinstance`` stays the authority on pass/fail.
-        """
-        new: dict[str, Any] = {}
-        dims = list(self.dims)
-        shape = list(shape)
-        if self.index_variadic is None:
-            if len(shape) != len(dims):
-                return f"rank {len(shape)} where rank {len(dims)} is expected", new
-            pairs = list(zip(dims, shape))
-        else:
-            fixed = len(dims) - 1
-            if len(shape) < fixed:
-                return f"rank {len(shape)} where at least rank {fixed} is expected", new
-            k = self.index_variadic
-            tail = len(dims) - k - 1
-            middle = tuple(shape[k : len(shape) - tail])
-            var = dims[k]
-            if isinstance(var, _jt._NamedVariadicDim):
-                known = bindings.get(var.name, new.get(var.name))
-                if known is not None and tuple(known) != middle:
-                    return (
-                        f"*{var.name} is {middle}, but {var.name}={tuple(known)}",
-                        new,
-                    )
-                new[var.name] = middle
-            pairs = list(zip(dims[:k], shape[:k])) + list(
-                zip(dims[k + 1 :], shape[len(shape) - tail :])
-            )
-        for d, size in pairs:
-            if isinstance(d, _jt._FixedDim):
-                if size != d.size and not (d.broadcastable and size == 1):
-                    return f"dimension of size {size} where {d.size} is fixed", new
-            elif isinstance(d, _jt._NamedDim):
-                known = bindings.get(d.name, new.get(d.name))
-                if known is None:
-                    if not (d.broadcastable and size == 1):
-                        new[d.name] = size
-                elif known != size and not (d.broadcastable and size == 1):
-                    return f"{d.name} is {size} here, but {d.name}={known}", new
-            elif isinstance(d, _jt._SymbolicDim):
-                try:
-                    want = eval(d.elem, {}, {**bindings, **new})  # noqa: S307
-                except NameError:
-                    continue
-                if want != size:
-                    return f"{d.elem} should be {want}, got {size}", new
-        return None, new
-
-
-def parse_array_annotation(annotation: Any, where: str) -> ArrayAnnotation | None:
-    """Reduce a jaxtyping array annotation; ``None`` if it is not one.
-
-    Raises:
-        DefinitionError: for an abstract dtype (``Float``, ``Shaped``, ...) or
-            a non-jax array type, listing what to write instead.
-    """
-    if not isinstance(annotation, _jt._MetaAbstractArray):
-        return None
-    name = getattr(annotation, "__name__", repr(annotation))
-    dtypes = getattr(annotation, "dtypes", None)
-    concrete = _concrete_dtype(dtypes)
-    if concrete is None:
-        raise DefinitionError(
-            f"{where}: {name} has an abstract dtype "
-            f"({_dtype_family(annotation)}), so the state's exact spec is unknown."
-            "\nFix: use a concrete dtype such as Float32, Float16, BFloat16, "
-            "Float64, Int32, Int8, UInt32, UInt8, Bool or Complex64, e.g. "
-            f"Float32[Array, {annotation.dim_str!r}]."
-        )
-    array_type = getattr(annotation, "array_type", None)
-    if array_type is not None and not (
-        isinstance(array_type, type) and issubclass(array_type, jax.Array)
-    ):
-        raise DefinitionError(
-            f"{where}: {name} annotates a {getattr(array_type, '__name__', array_type)}"
-            ", but state fields hold device arrays.\nFix: use jaxtyping's Array "
-            f"(jax.Array), e.g. Float32[Array, {annotation.dim_str!r}]."
-        )
-    return ArrayAnnotation(
-        annotation=annotation,
-        dtype=concrete,
-        dims=tuple(annotation.dims),
-        index_variadic=annotation.index_variadic,
-    )
-
-
-def _concrete_dtype(dtypes: Any) -> np.dtype | None:
-    if not isinstance(dtypes, (tuple, list)) or not dtypes:
-        return None
-    found: set[np.dtype] = set()
-    for d in dtypes:
-        try:
-            found.add(np.dtype(jax.numpy.dtype(d)))
-        except TypeError:
-            return None
-    return found.pop() if len(found) == 1 else None
-
-
-def _dtype_family(annotation: Any) -> str:
-    dtypes = getattr(annotation, "dtypes", None)
-    if isinstance(dtypes, (tuple, list)):
-        return "any of " + ", ".join(str(d) for d in dtypes[:6]) + (
-            ", ..." if len(dtypes) > 6 else ""
-        )
-    return "any dtype"
-
-
-def _dim_str(d: Any) -> str:
-    if isinstance(d, _jt._FixedDim):
-        return str(d.size)
-    if isinstance(d, _jt._NamedDim):
-        return ("#" if d.broadcastable else "") + d.name
-    if isinstance(d, _jt._NamedVariadicDim):
-        return "*" + d.name
-    if isinstance(d, _jt._SymbolicDim):
-        return d.elem
-    if isinstance(d, _jt._AnonymousVariadicDim):
-        return "..."
-    return "_"
-
-
-def _symbol_names(expr: str) -> list[str]:
-    import ast
-
-    return [n.id for n in ast.walk(ast.parse(expr, mode="eval")) if isinstance(n, ast.Name)]
-
-
-def _need(bindings: Mapping[str, Any], name: str, where: str, ann: ArrayAnnotation) -> Any:
-    if name not in bindings:
-        raise SpecError(
-            f"{where}: dimension {name!r} of {ann.pretty()} is not given.\n"
-            f"Fix: pass it, e.g. .spec({name}=...) or .zeros({name}=...)."
-        )
-    return bindings[name]
 
 
 # --------------------------------------------------------------------------
@@ -421,16 +247,14 @@ def diff_specs(expected: Any, got: Any, *, sharding: bool = True) -> list[LeafDi
 
 def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
     """Structural differences between two pytrees, by path."""
-    from ._state import is_state, static_field_names  # local: _state imports us
-
     here = path or "(the value itself)"
     if jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b):
         return []
-    if is_state(a) and is_state(b) and type(a) is type(b):
+    if dataclasses.is_dataclass(a) and not isinstance(a, type) and type(a) is type(b):
         out: list[LeafDiff] = []
         for f in dataclasses.fields(a):
             va, vb = getattr(a, f.name), getattr(b, f.name)
-            if f.name in static_field_names(type(a)):
+            if f.metadata.get(STATIC):
                 if va != vb:
                     out.append(
                         LeafDiff(

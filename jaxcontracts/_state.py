@@ -34,21 +34,23 @@ import jax.numpy as jnp
 import numpy as np
 from beartype import BeartypeConf
 from beartype.door import is_bearable
-from jaxtyping import _pytree_type as _jt_pytree
 from jaxtyping import jaxtyped
 
-from ._compat import trace_state_clean as _trace_state_clean
+from ._annotations import STATIC, ArrayAnnotation, parse_array_annotation
+from ._compat.jaxtyping import is_pytree_annotation, pytree_leaf
+from ._compat.tracing import Tracer
+from ._compat.tracing import trace_state_clean as _trace_state_clean
 from ._errors import DefinitionError, SpecError
-from ._format import fmt_aval, fmt_bindings, fmt_value
-from ._spec import ArrayAnnotation, leaf_spec, parse_array_annotation
+from ._format import fmt_aval, fmt_bindings, fmt_sharding
+from ._spec import fmt_value, leaf_spec
 
 __all__ = ["is_state", "state", "static", "static_field_names"]
 
 T = TypeVar("T")
 
-_STATIC = "jaxcontracts.static"
+_STATIC = STATIC
 _INFO = "__jc_state__"
-_Tracer = jax.core.Tracer
+_Tracer = Tracer
 _BEAR = BeartypeConf(is_pep484_tower=True)
 
 
@@ -152,9 +154,8 @@ def _classify(cls: type, f: dataclasses.Field, hint: Any) -> _Field:
         return _ArrayField(f.name, array)
     if isinstance(hint, type) and is_state(hint):
         return _StateField(f.name, hint)
-    if isinstance(hint, _jt_pytree._MetaPyTree):
-        leaf = getattr(hint, "leaftype", None)
-        return _PyTreeField(f.name, hint, parse_array_annotation(leaf, where))
+    if is_pytree_annotation(hint):
+        return _PyTreeField(f.name, hint, parse_array_annotation(pytree_leaf(hint), where))
     raise DefinitionError(
         f"{where}: the annotation {_hint_name(hint)} is not something a state "
         "field can hold.\nA jc.state field is one of:\n"
@@ -730,8 +731,6 @@ def _check_sharding_fits(where: str, spec: jax.ShapeDtypeStruct, sharding: Any) 
     try:
         check(spec.shape)
     except ValueError as e:
-        from ._format import fmt_sharding
-
         raise SpecError(
             f"{where}: the sharding {fmt_sharding(sharding)} does not fit "
             f"{fmt_aval(spec.shape, spec.dtype)}: {e}\nFix: pass a mapping "

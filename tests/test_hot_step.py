@@ -10,6 +10,7 @@ from helpers import Counter, Particles, advance_fn, alive, all_deleted, make_par
 from jaxtyping import Array, Float32
 
 import jaxcontracts as jc
+from jaxcontracts import _callpath
 
 
 def make_advance(**kw):
@@ -106,7 +107,10 @@ def test_passthrough_and_constant_leaves_alias():
     s = {"a": jnp.zeros(4), "b": jnp.zeros(4), "c": jnp.zeros(2)}
     out, _ = step(s)
     assert all_deleted(s) and alive(out)
-    assert step._entry.aliased == {0, 1, 2}
+    leaves = step.describe().current.leaves
+    assert [(leaf.path, leaf.aliased) for leaf in leaves] == [
+        ("s['a']", True), ("s['b']", True), ("s['c']", True)
+    ]
 
 
 def test_numpy_view_makes_xla_copy_and_raises_after_dispatch_with_result():
@@ -399,7 +403,7 @@ def test_returned_states_carry_a_token_that_replace_tree_map_and_pickle_drop():
 
 
 def test_token_path_still_catches_every_hazard(monkeypatch):
-    from jaxcontracts import _hot_step
+    from jaxcontracts import _callpath
 
     advance = make_advance()
     other = make_advance()
@@ -419,8 +423,8 @@ def test_token_path_still_catches_every_hazard(monkeypatch):
     assert isinstance(s, Particles) and alive(s)
     # and the token path really is taken: no flatten of the state per call
     calls = []
-    real = _hot_step._flatten
-    monkeypatch.setattr(_hot_step, "_flatten", lambda x: calls.append(1) or real(x))
+    real = _callpath.flatten
+    monkeypatch.setattr(_callpath, "flatten", lambda x: calls.append(1) or real(x))
     fresh = make_advance()
     fresh(make_particles())  # compiles: closures bind the patched flatten
     s2 = fresh(make_particles())

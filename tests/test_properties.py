@@ -10,6 +10,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import jaxcontracts as jc
+from jaxcontracts._format import fmt_aval
 
 DTYPES = [jnp.float32, jnp.int32, jnp.float16, jnp.bfloat16, jnp.uint8, jnp.bool_]
 SHAPES = st.lists(st.integers(1, 4), min_size=0, max_size=3).map(tuple)
@@ -49,5 +50,5 @@ def test_recompile_error_names_exactly_the_mutated_leaf(case):
     msg = str(info.value)
     named = [k for k in leaves if f"s['{k}']:" in msg]
     assert named == [victim], msg
-    want = f"called with {jc._format.fmt_aval(shape, np.dtype(dtype))}"
+    want = f"called with {fmt_aval(shape, np.dtype(dtype))}"
     assert want in msg

@@ -1,0 +1,49 @@
+"""``jc.check``: compile a step for some arguments and report, never raising."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ._errors import ContractError, DefinitionError
+from ._hot_step import HotStep
+from ._report import Report, error_contract, step_report
+
+__all__ = ["check"]
+
+
+def check(step: Any = None, *args: Any, **kwargs: Any) -> Report:
+    """Compile ``step`` for these arguments (or specs) if needed and report.
+
+    Never raises a contract error: a failing compile-time contract (or a
+    misuse, such as passing something that is not a hot step) appears in the
+    report as a failed contract with its full message.
+
+    Args:
+        step: a ``jc.hot_step``.
+        *args, **kwargs: arguments or specs, as for ``step.compile``.
+
+    Returns:
+        A :class:`Report`; ``report.ok`` tells whether every contract holds.
+
+    Examples:
+        >>> import jax.numpy as jnp, jaxcontracts as jc
+        >>> @jc.hot_step
+        ... def step(s: dict) -> dict:
+        ...     return {"t": s["t"] + 1.0}
+        >>> jc.check(step, {"t": jnp.int32(0)}).ok
+        False
+    """
+    if not isinstance(step, HotStep):
+        err = DefinitionError(
+            f"jc.check() takes a jc.hot_step, got {type(step).__name__ if step is not None else 'nothing'}.",
+            fix="pass the step and its arguments or specs: jc.check(step, State.spec(n=...)).",
+        )
+        return Report(title="jc.check", contracts=[error_contract(err)])
+    try:
+        step.compile(*args, **kwargs)
+    except ContractError as err:
+        return step_report(step.describe(), extra=[error_contract(err)])
+    except TypeError as err:  # wrong number of arguments, from binding them
+        wrapped = DefinitionError(str(err), fix="pass one argument or spec per parameter.")
+        return step_report(step.describe(), extra=[error_contract(wrapped)])
+    return step_report(step.describe())

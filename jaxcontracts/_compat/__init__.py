@@ -1,0 +1,25 @@
+"""Every private JAX, jaxlib, jaxtyping, IPython or CPython mechanism, fenced.
+
+Each lives in one module here, behind a named capability with a probe
+(:mod:`.registry`); the rest of the package imports only from this package.
+``tests/test_compat.py`` probes each capability on the installed versions.
+"""
+
+from __future__ import annotations
+
+from . import arrays, events, executable, frames, jaxtyping, runtime_errors, tracing
+from .registry import Capability, capabilities, capability, missing
+
+__all__ = [
+    "Capability",
+    "arrays",
+    "capabilities",
+    "capability",
+    "events",
+    "executable",
+    "frames",
+    "jaxtyping",
+    "missing",
+    "runtime_errors",
+    "tracing",
+]

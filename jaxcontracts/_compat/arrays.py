@@ -1,0 +1,175 @@
+"""The concrete array class and the hooks that intercept reads of it.
+
+``ArrayImpl`` (``jax._src.array``) is a C++ heap type whose read methods are
+Python functions; assigning a class attribute updates the C slots, so
+replacing them covers every existing array. On one CPU device numpy reads an
+array through the C buffer protocol instead, which is intercepted by
+replacing ``__buffer__`` (Python >= 3.12, PEP 688) or, on 3.11, the type's
+``bf_getbuffer`` slot through ctypes.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from .registry import capability, define
+
+__all__ = ["READ_METHODS", "ArrayImpl", "buffer_hooks", "read_methods", "set_class_attr"]
+
+try:  # the concrete array class (a C++ type with Python methods)
+    from jax._src.array import ArrayImpl
+except ImportError:  # pragma: no cover - future jax
+    ArrayImpl = None  # type: ignore[assignment,misc]
+
+#: The read methods intercepted inside a hot loop, and ``_value`` (a property).
+READ_METHODS = (
+    "__float__",
+    "__int__",
+    "__bool__",
+    "__complex__",
+    "__index__",
+    "__format__",
+    "__repr__",
+    "__str__",
+    "__reduce__",
+    "__array__",
+    "__iter__",
+    "tolist",
+    "item",
+    "tobytes",
+)
+
+
+@define(
+    "array-read-hooks",
+    "replacing jax._src.array.ArrayImpl's read methods (float, repr, __array__, _value, ...)",
+    "implicit device-to-host reads inside jc.hot_loop on CPU (JAX's own guard never fires there)",
+)
+def _probe_reads() -> str | None:
+    if ArrayImpl is None:
+        return "jax._src.array.ArrayImpl is gone"
+    absent = [n for n in READ_METHODS if not callable(ArrayImpl.__dict__.get(n))]
+    if not isinstance(ArrayImpl.__dict__.get("_value"), property):
+        absent.append("_value")
+    if absent:
+        return "these read methods moved: " + ", ".join(absent)
+    original = ArrayImpl.__dict__["tolist"]
+    try:
+        ArrayImpl.tolist = original  # settable from Python?
+    except TypeError as e:
+        return f"its attributes are read-only ({e})"
+    return None
+
+
+def read_methods() -> dict[str, Any]:
+    """The class's current read methods (and ``_value``) by name, where present."""
+    capability("array-read-hooks")  # warns once if any of them moved
+    if ArrayImpl is None:
+        return {}
+    found = {n: ArrayImpl.__dict__[n] for n in READ_METHODS if n in ArrayImpl.__dict__}
+    value = ArrayImpl.__dict__.get("_value")
+    if isinstance(value, property):
+        found["_value"] = value
+    return found
+
+
+def set_class_attr(name: str, value: Any) -> None:
+    setattr(ArrayImpl, name, value)
+
+
+# --------------------------------------------------------------------------
+# The buffer protocol
+
+
+@define(
+    "buffer-hook",
+    "ArrayImpl.__buffer__ (Python >= 3.12) or its tp_as_buffer->bf_getbuffer slot via ctypes (3.11)",
+    "np.asarray / np.array / numpy ufuncs / memoryview reads inside jc.hot_loop on one CPU device",
+)
+def _probe_buffer() -> str | None:
+    if ArrayImpl is None:
+        return "jax._src.array.ArrayImpl is gone"
+    if sys.version_info >= (3, 12):
+        return None if ArrayImpl.__dict__.get("__buffer__") is not None else "ArrayImpl has no __buffer__"
+    return None if _buffer_slot() is not None else "the PyTypeObject layout is not the expected one"
+
+
+def _buffer_slot() -> ctypes.c_void_p | None:
+    """CPython 3.11: the ``bf_getbuffer`` slot of ArrayImpl, after sanity checks."""
+    ptr = ctypes.sizeof(ctypes.c_void_p)
+    base = id(ArrayImpl)
+    # PyTypeObject: ob_refcnt, ob_type, ob_size, tp_name, tp_basicsize, ...;
+    # tp_as_buffer is field 20. Check two known fields before touching it.
+    name_ptr = ctypes.c_void_p.from_address(base + 3 * ptr).value
+    basicsize = ctypes.c_ssize_t.from_address(base + 4 * ptr).value
+    procs = ctypes.c_void_p.from_address(base + 20 * ptr).value
+    sane = (
+        name_ptr
+        and ctypes.string_at(name_ptr).decode(errors="replace").endswith("ArrayImpl")
+        and basicsize == ArrayImpl.__basicsize__
+        and procs
+    )
+    return ctypes.c_void_p.from_address(procs) if sane else None
+
+
+_CALLBACK_KEEPALIVE: list[Any] = []
+
+
+def buffer_hooks(
+    refuse: Callable[[Any], bool], refused: Callable[[Any], None]
+) -> tuple[Callable[[], None], Callable[[], None]]:
+    """(install, remove) for the buffer-protocol interceptor of this Python.
+
+    Args:
+        refuse: called with the array on every buffer export; ``True`` refuses
+            it (numpy then falls back to ``__array__``).
+        refused: called on Python >= 3.12 when an export is refused, to raise
+            the contract error that ``memoryview()`` will see.
+    """
+    if not capability("buffer-hook").available:
+        return (lambda: None), (lambda: None)
+    if sys.version_info >= (3, 12):
+        original = ArrayImpl.__dict__["__buffer__"]
+
+        def __buffer__(self: Any, flags: int) -> memoryview:
+            if refuse(self):
+                refused(self)
+            return original(self, flags)  # type: ignore[no-any-return]
+
+        def on() -> None:
+            ArrayImpl.__buffer__ = __buffer__
+
+        def off() -> None:
+            # Assign the original slot wrapper back; never `del` (NULL slot).
+            ArrayImpl.__buffer__ = original
+
+        return on, off
+
+    slot = _buffer_slot()
+    assert slot is not None
+    original_ptr = slot.value
+    signature = (ctypes.c_int, ctypes.py_object, ctypes.c_void_p, ctypes.c_int)
+    call_original = ctypes.PYFUNCTYPE(*signature)(original_ptr)
+
+    @ctypes.CFUNCTYPE(*signature)
+    def getbuffer(obj: Any, view: int, flags: int) -> int:
+        try:
+            if refuse(obj):
+                return -1  # numpy falls back to the guarded __array__
+            return call_original(obj, view, flags)  # type: ignore[no-any-return]
+        except BaseException:  # noqa: BLE001 - never let an error cross C
+            return -1
+
+    _CALLBACK_KEEPALIVE.append(getbuffer)
+    replacement = ctypes.cast(getbuffer, ctypes.c_void_p).value
+
+    def on_slot() -> None:
+        slot.value = replacement
+
+    def off_slot() -> None:
+        slot.value = original_ptr
+
+    return on_slot, off_slot

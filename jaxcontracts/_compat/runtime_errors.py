@@ -1,0 +1,50 @@
+"""JAX's runtime errors for guard refusals and deleted buffers, recognised.
+
+JAX raises its transfer-guard refusals and reads of deleted arrays as plain
+runtime errors whose only distinguishing mark is their text. Matching is kept
+here, restricted to JAX's own exception types, so that a user's exception that
+merely mentions such a text is never rewritten.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import jax
+
+from .registry import define
+
+__all__ = ["GuardErrorKind", "classify"]
+
+GuardErrorKind = Literal["host-to-device", "device-to-host", "deleted"]
+
+_JAX_ERRORS: tuple[type[BaseException], ...] = tuple(
+    t for t in (getattr(jax.errors, "JaxRuntimeError", None),) if isinstance(t, type)
+)
+_MARKERS: tuple[tuple[str, GuardErrorKind, tuple[type[BaseException], ...]], ...] = (
+    ("Disallowed host-to-device transfer", "host-to-device", _JAX_ERRORS),
+    ("Disallowed device-to-host transfer", "device-to-host", _JAX_ERRORS),
+    ("Array has been deleted", "deleted", (RuntimeError,)),
+    ("Buffer has been deleted or donated", "deleted", (ValueError, *_JAX_ERRORS)),
+)
+
+
+@define(
+    "runtime-error-text",
+    "the text of JAX's transfer-guard and deleted-buffer errors (jax.errors.JaxRuntimeError)",
+    "translating JAX's own guard refusals into jc.TransferError / jc.DonationError naming your line",
+)
+def _probe() -> str | None:
+    return None if _JAX_ERRORS else "jax.errors.JaxRuntimeError is gone"
+
+
+def classify(exc: BaseException) -> tuple[GuardErrorKind, str] | None:
+    """(kind, JAX's detail text) when ``exc`` is one of those JAX errors."""
+    if type(exc).__module__.split(".")[0] not in ("jax", "jaxlib", "builtins"):
+        return None  # a user's or another library's exception class
+    text = str(exc)
+    for marker, kind, types in _MARKERS:
+        if marker in text and isinstance(exc, types):
+            detail = text.split(marker + ":", 1)[1].split(", dst_sharding")[0].strip() if marker + ":" in text else ""
+            return kind, detail
+    return None

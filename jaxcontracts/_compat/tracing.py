@@ -1,0 +1,98 @@
+"""Tracing state, fast flattening and the compiled executable's C++ call."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from .registry import capability, define
+
+__all__ = ["Tracer", "cpp_call", "flatten", "trace_state_clean"]
+
+Tracer = jax.core.Tracer
+
+try:  # one attribute read: is any trace active on this thread?
+    from jax._src.core import trace_state_clean as _trace_state_clean
+except ImportError:  # pragma: no cover - future jax
+    _trace_state_clean = None
+
+
+@define(
+    "trace-state",
+    "jax._src.core.trace_state_clean()",
+    "state construction is skipped under any active trace, not only when a field is a tracer",
+)
+def _probe_trace_state() -> str | None:
+    if _trace_state_clean is None:
+        return "jax._src.core.trace_state_clean is gone"
+    return None if _trace_state_clean() in (True, False) else "it returned a non-bool"
+
+
+def trace_state_clean() -> bool:
+    """Whether no JAX trace is active on this thread (``True`` if unknown)."""
+    if _trace_state_clean is None:
+        capability("trace-state")
+        return True
+    return _trace_state_clean()
+
+
+_registry = getattr(jax.tree_util, "default_registry", None)
+
+
+@define(
+    "fast-flatten",
+    "jax.tree_util.default_registry.flatten",
+    "nothing is lost; a hot step call flattens through tree_flatten's Python wrapper (slower)",
+)
+def _probe_flatten() -> str | None:
+    if _registry is None or not callable(getattr(_registry, "flatten", None)):
+        return "jax.tree_util.default_registry.flatten is gone"
+    leaves, _ = _registry.flatten({"a": (1, 2)})
+    return None if list(leaves) == [1, 2] else "it flattens differently"
+
+
+def _flatten_fn() -> Callable[[Any], tuple[list[Any], Any]]:
+    if _registry is not None and capability("fast-flatten").available:
+        return _registry.flatten  # type: ignore[no-any-return]
+    return jax.tree_util.tree_flatten
+
+
+flatten = _flatten_fn()
+
+
+@define(
+    "compiled-fast-call",
+    "jax.stages.Compiled._call / _executable.create_cpp_call",
+    "nothing is lost; hot step calls go through Compiled.__call__ (one more Python frame)",
+)
+def _probe_cpp_call() -> str | None:
+    from jax import stages
+
+    if not hasattr(stages.Compiled, "_call") and not hasattr(stages.Compiled, "__call__"):
+        return "jax.stages.Compiled has no call"
+    return None
+
+
+def cpp_call(compiled: Any) -> Any:
+    """The C++ call of a ``jax.stages.Compiled``, or ``compiled`` itself.
+
+    ``Compiled.__call__`` is a Python method whose only job, once warm, is to
+    forward to this C++ function (JAX's compiled fast path); calling it
+    directly saves that frame on every call. Errors are the same: it is the
+    very function ``Compiled.__call__`` calls.
+    """
+    call = getattr(compiled, "_call", None)
+    if call is None:
+        try:
+            call = compiled._executable.create_cpp_call(compiled._params)
+        except Exception as e:  # noqa: BLE001 - private API moved: use the public call
+            from .registry import missing
+
+            missing("compiled-fast-call", f"create_cpp_call failed: {type(e).__name__}")
+            return compiled
+        if call is None:
+            return compiled
+        compiled._call = call  # what __call__ would cache
+    return call

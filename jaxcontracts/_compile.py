@@ -1,0 +1,305 @@
+"""Compiling one signature of a step, and the contracts proven at compile.
+
+``compile_signature`` lowers and compiles the step for a spec (no data
+needed), then proves, once per signature and at every checks level:
+
+* carry invariance: each returned state has exactly its input's spec
+  (structure with static values, shape, dtype, weak type, sharding), else a
+  :class:`RecompileError` naming every differing leaf;
+* donation in effect: every donated leaf aliases an output in the compiled
+  executable, else a :class:`DonationError` naming the leaves.
+
+What it returns is a frozen :class:`CompiledSignature`: what was compiled and
+what was proven about it.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from ._compat.executable import alias_bytes, aliased_parameters, memory_analysis
+from ._compat.tracing import flatten
+from ._errors import NOTHING_RAN, DonationError, RecompileError, TransferError
+from ._format import fmt_aval
+from ._records import CompiledSignature, LeafRecord, MemoryRecord
+from ._runtime import compiling
+from ._signature import StepSignature
+from ._spec import LeafDiff, diff_leaves, diff_specs, leaf_spec, spec_nbytes
+
+__all__ = [
+    "TOKEN_KEY",
+    "compile_signature",
+    "jit_for",
+    "quiet_donation_warning",
+    "signature_diffs",
+    "token_for",
+]
+
+TOKEN_KEY = "__jaxcontracts_token__"
+_tokens: dict[Any, object] = {}
+
+
+def token_for(spec: Any) -> object:
+    """One object per exact spec: equal specs, the same token."""
+    leaves, treedef = jax.tree_util.tree_flatten(spec)
+    key = (
+        treedef,
+        tuple((tuple(x.shape), np.dtype(x.dtype), bool(x.weak_type), x.sharding) for x in leaves),
+    )
+    token = _tokens.get(key)
+    if token is None:
+        token = _tokens[key] = object()
+    return token
+
+
+class quiet_donation_warning(warnings.catch_warnings):
+    """Silence JAX's lowering-time donation warning: we verify and report it."""
+
+    def __enter__(self) -> Any:
+        out = super().__enter__()
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        return out
+
+
+def jit_for(
+    sig: StepSignature, positional: tuple[Any, ...]
+) -> tuple[Any, tuple[Any, ...], Any, tuple[int, ...], bool]:
+    """The jitted function, its spec arguments, treedef, donated leaves, style."""
+    with_path, treedef = jax.tree_util.tree_flatten_with_path(positional)
+    paths = [p for p, _ in with_path]
+    specs = []
+    for p, x in with_path:
+        spec = leaf_spec(x)
+        if spec is None:
+            raise TransferError(
+                f"{sig.name}: argument {sig.param_path(p)} is {type(x).__name__} "
+                f"{x!r:.40}, not an array.",
+                fix="pass arrays (or specs); make configuration a jc.static field "
+                "or close over it.",
+                contract="device-arguments",
+                step=sig.name,
+                leaves=[sig.param_path(p)],
+            )
+        specs.append(spec)
+    donated = sig.donated_leaves(paths)
+    per_arg: dict[int, list[bool]] = {}
+    for i, p in enumerate(paths):
+        per_arg.setdefault(p[0].idx, []).append(i in donated)
+    flat_style = any(any(v) and not all(v) for v in per_arg.values())
+    positional_fn = sig.positional
+    if flat_style:
+
+        def flat_fn(*leaves: Any) -> Any:
+            return positional_fn(*jax.tree_util.tree_unflatten(treedef, leaves))
+
+        flat_fn.__name__ = getattr(sig.fn, "__name__", "step")
+        jitted = jax.jit(flat_fn, donate_argnums=donated, keep_unused=True)
+        spec_args: tuple[Any, ...] = tuple(specs)
+    else:
+        argnums = tuple(a for a, v in per_arg.items() if v and all(v))
+        jitted = jax.jit(positional_fn, donate_argnums=argnums, keep_unused=True)
+        spec_args = tuple(jax.tree_util.tree_unflatten(treedef, specs))
+    return jitted, spec_args, treedef, donated, flat_style
+
+
+def compile_signature(
+    sig: StepSignature, positional: tuple[Any, ...], *, is_state: Any
+) -> CompiledSignature:
+    """Compile ``sig``'s step for these arguments or specs and prove its contracts.
+
+    Args:
+        is_state: tells whether a spec tree is a ``jc.state`` instance (only
+            those carry provenance tokens).
+
+    Raises:
+        RecompileError: carry invariance fails.
+        DonationError: a donated leaf aliases no output.
+    """
+    __tracebackhide__ = True
+    jitted, spec_args, treedef, donated, flat_style = jit_for(sig, positional)
+    with compiling(sig.name):  # inside a hot_loop, a compile is a violation
+        t0 = time.perf_counter()
+        with quiet_donation_warning():
+            traced = jitted.trace(*spec_args)
+            lowered = traced.lower()
+        compiled = lowered.compile()
+        seconds = time.perf_counter() - t0
+
+    in_shardings = jax.tree_util.tree_leaves(compiled.input_shardings[0])
+    flat_paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(positional)[0]]
+    exact = [
+        jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh, weak_type=s.weak_type)
+        for s, sh in zip(jax.tree_util.tree_leaves(spec_args), in_shardings)
+    ]
+    paths = [sig.param_path(p) for p in flat_paths]
+    per_param = tuple(jax.tree_util.tree_unflatten(treedef, exact))
+    _check_carry(sig, per_param, traced.out_info, compiled.output_shardings)
+    aliased = _check_aliasing(sig, compiled, paths, exact, donated, traced.out_info)
+    analysis = memory_analysis(compiled)
+    in_tokens, out_tokens = _tokens_for(sig, per_param, flat_style, is_state)
+    donated_set = set(donated)
+    return CompiledSignature(
+        spec_args=per_param,
+        in_treedef=treedef,
+        leaves=tuple(
+            LeafRecord(
+                path=path,
+                spec=spec,
+                donated=i in donated_set,
+                aliased=None if aliased is None or i not in donated_set else i in aliased,
+                nbytes=spec_nbytes(spec),
+            )
+            for i, (path, spec) in enumerate(zip(paths, exact))
+        ),
+        lowered=lowered,
+        compiled=compiled,
+        flat_style=flat_style,
+        donated=donated,
+        aliased=aliased,
+        weak=tuple(bool(s.weak_type) for s in exact),
+        multi_device=any(len(x.sharding.device_set) > 1 for x in exact),
+        compile_seconds=seconds,
+        memory=MemoryRecord(
+            arguments=getattr(analysis, "argument_size_in_bytes", None),
+            outputs=getattr(analysis, "output_size_in_bytes", None),
+            aliased=getattr(analysis, "alias_size_in_bytes", None),
+            temporaries=getattr(analysis, "temp_size_in_bytes", None),
+        ),
+        in_tokens=in_tokens,
+        out_tokens=out_tokens,
+    )
+
+
+def signature_diffs(cs: CompiledSignature, leaves: Sequence[Any], treedef: Any) -> list[LeafDiff]:
+    """How flat arguments differ from a compiled signature (empty: they match)."""
+    if treedef != cs.in_treedef:
+        return [LeafDiff("(structure)", "", "")]
+    expected = [(leaf.path, leaf.spec) for leaf in cs.leaves]
+    got = [(leaf.path, leaf_spec(x)) for leaf, x in zip(cs.leaves, leaves)]
+    return diff_leaves(expected, got)
+
+
+def _tokens_for(
+    sig: StepSignature, spec_args: tuple[Any, ...], flat_style: bool, is_state: Any
+) -> tuple[tuple[tuple[int, object], ...], tuple[tuple[tuple[int, ...], object], ...]]:
+    """Tokens for the fast path, once carry invariance has been verified."""
+    if flat_style:
+        return (), ()
+    ins, outs = [], []
+    for arg, pos in zip(sig.state_params, sig.return_positions):
+        spec = spec_args[arg]
+        if not is_state(spec):
+            continue
+        token = token_for(spec)
+        ins.append((arg, token))
+        outs.append((pos, token))
+    return tuple(ins), tuple(outs)
+
+
+def _check_carry(sig: StepSignature, spec_args: tuple[Any, ...], out_info: Any, out_shardings: Any) -> None:
+    __tracebackhide__ = True
+    out_flat, out_tree = flatten(out_info)
+    shard_flat = jax.tree_util.tree_leaves(out_shardings)
+    if len(shard_flat) == len(out_flat):
+        out_flat = [
+            jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=s, weak_type=o.weak_type)
+            for o, s in zip(out_flat, shard_flat)
+        ]
+    out = jax.tree_util.tree_unflatten(out_tree, out_flat)
+    blocks: list[str] = []
+    leaves: list[str] = []
+    for arg, pos in zip(sig.state_params, sig.return_positions):
+        name = sig.param_names[arg]
+        returned = out
+        try:
+            for k in pos:
+                returned = returned[k]
+        except (TypeError, IndexError, KeyError):
+            blocks.append(
+                f"  parameter `{name}`: the step returns "
+                f"{type(out).__name__}, with no state at return value {list(pos)}"
+            )
+            continue
+        if token_for(spec_args[arg]) is token_for(returned):
+            continue  # the same exact spec: nothing to explain
+        diffs = diff_specs(spec_args[arg], returned)
+        if diffs:
+            where = f"return value {list(pos)}" if pos else "the return value"
+            blocks.append(f"  parameter `{name}` -> {where}:")
+            for d in diffs:
+                blocks.append(f"    {d.path}: takes {d.expected}, returns {d.got}")
+                if d.cause:
+                    blocks.append(f"      ({d.cause})")
+                leaves.append(f"{name}{d.path}" if not d.path.startswith("(") else name)
+    if blocks:
+        raise RecompileError(
+            f"{sig.name} does not return its state with the spec it takes, so "
+            "its own output would not match the compiled signature on the next "
+            "call (jax.jit would recompile there; a compiled step would reject it).",
+            blocks,
+            fix="make every returned leaf keep its input's dtype, shape and "
+            "weak type: either initialise the leaf with the dtype the step "
+            "produces (e.g. jnp.float32(0) instead of 0 for a float counter), or "
+            "cast in the step (t=(s.t + 1).astype(s.t.dtype)).",
+            note=NOTHING_RAN,
+            contract="carry",
+            step=sig.name,
+            leaves=leaves,
+        )
+
+
+def _check_aliasing(
+    sig: StepSignature,
+    compiled: Any,
+    paths: Sequence[str],
+    specs: Sequence[Any],
+    donated: tuple[int, ...],
+    out_info: Any,
+) -> frozenset[int] | None:
+    """The donated leaves XLA aliases (``None``: not verifiable here)."""
+    __tracebackhide__ = True
+    if not donated:
+        return frozenset()
+    aliased = aliased_parameters(compiled, len(specs))
+    if aliased is None:  # HLO unreadable: fall back on the byte count
+        got = alias_bytes(compiled)
+        want = sum(spec_nbytes(specs[i]) for i in donated)
+        if got is None:
+            return None  # not verified: reports say so, never a pass
+        return frozenset(donated) if got >= want else frozenset()
+    missing = [i for i in donated if i not in aliased]
+    if missing:
+        outs = [(o.shape, np.dtype(o.dtype)) for o in jax.tree_util.tree_leaves(out_info)]
+        lines = []
+        for i in missing:
+            spec = specs[i]
+            key = (spec.shape, np.dtype(spec.dtype))
+            why = (
+                f"no output is {fmt_aval(spec.shape, spec.dtype)}"
+                if key not in outs
+                else "every output of this shape and dtype already reuses another buffer"
+            )
+            lines.append(f"    {paths[i]}: {fmt_aval(spec.shape, spec.dtype)}: {why}")
+        raise DonationError(
+            f"{sig.name}: {len(missing)} donated leaf/leaves cannot be donated: "
+            "XLA found no output to reuse the buffer for, so it would stay alive "
+            "and the step would need more memory than its state.",
+            lines,
+            fix="1. return that leaf in the new state with the same spec (the "
+            "carry contract); 2. if it is a read-only input, annotate it with "
+            "another type than the state type (state parameters are donated); "
+            '3. donate only the other fields, e.g. donate=("pos", "vel"); or '
+            '4. opt out with donate="none".',
+            note=NOTHING_RAN,
+            contract="aliasing",
+            step=sig.name,
+            leaves=[paths[i] for i in missing],
+        )
+    return frozenset(aliased)
+

@@ -1,0 +1,137 @@
+"""What went wrong with a refused call, in the library's own words.
+
+The call path sends anything unusual to the step's slow path; these functions
+build the error it raises. They read specs and buffer states only, never the
+values on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from ._errors import INPUTS_INTACT, DonationError, RecompileError, TransferError
+from ._format import fmt_aval
+from ._records import CompiledSignature
+from ._runtime import consumed_by, in_hot_loop
+from ._signature import StepSignature
+from ._spec import diff_specs, fmt_value
+
+__all__ = ["hazard_error", "host_leaves_error", "not_consumed_error", "signature_error"]
+
+
+def host_leaves_error(sig: StepSignature, host: Sequence[tuple[str, Any]]) -> TransferError:
+    return TransferError(
+        f"{sig.name}: {len(host)} argument leaf/leaves are on the host, so every call "
+        "would copy them to the device (an implicit host-to-device transfer, and a sync):",
+        [f"  {p}: {fmt_value(x)}" for p, x in host],
+        fix="put them on the device once, before the loop: x = jax.device_put(x) "
+        "(or build the state with its class, which does). Configuration belongs "
+        "in a jc.static field or a closure.",
+        note=INPUTS_INTACT,
+        contract="device-arguments",
+        step=sig.name,
+        leaves=[p for p, _ in host],
+    )
+
+
+def hazard_error(
+    sig: StepSignature,
+    paths: Sequence[str],
+    leaves: Sequence[Any],
+    deleted: Sequence[int],
+    duplicates: Sequence[tuple[int, int]],
+    donated: Sequence[int],
+) -> DonationError:
+    lines = []
+    for i in deleted:
+        by = consumed_by(leaves[i])
+        lines.append(
+            f"  {paths[i]}: {fmt_aval(leaves[i].shape, leaves[i].dtype)} was already "
+            + (f"donated to {by}" if by else "deleted (donated to an earlier call?)")
+        )
+    for a, b in duplicates:
+        lines.append(
+            f"  {paths[a]} and {paths[b]} are the same buffer, and "
+            f"{paths[a] if a in donated else paths[b]} is donated"
+        )
+    return DonationError(
+        f"{sig.name}: the call would donate a buffer that cannot be donated:",
+        lines,
+        fix="use the state the previous call returned (s = step(s)), not the "
+        "one you passed to it; pass a copy (jnp.copy(x)) where one array must "
+        "appear twice.",
+        note="The call did not run; your other inputs are intact.",
+        contract="donation-hazard",
+        step=sig.name,
+        leaves=[paths[i] for i in deleted] + [paths[a] for a, _ in duplicates],
+    )
+
+
+def not_consumed_error(sig: StepSignature, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> DonationError:
+    missing = [i for i in cs.donated if not leaves[i].is_deleted()]
+    return DonationError(
+        f"{sig.name}: {len(missing)} donated input buffer(s) were not consumed: "
+        "XLA copied instead of reusing them, so this step held its state twice.",
+        [f"  {cs.leaves[i].path}: {fmt_aval(leaves[i].shape, leaves[i].dtype)}" for i in missing]
+        + [
+            "Likely cause: on CPU, a numpy view of the array is alive "
+            "(np.asarray(x) shares its buffer, so XLA must copy); elsewhere another "
+            "live reference pins the buffer."
+        ],
+        fix="drop the view (del it), or take a copy with np.array(x) or "
+        "jc.fetch(x) (which copies).",
+        note="The call's outputs are in this error's .result: nothing was lost.",
+        result=out,
+        contract="consumed",
+        step=sig.name,
+        leaves=[cs.leaves[i].path for i in missing],
+    )
+
+
+def _join(param: str, path: str) -> str:
+    return param if path.startswith("(") else f"{param}{path}"
+
+
+def signature_error(
+    sig: StepSignature, current: CompiledSignature, n_compiled: int, positional: tuple[Any, ...]
+) -> RecompileError | TransferError:
+    """A call whose arguments match no compiled signature, with no compile left."""
+    blocks: list[str] = []
+    all_diffs = []
+    leaves: list[str] = []
+    for i, name in enumerate(sig.param_names):
+        diffs = diff_specs(current.spec_args[i], positional[i])
+        all_diffs += diffs
+        if diffs:
+            blocks.append(f"  parameter `{name}`:")
+            for d in diffs:
+                blocks.append(f"    {_join(name, d.path)}: compiled with {d.expected}, called with {d.got}")
+                if d.cause:
+                    blocks.append(f"      likely cause: {d.cause}")
+                leaves.append(_join(name, d.path))
+    if all_diffs and all(d.kind == "sharding" for d in all_diffs) and in_hot_loop():
+        # Inside a loop, an array on other devices is a device-to-device
+        # transfer waiting to happen (jax.jit would move it every call).
+        return TransferError(
+            f"implicit device-to-device transfer inside jc.hot_loop: {sig.name} "
+            "was called with arrays placed differently from its compiled signature.",
+            blocks,
+            fix="place them once, before the loop, with jax.device_put(x, sharding) "
+            f"using the compiled sharding (see {sig.short_name}.signature).",
+            note=INPUTS_INTACT,
+            contract="no-transfer",
+            step=sig.name,
+            leaves=leaves,
+        )
+    return RecompileError(
+        f"{sig.name} was called with a signature it was not compiled for "
+        f"(max_compiles={sig.max_compiles}, {n_compiled} used).",
+        blocks or ["  (the pytree structure differs)"],
+        fix="pass arguments with the compiled spec (see the likely cause above), "
+        f"or allow more signatures with @jc.hot_step(max_compiles={sig.max_compiles + 1}).",
+        note=INPUTS_INTACT,
+        contract="signature",
+        step=sig.name,
+        leaves=leaves,
+    )

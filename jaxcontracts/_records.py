@@ -1,0 +1,135 @@
+"""Plain records passed up the layers: what was compiled, proven and seen.
+
+Reports, the loop guard and users read a step through these frozen records
+(``step.describe()``), never through a step's private attributes. Nothing here
+imports JAX or any other module of the package.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Literal
+
+__all__ = [
+    "CompiledSignature",
+    "LeafRecord",
+    "MemoryRecord",
+    "StepDescription",
+    "StepStats",
+    "Violation",
+]
+
+
+@dataclasses.dataclass
+class StepStats:
+    """What a hot step has done so far.
+
+    At checks level ``off`` a call is the bare compiled call, so ``calls`` is
+    not counted there. Compile-time checks run at every level.
+    """
+
+    calls: int = 0
+    compiles: int = 0
+    compile_seconds: float = 0.0
+    refused: int = 0  # calls refused with a RecompileError/TransferError/DonationError
+    traced_calls: int = 0  # calls under an outer transformation (plain tracing)
+    not_consumed: int = 0  # calls after which a donated input was still alive
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafRecord:
+    """One flat argument leaf of a compiled signature.
+
+    Attributes:
+        path: ``param.field`` as messages print it (``s.pos``, ``batch['x']``).
+        spec: its ``jax.ShapeDtypeStruct`` with the compiled sharding.
+        donated: whether the step donates it.
+        aliased: whether XLA aliases it to an output (``None``: not donated,
+            or the executable's alias table could not be read).
+        nbytes: its size, all shards together.
+    """
+
+    path: str
+    spec: Any
+    donated: bool
+    aliased: bool | None
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryRecord:
+    """The compiled executable's memory analysis (bytes per device; None: unknown)."""
+
+    arguments: int | None = None
+    outputs: int | None = None
+    aliased: int | None = None
+    temporaries: int | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class CompiledSignature:
+    """One compiled signature of a hot step and everything proven about it.
+
+    Built once, when the step compiles; carry invariance and aliasing were
+    verified before it was made (``aliased`` is ``None`` where the
+    executable's alias table could not be read: not verified).
+    """
+
+    spec_args: tuple[Any, ...]  # per parameter, a spec tree (with shardings)
+    in_treedef: Any
+    leaves: tuple[LeafRecord, ...]
+    lowered: Any
+    compiled: Any
+    flat_style: bool  # called with flat leaves (per-leaf donation)
+    donated: tuple[int, ...]  # flat leaf indices donated
+    aliased: frozenset[int] | None
+    weak: tuple[bool, ...]
+    multi_device: bool
+    compile_seconds: float
+    memory: MemoryRecord
+    # Provenance tokens: per state parameter that is a jc.state instance, the
+    # token of its exact spec; per returned jc.state, the token to stamp on it.
+    in_tokens: tuple[tuple[int, object], ...] = ()
+    out_tokens: tuple[tuple[tuple[int, ...], object], ...] = ()
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        return tuple(leaf.path for leaf in self.leaves)
+
+    @property
+    def specs(self) -> tuple[Any, ...]:
+        return tuple(leaf.spec for leaf in self.leaves)
+
+
+@dataclasses.dataclass(frozen=True)
+class StepDescription:
+    """What a hot step is: its options, its compiled signatures, its counters.
+
+    Returned by ``HotStep.describe()``; a snapshot (``stats`` is a copy).
+    """
+
+    name: str  # module.qualname of the step function
+    donate: str | tuple[str, ...]
+    max_compiles: int
+    params: tuple[str, ...]
+    state_params: tuple[str, ...]
+    signatures: tuple[CompiledSignature, ...]
+    current: CompiledSignature | None
+    stats: StepStats
+
+    @property
+    def short_name(self) -> str:
+        return self.name.rsplit(".", 1)[-1]
+
+
+@dataclasses.dataclass
+class Violation:
+    """One kind of violation at one source line, with how often it happened."""
+
+    kind: Literal["transfer", "compile", "donation"]
+    what: str
+    where: str
+    count: int
+    message: str
+    source: str = ""  # the text of the line at `where`
+    fix: str = ""

@@ -1,0 +1,121 @@
+"""What hot steps and hot loops share at run time, below both of them.
+
+The loop guard (``_guard``) sits above the call path, so a hot step never
+imports it. Instead both meet here: the thread's active loop (an object with
+a ``violation`` method, set by the guard), a counter that tells a step after
+each call whether any loop is active anywhere, and the last call of each step
+while loops are active, which names arrays in messages (``advance -> .t``) and
+the step that consumed a donated one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Iterator
+from typing import Any, Protocol
+
+import jax
+
+from ._errors import RecompileError
+
+__all__ = [
+    "LoopHandle",
+    "clear_calls",
+    "compiling",
+    "consumed_by",
+    "find",
+    "in_hot_loop",
+    "local",
+    "note_call",
+    "tracking",
+]
+
+
+class LoopHandle(Protocol):
+    """What the call path needs of an active loop (``jc.HotLoop`` is one)."""
+
+    checks_transfers: bool
+    checks_compiles: bool
+
+    def violation(
+        self, kind: str, what: str, fix: str, error: type[Exception], frame: Any = None
+    ) -> None: ...
+
+
+class _Local(threading.local):
+    loop: LoopHandle | None = None  # the innermost active loop on this thread
+    allow: int = 0  # > 0 inside an explicit transfer (jc.fetch) or a re-entry
+
+
+local = _Local()
+
+
+class _Tracking:
+    """Read by hot steps after each call: is any loop active anywhere?"""
+
+    count = 0
+
+
+tracking = _Tracking()
+_lock = threading.Lock()
+# Per step (by id) while loops are active: (short name, last args, last out).
+_calls: dict[int, tuple[str, Any, Any]] = {}
+
+
+def in_hot_loop() -> bool:
+    """Whether the current thread is inside a transfer-checking hot loop."""
+    loop = local.loop
+    return loop is not None and loop.checks_transfers and not local.allow
+
+
+def note_call(step_id: int, name: str, args: Any, out: Any) -> None:
+    """Called by a hot step after each call while any loop is active."""
+    _calls[step_id] = (name, args, out)
+
+
+def clear_calls() -> None:
+    """Forget every step's last call (the last loop has exited)."""
+    with _lock:
+        _calls.clear()
+
+
+def find(x: Any) -> tuple[str | None, str | None]:
+    """(the step that consumed ``x``, ``step -> .path`` of a live output)."""
+    consumed, produced = None, None
+    for name, args, out in list(_calls.values()):
+        for p, leaf in jax.tree_util.tree_leaves_with_path(out):
+            if leaf is x:
+                produced = f"{name} -> {jax.tree_util.keystr(p)}"
+        for leaf in jax.tree_util.tree_leaves(args):
+            if leaf is x and leaf.is_deleted():
+                consumed = name
+    return consumed, produced
+
+
+def consumed_by(x: Any) -> str | None:
+    """The hot step that consumed ``x`` by donation, when it is known."""
+    return find(x)[0] if isinstance(x, jax.Array) else None
+
+
+@contextlib.contextmanager
+def compiling(name: str) -> Iterator[None]:
+    """Wrap a hot step's compile: a violation inside a loop (recorded once)."""
+    __tracebackhide__ = True
+    loop = local.loop
+    if loop is None or not loop.checks_compiles or local.allow:
+        yield
+        return
+    short = name.rsplit(".", 1)[-1]
+    loop.violation(
+        "compile",
+        f"hot_step {short} would compile a new signature",
+        f"compile it before the loop ({short}.compile(State.spec(...)) or one "
+        "call), and keep every call's arguments on that signature.",
+        RecompileError,
+    )
+    local.allow += 1  # record mode: compile without reporting its phases again
+    try:
+        yield
+    finally:
+        local.allow -= 1

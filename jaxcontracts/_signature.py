@@ -1,0 +1,249 @@
+"""A step function's signature: state parameters, returned states, donation.
+
+Worked out once, when ``@jc.hot_step`` decorates: which parameters are state
+(annotated with the state type, wherever they stand), where the returned
+states stand in the return annotation, and which leaves are donated (derived
+from the state type, so no rename or reordering of parameters can desync it).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ._donation import field_of
+from ._errors import DefinitionError
+from ._format import fmt_path, qualname
+
+__all__ = ["DONATE_WORDS", "StepSignature", "analyse"]
+
+DONATE_WORDS = ("all", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSignature:
+    """What ``@jc.hot_step`` learned from the function and its options."""
+
+    fn: Callable[..., Any]
+    name: str  # module.qualname
+    state_type: Any
+    param_names: tuple[str, ...]
+    state_params: tuple[int, ...]
+    return_positions: tuple[tuple[int, ...], ...]
+    donate: str | tuple[str, ...]
+    max_compiles: int
+    signature: inspect.Signature
+    positional: Callable[..., Any]  # fn called with every parameter positionally
+    static_fields: tuple[str, ...] = ()
+    data_fields: tuple[str, ...] | None = None  # None: known only from instances
+
+    @property
+    def short_name(self) -> str:
+        return self.name.rsplit(".", 1)[-1]
+
+    def normalize(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """Every argument by position, defaults applied."""
+        if not kwargs and len(args) == len(self.param_names):
+            return args
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            raise TypeError(f"{self.name}(): {e}") from None
+        bound.apply_defaults()
+        return tuple(bound.arguments[n] for n in self.param_names)
+
+    def param_path(self, path: Sequence[Any]) -> str:
+        """``s.pos`` for a flat path ``(SequenceKey(0), GetAttrKey('pos'))``."""
+        return f"{self.param_names[path[0].idx]}{fmt_path(path[1:]) if len(path) > 1 else ''}"
+
+    def donated_leaves(self, flat_paths: Sequence[Any]) -> tuple[int, ...]:
+        """Indices of the flat leaves to donate, from their paths."""
+        if self.donate == "none":
+            return ()
+        donated = []
+        fields_seen: set[str] = set()
+        for i, path in enumerate(flat_paths):
+            if path[0].idx not in self.state_params:
+                continue
+            if self.donate == "all":
+                donated.append(i)
+                continue
+            name = field_of(path[1]) if len(path) > 1 else None
+            if name is not None:
+                fields_seen.add(name)
+            if name in self.donate:
+                donated.append(i)
+        if self.data_fields is None:  # a dict state: its fields are known now
+            check_donated_names(self, tuple(sorted(fields_seen)), ())
+        return tuple(donated)
+
+
+def check_options(name: str, donate: Any, max_compiles: Any) -> None:
+    if isinstance(donate, str):
+        if donate not in DONATE_WORDS:
+            raise DefinitionError(
+                f"@jc.hot_step on {name}: donate={donate!r} is not valid.\nValid values:\n"
+                '  donate="all"            every leaf of every state parameter (default)\n'
+                '  donate=("pos", "vel")   those state fields only\n'
+                '  donate="none"           no donation (an explicit opt-out)'
+            )
+    elif not (isinstance(donate, (tuple, list)) and all(isinstance(n, str) for n in donate)):
+        raise DefinitionError(
+            f"@jc.hot_step on {name}: donate={donate!r} is not valid; "
+            'use "all", "none" or a tuple of field names such as ("pos", "vel").'
+        )
+    if not isinstance(max_compiles, int) or isinstance(max_compiles, bool) or max_compiles < 1:
+        raise DefinitionError(
+            f"@jc.hot_step on {name}: max_compiles={max_compiles!r}; "
+            "it must be an int >= 1 (1: exactly one signature, the default)."
+        )
+
+
+def check_donated_names(sig: StepSignature, valid: Sequence[str], static: Sequence[str]) -> None:
+    if not isinstance(sig.donate, (tuple, list)):
+        return
+    bad = [n for n in sig.donate if n not in valid]
+    if bad:
+        type_name = getattr(sig.state_type, "__name__", repr(sig.state_type))
+        raise DefinitionError(
+            f"@jc.hot_step on {sig.name}: donate names unknown field(s) "
+            f"{', '.join(map(repr, bad))} of {type_name}.",
+            [f"  array fields: {', '.join(valid) or '(none)'}"]
+            + ([f"  static fields (not donatable, not arrays): {', '.join(static)}"] if static else []),
+            fix='use those names, or donate="all".',
+        )
+
+
+def state_type_matches(annotation: Any, signature: Any) -> bool:
+    if annotation is signature:
+        return True
+    if isinstance(annotation, str):
+        return annotation == getattr(signature, "__name__", None)
+    origin = typing.get_origin(annotation)
+    return origin is not None and origin is (typing.get_origin(signature) or signature)
+
+
+def return_positions(annotation: Any, signature: Any) -> list[tuple[int, ...]] | None:
+    """Where the state stands in the return annotation: [()] or [(0,), ...]."""
+    if state_type_matches(annotation, signature):
+        return [()]
+    if typing.get_origin(annotation) is tuple:
+        out = [
+            (i,)
+            for i, a in enumerate(typing.get_args(annotation))
+            if state_type_matches(a, signature)
+        ]
+        return out or None
+    return None
+
+
+def analyse(
+    fn: Callable[..., Any],
+    *,
+    signature: Any,
+    donate: Any,
+    max_compiles: Any,
+    localns: dict[str, Any] | None,
+    state_fields: Callable[[Any], tuple[tuple[str, ...], tuple[str, ...]] | None],
+) -> StepSignature:
+    """Read ``fn``'s signature and the decorator's options.
+
+    Args:
+        state_fields: for a state type, its (data, static) field names, or
+            ``None`` when the type's fields are known only from instances.
+
+    Raises:
+        DefinitionError: an invalid option, *args/**kwargs, no state
+            parameter, a return annotation without the state, or an unknown
+            donated field.
+    """
+    name = qualname(fn)
+    check_options(name, donate, max_compiles)
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError) as e:
+        raise DefinitionError(f"@jc.hot_step: cannot read the signature of {name}: {e}") from None
+    params = list(sig.parameters.values())
+    variadic = [p.name for p in params if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    if variadic:
+        raise DefinitionError(
+            f"@jc.hot_step on {name}: *args/**kwargs ({', '.join(variadic)}) "
+            "cannot be compiled ahead of time with a fixed signature.",
+            fix="name every parameter.",
+        )
+    try:
+        hints = typing.get_type_hints(fn, localns=localns)
+    except Exception:  # noqa: BLE001 - unresolvable forward refs: use raw annotations
+        hints = {p.name: p.annotation for p in params}
+        hints["return"] = sig.return_annotation
+    if signature is None:
+        if not params or params[0].name not in hints:
+            raise DefinitionError(
+                f"@jc.hot_step on {name}: no signature= was given and the "
+                "first parameter is not annotated, so the state type is unknown.",
+                fix="annotate it (def step(s: State) -> State) or pass "
+                "@jc.hot_step(signature=State).",
+            )
+        signature = hints[params[0].name]
+    state_params = tuple(
+        i for i, p in enumerate(params) if state_type_matches(hints.get(p.name), signature)
+    )
+    type_name = getattr(signature, "__name__", repr(signature))
+    if not state_params:
+        listing = ", ".join(
+            f"{p.name}: {getattr(hints.get(p.name), '__name__', hints.get(p.name, '(none)'))}"
+            for p in params
+        )
+        raise DefinitionError(
+            f"@jc.hot_step on {name}: no parameter is annotated with the state type {type_name}.",
+            [f"  parameters: {listing or '(none)'}"],
+            fix=f"annotate the state parameter (s: {type_name}), or pass the "
+            "state type as signature=...",
+        )
+    ret = hints.get("return", inspect.Signature.empty)
+    positions = return_positions(ret, signature)
+    if positions is None:
+        shown = getattr(ret, "__name__", ret) if ret is not inspect.Signature.empty else "missing"
+        raise DefinitionError(
+            f"@jc.hot_step on {name}: the return annotation ({shown}) "
+            f"does not contain the state type {type_name}.\nA hot step returns "
+            f"its new state: annotate `-> {type_name}` or `-> tuple[{type_name}, Metrics]`."
+        )
+    if len(positions) > len(state_params):
+        raise DefinitionError(
+            f"@jc.hot_step on {name}: {len(state_params)} state "
+            f"parameter(s) but {len(positions)} state(s) in the return annotation.\n"
+            "The k-th returned state is the new value of the k-th state parameter.",
+            fix="return one state per state parameter (state parameters not "
+            "returned are read-only inputs).",
+        )
+    kwonly = tuple(p.name for p in params if p.kind == p.KEYWORD_ONLY)
+    n_pos = len(params) - len(kwonly)
+    if kwonly:
+
+        def positional(*a: Any) -> Any:
+            return fn(*a[:n_pos], **dict(zip(kwonly, a[n_pos:])))
+
+    else:
+        positional = fn
+    fields = state_fields(signature)
+    result = StepSignature(
+        fn=fn,
+        name=name,
+        state_type=signature,
+        param_names=tuple(p.name for p in params),
+        state_params=state_params,
+        return_positions=tuple(positions),
+        donate=tuple(donate) if isinstance(donate, list) else donate,
+        max_compiles=max_compiles,
+        signature=sig,
+        positional=positional,
+        static_fields=fields[1] if fields else (),
+        data_fields=fields[0] if fields else None,
+    )
+    if fields is not None:
+        check_donated_names(result, fields[0], fields[1])
+    return result
