@@ -179,11 +179,14 @@ def _is_library(filename: str) -> bool:
     if filename.startswith("<frozen"):
         return True
     path = os.path.abspath(filename)
+    if path.startswith(_PACKAGE_DIR + os.sep):
+        # Our private modules (a path component starting with "_") are library
+        # code; public ones (jaxcontracts/demo/) are user code, even when the
+        # package is installed under a skipped directory.
+        parts = path[len(_PACKAGE_DIR) + 1 :].split(os.sep)
+        return any(part.startswith("_") for part in parts)
     if path.startswith(_SKIP_DIRS):
         return True
-    if path.startswith(_PACKAGE_DIR + os.sep):
-        # Our own modules are library code; the demo (__main__.py) is a user.
-        return os.path.basename(path) != "__main__.py"
     return path.startswith(_STDLIB) and "site-packages" not in path
 
 
