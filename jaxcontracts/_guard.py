@@ -113,11 +113,12 @@ def _is_library(filename: str) -> bool:
     if filename.startswith("<frozen"):
         return True
     path = os.path.abspath(filename)
+    if path.startswith(_PACKAGE_DIR + os.sep):
+        # Checked first: an installed package may sit under a skipped folder.
+        parts = path[len(_PACKAGE_DIR) + 1 :].split(os.sep)
+        return any(part.startswith("_") for part in parts)
     if path.startswith(_SKIP_DIRS):
         return True
-    if path.startswith(_PACKAGE_DIR + os.sep):
-        parts = os.path.relpath(path, _PACKAGE_DIR).split(os.sep)
-        return any(p.startswith("_") for p in parts)
     return path.startswith(_STDLIB) and "site-packages" not in path
 
 

@@ -390,7 +390,7 @@ def test_checks_env_variable_is_validated():
 def test_returned_states_carry_a_token_that_replace_tree_map_and_pickle_drop():
     import pickle
 
-    from jaxcontracts._hot_step import _TOKEN_KEY
+    from jaxcontracts._compile import TOKEN_KEY as _TOKEN_KEY
 
     advance = make_advance()
     q = advance(make_particles())
