@@ -52,15 +52,62 @@ _Tracer = jax.core.Tracer
 _BEAR = BeartypeConf(is_pep484_tower=True)
 
 
-def static(default: Any = dataclasses.MISSING, **field_kwargs: Any) -> Any:
+# Type checkers read a field specifier's arguments by keyword only (PEP 681):
+# `jc.static(0.1)` works at run time, but only `jc.static(default=0.1)` is
+# seen as a default, so the typed signatures take `default` by keyword.
+@typing.overload
+def static(
+    *,
+    default: T,
+    init: bool = True,
+    repr: bool = True,
+    hash: bool | None = None,
+    compare: bool = True,
+    metadata: Mapping[Any, Any] | None = None,
+    kw_only: bool = ...,
+) -> T: ...
+@typing.overload
+def static(
+    *,
+    default_factory: Callable[[], T],
+    init: bool = True,
+    repr: bool = True,
+    hash: bool | None = None,
+    compare: bool = True,
+    metadata: Mapping[Any, Any] | None = None,
+    kw_only: bool = ...,
+) -> T: ...
+@typing.overload
+def static(
+    *,
+    init: bool = True,
+    repr: bool = True,
+    hash: bool | None = None,
+    compare: bool = True,
+    metadata: Mapping[Any, Any] | None = None,
+    kw_only: bool = ...,
+) -> Any: ...
+def static(
+    default: Any = dataclasses.MISSING,
+    *,
+    default_factory: Any = dataclasses.MISSING,
+    init: bool = True,
+    repr: bool = True,
+    hash: bool | None = None,
+    compare: bool = True,
+    metadata: Mapping[Any, Any] | None = None,
+    kw_only: Any = dataclasses.MISSING,
+) -> Any:
     """Mark a state field as static: hashable, part of the tree structure.
 
     A static field is not a leaf: changing its value changes the pytree
     structure, which a hot_step treats as a new signature.
 
     Args:
-        default: the default value (optional).
-        **field_kwargs: passed to :func:`dataclasses.field`.
+        default: the default value (optional). Type checkers see it only when
+            passed by keyword: write ``jc.static(default=0.1)`` in typed code.
+        default_factory, init, repr, hash, compare, metadata, kw_only: as for
+            :func:`dataclasses.field`.
 
     Examples:
         >>> import jaxcontracts as jc
@@ -68,13 +115,20 @@ def static(default: Any = dataclasses.MISSING, **field_kwargs: Any) -> Any:
         >>> @jc.state
         ... class S:
         ...     x: Float32[Array, "n"]
-        ...     dt: float = jc.static(0.1)
+        ...     dt: float = jc.static(default=0.1)
         >>> S.spec(n=2).dt
         0.1
     """
-    metadata = dict(field_kwargs.pop("metadata", None) or {})
-    metadata[_STATIC] = True
-    return dataclasses.field(default=default, metadata=metadata, **field_kwargs)
+    return dataclasses.field(
+        default=default,
+        default_factory=default_factory,
+        init=init,
+        repr=repr,
+        hash=hash,
+        compare=compare,
+        metadata={**(metadata or {}), _STATIC: True},
+        kw_only=kw_only,
+    )
 
 
 # --------------------------------------------------------------------------
