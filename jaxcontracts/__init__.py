@@ -39,6 +39,7 @@ if TYPE_CHECKING:
     from ._report import Report as Report
     from ._report import check as check
     from ._spec import spec_of as spec_of
+    from ._state import State as State
     from ._state import state as state
     from ._state import static as static
 
@@ -53,6 +54,7 @@ _EXPORTS = {
     "Report": "_report",
     "check": "_report",
     "spec_of": "_spec",
+    "State": "_state",
     "state": "_state",
     "static": "_state",
 }
