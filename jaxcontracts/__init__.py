@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from ._records import Violation as Violation
     from ._report import Report as Report
     from ._spec import spec_of as spec_of
+    from ._state import State as State
     from ._state import state as state
     from ._state import static as static
 
@@ -64,6 +65,7 @@ _EXPORTS = {
     "Violation": "_records",
     "Report": "_report",
     "spec_of": "_spec",
+    "State": "_state",
     "state": "_state",
     "static": "_state",
 }

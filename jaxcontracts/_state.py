@@ -27,7 +27,7 @@ import operator
 import sys
 import typing
 from collections.abc import Callable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Self, TypeVar
 
 import jax
 import jax.numpy as jnp
@@ -44,7 +44,7 @@ from ._errors import DefinitionError, SpecError
 from ._format import fmt_aval, fmt_bindings, fmt_sharding
 from ._spec import fmt_value, leaf_spec
 
-__all__ = ["is_state", "state", "static", "static_field_names"]
+__all__ = ["State", "is_state", "state", "static", "static_field_names"]
 
 T = TypeVar("T")
 
@@ -54,15 +54,62 @@ _Tracer = Tracer
 _BEAR = BeartypeConf(is_pep484_tower=True)
 
 
-def static(default: Any = dataclasses.MISSING, **field_kwargs: Any) -> Any:
+# Type checkers read a field specifier's arguments by keyword only (PEP 681):
+# `jc.static(0.1)` works at run time, but only `jc.static(default=0.1)` is
+# seen as a default, so the typed signatures take `default` by keyword.
+@typing.overload
+def static(
+    *,
+    default: T,
+    init: bool = True,
+    repr: bool = True,
+    hash: bool | None = None,
+    compare: bool = True,
+    metadata: Mapping[Any, Any] | None = None,
+    kw_only: bool = ...,
+) -> T: ...
+@typing.overload
+def static(
+    *,
+    default_factory: Callable[[], T],
+    init: bool = True,
+    repr: bool = True,
+    hash: bool | None = None,
+    compare: bool = True,
+    metadata: Mapping[Any, Any] | None = None,
+    kw_only: bool = ...,
+) -> T: ...
+@typing.overload
+def static(
+    *,
+    init: bool = True,
+    repr: bool = True,
+    hash: bool | None = None,
+    compare: bool = True,
+    metadata: Mapping[Any, Any] | None = None,
+    kw_only: bool = ...,
+) -> Any: ...
+def static(
+    default: Any = dataclasses.MISSING,
+    *,
+    default_factory: Any = dataclasses.MISSING,
+    init: bool = True,
+    repr: bool = True,
+    hash: bool | None = None,
+    compare: bool = True,
+    metadata: Mapping[Any, Any] | None = None,
+    kw_only: Any = dataclasses.MISSING,
+) -> Any:
     """Mark a state field as static: hashable, part of the tree structure.
 
     A static field is not a leaf: changing its value changes the pytree
     structure, which a hot_step treats as a new signature.
 
     Args:
-        default: the default value (optional).
-        **field_kwargs: passed to :func:`dataclasses.field`.
+        default: the default value (optional). Type checkers see it only when
+            passed by keyword: write ``jc.static(default=0.1)`` in typed code.
+        default_factory, init, repr, hash, compare, metadata, kw_only: as for
+            :func:`dataclasses.field`.
 
     Examples:
         >>> import jaxcontracts as jc
@@ -70,13 +117,20 @@ def static(default: Any = dataclasses.MISSING, **field_kwargs: Any) -> Any:
         >>> @jc.state
         ... class S:
         ...     x: Float32[Array, "n"]
-        ...     dt: float = jc.static(0.1)
+        ...     dt: float = jc.static(default=0.1)
         >>> S.spec(n=2).dt
         0.1
     """
-    metadata = dict(field_kwargs.pop("metadata", None) or {})
-    metadata[_STATIC] = True
-    return dataclasses.field(default=default, metadata=metadata, **field_kwargs)
+    return dataclasses.field(
+        default=default,
+        default_factory=default_factory,
+        init=init,
+        repr=repr,
+        hash=hash,
+        compare=compare,
+        metadata={**(metadata or {}), _STATIC: True},
+        kw_only=kw_only,
+    )
 
 
 # --------------------------------------------------------------------------
@@ -180,7 +234,8 @@ def _hint_name(hint: Any) -> str:
 def state(cls: type[T], /) -> type[T]: ...
 @typing.overload
 def state(*, eq: bool = ...) -> Callable[[type[T]], type[T]]: ...
-def state(cls: Any = None, /, *, eq: bool = False, _depth: int = 1) -> Any:
+@typing.dataclass_transform(frozen_default=True, eq_default=False, field_specifiers=(static,))
+def state(cls: Any = None, /, *, eq: bool = False) -> Any:
     """Make a class a validated, frozen state dataclass registered as a pytree.
 
     Args:
@@ -191,6 +246,8 @@ def state(cls: Any = None, /, *, eq: bool = False, _depth: int = 1) -> Any:
 
     Returns:
         The class, with ``spec(**dims)``, ``zeros(**dims)`` and ``replace()``.
+        Type checkers see those methods on a subclass of :class:`State`
+        (the same thing, as a base class), not on a decorated class.
 
     Raises:
         DefinitionError: for a field that is not an array, state, pytree or
@@ -207,15 +264,30 @@ def state(cls: Any = None, /, *, eq: bool = False, _depth: int = 1) -> Any:
         >>> c
         Counter(x=f32[3], step=i32[])
     """
-    if cls is None:
-        return lambda c: state(c, eq=eq, _depth=2)
     # Annotations may name classes local to the defining function (and are
     # strings under `from __future__ import annotations`): resolve them there.
-    localns = dict(sys._getframe(_depth).f_locals)
+    localns = dict(sys._getframe(1).f_locals)
+    if cls is None:
+
+        def decorate(cls: type[T]) -> type[T]:
+            return _make_state(cls, eq, localns)
+
+        return decorate
+    return _make_state(cls, eq, localns)
+
+
+def _make_state(cls: Any, eq: bool, localns: dict[str, Any]) -> Any:
     if not isinstance(cls, type):
         raise DefinitionError(
             f"@jc.state decorates a class, got {type(cls).__name__} {cls!r}."
         )
+    if _INFO in cls.__dict__:  # a jc.State subclass, or decorated twice
+        if eq and not cls.__dataclass_params__.eq:  # type: ignore[attr-defined]
+            raise DefinitionError(
+                f"{cls.__qualname__} is already a jc.state without eq=True.\n"
+                f"Fix: write `class {cls.__name__}(jc.State, eq=True)`."
+            )
+        return cls
     user_post_init = cls.__dict__.get("__post_init__")
 
     def __post_init__(self: Any) -> None:
@@ -251,10 +323,72 @@ def state(cls: Any = None, /, *, eq: bool = False, _depth: int = 1) -> Any:
 
     dc.__repr__ = _state_repr
     dc.__getstate__ = _getstate
-    dc.spec = classmethod(_spec_classmethod)
-    dc.zeros = classmethod(_zeros_classmethod)
-    dc.replace = _replace
+    dc.spec = State.__dict__["spec"]
+    dc.zeros = State.__dict__["zeros"]
+    dc.replace = State.__dict__["replace"]
     return dc
+
+
+@typing.dataclass_transform(frozen_default=True, eq_default=False, field_specifiers=(static,))
+class State:
+    """Base class form of :func:`state`: ``class P(jc.State)`` is ``@jc.state class P``.
+
+    A subclass is made a validated, frozen state dataclass registered as a
+    pytree when it is defined, exactly as the decorator does; pass
+    ``eq=True`` as a class keyword to generate ``__eq__``. Unlike the
+    decorator, the base class lets type checkers see ``spec``, ``zeros`` and
+    ``replace``, typed as returning the subclass.
+
+    Raises:
+        DefinitionError: as :func:`state`, when the subclass is defined.
+
+    Examples:
+        >>> import jaxcontracts as jc
+        >>> from jaxtyping import Array, Float32
+        >>> class Counter(jc.State):
+        ...     x: Float32[Array, "n"]
+        ...     dt: float = jc.static(default=0.1)
+        >>> c = Counter.zeros(n=3)
+        >>> c.replace(dt=0.2)
+        Counter(x=f32[3], dt=0.2)
+    """
+
+    def __init_subclass__(cls, *, eq: bool = False, **kwargs: Any) -> None:
+        """Make the subclass a state, as ``@jc.state(eq=eq)`` does."""
+        super().__init_subclass__(**kwargs)
+        # Frame 1 runs the class statement (below any cooperative
+        # __init_subclass__ of a subclass): resolve annotations there.
+        frame = sys._getframe(1)
+        while frame.f_code.co_name == "__init_subclass__" and frame.f_back is not None:
+            frame = frame.f_back
+        _make_state(cls, eq, dict(frame.f_locals))
+
+    @classmethod
+    def spec(cls, *, sharding: Any = None, **dims_and_fields: Any) -> Self:
+        """An instance whose leaves are ``jax.ShapeDtypeStruct`` s (no device memory).
+
+        Args:
+            sharding: one ``jax.sharding.Sharding`` for every leaf, or a mapping
+                from field name to sharding.
+            **dims_and_fields: named dims (``n=4096``), and a value or spec for
+                each ``PyTree`` field.
+
+        Raises:
+            SpecError: a missing or unknown dim, or a PyTree field not given.
+        """
+        return _make(cls, dims_and_fields, sharding, _to_spec, "spec")
+
+    @classmethod
+    def zeros(cls, *, sharding: Any = None, **dims_and_fields: Any) -> Self:
+        """A concrete instance filled with zeros, exact dtypes, on the device.
+
+        Takes the same arguments as ``spec()``.
+        """
+        return _make(cls, dims_and_fields, sharding, _to_zeros, "zeros")
+
+    def replace(self, **changes: Any) -> Self:
+        """Return a copy with some fields changed (validated like construction)."""
+        return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
 
 def _register_pytree(cls: type, info: _StateInfo) -> None:
@@ -308,11 +442,6 @@ def _build(cls: type, values: Mapping[str, Any]) -> Any:
     obj = object.__new__(cls)
     obj.__dict__.update(values)
     return obj
-
-
-def _replace(self: T, **changes: Any) -> T:
-    """Return a copy with some fields changed (validated like construction)."""
-    return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
 
 def _state_repr(self: Any) -> str:
@@ -765,26 +894,3 @@ def _to_zeros(s: jax.ShapeDtypeStruct, sharding: Any) -> jax.Array:
     if sharding is None:
         return jnp.zeros(s.shape, s.dtype)
     return jax.device_put(jnp.zeros(s.shape, s.dtype), sharding)
-
-
-def _spec_classmethod(cls: type[T], /, *, sharding: Any = None, **dims_and_fields: Any) -> T:
-    """An instance whose leaves are ``jax.ShapeDtypeStruct`` s (no device memory).
-
-    Args:
-        sharding: one ``jax.sharding.Sharding`` for every leaf, or a mapping
-            from field name to sharding.
-        **dims_and_fields: named dims (``n=4096``), and a value or spec for
-            each ``PyTree`` field.
-
-    Raises:
-        SpecError: a missing or unknown dim, or a PyTree field not given.
-    """
-    return _make(cls, dims_and_fields, sharding, _to_spec, "spec")
-
-
-def _zeros_classmethod(cls: type[T], /, *, sharding: Any = None, **dims_and_fields: Any) -> T:
-    """A concrete instance filled with zeros, exact dtypes, on the device.
-
-    Takes the same arguments as ``spec()``.
-    """
-    return _make(cls, dims_and_fields, sharding, _to_zeros, "zeros")

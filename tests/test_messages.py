@@ -65,8 +65,8 @@ def test_recompile_error_at_call():
         "    b.pos: compiled with f32[2,3], called with f32[3,3]\n"
         "      likely cause: shape changed: a smaller last batch? pad it, or drop it\n"
         "Fix: pass arguments with the compiled spec (see the likely cause above), "
-        "or allow more signatures with @jc.hot_step(max_compiles=2). The call did "
-        "not run; your inputs are intact."
+        "or allow more signatures with @jc.hot_step(max_compiles=2).\n"
+        "The call did not run; your inputs are intact."
     )
 
 

@@ -229,3 +229,35 @@ def test_state_built_from_numpy_owns_its_device_buffer():
     before = p.pos.unsafe_buffer_pointer()
     q = advance(p)
     assert q.pos.unsafe_buffer_pointer() == before  # donated on the very first step
+
+
+def test_state_base_class_is_the_decorator():
+    class Inner(jc.State):  # local: its name resolves in this frame
+        x: Float32[Array, "n"]
+
+    class Outer(jc.State, eq=True):
+        inner: Inner
+        step: Int32[Array, ""]
+        dt: float = jc.static(default=0.1)
+
+    o = Outer(inner=Inner(x=np.zeros(3, np.float32)), step=0)
+    assert repr(o) == "Outer(inner=Inner(x=f32[3]), step=i32[], dt=0.1)"
+    assert isinstance(o.inner.x, jax.Array) and o.step.dtype == jnp.int32
+    assert [jax.tree_util.keystr(k) for k, _ in jax.tree_util.tree_leaves_with_path(o)] == [
+        ".inner.x",
+        ".step",
+    ]
+    assert Outer.spec(n=2).inner.x == jax.ShapeDtypeStruct((2,), jnp.float32)
+    assert o.replace(dt=0.2).dt == 0.2 and Outer.zeros(n=1).dt == 0.1
+    assert o == o and Inner.__eq__ is object.__eq__  # eq off unless asked for
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        o.step = jnp.int32(1)  # type: ignore[misc]
+    with pytest.raises(jc.SpecError, match=r"\.x: expected f32\[n\]"):
+        Inner(x=np.zeros(3, np.int32))
+    assert jc.state(Inner) is Inner  # already a state: the decorator adds nothing
+    with pytest.raises(jc.DefinitionError, match=r"class Inner\(jc.State, eq=True\)"):
+        jc.state(eq=True)(Inner)
+    with pytest.raises(jc.DefinitionError, match="cannot resolve an annotation"):
+
+        class Bad(jc.State):
+            x: Missing

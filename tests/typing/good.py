@@ -1,0 +1,76 @@
+"""A user's file that type checkers must pass with zero errors (tests/test_typing.py)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+from jaxtyping import Array, Float32, Int32
+
+import jaxcontracts as jc
+
+
+class Particles(jc.State):
+    pos: Float32[Array, "n 3"]
+    vel: Float32[Array, "n 3"]
+    t: Float32[Array, ""]
+    dt: float = jc.static(default=0.01)
+
+
+class Metrics(jc.State):
+    energy: Float32[Array, ""]
+    steps: Int32[Array, ""]
+
+
+@jc.state
+class Counter:
+    x: Float32[Array, "n"]
+    count: Int32[Array, ""]
+
+
+@jc.hot_step
+def advance(p: Particles, k: jax.Array) -> tuple[Particles, Metrics]:
+    vel = p.vel - p.pos * p.dt * k
+    q = p.replace(pos=p.pos + vel * p.dt, vel=vel, t=p.t + p.dt)
+    m = Metrics(energy=jnp.sum(vel * vel), steps=jnp.int32(1))
+    return q, m
+
+
+@jc.hot_step(signature=Counter, donate="all")
+def count(scale: jax.Array, c: Counter) -> Counter:
+    return Counter(x=c.x * scale, count=c.count + 1)
+
+
+def main() -> float:
+    n = 8
+    p = Particles(
+        pos=jnp.zeros((n, 3), jnp.float32),
+        vel=jnp.ones((n, 3), jnp.float32),
+        t=jnp.zeros((), jnp.float32),
+    )
+    spec: Particles = Particles.spec(n=n)
+    zeros: Particles = Particles.zeros(n=n, dt=0.02)
+    p = p.replace(t=jnp.ones((), jnp.float32))
+    dt: float = zeros.dt
+    pos: jax.Array = p.pos
+    assert spec.pos.shape == pos.shape
+
+    c = Counter(x=jnp.ones(n, jnp.float32), count=jnp.zeros((), jnp.int32))
+    k, scale = jnp.float32(1.0), jnp.float32(2.0)
+    advance.compile(spec, k)
+    count.compile(scale, c)
+    total = 0.0
+    with jc.hot_loop():
+        for i in range(4):
+            p, m = advance(p, k)
+            energy: jax.Array = m.energy
+            c = count(scale, c)
+            if i == 3:
+                host: Metrics = jc.fetch(m)
+                total = float(host.energy) + float(jc.fetch(energy)) + dt
+    fetched: Particles = jc.fetch(p)
+    counted: jax.Array = c.count
+    return total + float(fetched.t) + float(jc.fetch(counted))
+
+
+if __name__ == "__main__":
+    print(main())
