@@ -45,10 +45,11 @@ import sysconfig
 import threading
 from collections.abc import Callable
 from types import FrameType
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import jax
 import numpy as np
+import numpy.typing as npt
 
 from ._compat import arrays, events, frames, runtime_errors
 from ._errors import DefinitionError, DonationError, RecompileError, TransferError
@@ -341,7 +342,11 @@ def _release() -> None:
 # Public API
 
 
-def fetch(tree: T) -> T:
+@overload
+def fetch(tree: jax.Array) -> npt.NDArray[Any]: ...
+@overload
+def fetch(tree: T) -> T: ...
+def fetch(tree: Any) -> Any:
     """Copy a pytree of device arrays to the host, deliberately.
 
     The one way to read device values inside a :func:`hot_loop`; it works the

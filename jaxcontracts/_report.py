@@ -131,7 +131,11 @@ class Report:
             if not c.ok and c.detail:
                 out += ["         " + line for line in c.detail.splitlines()]
         out += textwrap.wrap(
-            self.capabilities_line(), width=88, initial_indent="  ", subsequent_indent="    "
+            self.capabilities_line(),
+            width=88,
+            initial_indent="  ",
+            subsequent_indent="    ",
+            break_on_hyphens=False,
         )
         return "\n".join(out)
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import dataclasses
 import operator
-import sys
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any, Self, TypeVar
@@ -37,6 +36,7 @@ from beartype.door import is_bearable
 from jaxtyping import jaxtyped
 
 from ._annotations import STATIC, ArrayAnnotation, parse_array_annotation
+from ._compat.frames import caller_frame, caller_locals
 from ._compat.jaxtyping import is_pytree_annotation, pytree_leaf
 from ._compat.tracing import Tracer
 from ._compat.tracing import trace_state_clean as _trace_state_clean
@@ -266,7 +266,7 @@ def state(cls: Any = None, /, *, eq: bool = False) -> Any:
     """
     # Annotations may name classes local to the defining function (and are
     # strings under `from __future__ import annotations`): resolve them there.
-    localns = dict(sys._getframe(1).f_locals)
+    localns = caller_locals(1)
     if cls is None:
 
         def decorate(cls: type[T]) -> type[T]:
@@ -358,10 +358,10 @@ class State:
         super().__init_subclass__(**kwargs)
         # Frame 1 runs the class statement (below any cooperative
         # __init_subclass__ of a subclass): resolve annotations there.
-        frame = sys._getframe(1)
-        while frame.f_code.co_name == "__init_subclass__" and frame.f_back is not None:
+        frame = caller_frame(1)
+        while frame is not None and frame.f_code.co_name == "__init_subclass__" and frame.f_back is not None:
             frame = frame.f_back
-        _make_state(cls, eq, dict(frame.f_locals))
+        _make_state(cls, eq, dict(frame.f_locals) if frame is not None else {})
 
     @classmethod
     def spec(cls, *, sharding: Any = None, **dims_and_fields: Any) -> Self:

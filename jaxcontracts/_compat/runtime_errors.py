@@ -8,9 +8,11 @@ merely mentions such a text is never rewritten.
 
 from __future__ import annotations
 
+import os
 from typing import Literal
 
 import jax
+import jaxlib
 
 from .registry import define
 
@@ -21,6 +23,7 @@ GuardErrorKind = Literal["host-to-device", "device-to-host", "deleted"]
 _JAX_ERRORS: tuple[type[BaseException], ...] = tuple(
     t for t in (getattr(jax.errors, "JaxRuntimeError", None),) if isinstance(t, type)
 )
+_JAX_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep for m in (jax, jaxlib))
 _MARKERS: tuple[tuple[str, GuardErrorKind, tuple[type[BaseException], ...]], ...] = (
     ("Disallowed host-to-device transfer", "host-to-device", _JAX_ERRORS),
     ("Disallowed device-to-host transfer", "device-to-host", _JAX_ERRORS),
@@ -38,10 +41,26 @@ def _probe() -> str | None:
     return None if _JAX_ERRORS else "jax.errors.JaxRuntimeError is gone"
 
 
+def _raised_by_jax(exc: BaseException) -> bool:
+    """Whether the innermost Python frame of ``exc``'s traceback is JAX's."""
+    tb = exc.__traceback__
+    if tb is None:
+        return False
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_JAX_DIRS)
+
+
 def classify(exc: BaseException) -> tuple[GuardErrorKind, str] | None:
-    """(kind, JAX's detail text) when ``exc`` is one of those JAX errors."""
+    """(kind, JAX's detail text) when ``exc`` is one of those JAX errors.
+
+    Only an exception of JAX's types raised from JAX's own code counts: a
+    user's ``RuntimeError`` that merely quotes such a text is left alone.
+    """
     if type(exc).__module__.split(".")[0] not in ("jax", "jaxlib", "builtins"):
         return None  # a user's or another library's exception class
+    if not _raised_by_jax(exc):
+        return None
     text = str(exc)
     for marker, kind, types in _MARKERS:
         if marker in text and isinstance(exc, types):

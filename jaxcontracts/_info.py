@@ -1,0 +1,42 @@
+"""``python -m jaxcontracts info``: versions and the capabilities in force."""
+
+from __future__ import annotations
+
+import platform
+from importlib.metadata import PackageNotFoundError, version
+
+from ._compat import capabilities
+from ._report import Contract, Report
+
+__all__ = ["info"]
+
+_PACKAGES = ("jaxcontracts", "jax", "jaxlib", "jaxtyping", "beartype", "numpy")
+
+
+def _version(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:
+        return "not installed"
+
+
+def info() -> Report:
+    """A report of the installed versions and every capability, probed.
+
+    Each capability is a private JAX/jaxtyping/CPython mechanism; a missing one
+    is a failed contract whose detail says what is no longer checked.
+    """
+    import jax
+
+    report = Report(title="jaxcontracts info")
+    report.facts = [(name, _version(name)) for name in _PACKAGES]
+    report.facts += [("python", platform.python_version()), ("backend", jax.default_backend())]
+    report.contracts = [
+        Contract(
+            f"{c.name}: {c.mechanism}",
+            c.available,
+            f"checks {c.checks}" if c.available else f"MISSING ({c.detail}): no longer checked: {c.checks}",
+        )
+        for c in capabilities()
+    ]
+    return report

@@ -1,0 +1,246 @@
+"""Each capability (a private JAX/jaxtyping/CPython mechanism) probed for real.
+
+The library's own probes are cheap structural checks; these tests exercise
+each mechanism on the installed versions, so that a jax or jaxtyping release
+that breaks one fails here, by name, before it makes a check lie.
+"""
+
+from __future__ import annotations
+
+import sys
+import warnings
+
+import jax
+import jax.numpy as jnp
+import jaxtyping
+import numpy as np
+import pytest
+from jaxtyping import Array, Float32, PyTree
+
+import jaxcontracts as jc
+from jaxcontracts import _compat
+from jaxcontracts._compat import arrays, events, executable, frames, registry, runtime_errors, tracing
+from jaxcontracts._compat import jaxtyping as jt
+
+
+@pytest.mark.parametrize("cap", [c.name for c in _compat.capabilities()])
+def test_every_capability_is_in_force_on_the_installed_versions(cap):
+    found = _compat.capability(cap)
+    assert found.available, f"{cap}: {found.detail}"
+
+
+def test_array_read_hooks_reach_existing_arrays():
+    x = jnp.arange(3.0)  # made before the patch: the class slot must cover it
+    seen = []
+    original = arrays.read_methods()["__float__"]
+
+    def spy(self):
+        seen.append(self.shape)
+        return original(self)
+
+    arrays.set_class_attr("__float__", spy)
+    try:
+        assert float(x[1]) == 1.0
+    finally:
+        arrays.set_class_attr("__float__", original)
+    assert seen == [()]
+    assert type(x).__dict__["__float__"] is original
+    assert set(arrays.READ_METHODS) | {"_value"} == set(arrays.read_methods())
+
+
+def test_buffer_hook_refuses_and_restores():
+    x = jnp.arange(4.0)
+    refused = []
+
+    def on_refused(a):
+        raise BufferError("refused")
+
+    on, off = arrays.buffer_hooks(lambda a: refused.append(a.shape) or True, on_refused)
+    on()
+    try:
+        with pytest.raises((BufferError, SystemError)):
+            memoryview(x)
+    finally:
+        off()
+    assert refused == [(4,)]
+    assert memoryview(x).nbytes == 16  # restored: the export works again
+
+
+def test_compile_events_name_every_phase_and_the_function():
+    seen = []
+
+    def listener(event, value, **kwargs):
+        if event in events.COMPILE_EVENTS:
+            seen.append((event, kwargs.get("fun_name")))
+
+    events.listen(listener)
+    try:
+
+        def a_fresh_function(v):
+            return v * 3 + 1
+
+        jax.jit(a_fresh_function)(jnp.ones(2))
+    finally:
+        events.unlisten(listener)
+    names = {e for e, _ in seen}
+    assert events.LOWERING_EVENT in names and events.COMPILE_EVENTS[2] in names
+    assert any("a_fresh_function" in str(f) for _, f in seen)
+
+
+def test_alias_table_reads_what_xla_aliased():
+    f = lambda a, b: (a + 1, b * 2)  # noqa: E731
+    spec = jax.ShapeDtypeStruct((8,), jnp.float32)
+    donated = jax.jit(f, donate_argnums=(0,), keep_unused=True).lower(spec, spec).compile()
+    plain = jax.jit(f, keep_unused=True).lower(spec, spec).compile()
+    assert executable.aliased_parameters(donated, 2) == {0}
+    assert executable.aliased_parameters(plain, 2) == set()
+    assert executable.alias_bytes(donated) == 32
+    assert executable.alias_bytes(plain) == 0
+
+
+def test_caller_frames_see_the_callers_namespace():
+    local_marker = object()
+
+    def inner():
+        return frames.caller_locals(1)
+
+    assert inner()["local_marker"] is local_marker
+    assert frames.caller_frame(0).f_code.co_name == "test_caller_frames_see_the_callers_namespace"
+
+
+def test_callback_frames_are_recognised_in_host_callbacks_and_device_get():
+    seen = []
+
+    def callback(v):
+        seen.append(frames.allowed_reader(sys._getframe()))
+
+    @jax.jit
+    def f(v):
+        jax.debug.callback(callback, v)
+        return v + 1
+
+    jax.block_until_ready(f(jnp.ones(2)))
+    assert seen == [True]
+    assert frames.allowed_reader(sys._getframe()) is False
+
+
+def test_ipython_cells_are_named_by_execution_count():
+    interactiveshell = pytest.importorskip("IPython.core.interactiveshell")
+    shell = interactiveshell.InteractiveShell.instance()
+    try:
+        result = shell.run_cell(
+            "import sys; _jc_file = sys._getframe().f_code.co_filename", store_history=True
+        )
+        assert result.success
+        filename = shell.user_ns["_jc_file"]
+        assert frames.notebook_cell(filename) == result.execution_count
+    finally:
+        interactiveshell.InteractiveShell.clear_instance()
+
+
+@pytest.mark.parametrize(
+    "dims",
+    ["n 3", "*batch n", "#n _", "...", "b n+1", "rows=3 cols", "_n", "?n", "*_ k", "2*n"],
+)
+def test_jaxtyping_dims_parse_as_jaxtyping_reads_them(dims):
+    ann = Float32[Array, dims]
+    ours = jt.parse_dims(ann.dim_str)
+    theirs = ann.dims  # jaxtyping's private dim objects: compared here only
+    assert len(ours) == len(theirs)
+    for mine, jax_dim in zip(ours, theirs):
+        kind = type(jax_dim).__name__
+        expected = {
+            "_FixedDim": "fixed",
+            "_NamedDim": "named",
+            "_NamedVariadicDim": "variadic",
+            "_SymbolicDim": "symbolic",
+            "_AnonymousDim": "anonymous",
+            "_AnonymousVariadicDim": "anonymous-variadic",
+        }[kind]
+        assert mine.kind == expected, (dims, mine, jax_dim)
+        assert mine.name == getattr(jax_dim, "name", getattr(jax_dim, "elem", "")) or mine.kind in ("fixed", "anonymous", "anonymous-variadic")
+        assert mine.broadcastable == getattr(jax_dim, "broadcastable", False)
+    variadic = [i for i, d in enumerate(ours) if d.kind in ("variadic", "anonymous-variadic")]
+    assert (variadic[0] if variadic else None) == ann.index_variadic
+
+
+def test_jaxtyping_pytree_leaf_is_read():
+    leaf = Float32[Array, "n"]
+    assert jt.is_pytree_annotation(PyTree[leaf])
+    assert jt.pytree_leaf(PyTree[leaf]) is leaf
+    assert not jt.is_pytree_annotation(leaf) and jt.is_array_annotation(leaf)
+    assert not jt.is_array_annotation(jaxtyping.PyTree)
+
+
+def test_runtime_errors_are_recognised_only_when_jax_raised_them():
+    x = jnp.zeros(3)
+    with pytest.raises(Exception) as h2d:
+        with jax.transfer_guard_host_to_device("disallow"):
+            jnp.add(x, np.ones(3, np.float32))
+    assert runtime_errors.classify(h2d.value)[0] == "host-to-device"
+    y = x + 1
+    y.delete()
+    with pytest.raises(RuntimeError) as deleted:
+        repr(y)
+    assert runtime_errors.classify(deleted.value)[0] == "deleted"
+    with pytest.raises(RuntimeError) as mine:
+        raise RuntimeError("Array has been deleted, says my own code")
+    assert runtime_errors.classify(mine.value) is None
+
+
+def test_trace_state_sees_an_active_trace():
+    seen = []
+
+    @jax.jit
+    def f(v):
+        seen.append(tracing.trace_state_clean())
+        return v
+
+    f(jnp.ones(1))
+    assert seen == [False] and tracing.trace_state_clean() is True
+
+
+def test_fast_flatten_and_the_compiled_fast_call_agree_with_the_public_api():
+    tree = {"a": (1, 2), "b": [3]}
+    assert tracing.flatten(tree)[0] == jax.tree_util.tree_flatten(tree)[0]
+    compiled = jax.jit(lambda v: v * 2).lower(jnp.ones(3)).compile()
+    call = tracing.cpp_call(compiled)
+    assert call is not compiled
+    assert np.array_equal(np.asarray(call(jnp.ones(3))), np.full(3, 2.0))
+
+
+def test_a_missing_capability_warns_once_and_reports_list_it(monkeypatch):
+    monkeypatch.setitem(
+        registry._definitions,
+        "test-only",
+        registry._Definition("a mechanism", "something checked", lambda: "it moved"),
+    )
+    monkeypatch.setattr(registry, "_results", {})
+    monkeypatch.setattr(registry, "_warned", set())
+    with pytest.warns(jc.CapabilityWarning, match="'test-only'.*it moved.*something checked"):
+        assert not _compat.capability("test-only").available
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _compat.capability("test-only")  # no second warning
+        report = jc.Report(title="t")
+    assert ("test-only", False) in report.capabilities
+    assert report.capabilities_line().endswith("MISSING: test-only")
+    assert "test-only" in str(report)
+
+
+def test_unreadable_alias_table_is_not_verified_never_a_pass(monkeypatch):
+    from helpers import Counter
+
+    from jaxcontracts import _compile
+
+    monkeypatch.setattr(_compile, "aliased_parameters", lambda compiled, n: None)
+    monkeypatch.setattr(_compile, "alias_bytes", lambda compiled: None)
+
+    @jc.hot_step
+    def step(c: Counter) -> Counter:
+        return Counter(x=c.x + 1, count=c.count + 1)
+
+    report = jc.check(step, Counter.spec(n=3))
+    donation = [c for c in report.contracts if c.name.startswith("donation verified")]
+    assert donation and not donation[0].ok and "not verified" in donation[0].detail
+    assert all(row.aliased is None for row in report.rows)

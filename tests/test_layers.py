@@ -1,0 +1,150 @@
+"""The package's layers go one way: each module imports only layers below it.
+
+Imports are read from the source (``ast``), those inside functions and under
+``TYPE_CHECKING`` included, so a lazy import cannot hide an upward edge. The
+table below is the architecture (see ARCHITECTURE.md); a new module must be
+placed in it.
+"""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+import pytest
+
+PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "jaxcontracts"
+
+# module -> layer. A module may import only modules of a strictly lower layer.
+LAYERS: dict[str, int] = {
+    # 0: plain data, messages and formatting (no other module of the package)
+    "_errors": 0,
+    "_records": 0,
+    "_format": 0,
+    "_donation": 0,
+    # 1: configuration, the capability registry, the loop/step meeting point
+    "_config": 1,
+    "_compat.registry": 1,
+    "_runtime": 1,
+    # 2: each private mechanism, behind a named capability
+    "_compat.arrays": 2,
+    "_compat.events": 2,
+    "_compat.executable": 2,
+    "_compat.frames": 2,
+    "_compat.jaxtyping": 2,
+    "_compat.runtime_errors": 2,
+    "_compat.tracing": 2,
+    "_compat": 3,
+    # annotations -> specs -> states
+    "_annotations": 3,
+    "_report": 4,  # renders records; below everything that returns a report
+    "_spec": 4,
+    "_state": 5,
+    # the compiled signature -> the call path -> the step
+    "_signature": 6,
+    "_compile": 7,
+    "_callpath": 8,
+    "_diagnose": 8,
+    "_hot_step": 9,
+    # the loop guard, then what uses everything
+    "_guard": 10,
+    "_check": 11,
+    "_info": 11,
+    # public API users: may import the package itself (its lazy __init__)
+    "_pytest_plugin": 12,
+    "demo.simulation": 12,
+    "demo.regressions": 13,
+    "demo.cli": 14,
+    "demo": 15,
+    "__main__": 16,
+}
+PUBLIC_API_USERS = 12  # from this layer up, `import jaxcontracts` is allowed
+
+
+def _modules() -> dict[str, pathlib.Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts = parts[:-1]
+        out[".".join(parts)] = path  # "" is the package's own __init__
+    return out
+
+
+def _imports(name: str, path: pathlib.Path) -> set[str]:
+    """Package-relative names of the package's modules this module imports."""
+    modules = _modules()
+    is_pkg = path.name == "__init__.py"
+    here = ["jaxcontracts", *[p for p in name.split(".") if p]]
+    base = here if is_pkg else here[:-1]
+
+    def module_of(dotted: str) -> str | None:
+        if dotted != "jaxcontracts" and not dotted.startswith("jaxcontracts."):
+            return None
+        parts = dotted.split(".")[1:]
+        while parts and ".".join(parts) not in modules:
+            parts.pop()  # `_compat.arrays.ArrayImpl` -> `_compat.arrays`
+        return ".".join(parts)
+
+    found: set[str | None] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), str(path))):
+        if isinstance(node, ast.Import):
+            found.update(module_of(a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                anchor = base[: len(base) - (node.level - 1)]
+                mod = ".".join(anchor + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            for a in node.names:
+                # `from . import _config` imports the module `_config`;
+                # `from ._spec import leaf_spec` imports `_spec`.
+                found.add(module_of(f"{mod}.{a.name}"))
+    return {m for m in found if m is not None and m != name}
+
+
+def test_every_module_has_a_layer():
+    unplaced = sorted(m for m in _modules() if m and m not in LAYERS)
+    assert not unplaced, f"place these modules in the LAYERS table: {unplaced}"
+
+
+@pytest.mark.parametrize("name", sorted(m for m in LAYERS))
+def test_imports_go_down_only(name):
+    path = _modules()[name]
+    layer = LAYERS[name]
+    upward = []
+    for dep in sorted(_imports(name, path)):
+        if dep == "":
+            if layer < PUBLIC_API_USERS:
+                upward.append("jaxcontracts (the package; only public-API users may)")
+        elif LAYERS.get(dep, 99) >= layer:
+            upward.append(f"{dep} (layer {LAYERS.get(dep)})")
+    assert not upward, f"{name} (layer {layer}) imports sideways or upward: {upward}"
+
+
+def test_no_import_cycles():
+    graph = {name: _imports(name, path) for name, path in _modules().items() if name}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+
+    def visit(v: str) -> None:
+        state[v] = 1
+        stack.append(v)
+        for w in graph.get(v, ()):
+            if w and state.get(w) == 1:
+                raise AssertionError("import cycle: " + " -> ".join(stack[stack.index(w) :] + [w]))
+            if w and w not in state:
+                visit(w)
+        stack.pop()
+        state[v] = 2
+
+    for v in graph:
+        if v not in state:
+            visit(v)
+
+
+def test_the_layer_test_sees_imports_inside_functions(tmp_path):
+    # An upward import hidden in a function body must be seen.
+    fake = tmp_path / "_x.py"
+    fake.write_text("def f():\n    from ._guard import fetch\n    return fetch\n")
+    assert _imports("_x", fake) == {"_guard"}
