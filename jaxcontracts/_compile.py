@@ -23,11 +23,11 @@ from typing import Any
 import jax
 import numpy as np
 
-from ._compat.executable import alias_bytes, aliased_parameters, memory_analysis
+from ._compat.executable import alias_bytes, aliased_parameters
 from ._compat.tracing import flatten
 from ._errors import NOTHING_RAN, DonationError, RecompileError, TransferError
 from ._format import fmt_aval
-from ._records import CompiledSignature, LeafRecord, MemoryRecord
+from ._records import CompiledSignature, LeafRecord
 from ._runtime import compiling
 from ._signature import StepSignature
 from ._spec import LeafDiff, diff_leaves, diff_specs, leaf_spec, spec_nbytes
@@ -141,7 +141,6 @@ def compile_signature(
     per_param = tuple(jax.tree_util.tree_unflatten(treedef, exact))
     _check_carry(sig, per_param, traced.out_info, compiled.output_shardings)
     aliased = _check_aliasing(sig, compiled, paths, exact, donated, traced.out_info)
-    analysis = memory_analysis(compiled)
     in_tokens, out_tokens = _tokens_for(sig, per_param, flat_style, is_state)
     donated_set = set(donated)
     return CompiledSignature(
@@ -165,12 +164,6 @@ def compile_signature(
         weak=tuple(bool(s.weak_type) for s in exact),
         multi_device=any(len(x.sharding.device_set) > 1 for x in exact),
         compile_seconds=seconds,
-        memory=MemoryRecord(
-            arguments=getattr(analysis, "argument_size_in_bytes", None),
-            outputs=getattr(analysis, "output_size_in_bytes", None),
-            aliased=getattr(analysis, "alias_size_in_bytes", None),
-            temporaries=getattr(analysis, "temp_size_in_bytes", None),
-        ),
         in_tokens=in_tokens,
         out_tokens=out_tokens,
     )

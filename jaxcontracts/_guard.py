@@ -40,7 +40,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
-import sys
 import sysconfig
 import threading
 from collections.abc import Callable

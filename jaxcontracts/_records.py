@@ -8,6 +8,7 @@ imports JAX or any other module of the package.
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any, Literal
 
 __all__ = [
@@ -86,11 +87,24 @@ class CompiledSignature:
     weak: tuple[bool, ...]
     multi_device: bool
     compile_seconds: float
-    memory: MemoryRecord
     # Provenance tokens: per state parameter that is a jc.state instance, the
     # token of its exact spec; per returned jc.state, the token to stamp on it.
     in_tokens: tuple[tuple[int, object], ...] = ()
     out_tokens: tuple[tuple[tuple[int, ...], object], ...] = ()
+
+    @functools.cached_property
+    def memory(self) -> MemoryRecord:
+        """The executable's memory analysis, read on first use (it costs ms)."""
+        try:
+            analysis = self.compiled.memory_analysis()
+        except Exception:  # noqa: BLE001 - not every backend has one
+            analysis = None
+        return MemoryRecord(
+            arguments=getattr(analysis, "argument_size_in_bytes", None),
+            outputs=getattr(analysis, "output_size_in_bytes", None),
+            aliased=getattr(analysis, "alias_size_in_bytes", None),
+            temporaries=getattr(analysis, "temp_size_in_bytes", None),
+        )
 
     @property
     def paths(self) -> tuple[str, ...]:

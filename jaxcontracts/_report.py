@@ -17,7 +17,6 @@ import dataclasses
 import html
 import textwrap
 from collections.abc import Sequence
-from typing import Any
 
 from ._compat import capabilities
 from ._errors import CONTRACTS, ContractError, DonationError, RecompileError, TransferError

@@ -19,7 +19,15 @@ from jaxtyping import Array, Float32, PyTree
 
 import jaxcontracts as jc
 from jaxcontracts import _compat
-from jaxcontracts._compat import arrays, events, executable, frames, registry, runtime_errors, tracing
+from jaxcontracts._compat import (
+    arrays,
+    events,
+    executable,
+    frames,
+    registry,
+    runtime_errors,
+    tracing,
+)
 from jaxcontracts._compat import jaxtyping as jt
 
 

@@ -403,7 +403,6 @@ def test_returned_states_carry_a_token_that_replace_tree_map_and_pickle_drop():
 
 
 def test_token_path_still_catches_every_hazard(monkeypatch):
-    from jaxcontracts import _callpath
 
     advance = make_advance()
     other = make_advance()

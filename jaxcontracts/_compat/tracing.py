@@ -68,10 +68,13 @@ flatten = _flatten_fn()
     "nothing is lost; hot step calls go through Compiled.__call__ (one more Python frame)",
 )
 def _probe_cpp_call() -> str | None:
-    from jax import stages
+    import inspect
 
-    if not hasattr(stages.Compiled, "_call") and not hasattr(stages.Compiled, "__call__"):
-        return "jax.stages.Compiled has no call"
+    from jax._src import stages  # the private module: Executable is not re-exported
+
+    source = inspect.getsource(stages.Compiled.__call__)
+    if "_call" not in source or not hasattr(stages.Executable, "create_cpp_call"):
+        return "Compiled.__call__ no longer caches a C++ call in Compiled._call"
     return None
 
 
