@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from ._compat.hostcopy import pins_host_views
 from ._errors import INPUTS_INTACT, DonationError, RecompileError, TransferError
 from ._format import fmt_aval
 from ._records import CompiledSignature
@@ -74,11 +75,7 @@ def not_consumed_error(sig: StepSignature, cs: CompiledSignature, leaves: Sequen
         f"{sig.name}: {len(missing)} donated input buffer(s) were not consumed: "
         "XLA copied instead of reusing them, so this step held its state twice.",
         [f"  {cs.leaves[i].path}: {fmt_aval(leaves[i].shape, leaves[i].dtype)}" for i in missing]
-        + [
-            "Likely cause: on CPU, a numpy view of the array is alive "
-            "(np.asarray(x) shares its buffer, so XLA must copy); elsewhere another "
-            "live reference pins the buffer."
-        ],
+        + [_PINNING_CAUSE if pins_host_views() else _VIEW_CAUSE],
         fix="drop the view (del it), or take a copy with np.array(x) or "
         "jc.fetch(x) (which copies).",
         note="The call's outputs are in this error's .result: nothing was lost.",
@@ -87,6 +84,18 @@ def not_consumed_error(sig: StepSignature, cs: CompiledSignature, leaves: Sequen
         step=sig.name,
         leaves=[cs.leaves[i].path for i in missing],
     )
+
+
+_VIEW_CAUSE = (
+    "Likely cause: on CPU, a numpy view of the array is alive (np.asarray(x) "
+    "shares its buffer, so XLA must copy); elsewhere another live reference pins the buffer."
+)
+_PINNING_CAUSE = (
+    "Likely cause: this jaxlib keeps a host view of a CPU array after any read "
+    "of it (float(x), print(x), np.asarray(x), jax.device_get(x)) for the array's "
+    "whole life, so XLA must copy it (jaxlib 0.11.2; 0.11.1 and 0.12 do not). "
+    "jc.fetch does not pin; so reads done with jc.fetch, or an upgrade of jaxlib, avoid it."
+)
 
 
 def _join(param: str, path: str) -> str:

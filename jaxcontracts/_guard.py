@@ -50,7 +50,7 @@ import jax
 import numpy as np
 import numpy.typing as npt
 
-from ._compat import arrays, events, frames, runtime_errors
+from ._compat import arrays, events, frames, hostcopy, runtime_errors
 from ._errors import DefinitionError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval
 from ._records import Violation
@@ -254,6 +254,24 @@ def _buffer_refused(x: Any) -> None:
     _on_read(x, "buffer")
 
 
+def _value_without_pin(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``_value`` for a jaxlib that pins a CPU buffer after a host read.
+
+    Reads a hot loop lets through (record mode, host callbacks, jc.fetch's
+    own) then copy instead of leaving a cached view that would make the next
+    donated call copy the whole buffer.
+    """
+
+    def _value(self: Any) -> Any:
+        if self.is_deleted() or jax.dtypes.issubdtype(self.dtype, jax.dtypes.extended):
+            return original(self)
+        out = hostcopy.host_copy(self)
+        out.flags.writeable = False  # as JAX's own _value
+        return out
+
+    return _value
+
+
 class _Patches:
     """Install and remove the class-level interceptors (reference counted)."""
 
@@ -263,7 +281,10 @@ class _Patches:
         for name, original in self.originals.items():
             if isinstance(original, property):
                 assert original.fget is not None
-                self.guarded[name] = property(_guarded(name, original.fget))
+                fget = original.fget
+                if name == "_value" and hostcopy.pins_host_views():
+                    fget = _value_without_pin(fget)
+                self.guarded[name] = property(_guarded(name, fget))
             else:
                 self.guarded[name] = _guarded(name, original)
         self.depth = 0
@@ -393,8 +414,12 @@ def fetch(tree: Any) -> Any:
             )
     local.allow += 1
     try:
-        host = jax.device_get(leaves)
-        copies = [np.array(h, copy=True) if isinstance(h, np.ndarray) else h for h in host]
+        copies = [
+            hostcopy.host_copy(x)
+            if isinstance(x, jax.Array)
+            else (np.array(x, copy=True) if isinstance(x, np.ndarray) else x)
+            for x in leaves
+        ]
     finally:
         local.allow -= 1
     return jax.tree_util.tree_unflatten(treedef, copies)

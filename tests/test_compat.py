@@ -252,3 +252,44 @@ def test_unreadable_alias_table_is_not_verified_never_a_pass(monkeypatch):
     donation = [c for c in report.contracts if c.name.startswith("donation verified")]
     assert donation and not donation[0].ok and "not verified" in donation[0].detail
     assert all(row.aliased is None for row in report.rows)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "int32", "bool", "float16", "bfloat16", "complex64"])
+def test_host_copy_copies_without_compiling_and_leaves_the_buffer_donatable(dtype):
+    from jaxcontracts._compat import hostcopy
+
+    f = jax.jit(lambda v: v + jnp.ones((), v.dtype) if v.dtype != jnp.bool_ else ~v, donate_argnums=0)
+    y = f(jnp.zeros((64,), dtype))
+    pointer = y.unsafe_buffer_pointer()
+    seen = []
+
+    def listener(event, value, **kwargs):
+        if event in events.COMPILE_EVENTS:
+            seen.append(event)
+
+    events.listen(listener)
+    try:
+        host = hostcopy.host_copy(y)
+    finally:
+        events.unlisten(listener)
+    assert seen == []
+    assert host.dtype == np.dtype(dtype) and host.flags.owndata and host.flags.writeable
+    expected = np.ones(64, dtype) if dtype != "bool" else np.ones(64, bool)
+    assert np.array_equal(host, expected)
+    del host
+    z = f(y)
+    assert y.is_deleted() and z.unsafe_buffer_pointer() == pointer  # donated, not copied
+
+
+def test_host_copy_of_a_sharded_array_assembles_every_shard():
+    from jax.sharding import Mesh, NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    from jaxcontracts._compat import hostcopy
+
+    devices = np.array(jax.devices()[:4]).reshape(2, 2)
+    mesh = Mesh(devices, ("a", "b"))
+    value = np.arange(32, dtype=np.float32).reshape(8, 4)
+    for spec in (P("a", "b"), P("a"), P()):
+        x = jax.device_put(value, NamedSharding(mesh, spec))
+        assert np.array_equal(hostcopy.host_copy(x), value)

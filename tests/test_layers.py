@@ -31,6 +31,7 @@ LAYERS: dict[str, int] = {
     "_compat.events": 2,
     "_compat.executable": 2,
     "_compat.frames": 2,
+    "_compat.hostcopy": 2,
     "_compat.jaxtyping": 2,
     "_compat.runtime_errors": 2,
     "_compat.tracing": 2,

@@ -7,7 +7,7 @@ Each lives in one module here, behind a named capability with a probe
 
 from __future__ import annotations
 
-from . import arrays, events, executable, frames, jaxtyping, runtime_errors, tracing
+from . import arrays, events, executable, frames, hostcopy, jaxtyping, runtime_errors, tracing
 from .registry import Capability, capabilities, capability, missing
 
 __all__ = [
@@ -18,6 +18,7 @@ __all__ = [
     "events",
     "executable",
     "frames",
+    "hostcopy",
     "jaxtyping",
     "missing",
     "runtime_errors",
