@@ -155,14 +155,17 @@ class HotStep(Generic[P, R]):
 
     @property
     def signature(self) -> tuple[Any, ...] | None:
+        """The current compiled signature (one spec tree per parameter), or None."""
         return None if self._current is None else self._current.spec_args
 
     @property
     def compiled(self) -> Any:
+        """The current signature's ``jax.stages.Compiled``, or None."""
         return None if self._current is None else self._current.compiled
 
     @property
     def lowered(self) -> Any:
+        """The current signature's ``jax.stages.Lowered``, or None."""
         return None if self._current is None else self._current.lowered
 
     @property
