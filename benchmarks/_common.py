@@ -300,7 +300,7 @@ def machine() -> dict[str, Any]:
         except importlib.metadata.PackageNotFoundError:
             versions[name] = "not installed"
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "date": datetime.datetime.now(datetime.UTC).strftime("%Y-%m-%d %H:%M UTC"),
         "cpu": cpu,
         "cores": os.cpu_count(),
         "memory_gib": round(mem_gib, 1) if mem_gib else None,
