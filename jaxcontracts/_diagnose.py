@@ -75,7 +75,8 @@ def not_consumed_error(sig: StepSignature, cs: CompiledSignature, leaves: Sequen
         f"{sig.name}: {len(missing)} donated input buffer(s) were not consumed: "
         "XLA copied instead of reusing them, so this step held its state twice.",
         [f"  {cs.leaves[i].path}: {fmt_aval(leaves[i].shape, leaves[i].dtype)}" for i in missing]
-        + [_PINNING_CAUSE if pins_host_views() else _VIEW_CAUSE],
+        + [_VIEW_CAUSE]
+        + ([_PINNING_CAUSE] if pins_host_views() else []),
         fix="drop the view (del it), or take a copy with np.array(x) or "
         "jc.fetch(x) (which copies).",
         note="The call's outputs are in this error's .result: nothing was lost.",
@@ -91,7 +92,7 @@ _VIEW_CAUSE = (
     "shares its buffer, so XLA must copy); elsewhere another live reference pins the buffer."
 )
 _PINNING_CAUSE = (
-    "Likely cause: this jaxlib keeps a host view of a CPU array after any read "
+    "Or: this jaxlib keeps a host view of a CPU array after any read "
     "of it (float(x), print(x), np.asarray(x), jax.device_get(x)) for the array's "
     "whole life, so XLA must copy it (jaxlib 0.11.2; 0.11.1 and 0.12 do not). "
     "jc.fetch does not pin; so reads done with jc.fetch, or an upgrade of jaxlib, avoid it."

@@ -124,6 +124,20 @@ def test_numpy_view_makes_xla_copy_and_raises_after_dispatch_with_result():
     assert isinstance(err.result, Particles)
     assert err.result.pos.shape == (4, 3)  # nothing lost: the outputs are here
     assert "p.pos" in str(err) and "numpy view" in str(err)
+    assert err.contract == "consumed" and err.leaves == ("p.pos",)
+    del view
+
+
+def test_not_consumed_names_a_pinning_jaxlib(monkeypatch):
+    from jaxcontracts import _diagnose
+
+    monkeypatch.setattr(_diagnose, "pins_host_views", lambda: True)
+    advance = make_advance()
+    p = make_particles()
+    advance.compile(p)
+    view = np.asarray(p.pos)
+    with pytest.raises(jc.DonationError, match="Or: this jaxlib keeps a host view"):
+        advance(p)
     del view
 
 
