@@ -20,6 +20,7 @@ slow path, which diagnoses it.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -37,6 +38,22 @@ __all__ = ["make_dispatch"]
 SlowCall = Callable[[tuple[Any, ...], dict[str, Any], "BaseException | None"], Any]
 NotConsumed = Callable[[CompiledSignature, Sequence[Any], Any], BaseException]
 FlatFields = Callable[[type], "tuple[str, ...] | None"]
+
+
+@dataclasses.dataclass(frozen=True)
+class _Context:
+    """What every closure of one compiled signature needs (read once, at build)."""
+
+    cs: CompiledSignature
+    compiled: Callable[..., Any]  # the executable's C++ call
+    full: bool
+    step_id: int
+    name: str
+    n_params: int
+    slow_call: SlowCall
+    stats: StepStats
+    not_consumed: NotConsumed
+    flat_fields: FlatFields
 
 
 def make_dispatch(
@@ -60,44 +77,61 @@ def make_dispatch(
         flat_fields: for a state class whose fields are all arrays (or
             static), its array field names, read by attribute; else ``None``.
     """
-    compiled = cpp_call(cs.compiled)  # skips Compiled.__call__'s Python frame
-    in_treedef = cs.in_treedef
-    array_impl = ArrayImpl
-
+    ctx = _Context(
+        cs=cs,
+        compiled=cpp_call(cs.compiled),  # skips Compiled.__call__'s Python frame
+        full=level == "full",
+        step_id=step_id,
+        name=name,
+        n_params=n_params,
+        slow_call=slow_call,
+        stats=stats,
+        not_consumed=not_consumed,
+        flat_fields=flat_fields,
+    )
     if level == "off":
-        if cs.flat_style:
+        return _off(ctx)
+    checked = _checked(ctx)
+    if not cs.in_tokens or len(cs.in_tokens) != n_state_params:
+        return checked
+    return _provenance(ctx, checked)
 
-            def off_flat(*args: Any, **kwargs: Any) -> Any:
-                leaves, treedef = flatten(args)
-                if kwargs or treedef != in_treedef:
-                    return slow_call(args, kwargs, None)
-                try:
-                    return compiled(*leaves)
-                except Exception as e:  # noqa: BLE001
-                    return slow_call(args, kwargs, e)
 
-            return off_flat
+def _off(ctx: _Context) -> Callable[..., Any]:
+    """Checks ``off``: the bare compiled call; failures go to the slow path."""
+    compiled, slow_call, in_treedef = ctx.compiled, ctx.slow_call, ctx.cs.in_treedef
+    if ctx.cs.flat_style:
 
-        def off(*args: Any, **kwargs: Any) -> Any:
+        def off_flat(*args: Any, **kwargs: Any) -> Any:
+            leaves, treedef = flatten(args)
+            if kwargs or treedef != in_treedef:
+                return slow_call(args, kwargs, None)
             try:
-                return compiled(*args, **kwargs)
+                return compiled(*leaves)
             except Exception as e:  # noqa: BLE001
                 return slow_call(args, kwargs, e)
 
-        return off
+        return off_flat
 
-    full = level == "full"
-    donated = cs.donated
-    weak = cs.weak
-    any_weak = any(weak)
-    shardings = [leaf.spec.sharding for leaf in cs.leaves] if cs.multi_device else None
-    flat_style = cs.flat_style
-    # One is_deleted() per call catches the usual stale state (all of it was
-    # donated) before XLA refuses it with an error line on stderr.
-    first_donated = donated[0] if donated else None
-    out_tokens = cs.out_tokens
+    def off(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return compiled(*args, **kwargs)
+        except Exception as e:  # noqa: BLE001
+            return slow_call(args, kwargs, e)
+
+    return off
+
+
+def _stamper(out_tokens: tuple[tuple[tuple[int, ...], object], ...]) -> Callable[[Any], None]:
+    """Stamp each returned state with the provenance token of its spec."""
     key = TOKEN_KEY
-    is_deleted = array_impl.is_deleted  # unbound: map() runs it in C
+    if len(out_tokens) == 1 and out_tokens[0][0] == ():
+        token_out = out_tokens[0][1]
+
+        def stamp_one(out: Any) -> None:  # the common `s = step(s)`
+            out.__dict__[key] = token_out
+
+        return stamp_one
 
     def stamp(out: Any) -> None:
         for pos, token in out_tokens:
@@ -106,30 +140,47 @@ def make_dispatch(
                 obj = obj[k]
             obj.__dict__[key] = token
 
-    if len(out_tokens) == 1 and out_tokens[0][0] == ():
-        token_out = out_tokens[0][1]
+    return stamp
 
-        def stamp(out: Any) -> None:  # noqa: F811 - the common `s = step(s)`
-            out.__dict__[key] = token_out
 
-    def _tail(consumed: Callable[[Any], bool]) -> Callable[[tuple[Any, ...], Any, Any], Any]:
-        """The after-dispatch tail, given how to tell that donation happened."""
+def _tail(ctx: _Context, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any, ...], Any, Any], Any]:
+    """The one after-dispatch tail: stamp, check consumption, count, tell loops.
 
-        def tail(args: tuple[Any, ...], src: Any, out: Any) -> Any:
-            stamp(out)
-            if full and not consumed(src):
-                raise not_consumed(cs, flatten(args)[0], out)
-            stats.calls += 1
-            if tracking.count:  # a hot_loop is active somewhere: remember for messages
-                note_call(step_id, name, args, out)
-            return out
+    Args:
+        consumed: tells, from the closure's own view of the arguments (flat
+            leaves or the arguments), whether every donated buffer was used.
+    """
+    stamp = _stamper(ctx.cs.out_tokens)
+    full, stats, cs, not_consumed = ctx.full, ctx.stats, ctx.cs, ctx.not_consumed
+    step_id, name = ctx.step_id, ctx.name
 
-        return tail
+    def tail(args: tuple[Any, ...], src: Any, out: Any) -> Any:
+        stamp(out)
+        if full and not consumed(src):
+            raise not_consumed(cs, flatten(args)[0], out)
+        stats.calls += 1
+        if tracking.count:  # a hot_loop is active somewhere: remember for messages
+            note_call(step_id, name, args, out)
+        return out
+
+    return tail
+
+
+def _checked(ctx: _Context) -> Callable[..., Any]:
+    """Checks ``fast``/``full``: flatten, check each leaf's kind, call."""
+    cs, compiled, slow_call = ctx.cs, ctx.compiled, ctx.slow_call
+    in_treedef, donated, weak, flat_style = cs.in_treedef, cs.donated, cs.weak, cs.flat_style
+    any_weak = any(weak)
+    shardings = [leaf.spec.sharding for leaf in cs.leaves] if cs.multi_device else None
+    array_impl = ArrayImpl
+    # One is_deleted() per call catches the usual stale state (all of it was
+    # donated) before XLA refuses it with an error line on stderr.
+    first_donated = donated[0] if donated else None
 
     def leaves_consumed(leaves: Sequence[Any]) -> bool:
         return all(leaves[i].is_deleted() for i in donated)
 
-    checked_tail = _tail(leaves_consumed)
+    tail = _tail(ctx, leaves_consumed)
 
     def checked(*args: Any, **kwargs: Any) -> Any:
         leaves, treedef = flatten(args)
@@ -153,25 +204,33 @@ def make_dispatch(
             out = compiled(*leaves) if flat_style else compiled(*args)
         except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
             return slow_call(args, kwargs, e)
-        return checked_tail(args, leaves, out)
+        return tail(args, leaves, out)
 
-    in_tokens = cs.in_tokens
-    if not in_tokens or len(in_tokens) != n_state_params:
-        return checked
+    return checked
 
-    # The provenance fast path. A jc.state returned by a hot_step carries the
-    # token of its exact spec (structure with static values, shapes, dtypes,
-    # weak types, shardings): the executable made every leaf, and carry
-    # invariance proved the spec when the step compiled. The instance is
-    # frozen and the token is dropped by replace(), tree_map and pickling, so
-    # an argument carrying this entry's token needs no per-leaf checks; the
-    # executable itself still refuses deleted buffers (-> the slow path).
-    getters = {arg: _leaves_of(type(cs.spec_args[arg]), flat_fields) for arg, _ in in_tokens}
-    donated_getters = tuple((arg, getters[arg]) for arg, _ in in_tokens) if donated else ()
+
+def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any]:
+    """The provenance fast path, for states that a hot step returned.
+
+    A jc.state returned by a hot_step carries the token of its exact spec
+    (structure with static values, shapes, dtypes, weak types, shardings): the
+    executable made every leaf, and carry invariance proved the spec when the
+    step compiled. The instance is frozen and the token is dropped by
+    replace(), tree_map and pickling, so an argument carrying this
+    signature's token needs no per-leaf checks; the executable itself still
+    refuses deleted buffers (-> the slow path). Anything else goes to
+    ``checked``.
+    """
+    cs, compiled, slow_call, n_params = ctx.cs, ctx.compiled, ctx.slow_call, ctx.n_params
+    in_tokens, key = cs.in_tokens, TOKEN_KEY
+    array_impl = ArrayImpl
+    is_deleted = array_impl.is_deleted  # unbound: map() runs it in C
+    getters = {arg: _leaves_of(type(cs.spec_args[arg]), ctx.flat_fields) for arg, _ in in_tokens}
+    donated_getters = tuple((arg, getters[arg]) for arg, _ in in_tokens) if cs.donated else ()
     first_leaf: Callable[[tuple[Any, ...]], Any] | None = None
     if donated_getters and jax.tree_util.tree_leaves(cs.spec_args[donated_getters[0][0]]):
         arg0 = donated_getters[0][0]
-        get_first = _first_leaf_of(type(cs.spec_args[arg0]), flat_fields)
+        get_first = _first_leaf_of(type(cs.spec_args[arg0]), ctx.flat_fields)
 
         def first_leaf(args: tuple[Any, ...]) -> Any:
             return get_first(args[arg0])
@@ -179,11 +238,33 @@ def make_dispatch(
     def states_consumed(args: tuple[Any, ...]) -> bool:
         return all(all(map(is_deleted, get(args[arg]))) for arg, get in donated_getters)
 
-    provenance_tail = _tail(states_consumed)
+    tail = _tail(ctx, states_consumed)
+
+    if n_params == 1 and len(cs.out_tokens) == 1 and cs.out_tokens[0][0] == ():
+        # The common `s = step(s)`: one parameter, the state, returned alone.
+        token0 = in_tokens[0][1]
+
+        def provenance_one(*args: Any, **kwargs: Any) -> Any:
+            if kwargs or len(args) != 1:
+                return checked(*args, **kwargs)
+            d = getattr(args[0], "__dict__", None)
+            if d is None or d.get(key) is not token0:
+                return checked(*args)
+            if first_leaf is not None and first_leaf(args).is_deleted():
+                return slow_call(args, kwargs, None)
+            try:
+                out = compiled(*args)
+            except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
+                return slow_call(args, kwargs, e)
+            return tail(args, args, out)
+
+        return provenance_one
+
     others = tuple(i for i in range(n_params) if i not in dict(in_tokens))
     other_specs, other_treedef = jax.tree_util.tree_flatten(tuple(cs.spec_args[i] for i in others))
     other_weak = tuple(bool(s.weak_type) for s in other_specs)
     other_any_weak = any(other_weak)
+    multi_device = cs.multi_device
 
     def provenance(*args: Any, **kwargs: Any) -> Any:
         if kwargs or len(args) != n_params:
@@ -196,7 +277,7 @@ def make_dispatch(
             return slow_call(args, kwargs, None)
         if others:
             leaves, treedef = flatten(tuple(args[i] for i in others))
-            if treedef != other_treedef or shardings is not None:
+            if treedef != other_treedef or multi_device:
                 return checked(*args)
             for x, w in zip(leaves, other_weak):
                 if type(x) is not array_impl or (x.aval.weak_type is not w if other_any_weak else x.aval.weak_type):
@@ -205,29 +286,9 @@ def make_dispatch(
             out = compiled(*args)
         except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
             return slow_call(args, kwargs, e)
-        return provenance_tail(args, args, out)
+        return tail(args, args, out)
 
-    if n_params != 1 or len(out_tokens) != 1 or out_tokens[0][0] != ():
-        return provenance
-
-    # The common `s = step(s)`: one parameter, the state, returned alone.
-    token0 = in_tokens[0][1]
-
-    def provenance_one(*args: Any, **kwargs: Any) -> Any:
-        if kwargs or len(args) != 1:
-            return checked(*args, **kwargs)
-        d = getattr(args[0], "__dict__", None)
-        if d is None or d.get(key) is not token0:
-            return checked(*args)
-        if first_leaf is not None and first_leaf(args).is_deleted():
-            return slow_call(args, kwargs, None)
-        try:
-            out = compiled(*args)
-        except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
-            return slow_call(args, kwargs, e)
-        return provenance_tail(args, args, out)
-
-    return provenance_one
+    return provenance
 
 
 def _leaves_of(cls: type, flat_fields: FlatFields) -> Callable[[Any], Sequence[Any]]:
