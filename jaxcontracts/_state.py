@@ -22,7 +22,9 @@ cast. Inside a trace, and when jax rebuilds a state from its leaves
 
 from __future__ import annotations
 
+import cmath
 import dataclasses
+import math
 import operator
 import typing
 from collections.abc import Callable, Mapping
@@ -602,10 +604,10 @@ def _convert_array(name: str, value: Any, ann: ArrayAnnotation) -> tuple[Any, _P
             return None, _wrong_dtype(name, expected, value, "numpy array")
         return _to_device(value), None
     if isinstance(value, (bool, int, float, complex)):
-        problem = _scalar_problem(name, value, ann)
+        host, problem = _scalar_to_host(name, value, ann)
         if problem is not None:
             return None, problem
-        return _to_device(np.asarray(value, dtype=want)), None
+        return _to_device(host), None
     return None, _Problem(
         name, expected, _describe(value), "pass a jax array (or a numpy array of that dtype)."
     )
@@ -643,16 +645,30 @@ def _wrong_dtype(name: str, expected: str, value: Any, kind: str) -> _Problem:
     )
 
 
-def _scalar_problem(name: str, value: Any, ann: ArrayAnnotation) -> _Problem | None:
+def _scalar_kind(dtype: np.dtype) -> str:
+    """'b', 'i', 'u', 'f' or 'c' for a dtype, including ml_dtypes (bfloat16: kind 'V')."""
+    for kind, family in (
+        ("b", jnp.bool_),
+        ("i", jnp.signedinteger),
+        ("u", jnp.unsignedinteger),
+        ("f", jnp.floating),
+        ("c", jnp.complexfloating),
+    ):
+        if jnp.issubdtype(dtype, family):
+            return kind
+    return ""
+
+
+def _scalar_to_host(name: str, value: Any, ann: ArrayAnnotation) -> tuple[Any, _Problem | None]:
+    """A Python scalar as a host array of the field's dtype, or the problem with it."""
     expected = ann.pretty()
+    got = f"Python {type(value).__name__} {value!r}"
     if ann.dims:
-        return _Problem(
-            name,
-            expected,
-            f"Python {type(value).__name__} {value!r}",
-            "a Python scalar fits only a rank-0 field; pass an array.",
+        return None, _Problem(
+            name, expected, got, "a Python scalar fits only a rank-0 field; pass an array."
         )
-    kind = np.dtype(ann.dtype).kind
+    want = ann.dtype
+    kind = _scalar_kind(want)
     allowed = {
         "b": (bool,),
         "i": (int,),
@@ -662,17 +678,41 @@ def _scalar_problem(name: str, value: Any, ann: ArrayAnnotation) -> _Problem | N
     }.get(kind, ())
     ok = isinstance(value, allowed) and not (isinstance(value, bool) and kind != "b")
     if ok and kind in "iu":
-        info = np.iinfo(ann.dtype)
-        ok = info.min <= value <= info.max
-    if ok:
-        return None
-    return _Problem(
-        name,
-        expected,
-        f"Python {type(value).__name__} {value!r}",
-        f"it cannot be represented as {np.dtype(ann.dtype).name} without loss; "
-        "pass a value of the field's kind.",
-    )
+        info = jnp.iinfo(want)
+        ok = int(info.min) <= value <= int(info.max)
+    if not ok:
+        return None, _Problem(
+            name,
+            expected,
+            got,
+            f"it cannot be represented as {np.dtype(want).name} without loss; "
+            "pass a value of the field's kind.",
+        )
+    try:
+        with np.errstate(all="ignore"):
+            host = np.asarray(value, dtype=want)
+    except OverflowError:  # an int beyond float64's range
+        host = None
+    if kind in "fc" and (host is None or (_finite(value) and not np.isfinite(host))):
+        dtype_name = np.dtype(want).name
+        return None, _Problem(
+            name,
+            expected,
+            got,
+            f"it overflows {dtype_name} (largest finite value "
+            f"{float(jnp.finfo(want).max):g}) and would be stored as "
+            f"{'inf' if host is None or np.isinf(host) else 'nan'}; pass a smaller "
+            "value, or annotate the field with a wider dtype (e.g. Float32).",
+        )
+    return host, None
+
+
+def _finite(value: int | float | complex) -> bool:
+    if isinstance(value, int):
+        return True
+    if isinstance(value, complex):
+        return cmath.isfinite(value)
+    return math.isfinite(value)
 
 
 def _convert_pytree(f: _PyTreeField, value: Any) -> tuple[Any, list[_Problem]]:

@@ -9,7 +9,19 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import Counter, Particles, make_particles
-from jaxtyping import Array, Bool, Float, Float32, Int32, PyTree, Shaped
+from jaxtyping import (
+    Array,
+    BFloat16,
+    Bool,
+    Complex64,
+    Float,
+    Float16,
+    Float32,
+    Int32,
+    PyTree,
+    Shaped,
+    UInt32,
+)
 
 import jaxcontracts as jc
 
@@ -65,6 +77,50 @@ def test_python_scalar_rules():
         Counter(x=1.0, count=0)
     with pytest.raises(jc.SpecError, match="cannot be represented"):
         Counter(x=jnp.zeros(2), count=2**40)
+
+
+def test_python_scalar_that_overflows_a_float_field_is_refused():
+    @jc.state
+    class Small:
+        h: Float16[Array, ""]
+        b: BFloat16[Array, ""]
+        c: Complex64[Array, ""]
+        f: Float32[Array, ""]
+
+    ok = dict(h=1.0, b=1.0, c=1.0, f=1.0)
+    for field, value, became in (
+        ("h", 1e6, "inf"),
+        ("h", 70000, "inf"),  # an int too
+        ("b", 1e39, "inf"),
+        ("c", complex(1e300, 1.0), "inf"),
+        ("f", 10**400, "inf"),  # beyond float64: no OverflowError escapes
+    ):
+        with pytest.raises(jc.SpecError) as info:
+            Small(**{**ok, field: value})
+        msg = str(info.value)
+        assert f".{field}: expected " in msg and "got Python " in msg
+        assert f"would be stored as {became}" in msg and "wider dtype" in msg
+    assert "float16 (largest finite value 65504)" in str(
+        pytest.raises(jc.SpecError, Small, **{**ok, "h": 1e6}).value
+    )
+    # finite in, finite out; a non-finite value passed on purpose is kept
+    s = Small(h=65504.0, b=1.5, c=1j, f=float("-inf"))
+    assert float(s.h) == 65504.0 and s.b.dtype == jnp.bfloat16 and float(s.b) == 1.5
+    assert np.isneginf(float(s.f)) and complex(s.c) == 1j
+    assert np.isnan(float(Small(**{**ok, "h": float("nan")}).h))
+
+
+def test_python_scalar_kinds_and_integer_ranges():
+    @jc.state
+    class Kinds:
+        f: Float32[Array, ""]
+        u: UInt32[Array, ""]
+        flag: Bool[Array, ""]
+
+    assert int(Kinds(f=2, u=2**32 - 1, flag=True).u) == 2**32 - 1
+    for bad in (dict(f=True), dict(u=2**32), dict(u=-1), dict(u=True), dict(flag=1), dict(f=1j)):
+        with pytest.raises(jc.SpecError, match="cannot be represented"):
+            Kinds(**{**dict(f=0.0, u=0, flag=False), **bad})
 
 
 def test_static_fields_are_checked():
