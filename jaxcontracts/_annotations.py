@@ -45,6 +45,11 @@ class ArrayAnnotation:
                 names.extend(_symbol_names(d.name))
         return tuple(dict.fromkeys(names))
 
+    @property
+    def variadic_names(self) -> tuple[str, ...]:
+        """The names of ``*batch`` dims, whose value is a tuple of sizes."""
+        return tuple(d.name for d in self.dims if d.kind == "variadic")
+
     def pretty(self) -> str:
         """``f32[n,3]``."""
         return fmt_aval([str(d) for d in self.dims], self.dtype)
@@ -63,7 +68,16 @@ class ArrayAnnotation:
             elif d.kind == "symbolic":
                 for name in _symbol_names(d.name):
                     _need(bindings, name, where, self)
-                out.append(int(eval(d.name, {}, dict(bindings))))  # noqa: S307
+                size = eval(d.name, {}, dict(bindings))  # noqa: S307
+                if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
+                    given = ", ".join(f"{k}={bindings[k]!r}" for k in _symbol_names(d.name))
+                    raise SpecError(
+                        f"{where}: dimension {d.name!r} of {self.pretty()} is {size!r} "
+                        f"for {given}, not a non-negative int.",
+                        fix=f"pass dims for which {d.name} is a size (an int >= 0).",
+                        contract="dims",
+                    )
+                out.append(int(size))
             else:
                 raise SpecError(
                     f"{where}: the annotation {self.annotation.__name__} has an "

@@ -183,6 +183,16 @@ class _StateInfo:
                 names.extend(_info(f.cls).dim_names)
         return tuple(dict.fromkeys(names))
 
+    @property
+    def variadic_dim_names(self) -> frozenset[str]:
+        names: set[str] = set()
+        for f in self.fields:
+            if isinstance(f, _ArrayField):
+                names.update(f.ann.variadic_names)
+            elif isinstance(f, _StateField):
+                names.update(_info(f.cls).variadic_dim_names)
+        return frozenset(names)
+
 
 def is_state(x: Any) -> bool:
     """Whether ``x`` is a ``jc.state`` class or instance."""
@@ -829,8 +839,10 @@ def _split_kwargs(cls: type, kwargs: dict[str, Any]) -> tuple[dict[str, Any], di
     return dims, values
 
 
-def _check_dim_names(cls: type, dims: Mapping[str, Any], what: str) -> None:
-    valid = set(_info(cls).dim_names)
+def _check_dims(cls: type, dims: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """The dims, checked: known names, non-negative int sizes (tuples for ``*batch``)."""
+    info = _info(cls)
+    valid = set(info.dim_names)
     unknown = sorted(set(dims) - valid)
     if unknown:
         raise SpecError(
@@ -838,6 +850,46 @@ def _check_dim_names(cls: type, dims: Mapping[str, Any], what: str) -> None:
             f"\nValid dims: {', '.join(sorted(valid)) or '(none)'}; you may also pass "
             "a value for any field, e.g. params=... for a PyTree field."
         )
+    variadic = info.variadic_dim_names
+    checked: dict[str, Any] = {}
+    bad: list[str] = []
+    for name, value in dims.items():
+        if name in variadic:
+            if _is_size(value):
+                checked[name] = int(value)
+            elif isinstance(value, (tuple, list)) and all(_is_size(v) for v in value):
+                checked[name] = tuple(int(v) for v in value)
+            else:
+                bad.append(
+                    f"  {name}={value!r} ({type(value).__name__}): *{name} takes a "
+                    "tuple of non-negative ints, e.g. (2, 3)"
+                )
+        elif _is_size(value):
+            checked[name] = int(value)
+        else:
+            bad.append(
+                f"  {name}={value!r} ({type(value).__name__}): expected a non-negative int"
+            )
+    if bad:
+        raise SpecError(
+            f"{cls.__qualname__}.{what}() got {len(bad)} invalid dimension size"
+            f"{'s' if len(bad) != 1 else ''}:",
+            bad,
+            fix="pass each dimension as a non-negative Python int, e.g. "
+            f"{cls.__qualname__}.{what}(n=4), and a *batch dimension as a tuple "
+            "of them, e.g. batch=(2, 3).",
+            contract="dims",
+        )
+    return checked
+
+
+def _is_size(value: Any) -> bool:
+    """A non-negative int (numpy ints too), never a bool, float or string."""
+    return (
+        isinstance(value, (int, np.integer))
+        and not isinstance(value, bool)
+        and value >= 0
+    )
 
 
 def _field_sharding(sharding: Any, name: str) -> Any:
@@ -848,7 +900,9 @@ def _field_sharding(sharding: Any, name: str) -> Any:
 
 def _make(cls: type, kwargs: dict[str, Any], sharding: Any, leaf_fn: Callable, what: str) -> Any:
     dims, given = _split_kwargs(cls, kwargs)
-    _check_dim_names(cls, dims, what)
+    dims = _check_dims(cls, dims, what)
+    if isinstance(sharding, Mapping):
+        _check_sharding_names(cls, sharding, what)
     values: dict[str, Any] = {}
     for f in _info(cls).fields:
         where = f"{cls.__qualname__}.{what}(): field .{f.name}"
@@ -888,6 +942,27 @@ def _make(cls: type, kwargs: dict[str, Any], sharding: Any, leaf_fn: Callable, w
     if problems:
         raise SpecError(_spec_message(cls, problems, {}, {}))
     return _build(cls, values)
+
+
+def _check_sharding_names(cls: type, sharding: Mapping[Any, Any], what: str) -> None:
+    """A SpecError for a sharding mapping that names no data field of ``cls``."""
+    valid = _info(cls).data_names
+    unknown = [k for k in sharding if k not in valid]
+    if unknown:
+        static = [k for k in unknown if k in _info(cls).static_names]
+        raise SpecError(
+            f"{cls.__qualname__}.{what}(sharding=...) names "
+            f"{', '.join(repr(k) for k in unknown)}, which "
+            f"{'is not a data field' if len(unknown) == 1 else 'are not data fields'}"
+            f" of {cls.__qualname__}"
+            + (f" ({', '.join(static)}: static, no array to shard)" if static else "")
+            + ".",
+            [f"  valid field names: {', '.join(valid) or '(none)'}"],
+            fix="fix the spelling, or drop the entry; a field left out of the "
+            "mapping gets no sharding (a nested state takes a mapping of its own "
+            "fields).",
+            contract="dims",
+        )
 
 
 def _check_sharding_fits(where: str, spec: jax.ShapeDtypeStruct, sharding: Any) -> None:

@@ -145,6 +145,59 @@ def test_spec_and_zeros():
         Particles.spec(n=2, m=3)
 
 
+def test_dims_must_be_non_negative_ints():
+    @jc.state
+    class Grid:
+        x: Float32[Array, "n 2*n"]
+        y: Float32[Array, "*batch n"]
+        z: Float32[Array, "n n-1"]
+
+    for make in (Grid.spec, Grid.zeros):
+        what = make.__name__
+        for bad in (-1, 3.5, "3", True, None):  # "3" made 2*n "33"
+            with pytest.raises(jc.SpecError) as info:
+                make(n=bad, batch=(2,))
+            msg = str(info.value)
+            assert f"Grid.{what}() got 1 invalid dimension size:\n" in msg
+            assert f"\n  n={bad!r} ({type(bad).__name__}): expected a non-negative int\n" in msg
+            assert info.value.contract == "dims" and "Fix: pass each dimension" in msg
+        for bad in ((2, -1), (2.0,), "2", (True,)):
+            with pytest.raises(jc.SpecError, match=r"\*batch takes a tuple of non-negative ints"):
+                make(n=2, batch=bad)
+        with pytest.raises(jc.SpecError, match=r"'n-1' of f32\[n,n-1\] is -1 for n=0"):
+            make(n=0, batch=())
+        good = make(n=np.int64(2), batch=[1, np.int32(3)])
+        assert good.x.shape == (2, 4) and good.y.shape == (1, 3, 2) and good.z.shape == (2, 1)
+        assert make(n=2, batch=5).y.shape == (5, 2)  # one size for *batch, as before
+
+
+def test_sharding_mapping_names_only_data_fields(mesh2):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    rep = NamedSharding(mesh2, P())
+    for make in (Particles.spec, Particles.zeros):
+        with pytest.raises(jc.SpecError) as info:
+            make(n=4, sharding={"pos": rep, "vell": rep})
+        msg = str(info.value)
+        assert msg.startswith(
+            f"Particles.{make.__name__}(sharding=...) names 'vell', which is not a "
+            "data field of Particles.\n  valid field names: pos, vel, t\n"
+        )
+        with pytest.raises(jc.SpecError, match=r"'dt', which is not a data field .*\(dt: static"):
+            make(n=4, sharding={"dt": rep})
+
+    @jc.state
+    class Outer:
+        inner: Particles
+        step: Int32[Array, ""]
+
+    with pytest.raises(jc.SpecError, match=r"Particles.spec\(sharding=...\) names 'x'"):
+        Outer.spec(n=4, sharding={"inner": {"x": rep}, "step": rep})
+    o = Outer.spec(n=4, sharding={"inner": {"pos": rep}, "step": rep})
+    assert o.inner.pos.sharding == rep and o.step.sharding == rep
+
+
 def test_abstract_dtype_is_a_definition_error():
     for abstract in (Float, Shaped):
         with pytest.raises(jc.DefinitionError, match="abstract dtype") as info:
