@@ -300,13 +300,18 @@ def _make_state(cls: Any, eq: bool, localns: dict[str, Any]) -> Any:
                 f"Fix: write `class {cls.__name__}(jc.State, eq=True)`."
             )
         return cls
-    user_post_init = cls.__dict__.get("__post_init__")
+    user_post_init = _user_post_init(cls)
 
     def __post_init__(self: Any) -> None:
-        _validate(self)
+        # Validate once, in the instance's own class: a subclass's
+        # __post_init__ calling super().__post_init__() reaches this wrapper
+        # of a base class, which then runs only the base's own code.
+        if type(self).__post_init__ is __post_init__:
+            _validate(self)
         if user_post_init is not None:
             user_post_init(self)
 
+    __post_init__.__jc_user_post_init__ = user_post_init  # type: ignore[attr-defined]
     cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
     try:
         dc = dataclasses.dataclass(frozen=True, eq=eq, repr=False)(cls)
@@ -339,6 +344,20 @@ def _make_state(cls: Any, eq: bool, localns: dict[str, Any]) -> Any:
     dc.zeros = State.__dict__["zeros"]
     dc.replace = State.__dict__["replace"]
     return dc
+
+
+def _user_post_init(cls: type) -> Callable[[Any], None] | None:
+    """The user's ``__post_init__`` for ``cls``: its own, else the one it inherits.
+
+    As for a dataclass: a class's own ``__post_init__`` is responsible for
+    calling ``super().__post_init__()``; a class without one runs its base's.
+    A base state's method is jaxcontracts' wrapper: the user's code is in it.
+    """
+    for klass in cls.__mro__:
+        method = klass.__dict__.get("__post_init__")
+        if method is not None:
+            return getattr(method, "__jc_user_post_init__", method)
+    return None
 
 
 @typing.dataclass_transform(frozen_default=True, eq_default=False, field_specifiers=(static,))

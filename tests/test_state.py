@@ -198,6 +198,84 @@ def test_sharding_mapping_names_only_data_fields(mesh2):
     assert o.inner.pos.sharding == rep and o.step.sharding == rep
 
 
+@pytest.mark.parametrize("form", ["decorator", "base class"])
+def test_subclass_runs_the_base_post_init_like_a_dataclass(form, monkeypatch):
+    from jaxcontracts import _state
+
+    ran = []
+
+    def positive(self):
+        ran.append(("base", type(self).__name__))
+        if float(self.x) < 0:
+            raise ValueError(".x must be >= 0")
+
+    if form == "decorator":
+
+        @jc.state
+        class Base:
+            x: Float32[Array, ""]
+            __post_init__ = positive
+
+        @jc.state
+        class Plain(Base):  # no __post_init__ of its own: the base's runs
+            y: Float32[Array, ""]
+
+        @jc.state
+        class Own(Base):  # its own: it calls super(), as with dataclasses
+            y: Float32[Array, ""]
+
+            def __post_init__(self):
+                ran.append(("own", type(self).__name__))
+                super().__post_init__()
+
+        @jc.state
+        class Quiet(Base):  # its own, without super(): the base's does not run
+            y: Float32[Array, ""]
+
+            def __post_init__(self):
+                ran.append(("quiet", type(self).__name__))
+
+    else:
+
+        class Base(jc.State):
+            x: Float32[Array, ""]
+            __post_init__ = positive
+
+        class Plain(Base):
+            y: Float32[Array, ""]
+
+        class Own(Base):
+            y: Float32[Array, ""]
+
+            def __post_init__(self):
+                ran.append(("own", type(self).__name__))
+                super().__post_init__()
+
+        class Quiet(Base):
+            y: Float32[Array, ""]
+
+            def __post_init__(self):
+                ran.append(("quiet", type(self).__name__))
+
+    validated = []
+    original = _state._validate
+    monkeypatch.setattr(_state, "_validate", lambda self: (validated.append(1), original(self)))
+    Plain(x=1.0, y=2.0)
+    assert ran == [("base", "Plain")] and len(validated) == 1
+    ran.clear(), validated.clear()
+    Own(x=1.0, y=2.0)
+    assert ran == [("own", "Own"), ("base", "Own")]
+    assert len(validated) == 1  # validated once, not again through super()
+    ran.clear(), validated.clear()
+    Quiet(x=-1.0, y=2.0)
+    assert ran == [("quiet", "Quiet")] and len(validated) == 1
+    for cls in (Base, Plain, Own):
+        with pytest.raises(ValueError, match="must be >= 0"):
+            cls(**({"x": -1.0} if cls is Base else {"x": -1.0, "y": 0.0}))
+    with pytest.raises(jc.SpecError, match=r"\.y: expected f32\[\]"):
+        Plain(x=1.0, y="no")  # fields are validated before any __post_init__
+
+
 def test_abstract_dtype_is_a_definition_error():
     for abstract in (Float, Shaped):
         with pytest.raises(jc.DefinitionError, match="abstract dtype") as info:
