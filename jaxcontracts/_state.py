@@ -234,6 +234,32 @@ def _classify(cls: type, f: dataclasses.Field, hint: Any) -> _Field:
     )
 
 
+def _refuse_init_vars(cls: type, hints: Mapping[str, Any]) -> None:
+    """A DefinitionError for ``InitVar`` pseudo-fields (they hold no value)."""
+    names = [
+        name
+        for name in cls.__dataclass_fields__  # type: ignore[attr-defined]
+        if isinstance(hints.get(name), dataclasses.InitVar) or hints.get(name) is dataclasses.InitVar
+    ]
+    if names:
+        shown = ", ".join(f"{cls.__qualname__}.{n}" for n in names)
+        inner = _hint_name(getattr(hints[names[0]], "type", Any))
+        raise DefinitionError(
+            f"@jc.state: {shown} {'is an InitVar' if len(names) == 1 else 'are InitVars'}"
+            ", which a state cannot hold.",
+            [
+                "  A state field is a leaf (an array, a nested state, a pytree) or a",
+                "  static value: jax rebuilds a state from those alone (tree_unflatten),",
+                "  spec() and zeros() never see an InitVar, and replace() would need it",
+                "  passed again.",
+            ],
+            fix=f"keep it as a field: `{names[0]}: {inner} = jc.static(default=...)` for "
+            "configuration, or an array field for data; to compute fields from an "
+            "argument, write a classmethod that builds the state, e.g. "
+            f"`def create(cls, ..., {names[0]}): return cls(...)`.",
+        )
+
+
 def _hint_name(hint: Any) -> str:
     return getattr(hint, "__name__", None) or repr(hint)
 
@@ -329,6 +355,7 @@ def _make_state(cls: Any, eq: bool, localns: dict[str, Any]) -> Any:
             "Fix: define (or import) that name before the class; state "
             "annotations are read when the decorator runs."
         ) from None
+    _refuse_init_vars(dc, hints)
     fields = tuple(_classify(dc, f, hints[f.name]) for f in dataclasses.fields(dc))
     info = _StateInfo(
         fields=fields,

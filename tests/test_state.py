@@ -276,6 +276,25 @@ def test_subclass_runs_the_base_post_init_like_a_dataclass(form, monkeypatch):
         Plain(x=1.0, y="no")  # fields are validated before any __post_init__
 
 
+def test_init_var_is_a_definition_error():
+    with pytest.raises(jc.DefinitionError) as info:
+
+        @jc.state
+        class Seeded:
+            x: Float32[Array, ""]
+            seed: dataclasses.InitVar[int] = 0
+
+    msg = str(info.value)
+    assert msg.startswith("@jc.state: ") and "Seeded.seed is an InitVar, which a state cannot hold." in msg
+    assert "tree_unflatten" in msg
+    assert "Fix: keep it as a field: `seed: int = jc.static(default=...)`" in msg
+    with pytest.raises(jc.DefinitionError, match=r"Seeded2.seed is an InitVar"):
+
+        class Seeded2(jc.State):
+            x: Float32[Array, ""]
+            seed: dataclasses.InitVar[int]
+
+
 def test_abstract_dtype_is_a_definition_error():
     for abstract in (Float, Shaped):
         with pytest.raises(jc.DefinitionError, match="abstract dtype") as info:
