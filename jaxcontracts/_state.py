@@ -37,7 +37,14 @@ from beartype import BeartypeConf
 from beartype.door import is_bearable
 from jaxtyping import jaxtyped
 
-from ._annotations import STATIC, ArrayAnnotation, parse_array_annotation
+from ._annotations import (
+    STATIC,
+    X64_ON,
+    ArrayAnnotation,
+    parse_array_annotation,
+    x64_field_fix,
+    x64_loss,
+)
 from ._compat.frames import caller_frame, caller_locals
 from ._compat.jaxtyping import is_pytree_annotation, pytree_leaf
 from ._compat.tracing import Tracer
@@ -645,15 +652,24 @@ def _convert_array(name: str, value: Any, ann: ArrayAnnotation) -> tuple[Any, _P
     """The exact device form of one array field, or the problem with it."""
     want = ann.dtype
     expected = ann.pretty()
+    if isinstance(value, jax.Array):
+        if np.dtype(value.dtype) != want:
+            return None, _x64_problem(name, value, ann) or _wrong_dtype(
+                name, expected, value, "jax array"
+            )
+        if value.aval.weak_type:
+            return jax.lax.convert_element_type(value, want), None
+        return value, None
+    if ann.needs_x64 and isinstance(
+        value, (jax.ShapeDtypeStruct, np.ndarray, np.generic, bool, int, float, complex)
+    ):
+        # Without jax_enable_x64 JAX would store (or compile) 32 bits.
+        problem = _x64_problem(name, value, ann)
+        if problem is not None:
+            return None, problem
     if isinstance(value, jax.ShapeDtypeStruct):
         if np.dtype(value.dtype) != want:
             return None, _wrong_dtype(name, expected, value, "spec")
-        return value, None
-    if isinstance(value, jax.Array):
-        if np.dtype(value.dtype) != want:
-            return None, _wrong_dtype(name, expected, value, "jax array")
-        if value.aval.weak_type:
-            return jax.lax.convert_element_type(value, want), None
         return value, None
     if isinstance(value, (np.ndarray, np.generic)):
         if np.dtype(value.dtype) != want:
@@ -667,6 +683,14 @@ def _convert_array(name: str, value: Any, ann: ArrayAnnotation) -> tuple[Any, _P
     return None, _Problem(
         name, expected, _describe(value), "pass a jax array (or a numpy array of that dtype)."
     )
+
+
+def _x64_problem(name: str, value: Any, ann: ArrayAnnotation) -> _Problem | None:
+    loss = x64_loss(ann.dtype)
+    if loss is None:
+        return None
+    reason, short = loss
+    return _Problem(name, ann.pretty(), _describe(value), f"{reason}: {x64_field_fix(short)}")
 
 
 def _to_device(value: Any) -> jax.Array:
@@ -783,6 +807,18 @@ def _convert_pytree(f: _PyTreeField, value: Any) -> tuple[Any, list[_Problem]]:
             if problem is not None:
                 problems.append(problem)
             out.append(new)
+        elif isinstance(leaf, (np.ndarray, np.generic, jax.ShapeDtypeStruct)) and (
+            loss := x64_loss(leaf.dtype)
+        ):
+            problems.append(
+                _Problem(
+                    where,
+                    "an array leaf JAX can hold",
+                    _describe(leaf),
+                    f"{loss[0]}: {_x64_leaf_fix(loss[1])}",
+                )
+            )
+            out.append(leaf)
         elif isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)):
             weak = isinstance(leaf, jax.Array) and leaf.aval.weak_type
             out.append(jax.lax.convert_element_type(leaf, leaf.dtype) if weak else leaf)
@@ -954,10 +990,15 @@ def _make(cls: type, kwargs: dict[str, Any], sharding: Any, leaf_fn: Callable, w
         where = f"{cls.__qualname__}.{what}(): field .{f.name}"
         shard = _field_sharding(sharding, f.name)
         if f.name in given and not isinstance(f, _StaticField):
-            values[f.name] = jax.tree_util.tree_map(
-                lambda x, s=shard, w=where: leaf_fn(_given_spec(w, x), s), given[f.name]
+            values[f.name] = jax.tree_util.tree_map_with_path(
+                lambda path, x, s=shard, w=where: leaf_fn(
+                    _given_spec(w + jax.tree_util.keystr(path), x), s
+                ),
+                given[f.name],
             )
         elif isinstance(f, _ArrayField):
+            if f.ann.needs_x64:
+                _refuse_x64_spec(where, f.ann.pretty(), f.ann.dtype, leaf=False)
             spec = jax.ShapeDtypeStruct(f.ann.shape(dims, where), f.ann.dtype)
             _check_sharding_fits(where, spec, shard)
             values[f.name] = leaf_fn(spec, shard)
@@ -1033,7 +1074,24 @@ def _given_spec(where: str, x: Any) -> jax.ShapeDtypeStruct:
     spec = leaf_spec(x)
     if spec is None:
         raise SpecError(f"{where}: the leaf {_describe(x)} is not an array and has no spec.")
+    _refuse_x64_spec(where, _describe(x), spec.dtype, leaf=True)
     return spec
+
+
+def _refuse_x64_spec(where: str, what: str, dtype: Any, *, leaf: bool) -> None:
+    """A SpecError for a 64-bit spec JAX would not honour (jax_enable_x64 off)."""
+    loss = x64_loss(dtype)
+    if loss is not None:
+        reason, short = loss
+        raise SpecError(
+            f"{where}: {what} is not what JAX would make: {reason}, and the "
+            "spec would not describe the arrays.",
+            fix=_x64_leaf_fix(short) if leaf else x64_field_fix(short),
+        )
+
+
+def _x64_leaf_fix(short: str) -> str:
+    return f"{X64_ON}; or pass {short} leaves (x.astype(np.{short}))."
 
 
 def _static_default(cls: type, name: str) -> Any:

@@ -17,7 +17,9 @@ from jaxtyping import (
     Float,
     Float16,
     Float32,
+    Float64,
     Int32,
+    Int64,
     PyTree,
     Shaped,
     UInt32,
@@ -293,6 +295,74 @@ def test_init_var_is_a_definition_error():
         class Seeded2(jc.State):
             x: Float32[Array, ""]
             seed: dataclasses.InitVar[int]
+
+
+@pytest.fixture
+def x64():
+    """Turns JAX's 64-bit mode on for a block: ``with x64(): ...``."""
+    import contextlib
+
+    before = jax.config.jax_enable_x64
+
+    @contextlib.contextmanager
+    def on():
+        jax.config.update("jax_enable_x64", True)
+        try:
+            yield
+        finally:
+            jax.config.update("jax_enable_x64", before)
+
+    yield on
+    jax.config.update("jax_enable_x64", before)
+
+
+def test_64_bit_fields_need_jax_enable_x64_when_used_not_when_defined(x64):
+    assert not jax.config.jax_enable_x64
+
+    @jc.state  # defining it is fine: x64 may be turned on later
+    class Wide:
+        x: Float64[Array, "n"]
+        i: Int64[Array, ""]
+
+    @jc.state
+    class Tree:
+        params: PyTree[Array]
+
+    for make in (Wide.spec, Wide.zeros):
+        with pytest.raises(jc.SpecError) as info:
+            make(n=2)  # was: a spec saying f64 while zeros() made f32
+        msg = str(info.value)
+        assert (
+            f"<locals>.Wide.{make.__name__}(): field .x: f64[n] is not what JAX would make: "
+            "float64 needs JAX's 64-bit mode, which is off (jax_enable_x64 is False), "
+            "so JAX would make it float32, and the spec would not describe the arrays.\n"
+            'Fix: turn it on before creating any array: jax.config.update("jax_enable_x64", '
+        ) in msg
+        assert msg.endswith("or annotate the field Float32 and pass float32.")
+    with pytest.raises(jc.SpecError, match=r"field \.params\['w'\]: f64\[2\] \(numpy array\)"):
+        Tree.spec(params={"w": np.zeros(2)})
+    with pytest.raises(jc.SpecError) as info:
+        Wide(x=np.zeros(2), i=1)  # was: a float32 array in a Float64 field
+    msg = str(info.value)
+    assert "got 2 invalid fields" in msg
+    assert ".x: expected f64[n], got f64[2] (numpy array)\n      fix: float64 needs JAX's" in msg
+    assert "so JAX would make it int32: turn it on" in msg and "annotate the field Int32" in msg
+    with pytest.raises(jc.SpecError, match=r"\.x: expected f64\[n\], got f32\[2\] \(jax array\)\n.*64-bit"):
+        Wide(x=jnp.zeros(2, jnp.float32), i=jax.ShapeDtypeStruct((), np.int64))
+    with pytest.raises(jc.SpecError, match=r"\.params\['w'\]: expected an array leaf JAX can hold"):
+        Tree(params={"w": np.zeros(2)})  # was: silently stored as float32
+
+    with x64():  # turned on after the class was defined: spec, zeros and values agree
+        spec = Wide.spec(n=2)
+        z = Wide.zeros(n=2)
+        w = Wide(x=np.zeros(2), i=2**40)
+        t = Tree(params={"w": np.zeros(2)})
+        assert spec.x.dtype == z.x.dtype == w.x.dtype == np.float64
+        assert spec.i.dtype == z.i.dtype == w.i.dtype == np.int64 and int(w.i) == 2**40
+        shapes = [(a.shape, a.dtype) for a in jax.tree_util.tree_leaves((spec, z, w))]
+        assert shapes == [((2,), np.float64), ((), np.int64)] * 3
+        assert t.params["w"].dtype == np.float64
+        assert Tree.spec(params={"w": np.zeros(2)}).params["w"].dtype == np.float64
 
 
 def test_abstract_dtype_is_a_definition_error():
