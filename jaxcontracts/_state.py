@@ -782,9 +782,19 @@ def _scalar_to_host(name: str, value: Any, ann: ArrayAnnotation) -> tuple[Any, _
             f"it overflows {dtype_name} (largest finite value "
             f"{float(jnp.finfo(want).max):g}) and would be stored as "
             f"{'inf' if host is None or np.isinf(host) else 'nan'}; pass a smaller "
-            "value, or annotate the field with a wider dtype (e.g. Float32).",
+            f"value{_wider(want)}.",
         )
     return host, None
+
+
+def _wider(dtype: np.dtype) -> str:
+    """``, or annotate the field ...`` with a wider dtype, when there is one."""
+    if np.dtype(dtype).itemsize < 4 and _scalar_kind(dtype) == "f":
+        return ", or annotate the field with a wider dtype (Float32)"
+    wider = {"float32": "Float64", "complex64": "Complex128"}.get(np.dtype(dtype).name)
+    if wider is None:
+        return ""
+    return f", or annotate the field {wider} (with jax_enable_x64 on)"
 
 
 def _finite(value: int | float | complex) -> bool:
@@ -953,13 +963,19 @@ def _check_dims(cls: type, dims: Mapping[str, Any], what: str) -> dict[str, Any]
                 f"  {name}={value!r} ({type(value).__name__}): expected a non-negative int"
             )
     if bad:
+        first = next((n for n in dims if n not in checked and n not in variadic), "n")
         raise SpecError(
             f"{cls.__qualname__}.{what}() got {len(bad)} invalid dimension size"
             f"{'s' if len(bad) != 1 else ''}:",
             bad,
             fix="pass each dimension as a non-negative Python int, e.g. "
-            f"{cls.__qualname__}.{what}(n=4), and a *batch dimension as a tuple "
-            "of them, e.g. batch=(2, 3).",
+            f"{cls.__name__}.{what}({first}=4)"
+            + (
+                f", and a *{min(variadic)} dimension as a tuple of them, e.g. "
+                f"{min(variadic)}=(2, 3)."
+                if variadic
+                else "."
+            ),
             contract="dims",
         )
     return checked

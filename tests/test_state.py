@@ -101,9 +101,13 @@ def test_python_scalar_that_overflows_a_float_field_is_refused():
             Small(**{**ok, field: value})
         msg = str(info.value)
         assert f".{field}: expected " in msg and "got Python " in msg
-        assert f"would be stored as {became}" in msg and "wider dtype" in msg
-    assert "float16 (largest finite value 65504)" in str(
-        pytest.raises(jc.SpecError, Small, **{**ok, "h": 1e6}).value
+        assert f"would be stored as {became}" in msg
+    assert (
+        "it overflows float16 (largest finite value 65504) and would be stored as inf; "
+        "pass a smaller value, or annotate the field with a wider dtype (Float32)."
+    ) in str(pytest.raises(jc.SpecError, Small, **{**ok, "h": 1e6}).value)
+    assert "or annotate the field Complex128 (with jax_enable_x64 on)." in str(
+        pytest.raises(jc.SpecError, Small, **{**ok, "c": 1e39}).value
     )
     # finite in, finite out; a non-finite value passed on purpose is kept
     s = Small(h=65504.0, b=1.5, c=1j, f=float("-inf"))
@@ -162,7 +166,9 @@ def test_dims_must_be_non_negative_ints():
             msg = str(info.value)
             assert f"Grid.{what}() got 1 invalid dimension size:\n" in msg
             assert f"\n  n={bad!r} ({type(bad).__name__}): expected a non-negative int\n" in msg
-            assert info.value.contract == "dims" and "Fix: pass each dimension" in msg
+            assert info.value.contract == "dims"
+            assert f"Fix: pass each dimension as a non-negative Python int, e.g. Grid.{what}(n=4), " in msg
+            assert msg.endswith("and a *batch dimension as a tuple of them, e.g. batch=(2, 3).")
         for bad in ((2, -1), (2.0,), "2", (True,)):
             with pytest.raises(jc.SpecError, match=r"\*batch takes a tuple of non-negative ints"):
                 make(n=2, batch=bad)
