@@ -20,10 +20,55 @@ from ._compat.jaxtyping import Dim, is_array_annotation, parse_dims
 from ._errors import DefinitionError, SpecError
 from ._format import fmt_aval
 
-__all__ = ["STATIC", "ArrayAnnotation", "parse_array_annotation"]
+__all__ = [
+    "STATIC",
+    "X64_DTYPES",
+    "X64_ON",
+    "ArrayAnnotation",
+    "parse_array_annotation",
+    "x64_field_fix",
+    "x64_loss",
+]
 
 #: The dataclass field metadata key that marks a ``jc.static`` field.
 STATIC = "jaxcontracts.static"
+
+#: The dtypes JAX replaces by 32-bit ones while ``jax_enable_x64`` is off.
+X64_DTYPES = frozenset(np.dtype(d) for d in ("int64", "uint64", "float64", "complex128"))
+
+
+def x64_loss(dtype: Any) -> tuple[str, str] | None:
+    """Why JAX cannot hold ``dtype`` now, and what it would make instead.
+
+    ``None`` when it can. JAX canonicalises a 64-bit dtype to its 32-bit
+    sibling while ``jax_enable_x64`` is off. The flag can change after a class
+    is defined, so this is asked when arrays or specs are made, never at
+    definition.
+    """
+    dtype = np.dtype(dtype)
+    if dtype not in X64_DTYPES:
+        return None
+    canonical = np.dtype(jax.dtypes.canonicalize_dtype(dtype))
+    if canonical == dtype:
+        return None
+    return (
+        f"{dtype.name} needs JAX's 64-bit mode, which is off (jax_enable_x64 is "
+        f"False), so JAX would make it {canonical.name}",
+        canonical.name,
+    )
+
+
+#: How to turn on JAX's 64-bit mode (the first half of an x64 fix).
+X64_ON = (
+    'turn it on before creating any array: jax.config.update("jax_enable_x64", '
+    "True), or JAX_ENABLE_X64=1 in the environment"
+)
+
+
+def x64_field_fix(short: str) -> str:
+    """The fix for a field annotated with a 64-bit dtype while x64 is off."""
+    annotation = {"uint32": "UInt32"}.get(short, short.capitalize())
+    return f"{X64_ON}; or annotate the field {annotation} and pass {short}."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,6 +90,16 @@ class ArrayAnnotation:
                 names.extend(_symbol_names(d.name))
         return tuple(dict.fromkeys(names))
 
+    @property
+    def needs_x64(self) -> bool:
+        """Whether the dtype exists in JAX only with ``jax_enable_x64`` on."""
+        return self.dtype in X64_DTYPES
+
+    @property
+    def variadic_names(self) -> tuple[str, ...]:
+        """The names of ``*batch`` dims, whose value is a tuple of sizes."""
+        return tuple(d.name for d in self.dims if d.kind == "variadic")
+
     def pretty(self) -> str:
         """``f32[n,3]``."""
         return fmt_aval([str(d) for d in self.dims], self.dtype)
@@ -63,7 +118,16 @@ class ArrayAnnotation:
             elif d.kind == "symbolic":
                 for name in _symbol_names(d.name):
                     _need(bindings, name, where, self)
-                out.append(int(eval(d.name, {}, dict(bindings))))  # noqa: S307
+                size = eval(d.name, {}, dict(bindings))  # noqa: S307
+                if isinstance(size, bool) or not isinstance(size, (int, np.integer)) or size < 0:
+                    given = ", ".join(f"{k}={bindings[k]!r}" for k in _symbol_names(d.name))
+                    raise SpecError(
+                        f"{where}: dimension {d.name!r} of {self.pretty()} is {size!r} "
+                        f"for {given}, not a non-negative int.",
+                        fix=f"pass dims for which {d.name} is a size (an int >= 0).",
+                        contract="dims",
+                    )
+                out.append(int(size))
             else:
                 raise SpecError(
                     f"{where}: the annotation {self.annotation.__name__} has an "

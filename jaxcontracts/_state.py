@@ -22,7 +22,9 @@ cast. Inside a trace, and when jax rebuilds a state from its leaves
 
 from __future__ import annotations
 
+import cmath
 import dataclasses
+import math
 import operator
 import typing
 from collections.abc import Callable, Mapping
@@ -35,7 +37,14 @@ from beartype import BeartypeConf
 from beartype.door import is_bearable
 from jaxtyping import jaxtyped
 
-from ._annotations import STATIC, ArrayAnnotation, parse_array_annotation
+from ._annotations import (
+    STATIC,
+    X64_ON,
+    ArrayAnnotation,
+    parse_array_annotation,
+    x64_field_fix,
+    x64_loss,
+)
 from ._compat.frames import caller_frame, caller_locals
 from ._compat.jaxtyping import is_pytree_annotation, pytree_leaf
 from ._compat.tracing import Tracer
@@ -181,6 +190,16 @@ class _StateInfo:
                 names.extend(_info(f.cls).dim_names)
         return tuple(dict.fromkeys(names))
 
+    @property
+    def variadic_dim_names(self) -> frozenset[str]:
+        names: set[str] = set()
+        for f in self.fields:
+            if isinstance(f, _ArrayField):
+                names.update(f.ann.variadic_names)
+            elif isinstance(f, _StateField):
+                names.update(_info(f.cls).variadic_dim_names)
+        return frozenset(names)
+
 
 def is_state(x: Any) -> bool:
     """Whether ``x`` is a ``jc.state`` class or instance."""
@@ -220,6 +239,32 @@ def _classify(cls: type, f: dataclasses.Field, hint: Any) -> _Field:
         f"Fix: if {f.name} is configuration, write `{f.name}: {_hint_name(hint)} = "
         "jc.static(...)`; if it is data, annotate it as an array."
     )
+
+
+def _refuse_init_vars(cls: type, hints: Mapping[str, Any]) -> None:
+    """A DefinitionError for ``InitVar`` pseudo-fields (they hold no value)."""
+    names = [
+        name
+        for name in cls.__dataclass_fields__  # type: ignore[attr-defined]
+        if isinstance(hints.get(name), dataclasses.InitVar) or hints.get(name) is dataclasses.InitVar
+    ]
+    if names:
+        shown = ", ".join(f"{cls.__qualname__}.{n}" for n in names)
+        inner = _hint_name(getattr(hints[names[0]], "type", Any))
+        raise DefinitionError(
+            f"@jc.state: {shown} {'is an InitVar' if len(names) == 1 else 'are InitVars'}"
+            ", which a state cannot hold.",
+            [
+                "  A state field is a leaf (an array, a nested state, a pytree) or a",
+                "  static value: jax rebuilds a state from those alone (tree_unflatten),",
+                "  spec() and zeros() never see an InitVar, and replace() would need it",
+                "  passed again.",
+            ],
+            fix=f"keep it as a field: `{names[0]}: {inner} = jc.static(default=...)` for "
+            "configuration, or an array field for data; to compute fields from an "
+            "argument, write a classmethod that builds the state, e.g. "
+            f"`def create(cls, ..., {names[0]}): return cls(...)`.",
+        )
 
 
 def _hint_name(hint: Any) -> str:
@@ -288,13 +333,18 @@ def _make_state(cls: Any, eq: bool, localns: dict[str, Any]) -> Any:
                 f"Fix: write `class {cls.__name__}(jc.State, eq=True)`."
             )
         return cls
-    user_post_init = cls.__dict__.get("__post_init__")
+    user_post_init = _user_post_init(cls)
 
     def __post_init__(self: Any) -> None:
-        _validate(self)
+        # Validate once, in the instance's own class: a subclass's
+        # __post_init__ calling super().__post_init__() reaches this wrapper
+        # of a base class, which then runs only the base's own code.
+        if type(self).__post_init__ is __post_init__:
+            _validate(self)
         if user_post_init is not None:
             user_post_init(self)
 
+    __post_init__.__jc_user_post_init__ = user_post_init  # type: ignore[attr-defined]
     cls.__post_init__ = __post_init__  # type: ignore[attr-defined]
     try:
         dc = dataclasses.dataclass(frozen=True, eq=eq, repr=False)(cls)
@@ -312,6 +362,7 @@ def _make_state(cls: Any, eq: bool, localns: dict[str, Any]) -> Any:
             "Fix: define (or import) that name before the class; state "
             "annotations are read when the decorator runs."
         ) from None
+    _refuse_init_vars(dc, hints)
     fields = tuple(_classify(dc, f, hints[f.name]) for f in dataclasses.fields(dc))
     info = _StateInfo(
         fields=fields,
@@ -327,6 +378,20 @@ def _make_state(cls: Any, eq: bool, localns: dict[str, Any]) -> Any:
     dc.zeros = State.__dict__["zeros"]
     dc.replace = State.__dict__["replace"]
     return dc
+
+
+def _user_post_init(cls: type) -> Callable[[Any], None] | None:
+    """The user's ``__post_init__`` for ``cls``: its own, else the one it inherits.
+
+    As for a dataclass: a class's own ``__post_init__`` is responsible for
+    calling ``super().__post_init__()``; a class without one runs its base's.
+    A base state's method is jaxcontracts' wrapper: the user's code is in it.
+    """
+    for klass in cls.__mro__:
+        method = klass.__dict__.get("__post_init__")
+        if method is not None:
+            return getattr(method, "__jc_user_post_init__", method)
+    return None
 
 
 @typing.dataclass_transform(frozen_default=True, eq_default=False, field_specifiers=(static,))
@@ -587,28 +652,45 @@ def _convert_array(name: str, value: Any, ann: ArrayAnnotation) -> tuple[Any, _P
     """The exact device form of one array field, or the problem with it."""
     want = ann.dtype
     expected = ann.pretty()
+    if isinstance(value, jax.Array):
+        if np.dtype(value.dtype) != want:
+            return None, _x64_problem(name, value, ann) or _wrong_dtype(
+                name, expected, value, "jax array"
+            )
+        if value.aval.weak_type:
+            return jax.lax.convert_element_type(value, want), None
+        return value, None
+    if ann.needs_x64 and isinstance(
+        value, (jax.ShapeDtypeStruct, np.ndarray, np.generic, bool, int, float, complex)
+    ):
+        # Without jax_enable_x64 JAX would store (or compile) 32 bits.
+        problem = _x64_problem(name, value, ann)
+        if problem is not None:
+            return None, problem
     if isinstance(value, jax.ShapeDtypeStruct):
         if np.dtype(value.dtype) != want:
             return None, _wrong_dtype(name, expected, value, "spec")
-        return value, None
-    if isinstance(value, jax.Array):
-        if np.dtype(value.dtype) != want:
-            return None, _wrong_dtype(name, expected, value, "jax array")
-        if value.aval.weak_type:
-            return jax.lax.convert_element_type(value, want), None
         return value, None
     if isinstance(value, (np.ndarray, np.generic)):
         if np.dtype(value.dtype) != want:
             return None, _wrong_dtype(name, expected, value, "numpy array")
         return _to_device(value), None
     if isinstance(value, (bool, int, float, complex)):
-        problem = _scalar_problem(name, value, ann)
+        host, problem = _scalar_to_host(name, value, ann)
         if problem is not None:
             return None, problem
-        return _to_device(np.asarray(value, dtype=want)), None
+        return _to_device(host), None
     return None, _Problem(
         name, expected, _describe(value), "pass a jax array (or a numpy array of that dtype)."
     )
+
+
+def _x64_problem(name: str, value: Any, ann: ArrayAnnotation) -> _Problem | None:
+    loss = x64_loss(ann.dtype)
+    if loss is None:
+        return None
+    reason, short = loss
+    return _Problem(name, ann.pretty(), _describe(value), f"{reason}: {x64_field_fix(short)}")
 
 
 def _to_device(value: Any) -> jax.Array:
@@ -643,16 +725,30 @@ def _wrong_dtype(name: str, expected: str, value: Any, kind: str) -> _Problem:
     )
 
 
-def _scalar_problem(name: str, value: Any, ann: ArrayAnnotation) -> _Problem | None:
+def _scalar_kind(dtype: np.dtype) -> str:
+    """'b', 'i', 'u', 'f' or 'c' for a dtype, including ml_dtypes (bfloat16: kind 'V')."""
+    for kind, family in (
+        ("b", jnp.bool_),
+        ("i", jnp.signedinteger),
+        ("u", jnp.unsignedinteger),
+        ("f", jnp.floating),
+        ("c", jnp.complexfloating),
+    ):
+        if jnp.issubdtype(dtype, family):
+            return kind
+    return ""
+
+
+def _scalar_to_host(name: str, value: Any, ann: ArrayAnnotation) -> tuple[Any, _Problem | None]:
+    """A Python scalar as a host array of the field's dtype, or the problem with it."""
     expected = ann.pretty()
+    got = f"Python {type(value).__name__} {value!r}"
     if ann.dims:
-        return _Problem(
-            name,
-            expected,
-            f"Python {type(value).__name__} {value!r}",
-            "a Python scalar fits only a rank-0 field; pass an array.",
+        return None, _Problem(
+            name, expected, got, "a Python scalar fits only a rank-0 field; pass an array."
         )
-    kind = np.dtype(ann.dtype).kind
+    want = ann.dtype
+    kind = _scalar_kind(want)
     allowed = {
         "b": (bool,),
         "i": (int,),
@@ -662,17 +758,51 @@ def _scalar_problem(name: str, value: Any, ann: ArrayAnnotation) -> _Problem | N
     }.get(kind, ())
     ok = isinstance(value, allowed) and not (isinstance(value, bool) and kind != "b")
     if ok and kind in "iu":
-        info = np.iinfo(ann.dtype)
-        ok = info.min <= value <= info.max
-    if ok:
-        return None
-    return _Problem(
-        name,
-        expected,
-        f"Python {type(value).__name__} {value!r}",
-        f"it cannot be represented as {np.dtype(ann.dtype).name} without loss; "
-        "pass a value of the field's kind.",
-    )
+        info = jnp.iinfo(want)
+        ok = int(info.min) <= value <= int(info.max)
+    if not ok:
+        return None, _Problem(
+            name,
+            expected,
+            got,
+            f"it cannot be represented as {np.dtype(want).name} without loss; "
+            "pass a value of the field's kind.",
+        )
+    try:
+        with np.errstate(all="ignore"):
+            host = np.asarray(value, dtype=want)
+    except OverflowError:  # an int beyond float64's range
+        host = None
+    if kind in "fc" and (host is None or (_finite(value) and not np.isfinite(host))):
+        dtype_name = np.dtype(want).name
+        return None, _Problem(
+            name,
+            expected,
+            got,
+            f"it overflows {dtype_name} (largest finite value "
+            f"{float(jnp.finfo(want).max):g}) and would be stored as "
+            f"{'inf' if host is None or np.isinf(host) else 'nan'}; pass a smaller "
+            f"value{_wider(want)}.",
+        )
+    return host, None
+
+
+def _wider(dtype: np.dtype) -> str:
+    """``, or annotate the field ...`` with a wider dtype, when there is one."""
+    if np.dtype(dtype).itemsize < 4 and _scalar_kind(dtype) == "f":
+        return ", or annotate the field with a wider dtype (Float32)"
+    wider = {"float32": "Float64", "complex64": "Complex128"}.get(np.dtype(dtype).name)
+    if wider is None:
+        return ""
+    return f", or annotate the field {wider} (with jax_enable_x64 on)"
+
+
+def _finite(value: int | float | complex) -> bool:
+    if isinstance(value, int):
+        return True
+    if isinstance(value, complex):
+        return cmath.isfinite(value)
+    return math.isfinite(value)
 
 
 def _convert_pytree(f: _PyTreeField, value: Any) -> tuple[Any, list[_Problem]]:
@@ -687,6 +817,18 @@ def _convert_pytree(f: _PyTreeField, value: Any) -> tuple[Any, list[_Problem]]:
             if problem is not None:
                 problems.append(problem)
             out.append(new)
+        elif isinstance(leaf, (np.ndarray, np.generic, jax.ShapeDtypeStruct)) and (
+            loss := x64_loss(leaf.dtype)
+        ):
+            problems.append(
+                _Problem(
+                    where,
+                    "an array leaf JAX can hold",
+                    _describe(leaf),
+                    f"{loss[0]}: {_x64_leaf_fix(loss[1])}",
+                )
+            )
+            out.append(leaf)
         elif isinstance(leaf, (jax.Array, jax.ShapeDtypeStruct)):
             weak = isinstance(leaf, jax.Array) and leaf.aval.weak_type
             out.append(jax.lax.convert_element_type(leaf, leaf.dtype) if weak else leaf)
@@ -789,8 +931,10 @@ def _split_kwargs(cls: type, kwargs: dict[str, Any]) -> tuple[dict[str, Any], di
     return dims, values
 
 
-def _check_dim_names(cls: type, dims: Mapping[str, Any], what: str) -> None:
-    valid = set(_info(cls).dim_names)
+def _check_dims(cls: type, dims: Mapping[str, Any], what: str) -> dict[str, Any]:
+    """The dims, checked: known names, non-negative int sizes (tuples for ``*batch``)."""
+    info = _info(cls)
+    valid = set(info.dim_names)
     unknown = sorted(set(dims) - valid)
     if unknown:
         raise SpecError(
@@ -798,6 +942,52 @@ def _check_dim_names(cls: type, dims: Mapping[str, Any], what: str) -> None:
             f"\nValid dims: {', '.join(sorted(valid)) or '(none)'}; you may also pass "
             "a value for any field, e.g. params=... for a PyTree field."
         )
+    variadic = info.variadic_dim_names
+    checked: dict[str, Any] = {}
+    bad: list[str] = []
+    for name, value in dims.items():
+        if name in variadic:
+            if _is_size(value):
+                checked[name] = int(value)
+            elif isinstance(value, (tuple, list)) and all(_is_size(v) for v in value):
+                checked[name] = tuple(int(v) for v in value)
+            else:
+                bad.append(
+                    f"  {name}={value!r} ({type(value).__name__}): *{name} takes a "
+                    "tuple of non-negative ints, e.g. (2, 3)"
+                )
+        elif _is_size(value):
+            checked[name] = int(value)
+        else:
+            bad.append(
+                f"  {name}={value!r} ({type(value).__name__}): expected a non-negative int"
+            )
+    if bad:
+        first = next((n for n in dims if n not in checked and n not in variadic), "n")
+        raise SpecError(
+            f"{cls.__qualname__}.{what}() got {len(bad)} invalid dimension size"
+            f"{'s' if len(bad) != 1 else ''}:",
+            bad,
+            fix="pass each dimension as a non-negative Python int, e.g. "
+            f"{cls.__name__}.{what}({first}=4)"
+            + (
+                f", and a *{min(variadic)} dimension as a tuple of them, e.g. "
+                f"{min(variadic)}=(2, 3)."
+                if variadic
+                else "."
+            ),
+            contract="dims",
+        )
+    return checked
+
+
+def _is_size(value: Any) -> bool:
+    """A non-negative int (numpy ints too), never a bool, float or string."""
+    return (
+        isinstance(value, (int, np.integer))
+        and not isinstance(value, bool)
+        and value >= 0
+    )
 
 
 def _field_sharding(sharding: Any, name: str) -> Any:
@@ -808,16 +998,23 @@ def _field_sharding(sharding: Any, name: str) -> Any:
 
 def _make(cls: type, kwargs: dict[str, Any], sharding: Any, leaf_fn: Callable, what: str) -> Any:
     dims, given = _split_kwargs(cls, kwargs)
-    _check_dim_names(cls, dims, what)
+    dims = _check_dims(cls, dims, what)
+    if isinstance(sharding, Mapping):
+        _check_sharding_names(cls, sharding, what)
     values: dict[str, Any] = {}
     for f in _info(cls).fields:
         where = f"{cls.__qualname__}.{what}(): field .{f.name}"
         shard = _field_sharding(sharding, f.name)
         if f.name in given and not isinstance(f, _StaticField):
-            values[f.name] = jax.tree_util.tree_map(
-                lambda x, s=shard, w=where: leaf_fn(_given_spec(w, x), s), given[f.name]
+            values[f.name] = jax.tree_util.tree_map_with_path(
+                lambda path, x, s=shard, w=where: leaf_fn(
+                    _given_spec(w + jax.tree_util.keystr(path), x), s
+                ),
+                given[f.name],
             )
         elif isinstance(f, _ArrayField):
+            if f.ann.needs_x64:
+                _refuse_x64_spec(where, f.ann.pretty(), f.ann.dtype, leaf=False)
             spec = jax.ShapeDtypeStruct(f.ann.shape(dims, where), f.ann.dtype)
             _check_sharding_fits(where, spec, shard)
             values[f.name] = leaf_fn(spec, shard)
@@ -850,6 +1047,27 @@ def _make(cls: type, kwargs: dict[str, Any], sharding: Any, leaf_fn: Callable, w
     return _build(cls, values)
 
 
+def _check_sharding_names(cls: type, sharding: Mapping[Any, Any], what: str) -> None:
+    """A SpecError for a sharding mapping that names no data field of ``cls``."""
+    valid = _info(cls).data_names
+    unknown = [k for k in sharding if k not in valid]
+    if unknown:
+        static = [k for k in unknown if k in _info(cls).static_names]
+        raise SpecError(
+            f"{cls.__qualname__}.{what}(sharding=...) names "
+            f"{', '.join(repr(k) for k in unknown)}, which "
+            f"{'is not a data field' if len(unknown) == 1 else 'are not data fields'}"
+            f" of {cls.__qualname__}"
+            + (f" ({', '.join(static)}: static, no array to shard)" if static else "")
+            + ".",
+            [f"  valid field names: {', '.join(valid) or '(none)'}"],
+            fix="fix the spelling, or drop the entry; a field left out of the "
+            "mapping gets no sharding (a nested state takes a mapping of its own "
+            "fields).",
+            contract="dims",
+        )
+
+
 def _check_sharding_fits(where: str, spec: jax.ShapeDtypeStruct, sharding: Any) -> None:
     """A SpecError naming the field when a sharding cannot apply to its shape."""
     if sharding is None:
@@ -872,7 +1090,24 @@ def _given_spec(where: str, x: Any) -> jax.ShapeDtypeStruct:
     spec = leaf_spec(x)
     if spec is None:
         raise SpecError(f"{where}: the leaf {_describe(x)} is not an array and has no spec.")
+    _refuse_x64_spec(where, _describe(x), spec.dtype, leaf=True)
     return spec
+
+
+def _refuse_x64_spec(where: str, what: str, dtype: Any, *, leaf: bool) -> None:
+    """A SpecError for a 64-bit spec JAX would not honour (jax_enable_x64 off)."""
+    loss = x64_loss(dtype)
+    if loss is not None:
+        reason, short = loss
+        raise SpecError(
+            f"{where}: {what} is not what JAX would make: {reason}, and the "
+            "spec would not describe the arrays.",
+            fix=_x64_leaf_fix(short) if leaf else x64_field_fix(short),
+        )
+
+
+def _x64_leaf_fix(short: str) -> str:
+    return f"{X64_ON}; or pass {short} leaves (x.astype(np.{short}))."
 
 
 def _static_default(cls: type, name: str) -> Any:

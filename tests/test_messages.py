@@ -44,6 +44,32 @@ def test_spec_error_at_construction():
     )
 
 
+def test_spec_error_for_an_overflowing_scalar():
+    msg = _message(lambda: Body(pos=jnp.zeros((2, 3)), t=1e39))
+    assert msg == (
+        "test_messages.Body(...) got 1 invalid field:\n"
+        "  .t: expected f32[], got Python float 1e+39\n"
+        "      fix: it overflows float32 (largest finite value 3.40282e+38) and would "
+        "be stored as inf; pass a smaller value, or annotate the field Float64 (with "
+        "jax_enable_x64 on).\n"
+        "  dims bound: n=2  (n from .pos)"
+    )
+
+
+def test_spec_error_for_dims_and_shardings():
+    assert _message(lambda: Body.spec(n="3")) == (
+        "Body.spec() got 1 invalid dimension size:\n"
+        "  n='3' (str): expected a non-negative int\n"
+        "Fix: pass each dimension as a non-negative Python int, e.g. Body.spec(n=4)."
+    )
+    assert _message(lambda: Body.zeros(n=2, sharding={"post": None})) == (
+        "Body.zeros(sharding=...) names 'post', which is not a data field of Body.\n"
+        "  valid field names: pos, t\n"
+        "Fix: fix the spelling, or drop the entry; a field left out of the mapping "
+        "gets no sharding (a nested state takes a mapping of its own fields)."
+    )
+
+
 def test_recompile_error_at_compile_carry():
     step = jc.hot_step(counter)
     msg = _message(step.compile, {"x": jnp.zeros(2), "t": jnp.int32(0)})

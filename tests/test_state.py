@@ -9,7 +9,21 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import Counter, Particles, make_particles
-from jaxtyping import Array, Bool, Float, Float32, Int32, PyTree, Shaped
+from jaxtyping import (
+    Array,
+    BFloat16,
+    Bool,
+    Complex64,
+    Float,
+    Float16,
+    Float32,
+    Float64,
+    Int32,
+    Int64,
+    PyTree,
+    Shaped,
+    UInt32,
+)
 
 import jaxcontracts as jc
 
@@ -67,6 +81,54 @@ def test_python_scalar_rules():
         Counter(x=jnp.zeros(2), count=2**40)
 
 
+def test_python_scalar_that_overflows_a_float_field_is_refused():
+    @jc.state
+    class Small:
+        h: Float16[Array, ""]
+        b: BFloat16[Array, ""]
+        c: Complex64[Array, ""]
+        f: Float32[Array, ""]
+
+    ok = dict(h=1.0, b=1.0, c=1.0, f=1.0)
+    for field, value, became in (
+        ("h", 1e6, "inf"),
+        ("h", 70000, "inf"),  # an int too
+        ("b", 1e39, "inf"),
+        ("c", complex(1e300, 1.0), "inf"),
+        ("f", 10**400, "inf"),  # beyond float64: no OverflowError escapes
+    ):
+        with pytest.raises(jc.SpecError) as info:
+            Small(**{**ok, field: value})
+        msg = str(info.value)
+        assert f".{field}: expected " in msg and "got Python " in msg
+        assert f"would be stored as {became}" in msg
+    assert (
+        "it overflows float16 (largest finite value 65504) and would be stored as inf; "
+        "pass a smaller value, or annotate the field with a wider dtype (Float32)."
+    ) in str(pytest.raises(jc.SpecError, Small, **{**ok, "h": 1e6}).value)
+    assert "or annotate the field Complex128 (with jax_enable_x64 on)." in str(
+        pytest.raises(jc.SpecError, Small, **{**ok, "c": 1e39}).value
+    )
+    # finite in, finite out; a non-finite value passed on purpose is kept
+    s = Small(h=65504.0, b=1.5, c=1j, f=float("-inf"))
+    assert float(s.h) == 65504.0 and s.b.dtype == jnp.bfloat16 and float(s.b) == 1.5
+    assert np.isneginf(float(s.f)) and complex(s.c) == 1j
+    assert np.isnan(float(Small(**{**ok, "h": float("nan")}).h))
+
+
+def test_python_scalar_kinds_and_integer_ranges():
+    @jc.state
+    class Kinds:
+        f: Float32[Array, ""]
+        u: UInt32[Array, ""]
+        flag: Bool[Array, ""]
+
+    assert int(Kinds(f=2, u=2**32 - 1, flag=True).u) == 2**32 - 1
+    for bad in (dict(f=True), dict(u=2**32), dict(u=-1), dict(u=True), dict(flag=1), dict(f=1j)):
+        with pytest.raises(jc.SpecError, match="cannot be represented"):
+            Kinds(**{**dict(f=0.0, u=0, flag=False), **bad})
+
+
 def test_static_fields_are_checked():
     with pytest.raises(jc.SpecError, match=r"\.dt: expected a hashable float"):
         Particles(pos=jnp.zeros((1, 3)), vel=jnp.zeros((1, 3)), t=0.0, dt=[0.1])
@@ -87,6 +149,226 @@ def test_spec_and_zeros():
         Particles.spec()
     with pytest.raises(jc.SpecError, match="(?s)unknown dimension\\(s\\) m.*Valid dims: n"):
         Particles.spec(n=2, m=3)
+
+
+def test_dims_must_be_non_negative_ints():
+    @jc.state
+    class Grid:
+        x: Float32[Array, "n 2*n"]
+        y: Float32[Array, "*batch n"]
+        z: Float32[Array, "n n-1"]
+
+    for make in (Grid.spec, Grid.zeros):
+        what = make.__name__
+        for bad in (-1, 3.5, "3", True, None):  # "3" made 2*n "33"
+            with pytest.raises(jc.SpecError) as info:
+                make(n=bad, batch=(2,))
+            msg = str(info.value)
+            assert f"Grid.{what}() got 1 invalid dimension size:\n" in msg
+            assert f"\n  n={bad!r} ({type(bad).__name__}): expected a non-negative int\n" in msg
+            assert info.value.contract == "dims"
+            assert f"Fix: pass each dimension as a non-negative Python int, e.g. Grid.{what}(n=4), " in msg
+            assert msg.endswith("and a *batch dimension as a tuple of them, e.g. batch=(2, 3).")
+        for bad in ((2, -1), (2.0,), "2", (True,)):
+            with pytest.raises(jc.SpecError, match=r"\*batch takes a tuple of non-negative ints"):
+                make(n=2, batch=bad)
+        with pytest.raises(jc.SpecError, match=r"'n-1' of f32\[n,n-1\] is -1 for n=0"):
+            make(n=0, batch=())
+        good = make(n=np.int64(2), batch=[1, np.int32(3)])
+        assert good.x.shape == (2, 4) and good.y.shape == (1, 3, 2) and good.z.shape == (2, 1)
+        assert make(n=2, batch=5).y.shape == (5, 2)  # one size for *batch, as before
+
+
+def test_sharding_mapping_names_only_data_fields(mesh2):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    rep = NamedSharding(mesh2, P())
+    for make in (Particles.spec, Particles.zeros):
+        with pytest.raises(jc.SpecError) as info:
+            make(n=4, sharding={"pos": rep, "vell": rep})
+        msg = str(info.value)
+        assert msg.startswith(
+            f"Particles.{make.__name__}(sharding=...) names 'vell', which is not a "
+            "data field of Particles.\n  valid field names: pos, vel, t\n"
+        )
+        with pytest.raises(jc.SpecError, match=r"'dt', which is not a data field .*\(dt: static"):
+            make(n=4, sharding={"dt": rep})
+
+    @jc.state
+    class Outer:
+        inner: Particles
+        step: Int32[Array, ""]
+
+    with pytest.raises(jc.SpecError, match=r"Particles.spec\(sharding=...\) names 'x'"):
+        Outer.spec(n=4, sharding={"inner": {"x": rep}, "step": rep})
+    o = Outer.spec(n=4, sharding={"inner": {"pos": rep}, "step": rep})
+    assert o.inner.pos.sharding == rep and o.step.sharding == rep
+
+
+@pytest.mark.parametrize("form", ["decorator", "base class"])
+def test_subclass_runs_the_base_post_init_like_a_dataclass(form, monkeypatch):
+    from jaxcontracts import _state
+
+    ran = []
+
+    def positive(self):
+        ran.append(("base", type(self).__name__))
+        if float(self.x) < 0:
+            raise ValueError(".x must be >= 0")
+
+    if form == "decorator":
+
+        @jc.state
+        class Base:
+            x: Float32[Array, ""]
+            __post_init__ = positive
+
+        @jc.state
+        class Plain(Base):  # no __post_init__ of its own: the base's runs
+            y: Float32[Array, ""]
+
+        @jc.state
+        class Own(Base):  # its own: it calls super(), as with dataclasses
+            y: Float32[Array, ""]
+
+            def __post_init__(self):
+                ran.append(("own", type(self).__name__))
+                super().__post_init__()
+
+        @jc.state
+        class Quiet(Base):  # its own, without super(): the base's does not run
+            y: Float32[Array, ""]
+
+            def __post_init__(self):
+                ran.append(("quiet", type(self).__name__))
+
+    else:
+
+        class Base(jc.State):
+            x: Float32[Array, ""]
+            __post_init__ = positive
+
+        class Plain(Base):
+            y: Float32[Array, ""]
+
+        class Own(Base):
+            y: Float32[Array, ""]
+
+            def __post_init__(self):
+                ran.append(("own", type(self).__name__))
+                super().__post_init__()
+
+        class Quiet(Base):
+            y: Float32[Array, ""]
+
+            def __post_init__(self):
+                ran.append(("quiet", type(self).__name__))
+
+    validated = []
+    original = _state._validate
+    monkeypatch.setattr(_state, "_validate", lambda self: (validated.append(1), original(self)))
+    Plain(x=1.0, y=2.0)
+    assert ran == [("base", "Plain")] and len(validated) == 1
+    ran.clear(), validated.clear()
+    Own(x=1.0, y=2.0)
+    assert ran == [("own", "Own"), ("base", "Own")]
+    assert len(validated) == 1  # validated once, not again through super()
+    ran.clear(), validated.clear()
+    Quiet(x=-1.0, y=2.0)
+    assert ran == [("quiet", "Quiet")] and len(validated) == 1
+    for cls in (Base, Plain, Own):
+        with pytest.raises(ValueError, match="must be >= 0"):
+            cls(**({"x": -1.0} if cls is Base else {"x": -1.0, "y": 0.0}))
+    with pytest.raises(jc.SpecError, match=r"\.y: expected f32\[\]"):
+        Plain(x=1.0, y="no")  # fields are validated before any __post_init__
+
+
+def test_init_var_is_a_definition_error():
+    with pytest.raises(jc.DefinitionError) as info:
+
+        @jc.state
+        class Seeded:
+            x: Float32[Array, ""]
+            seed: dataclasses.InitVar[int] = 0
+
+    msg = str(info.value)
+    assert msg.startswith("@jc.state: ") and "Seeded.seed is an InitVar, which a state cannot hold." in msg
+    assert "tree_unflatten" in msg
+    assert "Fix: keep it as a field: `seed: int = jc.static(default=...)`" in msg
+    with pytest.raises(jc.DefinitionError, match=r"Seeded2.seed is an InitVar"):
+
+        class Seeded2(jc.State):
+            x: Float32[Array, ""]
+            seed: dataclasses.InitVar[int]
+
+
+@pytest.fixture
+def x64():
+    """Turns JAX's 64-bit mode on for a block: ``with x64(): ...``."""
+    import contextlib
+
+    before = jax.config.jax_enable_x64
+
+    @contextlib.contextmanager
+    def on():
+        jax.config.update("jax_enable_x64", True)
+        try:
+            yield
+        finally:
+            jax.config.update("jax_enable_x64", before)
+
+    yield on
+    jax.config.update("jax_enable_x64", before)
+
+
+def test_64_bit_fields_need_jax_enable_x64_when_used_not_when_defined(x64):
+    assert not jax.config.jax_enable_x64
+
+    @jc.state  # defining it is fine: x64 may be turned on later
+    class Wide:
+        x: Float64[Array, "n"]
+        i: Int64[Array, ""]
+
+    @jc.state
+    class Tree:
+        params: PyTree[Array]
+
+    for make in (Wide.spec, Wide.zeros):
+        with pytest.raises(jc.SpecError) as info:
+            make(n=2)  # was: a spec saying f64 while zeros() made f32
+        msg = str(info.value)
+        assert (
+            f"<locals>.Wide.{make.__name__}(): field .x: f64[n] is not what JAX would make: "
+            "float64 needs JAX's 64-bit mode, which is off (jax_enable_x64 is False), "
+            "so JAX would make it float32, and the spec would not describe the arrays.\n"
+            'Fix: turn it on before creating any array: jax.config.update("jax_enable_x64", '
+        ) in msg
+        assert msg.endswith("or annotate the field Float32 and pass float32.")
+    with pytest.raises(jc.SpecError, match=r"field \.params\['w'\]: f64\[2\] \(numpy array\)"):
+        Tree.spec(params={"w": np.zeros(2)})
+    with pytest.raises(jc.SpecError) as info:
+        Wide(x=np.zeros(2), i=1)  # was: a float32 array in a Float64 field
+    msg = str(info.value)
+    assert "got 2 invalid fields" in msg
+    assert ".x: expected f64[n], got f64[2] (numpy array)\n      fix: float64 needs JAX's" in msg
+    assert "so JAX would make it int32: turn it on" in msg and "annotate the field Int32" in msg
+    with pytest.raises(jc.SpecError, match=r"\.x: expected f64\[n\], got f32\[2\] \(jax array\)\n.*64-bit"):
+        Wide(x=jnp.zeros(2, jnp.float32), i=jax.ShapeDtypeStruct((), np.int64))
+    with pytest.raises(jc.SpecError, match=r"\.params\['w'\]: expected an array leaf JAX can hold"):
+        Tree(params={"w": np.zeros(2)})  # was: silently stored as float32
+
+    with x64():  # turned on after the class was defined: spec, zeros and values agree
+        spec = Wide.spec(n=2)
+        z = Wide.zeros(n=2)
+        w = Wide(x=np.zeros(2), i=2**40)
+        t = Tree(params={"w": np.zeros(2)})
+        assert spec.x.dtype == z.x.dtype == w.x.dtype == np.float64
+        assert spec.i.dtype == z.i.dtype == w.i.dtype == np.int64 and int(w.i) == 2**40
+        shapes = [(a.shape, a.dtype) for a in jax.tree_util.tree_leaves((spec, z, w))]
+        assert shapes == [((2,), np.float64), ((), np.int64)] * 3
+        assert t.params["w"].dtype == np.float64
+        assert Tree.spec(params={"w": np.zeros(2)}).params["w"].dtype == np.float64
 
 
 def test_abstract_dtype_is_a_definition_error():
