@@ -654,9 +654,7 @@ def _convert_array(name: str, value: Any, ann: ArrayAnnotation) -> tuple[Any, _P
     expected = ann.pretty()
     if isinstance(value, jax.Array):
         if np.dtype(value.dtype) != want:
-            return None, _x64_problem(name, value, ann) or _wrong_dtype(
-                name, expected, value, "jax array"
-            )
+            return None, _x64_problem(name, value, ann) or _wrong_dtype(name, ann, value, "jax array")
         if value.aval.weak_type:
             return jax.lax.convert_element_type(value, want), None
         return value, None
@@ -669,11 +667,11 @@ def _convert_array(name: str, value: Any, ann: ArrayAnnotation) -> tuple[Any, _P
             return None, problem
     if isinstance(value, jax.ShapeDtypeStruct):
         if np.dtype(value.dtype) != want:
-            return None, _wrong_dtype(name, expected, value, "spec")
+            return None, _wrong_dtype(name, ann, value, "spec")
         return value, None
     if isinstance(value, (np.ndarray, np.generic)):
         if np.dtype(value.dtype) != want:
-            return None, _wrong_dtype(name, expected, value, "numpy array")
+            return None, _wrong_dtype(name, ann, value, "numpy array")
         return _to_device(value), None
     if isinstance(value, (bool, int, float, complex)):
         host, problem = _scalar_to_host(name, value, ann)
@@ -709,11 +707,9 @@ def _to_device(value: Any) -> jax.Array:
     return jnp.copy(x) if borrowed else x
 
 
-def _wrong_dtype(name: str, expected: str, value: Any, kind: str) -> _Problem:
-    want = expected.split("[")[0]
-    np_name = {"f32": "float32", "i32": "int32", "f64": "float64", "f16": "float16",
-               "bf16": "bfloat16", "u8": "uint8", "u32": "uint32", "i8": "int8",
-               "i64": "int64", "c64": "complex64"}.get(want, want)
+def _wrong_dtype(name: str, ann: ArrayAnnotation, value: Any, kind: str) -> _Problem:
+    expected = ann.pretty()
+    np_name = np.dtype(ann.dtype).name  # e.g. "uint16": jnp.uint16 exists
     return _Problem(
         name,
         expected,

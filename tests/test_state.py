@@ -543,3 +543,17 @@ def test_state_base_class_is_the_decorator():
 
         class Bad(jc.State):
             x: Missing
+
+
+def test_wrong_dtype_fix_names_a_dtype_that_exists():
+    from jaxtyping import UInt16
+
+    @jc.state
+    class U:
+        x: UInt16[Array, "n"]
+
+    with pytest.raises(jc.SpecError) as info:
+        U(x=jnp.zeros(3, jnp.int32))
+    message = str(info.value)
+    assert "jnp.uint16" in message and "jnp.u16" not in message
+    assert hasattr(jnp, "uint16")
