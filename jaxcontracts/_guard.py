@@ -12,7 +12,10 @@ therefore intercepts the *reads* themselves, on every backend:
   active anywhere, they are replaced on the class (which updates the C slots,
   so existing arrays are covered) by wrappers that check a thread-local flag.
   The last loop to exit puts the originals back, the same objects, so nothing
-  stays patched and nothing costs anything outside a loop.
+  stays patched and nothing costs anything outside a loop. Iterating or
+  unpacking a single-device or fully replicated array slices it on the device
+  (``k, sub = jax.random.split(k)``) and is let through; a sharded array's
+  iteration reads ``_value`` and is caught there.
 * **The buffer protocol.** On one CPU device ``np.asarray(x)``, ``np.array``,
   ufuncs such as ``np.add(x, 1)`` and ``memoryview`` read the buffer through
   the C buffer protocol and never call ``__array__``. On Python >= 3.12 the
@@ -73,7 +76,7 @@ _READ_WORDS = {
     "__str__": "str() / print()",
     "__reduce__": "pickling",
     "__array__": "conversion to numpy (np.asarray / np.array / a numpy ufunc)",
-    "__iter__": "iteration (one dispatch and read per element)",
+    "__iter__": "iteration (one dispatch and read per element)",  # sharded arrays only
     "tolist": ".tolist()",
     "item": ".item()",
     "tobytes": ".tobytes()",
@@ -207,12 +210,32 @@ def _on_read(x: Any, name: str, frame: Any = None) -> None:
     )
 
 
+def _iterates_on_device(x: Any) -> bool:
+    """Whether iterating ``x`` slices it on the device, without a read.
+
+    JAX iterates (and unpacks) a single-device or fully replicated array with
+    device slices; any other layout goes through ``_value``, which is guarded
+    on its own. A donated array still goes to ``_on_read`` (DonationError).
+    """
+    try:
+        return (
+            not x.is_deleted()
+            and x.ndim > 0
+            and (x.sharding.num_devices == 1 or x.is_fully_replicated)
+        )
+    except Exception:  # noqa: BLE001 - unknown layout: treat as a read
+        return False
+
+
 def _guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
         loc = local
         loop = loc.loop
         if loop is None or loc.allow or not loop.checks_transfers:
+            return original(self, *args, **kwargs)
+        if name == "__iter__" and _iterates_on_device(self):
+            # Slices on the device (k, sub = jax.random.split(k)): no read.
             return original(self, *args, **kwargs)
         if not frames.allowed_reader(frames.caller_frame(1)) and not (
             name in ("__repr__", "__str__") and not self.is_fully_addressable

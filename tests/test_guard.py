@@ -62,6 +62,10 @@ def test_every_read_raises_inside_and_works_outside(path, layout, mesh2):
     kind, read = READS[path]
     x = _arrays(layout, mesh2)[kind]
     read(x)  # outside: works (and warms any lazy path)
+    if path == "iteration" and layout == "one device":
+        with jc.hot_loop():  # slices on the device: no read (see the RNG test)
+            read(x)
+        return
     with pytest.raises(jc.TransferError) as info:
         with jc.hot_loop():
             read(x)
@@ -69,6 +73,34 @@ def test_every_read_raises_inside_and_works_outside(path, layout, mesh2):
     assert "device-to-host read" in msg
     assert "test_guard.py:" in msg and "Fix: " in msg and "jc.fetch" in msg
     read(x)  # and works again after the loop
+
+
+@pytest.mark.parametrize("key", ["uint32 key", "typed key"])
+def test_rng_split_and_unpacking_a_device_array_are_clean(key, mesh2):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    k = jax.random.PRNGKey(0) if key == "uint32 key" else jax.random.key(0)
+    rows = jnp.arange(8.0).reshape(4, 2)
+    replicated = jax.device_put(rows, NamedSharding(mesh2, P()))
+
+    def body(k):
+        k, sub = jax.random.split(k)
+        a, b, c, d = rows
+        r = [row for row in replicated]
+        return k, sub, a, r
+
+    body(k)  # warm: a cold slice compiles once (and would raise in the loop)
+    with jc.hot_loop():
+        for _ in range(3):
+            k, sub, a, r = body(k)
+    assert a.shape == (2,) and len(r) == 4 and k.shape == sub.shape
+    # A sharded, not replicated array is still read on the host to iterate.
+    sharded = jax.device_put(rows, NamedSharding(mesh2, P("x")))
+    list(sharded)
+    with pytest.raises(jc.TransferError, match="device-to-host read"):
+        with jc.hot_loop():
+            list(sharded)
 
 
 def test_explicit_transfers_are_allowed():
