@@ -53,12 +53,12 @@ import jax
 import numpy as np
 import numpy.typing as npt
 
-from ._compat import arrays, events, frames, hostcopy, runtime_errors
+from ._compat import arrays, events, frames, hostcopy, runtime_errors, threadguard
 from ._errors import DefinitionError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval
 from ._records import Violation
 from ._report import Report, loop_report
-from ._runtime import clear_calls, consumed_by, find, local, tracking
+from ._runtime import LoopStack, clear_calls, consumed_by, find, local, tracking
 
 __all__ = ["HotLoop", "Violation", "fetch", "hot_loop"]
 
@@ -382,6 +382,96 @@ def _release() -> None:
 
 
 # --------------------------------------------------------------------------
+# Entries: what one entry into a loop changed, undone by its own exit
+
+
+_NATIVE_GUARDS = {
+    "host_to_device": jax.transfer_guard_host_to_device,
+    "device_to_host": jax.transfer_guard_device_to_host,
+}
+_stacks_lock = threading.Lock()
+
+
+class _Entry:
+    """One entry into a loop, on the thread (``stack``) that entered it."""
+
+    __slots__ = ("checked", "ended", "loop", "modes", "native", "stack")
+
+    def __init__(self, loop: HotLoop, stack: LoopStack, modes: dict[str, str], checked: bool) -> None:
+        self.loop = loop
+        self.stack = stack
+        self.modes = modes  # JAX's native guards: field -> level
+        self.checked = checked  # holds the class patches and the compile listener
+        self.native: contextlib.ExitStack | None = None
+        self.ended = False
+
+
+def _enter_native(modes: dict[str, str]) -> contextlib.ExitStack | None:
+    if not modes:
+        return None
+    native = contextlib.ExitStack()
+    try:
+        for field, mode in modes.items():
+            native.enter_context(_NATIVE_GUARDS[field](mode))
+    except BaseException:
+        native.close()
+        raise
+    return native
+
+
+def _relink(stack: LoopStack) -> None:
+    """Point the thread at its innermost live, checking loop."""
+    for entry in reversed(stack.entries):
+        if not entry.ended and entry.checked:
+            stack.loop = entry.loop
+            return
+    stack.loop = None
+
+
+def _repair(stack: LoopStack) -> None:
+    """On the stack's own thread: drop ended entries and unwind their native guards.
+
+    JAX's guard contexts restore what they saw at entry, so they must exit in
+    reverse order of entry: every context above the first ended entry exits,
+    then the live ones among them enter again, in order. An in-order exit
+    (the innermost loop) exits its own contexts only.
+    """
+    first = next((i for i, e in enumerate(stack.entries) if e.ended), None)
+    if first is None:
+        return
+    above = stack.entries[first:]
+    errors: list[BaseException] = []
+    for entry in reversed(above):
+        if entry.native is not None:
+            try:
+                entry.native.close()
+            except BaseException as e:  # noqa: BLE001 - finish unwinding, then raise
+                errors.append(e)
+            entry.native = None
+    live = [e for e in above if not e.ended]
+    del stack.entries[first:]
+    for entry in live:
+        stack.entries.append(entry)
+        entry.native = _enter_native(entry.modes)
+    if errors:
+        raise errors[0]
+
+
+def _restore_elsewhere(stack: LoopStack) -> None:
+    """A loop of another thread ended here: give that thread its guard levels.
+
+    Its JAX config contexts can only exit on that thread; they do at its next
+    loop entry or exit (``_repair``). Until then the levels JAX's transfers
+    read are set directly.
+    """
+    if stack.saved is None or not stack.thread.is_alive():
+        return
+    state, saved = stack.saved
+    live = [e for e in stack.entries if not e.ended]
+    threadguard.set_levels(state, saved, live[-1].modes if live else None)
+
+
+# --------------------------------------------------------------------------
 # Public API
 
 
@@ -486,7 +576,7 @@ class HotLoop:
         self.checks_transfers = transfers == "disallow"
         self.checks_compiles = compiles == "disallow"
         self._violations: dict[tuple[str, str, str], Violation] = {}
-        self._saved: list[tuple[Any, Any]] = []
+        self._entries: list[_Entry] = []  # active entries (re-entrant, any thread)
 
     @property
     def violations(self) -> list[Violation]:
@@ -521,34 +611,56 @@ class HotLoop:
         return loop_report(self.violations, self.on_violation)
 
     def __enter__(self) -> HotLoop:
+        modes: dict[str, str] = {}
+        if self.checks_transfers:
+            modes["host_to_device"] = "disallow" if self.on_violation == "raise" else "log"
+            if jax.default_backend() != "cpu":
+                modes["device_to_host"] = "disallow" if self.on_violation == "raise" else "allow"
+        stack = local.stack
+        entry = _Entry(self, stack, modes, checked=True)
         _acquire()
-        native = contextlib.ExitStack()
         try:
-            if self.checks_transfers:
-                mode = "disallow" if self.on_violation == "raise" else "log"
-                native.enter_context(jax.transfer_guard_host_to_device(mode))
-                if jax.default_backend() != "cpu":
-                    native.enter_context(
-                        jax.transfer_guard_device_to_host(
-                            "disallow" if self.on_violation == "raise" else "allow"
-                        )
-                    )
+            with _stacks_lock:
+                _repair(stack)
+                if not stack.entries and modes:
+                    state = threadguard.current()
+                    stack.saved = None if state is None else (state, threadguard.levels(state))
+                entry.native = _enter_native(modes)
+                stack.entries.append(entry)
+                _relink(stack)
+                self._entries.append(entry)
         except BaseException:
-            native.close()
             _release()
             raise
-        self._saved.append((local.loop, native))
-        local.loop = self
         return self
 
+    def _take_entry(self) -> _Entry:
+        """This exit's entry: the latest one made on this thread, else the latest."""
+        mine = local.stack
+        for i in range(len(self._entries) - 1, -1, -1):
+            if self._entries[i].stack is mine:
+                return self._entries.pop(i)
+        if not self._entries:
+            raise RuntimeError("jc.hot_loop: __exit__ without a matching __enter__")
+        return self._entries.pop()
+
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        """End this entry, whatever the order: out-of-order exits (generators,
+        asyncio tasks) and exits on another thread restore what it changed."""
         __tracebackhide__ = True
-        previous, native = self._saved.pop()
-        local.loop = previous
-        try:
-            native.close()
-        finally:
-            _release()
+        with _stacks_lock:
+            entry = self._take_entry()
+            stack = entry.stack
+            entry.ended = True
+            _relink(stack)
+            try:
+                if stack is local.stack:
+                    _repair(stack)
+                else:
+                    _restore_elsewhere(stack)
+            finally:
+                if entry.checked:
+                    _release()
         if exc is not None and not isinstance(exc, Exception):
             return False
         translated = _translate(exc, tb) if exc is not None else None
@@ -635,7 +747,9 @@ def hot_loop(
     :class:`RecompileError`; reading an array a hot step consumed raises
     :class:`DonationError`. ``jc.fetch``, ``jax.device_get`` and
     ``jax.device_put`` stay allowed. Other threads are unaffected; nesting
-    works; everything is restored on exit.
+    works; each exit restores what its own entry changed, so loops may end
+    in any order (generators, asyncio tasks) and on another thread (a
+    generator closed there): once every loop has ended nothing is guarded.
 
     Args:
         transfers: ``"disallow"`` (default) or ``"allow"``.

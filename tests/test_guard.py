@@ -355,6 +355,75 @@ def test_nesting_and_restoration():
     assert _pristine() and float(x) == 3.0
 
 
+def _nothing_left_guarded(x) -> None:
+    """After every loop ended: reads, host-to-device transfers, no active loop."""
+    assert float(x) == 3.0
+    assert jnp.add(x, np.ones(2, np.float32)).tolist() == [4.0, 4.0]  # JAX's own guard off
+    assert _guard.local.loop is None and _guard.tracking.count == 0 and _pristine()
+    assert all(e.ended for e in _guard.local.stack.entries)  # none live
+
+
+def _looping_generator(x):
+    with jc.hot_loop():
+        while True:
+            yield x
+
+
+def test_generators_closed_in_creation_order_leave_nothing_guarded():
+    x = jnp.float32(3.0)
+    first, second = _looping_generator(x), _looping_generator(x)
+    next(first)
+    next(second)
+    first.close()  # out of order: the first loop entered ends first
+    with pytest.raises(jc.TransferError):
+        float(x)  # the second loop is still active on this thread
+    second.close()
+    _nothing_left_guarded(x)
+
+
+def test_asyncio_tasks_ending_out_of_order_leave_nothing_guarded():
+    import asyncio
+
+    x = jnp.float32(3.0)
+
+    async def task(entered: asyncio.Event, release: asyncio.Event) -> None:
+        with jc.hot_loop():
+            entered.set()
+            await release.wait()
+
+    async def main() -> None:
+        e1, r1, e2, r2 = (asyncio.Event() for _ in range(4))
+        t1 = asyncio.create_task(task(e1, r1))
+        await e1.wait()
+        t2 = asyncio.create_task(task(e2, r2))
+        await e2.wait()
+        r1.set()  # the first task's loop ends first
+        await t1
+        r2.set()
+        await t2
+
+    asyncio.run(main())
+    _nothing_left_guarded(x)
+
+
+def test_generator_closed_on_another_thread_leaves_nothing_guarded():
+    x = jnp.float32(3.0)
+    gen = _looping_generator(x)
+    next(gen)  # the loop is entered on this thread
+    closer = threading.Thread(target=gen.close)
+    closer.start()
+    closer.join(30)
+    _nothing_left_guarded(x)
+    with jc.hot_loop():  # the next loop on this thread unwinds JAX's contexts
+        with pytest.raises(jc.TransferError):
+            float(x)
+    _nothing_left_guarded(x)
+    assert not _guard.local.stack.entries
+    with jax.transfer_guard_host_to_device("allow"):  # restores what it saw: none
+        pass
+    _nothing_left_guarded(x)
+
+
 def test_options_are_validated_and_can_allow():
     with pytest.raises(jc.DefinitionError, match="valid values are 'raise', 'record'"):
         jc.hot_loop(on_violation="ignore")
