@@ -42,9 +42,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import sysconfig
 import threading
+import types
 from collections.abc import Callable
 from types import FrameType
 from typing import Any, Literal, TypeVar, overload
@@ -669,8 +671,39 @@ class HotLoop:
         return False
 
     def __call__(self, fn: F) -> F:
-        """Use as a decorator: every call of ``fn`` runs in a fresh loop."""
+        """Use as a decorator: every call of ``fn`` runs in a fresh loop.
+
+        On a generator function or an ``async def`` the call returns a
+        generator or coroutine whose every resumption (each ``next``/``send``
+        and each step between two ``await`` s) runs inside that call's loop;
+        the caller's code between resumptions and the event loop are not
+        guarded. An async generator function is refused.
+        """
         options = dict(self._options)
+        if inspect.isasyncgenfunction(fn):
+            name = getattr(fn, "__qualname__", repr(fn))
+            raise DefinitionError(
+                f"@jc.hot_loop() on the async generator function {name}: its body "
+                "runs in pieces between the caller's awaits, which the decorator "
+                "cannot guard.",
+                fix="decorate the `async def` that consumes it (`async for ...` "
+                "inside), or put `with jc.hot_loop():` around the code between two "
+                "awaits in its body.",
+            )
+        if inspect.isgeneratorfunction(fn):
+
+            @functools.wraps(fn)
+            def generator(*args: Any, **kwargs: Any) -> Any:
+                return (yield from _resumed_inside(fn(*args, **kwargs), HotLoop(**options)))
+
+            return generator  # type: ignore[return-value]
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def coroutine(*args: Any, **kwargs: Any) -> Any:
+                return await _coroutine_resumed_inside(fn(*args, **kwargs), HotLoop(**options))
+
+            return coroutine  # type: ignore[return-value]
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -678,6 +711,34 @@ class HotLoop:
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
+
+
+def _resumed_inside(inner: Any, loop: HotLoop) -> Any:
+    """Drive a generator or coroutine, each resumption inside ``loop``."""
+    __tracebackhide__ = True
+    sent: Any = None
+    thrown: BaseException | None = None
+    while True:
+        with loop:
+            try:
+                out = inner.send(sent) if thrown is None else inner.throw(thrown)
+            except StopIteration as stop:
+                return stop.value
+            finally:
+                sent, thrown = None, None
+        try:
+            sent = yield out
+        except GeneratorExit:
+            with loop:
+                inner.close()
+            raise
+        except BaseException as e:  # noqa: BLE001 - passed on into the body
+            thrown = e
+
+
+@types.coroutine
+def _coroutine_resumed_inside(inner: Any, loop: HotLoop) -> Any:
+    return (yield from _resumed_inside(inner, loop))
 
 
 # JAX runtime errors that leave a loop, and what they mean there.

@@ -446,6 +446,64 @@ def test_decorator_form():
     assert float(x) == 2.0
 
 
+def test_decorated_generator_runs_every_resumption_inside_the_loop():
+    x = jnp.float32(2.0)
+
+    @jc.hot_loop()
+    def reads(n):
+        for _ in range(n):
+            got = yield jc.fetch(x)
+            if got == "read":
+                float(x)
+        return "done"
+
+    gen = reads(3)
+    assert _guard.local.loop is None  # nothing runs, nothing is guarded, until next()
+    assert next(gen) == 2.0
+    assert _guard.local.loop is None and float(x) == 2.0  # the caller is not guarded
+    assert gen.send(None) == 2.0
+    with pytest.raises(jc.TransferError, match="float\\(\\) of f32"):
+        gen.send("read")  # the body's read raises inside the loop
+    assert list(reads(2)) == [2.0, 2.0]
+    closed = reads(5)
+    next(closed)
+    closed.close()
+    _nothing_left_guarded(jnp.float32(3.0))
+
+
+def test_decorated_coroutine_runs_every_step_inside_the_loop():
+    import asyncio
+
+    x = jnp.float32(2.0)
+    seen = []
+
+    @jc.hot_loop()
+    async def reads():
+        seen.append(_guard.local.loop is not None)
+        await asyncio.sleep(0)
+        seen.append(_guard.local.loop is not None)
+        return float(x)
+
+    async def other():
+        seen.append(("other", _guard.local.loop is None))
+
+    async def main():
+        return await asyncio.gather(reads(), other(), return_exceptions=True)
+
+    result, _ = asyncio.run(main())
+    assert isinstance(result, jc.TransferError) and "float() of f32" in str(result)
+    assert seen == [True, ("other", True), True]
+    _nothing_left_guarded(jnp.float32(3.0))
+
+
+def test_decorated_async_generator_is_refused():
+    with pytest.raises(jc.DefinitionError, match="(?s)async generator function .*Fix: decorate the"):
+
+        @jc.hot_loop()
+        async def agen():
+            yield 1
+
+
 def test_fetch_copies_so_a_kept_result_never_pins_a_donated_buffer():
     advance = jc.hot_step(advance_fn, signature=Particles)
     p = advance(make_particles())
