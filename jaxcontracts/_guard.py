@@ -56,6 +56,7 @@ import numpy as np
 import numpy.typing as npt
 
 from ._compat import arrays, events, frames, hostcopy, runtime_errors, threadguard
+from ._config import get_checks
 from ._errors import DefinitionError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval
 from ._records import Violation
@@ -619,8 +620,12 @@ class HotLoop:
             if jax.default_backend() != "cpu":
                 modes["device_to_host"] = "disallow" if self.on_violation == "raise" else "allow"
         stack = local.stack
-        entry = _Entry(self, stack, modes, checked=True)
-        _acquire()
+        # At checks level off only JAX's native guards: no class patches, no
+        # compile listener, no active loop for the call path to report to.
+        checked = get_checks() != "off"
+        entry = _Entry(self, stack, modes, checked=checked)
+        if checked:
+            _acquire()
         try:
             with _stacks_lock:
                 _repair(stack)
@@ -632,7 +637,8 @@ class HotLoop:
                 _relink(stack)
                 self._entries.append(entry)
         except BaseException:
-            _release()
+            if checked:
+                _release()
             raise
         return self
 
@@ -822,6 +828,12 @@ def hot_loop(
             record them and go on), and a read of a donated array is
             recorded but still fails, since its buffer is gone (a
             ``DonationError`` when it leaves the loop).
+
+    At checks level ``off`` (``jc.set_checks("off")``,
+    ``JAXCONTRACTS_CHECKS=off``) a loop engages only JAX's native transfer
+    guards (host-to-device on every backend, device-to-host off CPU): no
+    interception of reads or compiles, so annotated loops cost nothing. The
+    level is read when the loop is entered.
 
     Returns:
         A context manager, also usable as a decorator.

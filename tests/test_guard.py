@@ -424,6 +424,28 @@ def test_generator_closed_on_another_thread_leaves_nothing_guarded():
     _nothing_left_guarded(x)
 
 
+def test_checks_off_leaves_only_jax_native_guards():
+    from jax._src import monitoring
+
+    from jaxcontracts._compat import arrays
+
+    x = jnp.float32(3.0)
+    impl = type(x)
+    originals = arrays.read_methods()
+    jc.set_checks("off")
+    with jc.hot_loop():
+        assert float(x) == 3.0 and repr(x).startswith("Array") and np.asarray(x) == 3.0
+        assert all(impl.__dict__[n] is f for n, f in originals.items())  # no patching
+        assert _guard._on_monitoring_event not in getattr(monitoring, "_scalar_listeners", [])
+        jax.jit(lambda a: a * 5)(x)  # a compile: not intercepted
+        assert _guard.local.loop is None and _guard.tracking.count == 0
+    with pytest.raises(jc.TransferError, match="host-to-device"):
+        with jc.hot_loop():
+            jnp.add(x, np.ones(2, np.float32))  # JAX's own guard is still on
+    jc.set_checks("full")
+    _nothing_left_guarded(x)
+
+
 def test_options_are_validated_and_can_allow():
     with pytest.raises(jc.DefinitionError, match="valid values are 'raise', 'record'"):
         jc.hot_loop(on_violation="ignore")
