@@ -218,13 +218,12 @@ def _iterates_on_device(x: Any) -> bool:
 
     JAX iterates (and unpacks) a single-device or fully replicated array with
     device slices; any other layout goes through ``_value``, which is guarded
-    on its own. A donated array still goes to ``_on_read`` (DonationError).
+    on its own. A 0-d array raises numpy's TypeError without a read. A
+    donated array still goes to ``_on_read`` (DonationError).
     """
     try:
-        return (
-            not x.is_deleted()
-            and x.ndim > 0
-            and (x.sharding.num_devices == 1 or x.is_fully_replicated)
+        return not x.is_deleted() and (
+            x.ndim == 0 or x.sharding.num_devices == 1 or x.is_fully_replicated
         )
     except Exception:  # noqa: BLE001 - unknown layout: treat as a read
         return False

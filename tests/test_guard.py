@@ -95,6 +95,9 @@ def test_rng_split_and_unpacking_a_device_array_are_clean(key, mesh2):
         for _ in range(3):
             k, sub, a, r = body(k)
     assert a.shape == (2,) and len(r) == 4 and k.shape == sub.shape
+    scalar = jnp.float32(1.0)
+    with jc.hot_loop(), pytest.raises(TypeError, match="0-d"):
+        iter(scalar)  # numpy's error, not a read
     # A sharded, not replicated array is still read on the host to iterate.
     sharded = jax.device_put(rows, NamedSharding(mesh2, P("x")))
     list(sharded)
