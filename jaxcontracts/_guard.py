@@ -12,7 +12,10 @@ therefore intercepts the *reads* themselves, on every backend:
   active anywhere, they are replaced on the class (which updates the C slots,
   so existing arrays are covered) by wrappers that check a thread-local flag.
   The last loop to exit puts the originals back, the same objects, so nothing
-  stays patched and nothing costs anything outside a loop.
+  stays patched and nothing costs anything outside a loop. Iterating or
+  unpacking a single-device or fully replicated array slices it on the device
+  (``k, sub = jax.random.split(k)``) and is let through; a sharded array's
+  iteration reads ``_value`` and is caught there.
 * **The buffer protocol.** On one CPU device ``np.asarray(x)``, ``np.array``,
   ufuncs such as ``np.add(x, 1)`` and ``memoryview`` read the buffer through
   the C buffer protocol and never call ``__array__``. On Python >= 3.12 the
@@ -39,9 +42,11 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import inspect
 import os
 import sysconfig
 import threading
+import types
 from collections.abc import Callable
 from types import FrameType
 from typing import Any, Literal, TypeVar, overload
@@ -50,12 +55,13 @@ import jax
 import numpy as np
 import numpy.typing as npt
 
-from ._compat import arrays, events, frames, hostcopy, runtime_errors
+from ._compat import arrays, events, frames, hostcopy, runtime_errors, threadguard
+from ._config import get_checks
 from ._errors import DefinitionError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval
 from ._records import Violation
 from ._report import Report, loop_report
-from ._runtime import clear_calls, consumed_by, find, local, tracking
+from ._runtime import LoopStack, clear_calls, consumed_by, find, local, tracking
 
 __all__ = ["HotLoop", "Violation", "fetch", "hot_loop"]
 
@@ -73,7 +79,7 @@ _READ_WORDS = {
     "__str__": "str() / print()",
     "__reduce__": "pickling",
     "__array__": "conversion to numpy (np.asarray / np.array / a numpy ufunc)",
-    "__iter__": "iteration (one dispatch and read per element)",
+    "__iter__": "iteration (one dispatch and read per element)",  # sharded arrays only
     "tolist": ".tolist()",
     "item": ".item()",
     "tobytes": ".tobytes()",
@@ -207,12 +213,31 @@ def _on_read(x: Any, name: str, frame: Any = None) -> None:
     )
 
 
+def _iterates_on_device(x: Any) -> bool:
+    """Whether iterating ``x`` slices it on the device, without a read.
+
+    JAX iterates (and unpacks) a single-device or fully replicated array with
+    device slices; any other layout goes through ``_value``, which is guarded
+    on its own. A 0-d array raises numpy's TypeError without a read. A
+    donated array still goes to ``_on_read`` (DonationError).
+    """
+    try:
+        return not x.is_deleted() and (
+            x.ndim == 0 or x.sharding.num_devices == 1 or x.is_fully_replicated
+        )
+    except Exception:  # noqa: BLE001 - unknown layout: treat as a read
+        return False
+
+
 def _guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
         loc = local
         loop = loc.loop
         if loop is None or loc.allow or not loop.checks_transfers:
+            return original(self, *args, **kwargs)
+        if name == "__iter__" and _iterates_on_device(self):
+            # Slices on the device (k, sub = jax.random.split(k)): no read.
             return original(self, *args, **kwargs)
         if not frames.allowed_reader(frames.caller_frame(1)) and not (
             name in ("__repr__", "__str__") and not self.is_fully_addressable
@@ -359,6 +384,96 @@ def _release() -> None:
 
 
 # --------------------------------------------------------------------------
+# Entries: what one entry into a loop changed, undone by its own exit
+
+
+_NATIVE_GUARDS = {
+    "host_to_device": jax.transfer_guard_host_to_device,
+    "device_to_host": jax.transfer_guard_device_to_host,
+}
+_stacks_lock = threading.Lock()
+
+
+class _Entry:
+    """One entry into a loop, on the thread (``stack``) that entered it."""
+
+    __slots__ = ("checked", "ended", "loop", "modes", "native", "stack")
+
+    def __init__(self, loop: HotLoop, stack: LoopStack, modes: dict[str, str], checked: bool) -> None:
+        self.loop = loop
+        self.stack = stack
+        self.modes = modes  # JAX's native guards: field -> level
+        self.checked = checked  # holds the class patches and the compile listener
+        self.native: contextlib.ExitStack | None = None
+        self.ended = False
+
+
+def _enter_native(modes: dict[str, str]) -> contextlib.ExitStack | None:
+    if not modes:
+        return None
+    native = contextlib.ExitStack()
+    try:
+        for field, mode in modes.items():
+            native.enter_context(_NATIVE_GUARDS[field](mode))
+    except BaseException:
+        native.close()
+        raise
+    return native
+
+
+def _relink(stack: LoopStack) -> None:
+    """Point the thread at its innermost live, checking loop."""
+    for entry in reversed(stack.entries):
+        if not entry.ended and entry.checked:
+            stack.loop = entry.loop
+            return
+    stack.loop = None
+
+
+def _repair(stack: LoopStack) -> None:
+    """On the stack's own thread: drop ended entries and unwind their native guards.
+
+    JAX's guard contexts restore what they saw at entry, so they must exit in
+    reverse order of entry: every context above the first ended entry exits,
+    then the live ones among them enter again, in order. An in-order exit
+    (the innermost loop) exits its own contexts only.
+    """
+    first = next((i for i, e in enumerate(stack.entries) if e.ended), None)
+    if first is None:
+        return
+    above = stack.entries[first:]
+    errors: list[BaseException] = []
+    for entry in reversed(above):
+        if entry.native is not None:
+            try:
+                entry.native.close()
+            except BaseException as e:  # noqa: BLE001 - finish unwinding, then raise
+                errors.append(e)
+            entry.native = None
+    live = [e for e in above if not e.ended]
+    del stack.entries[first:]
+    for entry in live:
+        stack.entries.append(entry)
+        entry.native = _enter_native(entry.modes)
+    if errors:
+        raise errors[0]
+
+
+def _restore_elsewhere(stack: LoopStack) -> None:
+    """A loop of another thread ended here: give that thread its guard levels.
+
+    Its JAX config contexts can only exit on that thread; they do at its next
+    loop entry or exit (``_repair``). Until then the levels JAX's transfers
+    read are set directly.
+    """
+    if stack.saved is None or not stack.thread.is_alive():
+        return
+    state, saved = stack.saved
+    live = [e for e in stack.entries if not e.ended]
+    threadguard.set_levels(state, saved, live[-1].modes if live else None)
+
+
+# --------------------------------------------------------------------------
 # Public API
 
 
@@ -463,7 +578,7 @@ class HotLoop:
         self.checks_transfers = transfers == "disallow"
         self.checks_compiles = compiles == "disallow"
         self._violations: dict[tuple[str, str, str], Violation] = {}
-        self._saved: list[tuple[Any, Any]] = []
+        self._entries: list[_Entry] = []  # active entries (re-entrant, any thread)
 
     @property
     def violations(self) -> list[Violation]:
@@ -498,34 +613,61 @@ class HotLoop:
         return loop_report(self.violations, self.on_violation)
 
     def __enter__(self) -> HotLoop:
-        _acquire()
-        native = contextlib.ExitStack()
+        modes: dict[str, str] = {}
+        if self.checks_transfers:
+            modes["host_to_device"] = "disallow" if self.on_violation == "raise" else "log"
+            if jax.default_backend() != "cpu":
+                modes["device_to_host"] = "disallow" if self.on_violation == "raise" else "allow"
+        stack = local.stack
+        # At checks level off only JAX's native guards: no class patches, no
+        # compile listener, no active loop for the call path to report to.
+        checked = get_checks() != "off"
+        entry = _Entry(self, stack, modes, checked=checked)
+        if checked:
+            _acquire()
         try:
-            if self.checks_transfers:
-                mode = "disallow" if self.on_violation == "raise" else "log"
-                native.enter_context(jax.transfer_guard_host_to_device(mode))
-                if jax.default_backend() != "cpu":
-                    native.enter_context(
-                        jax.transfer_guard_device_to_host(
-                            "disallow" if self.on_violation == "raise" else "allow"
-                        )
-                    )
+            with _stacks_lock:
+                _repair(stack)
+                if not stack.entries and modes:
+                    state = threadguard.current()
+                    stack.saved = None if state is None else (state, threadguard.levels(state))
+                entry.native = _enter_native(modes)
+                stack.entries.append(entry)
+                _relink(stack)
+                self._entries.append(entry)
         except BaseException:
-            native.close()
-            _release()
+            if checked:
+                _release()
             raise
-        self._saved.append((local.loop, native))
-        local.loop = self
         return self
 
+    def _take_entry(self) -> _Entry:
+        """This exit's entry: the latest one made on this thread, else the latest."""
+        mine = local.stack
+        for i in range(len(self._entries) - 1, -1, -1):
+            if self._entries[i].stack is mine:
+                return self._entries.pop(i)
+        if not self._entries:
+            raise RuntimeError("jc.hot_loop: __exit__ without a matching __enter__")
+        return self._entries.pop()
+
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        """End this entry, whatever the order: out-of-order exits (generators,
+        asyncio tasks) and exits on another thread restore what it changed."""
         __tracebackhide__ = True
-        previous, native = self._saved.pop()
-        local.loop = previous
-        try:
-            native.close()
-        finally:
-            _release()
+        with _stacks_lock:
+            entry = self._take_entry()
+            stack = entry.stack
+            entry.ended = True
+            _relink(stack)
+            try:
+                if stack is local.stack:
+                    _repair(stack)
+                else:
+                    _restore_elsewhere(stack)
+            finally:
+                if entry.checked:
+                    _release()
         if exc is not None and not isinstance(exc, Exception):
             return False
         translated = _translate(exc, tb) if exc is not None else None
@@ -534,8 +676,39 @@ class HotLoop:
         return False
 
     def __call__(self, fn: F) -> F:
-        """Use as a decorator: every call of ``fn`` runs in a fresh loop."""
+        """Use as a decorator: every call of ``fn`` runs in a fresh loop.
+
+        On a generator function or an ``async def`` the call returns a
+        generator or coroutine whose every resumption (each ``next``/``send``
+        and each step between two ``await`` s) runs inside that call's loop;
+        the caller's code between resumptions and the event loop are not
+        guarded. An async generator function is refused.
+        """
         options = dict(self._options)
+        if inspect.isasyncgenfunction(fn):
+            name = getattr(fn, "__qualname__", repr(fn))
+            raise DefinitionError(
+                f"@jc.hot_loop() on the async generator function {name}: its body "
+                "runs in pieces between the caller's awaits, which the decorator "
+                "cannot guard.",
+                fix="decorate the `async def` that consumes it (`async for ...` "
+                "inside), or put `with jc.hot_loop():` around the code between two "
+                "awaits in its body.",
+            )
+        if inspect.isgeneratorfunction(fn):
+
+            @functools.wraps(fn)
+            def generator(*args: Any, **kwargs: Any) -> Any:
+                return (yield from _resumed_inside(fn(*args, **kwargs), HotLoop(**options)))
+
+            return generator  # type: ignore[return-value]
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def coroutine(*args: Any, **kwargs: Any) -> Any:
+                return await _coroutine_resumed_inside(fn(*args, **kwargs), HotLoop(**options))
+
+            return coroutine  # type: ignore[return-value]
 
         @functools.wraps(fn)
         def wrapper(*args: Any, **kwargs: Any) -> Any:
@@ -543,6 +716,34 @@ class HotLoop:
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
+
+
+def _resumed_inside(inner: Any, loop: HotLoop) -> Any:
+    """Drive a generator or coroutine, each resumption inside ``loop``."""
+    __tracebackhide__ = True
+    sent: Any = None
+    thrown: BaseException | None = None
+    while True:
+        with loop:
+            try:
+                out = inner.send(sent) if thrown is None else inner.throw(thrown)
+            except StopIteration as stop:
+                return stop.value
+            finally:
+                sent, thrown = None, None
+        try:
+            sent = yield out
+        except GeneratorExit:
+            with loop:
+                inner.close()
+            raise
+        except BaseException as e:  # noqa: BLE001 - passed on into the body
+            thrown = e
+
+
+@types.coroutine
+def _coroutine_resumed_inside(inner: Any, loop: HotLoop) -> Any:
+    return (yield from _resumed_inside(inner, loop))
 
 
 # JAX runtime errors that leave a loop, and what they mean there.
@@ -612,7 +813,9 @@ def hot_loop(
     :class:`RecompileError`; reading an array a hot step consumed raises
     :class:`DonationError`. ``jc.fetch``, ``jax.device_get`` and
     ``jax.device_put`` stay allowed. Other threads are unaffected; nesting
-    works; everything is restored on exit.
+    works; each exit restores what its own entry changed, so loops may end
+    in any order (generators, asyncio tasks) and on another thread (a
+    generator closed there): once every loop has ended nothing is guarded.
 
     Args:
         transfers: ``"disallow"`` (default) or ``"allow"``.
@@ -624,6 +827,12 @@ def hot_loop(
             record them and go on), and a read of a donated array is
             recorded but still fails, since its buffer is gone (a
             ``DonationError`` when it leaves the loop).
+
+    At checks level ``off`` (``jc.set_checks("off")``,
+    ``JAXCONTRACTS_CHECKS=off``) a loop engages only JAX's native transfer
+    guards (host-to-device on every backend, device-to-host off CPU): no
+    interception of reads or compiles, so annotated loops cost nothing. The
+    level is read when the loop is entered.
 
     Returns:
         A context manager, also usable as a decorator.

@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
+import threading
 import typing
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar, overload
@@ -150,6 +151,10 @@ class HotStep(Generic[P, R]):
         self._level = _config.get_checks()
         _config.add_listener(self)
         self._dispatch: Callable[..., Any] = self._slow
+        # Held by the slow path while it decides on (and makes) a compile, so
+        # that threads meeting new signatures at once respect max_compiles.
+        # The call paths never take it.
+        self._compile_lock = threading.RLock()
 
     # -- public API --------------------------------------------------------
 
@@ -218,11 +223,12 @@ class HotStep(Generic[P, R]):
         __tracebackhide__ = True
         positional = self._sig.normalize(args, kwargs)
         leaves, treedef = flatten(positional)
-        for cs in self._signatures:
-            if not signature_diffs(cs, leaves, treedef):
-                self._use(cs)
-                return cs.compiled
-        return self._new_signature(positional).compiled
+        with self._compile_lock:
+            for cs in self._signatures:
+                if not signature_diffs(cs, leaves, treedef):
+                    self._use(cs)
+                    return cs.compiled
+            return self._new_signature(positional).compiled
 
     if typing.TYPE_CHECKING:
 
@@ -320,13 +326,16 @@ class HotStep(Generic[P, R]):
             self.stats.refused += 1
             raise hazard_error(sig, paths, leaves, deleted, duplicates, donated)
 
-        for cs in self._signatures:
-            if not signature_diffs(cs, leaves, treedef):
-                if exc is not None and cs is current:
-                    raise exc  # the signature is right: a genuine runtime error
-                self._use(cs)
-                return self._dispatch(*positional)
-        if current is not None and len(self._signatures) >= sig.max_compiles:
-            raise self._refuse(positional)
-        self._new_signature(positional)
-        return self._dispatch(*positional)
+        with self._compile_lock:  # another thread may be compiling a signature
+            for cs in self._signatures:
+                if not signature_diffs(cs, leaves, treedef):
+                    if exc is not None and cs is current:
+                        raise exc  # the signature is right: a genuine runtime error
+                    self._use(cs)
+                    break
+            else:
+                if self._current is not None and len(self._signatures) >= sig.max_compiles:
+                    raise self._refuse(positional)
+                self._new_signature(positional)
+            dispatch = self._dispatch
+        return dispatch(*positional)

@@ -21,6 +21,7 @@ from ._errors import RecompileError
 
 __all__ = [
     "LoopHandle",
+    "LoopStack",
     "clear_calls",
     "compiling",
     "consumed_by",
@@ -43,9 +44,34 @@ class LoopHandle(Protocol):
     ) -> None: ...
 
 
+class LoopStack:
+    """One thread's active loops, in entry order.
+
+    A plain object held by the thread-local, so that a loop exited on another
+    thread (a generator closed there) can still update the thread it was
+    entered on. ``entries`` belong to the guard; ``loop`` is the innermost
+    checking one, kept up to date by the guard.
+    """
+
+    __slots__ = ("entries", "loop", "saved", "thread")
+
+    def __init__(self) -> None:
+        self.loop: LoopHandle | None = None
+        self.entries: list[Any] = []
+        self.saved: Any = None  # the guard's: what the thread had before its loops
+        self.thread = threading.current_thread()
+
+
 class _Local(threading.local):
-    loop: LoopHandle | None = None  # the innermost active loop on this thread
     allow: int = 0  # > 0 inside an explicit transfer (jc.fetch) or a re-entry
+
+    def __init__(self) -> None:
+        self.stack = LoopStack()
+
+    @property
+    def loop(self) -> LoopHandle | None:
+        """The innermost active loop on this thread."""
+        return self.stack.loop
 
 
 local = _Local()

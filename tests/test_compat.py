@@ -26,6 +26,7 @@ from jaxcontracts._compat import (
     frames,
     registry,
     runtime_errors,
+    threadguard,
     tracing,
 )
 from jaxcontracts._compat import jaxtyping as jt
@@ -54,6 +55,25 @@ def test_array_read_hooks_reach_existing_arrays():
     assert seen == [()]
     assert type(x).__dict__["__float__"] is original
     assert set(arrays.READ_METHODS) | {"_value"} == set(arrays.read_methods())
+
+
+def test_thread_guard_levels_are_set_from_another_thread():
+    import threading
+
+    x = jnp.float32(1.0)
+    state = threadguard.current()
+    saved = threadguard.levels(state)
+    with jax.transfer_guard_host_to_device("disallow"):
+        with pytest.raises(Exception, match="Disallowed host-to-device"):
+            jnp.add(x, np.float32(1))
+        other = threading.Thread(target=threadguard.set_levels, args=(state, saved))
+        other.start()
+        other.join(30)
+        assert float(jnp.add(x, np.float32(1))) == 2.0  # this thread's level changed
+        threadguard.set_levels(state, saved, {"host_to_device": "disallow"})
+        with pytest.raises(Exception, match="Disallowed host-to-device"):
+            jnp.add(x, np.float32(1))
+    assert threadguard.levels(state) == saved
 
 
 def test_buffer_hook_refuses_and_restores():

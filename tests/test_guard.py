@@ -62,6 +62,10 @@ def test_every_read_raises_inside_and_works_outside(path, layout, mesh2):
     kind, read = READS[path]
     x = _arrays(layout, mesh2)[kind]
     read(x)  # outside: works (and warms any lazy path)
+    if path == "iteration" and layout == "one device":
+        with jc.hot_loop():  # slices on the device: no read (see the RNG test)
+            read(x)
+        return
     with pytest.raises(jc.TransferError) as info:
         with jc.hot_loop():
             read(x)
@@ -69,6 +73,37 @@ def test_every_read_raises_inside_and_works_outside(path, layout, mesh2):
     assert "device-to-host read" in msg
     assert "test_guard.py:" in msg and "Fix: " in msg and "jc.fetch" in msg
     read(x)  # and works again after the loop
+
+
+@pytest.mark.parametrize("key", ["uint32 key", "typed key"])
+def test_rng_split_and_unpacking_a_device_array_are_clean(key, mesh2):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    k = jax.random.PRNGKey(0) if key == "uint32 key" else jax.random.key(0)
+    rows = jnp.arange(8.0).reshape(4, 2)
+    replicated = jax.device_put(rows, NamedSharding(mesh2, P()))
+
+    def body(k):
+        k, sub = jax.random.split(k)
+        a, b, c, d = rows
+        r = [row for row in replicated]
+        return k, sub, a, r
+
+    body(k)  # warm: a cold slice compiles once (and would raise in the loop)
+    with jc.hot_loop():
+        for _ in range(3):
+            k, sub, a, r = body(k)
+    assert a.shape == (2,) and len(r) == 4 and k.shape == sub.shape
+    scalar = jnp.float32(1.0)
+    with jc.hot_loop(), pytest.raises(TypeError, match="0-d"):
+        iter(scalar)  # numpy's error, not a read
+    # A sharded, not replicated array is still read on the host to iterate.
+    sharded = jax.device_put(rows, NamedSharding(mesh2, P("x")))
+    list(sharded)
+    with pytest.raises(jc.TransferError, match="device-to-host read"):
+        with jc.hot_loop():
+            list(sharded)
 
 
 def test_explicit_transfers_are_allowed():
@@ -323,6 +358,97 @@ def test_nesting_and_restoration():
     assert _pristine() and float(x) == 3.0
 
 
+def _nothing_left_guarded(x) -> None:
+    """After every loop ended: reads, host-to-device transfers, no active loop."""
+    assert float(x) == 3.0
+    assert jnp.add(x, np.ones(2, np.float32)).tolist() == [4.0, 4.0]  # JAX's own guard off
+    assert _guard.local.loop is None and _guard.tracking.count == 0 and _pristine()
+    assert all(e.ended for e in _guard.local.stack.entries)  # none live
+
+
+def _looping_generator(x):
+    with jc.hot_loop():
+        while True:
+            yield x
+
+
+def test_generators_closed_in_creation_order_leave_nothing_guarded():
+    x = jnp.float32(3.0)
+    first, second = _looping_generator(x), _looping_generator(x)
+    next(first)
+    next(second)
+    first.close()  # out of order: the first loop entered ends first
+    with pytest.raises(jc.TransferError):
+        float(x)  # the second loop is still active on this thread
+    second.close()
+    _nothing_left_guarded(x)
+
+
+def test_asyncio_tasks_ending_out_of_order_leave_nothing_guarded():
+    import asyncio
+
+    x = jnp.float32(3.0)
+
+    async def task(entered: asyncio.Event, release: asyncio.Event) -> None:
+        with jc.hot_loop():
+            entered.set()
+            await release.wait()
+
+    async def main() -> None:
+        e1, r1, e2, r2 = (asyncio.Event() for _ in range(4))
+        t1 = asyncio.create_task(task(e1, r1))
+        await e1.wait()
+        t2 = asyncio.create_task(task(e2, r2))
+        await e2.wait()
+        r1.set()  # the first task's loop ends first
+        await t1
+        r2.set()
+        await t2
+
+    asyncio.run(main())
+    _nothing_left_guarded(x)
+
+
+def test_generator_closed_on_another_thread_leaves_nothing_guarded():
+    x = jnp.float32(3.0)
+    gen = _looping_generator(x)
+    next(gen)  # the loop is entered on this thread
+    closer = threading.Thread(target=gen.close)
+    closer.start()
+    closer.join(30)
+    _nothing_left_guarded(x)
+    with jc.hot_loop():  # the next loop on this thread unwinds JAX's contexts
+        with pytest.raises(jc.TransferError):
+            float(x)
+    _nothing_left_guarded(x)
+    assert not _guard.local.stack.entries
+    with jax.transfer_guard_host_to_device("allow"):  # restores what it saw: none
+        pass
+    _nothing_left_guarded(x)
+
+
+def test_checks_off_leaves_only_jax_native_guards():
+    from jax._src import monitoring
+
+    from jaxcontracts._compat import arrays
+
+    x = jnp.float32(3.0)
+    impl = type(x)
+    originals = arrays.read_methods()
+    jc.set_checks("off")
+    with jc.hot_loop():
+        assert float(x) == 3.0 and repr(x).startswith("Array") and np.asarray(x) == 3.0
+        assert all(impl.__dict__[n] is f for n, f in originals.items())  # no patching
+        assert _guard._on_monitoring_event not in getattr(monitoring, "_scalar_listeners", [])
+        jax.jit(lambda a: a * 5)(x)  # a compile: not intercepted
+        assert _guard.local.loop is None and _guard.tracking.count == 0
+    with pytest.raises(jc.TransferError, match="host-to-device"):
+        with jc.hot_loop():
+            jnp.add(x, np.ones(2, np.float32))  # JAX's own guard is still on
+    jc.set_checks("full")
+    _nothing_left_guarded(x)
+
+
 def test_options_are_validated_and_can_allow():
     with pytest.raises(jc.DefinitionError, match="valid values are 'raise', 'record'"):
         jc.hot_loop(on_violation="ignore")
@@ -343,6 +469,64 @@ def test_decorator_form():
     with pytest.raises(jc.TransferError):
         bad()
     assert float(x) == 2.0
+
+
+def test_decorated_generator_runs_every_resumption_inside_the_loop():
+    x = jnp.float32(2.0)
+
+    @jc.hot_loop()
+    def reads(n):
+        for _ in range(n):
+            got = yield jc.fetch(x)
+            if got == "read":
+                float(x)
+        return "done"
+
+    gen = reads(3)
+    assert _guard.local.loop is None  # nothing runs, nothing is guarded, until next()
+    assert next(gen) == 2.0
+    assert _guard.local.loop is None and float(x) == 2.0  # the caller is not guarded
+    assert gen.send(None) == 2.0
+    with pytest.raises(jc.TransferError, match="float\\(\\) of f32"):
+        gen.send("read")  # the body's read raises inside the loop
+    assert list(reads(2)) == [2.0, 2.0]
+    closed = reads(5)
+    next(closed)
+    closed.close()
+    _nothing_left_guarded(jnp.float32(3.0))
+
+
+def test_decorated_coroutine_runs_every_step_inside_the_loop():
+    import asyncio
+
+    x = jnp.float32(2.0)
+    seen = []
+
+    @jc.hot_loop()
+    async def reads():
+        seen.append(_guard.local.loop is not None)
+        await asyncio.sleep(0)
+        seen.append(_guard.local.loop is not None)
+        return float(x)
+
+    async def other():
+        seen.append(("other", _guard.local.loop is None))
+
+    async def main():
+        return await asyncio.gather(reads(), other(), return_exceptions=True)
+
+    result, _ = asyncio.run(main())
+    assert isinstance(result, jc.TransferError) and "float() of f32" in str(result)
+    assert seen == [True, ("other", True), True]
+    _nothing_left_guarded(jnp.float32(3.0))
+
+
+def test_decorated_async_generator_is_refused():
+    with pytest.raises(jc.DefinitionError, match="(?s)async generator function .*Fix: decorate the"):
+
+        @jc.hot_loop()
+        async def agen():
+            yield 1
 
 
 def test_fetch_copies_so_a_kept_result_never_pins_a_donated_buffer():

@@ -503,3 +503,30 @@ def test_arrays_on_other_devices_fed_to_a_step_in_a_hot_loop_are_transfers(mesh2
             advance(elsewhere)
     assert "p.pos: compiled with f32[4,3] sharded single device cpu:0" in str(info.value)
     assert alive(elsewhere)
+
+
+@pytest.mark.parametrize("sizes", [(4, 5, 6, 7), (4, 4, 4, 4)], ids=["shapes differ", "one shape"])
+def test_threads_making_the_first_call_at_once_compile_once(sizes):
+    import threading
+
+    step = jc.hot_step(advance_fn, signature=Particles)  # fresh: max_compiles=1
+    states = [make_particles(n) for n in sizes]
+    barrier = threading.Barrier(len(sizes))
+    outcomes: list[str] = []
+
+    def first_call(p):
+        barrier.wait()
+        try:
+            step(p)
+            outcomes.append("ran")
+        except jc.RecompileError:
+            outcomes.append("refused")
+
+    threads = [threading.Thread(target=first_call, args=(p,)) for p in states]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert step.stats.compiles == 1 and len(step.signatures) == 1
+    expected = ["ran"] if len(set(sizes)) > 1 else ["ran"] * len(sizes)
+    assert sorted(outcomes) == sorted(expected + ["refused"] * (len(sizes) - len(expected)))

@@ -7,7 +7,17 @@ Each lives in one module here, behind a named capability with a probe
 
 from __future__ import annotations
 
-from . import arrays, events, executable, frames, hostcopy, jaxtyping, runtime_errors, tracing
+from . import (
+    arrays,
+    events,
+    executable,
+    frames,
+    hostcopy,
+    jaxtyping,
+    runtime_errors,
+    threadguard,
+    tracing,
+)
 from .registry import Capability, capabilities, capability, missing
 
 __all__ = [
@@ -22,5 +32,6 @@ __all__ = [
     "jaxtyping",
     "missing",
     "runtime_errors",
+    "threadguard",
     "tracing",
 ]
