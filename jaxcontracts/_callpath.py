@@ -150,12 +150,20 @@ def _tail(ctx: _Context, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any
         consumed: tells, from the closure's own view of the arguments (flat
             leaves or the arguments), whether every donated buffer was used.
     """
-    stamp = _stamper(ctx.cs.out_tokens)
+    out_tokens = ctx.cs.out_tokens
+    # The common `s = step(s)` stamps one token on the output itself, inline.
+    single = len(out_tokens) == 1 and out_tokens[0][0] == ()
+    token_out = out_tokens[0][1] if single else None
+    stamp = _stamper(out_tokens)
+    key = TOKEN_KEY
     full, stats, cs, not_consumed = ctx.full, ctx.stats, ctx.cs, ctx.not_consumed
     step_id, name = ctx.step_id, ctx.name
 
     def tail(args: tuple[Any, ...], src: Any, out: Any) -> Any:
-        stamp(out)
+        if single:
+            out.__dict__[key] = token_out
+        else:
+            stamp(out)
         if full and not consumed(src):
             raise not_consumed(cs, flatten(args)[0], out)
         stats.calls += 1
@@ -235,8 +243,16 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
         def first_leaf(args: tuple[Any, ...]) -> Any:
             return get_first(args[arg0])
 
-    def states_consumed(args: tuple[Any, ...]) -> bool:
-        return all(all(map(is_deleted, get(args[arg]))) for arg, get in donated_getters)
+    if len(donated_getters) == 1:
+        ((arg_d, get_d),) = donated_getters
+
+        def states_consumed(args: tuple[Any, ...]) -> bool:
+            return all(map(is_deleted, get_d(args[arg_d])))
+
+    else:
+
+        def states_consumed(args: tuple[Any, ...]) -> bool:
+            return all(all(map(is_deleted, get(args[arg]))) for arg, get in donated_getters)
 
     tail = _tail(ctx, states_consumed)
 
