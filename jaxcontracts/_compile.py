@@ -109,13 +109,15 @@ def jit_for(
 
 
 def compile_signature(
-    sig: StepSignature, positional: tuple[Any, ...], *, is_state: Any
+    sig: StepSignature, positional: tuple[Any, ...], *, sealed: Any
 ) -> CompiledSignature:
     """Compile ``sig``'s step for these arguments or specs and prove its contracts.
 
     Args:
-        is_state: tells whether a spec tree is a ``jc.state`` instance (only
-            those carry provenance tokens).
+        sealed: tells whether a spec tree is a ``jc.state`` instance whose
+            leaves cannot change after construction (only those carry
+            provenance tokens: a token skips the per-leaf checks, so a state
+            with an editable container, a ``PyTree`` dict, must not get one).
 
     Raises:
         RecompileError: carry invariance fails.
@@ -141,7 +143,7 @@ def compile_signature(
     per_param = tuple(jax.tree_util.tree_unflatten(treedef, exact))
     _check_carry(sig, per_param, traced.out_info, compiled.output_shardings)
     aliased = _check_aliasing(sig, compiled, paths, exact, donated, traced.out_info)
-    in_tokens, out_tokens = _tokens_for(sig, per_param, flat_style, is_state)
+    in_tokens, out_tokens = _tokens_for(sig, per_param, flat_style, sealed)
     donated_set = set(donated)
     return CompiledSignature(
         spec_args=per_param,
@@ -179,7 +181,7 @@ def signature_diffs(cs: CompiledSignature, leaves: Sequence[Any], treedef: Any) 
 
 
 def _tokens_for(
-    sig: StepSignature, spec_args: tuple[Any, ...], flat_style: bool, is_state: Any
+    sig: StepSignature, spec_args: tuple[Any, ...], flat_style: bool, sealed: Any
 ) -> tuple[tuple[tuple[int, object], ...], tuple[tuple[tuple[int, ...], object], ...]]:
     """Tokens for the fast path, once carry invariance has been verified."""
     if flat_style:
@@ -187,8 +189,8 @@ def _tokens_for(
     ins, outs = [], []
     for arg, pos in zip(sig.state_params, sig.return_positions):
         spec = spec_args[arg]
-        if not is_state(spec):
-            continue
+        if not sealed(spec):
+            continue  # not a state, or one the user can edit in place: checked per call
         token = token_for(spec)
         ins.append((arg, token))
         outs.append((pos, token))

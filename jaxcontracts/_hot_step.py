@@ -31,7 +31,13 @@ from ._errors import DonationError
 from ._records import CompiledSignature, StepDescription, StepStats
 from ._report import Report, step_report
 from ._signature import StepSignature, analyse
-from ._state import data_field_names, flat_leaf_getter, is_state, static_field_names
+from ._state import (
+    data_field_names,
+    flat_leaf_getter,
+    is_sealed_state,
+    is_state,
+    static_field_names,
+)
 
 __all__ = ["HotStep", "StepStats", "hot_step"]
 
@@ -260,7 +266,7 @@ class HotStep(Generic[P, R]):
         __tracebackhide__ = True
         if len(self._signatures) >= self._sig.max_compiles:
             raise self._refuse(positional)
-        cs = compile_signature(self._sig, positional, is_state=is_state)
+        cs = compile_signature(self._sig, positional, sealed=is_sealed_state)
         self._signatures.append(cs)
         self.stats.compiles += 1
         self.stats.compile_seconds += cs.compile_seconds

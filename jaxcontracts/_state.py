@@ -497,6 +497,23 @@ def flat_leaf_getter(cls: type) -> Callable[[Any], tuple[Any, ...]] | None:
     return _getter(info.data_names)
 
 
+def is_sealed_state(x: Any) -> bool:
+    """Whether ``x`` is a jc.state whose fields cannot change after construction.
+
+    True when every field is an array, a static (hashable) value or a nested
+    state of the same kind: the instance is frozen, so its leaves are the ones
+    it was built with. A ``PyTree`` field holds a container (a dict, a list)
+    that can be edited in place, so a state with one is never sealed.
+    """
+    if not is_state(x):
+        return False
+    cls = x if isinstance(x, type) else type(x)
+    return all(
+        isinstance(f, (_ArrayField, _StaticField)) or (isinstance(f, _StateField) and is_sealed_state(f.cls))
+        for f in _info(cls).fields
+    )
+
+
 def _getstate(self: Any) -> dict[str, Any]:
     # Pickles and copies carry fields only: never a hot_step's provenance token.
     return {k: v for k, v in self.__dict__.items() if not k.startswith("__jaxcontracts")}

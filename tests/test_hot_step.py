@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import Counter, Particles, advance_fn, alive, all_deleted, make_particles
-from jaxtyping import Array, Float32
+from jaxtyping import Array, Float32, PyTree
 
 import jaxcontracts as jc
 from jaxcontracts import _callpath
@@ -444,6 +444,61 @@ def test_token_path_still_catches_every_hazard(monkeypatch):
     calls.clear()
     fresh(s2)
     assert calls == []
+
+
+@jc.state
+class WithParams:
+    x: Float32[Array, "n"]
+    p: PyTree[Float32[Array, "..."]]
+
+
+def _params_step():
+    @jc.hot_step(signature=WithParams)
+    def step(s: WithParams) -> WithParams:
+        return WithParams(x=s.x + 1, p=jax.tree_util.tree_map(lambda a: a * 2, s.p))
+
+    return step
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_a_state_with_an_editable_container_is_checked_on_every_call(level):
+    # A PyTree field holds a dict the user can edit in place, so a returned
+    # state with one gets no token: a token would skip the per-leaf checks.
+    from jaxcontracts._compile import TOKEN_KEY as _TOKEN_KEY
+
+    with jc.checks_level(level):
+        step = _params_step()
+        s = step(WithParams(x=jnp.zeros(2), p={"w": jnp.ones(2), "lr": jnp.float32(0.1)}))
+        s = step(s)
+        assert _TOKEN_KEY not in vars(s)
+        s.p["w"] = np.ones(2, np.float32)  # edited in place: a host leaf
+        with pytest.raises(jc.TransferError, match=r"s\.p\['w'\]: f32\[2\] \(numpy array\)"):
+            step(s)  # refused before dispatch, inputs intact
+        assert alive(s)
+        s.p["w"] = jnp.ones(2)
+        s.p["lr"] = 0.2  # a Python float in a 0-d leaf's slot
+        with pytest.raises(jc.TransferError, match=r"s\.p\['lr'\]"):
+            step(s)
+        assert alive(s)
+        s.p["lr"] = jnp.float32(0.2)
+        s = step(s)
+        assert float(s.x[0]) == 3.0 and step.stats.calls == 3
+
+
+def test_nested_sealed_states_keep_the_token_path():
+    from jaxcontracts._state import is_sealed_state
+
+    @jc.state
+    class Outer:
+        inner: Counter
+        y: Float32[Array, "n"]
+
+    @jc.state
+    class Loose:
+        inner: WithParams
+
+    assert is_sealed_state(Particles) and is_sealed_state(Outer)
+    assert not is_sealed_state(WithParams) and not is_sealed_state(Loose)
 
 
 def test_token_path_checks_the_other_arguments():
