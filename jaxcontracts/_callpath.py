@@ -15,7 +15,9 @@ A state a hot step returned carries the provenance token of its exact spec
 and skips the per-leaf checks (see ``provenance`` below). Every checked path
 ends in the same after-dispatch tail (:func:`_tail`): stamp the tokens, check
 consumption, count, tell active loops. Anything unusual falls to the step's
-slow path, which diagnoses it.
+slow path, which diagnoses it. Under an active trace (an outer ``jax.jit``,
+``vmap``, ``lax.cond``..., even over concrete arrays it closed over) every
+closure goes to the slow path, which traces the function and donates nothing.
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from typing import Any
 import jax
 
 from ._compat.arrays import ArrayImpl
-from ._compat.tracing import cpp_call, flatten
+from ._compat.tracing import cpp_call, flatten, trace_state_clean
 from ._compile import TOKEN_KEY
 from ._records import CompiledSignature, StepStats
 from ._runtime import note_call, tracking
@@ -100,11 +102,12 @@ def make_dispatch(
 def _off(ctx: _Context) -> Callable[..., Any]:
     """Checks ``off``: the bare compiled call; failures go to the slow path."""
     compiled, slow_call, in_treedef = ctx.compiled, ctx.slow_call, ctx.cs.in_treedef
+    clean = trace_state_clean
     if ctx.cs.flat_style:
 
         def off_flat(*args: Any, **kwargs: Any) -> Any:
             leaves, treedef = flatten(args)
-            if kwargs or treedef != in_treedef:
+            if kwargs or treedef != in_treedef or not clean():
                 return slow_call(args, kwargs, None)
             try:
                 return compiled(*leaves)
@@ -114,6 +117,8 @@ def _off(ctx: _Context) -> Callable[..., Any]:
         return off_flat
 
     def off(*args: Any, **kwargs: Any) -> Any:
+        if not clean():  # under a transformation: the slow path traces the function
+            return slow_call(args, kwargs, None)
         try:
             return compiled(*args, **kwargs)
         except Exception as e:  # noqa: BLE001
@@ -181,6 +186,7 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
     any_weak = any(weak)
     shardings = [leaf.spec.sharding for leaf in cs.leaves] if cs.multi_device else None
     array_impl = ArrayImpl
+    clean = trace_state_clean  # False under jit, vmap, grad...: the slow path traces
     # One is_deleted() per call catches the usual stale state (all of it was
     # donated) before XLA refuses it with an error line on stderr.
     first_donated = donated[0] if donated else None
@@ -192,7 +198,7 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
 
     def checked(*args: Any, **kwargs: Any) -> Any:
         leaves, treedef = flatten(args)
-        if kwargs or treedef != in_treedef:
+        if kwargs or treedef != in_treedef or not clean():
             return slow_call(args, kwargs, None)
         if any_weak:
             for x, w in zip(leaves, weak):
@@ -234,6 +240,7 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
     cs, compiled, slow_call, n_params = ctx.cs, ctx.compiled, ctx.slow_call, ctx.n_params
     in_tokens, key = cs.in_tokens, TOKEN_KEY
     array_impl = ArrayImpl
+    clean = trace_state_clean
     is_deleted = array_impl.is_deleted  # unbound: map() runs it in C
     getters = {arg: _leaves_of(type(cs.spec_args[arg]), ctx.flat_fields) for arg, _ in in_tokens}
     donated_getters = tuple((arg, getters[arg]) for arg, _ in in_tokens) if cs.donated else ()
@@ -268,6 +275,8 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
             d = getattr(args[0], "__dict__", None)
             if d is None or d.get(key) is not token0:
                 return checked(*args)
+            if not clean():  # a state closed over by an outer jit: trace, never run
+                return slow_call(args, kwargs, None)
             if first_leaf is not None and first_leaf(args).is_deleted():
                 return slow_call(args, kwargs, None)
             try:
@@ -291,6 +300,8 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
             d = getattr(args[i], "__dict__", None)
             if d is None or d.get(key) is not token:
                 return checked(*args)
+        if not clean():
+            return slow_call(args, kwargs, None)
         if first_leaf is not None and first_leaf(args).is_deleted():
             return slow_call(args, kwargs, None)
         if others:

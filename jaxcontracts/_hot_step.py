@@ -23,7 +23,7 @@ import jax
 from . import _config
 from ._callpath import make_dispatch
 from ._compat.frames import caller_locals
-from ._compat.tracing import Tracer, flatten
+from ._compat.tracing import Tracer, flatten, trace_state_clean
 from ._compile import compile_signature, jit_for, quiet_donation_warning, signature_diffs
 from ._diagnose import hazard_error, host_leaves_error, not_consumed_error, signature_error
 from ._donation import find_hazards
@@ -313,9 +313,11 @@ class HotStep(Generic[P, R]):
         __tracebackhide__ = True
         sig = self._sig
         all_leaves = jax.tree_util.tree_leaves((args, kwargs))
-        if any(isinstance(x, Tracer) for x in all_leaves):
+        if not trace_state_clean() or any(isinstance(x, Tracer) for x in all_leaves):
+            # Under an outer transformation (jit, vmap, grad, cond...), even on
+            # concrete arrays it closed over: trace the function, donate nothing.
             self.stats.traced_calls += 1
-            return sig.fn(*args, **kwargs)  # under an outer transformation
+            return sig.fn(*args, **kwargs)
         positional = sig.normalize(args, kwargs)
         with_path, treedef = jax.tree_util.tree_flatten_with_path(positional)
         leaves = [x for _, x in with_path]

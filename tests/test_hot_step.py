@@ -229,6 +229,35 @@ def test_plain_tracing_under_outer_transformations():
     assert batched.shape == (2, 4, 3)
 
 
+@jc.state
+class S1:
+    x: Float32[Array, "n"]
+
+
+@pytest.mark.parametrize("level", ["off", "fast", "full"])
+def test_a_closed_over_state_under_an_outer_transformation_is_traced_not_run(level):
+    # No argument is a tracer, but a trace is active: the step must be traced
+    # into the outer computation, donating nothing.
+    @jc.hot_step(signature=S1)
+    def st(s: S1) -> S1:
+        return S1(x=s.x + 1)
+
+    with jc.checks_level(level):
+        s = st(S1(x=jnp.zeros(3)))  # compiled; s carries a token
+        outer = jax.jit(lambda: st(s).x * 2)
+        assert outer().tolist() == [4.0] * 3
+        assert outer().tolist() == [4.0] * 3
+        assert alive(s)
+        pick = jax.jit(lambda c: jax.lax.cond(c, lambda: st(s).x, lambda: s.x))
+        assert pick(True).tolist() == [2.0] * 3 and pick(False).tolist() == [1.0] * 3
+        assert alive(s)
+        fresh = S1(x=jnp.zeros(3))  # no token: the checked path
+        assert jax.jit(lambda: st(fresh).x)().tolist() == [1.0] * 3 and alive(fresh)
+        assert st.stats.traced_calls == 3 and st.stats.compiles == 1
+        s = st(s)  # and outside any trace it still donates
+        assert s.x.tolist() == [2.0] * 3
+
+
 # -- call-time checks: every wrong call raises before dispatch ------------
 
 

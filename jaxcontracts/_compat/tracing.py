@@ -22,7 +22,8 @@ except ImportError:  # pragma: no cover - future jax
 @define(
     "trace-state",
     "jax._src.core.trace_state_clean()",
-    "state construction is skipped under any active trace, not only when a field is a tracer",
+    "state construction is skipped, and a hot step traces its function, only "
+    "when an argument is a tracer (a state closed over by jax.jit runs eagerly)",
 )
 def _probe_trace_state() -> str | None:
     if _trace_state_clean is None:
@@ -30,12 +31,16 @@ def _probe_trace_state() -> str | None:
     return None if _trace_state_clean() in (True, False) else "it returned a non-bool"
 
 
-def trace_state_clean() -> bool:
-    """Whether no JAX trace is active on this thread (``True`` if unknown)."""
-    if _trace_state_clean is None:
-        capability("trace-state")
-        return True
-    return _trace_state_clean()
+def _trace_state_unknown() -> bool:
+    capability("trace-state")  # warns once: what is no longer checked
+    return True
+
+
+# Whether no JAX trace is active on this thread (``True`` if unknown). JAX's
+# own function, not a wrapper: the hot step call path calls it on every call.
+trace_state_clean: Callable[[], bool] = (
+    _trace_state_unknown if _trace_state_clean is None else _trace_state_clean
+)
 
 
 _registry = getattr(jax.tree_util, "default_registry", None)
