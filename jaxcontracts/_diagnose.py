@@ -18,7 +18,7 @@ from ._runtime import consumed_by, in_hot_loop
 from ._signature import StepSignature
 from ._spec import diff_specs, fmt_value
 
-__all__ = ["hazard_error", "host_leaves_error", "not_consumed_error", "signature_error"]
+__all__ = ["hazard_error", "host_leaves_error", "not_consumed_error", "run_failed_note", "signature_error"]
 
 
 def host_leaves_error(sig: StepSignature, host: Sequence[tuple[str, Any]]) -> TransferError:
@@ -67,6 +67,39 @@ def hazard_error(
         step=sig.name,
         leaves=[paths[i] for i in deleted] + [paths[a] for a, _ in duplicates],
     )
+
+
+def run_failed_note(
+    sig: StepSignature, paths: Sequence[str], leaves: Sequence[Any], donated: Sequence[int]
+) -> str:
+    """What a failed compiled call did to the donated inputs, from their buffers.
+
+    Added to JAX's own error (``exc.add_note``), which is re-raised: its text
+    holds the real cause (a callback's exception and traceback included).
+    """
+    consumed = [i for i in donated if _deleted(leaves[i])]
+    if not consumed:
+        return (
+            f"jaxcontracts: {sig.name}'s compiled call raised this error; its donated "
+            "inputs were not consumed: they are intact."
+        )
+    intact = [i for i in donated if i not in consumed]
+    note = (
+        f"jaxcontracts: {sig.name} failed while its executable ran. The call did run: "
+        f"it consumed (deleted) {len(consumed)} donated input(s) and produced no outputs, "
+        "so that state is gone; rebuild it (from a checkpoint, or from scratch):\n"
+        + "\n".join(f"  {paths[i]}: {fmt_aval(leaves[i].shape, leaves[i].dtype)} deleted" for i in consumed)
+    )
+    if intact:
+        note += "\n" + "\n".join(f"  {paths[i]}: intact" for i in intact)
+    return note
+
+
+def _deleted(x: Any) -> bool:
+    try:
+        return bool(x.is_deleted())
+    except Exception:  # noqa: BLE001 - not a jax array (a host value at checks off)
+        return False
 
 
 def not_consumed_error(sig: StepSignature, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> DonationError:

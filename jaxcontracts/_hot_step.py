@@ -23,9 +23,16 @@ import jax
 from . import _config
 from ._callpath import make_dispatch
 from ._compat.frames import caller_locals
+from ._compat.runtime_errors import is_runtime_error
 from ._compat.tracing import Tracer, flatten, trace_state_clean
 from ._compile import compile_signature, jit_for, quiet_donation_warning, signature_diffs
-from ._diagnose import hazard_error, host_leaves_error, not_consumed_error, signature_error
+from ._diagnose import (
+    hazard_error,
+    host_leaves_error,
+    not_consumed_error,
+    run_failed_note,
+    signature_error,
+)
 from ._donation import find_hazards
 from ._errors import DonationError
 from ._records import CompiledSignature, StepDescription, StepStats
@@ -329,6 +336,14 @@ class HotStep(Generic[P, R]):
             raise host_leaves_error(sig, host)
         current = self._current
         donated = current.donated if current is not None else sig.donated_leaves([p for p, _ in with_path])
+        ran = exc is not None and is_runtime_error(exc)
+        if ran and any(leaves[i].is_deleted() for i in donated):
+            # The executable failed while running (a callback raised, out of
+            # memory...) after XLA took the donated buffers: JAX's error is the
+            # real one; say what it cost instead of diagnosing the deleted inputs.
+            assert exc is not None
+            exc.add_note(run_failed_note(sig, paths, leaves, donated))
+            raise exc
         deleted, duplicates = find_hazards(leaves, donated)
         if deleted or duplicates:
             self.stats.refused += 1
@@ -338,6 +353,8 @@ class HotStep(Generic[P, R]):
             for cs in self._signatures:
                 if not signature_diffs(cs, leaves, treedef):
                     if exc is not None and cs is current:
+                        if ran and donated:
+                            exc.add_note(run_failed_note(sig, paths, leaves, donated))
                         raise exc  # the signature is right: a genuine runtime error
                     self._use(cs)
                     break

@@ -216,6 +216,18 @@ def test_runtime_errors_are_recognised_only_when_jax_raised_them():
     assert runtime_errors.classify(mine.value) is None
 
 
+def test_a_failure_while_an_executable_runs_is_jax_runtime_error():
+    def cb(x):
+        raise ValueError("inside")
+
+    f = jax.jit(lambda x: jax.pure_callback(cb, jax.ShapeDtypeStruct((1,), jnp.float32), x))
+    with pytest.raises(Exception) as info:
+        f(jnp.ones(1))
+    assert runtime_errors.is_runtime_error(info.value) and "inside" in str(info.value)
+    assert runtime_errors.classify(info.value) is None
+    assert not runtime_errors.is_runtime_error(RuntimeError("Array has been deleted"))
+
+
 def test_trace_state_sees_an_active_trace():
     seen = []
 

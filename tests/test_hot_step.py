@@ -258,6 +258,53 @@ def test_a_closed_over_state_under_an_outer_transformation_is_traced_not_run(lev
         assert s.x.tolist() == [2.0] * 3
 
 
+@pytest.mark.parametrize("level", ["off", "fast", "full"])
+def test_an_error_raised_while_the_executable_runs_is_reraised_truthfully(level):
+    calls = []
+
+    def cb(x):
+        calls.append(1)
+        if len(calls) == 2:
+            raise ValueError("boom from the callback")
+        return x
+
+    @jc.hot_step(signature=S1)
+    def st(s: S1) -> S1:
+        return S1(x=jax.pure_callback(cb, jax.ShapeDtypeStruct(s.x.shape, s.x.dtype), s.x) + 1)
+
+    with jc.checks_level(level):
+        s = st(S1(x=jnp.zeros(3)))
+        with pytest.raises(jax.errors.JaxRuntimeError, match="boom from the callback") as info:
+            st(s)  # JAX's own error, not a DonationError about the deleted input
+    note = "\n".join(getattr(info.value, "__notes__", []))
+    assert "failed while its executable ran. The call did run" in note
+    assert "s.x: f32[3] deleted" in note and "did not run" not in note
+    assert s.x.is_deleted()  # the note is true: XLA took the buffer
+
+
+def test_a_guard_refusal_inside_a_debug_callback_is_reported_with_what_it_cost():
+    # A jnp op in a jax.debug.callback compiles inside the loop: the guard
+    # raises in the callback, the executable fails after XLA took the donated
+    # state. JAX's error carries the guard's message; the note says the state
+    # is gone (it said "already deleted ... the call did not run").
+    def show(x):
+        jnp.sum(x * 3.25)  # a cold eager op: a compile
+
+    @jc.hot_step(signature=S1)
+    def st(s: S1) -> S1:
+        jax.debug.callback(show, s.x)
+        return S1(x=s.x + 1)
+
+    st.compile(S1.spec(n=3))
+    s = S1(x=jnp.zeros(3))
+    with pytest.raises(jax.errors.JaxRuntimeError, match="compile inside jc.hot_loop") as info:
+        with jc.hot_loop():
+            st(s)
+    note = "\n".join(getattr(info.value, "__notes__", []))
+    assert "The call did run" in note and "s.x: f32[3] deleted" in note
+    assert s.x.is_deleted()
+
+
 # -- call-time checks: every wrong call raises before dispatch ------------
 
 

@@ -16,7 +16,7 @@ import jaxlib
 
 from .registry import define
 
-__all__ = ["GuardErrorKind", "classify"]
+__all__ = ["GuardErrorKind", "classify", "is_runtime_error"]
 
 GuardErrorKind = Literal["host-to-device", "device-to-host", "deleted"]
 
@@ -39,6 +39,13 @@ _MARKERS: tuple[tuple[str, GuardErrorKind, tuple[type[BaseException], ...]], ...
 )
 def _probe() -> str | None:
     return None if _JAX_ERRORS else "jax.errors.JaxRuntimeError is gone"
+
+
+def is_runtime_error(exc: BaseException) -> bool:
+    """Whether ``exc`` is JAX's runtime error: what an executable raises when
+    it fails while running (a callback raised, out of memory...), and also for
+    some refusals before it runs (one buffer donated twice)."""
+    return isinstance(exc, _JAX_ERRORS)
 
 
 def _raised_by_jax(exc: BaseException) -> bool:
