@@ -33,7 +33,7 @@ from ._compat.arrays import ArrayImpl
 from ._compat.tracing import cpp_call, flatten, trace_state_clean
 from ._compile import TOKEN_KEY
 from ._records import CompiledSignature, StepStats
-from ._runtime import note_call, tracking
+from ._runtime import CONSUMED_KEY, note_call, tracking
 
 __all__ = ["make_dispatch"]
 
@@ -56,6 +56,7 @@ class _Context:
     stats: StepStats
     not_consumed: NotConsumed
     flat_fields: FlatFields
+    marks: tuple[int, ...]  # state parameters to mark as consumed (CONSUMED_KEY)
 
 
 def make_dispatch(
@@ -70,6 +71,7 @@ def make_dispatch(
     stats: StepStats,
     not_consumed: NotConsumed,
     flat_fields: FlatFields,
+    marks: tuple[int, ...] = (),
 ) -> Callable[..., Any]:
     """Build the per-call closure for one compiled signature and checks level.
 
@@ -78,6 +80,8 @@ def make_dispatch(
         not_consumed: builds the DonationError raised when XLA copied.
         flat_fields: for a state class whose fields are all arrays (or
             static), its array field names, read by attribute; else ``None``.
+        marks: the ``jc.state`` parameters with donated leaves: after a call
+            each is marked with the step's name (one dict store).
     """
     ctx = _Context(
         cs=cs,
@@ -90,6 +94,7 @@ def make_dispatch(
         stats=stats,
         not_consumed=not_consumed,
         flat_fields=flat_fields,
+        marks=marks,
     )
     if level == "off":
         return _off(ctx)
@@ -163,6 +168,8 @@ def _tail(ctx: _Context, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any
     key = TOKEN_KEY
     full, stats, cs, not_consumed = ctx.full, ctx.stats, ctx.cs, ctx.not_consumed
     step_id, name = ctx.step_id, ctx.name
+    marks, consumed_key = ctx.marks, CONSUMED_KEY
+    mark_one = marks[0] if len(marks) == 1 else None
 
     def tail(args: tuple[Any, ...], src: Any, out: Any) -> Any:
         if single:
@@ -171,6 +178,11 @@ def _tail(ctx: _Context, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any
             stamp(out)
         if full and not consumed(src):
             raise not_consumed(cs, flatten(args)[0], out)
+        if mark_one is not None:  # the donated state names its consumer
+            args[mark_one].__dict__[consumed_key] = name
+        elif marks:
+            for i in marks:
+                args[i].__dict__[consumed_key] = name
         stats.calls += 1
         if tracking.count:  # a hot_loop is active somewhere: remember for messages
             note_call(step_id, name, args, out)

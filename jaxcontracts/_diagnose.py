@@ -43,10 +43,12 @@ def hazard_error(
     deleted: Sequence[int],
     duplicates: Sequence[tuple[int, int]],
     donated: Sequence[int],
+    consumers: Sequence[str | None] = (),
 ) -> DonationError:
+    """``consumers``: per leaf, the step its state was marked as donated to."""
     lines = []
     for i in deleted:
-        by = consumed_by(leaves[i])
+        by = consumed_by(leaves[i]) or (consumers[i] if consumers else None)
         lines.append(
             f"  {paths[i]}: {fmt_aval(leaves[i].shape, leaves[i].dtype)} was already "
             + (f"donated to {by}" if by else "deleted (donated to an earlier call?)")

@@ -61,7 +61,7 @@ from ._errors import DefinitionError, DonationError, RecompileError, TransferErr
 from ._format import fmt_aval
 from ._records import Violation
 from ._report import Report, loop_report
-from ._runtime import LoopStack, clear_calls, consumed_by, find, local, tracking
+from ._runtime import LoopStack, clear_calls, consumed_by, consumer_of, find, local, tracking
 
 __all__ = ["HotLoop", "Violation", "fetch", "hot_loop"]
 
@@ -506,7 +506,7 @@ def fetch(tree: Any) -> Any:
     """
     __tracebackhide__ = True
     leaves, treedef = jax.tree_util.tree_flatten(tree)
-    for x in leaves:
+    for n, x in enumerate(leaves):
         if (
             isinstance(x, jax.Array)
             and not x.is_fully_addressable
@@ -520,9 +520,10 @@ def fetch(tree: Any) -> Any:
                 "it with jax.experimental.multihost_utils.process_allgather.",
             )
         if isinstance(x, jax.Array) and x.is_deleted():
-            by = consumed_by(x)
+            by = consumed_by(x) or consumer_of(tree)
+            path = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(tree)[0][n][0])
             raise DonationError(
-                f"jc.fetch(): {fmt_aval(x.shape, x.dtype)} was donated to "
+                f"jc.fetch(): {path + ': ' if path else ''}{fmt_aval(x.shape, x.dtype)} was donated to "
                 f"{by or 'a step'} and no longer exists.",
                 fix="fetch from the state the step returned (s = step(s); jc.fetch(s.t)).",
                 contract="no-donated-use",

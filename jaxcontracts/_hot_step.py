@@ -37,6 +37,7 @@ from ._donation import find_hazards
 from ._errors import DonationError
 from ._records import CompiledSignature, StepDescription, StepStats
 from ._report import Report, step_report
+from ._runtime import consumer_of
 from ._signature import StepSignature, analyse
 from ._state import (
     data_field_names,
@@ -298,7 +299,23 @@ class HotStep(Generic[P, R]):
             stats=self.stats,
             not_consumed=self._not_consumed,
             flat_fields=_flat_fields,
+            marks=self._marks(cs),
         )
+
+    def _marks(self, cs: CompiledSignature) -> tuple[int, ...]:
+        """The jc.state parameters with donated leaves (named after a call)."""
+        if not cs.donated:
+            return ()
+        ends, n = [], 0
+        for spec in cs.spec_args:
+            n += len(jax.tree_util.tree_leaves(spec))
+            ends.append(n)
+        marks = []
+        for i in self._sig.state_params:
+            start = ends[i - 1] if i else 0
+            if is_state(cs.spec_args[i]) and any(start <= d < ends[i] for d in cs.donated):
+                marks.append(i)
+        return tuple(marks)
 
     def _refuse(self, positional: tuple[Any, ...]) -> Exception:
         self.stats.refused += 1
@@ -347,7 +364,8 @@ class HotStep(Generic[P, R]):
         deleted, duplicates = find_hazards(leaves, donated)
         if deleted or duplicates:
             self.stats.refused += 1
-            raise hazard_error(sig, paths, leaves, deleted, duplicates, donated)
+            consumers = [consumer_of(positional[p[0].idx]) for p, _ in with_path]
+            raise hazard_error(sig, paths, leaves, deleted, duplicates, donated, consumers)
 
         with self._compile_lock:  # another thread may be compiling a signature
             for cs in self._signatures:

@@ -20,11 +20,13 @@ import jax
 from ._errors import RecompileError
 
 __all__ = [
+    "CONSUMED_KEY",
     "LoopHandle",
     "LoopStack",
     "clear_calls",
     "compiling",
     "consumed_by",
+    "consumer_of",
     "find",
     "in_hot_loop",
     "local",
@@ -117,6 +119,19 @@ def find(x: Any) -> tuple[str | None, str | None]:
             if leaf is x and leaf.is_deleted():
                 consumed = name
     return consumed, produced
+
+
+# A jc.state passed to a hot step that donated its buffers is marked with the
+# step's name, in its __dict__ (one dict store per call): messages about the
+# state (its repr, passing it again, jc.fetch) name the step outside loops too.
+# Pickling, replace() and tree_map drop it, as they drop the provenance token.
+CONSUMED_KEY = "__jaxcontracts_consumed_by__"
+
+
+def consumer_of(state: Any) -> str | None:
+    """The hot step a state was last passed to with donation, if it was marked."""
+    d = getattr(state, "__dict__", None)
+    return d.get(CONSUMED_KEY) if isinstance(d, dict) else None
 
 
 def consumed_by(x: Any) -> str | None:

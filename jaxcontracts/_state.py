@@ -51,6 +51,7 @@ from ._compat.tracing import Tracer
 from ._compat.tracing import trace_state_clean as _trace_state_clean
 from ._errors import DefinitionError, SpecError
 from ._format import fmt_aval, fmt_bindings, fmt_sharding
+from ._runtime import consumer_of
 from ._spec import fmt_value, leaf_spec
 
 __all__ = ["State", "is_state", "state", "static", "static_field_names"]
@@ -536,6 +537,9 @@ def _state_repr(self: Any) -> str:
             isinstance(v, jax.Array) and not isinstance(v, _Tracer)
         ):
             text = fmt_aval(v.shape, v.dtype, v.aval.weak_type if isinstance(v, jax.Array) else v.weak_type)
+            if isinstance(v, jax.Array) and v.is_deleted():  # a buffer state, no transfer
+                by = consumer_of(self)
+                text += f" (deleted: donated to {by})" if by else " (deleted)"
         elif isinstance(v, (np.ndarray, np.generic)) or is_state(v) or v is None:
             text = repr(v)
         elif f.name in _info(type(self)).static_names:

@@ -305,6 +305,30 @@ def test_a_guard_refusal_inside_a_debug_callback_is_reported_with_what_it_cost()
     assert s.x.is_deleted()
 
 
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_a_donated_state_names_the_step_that_consumed_it_outside_loops(level):
+    from jaxcontracts._runtime import CONSUMED_KEY
+
+    @jc.hot_step(signature=S1)
+    def st(s: S1) -> S1:
+        return S1(x=s.x + 1)
+
+    with jc.checks_level(level):
+        s0 = S1(x=jnp.zeros(3))
+        s = st(s0)  # the checked path
+        s2 = st(s)  # the token path
+        assert repr(s0) == repr(s) == "S1(x=f32[3] (deleted: donated to st))"
+        assert repr(s2) == "S1(x=f32[3])"
+        for stale in (s0, s):
+            with pytest.raises(jc.DonationError, match=r"s\.x: f32\[3\] was already donated to st"):
+                st(stale)
+        with pytest.raises(jc.DonationError, match=r"jc\.fetch\(\): \.x: f32\[3\] was donated to st"):
+            jc.fetch(s)
+        # the mark is not part of the state: copies and pickles drop it
+        assert CONSUMED_KEY not in vars(s.replace(x=jnp.ones(3)))
+        assert st(s2).x.tolist() == [3.0] * 3
+
+
 # -- call-time checks: every wrong call raises before dispatch ------------
 
 

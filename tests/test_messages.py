@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -117,8 +118,12 @@ def test_donation_error_already_donated():
     step(b)
     msg = _message(step, b)
     assert msg.startswith("test_messages.move: the call would donate a buffer that cannot be donated:\n")
-    assert "  b.pos: f32[2,3] was already deleted (donated to an earlier call?)\n" in msg
+    assert "  b.pos: f32[2,3] was already donated to move\n" in msg  # the state is marked
     assert "use the state the previous call returned (s = step(s))" in msg
+    c = Body.zeros(n=2)
+    jax.tree_util.tree_map(lambda x: x.delete(), c)  # deleted, but by no step
+    msg = _message(step, c)
+    assert "  b.pos: f32[2,3] was already deleted (donated to an earlier call?)\n" in msg
 
 
 def test_definition_error_lists_valid_options():
