@@ -14,7 +14,8 @@ changes, so a call never reads configuration:
 A state a hot step returned carries the provenance token of its exact spec
 and skips the per-leaf checks (see ``provenance`` below). Every checked path
 ends in the same after-dispatch tail (:func:`_tail`): stamp the tokens, check
-consumption, count, tell active loops. Anything unusual falls to the step's
+consumption, mark the donated states with the step's name, count, tell active
+loops. Anything unusual falls to the step's
 slow path, which diagnoses it. Under an active trace (an outer ``jax.jit``,
 ``vmap``, ``lax.cond``..., even over concrete arrays it closed over) every
 closure goes to the slow path, which traces the function and donates nothing.
@@ -154,7 +155,7 @@ def _stamper(out_tokens: tuple[tuple[tuple[int, ...], object], ...]) -> Callable
 
 
 def _tail(ctx: _Context, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any, ...], Any, Any], Any]:
-    """The one after-dispatch tail: stamp, check consumption, count, tell loops.
+    """The one after-dispatch tail: stamp, check consumption, mark, count, tell loops.
 
     Args:
         consumed: tells, from the closure's own view of the arguments (flat
