@@ -17,6 +17,12 @@ try:  # one attribute read: is any trace active on this thread?
     from jax._src.core import trace_state_clean as _trace_state_clean
 except ImportError:  # pragma: no cover - future jax
     _trace_state_clean = None
+try:  # what trace_state_clean() returns, one Python frame sooner (bound once)
+    from jax._src.core import trace_ctx as _trace_ctx
+
+    _is_top_level: Callable[[], bool] | None = _trace_ctx.is_top_level
+except (ImportError, AttributeError):  # pragma: no cover - future jax
+    _is_top_level = None
 
 
 @define(
@@ -28,6 +34,8 @@ except ImportError:  # pragma: no cover - future jax
 def _probe_trace_state() -> str | None:
     if _trace_state_clean is None:
         return "jax._src.core.trace_state_clean is gone"
+    if _is_top_level is not None and _is_top_level() is not _trace_state_clean():
+        return "trace_ctx.is_top_level() disagrees with trace_state_clean()"
     return None if _trace_state_clean() in (True, False) else "it returned a non-bool"
 
 
@@ -39,7 +47,9 @@ def _trace_state_unknown() -> bool:
 # Whether no JAX trace is active on this thread (``True`` if unknown). JAX's
 # own function, not a wrapper: the hot step call path calls it on every call.
 trace_state_clean: Callable[[], bool] = (
-    _trace_state_unknown if _trace_state_clean is None else _trace_state_clean
+    _trace_state_unknown
+    if _trace_state_clean is None
+    else (_is_top_level if _is_top_level is not None else _trace_state_clean)
 )
 
 
