@@ -180,6 +180,23 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
     in_treedef, donated, weak, flat_style = cs.in_treedef, cs.donated, cs.weak, cs.flat_style
     any_weak = any(weak)
     shardings = [leaf.spec.sharding for leaf in cs.leaves] if cs.multi_device else None
+    ndims = [len(leaf.spec.shape) for leaf in cs.leaves]
+    # Shardings that differ as objects but place the data alike (P('x', None)
+    # vs P('x'), a renamed mesh axis): the executable accepts them, and so does
+    # the slow path's diff, so refusing them here would loop. Checked once per
+    # (leaf, sharding), on the path that used to fall back.
+    equivalent: set[tuple[int, Any]] = set()
+
+    def same_placement(i: int, got: Any, want: Any) -> bool:
+        if (i, got) in equivalent:
+            return True
+        try:
+            ok = bool(got.is_equivalent_to(want, ndims[i]))
+        except Exception:  # noqa: BLE001 - different sharding kinds
+            return False
+        if ok and len(equivalent) < 256:
+            equivalent.add((i, got))
+        return ok
     array_impl = ArrayImpl
     # One is_deleted() per call catches the usual stale state (all of it was
     # donated) before XLA refuses it with an error line on stderr.
@@ -203,8 +220,8 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
                 if type(x) is not array_impl or x.aval.weak_type:
                     return slow_call(args, kwargs, None)
         if shardings is not None:
-            for x, s in zip(leaves, shardings):
-                if x.sharding != s:
+            for i, (x, s) in enumerate(zip(leaves, shardings)):
+                if x.sharding != s and not same_placement(i, x.sharding, s):
                     return slow_call(args, kwargs, None)
         if first_donated is not None and leaves[first_donated].is_deleted():
             return slow_call(args, kwargs, None)  # a stale state: explain, quietly
