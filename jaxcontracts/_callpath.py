@@ -38,6 +38,7 @@ __all__ = ["make_dispatch"]
 SlowCall = Callable[[tuple[Any, ...], dict[str, Any], "BaseException | None"], Any]
 NotConsumed = Callable[[CompiledSignature, Sequence[Any], Any], BaseException]
 FlatFields = Callable[[type], "tuple[str, ...] | None"]
+Normalize = Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,6 +55,7 @@ class _Context:
     stats: StepStats
     not_consumed: NotConsumed
     flat_fields: FlatFields
+    normalize: Normalize | None = None
 
 
 def make_dispatch(
@@ -68,6 +70,7 @@ def make_dispatch(
     stats: StepStats,
     not_consumed: NotConsumed,
     flat_fields: FlatFields,
+    normalize: Normalize | None = None,
 ) -> Callable[..., Any]:
     """Build the per-call closure for one compiled signature and checks level.
 
@@ -76,6 +79,9 @@ def make_dispatch(
         not_consumed: builds the DonationError raised when XLA copied.
         flat_fields: for a state class whose fields are all arrays (or
             static), its array field names, read by attribute; else ``None``.
+        normalize: ``(args, kwargs) -> every argument by position``, defaults
+            applied; used at ``off`` when keywords are passed or the argument
+            count differs (the executable takes positional arguments only).
     """
     ctx = _Context(
         cs=cs,
@@ -88,6 +94,7 @@ def make_dispatch(
         stats=stats,
         not_consumed=not_consumed,
         flat_fields=flat_fields,
+        normalize=normalize,
     )
     if level == "off":
         return _off(ctx)
@@ -98,11 +105,19 @@ def make_dispatch(
 
 
 def _off(ctx: _Context) -> Callable[..., Any]:
-    """Checks ``off``: the bare compiled call; failures go to the slow path."""
+    """Checks ``off``: the bare compiled call; failures go to the slow path.
+
+    Keyword arguments and omitted defaults are bound to positions first (the
+    executable takes positional arguments only); a call with every argument
+    by position pays nothing for it.
+    """
     compiled, slow_call, in_treedef = ctx.compiled, ctx.slow_call, ctx.cs.in_treedef
+    n_params, normalize = ctx.n_params, ctx.normalize
     if ctx.cs.flat_style:
 
         def off_flat(*args: Any, **kwargs: Any) -> Any:
+            if (kwargs or len(args) != n_params) and normalize is not None:
+                args, kwargs = normalize(args, kwargs), {}
             leaves, treedef = flatten(args)
             if kwargs or treedef != in_treedef:
                 return slow_call(args, kwargs, None)
@@ -114,6 +129,8 @@ def _off(ctx: _Context) -> Callable[..., Any]:
         return off_flat
 
     def off(*args: Any, **kwargs: Any) -> Any:
+        if (kwargs or len(args) != n_params) and normalize is not None:
+            args, kwargs = normalize(args, kwargs), {}
         try:
             return compiled(*args, **kwargs)
         except Exception as e:  # noqa: BLE001

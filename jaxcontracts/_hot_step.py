@@ -285,6 +285,7 @@ class HotStep(Generic[P, R]):
             stats=self.stats,
             not_consumed=self._not_consumed,
             flat_fields=_flat_fields,
+            normalize=self._sig.normalize,
         )
 
     def _refuse(self, positional: tuple[Any, ...]) -> Exception:
