@@ -27,7 +27,7 @@ from ._compat.tracing import Tracer, flatten
 from ._compile import compile_signature, jit_for, quiet_donation_warning, signature_diffs
 from ._diagnose import hazard_error, host_leaves_error, not_consumed_error, signature_error
 from ._donation import find_hazards
-from ._errors import DonationError
+from ._errors import DefinitionError, DonationError
 from ._records import CompiledSignature, StepDescription, StepStats
 from ._report import Report, step_report
 from ._signature import StepSignature, analyse
@@ -88,6 +88,15 @@ def hot_step(
             of field names donates those fields only; ``"none"`` opts out.
             Other parameters are never donated.
         max_compiles: how many distinct signatures may be compiled.
+
+    Methods and partials: on a method (first parameter ``self``),
+    ``obj.step(s)`` runs the step with ``obj`` closed over as configuration,
+    not a traced argument: each instance compiles its own step, reading its
+    attributes at that compile (later changes are not seen); the bound step is
+    kept on the instance. ``Class.step(obj, s)`` works too. On a
+    ``functools.partial``, the keyword values it binds are configuration too:
+    they are closed over and are not parameters of the step (passing them at a
+    call is a ``TypeError``); positionally bound values are closed over as well.
 
     Returns:
         A :class:`HotStep`, called like ``fn``.
@@ -150,7 +159,8 @@ class HotStep(Generic[P, R]):
         self.stats = StepStats()
         self._level = _config.get_checks()
         _config.add_listener(self)
-        self._dispatch: Callable[..., Any] = self._slow
+        self._dispatch: Callable[..., Any] = self._call_unbound if signature.is_method else self._slow
+        self._attr: str | None = None  # the class attribute of a method step
         # Held by the slow path while it decides on (and makes) a compile, so
         # that threads meeting new signatures at once respect max_compiles.
         # The call paths never take it.
@@ -204,6 +214,7 @@ class HotStep(Generic[P, R]):
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """Lower for these arguments or specs, without compiling or checking."""
+        self._unbound_misuse("lower")
         positional = self._sig.normalize(args, kwargs)
         jitted, spec_args, *_ = jit_for(self._sig, positional)
         with quiet_donation_warning():
@@ -221,6 +232,7 @@ class HotStep(Generic[P, R]):
             DonationError: a donated leaf cannot alias any output.
         """
         __tracebackhide__ = True
+        self._unbound_misuse("compile")
         positional = self._sig.normalize(args, kwargs)
         leaves, treedef = flatten(positional)
         with self._compile_lock:
@@ -229,6 +241,45 @@ class HotStep(Generic[P, R]):
                     self._use(cs)
                     return cs.compiled
             return self._new_signature(positional).compiled
+
+    # -- methods -------------------------------------------------------------
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._attr = name
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        """``obj.step``: this method's step with ``obj`` closed over.
+
+        ``self`` is configuration, not a traced argument: the step compiles
+        once per instance, reading the instance's attributes at that compile
+        (later changes to them are not seen). The bound step is kept in the
+        instance's ``__dict__``, so ``obj.step`` stays one attribute read.
+        """
+        if obj is None or not self._sig.is_method:
+            return self
+        bound = HotStep(self._sig.bind(obj))
+        if self._attr is not None and isinstance(getattr(obj, "__dict__", None), dict):
+            obj.__dict__[self._attr] = bound
+        return bound
+
+    def _call_unbound(self, *args: Any, **kwargs: Any) -> Any:
+        """``Class.step(obj, s)``: bind ``obj``, then call."""
+        __tracebackhide__ = True
+        if not args:
+            raise TypeError(
+                f"{self._sig.name}() is a method: call it on an instance (obj.{self._sig.short_name}(...))."
+            )
+        return self.__get__(args[0], type(args[0]))(*args[1:], **kwargs)
+
+    def _unbound_misuse(self, what: str) -> None:
+        if self._sig.is_method:
+            raise DefinitionError(
+                f"{self._sig.name} is a method: {what} it through an instance, "
+                f"whose attributes the step closes over.",
+                fix=f"obj.{self._sig.short_name}.{what}(...)",
+                contract="definition",
+                step=self._sig.name,
+            )
 
     if typing.TYPE_CHECKING:
 

@@ -9,6 +9,7 @@ from the state type, so no rename or reordering of parameters can desync it).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import inspect
 import typing
 from collections.abc import Callable, Sequence
@@ -39,6 +40,15 @@ class StepSignature:
     positional: Callable[..., Any]  # fn called with every parameter positionally
     static_fields: tuple[str, ...] = ()
     data_fields: tuple[str, ...] | None = None  # None: known only from instances
+    # A method (first parameter `self`): param_names and signature leave `self`
+    # out; bind() closes over an instance.
+    is_method: bool = False
+
+    def bind(self, obj: Any) -> StepSignature:
+        """This method's signature with ``self`` closed over (configuration)."""
+        fn = functools.partial(self.fn, obj)
+        params = list(self.signature.parameters.values())
+        return dataclasses.replace(self, fn=fn, positional=_positional(fn, params), is_method=False)
 
     @property
     def short_name(self) -> str:
@@ -140,6 +150,26 @@ def return_positions(annotation: Any, signature: Any) -> list[tuple[int, ...]] |
     return None
 
 
+def _positional(fn: Callable[..., Any], params: Sequence[inspect.Parameter]) -> Callable[..., Any]:
+    """``fn`` called with every parameter by position (keyword-only ones too)."""
+    kwonly = tuple(p.name for p in params if p.kind == p.KEYWORD_ONLY)
+    n_pos = len(params) - len(kwonly)
+    if not kwonly:
+        return fn
+
+    def positional(*a: Any) -> Any:
+        return fn(*a[:n_pos], **dict(zip(kwonly, a[n_pos:])))
+
+    return positional
+
+
+def _is_method(fn: Any, params: Sequence[inspect.Parameter]) -> bool:
+    """A function defined in a class body, taking the instance as ``self``."""
+    if isinstance(fn, functools.partial) or not params or params[0].name != "self":
+        return False
+    return params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD)
+
+
 def analyse(
     fn: Callable[..., Any],
     *,
@@ -160,13 +190,22 @@ def analyse(
             parameter, a return annotation without the state, or an unknown
             donated field.
     """
-    name = qualname(fn)
+    is_partial = isinstance(fn, functools.partial)
+    name = qualname(fn.func) + "(partial)" if is_partial else qualname(fn)
     check_options(name, donate, max_compiles)
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError) as e:
         raise DefinitionError(f"@jc.hot_step: cannot read the signature of {name}: {e}") from None
     params = list(sig.parameters.values())
+    if is_partial:
+        # Keyword values bound by functools.partial are configuration, closed
+        # over like any other constant: not parameters of the step.
+        params = [p for p in params if p.name not in fn.keywords]
+    method = _is_method(fn, params)
+    if method:
+        params = params[1:]  # `self` is closed over when the method is bound
+    sig = sig.replace(parameters=params)
     variadic = [p.name for p in params if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if variadic:
         raise DefinitionError(
@@ -175,7 +214,7 @@ def analyse(
             fix="name every parameter.",
         )
     try:
-        hints = typing.get_type_hints(fn, localns=localns)
+        hints = typing.get_type_hints(fn.func if is_partial else fn, localns=localns)
     except Exception:  # noqa: BLE001 - unresolvable forward refs: use raw annotations
         hints = {p.name: p.annotation for p in params}
         hints["return"] = sig.return_annotation
@@ -220,15 +259,7 @@ def analyse(
             fix="return one state per state parameter (state parameters not "
             "returned are read-only inputs).",
         )
-    kwonly = tuple(p.name for p in params if p.kind == p.KEYWORD_ONLY)
-    n_pos = len(params) - len(kwonly)
-    if kwonly:
-
-        def positional(*a: Any) -> Any:
-            return fn(*a[:n_pos], **dict(zip(kwonly, a[n_pos:])))
-
-    else:
-        positional = fn
+    positional = _positional(fn, params)
     fields = state_fields(signature)
     result = StepSignature(
         fn=fn,
@@ -243,6 +274,7 @@ def analyse(
         positional=positional,
         static_fields=fields[1] if fields else (),
         data_fields=fields[0] if fields else None,
+        is_method=method,
     )
     if fields is not None:
         check_donated_names(result, fields[0], fields[1])

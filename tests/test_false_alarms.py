@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax.numpy as jnp
 import pytest
 from jaxtyping import Array, Float32
@@ -34,3 +36,57 @@ def test_keywords_and_omitted_defaults_work_at_every_level(level):
     s = step(s, k, bias=jnp.float32(1))
     assert step.stats.compiles == 1
     assert jnp.all(s.u == 3)
+
+
+# -- methods and partials -----------------------------------------------------
+
+
+class Trainer:
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+
+    @jc.hot_step
+    def step(self, s: S) -> S:
+        return S(u=s.u + self.rate)
+
+    @jc.hot_step(signature=S, donate="none")
+    def scaled(self, s: S, k: Float32[Array, ""]) -> S:
+        return S(u=s.u * k * self.rate)
+
+
+@pytest.mark.parametrize("level", ["full", "fast", "off"])
+def test_a_method_step_closes_over_self(level):
+    jc.set_checks(level)
+    a, b = Trainer(1.0), Trainer(10.0)
+    s = a.step(S.zeros(n=3))
+    s = a.step(s)
+    assert jnp.all(s.u == 2)
+    assert a.step is a.step  # bound once, kept on the instance
+    assert a.step.stats.compiles == 1
+    t = b.step(S.zeros(n=3))  # another instance: its own configuration
+    assert jnp.all(t.u == 10)
+    t = Trainer.step(b, t)  # through the class, as for any method
+    assert jnp.all(t.u == 20)
+    u = a.scaled(s, k=jnp.float32(2))
+    assert jnp.all(u.u == 4)
+    assert a.step.describe().params == ("s",)
+
+
+def test_an_unbound_method_step_says_to_use_an_instance():
+    with pytest.raises(jc.DefinitionError, match=r"is a method.*instance"):
+        Trainer.step.compile(S.spec(n=3))
+    with pytest.raises(TypeError, match="call it on an instance"):
+        Trainer.step()
+
+
+def test_a_partial_closes_over_its_bound_keywords():
+    def scale_fn(s: S, *, scale: float) -> S:
+        return S(u=(s.u + 1) * scale)
+
+    step = jc.hot_step(functools.partial(scale_fn, scale=2.0))
+    s = step(S.zeros(n=3))
+    assert jnp.all(s.u == 2)
+    assert step.describe().params == ("s",)
+    assert "scale_fn" in step.describe().name
+    with pytest.raises(TypeError, match="scale"):
+        step(s, scale=3.0)  # configuration, fixed when the step was made
