@@ -8,6 +8,7 @@ from the state type, so no rename or reordering of parameters can desync it).
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
 import functools
 import inspect
@@ -127,11 +128,70 @@ def check_donated_names(sig: StepSignature, valid: Sequence[str], static: Sequen
         )
 
 
+class Unresolved:
+    """A name in an annotation that cannot be resolved (a ``TYPE_CHECKING``
+    import under ``from __future__ import annotations``): kept by name."""
+
+    def __init__(self, name: str) -> None:
+        self.__name__ = name
+
+    def __getattr__(self, attr: str) -> Unresolved:  # module.Type
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return Unresolved(f"{self.__name__}.{attr}")
+
+    def __getitem__(self, item: Any) -> Unresolved:  # Generic[...]
+        return self
+
+    def __or__(self, other: Any) -> Any:  # X | None
+        return typing.Union[self, other]  # noqa: UP007 - self is no type
+
+    __ror__ = __or__
+
+    def __repr__(self) -> str:
+        return self.__name__
+
+
+class _Names(dict):  # type: ignore[type-arg]
+    """Locals for ``eval``: the caller's, the module's, builtins, else Unresolved."""
+
+    def __init__(self, localns: dict[str, Any] | None, globalns: dict[str, Any]) -> None:
+        super().__init__()
+        self.localns, self.globalns = localns or {}, globalns
+
+    def __missing__(self, name: str) -> Any:
+        for ns in (self.localns, self.globalns, vars(builtins)):
+            if name in ns:
+                return ns[name]
+        return Unresolved(name)
+
+
+def resolve_each(fn: Any, annotations: dict[str, Any], localns: dict[str, Any] | None) -> dict[str, Any]:
+    """Resolve each annotation string on its own; unresolvable names stay names."""
+    globalns = getattr(inspect.unwrap(fn), "__globals__", {})
+    out = {}
+    for key, ann in annotations.items():
+        if isinstance(ann, str):
+            try:
+                ann = eval(ann, {}, _Names(localns, globalns))  # noqa: S307 - annotation text
+            except Exception:  # noqa: BLE001 - not an expression we can read: keep the text
+                pass
+        out[key] = ann
+    return out
+
+
+def _type_name(x: Any) -> str | None:
+    if isinstance(x, str):
+        return x.rsplit(".", 1)[-1]
+    name = getattr(x, "__name__", None)
+    return name.rsplit(".", 1)[-1] if isinstance(name, str) else None
+
+
 def state_type_matches(annotation: Any, signature: Any) -> bool:
     if annotation is signature:
         return True
-    if isinstance(annotation, str):
-        return annotation == getattr(signature, "__name__", None)
+    if isinstance(annotation, (str, Unresolved)):
+        return _type_name(annotation) == _type_name(signature)
     origin = typing.get_origin(annotation)
     return origin is not None and origin is (typing.get_origin(signature) or signature)
 
@@ -215,9 +275,11 @@ def analyse(
         )
     try:
         hints = typing.get_type_hints(fn.func if is_partial else fn, localns=localns)
-    except Exception:  # noqa: BLE001 - unresolvable forward refs: use raw annotations
-        hints = {p.name: p.annotation for p in params}
-        hints["return"] = sig.return_annotation
+    except Exception:  # noqa: BLE001 - unresolvable forward refs: one by one
+        raw = {p.name: p.annotation for p in params if p.annotation is not p.empty}
+        if sig.return_annotation is not sig.empty:
+            raw["return"] = sig.return_annotation
+        hints = resolve_each(fn.func if is_partial else fn, raw, localns)
     if signature is None:
         if not params or params[0].name not in hints:
             raise DefinitionError(
@@ -227,6 +289,12 @@ def analyse(
                 "@jc.hot_step(signature=State).",
             )
         signature = hints[params[0].name]
+        if isinstance(signature, (str, Unresolved)):
+            raise DefinitionError(
+                f"@jc.hot_step on {name}: the state type {signature!r} of the first "
+                "parameter cannot be resolved here (a TYPE_CHECKING import?).",
+                fix=f"import it at run time, or pass @jc.hot_step(signature={signature!r}).",
+            )
     state_params = tuple(
         i for i, p in enumerate(params) if state_type_matches(hints.get(p.name), signature)
     )

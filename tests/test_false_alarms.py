@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import functools
+from typing import TYPE_CHECKING
 
 import jax.numpy as jnp
 import pytest
 from jaxtyping import Array, Float32
 
 import jaxcontracts as jc
+
+if TYPE_CHECKING:  # never imported at run time: the annotation stays a string
+    from collections.abc import Mapping as Metrics
+
+    import helpers as later
 
 
 @jc.state
@@ -90,3 +96,26 @@ def test_a_partial_closes_over_its_bound_keywords():
     assert "scale_fn" in step.describe().name
     with pytest.raises(TypeError, match="scale"):
         step(s, scale=3.0)  # configuration, fixed when the step was made
+
+
+# -- postponed annotations naming TYPE_CHECKING-only types ---------------------
+
+
+def test_a_type_checking_only_type_in_the_return_annotation_is_accepted():
+    def with_metrics(s: S) -> tuple[S, Metrics]:
+        return S(u=s.u + 1), {"sum": s.u.sum()}
+
+    for step in (jc.hot_step(with_metrics), jc.hot_step(with_metrics, signature=S)):
+        s, metrics = step(S.zeros(n=3))
+        assert step.state_type is S
+        assert jnp.all(s.u == 1) and "sum" in metrics
+
+
+def test_a_type_checking_only_state_type_is_matched_by_name():
+    def only_names(s: later.S, m: Metrics) -> later.S:
+        return s
+
+    with pytest.raises(jc.DefinitionError, match="cannot be resolved"):
+        jc.hot_step(only_names)
+    step = jc.hot_step(only_names, signature=S)  # later.S, by name: S
+    assert step.describe().state_params == ("s",)
