@@ -25,7 +25,13 @@ from ._callpath import make_dispatch
 from ._compat.frames import caller_locals
 from ._compat.tracing import Tracer, flatten
 from ._compile import compile_signature, jit_for, quiet_donation_warning, signature_diffs
-from ._diagnose import hazard_error, host_leaves_error, not_consumed_error, signature_error
+from ._diagnose import (
+    api_misuse_error,
+    hazard_error,
+    host_leaves_error,
+    not_consumed_error,
+    signature_error,
+)
 from ._donation import find_hazards
 from ._errors import DefinitionError, DonationError
 from ._records import CompiledSignature, StepDescription, StepStats
@@ -216,6 +222,9 @@ class HotStep(Generic[P, R]):
         """Lower for these arguments or specs, without compiling or checking."""
         self._unbound_misuse("lower")
         positional = self._sig.normalize(args, kwargs)
+        misuse = api_misuse_error(self._sig, positional, compiling=True)
+        if misuse is not None:
+            raise misuse
         jitted, spec_args, *_ = jit_for(self._sig, positional)
         with quiet_donation_warning():
             return jitted.trace(*spec_args).lower()
@@ -234,6 +243,9 @@ class HotStep(Generic[P, R]):
         __tracebackhide__ = True
         self._unbound_misuse("compile")
         positional = self._sig.normalize(args, kwargs)
+        misuse = api_misuse_error(self._sig, positional, compiling=True)
+        if misuse is not None:
+            raise misuse
         leaves, treedef = flatten(positional)
         with self._compile_lock:
             for cs in self._signatures:
@@ -370,7 +382,7 @@ class HotStep(Generic[P, R]):
         host = [(p, x) for p, x in zip(paths, leaves) if not isinstance(x, jax.Array)]
         if host:
             self.stats.refused += 1
-            raise host_leaves_error(sig, host)
+            raise api_misuse_error(sig, positional, compiling=False) or host_leaves_error(sig, host)
         current = self._current
         donated = current.donated if current is not None else sig.donated_leaves([p for p, _ in with_path])
         deleted, duplicates = find_hazards(leaves, donated)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 from typing import TYPE_CHECKING
 
+import jax
 import jax.numpy as jnp
 import pytest
 from jaxtyping import Array, Float32
@@ -119,3 +120,39 @@ def test_a_type_checking_only_state_type_is_matched_by_name():
         jc.hot_step(only_names)
     step = jc.hot_step(only_names, signature=S)  # later.S, by name: S
     assert step.describe().state_params == ("s",)
+
+
+# -- the class or specs where arrays belong: API misuse, not a transfer ------
+
+
+def _scale(s: S, k: Float32[Array, ""]) -> S:
+    return S(u=s.u * k)
+
+
+@pytest.mark.parametrize("level", ["full", "off"])
+def test_compile_with_the_class_itself_points_to_spec(level):
+    jc.set_checks(level)
+    step = jc.hot_step(_scale)
+    k = jax.ShapeDtypeStruct((), jnp.float32)
+    with pytest.raises(jc.DefinitionError, match=r"given the class S itself for `s`") as info:
+        step.compile(S, k)
+    assert "_scale.compile(S.spec(...))" in info.value.fix
+    with pytest.raises(jc.DefinitionError, match="the class S itself"):
+        step.lower(S, k)
+
+
+@pytest.mark.parametrize("level", ["full", "off"])
+@pytest.mark.parametrize("compiled_first", [False, True])
+def test_a_call_with_specs_or_the_class_says_to_pass_arrays(level, compiled_first):
+    jc.set_checks(level)
+    step = jc.hot_step(_scale)
+    k = jnp.float32(2)
+    if compiled_first:
+        step(S.zeros(n=3), k)
+    with pytest.raises(jc.DefinitionError, match=r"called with specs") as info:
+        step(S.spec(n=3), k)
+    assert list(info.value.leaves) == ["s.u"]
+    assert "S.zeros(...)" in info.value.fix and "compile" in info.value.fix
+    with pytest.raises(jc.DefinitionError, match="called with the class S itself") as info:
+        step(S, k)
+    assert "S.zeros(...)" in info.value.fix
