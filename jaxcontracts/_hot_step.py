@@ -33,7 +33,7 @@ from ._diagnose import (
     signature_error,
 )
 from ._donation import find_hazards
-from ._errors import DefinitionError, DonationError
+from ._errors import ContractError, DefinitionError, DonationError
 from ._records import CompiledSignature, StepDescription, StepStats
 from ._report import Report, step_report
 from ._signature import StepSignature, analyse
@@ -368,6 +368,19 @@ class HotStep(Generic[P, R]):
         return self._slow_call(args, kwargs, None)
 
     def _slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
+        __tracebackhide__ = True
+        if exc is None:
+            return self._decide(args, kwargs, None)
+        # Called from the closure's `except`: our own diagnosis replaces the
+        # executable's error (its text adds nothing), so it is not chained.
+        try:
+            return self._decide(args, kwargs, exc)
+        except ContractError as err:
+            if err.__context__ is exc:
+                raise err.with_traceback(err.__traceback__) from None
+            raise
+
+    def _decide(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
         __tracebackhide__ = True
         sig = self._sig
         all_leaves = jax.tree_util.tree_leaves((args, kwargs))

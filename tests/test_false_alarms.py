@@ -156,3 +156,20 @@ def test_a_call_with_specs_or_the_class_says_to_pass_arrays(level, compiled_firs
     with pytest.raises(jc.DefinitionError, match="called with the class S itself") as info:
         step(S, k)
     assert "S.zeros(...)" in info.value.fix
+
+
+# -- a refused call does not chain JAX's own error ---------------------------
+
+
+@pytest.mark.parametrize("level", ["full", "fast", "off"])
+def test_a_refused_call_does_not_chain_the_executables_type_error(level):
+    import traceback
+
+    jc.set_checks(level)
+    step = jc.hot_step(_scale)
+    s = step(S.zeros(n=3), jnp.float32(1))
+    with pytest.raises(jc.RecompileError) as info:
+        step(s, jnp.int32(1))  # the executable refuses it with a TypeError first
+    err = info.value
+    assert err.__cause__ is None and err.__suppress_context__
+    assert "During handling" not in "".join(traceback.format_exception(err))
