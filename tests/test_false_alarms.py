@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from jaxtyping import Array, Float32
 
@@ -173,3 +175,28 @@ def test_a_refused_call_does_not_chain_the_executables_type_error(level):
     err = info.value
     assert err.__cause__ is None and err.__suppress_context__
     assert "During handling" not in "".join(traceback.format_exception(err))
+
+
+# -- buffer-protocol and DLPack reads inside a hot loop ----------------------
+
+
+@pytest.mark.parametrize(
+    ("read", "words"),
+    [
+        (memoryview, "the buffer protocol"),
+        (functools.partial(np.frombuffer, dtype=np.float32), "the buffer protocol"),
+        (hashlib.sha256, "the buffer protocol"),
+        (np.from_dlpack, "a DLPack export"),
+    ],
+    ids=["memoryview", "np.frombuffer", "hashlib.sha256", "np.from_dlpack"],
+)
+def test_buffer_and_dlpack_reads_in_a_loop_are_transfer_errors(read, words):
+    x = jnp.arange(3.0)
+    with pytest.raises(jc.TransferError, match=rf"device-to-host read: {words}.* of f32\[3\]") as info:
+        with jc.hot_loop():
+            read(x)
+    assert info.value.__context__ is None or info.value.__suppress_context__
+    with jc.hot_loop(on_violation="record") as loop:
+        read(x)
+    assert [v.kind for v in loop.violations] == ["transfer"]
+    read(x)  # outside a loop: allowed
