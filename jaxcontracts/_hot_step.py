@@ -167,6 +167,7 @@ class HotStep(Generic[P, R]):
         _config.add_listener(self)
         self._dispatch: Callable[..., Any] = self._call_unbound if signature.is_method else self._slow
         self._attr: str | None = None  # the class attribute of a method step
+        self._bound_to: tuple[HotStep[Any, Any], Any] | None = None  # (method step, instance)
         # Held by the slow path while it decides on (and makes) a compile, so
         # that threads meeting new signatures at once respect max_compiles.
         # The call paths never take it.
@@ -270,9 +271,27 @@ class HotStep(Generic[P, R]):
         if obj is None or not self._sig.is_method:
             return self
         bound = HotStep(self._sig.bind(obj))
+        bound._bound_to = (self, obj)
         if self._attr is not None and isinstance(getattr(obj, "__dict__", None), dict):
             obj.__dict__[self._attr] = bound
         return bound
+
+    def __copy__(self) -> HotStep[P, R]:
+        return self  # like a function: one step, one compiled executable
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> HotStep[P, R]:
+        """A step is copied like a function, by reference; a method step
+        bound to an instance being copied is bound anew to the copy."""
+        if self._bound_to is not None:
+            method, obj = self._bound_to
+            copy = memo.get(id(obj))
+            if copy is not None and copy is not obj:
+                return method.__get__(copy, type(copy))  # type: ignore[no-any-return]
+        return self
+
+    def __reduce__(self) -> str:
+        """Pickled by reference (module and qualified name), like a function."""
+        return self.__qualname__
 
     def _call_unbound(self, *args: Any, **kwargs: Any) -> Any:
         """``Class.step(obj, s)``: bind ``obj``, then call."""

@@ -62,7 +62,13 @@ class StepSignature:
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
-            raise TypeError(f"{self.name}(): {e}") from None
+            params = ", ".join(self.param_names)
+            raise TypeError(
+                f"{self.name}() was called with {len(args)} positional and "
+                f"{len(kwargs)} keyword argument(s): {e}.\n"
+                f"  parameters: ({params})\n"
+                f"Fix: call it as {self.short_name}({params})."
+            ) from None
         bound.apply_defaults()
         return tuple(bound.arguments[n] for n in self.param_names)
 

@@ -200,3 +200,38 @@ def test_buffer_and_dlpack_reads_in_a_loop_are_transfer_errors(read, words):
         read(x)
     assert [v.kind for v in loop.violations] == ["transfer"]
     read(x)  # outside a loop: allowed
+
+
+# -- wrong argument counts; copying a step -----------------------------------
+
+
+@pytest.mark.parametrize("level", ["full", "fast", "off"])
+def test_too_many_or_too_few_arguments_name_the_parameters(level):
+    jc.set_checks(level)
+    step = jc.hot_step(_scale)
+    k = jnp.float32(1)
+    s = step(S.zeros(n=3), k)
+    with pytest.raises(TypeError, match=r"too many positional arguments[\s\S]*parameters: \(s, k\)[\s\S]*Fix: call it as _scale\(s, k\)"):
+        step(s, k, k)
+    with pytest.raises(TypeError, match=r"missing a required argument: 'k'[\s\S]*parameters: \(s, k\)"):
+        step(s)
+    step(s, k)  # the state was not consumed by the refused calls
+
+
+def test_a_step_is_copied_like_a_function_and_a_bound_one_follows_its_instance():
+    import copy
+    import pickle
+
+    step = jc.hot_step(_scale)
+    step(S.zeros(n=3), jnp.float32(1))
+    assert copy.deepcopy(step) is step
+    assert copy.copy(step) is step
+    assert copy.deepcopy({"step": step})["step"] is step
+    assert pickle.loads(pickle.dumps(Trainer.step)) is Trainer.step  # by reference
+    a = Trainer(1.0)
+    a.step(S.zeros(n=3))
+    b = copy.deepcopy(a)
+    b.rate = 5.0
+    assert b.step is not a.step
+    assert jnp.all(b.step(S.zeros(n=3)).u == 5)  # bound to the copy, not to `a`
+    assert jnp.all(a.step(S.zeros(n=3)).u == 1)
