@@ -33,10 +33,11 @@ from ._diagnose import (
     signature_error,
 )
 from ._donation import find_hazards
-from ._errors import ContractError, DefinitionError, DonationError
+from ._errors import INPUTS_INTACT, ContractError, DefinitionError, DonationError, RecompileError
 from ._records import CompiledSignature, StepDescription, StepStats
 from ._report import Report, step_report
 from ._signature import StepSignature, analyse
+from ._spec import fmt_value
 from ._state import data_field_names, flat_leaf_getter, is_state, static_field_names
 
 __all__ = ["HotStep", "StepStats", "hot_step"]
@@ -172,6 +173,8 @@ class HotStep(Generic[P, R]):
         # that threads meeting new signatures at once respect max_compiles.
         # The call paths never take it.
         self._compile_lock = threading.RLock()
+        # Set while the slow path re-dispatches a call, per thread.
+        self._redispatch = threading.local()
 
     # -- public API --------------------------------------------------------
 
@@ -434,4 +437,21 @@ class HotStep(Generic[P, R]):
                     raise self._refuse(positional)
                 self._new_signature(positional)
             dispatch = self._dispatch
-        return dispatch(*positional)
+        redispatch = self._redispatch
+        if getattr(redispatch, "active", False):
+            # The call path sent back arguments this path found matching: a
+            # disagreement between the two would recurse without end.
+            raise RecompileError(
+                f"{sig.name}: the call path refused arguments that match its compiled "
+                "signature (an internal disagreement; please report it).",
+                [f"  {p}: {fmt_value(x)}" for p, x in zip(paths, leaves)],
+                fix="as a workaround, set jc.set_checks(\"off\") around this call.",
+                note=INPUTS_INTACT,
+                contract="signature",
+                step=sig.name,
+            )
+        redispatch.active = True
+        try:
+            return dispatch(*positional)
+        finally:
+            redispatch.active = False
