@@ -107,19 +107,19 @@ def make_dispatch(
 def _off(ctx: _Context) -> Callable[..., Any]:
     """Checks ``off``: the bare compiled call; failures go to the slow path.
 
-    Keyword arguments and omitted defaults are bound to positions first (the
-    executable takes positional arguments only); a call with every argument
-    by position pays nothing for it.
+    Keyword arguments and omitted defaults are bound to positions (the
+    executable takes positional arguments only) once the executable has
+    refused the call, so a call with every argument by position pays nothing.
     """
     compiled, slow_call, in_treedef = ctx.compiled, ctx.slow_call, ctx.cs.in_treedef
     n_params, normalize = ctx.n_params, ctx.normalize
     if ctx.cs.flat_style:
 
         def off_flat(*args: Any, **kwargs: Any) -> Any:
-            if (kwargs or len(args) != n_params) and normalize is not None:
-                args, kwargs = normalize(args, kwargs), {}
             leaves, treedef = flatten(args)
             if kwargs or treedef != in_treedef:
+                if normalize is not None and (kwargs or len(args) != n_params):
+                    return off_flat(*normalize(args, kwargs))
                 return slow_call(args, kwargs, None)
             try:
                 return compiled(*leaves)
@@ -129,11 +129,11 @@ def _off(ctx: _Context) -> Callable[..., Any]:
         return off_flat
 
     def off(*args: Any, **kwargs: Any) -> Any:
-        if (kwargs or len(args) != n_params) and normalize is not None:
-            args, kwargs = normalize(args, kwargs), {}
         try:
             return compiled(*args, **kwargs)
         except Exception as e:  # noqa: BLE001
+            if normalize is not None and (kwargs or len(args) != n_params):
+                return off(*normalize(args, kwargs))
             return slow_call(args, kwargs, e)
 
     return off
