@@ -23,7 +23,11 @@ therefore intercepts the *reads* themselves, on every backend:
   ``bf_getbuffer`` slot is swapped, through ctypes, for a callback that
   refuses the export on a guarded thread and calls the original otherwise.
   When the export is refused numpy falls back to ``__array__``, which raises
-  the contract error with the array named.
+  the contract error with the array named. Other consumers (``memoryview``,
+  ``np.frombuffer``, ``hashlib``) see that error on 3.12; on 3.11 a ctypes
+  callback cannot raise through C, so they raise ``SystemError`` and the
+  refusal's error replaces it when it leaves the loop. ``__dlpack__``
+  (``np.from_dlpack``) of a CPU array is guarded like the read methods.
 * **Host-to-device.** JAX's own ``transfer_guard_host_to_device`` works on CPU:
   it is engaged (thread-locally) for the loop, and its bare runtime error is
   turned into a :class:`TransferError` naming the user's line when it leaves
