@@ -230,10 +230,11 @@ def _positional(fn: Callable[..., Any], params: Sequence[inspect.Parameter]) -> 
 
 
 def _is_method(fn: Any, params: Sequence[inspect.Parameter]) -> bool:
-    """A function defined in a class body, taking the instance as ``self``."""
+    """A function defined in a class body, taking the instance as an unannotated ``self``."""
     if isinstance(fn, functools.partial) or not params or params[0].name != "self":
         return False
-    return params[0].kind in (params[0].POSITIONAL_ONLY, params[0].POSITIONAL_OR_KEYWORD)
+    first = params[0]
+    return first.annotation is first.empty and first.kind in (first.POSITIONAL_ONLY, first.POSITIONAL_OR_KEYWORD)
 
 
 def analyse(
