@@ -273,7 +273,7 @@ class HotStep(Generic[P, R]):
         """
         if obj is None or not self._sig.is_method:
             return self
-        bound = HotStep(self._sig.bind(obj))
+        bound: HotStep[Any, Any] = HotStep(self._sig.bind(obj))
         bound._bound_to = (self, obj)
         if self._attr is not None and isinstance(getattr(obj, "__dict__", None), dict):
             obj.__dict__[self._attr] = bound
@@ -294,7 +294,7 @@ class HotStep(Generic[P, R]):
 
     def __reduce__(self) -> str:
         """Pickled by reference (module and qualified name), like a function."""
-        return self.__qualname__
+        return str(getattr(self, "__qualname__", type(self).__qualname__))
 
     def _call_unbound(self, *args: Any, **kwargs: Any) -> Any:
         """``Class.step(obj, s)``: bind ``obj``, then call."""

@@ -257,18 +257,18 @@ def analyse(
             parameter, a return annotation without the state, or an unknown
             donated field.
     """
-    is_partial = isinstance(fn, functools.partial)
-    name = qualname(fn.func) + "(partial)" if is_partial else qualname(fn)
+    partial = fn if isinstance(fn, functools.partial) else None
+    name = qualname(partial.func) + "(partial)" if partial is not None else qualname(fn)
     check_options(name, donate, max_compiles)
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError) as e:
         raise DefinitionError(f"@jc.hot_step: cannot read the signature of {name}: {e}") from None
     params = list(sig.parameters.values())
-    if is_partial:
+    if partial is not None:
         # Keyword values bound by functools.partial are configuration, closed
         # over like any other constant: not parameters of the step.
-        params = [p for p in params if p.name not in fn.keywords]
+        params = [p for p in params if p.name not in partial.keywords]
     method = _is_method(fn, params)
     if method:
         params = params[1:]  # `self` is closed over when the method is bound
@@ -281,12 +281,12 @@ def analyse(
             fix="name every parameter.",
         )
     try:
-        hints = typing.get_type_hints(fn.func if is_partial else fn, localns=localns)
+        hints = typing.get_type_hints(partial.func if partial is not None else fn, localns=localns)
     except Exception:  # noqa: BLE001 - unresolvable forward refs: one by one
         raw = {p.name: p.annotation for p in params if p.annotation is not p.empty}
         if sig.return_annotation is not sig.empty:
             raw["return"] = sig.return_annotation
-        hints = resolve_each(fn.func if is_partial else fn, raw, localns)
+        hints = resolve_each(partial.func if partial is not None else fn, raw, localns)
     if signature is None:
         if not params or params[0].name not in hints:
             raise DefinitionError(
