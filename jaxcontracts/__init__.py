@@ -12,12 +12,14 @@ package, or loading its pytest plugin at pytest's start, does not import jax:
 from __future__ import annotations
 
 import importlib
+import sys as _sys
 from importlib.metadata import PackageNotFoundError as _PNF
 from importlib.metadata import version as _version
 from typing import TYPE_CHECKING, Any
 
 # Light modules (no jax): imported now, so JAXCONTRACTS_CHECKS is validated
 # at import.
+from . import _config
 from ._config import checks_level as checks_level
 from ._config import get_checks as get_checks
 from ._config import set_checks as set_checks
@@ -91,10 +93,18 @@ except _PNF:  # pragma: no cover - running from a source tree
     __version__ = "0.0.0+unknown"
 
 
+# A bad JAXCONTRACTS_CHECKS fails the import, except when pytest loads the
+# plugin (it imports this package in every run of the environment): then it
+# fails where the library is first used.
+if "_pytest.config" not in _sys.modules:
+    _config.require_valid_env()
+
+
 def __getattr__(name: str) -> Any:
     module = _EXPORTS.get(name)
     if module is None:
         raise AttributeError(f"module 'jaxcontracts' has no attribute {name!r}")
+    _config.require_valid_env()
     value = getattr(importlib.import_module(f".{module}", __name__), name)
     globals()[name] = value  # later lookups skip this function
     return value

@@ -41,6 +41,7 @@ __all__ = ["make_dispatch"]
 SlowCall = Callable[[tuple[Any, ...], dict[str, Any], "BaseException | None"], Any]
 NotConsumed = Callable[[CompiledSignature, Sequence[Any], Any], BaseException]
 FlatFields = Callable[[type], "tuple[str, ...] | None"]
+Normalize = Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,6 +59,7 @@ class _Context:
     not_consumed: NotConsumed
     flat_fields: FlatFields
     marks: tuple[int, ...]  # state parameters to mark as consumed (CONSUMED_KEY)
+    normalize: Normalize | None = None
 
 
 def make_dispatch(
@@ -73,6 +75,7 @@ def make_dispatch(
     not_consumed: NotConsumed,
     flat_fields: FlatFields,
     marks: tuple[int, ...] = (),
+    normalize: Normalize | None = None,
 ) -> Callable[..., Any]:
     """Build the per-call closure for one compiled signature and checks level.
 
@@ -83,6 +86,9 @@ def make_dispatch(
             static), its array field names, read by attribute; else ``None``.
         marks: the ``jc.state`` parameters with donated leaves: after a call
             each is marked with the step's name (one dict store).
+        normalize: ``(args, kwargs) -> every argument by position``, defaults
+            applied; used at ``off`` when keywords are passed or the argument
+            count differs (the executable takes positional arguments only).
     """
     ctx = _Context(
         cs=cs,
@@ -96,6 +102,7 @@ def make_dispatch(
         not_consumed=not_consumed,
         flat_fields=flat_fields,
         marks=marks,
+        normalize=normalize,
     )
     if level == "off":
         return _off(ctx)
@@ -106,14 +113,22 @@ def make_dispatch(
 
 
 def _off(ctx: _Context) -> Callable[..., Any]:
-    """Checks ``off``: the bare compiled call; failures go to the slow path."""
+    """Checks ``off``: the bare compiled call; failures go to the slow path.
+
+    Keyword arguments and omitted defaults are bound to positions (the
+    executable takes positional arguments only) once the executable has
+    refused the call, so a call with every argument by position pays nothing.
+    """
     compiled, slow_call, in_treedef = ctx.compiled, ctx.slow_call, ctx.cs.in_treedef
     clean = trace_state_clean
+    n_params, normalize = ctx.n_params, ctx.normalize
     if ctx.cs.flat_style:
 
         def off_flat(*args: Any, **kwargs: Any) -> Any:
             leaves, treedef = flatten(args)
             if kwargs or treedef != in_treedef or not clean():
+                if normalize is not None and (kwargs or len(args) != n_params) and clean():
+                    return off_flat(*normalize(args, kwargs))
                 return slow_call(args, kwargs, None)
             try:
                 return compiled(*leaves)
@@ -128,6 +143,8 @@ def _off(ctx: _Context) -> Callable[..., Any]:
         try:
             return compiled(*args, **kwargs)
         except Exception as e:  # noqa: BLE001
+            if normalize is not None and (kwargs or len(args) != n_params):
+                return off(*normalize(args, kwargs))
             return slow_call(args, kwargs, e)
 
     return off
@@ -198,6 +215,23 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
     in_treedef, donated, weak, flat_style = cs.in_treedef, cs.donated, cs.weak, cs.flat_style
     any_weak = any(weak)
     shardings = [leaf.spec.sharding for leaf in cs.leaves] if cs.multi_device else None
+    ndims = [len(leaf.spec.shape) for leaf in cs.leaves]
+    # Shardings that differ as objects but place the data alike (P('x', None)
+    # vs P('x'), a renamed mesh axis): the executable accepts them, and so does
+    # the slow path's diff, so refusing them here would loop. Checked once per
+    # (leaf, sharding), on the path that used to fall back.
+    equivalent: set[tuple[int, Any]] = set()
+
+    def same_placement(i: int, got: Any, want: Any) -> bool:
+        if (i, got) in equivalent:
+            return True
+        try:
+            ok = bool(got.is_equivalent_to(want, ndims[i]))
+        except Exception:  # noqa: BLE001 - different sharding kinds
+            return False
+        if ok and len(equivalent) < 256:
+            equivalent.add((i, got))
+        return ok
     array_impl = ArrayImpl
     clean = trace_state_clean  # False under jit, vmap, grad...: the slow path traces
     # One is_deleted() per call catches the usual stale state (all of it was
@@ -222,8 +256,8 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
                 if type(x) is not array_impl or x.aval.weak_type:
                     return slow_call(args, kwargs, None)
         if shardings is not None:
-            for x, s in zip(leaves, shardings):
-                if x.sharding != s:
+            for i, (x, s) in enumerate(zip(leaves, shardings)):
+                if x.sharding != s and not same_placement(i, x.sharding, s):
                     return slow_call(args, kwargs, None)
         if first_donated is not None and leaves[first_donated].is_deleted():
             return slow_call(args, kwargs, None)  # a stale state: explain, quietly

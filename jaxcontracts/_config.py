@@ -15,7 +15,7 @@ from typing import Literal
 
 from ._errors import DefinitionError
 
-__all__ = ["CHECK_LEVELS", "checks_level", "get_checks", "set_checks"]
+__all__ = ["CHECK_LEVELS", "checks_level", "get_checks", "require_valid_env", "set_checks"]
 
 CheckLevel = Literal["full", "fast", "off"]
 CHECK_LEVELS: tuple[str, ...] = ("full", "fast", "off")
@@ -34,15 +34,32 @@ def _validate(level: object, where: str) -> CheckLevel:
     return level  # type: ignore[return-value]
 
 
-_level: CheckLevel = _validate(
-    os.environ.get(_ENV, "full").strip().lower() or "full",
-    f"the environment variable {_ENV}",
-)
+def _from_env() -> tuple[CheckLevel, DefinitionError | None]:
+    try:
+        return _validate(os.environ.get(_ENV, "full").strip().lower() or "full", f"the environment variable {_ENV}"), None
+    except DefinitionError as e:
+        return "full", e
+
+
+# A bad JAXCONTRACTS_CHECKS is kept, not raised here: the pytest plugin imports
+# this package in every pytest run of the environment, and a suite that never
+# uses the library must not break. It is raised where the library is used
+# (``require_valid_env``: importing jaxcontracts outside pytest, any public
+# name, the level's getters and setters, the plugin's fixture, marker and
+# --jc-checks).
+_level, env_error = _from_env()
 _listeners: weakref.WeakSet = weakref.WeakSet()
+
+
+def require_valid_env() -> None:
+    """Raise the DefinitionError of a bad ``JAXCONTRACTS_CHECKS``, if any."""
+    if env_error is not None:
+        raise env_error.with_traceback(None)
 
 
 def get_checks() -> CheckLevel:
     """Return the current checks level (``"full"``, ``"fast"`` or ``"off"``)."""
+    require_valid_env()
     return _level
 
 
@@ -62,6 +79,7 @@ def set_checks(level: CheckLevel) -> None:
         >>> jc.set_checks("full")
     """
     global _level
+    require_valid_env()
     _level = _validate(level, "jc.set_checks()")
     for listener in list(_listeners):
         listener._on_checks_changed(_level)
@@ -78,6 +96,7 @@ class checks_level:
     """
 
     def __init__(self, level: CheckLevel):
+        require_valid_env()
         self._level = _validate(level, "jc.checks_level()")
         self._saved: list[CheckLevel] = []
 

@@ -10,15 +10,94 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import jax
+
 from ._compat.hostcopy import pins_host_views
-from ._errors import INPUTS_INTACT, DonationError, RecompileError, TransferError
+from ._errors import INPUTS_INTACT, DefinitionError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval
 from ._records import CompiledSignature
 from ._runtime import consumed_by, in_hot_loop
 from ._signature import StepSignature
 from ._spec import diff_specs, fmt_value
 
-__all__ = ["hazard_error", "host_leaves_error", "not_consumed_error", "run_failed_note", "signature_error"]
+__all__ = [
+    "api_misuse_error",
+    "hazard_error",
+    "host_leaves_error",
+    "not_consumed_error",
+    "run_failed_note",
+    "signature_error",
+]
+
+
+def api_misuse_error(sig: StepSignature, positional: tuple[Any, ...], *, compiling: bool) -> DefinitionError | None:
+    """A class passed where an instance or spec belongs, or specs in a call.
+
+    ``step.compile(S)`` (the class, not ``S.spec(...)``) and ``step(S.spec(...))``
+    (specs, which hold no data) are API misuse, not host transfers.
+    """
+    classes, specs = [], []
+    for i, (name, arg) in enumerate(zip(sig.param_names, positional)):
+        for path, x in jax.tree_util.tree_flatten_with_path(arg)[0]:
+            where = sig.param_path((_Idx(i), *path))
+            if isinstance(x, type):
+                classes.append((name, where, x))
+            elif not compiling and isinstance(x, jax.ShapeDtypeStruct):
+                specs.append((name, where, x))
+    short = sig.short_name
+    if classes:
+        name, where, cls = classes[0]
+        cls_name = getattr(cls, "__name__", repr(cls))
+        has_spec = callable(getattr(cls, "spec", None))
+        if compiling:
+            fix = (
+                f"{short}.compile({cls_name}.spec(...)), giving its dimension sizes "
+                "by name; or pass real arguments."
+                if has_spec
+                else "pass a spec (jax.ShapeDtypeStruct(shape, dtype)) or an array."
+            )
+            summary = (
+                f"{short}.compile() was given the class {cls_name} itself for `{where}`: "
+                "compile takes the arguments' specs (or the arguments), not their types."
+            )
+        else:
+            fix = (
+                f"call it with an instance: {cls_name}.zeros(...) or {cls_name}(...) of arrays."
+                if has_spec
+                else "call it with arrays."
+            )
+            summary = f"{sig.name} was called with the class {cls_name} itself for `{where}`, not an instance."
+        return DefinitionError(
+            summary,
+            [f"  {w}: the class {getattr(c, '__name__', c)}" for _, w, c in classes],
+            fix=fix,
+            note="" if compiling else INPUTS_INTACT,
+            contract="definition",
+            step=sig.name,
+            leaves=[w for _, w, _ in classes],
+        )
+    if specs:
+        state = next((a for a in positional if hasattr(type(a), "zeros")), None)
+        make = f"{type(state).__name__}.zeros(...)" if state is not None else "jnp.zeros(shape, dtype)"
+        return DefinitionError(
+            f"{sig.name} was called with specs (jax.ShapeDtypeStruct), which hold "
+            "no data: a call needs arrays.",
+            [f"  {w}: {fmt_value(x)}" for _, w, x in specs],
+            fix=f"call it with arrays ({make}, or real data). To compile ahead of "
+            f"time without data, use {short}.compile(...) with the specs.",
+            note=INPUTS_INTACT,
+            contract="definition",
+            step=sig.name,
+            leaves=[w for _, w, _ in specs],
+        )
+    return None
+
+
+class _Idx:
+    """The argument-index key that ``StepSignature.param_path`` reads."""
+
+    def __init__(self, idx: int) -> None:
+        self.idx = idx
 
 
 def host_leaves_error(sig: StepSignature, host: Sequence[tuple[str, Any]]) -> TransferError:

@@ -23,7 +23,11 @@ therefore intercepts the *reads* themselves, on every backend:
   ``bf_getbuffer`` slot is swapped, through ctypes, for a callback that
   refuses the export on a guarded thread and calls the original otherwise.
   When the export is refused numpy falls back to ``__array__``, which raises
-  the contract error with the array named.
+  the contract error with the array named. Other consumers (``memoryview``,
+  ``np.frombuffer``, ``hashlib``) see that error on 3.12; on 3.11 a ctypes
+  callback cannot raise through C, so they raise ``SystemError`` and the
+  refusal's error replaces it when it leaves the loop. ``__dlpack__``
+  (``np.from_dlpack``) of a CPU array is guarded like the read methods.
 * **Host-to-device.** JAX's own ``transfer_guard_host_to_device`` works on CPU:
   it is engaged (thread-locally) for the loop, and its bare runtime error is
   turned into a :class:`TransferError` naming the user's line when it leaves
@@ -84,7 +88,8 @@ _READ_WORDS = {
     "item": ".item()",
     "tobytes": ".tobytes()",
     "_value": "reading its value",
-    "buffer": "the buffer protocol (np.asarray, memoryview)",
+    "buffer": "the buffer protocol (np.asarray, memoryview, np.frombuffer, hashlib)",
+    "__dlpack__": "a DLPack export of a CPU array (np.from_dlpack)",
 }
 _lock = threading.Lock()
 
@@ -229,6 +234,13 @@ def _iterates_on_device(x: Any) -> bool:
         return False
 
 
+def _on_cpu(x: Any) -> bool:
+    try:
+        return all(d.platform == "cpu" for d in x.devices())
+    except Exception:  # noqa: BLE001 - unknown placement: treat as a read
+        return True
+
+
 def _guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
@@ -239,6 +251,8 @@ def _guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         if name == "__iter__" and _iterates_on_device(self):
             # Slices on the device (k, sub = jax.random.split(k)): no read.
             return original(self, *args, **kwargs)
+        if name == "__dlpack__" and not _on_cpu(self):
+            return original(self, *args, **kwargs)  # device to device: no host read
         if not frames.allowed_reader(frames.caller_frame(1)) and not (
             name in ("__repr__", "__str__") and not self.is_fully_addressable
         ):  # jax prints an array spanning other processes without reading it
@@ -273,10 +287,20 @@ def _must_refuse_buffer(x: Any) -> bool:
     return False
 
 
+_pending = threading.local()  # 3.11: the error of a refused buffer export
+
+
 def _buffer_refused(x: Any) -> None:
     # Python >= 3.12: memoryview() sees this error; numpy falls back to the
-    # guarded __array__, which raises the same.
-    _on_read(x, "buffer")
+    # guarded __array__, which raises the same. On 3.11 the slot cannot raise
+    # it: it is kept here and replaces the consumer's SystemError ("returned
+    # NULL without setting an exception") when that leaves the loop.
+    __tracebackhide__ = True
+    try:
+        _on_read(x, "buffer")
+    except Exception as e:
+        _pending.error = e
+        raise
 
 
 def _value_without_pin(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
@@ -669,8 +693,11 @@ class HotLoop:
             finally:
                 if entry.checked:
                     _release()
+        pending, _pending.error = getattr(_pending, "error", None), None
         if exc is not None and not isinstance(exc, Exception):
             return False
+        if pending is not None and exc is not None and arrays.is_unset_error(exc):
+            raise pending.with_traceback(None) from None  # a refused buffer export (3.11)
         translated = _translate(exc, tb) if exc is not None else None
         if translated is not None:
             raise translated from None

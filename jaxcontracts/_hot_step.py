@@ -27,6 +27,7 @@ from ._compat.runtime_errors import is_runtime_error
 from ._compat.tracing import Tracer, flatten, trace_state_clean
 from ._compile import compile_signature, jit_for, quiet_donation_warning, signature_diffs
 from ._diagnose import (
+    api_misuse_error,
     hazard_error,
     host_leaves_error,
     not_consumed_error,
@@ -34,11 +35,12 @@ from ._diagnose import (
     signature_error,
 )
 from ._donation import find_hazards
-from ._errors import DonationError
+from ._errors import INPUTS_INTACT, ContractError, DefinitionError, DonationError, RecompileError
 from ._records import CompiledSignature, StepDescription, StepStats
 from ._report import Report, step_report
 from ._runtime import consumer_of
 from ._signature import StepSignature, analyse
+from ._spec import fmt_value
 from ._state import (
     data_field_names,
     flat_leaf_getter,
@@ -103,6 +105,15 @@ def hot_step(
             Other parameters are never donated.
         max_compiles: how many distinct signatures may be compiled.
 
+    Methods and partials: on a method (first parameter ``self``),
+    ``obj.step(s)`` runs the step with ``obj`` closed over as configuration,
+    not a traced argument: each instance compiles its own step, reading its
+    attributes at that compile (later changes are not seen); the bound step is
+    kept on the instance. ``Class.step(obj, s)`` works too. On a
+    ``functools.partial``, the keyword values it binds are configuration too:
+    they are closed over and are not parameters of the step (passing them at a
+    call is a ``TypeError``); positionally bound values are closed over as well.
+
     Returns:
         A :class:`HotStep`, called like ``fn``.
 
@@ -164,11 +175,15 @@ class HotStep(Generic[P, R]):
         self.stats = StepStats()
         self._level = _config.get_checks()
         _config.add_listener(self)
-        self._dispatch: Callable[..., Any] = self._slow
+        self._dispatch: Callable[..., Any] = self._call_unbound if signature.is_method else self._slow
+        self._attr: str | None = None  # the class attribute of a method step
+        self._bound_to: tuple[HotStep[Any, Any], Any] | None = None  # (method step, instance)
         # Held by the slow path while it decides on (and makes) a compile, so
         # that threads meeting new signatures at once respect max_compiles.
         # The call paths never take it.
         self._compile_lock = threading.RLock()
+        # Set while the slow path re-dispatches a call, per thread.
+        self._redispatch = threading.local()
 
     # -- public API --------------------------------------------------------
 
@@ -218,7 +233,11 @@ class HotStep(Generic[P, R]):
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """Lower for these arguments or specs, without compiling or checking."""
+        self._unbound_misuse("lower")
         positional = self._sig.normalize(args, kwargs)
+        misuse = api_misuse_error(self._sig, positional, compiling=True)
+        if misuse is not None:
+            raise misuse
         jitted, spec_args, *_ = jit_for(self._sig, positional)
         with quiet_donation_warning():
             return jitted.trace(*spec_args).lower()
@@ -235,7 +254,11 @@ class HotStep(Generic[P, R]):
             DonationError: a donated leaf cannot alias any output.
         """
         __tracebackhide__ = True
+        self._unbound_misuse("compile")
         positional = self._sig.normalize(args, kwargs)
+        misuse = api_misuse_error(self._sig, positional, compiling=True)
+        if misuse is not None:
+            raise misuse
         leaves, treedef = flatten(positional)
         with self._compile_lock:
             for cs in self._signatures:
@@ -243,6 +266,63 @@ class HotStep(Generic[P, R]):
                     self._use(cs)
                     return cs.compiled
             return self._new_signature(positional).compiled
+
+    # -- methods -------------------------------------------------------------
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._attr = name
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        """``obj.step``: this method's step with ``obj`` closed over.
+
+        ``self`` is configuration, not a traced argument: the step compiles
+        once per instance, reading the instance's attributes at that compile
+        (later changes to them are not seen). The bound step is kept in the
+        instance's ``__dict__``, so ``obj.step`` stays one attribute read.
+        """
+        if obj is None or not self._sig.is_method:
+            return self
+        bound: HotStep[Any, Any] = HotStep(self._sig.bind(obj))
+        bound._bound_to = (self, obj)
+        if self._attr is not None and isinstance(getattr(obj, "__dict__", None), dict):
+            obj.__dict__[self._attr] = bound
+        return bound
+
+    def __copy__(self) -> HotStep[P, R]:
+        return self  # like a function: one step, one compiled executable
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> HotStep[P, R]:
+        """A step is copied like a function, by reference; a method step
+        bound to an instance being copied is bound anew to the copy."""
+        if self._bound_to is not None:
+            method, obj = self._bound_to
+            copy = memo.get(id(obj))
+            if copy is not None and copy is not obj:
+                return method.__get__(copy, type(copy))  # type: ignore[no-any-return]
+        return self
+
+    def __reduce__(self) -> str:
+        """Pickled by reference (module and qualified name), like a function."""
+        return str(getattr(self, "__qualname__", type(self).__qualname__))
+
+    def _call_unbound(self, *args: Any, **kwargs: Any) -> Any:
+        """``Class.step(obj, s)``: bind ``obj``, then call."""
+        __tracebackhide__ = True
+        if not args:
+            raise TypeError(
+                f"{self._sig.name}() is a method: call it on an instance (obj.{self._sig.short_name}(...))."
+            )
+        return self.__get__(args[0], type(args[0]))(*args[1:], **kwargs)
+
+    def _unbound_misuse(self, what: str) -> None:
+        if self._sig.is_method:
+            raise DefinitionError(
+                f"{self._sig.name} is a method: {what} it through an instance, "
+                f"whose attributes the step closes over.",
+                fix=f"obj.{self._sig.short_name}.{what}(...)",
+                contract="definition",
+                step=self._sig.name,
+            )
 
     if typing.TYPE_CHECKING:
 
@@ -300,6 +380,7 @@ class HotStep(Generic[P, R]):
             not_consumed=self._not_consumed,
             flat_fields=_flat_fields,
             marks=self._marks(cs),
+            normalize=self._sig.normalize,
         )
 
     def _marks(self, cs: CompiledSignature) -> tuple[int, ...]:
@@ -335,6 +416,19 @@ class HotStep(Generic[P, R]):
 
     def _slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
         __tracebackhide__ = True
+        if exc is None:
+            return self._decide(args, kwargs, None)
+        # Called from the closure's `except`: our own diagnosis replaces the
+        # executable's error (its text adds nothing), so it is not chained.
+        try:
+            return self._decide(args, kwargs, exc)
+        except ContractError as err:
+            if err.__context__ is exc:
+                raise err.with_traceback(err.__traceback__) from None
+            raise
+
+    def _decide(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
+        __tracebackhide__ = True
         sig = self._sig
         all_leaves = jax.tree_util.tree_leaves((args, kwargs))
         if not trace_state_clean() or any(isinstance(x, Tracer) for x in all_leaves):
@@ -350,7 +444,7 @@ class HotStep(Generic[P, R]):
         host = [(p, x) for p, x in zip(paths, leaves) if not isinstance(x, jax.Array)]
         if host:
             self.stats.refused += 1
-            raise host_leaves_error(sig, host)
+            raise api_misuse_error(sig, positional, compiling=False) or host_leaves_error(sig, host)
         current = self._current
         donated = current.donated if current is not None else sig.donated_leaves([p for p, _ in with_path])
         ran = exc is not None and is_runtime_error(exc)
@@ -381,4 +475,21 @@ class HotStep(Generic[P, R]):
                     raise self._refuse(positional)
                 self._new_signature(positional)
             dispatch = self._dispatch
-        return dispatch(*positional)
+        redispatch = self._redispatch
+        if getattr(redispatch, "active", False):
+            # The call path sent back arguments this path found matching: a
+            # disagreement between the two would recurse without end.
+            raise RecompileError(
+                f"{sig.name}: the call path refused arguments that match its compiled "
+                "signature (an internal disagreement; please report it).",
+                [f"  {p}: {fmt_value(x)}" for p, x in zip(paths, leaves)],
+                fix="as a workaround, set jc.set_checks(\"off\") around this call.",
+                note=INPUTS_INTACT,
+                contract="signature",
+                step=sig.name,
+            )
+        redispatch.active = True
+        try:
+            return dispatch(*positional)
+        finally:
+            redispatch.active = False

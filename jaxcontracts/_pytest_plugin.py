@@ -117,7 +117,9 @@ def _recording(
     """A recording ``jc.hot_loop`` that fails the test if it saw violations."""
     __tracebackhide__ = True
     import jaxcontracts as jc
+    from jaxcontracts._config import require_valid_env
 
+    require_valid_env()  # a bad JAXCONTRACTS_CHECKS fails where the plugin is used
     loop = jc.hot_loop(
         transfers=transfers,  # type: ignore[arg-type]
         compiles=compiles,  # type: ignore[arg-type]
@@ -198,8 +200,12 @@ def pytest_configure(config: pytest.Config) -> None:
     if not level:
         return
     import jaxcontracts as jc
-    from jaxcontracts._config import CHECK_LEVELS
+    from jaxcontracts._config import CHECK_LEVELS, require_valid_env
 
+    try:
+        require_valid_env()
+    except jc.DefinitionError as e:
+        raise pytest.UsageError(str(e)) from None
     normal = str(level).strip().lower()
     if normal not in CHECK_LEVELS:
         raise pytest.UsageError(

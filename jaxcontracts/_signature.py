@@ -8,7 +8,9 @@ from the state type, so no rename or reordering of parameters can desync it).
 
 from __future__ import annotations
 
+import builtins
 import dataclasses
+import functools
 import inspect
 import typing
 from collections.abc import Callable, Sequence
@@ -39,6 +41,15 @@ class StepSignature:
     positional: Callable[..., Any]  # fn called with every parameter positionally
     static_fields: tuple[str, ...] = ()
     data_fields: tuple[str, ...] | None = None  # None: known only from instances
+    # A method (first parameter `self`): param_names and signature leave `self`
+    # out; bind() closes over an instance.
+    is_method: bool = False
+
+    def bind(self, obj: Any) -> StepSignature:
+        """This method's signature with ``self`` closed over (configuration)."""
+        fn = functools.partial(self.fn, obj)
+        params = list(self.signature.parameters.values())
+        return dataclasses.replace(self, fn=fn, positional=_positional(fn, params), is_method=False)
 
     @property
     def short_name(self) -> str:
@@ -51,7 +62,13 @@ class StepSignature:
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
-            raise TypeError(f"{self.name}(): {e}") from None
+            params = ", ".join(self.param_names)
+            raise TypeError(
+                f"{self.name}() was called with {len(args)} positional and "
+                f"{len(kwargs)} keyword argument(s): {e}.\n"
+                f"  parameters: ({params})\n"
+                f"Fix: call it as {self.short_name}({params})."
+            ) from None
         bound.apply_defaults()
         return tuple(bound.arguments[n] for n in self.param_names)
 
@@ -117,11 +134,70 @@ def check_donated_names(sig: StepSignature, valid: Sequence[str], static: Sequen
         )
 
 
+class Unresolved:
+    """A name in an annotation that cannot be resolved (a ``TYPE_CHECKING``
+    import under ``from __future__ import annotations``): kept by name."""
+
+    def __init__(self, name: str) -> None:
+        self.__name__ = name
+
+    def __getattr__(self, attr: str) -> Unresolved:  # module.Type
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return Unresolved(f"{self.__name__}.{attr}")
+
+    def __getitem__(self, item: Any) -> Unresolved:  # Generic[...]
+        return self
+
+    def __or__(self, other: Any) -> Any:  # X | None
+        return typing.Union[self, other]  # noqa: UP007 - self is no type
+
+    __ror__ = __or__
+
+    def __repr__(self) -> str:
+        return self.__name__
+
+
+class _Names(dict):  # type: ignore[type-arg]
+    """Locals for ``eval``: the caller's, the module's, builtins, else Unresolved."""
+
+    def __init__(self, localns: dict[str, Any] | None, globalns: dict[str, Any]) -> None:
+        super().__init__()
+        self.localns, self.globalns = localns or {}, globalns
+
+    def __missing__(self, name: str) -> Any:
+        for ns in (self.localns, self.globalns, vars(builtins)):
+            if name in ns:
+                return ns[name]
+        return Unresolved(name)
+
+
+def resolve_each(fn: Any, annotations: dict[str, Any], localns: dict[str, Any] | None) -> dict[str, Any]:
+    """Resolve each annotation string on its own; unresolvable names stay names."""
+    globalns = getattr(inspect.unwrap(fn), "__globals__", {})
+    out = {}
+    for key, ann in annotations.items():
+        if isinstance(ann, str):
+            try:
+                ann = eval(ann, {}, _Names(localns, globalns))  # noqa: S307 - annotation text
+            except Exception:  # noqa: BLE001 - not an expression we can read: keep the text
+                pass
+        out[key] = ann
+    return out
+
+
+def _type_name(x: Any) -> str | None:
+    if isinstance(x, str):
+        return x.rsplit(".", 1)[-1]
+    name = getattr(x, "__name__", None)
+    return name.rsplit(".", 1)[-1] if isinstance(name, str) else None
+
+
 def state_type_matches(annotation: Any, signature: Any) -> bool:
     if annotation is signature:
         return True
-    if isinstance(annotation, str):
-        return annotation == getattr(signature, "__name__", None)
+    if isinstance(annotation, (str, Unresolved)):
+        return _type_name(annotation) == _type_name(signature)
     origin = typing.get_origin(annotation)
     return origin is not None and origin is (typing.get_origin(signature) or signature)
 
@@ -138,6 +214,27 @@ def return_positions(annotation: Any, signature: Any) -> list[tuple[int, ...]] |
         ]
         return out or None
     return None
+
+
+def _positional(fn: Callable[..., Any], params: Sequence[inspect.Parameter]) -> Callable[..., Any]:
+    """``fn`` called with every parameter by position (keyword-only ones too)."""
+    kwonly = tuple(p.name for p in params if p.kind == p.KEYWORD_ONLY)
+    n_pos = len(params) - len(kwonly)
+    if not kwonly:
+        return fn
+
+    def positional(*a: Any) -> Any:
+        return fn(*a[:n_pos], **dict(zip(kwonly, a[n_pos:])))
+
+    return positional
+
+
+def _is_method(fn: Any, params: Sequence[inspect.Parameter]) -> bool:
+    """A function defined in a class body, taking the instance as an unannotated ``self``."""
+    if isinstance(fn, functools.partial) or not params or params[0].name != "self":
+        return False
+    first = params[0]
+    return first.annotation is first.empty and first.kind in (first.POSITIONAL_ONLY, first.POSITIONAL_OR_KEYWORD)
 
 
 def analyse(
@@ -160,13 +257,22 @@ def analyse(
             parameter, a return annotation without the state, or an unknown
             donated field.
     """
-    name = qualname(fn)
+    partial = fn if isinstance(fn, functools.partial) else None
+    name = qualname(partial.func) + "(partial)" if partial is not None else qualname(fn)
     check_options(name, donate, max_compiles)
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError) as e:
         raise DefinitionError(f"@jc.hot_step: cannot read the signature of {name}: {e}") from None
     params = list(sig.parameters.values())
+    if partial is not None:
+        # Keyword values bound by functools.partial are configuration, closed
+        # over like any other constant: not parameters of the step.
+        params = [p for p in params if p.name not in partial.keywords]
+    method = _is_method(fn, params)
+    if method:
+        params = params[1:]  # `self` is closed over when the method is bound
+    sig = sig.replace(parameters=params)
     variadic = [p.name for p in params if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if variadic:
         raise DefinitionError(
@@ -175,10 +281,12 @@ def analyse(
             fix="name every parameter.",
         )
     try:
-        hints = typing.get_type_hints(fn, localns=localns)
-    except Exception:  # noqa: BLE001 - unresolvable forward refs: use raw annotations
-        hints = {p.name: p.annotation for p in params}
-        hints["return"] = sig.return_annotation
+        hints = typing.get_type_hints(partial.func if partial is not None else fn, localns=localns)
+    except Exception:  # noqa: BLE001 - unresolvable forward refs: one by one
+        raw = {p.name: p.annotation for p in params if p.annotation is not p.empty}
+        if sig.return_annotation is not sig.empty:
+            raw["return"] = sig.return_annotation
+        hints = resolve_each(partial.func if partial is not None else fn, raw, localns)
     if signature is None:
         if not params or params[0].name not in hints:
             raise DefinitionError(
@@ -188,6 +296,12 @@ def analyse(
                 "@jc.hot_step(signature=State).",
             )
         signature = hints[params[0].name]
+        if isinstance(signature, (str, Unresolved)):
+            raise DefinitionError(
+                f"@jc.hot_step on {name}: the state type {signature!r} of the first "
+                "parameter cannot be resolved here (a TYPE_CHECKING import?).",
+                fix=f"import it at run time, or pass @jc.hot_step(signature={signature!r}).",
+            )
     state_params = tuple(
         i for i, p in enumerate(params) if state_type_matches(hints.get(p.name), signature)
     )
@@ -220,15 +334,7 @@ def analyse(
             fix="return one state per state parameter (state parameters not "
             "returned are read-only inputs).",
         )
-    kwonly = tuple(p.name for p in params if p.kind == p.KEYWORD_ONLY)
-    n_pos = len(params) - len(kwonly)
-    if kwonly:
-
-        def positional(*a: Any) -> Any:
-            return fn(*a[:n_pos], **dict(zip(kwonly, a[n_pos:])))
-
-    else:
-        positional = fn
+    positional = _positional(fn, params)
     fields = state_fields(signature)
     result = StepSignature(
         fn=fn,
@@ -243,6 +349,7 @@ def analyse(
         positional=positional,
         static_fields=fields[1] if fields else (),
         data_fields=fields[0] if fields else None,
+        is_method=method,
     )
     if fields is not None:
         check_donated_names(result, fields[0], fields[1])

@@ -54,7 +54,35 @@ def test_array_read_hooks_reach_existing_arrays():
         arrays.set_class_attr("__float__", original)
     assert seen == [()]
     assert type(x).__dict__["__float__"] is original
-    assert set(arrays.READ_METHODS) | {"_value"} == set(arrays.read_methods())
+    optional = {n for n in arrays.OPTIONAL_READ_METHODS if n in type(x).__dict__}
+    assert set(arrays.READ_METHODS) | {"_value"} | optional == set(arrays.read_methods())
+    assert "__dlpack__" in optional  # np.from_dlpack reads through it on this jax
+
+
+def test_a_refused_buffer_export_reaches_the_refused_callback():
+    import sys
+
+    x = jnp.arange(3.0)
+    calls = []
+
+    class Marker(Exception):
+        pass
+
+    def refused(obj):
+        calls.append(obj is x)
+        raise Marker
+
+    on, off = arrays.buffer_hooks(lambda obj: obj is x, refused)
+    on()
+    try:
+        with pytest.raises((Marker, SystemError)) as info:
+            memoryview(x)
+    finally:
+        off()
+    assert calls == [True]
+    if sys.version_info < (3, 12):  # ctypes cannot raise through C: recognised
+        assert arrays.is_unset_error(info.value)
+    assert memoryview(x).nbytes == 12
 
 
 def test_thread_guard_levels_are_set_from_another_thread():

@@ -321,3 +321,51 @@ def test_a_failed_assert_is_reported_as_the_assert_not_as_a_read(pytester):
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*AssertionError*"])
     result.stdout.no_fnmatch_line("*device-to-host read*")
+
+
+def _worktree_env(monkeypatch):
+    """A fresh pytest process that imports this checkout, not the installed one."""
+    import os
+    from pathlib import Path
+
+    root = str(Path(jc.__file__).resolve().parent.parent)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([root, os.environ.get("PYTHONPATH", "")]))
+    monkeypatch.setenv("JAXCONTRACTS_CHECKS", "bogus")
+
+
+def test_a_bad_checks_variable_spares_a_suite_that_never_uses_the_library(pytester, monkeypatch):
+    _worktree_env(monkeypatch)
+    pytester.makepyfile("def test_it():\n    assert 1 + 1 == 2\n")
+    result = pytester.runpytest_subprocess()
+    result.assert_outcomes(passed=1)
+
+
+def test_a_bad_checks_variable_fails_where_the_library_is_used(pytester, monkeypatch):
+    _worktree_env(monkeypatch)
+    pytester.makepyfile(
+        "import pytest\n"
+        "def test_fixture(jc_hot_loop):\n"
+        "    with jc_hot_loop():\n"
+        "        pass\n"
+        "@pytest.mark.jc_hot_loop\n"
+        "def test_marker():\n"
+        "    pass\n"
+        "def test_api():\n"
+        "    import jaxcontracts as jc\n"
+        "    jc.hot_step\n"
+    )
+    result = pytester.runpytest_subprocess()
+    result.assert_outcomes(failed=3)
+    result.stdout.fnmatch_lines(["*JAXCONTRACTS_CHECKS got 'bogus'; valid levels are*"])
+    result = pytester.runpytest_subprocess("--jc-checks=fast")
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(["*JAXCONTRACTS_CHECKS got 'bogus'*"])
+
+
+def test_a_bad_checks_variable_still_fails_a_plain_import(monkeypatch):
+    import subprocess
+
+    _worktree_env(monkeypatch)
+    proc = subprocess.run([sys.executable, "-c", "import jaxcontracts"], capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert "JAXCONTRACTS_CHECKS got 'bogus'" in proc.stderr

@@ -109,3 +109,38 @@ def test_uncommitted_input_to_a_sharded_step_is_not_silently_resharded():
     with pytest.raises(jc.RecompileError, match="single device"):
         step(f)
     assert alive(f)
+
+
+@pytest.mark.parametrize("level", ["full", "fast", "off"])
+@pytest.mark.parametrize("variant", ["P('x', None) vs P('x')", "renamed mesh axis"])
+def test_an_equivalent_sharding_is_accepted_not_a_recursion(level, variant):
+    mesh = _mesh((8,), ("x",))
+    compiled_with = NamedSharding(mesh, P("x", None))
+    if variant == "renamed mesh axis":
+        called_with = NamedSharding(Mesh(mesh.devices, ("rows",)), P("rows"))
+    else:
+        called_with = NamedSharding(mesh, P("x"))
+    jc.set_checks(level)
+    step = jc.hot_step(relax_fn, signature=Field)
+    shard = {"u": compiled_with, "w": compiled_with, "t": NamedSharding(mesh, P())}
+    step.compile(Field.spec(n=16, m=8, sharding=shard))
+    f = Field.zeros(n=16, m=8, sharding={**shard, "u": called_with, "w": called_with})
+    g = step(f)
+    g = step(g)
+    assert step.stats.compiles == 1
+    assert step.stats.refused == 0
+    assert g.u.sharding.is_equivalent_to(called_with, 2)
+
+
+def test_a_call_path_that_refuses_what_the_slow_path_accepts_is_an_error_not_a_recursion(monkeypatch):
+    from jaxcontracts import _callpath
+
+    # A stand-in for the array class that no leaf is: the call path refuses all.
+    stand_in = type("NotAnArray", (), {"is_deleted": _callpath.ArrayImpl.is_deleted})
+    monkeypatch.setattr(_callpath, "ArrayImpl", stand_in)
+    step = jc.hot_step(relax_fn, signature=Field)
+    f = Field.zeros(n=4, m=2)
+    with pytest.raises(jc.RecompileError, match="internal disagreement") as info:
+        step(f)
+    assert "u: f32[4,2]" in str(info.value)
+    assert alive(f)

@@ -17,7 +17,7 @@ from typing import Any
 
 from .registry import capability, define
 
-__all__ = ["READ_METHODS", "ArrayImpl", "buffer_hooks", "read_methods", "set_class_attr"]
+__all__ = ["OPTIONAL_READ_METHODS", "READ_METHODS", "is_unset_error", "ArrayImpl", "buffer_hooks", "read_methods", "set_class_attr"]
 
 try:  # the concrete array class (a C++ type with Python methods)
     from jax._src.array import ArrayImpl
@@ -41,6 +41,8 @@ READ_METHODS = (
     "item",
     "tobytes",
 )
+#: Read methods guarded where this jax has them (the probe does not require them).
+OPTIONAL_READ_METHODS = ("__dlpack__",)
 
 
 @define(
@@ -69,7 +71,7 @@ def read_methods() -> dict[str, Any]:
     capability("array-read-hooks")  # warns once if any of them moved
     if ArrayImpl is None:
         return {}
-    found = {n: ArrayImpl.__dict__[n] for n in READ_METHODS if n in ArrayImpl.__dict__}
+    found = {n: ArrayImpl.__dict__[n] for n in READ_METHODS + OPTIONAL_READ_METHODS if n in ArrayImpl.__dict__}
     value = ArrayImpl.__dict__.get("_value")
     if isinstance(value, property):
         found["_value"] = value
@@ -126,8 +128,14 @@ def buffer_hooks(
     Args:
         refuse: called with the array on every buffer export; ``True`` refuses
             it (numpy then falls back to ``__array__``).
-        refused: called on Python >= 3.12 when an export is refused, to raise
-            the contract error that ``memoryview()`` will see.
+        refused: called when an export is refused. On Python >= 3.12 it
+            raises the contract error that ``memoryview()`` will see. On 3.11
+            a ctypes callback cannot leave a Python exception set (ctypes
+            reports and clears it), so the slot returns -1 without one and
+            the consumer (``memoryview``, ``hashlib``, ``np.frombuffer``)
+            raises ``SystemError``; ``refused`` is called first, inside a
+            ``try``, so that the caller can keep its error and put it in place
+            of that ``SystemError`` (see :func:`is_unset_error`).
     """
     if not capability("buffer-hook").available:
         return (lambda: None), (lambda: None)
@@ -158,6 +166,10 @@ def buffer_hooks(
     def getbuffer(obj: Any, view: int, flags: int) -> int:
         try:
             if refuse(obj):
+                try:
+                    refused(obj)
+                except BaseException:  # noqa: BLE001 - kept by the caller, never across C
+                    pass
                 return -1  # numpy falls back to the guarded __array__
             return call_original(obj, view, flags)  # type: ignore[no-any-return]
         except BaseException:  # noqa: BLE001 - never let an error cross C
@@ -173,3 +185,8 @@ def buffer_hooks(
         slot.value = original_ptr
 
     return on_slot, off_slot
+
+
+def is_unset_error(exc: BaseException) -> bool:
+    """The ``SystemError`` a consumer raises when the 3.11 slot refused an export."""
+    return isinstance(exc, SystemError) and "without setting an exception" in str(exc)

@@ -1,0 +1,237 @@
+"""Issue 10, sections 3 and 4: calls and definitions that were refused wrongly."""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from typing import TYPE_CHECKING
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jaxtyping import Array, Float32
+
+import jaxcontracts as jc
+
+if TYPE_CHECKING:  # never imported at run time: the annotation stays a string
+    from collections.abc import Mapping as Metrics
+
+    import helpers as later
+
+
+@jc.state
+class S:
+    u: Float32[Array, "n"]
+
+
+# -- keywords and defaults at every checks level -----------------------------
+
+
+ZERO = jnp.float32(0)
+
+
+@pytest.mark.parametrize("level", ["full", "fast", "off"])
+def test_keywords_and_omitted_defaults_work_at_every_level(level):
+    def scale_fn(s: S, k: Float32[Array, ""], *, bias: Float32[Array, ""] = ZERO) -> S:
+        return S(u=s.u * k + bias)
+
+    jc.set_checks(level)
+    step = jc.hot_step(scale_fn)
+    k = jnp.float32(2)
+    s = step(S.zeros(n=3), k)
+    s = step(s, k=k)  # a keyword, the default omitted
+    s = step(s=s, k=k, bias=jnp.float32(1))
+    s = step(s, k, bias=jnp.float32(1))
+    assert step.stats.compiles == 1
+    assert jnp.all(s.u == 3)
+
+
+# -- methods and partials -----------------------------------------------------
+
+
+class Trainer:
+    def __init__(self, rate: float) -> None:
+        self.rate = rate
+
+    @jc.hot_step
+    def step(self, s: S) -> S:
+        return S(u=s.u + self.rate)
+
+    @jc.hot_step(signature=S, donate="none")
+    def scaled(self, s: S, k: Float32[Array, ""]) -> S:
+        return S(u=s.u * k * self.rate)
+
+
+@pytest.mark.parametrize("level", ["full", "fast", "off"])
+def test_a_method_step_closes_over_self(level):
+    jc.set_checks(level)
+    a, b = Trainer(1.0), Trainer(10.0)
+    s = a.step(S.zeros(n=3))
+    s = a.step(s)
+    assert jnp.all(s.u == 2)
+    assert a.step is a.step  # bound once, kept on the instance
+    assert a.step.stats.compiles == 1
+    t = b.step(S.zeros(n=3))  # another instance: its own configuration
+    assert jnp.all(t.u == 10)
+    t = Trainer.step(b, t)  # through the class, as for any method
+    assert jnp.all(t.u == 20)
+    u = a.scaled(s, k=jnp.float32(2))
+    assert jnp.all(u.u == 4)
+    assert a.step.describe().params == ("s",)
+
+
+def test_an_unbound_method_step_says_to_use_an_instance():
+    with pytest.raises(jc.DefinitionError, match=r"is a method.*instance"):
+        Trainer.step.compile(S.spec(n=3))
+    with pytest.raises(TypeError, match="call it on an instance"):
+        Trainer.step()
+
+
+def test_a_partial_closes_over_its_bound_keywords():
+    def scale_fn(s: S, *, scale: float) -> S:
+        return S(u=(s.u + 1) * scale)
+
+    step = jc.hot_step(functools.partial(scale_fn, scale=2.0))
+    s = step(S.zeros(n=3))
+    assert jnp.all(s.u == 2)
+    assert step.describe().params == ("s",)
+    assert "scale_fn" in step.describe().name
+    with pytest.raises(TypeError, match="scale"):
+        step(s, scale=3.0)  # configuration, fixed when the step was made
+
+
+# -- postponed annotations naming TYPE_CHECKING-only types ---------------------
+
+
+def test_a_type_checking_only_type_in_the_return_annotation_is_accepted():
+    def with_metrics(s: S) -> tuple[S, Metrics]:
+        return S(u=s.u + 1), {"sum": s.u.sum()}
+
+    for step in (jc.hot_step(with_metrics), jc.hot_step(with_metrics, signature=S)):
+        s, metrics = step(S.zeros(n=3))
+        assert step.state_type is S
+        assert jnp.all(s.u == 1) and "sum" in metrics
+
+
+def test_a_type_checking_only_state_type_is_matched_by_name():
+    def only_names(s: later.S, m: Metrics) -> later.S:
+        return s
+
+    with pytest.raises(jc.DefinitionError, match="cannot be resolved"):
+        jc.hot_step(only_names)
+    step = jc.hot_step(only_names, signature=S)  # later.S, by name: S
+    assert step.describe().state_params == ("s",)
+
+
+# -- the class or specs where arrays belong: API misuse, not a transfer ------
+
+
+def _scale(s: S, k: Float32[Array, ""]) -> S:
+    return S(u=s.u * k)
+
+
+@pytest.mark.parametrize("level", ["full", "off"])
+def test_compile_with_the_class_itself_points_to_spec(level):
+    jc.set_checks(level)
+    step = jc.hot_step(_scale)
+    k = jax.ShapeDtypeStruct((), jnp.float32)
+    with pytest.raises(jc.DefinitionError, match=r"given the class S itself for `s`") as info:
+        step.compile(S, k)
+    assert "_scale.compile(S.spec(...))" in info.value.fix
+    with pytest.raises(jc.DefinitionError, match="the class S itself"):
+        step.lower(S, k)
+
+
+@pytest.mark.parametrize("level", ["full", "off"])
+@pytest.mark.parametrize("compiled_first", [False, True])
+def test_a_call_with_specs_or_the_class_says_to_pass_arrays(level, compiled_first):
+    jc.set_checks(level)
+    step = jc.hot_step(_scale)
+    k = jnp.float32(2)
+    if compiled_first:
+        step(S.zeros(n=3), k)
+    with pytest.raises(jc.DefinitionError, match=r"called with specs") as info:
+        step(S.spec(n=3), k)
+    assert list(info.value.leaves) == ["s.u"]
+    assert "S.zeros(...)" in info.value.fix and "compile" in info.value.fix
+    with pytest.raises(jc.DefinitionError, match="called with the class S itself") as info:
+        step(S, k)
+    assert "S.zeros(...)" in info.value.fix
+
+
+# -- a refused call does not chain JAX's own error ---------------------------
+
+
+@pytest.mark.parametrize("level", ["full", "fast", "off"])
+def test_a_refused_call_does_not_chain_the_executables_type_error(level):
+    import traceback
+
+    jc.set_checks(level)
+    step = jc.hot_step(_scale)
+    s = step(S.zeros(n=3), jnp.float32(1))
+    with pytest.raises(jc.RecompileError) as info:
+        step(s, jnp.int32(1))  # the executable refuses it with a TypeError first
+    err = info.value
+    assert err.__cause__ is None and err.__suppress_context__
+    assert "During handling" not in "".join(traceback.format_exception(err))
+
+
+# -- buffer-protocol and DLPack reads inside a hot loop ----------------------
+
+
+@pytest.mark.parametrize(
+    ("read", "words"),
+    [
+        (memoryview, "the buffer protocol"),
+        (functools.partial(np.frombuffer, dtype=np.float32), "the buffer protocol"),
+        (hashlib.sha256, "the buffer protocol"),
+        (np.from_dlpack, "a DLPack export"),
+    ],
+    ids=["memoryview", "np.frombuffer", "hashlib.sha256", "np.from_dlpack"],
+)
+def test_buffer_and_dlpack_reads_in_a_loop_are_transfer_errors(read, words):
+    x = jnp.arange(3.0)
+    with pytest.raises(jc.TransferError, match=rf"device-to-host read: {words}.* of f32\[3\]") as info:
+        with jc.hot_loop():
+            read(x)
+    assert info.value.__context__ is None or info.value.__suppress_context__
+    with jc.hot_loop(on_violation="record") as loop:
+        read(x)
+    assert [v.kind for v in loop.violations] == ["transfer"]
+    read(x)  # outside a loop: allowed
+
+
+# -- wrong argument counts; copying a step -----------------------------------
+
+
+@pytest.mark.parametrize("level", ["full", "fast", "off"])
+def test_too_many_or_too_few_arguments_name_the_parameters(level):
+    jc.set_checks(level)
+    step = jc.hot_step(_scale)
+    k = jnp.float32(1)
+    s = step(S.zeros(n=3), k)
+    with pytest.raises(TypeError, match=r"too many positional arguments[\s\S]*parameters: \(s, k\)[\s\S]*Fix: call it as _scale\(s, k\)"):
+        step(s, k, k)
+    with pytest.raises(TypeError, match=r"missing a required argument: 'k'[\s\S]*parameters: \(s, k\)"):
+        step(s)
+    step(s, k)  # the state was not consumed by the refused calls
+
+
+def test_a_step_is_copied_like_a_function_and_a_bound_one_follows_its_instance():
+    import copy
+    import pickle
+
+    step = jc.hot_step(_scale)
+    step(S.zeros(n=3), jnp.float32(1))
+    assert copy.deepcopy(step) is step
+    assert copy.copy(step) is step
+    assert copy.deepcopy({"step": step})["step"] is step
+    assert pickle.loads(pickle.dumps(Trainer.step)) is Trainer.step  # by reference
+    a = Trainer(1.0)
+    a.step(S.zeros(n=3))
+    b = copy.deepcopy(a)
+    b.rate = 5.0
+    assert b.step is not a.step
+    assert jnp.all(b.step(S.zeros(n=3)).u == 5)  # bound to the copy, not to `a`
+    assert jnp.all(a.step(S.zeros(n=3)).u == 1)
