@@ -35,6 +35,9 @@ if TYPE_CHECKING:
     from ._check import check as check
     from ._compat import Capability as Capability
     from ._compat import capabilities as capabilities
+    from ._foreign import Change as Change
+    from ._foreign import Changes as Changes
+    from ._foreign import device_tree as device_tree
     from ._guard import HotLoop as HotLoop
     from ._guard import fetch as fetch
     from ._guard import hot_loop as hot_loop
@@ -55,6 +58,9 @@ _EXPORTS = {
     "check": "_check",
     "Capability": "_compat",
     "capabilities": "_compat",
+    "Change": "_foreign",
+    "Changes": "_foreign",
+    "device_tree": "_foreign",
     "HotLoop": "_guard",
     "fetch": "_guard",
     "hot_loop": "_guard",

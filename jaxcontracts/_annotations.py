@@ -17,6 +17,7 @@ import jax
 import numpy as np
 
 from ._compat.jaxtyping import Dim, is_array_annotation, parse_dims
+from ._dtypes import default_key_dtype, is_key
 from ._errors import DefinitionError, SpecError
 from ._format import fmt_aval
 
@@ -45,6 +46,8 @@ def x64_loss(dtype: Any) -> tuple[str, str] | None:
     is defined, so this is asked when arrays or specs are made, never at
     definition.
     """
+    if is_key(dtype):
+        return None
     dtype = np.dtype(dtype)
     if dtype not in X64_DTYPES:
         return None
@@ -76,7 +79,7 @@ class ArrayAnnotation:
     """A jaxtyping array annotation reduced to what a spec needs."""
 
     annotation: Any
-    dtype: np.dtype
+    dtype: Any  # a numpy dtype, or a typed PRNG key dtype (key<fry>)
     dims: tuple[Dim, ...]
     index_variadic: int | None
 
@@ -231,10 +234,14 @@ def parse_array_annotation(annotation: Any, where: str) -> ArrayAnnotation | Non
     )
 
 
-def _concrete_dtype(dtypes: Any) -> np.dtype | None:
+def _concrete_dtype(dtypes: Any) -> Any:
     if not isinstance(dtypes, (tuple, list)) or not dtypes:
         return None
-    found: set[np.dtype] = set()
+    if tuple(dtypes) == ("prng_key",):
+        # jaxtyping's Key[Array, ...]: a typed key of the default PRNG
+        # implementation (jax.random.key(seed)), fixed when the class is defined.
+        return default_key_dtype()
+    found: set[Any] = set()
     for d in dtypes:
         try:
             found.add(np.dtype(jax.numpy.dtype(d)))

@@ -30,9 +30,10 @@ from typing import Any
 
 import jax
 
-from ._compat.arrays import ArrayImpl
+from ._compat.arrays import ArrayImpl, KeyArray
 from ._compat.tracing import cpp_call, flatten, trace_state_clean
 from ._compile import TOKEN_KEY
+from ._dtypes import is_key
 from ._records import CompiledSignature, StepStats
 from ._runtime import CONSUMED_KEY, note_call, tracking
 
@@ -233,6 +234,7 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
             equivalent.add((i, got))
         return ok
     array_impl = ArrayImpl
+    key_array = KeyArray  # typed PRNG keys: checked only when a leaf is not an ArrayImpl
     clean = trace_state_clean  # False under jit, vmap, grad...: the slow path traces
     # One is_deleted() per call catches the usual stale state (all of it was
     # donated) before XLA refuses it with an error line on stderr.
@@ -249,11 +251,11 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
             return slow_call(args, kwargs, None)
         if any_weak:
             for x, w in zip(leaves, weak):
-                if type(x) is not array_impl or x.aval.weak_type is not w:
+                if (type(x) is not array_impl and type(x) is not key_array) or x.aval.weak_type is not w:
                     return slow_call(args, kwargs, None)
         else:
             for x in leaves:
-                if type(x) is not array_impl or x.aval.weak_type:
+                if (type(x) is not array_impl and type(x) is not key_array) or x.aval.weak_type:
                     return slow_call(args, kwargs, None)
         if shardings is not None:
             for i, (x, s) in enumerate(zip(leaves, shardings)):
@@ -288,7 +290,10 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
     in_tokens, key = cs.in_tokens, TOKEN_KEY
     array_impl = ArrayImpl
     clean = trace_state_clean
-    is_deleted = array_impl.is_deleted  # unbound: map() runs it in C
+    key_array = KeyArray
+    has_keys = any(is_key(s.dtype) for s in jax.tree_util.tree_leaves(cs.spec_args))
+    # unbound: map() runs it in C; a typed key is not an ArrayImpl
+    is_deleted = array_impl.is_deleted if not has_keys else operator.methodcaller("is_deleted")
     getters = {arg: _leaves_of(type(cs.spec_args[arg]), ctx.flat_fields) for arg, _ in in_tokens}
     donated_getters = tuple((arg, getters[arg]) for arg, _ in in_tokens) if cs.donated else ()
     first_leaf: Callable[[tuple[Any, ...]], Any] | None = None
@@ -356,7 +361,9 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
             if treedef != other_treedef or multi_device:
                 return checked(*args)
             for x, w in zip(leaves, other_weak):
-                if type(x) is not array_impl or (x.aval.weak_type is not w if other_any_weak else x.aval.weak_type):
+                if (type(x) is not array_impl and type(x) is not key_array) or (
+                    x.aval.weak_type is not w if other_any_weak else x.aval.weak_type
+                ):
                     return checked(*args)
         try:
             out = compiled(*args)

@@ -21,10 +21,10 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import numpy as np
 
 from ._compat.executable import alias_bytes, aliased_parameters
 from ._compat.tracing import flatten
+from ._dtypes import canonical
 from ._errors import NOTHING_RAN, DonationError, RecompileError, TransferError
 from ._format import fmt_aval
 from ._records import CompiledSignature, LeafRecord
@@ -50,7 +50,7 @@ def token_for(spec: Any) -> object:
     leaves, treedef = jax.tree_util.tree_flatten(spec)
     key = (
         treedef,
-        tuple((tuple(x.shape), np.dtype(x.dtype), bool(x.weak_type), x.sharding) for x in leaves),
+        tuple((tuple(x.shape), canonical(x.dtype), bool(x.weak_type), x.sharding) for x in leaves),
     )
     token = _tokens.get(key)
     if token is None:
@@ -270,11 +270,11 @@ def _check_aliasing(
         return frozenset(donated) if got >= want else frozenset()
     missing = [i for i in donated if i not in aliased]
     if missing:
-        outs = [(o.shape, np.dtype(o.dtype)) for o in jax.tree_util.tree_leaves(out_info)]
+        outs = [(o.shape, canonical(o.dtype)) for o in jax.tree_util.tree_leaves(out_info)]
         lines = []
         for i in missing:
             spec = specs[i]
-            key = (spec.shape, np.dtype(spec.dtype))
+            key = (spec.shape, canonical(spec.dtype))
             why = (
                 f"no output is {fmt_aval(spec.shape, spec.dtype)}"
                 if key not in outs

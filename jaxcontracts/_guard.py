@@ -61,6 +61,7 @@ import numpy.typing as npt
 
 from ._compat import arrays, events, frames, hostcopy, runtime_errors, threadguard
 from ._config import get_checks
+from ._dtypes import is_key
 from ._errors import DefinitionError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval
 from ._records import Violation
@@ -518,6 +519,13 @@ def fetch(tree: Any) -> Any:
         The same tree with numpy arrays as leaves. They are copies: on CPU a
         plain ``np.asarray(x)`` shares the device buffer, and a live view of a
         donated buffer makes XLA copy instead of donating at the next step.
+        A typed PRNG key (``jax.random.key``) comes back as its key data, a
+        numpy ``uint32`` array of shape ``key.shape + (2,)`` for the default
+        threefry implementation (what ``jax.random.key_data`` holds):
+        a typed key always lives on a device, and ``jax.device_get(key)``
+        itself puts the data back on the device (a host-to-device transfer a
+        hot loop refuses). ``jax.random.wrap_key_data(data)`` makes it a key
+        again.
 
     Raises:
         DonationError: a leaf was donated to (consumed by) a hot step.
@@ -555,7 +563,7 @@ def fetch(tree: Any) -> Any:
     local.allow += 1
     try:
         copies = [
-            hostcopy.host_copy(x)
+            hostcopy.host_copy(jax.random.key_data(x) if is_key(x.dtype) else x)
             if isinstance(x, jax.Array)
             else (np.array(x, copy=True) if isinstance(x, np.ndarray) else x)
             for x in leaves

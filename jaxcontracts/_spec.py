@@ -17,6 +17,7 @@ import numpy as np
 
 from ._annotations import STATIC
 from ._compat.tracing import Tracer
+from ._dtypes import is_key, itemsize, same_dtype
 from ._errors import SpecError
 from ._format import fmt_aval, fmt_path, fmt_sharding
 
@@ -79,7 +80,7 @@ def _kind(value: Any) -> str:
 
 def spec_nbytes(spec: Any) -> int:
     """Bytes of an array with this spec (all shards together)."""
-    return int(np.prod(spec.shape, dtype=np.int64)) * np.dtype(spec.dtype).itemsize
+    return int(np.prod(spec.shape, dtype=np.int64)) * itemsize(spec.dtype)
 
 
 def spec_of(tree: Any) -> Any:
@@ -163,7 +164,7 @@ def _placement(sharding: Any) -> str:
 
 def diff_kind(exp: Any, got: Any) -> str:
     """What differs first between two leaf specs: dtype, shape, weak_type, sharding."""
-    if np.dtype(exp.dtype) != np.dtype(got.dtype):
+    if not same_dtype(exp.dtype, got.dtype):
         return "dtype"
     if tuple(exp.shape) != tuple(got.shape):
         return "shape"
@@ -176,6 +177,13 @@ def leaf_cause(exp: Any, got: Any) -> str:
     """A likely cause for one leaf's difference, in a few words."""
     kind = diff_kind(exp, got)
     if kind == "dtype":
+        if is_key(exp.dtype) or is_key(got.dtype):
+            return (
+                "a typed PRNG key of another implementation, or a raw uint32 key "
+                "(jax.random.PRNGKey) where a typed key (jax.random.key) is expected"
+                if is_key(exp.dtype)
+                else "a typed PRNG key where an array of numbers is expected"
+            )
         if np.issubdtype(exp.dtype, np.floating) and np.issubdtype(got.dtype, np.integer):
             return "an integer where a float is expected: was it initialised from an int?"
         if np.issubdtype(exp.dtype, np.integer) and np.issubdtype(got.dtype, np.floating):
@@ -207,7 +215,7 @@ def diff_leaves(
             continue
         same = (
             tuple(e.shape) == tuple(g.shape)
-            and np.dtype(e.dtype) == np.dtype(g.dtype)
+            and same_dtype(e.dtype, g.dtype)
             and bool(getattr(e, "weak_type", False)) == bool(getattr(g, "weak_type", False))
         )
         shard_same = not sharding or _sharding_equal(

@@ -49,7 +49,9 @@ from ._compat.frames import caller_frame, caller_locals
 from ._compat.jaxtyping import is_pytree_annotation, pytree_leaf
 from ._compat.tracing import Tracer
 from ._compat.tracing import trace_state_clean as _trace_state_clean
+from ._dtypes import is_key, itemsize, same_dtype
 from ._errors import DefinitionError, SpecError
+from ._foreign import scalar_to_host
 from ._format import fmt_aval, fmt_bindings, fmt_sharding
 from ._runtime import consumer_of
 from ._spec import fmt_value, leaf_spec
@@ -554,7 +556,7 @@ def _tree_summary(tree: Any) -> str:
     leaves = jax.tree_util.tree_leaves(tree)
     specs = [leaf_spec(x) for x in leaves]
     nbytes = sum(
-        int(np.prod(s.shape)) * np.dtype(s.dtype).itemsize for s in specs if s is not None
+        int(np.prod(s.shape)) * itemsize(s.dtype) for s in specs if s is not None
     )
     return f"<{type(tree).__name__}: {len(leaves)} leaves, {nbytes:,} bytes>"
 
@@ -673,8 +675,10 @@ def _convert_array(name: str, value: Any, ann: ArrayAnnotation) -> tuple[Any, _P
     """The exact device form of one array field, or the problem with it."""
     want = ann.dtype
     expected = ann.pretty()
+    if is_key(want):
+        return _convert_key(name, value, ann)
     if isinstance(value, jax.Array):
-        if np.dtype(value.dtype) != want:
+        if not same_dtype(value.dtype, want):
             return None, _x64_problem(name, value, ann) or _wrong_dtype(name, ann, value, "jax array")
         if value.aval.weak_type:
             return jax.lax.convert_element_type(value, want), None
@@ -687,7 +691,7 @@ def _convert_array(name: str, value: Any, ann: ArrayAnnotation) -> tuple[Any, _P
         if problem is not None:
             return None, problem
     if isinstance(value, jax.ShapeDtypeStruct):
-        if np.dtype(value.dtype) != want:
+        if not same_dtype(value.dtype, want):
             return None, _wrong_dtype(name, ann, value, "spec")
         return value, None
     if isinstance(value, (np.ndarray, np.generic)):
@@ -702,6 +706,28 @@ def _convert_array(name: str, value: Any, ann: ArrayAnnotation) -> tuple[Any, _P
     return None, _Problem(
         name, expected, _describe(value), "pass a jax array (or a numpy array of that dtype)."
     )
+
+
+def _convert_key(name: str, value: Any, ann: ArrayAnnotation) -> tuple[Any, _Problem | None]:
+    """A typed PRNG key field: a key array (or spec) of the annotated key dtype."""
+    if isinstance(value, (jax.Array, jax.ShapeDtypeStruct)) and same_dtype(value.dtype, ann.dtype):
+        return value, None
+    got = fmt_value(value) if not isinstance(value, jax.Array) or not is_key(value.dtype) else (
+        fmt_aval(value.shape, value.dtype)
+    )
+    if isinstance(value, (jax.Array, np.ndarray)) and not is_key(value.dtype) and value.shape[-1:] in ((2,), (4,)):
+        fix = (
+            "this looks like a raw uint32 key (jax.random.PRNGKey): make a typed key with "
+            "jax.random.key(seed), or wrap this one with jax.random.wrap_key_data(k)."
+        )
+    elif isinstance(value, jax.Array) and is_key(value.dtype):
+        fix = (
+            f"the key's PRNG implementation differs from the field's ({ann.pretty()}, the "
+            "default implementation when the class was defined): make it with jax.random.key(seed)."
+        )
+    else:
+        fix = "pass a typed PRNG key: jax.random.key(seed) (split it for arrays of keys)."
+    return None, _Problem(name, ann.pretty(), got, fix)
 
 
 def _x64_problem(name: str, value: Any, ann: ArrayAnnotation) -> _Problem | None:
@@ -730,6 +756,8 @@ def _to_device(value: Any) -> jax.Array:
 
 def _wrong_dtype(name: str, ann: ArrayAnnotation, value: Any, kind: str) -> _Problem:
     expected = ann.pretty()
+    if is_key(ann.dtype):
+        return _Problem(name, expected, fmt_value(value), "pass a typed PRNG key: jax.random.key(seed).")
     np_name = np.dtype(ann.dtype).name  # e.g. "uint16": jnp.uint16 exists
     return _Problem(
         name,
@@ -760,7 +788,7 @@ def _scalar_to_host(name: str, value: Any, ann: ArrayAnnotation) -> tuple[Any, _
     """A Python scalar as a host array of the field's dtype, or the problem with it."""
     expected = ann.pretty()
     got = f"Python {type(value).__name__} {value!r}"
-    if ann.dims:
+    if any(d.kind not in ("variadic", "anonymous-variadic") for d in ann.dims):
         return None, _Problem(
             name, expected, got, "a Python scalar fits only a rank-0 field; pass an array."
         )
@@ -851,15 +879,22 @@ def _convert_pytree(f: _PyTreeField, value: Any) -> tuple[Any, list[_Problem]]:
             out.append(jax.lax.convert_element_type(leaf, leaf.dtype) if weak else leaf)
         elif isinstance(leaf, (np.ndarray, np.generic)):
             out.append(_to_device(leaf))
+        elif isinstance(leaf, (bool, int, float, complex)):
+            host, why = scalar_to_host(leaf)
+            if host is None:
+                problems.append(_Problem(where, "an array leaf", _describe(leaf), f"{why}; pass an array."))
+                out.append(leaf)
+            else:  # what jc.device_tree makes of it: JAX's default dtype, strongly typed
+                out.append(_to_device(host))
         else:
             problems.append(
                 _Problem(
                     where,
                     "an array leaf",
                     _describe(leaf),
-                    "pytree fields hold arrays; a Python scalar has no dtype here: "
-                    "use jnp.asarray(x, dtype) or annotate the leaf type, e.g. "
-                    "PyTree[Float32[Array, '...']].",
+                    "pytree fields hold arrays (Python scalars become JAX's default "
+                    "dtype); this leaf is neither: make it part of the tree structure "
+                    "(a jc.static field of its own) or leave it out of the state.",
                 )
             )
             out.append(leaf)

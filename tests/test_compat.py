@@ -353,3 +353,10 @@ def test_host_copy_of_a_sharded_array_assembles_every_shard():
     for spec in (P("a", "b"), P("a"), P()):
         x = jax.device_put(value, NamedSharding(mesh, spec))
         assert np.array_equal(hostcopy.host_copy(x), value)
+
+
+def test_key_array_class_is_the_class_of_typed_keys():
+    from jaxcontracts._compat.arrays import KeyArray
+
+    assert type(jax.random.key(0)) is KeyArray
+    assert type(jax.random.split(jax.random.key(0))) is KeyArray

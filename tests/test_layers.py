@@ -21,6 +21,7 @@ LAYERS: dict[str, int] = {
     "_errors": 0,
     "_records": 0,
     "_format": 0,
+    "_dtypes": 0,
     "_donation": 0,
     # 1: configuration, the capability registry, the loop/step meeting point
     "_config": 1,
@@ -39,6 +40,7 @@ LAYERS: dict[str, int] = {
     "_compat": 3,
     # annotations -> specs -> states
     "_annotations": 3,
+    "_foreign": 3,  # jc.device_tree: any pytree -> device leaves
     "_report": 4,  # renders records; below everything that returns a report
     "_spec": 4,
     "_state": 5,

@@ -17,12 +17,48 @@ from typing import Any
 
 from .registry import capability, define
 
-__all__ = ["OPTIONAL_READ_METHODS", "READ_METHODS", "is_unset_error", "ArrayImpl", "buffer_hooks", "read_methods", "set_class_attr"]
+__all__ = [
+    "OPTIONAL_READ_METHODS",
+    "READ_METHODS",
+    "is_unset_error",
+    "ArrayImpl",
+    "KeyArray",
+    "buffer_hooks",
+    "read_methods",
+    "set_class_attr",
+]
 
 try:  # the concrete array class (a C++ type with Python methods)
     from jax._src.array import ArrayImpl
 except ImportError:  # pragma: no cover - future jax
     ArrayImpl = None  # type: ignore[assignment,misc]
+
+
+def _key_array_class() -> type | None:
+    # The class of typed PRNG key arrays (jax.random.key): jax._src.prng up
+    # to jax 0.10, jax._src.random.prng since.
+    import importlib
+
+    for module in ("jax._src.random.prng", "jax._src.prng"):
+        try:
+            cls = getattr(importlib.import_module(module), "PRNGKeyArray", None)
+        except ImportError:
+            continue
+        if isinstance(cls, type):
+            return cls
+    return None
+
+
+KeyArray = _key_array_class()
+
+
+@define(
+    "key-array-class",
+    "jax's PRNGKeyArray class (jax._src.random.prng / jax._src.prng)",
+    "the per-call fast path for typed PRNG key leaves (without it they take the slow path, still checked)",
+)
+def _probe_key_array() -> str | None:
+    return None if KeyArray is not None else "PRNGKeyArray moved"
 
 #: The read methods intercepted inside a hot loop, and ``_value`` (a property).
 READ_METHODS = (
