@@ -105,9 +105,10 @@ def host_leaves_error(sig: StepSignature, host: Sequence[tuple[str, Any]]) -> Tr
         f"{sig.name}: {len(host)} argument leaf/leaves are on the host, so every call "
         "would copy them to the device (an implicit host-to-device transfer, and a sync):",
         [f"  {p}: {fmt_value(x)}" for p, x in host],
-        fix="put them on the device once, before the loop: x = jax.device_put(x) "
-        "(or build the state with its class, which does). Configuration belongs "
-        "in a jc.static field or a closure.",
+        fix="put them on the device once, before the loop, in the dtype the step "
+        "will see: state = jc.device_tree(state) (any pytree: a TrainState, an "
+        "equinox Module, a dict; a jc.state class does it when built). "
+        "Configuration belongs in a jc.static field or a closure.",
         note=INPUTS_INTACT,
         contract="device-arguments",
         step=sig.name,

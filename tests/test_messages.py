@@ -109,7 +109,7 @@ def test_transfer_error_at_call():
         "would copy them to the device"
     )
     assert "\n  b.pos: f32[2,3] (numpy array)\n" in msg
-    assert "jax.device_put(x)" in msg
+    assert "state = jc.device_tree(state)" in msg
 
 
 def test_donation_error_already_donated():
