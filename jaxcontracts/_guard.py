@@ -114,8 +114,18 @@ except ImportError:  # pragma: no cover
 _STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 
 
-def _is_library(filename: str) -> bool:
-    """Library code: JAX, numpy, the standard library, our private modules.
+_INSTALLED = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+
+
+def _is_installed(filename: str) -> bool:
+    """Code of an installed package (site-packages / dist-packages): jax_md,
+    flax, optax... A message points at the user's line that called into it."""
+    return any(marker in os.path.abspath(filename) for marker in _INSTALLED)
+
+
+def _is_library(filename: str, installed: bool = True) -> bool:
+    """Library code: JAX, numpy, the standard library, our private modules,
+    and (``installed=True``) any installed package.
 
     A module of this package is library code when its path below the package
     has a component starting with ``_`` (``_guard.py``, ``_compat/...``,
@@ -131,15 +141,24 @@ def _is_library(filename: str) -> bool:
         return any(part.startswith("_") for part in parts)
     if path.startswith(_SKIP_DIRS):
         return True
+    if installed and _is_installed(path):
+        return True
     return path.startswith(_STDLIB) and "site-packages" not in path
 
 
 def _user_frame(frame: FrameType | None = None) -> FrameType | None:
+    """The innermost frame of the user's own code (not JAX's, not an
+    installed package's); when every frame is installed code (a program run
+    from site-packages), the innermost one outside JAX, numpy and the
+    standard library."""
     frame = frame or frames.caller_frame(2)
-    first = frame
-    while frame is not None and _is_library(frame.f_code.co_filename):
-        frame = frame.f_back
-    return frame or first
+    for installed in (True, False):
+        f = frame
+        while f is not None and _is_library(f.f_code.co_filename, installed):
+            f = f.f_back
+        if f is not None:
+            return f
+    return frame
 
 
 def _where(frame: FrameType | None, lineno: int | None = None) -> tuple[str, str]:
@@ -380,7 +399,11 @@ def _on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
         f"jax compiles `{name}` (a fresh jax.jit, a new input signature, or a "
         "cold eager op)",
         "run it once before the loop so it is compiled and cached, or move the "
-        "eager op into a hot_step.",
+        "eager op into a hot_step. Warm it on what the loop will pass: a jax.jit "
+        "warmed on arrays made outside any step (jnp.zeros, jax.random.key: "
+        "uncommitted) compiles again for a hot step's outputs, which are committed "
+        "to their device; warm it on a step's outputs, or on jc.device_tree(x) "
+        "(committed).",
         RecompileError,
     )
 
@@ -574,7 +597,7 @@ def fetch(tree: Any) -> Any:
 
 
 _OPTIONS = {
-    "transfers": ("disallow", "allow"),
+    "transfers": ("disallow", "allow_host_to_device", "allow"),
     "compiles": ("disallow", "allow"),
     "on_violation": ("raise", "record"),
 }
@@ -608,7 +631,10 @@ class HotLoop:
                 )
         self._options = {"transfers": transfers, "compiles": compiles, "on_violation": on_violation}
         self.on_violation = on_violation
-        self.checks_transfers = transfers == "disallow"
+        # Device-to-host reads are refused unless every transfer is allowed;
+        # implicit host-to-device copies only with transfers="disallow".
+        self.checks_transfers = transfers != "allow"
+        self.checks_host_to_device = transfers == "disallow"
         self.checks_compiles = compiles == "disallow"
         self._violations: dict[tuple[str, str, str], Violation] = {}
         self._entries: list[_Entry] = []  # active entries (re-entrant, any thread)
@@ -648,7 +674,10 @@ class HotLoop:
     def __enter__(self) -> HotLoop:
         modes: dict[str, str] = {}
         if self.checks_transfers:
-            modes["host_to_device"] = "disallow" if self.on_violation == "raise" else "log"
+            if self.checks_host_to_device:
+                modes["host_to_device"] = "disallow" if self.on_violation == "raise" else "log"
+            else:  # allow_host_to_device: even inside an outer loop that refuses them
+                modes["host_to_device"] = "allow"
             if jax.default_backend() != "cpu":
                 modes["device_to_host"] = "disallow" if self.on_violation == "raise" else "allow"
         stack = local.stack
@@ -688,6 +717,9 @@ class HotLoop:
         """End this entry, whatever the order: out-of-order exits (generators,
         asyncio tasks) and exits on another thread restore what it changed."""
         __tracebackhide__ = True
+        # Translated before the last loop's exit forgets the steps' last calls
+        # (they name the step that consumed a donated array).
+        translated = _translate(exc, tb) if isinstance(exc, Exception) else None
         with _stacks_lock:
             entry = self._take_entry()
             stack = entry.stack
@@ -706,7 +738,6 @@ class HotLoop:
             return False
         if pending is not None and exc is not None and arrays.is_unset_error(exc):
             raise pending.with_traceback(None) from None  # a refused buffer export (3.11)
-        translated = _translate(exc, tb) if exc is not None else None
         if translated is not None:
             raise translated from None
         return False
@@ -809,6 +840,56 @@ _RUNTIME_ERRORS: dict[str, tuple[type[Exception], str, str, str]] = {
 }
 
 
+# A weakly typed scalar crossing to the device is a Python constant in an
+# eager op: `flag & 1`, `loss * 0.5`, or one JAX makes itself (`x[idx]`
+# normalises negative indices with Python ints).
+_CONSTANT_TITLE = (
+    "implicit transfer inside jc.hot_loop: host-to-device, a Python constant "
+    "in an eager op"
+)
+_CONSTANT_FIX = (
+    "each eager op with a Python number copies it to the device on every call. "
+    "Do the op inside the hot_step (return what you need), or in a jax.jit "
+    "helper warmed before the loop (constants are compiled in); or make the "
+    "constant a device array once, before the loop (one = jnp.int32(1); flag & one). "
+    "If these small copies are acceptable here: "
+    'jc.hot_loop(transfers="allow_host_to_device") (device-to-host reads stay refused).'
+)
+
+
+def _donated_names(tb: Any) -> str:
+    """Which local arrays of the user's failing frame were donated, and to what.
+
+    JAX refuses a deleted buffer in C++ and names only an argument number;
+    the user's frame still holds the array. Reads no device memory.
+    """
+    frame = None
+    while tb is not None:
+        if not _is_library(tb.tb_frame.f_code.co_filename):
+            frame = tb.tb_frame
+        tb = tb.tb_next
+    if frame is None:
+        return ""
+    named = []
+    code = frame.f_code
+    scope = {**frame.f_globals, **frame.f_locals}
+    names = dict.fromkeys((*code.co_varnames, *code.co_freevars, *code.co_cellvars, *code.co_names))
+    for name in list(names)[:200]:  # the names this code refers to
+        value = scope.get(name)
+        if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer):
+            try:
+                deleted = value.is_deleted()
+            except Exception:  # noqa: BLE001
+                continue
+            if deleted:
+                by = consumed_by(value)
+                named.append(
+                    f"`{name}` ({fmt_aval(value.shape, value.dtype)}) was donated"
+                    + (f" to {by}" if by else "")
+                )
+    return "; ".join(named)
+
+
 def _translate(exc: BaseException, tb: Any) -> Exception | None:
     """A JAX runtime error leaving the loop, as the contract error it is."""
     found = runtime_errors.classify(exc)
@@ -816,7 +897,13 @@ def _translate(exc: BaseException, tb: Any) -> Exception | None:
         return None
     kind, detail = found
     error, contract, title, fix = _RUNTIME_ERRORS[kind]
+    if kind == "host-to-device" and "weak_type=True" in detail:
+        title, fix = _CONSTANT_TITLE, _CONSTANT_FIX
     where, source = _traceback_where(tb)
+    if kind == "deleted":
+        named = _donated_names(tb)
+        if named:
+            title = f"use of a donated array inside jc.hot_loop: {named}"
     return error(
         f"{title}{f' ({detail})' if detail else ''}\n  at {where}" + (f":  {source}" if source else ""),
         fix=fix,
@@ -826,17 +913,19 @@ def _translate(exc: BaseException, tb: Any) -> Exception | None:
 
 def _traceback_where(tb: Any) -> tuple[str, str]:
     """``file:line`` of the innermost user frame of a traceback."""
-    found = None
+    found: dict[bool, tuple[Any, int]] = {}
     while tb is not None:
-        if not _is_library(tb.tb_frame.f_code.co_filename):
-            found = (tb.tb_frame, tb.tb_lineno)
+        for installed in (True, False):
+            if not _is_library(tb.tb_frame.f_code.co_filename, installed):
+                found[installed] = (tb.tb_frame, tb.tb_lineno)
         tb = tb.tb_next
-    return _where(*found) if found else ("<unknown>", "")
+    best = found.get(True) or found.get(False)
+    return _where(*best) if best else ("<unknown>", "")
 
 
 def hot_loop(
     *,
-    transfers: Literal["disallow", "allow"] = "disallow",
+    transfers: Literal["disallow", "allow_host_to_device", "allow"] = "disallow",
     compiles: Literal["disallow", "allow"] = "disallow",
     on_violation: Literal["raise", "record"] = "raise",
 ) -> HotLoop:
@@ -854,7 +943,20 @@ def hot_loop(
     generator closed there): once every loop has ended nothing is guarded.
 
     Args:
-        transfers: ``"disallow"`` (default) or ``"allow"``.
+        transfers: ``"disallow"`` (default): every implicit transfer is a
+            violation. ``"allow_host_to_device"``: implicit host-to-device
+            copies are let through (JAX's own guard set to ``"allow"`` for
+            the loop), device-to-host reads are still refused. That is for
+            host glue with Python constants in eager ops (``flag & 1``,
+            ``loss * 0.5``, ``x[idx]``, whose index normalisation makes
+            constants): each such op then copies a few bytes to the device
+            per call, which is cheap, but JAX's guard has no size threshold,
+            so a large numpy array sent to an eager op or a plain
+            ``jax.jit`` is let through too, silently. Hot steps still refuse
+            host arguments themselves (a ``TransferError`` at the call),
+            loop or not. Prefer doing the glue inside a step or a
+            ``jax.jit`` helper (constants are compiled in) and keep
+            ``"disallow"``. ``"allow"``: no transfer checks.
         compiles: ``"disallow"`` (default) or ``"allow"``.
         on_violation: ``"raise"`` (default), or ``"record"`` to collect the
             violations in ``loop.violations`` / ``loop.report()`` instead.

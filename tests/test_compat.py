@@ -360,3 +360,19 @@ def test_key_array_class_is_the_class_of_typed_keys():
 
     assert type(jax.random.key(0)) is KeyArray
     assert type(jax.random.split(jax.random.key(0))) is KeyArray
+
+
+def test_a_warm_jit_refusing_a_donated_buffer_is_recognised_from_cpp():
+    f = jax.jit(lambda a: a * 2)
+    consume = jax.jit(lambda a: a + 1, donate_argnums=0)
+    y = jnp.zeros(3) + 1
+    f(y)
+    consume(y)
+    # jax 0.10/0.11 refuse it in C++ (ValueError, the innermost Python frame
+    # is this test's); jax 0.12 in Python (RuntimeError from jax's frame).
+    with pytest.raises((ValueError, RuntimeError)) as cpp:
+        f(y)
+    assert runtime_errors.classify(cpp.value)[0] == "deleted"
+    with pytest.raises(ValueError) as mine:
+        raise ValueError("Buffer has been deleted or donated, says my own code")
+    assert runtime_errors.classify(mine.value) is None

@@ -24,6 +24,7 @@ _JAX_ERRORS: tuple[type[BaseException], ...] = tuple(
     t for t in (getattr(jax.errors, "JaxRuntimeError", None),) if isinstance(t, type)
 )
 _JAX_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep for m in (jax, jaxlib))
+_XLA_DELETED = "INVALID_ARGUMENT: Invalid buffer passed to Execute() as argument"
 _MARKERS: tuple[tuple[str, GuardErrorKind, tuple[type[BaseException], ...]], ...] = (
     ("Disallowed host-to-device transfer", "host-to-device", _JAX_ERRORS),
     ("Disallowed device-to-host transfer", "device-to-host", _JAX_ERRORS),
@@ -66,9 +67,11 @@ def classify(exc: BaseException) -> tuple[GuardErrorKind, str] | None:
     """
     if type(exc).__module__.split(".")[0] not in ("jax", "jaxlib", "builtins"):
         return None  # a user's or another library's exception class
-    if not _raised_by_jax(exc):
-        return None
     text = str(exc)
+    if not _raised_by_jax(exc) and not (_XLA_DELETED in text and isinstance(exc, ValueError)):
+        # A warm jax.jit refuses a deleted buffer in C++: no Python frame of
+        # JAX's is on the traceback, but XLA's own wording is unmistakable.
+        return None
     for marker, kind, types in _MARKERS:
         if marker in text and isinstance(exc, types):
             detail = text.split(marker + ":", 1)[1].split(", dst_sharding")[0].strip() if marker + ":" in text else ""
