@@ -189,3 +189,24 @@ def test_jax_device_get_of_a_key_puts_it_back_on_the_device():
     assert isinstance(jax.device_get(k), jax.Array)
     with pytest.raises(jc.TransferError), jc.hot_loop():
         jax.device_get(k)
+
+
+def test_printing_a_key_in_a_loop_is_a_read_and_key_data_is_not():
+    k = jax.random.key(0)
+    jax.random.key_data(k)
+    with jc.hot_loop():
+        jax.random.key_data(k)  # a device-side view: clean
+    with pytest.raises(jc.TransferError, match="device-to-host read"), jc.hot_loop():
+        print(k)
+
+
+def test_zeros_and_check_with_sharded_key_fields(mesh2):
+    rows, rep = NamedSharding(mesh2, P("x")), NamedSharding(mesh2, P())
+    z = Walker.zeros(n=4, sharding={"key": rep, "keys": rows, "x": rows, "t": rep})
+    assert z.keys.sharding.is_equivalent_to(NamedSharding(mesh2, P("x")), 1)
+    walk = jc.hot_step(walk_fn)
+    report = jc.check(walk, z)
+    assert report.ok
+    leaf = next(leaf for leaf in walk.describe().current.leaves if leaf.path.endswith(".keys"))
+    assert leaf.donated and leaf.aliased and leaf.nbytes == 4 * 8
+    assert "key&lt;fry&gt;[4]" in report._repr_html_()

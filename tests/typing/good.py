@@ -68,6 +68,10 @@ def main() -> float:
                 host: Metrics = jc.fetch(m)
                 total = float(host.energy) + float(jc.fetch(energy)) + dt
     fetched: Particles = jc.fetch(p)
+    brought: Particles = jc.device_tree(p)
+    again, changes = jc.device_tree(brought, changes=True)
+    changed: tuple[str, ...] = changes.paths
+    assert isinstance(again, Particles) and not changed
     counted: jax.Array = c.count
     return total + float(fetched.t) + float(jc.fetch(counted))
 
