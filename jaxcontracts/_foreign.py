@@ -204,6 +204,10 @@ def device_tree(tree: Any, *, sharding: Any = None, changes: bool = False) -> An
         if isinstance(x, jax.Array):
             y, why = _jax_leaf(x, sharding)
         elif isinstance(x, (np.ndarray, np.generic)):
+            if not _jax_can_hold(x.dtype):
+                bad.append(f"  {p}: {_kind(x)}: JAX has no {np.dtype(x.dtype).name} arrays")
+                out.append(x)
+                continue
             y, why = _numpy_leaf(x, where)
         elif isinstance(x, _SCALARS):
             host, problem = scalar_to_host(x)
@@ -260,6 +264,15 @@ def _same_place(x: jax.Array, sharding: Any) -> bool:
         return bool(x.sharding.is_equivalent_to(sharding, x.ndim))
     except Exception:  # noqa: BLE001 - other sharding kinds
         return x.sharding == sharding
+
+
+def _jax_can_hold(dtype: Any) -> bool:
+    # Numbers and bools, ml_dtypes (bfloat16, float8...) included; not
+    # strings, objects, datetimes or structured records.
+    try:
+        return bool(jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_))
+    except TypeError:
+        return False
 
 
 def _numpy_leaf(x: np.ndarray | np.generic, where: Any) -> tuple[jax.Array, str]:

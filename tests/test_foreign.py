@@ -86,6 +86,12 @@ def test_what_cannot_be_a_device_array_is_refused_with_every_path():
     assert set(e.value.leaves) == {"['name']", "['act']", "['big']"}
 
 
+def test_numpy_arrays_of_strings_or_objects_are_refused():
+    with pytest.raises(jc.SpecError) as e:
+        jc.device_tree({"names": np.array(["a", "b"]), "objs": np.array([None, 1], dtype=object)})
+    assert "['names']" in str(e.value) and "['objs']" in str(e.value)
+
+
 def test_under_a_trace_leaves_pass_through():
     @jax.jit
     def f(x):
