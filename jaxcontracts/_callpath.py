@@ -234,7 +234,7 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
             equivalent.add((i, got))
         return ok
     array_impl = ArrayImpl
-    key_array = KeyArray  # typed PRNG keys: checked only when a leaf is not an ArrayImpl
+    key_array: Any = KeyArray  # typed PRNG keys: checked only when a leaf is not an ArrayImpl
     clean = trace_state_clean  # False under jit, vmap, grad...: the slow path traces
     # One is_deleted() per call catches the usual stale state (all of it was
     # donated) before XLA refuses it with an error line on stderr.
@@ -290,7 +290,7 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
     in_tokens, key = cs.in_tokens, TOKEN_KEY
     array_impl = ArrayImpl
     clean = trace_state_clean
-    key_array = KeyArray
+    key_array: Any = KeyArray
     has_keys = any(is_key(s.dtype) for s in jax.tree_util.tree_leaves(cs.spec_args))
     # unbound: map() runs it in C; a typed key is not an ArrayImpl
     is_deleted = array_impl.is_deleted if not has_keys else operator.methodcaller("is_deleted")
