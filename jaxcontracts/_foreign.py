@@ -156,7 +156,9 @@ def device_tree(tree: Any, *, sharding: Any = None, changes: bool = False) -> An
     * a numpy array or scalar is copied to the device once, in the dtype JAX
       gives it (float64 becomes float32 while x64 is off);
     * an uncommitted jax array is committed to its device (hot-step outputs
-      are committed, so an uncommitted input would not match them);
+      are committed, so an uncommitted input would not match them); like
+      ``jax.device_put`` this shares the buffer, so donating the result
+      consumes the original array too (use the returned tree from then on);
     * a strongly typed, committed jax array (typed PRNG keys included) is
       returned as is: no copy.
 
