@@ -208,8 +208,32 @@ def _describe(x: Any) -> str:
         text = fmt_aval(x.shape, x.dtype, x.aval.weak_type)
     except Exception:  # noqa: BLE001
         return type(x).__name__
+    key = _key_owner()
+    if key is not None:  # the key data of a typed key being printed or converted
+        text = f"a typed PRNG key {fmt_aval(key.shape, key.dtype)} (its key data, {text})"
+        x = key
     produced = find(x)[1]
     return f"{text} ({produced})" if produced else text
+
+
+def _key_owner() -> Any:
+    """The typed PRNG key whose method is reading its key data, if any.
+
+    A key's ``repr``/``print`` reads its ``uint32`` key data; the message
+    names the key. Only frames a few levels up are looked at, and only when
+    a violation is being reported.
+    """
+    if arrays.KeyArray is None:
+        return None
+    frame = frames.caller_frame(2)
+    for _ in range(20):
+        if frame is None:
+            return None
+        owner = frame.f_locals.get("self")
+        if isinstance(owner, arrays.KeyArray):
+            return owner
+        frame = frame.f_back
+    return None
 
 
 def _on_read(x: Any, name: str, frame: Any = None) -> None:
