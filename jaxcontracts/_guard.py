@@ -881,6 +881,16 @@ _CONSTANT_FIX = (
 )
 
 
+def _in_device_get(tb: Any) -> bool:
+    """Whether the traceback passes through jax.device_get (a key rebuilt on the device)."""
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if code.co_name in ("device_get", "_device_get") and _is_library(code.co_filename, False):
+            return True
+        tb = tb.tb_next
+    return False
+
+
 def _donated_names(tb: Any) -> str:
     """Which local arrays of the user's failing frame were donated, and to what.
 
@@ -923,6 +933,13 @@ def _translate(exc: BaseException, tb: Any) -> Exception | None:
     error, contract, title, fix = _RUNTIME_ERRORS[kind]
     if kind == "host-to-device" and "weak_type=True" in detail:
         title, fix = _CONSTANT_TITLE, _CONSTANT_FIX
+    elif kind == "host-to-device" and _in_device_get(tb):
+        title = "implicit transfer inside jc.hot_loop: jax.device_get of a typed PRNG key"
+        fix = (
+            "jax.device_get rebuilds a typed key on the device (a host-to-device "
+            "copy of its data); read it with jc.fetch(key), which returns the key "
+            "data (jax.random.wrap_key_data(data) makes it a key again)."
+        )
     where, source = _traceback_where(tb)
     if kind == "deleted":
         named = _donated_names(tb)

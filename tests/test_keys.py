@@ -187,8 +187,10 @@ def test_jax_device_get_of_a_key_puts_it_back_on_the_device():
     # key, a host-to-device transfer that a hot loop refuses.
     k = jax.random.key(1)
     assert isinstance(jax.device_get(k), jax.Array)
-    with pytest.raises(jc.TransferError), jc.hot_loop():
+    with pytest.raises(jc.TransferError) as e, jc.hot_loop():
         jax.device_get(k)
+    assert "jax.device_get of a typed PRNG key" in str(e.value)
+    assert "jc.fetch(key)" in e.value.fix
 
 
 def test_printing_a_key_in_a_loop_is_a_read_and_key_data_is_not():
