@@ -450,7 +450,12 @@ class State:
     def zeros(cls, *, sharding: Any = None, **dims_and_fields: Any) -> Self:
         """A concrete instance filled with zeros, exact dtypes, on the device.
 
-        Takes the same arguments as ``spec()``.
+        Takes the same arguments as ``spec()``. A typed PRNG key field
+        (``Key[Array, ...]``) gets zero key data, JAX's own zeros for a key
+        dtype (``jnp.zeros(shape, key_dtype)``): for the default threefry
+        implementation every element is ``jax.random.key(0)``. Deterministic
+        and cheap, but every element is the same key: seed real runs with
+        ``jax.random.key(seed)`` (split it for arrays of keys).
         """
         return _make(cls, dims_and_fields, sharding, _to_zeros, "zeros")
 
