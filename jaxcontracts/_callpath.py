@@ -34,7 +34,7 @@ from ._compat.arrays import ArrayImpl
 from ._compat.tracing import cpp_call, flatten, trace_state_clean
 from ._compile import TOKEN_KEY
 from ._records import CompiledSignature, StepStats
-from ._runtime import CONSUMED_KEY, note_call, tracking
+from ._runtime import note_call, tracking
 
 __all__ = ["make_dispatch"]
 
@@ -58,7 +58,7 @@ class _Context:
     stats: StepStats
     not_consumed: NotConsumed
     flat_fields: FlatFields
-    marks: tuple[int, ...]  # state parameters to mark as consumed (CONSUMED_KEY)
+    marks: tuple[tuple[int, type, type], ...]  # (state parameter, its class, consumed class)
     normalize: Normalize | None = None
 
 
@@ -74,7 +74,7 @@ def make_dispatch(
     stats: StepStats,
     not_consumed: NotConsumed,
     flat_fields: FlatFields,
-    marks: tuple[int, ...] = (),
+    marks: tuple[tuple[int, type, type], ...] = (),
     normalize: Normalize | None = None,
 ) -> Callable[..., Any]:
     """Build the per-call closure for one compiled signature and checks level.
@@ -84,8 +84,9 @@ def make_dispatch(
         not_consumed: builds the DonationError raised when XLA copied.
         flat_fields: for a state class whose fields are all arrays (or
             static), its array field names, read by attribute; else ``None``.
-        marks: the ``jc.state`` parameters with donated leaves: after a call
-            each is marked with the step's name (one dict store).
+        marks: ``(index, class, consumed class)`` of each ``jc.state``
+            parameter with donated leaves: after a call each such argument
+            takes its consumed class, which names the step (one store).
         normalize: ``(args, kwargs) -> every argument by position``, defaults
             applied; used at ``off`` when keywords are passed or the argument
             count differs (the executable takes positional arguments only).
@@ -186,8 +187,9 @@ def _tail(ctx: _Context, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any
     key = TOKEN_KEY
     full, stats, cs, not_consumed = ctx.full, ctx.stats, ctx.cs, ctx.not_consumed
     step_id, name = ctx.step_id, ctx.name
-    marks, consumed_key = ctx.marks, CONSUMED_KEY
+    marks = ctx.marks
     mark_one = marks[0] if len(marks) == 1 else None
+    set_class = object.__setattr__  # the states are frozen dataclasses
 
     def tail(args: tuple[Any, ...], src: Any, out: Any) -> Any:
         if single:
@@ -197,10 +199,13 @@ def _tail(ctx: _Context, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any
         if full and not consumed(src):
             raise not_consumed(cs, flatten(args)[0], out)
         if mark_one is not None:  # the donated state names its consumer
-            args[mark_one].__dict__[consumed_key] = name
+            i, cls, consumed_cls = mark_one
+            if type(args[i]) is cls:
+                set_class(args[i], "__class__", consumed_cls)
         elif marks:
-            for i in marks:
-                args[i].__dict__[consumed_key] = name
+            for i, cls, consumed_cls in marks:
+                if type(args[i]) is cls:
+                    set_class(args[i], "__class__", consumed_cls)
         stats.calls += 1
         if tracking.count:  # a hot_loop is active somewhere: remember for messages
             note_call(step_id, name, args, out)
@@ -368,19 +373,25 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
 
 
 def _leaves_of(cls: type, flat_fields: FlatFields) -> Callable[[Any], Sequence[Any]]:
-    """The leaves of a state instance: attribute reads for a flat class."""
+    """The leaves of a state instance: ``__dict__`` reads for a flat class.
+
+    Never attribute reads: a consumed state's fields raise when read (it
+    names its consumer), and the call path must see its deleted buffers.
+    """
     names = flat_fields(cls)
     if not names:
         return lambda x: flatten(x)[0]
     if len(names) == 1:
         (only,) = names
-        return lambda x: (getattr(x, only),)
-    return operator.attrgetter(*names)
+        return lambda x: (x.__dict__[only],)
+    get = operator.itemgetter(*names)
+    return lambda x: get(x.__dict__)
 
 
 def _first_leaf_of(cls: type, flat_fields: FlatFields) -> Callable[[Any], Any]:
-    """The first leaf of a state instance: one attribute read for a flat class."""
+    """The first leaf of a state instance: one ``__dict__`` read for a flat class."""
     names = flat_fields(cls)
     if names:
-        return operator.attrgetter(names[0])
+        first = names[0]
+        return lambda x: x.__dict__[first]
     return lambda x: flatten(x)[0][0]

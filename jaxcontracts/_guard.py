@@ -626,6 +626,10 @@ class HotLoop:
         self, kind: str, what: str, where: str, message: str, source: str = "", fix: str = ""
     ) -> None:
         key = (kind, where, what)
+        if kind == "donation" and key not in self._violations and any(
+            k[0] == "donation" and k[1] == where for k in self._violations
+        ):
+            return  # the same stale value's use at this line, already recorded
         found = self._violations.get(key)
         if found is None:
             self._violations[key] = Violation(kind, what, where, 1, message, source, fix)  # type: ignore[arg-type]

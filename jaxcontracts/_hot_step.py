@@ -42,6 +42,7 @@ from ._runtime import consumer_of
 from ._signature import StepSignature, analyse
 from ._spec import fmt_value
 from ._state import (
+    consumed_class,
     data_field_names,
     flat_leaf_getter,
     is_sealed_state,
@@ -383,8 +384,8 @@ class HotStep(Generic[P, R]):
             normalize=self._sig.normalize,
         )
 
-    def _marks(self, cs: CompiledSignature) -> tuple[int, ...]:
-        """The jc.state parameters with donated leaves (named after a call)."""
+    def _marks(self, cs: CompiledSignature) -> tuple[tuple[int, type, type], ...]:
+        """The jc.state parameters with donated leaves: (index, class, consumed class)."""
         if not cs.donated:
             return ()
         ends, n = [], 0
@@ -395,7 +396,8 @@ class HotStep(Generic[P, R]):
         for i in self._sig.state_params:
             start = ends[i - 1] if i else 0
             if is_state(cs.spec_args[i]) and any(start <= d < ends[i] for d in cs.donated):
-                marks.append(i)
+                cls = type(cs.spec_args[i])
+                marks.append((i, cls, consumed_class(cls, self._sig.short_name)))
         return tuple(marks)
 
     def _refuse(self, positional: tuple[Any, ...]) -> Exception:
