@@ -39,7 +39,7 @@ from ._runtime import note_call, tracking
 __all__ = ["make_dispatch"]
 
 SlowCall = Callable[[tuple[Any, ...], dict[str, Any], "BaseException | None"], Any]
-NotConsumed = Callable[[CompiledSignature, Sequence[Any], Any], BaseException]
+NotConsumed = Callable[[CompiledSignature, Sequence[Any], Any], BaseException | None]
 FlatFields = Callable[[type], "tuple[str, ...] | None"]
 Normalize = Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
 
@@ -197,7 +197,9 @@ def _tail(ctx: _Context, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any
         else:
             stamp(out)
         if full and not consumed(src):
-            raise not_consumed(cs, flatten(args)[0], out)
+            err = not_consumed(cs, flatten(args)[0], out)
+            if err is not None:  # None: a recording loop took it as a violation
+                raise err
         if mark_one is not None:  # the donated state names its consumer
             i, cls, consumed_cls = mark_one
             if type(args[i]) is cls:
@@ -242,6 +244,7 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
     # One is_deleted() per call catches the usual stale state (all of it was
     # donated) before XLA refuses it with an error line on stderr.
     first_donated = donated[0] if donated else None
+    full, is_deleted, n_leaves = ctx.full, ArrayImpl.is_deleted, len(cs.leaves)
 
     def leaves_consumed(leaves: Sequence[Any]) -> bool:
         return all(leaves[i].is_deleted() for i in donated)
@@ -266,6 +269,10 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
                     return slow_call(args, kwargs, None)
         if first_donated is not None and leaves[first_donated].is_deleted():
             return slow_call(args, kwargs, None)  # a stale state: explain, quietly
+        if full and (any(map(is_deleted, leaves)) or len(set(map(id, leaves))) != n_leaves):
+            # any other deleted or repeated buffer, before XLA refuses it with
+            # an ExecutePrepare error line on stderr (fast leaves that to XLA)
+            return slow_call(args, kwargs, None)
         try:
             out = compiled(*leaves) if flat_style else compiled(*args)
         except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
@@ -291,6 +298,7 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
     """
     cs, compiled, slow_call, n_params = ctx.cs, ctx.compiled, ctx.slow_call, ctx.n_params
     in_tokens, key = cs.in_tokens, TOKEN_KEY
+    full = ctx.full
     array_impl = ArrayImpl
     clean = trace_state_clean
     is_deleted = array_impl.is_deleted  # unbound: map() runs it in C
@@ -363,6 +371,8 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
             for x, w in zip(leaves, other_weak):
                 if type(x) is not array_impl or (x.aval.weak_type is not w if other_any_weak else x.aval.weak_type):
                     return checked(*args)
+            if full and any(map(is_deleted, leaves)):
+                return slow_call(args, kwargs, None)  # before XLA's error line
         try:
             out = compiled(*args)
         except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path

@@ -26,6 +26,7 @@ __all__ = [
     "clear_calls",
     "compiling",
     "consumed_by",
+    "recording_loop",
     "consumer_of",
     "find",
     "in_hot_loop",
@@ -40,6 +41,7 @@ class LoopHandle(Protocol):
 
     checks_transfers: bool
     checks_compiles: bool
+    on_violation: str  # "raise" or "record"
 
     def violation(
         self, kind: str, what: str, fix: str, error: type[Exception], frame: Any = None
@@ -95,6 +97,14 @@ def in_hot_loop() -> bool:
     """Whether the current thread is inside a transfer-checking hot loop."""
     loop = local.loop
     return loop is not None and loop.checks_transfers and not local.allow
+
+
+def recording_loop() -> LoopHandle | None:
+    """This thread's active loop if it records violations (and is not paused)."""
+    loop = local.loop
+    if loop is not None and loop.on_violation == "record" and not local.allow:
+        return loop
+    return None
 
 
 def note_call(step_id: int, name: str, args: Any, out: Any) -> None:

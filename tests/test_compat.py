@@ -8,6 +8,7 @@ that breaks one fails here, by name, before it makes a check lie.
 from __future__ import annotations
 
 import sys
+import threading
 import warnings
 
 import jax
@@ -353,3 +354,23 @@ def test_host_copy_of_a_sharded_array_assembles_every_shard():
     for spec in (P("a", "b"), P("a"), P()):
         x = jax.device_put(value, NamedSharding(mesh, spec))
         assert np.array_equal(hostcopy.host_copy(x), value)
+
+
+def test_guard_log_lines_parse_on_this_version(capfd):
+    """jaxlib's transfer-guard log line (what record mode reads off fd 2)."""
+    from jaxcontracts._compat import guardlog
+
+    x = jnp.ones(3)
+    x * 2.0
+    assert guardlog.start()
+    try:
+        with jax.transfer_guard_host_to_device("log"):
+            x * 3.0  # warm: jaxlib's fast path logs no aval
+            jnp.ones(7, jnp.float32) * 4.0  # cold: the slow path names it
+    finally:
+        events, unparsed = guardlog.stop(threading.get_native_id())
+    assert unparsed == 0
+    assert {e.direction for e in events} == {"host-to-device"} and len(events) >= 2
+    assert events[0].aval in ("", "float32[], weak_type=True")
+    assert "float32[], weak_type=True" in [e.aval for e in events[1:]]
+    assert "guard_lib" not in capfd.readouterr().err

@@ -223,3 +223,29 @@ def test_an_undecorated_subclass_of_a_state_is_refused_at_construction():
 
     d = Decorated(a=jnp.zeros(3), z=jnp.ones(3))
     assert [p[0].name for p, _ in jax.tree_util.tree_flatten_with_path(d)[0]] == ["a", "z"]
+
+
+@jc.hot_step(signature=S)
+def with_arg(s: S, k: Float32[Array, "n"]) -> S:
+    return S(x=s.x + k, y=s.y, scale=s.scale)
+
+
+def test_full_refuses_deleted_or_repeated_buffers_before_xla_prints(capfd):
+    """XLA logs `ExecutePrepareWithOomRetries failed` before refusing a deleted
+    or doubly donated buffer; at `full` every leaf is looked at first."""
+    with jc.checks_level("full"):
+        donor = S(x=jnp.zeros(3), y=jnp.ones(3))
+        gone = donor.__dict__["x"]
+        step(donor)
+        live = with_arg(S(x=jnp.zeros(3), y=jnp.ones(3)), jnp.ones(3))  # a token state
+        capfd.readouterr()
+        mixed = S(x=jnp.zeros(3), y=gone)  # one deleted leaf, not the first
+        with pytest.raises(jc.DonationError, match=r"s\.y: f32\[3\] was already"):
+            step(mixed)
+        with pytest.raises(jc.DonationError, match=r"passes a buffer that no longer exists(.|\n)*k: f32\[3\] was already"):
+            with_arg(live, gone)  # a deleted argument that is not donated
+        a = jnp.zeros(3)
+        with pytest.raises(jc.DonationError, match=r"s\.x and s\.y are the same buffer"):
+            step(S(x=a, y=a))
+        assert "ExecutePrepare" not in capfd.readouterr().err
+        assert with_arg(live, jnp.ones(3)).x.tolist() == [2.0] * 3
