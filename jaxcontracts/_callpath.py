@@ -31,7 +31,7 @@ from typing import Any
 import jax
 
 from ._compat.arrays import ArrayImpl
-from ._compat.tracing import cpp_call, flatten, trace_state_clean
+from ._compat.tracing import cpp_call, flatten, top_level_refs
 from ._compile import TOKEN_KEY
 from ._records import CompiledSignature, StepStats
 from ._runtime import note_call, tracking
@@ -121,14 +121,15 @@ def _off(ctx: _Context) -> Callable[..., Any]:
     refused the call, so a call with every argument by position pays nothing.
     """
     compiled, slow_call, in_treedef = ctx.compiled, ctx.slow_call, ctx.cs.in_treedef
-    clean = trace_state_clean
+    # "no trace is active": JAX's is_top_level() read inline (see top_level_refs)
+    tref, ev, aref, top = top_level_refs()
     n_params, normalize = ctx.n_params, ctx.normalize
     if ctx.cs.flat_style:
 
         def off_flat(*args: Any, **kwargs: Any) -> Any:
             leaves, treedef = flatten(args)
-            if kwargs or treedef != in_treedef or not clean():
-                if normalize is not None and (kwargs or len(args) != n_params) and clean():
+            if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
+                if normalize is not None and (kwargs or len(args) != n_params) and tref.value is ev:
                     return off_flat(*normalize(args, kwargs))
                 return slow_call(args, kwargs, None)
             try:
@@ -139,7 +140,7 @@ def _off(ctx: _Context) -> Callable[..., Any]:
         return off_flat
 
     def off(*args: Any, **kwargs: Any) -> Any:
-        if not clean():  # under a transformation: the slow path traces the function
+        if tref.value is not ev or aref.value is not top:  # under a transformation: trace
             return slow_call(args, kwargs, None)
         try:
             return compiled(*args, **kwargs)
@@ -240,7 +241,7 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
             equivalent.add((i, got))
         return ok
     array_impl = ArrayImpl
-    clean = trace_state_clean  # False under jit, vmap, grad...: the slow path traces
+    tref, ev, aref, top = top_level_refs()  # a trace active (jit, vmap...): the slow path traces
     # One is_deleted() per call catches the usual stale state (all of it was
     # donated) before XLA refuses it with an error line on stderr.
     first_donated = donated[0] if donated else None
@@ -253,7 +254,7 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
 
     def checked(*args: Any, **kwargs: Any) -> Any:
         leaves, treedef = flatten(args)
-        if kwargs or treedef != in_treedef or not clean():
+        if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
             return slow_call(args, kwargs, None)
         if any_weak:
             for x, w in zip(leaves, weak):
@@ -300,7 +301,7 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
     in_tokens, key = cs.in_tokens, TOKEN_KEY
     full = ctx.full
     array_impl = ArrayImpl
-    clean = trace_state_clean
+    tref, ev, aref, top = top_level_refs()
     is_deleted = array_impl.is_deleted  # unbound: map() runs it in C
     getters = {arg: _leaves_of(type(cs.spec_args[arg]), ctx.flat_fields) for arg, _ in in_tokens}
     donated_getters = tuple((arg, getters[arg]) for arg, _ in in_tokens) if cs.donated else ()
@@ -335,7 +336,7 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
             d = getattr(args[0], "__dict__", None)
             if d is None or d.get(key) is not token0:
                 return checked(*args)
-            if not clean():  # a state closed over by an outer jit: trace, never run
+            if tref.value is not ev or aref.value is not top:  # closed over by an outer jit: trace
                 return slow_call(args, kwargs, None)
             if first_leaf is not None and first_leaf(args).is_deleted():
                 return slow_call(args, kwargs, None)
@@ -360,7 +361,7 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
             d = getattr(args[i], "__dict__", None)
             if d is None or d.get(key) is not token:
                 return checked(*args)
-        if not clean():
+        if tref.value is not ev or aref.value is not top:
             return slow_call(args, kwargs, None)
         if first_leaf is not None and first_leaf(args).is_deleted():
             return slow_call(args, kwargs, None)

@@ -269,6 +269,25 @@ def test_trace_state_sees_an_active_trace():
     assert seen == [False] and tracing.trace_state_clean() is True
 
 
+def test_the_inline_top_level_refs_agree_under_every_transformation():
+    """The call path reads is_top_level()'s two refs inline: same answer."""
+    tref, ev, aref, top = tracing.top_level_refs()
+    seen = []
+
+    def f(v):
+        seen.append((tref.value is ev and aref.value is top, tracing.trace_state_clean()))
+        return v * 2
+
+    x = jnp.ones(2)
+    jax.jit(f)(x)
+    jax.vmap(f)(x)
+    jax.grad(lambda v: f(v).sum())(x)
+    jax.lax.cond(True, f, f, x)
+    jax.eval_shape(f, x)
+    assert seen and all(inline is False and clean is False for inline, clean in seen)
+    assert (tref.value is ev and aref.value is top) is True
+
+
 def test_fast_flatten_and_the_compiled_fast_call_agree_with_the_public_api():
     tree = {"a": (1, 2), "b": [3]}
     assert tracing.flatten(tree)[0] == jax.tree_util.tree_flatten(tree)[0]
