@@ -51,6 +51,7 @@ import inspect
 import io
 import os
 import re
+import sys
 import sysconfig
 import threading
 import tokenize
@@ -847,6 +848,15 @@ class HotLoop:
             return False
         if pending is not None and exc is not None and arrays.is_unset_error(exc):
             raise pending.with_traceback(None) from None  # a refused buffer export (3.11)
+        if pending is not None and exc is None and sys.version_info < (3, 12):
+            # 3.11: the refusal reached the code as a SystemError it caught:
+            # the read was still refused, so the loop says so as it ends.
+            pending.add_note(
+                "Raised as the loop ended: on Python 3.11 this refusal reached your "
+                "code as `SystemError: ... returned NULL without setting an "
+                "exception`, which was caught inside the loop."
+            )
+            raise pending.with_traceback(None) from None
         translated = _translate(exc, tb) if exc is not None else None
         if translated is not None:
             raise translated from None
