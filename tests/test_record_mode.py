@@ -121,3 +121,23 @@ def test_raise_mode_does_not_take_stderr(capfd):
     with jc.hot_loop():
         inside = os.fstat(2)
     assert (inside.st_ino, inside.st_dev) == (before.st_ino, before.st_dev)
+
+
+def test_a_subprocess_started_in_a_recording_loop_keeps_its_stderr(capfd):
+    """The child inherits the capture's pipe as its stderr: the loop must not
+    wait for it, and its output must still arrive (forwarded)."""
+    import subprocess
+    import sys
+    import time
+
+    child_code = "import sys; sys.stdin.readline(); sys.stderr.write('late child line\\n')"
+    with jc.hot_loop(on_violation="record"):
+        child = subprocess.Popen([sys.executable, "-c", child_code], stdin=subprocess.PIPE)
+    assert child.poll() is None  # the loop ended while the child still holds the pipe
+    child.communicate(b"go\n", timeout=60)
+    for _ in range(50):  # the forwarding thread writes it out
+        err = capfd.readouterr().err
+        if "late child line" in err:
+            break
+        time.sleep(0.1)
+    assert "late child line" in err

@@ -95,37 +95,52 @@ class Capture:
     # -- the reader thread -------------------------------------------------
 
     def _read(self, fd: int, out: int) -> None:
+        # Runs until every writer of the pipe is gone: the loop's thread gives
+        # fd 2 back at the end, but a subprocess started inside the loop keeps
+        # the pipe as its stderr, so this goes on forwarding for it; it owns
+        # both descriptors and closes them at the end.
         pending = b""
-        while True:
-            try:
-                chunk = os.read(fd, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            pending += chunk
-            *lines, pending = pending.split(b"\n")
-            for raw in lines:
-                self._line(raw, out)
-        if pending:
-            self._line(pending, out)
-        os.close(fd)
+        try:
+            while True:
+                try:
+                    chunk = os.read(fd, 65536)
+                except InterruptedError:
+                    continue
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    self._line(raw, out)
+            if pending:
+                self._line(pending, out)
+        finally:
+            for f in (fd, out):
+                try:
+                    os.close(f)
+                except OSError:
+                    pass
 
     def _line(self, raw: bytes, out: int) -> None:
-        text = raw.decode("utf-8", "replace")
-        mark = self._marks.get(text)
-        if mark is not None:
-            mark.set()
-            return
-        parsed = parse(text)
-        if parsed is not None:
-            tid, event = parsed
-            with self._lock:
-                self._events.setdefault(tid, []).append(event)
-            return
-        if "guard_lib" in text:
-            with self._lock:
-                self._unparsed += 1
+        try:
+            text = raw.decode("utf-8", "replace")
+            mark = self._marks.get(text)
+            if mark is not None:
+                mark.set()
+                return
+            parsed = parse(text)
+            if parsed is not None:
+                tid, event = parsed
+                with self._lock:
+                    self._events.setdefault(tid, []).append(event)
+                return
+            if "guard_lib" in text:
+                with self._lock:
+                    self._unparsed += 1
+        except Exception:  # noqa: BLE001 - never stop draining the pipe
+            pass
         try:
             os.write(out, raw + b"\n")
         except OSError:
@@ -183,19 +198,18 @@ class Capture:
         return events, unparsed
 
     def stop(self) -> None:
-        """Give fd 2 back (last user): the reader drains the pipe and ends."""
+        """Give fd 2 back (last user). The reader drains the pipe and ends when
+        no writer is left (at once, unless a subprocess inherited the pipe)."""
         with self._lock:
             self._users -= 1
             if self._users:
                 return
             saved, reader = self._saved_fd, self._reader
             self._saved_fd, self._reader = -1, None
-            os.dup2(saved, 2)  # closes the pipe's last write end: EOF for the reader
-        if reader is not None:
-            reader.join(5.0)
-        os.close(saved)
-        with self._lock:
+            os.dup2(saved, 2)  # drops the pipe's last write end held here
             self._events.clear()
+        if reader is not None:
+            reader.join(0.5)  # what was written before take()'s sync is read already
 
 
 _capture = Capture()
