@@ -106,9 +106,9 @@ def host_leaves_error(sig: StepSignature, host: Sequence[tuple[str, Any]]) -> Tr
         "would copy them to the device (an implicit host-to-device transfer, and a sync):",
         [f"  {p}: {fmt_value(x)}" for p, x in host],
         fix="put them on the device once, before the loop, in the dtype the step "
-        "will see: state = jc.device_tree(state) (any pytree: a TrainState, an "
-        "equinox Module, a dict; a jc.state class does it when built). "
-        "Configuration belongs in a jc.static field or a closure.",
+        "will see: x = jax.device_put(x) for an array, state = jc.device_tree(state) "
+        "for any pytree (a TrainState, an equinox Module, a dict; a jc.state class "
+        "does it when built). Configuration belongs in a jc.static field or a closure.",
         note=INPUTS_INTACT,
         contract="device-arguments",
         step=sig.name,
@@ -139,7 +139,12 @@ def hazard_error(
             f"{paths[a] if a in donated else paths[b]} is donated"
         )
     return DonationError(
-        f"{sig.name}: the call would donate a buffer that cannot be donated:",
+        f"{sig.name}: "
+        + (
+            "the call would donate a buffer that cannot be donated:"
+            if all(i in donated for i in deleted)
+            else "the call passes a buffer that no longer exists (deleted or donated):"
+        ),
         lines,
         fix="use the state the previous call returned (s = step(s)), not the "
         "one you passed to it; pass a copy (jnp.copy(x)) where one array must "

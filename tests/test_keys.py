@@ -82,9 +82,9 @@ def test_a_python_number_in_a_key_field_is_refused():
 def test_state_with_keys_compiles_donates_and_runs_in_a_raising_loop():
     walk = jc.hot_step(walk_fn)
     w = make_walker()
-    first = w
+    key, keys = w.key, w.keys
     w = walk(w)
-    assert first.key.is_deleted() and first.keys.is_deleted()
+    assert key.is_deleted() and keys.is_deleted()
     with jc.hot_loop():
         for _ in range(5):
             w = walk(w)  # provenance fast path (a sealed state)
