@@ -75,6 +75,9 @@ def hot_step(
     signature: type | None = None,
     donate: str | tuple[str, ...] = "all",
     max_compiles: int = 1,
+    static: str | tuple[str, ...] = (),
+    donate_argnames: str | tuple[str, ...] = (),
+    stateless: bool = False,
 ) -> HotStep[P, R]: ...
 @overload
 def hot_step(
@@ -84,6 +87,9 @@ def hot_step(
     signature: type | None = None,
     donate: str | tuple[str, ...] = "all",
     max_compiles: int = 1,
+    static: str | tuple[str, ...] = (),
+    donate_argnames: str | tuple[str, ...] = (),
+    stateless: bool = False,
 ) -> Callable[[Callable[P, R]], HotStep[P, R]]: ...
 def hot_step(
     fn: Any = None,
@@ -92,6 +98,9 @@ def hot_step(
     signature: type | None = None,
     donate: str | tuple[str, ...] = "all",
     max_compiles: int = 1,
+    static: str | tuple[str, ...] = (),
+    donate_argnames: str | tuple[str, ...] = (),
+    stateless: bool = False,
 ) -> Any:
     """Make ``fn`` an AOT-compiled step with derived, verified donation.
 
@@ -100,10 +109,28 @@ def hot_step(
             ``signature``; its return annotation must contain that type
             (alone, or in a tuple such as ``tuple[State, Metrics]``).
         signature: the state type. ``None``: the first parameter's annotation.
-        donate: ``"all"`` donates every leaf of every state parameter; a tuple
-            of field names donates those fields only; ``"none"`` opts out.
-            Other parameters are never donated.
+            A state parameter the step does not return (the return annotation
+            holds fewer states than there are state parameters, or none) is
+            read-only: never donated, never copied, still part of the
+            compiled signature.
+        donate: ``"all"`` donates every leaf of every returned state
+            parameter; a tuple of field names donates those fields only;
+            ``"none"`` opts out. Other parameters are donated only when named
+            in ``donate_argnames``.
         max_compiles: how many distinct signatures may be compiled.
+        static: names of parameters passed by value (hashable: a frozen
+            dataclass, a NamedTuple, a function, a string...). A static value
+            is part of the signature: a new value is a new compile, counted
+            against ``max_compiles`` and named in the refusal's diff. An
+            unhashable value is refused.
+        donate_argnames: names of other (non-state, non-static) parameters
+            whose every leaf is donated, e.g. the batch. Aliasing is proven
+            at compile like the state's: a donated leaf no output can reuse
+            is a :class:`DonationError`.
+        stateless: the step has no state (``compute_gae(rewards, values)``):
+            its signature is its arguments' specs, taken from the first call
+            or from specs passed to ``.compile(...)``. Nothing is donated
+            unless named in ``donate_argnames``.
 
     Methods and partials: on a method (first parameter ``self``),
     ``obj.step(s)`` runs the step with ``obj`` closed over as configuration,
@@ -118,8 +145,9 @@ def hot_step(
         A :class:`HotStep`, called like ``fn``.
 
     Raises:
-        DefinitionError: no state parameter, a return annotation without the
-            state, an unknown donated field, or an invalid option.
+        DefinitionError: no state parameter (and not ``stateless``), a
+            missing return annotation, an unknown donated field or parameter
+            name, or an invalid option; at a call, an unhashable static value.
 
     Examples:
         >>> import jax.numpy as jnp, jaxcontracts as jc
@@ -146,6 +174,9 @@ def hot_step(
                 max_compiles=max_compiles,
                 localns=localns,
                 state_fields=_state_fields,
+                static=static,
+                donate_argnames=donate_argnames,
+                stateless=stateless,
             )
         )
 
@@ -368,7 +399,7 @@ class HotStep(Generic[P, R]):
 
     def _use(self, cs: CompiledSignature) -> None:
         self._current = cs
-        self._dispatch = make_dispatch(
+        dispatch = make_dispatch(
             cs,
             self._level,
             step_id=id(self),
@@ -382,6 +413,17 @@ class HotStep(Generic[P, R]):
             marks=self._marks(cs),
             normalize=self._sig.normalize,
         )
+        if self._sig.static_params:
+            # Static values travel as tree-structure nodes: wrap them first
+            # (hashability is checked there), then take the call path.
+            normalize = self._sig.normalize
+
+            def with_static(*args: Any, **kwargs: Any) -> Any:
+                return dispatch(*normalize(args, kwargs))
+
+            self._dispatch = with_static
+        else:
+            self._dispatch = dispatch
 
     def _marks(self, cs: CompiledSignature) -> tuple[int, ...]:
         """The jc.state parameters with donated leaves (named after a call)."""
@@ -435,6 +477,8 @@ class HotStep(Generic[P, R]):
             # Under an outer transformation (jit, vmap, grad, cond...), even on
             # concrete arrays it closed over: trace the function, donate nothing.
             self.stats.traced_calls += 1
+            if sig.static_params:
+                return sig.positional(*sig.normalize(args, kwargs))
             return sig.fn(*args, **kwargs)
         positional = sig.normalize(args, kwargs)
         with_path, treedef = jax.tree_util.tree_flatten_with_path(positional)
