@@ -16,52 +16,14 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import jax
-
 from ._donation import field_of
 from ._errors import DefinitionError
 from ._format import fmt_path, qualname
+from ._spec import StaticArg
 
 __all__ = ["DONATE_WORDS", "StaticArg", "StepSignature", "analyse"]
 
 DONATE_WORDS = ("all", "none")
-
-
-class StaticArg:
-    """A static argument's value, carried in the tree structure (no leaves).
-
-    A pytree node with no children whose aux data is the value: two calls
-    with equal values share a tree structure (and a compiled signature); a
-    new value is a new structure, so it is a new signature.
-    """
-
-    __slots__ = ("value",)
-
-    def __init__(self, value: Any) -> None:
-        self.value = value
-
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, StaticArg) and _static_equal(self.value, other.value)
-
-    def __hash__(self) -> int:
-        return hash(self.value)
-
-    def __repr__(self) -> str:
-        return f"static {self.value!r}"
-
-
-def _static_equal(a: Any, b: Any) -> bool:
-    if a is b:
-        return True
-    try:
-        return type(a) is type(b) and bool(a == b)
-    except Exception:  # noqa: BLE001 - an __eq__ that cannot answer: not equal
-        return False
-
-
-jax.tree_util.register_pytree_node(
-    StaticArg, lambda s: ((), s.value), lambda value, _: StaticArg(value)
-)
 
 
 @dataclasses.dataclass(frozen=True)
