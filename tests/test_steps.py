@@ -298,6 +298,30 @@ def test_a_static_step_under_an_outer_jit_is_traced():
     assert out.pos.shape == (4, 3)
 
 
+@pytest.mark.parametrize("level", ["off", "fast", "full"])
+def test_static_stateless_and_read_only_steps_at_every_checks_level(level):
+    jc.set_checks(level)
+    step = jc.hot_step(sgd, signature=Particles, static=("config",))
+    gae = jc.hot_step(compute_gae, stateless=True)
+    p = step(make_particles(), Config())
+    r = jnp.ones(8, jnp.float32)
+    gae(r, r)
+    measure.compile(p)
+    with jc.hot_loop():
+        for _ in range(3):
+            p = step(p, Config())
+            p = step(p, config=Config())
+            adv = gae(r, r)
+            m = measure(p)
+    assert step.stats.compiles == 1 and gae.stats.compiles == 1
+    assert alive(p) and alive(r) and adv.shape == (8,) and m.energy.shape == ()
+    with pytest.raises(jc.RecompileError, match="called with static Config"):
+        step(p, Config(lr=0.5))
+    with pytest.raises(jc.DefinitionError, match="not hashable"):
+        step(p, {"lr": 0.1})
+    assert alive(p)
+
+
 # -- structure diffs that name the node -----------------------------------
 
 
