@@ -422,6 +422,14 @@ def analyse(
             "e.g. `-> Metrics` or `-> tuple[Grads, Metrics]`."
         )
     positions = return_positions(ret, signature) or []
+    if not positions and isinstance(donate, (tuple, list)):
+        raise DefinitionError(
+            f"@jc.hot_step on {name}: donate={tuple(donate)!r} names fields of "
+            f"{type_name}, but the step does not return a {type_name}: its state is "
+            "read-only and nothing of it is donated.",
+            fix=f"return the new state (-> {type_name} or -> tuple[{type_name}, ...]) "
+            "to carry and donate it, or drop donate=.",
+        )
     conflict = [params[i].name for i in donated_params if i in state_params]
     if conflict:
         raise DefinitionError(

@@ -334,6 +334,10 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
         for i, (x, y) in enumerate(zip(a, b)):
             out.extend(structure_diffs(x, y, f"{path}[{i}]"))
         return out
+    if type(a) is type(b):
+        node = _node_diffs(a, b, path, here)
+        if node:
+            return node
     return [
         LeafDiff(
             here,
@@ -342,6 +346,37 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
             "the tree structure differs",
         )
     ]
+
+
+def _node_diffs(a: Any, b: Any, path: str, here: str) -> list[LeafDiff]:
+    """Two containers of one registered type: their aux data, else their children."""
+    try:
+        da = jax.tree_util.tree_structure(a).node_data()
+        db = jax.tree_util.tree_structure(b).node_data()
+    except Exception:  # noqa: BLE001 - a leaf, or no node data to read
+        return []
+    if da is None or db is None:
+        return []
+    if not _static_equal(da[1], db[1]):
+        sa, sb = _pair(da[1], db[1])
+        name = type(a).__name__
+        return [
+            LeafDiff(
+                here,
+                f"{name} with static data {sa}",
+                f"{name} with static data {sb}",
+                f"{name} keeps that data in its tree structure (pytree aux data, not "
+                "leaves), so a new value means a new compile" + _closure_hint(da[1], db[1]),
+            )
+        ]
+    children_a = jax.tree_util.tree_flatten_with_path(a, is_leaf=lambda x: x is not a)[0]
+    children_b = jax.tree_util.tree_flatten_with_path(b, is_leaf=lambda x: x is not b)[0]
+    if len(children_a) != len(children_b):
+        return []
+    out: list[LeafDiff] = []
+    for (ka, va), (_, vb) in zip(children_a, children_b):
+        out.extend(structure_diffs(va, vb, f"{path}{fmt_path(ka)}"))
+    return out
 
 
 def _is_static_field(f: Any) -> bool:

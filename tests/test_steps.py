@@ -154,6 +154,14 @@ def test_a_stateless_helper_on_a_pytree_of_arrays():
     assert alive(batch) and out["y"].dtype == jnp.int32
 
 
+def test_donating_fields_of_a_read_only_state_is_a_definition_error():
+    def energy(p: Particles) -> jax.Array:
+        return (p.vel**2).sum()
+
+    with pytest.raises(jc.DefinitionError, match="does not return a Particles: its state is read-only"):
+        jc.hot_step(energy, donate=("vel",))
+
+
 def test_stateless_definition_errors():
     with pytest.raises(jc.DefinitionError, match="stateless=True"):
         jc.hot_step(lambda r, v: r + v)
@@ -401,6 +409,27 @@ def test_an_unequal_aux_field_of_a_plain_registered_dataclass_is_named():
     step(b)
 
 
+def test_an_aux_difference_of_a_custom_node_is_named():
+    class Tagged:
+        def __init__(self, x, tag):
+            self.x, self.tag = x, tag
+
+    jax.tree_util.register_pytree_node(
+        Tagged, lambda t: ((t.x,), t.tag), lambda tag, xs: Tagged(xs[0], tag)
+    )
+
+    @jc.hot_step(stateless=True)
+    def double(t: Tagged) -> jax.Array:
+        return t.x * 2
+
+    double(Tagged(jnp.zeros(2, jnp.float32), "a"))
+    with pytest.raises(jc.RecompileError) as info:
+        double(Tagged(jnp.zeros(2, jnp.float32), "b"))
+    msg = str(info.value)
+    assert "t: compiled with Tagged with static data 'a', called with Tagged with static data 'b'" in msg
+    assert "pytree aux data" in msg
+
+
 # -- output shardings derived from the signature --------------------------
 
 
@@ -426,7 +455,8 @@ def lm_step(s: LM) -> LM:
     return LM(w=h, scale=s.scale + 0.01 * h, step=s.step + 1)
 
 
-def test_a_replicated_leaf_next_to_a_sharded_one_keeps_its_sharding():
+@pytest.mark.parametrize("donate", ["all", ("w",)], ids=["whole state", "one field"])
+def test_a_replicated_leaf_next_to_a_sharded_one_keeps_its_sharding(donate):
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
@@ -438,7 +468,7 @@ def test_a_replicated_leaf_next_to_a_sharded_one_keeps_its_sharding():
     raw = jax.jit(lm_step)(s)
     assert raw.scale.sharding.spec == P("data")
 
-    step = jc.hot_step(lm_step, signature=LM)
+    step = jc.hot_step(lm_step, signature=LM, donate=donate)
     s = step(LM.zeros(b=8, d=4, sharding=shard))
     with jc.hot_loop():
         for _ in range(3):
