@@ -185,6 +185,35 @@ def hot_step(
 
 
 
+def _with_static(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[..., Any]:
+    """The call path behind a wrapper that turns static values into tree nodes.
+
+    Static values travel as :class:`StaticArg` nodes of the tree structure
+    (hashability is checked when one is made). The node made for the last
+    value of each static parameter is reused while the same object comes
+    back, so the usual call (one config object) neither hashes nor compares.
+    """
+    normalize, n_params, static = sig.normalize, len(sig.param_names), sig.static_params
+    last: dict[int, tuple[Any, Any]] = {}
+
+    def with_static(*args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) != n_params:
+            return dispatch(*normalize(args, kwargs))
+        items = list(args)
+        for i in static:
+            value = items[i]
+            seen = last.get(i)
+            if seen is not None and seen[0] is value:
+                items[i] = seen[1]
+            else:
+                items = list(normalize(tuple(items), {}))
+                last.update((j, (args[j], items[j])) for j in static)
+                break
+        return dispatch(*items)
+
+    return with_static
+
+
 class HotStep(Generic[P, R]):
     """An AOT-compiled step whose contracts are checked on every call.
 
@@ -413,17 +442,7 @@ class HotStep(Generic[P, R]):
             marks=self._marks(cs),
             normalize=self._sig.normalize,
         )
-        if self._sig.static_params:
-            # Static values travel as tree-structure nodes: wrap them first
-            # (hashability is checked there), then take the call path.
-            normalize = self._sig.normalize
-
-            def with_static(*args: Any, **kwargs: Any) -> Any:
-                return dispatch(*normalize(args, kwargs))
-
-            self._dispatch = with_static
-        else:
-            self._dispatch = dispatch
+        self._dispatch = _with_static(self._sig, dispatch) if self._sig.static_params else dispatch
 
     def _marks(self, cs: CompiledSignature) -> tuple[int, ...]:
         """The jc.state parameters with donated leaves (named after a call)."""
