@@ -496,3 +496,22 @@ def test_derived_shardings_leave_other_outputs_to_propagation():
     s, m = with_metrics(s)
     assert s.scale.sharding.is_equivalent_to(rep, 2)
     assert m.sharding.is_equivalent_to(data, 2)
+
+
+def test_a_method_step_with_a_static_argument_and_keyword_only_parameters():
+    class Sim:
+        def __init__(self, k: float) -> None:
+            self.k = k
+
+        @jc.hot_step(signature=Particles, static=("config",))
+        def run(self, p: Particles, *, config: Config) -> Particles:
+            vel = p.vel - self.k * config.lr * p.pos
+            return Particles(pos=p.pos + vel * p.dt, vel=vel, t=p.t + p.dt, dt=p.dt)
+
+    sim = Sim(2.0)
+    p = sim.run(make_particles(), config=Config())
+    with jc.hot_loop():
+        p = sim.run(p, config=Config())
+    with pytest.raises(jc.RecompileError, match="called with static Config\\(lr=0.3"):
+        sim.run(p, config=Config(lr=0.3))
+    assert sim.run.stats.compiles == 1 and alive(p)
