@@ -150,7 +150,7 @@ def hot_step(
             name, or an invalid option; at a call, an unhashable static value.
 
     Examples:
-        >>> import jax.numpy as jnp, jaxcontracts as jc
+        >>> import jax, jax.numpy as jnp, jaxcontracts as jc
         >>> from jaxtyping import Array, Float32
         >>> @jc.state
         ... class S:
@@ -161,6 +161,20 @@ def hot_step(
         >>> s = step(S.zeros(n=3))
         >>> step.stats.compiles, step.stats.calls
         (1, 1)
+
+        A read-only step (the state is not returned: not donated), and a
+        stateless one with a static argument:
+
+        >>> @jc.hot_step(signature=S)
+        ... def total(s: S) -> jax.Array:
+        ...     return s.x.sum()
+        >>> float(jc.fetch(total(s)))
+        3.0
+        >>> @jc.hot_step(stateless=True, static=("power",))
+        ... def pow_(x: jax.Array, power: int) -> jax.Array:
+        ...     return x**power
+        >>> pow_(s.x, 2).tolist()
+        [1.0, 1.0, 1.0]
     """
     # Annotations may name classes local to the caller's function: resolve there.
     localns = caller_locals(1)
