@@ -373,6 +373,13 @@ def analyse(
             "donated; a static argument is a value, not arrays.",
             fix="name it in one of static= and donate_argnames=.",
         )
+    if stateless and signature is not None:
+        raise DefinitionError(
+            f"@jc.hot_step on {name}: signature={getattr(signature, '__name__', signature)} "
+            "and stateless=True contradict each other.",
+            fix="drop stateless=True to carry that state, or drop signature= for a "
+            "step with no state.",
+        )
     if stateless:
         return _stateless(
             fn, name, sig, params, donate, max_compiles, method, static_params, donated_params

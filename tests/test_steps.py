@@ -167,6 +167,8 @@ def test_stateless_definition_errors():
         jc.hot_step(lambda r, v: r + v)
     with pytest.raises(jc.DefinitionError, match="names state fields, but the step is stateless"):
         jc.hot_step(compute_gae, stateless=True, donate=("rewards",))
+    with pytest.raises(jc.DefinitionError, match="contradict"):
+        jc.hot_step(compute_gae, stateless=True, signature=Particles)
 
 
 # -- donated non-state arguments ------------------------------------------
