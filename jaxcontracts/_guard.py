@@ -222,6 +222,9 @@ def _describe(x: Any) -> str:
 
 def _on_read(x: Any, name: str, frame: Any = None) -> None:
     __tracebackhide__ = True
+    # A read that raises normally supersedes a refused buffer export kept for
+    # 3.11 (numpy falls back from the refused export to the guarded __array__).
+    _pending.error = None
     if x.is_deleted():
         by = consumed_by(x)
         _violation(
