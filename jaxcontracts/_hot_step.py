@@ -358,6 +358,7 @@ class HotStep(Generic[P, R]):
         self._signatures.append(cs)
         self.stats.compiles += 1
         self.stats.compile_seconds += cs.compile_seconds
+        self.stats.cache_hits += cs.cache == "hit"
         self._use(cs)
         return cs
 

@@ -297,6 +297,11 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
     report.facts = [
         ("compiles", str(stats.compiles)),
         ("compile time", f"{stats.compile_seconds * 1e3:.0f} ms"),
+        *(
+            [("compiled", _compiled_from(cs.cache, cs.compile_seconds))]
+            if cs is not None
+            else []
+        ),
         ("calls", str(stats.calls)),
         ("refused", str(stats.refused)),
         ("not consumed", str(stats.not_consumed)),
@@ -352,6 +357,16 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
         *extra,
     ]
     return report
+
+
+def _compiled_from(cache: str | None, seconds: float) -> str:
+    """Where the current signature's executable came from, and how long it took."""
+    ms = f"{seconds * 1e3:.0f} ms"
+    return {
+        "hit": f"from the persistent compilation cache ({ms}, contracts verified)",
+        "miss": f"by XLA, stored in the persistent compilation cache ({ms})",
+        "off": f"by XLA ({ms}; persistent compilation cache not used)",
+    }.get(cache or "", f"by XLA ({ms}; cache use unknown)")
 
 
 def error_contract(err: ContractError) -> Contract:
