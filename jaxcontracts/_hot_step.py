@@ -20,7 +20,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 import jax
 
-from . import _config
+from . import _config, _timing
 from ._callpath import make_dispatch
 from ._compat.frames import caller_locals
 from ._compat.runtime_errors import is_runtime_error
@@ -175,7 +175,8 @@ class HotStep(Generic[P, R]):
         self.stats = StepStats()
         self._level = _config.get_checks()
         _config.add_listener(self)
-        self._dispatch: Callable[..., Any] = self._call_unbound if signature.is_method else self._slow
+        self._dispatch = self._call_unbound if signature.is_method else self._slow
+        _timing.register(self)  # timed while a hot_loop is active
         self._attr: str | None = None  # the class attribute of a method step
         self._bound_to: tuple[HotStep[Any, Any], Any] | None = None  # (method step, instance)
         # Held by the slow path while it decides on (and makes) a compile, so
@@ -333,7 +334,7 @@ class HotStep(Generic[P, R]):
         # of its own: the type's call slot finds this property and calls what
         # it returns (one C-level attribute read).
         __call__ = property(
-            operator.attrgetter("_dispatch"),
+            operator.attrgetter("_call"),
             doc="Call the step like the function it wraps (compiles on first use).",
         )
 
@@ -361,6 +362,21 @@ class HotStep(Generic[P, R]):
         self.stats.cache_hits += cs.cache == "hit"
         self._use(cs)
         return cs
+
+    @property
+    def _dispatch(self) -> Callable[..., Any]:
+        """The current call path (what ``__call__`` runs, untimed)."""
+        return self._raw_dispatch
+
+    @_dispatch.setter
+    def _dispatch(self, fn: Callable[..., Any]) -> None:
+        self._raw_dispatch = fn
+        self._call = _timing.timed(self._sig.name, fn) if _timing.active() else fn
+
+    def _timing_changed(self, on: bool) -> None:
+        """A timing loop became active (or the last one ended): wrap or unwrap."""
+        fn = self._raw_dispatch
+        self._call = _timing.timed(self._sig.name, fn) if on else fn
 
     def _on_checks_changed(self, level: str) -> None:
         self._level = level
