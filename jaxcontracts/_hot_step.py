@@ -175,6 +175,7 @@ class HotStep(Generic[P, R]):
         self.stats = StepStats()
         self._level = _config.get_checks()
         _config.add_listener(self)
+        self._timing_acc = [0.0, 0, 0]  # inside timing loops: seconds timed, calls, calls timed
         self._dispatch = self._call_unbound if signature.is_method else self._slow
         _timing.register(self)  # timed while a hot_loop is active
         self._attr: str | None = None  # the class attribute of a method step
@@ -371,12 +372,12 @@ class HotStep(Generic[P, R]):
     @_dispatch.setter
     def _dispatch(self, fn: Callable[..., Any]) -> None:
         self._raw_dispatch = fn
-        self._call = _timing.timed(self._sig.name, fn) if _timing.active() else fn
+        self._call = _timing.timed(fn, self._timing_acc) if _timing.active() else fn
 
     def _timing_changed(self, on: bool) -> None:
         """A timing loop became active (or the last one ended): wrap or unwrap."""
         fn = self._raw_dispatch
-        self._call = _timing.timed(self._sig.name, fn) if on else fn
+        self._call = _timing.timed(fn, self._timing_acc) if on else fn
 
     def _on_checks_changed(self, level: str) -> None:
         self._level = level

@@ -24,7 +24,10 @@ import weakref
 from collections.abc import Callable
 from typing import Any
 
+from jax.tree_util import tree_leaves
+
 from ._compat import blocking
+from ._runtime import last_output
 
 __all__ = ["LoopClock", "LoopTiming", "StepTiming", "blocked", "active", "enter", "leave", "register", "timed"]
 
@@ -42,7 +45,9 @@ class _Local(threading.local):
 _local = _Local()
 _lock = threading.Lock()
 _active = 0  # clocks entered, all threads
-_steps: weakref.WeakSet[Any] = weakref.WeakSet()  # hot steps that can be timed
+# Hot steps that can be timed: each has ``_timing_acc`` ([host seconds, calls],
+# cumulative), ``_sig.name`` and ``_timing_changed(on)``.
+_steps: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 # --------------------------------------------------------------------------
@@ -56,12 +61,16 @@ class StepTiming:
     Attributes:
         name: the step's qualified name.
         calls: calls that returned (a refused call is not counted).
-        host_seconds: their total host time, dispatch included.
+        host_seconds: their total host time, dispatch included, estimated
+            from the timed calls (a step's first 64 calls in timing loops,
+            then one in 16) times ``calls``, at most the loop's wall time.
+        timed_calls: how many calls were timed.
     """
 
     name: str
     calls: int
     host_seconds: float
+    timed_calls: int = 0
 
     @property
     def host_us_per_call(self) -> float:
@@ -148,7 +157,7 @@ class LoopTiming:
         ]
         pct = (lambda s: f"{s / wall:.0%}") if wall > 0 else (lambda s: "-")
         for s in self.steps:
-            out.append(f"  {s.name}: {s.calls} calls, {s.host_us_per_call:,.1f} us host/call "
+            out.append(f"  {s.name.rsplit('.', 1)[-1]}: {s.calls} calls, {s.host_us_per_call:,.1f} us host/call "
                        f"({pct(s.host_seconds)} of the loop)")
         blocked = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(self.blocked.items()))
         out.append(f"  blocked on the device: {self.blocked_seconds * 1e3:.2f} ms "
@@ -178,46 +187,50 @@ def _verdict(wall: float, calls: int, blocked: float, pending: int) -> str:
 
 
 class LoopClock:
-    """A loop's running sums (one per ``HotLoop``)."""
+    """A loop's running sums (one per ``HotLoop``).
+
+    Each timed step keeps cumulative counters (host seconds, calls); the
+    clock snapshots them when the loop is entered and adds the difference
+    when it exits, so a step call costs two clock reads and two additions.
+    """
 
     def __init__(self) -> None:
         self.wall = 0.0
-        self.steps: dict[str, list[float]] = {}  # name -> [calls, seconds]
+        self.steps: dict[str, list[float]] = {}  # name -> [calls, seconds timed, calls timed]
         self.blocked: dict[str, float] = {}
-        self.last: dict[str, Any] = {}  # name -> the last call's output (until exit)
         self.pending = 0
         self.outputs = 0
-        self._depth: dict[int, tuple[int, float]] = {}  # per thread: (depth, start)
-
-    def step(self, name: str, seconds: float, out: Any) -> None:
-        rec = self.steps.get(name)
-        if rec is None:
-            self.steps[name] = [1, seconds]
-        else:
-            rec[0] += 1
-            rec[1] += seconds
-        self.last[name] = out
+        self._open: dict[int, tuple[int, float, dict[Any, tuple[float, ...]]]] = {}  # per thread
 
     def timing(self) -> LoopTiming:
-        """The figures so far, as a frozen record."""
+        """The figures so far (entries that have exited), as a frozen record."""
         blocked = sum(self.blocked.values())
         calls = int(sum(r[0] for r in self.steps.values()))
         return LoopTiming(
             wall_seconds=self.wall,
-            steps=tuple(StepTiming(n, int(r[0]), r[1]) for n, r in self.steps.items()),
+            steps=tuple(
+                StepTiming(n, int(r[0]), min(self.wall, r[1] / r[2] * r[0]) if r[2] else 0.0, int(r[2]))
+                for n, r in self.steps.items()
+            ),
             blocked=dict(self.blocked),
             pending_at_exit=self.pending,
             outputs_at_exit=self.outputs,
             verdict=_verdict(self.wall, calls, blocked, self.pending),
         )
 
-    def _look_at_outputs(self) -> None:
-        """How many of the last outputs are still computing (never blocks)."""
-        from jax.tree_util import tree_leaves
-
+    def _close(self, start: float, snapshot: dict[Any, tuple[float, ...]]) -> None:
+        self.wall += perf() - start
         pending = outputs = 0
-        for out in self.last.values():
-            for leaf in tree_leaves(out):
+        for step, (seconds0, calls0, timed0) in snapshot.items():
+            seconds, calls, timed = step._timing_acc
+            if calls == calls0:
+                continue
+            rec = self.steps.setdefault(step._sig.name, [0, 0.0, 0])
+            rec[0] += calls - calls0
+            rec[1] += seconds - seconds0
+            rec[2] += timed - timed0
+            # Is its last output still being computed? (never blocks)
+            for leaf in tree_leaves(last_output(id(step))):
                 is_ready = getattr(leaf, "is_ready", None)
                 if is_ready is None:
                     continue
@@ -227,23 +240,26 @@ class LoopClock:
                 except Exception:  # noqa: BLE001 - deleted (donated since): done
                     pass
         self.pending, self.outputs = pending, outputs
-        self.last.clear()  # hold no arrays past the loop
+
+
+def _snapshot() -> dict[Any, tuple[float, ...]]:
+    return {step: tuple(step._timing_acc) for step in list(_steps)}
 
 
 def enter(clock: LoopClock) -> Any:
     """Start timing ``clock`` on this thread; returns the token for :func:`leave`."""
     global _active
-    tid = threading.get_ident()
-    depth, start = clock._depth.get(tid, (0, 0.0))
-    if depth == 0:
-        start = perf()
-    clock._depth[tid] = (depth + 1, start)
     with _lock:
         _active += 1
         if _active == 1:
             blocking.install(blocked)
             for step in list(_steps):
                 step._timing_changed(True)
+    tid = threading.get_ident()
+    depth, start, snapshot = clock._open.get(tid, (0, 0.0, {}))
+    if depth == 0:
+        snapshot, start = _snapshot(), perf()
+    clock._open[tid] = (depth + 1, start, snapshot)
     _local.clocks = (*_local.clocks, clock)
     return (clock, tid, _local)
 
@@ -252,13 +268,12 @@ def leave(token: Any) -> None:
     """Stop timing (from any thread: the token names the entering thread)."""
     global _active
     clock, tid, local = token
-    depth, start = clock._depth.get(tid, (1, perf()))
+    depth, start, snapshot = clock._open.get(tid, (1, perf(), {}))
     if depth <= 1:
-        clock._depth.pop(tid, None)
-        clock.wall += perf() - start
-        clock._look_at_outputs()
+        clock._open.pop(tid, None)
+        clock._close(start, snapshot)
     else:
-        clock._depth[tid] = (depth - 1, start)
+        clock._open[tid] = (depth - 1, start, snapshot)
     if local is _local:  # this thread: drop the clock from its list
         clocks = list(_local.clocks)
         if clock in clocks:
@@ -290,19 +305,33 @@ def blocked(where: str, seconds: float) -> None:
         clock.blocked[where] = clock.blocked.get(where, 0.0) + seconds
 
 
-def timed(name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
-    """``fn`` (a step's call path), timing each call for this thread's clocks."""
+SAMPLE = 16  # past the first FIRST calls, one call in SAMPLE is timed (two clock reads)
+FIRST = 64  # a step's first calls inside timing loops are all timed
+
+
+def timed(fn: Callable[..., Any], acc: list[float]) -> Callable[..., Any]:
+    """``fn`` (a step's call path), counting calls and timing some of them.
+
+    A step's first ``FIRST`` calls inside timing loops are timed, then one
+    in ``SAMPLE``: a short loop is measured in full, a long one at a cost of
+    a counter per call.
+
+    ``acc`` is [seconds of the timed calls, calls, timed calls], cumulative.
+    """
+    mask = SAMPLE - 1
 
     def call(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        clocks = _local.clocks
-        if not clocks:
-            return fn(*args, **kwargs)
+        n = acc[1]
+        if n & mask and n >= FIRST:
+            out = fn(*args, **kwargs)
+            acc[1] = n + 1  # counted once it returned (a refused call is not)
+            return out
         t0 = perf()
         out = fn(*args, **kwargs)
-        seconds = perf() - t0
-        for clock in clocks:
-            clock.step(name, seconds, out)
+        acc[0] += perf() - t0
+        acc[1] = n + 1
+        acc[2] += 1
         return out
 
     call.__wrapped__ = fn  # type: ignore[attr-defined]
