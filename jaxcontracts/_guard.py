@@ -584,6 +584,9 @@ class HotLoop:
     Attributes:
         violations: in record mode, every violation seen (one per kind and
             source line, with a count).
+        timing: a :class:`jc.LoopTiming`: steps per second, host time per
+            step call, time blocked on the device, and whether the loop is
+            dispatch-bound or device-bound (see :meth:`report`).
     """
 
     def __init__(
@@ -656,13 +659,17 @@ class HotLoop:
         --------------------------
         At checks level ``fast`` or ``full`` (not ``off``), while any loop is
         active, every ``jc.hot_step`` call goes through a thin wrapper that
-        reads ``time.perf_counter()`` before the call and after it returns;
-        the difference is the call's *host time*: argument checks, XLA's
-        dispatch of the executable, the after-call bookkeeping. Only the
-        thread that entered the loop is counted. Time *blocked on the
-        device* is the time spent inside ``jc.fetch`` (the copy waits for the
-        value to be computed) and inside ``jax.block_until_ready`` /
-        ``x.block_until_ready()``. The loop's *wall time* runs from its entry
+        counts it and, for a step's first 64 calls inside loops and then one
+        call in 16, reads ``time.perf_counter()`` before the call and after
+        it returns; the difference is the call's *host time*: argument
+        checks, XLA's dispatch of the executable, the after-call
+        bookkeeping. A step's host time is the mean of its timed calls times
+        its calls. The counters belong to the step and the loop takes their
+        difference between entry and exit, so calls of the same step on
+        another thread meanwhile are counted too. Time *blocked on the
+        device* is the time the loop's own thread spent inside ``jc.fetch``
+        (the copy waits for the value to be computed) and inside
+        ``jax.block_until_ready`` / ``x.block_until_ready()``. The loop's *wall time* runs from its entry
         to its exit (summed over entries). At exit the loop asks, without
         waiting, whether the last output of each step is ready
         (``is_ready()``); work still queued means the host ran ahead.
@@ -679,8 +686,11 @@ class HotLoop:
         What it cannot see: the device's own busy time (there is no device
         clock here: "blocked" is host-side waiting, and a loop that never
         waits and exits with work queued tells only that the device lagged);
-        a wait that happens inside dispatch itself when XLA's queue is full
-        (it shows up as host time per call); other threads; reads through
+        a wait that happens inside dispatch itself when XLA's queue is full,
+        or a computation the CPU backend runs on the calling thread (both
+        show up as host time per call); freeing the previous state's
+        buffers after ``s = step(s)`` (it happens after the call returns, in
+        "other host time"); waits on other threads; reads through
         ``jax.device_get`` or a ``block_until_ready`` imported by name before
         the loop (``from jax import block_until_ready``); time before the
         first and after the last entry. The cost is two clock reads and a
