@@ -113,12 +113,13 @@ class Report:
             ]
             out += _align(table, right={5})
         if self.totals:
-            out.append(
-                "memory (per device): "
-                + ", ".join(f"{k} {fmt_bytes(v) if v is not None else 'n/a'}" for k, v in self.totals.items())
+            out += _pack(
+                [f"{k} {fmt_bytes(v) if v is not None else 'n/a'}" for k, v in self.totals.items()],
+                ", ",
+                first="memory (per device): ",
             )
         if self.facts:
-            out.append(" | ".join(f"{k}: {v}" for k, v in self.facts))
+            out += _pack([f"{k}: {v}" for k, v in self.facts], " | ")
         if self.violations:
             table = [("kind", "where", "count", "what")] + [
                 (v.kind, v.where, str(v.count), v.what) for v in self.violations
@@ -131,7 +132,7 @@ class Report:
                 out += ["         " + line for line in c.detail.splitlines()]
         out += textwrap.wrap(
             self.capabilities_line(),
-            width=80,
+            width=TEXT_WIDTH,
             initial_indent="  ",
             subsequent_indent="    ",
             break_on_hyphens=False,
@@ -313,6 +314,24 @@ def _badge(ok: bool) -> str:
         f"display:inline-block;min-width:3.2em;text-align:center;border-radius:10px;"
         f"padding:0 6px;font-size:11px;font-weight:600;color:#fff;background:{color};"
     )
+
+
+#: The text report's lines fit an 80-column terminal (the leaf table's rows
+#: excepted when a leaf's path or sharding is longer).
+TEXT_WIDTH = 80
+
+
+def _pack(items: Sequence[str], sep: str, first: str = "", width: int = TEXT_WIDTH) -> list[str]:
+    """``first + items`` joined by ``sep``, in lines of at most ``width``: items stay whole."""
+    lines = [first]
+    for item in items:
+        line = lines[-1]
+        if line.strip() and len(line) + len(sep) + len(item) + len(sep.rstrip()) > width:
+            lines[-1] = line + sep.rstrip()
+            lines.append("    " + item)
+        else:
+            lines[-1] = line + (sep if line.strip() and line != first else "") + item
+    return lines
 
 
 def _align(rows: Sequence[Sequence[str]], right: set[int] = frozenset()) -> list[str]:  # type: ignore[assignment]
