@@ -224,3 +224,13 @@ def test_html_reads_in_light_and_dark_notebook_themes():
     leaves = _styled(_reports()[0])
     aligns = [s["text-align"] for t, s in leaves if t == "th"]
     assert aligns == ["left"] * 5 + ["right"]  # leaf ... aliased, then bytes
+
+
+def test_text_lines_are_packed_into_80_columns():
+    from jaxcontracts._report import _pack
+
+    items = [f"item{i}: {'x' * 9}" for i in range(12)]
+    lines = _pack(items, " | ", first="facts: ")
+    assert len(lines) > 1 and max(len(line) for line in lines) <= 80, lines
+    assert " | ".join(line.strip().removesuffix(" |") for line in lines) == "facts: " + " | ".join(items)
+    assert _pack(["a", "b"], ", ") == ["a, b"]
