@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 import jax
+import numpy as np
 
 from . import _config
 from ._callpath import make_dispatch
@@ -35,13 +36,21 @@ from ._diagnose import (
     signature_error,
 )
 from ._donation import find_hazards
-from ._errors import INPUTS_INTACT, ContractError, DefinitionError, DonationError, RecompileError
+from ._errors import (
+    INPUTS_INTACT,
+    ContractError,
+    DefinitionError,
+    DonationError,
+    RecompileError,
+    TransferError,
+)
 from ._records import CompiledSignature, StepDescription, StepStats
 from ._report import Report, step_report
-from ._runtime import consumer_of
+from ._runtime import consumer_of, recording_loop
 from ._signature import StepSignature, analyse
 from ._spec import fmt_value
 from ._state import (
+    consumed_class,
     data_field_names,
     flat_leaf_getter,
     is_sealed_state,
@@ -75,6 +84,9 @@ def hot_step(
     signature: type | None = None,
     donate: str | tuple[str, ...] = "all",
     max_compiles: int = 1,
+    static: str | tuple[str, ...] = (),
+    donate_argnames: str | tuple[str, ...] = (),
+    stateless: bool = False,
 ) -> HotStep[P, R]: ...
 @overload
 def hot_step(
@@ -84,6 +96,9 @@ def hot_step(
     signature: type | None = None,
     donate: str | tuple[str, ...] = "all",
     max_compiles: int = 1,
+    static: str | tuple[str, ...] = (),
+    donate_argnames: str | tuple[str, ...] = (),
+    stateless: bool = False,
 ) -> Callable[[Callable[P, R]], HotStep[P, R]]: ...
 def hot_step(
     fn: Any = None,
@@ -92,6 +107,9 @@ def hot_step(
     signature: type | None = None,
     donate: str | tuple[str, ...] = "all",
     max_compiles: int = 1,
+    static: str | tuple[str, ...] = (),
+    donate_argnames: str | tuple[str, ...] = (),
+    stateless: bool = False,
 ) -> Any:
     """Make ``fn`` an AOT-compiled step with derived, verified donation.
 
@@ -100,10 +118,28 @@ def hot_step(
             ``signature``; its return annotation must contain that type
             (alone, or in a tuple such as ``tuple[State, Metrics]``).
         signature: the state type. ``None``: the first parameter's annotation.
-        donate: ``"all"`` donates every leaf of every state parameter; a tuple
-            of field names donates those fields only; ``"none"`` opts out.
-            Other parameters are never donated.
+            A state parameter the step does not return (the return annotation
+            holds fewer states than there are state parameters, or none) is
+            read-only: never donated, never copied, still part of the
+            compiled signature.
+        donate: ``"all"`` donates every leaf of every returned state
+            parameter; a tuple of field names donates those fields only;
+            ``"none"`` opts out. Other parameters are donated only when named
+            in ``donate_argnames``.
         max_compiles: how many distinct signatures may be compiled.
+        static: names of parameters passed by value (hashable: a frozen
+            dataclass, a NamedTuple, a function, a string...). A static value
+            is part of the signature: a new value is a new compile, counted
+            against ``max_compiles`` and named in the refusal's diff. An
+            unhashable value is refused.
+        donate_argnames: names of other (non-state, non-static) parameters
+            whose every leaf is donated, e.g. the batch. Aliasing is proven
+            at compile like the state's: a donated leaf no output can reuse
+            is a :class:`DonationError`.
+        stateless: the step has no state (``compute_gae(rewards, values)``):
+            its signature is its arguments' specs, taken from the first call
+            or from specs passed to ``.compile(...)``. Nothing is donated
+            unless named in ``donate_argnames``.
 
     Methods and partials: on a method (first parameter ``self``),
     ``obj.step(s)`` runs the step with ``obj`` closed over as configuration,
@@ -118,11 +154,12 @@ def hot_step(
         A :class:`HotStep`, called like ``fn``.
 
     Raises:
-        DefinitionError: no state parameter, a return annotation without the
-            state, an unknown donated field, or an invalid option.
+        DefinitionError: no state parameter (and not ``stateless``), a
+            missing return annotation, an unknown donated field or parameter
+            name, or an invalid option; at a call, an unhashable static value.
 
     Examples:
-        >>> import jax.numpy as jnp, jaxcontracts as jc
+        >>> import jax, jax.numpy as jnp, jaxcontracts as jc
         >>> from jaxtyping import Array, Float32
         >>> @jc.state
         ... class S:
@@ -133,6 +170,20 @@ def hot_step(
         >>> s = step(S.zeros(n=3))
         >>> step.stats.compiles, step.stats.calls
         (1, 1)
+
+        A read-only step (the state is not returned: not donated), and a
+        stateless one with a static argument:
+
+        >>> @jc.hot_step(signature=S)
+        ... def total(s: S) -> jax.Array:
+        ...     return s.x.sum()
+        >>> float(jc.fetch(total(s)))
+        3.0
+        >>> @jc.hot_step(stateless=True, static=("power",))
+        ... def pow_(x: jax.Array, power: int) -> jax.Array:
+        ...     return x**power
+        >>> pow_(s.x, 2).tolist()
+        [1.0, 1.0, 1.0]
     """
     # Annotations may name classes local to the caller's function: resolve there.
     localns = caller_locals(1)
@@ -146,12 +197,44 @@ def hot_step(
                 max_compiles=max_compiles,
                 localns=localns,
                 state_fields=_state_fields,
+                static=static,
+                donate_argnames=donate_argnames,
+                stateless=stateless,
             )
         )
 
     return make if fn is None else make(fn)
 
 
+
+
+def _with_static(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[..., Any]:
+    """The call path behind a wrapper that turns static values into tree nodes.
+
+    Static values travel as :class:`StaticArg` nodes of the tree structure
+    (hashability is checked when one is made). The node made for the last
+    value of each static parameter is reused while the same object comes
+    back, so the usual call (one config object) neither hashes nor compares.
+    """
+    normalize, n_params, static = sig.normalize, len(sig.param_names), sig.static_params
+    last: dict[int, tuple[Any, Any]] = {}
+
+    def with_static(*args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) != n_params:
+            return dispatch(*normalize(args, kwargs))
+        items = list(args)
+        for i in static:
+            value = items[i]
+            seen = last.get(i)
+            if seen is not None and seen[0] is value:
+                items[i] = seen[1]
+            else:
+                items = list(normalize(tuple(items), {}))
+                last.update((j, (args[j], items[j])) for j in static)
+                break
+        return dispatch(*items)
+
+    return with_static
 
 
 class HotStep(Generic[P, R]):
@@ -368,7 +451,7 @@ class HotStep(Generic[P, R]):
 
     def _use(self, cs: CompiledSignature) -> None:
         self._current = cs
-        self._dispatch = make_dispatch(
+        dispatch = make_dispatch(
             cs,
             self._level,
             step_id=id(self),
@@ -382,9 +465,10 @@ class HotStep(Generic[P, R]):
             marks=self._marks(cs),
             normalize=self._sig.normalize,
         )
+        self._dispatch = _with_static(self._sig, dispatch) if self._sig.static_params else dispatch
 
-    def _marks(self, cs: CompiledSignature) -> tuple[int, ...]:
-        """The jc.state parameters with donated leaves (named after a call)."""
+    def _marks(self, cs: CompiledSignature) -> tuple[tuple[int, type, type], ...]:
+        """The jc.state parameters with donated leaves: (index, class, consumed class)."""
         if not cs.donated:
             return ()
         ends, n = [], 0
@@ -395,17 +479,44 @@ class HotStep(Generic[P, R]):
         for i in self._sig.state_params:
             start = ends[i - 1] if i else 0
             if is_state(cs.spec_args[i]) and any(start <= d < ends[i] for d in cs.donated):
-                marks.append(i)
+                cls = type(cs.spec_args[i])
+                marks.append((i, cls, consumed_class(cls, self._sig.short_name)))
         return tuple(marks)
+
+    def _put_host_leaves(self, positional: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Host leaves put on the device, in the compiled signature's dtypes when it fits."""
+        leaves, treedef = jax.tree_util.tree_flatten(positional)
+        current = self._current
+        fits = current is not None and treedef == current.in_treedef
+        with jax.transfer_guard_host_to_device("allow"):  # recorded already, as the call's
+            put = [
+                x
+            if isinstance(x, jax.Array)
+                else jax.device_put(np.asarray(x, current.leaves[i].spec.dtype if fits else None))  # type: ignore[union-attr]
+                for i, x in enumerate(leaves)
+            ]
+        return tuple(jax.tree_util.tree_unflatten(treedef, put))
 
     def _refuse(self, positional: tuple[Any, ...]) -> Exception:
         self.stats.refused += 1
         assert self._current is not None
         return signature_error(self._sig, self._current, len(self._signatures), positional)
 
-    def _not_consumed(self, cs: CompiledSignature, leaves: Any, out: Any) -> DonationError:
+    def _not_consumed(self, cs: CompiledSignature, leaves: Any, out: Any) -> DonationError | None:
+        """The error for donated buffers XLA copied; ``None`` once a recording loop took it."""
         self.stats.not_consumed += 1
-        return not_consumed_error(self._sig, cs, leaves, out)
+        err = not_consumed_error(self._sig, cs, leaves, out)
+        loop = recording_loop()
+        if loop is None:
+            return err
+        loop.violation(
+            "donation",
+            f"{self._sig.name}: donated input buffer(s) not consumed (XLA copied "
+            f"them): {', '.join(err.leaves)}",
+            err.fix or "",
+            DonationError,
+        )
+        return None
 
     # -- the slow path -----------------------------------------------------
 
@@ -435,6 +546,8 @@ class HotStep(Generic[P, R]):
             # Under an outer transformation (jit, vmap, grad, cond...), even on
             # concrete arrays it closed over: trace the function, donate nothing.
             self.stats.traced_calls += 1
+            if sig.static_params:
+                return sig.positional(*sig.normalize(args, kwargs))
             return sig.fn(*args, **kwargs)
         positional = sig.normalize(args, kwargs)
         with_path, treedef = jax.tree_util.tree_flatten_with_path(positional)
@@ -443,8 +556,21 @@ class HotStep(Generic[P, R]):
 
         host = [(p, x) for p, x in zip(paths, leaves) if not isinstance(x, jax.Array)]
         if host:
-            self.stats.refused += 1
-            raise api_misuse_error(sig, positional, compiling=False) or host_leaves_error(sig, host)
+            misuse = api_misuse_error(sig, positional, compiling=False)
+            loop = None if misuse else recording_loop()
+            if loop is None or not loop.checks_transfers:
+                self.stats.refused += 1
+                raise misuse or host_leaves_error(sig, host)
+            # Record mode: the violation, then the call JAX would have made
+            # (the host leaves copied to the device), so the run goes on.
+            loop.violation(
+                "transfer",
+                f"{sig.name}: host argument leaf/leaves copied to the device on every "
+                f"call: {', '.join(f'{p} ({fmt_value(x)})' for p, x in host)}",
+                host_leaves_error(sig, host).fix or "",
+                TransferError,
+            )
+            return self._decide(self._put_host_leaves(positional), {}, exc)
         current = self._current
         donated = current.donated if current is not None else sig.donated_leaves([p for p, _ in with_path])
         ran = exc is not None and is_runtime_error(exc)

@@ -40,6 +40,16 @@ def count(scale: jax.Array, c: Counter) -> Counter:
     return Counter(x=c.x * scale, count=c.count + 1)
 
 
+@jc.hot_step(stateless=True, static=("n",), donate_argnames=("x",))
+def power(x: Float32[Array, "k"], n: int) -> Float32[Array, "k"]:
+    return x**n
+
+
+@jc.hot_step(signature=Particles)
+def kinetic(p: Particles) -> jax.Array:  # read-only: not returned, not donated
+    return jnp.sum(p.vel * p.vel)
+
+
 def main() -> float:
     n = 8
     p = Particles(
@@ -67,9 +77,11 @@ def main() -> float:
             if i == 3:
                 host: Metrics = jc.fetch(m)
                 total = float(host.energy) + float(jc.fetch(energy)) + dt
+    cubed: jax.Array = power(jnp.ones(3, jnp.float32), 3)
+    e: jax.Array = kinetic(p)
     fetched: Particles = jc.fetch(p)
     counted: jax.Array = c.count
-    return total + float(fetched.t) + float(jc.fetch(counted))
+    return total + float(fetched.t) + float(jc.fetch(counted)) + float(jc.fetch(cubed)[0] + jc.fetch(e))
 
 
 if __name__ == "__main__":
