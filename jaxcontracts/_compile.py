@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ._compat import events
 from ._compat.executable import alias_bytes, aliased_parameters
 from ._compat.tracing import flatten
 from ._errors import NOTHING_RAN, DonationError, RecompileError, TransferError
@@ -186,7 +187,11 @@ def compile_signature(
         with quiet_donation_warning():
             traced = jitted.trace(*spec_args)
             lowered = traced.lower()
-        compiled = lowered.compile()
+        outcome = events.watch_cache()  # did JAX's persistent cache serve it?
+        try:
+            compiled = lowered.compile()
+        finally:
+            events.unwatch_cache(outcome)
         seconds = time.perf_counter() - t0
 
     in_shardings = jax.tree_util.tree_leaves(compiled.input_shardings[0])
@@ -222,6 +227,7 @@ def compile_signature(
         weak=tuple(bool(s.weak_type) for s in exact),
         multi_device=any(len(x.sharding.device_set) > 1 for x in exact),
         compile_seconds=seconds,
+        cache=None if outcome is None else outcome.verdict,
         in_tokens=in_tokens,
         out_tokens=out_tokens,
     )

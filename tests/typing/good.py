@@ -69,7 +69,7 @@ def main() -> float:
     advance.compile(spec, k)
     count.compile(scale, c)
     total = 0.0
-    with jc.hot_loop():
+    with jc.hot_loop() as loop:
         for i in range(4):
             p, m = advance(p, k)
             energy: jax.Array = m.energy
@@ -79,8 +79,14 @@ def main() -> float:
                 total = float(host.energy) + float(jc.fetch(energy)) + dt
     cubed: jax.Array = power(jnp.ones(3, jnp.float32), 3)
     e: jax.Array = kinetic(p)
+    timing: jc.LoopTiming = loop.timing
+    per_call: float = timing.steps[0].host_us_per_call if timing.steps else 0.0
+    current = advance.describe().current
+    cache: str | None = current.cache if current is not None else None
+    verdict: str = f"{timing.verdict} {per_call} {cache}"
     fetched: Particles = jc.fetch(p)
     counted: jax.Array = c.count
+    total += len(verdict)
     return total + float(fetched.t) + float(jc.fetch(counted)) + float(jc.fetch(cubed)[0] + jc.fetch(e))
 
 
