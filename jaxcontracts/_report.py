@@ -218,7 +218,7 @@ class Report:
             ]
             parts.append("</div>")
         if self.timing is not None and self.timing.calls:
-            parts.append(f'<pre class="jc-timing" style="{_CSS_PRE}">'
+            parts.append(f'<pre class="jc-timing" style="{_CSS_PRE_INFO}">'
                          f'{e(chr(10).join(self.timing.lines()))}</pre>')
         if self.contracts:
             parts.append(f'<ul class="jc-contracts" style="{_CSS_LIST}">')
@@ -290,6 +290,11 @@ _CSS_PRE = (
     "white-space:pre-wrap;word-break:normal;overflow-wrap:anywhere;margin:4px 0 6px 0;"
     f"padding:6px 8px;color:{_FG};background:rgba(176, 0, 32, 0.08);"
     f"border:none;border-left:3px solid {_RED};font-size:12px;"
+)
+
+# The same block for information (a loop's timing), not a failure.
+_CSS_PRE_INFO = (
+    _CSS_PRE.replace("rgba(176, 0, 32, 0.08)", _STRIPE).replace(f"solid {_RED}", f"solid {_LINE}")
 )
 
 

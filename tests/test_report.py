@@ -171,10 +171,11 @@ def _styled(report: jc.Report) -> list[tuple[str, dict[str, str]]]:
 
 def _reports() -> list[jc.Report]:
     advance = jc.hot_step(advance_fn, signature=Particles)
-    advance(make_particles(4))
+    p = advance(make_particles(4))
     x = jnp.arange(3.0)
     with jc.hot_loop(on_violation="record") as loop:
         for _ in range(2):
+            p = advance(p)  # timed: the loop report gets a timing section
             np.asarray(x)
 
     @jc.hot_step
@@ -182,6 +183,7 @@ def _reports() -> list[jc.Report]:
         return {"t": s["t"] + 1.0}
 
     failed = jc.check(counter, {"t": jnp.int32(0)})
+    assert loop.report().timing is not None and loop.report().timing.calls == 2
     return [advance.report(), loop.report(), failed]
 
 
@@ -218,6 +220,8 @@ def test_html_reads_in_light_and_dark_notebook_themes():
                 if "#" in value and "var(" not in value:
                     assert t == "span" and s.get("font-weight") == "600", (t, key, value)
         pre = [s for t, s in elements if t == "pre"]
+        if report.timing is not None and report.timing.calls:
+            assert any("rgba(128, 128, 128" in s["border-left"] for s in pre)  # timing is no failure
         for s in pre:
             assert s["color"].startswith("var(--jp-") and s["background"].startswith("rgba(")
             assert s["word-break"] == "normal"  # JupyterLab breaks words in <pre> otherwise
