@@ -304,7 +304,7 @@ def test_help() -> None:
     text = proc.stdout
     for flag in ("--steps", "--n", "--no-regressions"):
         assert flag in text
-    assert "default: 10000" in text and "default: 4096" in text
+    assert "default: 20000" in text and "default: 4096" in text
     for part in ("1. The simulation", "2. The reports", "3. Three planted regressions"):
         assert part in text
     for name in ("TransferError", "SpecError", "RecompileError", "DonationError"):

@@ -60,7 +60,7 @@ def print_reports(out: TextIO, *steps: jc.HotStep) -> bool:
 
 
 def run_demo(
-    steps: int = 10_000,
+    steps: int = 20_000,
     n: int = 4096,
     out: TextIO | None = None,
     seed: int = 0,
@@ -164,7 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--steps",
         type=_positive_int,
-        default=10_000,
+        default=20_000,
         help="number of Verlet steps in part 1 (default: %(default)s)",
     )
     parser.add_argument(
