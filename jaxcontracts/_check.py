@@ -20,7 +20,8 @@ def check(step: Any = None, *args: Any, **kwargs: Any) -> Report:
 
     Args:
         step: a ``jc.hot_step``.
-        *args, **kwargs: arguments or specs, as for ``step.compile``.
+        *args: arguments or specs, as for ``step.compile``.
+        **kwargs: keyword arguments or specs, as for ``step.compile``.
 
     Returns:
         A :class:`Report`; ``report.ok`` tells whether every contract holds.

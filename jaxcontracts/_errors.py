@@ -27,6 +27,7 @@ __all__ = [
     "SpecError",
     "TransferError",
     "compose",
+    "docs_pointer",
 ]
 
 #: Contract keys and the sentence a report shows for each.
@@ -46,6 +47,23 @@ CONTRACTS: dict[str, str] = {
 }
 
 INPUTS_INTACT = "The call did not run; your inputs are intact."
+
+#: Where the errors page lives, relative to the repository (and the docs site).
+DOCS_ERRORS = "docs/errors.md"
+
+
+def docs_pointer(cls: type) -> str:
+    """``See: docs/errors.md#transfererror``: the section on ``cls``'s errors page.
+
+    The anchor is the lower-cased name of the nearest jaxcontracts class in
+    ``cls``'s MRO (a user's subclass points to its jaxcontracts parent); the
+    errors page pins each anchor with ``{#name}``, so a heading edit cannot
+    break it. ``tests/test_docs.py`` checks every anchor exists.
+    """
+    for klass in cls.__mro__:
+        if klass.__module__ == "jaxcontracts" and klass.__name__ in __all__:
+            return f"See: {DOCS_ERRORS}#{klass.__name__.lower()}"
+    return f"See: {DOCS_ERRORS}"
 NOTHING_RAN = "Nothing has run yet."
 
 
@@ -83,7 +101,8 @@ class ContractError(Exception):
         step: str | None = None,
         leaves: Sequence[str] = (),
     ) -> None:
-        super().__init__(compose(summary, details, fix, note))
+        # Every message ends with a pointer to its section of the errors page.
+        super().__init__(compose(summary, details, fix, note) + "\n" + docs_pointer(type(self)))
         self.contract = contract or self.default_contract
         self.step = step
         self.leaves = tuple(leaves)

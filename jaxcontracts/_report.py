@@ -119,12 +119,13 @@ class Report:
             ]
             out += _align(table, right={5})
         if self.totals:
-            out.append(
-                "memory (per device): "
-                + ", ".join(f"{k} {fmt_bytes(v) if v is not None else 'n/a'}" for k, v in self.totals.items())
+            out += _pack(
+                [f"{k} {fmt_bytes(v) if v is not None else 'n/a'}" for k, v in self.totals.items()],
+                ", ",
+                first="memory (per device): ",
             )
         if self.facts:
-            out.append(" | ".join(f"{k}: {v}" for k, v in self.facts))
+            out += _pack([f"{k}: {v}" for k, v in self.facts], " | ")
         if self.violations:
             table = [("kind", "where", "count", "what")] + [
                 (v.kind, v.where, str(v.count), v.what) for v in self.violations
@@ -139,7 +140,7 @@ class Report:
                 out += ["         " + line for line in c.detail.splitlines()]
         out += textwrap.wrap(
             self.capabilities_line(),
-            width=88,
+            width=TEXT_WIDTH,
             initial_indent="  ",
             subsequent_indent="    ",
             break_on_hyphens=False,
@@ -164,46 +165,43 @@ class Report:
         status = "ok" if self.ok else "failed"
         parts = [
             f'<div class="jc-report jc-{status}" style="{_CSS_BOX}">',
-            f'<div style="{_CSS_TITLE}"><code>{e(self.title)}</code> '
+            f'<div style="{_CSS_TITLE}"><code style="{_CSS_CODE}">{e(self.title)}</code> '
             f'<span style="{_badge(self.ok)}">{"OK" if self.ok else "FAILED"}</span></div>',
         ]
         if self.rows:
             total = sum(r.nbytes for r in self.rows)
             donated = sum(r.nbytes for r in self.rows if r.donated)
-            parts.append(f'<table class="jc-leaves" style="{_CSS_TABLE}"><thead><tr>')
-            for h, right in (("leaf", 0), ("spec", 0), ("sharding", 0), ("donated", 0), ("aliased", 0), ("bytes", 1)):
-                parts.append(f'<th style="{_CSS_TH}{"text-align:right;" if right else ""}">{h}</th>')
+            parts.append(f'<table class="jc-leaves" style="{_CSS_TABLE}"><thead><tr style="{_CSS_TR}">')
+            for h in ("leaf", "spec", "sharding", "donated", "aliased", "bytes"):
+                parts.append(f'<th style="{_th(h == "bytes")}">{h}</th>')
             parts.append("</tr></thead><tbody>")
             for i, r in enumerate(self.rows):
-                shade = _CSS_ODD if i % 2 else ""
                 aliased = "&ndash;" if r.aliased is None else ("yes" if r.aliased else "<b>NO</b>")
-                alias_style = "" if r.aliased is not False or not r.donated else "color:#b00020;"
+                bad = r.aliased is False and r.donated
                 parts.append(
-                    f'<tr style="{shade}"><td style="{_CSS_TD}"><code style="{_CSS_CODE}">{e(r.path)}</code></td>'
-                    f'<td style="{_CSS_TD}"><code style="{_CSS_CODE}">{e(r.spec)}</code></td>'
-                    f'<td style="{_CSS_TD}">{e(r.sharding)}</td>'
-                    f'<td style="{_CSS_TD}">{"yes" if r.donated else "no"}</td>'
-                    f'<td style="{_CSS_TD}{alias_style}">{aliased}</td>'
-                    f'<td style="{_CSS_TD}text-align:right;font-variant-numeric:tabular-nums;">'
-                    f"{e(fmt_bytes(r.nbytes))}</td></tr>"
+                    f'<tr style="{_tr(i)}"><td style="{_td()}"><code style="{_CSS_CODE}">{e(r.path)}</code></td>'
+                    f'<td style="{_td()}"><code style="{_CSS_CODE}">{e(r.spec)}</code></td>'
+                    f'<td style="{_td()}">{e(r.sharding)}</td>'
+                    f'<td style="{_td()}">{"yes" if r.donated else "no"}</td>'
+                    f'<td style="{_td(color=_RED if bad else _FG)}">{aliased}</td>'
+                    f'<td style="{_td(right=True)}">{e(fmt_bytes(r.nbytes))}</td></tr>'
                 )
             parts.append(
-                f'</tbody><tfoot><tr><td style="{_CSS_FOOT}" colspan="5">'
+                f'</tbody><tfoot><tr style="{_CSS_TR}"><td style="{_foot()}" colspan="5">'
                 f"{len(self.rows)} leaves, {e(fmt_bytes(donated))} donated</td>"
-                f'<td style="{_CSS_FOOT}text-align:right;">{e(fmt_bytes(total))}</td></tr></tfoot></table>'
+                f'<td style="{_foot(right=True)}">{e(fmt_bytes(total))}</td></tr></tfoot></table>'
             )
         if self.violations:
-            parts.append(f'<table class="jc-violations" style="{_CSS_TABLE}"><thead><tr>')
+            parts.append(f'<table class="jc-violations" style="{_CSS_TABLE}"><thead><tr style="{_CSS_TR}">')
             for h in ("kind", "where", "count", "what"):
-                parts.append(f'<th style="{_CSS_TH}">{h}</th>')
+                parts.append(f'<th style="{_th(h == "count")}">{h}</th>')
             parts.append("</tr></thead><tbody>")
             for i, v in enumerate(self.violations):
-                shade = _CSS_ODD if i % 2 else ""
                 parts.append(
-                    f'<tr style="{shade}"><td style="{_CSS_TD}">{e(v.kind)}</td>'
-                    f'<td style="{_CSS_TD}"><code>{e(v.where)}</code></td>'
-                    f'<td style="{_CSS_TD}text-align:right;">{v.count}</td>'
-                    f'<td style="{_CSS_TD}">{e(v.what)}</td></tr>'
+                    f'<tr style="{_tr(i)}"><td style="{_td()}">{e(v.kind)}</td>'
+                    f'<td style="{_td()}"><code style="{_CSS_CODE}">{e(v.where)}</code></td>'
+                    f'<td style="{_td(right=True)}">{v.count}</td>'
+                    f'<td style="{_td()}">{e(v.what)}</td></tr>'
                 )
             parts.append("</tbody></table>")
         memory = [(k, fmt_bytes(v)) for k, v in self.totals.items()]
@@ -212,33 +210,33 @@ class Report:
                 continue
             parts.append(f'<div class="jc-facts" style="{_CSS_FACTS}">')
             if label:
-                parts.append(f'<span style="{_CSS_FACT}color:#57606a;">{label}:</span>')
+                parts.append(f'<span style="{_CSS_FACT}color:{_MUTED};">{label}:</span>')
             parts += [
-                f'<span style="{_CSS_FACT}"><span style="color:#57606a;">{e(k)}</span> '
+                f'<span style="{_CSS_FACT}"><span style="color:{_MUTED};">{e(k)}</span> '
                 f"<b>{e(str(v))}</b></span>"
                 for k, v in facts
             ]
             parts.append("</div>")
         if self.timing is not None and self.timing.calls:
-            parts.append(f'<pre class="jc-timing" style="{_CSS_PRE}">'
+            parts.append(f'<pre class="jc-timing" style="{_CSS_PRE_INFO}">'
                          f'{e(chr(10).join(self.timing.lines()))}</pre>')
         if self.contracts:
-            parts.append('<ul class="jc-contracts" style="list-style:none;padding:0;margin:6px 0 0 0;">')
+            parts.append(f'<ul class="jc-contracts" style="{_CSS_LIST}">')
             for c in self.contracts:
                 if not c.detail:
                     detail = ""
                 elif not c.ok and "\n" in c.detail:
                     detail = f'<pre style="{_CSS_PRE}">{e(c.detail)}</pre>'
                 else:
-                    color = "#57606a" if c.ok else "#b00020"
+                    color = _MUTED if c.ok else _RED
                     detail = f' <span style="color:{color};">&mdash; {e(c.detail)}</span>'
 
                 parts.append(
-                    f'<li style="margin:2px 0;"><span style="{_badge(c.ok)}">'
+                    f'<li style="{_CSS_ITEM}"><span style="{_badge(c.ok)}">'
                     f'{"pass" if c.ok else "FAIL"}</span> {e(c.name)}{detail}</li>'
                 )
             parts.append("</ul>")
-        color = "#57606a" if all(ok for _, ok in self.capabilities) else "#b00020"
+        color = _MUTED if all(ok for _, ok in self.capabilities) else _RED
         parts.append(
             f'<div class="jc-capabilities" style="{_CSS_FACTS}font-size:11px;color:{color};">'
             f"{e(self.capabilities_line())}</div>"
@@ -253,27 +251,77 @@ _VIOLATION_ERRORS: dict[str, type[ContractError]] = {
     "donation": DonationError,
 }
 
-_CSS_CODE = "font-size:12px;"
+# The HTML must read in any notebook theme. JupyterLab's stylesheet right-aligns
+# table cells and paints every other row (black stripes in its dark theme), and
+# a light background with the theme's light text hides whole rows. So every
+# box, row and cell below sets its own color, background and alignment (inline
+# styles win over the theme's selectors and survive sanitizers that drop
+# <style>), with colors taken from the notebook's theme variables (JupyterLab's
+# --jp-*) and light fallbacks used as a pair elsewhere; stripes, borders and
+# code chips are translucent grays, which read on light and dark backgrounds.
+# tests/test_report.py pins these properties; screenshots of the light and
+# dark JupyterLab themes are how they were checked.
+_FG = "var(--jp-content-font-color1, #1f2328)"
+_MUTED = "var(--jp-content-font-color2, #57606a)"
+_BG = "var(--jp-layout-color0, #ffffff)"
+_RED = "var(--jp-error-color1, #b00020)"
+_STRIPE = "rgba(128, 128, 128, 0.10)"
+_CHIP = "rgba(128, 128, 128, 0.16)"
+_LINE = "rgba(128, 128, 128, 0.35)"
+_HAIR = "rgba(128, 128, 128, 0.20)"
+
+_CSS_CODE = (
+    f"font-size:12px;color:{_FG};background:{_CHIP};padding:0 4px;border-radius:3px;"
+    "font-family:var(--jp-code-font-family, ui-monospace, SFMono-Regular, Menlo, Consolas, monospace);"
+)
 _CSS_BOX = (
-    "font-family:-apple-system,BlinkMacSystemFont,'Segoe UI',Roboto,sans-serif;"
-    "font-size:13px;border:1px solid #d0d7de;border-radius:6px;padding:10px 12px;"
-    "max-width:960px;width:fit-content;background:#fff;color:#1f2328;"
+    "font-family:var(--jp-ui-font-family, -apple-system, BlinkMacSystemFont, 'Segoe UI', Roboto, sans-serif);"
+    f"font-size:13px;border:1px solid {_LINE};border-radius:6px;padding:10px 12px;"
+    f"max-width:960px;width:fit-content;background:{_BG};color:{_FG};text-align:left;"
 )
 _CSS_TITLE = "font-size:14px;margin-bottom:8px;"
-_CSS_TABLE = "border-collapse:collapse;margin:4px 0 8px 0;"
-_CSS_TH = (
-    "text-align:left;padding:3px 10px;border-bottom:2px solid #d0d7de;font-weight:600;"
-    "font-size:12px;color:#57606a;"
-)
-_CSS_TD = "padding:3px 10px;border-bottom:1px solid #eaeef2;font-size:13px;"
+_CSS_TABLE = "border-collapse:collapse;margin:4px 0 8px 0;border:none;table-layout:auto;"
+_CSS_TR = "background:transparent;"
 _CSS_FACT = "display:inline-block;white-space:nowrap;margin-right:1.2em;"
-_CSS_ODD = "background:#f6f8fa;"
-_CSS_FOOT = "padding:3px 10px;font-size:12px;color:#57606a;font-weight:600;"
 _CSS_FACTS = "margin:2px 0;"
+_CSS_LIST = "list-style:none;padding:0;margin:6px 0 0 0;"
+_CSS_ITEM = f"margin:2px 0;padding:0;color:{_FG};background:transparent;"
 _CSS_PRE = (
-    "white-space:pre-wrap;margin:4px 0 6px 0;padding:6px 8px;background:#fff5f5;"
-    "border-left:3px solid #b00020;font-size:12px;"
+    "white-space:pre-wrap;word-break:normal;overflow-wrap:anywhere;margin:4px 0 6px 0;"
+    f"padding:6px 8px;color:{_FG};background:rgba(176, 0, 32, 0.08);"
+    f"border:none;border-left:3px solid {_RED};font-size:12px;"
 )
+
+# The same block for information (a loop's timing), not a failure.
+_CSS_PRE_INFO = (
+    _CSS_PRE.replace("rgba(176, 0, 32, 0.08)", _STRIPE).replace(f"solid {_RED}", f"solid {_LINE}")
+)
+
+
+def _cell(right: bool, color: str) -> str:
+    """Alignment, colors and padding of one cell: nothing left to the theme."""
+    align = "right;font-variant-numeric:tabular-nums" if right else "left"
+    return (
+        f"text-align:{align};vertical-align:top;color:{color};background:transparent;"
+        "padding:3px 10px;line-height:1.4;white-space:nowrap;border:none;"
+    )
+
+
+def _th(right: bool = False) -> str:
+    return _cell(right, _MUTED) + f"border-bottom:2px solid {_LINE};font-weight:600;font-size:12px;"
+
+
+def _td(right: bool = False, color: str = _FG) -> str:
+    return _cell(right, color) + f"border-bottom:1px solid {_HAIR};font-size:13px;"
+
+
+def _foot(right: bool = False) -> str:
+    return _cell(right, _MUTED) + "font-weight:600;font-size:12px;"
+
+
+def _tr(i: int) -> str:
+    """Every row sets its background (the theme's stripes would show otherwise)."""
+    return f"background:{_STRIPE if i % 2 else 'transparent'};"
 
 
 def _badge(ok: bool) -> str:
@@ -282,6 +330,24 @@ def _badge(ok: bool) -> str:
         f"display:inline-block;min-width:3.2em;text-align:center;border-radius:10px;"
         f"padding:0 6px;font-size:11px;font-weight:600;color:#fff;background:{color};"
     )
+
+
+#: The text report's lines fit an 80-column terminal (the leaf table's rows
+#: excepted when a leaf's path or sharding is longer).
+TEXT_WIDTH = 80
+
+
+def _pack(items: Sequence[str], sep: str, first: str = "", width: int = TEXT_WIDTH) -> list[str]:
+    """``first + items`` joined by ``sep``, in lines of at most ``width``: items stay whole."""
+    lines = [first]
+    for item in items:
+        line = lines[-1]
+        if line.strip() and len(line) + len(sep) + len(item) + len(sep.rstrip()) > width:
+            lines[-1] = line + sep.rstrip()
+            lines.append("    " + item)
+        else:
+            lines[-1] = line + (sep if line.strip() and line != first else "") + item
+    return lines
 
 
 def _align(rows: Sequence[Sequence[str]], right: set[int] = frozenset()) -> list[str]:  # type: ignore[assignment]

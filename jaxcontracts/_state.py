@@ -122,8 +122,8 @@ def static(
     Args:
         default: the default value (optional). Type checkers see it only when
             passed by keyword: write ``jc.static(default=0.1)`` in typed code.
-        default_factory, init, repr, hash, compare, metadata, kw_only: as for
-            :func:`dataclasses.field`.
+        default_factory: as for :func:`dataclasses.field`; so are ``init``,
+            ``repr``, ``hash``, ``compare``, ``metadata`` and ``kw_only``.
 
     Examples:
         >>> import jaxcontracts as jc

@@ -10,6 +10,7 @@ import ast
 import inspect
 import io
 import math
+import os
 import re
 import subprocess
 import sys
@@ -36,10 +37,11 @@ CAUGHT = {
 }
 
 
-def _run(*args: str) -> subprocess.CompletedProcess[str]:
+def _run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "jaxcontracts", *args],
         cwd=ROOT,  # `-m` then imports this checkout's package, as the tests do
+        env=None if env is None else {**os.environ, **env},
         capture_output=True,
         text=True,
         timeout=TIMEOUT,
@@ -85,7 +87,7 @@ def test_demo_subprocess_small() -> None:
     assert "kick_drift" in out and "force_kick" in out
     assert "Particles.spec(n=64)" in out and "f32[64,3]" in out
     assert "inside jc.hot_loop()" in out
-    progress = re.findall(r"\[[#.]+\] +(\d+)/5 steps", out)
+    progress = re.findall(r"\d+%\|[#0-9 ]*\| *(\d+)/5 \[", out)
     assert progress and progress[-1] == "5", out  # plain lines (not a TTY), up to 5/5
     assert "\r" not in out
     assert "buffers consumed" in out and "is_deleted() is True" in out
@@ -168,19 +170,75 @@ def test_simulate_values() -> None:
     assert r2.step == 2 and r2.finite
 
 
-def test_progress_bar_on_a_terminal() -> None:
+def test_progress_bar_on_a_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     class Terminal(io.StringIO):
         def isatty(self) -> bool:
             return True
 
-    term = Terminal()
-    r = simulate(100, 16, out=term)
-    text = term.getvalue()
-    assert r.reads == 50  # redrawn every total // 50 steps on a terminal
-    assert text.count("\r") == 50
-    assert "100/100 steps" in text
-    bar_lines = [line for line in text.split("\n") if "steps  t =" in line]
-    assert len(bar_lines) == 1  # one line, redrawn in place
+    for columns in (80, 50):
+        monkeypatch.setenv("COLUMNS", str(columns))
+        term = Terminal()
+        r = simulate(200, 16, out=term)
+        text = term.getvalue()
+        assert r.reads == 100  # a deliberate fetch every total // 100 steps on a terminal
+        assert text.count("\r") >= 2  # redrawn in place (tqdm), not one line per update
+        assert "200/200" in text
+        assert ("t=2.00, max dE/E=" in text) == (columns == 80)  # tqdm cuts the postfix to fit
+        drawn = [seg for line in text.split("\n") for seg in line.split("\r") if seg]
+        assert drawn and max(len(seg) for seg in drawn) <= columns, drawn
+
+
+def _lines_too_wide(text: str, columns: int) -> list[str]:
+    return [line for line in text.splitlines() if len(line) > columns]
+
+
+def test_every_demo_line_fits_80_columns() -> None:
+    # The whole demo, regressions and their messages included, in a pipe.
+    proc = _run("demo", "--steps", "40", "--n", "4096", env={"COLUMNS": "80"})
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("\n") > 80 and "\r" not in proc.stdout
+    assert _lines_too_wide(proc.stdout, 80) == []
+    assert proc.stderr == ""
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="needs a pseudo-terminal")
+def test_demo_bar_in_a_real_terminal_fits_and_moves() -> None:
+    # A real pseudo-terminal of 80 columns: tqdm redraws the bar in place.
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "jaxcontracts", "demo", "--steps", "3000", "--n", "256",
+         "--no-regressions"],
+        cwd=ROOT,
+        stdin=slave,
+        stdout=slave,
+        stderr=slave,
+        env=env,
+    )
+    os.close(slave)
+    chunks = []
+    while True:
+        try:
+            data = os.read(master, 65536)
+        except OSError:  # EIO: the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(master)
+    assert proc.wait(timeout=TIMEOUT) == 0
+    text = b"".join(chunks).decode()
+    drawn = [seg for line in text.split("\n") for seg in line.split("\r") if seg.strip()]
+    bars = [seg for seg in drawn if "/3000" in seg]
+    assert len(bars) >= 2, text  # the bar was drawn more than once: it moved
+    assert "3000/3000" in bars[-1]
+    assert max(len(seg) for seg in drawn) <= 80, [seg for seg in drawn if len(seg) > 80]
 
 
 def test_each_regression_raises_its_error() -> None:
@@ -246,7 +304,7 @@ def test_help() -> None:
     text = proc.stdout
     for flag in ("--steps", "--n", "--no-regressions"):
         assert flag in text
-    assert "default: 200" in text and "default: 4096" in text
+    assert "default: 20000" in text and "default: 4096" in text
     for part in ("1. The simulation", "2. The reports", "3. Three planted regressions"):
         assert part in text
     for name in ("TransferError", "SpecError", "RecompileError", "DonationError"):

@@ -41,7 +41,8 @@ def test_spec_error_at_construction():
         "would return another dtype and recompile). Create it as float32, e.g. "
         "jnp.zeros(shape, jnp.float32), or cast it yourself with "
         ".astype(jnp.float32) if you mean it.\n"
-        "  dims bound: n=2  (n from .pos)"
+        "  dims bound: n=2  (n from .pos)\n"
+        "See: docs/errors.md#specerror"
     )
 
 
@@ -53,7 +54,8 @@ def test_spec_error_for_an_overflowing_scalar():
         "      fix: it overflows float32 (largest finite value 3.40282e+38) and would "
         "be stored as inf; pass a smaller value, or annotate the field Float64 (with "
         "jax_enable_x64 on).\n"
-        "  dims bound: n=2  (n from .pos)"
+        "  dims bound: n=2  (n from .pos)\n"
+        "See: docs/errors.md#specerror"
     )
 
 
@@ -61,13 +63,15 @@ def test_spec_error_for_dims_and_shardings():
     assert _message(lambda: Body.spec(n="3")) == (
         "Body.spec() got 1 invalid dimension size:\n"
         "  n='3' (str): expected a non-negative int\n"
-        "Fix: pass each dimension as a non-negative Python int, e.g. Body.spec(n=4)."
+        "Fix: pass each dimension as a non-negative Python int, e.g. Body.spec(n=4).\n"
+        "See: docs/errors.md#specerror"
     )
     assert _message(lambda: Body.zeros(n=2, sharding={"post": None})) == (
         "Body.zeros(sharding=...) names 'post', which is not a data field of Body.\n"
         "  valid field names: pos, t\n"
         "Fix: fix the spelling, or drop the entry; a field left out of the mapping "
-        "gets no sharding (a nested state takes a mapping of its own fields)."
+        "gets no sharding (a nested state takes a mapping of its own fields).\n"
+        "See: docs/errors.md#specerror"
     )
 
 
@@ -78,7 +82,7 @@ def test_recompile_error_at_compile_carry():
         "test_messages.counter does not return its state with the spec it takes"
     )
     assert "  parameter `s` -> the return value:\n    ['t']: takes i32[], returns ~f32[]\n" in msg
-    assert msg.endswith("Nothing has run yet.")
+    assert msg.endswith("Nothing has run yet.\nSee: docs/errors.md#recompileerror")
 
 
 def test_recompile_error_at_call():
@@ -93,7 +97,8 @@ def test_recompile_error_at_call():
         "      likely cause: shape changed: a smaller last batch? pad it, or drop it\n"
         "Fix: pass arguments with the compiled spec (see the likely cause above), "
         "or allow more signatures with @jc.hot_step(max_compiles=2).\n"
-        "The call did not run; your inputs are intact."
+        "The call did not run; your inputs are intact.\n"
+        "See: docs/errors.md#recompileerror"
     )
 
 
@@ -133,7 +138,8 @@ def test_definition_error_lists_valid_options():
         "Valid values:\n"
         '  donate="all"            every leaf of every state parameter (default)\n'
         '  donate=("pos", "vel")   those state fields only\n'
-        '  donate="none"           no donation (an explicit opt-out)'
+        '  donate="none"           no donation (an explicit opt-out)\n'
+        "See: docs/errors.md#definitionerror"
     )
 
 

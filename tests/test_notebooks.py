@@ -2,14 +2,13 @@
 
 Each notebook is executed once (module scope) with nbclient in a temporary
 copy, on a kernel that runs this interpreter. Cells that the text makes claims
-about carry metadata tags (see ``notebooks/_build.py``); the tests read those
+about carry tags (see ``notebooks/_execute.py``); the tests read those
 cells' outputs, so they do not depend on cell positions.
 """
 
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
 import re
 import shutil
@@ -167,20 +166,24 @@ def test_executes_on_this_interpreter_without_errors(executed, name):
 
 
 @pytest.mark.parametrize("name", NAMES)
-def test_committed_notebook_is_executed_and_matches_its_build_script(name):
-    """The committed file has its outputs and the cells notebooks/_build.py makes."""
+def test_committed_notebook_is_executed_and_matches_its_source(name):
+    """The committed file has its outputs and the cells of its jupytext source."""
+    jupytext = pytest.importorskip("jupytext")
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
     nbformat.validate(nb)
     code = [c for c in nb.cells if c.cell_type == "code"]
     assert code and all(c.execution_count is not None for c in code), "saved without outputs"
     assert not [o for c in code for o in c.outputs if o.output_type == "error"]
-    spec = importlib.util.spec_from_file_location("_nb_build", NOTEBOOKS / "_build.py")
-    assert spec is not None and spec.loader is not None
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
-    want = [(c.cell_type, c.source, c.metadata.get("tags", [])) for c in build.NOTEBOOKS[name]]
+    assert nb.metadata["jupytext"]["formats"] == "ipynb,py:percent"  # paired
+    source = jupytext.read(NOTEBOOKS / name.replace(".ipynb", ".py"))
+    want = [(c.cell_type, c.source, c.metadata.get("tags", [])) for c in source.cells]
     got = [(c.cell_type, c.source, c.metadata.get("tags", [])) for c in nb.cells]
-    assert got == want, f"{name} is out of date: run python notebooks/_build.py"
+    assert got == want, f"{name} is out of date: run python notebooks/_execute.py"
+
+
+def test_every_notebook_source_is_tested():
+    sources = {p.stem for p in NOTEBOOKS.glob("[0-9]*.py")}
+    assert sources == {Path(n).stem for n in NAMES}
 
 
 @pytest.mark.parametrize("name", NAMES)

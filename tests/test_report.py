@@ -148,3 +148,93 @@ def test_importing_jaxcontracts_does_not_initialise_a_backend():
     env = {"PATH": "", "JAX_PLATFORMS": "cpu"}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.stdout.strip() == "3", out.stderr
+
+
+class _Styles(HTMLParser):
+    """Every element's tag and parsed inline style, in document order."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.elements: list[tuple[str, dict[str, str]]] = []
+
+    def handle_starttag(self, tag, attrs):
+        style = dict(attrs).get("style") or ""
+        decls = (d.split(":", 1) for d in style.split(";") if ":" in d)
+        self.elements.append((tag, {k.strip(): v.strip() for k, v in decls}))
+
+
+def _styled(report: jc.Report) -> list[tuple[str, dict[str, str]]]:
+    parser = _Styles()
+    parser.feed(report._repr_html_())
+    return parser.elements
+
+
+def _reports() -> list[jc.Report]:
+    advance = jc.hot_step(advance_fn, signature=Particles)
+    p = advance(make_particles(4))
+    x = jnp.arange(3.0)
+    with jc.hot_loop(on_violation="record") as loop:
+        for _ in range(2):
+            p = advance(p)  # timed: the loop report gets a timing section
+            np.asarray(x)
+
+    @jc.hot_step
+    def counter(s: dict) -> dict:
+        return {"t": s["t"] + 1.0}
+
+    failed = jc.check(counter, {"t": jnp.int32(0)})
+    assert loop.report().timing is not None and loop.report().timing.calls == 2
+    return [advance.report(), loop.report(), failed]
+
+
+def test_html_reads_in_light_and_dark_notebook_themes():
+    # JupyterLab's stylesheet right-aligns cells and stripes rows (black in its
+    # dark theme); a light background with the theme's light text hid rows.
+    # Checked by screenshots of nbconvert's lab template, light and dark; these
+    # are the properties that made both read.
+    for report in _reports():
+        elements = _styled(report)
+        tag, box = elements[0]
+        assert tag == "div"
+        # The box's text and background follow the theme together, with a
+        # light pair of fallbacks where there are no theme variables.
+        assert box["color"] == "var(--jp-content-font-color1, #1f2328)"
+        assert box["background"] == "var(--jp-layout-color0, #ffffff)"
+        cells = [(t, s) for t, s in elements if t in ("td", "th")]
+        rows = [s for t, s in elements if t == "tr"]
+        assert cells or not report.rows
+        for t, s in cells:
+            # Every cell sets its alignment, colour and background itself.
+            assert s["text-align"] in ("left", "right"), (t, s)
+            assert s["color"].startswith("var(--jp-"), (t, s)
+            assert s["background"] == "transparent", (t, s)
+        for s in rows:
+            # Every row sets its background: transparent or a translucent
+            # gray stripe that reads over light and dark boxes alike.
+            assert s["background"] == "transparent" or s["background"].startswith("rgba(128, 128, 128,")
+        for t, s in elements:
+            for key in ("background", "color", "border-left", "border-bottom", "border"):
+                value = s.get(key, "")
+                # A fixed colour is only a fallback inside var(), a translucent
+                # one, or the badges' white on a saturated green/red.
+                if "#" in value and "var(" not in value:
+                    assert t == "span" and s.get("font-weight") == "600", (t, key, value)
+        pre = [s for t, s in elements if t == "pre"]
+        if report.timing is not None and report.timing.calls:
+            assert any("rgba(128, 128, 128" in s["border-left"] for s in pre)  # timing is no failure
+        for s in pre:
+            assert s["color"].startswith("var(--jp-") and s["background"].startswith("rgba(")
+            assert s["word-break"] == "normal"  # JupyterLab breaks words in <pre> otherwise
+    leaves = _styled(_reports()[0])
+    aligns = [s["text-align"] for t, s in leaves if t == "th"]
+    assert aligns == ["left"] * 5 + ["right"]  # leaf ... aliased, then bytes
+
+
+def test_text_lines_are_packed_into_80_columns():
+    from jaxcontracts._report import _pack
+
+    items = [f"item{i}: {'x' * 9}" for i in range(12)]
+    lines = _pack(items, " | ", first="facts: ")
+    assert len(lines) > 1 and max(len(line) for line in lines) <= 80, lines
+    assert " | ".join(line.strip().removesuffix(" |") for line in lines) == "facts: " + " | ".join(items)
+    assert _pack(["a", "b"], ", ") == ["a, b"]

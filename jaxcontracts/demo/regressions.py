@@ -23,7 +23,16 @@ import jax.numpy as jnp
 
 import jaxcontracts as jc
 
-from .simulation import DT, Particles, acceleration, compiled_steps, initial_state, kick_drift
+from .simulation import (
+    DT,
+    Particles,
+    acceleration,
+    compiled_steps,
+    initial_state,
+    kick_drift,
+    say,
+    width,
+)
 
 
 def regression_print_in_loop(n: int) -> None:
@@ -118,7 +127,7 @@ def regression_stale_read(n: int) -> None:
 # Running them
 
 
-def _error_lines(e: BaseException, indent: str, max_lines: int = 6) -> list[str]:
+def _error_lines(e: BaseException, indent: str, max_lines: int = 8) -> list[str]:
     """The first lines of an error (up to its first fix), wrapped, for the demo."""
     message = str(e).splitlines() or [""]
     keep = []
@@ -132,7 +141,11 @@ def _error_lines(e: BaseException, indent: str, max_lines: int = 6) -> list[str]
         body = text.lstrip()
         lead = indent + ("" if i == 0 else "  ") + text[: len(text) - len(body)]
         out += textwrap.wrap(
-            body, width=120, initial_indent=lead, subsequent_indent=lead + "    "
+            body,
+            width=width(),
+            initial_indent=lead,
+            subsequent_indent=lead + "    ",
+            break_on_hyphens=False,
         ) or [lead]
     if len(out) > max_lines:
         out = out[: max_lines - 1] + [out[max_lines - 1].rstrip() + " ..."]
@@ -152,15 +165,13 @@ def expect(
     except error as e:
         for line in _error_lines(e, indent):
             print(line, file=out)
-        print(f"{indent}-> caught {caught}", file=out)
+        say(out, f"{indent}-> caught {caught}")
         return True
     except Exception as e:  # noqa: BLE001 - the wrong error is a failure, shown
         first = (str(e).splitlines() or [""])[0]
-        print(
-            f"{indent}FAILED: expected {error.__name__}, got {type(e).__name__}: {first}", file=out
-        )
+        say(out, f"{indent}FAILED: expected {error.__name__}, got {type(e).__name__}: {first}")
         return False
-    print(f"{indent}FAILED: expected {error.__name__}, but nothing was raised", file=out)
+    say(out, f"{indent}FAILED: expected {error.__name__}, but nothing was raised")
     return False
 
 
@@ -168,7 +179,7 @@ def run_regressions(n: int, out: TextIO) -> bool:
     """Run the three planted regressions; each must be caught."""
 
     def write(line: str = "") -> None:
-        print(line, file=out)
+        say(out, line)
 
     ok = True
     write("Regression 1/3: print(p.t) inside the loop")
@@ -180,9 +191,8 @@ def run_regressions(n: int, out: TextIO) -> bool:
     )
     write()
 
-    write(
-        'Regression 2/3: an int32-initialised float field (t=jnp.int32(0) for Float32[Array, ""])'
-    )
+    write("Regression 2/3: an int32-initialised float field")
+    write('  (t=jnp.int32(0) for a Float32[Array, ""] field)')
     write("  a) in the Particles state class:")
     ok &= expect(
         out,
@@ -207,7 +217,8 @@ def run_regressions(n: int, out: TextIO) -> bool:
     write()
 
     write("Regression 3/3: a donation that would have gone stale")
-    write("  a) a parameter inserted before the state: def scaled_kick_drift(scale, p: Particles)")
+    write("  a) a parameter inserted before the state:")
+    write("     def scaled_kick_drift(scale, p: Particles)")
     try:
         f = inserted_parameter(n)
     except Exception as e:  # noqa: BLE001 - shown as a failure
@@ -228,7 +239,8 @@ def run_regressions(n: int, out: TextIO) -> bool:
         else:
             write("    FAILED: the hot step did not donate the state, or donated `scale`")
             ok = False
-    write("  b) the old state kept and read after the step donated it (before = p; p = step(p)):")
+    write("  b) the old state kept and read after the step donated it:")
+    write("     before = p; p = step(p); float(before.t)")
     ok &= expect(
         out,
         jc.DonationError,
