@@ -38,7 +38,7 @@ from ._donation import find_hazards
 from ._errors import INPUTS_INTACT, ContractError, DefinitionError, DonationError, RecompileError
 from ._records import CompiledSignature, StepDescription, StepStats
 from ._report import Report, step_report
-from ._runtime import consumer_of
+from ._runtime import consumer_of, observers
 from ._signature import StepSignature, analyse
 from ._spec import fmt_value
 from ._state import (
@@ -184,6 +184,7 @@ class HotStep(Generic[P, R]):
         self._compile_lock = threading.RLock()
         # Set while the slow path re-dispatches a call, per thread.
         self._redispatch = threading.local()
+        observers.step_made(self)  # for contract snapshots (jc.snapshot)
 
     # -- public API --------------------------------------------------------
 
@@ -359,6 +360,8 @@ class HotStep(Generic[P, R]):
         self.stats.compiles += 1
         self.stats.compile_seconds += cs.compile_seconds
         self._use(cs)
+        if observers.recorders:
+            observers.compiled(self)
         return cs
 
     def _on_checks_changed(self, level: str) -> None:
