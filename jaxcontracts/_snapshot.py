@@ -258,10 +258,30 @@ class Snapshot:
         order = [p for p, _ in self.fields] + [p for p, _ in other.fields if p not in before]
         changes: list[Change] = []
         skipped: list[str] = []
+        heads_before = {p[:i] for p in before for i in range(1, len(p))}
+        heads_after = {p[:i] for p in after for i in range(1, len(p))}
+        blocks_done: set[Path] = set()
         for path in order:
             key = path[-1]
             old, new = before.get(path), after.get(path)
             where = " / ".join(path)
+            block = next(
+                (
+                    path[:i]
+                    for i in range(1, len(path))
+                    if (path[:i] in heads_before) != (path[:i] in heads_after)
+                ),
+                None,
+            )
+            if block is not None:  # a whole step, signature or loop run came or went
+                if block not in blocks_done:
+                    blocks_done.add(block)
+                    gone = block in heads_before
+                    text = _block_summary(self.fields if gone else other.fields, block)
+                    changes.append(
+                        Change(" / ".join(block), text if gone else "-", "-" if gone else text)
+                    )
+                continue
             if not same_versions and _version_dependent(key):
                 skipped.append(where)
                 continue
@@ -288,6 +308,17 @@ class Snapshot:
                 "compared, only the version-stable contract"
             )
         return SnapshotDiff(tuple(changes), tuple(skipped), note)
+
+
+def _block_summary(fields: Sequence[tuple[Path, str]], block: Path) -> str:
+    """One line for a whole step, signature or loop run: its leaves or first fields."""
+    inside = [(p[len(block) :], v) for p, v in fields if p[: len(block)] == block]
+    leaves = [(p[-1][5:], v.partition(" ")[0]) for p, v in inside if p[-1].startswith("leaf ")]
+    if leaves:
+        text = ", ".join(f"{path} {spec}" for path, spec in leaves[:4])
+        return text + (f", ... ({len(leaves)} leaves)" if len(leaves) > 4 else "")
+    shown = [f"{p[-1]}: {v}" for p, v in inside if len(p) == 1][:3]
+    return "; ".join(shown)
 
 
 def _field_name(name: str) -> str:
