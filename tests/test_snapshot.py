@@ -438,3 +438,21 @@ def test_a_step_compiled_in_a_fixture_and_the_jc_hot_loop_marker_are_recorded(py
     assert "step test_fx.advance\n  compiles: 1\n" in text
     assert "  calls test_fx.advance: 3\n" in text
     pytester.runpytest("-k", "marked").assert_outcomes(passed=1)
+
+
+# -- the demo's own snapshot (tests/__jc_snapshots__/) ----------------------
+
+
+@pytest.mark.jc_snapshot
+def test_demo_simulation_contract():
+    """The demo's two steps and its loop, held against the committed snapshot.
+
+    Written on CPU with 8 simulated devices (conftest.py); on another backend
+    there is no section to compare with, so the test is skipped there.
+    """
+    if jax.default_backend() != "cpu":
+        pytest.skip("the committed snapshot is a CPU one")
+    from jaxcontracts.demo.simulation import simulate
+
+    result = simulate(steps=20, n=64)
+    assert result.finite and result.reads == 4
