@@ -402,12 +402,16 @@ def _leaf_attrs(value: str) -> dict[str, str]:
 
 
 def _leaf_changes(where: str, old: str, new: str) -> list[Change]:
+    """One row per leaf: the attributes that changed, before and after."""
     a, b = _leaf_attrs(old), _leaf_attrs(new)
-    out = []
-    for k in [*a, *(k for k in b if k not in a)]:
-        if a.get(k) != b.get(k):
-            out.append(Change(f"{where} ({k})", a.get(k, "-"), b.get(k, "-")))
-    return out
+    keys = [k for k in [*a, *(k for k in b if k not in a)] if a.get(k) != b.get(k)]
+
+    def show(attrs: dict[str, str]) -> str:
+        return " ".join(
+            attrs.get(k, "-") if k == "spec" else f"{k}={attrs.get(k, '-')}" for k in keys
+        )
+
+    return [Change(where, show(a), show(b))] if keys else []
 
 
 # --------------------------------------------------------------------------

@@ -67,6 +67,9 @@ def main() -> float:
             if i == 3:
                 host: Metrics = jc.fetch(m)
                 total = float(host.energy) + float(jc.fetch(energy)) + dt
+    snap: jc.Snapshot = jc.snapshot(advance, count)
+    unchanged: jc.SnapshotDiff = snap.diff(jc.snapshot(advance), tolerances={"temporaries": 0.1})
+    assert unchanged.ok or unchanged.changes[0].before != ""
     fetched: Particles = jc.fetch(p)
     counted: jax.Array = c.count
     return total + float(fetched.t) + float(jc.fetch(counted))
