@@ -31,15 +31,15 @@ from typing import Any
 import jax
 
 from ._compat.arrays import ArrayImpl
-from ._compat.tracing import cpp_call, flatten, trace_state_clean
+from ._compat.tracing import cpp_call, flatten, top_level_refs
 from ._compile import TOKEN_KEY
 from ._records import CompiledSignature, StepStats
-from ._runtime import CONSUMED_KEY, note_call, tracking
+from ._runtime import note_call, tracking
 
 __all__ = ["make_dispatch"]
 
 SlowCall = Callable[[tuple[Any, ...], dict[str, Any], "BaseException | None"], Any]
-NotConsumed = Callable[[CompiledSignature, Sequence[Any], Any], BaseException]
+NotConsumed = Callable[[CompiledSignature, Sequence[Any], Any], BaseException | None]
 FlatFields = Callable[[type], "tuple[str, ...] | None"]
 Normalize = Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
 
@@ -58,7 +58,7 @@ class _Context:
     stats: StepStats
     not_consumed: NotConsumed
     flat_fields: FlatFields
-    marks: tuple[int, ...]  # state parameters to mark as consumed (CONSUMED_KEY)
+    marks: tuple[tuple[int, type, type], ...]  # (state parameter, its class, consumed class)
     normalize: Normalize | None = None
 
 
@@ -74,7 +74,7 @@ def make_dispatch(
     stats: StepStats,
     not_consumed: NotConsumed,
     flat_fields: FlatFields,
-    marks: tuple[int, ...] = (),
+    marks: tuple[tuple[int, type, type], ...] = (),
     normalize: Normalize | None = None,
 ) -> Callable[..., Any]:
     """Build the per-call closure for one compiled signature and checks level.
@@ -84,8 +84,9 @@ def make_dispatch(
         not_consumed: builds the DonationError raised when XLA copied.
         flat_fields: for a state class whose fields are all arrays (or
             static), its array field names, read by attribute; else ``None``.
-        marks: the ``jc.state`` parameters with donated leaves: after a call
-            each is marked with the step's name (one dict store).
+        marks: ``(index, class, consumed class)`` of each ``jc.state``
+            parameter with donated leaves: after a call each such argument
+            takes its consumed class, which names the step (one store).
         normalize: ``(args, kwargs) -> every argument by position``, defaults
             applied; used at ``off`` when keywords are passed or the argument
             count differs (the executable takes positional arguments only).
@@ -120,14 +121,15 @@ def _off(ctx: _Context) -> Callable[..., Any]:
     refused the call, so a call with every argument by position pays nothing.
     """
     compiled, slow_call, in_treedef = ctx.compiled, ctx.slow_call, ctx.cs.in_treedef
-    clean = trace_state_clean
+    # "no trace is active": JAX's is_top_level() read inline (see top_level_refs)
+    tref, ev, aref, top = top_level_refs()
     n_params, normalize = ctx.n_params, ctx.normalize
     if ctx.cs.flat_style:
 
         def off_flat(*args: Any, **kwargs: Any) -> Any:
             leaves, treedef = flatten(args)
-            if kwargs or treedef != in_treedef or not clean():
-                if normalize is not None and (kwargs or len(args) != n_params) and clean():
+            if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
+                if normalize is not None and (kwargs or len(args) != n_params) and tref.value is ev:
                     return off_flat(*normalize(args, kwargs))
                 return slow_call(args, kwargs, None)
             try:
@@ -138,7 +140,7 @@ def _off(ctx: _Context) -> Callable[..., Any]:
         return off_flat
 
     def off(*args: Any, **kwargs: Any) -> Any:
-        if not clean():  # under a transformation: the slow path traces the function
+        if tref.value is not ev or aref.value is not top:  # under a transformation: trace
             return slow_call(args, kwargs, None)
         try:
             return compiled(*args, **kwargs)
@@ -186,8 +188,9 @@ def _tail(ctx: _Context, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any
     key = TOKEN_KEY
     full, stats, cs, not_consumed = ctx.full, ctx.stats, ctx.cs, ctx.not_consumed
     step_id, name = ctx.step_id, ctx.name
-    marks, consumed_key = ctx.marks, CONSUMED_KEY
+    marks = ctx.marks
     mark_one = marks[0] if len(marks) == 1 else None
+    set_class = object.__setattr__  # the states are frozen dataclasses
 
     def tail(args: tuple[Any, ...], src: Any, out: Any) -> Any:
         if single:
@@ -195,12 +198,17 @@ def _tail(ctx: _Context, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any
         else:
             stamp(out)
         if full and not consumed(src):
-            raise not_consumed(cs, flatten(args)[0], out)
+            err = not_consumed(cs, flatten(args)[0], out)
+            if err is not None:  # None: a recording loop took it as a violation
+                raise err
         if mark_one is not None:  # the donated state names its consumer
-            args[mark_one].__dict__[consumed_key] = name
+            i, cls, consumed_cls = mark_one
+            if type(args[i]) is cls:
+                set_class(args[i], "__class__", consumed_cls)
         elif marks:
-            for i in marks:
-                args[i].__dict__[consumed_key] = name
+            for i, cls, consumed_cls in marks:
+                if type(args[i]) is cls:
+                    set_class(args[i], "__class__", consumed_cls)
         stats.calls += 1
         if tracking.count:  # a hot_loop is active somewhere: remember for messages
             note_call(step_id, name, args, out)
@@ -233,10 +241,11 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
             equivalent.add((i, got))
         return ok
     array_impl = ArrayImpl
-    clean = trace_state_clean  # False under jit, vmap, grad...: the slow path traces
+    tref, ev, aref, top = top_level_refs()  # a trace active (jit, vmap...): the slow path traces
     # One is_deleted() per call catches the usual stale state (all of it was
     # donated) before XLA refuses it with an error line on stderr.
     first_donated = donated[0] if donated else None
+    full, is_deleted, n_leaves = ctx.full, ArrayImpl.is_deleted, len(cs.leaves)
 
     def leaves_consumed(leaves: Sequence[Any]) -> bool:
         return all(leaves[i].is_deleted() for i in donated)
@@ -245,7 +254,7 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
 
     def checked(*args: Any, **kwargs: Any) -> Any:
         leaves, treedef = flatten(args)
-        if kwargs or treedef != in_treedef or not clean():
+        if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
             return slow_call(args, kwargs, None)
         if any_weak:
             for x, w in zip(leaves, weak):
@@ -261,6 +270,10 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
                     return slow_call(args, kwargs, None)
         if first_donated is not None and leaves[first_donated].is_deleted():
             return slow_call(args, kwargs, None)  # a stale state: explain, quietly
+        if full and (any(map(is_deleted, leaves)) or len(set(map(id, leaves))) != n_leaves):
+            # any other deleted or repeated buffer, before XLA refuses it with
+            # an ExecutePrepare error line on stderr (fast leaves that to XLA)
+            return slow_call(args, kwargs, None)
         try:
             out = compiled(*leaves) if flat_style else compiled(*args)
         except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
@@ -286,8 +299,9 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
     """
     cs, compiled, slow_call, n_params = ctx.cs, ctx.compiled, ctx.slow_call, ctx.n_params
     in_tokens, key = cs.in_tokens, TOKEN_KEY
+    full = ctx.full
     array_impl = ArrayImpl
-    clean = trace_state_clean
+    tref, ev, aref, top = top_level_refs()
     is_deleted = array_impl.is_deleted  # unbound: map() runs it in C
     getters = {arg: _leaves_of(type(cs.spec_args[arg]), ctx.flat_fields) for arg, _ in in_tokens}
     donated_getters = tuple((arg, getters[arg]) for arg, _ in in_tokens) if cs.donated else ()
@@ -322,7 +336,7 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
             d = getattr(args[0], "__dict__", None)
             if d is None or d.get(key) is not token0:
                 return checked(*args)
-            if not clean():  # a state closed over by an outer jit: trace, never run
+            if tref.value is not ev or aref.value is not top:  # closed over by an outer jit: trace
                 return slow_call(args, kwargs, None)
             if first_leaf is not None and first_leaf(args).is_deleted():
                 return slow_call(args, kwargs, None)
@@ -347,7 +361,7 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
             d = getattr(args[i], "__dict__", None)
             if d is None or d.get(key) is not token:
                 return checked(*args)
-        if not clean():
+        if tref.value is not ev or aref.value is not top:
             return slow_call(args, kwargs, None)
         if first_leaf is not None and first_leaf(args).is_deleted():
             return slow_call(args, kwargs, None)
@@ -358,6 +372,8 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
             for x, w in zip(leaves, other_weak):
                 if type(x) is not array_impl or (x.aval.weak_type is not w if other_any_weak else x.aval.weak_type):
                     return checked(*args)
+            if full and any(map(is_deleted, leaves)):
+                return slow_call(args, kwargs, None)  # before XLA's error line
         try:
             out = compiled(*args)
         except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
@@ -368,19 +384,25 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
 
 
 def _leaves_of(cls: type, flat_fields: FlatFields) -> Callable[[Any], Sequence[Any]]:
-    """The leaves of a state instance: attribute reads for a flat class."""
+    """The leaves of a state instance: ``__dict__`` reads for a flat class.
+
+    Never attribute reads: a consumed state's fields raise when read (it
+    names its consumer), and the call path must see its deleted buffers.
+    """
     names = flat_fields(cls)
     if not names:
         return lambda x: flatten(x)[0]
     if len(names) == 1:
         (only,) = names
-        return lambda x: (getattr(x, only),)
-    return operator.attrgetter(*names)
+        return lambda x: (x.__dict__[only],)
+    get = operator.itemgetter(*names)
+    return lambda x: get(x.__dict__)
 
 
 def _first_leaf_of(cls: type, flat_fields: FlatFields) -> Callable[[Any], Any]:
-    """The first leaf of a state instance: one attribute read for a flat class."""
+    """The first leaf of a state instance: one ``__dict__`` read for a flat class."""
     names = flat_fields(cls)
     if names:
-        return operator.attrgetter(names[0])
+        first = names[0]
+        return lambda x: x.__dict__[first]
     return lambda x: flatten(x)[0][0]

@@ -138,7 +138,12 @@ def hazard_error(
             f"{paths[a] if a in donated else paths[b]} is donated"
         )
     return DonationError(
-        f"{sig.name}: the call would donate a buffer that cannot be donated:",
+        f"{sig.name}: "
+        + (
+            "the call would donate a buffer that cannot be donated:"
+            if all(i in donated for i in deleted)
+            else "the call passes a buffer that no longer exists (deleted or donated):"
+        ),
         lines,
         fix="use the state the previous call returned (s = step(s)), not the "
         "one you passed to it; pass a copy (jnp.copy(x)) where one array must "

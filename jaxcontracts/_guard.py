@@ -44,12 +44,17 @@ Explicit transfers stay allowed: ``jc.fetch(tree)``, ``jax.device_get``,
 
 from __future__ import annotations
 
+import ast
 import contextlib
 import functools
 import inspect
+import io
 import os
+import re
+import sys
 import sysconfig
 import threading
+import tokenize
 import types
 from collections.abc import Callable
 from types import FrameType
@@ -59,7 +64,8 @@ import jax
 import numpy as np
 import numpy.typing as npt
 
-from ._compat import arrays, events, frames, hostcopy, runtime_errors, threadguard
+from ._compat import arrays, events, frames, guardlog, hostcopy, runtime_errors, threadguard
+from ._compat.tracing import Tracer
 from ._config import get_checks
 from ._errors import DefinitionError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval
@@ -177,6 +183,28 @@ _TITLES = {
     "compile": "compile inside jc.hot_loop",
     "donation": "use of a donated array inside jc.hot_loop",
 }
+_LOGGED_FIX = (
+    "rerun with on_violation=\"raise\" to stop at the line; the usual cause is an "
+    "eager op or a jax.jit call given a Python scalar or a numpy array (x * 2.0 "
+    "on an array, f(np_array)): make constants device arrays before the loop "
+    "(two = jnp.float32(2.0)) or move the arithmetic into the step."
+)
+_LOGGED_AVAL = re.compile(r"^(?P<dtype>[a-z]+\d*)\[(?P<shape>[\d,]*)\](?P<weak>, weak_type=True)?")
+
+
+def _logged_aval(text: str) -> str:
+    """``float32[3], weak_type=True`` -> ``f32[3] (weak: a Python scalar?)``."""
+    m = _LOGGED_AVAL.match(text)
+    if m is None:
+        return text or "an argument (jaxlib's jit fast path gives no shape: a numpy array or Python scalar passed to a jax.jit function?)"
+    try:
+        shape = tuple(int(d) for d in m["shape"].split(",") if d)
+        out = fmt_aval(shape, np.dtype(m["dtype"]))
+    except TypeError:
+        return text
+    return out + (" (weakly typed: a Python scalar)" if m["weak"] else "")
+
+
 _CONTRACT_OF = {"transfer": "no-transfer", "compile": "no-compile", "donation": "no-donated-use"}
 
 
@@ -383,6 +411,38 @@ def _on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
     name = str(kwargs.get("fun_name") or "a function")
     if name.startswith("jit(") and name.endswith(")"):
         name = name[4:-1]
+    # The compile is often a symptom: say the cause when the stack shows it.
+    user = _user_frame(frames.caller_frame(1))
+    stale = _deleted_in_stack(user)
+    if stale is not None:
+        by = consumed_by(stale)
+        _violation(
+            "donation",
+            f"`{name}` on an array that was donated"
+            + (f" to {by}" if by else " (deleted)")
+            + f": {fmt_aval(stale.shape, stale.dtype)} (jax would compile it, then "
+            "fail on the deleted buffer)",
+            "use the state the step returned (s = step(s)); to compare with the "
+            "old value, keep a copy before the call (old = jnp.copy(s.w)) or "
+            "compute the difference inside the step.",
+            DonationError,
+            user,
+        )
+        return
+    read = _host_read_on_line(user)
+    if read is not None:
+        _violation(
+            "transfer",
+            f"device-to-host read: {read} reads the result of an eager `{name}` "
+            "on the host (the op compiles here, then its result is copied to "
+            "the host)",
+            "decide on the device (jnp.where / lax.cond in the step, returning a "
+            "flag), or read deliberately and rarely: `if jc.fetch(x) < 1e-3:` "
+            "every N steps.",
+            TransferError,
+            user,
+        )
+        return
     _violation(
         "compile",
         f"jax compiles `{name}` (a fresh jax.jit, a new input signature, or a "
@@ -391,6 +451,65 @@ def _on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
         "eager op into a hot_step.",
         RecompileError,
     )
+
+
+def _deleted_in_stack(user: FrameType | None, limit: int = 80) -> Any | None:
+    """A deleted array among the arguments of the JAX calls below ``user``.
+
+    The frames between the compile event and the user's line are JAX's own
+    dispatch of the op; a deleted (donated) array among their locals is the
+    op's argument, and the real error.
+    """
+    frame = frames.caller_frame(2)
+    while frame is not None and frame is not user and limit:
+        for value in list(frame.f_locals.values()):
+            for x in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(x, jax.Array) and not isinstance(x, Tracer) and x.is_deleted():
+                    return x
+        frame, limit = frame.f_back, limit - 1
+    return None
+
+
+def _strip_comment(line: str) -> str:
+    """``line`` without its trailing ``# comment`` (strings are respected)."""
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(line).readline):
+            if tok.type == tokenize.COMMENT:
+                return line[: tok.start[1]].rstrip()
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return line.rstrip()
+
+
+_READ_CALLS = {"bool", "float", "int", "complex", "item", "tolist", "asarray", "array"}
+
+
+def _host_read_on_line(user: FrameType | None) -> str | None:
+    """How the user's line reads an eager result on the host, if it visibly does.
+
+    ``if``/``while``/``assert``/a ternary test a value on the host (``bool()``),
+    and ``float()``, ``int()``, ``.item()``, ``.tolist()``, ``np.asarray`` copy
+    it; the compile the guard saw is that expression's eager op.
+    """
+    text = _where(user)[1]
+    if not text:
+        return None
+    source = _strip_comment("if" + text[4:] if text.startswith("elif ") else text)
+    try:
+        tree = ast.parse(source + " pass" if source.endswith(":") else source)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.If, ast.While, ast.IfExp)):
+            return f"the `{'while' if isinstance(node, ast.While) else 'if'}` on this line"
+        if isinstance(node, ast.Assert):
+            return "the `assert` on this line"
+        if isinstance(node, ast.Call):
+            f = node.func
+            called = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            if called in _READ_CALLS:
+                return f"{called}() on this line"
+    return None
 
 
 _patches: _Patches | None = None
@@ -430,7 +549,7 @@ _stacks_lock = threading.Lock()
 class _Entry:
     """One entry into a loop, on the thread (``stack``) that entered it."""
 
-    __slots__ = ("checked", "ended", "loop", "modes", "native", "stack")
+    __slots__ = ("capture_tid", "checked", "ended", "loop", "modes", "native", "stack")
 
     def __init__(self, loop: HotLoop, stack: LoopStack, modes: dict[str, str], checked: bool) -> None:
         self.loop = loop
@@ -439,6 +558,8 @@ class _Entry:
         self.checked = checked  # holds the class patches and the compile listener
         self.native: contextlib.ExitStack | None = None
         self.ended = False
+        # Record mode: the native thread id whose guard log lines this entry takes.
+        self.capture_tid: int | None = None
 
 
 def _enter_native(modes: dict[str, str]) -> contextlib.ExitStack | None:
@@ -636,11 +757,36 @@ class HotLoop:
         self, kind: str, what: str, where: str, message: str, source: str = "", fix: str = ""
     ) -> None:
         key = (kind, where, what)
+        if kind == "donation" and key not in self._violations and any(
+            k[0] == "donation" and k[1] == where for k in self._violations
+        ):
+            return  # the same stale value's use at this line, already recorded
         found = self._violations.get(key)
         if found is None:
             self._violations[key] = Violation(kind, what, where, 1, message, source, fix)  # type: ignore[arg-type]
         else:
             found.count += 1
+
+    def _record_logged(self, logged: list[guardlog.GuardEvent], unparsed: int) -> None:
+        """Record the transfers JAX's guard logged on this entry's thread."""
+        where = "(jaxlib's log)"
+        for event in logged:
+            what = f"implicit {event.direction} transfer of {_logged_aval(event.aval)}"
+            self._record(
+                "transfer",
+                what,
+                where,
+                f"{_TITLES['transfer']}: {what}\n  at {where}: JAX logs it from C++, "
+                "with no Python line\nFix: " + _LOGGED_FIX,
+                "",
+                _LOGGED_FIX,
+            )
+        if unparsed:
+            what = (
+                f"{unparsed} transfer-guard log line(s) from jaxlib that this version "
+                "of jaxcontracts cannot read (left on stderr)"
+            )
+            self._record("transfer", what, where, f"{_TITLES['transfer']}: {what}", "", _LOGGED_FIX)
 
     def report(self) -> Report:
         """A :class:`jc.Report` of the violations (text with ``str()``, HTML in
@@ -667,6 +813,8 @@ class HotLoop:
                     state = threadguard.current()
                     stack.saved = None if state is None else (state, threadguard.levels(state))
                 entry.native = _enter_native(modes)
+                if checked and modes.get("host_to_device") == "log" and guardlog.start():
+                    entry.capture_tid = threading.get_native_id()
                 stack.entries.append(entry)
                 _relink(stack)
                 self._entries.append(entry)
@@ -705,6 +853,8 @@ class HotLoop:
             finally:
                 if entry.checked:
                     _release()
+        if entry.capture_tid is not None:
+            self._record_logged(*guardlog.stop(entry.capture_tid))
         if observers.recorders:
             observers.loop(self, False)
         pending, _pending.error = getattr(_pending, "error", None), None
@@ -712,6 +862,15 @@ class HotLoop:
             return False
         if pending is not None and exc is not None and arrays.is_unset_error(exc):
             raise pending.with_traceback(None) from None  # a refused buffer export (3.11)
+        if pending is not None and exc is None and sys.version_info < (3, 12):
+            # 3.11: the refusal reached the code as a SystemError it caught:
+            # the read was still refused, so the loop says so as it ends.
+            pending.add_note(
+                "Raised as the loop ended: on Python 3.11 this refusal reached your "
+                "code as `SystemError: ... returned NULL without setting an "
+                "exception`, which was caught inside the loop."
+            )
+            raise pending.with_traceback(None) from None
         translated = _translate(exc, tb) if exc is not None else None
         if translated is not None:
             raise translated from None

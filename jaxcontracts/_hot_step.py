@@ -19,6 +19,7 @@ from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 import jax
+import numpy as np
 
 from . import _config
 from ._callpath import make_dispatch
@@ -35,13 +36,21 @@ from ._diagnose import (
     signature_error,
 )
 from ._donation import find_hazards
-from ._errors import INPUTS_INTACT, ContractError, DefinitionError, DonationError, RecompileError
+from ._errors import (
+    INPUTS_INTACT,
+    ContractError,
+    DefinitionError,
+    DonationError,
+    RecompileError,
+    TransferError,
+)
 from ._records import CompiledSignature, StepDescription, StepStats
 from ._report import Report, step_report
-from ._runtime import consumer_of, observers
+from ._runtime import consumer_of, observers, recording_loop
 from ._signature import StepSignature, analyse
 from ._spec import fmt_value
 from ._state import (
+    consumed_class,
     data_field_names,
     flat_leaf_getter,
     is_sealed_state,
@@ -386,8 +395,8 @@ class HotStep(Generic[P, R]):
             normalize=self._sig.normalize,
         )
 
-    def _marks(self, cs: CompiledSignature) -> tuple[int, ...]:
-        """The jc.state parameters with donated leaves (named after a call)."""
+    def _marks(self, cs: CompiledSignature) -> tuple[tuple[int, type, type], ...]:
+        """The jc.state parameters with donated leaves: (index, class, consumed class)."""
         if not cs.donated:
             return ()
         ends, n = [], 0
@@ -398,17 +407,44 @@ class HotStep(Generic[P, R]):
         for i in self._sig.state_params:
             start = ends[i - 1] if i else 0
             if is_state(cs.spec_args[i]) and any(start <= d < ends[i] for d in cs.donated):
-                marks.append(i)
+                cls = type(cs.spec_args[i])
+                marks.append((i, cls, consumed_class(cls, self._sig.short_name)))
         return tuple(marks)
+
+    def _put_host_leaves(self, positional: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Host leaves put on the device, in the compiled signature's dtypes when it fits."""
+        leaves, treedef = jax.tree_util.tree_flatten(positional)
+        current = self._current
+        fits = current is not None and treedef == current.in_treedef
+        with jax.transfer_guard_host_to_device("allow"):  # recorded already, as the call's
+            put = [
+                x
+            if isinstance(x, jax.Array)
+                else jax.device_put(np.asarray(x, current.leaves[i].spec.dtype if fits else None))  # type: ignore[union-attr]
+                for i, x in enumerate(leaves)
+            ]
+        return tuple(jax.tree_util.tree_unflatten(treedef, put))
 
     def _refuse(self, positional: tuple[Any, ...]) -> Exception:
         self.stats.refused += 1
         assert self._current is not None
         return signature_error(self._sig, self._current, len(self._signatures), positional)
 
-    def _not_consumed(self, cs: CompiledSignature, leaves: Any, out: Any) -> DonationError:
+    def _not_consumed(self, cs: CompiledSignature, leaves: Any, out: Any) -> DonationError | None:
+        """The error for donated buffers XLA copied; ``None`` once a recording loop took it."""
         self.stats.not_consumed += 1
-        return not_consumed_error(self._sig, cs, leaves, out)
+        err = not_consumed_error(self._sig, cs, leaves, out)
+        loop = recording_loop()
+        if loop is None:
+            return err
+        loop.violation(
+            "donation",
+            f"{self._sig.name}: donated input buffer(s) not consumed (XLA copied "
+            f"them): {', '.join(err.leaves)}",
+            err.fix or "",
+            DonationError,
+        )
+        return None
 
     # -- the slow path -----------------------------------------------------
 
@@ -446,8 +482,21 @@ class HotStep(Generic[P, R]):
 
         host = [(p, x) for p, x in zip(paths, leaves) if not isinstance(x, jax.Array)]
         if host:
-            self.stats.refused += 1
-            raise api_misuse_error(sig, positional, compiling=False) or host_leaves_error(sig, host)
+            misuse = api_misuse_error(sig, positional, compiling=False)
+            loop = None if misuse else recording_loop()
+            if loop is None or not loop.checks_transfers:
+                self.stats.refused += 1
+                raise misuse or host_leaves_error(sig, host)
+            # Record mode: the violation, then the call JAX would have made
+            # (the host leaves copied to the device), so the run goes on.
+            loop.violation(
+                "transfer",
+                f"{sig.name}: host argument leaf/leaves copied to the device on every "
+                f"call: {', '.join(f'{p} ({fmt_value(x)})' for p, x in host)}",
+                host_leaves_error(sig, host).fix or "",
+                TransferError,
+            )
+            return self._decide(self._put_host_leaves(positional), {}, exc)
         current = self._current
         donated = current.donated if current is not None else sig.donated_leaves([p for p, _ in with_path])
         ran = exc is not None and is_runtime_error(exc)

@@ -21,12 +21,13 @@ import jax
 from ._errors import RecompileError
 
 __all__ = [
-    "CONSUMED_KEY",
+    "CONSUMED_BY",
     "LoopHandle",
     "LoopStack",
     "clear_calls",
     "compiling",
     "consumed_by",
+    "recording_loop",
     "consumer_of",
     "find",
     "in_hot_loop",
@@ -42,6 +43,7 @@ class LoopHandle(Protocol):
 
     checks_transfers: bool
     checks_compiles: bool
+    on_violation: str  # "raise" or "record"
 
     def violation(
         self, kind: str, what: str, fix: str, error: type[Exception], frame: Any = None
@@ -99,6 +101,14 @@ def in_hot_loop() -> bool:
     return loop is not None and loop.checks_transfers and not local.allow
 
 
+def recording_loop() -> LoopHandle | None:
+    """This thread's active loop if it records violations (and is not paused)."""
+    loop = local.loop
+    if loop is not None and loop.on_violation == "record" and not local.allow:
+        return loop
+    return None
+
+
 def note_call(step_id: int, name: str, args: Any, out: Any) -> None:
     """Called by a hot step after each call while any loop is active."""
     _calls[step_id] = (name, args, out)
@@ -123,17 +133,16 @@ def find(x: Any) -> tuple[str | None, str | None]:
     return consumed, produced
 
 
-# A jc.state passed to a hot step that donated its buffers is marked with the
-# step's name, in its __dict__ (one dict store per call): messages about the
-# state (its repr, passing it again, jc.fetch) name the step outside loops too.
-# Pickling, replace() and tree_map drop it, as they drop the provenance token.
-CONSUMED_KEY = "__jaxcontracts_consumed_by__"
+# A jc.state passed to a hot step that donated its buffers changes class to a
+# "consumed" subclass made once per (state class, step) (one __class__ store
+# per call): its class names the step, so messages about the state (a field
+# read, its repr, passing it again, jc.fetch) name the step outside loops too.
+CONSUMED_BY = "__jc_consumed_by__"
 
 
 def consumer_of(state: Any) -> str | None:
     """The hot step a state was last passed to with donation, if it was marked."""
-    d = getattr(state, "__dict__", None)
-    return d.get(CONSUMED_KEY) if isinstance(d, dict) else None
+    return getattr(type(state), CONSUMED_BY, None)
 
 
 def consumed_by(x: Any) -> str | None:

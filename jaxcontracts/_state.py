@@ -22,6 +22,7 @@ cast. Inside a trace, and when jax rebuilds a state from its leaves
 
 from __future__ import annotations
 
+import builtins
 import cmath
 import dataclasses
 import math
@@ -49,12 +50,12 @@ from ._compat.frames import caller_frame, caller_locals
 from ._compat.jaxtyping import is_pytree_annotation, pytree_leaf
 from ._compat.tracing import Tracer
 from ._compat.tracing import trace_state_clean as _trace_state_clean
-from ._errors import DefinitionError, SpecError
+from ._errors import DefinitionError, DonationError, SpecError
 from ._format import fmt_aval, fmt_bindings, fmt_sharding
-from ._runtime import consumer_of
+from ._runtime import CONSUMED_BY, consumer_of, local
 from ._spec import fmt_value, leaf_spec
 
-__all__ = ["State", "is_state", "state", "static", "static_field_names"]
+__all__ = ["State", "consumed_class", "is_state", "state", "static", "static_field_names"]
 
 T = TypeVar("T")
 
@@ -131,6 +132,21 @@ def static(
         >>> S.spec(n=2).dt
         0.1
     """
+    if default is not dataclasses.MISSING:
+        try:
+            builtins.hash(default)  # `hash` is this function's parameter
+        except TypeError:
+            raise DefinitionError(
+                f"jc.static({default!r}): a static field's default must be hashable "
+                f"({type(default).__name__} is not). Static values are part of the "
+                "tree structure: jax hashes and compares them on every call.\n"
+                + (
+                    f"Fix: use a tuple, jc.static({tuple(default)!r})."
+                    if isinstance(default, list)
+                    else "Fix: use a hashable value (a tuple, a frozen dataclass), "
+                    "or make it an array field if it is data."
+                )
+            ) from None
     return dataclasses.field(
         default=default,
         default_factory=default_factory,
@@ -203,8 +219,14 @@ class _StateInfo:
 
 
 def is_state(x: Any) -> bool:
-    """Whether ``x`` is a ``jc.state`` class or instance."""
-    return hasattr(x if isinstance(x, type) else type(x), _INFO)
+    """Whether ``x`` is a ``jc.state`` class or instance.
+
+    Only classes made states count (decorated, or ``jc.State`` subclasses),
+    and the consumed form of one: a plain subclass of a state class inherits
+    its fields but is not a dataclass of its own, nor a registered pytree.
+    """
+    cls = x if isinstance(x, type) else type(x)
+    return _INFO in cls.__dict__ or CONSUMED_BY in cls.__dict__
 
 
 def _info(cls: type) -> _StateInfo:
@@ -340,6 +362,8 @@ def _make_state(cls: Any, eq: bool, localns: dict[str, Any]) -> Any:
         # Validate once, in the instance's own class: a subclass's
         # __post_init__ calling super().__post_init__() reaches this wrapper
         # of a base class, which then runs only the base's own code.
+        if _INFO not in type(self).__dict__:  # a plain subclass of a state
+            raise _undecorated(type(self))
         if type(self).__post_init__ is __post_init__:
             _validate(self)
         if user_post_init is not None:
@@ -379,6 +403,19 @@ def _make_state(cls: Any, eq: bool, localns: dict[str, Any]) -> Any:
     dc.zeros = State.__dict__["zeros"]
     dc.replace = State.__dict__["replace"]
     return dc
+
+
+def _undecorated(cls: type) -> DefinitionError:
+    base = next(k for k in cls.__mro__ if _INFO in k.__dict__)
+    return DefinitionError(
+        f"{cls.__qualname__} subclasses the state class {base.__qualname__} but is "
+        "not a jc.state itself: its own annotations are not fields, and jax does "
+        f"not know it as a pytree, so a hot step would see a {cls.__name__} as an "
+        "opaque leaf.\n"
+        f"Fix: decorate it too (@jc.state class {cls.__name__}({base.__name__}): ...), "
+        f"or define {base.__name__} as `class {base.__name__}(jc.State)`, which makes "
+        "every subclass a state."
+    )
 
 
 def _user_post_init(cls: type) -> Callable[[Any], None] | None:
@@ -422,6 +459,8 @@ class State:
     def __init_subclass__(cls, *, eq: bool = False, **kwargs: Any) -> None:
         """Make the subclass a state, as ``@jc.state(eq=eq)`` does."""
         super().__init_subclass__(**kwargs)
+        if CONSUMED_BY in cls.__dict__:  # consumed_class(): the base's own form
+            return
         # Frame 1 runs the class statement (below any cooperative
         # __init_subclass__ of a subclass): resolve annotations there.
         frame = caller_frame(1)
@@ -457,12 +496,115 @@ class State:
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]
 
 
-def _register_pytree(cls: type, info: _StateInfo) -> None:
+# --------------------------------------------------------------------------
+# Consumed states: what a donating hot step leaves behind
+
+
+_consumed: dict[tuple[type, str], type] = {}
+
+
+def consumed_class(cls: type, step: str) -> type:
+    """The class a ``cls`` instance takes once ``step`` donated its buffers.
+
+    A subclass with the same name and layout (so ``obj.__class__ = ...`` is
+    one store per call), registered as a pytree like ``cls`` (a tree_map over
+    it rebuilds a plain ``cls``). Reading a field whose arrays were donated
+    raises a DonationError naming the step and the field, instead of JAX's
+    bare ``RuntimeError: Array has been deleted`` at first use; fields whose
+    buffers survived (not donated, or donation not honoured) read as before.
+    """
+    key = (cls, step)
+    made = _consumed.get(key)
+    if made is None:
+        made = _consumed[key] = _make_consumed(cls, step)
+    return made
+
+
+def _make_consumed(cls: type, step: str) -> type:
+    info = _info(cls)
+    data = frozenset(info.data_names)
+    get = object.__getattribute__
+
+    def __getattribute__(self: Any, name: str) -> Any:
+        value = get(self, name)
+        if name in data and _holds_deleted(value):
+            __tracebackhide__ = True
+            summary, fix = _consumed_read(cls, step, name, value)
+            loop = local.loop
+            if loop is None or local.allow:
+                raise DonationError(
+                    summary, fix=fix, contract="no-donated-use", step=step, leaves=[f".{name}"]
+                )
+            # In a hot loop: its violation, at the user's line (recorded, in
+            # record mode, and the deleted value returned as JAX would).
+            loop.violation("donation", summary, fix, DonationError)
+        return value
+
+    def __reduce_ex__(self: Any, protocol: Any) -> Any:
+        raise DonationError(
+            f"this {cls.__name__} was donated to {step}: its arrays no longer exist, "
+            "so it cannot be pickled or copied.",
+            fix=f"save or copy the state {step} returned (s = {step}(s)).",
+            contract="no-donated-use",
+            step=step,
+        )
+
+    def __new__(klass: type, *args: Any, **kwargs: Any) -> Any:
+        # type(s)(...) and replace() on a consumed state build a plain, validated
+        # one (replace() reads, and so refuses, the fields it does not change).
+        return cls(*args, **kwargs)
+
+    made = type(cls)(
+        cls.__name__,
+        (cls,),
+        {
+            "__new__": __new__,
+            "__slots__": (),
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "__doc__": cls.__doc__,
+            "__getattribute__": __getattribute__,
+            "__reduce_ex__": __reduce_ex__,
+            CONSUMED_BY: step,
+        },
+    )
+    _register_pytree(made, info, via_dict=True, rebuild=cls)
+    return made
+
+
+def _holds_deleted(value: Any) -> bool:
+    if isinstance(value, jax.Array):
+        return not isinstance(value, _Tracer) and value.is_deleted()
+    if isinstance(value, (int, float, str, bool, type(None))):
+        return False
+    return any(
+        isinstance(x, jax.Array) and not isinstance(x, _Tracer) and x.is_deleted()
+        for x in jax.tree_util.tree_leaves(value)
+    )
+
+
+def _consumed_read(cls: type, step: str, name: str, value: Any) -> tuple[str, str]:
+    """(summary, fix) for reading a donated field of a consumed state."""
+    what = fmt_aval(value.shape, value.dtype) if isinstance(value, jax.Array) else "its arrays"
+    return (
+        f"{cls.__name__}.{name}: {what} was donated to {step} and no longer exists "
+        f"(this {cls.__name__} was passed to {step}, which reused its buffers).",
+        f"read the state {step} returned (s = {step}(s); s.{name}). To keep the "
+        f"old value as well, copy it before the call (old = jnp.copy(s.{name})), "
+        "or leave the field out of donate=.",
+    )
+
+
+def _register_pytree(
+    cls: type, info: _StateInfo, *, via_dict: bool = False, rebuild: type | None = None
+) -> None:
     data, static_ = info.data_names, info.static_names
     keys = tuple(jax.tree_util.GetAttrKey(n) for n in data)
-    get_data = _getter(data)
-    get_static = _getter(static_)
+    # A consumed state's fields are read from its __dict__ (its attributes raise).
+    get_data = _dict_getter(data) if via_dict else _getter(data)
+    get_static = _dict_getter(static_) if via_dict else _getter(static_)
     new = object.__new__
+    made = cls if rebuild is None else rebuild
 
     def flatten(x: Any) -> tuple[tuple[Any, ...], tuple[Any, ...]]:
         return get_data(x), get_static(x)
@@ -472,7 +614,7 @@ def _register_pytree(cls: type, info: _StateInfo) -> None:
 
     def unflatten(aux: tuple[Any, ...], children: Any) -> Any:
         # Rebuild without __init__: no validation when jax reassembles a tree.
-        obj = new(cls)
+        obj = new(made)
         d = obj.__dict__
         d.update(zip(data, children))
         d.update(zip(static_, aux))
@@ -488,6 +630,15 @@ def _getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
         (name,) = names
         return lambda x: (getattr(x, name),)
     return operator.attrgetter(*names)
+
+
+def _dict_getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
+    if not names:
+        return lambda x: ()
+    get = operator.itemgetter(*names)
+    if len(names) == 1:
+        return lambda x: (get(x.__dict__),)
+    return lambda x: get(x.__dict__)
 
 
 def flat_leaf_getter(cls: type) -> Callable[[Any], tuple[Any, ...]] | None:

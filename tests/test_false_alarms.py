@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import sys
 from typing import TYPE_CHECKING
 
 import jax
@@ -200,6 +201,28 @@ def test_buffer_and_dlpack_reads_in_a_loop_are_transfer_errors(read, words):
         read(x)
     assert [v.kind for v in loop.violations] == ["transfer"]
     read(x)  # outside a loop: allowed
+
+
+def test_a_refused_buffer_read_caught_inside_the_loop_is_still_reported():
+    """On 3.11 the refusal reaches user code as a SystemError (the slot cannot
+    raise ours); one caught there must not make the loop end clean. On 3.12
+    the code sees the TransferError itself: catching it is its choice, as for
+    every other violation."""
+    x = jnp.arange(3.0)
+
+    def careless():
+        with jc.hot_loop():
+            try:
+                memoryview(x)
+            except Exception:  # noqa: BLE001 - what a careless caller does
+                pass
+
+    if sys.version_info >= (3, 12):
+        careless()
+        return
+    with pytest.raises(jc.TransferError, match=r"the buffer protocol.* of f32\[3\]") as info:
+        careless()
+    assert "caught inside the loop" in "".join(getattr(info.value, "__notes__", []))
 
 
 # -- wrong argument counts; copying a step -----------------------------------

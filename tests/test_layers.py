@@ -35,6 +35,7 @@ LAYERS: dict[str, int] = {
     "_compat.jaxtyping": 2,
     "_compat.runtime_errors": 2,
     "_compat.threadguard": 2,
+    "_compat.guardlog": 2,
     "_compat.tracing": 2,
     "_compat": 3,
     # annotations -> specs -> states

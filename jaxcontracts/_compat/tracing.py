@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import types
 from collections.abc import Callable
 from typing import Any
 
@@ -9,7 +10,7 @@ import jax
 
 from .registry import capability, define
 
-__all__ = ["Tracer", "cpp_call", "flatten", "trace_state_clean"]
+__all__ = ["Tracer", "cpp_call", "flatten", "top_level_refs", "trace_state_clean"]
 
 Tracer = jax.core.Tracer
 
@@ -25,6 +26,24 @@ except (ImportError, AttributeError):  # pragma: no cover - future jax
     _is_top_level = None
 
 
+try:  # what is_top_level() compares, for the call path to read inline
+    from jax._src.core import axis_env_state as _axis_ref
+    from jax._src.core import eval_trace as _eval_trace
+    from jax._src.core import top_axis_env as _top_axis_env
+    from jax._src.core import trace_state_strong_ref as _trace_ref
+
+    _refs: tuple[Any, Any, Any, Any] | None = (_trace_ref, _eval_trace, _axis_ref, _top_axis_env)
+except ImportError:  # pragma: no cover - future jax
+    _refs = None
+
+
+def _refs_agree() -> bool:
+    if _refs is None:
+        return False
+    trace_ref, ev, axis_ref, top = _refs
+    return (trace_ref.value is ev and axis_ref.value is top) is _trace_state_clean()
+
+
 @define(
     "trace-state",
     "jax._src.core.trace_state_clean()",
@@ -36,6 +55,8 @@ def _probe_trace_state() -> str | None:
         return "jax._src.core.trace_state_clean is gone"
     if _is_top_level is not None and _is_top_level() is not _trace_state_clean():
         return "trace_ctx.is_top_level() disagrees with trace_state_clean()"
+    if _refs is not None and not _refs_agree():
+        return "trace_state_strong_ref/axis_env_state disagree with trace_state_clean()"
     return None if _trace_state_clean() in (True, False) else "it returned a non-bool"
 
 
@@ -51,6 +72,33 @@ trace_state_clean: Callable[[], bool] = (
     if _trace_state_clean is None
     else (_is_top_level if _is_top_level is not None else _trace_state_clean)
 )
+
+
+class _Clean:
+    """Stands in for the refs when they are gone: ``.value`` asks the function."""
+
+    def __init__(self, yes: object) -> None:
+        self._yes = yes
+
+    @property
+    def value(self) -> object:
+        return self._yes if trace_state_clean() else None
+
+
+def top_level_refs() -> tuple[Any, Any, Any, Any]:
+    """``(trace_ref, eval_trace, axis_ref, top_axis_env)`` for an inline check.
+
+    No JAX trace is active on this thread exactly when ``trace_ref.value is
+    eval_trace and axis_ref.value is top_axis_env``: JAX's own
+    ``TracingContext.is_top_level()``, read without its three Python frames
+    (two attribute reads of C++ config values). The hot step call path does
+    this on every call. Without the refs, an object whose ``.value`` calls
+    :data:`trace_state_clean` keeps the same test working.
+    """
+    if _refs is not None and capability("trace-state").available:
+        return _refs
+    yes, top = object(), object()
+    return _Clean(yes), yes, types.SimpleNamespace(value=top), top
 
 
 _registry = getattr(jax.tree_util, "default_registry", None)

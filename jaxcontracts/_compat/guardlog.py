@@ -1,0 +1,230 @@
+"""JAX's transfer-guard log lines, taken off stderr and handed to record mode.
+
+In record mode a hot loop sets JAX's host-to-device guard to ``"log"``, so an
+implicit transfer goes on (the run continues) and jaxlib writes one line per
+transfer through its C++ logging straight to file descriptor 2::
+
+    W1130 19:54:47.320191    7187 guard_lib.cc:125] host-to-device transfer: aval=ShapedArray(float32[], weak_type=True), dst_sharding=...
+
+Python never sees it: the line lands on the terminal (or in pytest's captured
+output) and the loop's report misses the transfer. While a recording loop is
+active, fd 2 is pointed at a pipe; a reader thread passes every other line
+through to the real stderr at once, and keeps the guard lines, keyed by the
+native thread id that the log line carries (``threading.get_native_id()``),
+so each loop takes only its own thread's transfers. The format of these lines
+is jaxlib's, not an API: the capability probe checks the pieces it needs, a
+test checks a real line on each supported version, and a guard line that no
+longer parses is passed through and counted, so the report can say what it
+could not record.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import threading
+
+from .registry import capability, define
+
+__all__ = ["Capture", "GuardEvent", "start", "stop"]
+
+# absl's prefix: severity+date, time, thread id, file:line]
+_LINE = re.compile(
+    r"^[IWEF]\d{4} [\d:.]+\s+(?P<tid>\d+) guard_lib\.cc:\d+\] "
+    r"(?P<direction>host-to-device|device-to-host|device-to-device) transfer:\s*(?P<detail>.*)$"
+)
+_AVAL = re.compile(r"aval=ShapedArray\((?P<aval>[^)]*)\)")
+_DST = re.compile(r"dst_sharding=(?P<dst>.*)$")
+
+
+@dataclasses.dataclass(frozen=True)
+class GuardEvent:
+    """One transfer that JAX's guard logged."""
+
+    direction: str  # "host-to-device", ...
+    aval: str  # "float32[], weak_type=True" ("" when jaxlib gave none)
+    destination: str  # the destination sharding's text ("" when none)
+
+
+def parse(line: str) -> tuple[int, GuardEvent] | None:
+    """``(native thread id, event)`` for a guard log line, else None."""
+    m = _LINE.match(line.rstrip("\r\n"))
+    if m is None:
+        return None
+    detail = m["detail"]
+    aval = _AVAL.search(detail)
+    dst = _DST.search(detail)
+    return int(m["tid"]), GuardEvent(m["direction"], aval["aval"] if aval else "", dst["dst"] if dst else "")
+
+
+@define(
+    "guard-log-capture",
+    "jaxlib's transfer-guard log lines on file descriptor 2 (absl format with the native thread id)",
+    "recording implicit host-to-device transfers in record mode (and keeping them off the terminal)",
+)
+def _probe() -> str | None:
+    # Never initialises a backend: checks what the capture relies on. A real
+    # line's format is checked by tests/test_compat.py on every version.
+    if not hasattr(threading, "get_native_id"):
+        return "threading.get_native_id() is missing"
+    try:
+        os.fstat(2)
+    except OSError:
+        return "file descriptor 2 is closed"
+    sample = (
+        "W1130 19:54:47.320191    7187 guard_lib.cc:125] host-to-device transfer: "
+        "aval=ShapedArray(float32[3]), dst_sharding=SingleDeviceSharding(device=CpuDevice(id=0))"
+    )
+    return None if parse(sample) is not None else "the line pattern does not parse its sample"
+
+
+class Capture:
+    """The process-wide capture of fd 2 (reference-counted by active loops)."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._users = 0
+        self._saved_fd = -1
+        self._reader: threading.Thread | None = None
+        self._events: dict[int, list[GuardEvent]] = {}
+        self._unparsed = 0  # guard lines that did not parse (passed through)
+        self._marks: dict[str, threading.Event] = {}
+        self._n = 0
+
+    # -- the reader thread -------------------------------------------------
+
+    def _read(self, fd: int, out: int) -> None:
+        # Runs until every writer of the pipe is gone: the loop's thread gives
+        # fd 2 back at the end, but a subprocess started inside the loop keeps
+        # the pipe as its stderr, so this goes on forwarding for it; it owns
+        # both descriptors and closes them at the end.
+        pending = b""
+        try:
+            while True:
+                try:
+                    chunk = os.read(fd, 65536)
+                except InterruptedError:
+                    continue
+                except OSError:
+                    break
+                if not chunk:
+                    break
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                for raw in lines:
+                    self._line(raw, out)
+            if pending:
+                self._line(pending, out)
+        finally:
+            for f in (fd, out):
+                try:
+                    os.close(f)
+                except OSError:
+                    pass
+
+    def _line(self, raw: bytes, out: int) -> None:
+        try:
+            text = raw.decode("utf-8", "replace")
+            mark = self._marks.get(text)
+            if mark is not None:
+                mark.set()
+                return
+            parsed = parse(text)
+            if parsed is not None:
+                tid, event = parsed
+                with self._lock:
+                    self._events.setdefault(tid, []).append(event)
+                return
+            if "guard_lib" in text:
+                with self._lock:
+                    self._unparsed += 1
+        except Exception:  # noqa: BLE001 - never stop draining the pipe
+            pass
+        try:
+            os.write(out, raw + b"\n")
+        except OSError:
+            pass
+
+    # -- users -------------------------------------------------------------
+
+    def start(self) -> bool:
+        """Take fd 2 (first user); False when it cannot be taken."""
+        with self._lock:
+            if self._users:
+                self._users += 1
+                return True
+            try:
+                read_fd, write_fd = os.pipe()
+                saved = os.dup(2)
+            except OSError:
+                return False
+            try:
+                os.dup2(write_fd, 2)
+            except OSError:
+                for fd in (read_fd, write_fd, saved):
+                    os.close(fd)
+                return False
+            os.close(write_fd)
+            self._saved_fd = saved
+            self._reader = threading.Thread(
+                target=self._read, args=(read_fd, saved), name="jaxcontracts-guard-log", daemon=True
+            )
+            self._reader.start()
+            self._users = 1
+            return True
+
+    def sync(self) -> None:
+        """Wait until the reader has seen everything written to fd 2 so far."""
+        with self._lock:
+            if not self._users:
+                return
+            self._n += 1
+            token = f"\x00jaxcontracts-sync-{os.getpid()}-{self._n}"
+            done = self._marks[token] = threading.Event()
+        try:
+            os.write(2, token.encode() + b"\n")
+            done.wait(5.0)
+        finally:
+            self._marks.pop(token, None)
+
+    def take(self, tid: int) -> tuple[list[GuardEvent], int]:
+        """The events logged on thread ``tid`` since the last take, and the
+        count of guard lines that did not parse (any thread)."""
+        self.sync()
+        with self._lock:
+            events = self._events.pop(tid, [])
+            unparsed, self._unparsed = self._unparsed, 0
+        return events, unparsed
+
+    def stop(self) -> None:
+        """Give fd 2 back (last user). The reader drains the pipe and ends when
+        no writer is left (at once, unless a subprocess inherited the pipe)."""
+        with self._lock:
+            self._users -= 1
+            if self._users:
+                return
+            saved, reader = self._saved_fd, self._reader
+            self._saved_fd, self._reader = -1, None
+            os.dup2(saved, 2)  # drops the pipe's last write end held here
+            self._events.clear()
+        if reader is not None:
+            reader.join(0.5)  # what was written before take()'s sync is read already
+
+
+_capture = Capture()
+
+
+def start() -> bool:
+    """Start (or join) the capture; False when unavailable (nothing to stop)."""
+    if not capability("guard-log-capture").available:
+        return False
+    return _capture.start()
+
+
+def stop(tid: int) -> tuple[list[GuardEvent], int]:
+    """This user's thread's events and the unparsed count; then leave the capture."""
+    try:
+        return _capture.take(tid)
+    finally:
+        _capture.stop()

@@ -1,0 +1,143 @@
+"""Record mode records what raise mode refuses, and keeps stderr clean.
+
+Issue 10: record mode raised on a step refusing a numpy argument and on a
+donated input XLA did not consume, and left JAX's host-to-device log lines
+(``guard_lib.cc``) on stderr without putting them in the report.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import Particles, advance_fn, make_particles
+from jaxtyping import Array, Float32
+
+import jaxcontracts as jc
+
+
+@jc.state
+class S:
+    x: Float32[Array, "n"]
+
+
+@jc.hot_step(signature=S)
+def scaled(s: S, k: Float32[Array, ""]) -> S:
+    return S(x=s.x * k)
+
+
+def _kinds(loop):
+    return sorted((v.kind, v.what) for v in loop.violations)
+
+
+def test_a_numpy_argument_is_recorded_and_the_call_runs_as_jax_would():
+    s = scaled(S(x=jnp.ones(3)), jnp.float32(2))
+    with jc.hot_loop(on_violation="record") as loop:
+        for _ in range(2):
+            s = scaled(s, np.float32(3))  # the host argument
+    ((kind, what),) = _kinds(loop)
+    assert kind == "transfer"
+    assert "scaled: host argument leaf/leaves copied to the device on every call: k (f32[] (numpy scalar))" in what
+    (v,) = loop.violations
+    assert v.count == 2 and v.source.startswith("s = scaled(s, np.float32(3))")
+    assert "jax.device_put" in v.fix
+    assert jc.fetch(s.x).tolist() == [18.0] * 3  # both calls ran, in f32
+    assert scaled.stats.compiles == 1  # the compiled signature served them
+
+
+def test_outside_record_mode_the_numpy_argument_is_still_refused():
+    s = scaled(S(x=jnp.ones(3)), jnp.float32(2))
+    with pytest.raises(jc.TransferError, match=r"k: f32\[\] \(numpy scalar\)"):
+        with jc.hot_loop():
+            scaled(s, np.float32(3))
+    with pytest.raises(jc.TransferError):
+        scaled(s, np.float32(3))  # and outside any loop
+    assert scaled(s, jnp.float32(1)).x.shape == (3,)
+
+
+def test_a_donated_input_not_consumed_is_recorded_and_the_outputs_returned():
+    advance = jc.hot_step(advance_fn, signature=Particles)
+    p = advance(make_particles())
+    view = np.asarray(p.pos)  # a numpy view pins the buffer: XLA:CPU copies
+    with jc.hot_loop(on_violation="record") as loop:
+        q = advance(p)
+    del view
+    assert isinstance(q, Particles) and q.pos.shape == (4, 3)
+    (v,) = [v for v in loop.violations if v.kind == "donation"]
+    assert "donated input buffer(s) not consumed (XLA copied them): p.pos" in v.what
+    assert advance.stats.not_consumed == 1
+
+
+def test_logged_host_to_device_transfers_are_recorded_and_kept_off_stderr(capfd):
+    x = jnp.ones(3)
+    f = jax.jit(lambda a, b: a * b)
+    f(x, jnp.float32(2))
+    y = x * 2.0  # warm the eager multiply
+    capfd.readouterr()
+    with jc.hot_loop(on_violation="record") as loop:
+        y = x * 2.0  # a Python scalar: implicit host-to-device
+        z = f(x, np.float32(3))  # a numpy argument to a jitted function
+        print("through", file=__import__("sys").stderr)
+    err = capfd.readouterr().err
+    assert "guard_lib" not in err and "through" in err  # other output passes through
+    logged = [v for v in loop.violations if v.where == "(jaxlib's log)"]
+    assert len(logged) >= 2, loop.violations
+    # jaxlib names the aval on its slow path only (a warm op logs no shape)
+    assert all(v.what.startswith("implicit host-to-device transfer of ") for v in logged)
+    assert all(v.kind == "transfer" and "on_violation=\"raise\"" in v.fix for v in logged)
+    assert not loop.report().ok
+    del y, z
+
+
+def test_each_thread_takes_only_its_own_logged_transfers(capfd):
+    x = jnp.ones(3)
+    x * 2.0
+    barrier = threading.Barrier(2)
+    found: dict[str, int] = {}
+
+    def work(name: str, n: int) -> None:
+        with jc.hot_loop(on_violation="record") as loop:
+            barrier.wait()
+            for _ in range(n):
+                x * 2.0
+        found[name] = sum(v.count for v in loop.violations if v.where == "(jaxlib's log)")
+
+    threads = [threading.Thread(target=work, args=(f"t{n}", n)) for n in (1, 3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert found == {"t1": 1, "t3": 3}
+    assert "guard_lib" not in capfd.readouterr().err
+
+
+def test_raise_mode_does_not_take_stderr(capfd):
+    import os
+
+    before = os.fstat(2)
+    with jc.hot_loop():
+        inside = os.fstat(2)
+    assert (inside.st_ino, inside.st_dev) == (before.st_ino, before.st_dev)
+
+
+def test_a_subprocess_started_in_a_recording_loop_keeps_its_stderr(capfd):
+    """The child inherits the capture's pipe as its stderr: the loop must not
+    wait for it, and its output must still arrive (forwarded)."""
+    import subprocess
+    import sys
+    import time
+
+    child_code = "import sys; sys.stdin.readline(); sys.stderr.write('late child line\\n')"
+    with jc.hot_loop(on_violation="record"):
+        child = subprocess.Popen([sys.executable, "-c", child_code], stdin=subprocess.PIPE)
+    assert child.poll() is None  # the loop ended while the child still holds the pipe
+    child.communicate(b"go\n", timeout=60)
+    for _ in range(50):  # the forwarding thread writes it out
+        err = capfd.readouterr().err
+        if "late child line" in err:
+            break
+        time.sleep(0.1)
+    assert "late child line" in err

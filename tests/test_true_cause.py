@@ -1,0 +1,97 @@
+"""A compile inside a loop is often a symptom: the message names the cause.
+
+Issue 10: ``if s.loss < 1e-3:`` reported the cold ``less`` compile and advised
+running it once before the loop (the real problem is the ``bool()`` read that
+follows), and ``jc.fetch(d["w"] - prev["w"])`` on a donated ``prev`` reported
+a ``subtract`` compile without mentioning donation.
+"""
+
+from __future__ import annotations
+
+import re
+
+import jax.numpy as jnp
+import pytest
+from jaxtyping import Array, Float32
+
+import jaxcontracts as jc
+
+
+@jc.state
+class S:
+    w: Float32[Array, "n"]
+    loss: Float32[Array, ""]
+
+
+@jc.hot_step(signature=S)
+def st(s: S) -> S:
+    return S(w=s.w + 1, loss=s.loss * 0.5)
+
+
+def fresh() -> S:
+    return st(S(w=jnp.zeros(3), loss=jnp.float32(1)))
+
+
+def test_an_if_on_an_eager_comparison_is_the_read_not_the_compile():
+    s = fresh()
+    with pytest.raises(jc.TransferError) as info:
+        with jc.hot_loop():
+            s = st(s)
+            if s.loss < 1e-3:  # the planted line
+                pass
+    text = str(info.value)
+    assert "device-to-host read: the `if` on this line reads the result of an eager `less`" in text
+    assert "if s.loss < 1e-3:  # the planted line" in text
+    assert "jnp.where / lax.cond" in info.value.fix and "run it once" not in text
+
+
+@pytest.mark.parametrize(
+    ("line", "construct"),
+    [
+        ("while s.loss > 12.5: break", "the `while` on this line"),
+        ("assert s.loss >= -7.0", "the `assert` on this line"),
+        ("y = 1 if s.loss != 3.5 else 0", "the `if` on this line"),
+        ("y = float(s.loss * 0.25)", "float() on this line"),
+        ("y = (s.loss + 0.75).item()", "item() on this line"),
+    ],
+)
+def test_each_host_construct_is_named(line, construct, tmp_path):
+    s = fresh()
+    path = tmp_path / "planted.py"  # a file, so that the message can quote the line
+    path.write_text(f"with jc.hot_loop():\n    {line}  # planted\n")
+    code = compile(path.read_text(), str(path), "exec")
+    with pytest.raises(jc.TransferError, match=re.escape(f"device-to-host read: {construct} reads the result of an eager")):
+        exec(code, {"jc": jc, "s": s})
+
+
+def test_a_cold_op_without_a_read_stays_a_compile():
+    s = fresh()
+    with pytest.raises(jc.RecompileError, match=r"jax compiles `multiply`.*\n.*y = s\.w \* 31\.5"):
+        with jc.hot_loop():
+            y = s.w * 31.5  # noqa: F841 - a cold eager op, result kept on device
+
+
+def test_an_eager_op_on_a_donated_array_is_the_donation():
+    @jc.hot_step
+    def dstep(d: dict) -> dict:
+        return {"w": d["w"] + 1}
+
+    d = dstep({"w": jnp.zeros(3)})
+    with pytest.raises(jc.DonationError) as info:
+        with jc.hot_loop():
+            prev = d
+            d = dstep(d)
+            jc.fetch(d["w"] - prev["w"])
+    text = str(info.value)
+    assert "`subtract` on an array that was donated to dstep: f32[3]" in text
+    assert 'jc.fetch(d["w"] - prev["w"])' in text
+    assert "old = jnp.copy" in info.value.fix
+
+
+def test_a_field_of_a_donated_state_is_named_before_any_op():
+    s = fresh()
+    with pytest.raises(jc.DonationError, match=r"S\.w: f32\[3\] was donated to st"):
+        with jc.hot_loop():
+            prev = s
+            s = st(s)
+            jc.fetch(s.w - prev.w)
