@@ -238,7 +238,8 @@ def pytest_configure(config: pytest.Config) -> None:
         "loops it runs, and compare them with its contract snapshot (written by "
         "--jc-snapshot-update); tolerances such as temporaries='10%' or flops='any'.",
     )
-    config.stash[_SUMMARY] = {"written": [], "unstable": []}
+    summary: dict[str, list[str]] = {"written": [], "unstable": []}
+    config.stash[_SUMMARY] = summary
     level, source = config.getoption("jc_checks"), "--jc-checks"
     if level is None:
         level, source = config.getini("jc_checks"), "the ini option jc_checks"
