@@ -53,6 +53,8 @@ if TYPE_CHECKING:
     from ._state import State as State
     from ._state import state as state
     from ._state import static as static
+    from ._timing import LoopTiming as LoopTiming
+    from ._timing import StepTiming as StepTiming
 
 _EXPORTS = {
     "check": "_check",
@@ -73,6 +75,8 @@ _EXPORTS = {
     "SnapshotDiff": "_snapshot",
     "snapshot": "_snapshot",
     "spec_of": "_spec",
+    "LoopTiming": "_timing",
+    "StepTiming": "_timing",
     "State": "_state",
     "state": "_state",
     "static": "_state",

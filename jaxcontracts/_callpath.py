@@ -33,6 +33,7 @@ import jax
 from ._compat.arrays import ArrayImpl
 from ._compat.tracing import cpp_call, flatten, top_level_refs
 from ._compile import TOKEN_KEY
+from ._donation import find_hazards
 from ._records import CompiledSignature, StepStats
 from ._runtime import note_call, tracking
 
@@ -270,8 +271,11 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
                     return slow_call(args, kwargs, None)
         if first_donated is not None and leaves[first_donated].is_deleted():
             return slow_call(args, kwargs, None)  # a stale state: explain, quietly
-        if full and (any(map(is_deleted, leaves)) or len(set(map(id, leaves))) != n_leaves):
-            # any other deleted or repeated buffer, before XLA refuses it with
+        if full and (
+            any(map(is_deleted, leaves))
+            or (len(set(map(id, leaves))) != n_leaves and find_hazards(leaves, donated)[1])
+        ):
+            # any other deleted or repeated donated buffer, before XLA refuses it with
             # an ExecutePrepare error line on stderr (fast leaves that to XLA)
             return slow_call(args, kwargs, None)
         try:

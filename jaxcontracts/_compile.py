@@ -23,6 +23,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ._compat import events
 from ._compat.executable import alias_bytes, aliased_parameters
 from ._compat.tracing import flatten
 from ._errors import NOTHING_RAN, DonationError, RecompileError, TransferError
@@ -92,7 +93,7 @@ def jit_for(
     for i, p in enumerate(paths):
         per_arg.setdefault(p[0].idx, []).append(i in donated)
     flat_style = any(any(v) and not all(v) for v in per_arg.values())
-    positional_fn = sig.positional
+    positional_fn = derive_out_shardings(sig, sig.positional, paths, specs)
     if flat_style:
 
         def flat_fn(*leaves: Any) -> Any:
@@ -106,6 +107,62 @@ def jit_for(
         jitted = jax.jit(positional_fn, donate_argnums=argnums, keep_unused=True)
         spec_args = tuple(jax.tree_util.tree_unflatten(treedef, specs))
     return jitted, spec_args, treedef, donated, flat_style
+
+
+def _spread(sharding: Any) -> bool:
+    try:
+        return len(sharding.device_set) > 1
+    except Exception:  # noqa: BLE001 - no sharding, or not a Sharding
+        return False
+
+
+def derive_out_shardings(
+    sig: StepSignature, fn: Any, paths: Sequence[Any], specs: Sequence[Any]
+) -> Any:
+    """``fn`` with each returned state's leaves constrained to its input shardings.
+
+    Like donation, the output shardings of a carried state are derived from
+    the signature: a returned state leaves the step placed exactly as it came
+    in, so XLA's sharding propagation cannot reshard a carry (a replicated
+    LayerNorm scale coming back ``P('data')``). Only leaves placed on more than
+    one device are constrained; other outputs are left to propagation (the
+    step may constrain them with ``jax.lax.with_sharding_constraint``).
+    """
+    per_param: dict[int, list[Any]] = {}
+    for p, spec in zip(paths, specs):
+        per_param.setdefault(p[0].idx, []).append(getattr(spec, "sharding", None))
+    plan = []
+    for arg, pos in zip(sig.state_params, sig.return_positions):
+        shardings = per_param.get(arg, [])
+        if len(pos) <= 1 and any(_spread(s) for s in shardings):
+            plan.append((pos, [s if _spread(s) else None for s in shardings]))
+    if not plan:
+        return fn
+
+    def constrained(*args: Any) -> Any:
+        out = fn(*args)
+        for pos, shardings in plan:
+            try:
+                sub = out[pos[0]] if pos else out
+            except (TypeError, IndexError, KeyError):
+                continue  # the carry check explains it
+            leaves, treedef = jax.tree_util.tree_flatten(sub)
+            if len(leaves) != len(shardings):
+                continue  # the carry check explains it
+            leaves = [
+                x if s is None else jax.lax.with_sharding_constraint(x, s)
+                for x, s in zip(leaves, shardings)
+            ]
+            sub = jax.tree_util.tree_unflatten(treedef, leaves)
+            if not pos:
+                out = sub
+            else:
+                items = list(out)
+                items[pos[0]] = sub
+                out = type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
+        return out
+
+    return constrained
 
 
 def compile_signature(
@@ -130,7 +187,11 @@ def compile_signature(
         with quiet_donation_warning():
             traced = jitted.trace(*spec_args)
             lowered = traced.lower()
-        compiled = lowered.compile()
+        outcome = events.watch_cache()  # did JAX's persistent cache serve it?
+        try:
+            compiled = lowered.compile()
+        finally:
+            events.unwatch_cache(outcome)
         seconds = time.perf_counter() - t0
 
     in_shardings = jax.tree_util.tree_leaves(compiled.input_shardings[0])
@@ -142,7 +203,7 @@ def compile_signature(
     paths = [sig.param_path(p) for p in flat_paths]
     per_param = tuple(jax.tree_util.tree_unflatten(treedef, exact))
     _check_carry(sig, per_param, traced.out_info, compiled.output_shardings)
-    aliased = _check_aliasing(sig, compiled, paths, exact, donated, traced.out_info)
+    aliased = _check_aliasing(sig, compiled, flat_paths, paths, exact, donated, traced.out_info)
     in_tokens, out_tokens = _tokens_for(sig, per_param, flat_style, sealed)
     donated_set = set(donated)
     return CompiledSignature(
@@ -166,6 +227,7 @@ def compile_signature(
         weak=tuple(bool(s.weak_type) for s in exact),
         multi_device=any(len(x.sharding.device_set) > 1 for x in exact),
         compile_seconds=seconds,
+        cache=None if outcome is None else outcome.verdict,
         in_tokens=in_tokens,
         out_tokens=out_tokens,
     )
@@ -209,6 +271,7 @@ def _check_carry(sig: StepSignature, spec_args: tuple[Any, ...], out_info: Any, 
     out = jax.tree_util.tree_unflatten(out_tree, out_flat)
     blocks: list[str] = []
     leaves: list[str] = []
+    kinds: list[str] = []
     for arg, pos in zip(sig.state_params, sig.return_positions):
         name = sig.param_names[arg]
         returned = out
@@ -228,10 +291,32 @@ def _check_carry(sig: StepSignature, spec_args: tuple[Any, ...], out_info: Any, 
             where = f"return value {list(pos)}" if pos else "the return value"
             blocks.append(f"  parameter `{name}` -> {where}:")
             for d in diffs:
+                kinds.append(d.kind)
                 blocks.append(f"    {d.path}: takes {d.expected}, returns {d.got}")
-                if d.cause:
-                    blocks.append(f"      ({d.cause})")
+                cause = (
+                    "XLA's sharding propagation placed the step's output differently"
+                    if d.kind == "sharding"
+                    else d.cause
+                )
+                if cause:
+                    blocks.append(f"      ({cause})")
                 leaves.append(f"{name}{d.path}" if not d.path.startswith("(") else name)
+    if blocks and kinds and all(k == "sharding" for k in kinds):
+        raise RecompileError(
+            f"{sig.name} does not return its state placed as it takes it, so "
+            "its own output would not match the compiled signature on the next "
+            "call (jax.jit would reshard or recompile there; a compiled step would reject it).",
+            blocks,
+            fix="the step makes these leaves, so place them in the step: "
+            "jax.lax.with_sharding_constraint(new_leaf, <input sharding>) before "
+            "returning (jaxcontracts constrains a returned state to its input "
+            "shardings when those are given, so give the spec its sharding: "
+            "State.spec(..., sharding=...) or compile from the placed arrays).",
+            note=NOTHING_RAN,
+            contract="carry",
+            step=sig.name,
+            leaves=leaves,
+        )
     if blocks:
         raise RecompileError(
             f"{sig.name} does not return its state with the spec it takes, so "
@@ -249,9 +334,29 @@ def _check_carry(sig: StepSignature, spec_args: tuple[Any, ...], out_info: Any, 
         )
 
 
+def _aliasing_fix(sig: StepSignature, params: Sequence[int]) -> str:
+    args = sorted({sig.param_names[i] for i in params if i in sig.donated_params})
+    if args and len(args) == len(set(params)):
+        names = ", ".join(map(repr, args))
+        return (
+            f"XLA can reuse a donated buffer only for an output of the same shape and "
+            f"dtype; remove {names} from donate_argnames (it stays alive until the "
+            "caller drops it), or return an output it can become."
+        )
+    return (
+        "1. return that leaf in the new state with the same spec (the "
+        "carry contract); 2. if it is a read-only input, leave it out of the "
+        "return annotation (a state parameter the step does not return is "
+        'read-only, never donated); 3. donate only the other fields, e.g. donate=("pos", "vel"); '
+        "4. drop a non-state argument from donate_argnames; or "
+        '5. opt out with donate="none".'
+    )
+
+
 def _check_aliasing(
     sig: StepSignature,
     compiled: Any,
+    flat_paths: Sequence[Any],
     paths: Sequence[str],
     specs: Sequence[Any],
     donated: tuple[int, ...],
@@ -270,6 +375,7 @@ def _check_aliasing(
         return frozenset(donated) if got >= want else frozenset()
     missing = [i for i in donated if i not in aliased]
     if missing:
+        flat_params = [p[0].idx for p in flat_paths]
         outs = [(o.shape, np.dtype(o.dtype)) for o in jax.tree_util.tree_leaves(out_info)]
         lines = []
         for i in missing:
@@ -286,11 +392,7 @@ def _check_aliasing(
             "XLA found no output to reuse the buffer for, so it would stay alive "
             "and the step would need more memory than its state.",
             lines,
-            fix="1. return that leaf in the new state with the same spec (the "
-            "carry contract); 2. if it is a read-only input, annotate it with "
-            "another type than the state type (state parameters are donated); "
-            '3. donate only the other fields, e.g. donate=("pos", "vel"); or '
-            '4. opt out with donate="none".',
+            fix=_aliasing_fix(sig, [flat_params[i] for i in missing]),
             note=NOTHING_RAN,
             contract="aliasing",
             step=sig.name,

@@ -7,6 +7,7 @@ values on the device.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -137,6 +138,18 @@ def hazard_error(
             f"  {paths[a]} and {paths[b]} are the same buffer, and "
             f"{paths[a] if a in donated else paths[b]} is donated"
         )
+    fix = (
+        "use the state the previous call returned (s = step(s)), not the "
+        "one you passed to it; pass a copy (jnp.copy(x)) where one array must "
+        "appear twice."
+    )
+    donated_args = {sig.param_names[i] for i in sig.donated_params}
+    if any(re.split(r"[.\[]", paths[i], maxsplit=1)[0] in donated_args for i in deleted):
+        fix += (
+            f" An argument in donate_argnames ({', '.join(sorted(donated_args))}) is "
+            "consumed by every call: pass a fresh array each call (or the one the step "
+            "returned in its place), or drop it from donate_argnames."
+        )
     return DonationError(
         f"{sig.name}: "
         + (
@@ -145,9 +158,7 @@ def hazard_error(
             else "the call passes a buffer that no longer exists (deleted or donated):"
         ),
         lines,
-        fix="use the state the previous call returned (s = step(s)), not the "
-        "one you passed to it; pass a copy (jnp.copy(x)) where one array must "
-        "appear twice.",
+        fix=fix,
         note="The call did not run; your other inputs are intact.",
         contract="donation-hazard",
         step=sig.name,

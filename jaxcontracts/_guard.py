@@ -54,6 +54,7 @@ import re
 import sys
 import sysconfig
 import threading
+import time
 import tokenize
 import types
 from collections.abc import Callable
@@ -64,6 +65,7 @@ import jax
 import numpy as np
 import numpy.typing as npt
 
+from . import _timing
 from ._compat import arrays, events, frames, guardlog, hostcopy, runtime_errors, threadguard
 from ._compat.tracing import Tracer
 from ._config import get_checks
@@ -81,6 +83,7 @@ from ._runtime import (
     observers,
     tracking,
 )
+from ._timing import LoopTiming
 
 __all__ = ["HotLoop", "Violation", "fetch", "hot_loop"]
 
@@ -231,6 +234,9 @@ def _describe(x: Any) -> str:
 
 def _on_read(x: Any, name: str, frame: Any = None) -> None:
     __tracebackhide__ = True
+    # A read that raises normally supersedes a refused buffer export kept for
+    # 3.11 (numpy falls back from the refused export to the guarded __array__).
+    _pending.error = None
     if x.is_deleted():
         by = consumed_by(x)
         _violation(
@@ -549,13 +555,14 @@ _stacks_lock = threading.Lock()
 class _Entry:
     """One entry into a loop, on the thread (``stack``) that entered it."""
 
-    __slots__ = ("capture_tid", "checked", "ended", "loop", "modes", "native", "stack")
+    __slots__ = ("capture_tid", "checked", "ended", "loop", "modes", "native", "stack", "timing")
 
     def __init__(self, loop: HotLoop, stack: LoopStack, modes: dict[str, str], checked: bool) -> None:
         self.loop = loop
         self.stack = stack
         self.modes = modes  # JAX's native guards: field -> level
         self.checked = checked  # holds the class patches and the compile listener
+        self.timing: Any = None  # the loop clock's token, while timing
         self.native: contextlib.ExitStack | None = None
         self.ended = False
         # Record mode: the native thread id whose guard log lines this entry takes.
@@ -684,6 +691,7 @@ def fetch(tree: Any) -> Any:
                 contract="no-donated-use",
             )
     local.allow += 1
+    t0 = time.perf_counter()
     try:
         copies = [
             hostcopy.host_copy(x)
@@ -693,6 +701,7 @@ def fetch(tree: Any) -> Any:
         ]
     finally:
         local.allow -= 1
+        _timing.blocked("jc.fetch", time.perf_counter() - t0)
     return jax.tree_util.tree_unflatten(treedef, copies)
 
 
@@ -709,6 +718,9 @@ class HotLoop:
     Attributes:
         violations: in record mode, every violation seen (one per kind and
             source line, with a count).
+        timing: a :class:`jc.LoopTiming`: steps per second, host time per
+            step call, time blocked on the device, and whether the loop is
+            dispatch-bound or device-bound (see :meth:`report`).
     """
 
     def __init__(
@@ -735,6 +747,7 @@ class HotLoop:
         self.checks_compiles = compiles == "disallow"
         self._violations: dict[tuple[str, str, str], Violation] = {}
         self._entries: list[_Entry] = []  # active entries (re-entrant, any thread)
+        self._clock = _timing.LoopClock()
 
     @property
     def violations(self) -> list[Violation]:
@@ -767,6 +780,11 @@ class HotLoop:
         else:
             found.count += 1
 
+    @property
+    def timing(self) -> LoopTiming:
+        """Where the loop's time went so far: see :meth:`report`."""
+        return self._clock.timing()
+
     def _record_logged(self, logged: list[guardlog.GuardEvent], unparsed: int) -> None:
         """Record the transfers JAX's guard logged on this entry's thread."""
         where = "(jaxlib's log)"
@@ -789,9 +807,58 @@ class HotLoop:
             self._record("transfer", what, where, f"{_TITLES['transfer']}: {what}", "", _LOGGED_FIX)
 
     def report(self) -> Report:
-        """A :class:`jc.Report` of the violations (text with ``str()``, HTML in
-        a notebook)."""
-        return loop_report(self.violations, self.on_violation)
+        """A :class:`jc.Report` of the violations and of where the time went.
+
+        ``str()`` of it is text; in a notebook it renders as HTML. Besides the
+        contracts, it has a timing section (``report.timing``, a
+        :class:`jc.LoopTiming`) that says whether the loop is dispatch-bound
+        or device-bound, with the figures.
+
+        How the timing is measured
+        --------------------------
+        At checks level ``fast`` or ``full`` (not ``off``), while any loop is
+        active, every ``jc.hot_step`` call goes through a thin wrapper that
+        counts it and, for a step's first 64 calls inside loops and then one
+        call in 16, reads ``time.perf_counter()`` before the call and after
+        it returns; the difference is the call's *host time*: argument
+        checks, XLA's dispatch of the executable, the after-call
+        bookkeeping. A step's host time is the mean of its timed calls times
+        its calls. The counters belong to the step and the loop takes their
+        difference between entry and exit, so calls of the same step on
+        another thread meanwhile are counted too. Time *blocked on the
+        device* is the time the loop's own thread spent inside ``jc.fetch``
+        (the copy waits for the value to be computed) and inside
+        ``jax.block_until_ready`` / ``x.block_until_ready()``. The loop's *wall time* runs from its entry
+        to its exit (summed over entries). At exit the loop asks, without
+        waiting, whether the last output of each step is ready
+        (``is_ready()``); work still queued means the host ran ahead.
+
+        The verdict: **device-bound** when the host was blocked for at least
+        25% of the wall time or work was still queued at exit (the device is
+        the bottleneck: make the step cheaper; fusing steps does not help);
+        **dispatch-bound** when it was blocked under 5% and everything was
+        done at exit (the device finished each step before the host sent the
+        next: fuse steps into one hot_step, or run iterations with
+        ``lax.scan``/``lax.fori_loop`` inside one call); **mixed** between.
+        The rest of the wall time is the caller's own Python between calls.
+
+        What it cannot see: the device's own busy time (there is no device
+        clock here: "blocked" is host-side waiting, and a loop that never
+        waits and exits with work queued tells only that the device lagged);
+        a wait that happens inside dispatch itself when XLA's queue is full,
+        or a computation the CPU backend runs on the calling thread (both
+        show up as host time per call); freeing the previous state's
+        buffers after ``s = step(s)`` (it happens after the call returns, in
+        "other host time"); waits on other threads; reads through
+        ``jax.device_get`` or a ``block_until_ready`` imported by name before
+        the loop (``from jax import block_until_ready``); time before the
+        first and after the last entry. The cost is two clock reads and a
+        dictionary update per step call, inside the loop's 5% budget; at
+        checks level ``off`` nothing is timed and the section is empty.
+        """
+        report = loop_report(self.violations, self.on_violation)
+        report.timing = self._clock.timing()
+        return report
 
     def __enter__(self) -> HotLoop:
         modes: dict[str, str] = {}
@@ -818,6 +885,8 @@ class HotLoop:
                 stack.entries.append(entry)
                 _relink(stack)
                 self._entries.append(entry)
+            if checked:
+                entry.timing = _timing.enter(self._clock)
         except BaseException:
             if checked:
                 _release()
@@ -844,6 +913,8 @@ class HotLoop:
             entry = self._take_entry()
             stack = entry.stack
             entry.ended = True
+            if entry.timing is not None:
+                _timing.leave(entry.timing)
             _relink(stack)
             try:
                 if stack is local.stack:

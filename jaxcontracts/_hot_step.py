@@ -21,7 +21,7 @@ from typing import Any, Generic, ParamSpec, TypeVar, overload
 import jax
 import numpy as np
 
-from . import _config
+from . import _config, _timing
 from ._callpath import make_dispatch
 from ._compat.frames import caller_locals
 from ._compat.runtime_errors import is_runtime_error
@@ -84,6 +84,9 @@ def hot_step(
     signature: type | None = None,
     donate: str | tuple[str, ...] = "all",
     max_compiles: int = 1,
+    static: str | tuple[str, ...] = (),
+    donate_argnames: str | tuple[str, ...] = (),
+    stateless: bool = False,
 ) -> HotStep[P, R]: ...
 @overload
 def hot_step(
@@ -93,6 +96,9 @@ def hot_step(
     signature: type | None = None,
     donate: str | tuple[str, ...] = "all",
     max_compiles: int = 1,
+    static: str | tuple[str, ...] = (),
+    donate_argnames: str | tuple[str, ...] = (),
+    stateless: bool = False,
 ) -> Callable[[Callable[P, R]], HotStep[P, R]]: ...
 def hot_step(
     fn: Any = None,
@@ -101,6 +107,9 @@ def hot_step(
     signature: type | None = None,
     donate: str | tuple[str, ...] = "all",
     max_compiles: int = 1,
+    static: str | tuple[str, ...] = (),
+    donate_argnames: str | tuple[str, ...] = (),
+    stateless: bool = False,
 ) -> Any:
     """Make ``fn`` an AOT-compiled step with derived, verified donation.
 
@@ -109,10 +118,28 @@ def hot_step(
             ``signature``; its return annotation must contain that type
             (alone, or in a tuple such as ``tuple[State, Metrics]``).
         signature: the state type. ``None``: the first parameter's annotation.
-        donate: ``"all"`` donates every leaf of every state parameter; a tuple
-            of field names donates those fields only; ``"none"`` opts out.
-            Other parameters are never donated.
+            A state parameter the step does not return (the return annotation
+            holds fewer states than there are state parameters, or none) is
+            read-only: never donated, never copied, still part of the
+            compiled signature.
+        donate: ``"all"`` donates every leaf of every returned state
+            parameter; a tuple of field names donates those fields only;
+            ``"none"`` opts out. Other parameters are donated only when named
+            in ``donate_argnames``.
         max_compiles: how many distinct signatures may be compiled.
+        static: names of parameters passed by value (hashable: a frozen
+            dataclass, a NamedTuple, a function, a string...). A static value
+            is part of the signature: a new value is a new compile, counted
+            against ``max_compiles`` and named in the refusal's diff. An
+            unhashable value is refused.
+        donate_argnames: names of other (non-state, non-static) parameters
+            whose every leaf is donated, e.g. the batch. Aliasing is proven
+            at compile like the state's: a donated leaf no output can reuse
+            is a :class:`DonationError`.
+        stateless: the step has no state (``compute_gae(rewards, values)``):
+            its signature is its arguments' specs, taken from the first call
+            or from specs passed to ``.compile(...)``. Nothing is donated
+            unless named in ``donate_argnames``.
 
     Methods and partials: on a method (first parameter ``self``),
     ``obj.step(s)`` runs the step with ``obj`` closed over as configuration,
@@ -127,11 +154,12 @@ def hot_step(
         A :class:`HotStep`, called like ``fn``.
 
     Raises:
-        DefinitionError: no state parameter, a return annotation without the
-            state, an unknown donated field, or an invalid option.
+        DefinitionError: no state parameter (and not ``stateless``), a
+            missing return annotation, an unknown donated field or parameter
+            name, or an invalid option; at a call, an unhashable static value.
 
     Examples:
-        >>> import jax.numpy as jnp, jaxcontracts as jc
+        >>> import jax, jax.numpy as jnp, jaxcontracts as jc
         >>> from jaxtyping import Array, Float32
         >>> @jc.state
         ... class S:
@@ -142,6 +170,20 @@ def hot_step(
         >>> s = step(S.zeros(n=3))
         >>> step.stats.compiles, step.stats.calls
         (1, 1)
+
+        A read-only step (the state is not returned: not donated), and a
+        stateless one with a static argument:
+
+        >>> @jc.hot_step(signature=S)
+        ... def total(s: S) -> jax.Array:
+        ...     return s.x.sum()
+        >>> float(jc.fetch(total(s)))
+        3.0
+        >>> @jc.hot_step(stateless=True, static=("power",))
+        ... def pow_(x: jax.Array, power: int) -> jax.Array:
+        ...     return x**power
+        >>> pow_(s.x, 2).tolist()
+        [1.0, 1.0, 1.0]
     """
     # Annotations may name classes local to the caller's function: resolve there.
     localns = caller_locals(1)
@@ -155,12 +197,44 @@ def hot_step(
                 max_compiles=max_compiles,
                 localns=localns,
                 state_fields=_state_fields,
+                static=static,
+                donate_argnames=donate_argnames,
+                stateless=stateless,
             )
         )
 
     return make if fn is None else make(fn)
 
 
+
+
+def _with_static(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[..., Any]:
+    """The call path behind a wrapper that turns static values into tree nodes.
+
+    Static values travel as :class:`StaticArg` nodes of the tree structure
+    (hashability is checked when one is made). The node made for the last
+    value of each static parameter is reused while the same object comes
+    back, so the usual call (one config object) neither hashes nor compares.
+    """
+    normalize, n_params, static = sig.normalize, len(sig.param_names), sig.static_params
+    last: dict[int, tuple[Any, Any]] = {}
+
+    def with_static(*args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) != n_params:
+            return dispatch(*normalize(args, kwargs))
+        items = list(args)
+        for i in static:
+            value = items[i]
+            seen = last.get(i)
+            if seen is not None and seen[0] is value:
+                items[i] = seen[1]
+            else:
+                items = list(normalize(tuple(items), {}))
+                last.update((j, (args[j], items[j])) for j in static)
+                break
+        return dispatch(*items)
+
+    return with_static
 
 
 class HotStep(Generic[P, R]):
@@ -184,7 +258,9 @@ class HotStep(Generic[P, R]):
         self.stats = StepStats()
         self._level = _config.get_checks()
         _config.add_listener(self)
-        self._dispatch: Callable[..., Any] = self._call_unbound if signature.is_method else self._slow
+        self._timing_acc = [0.0, 0, 0]  # inside timing loops: seconds timed, calls, calls timed
+        self._dispatch = self._call_unbound if signature.is_method else self._slow
+        _timing.register(self)  # timed while a hot_loop is active
         self._attr: str | None = None  # the class attribute of a method step
         self._bound_to: tuple[HotStep[Any, Any], Any] | None = None  # (method step, instance)
         # Held by the slow path while it decides on (and makes) a compile, so
@@ -343,7 +419,7 @@ class HotStep(Generic[P, R]):
         # of its own: the type's call slot finds this property and calls what
         # it returns (one C-level attribute read).
         __call__ = property(
-            operator.attrgetter("_dispatch"),
+            operator.attrgetter("_call"),
             doc="Call the step like the function it wraps (compiles on first use).",
         )
 
@@ -351,6 +427,24 @@ class HotStep(Generic[P, R]):
         """A :class:`jc.Report` of the current signature: leaves, memory, contracts.
 
         ``str()`` of it is a text table; in a notebook it renders as HTML.
+        Its ``compiled`` fact says where the executable came from and how
+        long compiling took (``describe().current.cache`` and
+        ``.compile_seconds``).
+
+        Restarting without recompiling: turn on JAX's persistent compilation
+        cache before the first compile, and a later process compiling the
+        same step from the same spec loads the executable from disk::
+
+            jax.config.update("jax_compilation_cache_dir", "/path/to/cache")
+            # small steps compile fast and are small: let every one qualify
+            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+            jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+
+        (or the environment variables ``JAX_COMPILATION_CACHE_DIR`` etc.).
+        A cache hit is verified like a fresh compile: carry invariance comes
+        from the trace, aliasing from the loaded executable's alias table.
+        The report then reads ``compiled: from the persistent compilation
+        cache (N ms, contracts verified)``.
         """
         return step_report(self.describe())
 
@@ -368,10 +462,26 @@ class HotStep(Generic[P, R]):
         self._signatures.append(cs)
         self.stats.compiles += 1
         self.stats.compile_seconds += cs.compile_seconds
+        self.stats.cache_hits += cs.cache == "hit"
         self._use(cs)
         if observers.recorders:
             observers.compiled(self)
         return cs
+
+    @property
+    def _dispatch(self) -> Callable[..., Any]:
+        """The current call path (what ``__call__`` runs, untimed)."""
+        return self._raw_dispatch
+
+    @_dispatch.setter
+    def _dispatch(self, fn: Callable[..., Any]) -> None:
+        self._raw_dispatch = fn
+        self._call = _timing.timed(fn, self._timing_acc) if _timing.active() else fn
+
+    def _timing_changed(self, on: bool) -> None:
+        """A timing loop became active (or the last one ended): wrap or unwrap."""
+        fn = self._raw_dispatch
+        self._call = _timing.timed(fn, self._timing_acc) if on else fn
 
     def _on_checks_changed(self, level: str) -> None:
         self._level = level
@@ -380,7 +490,7 @@ class HotStep(Generic[P, R]):
 
     def _use(self, cs: CompiledSignature) -> None:
         self._current = cs
-        self._dispatch = make_dispatch(
+        dispatch = make_dispatch(
             cs,
             self._level,
             step_id=id(self),
@@ -394,6 +504,7 @@ class HotStep(Generic[P, R]):
             marks=self._marks(cs),
             normalize=self._sig.normalize,
         )
+        self._dispatch = _with_static(self._sig, dispatch) if self._sig.static_params else dispatch
 
     def _marks(self, cs: CompiledSignature) -> tuple[tuple[int, type, type], ...]:
         """The jc.state parameters with donated leaves: (index, class, consumed class)."""
@@ -474,6 +585,8 @@ class HotStep(Generic[P, R]):
             # Under an outer transformation (jit, vmap, grad, cond...), even on
             # concrete arrays it closed over: trace the function, donate nothing.
             self.stats.traced_calls += 1
+            if sig.static_params:
+                return sig.positional(*sig.normalize(args, kwargs))
             return sig.fn(*args, **kwargs)
         positional = sig.normalize(args, kwargs)
         with_path, treedef = jax.tree_util.tree_flatten_with_path(positional)

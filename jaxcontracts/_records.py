@@ -32,6 +32,7 @@ class StepStats:
     calls: int = 0
     compiles: int = 0
     compile_seconds: float = 0.0
+    cache_hits: int = 0  # compiles served by JAX's persistent compilation cache
     refused: int = 0  # calls refused with a RecompileError/TransferError/DonationError
     traced_calls: int = 0  # calls under an outer transformation (plain tracing)
     not_consumed: int = 0  # calls after which a donated input was still alive
@@ -91,6 +92,11 @@ class CompiledSignature:
     # token of its exact spec; per returned jc.state, the token to stamp on it.
     in_tokens: tuple[tuple[int, object], ...] = ()
     out_tokens: tuple[tuple[tuple[int, ...], object], ...] = ()
+    # JAX's persistent compilation cache for this compile: "hit" (the
+    # executable was loaded from it), "miss" (compiled, then stored), "off"
+    # (not consulted: disabled, or under its min compile time / entry size),
+    # None (unknown: the compilation-cache-events capability is missing).
+    cache: str | None = None
 
     @functools.cached_property
     def memory(self) -> MemoryRecord:

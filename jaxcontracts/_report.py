@@ -22,6 +22,7 @@ from ._compat import capabilities
 from ._errors import CONTRACTS, ContractError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval, fmt_bytes, fmt_sharding
 from ._records import StepDescription, Violation
+from ._timing import LoopTiming
 
 __all__ = ["Contract", "LeafRow", "Report", "loop_report", "step_report"]
 
@@ -59,6 +60,9 @@ class Report:
         facts: other figures, as (label, value) pairs.
         contracts: each contract with pass/fail and its message.
         violations: a recording loop's violations.
+        timing: a loop's :class:`jc.LoopTiming` (None for a step, or a loop
+            at checks level ``off``): steps per second, host time per call,
+            time blocked on the device, and the verdict.
         capabilities: each private mechanism (see ``python -m jaxcontracts
             info``) and whether it is in force on the installed versions.
     """
@@ -72,6 +76,8 @@ class Report:
     capabilities: list[tuple[str, bool]] = dataclasses.field(
         default_factory=lambda: [(c.name, c.available) for c in capabilities()]
     )
+    # A loop's timing section (``HotLoop.report``): where the time went.
+    timing: LoopTiming | None = None
 
     @property
     def ok(self) -> bool:
@@ -124,6 +130,8 @@ class Report:
                 (v.kind, v.where, str(v.count), v.what) for v in self.violations
             ]
             out += _align(table, right={2})
+        if self.timing is not None and self.timing.calls:
+            out += self.timing.lines()
         for c in self.contracts:
             mark = "pass" if c.ok else "FAIL"
             out.append(f"  [{mark}] {c.name}" + (f": {c.detail}" if c.detail and c.ok else ""))
@@ -211,6 +219,9 @@ class Report:
                 for k, v in facts
             ]
             parts.append("</div>")
+        if self.timing is not None and self.timing.calls:
+            parts.append(f'<pre class="jc-timing" style="{_CSS_PRE}">'
+                         f'{e(chr(10).join(self.timing.lines()))}</pre>')
         if self.contracts:
             parts.append('<ul class="jc-contracts" style="list-style:none;padding:0;margin:6px 0 0 0;">')
             for c in self.contracts:
@@ -297,6 +308,11 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
     report.facts = [
         ("compiles", str(stats.compiles)),
         ("compile time", f"{stats.compile_seconds * 1e3:.0f} ms"),
+        *(
+            [("compiled", _compiled_from(cs.cache, cs.compile_seconds))]
+            if cs is not None
+            else []
+        ),
         ("calls", str(stats.calls)),
         ("refused", str(stats.refused)),
         ("not consumed", str(stats.not_consumed)),
@@ -352,6 +368,16 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
         *extra,
     ]
     return report
+
+
+def _compiled_from(cache: str | None, seconds: float) -> str:
+    """Where the current signature's executable came from, and how long it took."""
+    ms = f"{seconds * 1e3:.0f} ms"
+    return {
+        "hit": f"from the persistent compilation cache ({ms}, contracts verified)",
+        "miss": f"by XLA, stored in the persistent compilation cache ({ms})",
+        "off": f"by XLA ({ms}; persistent compilation cache not used)",
+    }.get(cache or "", f"by XLA ({ms}; cache use unknown)")
 
 
 def error_contract(err: ContractError) -> Contract:

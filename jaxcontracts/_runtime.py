@@ -31,6 +31,7 @@ __all__ = [
     "consumer_of",
     "find",
     "in_hot_loop",
+    "last_output",
     "local",
     "note_call",
     "observers",
@@ -112,6 +113,12 @@ def recording_loop() -> LoopHandle | None:
 def note_call(step_id: int, name: str, args: Any, out: Any) -> None:
     """Called by a hot step after each call while any loop is active."""
     _calls[step_id] = (name, args, out)
+
+
+def last_output(step_id: int) -> Any:
+    """The output of a step's last call while loops were active (None if unknown)."""
+    call = _calls.get(step_id)
+    return None if call is None else call[2]
 
 
 def clear_calls() -> None:

@@ -19,8 +19,9 @@ from typing import Any
 from ._donation import field_of
 from ._errors import DefinitionError
 from ._format import fmt_path, qualname
+from ._spec import StaticArg
 
-__all__ = ["DONATE_WORDS", "StepSignature", "analyse"]
+__all__ = ["DONATE_WORDS", "StaticArg", "StepSignature", "analyse"]
 
 DONATE_WORDS = ("all", "none")
 
@@ -44,21 +45,32 @@ class StepSignature:
     # A method (first parameter `self`): param_names and signature leave `self`
     # out; bind() closes over an instance.
     is_method: bool = False
+    # Parameters passed by value as part of the signature (hashable, no leaves).
+    static_params: tuple[int, ...] = ()
+    # Parameters other than states whose every leaf is donated.
+    donated_params: tuple[int, ...] = ()
+
+    @property
+    def read_only_params(self) -> tuple[int, ...]:
+        """State parameters the step does not return: never donated."""
+        return self.state_params[len(self.return_positions) :]
 
     def bind(self, obj: Any) -> StepSignature:
         """This method's signature with ``self`` closed over (configuration)."""
         fn = functools.partial(self.fn, obj)
         params = list(self.signature.parameters.values())
-        return dataclasses.replace(self, fn=fn, positional=_positional(fn, params), is_method=False)
+        return dataclasses.replace(
+            self, fn=fn, positional=_positional(fn, params, self.static_params), is_method=False
+        )
 
     @property
     def short_name(self) -> str:
         return self.name.rsplit(".", 1)[-1]
 
     def normalize(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        """Every argument by position, defaults applied."""
+        """Every argument by position, defaults applied, static ones wrapped."""
         if not kwargs and len(args) == len(self.param_names):
-            return args
+            return self.wrap_static(args) if self.static_params else args
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
@@ -70,7 +82,39 @@ class StepSignature:
                 f"Fix: call it as {self.short_name}({params})."
             ) from None
         bound.apply_defaults()
-        return tuple(bound.arguments[n] for n in self.param_names)
+        positional = tuple(bound.arguments[n] for n in self.param_names)
+        return self.wrap_static(positional) if self.static_params else positional
+
+    def wrap_static(self, positional: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Static arguments as :class:`StaticArg` nodes (hashable, checked here)."""
+        out = list(positional)
+        for i in self.static_params:
+            value = out[i]
+            if isinstance(value, StaticArg):
+                continue
+            try:
+                hash(value)
+            except TypeError as e:
+                raise DefinitionError(
+                    f"{self.name}: static argument `{self.param_names[i]}` is "
+                    f"{type(value).__name__}, which is not hashable ({e}).",
+                    [
+                        "  a static argument is part of the compiled signature: it is "
+                        "compared by hash and == to find its executable"
+                    ],
+                    fix="pass a hashable value: a frozen dataclass, a NamedTuple, a "
+                    "tuple instead of a list, or a functools.partial/function; or close "
+                    "over it instead of passing it.",
+                    contract="definition",
+                    step=self.name,
+                    leaves=[self.param_names[i]],
+                ) from None
+            out[i] = StaticArg(value)
+        return tuple(out)
+
+    def unwrap_static(self, positional: tuple[Any, ...]) -> tuple[Any, ...]:
+        """The values of :class:`StaticArg` nodes, for calling the function."""
+        return tuple(x.value if isinstance(x, StaticArg) else x for x in positional)
 
     def param_path(self, path: Sequence[Any]) -> str:
         """``s.pos`` for a flat path ``(SequenceKey(0), GetAttrKey('pos'))``."""
@@ -78,12 +122,14 @@ class StepSignature:
 
     def donated_leaves(self, flat_paths: Sequence[Any]) -> tuple[int, ...]:
         """Indices of the flat leaves to donate, from their paths."""
-        if self.donate == "none":
-            return ()
         donated = []
         fields_seen: set[str] = set()
+        read_only = self.read_only_params
         for i, path in enumerate(flat_paths):
-            if path[0].idx not in self.state_params:
+            if path[0].idx in self.donated_params:
+                donated.append(i)
+                continue
+            if self.donate == "none" or path[0].idx not in self.state_params or path[0].idx in read_only:
                 continue
             if self.donate == "all":
                 donated.append(i)
@@ -93,7 +139,7 @@ class StepSignature:
                 fields_seen.add(name)
             if name in self.donate:
                 donated.append(i)
-        if self.data_fields is None:  # a dict state: its fields are known now
+        if self.data_fields is None and self.donate != "none":  # a dict state: its fields are known now
             check_donated_names(self, tuple(sorted(fields_seen)), ())
         return tuple(donated)
 
@@ -216,17 +262,45 @@ def return_positions(annotation: Any, signature: Any) -> list[tuple[int, ...]] |
     return None
 
 
-def _positional(fn: Callable[..., Any], params: Sequence[inspect.Parameter]) -> Callable[..., Any]:
-    """``fn`` called with every parameter by position (keyword-only ones too)."""
+def _positional(
+    fn: Callable[..., Any], params: Sequence[inspect.Parameter], static: tuple[int, ...] = ()
+) -> Callable[..., Any]:
+    """``fn`` called with every parameter by position (keyword-only ones too),
+    static arguments unwrapped from their :class:`StaticArg` nodes."""
     kwonly = tuple(p.name for p in params if p.kind == p.KEYWORD_ONLY)
     n_pos = len(params) - len(kwonly)
-    if not kwonly:
+    if not kwonly and not static:
         return fn
 
     def positional(*a: Any) -> Any:
+        if static:
+            a = tuple(x.value if isinstance(x, StaticArg) else x for x in a)
         return fn(*a[:n_pos], **dict(zip(kwonly, a[n_pos:])))
 
     return positional
+
+
+def _param_indices(
+    name: str, option: str, names: Any, params: Sequence[inspect.Parameter]
+) -> tuple[int, ...]:
+    """Parameter names given to an option, as indices (checked here)."""
+    if isinstance(names, str):
+        names = (names,)
+    if not (isinstance(names, (tuple, list)) and all(isinstance(n, str) for n in names)):
+        raise DefinitionError(
+            f"@jc.hot_step on {name}: {option}={names!r} is not valid; "
+            f'give parameter names, e.g. {option}=("config",).'
+        )
+    known = [p.name for p in params]
+    bad = [n for n in names if n not in known]
+    if bad:
+        raise DefinitionError(
+            f"@jc.hot_step on {name}: {option} names unknown parameter(s) "
+            f"{', '.join(map(repr, bad))}.",
+            [f"  parameters: {', '.join(known) or '(none)'}"],
+            fix="use the step's parameter names.",
+        )
+    return tuple(sorted({known.index(n) for n in names}))
 
 
 def _is_method(fn: Any, params: Sequence[inspect.Parameter]) -> bool:
@@ -245,6 +319,9 @@ def analyse(
     max_compiles: Any,
     localns: dict[str, Any] | None,
     state_fields: Callable[[Any], tuple[tuple[str, ...], tuple[str, ...]] | None],
+    static: Any = (),
+    donate_argnames: Any = (),
+    stateless: bool = False,
 ) -> StepSignature:
     """Read ``fn``'s signature and the decorator's options.
 
@@ -287,13 +364,34 @@ def analyse(
         if sig.return_annotation is not sig.empty:
             raw["return"] = sig.return_annotation
         hints = resolve_each(partial.func if partial is not None else fn, raw, localns)
+    static_params = _param_indices(name, "static", static, params)
+    donated_params = _param_indices(name, "donate_argnames", donate_argnames, params)
+    both = [params[i].name for i in static_params if i in donated_params]
+    if both:
+        raise DefinitionError(
+            f"@jc.hot_step on {name}: {', '.join(map(repr, both))} is both static and "
+            "donated; a static argument is a value, not arrays.",
+            fix="name it in one of static= and donate_argnames=.",
+        )
+    if stateless and signature is not None:
+        raise DefinitionError(
+            f"@jc.hot_step on {name}: signature={getattr(signature, '__name__', signature)} "
+            "and stateless=True contradict each other.",
+            fix="drop stateless=True to carry that state, or drop signature= for a "
+            "step with no state.",
+        )
+    if stateless:
+        return _stateless(
+            fn, name, sig, params, donate, max_compiles, method, static_params, donated_params
+        )
     if signature is None:
         if not params or params[0].name not in hints:
             raise DefinitionError(
                 f"@jc.hot_step on {name}: no signature= was given and the "
                 "first parameter is not annotated, so the state type is unknown.",
                 fix="annotate it (def step(s: State) -> State) or pass "
-                "@jc.hot_step(signature=State).",
+                "@jc.hot_step(signature=State); a step with no state (only array "
+                "arguments) is @jc.hot_step(stateless=True).",
             )
         signature = hints[params[0].name]
         if isinstance(signature, (str, Unresolved)):
@@ -303,7 +401,9 @@ def analyse(
                 fix=f"import it at run time, or pass @jc.hot_step(signature={signature!r}).",
             )
     state_params = tuple(
-        i for i, p in enumerate(params) if state_type_matches(hints.get(p.name), signature)
+        i
+        for i, p in enumerate(params)
+        if state_type_matches(hints.get(p.name), signature) and i not in static_params
     )
     type_name = getattr(signature, "__name__", repr(signature))
     if not state_params:
@@ -315,16 +415,35 @@ def analyse(
             f"@jc.hot_step on {name}: no parameter is annotated with the state type {type_name}.",
             [f"  parameters: {listing or '(none)'}"],
             fix=f"annotate the state parameter (s: {type_name}), or pass the "
-            "state type as signature=...",
+            "state type as signature=...; a step with no state is "
+            "@jc.hot_step(stateless=True).",
         )
     ret = hints.get("return", inspect.Signature.empty)
-    positions = return_positions(ret, signature)
-    if positions is None:
-        shown = getattr(ret, "__name__", ret) if ret is not inspect.Signature.empty else "missing"
+    if ret is inspect.Signature.empty:
         raise DefinitionError(
-            f"@jc.hot_step on {name}: the return annotation ({shown}) "
-            f"does not contain the state type {type_name}.\nA hot step returns "
-            f"its new state: annotate `-> {type_name}` or `-> tuple[{type_name}, Metrics]`."
+            f"@jc.hot_step on {name}: the return annotation is missing, so it is "
+            f"unknown whether the step returns its new {type_name} (a carried, "
+            "donated state) or only reads it.\nA hot step that returns its new "
+            f"state: annotate `-> {type_name}` or `-> tuple[{type_name}, Metrics]`; "
+            "one that only reads it (eval, gradients): annotate what it returns, "
+            "e.g. `-> Metrics` or `-> tuple[Grads, Metrics]`."
+        )
+    positions = return_positions(ret, signature) or []
+    if not positions and isinstance(donate, (tuple, list)):
+        raise DefinitionError(
+            f"@jc.hot_step on {name}: donate={tuple(donate)!r} names fields of "
+            f"{type_name}, but the step does not return a {type_name}: its state is "
+            "read-only and nothing of it is donated.",
+            fix=f"return the new state (-> {type_name} or -> tuple[{type_name}, ...]) "
+            "to carry and donate it, or drop donate=.",
+        )
+    conflict = [params[i].name for i in donated_params if i in state_params]
+    if conflict:
+        raise DefinitionError(
+            f"@jc.hot_step on {name}: donate_argnames names state parameter(s) "
+            f"{', '.join(map(repr, conflict))}; their donation follows donate= "
+            "(and a state the step does not return is read-only, never donated).",
+            fix="leave state parameters out of donate_argnames.",
         )
     if len(positions) > len(state_params):
         raise DefinitionError(
@@ -334,7 +453,7 @@ def analyse(
             fix="return one state per state parameter (state parameters not "
             "returned are read-only inputs).",
         )
-    positional = _positional(fn, params)
+    positional = _positional(fn, params, static_params)
     fields = state_fields(signature)
     result = StepSignature(
         fn=fn,
@@ -350,7 +469,44 @@ def analyse(
         static_fields=fields[1] if fields else (),
         data_fields=fields[0] if fields else None,
         is_method=method,
+        static_params=static_params,
+        donated_params=donated_params,
     )
-    if fields is not None:
+    if fields is not None and positions:
         check_donated_names(result, fields[0], fields[1])
     return result
+
+
+def _stateless(
+    fn: Callable[..., Any],
+    name: str,
+    sig: inspect.Signature,
+    params: Sequence[inspect.Parameter],
+    donate: Any,
+    max_compiles: int,
+    method: bool,
+    static_params: tuple[int, ...],
+    donated_params: tuple[int, ...],
+) -> StepSignature:
+    """A step with no state: its signature is its arguments' specs."""
+    if isinstance(donate, (tuple, list)):
+        raise DefinitionError(
+            f"@jc.hot_step on {name}: donate={tuple(donate)!r} names state fields, "
+            "but the step is stateless.",
+            fix='donate whole arguments by name: donate_argnames=("rewards",).',
+        )
+    return StepSignature(
+        fn=fn,
+        name=name,
+        state_type=None,
+        param_names=tuple(p.name for p in params),
+        state_params=(),
+        return_positions=(),
+        donate=donate,
+        max_compiles=max_compiles,
+        signature=sig,
+        positional=_positional(fn, params, static_params),
+        is_method=method,
+        static_params=static_params,
+        donated_params=donated_params,
+    )

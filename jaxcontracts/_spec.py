@@ -22,6 +22,7 @@ from ._format import fmt_aval, fmt_path, fmt_sharding
 
 __all__ = [
     "LeafDiff",
+    "StaticArg",
     "diff_specs",
     "fmt_value",
     "leaf_spec",
@@ -250,24 +251,69 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
     here = path or "(the value itself)"
     if jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b):
         return []
+    if type(a) is not type(b) and _same_name(type(a), type(b)):
+        return [
+            LeafDiff(
+                here,
+                _class_id(type(a)),
+                _class_id(type(b)),
+                "a different class object with the same name: the class was defined "
+                "again (a re-run notebook cell, a re-imported or reloaded module), and "
+                "instances of the old and the new class never match; build the state "
+                "from one definition (re-run the cells that make it, or define the "
+                "class once, outside the re-run code)",
+            )
+        ]
+    if isinstance(a, StaticArg) and isinstance(b, StaticArg):
+        sa, sb = _pair(a.value, b.value)
+        return [
+            LeafDiff(
+                here,
+                f"static {sa}",
+                f"static {sb}",
+                "a static argument is part of the compiled signature; a new value "
+                "means a new compile",
+            )
+        ]
     if dataclasses.is_dataclass(a) and not isinstance(a, type) and type(a) is type(b):
         out: list[LeafDiff] = []
+        unequal: list[tuple[str, Any, Any]] = []
         for f in dataclasses.fields(a):
+            if not hasattr(a, f.name) or not hasattr(b, f.name):
+                continue
             va, vb = getattr(a, f.name), getattr(b, f.name)
-            if f.metadata.get(STATIC):
-                if va != vb:
+            if _is_static_field(f):
+                if not _static_equal(va, vb):
+                    sa, sb = _pair(va, vb)
                     out.append(
                         LeafDiff(
                             f"{path}.{f.name}",
-                            f"static {va!r}",
-                            f"static {vb!r}",
+                            f"static {sa}",
+                            f"static {sb}",
                             "a static field is part of the compiled signature; "
-                            "changing it means a new compile",
+                            "changing it means a new compile"
+                            + _closure_hint(va, vb),
                         )
                     )
             else:
-                out.extend(structure_diffs(va, vb, f"{path}.{f.name}"))
-        return out
+                found = structure_diffs(va, vb, f"{path}.{f.name}")
+                out.extend(found)
+                if not found and not _has_arrays(va) and not _static_equal(va, vb):
+                    unequal.append((f"{path}.{f.name}", va, vb))
+        if not out:  # a field held as aux data by a foreign container
+            out = [
+                LeafDiff(
+                    p,
+                    _pair(va, vb)[0],
+                    f"another {type(vb).__name__}, not equal: {_pair(va, vb)[1]}",
+                    f"{type(a).__name__} keeps this field in its tree structure (pytree "
+                    "aux data, not a leaf), so a new value means a new compile"
+                    + _closure_hint(va, vb),
+                )
+                for p, va, vb in unequal
+            ]
+        if out:
+            return out
     if isinstance(a, Mapping) and isinstance(b, Mapping) and type(a) is type(b):
         out = []
         for k in sorted(set(a) | set(b), key=repr):
@@ -288,6 +334,10 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
         for i, (x, y) in enumerate(zip(a, b)):
             out.extend(structure_diffs(x, y, f"{path}[{i}]"))
         return out
+    if type(a) is type(b):
+        node = _node_diffs(a, b, path, here)
+        if node:
+            return node
     return [
         LeafDiff(
             here,
@@ -296,6 +346,86 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
             "the tree structure differs",
         )
     ]
+
+
+def _node_diffs(a: Any, b: Any, path: str, here: str) -> list[LeafDiff]:
+    """Two containers of one registered type: their aux data, else their children."""
+    try:
+        da = jax.tree_util.tree_structure(a).node_data()
+        db = jax.tree_util.tree_structure(b).node_data()
+    except Exception:  # noqa: BLE001 - a leaf, or no node data to read
+        return []
+    if da is None or db is None:
+        return []
+    if not _static_equal(da[1], db[1]):
+        sa, sb = _pair(da[1], db[1])
+        name = type(a).__name__
+        return [
+            LeafDiff(
+                here,
+                f"{name} with static data {sa}",
+                f"{name} with static data {sb}",
+                f"{name} keeps that data in its tree structure (pytree aux data, not "
+                "leaves), so a new value means a new compile" + _closure_hint(da[1], db[1]),
+            )
+        ]
+    children_a = jax.tree_util.tree_flatten_with_path(a, is_leaf=lambda x: x is not a)[0]
+    children_b = jax.tree_util.tree_flatten_with_path(b, is_leaf=lambda x: x is not b)[0]
+    if len(children_a) != len(children_b):
+        return []
+    out: list[LeafDiff] = []
+    for (ka, va), (_, vb) in zip(children_a, children_b):
+        out.extend(structure_diffs(va, vb, f"{path}{fmt_path(ka)}"))
+    return out
+
+
+def _is_static_field(f: Any) -> bool:
+    """A dataclass field held in the tree structure: jc.static, flax
+    ``pytree_node=False``, equinox ``static=True``."""
+    md = f.metadata
+    return bool(md.get(STATIC)) or md.get("pytree_node", True) is False or md.get("static") is True
+
+
+def _same_name(ta: type, tb: type) -> bool:
+    return ta.__qualname__ == tb.__qualname__ and ta.__module__ == tb.__module__
+
+
+def _class_id(t: type) -> str:
+    return f"class {t.__module__}.{t.__qualname__} (class object id {id(t):#x})"
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a repr that fails: name the type
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _pair(a: Any, b: Any) -> tuple[str, str]:
+    """Two unequal values, told apart: by repr, else by type and id."""
+    sa, sb = _short(a), _short(b)
+    if sa == sb or sa.endswith("...") or sb.endswith("..."):
+        return f"{type(a).__name__} (object id {id(a):#x})", f"{type(b).__name__} (object id {id(b):#x})"
+    return sa, sb
+
+
+def _has_arrays(x: Any) -> bool:
+    return any(leaf_spec(v) is not None for v in jax.tree_util.tree_leaves(x))
+
+
+def _closure_hint(a: Any, b: Any) -> str:
+    """Functions compare by identity: new closures (a second optax.adam(...))
+    are unequal though they do the same."""
+    fa = [v for v in jax.tree_util.tree_leaves(a) if callable(v)]
+    fb = [v for v in jax.tree_util.tree_leaves(b) if callable(v)]
+    if fa and fb and any(x is not y for x, y in zip(fa, fb)):
+        return (
+            "; it holds functions, which compare by identity: new closures (an "
+            "optimizer built again, e.g. a second optax.adam(...)) are a new value "
+            "even if they do the same: build it once and reuse it"
+        )
+    return ""
 
 
 def _struct_name(x: Any) -> str:
@@ -308,3 +438,44 @@ def _struct_name(x: Any) -> str:
     if x is None:
         return "None"
     return type(x).__name__
+
+
+# --------------------------------------------------------------------------
+# Static arguments
+
+
+class StaticArg:
+    """A static argument's value, carried in the tree structure (no leaves).
+
+    A pytree node with no children whose aux data is the value: two calls
+    with equal values share a tree structure (and a compiled signature); a
+    new value is a new structure, so it is a new signature.
+    """
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StaticArg) and _static_equal(self.value, other.value)
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __repr__(self) -> str:
+        return f"static {self.value!r}"
+
+
+def _static_equal(a: Any, b: Any) -> bool:
+    if a is b:
+        return True
+    try:
+        return type(a) is type(b) and bool(a == b)
+    except Exception:  # noqa: BLE001 - an __eq__ that cannot answer: not equal
+        return False
+
+
+jax.tree_util.register_pytree_node(
+    StaticArg, lambda s: ((), s.value), lambda value, _: StaticArg(value)
+)

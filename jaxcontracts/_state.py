@@ -46,6 +46,7 @@ from ._annotations import (
     x64_field_fix,
     x64_loss,
 )
+from ._compat.arrays import ArrayImpl as _ArrayImpl
 from ._compat.frames import caller_frame, caller_locals
 from ._compat.jaxtyping import is_pytree_annotation, pytree_leaf
 from ._compat.tracing import Tracer
@@ -196,6 +197,14 @@ class _StateInfo:
     fields: tuple[_Field, ...]
     data_names: tuple[str, ...]
     static_names: tuple[str, ...]
+    # Signatures (see _signature_key) whose validation passed with nothing to
+    # convert: a construction with one of them is not validated again.
+    valid: set[tuple[Any, ...]] = dataclasses.field(
+        default_factory=set, compare=False, hash=False, repr=False
+    )
+    plan: list[Any] = dataclasses.field(
+        default_factory=list, compare=False, hash=False, repr=False
+    )
 
     @property
     def dim_names(self) -> tuple[str, ...]:
@@ -732,10 +741,126 @@ def _is_tracing(self: Any, info: _StateInfo) -> bool:
     return False
 
 
+# --------------------------------------------------------------------------
+# The validation cache
+#
+# Validation of a field depends only on what the key below records, so a
+# signature that passed before passes again, with the same (unconverted)
+# values: it is not re-proven. What makes a key:
+#
+# * an array field: its aval, for an array whose type is exactly ArrayImpl
+#   (concrete, not a tracer, a subclass or a numpy array). JAX interns avals
+#   (equal avals are one object, compared by identity), and an aval holds the
+#   shape, dtype, weak type and (abstract) sharding: everything _convert_array,
+#   the dims and jaxtyping read. Only strongly typed arrays of the field's
+#   dtype ever pass unconverted, so a hit never skips a conversion. A deleted
+#   array keeps its aval and is accepted by both paths alike.
+# * a nested state: its exact class (validation checks isinstance).
+# * a PyTree field: its treedef and the avals of its leaves, each leaf exactly
+#   an ArrayImpl; a hit rebuilds the container, as validation does.
+# * a static field: (type, value) for bool, int, float, complex, str and None
+#   only; any other static value (a tuple may hold 1 or 1.0, equal but typed
+#   differently) takes the full path.
+#
+# Anything else (numpy arrays, Python scalars, specs, tracers) returns no key
+# and is validated in full every time. Every field is in one key, so dims
+# bound across fields are part of it. Failures are never cached: an error is
+# always rebuilt by the full path, so messages are unchanged.
+
+_CACHE_LIMIT = 256  # signatures kept per class; the set is emptied when full
+_ATOMS = frozenset({bool, int, float, complex, str, type(None)})
+_MISS = object()
+
+
+def _key_plan(info: _StateInfo) -> tuple[tuple[str, int], ...]:
+    """(field name, kind) for each field: 0 array, 1 static, 2 state, 3 pytree."""
+    if not info.plan:
+        kinds = {_ArrayField: 0, _StaticField: 1, _StateField: 2, _PyTreeField: 3}
+        info.plan.append(tuple((f.name, kinds[type(f)]) for f in info.fields))
+    return info.plan[0]  # type: ignore[no-any-return]
+
+
+def _signature_key(d: dict[str, Any], info: _StateInfo) -> tuple[Any, ...] | None:
+    """The validation signature of an instance's fields, or None when uncacheable."""
+    array_impl = _ArrayImpl
+    if array_impl is None:
+        return None
+    key: list[Any] = []
+    append = key.append
+    for name, kind in _key_plan(info):
+        v = d.get(name, _MISS)
+        t = type(v)
+        if kind == 0:
+            if t is not array_impl:
+                return None
+            append(v.aval)
+        elif kind == 1:
+            if t not in _ATOMS:
+                return None
+            append((t, v))
+        elif kind == 2:
+            append(t)
+        else:
+            leaves, treedef = jax.tree_util.tree_flatten(v)
+            avals = []
+            for leaf in leaves:
+                if type(leaf) is not array_impl:
+                    return None
+                avals.append(leaf.aval)
+            append((treedef, tuple(avals)))
+    return tuple(key)
+
+
+def _cached(self: Any, info: _StateInfo) -> tuple[bool, tuple[Any, ...] | None]:
+    """(whether this signature passed before, its key)."""
+    key = _signature_key(self.__dict__, info)
+    if key is None:
+        return False, None
+    try:
+        hit = key in info.valid
+    except TypeError:  # an unhashable treedef (a pytree node's aux data)
+        return False, None
+    if hit:
+        for f in info.fields:  # rebuild PyTree containers, as validation does
+            if isinstance(f, _PyTreeField):
+                leaves, treedef = jax.tree_util.tree_flatten(self.__dict__[f.name])
+                object.__setattr__(self, f.name, jax.tree_util.tree_unflatten(treedef, leaves))
+    return hit, key
+
+
+def _remember(info: _StateInfo, key: tuple[Any, ...], self: Any, converted: dict[str, Any]) -> None:
+    """Cache a signature that passed, if validation changed no value."""
+    d = self.__dict__
+    for f in info.fields:
+        if isinstance(f, _ArrayField) and converted.get(f.name) is not d[f.name]:
+            return
+        if isinstance(f, _PyTreeField):
+            new = jax.tree_util.tree_leaves(converted.get(f.name))
+            old = jax.tree_util.tree_leaves(d[f.name])
+            if len(new) != len(old) or any(a is not b for a, b in zip(new, old)):
+                return
+    if len(info.valid) >= _CACHE_LIMIT:
+        info.valid.clear()
+    info.valid.add(key)
+
+
+def validation_cache_size(cls: type) -> int:
+    """How many validated signatures ``cls`` remembers (for tests and benchmarks)."""
+    return len(_info(cls).valid)
+
+
+def clear_validation_cache(cls: type) -> None:
+    """Forget every validated signature of ``cls`` (the next construction validates)."""
+    _info(cls).valid.clear()
+
+
 def _validate(self: Any) -> None:
     __tracebackhide__ = True
     cls = type(self)
     info = _info(cls)
+    hit, key = _cached(self, info)
+    if hit:
+        return
     if _is_tracing(self, info):
         return
     problems: list[_Problem] = []
@@ -810,6 +935,8 @@ def _validate(self: Any) -> None:
                 )
     if problems:
         raise SpecError(_spec_message(cls, problems, bindings, bound_by))
+    if key is not None:
+        _remember(info, key, self, converted)
     for name, v in converted.items():
         object.__setattr__(self, name, v)
 

@@ -375,6 +375,24 @@ def test_host_copy_of_a_sharded_array_assembles_every_shard():
         assert np.array_equal(hostcopy.host_copy(x), value)
 
 
+def test_cache_events_are_counted_on_the_compiling_thread_only():
+    outcome = events.watch_cache()
+    assert outcome is not None
+    try:
+        t = threading.Thread(target=lambda: jax.monitoring.record_event(events.CACHE_HIT_EVENT))
+        t.start()
+        t.join()
+        assert outcome.verdict == "off"
+        jax.monitoring.record_event(events.CACHE_USE_EVENT)
+        assert outcome.verdict == "off"  # recorded even with no cache directory
+        jax.monitoring.record_event(events.CACHE_MISS_EVENT)
+        assert outcome.verdict == "miss"
+    finally:
+        events.unwatch_cache(outcome)
+    jax.monitoring.record_event(events.CACHE_HIT_EVENT)
+    assert outcome.hits == 0
+
+
 def test_guard_log_lines_parse_on_this_version(capfd):
     """jaxlib's transfer-guard log line (what record mode reads off fd 2)."""
     from jaxcontracts._compat import guardlog

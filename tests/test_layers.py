@@ -28,6 +28,7 @@ LAYERS: dict[str, int] = {
     "_runtime": 1,
     # 2: each private mechanism, behind a named capability
     "_compat.arrays": 2,
+    "_compat.blocking": 2,
     "_compat.events": 2,
     "_compat.executable": 2,
     "_compat.frames": 2,
@@ -40,6 +41,7 @@ LAYERS: dict[str, int] = {
     "_compat": 3,
     # annotations -> specs -> states
     "_annotations": 3,
+    "_timing": 3,  # a loop's clock: timed step calls, time blocked on the device
     "_report": 4,  # renders records; below everything that returns a report
     "_spec": 4,
     "_state": 5,

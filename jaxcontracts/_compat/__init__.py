@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from . import (
     arrays,
+    blocking,
     events,
     executable,
     frames,
@@ -23,6 +24,7 @@ from .registry import Capability, capabilities, capability, missing
 __all__ = [
     "Capability",
     "arrays",
+    "blocking",
     "capabilities",
     "capability",
     "events",

@@ -50,3 +50,91 @@ def listen(callback: Callable[..., Any]) -> None:
 
 def unlisten(callback: Callable[..., Any]) -> None:
     jax.monitoring.unregister_scalar_listener(callback)
+
+
+# --------------------------------------------------------------------------
+# The persistent compilation cache: whether a compile was served from it
+
+CACHE_HIT_EVENT = "/jax/compilation_cache/cache_hits"
+CACHE_MISS_EVENT = "/jax/compilation_cache/cache_misses"
+CACHE_USE_EVENT = "/jax/compilation_cache/compile_requests_use_cache"
+
+
+@define(
+    "compilation-cache-events",
+    "jax.monitoring events /jax/compilation_cache/{compile_requests_use_cache,cache_hits,cache_misses}",
+    "nothing is checked; step reports cannot say whether an executable came from "
+    "JAX's persistent compilation cache",
+)
+def _probe_cache_events() -> str | None:
+    import inspect
+
+    from jax._src import compilation_cache, compiler  # where JAX records them
+
+    source = inspect.getsource(compiler) + inspect.getsource(compilation_cache)
+    missing = [e for e in (CACHE_HIT_EVENT, CACHE_MISS_EVENT, CACHE_USE_EVENT) if e not in source]
+    if missing:
+        return "jax no longer records " + ", ".join(missing)
+    if not hasattr(jax.monitoring, "unregister_event_listener"):
+        return "jax.monitoring.unregister_event_listener is missing"
+    return None
+
+
+class CacheOutcome:
+    """What JAX's persistent compilation cache did for the compiles in a block.
+
+    ``hits`` and ``misses`` count lookups in the cache; ``used`` counts
+    compile requests JAX considered for it (recorded even with no cache
+    directory, so it decides nothing). Events are counted on the compiling
+    thread only.
+    """
+
+    __slots__ = ("hits", "misses", "thread", "used")
+
+    def __init__(self) -> None:
+        import threading
+
+        self.thread = threading.get_ident()
+        self.used = 0
+        self.hits = 0
+        self.misses = 0
+
+    def __call__(self, event: str, **kwargs: Any) -> None:
+        import threading
+
+        if threading.get_ident() != self.thread:
+            return
+        if event == CACHE_USE_EVENT:
+            self.used += 1
+        elif event == CACHE_HIT_EVENT:
+            self.hits += 1
+        elif event == CACHE_MISS_EVENT:
+            self.misses += 1
+
+    @property
+    def verdict(self) -> str | None:
+        """``"hit"``, ``"miss"``, ``"off"`` (the cache was not consulted), or None (unknown)."""
+        if self.hits:
+            return "hit"
+        if self.misses:
+            return "miss"
+        return "off"
+
+
+def watch_cache() -> CacheOutcome | None:
+    """Start counting cache events on this thread (None: the capability is missing)."""
+    from .registry import capability
+
+    if not capability("compilation-cache-events").available:
+        return None
+    outcome = CacheOutcome()
+    jax.monitoring.register_event_listener(outcome)
+    return outcome
+
+
+def unwatch_cache(outcome: CacheOutcome | None) -> None:
+    if outcome is not None:
+        try:
+            jax.monitoring.unregister_event_listener(outcome)
+        except (ValueError, AssertionError, KeyError):  # pragma: no cover - already gone
+            pass

@@ -93,6 +93,12 @@ def run_demo(
     problems = check_result(result)
     if not print_reports(out, *result.hot_steps):
         problems.append("a step's report has a failing contract")
+    if result.loop_report is not None:
+        write()
+        write("The hot loop's report: its contracts, and where its time went")
+        write(str(result.loop_report))
+        if not result.loop_report.ok:
+            problems.append("the hot loop's report has a failing contract")
 
     if regressions:
         write()
@@ -134,7 +140,10 @@ A small end-to-end tour of jaxcontracts, in three parts:
    from a periodic jc.fetch (the only reads inside the loop); the time,
    energy drift and donation are checked after it.
 2. The reports: what each step compiled (leaves, specs, donation,
-   aliasing), its compile time and calls.
+   aliasing), its compile time, whether the executable came from JAX's
+   persistent compilation cache, and calls; then the hot loop's report:
+   steps per second, host time per step call, time blocked on the device,
+   and whether the loop is dispatch-bound or device-bound.
 3. Three planted regressions, each run and shown caught with its message:
    print(p.t) inside the loop (TransferError); an int32-initialised float
    field (SpecError at construction; RecompileError at compile for a plain

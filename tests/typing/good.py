@@ -40,6 +40,16 @@ def count(scale: jax.Array, c: Counter) -> Counter:
     return Counter(x=c.x * scale, count=c.count + 1)
 
 
+@jc.hot_step(stateless=True, static=("n",), donate_argnames=("x",))
+def power(x: Float32[Array, "k"], n: int) -> Float32[Array, "k"]:
+    return x**n
+
+
+@jc.hot_step(signature=Particles)
+def kinetic(p: Particles) -> jax.Array:  # read-only: not returned, not donated
+    return jnp.sum(p.vel * p.vel)
+
+
 def main() -> float:
     n = 8
     p = Particles(
@@ -59,7 +69,7 @@ def main() -> float:
     advance.compile(spec, k)
     count.compile(scale, c)
     total = 0.0
-    with jc.hot_loop():
+    with jc.hot_loop() as loop:
         for i in range(4):
             p, m = advance(p, k)
             energy: jax.Array = m.energy
@@ -70,9 +80,17 @@ def main() -> float:
     snap: jc.Snapshot = jc.snapshot(advance, count)
     unchanged: jc.SnapshotDiff = snap.diff(jc.snapshot(advance), tolerances={"temporaries": 0.1})
     assert unchanged.ok or unchanged.changes[0].before != ""
+    cubed: jax.Array = power(jnp.ones(3, jnp.float32), 3)
+    e: jax.Array = kinetic(p)
+    timing: jc.LoopTiming = loop.timing
+    per_call: float = timing.steps[0].host_us_per_call if timing.steps else 0.0
+    current = advance.describe().current
+    cache: str | None = current.cache if current is not None else None
+    verdict: str = f"{timing.verdict} {per_call} {cache}"
     fetched: Particles = jc.fetch(p)
     counted: jax.Array = c.count
-    return total + float(fetched.t) + float(jc.fetch(counted))
+    total += len(verdict)
+    return total + float(fetched.t) + float(jc.fetch(counted)) + float(jc.fetch(cubed)[0] + jc.fetch(e))
 
 
 if __name__ == "__main__":

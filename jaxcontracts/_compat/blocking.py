@@ -1,0 +1,97 @@
+"""Timing the waits for the device: ``block_until_ready``, both spellings.
+
+While a timing loop is active, ``jax.Array.block_until_ready`` (a method of
+the concrete class, ``jax._src.array.ArrayImpl``) and the module function
+``jax.block_until_ready`` (which waits on several arrays at once without
+calling the method) are replaced by wrappers that report how long each call
+blocked. Replacing the class attribute reaches every array; replacing the
+module attribute reaches code that looks the function up as
+``jax.block_until_ready`` at call time (not a name imported before the loop).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from .registry import capability, define
+
+__all__ = ["install", "uninstall"]
+
+try:  # the concrete array class (as in .arrays, which this layer may not import)
+    from jax._src.array import ArrayImpl
+except ImportError:  # pragma: no cover - future jax
+    ArrayImpl = None  # type: ignore[assignment,misc]
+
+_saved: dict[str, Any] = {}
+_inside = threading.local()  # inside the module function: the method does not count
+
+
+@define(
+    "block-timing",
+    "replacing jax._src.array.ArrayImpl.block_until_ready and jax.block_until_ready",
+    "nothing is checked; a loop's timing does not count time blocked in "
+    "block_until_ready (jc.fetch is still counted)",
+)
+def _probe_blocking() -> str | None:
+    if ArrayImpl is None or "block_until_ready" not in ArrayImpl.__dict__:
+        return "jax._src.array.ArrayImpl.block_until_ready is gone"
+    if not callable(getattr(jax, "block_until_ready", None)):
+        return "jax.block_until_ready is gone"
+    original = ArrayImpl.__dict__["block_until_ready"]
+    try:
+        ArrayImpl.block_until_ready = original  # settable from Python?
+    except TypeError as e:
+        return f"its attributes are read-only ({e})"
+    return None
+
+
+def install(report: Callable[[str, float], None]) -> None:
+    """Replace both with wrappers calling ``report(where, seconds)`` (idempotent)."""
+    if _saved or not capability("block-timing").available:
+        return
+    method = ArrayImpl.__dict__["block_until_ready"]
+    function = jax.block_until_ready
+    perf = time.perf_counter
+
+    def block_until_ready_method(self: Any) -> Any:
+        t0 = perf()
+        try:
+            return method(self)
+        finally:
+            report("block_until_ready", perf() - t0)
+
+    def block_until_ready(x: Any) -> Any:
+        t0 = perf()
+        depth = getattr(_inside, "depth", 0)
+        _inside.depth = depth + 1  # the function may call the method: count once
+        try:
+            return function(x)
+        finally:
+            _inside.depth = depth
+            if not depth:
+                report("block_until_ready", perf() - t0)
+
+    def method_once(self: Any) -> Any:
+        if getattr(_inside, "depth", 0):
+            return method(self)
+        return block_until_ready_method(self)
+
+    block_until_ready.__doc__ = function.__doc__
+    block_until_ready.__wrapped__ = function  # type: ignore[attr-defined]
+    _saved.update(method=method, function=function)
+    ArrayImpl.block_until_ready = method_once
+    jax.block_until_ready = block_until_ready
+
+
+def uninstall() -> None:
+    """Put the originals back (idempotent)."""
+    if not _saved:
+        return
+    ArrayImpl.block_until_ready = _saved["method"]
+    jax.block_until_ready = _saved["function"]
+    _saved.clear()

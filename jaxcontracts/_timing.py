@@ -1,0 +1,338 @@
+"""Where a hot loop's time goes: host time in steps, time blocked on the device.
+
+A ``jc.hot_loop`` (checks level ``fast`` or ``full``) owns a :class:`LoopClock`.
+While any such loop is active, every hot step's call goes through a thin
+wrapper that adds the call's host time (``perf_counter`` before and after the
+call returns: argument checks, dispatch, the after-call tail) to the clocks of
+the loops active on the calling thread; ``jc.fetch`` and ``block_until_ready``
+add the time they blocked. Outside loops nothing is wrapped.
+
+``LoopClock.timing()`` turns the sums into a frozen :class:`LoopTiming`,
+with a verdict: ``dispatch-bound`` (the host never waited on the device, and
+the device had finished by the loop's exit: it was starved by the host) or
+``device-bound`` (the host spent a large share of the loop waiting, or work
+was still queued at exit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+import threading
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any
+
+from jax.tree_util import tree_leaves
+
+from ._compat import blocking
+from ._runtime import last_output
+
+__all__ = ["LoopClock", "LoopTiming", "StepTiming", "blocked", "active", "enter", "leave", "register", "timed"]
+
+# Shares of the loop's wall time that decide the verdict.
+DEVICE_BOUND_SHARE = 0.25  # blocked at least this share: the host waited on the device
+DISPATCH_BOUND_SHARE = 0.05  # blocked under this share, nothing pending: the device waited
+
+perf = time.perf_counter
+
+
+class _Local(threading.local):
+    clocks: tuple[LoopClock, ...] = ()
+
+
+_local = _Local()
+_lock = threading.Lock()
+_active = 0  # clocks entered, all threads
+# Hot steps that can be timed: each has ``_timing_acc`` ([host seconds, calls],
+# cumulative), ``_sig.name`` and ``_timing_changed(on)``.
+_steps: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+# --------------------------------------------------------------------------
+# Records
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTiming:
+    """One hot step's calls inside a loop.
+
+    Attributes:
+        name: the step's qualified name.
+        calls: calls that returned (a refused call is not counted).
+        host_seconds: their total host time, dispatch included, estimated
+            from the timed calls (a step's first 64 calls in timing loops,
+            then one in 16) times ``calls``, at most the loop's wall time.
+        timed_calls: how many calls were timed.
+    """
+
+    name: str
+    calls: int
+    host_seconds: float
+    timed_calls: int = 0
+
+    @property
+    def host_us_per_call(self) -> float:
+        """Mean host time per call, in microseconds."""
+        return self.host_seconds / self.calls * 1e6 if self.calls else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopTiming:
+    """Where a hot loop's wall time went (see ``HotLoop.report``).
+
+    Attributes:
+        wall_seconds: time inside the loop (every entry, outermost on its thread).
+        steps: per hot step, calls and host time.
+        blocked: seconds blocked waiting for the device, by where
+            (``jc.fetch``, ``block_until_ready``).
+        pending_at_exit: of the last outputs of each step at the last exit,
+            how many were still being computed (``is_ready()`` false).
+        outputs_at_exit: how many outputs were looked at.
+        verdict: ``"dispatch-bound"``, ``"device-bound"``, ``"mixed"`` or
+            ``"no steps"``.
+    """
+
+    wall_seconds: float
+    steps: tuple[StepTiming, ...]
+    blocked: dict[str, float]
+    pending_at_exit: int
+    outputs_at_exit: int
+    verdict: str
+
+    @property
+    def calls(self) -> int:
+        """Hot step calls in the loop, all steps."""
+        return sum(s.calls for s in self.steps)
+
+    @property
+    def steps_per_second(self) -> float:
+        """Hot step calls per second of the loop's wall time."""
+        return self.calls / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    @property
+    def host_seconds(self) -> float:
+        """Host time inside hot step calls."""
+        return sum(s.host_seconds for s in self.steps)
+
+    @property
+    def blocked_seconds(self) -> float:
+        """Time blocked waiting for the device, everywhere it was measured."""
+        return sum(self.blocked.values())
+
+    @property
+    def other_seconds(self) -> float:
+        """The rest of the wall time: the caller's own Python between calls."""
+        return max(0.0, self.wall_seconds - self.host_seconds - self.blocked_seconds)
+
+    def advice(self) -> str:
+        """One sentence: what the verdict means and what to do."""
+        wall = self.wall_seconds or 1.0
+        share = self.blocked_seconds / wall
+        if self.verdict == "no steps":
+            return "no hot step was called inside the loop."
+        if self.verdict == "device-bound":
+            why = f"the host waited on the device for {share:.0%} of the loop"
+            if self.pending_at_exit:
+                why += (f"{' and' if self.blocked_seconds else ';'} {self.pending_at_exit} of "
+                        f"{self.outputs_at_exit} outputs were still being computed at exit")
+            return (f"device-bound: {why}. The device is the bottleneck: a cheaper step "
+                    "(or more work per byte) helps; fusing steps or cutting host "
+                    "overhead does not.")
+        if self.verdict == "dispatch-bound":
+            return (f"dispatch-bound: the host never waited long on the device ({share:.0%} "
+                    "of the loop) and the device had finished by the exit, so it idled "
+                    "while the host prepared calls. Fuse steps into one hot_step, or run "
+                    "several iterations per call with lax.scan / lax.fori_loop.")
+        return (f"mixed: the host waited on the device for {share:.0%} of the loop; "
+                "neither side clearly dominates.")
+
+    def lines(self) -> list[str]:
+        """The timing section of a loop report, as text lines."""
+        wall = self.wall_seconds
+        out = [
+            f"timing: {self.calls} step calls in {wall * 1e3:.1f} ms "
+            f"({self.steps_per_second:,.0f} steps/s); verdict: {self.verdict}"
+        ]
+        pct = (lambda s: f"{s / wall:.0%}") if wall > 0 else (lambda s: "-")
+        for s in self.steps:
+            out.append(f"  {s.name.rsplit('.', 1)[-1]}: {s.calls} calls, {s.host_us_per_call:,.1f} us host/call "
+                       f"({pct(s.host_seconds)} of the loop)")
+        blocked = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(self.blocked.items()))
+        out.append(f"  blocked on the device: {self.blocked_seconds * 1e3:.2f} ms "
+                   f"({pct(self.blocked_seconds)})" + (f": {blocked}" if blocked else ""))
+        out.append(f"  other host time (your code between calls): {self.other_seconds * 1e3:.2f} ms "
+                   f"({pct(self.other_seconds)})")
+        out.append(f"  at exit: {self.pending_at_exit} of {self.outputs_at_exit} step outputs "
+                   "still computing")
+        out += textwrap.wrap(self.advice(), width=88, initial_indent="  ",
+                             subsequent_indent="    ", break_on_hyphens=False)
+        return out
+
+
+def _verdict(wall: float, calls: int, blocked: float, pending: int) -> str:
+    if not calls:
+        return "no steps"
+    share = blocked / wall if wall > 0 else 0.0
+    if pending or share >= DEVICE_BOUND_SHARE:
+        return "device-bound"
+    if share < DISPATCH_BOUND_SHARE:
+        return "dispatch-bound"
+    return "mixed"
+
+
+# --------------------------------------------------------------------------
+# The clock
+
+
+class LoopClock:
+    """A loop's running sums (one per ``HotLoop``).
+
+    Each timed step keeps cumulative counters (host seconds, calls); the
+    clock snapshots them when the loop is entered and adds the difference
+    when it exits, so a step call costs two clock reads and two additions.
+    """
+
+    def __init__(self) -> None:
+        self.wall = 0.0
+        self.steps: dict[str, list[float]] = {}  # name -> [calls, seconds timed, calls timed]
+        self.blocked: dict[str, float] = {}
+        self.pending = 0
+        self.outputs = 0
+        self._open: dict[int, tuple[int, float, dict[Any, tuple[float, ...]]]] = {}  # per thread
+
+    def timing(self) -> LoopTiming:
+        """The figures so far (entries that have exited), as a frozen record."""
+        blocked = sum(self.blocked.values())
+        calls = int(sum(r[0] for r in self.steps.values()))
+        return LoopTiming(
+            wall_seconds=self.wall,
+            steps=tuple(
+                StepTiming(n, int(r[0]), min(self.wall, r[1] / r[2] * r[0]) if r[2] else 0.0, int(r[2]))
+                for n, r in self.steps.items()
+            ),
+            blocked=dict(self.blocked),
+            pending_at_exit=self.pending,
+            outputs_at_exit=self.outputs,
+            verdict=_verdict(self.wall, calls, blocked, self.pending),
+        )
+
+    def _close(self, start: float, snapshot: dict[Any, tuple[float, ...]]) -> None:
+        self.wall += perf() - start
+        pending = outputs = 0
+        for step, (seconds0, calls0, timed0) in snapshot.items():
+            seconds, calls, timed = step._timing_acc
+            if calls == calls0:
+                continue
+            rec = self.steps.setdefault(step._sig.name, [0, 0.0, 0])
+            rec[0] += calls - calls0
+            rec[1] += seconds - seconds0
+            rec[2] += timed - timed0
+            # Is its last output still being computed? (never blocks)
+            for leaf in tree_leaves(last_output(id(step))):
+                is_ready = getattr(leaf, "is_ready", None)
+                if is_ready is None:
+                    continue
+                outputs += 1
+                try:
+                    pending += not is_ready()
+                except Exception:  # noqa: BLE001 - deleted (donated since): done
+                    pass
+        self.pending, self.outputs = pending, outputs
+
+
+def _snapshot() -> dict[Any, tuple[float, ...]]:
+    return {step: tuple(step._timing_acc) for step in list(_steps)}
+
+
+def enter(clock: LoopClock) -> Any:
+    """Start timing ``clock`` on this thread; returns the token for :func:`leave`."""
+    global _active
+    with _lock:
+        _active += 1
+        if _active == 1:
+            blocking.install(blocked)
+            for step in list(_steps):
+                step._timing_changed(True)
+    tid = threading.get_ident()
+    depth, start, snapshot = clock._open.get(tid, (0, 0.0, {}))
+    if depth == 0:
+        snapshot, start = _snapshot(), perf()
+    clock._open[tid] = (depth + 1, start, snapshot)
+    _local.clocks = (*_local.clocks, clock)
+    return (clock, tid, _local)
+
+
+def leave(token: Any) -> None:
+    """Stop timing (from any thread: the token names the entering thread)."""
+    global _active
+    clock, tid, local = token
+    depth, start, snapshot = clock._open.get(tid, (1, perf(), {}))
+    if depth <= 1:
+        clock._open.pop(tid, None)
+        clock._close(start, snapshot)
+    else:
+        clock._open[tid] = (depth - 1, start, snapshot)
+    if local is _local:  # this thread: drop the clock from its list
+        clocks = list(_local.clocks)
+        if clock in clocks:
+            clocks.reverse()
+            clocks.remove(clock)
+            clocks.reverse()
+        _local.clocks = tuple(clocks)
+    with _lock:
+        _active -= 1
+        if _active == 0:
+            blocking.uninstall()
+            for step in list(_steps):
+                step._timing_changed(False)
+
+
+def active() -> bool:
+    """Whether any timing loop is active (on any thread)."""
+    return _active > 0
+
+
+def register(step: Any) -> None:
+    """Time ``step`` while loops are active (it has ``_timing_changed(on)``)."""
+    _steps.add(step)
+
+
+def blocked(where: str, seconds: float) -> None:
+    """Add time blocked on the device to this thread's active clocks."""
+    for clock in _local.clocks:
+        clock.blocked[where] = clock.blocked.get(where, 0.0) + seconds
+
+
+SAMPLE = 16  # past the first FIRST calls, one call in SAMPLE is timed (two clock reads)
+FIRST = 64  # a step's first calls inside timing loops are all timed
+
+
+def timed(fn: Callable[..., Any], acc: list[float]) -> Callable[..., Any]:
+    """``fn`` (a step's call path), counting calls and timing some of them.
+
+    A step's first ``FIRST`` calls inside timing loops are timed, then one
+    in ``SAMPLE``: a short loop is measured in full, a long one at a cost of
+    a counter per call.
+
+    ``acc`` is [seconds of the timed calls, calls, timed calls], cumulative.
+    """
+    mask = SAMPLE - 1
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        n = acc[1]
+        if n & mask and n >= FIRST:
+            out = fn(*args, **kwargs)
+            acc[1] = n + 1  # counted once it returned (a refused call is not)
+            return out
+        t0 = perf()
+        out = fn(*args, **kwargs)
+        acc[0] += perf() - t0
+        acc[1] = n + 1
+        acc[2] += 1
+        return out
+
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
+    return call

@@ -1,0 +1,533 @@
+"""Steps in the shapes real programs have: read-only and stateless steps,
+donated non-state arguments, static arguments, derived output shardings."""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from typing import NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import Particles, alive, all_deleted, make_particles
+from jaxtyping import Array, Float32
+
+import jaxcontracts as jc
+
+# -- read-only state parameters -------------------------------------------
+
+
+class Metrics(NamedTuple):
+    energy: jax.Array
+    speed: jax.Array
+
+
+@jc.hot_step(signature=Particles)
+def measure(p: Particles) -> Metrics:
+    """An eval step: reads the state, returns metrics only."""
+    return Metrics(energy=(p.vel**2).sum(), speed=jnp.sqrt((p.vel**2).sum(-1)).max())
+
+
+def test_a_state_the_step_does_not_return_is_read_only():
+    p = make_particles(4)
+    pointer = p.pos.unsafe_buffer_pointer()
+    measure.compile(p)
+    with jc.hot_loop():
+        for _ in range(3):
+            m = measure(p)
+    assert isinstance(m, Metrics) and m.energy.dtype == jnp.float32
+    assert alive(p) and p.pos.unsafe_buffer_pointer() == pointer  # not donated, not copied
+    assert measure.stats.compiles == 1 and measure.stats.calls == 3
+    leaves = measure.describe().current.leaves
+    assert [leaf.path for leaf in leaves] == ["p.pos", "p.vel", "p.t"]
+    assert not any(leaf.donated for leaf in leaves)
+    assert measure.report().ok
+    assert "donated" in str(measure.report())
+
+
+def test_a_read_only_step_is_still_recompile_guarded():
+    @jc.hot_step(signature=Particles)
+    def energy(p: Particles) -> jax.Array:
+        return (p.vel**2).sum()
+
+    energy(make_particles(4))
+    with pytest.raises(jc.RecompileError) as info:
+        energy(make_particles(5))
+    assert "p.pos: compiled with f32[4,3], called with f32[5,3]" in str(info.value)
+
+
+def test_apply_model_returning_grads_and_metrics_leaves_the_state_alone():
+    @jc.state
+    class Model:
+        w: Float32[Array, "d k"]
+        b: Float32[Array, "k"]
+
+    @jc.hot_step(signature=Model)
+    def apply_model(m: Model, x: Float32[Array, "n d"]) -> tuple[Model, jax.Array]:
+        def loss(m: Model) -> jax.Array:
+            return ((x @ m.w + m.b) ** 2).mean()
+
+        value, grads = jax.value_and_grad(loss)(m)
+        return grads, value
+
+    m = Model(w=jnp.ones((3, 2), jnp.float32), b=jnp.zeros(2, jnp.float32))
+    x = jnp.ones((5, 3), jnp.float32)
+    # The returned Model is the *gradient*, but it stands where a state would:
+    # the return annotation says Model, so the carry contract holds for it.
+    grads, value = apply_model(m, x)
+    assert all_deleted(m)  # `Model` was returned: it is a carried state
+    assert grads.w.shape == (3, 2)
+
+    @jc.hot_step(signature=Model)
+    def grads_only(m: Model, x: Float32[Array, "n d"]) -> tuple[dict, jax.Array]:
+        value, grads = jax.value_and_grad(lambda m: ((x @ m.w + m.b) ** 2).mean())(m)
+        return {"w": grads.w, "b": grads.b}, value
+
+    m = Model(w=jnp.ones((3, 2), jnp.float32), b=jnp.zeros(2, jnp.float32))
+    g, value = grads_only(m, x)
+    assert alive(m) and g["w"].shape == (3, 2)
+
+
+def test_a_missing_return_annotation_is_still_a_definition_error():
+    def no_return(p: Particles):
+        return p
+
+    with pytest.raises(jc.DefinitionError, match="only reads it") as info:
+        jc.hot_step(no_return)
+    assert "-> tuple[Grads, Metrics]" in str(info.value)
+
+
+# -- stateless steps ------------------------------------------------------
+
+
+def compute_gae(rewards: Float32[Array, "t"], values: Float32[Array, "t"]) -> Float32[Array, "t"]:
+    def back(carry, rv):
+        r, v = rv
+        carry = r - v + 0.99 * carry
+        return carry, carry
+
+    _, adv = jax.lax.scan(back, jnp.float32(0), (rewards, values), reverse=True)
+    return adv
+
+
+def test_a_stateless_step_takes_its_signature_from_the_first_call():
+    gae = jc.hot_step(compute_gae, stateless=True)
+    r, v = jnp.ones(8, jnp.float32), jnp.zeros(8, jnp.float32)
+    with pytest.raises(jc.RecompileError):  # the first call compiles: not in a loop
+        with jc.hot_loop():
+            gae(r, v)
+    gae(r, v)
+    with jc.hot_loop():
+        adv = gae(r, v)
+        adv = gae(r, values=v)
+    assert adv.shape == (8,) and alive((r, v))
+    assert gae.stats.compiles == 1 and gae.state_type is None
+    with pytest.raises(jc.RecompileError) as info:
+        gae(jnp.ones(9, jnp.float32), jnp.zeros(9, jnp.float32))
+    msg = str(info.value)
+    assert "rewards: compiled with f32[8], called with f32[9]" in msg
+    assert "values: compiled with f32[8], called with f32[9]" in msg
+
+
+def test_a_stateless_step_compiles_from_specs():
+    gae = jc.hot_step(compute_gae, stateless=True)
+    spec = jax.ShapeDtypeStruct((16,), jnp.float32)
+    gae.compile(spec, spec)
+    assert gae.stats.compiles == 1
+    r, v = jnp.ones(16, jnp.float32), jnp.zeros(16, jnp.float32)
+    with jc.hot_loop():
+        gae(r, v)
+    with pytest.raises(jc.TransferError):
+        gae(np.ones(16, np.float32), jnp.ones(16, jnp.float32))  # numpy: a transfer
+
+
+def test_a_stateless_helper_on_a_pytree_of_arrays():
+    @jc.hot_step(stateless=True)
+    def normalise(batch: dict) -> dict:
+        x = batch["x"]
+        return {"x": (x - x.mean()) / (x.std() + 1e-6), "y": batch["y"]}
+
+    batch = {"x": jnp.arange(6, dtype=jnp.float32), "y": jnp.zeros(6, jnp.int32)}
+    out = normalise(batch)
+    assert alive(batch) and out["y"].dtype == jnp.int32
+
+
+def test_donating_fields_of_a_read_only_state_is_a_definition_error():
+    def energy(p: Particles) -> jax.Array:
+        return (p.vel**2).sum()
+
+    with pytest.raises(jc.DefinitionError, match="does not return a Particles: its state is read-only"):
+        jc.hot_step(energy, donate=("vel",))
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_one_array_in_two_undonated_positions_is_no_hazard(level):
+    # Only a *donated* buffer passed twice is a hazard (find_hazards); the
+    # call path must agree, or the slow path reports an internal disagreement.
+    jc.set_checks(level)
+    gae = jc.hot_step(compute_gae, stateless=True)
+    r = jnp.ones(8, jnp.float32)
+    gae(r, r)
+    with jc.hot_loop():
+        adv = gae(r, r)
+    assert alive(r) and adv.shape == (8,)
+
+
+def test_stateless_definition_errors():
+    with pytest.raises(jc.DefinitionError, match="stateless=True"):
+        jc.hot_step(lambda r, v: r + v)
+    with pytest.raises(jc.DefinitionError, match="names state fields, but the step is stateless"):
+        jc.hot_step(compute_gae, stateless=True, donate=("rewards",))
+    with pytest.raises(jc.DefinitionError, match="contradict"):
+        jc.hot_step(compute_gae, stateless=True, signature=Particles)
+
+
+# -- donated non-state arguments ------------------------------------------
+
+
+@jc.hot_step(signature=Particles, donate_argnames=("forces",))
+def kick(p: Particles, forces: Float32[Array, "n 3"]) -> tuple[Particles, Float32[Array, "n 3"]]:
+    vel = p.vel + forces * p.dt
+    return Particles(pos=p.pos + vel * p.dt, vel=vel, t=p.t + p.dt, dt=p.dt), forces * 0.5
+
+
+def test_a_named_argument_is_donated_and_its_aliasing_proven():
+    p, f = make_particles(4), jnp.ones((4, 3), jnp.float32)
+    q, f2 = kick(p, f)
+    assert all_deleted(p) and f.is_deleted()
+    leaves = {leaf.path: leaf for leaf in kick.describe().current.leaves}
+    assert leaves["forces"].donated and leaves["forces"].aliased
+    with jc.hot_loop():
+        for _ in range(3):
+            q, f2 = kick(q, f2)
+    with pytest.raises(jc.DonationError) as info:
+        kick(q, f)  # the donated forces, used again
+    assert "forces: f32[4,3] was already deleted" in str(info.value)
+    assert "An argument in donate_argnames (forces) is consumed by every call" in str(info.value)
+    assert alive(q)
+
+
+def test_donate_argnames_definition_errors():
+    with pytest.raises(jc.DefinitionError, match="unknown parameter\\(s\\) 'batch'") as info:
+        jc.hot_step(kick.__wrapped__, signature=Particles, donate_argnames=("batch",))
+    assert "parameters: p, forces" in str(info.value)
+    with pytest.raises(jc.DefinitionError, match="names state parameter\\(s\\) 'p'"):
+        jc.hot_step(kick.__wrapped__, signature=Particles, donate_argnames=("p",))
+    with pytest.raises(jc.DefinitionError, match="both static and donated"):
+        jc.hot_step(kick.__wrapped__, signature=Particles, donate_argnames="forces", static="forces")
+    with pytest.raises(jc.DefinitionError, match="not valid"):
+        jc.hot_step(kick.__wrapped__, signature=Particles, donate_argnames=(1,))
+
+
+def test_a_stateless_step_donates_named_arguments():
+    @jc.hot_step(stateless=True, donate_argnames="x")
+    def scale(x: Float32[Array, "n"], k: Float32[Array, ""]) -> Float32[Array, "n"]:
+        return x * k
+
+    x, k = jnp.ones(4, jnp.float32), jnp.float32(2)
+    y = scale(x, k)
+    assert x.is_deleted() and alive(k)
+    scale(y, k)
+
+
+# -- static arguments -----------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    lr: float = 0.1
+    clip: float = 1.0
+
+
+def sgd(p: Particles, config: Config) -> Particles:
+    vel = jnp.clip(p.vel - config.lr * p.pos, -config.clip, config.clip)
+    return Particles(pos=p.pos + vel * p.dt, vel=vel, t=p.t + p.dt, dt=p.dt)
+
+
+def test_static_arguments_are_part_of_the_signature():
+    step = jc.hot_step(sgd, signature=Particles, static=("config",))
+    p = step(make_particles(), Config())
+    with jc.hot_loop():
+        for _ in range(3):
+            p = step(p, Config())  # an equal value: the same executable
+            p = step(p, config=Config())
+    assert step.stats.compiles == 1 and step.stats.calls == 7
+    with pytest.raises(jc.RecompileError) as info:
+        step(p, Config(lr=0.2))
+    msg = str(info.value)
+    assert (
+        "config: compiled with static Config(lr=0.1, clip=1.0), called with static Config(lr=0.2, clip=1.0)"
+    ) in msg
+    assert "a static argument is part of the compiled signature" in msg
+    assert "max_compiles=2" in msg
+    assert alive(p)
+
+
+def test_a_new_static_value_counts_against_max_compiles():
+    step = jc.hot_step(sgd, signature=Particles, static="config", max_compiles=2)
+    p = step(make_particles(), Config())
+    p = step(p, Config(lr=0.2))
+    p = step(p, Config())
+    assert step.stats.compiles == 2
+    with pytest.raises(jc.RecompileError):
+        step(p, Config(lr=0.3))
+    with pytest.raises(jc.RecompileError):  # a new static value in a loop is a compile
+        with jc.hot_loop():
+            jc.hot_step(sgd, signature=Particles, static="config")(p, Config())
+
+
+def test_an_unhashable_static_value_is_refused():
+    @dataclasses.dataclass  # not frozen: unhashable
+    class Mutable:
+        lr: float = 0.1
+
+    step = jc.hot_step(sgd, signature=Particles, static=("config",))
+    p = make_particles()
+    with pytest.raises(jc.DefinitionError) as info:
+        step(p, Mutable())
+    msg = str(info.value)
+    assert "static argument `config` is Mutable, which is not hashable" in msg
+    assert "frozen dataclass" in msg
+    assert alive(p) and step.stats.compiles == 0
+
+
+def test_functions_and_partials_as_static_arguments():
+    def env_step(x: jax.Array) -> jax.Array:
+        return x * 0.5
+
+    @jc.hot_step(stateless=True, static=("fn", "n"))
+    def rollout(x: Float32[Array, "k"], fn, n: int) -> Float32[Array, "k"]:
+        for _ in range(n):
+            x = fn(x)
+        return x
+
+    x = jnp.ones(3, jnp.float32)
+    rollout(x, env_step, 2)
+    with jc.hot_loop():
+        y = rollout(x, env_step, 2)
+    with pytest.raises(jc.RecompileError, match="called with static 3"):
+        rollout(x, env_step, 3)
+    with pytest.raises(jc.RecompileError, match="function"):
+        rollout(x, functools.partial(env_step), 2)  # a new object, not equal
+    assert jc.fetch(y).tolist() == [0.25, 0.25, 0.25]
+
+
+def test_a_static_step_under_an_outer_jit_is_traced():
+    step = jc.hot_step(sgd, signature=Particles, static=("config",))
+    p = make_particles()
+    out = jax.jit(lambda p: step(p, Config()))(p)
+    assert step.stats.traced_calls == 1 and alive(p)
+    assert out.pos.shape == (4, 3)
+
+
+@pytest.mark.parametrize("level", ["off", "fast", "full"])
+def test_static_stateless_and_read_only_steps_at_every_checks_level(level):
+    jc.set_checks(level)
+    step = jc.hot_step(sgd, signature=Particles, static=("config",))
+    gae = jc.hot_step(compute_gae, stateless=True)
+    p = step(make_particles(), Config())
+    r, v = jnp.ones(8, jnp.float32), jnp.zeros(8, jnp.float32)
+    gae(r, v)
+    measure.compile(p)
+    with jc.hot_loop():
+        for _ in range(3):
+            p = step(p, Config())
+            p = step(p, config=Config())
+            adv = gae(r, v)
+            m = measure(p)
+    assert step.stats.compiles == 1 and gae.stats.compiles == 1
+    assert alive(p) and alive(r) and adv.shape == (8,) and m.energy.shape == ()
+    with pytest.raises(jc.RecompileError, match="called with static Config"):
+        step(p, Config(lr=0.5))
+    with pytest.raises(jc.DefinitionError, match="not hashable"):
+        step(p, {"lr": 0.1})
+    assert alive(p)
+
+
+# -- structure diffs that name the node -----------------------------------
+
+
+def test_a_redefined_class_is_named_as_such():
+    def define():
+        @jc.state
+        class Walker:
+            x: Float32[Array, "n"]
+
+        return Walker
+
+    old, new = define(), define()
+    step = jc.hot_step(signature=old, donate="none")(_identity_for(old))
+    step(old(x=jnp.zeros(3, jnp.float32)))
+    with pytest.raises(jc.RecompileError) as info:
+        step(new(x=jnp.zeros(3, jnp.float32)))
+    msg = str(info.value)
+    assert "a different class object with the same name" in msg
+    assert f"class object id {id(old):#x}" in msg and f"class object id {id(new):#x}" in msg
+    assert "re-run notebook cell" in msg
+
+
+def _identity_for(cls):
+    def ident(w):
+        return w
+
+    ident.__annotations__ = {"w": cls, "return": cls}  # this module's annotations are strings
+    return ident
+
+
+def test_new_optimizer_closures_in_a_static_field_are_named():
+    flax_ts = pytest.importorskip("flax.training.train_state")
+    optax = pytest.importorskip("optax")
+    TrainState = flax_ts.TrainState
+
+    def apply(params, x):
+        return x @ params["w"]
+
+    def make():
+        s = TrainState.create(apply_fn=apply, params={"w": jnp.ones((3, 2))}, tx=optax.sgd(0.1))
+        return s.replace(step=jnp.int32(0))
+
+    @jc.hot_step(signature=TrainState)
+    def train(s: TrainState, x: Float32[Array, "b 3"]) -> TrainState:
+        grads = jax.grad(lambda p: s.apply_fn(p, x).sum())(s.params)
+        return s.apply_gradients(grads=grads)
+
+    x = jnp.ones((4, 3), jnp.float32)
+    s = train(make(), x)
+    with pytest.raises(jc.RecompileError) as info:
+        train(make(), x)
+    msg = str(info.value)
+    assert "s.tx: compiled with static GradientTransformation" in msg
+    assert "object id" in msg
+    assert "a second optax.adam(...)" in msg
+    assert "likely cause: the tree structure differs" not in msg
+    train(s, x)
+
+
+def test_an_unequal_aux_field_of_a_plain_registered_dataclass_is_named():
+    @functools.partial(
+        jax.tree_util.register_dataclass, data_fields=["x"], meta_fields=["mode"]
+    )
+    @dataclasses.dataclass
+    class Box:
+        x: jax.Array
+        mode: str
+
+    @jc.hot_step(signature=Box)
+    def step(b: Box) -> Box:
+        return Box(x=b.x + 1, mode=b.mode)
+
+    b = step(Box(x=jnp.zeros(2, jnp.float32), mode="a"))
+    with pytest.raises(jc.RecompileError) as info:
+        step(Box(x=jnp.zeros(2, jnp.float32), mode="b"))
+    assert "b.mode: compiled with 'a', called with another str, not equal: 'b'" in str(info.value)
+    step(b)
+
+
+def test_an_aux_difference_of_a_custom_node_is_named():
+    class Tagged:
+        def __init__(self, x, tag):
+            self.x, self.tag = x, tag
+
+    jax.tree_util.register_pytree_node(
+        Tagged, lambda t: ((t.x,), t.tag), lambda tag, xs: Tagged(xs[0], tag)
+    )
+
+    @jc.hot_step(stateless=True)
+    def double(t: Tagged) -> jax.Array:
+        return t.x * 2
+
+    double(Tagged(jnp.zeros(2, jnp.float32), "a"))
+    with pytest.raises(jc.RecompileError) as info:
+        double(Tagged(jnp.zeros(2, jnp.float32), "b"))
+    msg = str(info.value)
+    assert "t: compiled with Tagged with static data 'a', called with Tagged with static data 'b'" in msg
+    assert "pytree aux data" in msg
+
+
+# -- output shardings derived from the signature --------------------------
+
+
+def _mesh8():
+    from jax.sharding import Mesh
+
+    if len(jax.devices()) < 8:
+        pytest.skip("needs 8 devices (XLA_FLAGS)")
+    return Mesh(np.array(jax.devices()[:8]), ("data",))
+
+
+@jc.state
+class LM:
+    w: Float32[Array, "b d"]  # data-sharded activations / parameters
+    scale: Float32[Array, "b d"]  # a replicated LayerNorm scale
+    step: Float32[Array, ""]
+
+
+def lm_step(s: LM) -> LM:
+    h = s.w * s.scale
+    # `scale` is updated from a data-sharded value: left to XLA's sharding
+    # propagation, it comes back sharded P('data').
+    return LM(w=h, scale=s.scale + 0.01 * h, step=s.step + 1)
+
+
+@pytest.mark.parametrize("donate", ["all", ("w",)], ids=["whole state", "one field"])
+def test_a_replicated_leaf_next_to_a_sharded_one_keeps_its_sharding(donate):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = _mesh8()
+    rep, data = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+    shard = {"w": data, "scale": rep, "step": rep}
+    s = LM.zeros(b=8, d=4, sharding=shard)
+    # What propagation alone does (this test fails if it stops resharding):
+    raw = jax.jit(lm_step)(s)
+    assert raw.scale.sharding.spec == P("data")
+
+    step = jc.hot_step(lm_step, signature=LM, donate=donate)
+    s = step(LM.zeros(b=8, d=4, sharding=shard))
+    with jc.hot_loop():
+        for _ in range(3):
+            s = step(s)
+    assert s.scale.sharding.is_equivalent_to(rep, 2)
+    assert s.w.sharding.is_equivalent_to(data, 2)
+    assert step.stats.compiles == 1
+    out_shardings = jax.tree_util.tree_leaves(step.compiled.output_shardings)
+    assert out_shardings[1].is_equivalent_to(rep, 2)
+
+
+def test_derived_shardings_leave_other_outputs_to_propagation():
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    mesh = _mesh8()
+    rep, data = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
+
+    @jc.hot_step(signature=LM)
+    def with_metrics(s: LM) -> tuple[LM, jax.Array]:
+        new = lm_step(s)
+        return new, jax.lax.with_sharding_constraint(new.w * 2, data)
+
+    s = LM.zeros(b=8, d=4, sharding={"w": data, "scale": rep, "step": rep})
+    s, m = with_metrics(s)
+    assert s.scale.sharding.is_equivalent_to(rep, 2)
+    assert m.sharding.is_equivalent_to(data, 2)
+
+
+def test_a_method_step_with_a_static_argument_and_keyword_only_parameters():
+    class Sim:
+        def __init__(self, k: float) -> None:
+            self.k = k
+
+        @jc.hot_step(signature=Particles, static=("config",))
+        def run(self, p: Particles, *, config: Config) -> Particles:
+            vel = p.vel - self.k * config.lr * p.pos
+            return Particles(pos=p.pos + vel * p.dt, vel=vel, t=p.t + p.dt, dt=p.dt)
+
+    sim = Sim(2.0)
+    p = sim.run(make_particles(), config=Config())
+    with jc.hot_loop():
+        p = sim.run(p, config=Config())
+    with pytest.raises(jc.RecompileError, match="called with static Config\\(lr=0.3"):
+        sim.run(p, config=Config(lr=0.3))
+    assert sim.run.stats.compiles == 1 and alive(p)

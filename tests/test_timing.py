@@ -1,0 +1,165 @@
+"""Where a hot loop's time goes: ``loop.timing`` and the report's timing section."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jaxtyping import Array, Float32, Int32
+
+import jaxcontracts as jc
+from jaxcontracts import _timing
+
+
+class Clock(jc.State):
+    x: Float32[Array, "n"]
+    t: Int32[Array, ""]
+
+
+def make_step(name: str = "tick"):
+    def tick(s: Clock) -> Clock:
+        return s.replace(x=s.x * 0.5 + 1.0, t=s.t + 1)
+
+    tick.__name__ = tick.__qualname__ = name
+    return jc.hot_step(tick)
+
+
+@pytest.fixture
+def tick():
+    step = make_step()
+    step.compile(Clock.spec(n=8))
+    return step
+
+
+def fresh(n: int = 8) -> Clock:
+    return Clock.zeros(n=n)
+
+
+def test_a_loop_counts_step_calls_host_time_and_fetch_waits(tick):
+    s = fresh()
+    with jc.hot_loop() as loop:
+        for _ in range(100):
+            s = tick(s)
+        t = jc.fetch(s.t)
+    assert int(t) == 100
+    timing = loop.timing
+    assert timing.calls == 100 and timing.wall_seconds > 0
+    (step,) = timing.steps
+    assert step.name.endswith("tick") and step.calls == 100
+    assert step.timed_calls == 64 + len(range(64, 100, 16))  # the first 64, then one in 16
+    assert 0 < step.host_seconds <= timing.wall_seconds
+    assert step.host_us_per_call == pytest.approx(step.host_seconds / 100 * 1e6)
+    assert set(timing.blocked) == {"jc.fetch"} and timing.blocked["jc.fetch"] > 0
+    assert timing.steps_per_second == pytest.approx(100 / timing.wall_seconds)
+    assert timing.outputs_at_exit == 2 and timing.verdict in ("dispatch-bound", "device-bound", "mixed")
+
+
+def test_both_spellings_of_block_until_ready_are_counted_once_and_restored(tick):
+    function, method = jax.block_until_ready, type(jnp.zeros(1)).__dict__["block_until_ready"]
+    s = fresh()
+    with jc.hot_loop() as loop:
+        s = tick(s)
+        jax.block_until_ready(s)  # several arrays: jax waits on them in one call
+        s = tick(s)
+        s.x.block_until_ready()
+    assert loop.timing.blocked["block_until_ready"] > 0
+    assert jax.block_until_ready is function
+    assert type(jnp.zeros(1)).__dict__["block_until_ready"] is method
+    counted = []
+    _timing.blocking.install(lambda where, seconds: counted.append(where))
+    try:
+        jax.block_until_ready({"a": jnp.zeros(2), "b": jnp.ones(2)})
+        jax.block_until_ready(jnp.zeros(2))  # one array: jax calls the method
+        jnp.zeros(2).block_until_ready()
+    finally:
+        _timing.blocking.uninstall()
+    assert counted == ["block_until_ready"] * 3
+
+
+def test_steps_are_wrapped_only_while_a_loop_is_active(tick):
+    s = tick(fresh())
+    assert tick._call is tick._dispatch
+    with jc.hot_loop():
+        assert tick._call is not tick._dispatch
+        made = make_step("made_inside")  # a step made inside the loop is timed too
+        assert made._call is not made._dispatch
+        s = tick(s)
+    assert tick._call is tick._dispatch and made._call is made._dispatch
+
+
+def test_a_refused_call_is_not_counted(tick):
+    s = tick(fresh())
+    with jc.hot_loop(on_violation="record") as loop:
+        s = tick(s)
+        with pytest.raises(jc.RecompileError):
+            tick(fresh(n=9))  # a new signature: refused (max_compiles=1)
+    assert loop.timing.calls == 1
+
+
+def test_nested_loops_each_count_what_ran_inside_them(tick):
+    s = fresh()
+    with jc.hot_loop() as outer:
+        s = tick(s)
+        with jc.hot_loop() as inner:
+            s = tick(s)
+            s = tick(s)
+        s = tick(s)
+    assert inner.timing.calls == 2 and outer.timing.calls == 4
+
+
+def test_checks_level_off_times_nothing(tick):
+    s = tick(fresh())
+    jc.set_checks("off")
+    try:
+        with jc.hot_loop() as loop:
+            assert tick._call is tick._dispatch
+            s = tick(s)
+    finally:
+        jc.set_checks("full")
+    assert loop.timing.calls == 0 and loop.timing.verdict == "no steps"
+    assert "timing:" not in str(loop.report())
+
+
+def test_the_report_has_a_timing_section_in_text_and_html(tick):
+    s = fresh()
+    with jc.hot_loop() as loop:
+        for _ in range(5):
+            s = tick(s)
+        jax.block_until_ready(s)
+    report = loop.report()
+    assert report.timing is not None and report.timing.calls == 5
+    text = str(report)
+    assert "timing: 5 step calls" in text and "us host/call" in text and "verdict:" in text
+    assert 'class="jc-timing"' in report._repr_html_()
+
+
+def test_errors_pass_through_the_timing_wrapper_unchanged(tick):
+    s = tick(fresh())
+    with jc.hot_loop():
+        s2 = tick(s)
+        with pytest.raises(jc.DonationError):
+            tick(s)  # s was donated to the previous call
+    assert int(jc.fetch(s2.t)) == 2
+
+
+@pytest.mark.parametrize(
+    ("wall", "calls", "blocked", "pending", "verdict"),
+    [
+        (1.0, 10, 0.01, 0, "dispatch-bound"),
+        (1.0, 10, 0.01, 2, "device-bound"),  # work still queued at exit
+        (1.0, 10, 0.5, 0, "device-bound"),
+        (1.0, 10, 0.1, 0, "mixed"),
+        (1.0, 0, 0.0, 0, "no steps"),
+    ],
+)
+def test_the_verdict_follows_the_shares(wall, calls, blocked, pending, verdict):
+    assert _timing._verdict(wall, calls, blocked, pending) == verdict
+    timing = jc.LoopTiming(
+        wall_seconds=wall,
+        steps=(jc.StepTiming("m.step", calls, wall / 2, calls),),
+        blocked={"jc.fetch": blocked},
+        pending_at_exit=pending,
+        outputs_at_exit=2,
+        verdict=verdict,
+    )
+    assert timing.advice().startswith(verdict.replace("no steps", "no hot step"))
