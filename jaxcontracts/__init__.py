@@ -49,6 +49,9 @@ if TYPE_CHECKING:
     from ._records import StepStats as StepStats
     from ._records import Violation as Violation
     from ._report import Report as Report
+    from ._snapshot import Snapshot as Snapshot
+    from ._snapshot import SnapshotDiff as SnapshotDiff
+    from ._snapshot import snapshot as snapshot
     from ._spec import spec_of as spec_of
     from ._state import State as State
     from ._state import state as state
@@ -74,6 +77,9 @@ _EXPORTS = {
     "StepStats": "_records",
     "Violation": "_records",
     "Report": "_report",
+    "Snapshot": "_snapshot",
+    "SnapshotDiff": "_snapshot",
+    "snapshot": "_snapshot",
     "spec_of": "_spec",
     "LoopTiming": "_timing",
     "StepTiming": "_timing",

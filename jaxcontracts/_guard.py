@@ -74,7 +74,16 @@ from ._errors import DefinitionError, DonationError, RecompileError, TransferErr
 from ._format import fmt_aval
 from ._records import Violation
 from ._report import Report, loop_report
-from ._runtime import LoopStack, clear_calls, consumed_by, consumer_of, find, local, tracking
+from ._runtime import (
+    LoopStack,
+    clear_calls,
+    consumed_by,
+    consumer_of,
+    find,
+    local,
+    observers,
+    tracking,
+)
 from ._timing import LoopTiming
 
 __all__ = ["HotLoop", "Violation", "fetch", "hot_loop"]
@@ -712,6 +721,7 @@ def fetch(tree: Any) -> Any:
         {'t': array(2., dtype=float32)}
     """
     __tracebackhide__ = True
+    observers.fetches += 1  # counted by contract snapshots
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     for n, x in enumerate(leaves):
         if (
@@ -942,6 +952,8 @@ class HotLoop:
             if checked:
                 _release()
             raise
+        if observers.recorders:
+            observers.loop(self, True)
         return self
 
     def _take_entry(self) -> _Entry:
@@ -978,6 +990,8 @@ class HotLoop:
                     _release()
         if entry.capture_tid is not None:
             self._record_logged(*guardlog.stop(entry.capture_tid))
+        if observers.recorders:
+            observers.loop(self, False)
         pending, _pending.error = getattr(_pending, "error", None), None
         if exc is not None and not isinstance(exc, Exception):
             return False

@@ -46,7 +46,7 @@ from ._errors import (
 )
 from ._records import CompiledSignature, StepDescription, StepStats
 from ._report import Report, step_report
-from ._runtime import consumer_of, recording_loop
+from ._runtime import consumer_of, observers, recording_loop
 from ._signature import StepSignature, analyse
 from ._spec import fmt_value
 from ._state import (
@@ -269,6 +269,7 @@ class HotStep(Generic[P, R]):
         self._compile_lock = threading.RLock()
         # Set while the slow path re-dispatches a call, per thread.
         self._redispatch = threading.local()
+        observers.step_made(self)  # for contract snapshots (jc.snapshot)
 
     # -- public API --------------------------------------------------------
 
@@ -463,6 +464,8 @@ class HotStep(Generic[P, R]):
         self.stats.compile_seconds += cs.compile_seconds
         self.stats.cache_hits += cs.cache == "hit"
         self._use(cs)
+        if observers.recorders:
+            observers.compiled(self)
         return cs
 
     @property

@@ -45,6 +45,17 @@ the previous level is restored when pytest unconfigures. A fixture that sets
 the level itself (an autouse ``jc.set_checks("full")``) wins for the tests it
 covers.
 
+**Contract snapshots**: ``@pytest.mark.jc_snapshot`` records every hot step
+the test compiles (or calls) and every ``jc.hot_loop`` it runs, from the
+start of its fixtures' setup to the end of its body, as a
+:class:`jaxcontracts.Snapshot`. ``pytest --jc-snapshot-update`` writes it to
+``__jc_snapshots__/<module>.<test>.txt`` beside the test file (one file per
+test, one section per backend and device count); a plain run compares and
+fails with a table (field, before, after, rule). Sizes and costs may grow by
+a tolerance: ``@pytest.mark.jc_snapshot(temporaries="25%", flops="any")``,
+or ``jc_snapshot_tolerance`` lines in the ini file (``temporaries = 10%``).
+See ``docs/snapshots.md``.
+
 Like ``jc.hot_loop``, the loop watches the thread that runs the test only, and
 in record mode an implicit host-to-device transfer in an eager op is logged by
 JAX, not recorded. Loading the plugin does not import jax (the package
@@ -55,6 +66,8 @@ test uses them), so ``JAX_*`` settings made in a ``conftest.py`` still apply.
 from __future__ import annotations
 
 import contextlib
+import pathlib
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
@@ -62,12 +75,17 @@ import pytest
 
 if TYPE_CHECKING:  # importing jaxcontracts imports jax: only when needed
     from jaxcontracts import HotLoop, Violation
+    from jaxcontracts._snapshot import Recorder
 
 __all__ = [
     "jc_hot_loop",
     "pytest_addoption",
     "pytest_configure",
     "pytest_pyfunc_call",
+    "pytest_runtest_call",
+    "pytest_runtest_setup",
+    "pytest_runtest_teardown",
+    "pytest_terminal_summary",
     "pytest_unconfigure",
 ]
 
@@ -75,6 +93,11 @@ MARKER = "jc_hot_loop"
 _LEVELS_HELP = "full, fast or off"
 _OPTIONS = ("transfers", "compiles")
 _SAVED_LEVEL = pytest.StashKey[str]()
+SNAPSHOT_MARKER = "jc_snapshot"
+SNAPSHOT_DIR = "__jc_snapshots__"
+_RECORDER = pytest.StashKey["Recorder"]()
+_TOLERANCES = pytest.StashKey[dict[str, Any]]()
+_SUMMARY = pytest.StashKey[dict[str, list[str]]]()
 
 
 # --------------------------------------------------------------------------
@@ -180,6 +203,21 @@ def pytest_addoption(parser: pytest.Parser) -> None:
         f"jaxcontracts checks level for the session: {_LEVELS_HELP} (jc.set_checks).",
         default="",
     )
+    group.addoption(
+        "--jc-snapshot-update",
+        dest="jc_snapshot_update",
+        action="store_true",
+        default=False,
+        help="write the contract snapshots of @pytest.mark.jc_snapshot tests "
+        f"to {SNAPSHOT_DIR}/ instead of comparing with them.",
+    )
+    parser.addini(
+        "jc_snapshot_tolerance",
+        "contract snapshot tolerances, one per line: 'temporaries = 10%', "
+        "'flops = any', 'outputs = exact'.",
+        type="linelist",
+        default=[],
+    )
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -194,6 +232,14 @@ def pytest_configure(config: pytest.Config) -> None:
         "inside a recording jc.hot_loop (fixtures stay outside) and fail listing "
         "every implicit transfer, compile and use of a donated array, with file:line.",
     )
+    config.addinivalue_line(
+        "markers",
+        f"{SNAPSHOT_MARKER}(**tolerances): record the hot steps this test compiles and the "
+        "loops it runs, and compare them with its contract snapshot (written by "
+        "--jc-snapshot-update); tolerances such as temporaries='10%' or flops='any'.",
+    )
+    summary: dict[str, list[str]] = {"written": [], "unstable": []}
+    config.stash[_SUMMARY] = summary
     level, source = config.getoption("jc_checks"), "--jc-checks"
     if level is None:
         level, source = config.getini("jc_checks"), "the ini option jc_checks"
@@ -246,3 +292,152 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Iterator[Any]:
         )
     with _recording(f"@pytest.mark.{MARKER}", **marker.kwargs):
         return (yield)
+
+
+# --------------------------------------------------------------------------
+# Contract snapshots
+
+
+def _snapshot_file(item: pytest.Item) -> pathlib.Path:
+    """``<test dir>/__jc_snapshots__/<module>.<Class>.<test[params]>.txt``."""
+    path = pathlib.Path(item.path)
+    parts = item.nodeid.split("::")[1:]
+    name = ".".join([path.stem, *parts])
+    name = re.sub(r"[^A-Za-z0-9_.\[\]=+,-]", "_", name)
+    return path.parent / SNAPSHOT_DIR / f"{name}.txt"
+
+
+def _tolerances(item: pytest.Item, marker: pytest.Mark) -> dict[str, Any]:
+    """Defaults, then the ini lines, then the marker's keyword arguments."""
+    from jaxcontracts._snapshot import _field_name, parse_tolerance
+
+    out: dict[str, Any] = {}
+    where = "the ini option jc_snapshot_tolerance"
+    try:
+        for line in item.config.getini("jc_snapshot_tolerance"):
+            if not line.strip():
+                continue
+            name, sep, value = line.partition("=")
+            if not sep:
+                raise pytest.UsageError(
+                    f"{where}: {line!r} is not 'field = tolerance' (e.g. 'temporaries = 10%')."
+                )
+            out[_field_name(name.strip())] = parse_tolerance(value.strip())
+        where = f"@pytest.mark.{SNAPSHOT_MARKER}"
+        if marker.args:
+            raise ValueError(f"takes keyword arguments only; got {marker.args!r}")
+        for name, value in marker.kwargs.items():
+            out[_field_name(name)] = parse_tolerance(value)
+    except (ValueError, TypeError) as e:  # DefinitionError is a TypeError
+        pytest.fail(f"{where}: {e}", pytrace=False)
+    return out
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
+    """Start recording a ``@pytest.mark.jc_snapshot`` test, fixtures included."""
+    marker = item.get_closest_marker(SNAPSHOT_MARKER)
+    if marker is None:
+        return (yield)
+    from jaxcontracts._snapshot import Recorder
+
+    item.stash[_RECORDER] = Recorder().start()
+    result = yield
+    # Checked once every setup hook ran, so that pytest's own teardowns find
+    # what their setups left.
+    item.stash[_TOLERANCES] = _tolerances(item, marker)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
+    """After a ``jc_snapshot`` test's body passed: write or compare its snapshot."""
+    result = yield
+    recorder = item.stash.get(_RECORDER, None)
+    if recorder is not None:
+        del item.stash[_RECORDER]
+        recorder.stop()
+        _check_snapshot(item, recorder)
+    return result
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
+    """Stop a recording whose test did not finish (a failed setup or body)."""
+    recorder = item.stash.get(_RECORDER, None)
+    if recorder is not None:
+        del item.stash[_RECORDER]
+        recorder.stop()
+    return (yield)
+
+
+def _check_snapshot(item: pytest.Item, recorder: Recorder) -> None:
+    __tracebackhide__ = True
+    from jaxcontracts._snapshot import parse, render_file
+
+    label = f"@pytest.mark.{SNAPSHOT_MARKER}"
+    snap = recorder.snapshot()
+    if not snap.fields:
+        pytest.fail(
+            f"{label}: the test compiled no hot step and ran no jc.hot_loop, so its "
+            "snapshot would be empty.\nFix: compile or call the steps in the test (or in a "
+            "function-scoped fixture); a step compiled before the test is seen only "
+            "when the test calls it at checks 'fast' or 'full'.",
+            pytrace=False,
+        )
+    file = _snapshot_file(item)
+    try:
+        recorded = parse(file.read_text(encoding="utf-8")) if file.exists() else {}
+    except ValueError as e:
+        pytest.fail(
+            f"{label}: cannot read {file}: {e}\nFix: rerun with --jc-snapshot-update.",
+            pytrace=False,
+        )
+    summary = item.config.stash[_SUMMARY]
+    if item.config.getoption("jc_snapshot_update"):
+        violations = [v for p, v in snap.fields if p[-1].startswith("violation ")]
+        if violations:
+            pytest.fail(
+                f"{label}: not written: a snapshot records clean loops, and this test's "
+                f"loops had {len(violations)} violation(s):\n"
+                + "\n".join(f"  {v}" for v in violations),
+                pytrace=False,
+            )
+        if str(recorded.get(snap.key)) != str(snap):
+            recorded[snap.key] = snap
+            file.parent.mkdir(parents=True, exist_ok=True)
+            file.write_text(render_file(item.nodeid, recorded.values()), encoding="utf-8")
+            summary["written"].append(str(file))
+        return
+    before = recorded.get(snap.key)
+    if before is None:
+        have = ", ".join(sorted(recorded)) or "none"
+        pytest.fail(
+            f"{label}: no contract snapshot of this test for {snap.key} in {file} "
+            f"(sections there: {have}).\nFix: run pytest --jc-snapshot-update on this "
+            "machine, review the file and commit it.",
+            pytrace=False,
+        )
+    diff = before.diff(snap, tolerances=item.stash.get(_TOLERANCES, {}))
+    if diff.note:
+        summary["unstable"].append(f"{item.nodeid}: {diff.note}")
+    if diff:
+        pytest.fail(
+            f"{label}: the contract of {item.nodeid} changed ({snap.key}, "
+            f"snapshot {file}).\n{diff}\n"
+            "Fix: if the change is intended, run pytest --jc-snapshot-update and "
+            "review the file's diff; else find what made the leaf or field above change.",
+            pytrace=False,
+        )
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    """List the snapshot files written and the comparisons made across versions."""
+    summary = config.stash.get(_SUMMARY, None)
+    if not summary or not (summary["written"] or summary["unstable"]):
+        return
+    terminalreporter.section("jaxcontracts snapshots")
+    for path in summary["written"]:
+        terminalreporter.write_line(f"written: {path}")
+    for line in summary["unstable"]:
+        terminalreporter.write_line(f"compared without memory/cost: {line}")

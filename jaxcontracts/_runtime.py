@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import weakref
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -33,6 +34,7 @@ __all__ = [
     "last_output",
     "local",
     "note_call",
+    "observers",
     "tracking",
 ]
 
@@ -176,3 +178,34 @@ def compiling(name: str) -> Iterator[None]:
         yield
     finally:
         local.allow -= 1
+
+
+# --------------------------------------------------------------------------
+# Observers: what contract snapshots (``_snapshot``) are told. Each hook costs
+# one attribute read when nobody records; none is on a step's call path.
+
+
+class _Observers:
+    """Every hot step alive, the ``jc.fetch`` count, and active recorders.
+
+    A recorder has ``on_compile(step)`` and ``on_loop(loop, entering)``.
+    """
+
+    def __init__(self) -> None:
+        self.steps: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.recorders: list[Any] = []
+        self.fetches = 0
+
+    def step_made(self, step: Any) -> None:
+        self.steps.add(step)
+
+    def compiled(self, step: Any) -> None:
+        for recorder in list(self.recorders):
+            recorder.on_compile(step)
+
+    def loop(self, loop: Any, entering: bool) -> None:
+        for recorder in list(self.recorders):
+            recorder.on_loop(loop, entering)
+
+
+observers = _Observers()

@@ -57,6 +57,7 @@ LAYERS: dict[str, int] = {
     "_guard": 10,
     "_check": 11,
     "_info": 11,
+    "_snapshot": 11,
     # public API users: may import the package itself (its lazy __init__)
     "_pytest_plugin": 12,
     "demo.simulation": 12,

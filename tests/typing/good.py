@@ -77,6 +77,9 @@ def main() -> float:
             if i == 3:
                 host: Metrics = jc.fetch(m)
                 total = float(host.energy) + float(jc.fetch(energy)) + dt
+    snap: jc.Snapshot = jc.snapshot(advance, count)
+    unchanged: jc.SnapshotDiff = snap.diff(jc.snapshot(advance), tolerances={"temporaries": 0.1})
+    assert unchanged.ok or unchanged.changes[0].before != ""
     cubed: jax.Array = power(jnp.ones(3, jnp.float32), 3)
     e: jax.Array = kinetic(p)
     timing: jc.LoopTiming = loop.timing

@@ -1,0 +1,736 @@
+"""Contract snapshots: what hot steps and loops were proven to be, as text.
+
+A :class:`Snapshot` is an ordered list of fields, each a path of headers
+(``step demo.advance`` / ``signature 1``) and a key with a one-line value:
+
+* per hot step, its number of compiles and, per compiled signature, one line
+  per argument leaf (spec with weak type, donated, aliased, bytes, sharding),
+  the executable's memory analysis (``memory.*``) and XLA's cost analysis
+  where the backend gives one (``cost.*``);
+* per run of a ``jc.hot_loop`` seen by a :class:`Recorder`, its options, the
+  calls of each hot step, the ``jc.fetch`` calls and the violations.
+
+A snapshot is keyed by backend and device count (``cpu x8``) and records the
+jax and jaxlib versions. :meth:`Snapshot.diff` compares two: the exact fields
+must be equal; the sizes and costs in :data:`TOLERANCED` may grow by their
+tolerance (a smaller value always passes); when the versions differ only the
+fields in :data:`VERSION_STABLE` are compared (the rest is XLA's output:
+fusion, scheduling and cost models change between releases).
+
+The text form (``str()``) is what ``pytest --jc-snapshot-update`` writes, one
+file per test; :func:`parse` reads it back. This module reads records
+(``step.describe()``, a loop's violations) and never touches the device.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import math
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+from ._config import get_checks
+from ._errors import DefinitionError
+from ._format import fmt_aval, fmt_sharding
+from ._hot_step import HotStep
+from ._records import CompiledSignature, StepDescription
+from ._runtime import observers
+
+__all__ = [
+    "Change",
+    "Recorder",
+    "Snapshot",
+    "SnapshotDiff",
+    "TOLERANCED",
+    "VERSION_STABLE",
+    "parse",
+    "parse_tolerance",
+    "render_file",
+    "snapshot",
+]
+
+Path = tuple[str, ...]
+
+#: Numeric fields compared with a tolerance (growth allowed, as a fraction),
+#: and their defaults. Every other field is exact.
+TOLERANCED: dict[str, float | None] = {
+    "memory.arguments": 0.0,
+    "memory.outputs": 0.0,
+    "memory.aliased": 0.0,
+    "memory.temporaries": 0.10,
+    "cost.flops": 0.10,
+    "cost.transcendentals": 0.10,
+    "cost.bytes_accessed": 0.10,
+}
+_SHORT = {k.split(".", 1)[1]: k for k in TOLERANCED}  # "temporaries" -> "memory.temporaries"
+
+#: What a jax/jaxlib upgrade leaves alone: the contract itself (every leaf's
+#: spec, donation, aliasing and sharding; compiles; loop counts; violations).
+#: Memory and cost analyses are XLA's output and are compared only between
+#: snapshots of the same jax and jaxlib.
+VERSION_STABLE = "every field except memory.* and cost.*"
+
+_COST_KEYS = (("flops", "flops"), ("transcendentals", "transcendentals"), ("bytes accessed", "bytes_accessed"))
+
+
+def _version_of(name: str) -> str:
+    try:
+        return version(name)
+    except PackageNotFoundError:  # pragma: no cover - jax without metadata
+        return "unknown"
+
+
+def _version_dependent(key: str) -> bool:
+    return key.startswith(("memory.", "cost."))
+
+
+# --------------------------------------------------------------------------
+# The record
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One difference between two snapshots.
+
+    Attributes:
+        field: where (``step demo.advance / signature 1 / leaf p.pos``) and,
+            for a leaf, which attribute (``spec``, ``donated``, ...).
+        before: the recorded value (``-``: absent).
+        after: the value now (``-``: absent).
+        rule: how it was compared (``exact``, ``+10%``).
+    """
+
+    field: str
+    before: str
+    after: str
+    rule: str = "exact"
+
+
+@dataclasses.dataclass(frozen=True)
+class SnapshotDiff:
+    """The changes between a recorded snapshot and a new one.
+
+    Falsy when nothing changed beyond its tolerance. ``str()`` is a table
+    (field, before, after, rule); in a notebook it renders as HTML.
+
+    Attributes:
+        changes: every difference that fails its comparison.
+        skipped: fields not compared because the jax/jaxlib versions differ
+            (or because the new run could not count them, at checks ``off``).
+        note: why fields were skipped, if any were.
+    """
+
+    changes: tuple[Change, ...]
+    skipped: tuple[str, ...] = ()
+    note: str = ""
+
+    def __bool__(self) -> bool:
+        return bool(self.changes)
+
+    @property
+    def ok(self) -> bool:
+        """True when the new snapshot matches the recorded one."""
+        return not self.changes
+
+    def __str__(self) -> str:
+        if not self.changes:
+            text = "snapshot unchanged"
+            return text + (f" ({self.note})" if self.note else "")
+        rows = [("field", "before", "after", "rule")] + [
+            (c.field, c.before, c.after, c.rule) for c in self.changes
+        ]
+        widths = [max(len(r[i]) for r in rows) for i in range(3)]
+        lines = [
+            f"  {r[0]:<{widths[0]}}  {r[1]:<{widths[1]}}  {r[2]:<{widths[2]}}  {r[3]}".rstrip()
+            for r in rows
+        ]
+        n = len(self.changes)
+        out = [f"{n} contract field{'s' * (n != 1)} changed:", *lines]
+        if self.note:
+            out.append(f"  ({self.note})")
+        return "\n".join(out)
+
+    def _repr_html_(self) -> str:
+        e = html.escape
+        if not self.changes:
+            return f"<p>{e(str(self))}</p>"
+        head = "".join(f"<th>{h}</th>" for h in ("field", "before", "after", "rule"))
+        body = "".join(
+            f"<tr><td><code>{e(c.field)}</code></td><td>{e(c.before)}</td>"
+            f"<td><b>{e(c.after)}</b></td><td>{e(c.rule)}</td></tr>"
+            for c in self.changes
+        )
+        note = f"<p>{e(self.note)}</p>" if self.note else ""
+        return f'<table class="jc-snapshot-diff"><tr>{head}</tr>{body}</table>{note}'
+
+
+@dataclasses.dataclass(frozen=True)
+class Snapshot:
+    """The contract of some hot steps and loops on one backend: see :func:`snapshot`.
+
+    Attributes:
+        backend: ``cpu``, ``gpu``, ``tpu``.
+        devices: the number of devices (``jax.device_count()``).
+        versions: ``{"jax": ..., "jaxlib": ...}``.
+        fields: ``(path, value)`` pairs in a stable order; a path is the
+            headers it sits under and its key
+            (``("step m.advance", "signature 1", "leaf p.pos")``).
+    """
+
+    backend: str
+    devices: int
+    versions: Mapping[str, str]
+    fields: tuple[tuple[Path, str], ...]
+
+    @property
+    def key(self) -> str:
+        """``cpu x8``: snapshots are compared only with the same key."""
+        return f"{self.backend} x{self.devices}"
+
+    def get(self, *path: str) -> str | None:
+        """The value at ``path`` (headers then key), or None."""
+        for p, v in self.fields:
+            if p == path:
+                return v
+        return None
+
+    def __str__(self) -> str:
+        out = [f"[{self.key}]"] + [f"{k}: {v}" for k, v in sorted(self.versions.items())]
+        open_: Path = ()
+        for path, value in self.fields:
+            *heads, key = path
+            common = 0
+            while common < min(len(open_), len(heads)) and open_[common] == heads[common]:
+                common += 1
+            for depth in range(common, len(heads)):
+                out.append("  " * depth + heads[depth])
+            open_ = tuple(heads)
+            out.append("  " * len(heads) + (f"{key}: {value}" if value != "" else key))
+        return "\n".join(out)
+
+    def _repr_html_(self) -> str:
+        e = html.escape
+        rows = "".join(
+            f"<tr><td><code>{e(' / '.join(p[:-1]))}</code></td><td><code>{e(p[-1])}</code></td>"
+            f"<td>{e(v)}</td></tr>"
+            for p, v in self.fields
+        )
+        versions = ", ".join(f"{k} {v}" for k, v in sorted(self.versions.items()))
+        return (
+            f'<div class="jc-snapshot"><b>contract snapshot</b> <code>{e(self.key)}</code> '
+            f"({e(versions)})<table><tr><th>under</th><th>field</th><th>value</th></tr>"
+            f"{rows}</table></div>"
+        )
+
+    def diff(
+        self, other: Snapshot, *, tolerances: Mapping[str, float | None] | None = None
+    ) -> SnapshotDiff:
+        """What changed from this (recorded) snapshot to ``other`` (the new one).
+
+        Args:
+            other: the new snapshot, of the same backend and device count.
+            tolerances: per numeric field (``temporaries``, ``memory.outputs``,
+                ``flops``...), the growth allowed as a fraction (``0.1``: at
+                most 10% more); ``None``: not compared. Missing fields take
+                :data:`TOLERANCED`'s defaults.
+
+        Returns:
+            A :class:`SnapshotDiff`, falsy when nothing changed.
+
+        Raises:
+            DefinitionError: the snapshots have different keys, or a
+                tolerance names an unknown field.
+        """
+        if self.key != other.key:
+            raise DefinitionError(
+                f"jc.Snapshot.diff: a {self.key} snapshot cannot be compared with a "
+                f"{other.key} one (sizes, shardings and costs depend on the backend).",
+                fix="compare snapshots taken on the same backend and device count.",
+            )
+        rules = dict(TOLERANCED)
+        for name, tol in (tolerances or {}).items():
+            rules[_field_name(name)] = tol
+        same_versions = dict(self.versions) == dict(other.versions)
+        before, after = dict(self.fields), dict(other.fields)
+        order = [p for p, _ in self.fields] + [p for p, _ in other.fields if p not in before]
+        changes: list[Change] = []
+        skipped: list[str] = []
+        heads_before = {p[:i] for p in before for i in range(1, len(p))}
+        heads_after = {p[:i] for p in after for i in range(1, len(p))}
+        blocks_done: set[Path] = set()
+        for path in order:
+            key = path[-1]
+            old, new = before.get(path), after.get(path)
+            where = " / ".join(path)
+            block = next(
+                (
+                    path[:i]
+                    for i in range(1, len(path))
+                    if (path[:i] in heads_before) != (path[:i] in heads_after)
+                ),
+                None,
+            )
+            if block is not None:  # a whole step, signature or loop run came or went
+                if block not in blocks_done:
+                    blocks_done.add(block)
+                    gone = block in heads_before
+                    text = _block_summary(self.fields if gone else other.fields, block)
+                    changes.append(
+                        Change(" / ".join(block), text if gone else "-", "-" if gone else text)
+                    )
+                continue
+            if not same_versions and _version_dependent(key):
+                skipped.append(where)
+                continue
+            if key in rules and old is not None and new is not None:
+                change = _compare_number(where, old, new, rules[key])
+                if change is not None:
+                    changes.append(change)
+                continue
+            if old == new:
+                continue
+            if new == "?" or old == "?":  # not countable at checks "off"
+                skipped.append(where)
+                continue
+            if key.startswith("leaf ") and old is not None and new is not None:
+                changes += _leaf_changes(where, old, new)
+                continue
+            changes.append(Change(where, "-" if old is None else old, "-" if new is None else new))
+        note = ""
+        if not same_versions:
+            was = ", ".join(f"{k} {v}" for k, v in sorted(self.versions.items()))
+            now = ", ".join(f"{k} {v}" for k, v in sorted(other.versions.items()))
+            note = (
+                f"recorded with {was}, running {now}: memory and cost fields not "
+                "compared, only the version-stable contract"
+            )
+        return SnapshotDiff(tuple(changes), tuple(skipped), note)
+
+
+def _block_summary(fields: Sequence[tuple[Path, str]], block: Path) -> str:
+    """One line for a whole step, signature or loop run: its leaves or first fields."""
+    inside = [(p[len(block) :], v) for p, v in fields if p[: len(block)] == block]
+    leaves = [(p[-1][5:], v.partition(" ")[0]) for p, v in inside if p[-1].startswith("leaf ")]
+    if leaves:
+        text = ", ".join(f"{path} {spec}" for path, spec in leaves[:4])
+        return text + (f", ... ({len(leaves)} leaves)" if len(leaves) > 4 else "")
+    shown = [f"{p[-1]}: {v}" for p, v in inside if len(p) == 1][:3]
+    return "; ".join(shown)
+
+
+def _field_name(name: str) -> str:
+    full = _SHORT.get(name, name)
+    if full not in TOLERANCED:
+        raise DefinitionError(
+            f"jc snapshot tolerance for {name!r}: only sizes and costs have a "
+            "tolerance; valid names are "
+            + ", ".join(repr(k) for k in [*_SHORT, *TOLERANCED])
+            + ". Specs, donation, aliasing, compiles and loop counts are exact.",
+            fix="name one of those fields, e.g. temporaries='25%'.",
+        )
+    return full
+
+
+def parse_tolerance(value: Any) -> float | None:
+    """``"10%"``, ``"+10%"``, ``0.1`` -> 0.1; ``"exact"``/``0`` -> 0.0; ``"any"`` -> None.
+
+    Raises:
+        DefinitionError: anything else.
+    """
+    if value is None or (isinstance(value, str) and value.strip().lower() == "any"):
+        return None
+    if isinstance(value, str):
+        text = value.strip().lower()
+        if text == "exact":
+            return 0.0
+        m = re.fullmatch(r"\+?(\d+(?:\.\d+)?)\s*%", text)
+        if m:
+            return float(m.group(1)) / 100
+        try:
+            value = float(text)
+        except ValueError:
+            value = None
+    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
+        if math.isfinite(value):
+            return float(value)
+    raise DefinitionError(
+        f"jc snapshot tolerance {value!r}: write a growth like '10%' (or 0.1), "
+        "'exact' (or 0), or 'any' (not compared).",
+        fix="e.g. @pytest.mark.jc_snapshot(temporaries='10%').",
+    )
+
+
+def _rule(tol: float | None) -> str:
+    if tol is None:
+        return "any"
+    return "exact" if tol == 0 else f"+{tol * 100:g}%"
+
+
+def _compare_number(where: str, old: str, new: str, tol: float | None) -> Change | None:
+    if tol is None:
+        return None
+    try:
+        a, b = int(old), int(new)
+    except ValueError:
+        return None if old == new else Change(where, old, new)
+    if tol == 0:
+        return None if a == b else Change(where, old, _with_ratio(a, b), "exact")
+    if b <= a * (1 + tol):
+        return None
+    return Change(where, old, _with_ratio(a, b), _rule(tol))
+
+
+def _with_ratio(a: int, b: int) -> str:
+    if a == 0:
+        return f"{b} (was 0)"
+    return f"{b} ({(b - a) / a * 100:+.0f}%)"
+
+
+def _leaf_attrs(value: str) -> dict[str, str]:
+    spec, _, rest = value.partition(" ")
+    attrs = {"spec": spec}
+    head, sep, sharding = rest.partition("sharding=")
+    for token in head.split():
+        k, _, v = token.partition("=")
+        attrs[k] = v
+    if sep:
+        attrs["sharding"] = sharding
+    return attrs
+
+
+def _leaf_changes(where: str, old: str, new: str) -> list[Change]:
+    """One row per leaf: the attributes that changed, before and after."""
+    a, b = _leaf_attrs(old), _leaf_attrs(new)
+    keys = [k for k in [*a, *(k for k in b if k not in a)] if a.get(k) != b.get(k)]
+
+    def show(attrs: dict[str, str]) -> str:
+        return " ".join(
+            attrs.get(k, "-") if k == "spec" else f"{k}={attrs.get(k, '-')}" for k in keys
+        )
+
+    return [Change(where, show(a), show(b))] if keys else []
+
+
+# --------------------------------------------------------------------------
+# Building one
+
+
+def _sharding(spec: Any) -> str:
+    sharding = getattr(spec, "sharding", None)
+    devices = getattr(sharding, "device_set", None)
+    if devices is not None and len(devices) == 1 and getattr(sharding, "mesh", None) is None:
+        return "single device"  # which device is no part of the contract
+    return fmt_sharding(sharding)
+
+
+def _yes(flag: bool | None) -> str:
+    return "unverified" if flag is None else ("yes" if flag else "no")
+
+
+def _leaf_line(leaf: Any) -> str:
+    spec = leaf.spec
+    aval = fmt_aval(spec.shape, spec.dtype, bool(getattr(spec, "weak_type", False)))
+    aliased = _yes(leaf.aliased) if leaf.donated else "-"
+    return (
+        f"{aval} donated={'yes' if leaf.donated else 'no'} aliased={aliased} "
+        f"bytes={leaf.nbytes} sharding={_sharding(spec)}"
+    )
+
+
+def _costs(cs: CompiledSignature) -> dict[str, int] | None:
+    try:
+        analysis = cs.compiled.cost_analysis()
+    except Exception:  # noqa: BLE001 - not every backend has one
+        return None
+    if isinstance(analysis, list | tuple):  # older jax: one dict per program
+        analysis = analysis[0] if analysis else None
+    if not isinstance(analysis, Mapping):
+        return None
+    return {name: int(round(float(analysis.get(key, 0.0)))) for key, name in _COST_KEYS}
+
+
+def _step_fields(head: str, desc: StepDescription, compiles: int) -> list[tuple[Path, str]]:
+    out: list[tuple[Path, str]] = [((head, "compiles"), str(compiles))]
+    for n, cs in enumerate(desc.signatures, 1):
+        sig = (head, f"signature {n}")
+        out += [((*sig, f"leaf {leaf.path}"), _leaf_line(leaf)) for leaf in cs.leaves]
+        memory = cs.memory
+        for name in ("arguments", "outputs", "aliased", "temporaries"):
+            value = getattr(memory, name)
+            if value is not None:
+                out.append(((*sig, f"memory.{name}"), str(value)))
+        for name, value in (_costs(cs) or {}).items():
+            out.append(((*sig, f"cost.{name}"), str(value)))
+    return out
+
+
+def _names(steps: Iterable[Any]) -> dict[int, str]:
+    """A unique, stable name per step: ``module.qualname`` (``#2`` for a twin)."""
+    names: dict[int, str] = {}
+    seen: dict[str, int] = {}
+    for step in steps:
+        base = step.describe().name
+        seen[base] = seen.get(base, 0) + 1
+        names[id(step)] = base if seen[base] == 1 else f"{base} #{seen[base]}"
+    return names
+
+
+def _environment() -> tuple[str, int, dict[str, str]]:
+    import jax
+
+    versions = {"jax": _version_of("jax"), "jaxlib": _version_of("jaxlib")}
+    return jax.default_backend(), jax.device_count(), versions
+
+
+def _build(steps: Sequence[Any], loops: Sequence[_LoopRun] = ()) -> Snapshot:
+    backend, devices, versions = _environment()
+    names = _names(steps)
+    fields: list[tuple[Path, str]] = []
+    for step in sorted(steps, key=lambda s: names[id(s)]):
+        desc = step.describe()
+        fields += _step_fields(f"step {names[id(step)]}", desc, desc.stats.compiles)
+    for n, run in enumerate(loops, 1):
+        head = f"loop {n}"
+        fields.append(((head, "options"), run.options))
+        for step_id, calls in sorted(run.calls.items(), key=lambda kv: run.names[kv[0]]):
+            fields.append(((head, f"calls {run.names[step_id]}"), "?" if calls is None else str(calls)))
+        fields.append(((head, "fetches"), str(run.fetches)))
+        fields.append(((head, "violations"), str(sum(v[3] for v in run.violations))))
+        for i, (kind, what, where, count) in enumerate(run.violations, 1):
+            where = where.rsplit("/", 1)[-1].rsplit("\\", 1)[-1]  # file:line, no folders
+            fields.append(((head, f"violation {i}"), f"{kind}: {what} (x{count}, at {where})"))
+    return Snapshot(backend, devices, versions, tuple(fields))
+
+
+def snapshot(*steps: HotStep[Any, Any]) -> Snapshot:
+    """The contract snapshot of these hot steps, as compiled so far.
+
+    Per step: its compiles and, per compiled signature, one line per argument
+    leaf (spec, donated, aliased, bytes, sharding), the executable's memory
+    analysis and XLA's cost analysis where the backend gives one. Nothing is
+    compiled or run; a step not compiled yet has ``compiles: 0`` and no
+    signature.
+
+    Args:
+        *steps: hot steps (``@jc.hot_step``).
+
+    Returns:
+        A :class:`jc.Snapshot`: ``str()`` is the text form that
+        ``pytest --jc-snapshot-update`` writes, ``a.diff(b)`` compares two.
+
+    Raises:
+        DefinitionError: an argument is not a hot step.
+
+    Examples:
+        >>> import jaxcontracts as jc
+        >>> from jaxtyping import Array, Float32
+        >>> @jc.state
+        ... class S:
+        ...     x: Float32[Array, "n"]
+        >>> @jc.hot_step(signature=S)
+        ... def step(s: S) -> S:
+        ...     return S(x=s.x + 1)
+        >>> _ = step.compile(S.spec(n=4))
+        >>> before = jc.snapshot(step)
+        >>> [value for path, value in before.fields if path[-1] == "leaf s.x"]
+        ['f32[4] donated=yes aliased=yes bytes=16 sharding=single device']
+        >>> before.diff(jc.snapshot(step)).ok
+        True
+    """
+    for step in steps:
+        if not isinstance(step, HotStep):
+            raise DefinitionError(
+                f"jc.snapshot({step!r}): expected hot steps (made with @jc.hot_step).",
+                fix="pass the decorated step itself: jc.snapshot(advance).",
+            )
+    return _build(steps)
+
+
+# --------------------------------------------------------------------------
+# Recording what a piece of code compiles and runs (the pytest marker)
+
+
+@dataclasses.dataclass
+class _LoopRun:
+    options: str
+    names: dict[int, str]
+    calls: dict[int, int | None]
+    fetches: int
+    violations: list[tuple[str, str, str, int]]
+
+
+@dataclasses.dataclass
+class _Open:
+    loop: Any
+    calls: dict[int, int] | None  # None: calls are not counted (checks "off")
+    fetches: int
+    violations: dict[tuple[str, str, str], int]
+
+
+class Recorder:
+    """Records the hot steps compiled or called and the loops run meanwhile.
+
+    ``start()`` ... ``stop()``, then :meth:`snapshot`. A step is recorded if
+    it compiles while recording, or (at checks ``fast``/``full``, where calls
+    are counted) if it is called. Loop runs are recorded in the order they
+    end, with the calls of each step, the ``jc.fetch`` calls and the
+    violations of that run; at checks ``off`` calls are not counted (``?``,
+    not compared).
+    """
+
+    def __init__(self) -> None:
+        self._steps: dict[int, Any] = {}
+        self._start_calls: dict[int, tuple[Any, int, int]] = {}
+        self._open: list[_Open] = []
+        self.loops: list[_LoopRun] = []
+
+    def start(self) -> Recorder:
+        """Begin recording (hooks into hot steps and loops)."""
+        self._start_calls = {
+            id(s): (s, s.stats.calls, s.stats.compiles) for s in list(observers.steps)
+        }
+        observers.recorders.append(self)
+        return self
+
+    def stop(self) -> None:
+        """Stop recording; steps called since :meth:`start` are added."""
+        if self in observers.recorders:
+            observers.recorders.remove(self)
+        for step in list(observers.steps):
+            was = self._start_calls.get(id(step))
+            if was is None or was[0] is not step:
+                continue
+            if (step.stats.calls, step.stats.compiles) != was[1:]:
+                self._steps.setdefault(id(step), step)
+        self._start_calls = {}
+
+    @property
+    def steps(self) -> list[Any]:
+        """The hot steps recorded so far."""
+        return list(self._steps.values())
+
+    def on_compile(self, step: Any) -> None:
+        self._steps.setdefault(id(step), step)
+
+    def on_loop(self, loop: Any, entering: bool) -> None:
+        if entering:
+            counted = get_checks() != "off"
+            self._open.append(
+                _Open(
+                    loop,
+                    {id(s): s.stats.calls for s in list(observers.steps)} if counted else None,
+                    observers.fetches,
+                    {(v.kind, v.what, v.where): v.count for v in loop.violations},
+                )
+            )
+            return
+        for i in range(len(self._open) - 1, -1, -1):
+            if self._open[i].loop is loop:
+                self._close(self._open.pop(i))
+                return
+
+    def _close(self, entry: _Open) -> None:
+        loop = entry.loop
+        live = {id(s): s for s in list(observers.steps)}
+        calls: dict[int, int | None] = {}
+        for sid, step in live.items():
+            if entry.calls is None:
+                if sid in self._steps:
+                    calls[sid] = None
+                continue
+            n = step.stats.calls - entry.calls.get(sid, 0)
+            if n:
+                calls[sid] = n
+                self._steps.setdefault(sid, step)
+        violations = []
+        for v in loop.violations:
+            n = v.count - entry.violations.get((v.kind, v.what, v.where), 0)
+            if n:
+                violations.append((v.kind, v.what, v.where, n))
+        opts = getattr(loop, "_options", {})
+        options = " ".join(f"{k}={opts[k]}" for k in ("transfers", "compiles", "on_violation") if k in opts)
+        self.loops.append(
+            _LoopRun(options, _names(live[s] for s in calls), calls, observers.fetches - entry.fetches, violations)
+        )
+
+    def snapshot(self) -> Snapshot:
+        """The snapshot of everything recorded."""
+        steps = self.steps
+        names = _names(steps)
+        for run in self.loops:  # name loop calls like the steps section
+            run.names = {sid: names.get(sid, name) for sid, name in run.names.items()}
+        return _build(steps, self.loops)
+
+
+# --------------------------------------------------------------------------
+# The file: sections per key, stably ordered
+
+_HEADER = """\
+# jaxcontracts contract snapshot of {test}
+# Written by `pytest --jc-snapshot-update`; review changes like code.
+# Exact: leaf specs, donation, aliasing, shardings, compiles, loop calls,
+# fetches, violations. Within tolerance: memory.* and cost.* (compared only
+# when jax and jaxlib match the versions below).
+"""
+
+
+def render_file(test: str, snapshots: Iterable[Snapshot]) -> str:
+    """A snapshot file: a comment header, then one section per key, sorted."""
+    body = "\n\n".join(str(s) for s in sorted(snapshots, key=lambda s: s.key))
+    return _HEADER.format(test=test) + "\n" + body + "\n"
+
+
+_SECTION = re.compile(r"^\[(\w+) x(\d+)\]$")
+
+
+def parse(text: str) -> dict[str, Snapshot]:
+    """Read a snapshot file (or one ``str(snapshot)``): key -> :class:`Snapshot`.
+
+    Raises:
+        ValueError: a line that does not fit the format, with its number.
+    """
+    out: dict[str, Snapshot] = {}
+    current: tuple[str, int] | None = None
+    versions: dict[str, str] = {}
+    fields: list[tuple[Path, str]] = []
+    heads: list[str] = []
+
+    def close() -> None:
+        if current is not None:
+            snap = Snapshot(current[0], current[1], dict(versions), tuple(fields))
+            out[snap.key] = snap
+
+    for n, raw in enumerate(text.splitlines(), 1):
+        line = raw.rstrip()
+        if not line or line.lstrip().startswith("#"):
+            continue
+        m = _SECTION.match(line)
+        if m:
+            close()
+            current, versions, fields, heads = (m.group(1), int(m.group(2))), {}, [], []
+            continue
+        if current is None:
+            raise ValueError(f"line {n}: {line!r} comes before any [backend xN] section")
+        depth = (len(line) - len(line.lstrip(" "))) // 2
+        body = line.strip()
+        key, sep, value = body.partition(": ")
+        if depth == 0 and sep and not fields and key in ("jax", "jaxlib"):
+            versions[key] = value
+            continue
+        if depth > len(heads):
+            raise ValueError(f"line {n}: {line!r} is indented under no header")
+        del heads[depth:]
+        if not sep and not body.endswith(":"):
+            if body.startswith(("step ", "signature ", "loop ")):
+                heads.append(body)
+                continue
+            fields.append(((*heads, body), ""))
+            continue
+        if not sep:
+            key, value = body[:-1], ""
+        fields.append(((*heads, key), value))
+    close()
+    return out

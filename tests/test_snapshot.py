@@ -1,0 +1,458 @@
+"""Contract snapshots: jc.snapshot, the Snapshot record and the jc_snapshot marker.
+
+The plugin tests write a small simulation test file, record its snapshot with
+``--jc-snapshot-update``, then plant one regression at a time in the program
+(a dtype drift, a lost donation, an unfused intermediate, an extra compile, a
+new violation) and check that a plain run fails with that field's row.
+"""
+
+from __future__ import annotations
+
+import re
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jaxtyping import Array, Float32
+
+import jaxcontracts as jc
+from jaxcontracts._snapshot import Recorder, Snapshot, parse, parse_tolerance, render_file
+
+pytest_plugins = ["pytester"]
+
+
+@jc.state
+class Sim:
+    x: Float32[Array, "n"]
+    t: Float32[Array, ""]
+
+
+def _advance(s: Sim) -> Sim:
+    return Sim(x=s.x + jnp.sort(s.x * 2), t=s.t + 1)
+
+
+# -- jc.snapshot and the record -------------------------------------------
+
+
+def test_snapshot_of_a_step_lists_each_leaf_memory_cost_and_compiles():
+    step = jc.hot_step(signature=Sim)(_advance)
+    step.compile(Sim.spec(n=1024))
+    snap = jc.snapshot(step)
+    name = f"step {step.describe().name}"
+    assert snap.backend == jax.default_backend()
+    assert snap.devices == jax.device_count()
+    assert set(snap.versions) == {"jax", "jaxlib"}
+    assert snap.get(name, "compiles") == "1"
+    assert snap.get(name, "signature 1", "leaf s.x") == (
+        "f32[1024] donated=yes aliased=yes bytes=4096 sharding=single device"
+    )
+    assert snap.get(name, "signature 1", "leaf s.t").startswith("f32[] donated=yes aliased=yes")
+    assert snap.get(name, "signature 1", "memory.temporaries") == "4096"  # the sort
+    assert snap.get(name, "signature 1", "memory.aliased") == "4100"
+    assert int(snap.get(name, "signature 1", "cost.flops")) > 0
+    text = str(snap)
+    assert text.splitlines()[0] == f"[{snap.key}]"
+    assert "    leaf s.x: f32[1024] donated=yes" in text
+    assert "<table>" in snap._repr_html_() and "s.x" in snap._repr_html_()
+
+
+def test_snapshot_text_round_trips_and_an_unchanged_step_has_no_diff():
+    step = jc.hot_step(signature=Sim)(_advance)
+    step(Sim.zeros(n=8))
+    snap = jc.snapshot(step)
+    back = parse(render_file("t.py::test", [snap]))
+    assert list(back) == [snap.key]
+    assert back[snap.key] == snap
+    diff = snap.diff(jc.snapshot(step))
+    assert diff.ok and not diff
+    assert str(diff) == "snapshot unchanged"
+
+
+def test_snapshot_of_an_uncompiled_step_and_of_a_non_step():
+    step = jc.hot_step(signature=Sim)(_advance)
+    assert jc.snapshot(step).fields == ((("step " + step.describe().name, "compiles"), "0"),)
+    with pytest.raises(jc.DefinitionError, match=r"expected hot steps"):
+        jc.snapshot(_advance)  # type: ignore[arg-type]
+
+
+def test_a_sharded_leaf_records_its_layout_not_device_ids(mesh2):
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    step = jc.hot_step(signature=Sim)(_advance)
+    step.compile(Sim.spec(n=8, sharding=NamedSharding(mesh2, P())))
+    line = jc.snapshot(step).get(f"step {step.describe().name}", "signature 1", "leaf s.x")
+    assert line.endswith("sharding=replicated on mesh(x=2)")
+
+
+def _snap(*fields, versions=None):
+    return Snapshot("cpu", 8, versions or {"jax": "1", "jaxlib": "1"}, tuple(fields))
+
+
+SIG = ("step m.f", "signature 1")
+
+
+def test_diff_exact_fields_show_the_leaf_attribute_that_changed():
+    leaf = "f32[4] donated=yes aliased=yes bytes=16 sharding=single device"
+    before = _snap(((*SIG, "leaf s.x"), leaf), (("step m.f", "compiles"), "1"))
+    after = _snap(
+        ((*SIG, "leaf s.x"), leaf.replace("donated=yes aliased=yes", "donated=no aliased=-")),
+        (("step m.f", "compiles"), "2"),
+    )
+    diff = before.diff(after)
+    rows = [(c.field, c.before, c.after) for c in diff.changes]
+    assert rows == [
+        ("step m.f / signature 1 / leaf s.x", "donated=yes aliased=yes", "donated=no aliased=-"),
+        ("step m.f / compiles", "1", "2"),
+    ]
+    assert str(diff).splitlines()[0] == "2 contract fields changed:"
+    assert "<table" in diff._repr_html_()
+
+
+def test_diff_sizes_may_grow_within_their_tolerance_and_shrink_freely():
+    key = (*SIG, "memory.temporaries")
+    before = _snap((key, "1000"))
+    assert before.diff(_snap((key, "1100"))).ok  # +10%: the default
+    assert before.diff(_snap((key, "10"))).ok  # smaller is never a regression
+    (change,) = before.diff(_snap((key, "1101"))).changes
+    assert (change.before, change.after, change.rule) == ("1000", "1101 (+10%)", "+10%")
+    assert not before.diff(_snap((key, "1101")), tolerances={"temporaries": 0.2})
+    assert before.diff(_snap((key, "1001")), tolerances={"temporaries": 0.0})
+    assert not before.diff(_snap((key, "9999")), tolerances={"memory.temporaries": None})
+    out = (*SIG, "memory.outputs")  # follows the specs: exact by default, both ways
+    assert _snap((out, "16")).diff(_snap((out, "8")))
+    with pytest.raises(jc.DefinitionError, match=r"only sizes and costs have a tolerance"):
+        before.diff(before, tolerances={"compiles": 0.5})
+
+
+def test_diff_across_versions_compares_only_the_version_stable_fields():
+    leaf = "f32[4] donated=yes aliased=yes bytes=16 sharding=single device"
+    before = _snap(((*SIG, "leaf s.x"), leaf), ((*SIG, "memory.temporaries"), "0"))
+    after = _snap(
+        ((*SIG, "leaf s.x"), leaf), ((*SIG, "memory.temporaries"), "4096"),
+        versions={"jax": "2", "jaxlib": "2"},
+    )
+    diff = before.diff(after)
+    assert diff.ok
+    assert diff.skipped == ("step m.f / signature 1 / memory.temporaries",)
+    assert "jax 1, jaxlib 1" in diff.note and "jax 2, jaxlib 2" in diff.note
+    drift = _snap(((*SIG, "leaf s.x"), leaf.replace("f32", "i32")), versions={"jax": "2", "jaxlib": "2"})
+    assert [(c.field, c.before, c.after) for c in before.diff(drift).changes] == [
+        ("step m.f / signature 1 / leaf s.x", "f32[4]", "i32[4]")
+    ]
+    with pytest.raises(jc.DefinitionError, match=r"cpu x8 snapshot cannot be compared with a gpu x1"):
+        before.diff(Snapshot("gpu", 1, {}, ()))
+
+
+@pytest.mark.parametrize(
+    ("text", "value"),
+    [("10%", 0.1), ("+25%", 0.25), (0.5, 0.5), ("exact", 0.0), (0, 0.0), ("any", None), ("0.2", 0.2)],
+)
+def test_parse_tolerance(text, value):
+    assert parse_tolerance(text) == value
+
+
+@pytest.mark.parametrize("bad", ["ten", "-5%", -1, True, "10 percent", float("nan")])
+def test_parse_tolerance_refuses(bad):
+    with pytest.raises(jc.DefinitionError, match=r"'10%' \(or 0.1\)"):
+        parse_tolerance(bad)
+
+
+def test_recorder_counts_calls_fetches_and_violations_per_loop_run():
+    step = jc.hot_step(signature=Sim)(_advance)
+    rec = Recorder().start()
+    try:
+        s = step(Sim.zeros(n=8))
+        with jc.hot_loop(on_violation="record") as loop:
+            for _ in range(3):
+                s = step(s)
+            jc.fetch(s.t)
+        with loop:  # the same loop entered again is a second run
+            s = step(s)
+            float(s.t)
+    finally:
+        rec.stop()
+    snap = rec.snapshot()
+    name = step.describe().name
+    assert snap.get("loop 1", f"calls {name}") == "3"
+    assert snap.get("loop 1", "fetches") == "1"
+    assert snap.get("loop 1", "violations") == "0"
+    assert snap.get("loop 2", f"calls {name}") == "1"
+    assert snap.get("loop 2", "violations") == "1"
+    assert snap.get("loop 2", "violation 1").startswith("transfer: device-to-host read: float()")
+    assert snap.get("loop 1", "options") == "transfers=disallow compiles=disallow on_violation=record"
+
+
+def test_recorder_at_checks_off_cannot_count_calls():
+    step = jc.hot_step(signature=Sim)(_advance)
+    jc.set_checks("off")
+    rec = Recorder().start()
+    try:
+        s = step(Sim.zeros(n=8))
+        with jc.hot_loop():
+            s = step(s)
+    finally:
+        rec.stop()
+    assert rec.snapshot().get("loop 1", f"calls {step.describe().name}") == "?"
+
+
+# -- the pytest marker ----------------------------------------------------
+
+INI = """
+[pytest]
+addopts = --strict-markers -p no:cacheprovider
+filterwarnings = error
+"""
+
+PROGRAM = """
+import jax
+import jax.numpy as jnp
+import pytest
+from jaxtyping import Array, Float32, Int32
+
+import jaxcontracts as jc
+
+
+@jc.state
+class Sim:
+    x: Float32[Array, "n"]
+    t: {T}[Array, ""]
+
+
+@jc.hot_step(signature=Sim, donate={DONATE}, max_compiles=2)
+def advance(s: Sim) -> Sim:
+    return Sim(x={BODY}, t=s.t + 1)
+
+
+@pytest.mark.jc_snapshot{MARK}
+def test_sim():
+    s = advance(Sim.zeros(n=1024))
+    {EXTRA}
+    with jc.hot_loop(on_violation="record"):
+        for _ in range(10):
+            s = advance(s)
+            {READ}
+        jc.fetch(s.t)
+"""
+
+BASE = {
+    "T": "Float32",
+    "DONATE": '"all"',
+    "BODY": "s.x + jnp.sort(s.x * 2)",
+    "MARK": "",
+    "EXTRA": "pass",
+    "READ": "pass",
+}
+
+
+def _program(pytester: pytest.Pytester, **changes: str) -> None:
+    pytester.makeini(INI)
+    pytester.makepyfile(test_sim=textwrap.dedent(PROGRAM).format(**{**BASE, **changes}))
+
+
+def _recorded(pytester: pytest.Pytester, *args: str) -> str:
+    _program(pytester)
+    result = pytester.runpytest("--jc-snapshot-update", *args)
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*jaxcontracts snapshots*", "written: *test_sim.test_sim.txt"])
+    return (pytester.path / "__jc_snapshots__" / "test_sim.test_sim.txt").read_text()
+
+
+def _fails_with(pytester: pytest.Pytester, rows: list[str], **changes: str) -> str:
+    _recorded(pytester)
+    _program(pytester, **changes)
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    result.stdout.fnmatch_lines(
+        [
+            "*@pytest.mark.jc_snapshot: the contract of test_sim.py::test_sim changed (cpu x*",
+            "*contract field* changed:",
+            "*field*before*after*rule",
+            *(row.replace("[", "[[]") for row in rows),  # fnmatch: brackets are literal
+            "*Fix: if the change is intended, run pytest --jc-snapshot-update*",
+        ]
+    )
+    return out
+
+
+def test_the_file_is_stable_readable_and_holds_steps_loops_and_versions(pytester):
+    text = _recorded(pytester)
+    assert text.startswith("# jaxcontracts contract snapshot of test_sim.py::test_sim\n")
+    assert f"jax: {jc.snapshot.__module__ and __import__('jax').__version__}" in text
+    body = text[text.index("[cpu x") :]
+    assert re.search(r"^step test_sim\.advance\n  compiles: 1\n  signature 1\n", body, re.M)
+    assert "    leaf s.x: f32[1024] donated=yes aliased=yes bytes=4096 sharding=single device\n" in body
+    assert "    memory.temporaries: 4096\n" in body
+    assert "loop 1\n  options: transfers=disallow compiles=disallow on_violation=record\n" in body
+    assert "  calls test_sim.advance: 10\n  fetches: 1\n  violations: 0\n" in body
+    # An unchanged program passes, run after run, and rewriting changes nothing.
+    for _ in range(2):
+        pytester.runpytest().assert_outcomes(passed=1)
+    again = pytester.runpytest("--jc-snapshot-update")
+    again.assert_outcomes(passed=1)
+    assert "written:" not in again.stdout.str()
+
+
+@pytest.mark.parametrize("level", ["full", "fast", "off"])
+def test_an_unchanged_program_passes_at_every_checks_level(pytester, level):
+    _recorded(pytester)
+    pytester.runpytest(f"--jc-checks={level}").assert_outcomes(passed=1)
+
+
+def test_a_dtype_drift_fails_with_the_leaf(pytester):
+    _fails_with(
+        pytester,
+        ["*step test_sim.advance / signature 1 / leaf s.t  *f32[]  *i32[]  *exact"],
+        T="Int32",
+    )
+
+
+def test_a_lost_donation_fails_with_the_leaf(pytester):
+    _fails_with(
+        pytester,
+        [
+            "*leaf s.t  *donated=yes aliased=yes  *donated=no aliased=-  *exact",
+            "*signature 1 / memory.aliased*4100*4096 (-0%)*exact",
+        ],
+        DONATE='("x",)',
+    )
+
+
+def test_doubled_temporaries_fail_beyond_the_tolerance(pytester):
+    out = _fails_with(
+        pytester,
+        ["*signature 1 / memory.temporaries*4096*8192 (+100%)*+10%"],
+        BODY="s.x + jnp.sort(s.x * 2) + jnp.sort(s.x * 3)",  # one more unfused intermediate
+    )
+    assert "leaf s.x" not in out  # the contract of the leaves did not change
+
+
+def test_a_tolerance_on_the_marker_or_in_the_ini_admits_growth(pytester):
+    _recorded(pytester)
+    _program(pytester, BODY="s.x + jnp.sort(s.x * 2) + jnp.sort(s.x * 3)", MARK='(temporaries="100%", flops="any", bytes_accessed="any")')
+    pytester.runpytest().assert_outcomes(passed=1)
+    _program(pytester, BODY="s.x + jnp.sort(s.x * 2) + jnp.sort(s.x * 3)")
+    pytester.makeini(INI + "jc_snapshot_tolerance =\n    temporaries = +100%\n    flops = any\n    bytes_accessed = any\n")
+    pytester.runpytest().assert_outcomes(passed=1)
+
+
+def test_a_bad_tolerance_is_an_error_naming_the_fields(pytester):
+    _program(pytester, MARK='(compiles="10%")')
+    result = pytester.runpytest()
+    result.assert_outcomes(errors=1)
+    result.stdout.fnmatch_lines(["*@pytest.mark.jc_snapshot: *only sizes and costs have a tolerance*"])
+
+
+def test_an_extra_compile_fails(pytester):
+    _fails_with(
+        pytester,
+        ["*step test_sim.advance / compiles*1*2*exact", "*step test_sim.advance / signature 2*-*s.x f32[512], s.t f32[]*exact"],
+        EXTRA="advance(Sim.zeros(n=512))",
+    )
+
+
+def test_a_new_violation_fails(pytester):
+    _fails_with(
+        pytester,
+        [
+            "*loop 1 / violations*0*10*exact",
+            "*loop 1 / violation 1*-*transfer: device-to-host read: float() of f32[] (advance -> .t) (x10, at test_sim.py:*",
+        ],
+        READ="float(s.t)",
+    )
+
+
+def test_a_new_violation_is_not_written(pytester):
+    _program(pytester, READ="float(s.t)")
+    result = pytester.runpytest("--jc-snapshot-update")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*not written: a snapshot records clean loops*1 violation(s)*"])
+    assert not (pytester.path / "__jc_snapshots__").exists()
+
+
+def test_no_snapshot_for_this_backend_fails_and_update_keeps_other_sections(pytester):
+    text = _recorded(pytester)
+    path = pytester.path / "__jc_snapshots__" / "test_sim.test_sim.txt"
+    gpu = text[text.index("[cpu x") :].replace("[cpu x", "[gpu x", 1)
+    path.write_text(text[: text.index("[cpu x")] + gpu)
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*no contract snapshot of this test for cpu x* (sections there: gpu x*", "*Fix: run pytest --jc-snapshot-update on this machine*"])
+    pytester.runpytest("--jc-snapshot-update").assert_outcomes(passed=1)
+    both = path.read_text()
+    assert both.index("[cpu x") < both.index("[gpu x")  # sorted by key
+    pytester.runpytest().assert_outcomes(passed=1)
+
+
+def test_another_jax_version_compares_the_contract_only(pytester):
+    text = _recorded(pytester)
+    path = pytester.path / "__jc_snapshots__" / "test_sim.test_sim.txt"
+    path.write_text(re.sub(r"^jax: .*$", "jax: 0.0.1", text, flags=re.M))
+    _program(pytester, BODY="s.x + jnp.sort(s.x * 2) + jnp.sort(s.x * 3)")  # XLA's numbers only
+    result = pytester.runpytest("-rA")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["compared without memory/cost: test_sim.py::test_sim: recorded with jax 0.0.1*"])
+    _program(pytester, T="Int32")  # the contract itself is still held
+    pytester.runpytest().assert_outcomes(failed=1)
+
+
+def test_a_test_that_records_nothing_fails(pytester):
+    pytester.makeini(INI)
+    pytester.makepyfile(
+        test_empty="""
+        import pytest
+
+        @pytest.mark.jc_snapshot
+        def test_nothing():
+            pass
+        """
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*compiled no hot step and ran no jc.hot_loop*"])
+
+
+def test_a_step_compiled_in_a_fixture_and_the_jc_hot_loop_marker_are_recorded(pytester):
+    pytester.makeini(INI)
+    pytester.makepyfile(
+        test_fx=textwrap.dedent(PROGRAM).format(**BASE)
+        + textwrap.dedent(
+            """
+            @pytest.fixture
+            def warm():
+                return advance(Sim.zeros(n=1024))
+
+            @pytest.mark.jc_snapshot
+            @pytest.mark.jc_hot_loop
+            def test_marked(warm):
+                s = warm
+                for _ in range(3):
+                    s = advance(s)
+            """
+        )
+    )
+    pytester.runpytest("--jc-snapshot-update", "-k", "marked").assert_outcomes(passed=1)
+    text = (pytester.path / "__jc_snapshots__" / "test_fx.test_marked.txt").read_text()
+    assert "step test_fx.advance\n  compiles: 1\n" in text
+    assert "  calls test_fx.advance: 3\n" in text
+    pytester.runpytest("-k", "marked").assert_outcomes(passed=1)
+
+
+# -- the demo's own snapshot (tests/__jc_snapshots__/) ----------------------
+
+
+@pytest.mark.jc_snapshot
+def test_demo_simulation_contract():
+    """The demo's two steps and its loop, held against the committed snapshot.
+
+    Written on CPU with 8 simulated devices (conftest.py); on another backend
+    there is no section to compare with, so the test is skipped there.
+    """
+    if jax.default_backend() != "cpu":
+        pytest.skip("the committed snapshot is a CPU one")
+    from jaxcontracts.demo.simulation import simulate
+
+    result = simulate(steps=20, n=64)
+    assert result.finite and result.reads == 4
