@@ -46,7 +46,7 @@ from ._errors import (
 )
 from ._records import CompiledSignature, StepDescription, StepStats
 from ._report import Report, step_report
-from ._runtime import consumer_of, observers, recording_loop
+from ._runtime import call_hooks, consumer_of, observers, recording_loop
 from ._signature import StepSignature, analyse
 from ._spec import fmt_value
 from ._state import (
@@ -476,12 +476,24 @@ class HotStep(Generic[P, R]):
     @_dispatch.setter
     def _dispatch(self, fn: Callable[..., Any]) -> None:
         self._raw_dispatch = fn
-        self._call = _timing.timed(fn, self._timing_acc) if _timing.active() else fn
+        self._call = self._timed(fn) if _timing.active() else fn
 
     def _timing_changed(self, on: bool) -> None:
         """A timing loop became active (or the last one ended): wrap or unwrap."""
         fn = self._raw_dispatch
-        self._call = _timing.timed(fn, self._timing_acc) if on else fn
+        if on:
+            self._call = self._timed(fn)
+        else:
+            call_hooks.pop(id(self), None)
+            self._call = fn
+
+    def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        call, counted = _timing.timed(fn, self._timing_acc, self._install_call)
+        call_hooks[id(self)] = counted
+        return call
+
+    def _install_call(self, fn: Callable[..., Any]) -> None:
+        self._call = fn
 
     def _on_checks_changed(self, level: str) -> None:
         self._level = level

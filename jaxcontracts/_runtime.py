@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import threading
 import weakref
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import jax
@@ -26,6 +26,7 @@ __all__ = [
     "LoopStack",
     "clear_calls",
     "compiling",
+    "call_hooks",
     "consumed_by",
     "recording_loop",
     "consumer_of",
@@ -110,9 +111,17 @@ def recording_loop() -> LoopHandle | None:
     return None
 
 
+# Per step (by id), while timing loops run: counts each call that returned
+# and re-arms the step's timing wrapper (see _timing.timed).
+call_hooks: dict[int, Callable[[], None]] = {}
+
+
 def note_call(step_id: int, name: str, args: Any, out: Any) -> None:
     """Called by a hot step after each call while any loop is active."""
     _calls[step_id] = (name, args, out)
+    hook = call_hooks.get(step_id)
+    if hook is not None:
+        hook()
 
 
 def last_output(step_id: int) -> Any:

@@ -309,12 +309,18 @@ SAMPLE = 16  # past the first FIRST calls, one call in SAMPLE is timed (two cloc
 FIRST = 64  # a step's first calls inside timing loops are all timed
 
 
-def timed(fn: Callable[..., Any], acc: list[float]) -> Callable[..., Any]:
-    """``fn`` (a step's call path), counting calls and timing some of them.
+def timed(
+    fn: Callable[..., Any], acc: list[float], install: Callable[[Callable[..., Any]], None]
+) -> tuple[Callable[..., Any], Callable[[], None]]:
+    """``(call, counted)``: a timing wrapper of ``fn`` (a step's call path), and
+    the hook that counts each call that returned.
 
     A step's first ``FIRST`` calls inside timing loops are timed, then one
-    in ``SAMPLE``: a short loop is measured in full, a long one at a cost of
-    a counter per call.
+    in ``SAMPLE``. Past the first ones the wrapper takes itself out as it is
+    entered (``install(fn)``: the step's calls go to ``fn`` with no frame of
+    ours), and ``counted``, run by the call path after every call while a
+    loop is active (``_runtime.note_call``), puts it back for one call in
+    ``SAMPLE``. So a long loop pays a dict lookup and a counter per call.
 
     ``acc`` is [seconds of the timed calls, calls, timed calls], cumulative.
     """
@@ -322,17 +328,18 @@ def timed(fn: Callable[..., Any], acc: list[float]) -> Callable[..., Any]:
 
     def call(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        n = acc[1]
-        if n & mask and n >= FIRST:
-            out = fn(*args, **kwargs)
-            acc[1] = n + 1  # counted once it returned (a refused call is not)
-            return out
+        if acc[2] >= FIRST:
+            install(fn)  # the next calls run bare until `counted` re-arms
         t0 = perf()
         out = fn(*args, **kwargs)
         acc[0] += perf() - t0
-        acc[1] = n + 1
         acc[2] += 1
         return out
 
+    def counted() -> None:
+        n = acc[1] = acc[1] + 1
+        if n >= FIRST and not n & mask:
+            install(call)
+
     call.__wrapped__ = fn  # type: ignore[attr-defined]
-    return call
+    return call, counted

@@ -87,6 +87,25 @@ def test_steps_are_wrapped_only_while_a_loop_is_active(tick):
     assert tick._call is tick._dispatch and made._call is made._dispatch
 
 
+def test_past_the_first_calls_one_in_sixteen_runs_through_the_wrapper(tick):
+    """The wrapper takes itself out past the first FIRST calls; the call
+    path's per-call hook counts every call and puts it back one call in
+    SAMPLE, so a long loop's calls run with no timing frame."""
+    s = tick(fresh())
+    bare = 0
+    n = _timing.FIRST + 10 * _timing.SAMPLE
+    with jc.hot_loop() as loop:
+        for _ in range(n):
+            bare += tick._call is tick._dispatch  # what the next call goes to
+            s = tick(s)
+    seconds, calls, timed = tick._timing_acc
+    assert calls == n == loop.timing.calls
+    assert timed == _timing.FIRST + 10  # the first ones, then one in SAMPLE
+    assert bare == n - timed
+    assert tick._call is tick._dispatch  # after the loop: bare
+    assert seconds > 0 and loop.timing.steps[0].calls == n
+
+
 def test_a_refused_call_is_not_counted(tick):
     s = tick(fresh())
     with jc.hot_loop(on_violation="record") as loop:
