@@ -344,6 +344,8 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
     if n_params == 1 and len(cs.out_tokens) == 1 and cs.out_tokens[0][0] == ():
         # The common `s = step(s)`: one parameter, the state, returned alone.
         token0 = in_tokens[0][1]
+        names = ctx.flat_fields(type(cs.spec_args[0])) if first_leaf is not None else None
+        first_name = names[0] if names else None
 
         def provenance_one(*args: Any, **kwargs: Any) -> Any:
             if kwargs or len(args) != 1:
@@ -353,7 +355,10 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
                 return checked(*args)
             if tref.value is not ev or aref.value is not top:  # closed over by an outer jit: trace
                 return slow_call(args, kwargs, None)
-            if first_leaf is not None and first_leaf(args).is_deleted():
+            if first_name is not None:  # the first donated leaf, read from the dict
+                if d[first_name].is_deleted():
+                    return slow_call(args, kwargs, None)
+            elif first_leaf is not None and first_leaf(args).is_deleted():
                 return slow_call(args, kwargs, None)
             try:
                 out = compiled(*args)
