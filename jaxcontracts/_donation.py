@@ -13,7 +13,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["field_of", "find_hazards"]
+__all__ = ["field_of", "find_hazards", "holds_deleted", "is_deleted_array"]
 
 
 def field_of(key: Any) -> str | None:
@@ -58,6 +58,18 @@ def _is_deleted(x: jax.Array) -> bool:
         return bool(x.is_deleted())
     except Exception:  # noqa: BLE001 - tracers and exotic arrays
         return False
+
+
+def is_deleted_array(x: Any) -> bool:
+    """Whether ``x`` is a jax array whose buffer was deleted (donated)."""
+    return isinstance(x, jax.Array) and _is_deleted(x)
+
+
+def holds_deleted(tree: Any) -> bool:
+    """Whether any leaf of ``tree`` is a deleted jax array (no device read)."""
+    if isinstance(tree, jax.Array):
+        return _is_deleted(tree)
+    return any(map(is_deleted_array, jax.tree_util.tree_leaves(tree)))
 
 
 def _buffer_key(x: jax.Array) -> Any:

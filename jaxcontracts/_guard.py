@@ -67,8 +67,8 @@ import numpy.typing as npt
 
 from . import _timing
 from ._compat import arrays, events, frames, guardlog, hostcopy, runtime_errors, threadguard
-from ._compat.tracing import Tracer
 from ._config import get_checks
+from ._donation import is_deleted_array
 from ._dtypes import is_key
 from ._errors import DefinitionError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval
@@ -518,7 +518,7 @@ def _deleted_in_stack(user: FrameType | None, limit: int = 80) -> Any | None:
     while frame is not None and frame is not user and limit:
         for value in list(frame.f_locals.values()):
             for x in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(x, jax.Array) and not isinstance(x, Tracer) and x.is_deleted():
+                if is_deleted_array(x):
                     return x
         frame, limit = frame.f_back, limit - 1
     return None

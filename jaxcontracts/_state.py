@@ -51,6 +51,7 @@ from ._compat.frames import caller_frame, caller_locals
 from ._compat.jaxtyping import is_pytree_annotation, pytree_leaf
 from ._compat.tracing import Tracer
 from ._compat.tracing import trace_state_clean as _trace_state_clean
+from ._donation import holds_deleted
 from ._dtypes import is_key, itemsize, same_dtype
 from ._errors import DefinitionError, DonationError, SpecError
 from ._foreign import scalar_to_host
@@ -543,7 +544,7 @@ def _make_consumed(cls: type, step: str) -> type:
 
     def __getattribute__(self: Any, name: str) -> Any:
         value = get(self, name)
-        if name in data and _holds_deleted(value):
+        if name in data and holds_deleted(value):
             __tracebackhide__ = True
             summary, fix = _consumed_read(cls, step, name, value)
             loop = local.loop
@@ -586,17 +587,6 @@ def _make_consumed(cls: type, step: str) -> type:
     )
     _register_pytree(made, info, via_dict=True, rebuild=cls)
     return made
-
-
-def _holds_deleted(value: Any) -> bool:
-    if isinstance(value, jax.Array):
-        return not isinstance(value, _Tracer) and value.is_deleted()
-    if isinstance(value, (int, float, str, bool, type(None))):
-        return False
-    return any(
-        isinstance(x, jax.Array) and not isinstance(x, _Tracer) and x.is_deleted()
-        for x in jax.tree_util.tree_leaves(value)
-    )
 
 
 def _consumed_read(cls: type, step: str, name: str, value: Any) -> tuple[str, str]:

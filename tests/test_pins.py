@@ -42,8 +42,9 @@ def test_check_never_raises_on_misuse(args, got):
     report = jc.check(*args)
     assert not report.ok
     (failed,) = [c for c in report.contracts if not c.ok]
-    assert f"jc.check() takes a jc.hot_step, got {got}" in str(report)
-    assert failed is not None
+    assert f"jc.check() takes a jc.hot_step, got {got}" in failed.detail
+    assert "Fix: pass the step and its arguments or specs" in failed.detail
+    assert failed.error is jc.DefinitionError
 
 
 @pytest.mark.parametrize("error", [RuntimeError, ValueError])
