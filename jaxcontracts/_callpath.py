@@ -342,31 +342,7 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
     tail = _tail(ctx, states_consumed)
 
     if n_params == 1 and len(cs.out_tokens) == 1 and cs.out_tokens[0][0] == ():
-        # The common `s = step(s)`: one parameter, the state, returned alone.
-        token0 = in_tokens[0][1]
-        names = ctx.flat_fields(type(cs.spec_args[0])) if first_leaf is not None else None
-        first_name = names[0] if names else None
-
-        def provenance_one(*args: Any, **kwargs: Any) -> Any:
-            if kwargs or len(args) != 1:
-                return checked(*args, **kwargs)
-            d = getattr(args[0], "__dict__", None)
-            if d is None or d.get(key) is not token0:
-                return checked(*args)
-            if tref.value is not ev or aref.value is not top:  # closed over by an outer jit: trace
-                return slow_call(args, kwargs, None)
-            if first_name is not None:  # the first donated leaf, read from the dict
-                if d[first_name].is_deleted():
-                    return slow_call(args, kwargs, None)
-            elif first_leaf is not None and first_leaf(args).is_deleted():
-                return slow_call(args, kwargs, None)
-            try:
-                out = compiled(*args)
-            except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
-                return slow_call(args, kwargs, e)
-            return tail(args, args, out)
-
-        return provenance_one
+        return _provenance_one(ctx, checked, states_consumed, first_leaf is not None)
 
     others = tuple(i for i in range(n_params) if i not in dict(in_tokens))
     other_specs, other_treedef = jax.tree_util.tree_flatten(tuple(cs.spec_args[i] for i in others))
@@ -403,6 +379,65 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
         return tail(args, args, out)
 
     return provenance
+
+
+def _provenance_one(
+    ctx: _Context,
+    checked: Callable[..., Any],
+    states_consumed: Callable[[tuple[Any, ...]], bool],
+    donates: bool,
+) -> Callable[..., Any]:
+    """The provenance path of the common ``s = step(s)``, with the tail inline.
+
+    One parameter, the state, returned alone. Per call: the state's class
+    (a state a hot step consumed has taken its consumed class: it goes to
+    ``checked``, which explains it), its token, the trace refs, one
+    ``is_deleted()`` (a state whose buffers something else deleted, before
+    XLA refuses it with an error line on stderr), the executable, then the
+    tail of :func:`_tail` written out: stamp, the ``full`` consumption
+    check, the consumed class, the count, the loops.
+    """
+    cs, compiled, slow_call = ctx.cs, ctx.compiled, ctx.slow_call
+    token0, token_out, key = cs.in_tokens[0][1], cs.out_tokens[0][1], TOKEN_KEY
+    tref, ev, aref, top = top_level_refs()
+    cls = type(cs.spec_args[0])
+    consumed_cls = ctx.marks[0][2] if ctx.marks else None
+    full, stats, not_consumed = ctx.full, ctx.stats, ctx.not_consumed
+    step_id, name = ctx.step_id, ctx.name
+    set_class = object.__setattr__  # the states are frozen dataclasses
+    missing: Any = object()
+    names = ctx.flat_fields(cls) if donates else None
+    first_name = names[0] if names else None
+    first_leaf = _first_leaf_of(cls, ctx.flat_fields) if donates and first_name is None else None
+
+    def provenance_one(s: Any = missing, *rest: Any, **kwargs: Any) -> Any:
+        if rest or kwargs or s is missing or type(s) is not cls:
+            return checked(*(() if s is missing else (s,)), *rest, **kwargs)
+        d = s.__dict__
+        if d.get(key) is not token0 or tref.value is not ev or aref.value is not top:
+            return checked(s)  # untrusted (per-leaf checks), or traced (the slow path)
+        if first_name is not None:
+            if d[first_name].is_deleted():
+                return slow_call((s,), {}, None)
+        elif first_leaf is not None and first_leaf(s).is_deleted():
+            return slow_call((s,), {}, None)
+        try:
+            out = compiled(s)
+        except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
+            return slow_call((s,), {}, e)
+        out.__dict__[key] = token_out
+        if full and not states_consumed((s,)):
+            err = not_consumed(cs, flatten((s,))[0], out)
+            if err is not None:  # None: a recording loop took it as a violation
+                raise err
+        if consumed_cls is not None:  # the donated state names its consumer
+            set_class(s, "__class__", consumed_cls)
+        stats.calls += 1
+        if tracking.count:  # a hot_loop is active somewhere: remember for messages
+            note_call(step_id, name, (s,), out)
+        return out
+
+    return provenance_one
 
 
 def _leaves_of(cls: type, flat_fields: FlatFields) -> Callable[[Any], Sequence[Any]]:

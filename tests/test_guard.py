@@ -561,3 +561,42 @@ def test_recorded_violations_carry_the_source_line_and_the_fix():
     (v,) = loop.violations
     assert v.source == "float(x)  # the recorded line"
     assert v.fix.startswith("read it deliberately and rarely with jc.fetch(x)")
+
+
+@jc.state
+class _One:
+    x: Float32[Array, "n"]
+
+
+@jc.hot_step(signature=_One, donate="all")
+def _bump(s: _One) -> _One:
+    return _One(x=s.x + 1)
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_a_token_state_deleted_by_plain_jax_is_explained_without_an_xla_error_line(capfd, level):
+    """A state a hot step returned keeps its class and token when a plain
+    ``jax.jit(donate_argnums=0)`` consumes it; the provenance path still looks
+    at its first buffer before calling, so XLA prints nothing."""
+    with jc.checks_level(level):
+        s = _bump(_bump(_One(x=jnp.zeros(3))))  # a warm call's output: the provenance path
+        t = jax.jit(lambda s: s, donate_argnums=0)(s)  # its buffer passes to t
+        assert type(s) is _One  # not marked: no hot step consumed it
+        capfd.readouterr()
+        with pytest.raises(jc.DonationError, match="already deleted"):
+            _bump(s)
+        assert "ExecutePrepare" not in capfd.readouterr().err
+        assert _bump(t).x.tolist() == [3.0] * 3
+
+
+@pytest.mark.parametrize("level", ["off", "fast", "full"])
+def test_a_token_state_by_keyword_or_with_wrong_arguments_takes_the_checked_path(level):
+    with jc.checks_level(level):
+        s = _bump(_bump(_One(x=jnp.zeros(3))))
+        s = _bump(s=s)  # by keyword: bound to its position, same result
+        assert s.x.tolist() == [3.0] * 3
+        with pytest.raises(TypeError, match="missing a required argument: 's'"):
+            _bump()
+        with pytest.raises(TypeError, match="too many positional arguments"):
+            _bump(s, s)
+        assert _bump(s).x.tolist() == [4.0] * 3  # refused calls consumed nothing
