@@ -501,21 +501,7 @@ class HotStep(Generic[P, R]):
             self._use(self._current)
 
     def _use(self, cs: CompiledSignature) -> None:
-        """Make ``cs`` current; its call path is built by the first call
-        (``compile(spec)`` ahead of time, or a checks-level change, does not
-        pay for closures it may never run)."""
         self._current = cs
-        self._dispatch = self._build_then_call
-
-    def _build_then_call(self, *args: Any, **kwargs: Any) -> Any:
-        __tracebackhide__ = True
-        self._build(self._current)
-        # The built path, untimed: a timing wrapper, if any, is already around this call.
-        return self._raw_dispatch(*args, **kwargs)
-
-    def _build(self, cs: CompiledSignature | None) -> None:
-        """Build the call path of ``cs`` for the current checks level."""
-        assert cs is not None
         dispatch = make_dispatch(
             cs,
             self._level,

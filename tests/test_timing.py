@@ -182,34 +182,3 @@ def test_the_verdict_follows_the_shares(wall, calls, blocked, pending, verdict):
         verdict=verdict,
     )
     assert timing.advice().startswith(verdict.replace("no steps", "no hot step"))
-
-
-def test_the_call_path_is_built_by_the_first_call_not_by_compile(monkeypatch):
-    """compile(spec) and a checks-level change leave the path to the next call:
-    built once per (signature, level), and the call that builds it is counted
-    and timed once."""
-    import jaxcontracts._hot_step as hot_step_module
-
-    built: list[str] = []
-    real = hot_step_module.make_dispatch
-
-    def counting(cs, level, **kwargs):
-        built.append(level)
-        return real(cs, level, **kwargs)
-
-    monkeypatch.setattr(hot_step_module, "make_dispatch", counting)
-    step = make_step("lazy")
-    step.compile(Clock.spec(n=8))
-    assert built == []
-    with jc.checks_level("fast"):
-        s = step(step(fresh()))
-        assert built == ["fast"]
-        jc.set_checks("full")
-        assert built == ["fast"]
-        with jc.hot_loop() as loop:
-            s = step(s)
-            s = step(s)
-        assert built == ["fast", "full"]
-    assert int(s.t) == 4 and step.stats.calls == 4
-    (timed,) = loop.timing.steps
-    assert timed.calls == 2 and timed.timed_calls == 2
