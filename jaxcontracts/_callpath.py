@@ -36,7 +36,7 @@ from ._compile import TOKEN_KEY
 from ._donation import find_hazards
 from ._dtypes import is_key
 from ._records import CompiledSignature, StepStats
-from ._runtime import note_call, tracking
+from ._runtime import HOOK_EVERY, call_hooks, last_calls, tracking
 
 __all__ = ["make_dispatch"]
 
@@ -193,6 +193,7 @@ def _tail(ctx: _Context, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any
     marks = ctx.marks
     mark_one = marks[0] if len(marks) == 1 else None
     set_class = object.__setattr__  # the states are frozen dataclasses
+    hooks, every = call_hooks, HOOK_EVERY
 
     def tail(args: tuple[Any, ...], src: Any, out: Any) -> Any:
         if single:
@@ -211,9 +212,13 @@ def _tail(ctx: _Context, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any
             for i, cls, consumed_cls in marks:
                 if type(args[i]) is cls:
                     set_class(args[i], "__class__", consumed_cls)
-        stats.calls += 1
+        n = stats.calls = stats.calls + 1
         if tracking.count:  # a hot_loop is active somewhere: remember for messages
-            note_call(step_id, name, args, out)
+            last_calls[step_id] = (name, args, out)
+            if not n % every:  # a timing loop's sampling hook, one call in `every`
+                hook = hooks.get(step_id)
+                if hook is not None:
+                    hook()
         return out
 
     return tail
@@ -406,6 +411,7 @@ def _provenance_one(
     step_id, name = ctx.step_id, ctx.name
     set_class = object.__setattr__  # the states are frozen dataclasses
     missing: Any = object()
+    hooks, every = call_hooks, HOOK_EVERY
     names = ctx.flat_fields(cls) if donates else None
     first_name = names[0] if names else None
     first_leaf = _first_leaf_of(cls, ctx.flat_fields) if donates and first_name is None else None
@@ -432,9 +438,13 @@ def _provenance_one(
                 raise err
         if consumed_cls is not None:  # the donated state names its consumer
             set_class(s, "__class__", consumed_cls)
-        stats.calls += 1
+        n = stats.calls = stats.calls + 1
         if tracking.count:  # a hot_loop is active somewhere: remember for messages
-            note_call(step_id, name, (s,), out)
+            last_calls[step_id] = (name, s, out)  # the arguments: here, the one state
+            if not n % every:  # a timing loop's sampling hook, one call in `every`
+                hook = hooks.get(step_id)
+                if hook is not None:
+                    hook()
         return out
 
     return provenance_one

@@ -258,7 +258,7 @@ class HotStep(Generic[P, R]):
         self.stats = StepStats()
         self._level = _config.get_checks()
         _config.add_listener(self)
-        self._timing_acc = [0.0, 0, 0]  # inside timing loops: seconds timed, calls, calls timed
+        self._timing_acc = [0.0, 0]  # inside timing loops: seconds timed, calls timed
         self._dispatch = self._call_unbound if signature.is_method else self._slow
         _timing.register(self)  # timed while a hot_loop is active
         self._attr: str | None = None  # the class attribute of a method step
@@ -488,8 +488,8 @@ class HotStep(Generic[P, R]):
             self._call = fn
 
     def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        call, counted = _timing.timed(fn, self._timing_acc, self._install_call)
-        call_hooks[id(self)] = counted
+        call, rearm = _timing.timed(fn, self._timing_acc, self._install_call)
+        call_hooks[id(self)] = rearm
         return call
 
     def _install_call(self, fn: Callable[..., Any]) -> None:

@@ -34,7 +34,8 @@ __all__ = [
     "in_hot_loop",
     "last_output",
     "local",
-    "note_call",
+    "last_calls",
+    "HOOK_EVERY",
     "observers",
     "tracking",
 ]
@@ -93,8 +94,9 @@ class _Tracking:
 
 tracking = _Tracking()
 _lock = threading.Lock()
-# Per step (by id) while loops are active: (short name, last args, last out).
-_calls: dict[int, tuple[str, Any, Any]] = {}
+# Per step (by id), written by the call path after each call while any loop
+# is active: (short name, the arguments (a tuple, or the one state), the output).
+last_calls: dict[int, tuple[str, Any, Any]] = {}
 
 
 def in_hot_loop() -> bool:
@@ -111,35 +113,28 @@ def recording_loop() -> LoopHandle | None:
     return None
 
 
-# Per step (by id), while timing loops run: counts each call that returned
-# and re-arms the step's timing wrapper (see _timing.timed).
+# Per step (by id), while timing loops run: puts the step's timing wrapper
+# back; the call path runs it after every SAMPLE-th call (see _timing.timed).
 call_hooks: dict[int, Callable[[], None]] = {}
-
-
-def note_call(step_id: int, name: str, args: Any, out: Any) -> None:
-    """Called by a hot step after each call while any loop is active."""
-    _calls[step_id] = (name, args, out)
-    hook = call_hooks.get(step_id)
-    if hook is not None:
-        hook()
+HOOK_EVERY = 16  # calls between runs of a step's hook (_timing.SAMPLE)
 
 
 def last_output(step_id: int) -> Any:
     """The output of a step's last call while loops were active (None if unknown)."""
-    call = _calls.get(step_id)
+    call = last_calls.get(step_id)
     return None if call is None else call[2]
 
 
 def clear_calls() -> None:
     """Forget every step's last call (the last loop has exited)."""
     with _lock:
-        _calls.clear()
+        last_calls.clear()
 
 
 def find(x: Any) -> tuple[str | None, str | None]:
     """(the step that consumed ``x``, ``step -> .path`` of a live output)."""
     consumed, produced = None, None
-    for name, args, out in list(_calls.values()):
+    for name, args, out in list(last_calls.values()):
         for p, leaf in jax.tree_util.tree_leaves_with_path(out):
             if leaf is x:
                 produced = f"{name} -> {jax.tree_util.keystr(p)}"

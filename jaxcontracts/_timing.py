@@ -27,7 +27,7 @@ from typing import Any
 from jax.tree_util import tree_leaves
 
 from ._compat import blocking
-from ._runtime import last_output
+from ._runtime import HOOK_EVERY, last_output
 
 __all__ = ["LoopClock", "LoopTiming", "StepTiming", "blocked", "active", "enter", "leave", "register", "timed"]
 
@@ -45,8 +45,9 @@ class _Local(threading.local):
 _local = _Local()
 _lock = threading.Lock()
 _active = 0  # clocks entered, all threads
-# Hot steps that can be timed: each has ``_timing_acc`` ([host seconds, calls],
-# cumulative), ``_sig.name`` and ``_timing_changed(on)``.
+# Hot steps that can be timed: each has ``_timing_acc`` ([host seconds of the
+# timed calls, timed calls], cumulative), ``stats.calls``, ``_sig.name`` and
+# ``_timing_changed(on)``.
 _steps: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
@@ -222,7 +223,7 @@ class LoopClock:
         self.wall += perf() - start
         pending = outputs = 0
         for step, (seconds0, calls0, timed0) in snapshot.items():
-            seconds, calls, timed = step._timing_acc
+            (seconds, timed), calls = step._timing_acc, step.stats.calls
             if calls == calls0:
                 continue
             rec = self.steps.setdefault(step._sig.name, [0, 0.0, 0])
@@ -243,7 +244,7 @@ class LoopClock:
 
 
 def _snapshot() -> dict[Any, tuple[float, ...]]:
-    return {step: tuple(step._timing_acc) for step in list(_steps)}
+    return {step: (step._timing_acc[0], step.stats.calls, step._timing_acc[1]) for step in list(_steps)}
 
 
 def enter(clock: LoopClock) -> Any:
@@ -305,41 +306,41 @@ def blocked(where: str, seconds: float) -> None:
         clock.blocked[where] = clock.blocked.get(where, 0.0) + seconds
 
 
-SAMPLE = 16  # past the first FIRST calls, one call in SAMPLE is timed (two clock reads)
+SAMPLE = HOOK_EVERY  # past the first FIRST calls, one call in SAMPLE is timed (two clock reads)
 FIRST = 64  # a step's first calls inside timing loops are all timed
 
 
 def timed(
     fn: Callable[..., Any], acc: list[float], install: Callable[[Callable[..., Any]], None]
 ) -> tuple[Callable[..., Any], Callable[[], None]]:
-    """``(call, counted)``: a timing wrapper of ``fn`` (a step's call path), and
-    the hook that counts each call that returned.
+    """``(call, rearm)``: a timing wrapper of ``fn`` (a step's call path), and
+    the hook that puts it back.
 
     A step's first ``FIRST`` calls inside timing loops are timed, then one
     in ``SAMPLE``. Past the first ones the wrapper takes itself out as it is
     entered (``install(fn)``: the step's calls go to ``fn`` with no frame of
-    ours), and ``counted``, run by the call path after every call while a
-    loop is active (``_runtime.note_call``), puts it back for one call in
-    ``SAMPLE``. So a long loop pays a dict lookup and a counter per call.
+    ours), and the call path, after every ``SAMPLE``-th call of the step
+    (``stats.calls``) while a loop is active, runs ``rearm`` from
+    ``_runtime.call_hooks``, which puts the wrapper back for the next call.
+    So a long loop pays one counter test per call. Calls are counted by the
+    step's ``stats.calls``, read when a loop is entered and left.
 
-    ``acc`` is [seconds of the timed calls, calls, timed calls], cumulative.
+    ``acc`` is [seconds of the timed calls, timed calls], cumulative.
     """
-    mask = SAMPLE - 1
 
     def call(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        if acc[2] >= FIRST:
-            install(fn)  # the next calls run bare until `counted` re-arms
+        if acc[1] >= FIRST:
+            install(fn)  # the next calls run bare until `rearm`
         t0 = perf()
         out = fn(*args, **kwargs)
         acc[0] += perf() - t0
-        acc[2] += 1
+        acc[1] += 1
         return out
 
-    def counted() -> None:
-        n = acc[1] = acc[1] + 1
-        if n >= FIRST and not n & mask:
+    def rearm() -> None:
+        if acc[1] >= FIRST:
             install(call)
 
     call.__wrapped__ = fn  # type: ignore[attr-defined]
-    return call, counted
+    return call, rearm

@@ -89,18 +89,21 @@ def test_steps_are_wrapped_only_while_a_loop_is_active(tick):
 
 def test_past_the_first_calls_one_in_sixteen_runs_through_the_wrapper(tick):
     """The wrapper takes itself out past the first FIRST calls; the call
-    path's per-call hook counts every call and puts it back one call in
-    SAMPLE, so a long loop's calls run with no timing frame."""
-    s = tick(fresh())
+    path runs the step's hook after every SAMPLE-th call (by stats.calls),
+    which puts it back for one call, so a long loop's calls run with no
+    timing frame."""
+    s = tick(fresh())  # one call before the loop: stats.calls == 1
     bare = 0
     n = _timing.FIRST + 10 * _timing.SAMPLE
     with jc.hot_loop() as loop:
         for _ in range(n):
             bare += tick._call is tick._dispatch  # what the next call goes to
             s = tick(s)
-    seconds, calls, timed = tick._timing_acc
-    assert calls == n == loop.timing.calls
-    assert timed == _timing.FIRST + 10  # the first ones, then one in SAMPLE
+    seconds, timed = tick._timing_acc
+    assert tick.stats.calls == n + 1 and loop.timing.calls == n
+    # The first FIRST, then the one whose entry takes the wrapper out; then
+    # one after each multiple of SAMPLE in stats.calls (80, 96, ..., 224).
+    assert timed == _timing.FIRST + 1 + 10
     assert bare == n - timed
     assert tick._call is tick._dispatch  # after the loop: bare
     assert seconds > 0 and loop.timing.steps[0].calls == n
