@@ -36,7 +36,7 @@ from ._compile import TOKEN_KEY
 from ._donation import find_hazards
 from ._dtypes import is_key
 from ._records import CompiledSignature, StepStats
-from ._runtime import HOOK_EVERY, call_hooks, last_calls, tracking
+from ._runtime import HOOK_EVERY, last_calls, run_hook, tracking
 
 __all__ = ["make_dispatch"]
 
@@ -193,7 +193,7 @@ def _tail(ctx: _Context, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any
     marks = ctx.marks
     mark_one = marks[0] if len(marks) == 1 else None
     set_class = object.__setattr__  # the states are frozen dataclasses
-    hooks, every = call_hooks, HOOK_EVERY
+    every = HOOK_EVERY
 
     def tail(args: tuple[Any, ...], src: Any, out: Any) -> Any:
         if single:
@@ -216,9 +216,7 @@ def _tail(ctx: _Context, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any
         if tracking.count:  # a hot_loop is active somewhere: remember for messages
             last_calls[step_id] = (name, args, out)
             if not n % every:  # a timing loop's sampling hook, one call in `every`
-                hook = hooks.get(step_id)
-                if hook is not None:
-                    hook()
+                run_hook(step_id)
         return out
 
     return tail
@@ -411,7 +409,7 @@ def _provenance_one(
     step_id, name = ctx.step_id, ctx.name
     set_class = object.__setattr__  # the states are frozen dataclasses
     missing: Any = object()
-    hooks, every = call_hooks, HOOK_EVERY
+    every = HOOK_EVERY
     names = ctx.flat_fields(cls) if donates else None
     first_name = names[0] if names else None
     first_leaf = _first_leaf_of(cls, ctx.flat_fields) if donates and first_name is None else None
@@ -442,9 +440,7 @@ def _provenance_one(
         if tracking.count:  # a hot_loop is active somewhere: remember for messages
             last_calls[step_id] = (name, s, out)  # the arguments: here, the one state
             if not n % every:  # a timing loop's sampling hook, one call in `every`
-                hook = hooks.get(step_id)
-                if hook is not None:
-                    hook()
+                run_hook(step_id)
         return out
 
     return provenance_one

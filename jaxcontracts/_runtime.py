@@ -36,6 +36,7 @@ __all__ = [
     "local",
     "last_calls",
     "HOOK_EVERY",
+    "run_hook",
     "observers",
     "tracking",
 ]
@@ -117,6 +118,13 @@ def recording_loop() -> LoopHandle | None:
 # back; the call path runs it after every SAMPLE-th call (see _timing.timed).
 call_hooks: dict[int, Callable[[], None]] = {}
 HOOK_EVERY = 16  # calls between runs of a step's hook (_timing.SAMPLE)
+
+
+def run_hook(step_id: int) -> None:
+    """Run a step's hook, if a timing loop set one (every HOOK_EVERY-th call)."""
+    hook = call_hooks.get(step_id)
+    if hook is not None:
+        hook()
 
 
 def last_output(step_id: int) -> Any:
