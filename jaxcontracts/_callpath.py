@@ -36,7 +36,7 @@ from ._compile import TOKEN_KEY
 from ._donation import find_hazards
 from ._dtypes import is_key
 from ._records import CompiledSignature, StepStats
-from ._runtime import HOOK_EVERY, last_calls, run_hook, tracking
+from ._runtime import HOOK_EVERY, PRODUCED_BY, call_record, run_hook, tracking
 
 __all__ = ["make_dispatch"]
 
@@ -189,7 +189,7 @@ def _tail(ctx: _Context, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any
     stamp = _stamper(out_tokens)
     key = TOKEN_KEY
     full, stats, cs, not_consumed = ctx.full, ctx.stats, ctx.cs, ctx.not_consumed
-    step_id, name = ctx.step_id, ctx.name
+    step_id, record = ctx.step_id, call_record(ctx.step_id, ctx.name)
     marks = ctx.marks
     mark_one = marks[0] if len(marks) == 1 else None
     set_class = object.__setattr__  # the states are frozen dataclasses
@@ -214,7 +214,7 @@ def _tail(ctx: _Context, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any
                     set_class(args[i], "__class__", consumed_cls)
         n = stats.calls = stats.calls + 1
         if tracking.count:  # a hot_loop is active somewhere: remember for messages
-            last_calls[step_id] = (name, args, out)
+            record[0] = (args, out)
             if not n % every:  # a timing loop's sampling hook, one call in `every`
                 run_hook(step_id)
         return out
@@ -406,7 +406,7 @@ def _provenance_one(
     cls = type(cs.spec_args[0])
     consumed_cls = ctx.marks[0][2] if ctx.marks else None
     full, stats, not_consumed = ctx.full, ctx.stats, ctx.not_consumed
-    step_id, name = ctx.step_id, ctx.name
+    step_id, name, produced_by = ctx.step_id, ctx.name, PRODUCED_BY
     set_class = object.__setattr__  # the states are frozen dataclasses
     missing: Any = object()
     every = HOOK_EVERY
@@ -429,7 +429,8 @@ def _provenance_one(
             out = compiled(s)
         except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
             return slow_call((s,), {}, e)
-        out.__dict__[key] = token_out
+        od = out.__dict__
+        od[key] = token_out
         if full and not states_consumed((s,)):
             err = not_consumed(cs, flatten((s,))[0], out)
             if err is not None:  # None: a recording loop took it as a violation
@@ -437,8 +438,8 @@ def _provenance_one(
         if consumed_cls is not None:  # the donated state names its consumer
             set_class(s, "__class__", consumed_cls)
         n = stats.calls = stats.calls + 1
-        if tracking.count:  # a hot_loop is active somewhere: remember for messages
-            last_calls[step_id] = (name, s, out)  # the arguments: here, the one state
+        if tracking.count:  # a hot_loop is active somewhere: name the producer for messages
+            od[produced_by] = name
             if not n % every:  # a timing loop's sampling hook, one call in `every`
                 run_hook(step_id)
         return out

@@ -75,6 +75,7 @@ from ._format import fmt_aval
 from ._records import Violation
 from ._report import Report, loop_report
 from ._runtime import (
+    PRODUCED_BY,
     LoopStack,
     clear_calls,
     consumed_by,
@@ -82,6 +83,7 @@ from ._runtime import (
     find,
     local,
     observers,
+    states_in,
     tracking,
 )
 from ._timing import LoopTiming
@@ -243,7 +245,7 @@ def _violation(kind: str, what: str, fix: str, error: type[Exception], frame: An
 # Naming arrays and the read interceptors
 
 
-def _describe(x: Any) -> str:
+def _describe(x: Any, frame: Any = None) -> str:
     try:
         text = fmt_aval(x.shape, x.dtype, x.aval.weak_type)
     except Exception:  # noqa: BLE001
@@ -252,7 +254,7 @@ def _describe(x: Any) -> str:
     if key is not None:  # the key data of a typed key being printed or converted
         text = f"a typed PRNG key {fmt_aval(key.shape, key.dtype)} (its key data, {text})"
         x = key
-    produced = find(x)[1]
+    produced = find(x, frame)[1]
     return f"{text} ({produced})" if produced else text
 
 
@@ -281,8 +283,9 @@ def _on_read(x: Any, name: str, frame: Any = None) -> None:
     # A read that raises normally supersedes a refused buffer export kept for
     # 3.11 (numpy falls back from the refused export to the guarded __array__).
     _pending.error = None
+    user = _user_frame(frame or frames.caller_frame(1))
     if x.is_deleted():
-        by = consumed_by(x)
+        by = consumed_by(x, user)
         _violation(
             "donation",
             f"{_READ_WORDS.get(name, name)} of an array that was donated"
@@ -296,7 +299,7 @@ def _on_read(x: Any, name: str, frame: Any = None) -> None:
         return
     _violation(
         "transfer",
-        f"device-to-host read: {_READ_WORDS.get(name, name)} of {_describe(x)}",
+        f"device-to-host read: {_READ_WORDS.get(name, name)} of {_describe(x, user)}",
         "read it deliberately and rarely with jc.fetch(x) (e.g. every 1000 "
         "steps), or move the read after the loop; an `if` on an array belongs "
         "in the step (jnp.where / lax.cond).",
@@ -465,7 +468,7 @@ def _on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
     user = _user_frame(frames.caller_frame(1))
     stale = _deleted_in_stack(user)
     if stale is not None:
-        by = consumed_by(stale)
+        by = consumed_by(stale, user)
         _violation(
             "donation",
             f"`{name}` on an array that was donated"
@@ -522,6 +525,21 @@ def _deleted_in_stack(user: FrameType | None, limit: int = 80) -> Any | None:
                     return x
         frame, limit = frame.f_back, limit - 1
     return None
+
+
+def _held_outputs(frame: FrameType | None) -> list[Any]:
+    """The leaves of the live states hot steps returned that ``frame`` holds
+    (for the loop clock: are they still being computed at exit?)."""
+    if frame is None:
+        return []
+    held: list[Any] = []
+    for state in states_in(frame):
+        if PRODUCED_BY in state.__dict__ and consumer_of(state) is None:
+            try:
+                held.extend(jax.tree_util.tree_leaves(state))
+            except Exception:  # noqa: BLE001 - not flattenable: not looked at
+                continue
+    return held
 
 
 def _strip_comment(line: str) -> str:
@@ -978,7 +996,7 @@ class HotLoop:
             stack = entry.stack
             entry.ended = True
             if entry.timing is not None:
-                _timing.leave(entry.timing)
+                _timing.leave(entry.timing, _held_outputs(_user_frame(frames.caller_frame(1))))
             _relink(stack)
             try:
                 if stack is local.stack:
@@ -1160,7 +1178,7 @@ def _donated_names(tb: Any) -> str:
             except Exception:  # noqa: BLE001
                 continue
             if deleted:
-                by = consumed_by(value)
+                by = consumed_by(value, frame)
                 named.append(
                     f"`{name}` ({fmt_aval(value.shape, value.dtype)}) was donated"
                     + (f" to {by}" if by else "")

@@ -15,6 +15,7 @@ import functools
 import operator
 import threading
 import typing
+import weakref
 from collections.abc import Callable
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
@@ -46,7 +47,7 @@ from ._errors import (
 )
 from ._records import CompiledSignature, StepDescription, StepStats
 from ._report import Report, step_report
-from ._runtime import call_hooks, consumer_of, observers, recording_loop
+from ._runtime import call_hooks, consumer_of, forget_step, observers, recording_loop
 from ._signature import StepSignature, analyse
 from ._spec import fmt_value
 from ._state import (
@@ -261,6 +262,7 @@ class HotStep(Generic[P, R]):
         self._timing_acc = [0.0, 0]  # inside timing loops: seconds timed, calls timed
         self._dispatch = self._call_unbound if signature.is_method else self._slow
         _timing.register(self)  # timed while a hot_loop is active
+        weakref.finalize(self, forget_step, id(self))  # its last-call record and hook
         self._attr: str | None = None  # the class attribute of a method step
         self._bound_to: tuple[HotStep[Any, Any], Any] | None = None  # (method step, instance)
         # Held by the slow path while it decides on (and makes) a compile, so

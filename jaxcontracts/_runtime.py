@@ -35,6 +35,10 @@ __all__ = [
     "last_output",
     "local",
     "last_calls",
+    "PRODUCED_BY",
+    "states_in",
+    "call_record",
+    "forget_step",
     "HOOK_EVERY",
     "run_hook",
     "observers",
@@ -95,9 +99,28 @@ class _Tracking:
 
 tracking = _Tracking()
 _lock = threading.Lock()
-# Per step (by id), written by the call path after each call while any loop
-# is active: (short name, the arguments (a tuple, or the one state), the output).
-last_calls: dict[int, tuple[str, Any, Any]] = {}
+# Per step (by id): (its short name, its record), for messages and the loop
+# clock. The record is a one-slot list, made once per step by
+# :func:`call_record`; after each call while any loop is active, the call path
+# sets its slot to (the arguments (a tuple, or the one state), the output).
+# One list store per call: a store into this dict costs more (measured).
+last_calls: dict[int, tuple[str, list[Any]]] = {}
+
+
+def call_record(step_id: int, name: str) -> list[Any]:
+    """The step's record slot (made on first use, kept across call-path rebuilds)."""
+    with _lock:
+        entry = last_calls.get(step_id)
+        if entry is None:
+            entry = last_calls[step_id] = (name, [None])
+        return entry[1]
+
+
+def forget_step(step_id: int) -> None:
+    """Drop a step's record and hook (the step is being freed)."""
+    with _lock:
+        last_calls.pop(step_id, None)
+        call_hooks.pop(step_id, None)
 
 
 def in_hot_loop() -> bool:
@@ -117,7 +140,7 @@ def recording_loop() -> LoopHandle | None:
 # Per step (by id), while timing loops run: puts the step's timing wrapper
 # back; the call path runs it after every SAMPLE-th call (see _timing.timed).
 call_hooks: dict[int, Callable[[], None]] = {}
-HOOK_EVERY = 16  # calls between runs of a step's hook (_timing.SAMPLE)
+HOOK_EVERY = 64  # calls between runs of a step's hook (_timing.SAMPLE)
 
 
 def run_hook(step_id: int) -> None:
@@ -127,29 +150,82 @@ def run_hook(step_id: int) -> None:
         hook()
 
 
+def _calls() -> list[tuple[str, Any, Any]]:
+    """(name, arguments, output) of each step's last call while loops were active."""
+    return [(name, *rec[0]) for name, rec in list(last_calls.values()) if rec[0] is not None]
+
+
 def last_output(step_id: int) -> Any:
     """The output of a step's last call while loops were active (None if unknown)."""
-    call = last_calls.get(step_id)
-    return None if call is None else call[2]
+    entry = last_calls.get(step_id)
+    call = None if entry is None else entry[1][0]
+    return None if call is None else call[1]
 
 
 def clear_calls() -> None:
     """Forget every step's last call (the last loop has exited)."""
     with _lock:
-        last_calls.clear()
+        for _, rec in last_calls.values():
+            rec[0] = None
 
 
-def find(x: Any) -> tuple[str | None, str | None]:
-    """(the step that consumed ``x``, ``step -> .path`` of a live output)."""
+# Key in the ``__dict__`` of a state a hot step returned inside a loop: the
+# step's name (one dict store per call, so that the ``s = step(s)`` path keeps
+# no last-call record: holding the last arguments and output measurably slows
+# a loop of small steps). Pickles and copies drop it (``__jaxcontracts`` prefix).
+PRODUCED_BY = "__jaxcontracts_produced_by__"
+
+
+def find(x: Any, frame: Any = None) -> tuple[str | None, str | None]:
+    """(the step that consumed ``x``, ``step -> .path`` of a live output).
+
+    Looks in the steps' last-call records, then, given the user's ``frame``,
+    in the states its local variables hold (and in the tuples, lists and
+    dicts among them): a state a step returned names that step, a state a
+    step consumed names its consumer. Only called to word a message.
+    """
     consumed, produced = None, None
-    for name, args, out in list(last_calls.values()):
+    for name, args, out in _calls():
         for p, leaf in jax.tree_util.tree_leaves_with_path(out):
             if leaf is x:
                 produced = f"{name} -> {jax.tree_util.keystr(p)}"
         for leaf in jax.tree_util.tree_leaves(args):
             if leaf is x and leaf.is_deleted():
                 consumed = name
+    if frame is not None and consumed is None and produced is None:
+        for state in states_in(frame):
+            by = consumer_of(state)
+            step = state.__dict__.get(PRODUCED_BY)
+            if by is None and step is None:
+                continue
+            try:
+                leaves = jax.tree_util.tree_leaves_with_path(state)
+            except Exception:  # noqa: BLE001 - a state we cannot flatten names nothing
+                continue
+            for p, leaf in leaves:
+                if leaf is x:
+                    if by is not None:
+                        return by, None
+                    return None, f"{step} -> {jax.tree_util.keystr(p)}"
     return consumed, produced
+
+
+def states_in(frame: Any) -> list[Any]:
+    """The objects with a ``__dict__`` that ``frame``'s locals hold, directly
+    or in a tuple, list or dict among them (one level)."""
+    found: list[Any] = []
+    seen: set[int] = set()
+    try:
+        values = list(frame.f_locals.values())
+    except Exception:  # noqa: BLE001 - a frame without readable locals
+        return found
+    for value in values:
+        items = value.values() if type(value) is dict else value if type(value) in (tuple, list) else (value,)
+        for v in list(items)[:1000]:
+            if isinstance(getattr(v, "__dict__", None), dict) and id(v) not in seen:
+                seen.add(id(v))
+                found.append(v)
+    return found
 
 
 # A jc.state passed to a hot step that donated its buffers changes class to a
@@ -164,9 +240,9 @@ def consumer_of(state: Any) -> str | None:
     return getattr(type(state), CONSUMED_BY, None)
 
 
-def consumed_by(x: Any) -> str | None:
-    """The hot step that consumed ``x`` by donation, when it is known."""
-    return find(x)[0] if isinstance(x, jax.Array) else None
+def consumed_by(x: Any, frame: Any = None) -> str | None:
+    """The hot step that consumed ``x`` by donation, when it is known (see :func:`find`)."""
+    return find(x, frame)[0] if isinstance(x, jax.Array) else None
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ import textwrap
 import threading
 import time
 import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from jax.tree_util import tree_leaves
@@ -219,9 +219,9 @@ class LoopClock:
             verdict=_verdict(self.wall, calls, blocked, self.pending),
         )
 
-    def _close(self, start: float, snapshot: dict[Any, tuple[float, ...]]) -> None:
+    def _close(self, start: float, snapshot: dict[Any, tuple[float, ...]], held: Sequence[Any] = ()) -> None:
         self.wall += perf() - start
-        pending = outputs = 0
+        looked: dict[int, Any] = {id(x): x for x in held}
         for step, (seconds0, calls0, timed0) in snapshot.items():
             (seconds, timed), calls = step._timing_acc, step.stats.calls
             if calls == calls0:
@@ -230,16 +230,19 @@ class LoopClock:
             rec[0] += calls - calls0
             rec[1] += seconds - seconds0
             rec[2] += timed - timed0
-            # Is its last output still being computed? (never blocks)
-            for leaf in tree_leaves(last_output(id(step))):
-                is_ready = getattr(leaf, "is_ready", None)
-                if is_ready is None:
-                    continue
-                outputs += 1
-                try:
-                    pending += not is_ready()
-                except Exception:  # noqa: BLE001 - deleted (donated since): done
-                    pass
+            for leaf in tree_leaves(last_output(id(step))):  # a recorded last output
+                looked[id(leaf)] = leaf
+        # Are the step outputs still being computed? (never blocks)
+        pending = outputs = 0
+        for leaf in looked.values():
+            is_ready = getattr(leaf, "is_ready", None)
+            if is_ready is None:
+                continue
+            try:
+                pending += not is_ready()
+            except Exception:  # noqa: BLE001 - deleted (donated since): done
+                continue
+            outputs += 1
         self.pending, self.outputs = pending, outputs
 
 
@@ -265,14 +268,18 @@ def enter(clock: LoopClock) -> Any:
     return (clock, tid, _local)
 
 
-def leave(token: Any) -> None:
-    """Stop timing (from any thread: the token names the entering thread)."""
+def leave(token: Any, held: Sequence[Any] = ()) -> None:
+    """Stop timing (from any thread: the token names the entering thread).
+
+    ``held``: the leaves of the step outputs the loop's frame holds at exit,
+    looked at (with the recorded last outputs) for work still queued.
+    """
     global _active
     clock, tid, local = token
     depth, start, snapshot = clock._open.get(tid, (1, perf(), {}))
     if depth <= 1:
         clock._open.pop(tid, None)
-        clock._close(start, snapshot)
+        clock._close(start, snapshot, held)
     else:
         clock._open[tid] = (depth - 1, start, snapshot)
     if local is _local:  # this thread: drop the clock from its list

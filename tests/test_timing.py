@@ -46,7 +46,8 @@ def test_a_loop_counts_step_calls_host_time_and_fetch_waits(tick):
     assert timing.calls == 100 and timing.wall_seconds > 0
     (step,) = timing.steps
     assert step.name.endswith("tick") and step.calls == 100
-    assert step.timed_calls == 64 + len(range(64, 100, 16))  # the first 64, then one in 16
+    # the first FIRST (64), then one in SAMPLE (64) by stats.calls: 64 and the call after the 64th
+    assert step.timed_calls == _timing.FIRST + len(range(_timing.FIRST, 100, _timing.SAMPLE))
     assert 0 < step.host_seconds <= timing.wall_seconds
     assert step.host_us_per_call == pytest.approx(step.host_seconds / 100 * 1e6)
     assert set(timing.blocked) == {"jc.fetch"} and timing.blocked["jc.fetch"] > 0
