@@ -895,7 +895,7 @@ class HotLoop:
         At checks level ``fast`` or ``full`` (not ``off``), while any loop is
         active, every ``jc.hot_step`` call goes through a thin wrapper that
         counts it and, for a step's first 64 calls inside loops and then one
-        call in 16, reads ``time.perf_counter()`` before the call and after
+        call in 64, reads ``time.perf_counter()`` before the call and after
         it returns; the difference is the call's *host time*: argument
         checks, XLA's dispatch of the executable, the after-call
         bookkeeping. A step's host time is the mean of its timed calls times
@@ -906,8 +906,11 @@ class HotLoop:
         (the copy waits for the value to be computed) and inside
         ``jax.block_until_ready`` / ``x.block_until_ready()``. The loop's *wall time* runs from its entry
         to its exit (summed over entries). At exit the loop asks, without
-        waiting, whether the last output of each step is ready
-        (``is_ready()``); work still queued means the host ran ahead.
+        waiting, whether the step outputs it can see are ready
+        (``is_ready()``): the states hot steps returned that the exiting
+        frame's local variables hold (directly, or in a list, tuple or dict),
+        and the recorded last output of each step that takes or returns more
+        than the one state; work still queued means the host ran ahead.
 
         The verdict: **device-bound** when the host was blocked for at least
         25% of the wall time or work was still queued at exit (the device is
@@ -927,9 +930,11 @@ class HotLoop:
         buffers after ``s = step(s)`` (it happens after the call returns, in
         "other host time"); waits on other threads; reads through
         ``jax.device_get`` or a ``block_until_ready`` imported by name before
-        the loop (``from jax import block_until_ready``); time before the
-        first and after the last entry. The cost is two clock reads and a
-        dictionary update per step call, inside the loop's 5% budget; at
+        the loop (``from jax import block_until_ready``); outputs the exiting
+        frame does not hold (queued work behind them is missed); time before
+        the first and after the last entry. The cost is a counter test per
+        step call and two clock reads per timed call, inside the loop's 5%
+        budget; at
         checks level ``off`` nothing is timed and the section is empty.
         """
         report = loop_report(self.violations, self.on_violation)

@@ -64,7 +64,7 @@ class StepTiming:
         calls: calls that returned (a refused call is not counted).
         host_seconds: their total host time, dispatch included, estimated
             from the timed calls (a step's first 64 calls in timing loops,
-            then one in 16) times ``calls``, at most the loop's wall time.
+            then one in 64) times ``calls``, at most the loop's wall time.
         timed_calls: how many calls were timed.
     """
 
@@ -88,8 +88,10 @@ class LoopTiming:
         steps: per hot step, calls and host time.
         blocked: seconds blocked waiting for the device, by where
             (``jc.fetch``, ``block_until_ready``).
-        pending_at_exit: of the last outputs of each step at the last exit,
-            how many were still being computed (``is_ready()`` false).
+        pending_at_exit: of the step outputs seen at the last exit (the
+            states the exiting frame holds, and the recorded last output of
+            each step taking or returning more than the one state), how
+            many were still being computed (``is_ready()`` false).
         outputs_at_exit: how many outputs were looked at.
         verdict: ``"dispatch-bound"``, ``"device-bound"``, ``"mixed"`` or
             ``"no steps"``.
