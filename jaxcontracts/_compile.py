@@ -202,9 +202,10 @@ def compile_signature(
     ]
     paths = [sig.param_path(p) for p in flat_paths]
     per_param = tuple(jax.tree_util.tree_unflatten(treedef, exact))
-    _check_carry(sig, per_param, traced.out_info, compiled.output_shardings)
+    tokens: dict[int, object] = {}  # token_for of each per-parameter spec, once
+    _check_carry(sig, per_param, traced.out_info, compiled.output_shardings, tokens)
     aliased = _check_aliasing(sig, compiled, flat_paths, paths, exact, donated, traced.out_info)
-    in_tokens, out_tokens = _tokens_for(sig, per_param, flat_style, sealed)
+    in_tokens, out_tokens = _tokens_for(sig, per_param, flat_style, sealed, tokens)
     donated_set = set(donated)
     return CompiledSignature(
         spec_args=per_param,
@@ -243,9 +244,10 @@ def signature_diffs(cs: CompiledSignature, leaves: Sequence[Any], treedef: Any) 
 
 
 def _tokens_for(
-    sig: StepSignature, spec_args: tuple[Any, ...], flat_style: bool, sealed: Any
+    sig: StepSignature, spec_args: tuple[Any, ...], flat_style: bool, sealed: Any, tokens: dict[int, object]
 ) -> tuple[tuple[tuple[int, object], ...], tuple[tuple[tuple[int, ...], object], ...]]:
-    """Tokens for the fast path, once carry invariance has been verified."""
+    """Tokens for the fast path, once carry invariance has been verified
+    (``tokens``: parameter index -> its token, where already worked out)."""
     if flat_style:
         return (), ()
     ins, outs = [], []
@@ -253,13 +255,17 @@ def _tokens_for(
         spec = spec_args[arg]
         if not sealed(spec):
             continue  # not a state, or one the user can edit in place: checked per call
-        token = token_for(spec)
+        token = tokens[arg] if arg in tokens else token_for(spec)
         ins.append((arg, token))
         outs.append((pos, token))
     return tuple(ins), tuple(outs)
 
 
-def _check_carry(sig: StepSignature, spec_args: tuple[Any, ...], out_info: Any, out_shardings: Any) -> None:
+def _check_carry(
+    sig: StepSignature, spec_args: tuple[Any, ...], out_info: Any, out_shardings: Any, tokens: dict[int, object]
+) -> None:
+    """Each state parameter's spec is the spec returned for it (``tokens``:
+    filled with each state parameter's token, for :func:`_tokens_for`)."""
     __tracebackhide__ = True
     out_flat, out_tree = flatten(out_info)
     shard_flat = jax.tree_util.tree_leaves(out_shardings)
@@ -284,7 +290,8 @@ def _check_carry(sig: StepSignature, spec_args: tuple[Any, ...], out_info: Any, 
                 f"{type(out).__name__}, with no state at return value {list(pos)}"
             )
             continue
-        if token_for(spec_args[arg]) is token_for(returned):
+        token = tokens[arg] = token_for(spec_args[arg])
+        if token is token_for(returned):
             continue  # the same exact spec: nothing to explain
         diffs = diff_specs(spec_args[arg], returned)
         if diffs:

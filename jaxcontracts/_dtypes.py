@@ -16,12 +16,24 @@ import numpy as np
 __all__ = ["canonical", "default_key_dtype", "is_key", "itemsize", "same_dtype"]
 
 
+_is_key_seen: dict[Any, bool] = {}  # dtype -> is_key: a few entries, read per leaf
+
+
 def is_key(dtype: Any) -> bool:
     """Whether ``dtype`` is a typed PRNG key dtype (``key<fry>``, ``key<rbg>``...)."""
     try:
-        return bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
+        return _is_key_seen[dtype]
+    except (KeyError, TypeError):  # not seen yet, or not hashable
+        pass
+    try:
+        found = bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
     except TypeError:
-        return False
+        found = False
+    try:
+        _is_key_seen[dtype] = found
+    except TypeError:
+        pass
+    return found
 
 
 def canonical(dtype: Any) -> Any:

@@ -9,6 +9,7 @@ means one thing everywhere.
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -81,7 +82,7 @@ def _kind(value: Any) -> str:
 
 def spec_nbytes(spec: Any) -> int:
     """Bytes of an array with this spec (all shards together)."""
-    return int(np.prod(spec.shape, dtype=np.int64)) * itemsize(spec.dtype)
+    return math.prod(spec.shape) * itemsize(spec.dtype)
 
 
 def spec_of(tree: Any) -> Any:

@@ -155,6 +155,24 @@ def test_alias_table_reads_what_xla_aliased():
     assert executable.alias_bytes(plain) == 0
 
 
+def test_parameter_layouts_count_the_entry_parameters_the_header_lists():
+    # The alias table's parameter numbers are offset by the entry parameters
+    # JAX adds (hoisted constants); the count comes from the executable's
+    # parameter layouts, which must agree with the HLO header's layout.
+    big = np.arange(4096, dtype=np.float32)
+    spec = jax.ShapeDtypeStruct((4096,), jnp.float32)
+    cases = [
+        jax.jit(lambda a: a + 1, donate_argnums=0).lower(spec),
+        jax.jit(lambda a, b: (a + big, {"x": b}), donate_argnums=(0, 1), keep_unused=True).lower(spec, spec),
+        jax.jit(lambda t: [t[0] * 2, t[1]], keep_unused=True).lower((spec, jax.ShapeDtypeStruct((), jnp.int32))),
+    ]
+    for lowered in cases:
+        compiled = lowered.compile()
+        header = compiled.as_text().split("\n", 1)[0]
+        count = executable._parameter_count(compiled)
+        assert count is not None and count == executable._entry_param_count(header)
+
+
 def test_caller_frames_see_the_callers_namespace():
     local_marker = object()
 

@@ -54,6 +54,16 @@ def _entry_param_count(header: str) -> int | None:
     return None
 
 
+def _parameter_count(compiled: Any) -> int | None:
+    """Entry parameters of the executable (hoisted constants included), from
+    its parameter layouts: the count the HLO header's layout lists, read
+    without scanning the header (None where the runtime executable has none)."""
+    try:
+        return len(compiled.runtime_executable().get_parameter_layouts())
+    except Exception:  # noqa: BLE001 - older or other runtimes: the header is read
+        return None
+
+
 def aliased_parameters(compiled: Any, n_args: int) -> set[int] | None:
     """Indices of the flat arguments XLA aliases to an output.
 
@@ -72,7 +82,9 @@ def aliased_parameters(compiled: Any, n_args: int) -> set[int] | None:
         missing("alias-table", f"Compiled.as_text() failed: {type(e).__name__}")
         return None
     header = (text or "").split("\n", 1)[0]
-    n_params = _entry_param_count(header)
+    n_params = _parameter_count(compiled)
+    if n_params is None:
+        n_params = _entry_param_count(header)
     if n_params is None:
         missing("alias-table", "the HLO header has no entry_computation_layout")
         return None
