@@ -259,7 +259,8 @@ class HotStep(Generic[P, R]):
         self.stats = StepStats()
         self._level = _config.get_checks()
         _config.add_listener(self)
-        self._timing_acc = [0.0, 0]  # inside timing loops: seconds timed, calls timed
+        # Inside timing loops: seconds timed, calls timed; the same for the first phase.
+        self._timing_acc = [0.0, 0, 0.0, 0]
         self._dispatch = self._call_unbound if signature.is_method else self._slow
         _timing.register(self)  # timed while a hot_loop is active
         weakref.finalize(self, forget_step, id(self))  # its last-call record and hook

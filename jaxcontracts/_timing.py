@@ -46,8 +46,8 @@ _local = _Local()
 _lock = threading.Lock()
 _active = 0  # clocks entered, all threads
 # Hot steps that can be timed: each has ``_timing_acc`` ([host seconds of the
-# timed calls, timed calls], cumulative), ``stats.calls``, ``_sig.name`` and
-# ``_timing_changed(on)``.
+# timed calls, timed calls, the same for the first-phase calls], cumulative;
+# see :func:`timed`), ``stats.calls``, ``_sig.name`` and ``_timing_changed(on)``.
 _steps: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
@@ -63,8 +63,11 @@ class StepTiming:
         name: the step's qualified name.
         calls: calls that returned (a refused call is not counted).
         host_seconds: their total host time, dispatch included, estimated
-            from the timed calls (a step's first 64 calls in timing loops,
-            then one in 64) times ``calls``, at most the loop's wall time.
+            from the timed calls: a step's first 64 calls in timing loops as
+            timed, the others at the mean of one call in 64. Where noise
+            in the samples makes the steps' sum exceed the loop's wall time
+            less its blocked time, all are scaled down to fit (so calls made
+            on other threads never show more host time than the loop had).
         timed_calls: how many calls were timed.
     """
 
@@ -169,9 +172,23 @@ class LoopTiming:
                    f"({pct(self.other_seconds)})")
         out.append(f"  at exit: {self.pending_at_exit} of {self.outputs_at_exit} step outputs "
                    "still computing")
-        out += textwrap.wrap(self.advice(), width=88, initial_indent="  ",
-                             subsequent_indent="    ", break_on_hyphens=False)
-        return out
+        out.append("  " + self.advice())
+        # Within 80 columns, as the rest of a report (a terminal's width).
+        return [part for line in out for part in textwrap.wrap(
+            line, width=80, subsequent_indent="    " if line.startswith("  ") else "  ",
+            break_on_hyphens=False, drop_whitespace=True) or [""]]
+
+
+def _host_seconds(calls: int, seconds: float, timed: int, first_seconds: float, first_timed: int) -> float:
+    """A step's host time: its first-phase calls as timed, the other calls
+    at the mean of the sampled ones (a stratified estimate: the first calls,
+    often slower, do not stand for the rest)."""
+    if not timed:
+        return 0.0
+    sampled = timed - first_timed
+    if sampled <= 0 or calls <= first_timed:
+        return seconds / timed * calls
+    return first_seconds + (seconds - first_seconds) / sampled * (calls - first_timed)
 
 
 def _verdict(wall: float, calls: int, blocked: float, pending: int) -> str:
@@ -209,11 +226,16 @@ class LoopClock:
         """The figures so far (entries that have exited), as a frozen record."""
         blocked = sum(self.blocked.values())
         calls = int(sum(r[0] for r in self.steps.values()))
+        hosts = [min(self.wall, _host_seconds(*r)) for r in self.steps.values()]
+        # Sampled estimates: one slow sampled call (the OS took the CPU) can
+        # push their sum past the time the loop had; scaled back to fit.
+        room, total = max(0.0, self.wall - blocked), sum(hosts)
+        if total > room:
+            hosts = [h * room / total for h in hosts]
         return LoopTiming(
             wall_seconds=self.wall,
             steps=tuple(
-                StepTiming(n, int(r[0]), min(self.wall, r[1] / r[2] * r[0]) if r[2] else 0.0, int(r[2]))
-                for n, r in self.steps.items()
+                StepTiming(n, int(r[0]), h, int(r[2])) for (n, r), h in zip(self.steps.items(), hosts)
             ),
             blocked=dict(self.blocked),
             pending_at_exit=self.pending,
@@ -224,14 +246,14 @@ class LoopClock:
     def _close(self, start: float, snapshot: dict[Any, tuple[float, ...]], held: Sequence[Any] = ()) -> None:
         self.wall += perf() - start
         looked: dict[int, Any] = {id(x): x for x in held}
-        for step, (seconds0, calls0, timed0) in snapshot.items():
-            (seconds, timed), calls = step._timing_acc, step.stats.calls
+        for step, (calls0, *acc0) in snapshot.items():
+            calls = step.stats.calls
             if calls == calls0:
                 continue
-            rec = self.steps.setdefault(step._sig.name, [0, 0.0, 0])
+            rec = self.steps.setdefault(step._sig.name, [0, 0.0, 0, 0.0, 0])
             rec[0] += calls - calls0
-            rec[1] += seconds - seconds0
-            rec[2] += timed - timed0
+            for i, (now, then) in enumerate(zip(step._timing_acc, acc0), 1):
+                rec[i] += now - then
             for leaf in tree_leaves(last_output(id(step))):  # a recorded last output
                 looked[id(leaf)] = leaf
         # Are the step outputs still being computed? (never blocks)
@@ -249,7 +271,7 @@ class LoopClock:
 
 
 def _snapshot() -> dict[Any, tuple[float, ...]]:
-    return {step: (step._timing_acc[0], step.stats.calls, step._timing_acc[1]) for step in list(_steps)}
+    return {step: (step.stats.calls, *step._timing_acc) for step in list(_steps)}
 
 
 def enter(clock: LoopClock) -> Any:
@@ -334,17 +356,25 @@ def timed(
     So a long loop pays one counter test per call. Calls are counted by the
     step's ``stats.calls``, read when a loop is entered and left.
 
-    ``acc`` is [seconds of the timed calls, timed calls], cumulative.
+    ``acc`` is [seconds of the timed calls, timed calls, the same two for
+    the calls of the first phase], cumulative: the first calls (cold caches,
+    a first call's checks) are counted exactly, and only the sampled ones
+    stand for the calls that were not timed.
     """
 
     def call(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
-        if acc[1] >= FIRST:
+        first = acc[1] < FIRST
+        if not first:
             install(fn)  # the next calls run bare until `rearm`
         t0 = perf()
         out = fn(*args, **kwargs)
-        acc[0] += perf() - t0
+        seconds = perf() - t0
+        acc[0] += seconds
         acc[1] += 1
+        if first:
+            acc[2] += seconds
+            acc[3] += 1
         return out
 
     def rearm() -> None:

@@ -100,7 +100,8 @@ def test_past_the_first_calls_one_in_sixteen_runs_through_the_wrapper(tick):
         for _ in range(n):
             bare += tick._call is tick._dispatch  # what the next call goes to
             s = tick(s)
-    seconds, timed = tick._timing_acc
+    seconds, timed, first_seconds, first_timed = tick._timing_acc
+    assert first_timed == _timing.FIRST and 0 < first_seconds < seconds
     assert tick.stats.calls == n + 1 and loop.timing.calls == n
     # The first FIRST, then the one whose entry takes the wrapper out; then
     # one after each multiple of SAMPLE in stats.calls (80, 96, ..., 224).
@@ -186,3 +187,31 @@ def test_the_verdict_follows_the_shares(wall, calls, blocked, pending, verdict):
         verdict=verdict,
     )
     assert timing.advice().startswith(verdict.replace("no steps", "no hot step"))
+
+
+def test_host_time_takes_the_first_calls_as_timed_and_the_rest_from_the_samples():
+    # A step's first calls (cold caches, checks of a first call) are often
+    # slower; they are counted as timed, and only the sampled calls stand
+    # for the calls that were not timed.
+    clock = _timing.LoopClock()
+    clock.wall = 10.0
+    # [calls, seconds timed, calls timed, of which first-phase: seconds, calls]
+    clock.steps["slow_start"] = [1064, 0.64 + 0.01, 64 + 10, 0.64, 64]
+    (step,) = clock.timing().steps
+    assert step.host_seconds == pytest.approx(0.64 + 0.001 * 1000)  # not 0.65 / 74 * 1064
+    assert step.timed_calls == 74
+
+
+def test_host_time_estimates_never_add_up_to_more_than_the_loop_had():
+    clock = _timing.LoopClock()
+    clock.wall = 1.0
+    clock.blocked["jc.fetch"] = 0.2
+    clock.steps["a"] = [100, 0.08, 10, 0.0, 0]  # sampled noise: 0.8 s estimated
+    clock.steps["b"] = [100, 0.08, 10, 0.0, 0]
+    a, b = clock.timing().steps
+    assert a.host_seconds == pytest.approx(0.4) and b.host_seconds == pytest.approx(0.4)
+    clock.steps["b"] = [100, 0.01, 10, 0.0, 0]  # 0.8 + 0.1 > 0.8: scaled in proportion
+    a, b = clock.timing().steps
+    assert a.host_seconds == pytest.approx(0.8 * 8 / 9) and b.host_seconds == pytest.approx(0.8 / 9)
+    clock.steps["a"] = clock.steps["b"] = [100, 0.001, 10, 0.0, 0]  # fits: as estimated
+    assert [s.host_seconds for s in clock.timing().steps] == pytest.approx([0.01, 0.01])
