@@ -533,12 +533,16 @@ def _held_outputs(frame: FrameType | None) -> list[Any]:
     if frame is None:
         return []
     held: list[Any] = []
+    live = 0
     for state in states_in(frame):
         if PRODUCED_BY in state.__dict__ and consumer_of(state) is None:
             try:
                 held.extend(jax.tree_util.tree_leaves(state))
             except Exception:  # noqa: BLE001 - not flattenable: not looked at
                 continue
+            live += 1
+            if live == 64:  # a long history of live states: enough to tell
+                break
     return held
 
 

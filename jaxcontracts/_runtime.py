@@ -11,6 +11,7 @@ the step that consumed a donated one.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import threading
 import weakref
 from collections.abc import Callable, Iterator
@@ -221,7 +222,7 @@ def states_in(frame: Any) -> list[Any]:
         return found
     for value in values:
         items = value.values() if type(value) is dict else value if type(value) in (tuple, list) else (value,)
-        for v in list(items)[:1000]:
+        for v in itertools.islice(items, 1000):
             if isinstance(getattr(v, "__dict__", None), dict) and id(v) not in seen:
                 seen.add(id(v))
                 found.append(v)

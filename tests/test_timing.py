@@ -215,3 +215,20 @@ def test_host_time_estimates_never_add_up_to_more_than_the_loop_had():
     assert a.host_seconds == pytest.approx(0.8 * 8 / 9) and b.host_seconds == pytest.approx(0.8 / 9)
     clock.steps["a"] = clock.steps["b"] = [100, 0.001, 10, 0.0, 0]  # fits: as estimated
     assert [s.host_seconds for s in clock.timing().steps] == pytest.approx([0.01, 0.01])
+
+
+def test_the_exit_looks_at_most_at_64_live_states_its_frame_holds():
+    # A long history of live states (a step with donate="none") in the loop's
+    # frame: the exit looks at 64 of them for queued work, not at all of them.
+    import sys
+
+    from jaxcontracts import _guard
+    from jaxcontracts._runtime import PRODUCED_BY
+
+    history = [fresh() for _ in range(100)]
+    for s in history:
+        s.__dict__[PRODUCED_BY] = "tick"  # as a hot step inside a loop marks its output
+    per_state = len(jax.tree_util.tree_leaves(history[0]))
+    assert len(_guard._held_outputs(sys._getframe())) == 64 * per_state
+    del history[1:], s  # the loop variable held the last one
+    assert len(_guard._held_outputs(sys._getframe())) == per_state
