@@ -538,6 +538,24 @@ def test_returned_states_carry_a_token_that_replace_tree_map_and_pickle_drop():
     assert repr(restored) == repr(q)
 
 
+def test_the_producer_mark_of_a_state_returned_in_a_loop_is_dropped_by_copies():
+    import copy
+    import pickle
+
+    from jaxcontracts._runtime import PRODUCED_BY
+
+    advance = make_advance()
+    q = advance(make_particles())
+    assert PRODUCED_BY not in vars(q)  # outside loops nothing is written
+    with jc.hot_loop():
+        r = advance(q)
+    assert vars(r)[PRODUCED_BY] == "advance_fn"
+    for made in (r.replace(dt=0.5), jax.tree_util.tree_map(lambda x: x, r), pickle.loads(pickle.dumps(r)),
+                 copy.copy(r), copy.deepcopy(r)):
+        assert PRODUCED_BY not in vars(made)
+    assert repr(jax.tree_util.tree_map(lambda x: x, r)) == repr(r)  # not shown
+
+
 def test_token_path_still_catches_every_hazard(monkeypatch):
 
     advance = make_advance()
