@@ -99,7 +99,6 @@ class _Tracking:
 
 
 tracking = _Tracking()
-_lock = threading.Lock()
 # Per step (by id): (its short name, its record), for messages and the loop
 # clock. The record is a one-slot list, made once per step by
 # :func:`call_record`; after each call while any loop is active, the call path
@@ -108,20 +107,20 @@ _lock = threading.Lock()
 last_calls: dict[int, tuple[str, list[Any]]] = {}
 
 
+# No lock guards these records: forget_step runs from a weakref finalizer,
+# that is at any allocation, on any thread, possibly inside call_record or
+# clear_calls; each function is one atomic dict operation or works on a copy.
+
+
 def call_record(step_id: int, name: str) -> list[Any]:
     """The step's record slot (made on first use, kept across call-path rebuilds)."""
-    with _lock:
-        entry = last_calls.get(step_id)
-        if entry is None:
-            entry = last_calls[step_id] = (name, [None])
-        return entry[1]
+    return last_calls.setdefault(step_id, (name, [None]))[1]
 
 
 def forget_step(step_id: int) -> None:
-    """Drop a step's record and hook (the step is being freed)."""
-    with _lock:
-        last_calls.pop(step_id, None)
-        call_hooks.pop(step_id, None)
+    """Drop a step's record and hook (the step is being freed; takes no lock)."""
+    last_calls.pop(step_id, None)
+    call_hooks.pop(step_id, None)
 
 
 def in_hot_loop() -> bool:
@@ -165,9 +164,8 @@ def last_output(step_id: int) -> Any:
 
 def clear_calls() -> None:
     """Forget every step's last call (the last loop has exited)."""
-    with _lock:
-        for _, rec in last_calls.values():
-            rec[0] = None
+    for _, rec in list(last_calls.values()):
+        rec[0] = None
 
 
 # Key in the ``__dict__`` of a state a hot step returned inside a loop: the

@@ -232,3 +232,48 @@ def test_the_exit_looks_at_most_at_64_live_states_its_frame_holds():
     assert len(_guard._held_outputs(sys._getframe())) == 64 * per_state
     del history[1:], s  # the loop variable held the last one
     assert len(_guard._held_outputs(sys._getframe())) == per_state
+
+
+def test_a_step_freed_while_the_records_change_does_not_deadlock(monkeypatch):
+    # A hot step's record is dropped by a weakref finalizer, which runs at
+    # any allocation: possibly inside call_record or clear_calls on the same
+    # thread. (With a lock there, CI's newest-jax leg hung for good.)
+    import gc
+    import threading
+
+    from jaxcontracts import _runtime
+
+    class Collecting(dict):  # every access collects garbage, as an allocation may
+        def setdefault(self, *args):
+            gc.collect()
+            return super().setdefault(*args)
+
+        def values(self):
+            gc.collect()
+            return super().values()
+
+    records = Collecting(_runtime.last_calls)
+    monkeypatch.setattr(_runtime, "last_calls", records)
+
+    def ident(c: Clock) -> Clock:
+        return c
+
+    def doomed() -> int:
+        step = jc.hot_step(ident, signature=Clock)
+        step.cycle = step  # freed only by the cycle collector
+        _runtime.call_record(id(step), "doomed")
+        return id(step)
+
+    gone = [doomed(), doomed()]
+    finished = threading.Event()
+
+    def work() -> None:
+        _runtime.call_record(-1, "x")  # collects: the first finalizer runs in here
+        gone.append(doomed())
+        _runtime.clear_calls()  # collects again
+        finished.set()
+
+    thread = threading.Thread(target=work, daemon=True)
+    thread.start()
+    assert finished.wait(60), "deadlocked: a finalizer waited on a lock its own thread held"
+    assert not any(i in records for i in gone)
