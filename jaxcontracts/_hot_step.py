@@ -47,7 +47,7 @@ from ._errors import (
 )
 from ._records import CompiledSignature, StepDescription, StepStats
 from ._report import Report, step_report
-from ._runtime import call_hooks, consumer_of, forget_step, observers, recording_loop
+from ._runtime import call_hooks, consumer_of, forget_step, new_step, observers, recording_loop
 from ._signature import StepSignature, analyse
 from ._spec import fmt_value
 from ._state import (
@@ -263,7 +263,8 @@ class HotStep(Generic[P, R]):
         self._timing_acc = [0.0, 0, 0.0, 0]
         self._dispatch = self._call_unbound if signature.is_method else self._slow
         _timing.register(self)  # timed while a hot_loop is active
-        weakref.finalize(self, forget_step, id(self))  # its last-call record and hook
+        new_step(id(self), signature.short_name)  # its last-call record, while loops run
+        weakref.finalize(self, forget_step, id(self))  # dropped with the step
         self._attr: str | None = None  # the class attribute of a method step
         self._bound_to: tuple[HotStep[Any, Any], Any] | None = None  # (method step, instance)
         # Held by the slow path while it decides on (and makes) a compile, so

@@ -39,6 +39,7 @@ __all__ = [
     "PRODUCED_BY",
     "states_in",
     "call_record",
+    "new_step",
     "forget_step",
     "HOOK_EVERY",
     "run_hook",
@@ -115,6 +116,12 @@ last_calls: dict[int, tuple[str, list[Any]]] = {}
 def call_record(step_id: int, name: str) -> list[Any]:
     """The step's record slot (made on first use, kept across call-path rebuilds)."""
     return last_calls.setdefault(step_id, (name, [None]))[1]
+
+
+def new_step(step_id: int, name: str) -> None:
+    """A hot step was made: its record starts empty (an entry left under a
+    reused id, by a step whose finalizer missed this dict, is replaced)."""
+    last_calls[step_id] = (name, [None])
 
 
 def forget_step(step_id: int) -> None:

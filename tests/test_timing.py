@@ -252,7 +252,8 @@ def test_a_step_freed_while_the_records_change_does_not_deadlock(monkeypatch):
             gc.collect()
             return super().values()
 
-    records = Collecting(_runtime.last_calls)
+    original = _runtime.last_calls
+    records = Collecting(original)
     monkeypatch.setattr(_runtime, "last_calls", records)
 
     def ident(c: Clock) -> Clock:
@@ -277,3 +278,22 @@ def test_a_step_freed_while_the_records_change_does_not_deadlock(monkeypatch):
     thread.start()
     assert finished.wait(60), "deadlocked: a finalizer waited on a lock its own thread held"
     assert not any(i in records for i in gone)
+    for step_id in set(original) - set(records):  # steps freed meanwhile: forgotten here too
+        original.pop(step_id, None)
+
+
+def test_a_new_step_replaces_a_record_left_under_its_id():
+    # An entry left under a reused id (a step whose finalizer ran against
+    # another dict) must never name the old step in a new step's messages.
+    from jaxcontracts import _runtime
+
+    key = -12345
+    x = jnp.zeros(3)
+    _runtime.last_calls[key] = ("sgd", [((x,), None)])
+    try:
+        _runtime.new_step(key, "dstep")
+        assert _runtime.call_record(key, "dstep") == [None]
+        assert _runtime.last_calls[key][0] == "dstep"
+    finally:
+        _runtime.forget_step(key)
+    assert key not in _runtime.last_calls
