@@ -902,10 +902,12 @@ class HotLoop:
         call in 64, reads ``time.perf_counter()`` before the call and after
         it returns; the difference is the call's *host time*: argument
         checks, XLA's dispatch of the executable, the after-call
-        bookkeeping. A step's host time is the mean of its timed calls times
-        its calls. The counters belong to the step and the loop takes their
-        difference between entry and exit, so calls of the same step on
-        another thread meanwhile are counted too. Time *blocked on the
+        bookkeeping. A step's host time is its first 64 calls as timed plus
+        its other calls at the mean of the sampled ones; where sampling
+        noise makes the steps' sum exceed the wall time less the blocked
+        time, they are scaled down to fit. The counters belong to the step
+        and the loop takes their difference between entry and exit, so
+        calls of the same step on another thread meanwhile are counted too. Time *blocked on the
         device* is the time the loop's own thread spent inside ``jc.fetch``
         (the copy waits for the value to be computed) and inside
         ``jax.block_until_ready`` / ``x.block_until_ready()``. The loop's *wall time* runs from its entry
@@ -1005,7 +1007,8 @@ class HotLoop:
             stack = entry.stack
             entry.ended = True
             if entry.timing is not None:
-                _timing.leave(entry.timing, _held_outputs(_user_frame(frames.caller_frame(1))))
+                user = _user_frame(frames.caller_frame(1))
+                _timing.leave(entry.timing, lambda: _held_outputs(user))
             _relink(stack)
             try:
                 if stack is local.stack:

@@ -292,18 +292,19 @@ def enter(clock: LoopClock) -> Any:
     return (clock, tid, _local)
 
 
-def leave(token: Any, held: Sequence[Any] = ()) -> None:
+def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
     """Stop timing (from any thread: the token names the entering thread).
 
-    ``held``: the leaves of the step outputs the loop's frame holds at exit,
-    looked at (with the recorded last outputs) for work still queued.
+    ``held``: returns the leaves of the step outputs the loop's frame holds
+    at exit, looked at (with the recorded last outputs) for work still
+    queued; called only when the outermost entry on the thread closes.
     """
     global _active
     clock, tid, local = token
     depth, start, snapshot = clock._open.get(tid, (1, perf(), {}))
     if depth <= 1:
         clock._open.pop(tid, None)
-        clock._close(start, snapshot, held)
+        clock._close(start, snapshot, held())
     else:
         clock._open[tid] = (depth - 1, start, snapshot)
     if local is _local:  # this thread: drop the clock from its list
