@@ -35,11 +35,11 @@ if TYPE_CHECKING:
     from ._check import check as check
     from ._compat import Capability as Capability
     from ._compat import capabilities as capabilities
+    from ._fetch import fetch as fetch
     from ._foreign import Change as Change
     from ._foreign import Changes as Changes
     from ._foreign import device_tree as device_tree
     from ._guard import HotLoop as HotLoop
-    from ._guard import fetch as fetch
     from ._guard import hot_loop as hot_loop
     from ._hot_step import HotStep as HotStep
     from ._hot_step import hot_step as hot_step
@@ -67,7 +67,7 @@ _EXPORTS = {
     "Changes": "_foreign",
     "device_tree": "_foreign",
     "HotLoop": "_guard",
-    "fetch": "_guard",
+    "fetch": "_fetch",
     "hot_loop": "_guard",
     "HotStep": "_hot_step",
     "hot_step": "_hot_step",

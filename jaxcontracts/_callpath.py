@@ -13,12 +13,14 @@ changes, so a call never reads configuration:
 
 A state a hot step returned carries the provenance token of its exact spec
 and skips the per-leaf checks (see ``provenance`` below). Every checked path
-ends in the same after-dispatch tail (:func:`_tail`): stamp the tokens, check
-consumption, mark the donated states with the step's name, count, tell active
-loops. Anything unusual falls to the step's
-slow path, which diagnoses it. Under an active trace (an outer ``jax.jit``,
-``vmap``, ``lax.cond``..., even over concrete arrays it closed over) every
-closure goes to the slow path, which traces the function and donates nothing.
+ends in the after-dispatch tail (:func:`_tail`: stamp the tokens, check
+consumption, mark the donated states with the step's name, count, tell
+active loops); the common ``s = step(s)`` path (:func:`_provenance_one`)
+writes the same tail out inline, to save a call. Anything unusual falls to
+the step's slow path, which diagnoses it. Under an active trace (an outer
+``jax.jit``, ``vmap``, ``lax.cond``..., even over concrete arrays it closed
+over) every closure goes to the slow path, which traces the function and
+donates nothing.
 """
 
 from __future__ import annotations
@@ -26,24 +28,39 @@ from __future__ import annotations
 import dataclasses
 import operator
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import jax
 
 from ._compat.arrays import ArrayImpl, KeyArray
 from ._compat.tracing import cpp_call, flatten, top_level_refs
-from ._compile import TOKEN_KEY
+from ._consumed import consumed_class
 from ._donation import find_hazards
 from ._dtypes import is_key
+from ._fields import dict_getter, flat_field_names, is_state
+from ._marks import PRODUCED_BY, TOKEN
 from ._records import CompiledSignature, StepStats
-from ._runtime import HOOK_EVERY, PRODUCED_BY, call_record, run_hook, tracking
+from ._runtime import tracking
+from ._signature import StepSignature
+from ._spec import same_placement
+from ._steps import HOOK_EVERY, LiveStep
 
-__all__ = ["make_dispatch"]
+__all__ = ["DispatchingStep", "make_dispatch"]
 
-SlowCall = Callable[[tuple[Any, ...], dict[str, Any], "BaseException | None"], Any]
-NotConsumed = Callable[[CompiledSignature, Sequence[Any], Any], BaseException | None]
-FlatFields = Callable[[type], "tuple[str, ...] | None"]
-Normalize = Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
+
+class DispatchingStep(LiveStep, Protocol):
+    """What a call path needs of its step (``jc.HotStep`` is one)."""
+
+    @property
+    def definition(self) -> StepSignature:
+        """What the decorator learnt of the function (``_signature.analyse``)."""
+        ...
+
+    def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
+        """Everything a closure does not handle (diagnosis, a new compile, traces)."""
+
+    def not_consumed(self, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> BaseException | None:
+        """The error for donated buffers XLA copied (``None``: a recording loop took it)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,66 +70,93 @@ class _Context:
     cs: CompiledSignature
     compiled: Callable[..., Any]  # the executable's C++ call
     full: bool
-    step_id: int
+    step: DispatchingStep
     name: str
     n_params: int
-    slow_call: SlowCall
+    slow_call: Callable[[tuple[Any, ...], dict[str, Any], BaseException | None], Any]
     stats: StepStats
-    not_consumed: NotConsumed
-    flat_fields: FlatFields
+    not_consumed: Callable[[CompiledSignature, Sequence[Any], Any], BaseException | None]
     marks: tuple[tuple[int, type, type], ...]  # (state parameter, its class, consumed class)
-    normalize: Normalize | None = None
+    normalize: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
 
 
-def make_dispatch(
-    cs: CompiledSignature,
-    level: str,
-    *,
-    step_id: int,
-    name: str,
-    n_params: int,
-    n_state_params: int,
-    slow_call: SlowCall,
-    stats: StepStats,
-    not_consumed: NotConsumed,
-    flat_fields: FlatFields,
-    marks: tuple[tuple[int, type, type], ...] = (),
-    normalize: Normalize | None = None,
-) -> Callable[..., Any]:
-    """Build the per-call closure for one compiled signature and checks level.
+def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> Callable[..., Any]:
+    """Build the call path of ``step`` for one compiled signature and checks level.
 
-    Args:
-        slow_call: ``(args, kwargs, exception_or_None)``: the step's slow path.
-        not_consumed: builds the DonationError raised when XLA copied.
-        flat_fields: for a state class whose fields are all arrays (or
-            static), its array field names, read by attribute; else ``None``.
-        marks: ``(index, class, consumed class)`` of each ``jc.state``
-            parameter with donated leaves: after a call each such argument
-            takes its consumed class, which names the step (one store).
-        normalize: ``(args, kwargs) -> every argument by position``, defaults
-            applied; used at ``off`` when keywords are passed or the argument
-            count differs (the executable takes positional arguments only).
+    Failures go to ``step.slow_call((args, kwargs, exception_or_None))``;
+    after a call, each ``jc.state`` argument whose leaves were donated takes
+    its consumed class, which names the step (one store). Static parameters
+    are wrapped into tree nodes first (:func:`_with_static`).
     """
+    sig = step.definition
     ctx = _Context(
         cs=cs,
         compiled=cpp_call(cs.compiled),  # skips Compiled.__call__'s Python frame
         full=level == "full",
-        step_id=step_id,
-        name=name,
-        n_params=n_params,
-        slow_call=slow_call,
-        stats=stats,
-        not_consumed=not_consumed,
-        flat_fields=flat_fields,
-        marks=marks,
-        normalize=normalize,
+        step=step,
+        name=step.short_name,
+        n_params=len(sig.param_names),
+        slow_call=step.slow_call,
+        stats=step.stats,
+        not_consumed=step.not_consumed,
+        marks=_consumed_marks(cs, sig.state_params, step.short_name),
+        normalize=sig.normalize,
     )
     if level == "off":
-        return _off(ctx)
-    checked = _checked(ctx)
-    if not cs.in_tokens or len(cs.in_tokens) != n_state_params:
-        return checked
-    return _provenance(ctx, checked)
+        dispatch = _off(ctx)
+    elif cs.in_tokens and len(cs.in_tokens) == len(sig.state_params):
+        dispatch = _provenance(ctx, _checked(ctx))
+    else:
+        dispatch = _checked(ctx)
+    return _with_static(sig, dispatch) if sig.static_params else dispatch
+
+
+def _consumed_marks(
+    cs: CompiledSignature, state_params: tuple[int, ...], step: str
+) -> tuple[tuple[int, type, type], ...]:
+    """The jc.state parameters with donated leaves: (index, class, consumed class)."""
+    if not cs.donated:
+        return ()
+    ends, n = [], 0
+    for spec in cs.spec_args:
+        n += len(jax.tree_util.tree_leaves(spec))
+        ends.append(n)
+    marks = []
+    for i in state_params:
+        start = ends[i - 1] if i else 0
+        if is_state(cs.spec_args[i]) and any(start <= d < ends[i] for d in cs.donated):
+            cls = type(cs.spec_args[i])
+            marks.append((i, cls, consumed_class(cls, step)))
+    return tuple(marks)
+
+
+def _with_static(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[..., Any]:
+    """The call path behind a wrapper that turns static values into tree nodes.
+
+    Static values travel as :class:`StaticArg` nodes of the tree structure
+    (hashability is checked when one is made). The node made for the last
+    value of each static parameter is reused while the same object comes
+    back, so the usual call (one config object) neither hashes nor compares.
+    """
+    normalize, n_params, static = sig.normalize, len(sig.param_names), sig.static_params
+    last: dict[int, tuple[Any, Any]] = {}
+
+    def with_static(*args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) != n_params:
+            return dispatch(*normalize(args, kwargs))
+        items = list(args)
+        for i in static:
+            value = items[i]
+            seen = last.get(i)
+            if seen is not None and seen[0] is value:
+                items[i] = seen[1]
+            else:
+                items = list(normalize(tuple(items), {}))
+                last.update((j, (args[j], items[j])) for j in static)
+                break
+        return dispatch(*items)
+
+    return with_static
 
 
 def _off(ctx: _Context) -> Callable[..., Any]:
@@ -156,7 +200,7 @@ def _off(ctx: _Context) -> Callable[..., Any]:
 
 def _stamper(out_tokens: tuple[tuple[tuple[int, ...], object], ...]) -> Callable[[Any], None]:
     """Stamp each returned state with the provenance token of its spec."""
-    key = TOKEN_KEY
+    key = TOKEN
     if len(out_tokens) == 1 and out_tokens[0][0] == ():
         token_out = out_tokens[0][1]
 
@@ -187,9 +231,9 @@ def _tail(ctx: _Context, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any
     single = len(out_tokens) == 1 and out_tokens[0][0] == ()
     token_out = out_tokens[0][1] if single else None
     stamp = _stamper(out_tokens)
-    key = TOKEN_KEY
+    key = TOKEN
     full, stats, cs, not_consumed = ctx.full, ctx.stats, ctx.cs, ctx.not_consumed
-    step_id, record = ctx.step_id, call_record(ctx.step_id, ctx.name)
+    step, record = ctx.step, ctx.step.last_call
     marks = ctx.marks
     mark_one = marks[0] if len(marks) == 1 else None
     set_class = object.__setattr__  # the states are frozen dataclasses
@@ -216,7 +260,9 @@ def _tail(ctx: _Context, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any
         if tracking.count:  # a hot_loop is active somewhere: remember for messages
             record[0] = (args, out)
             if not n % every:  # a timing loop's sampling hook, one call in `every`
-                run_hook(step_id)
+                hook = step.timing_hook
+                if hook is not None:
+                    hook()
         return out
 
     return tail
@@ -235,16 +281,14 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
     # (leaf, sharding), on the path that used to fall back.
     equivalent: set[tuple[int, Any]] = set()
 
-    def same_placement(i: int, got: Any, want: Any) -> bool:
+    def placed_alike(i: int, got: Any, want: Any) -> bool:
         if (i, got) in equivalent:
             return True
-        try:
-            ok = bool(got.is_equivalent_to(want, ndims[i]))
-        except Exception:  # noqa: BLE001 - different sharding kinds
-            return False
+        ok = same_placement(got, want, ndims[i])
         if ok and len(equivalent) < 256:
             equivalent.add((i, got))
         return ok
+
     array_impl = ArrayImpl
     key_array: Any = KeyArray  # typed PRNG keys: checked only when a leaf is not an ArrayImpl
     tref, ev, aref, top = top_level_refs()  # a trace active (jit, vmap...): the slow path traces
@@ -272,7 +316,7 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
                     return slow_call(args, kwargs, None)
         if shardings is not None:
             for i, (x, s) in enumerate(zip(leaves, shardings)):
-                if x.sharding != s and not same_placement(i, x.sharding, s):
+                if x.sharding != s and not placed_alike(i, x.sharding, s):
                     return slow_call(args, kwargs, None)
         if first_donated is not None and leaves[first_donated].is_deleted():
             return slow_call(args, kwargs, None)  # a stale state: explain, quietly
@@ -315,18 +359,18 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
     ``checked``.
     """
     cs, compiled, slow_call, n_params = ctx.cs, ctx.compiled, ctx.slow_call, ctx.n_params
-    in_tokens, key = cs.in_tokens, TOKEN_KEY
+    in_tokens, key = cs.in_tokens, TOKEN
     full = ctx.full
     array_impl = ArrayImpl
     tref, ev, aref, top = top_level_refs()
     key_array: Any = KeyArray
     is_deleted = _is_deleted_for(cs)
-    getters = {arg: _leaves_of(type(cs.spec_args[arg]), ctx.flat_fields) for arg, _ in in_tokens}
+    getters = {arg: _leaves_of(type(cs.spec_args[arg])) for arg, _ in in_tokens}
     donated_getters = tuple((arg, getters[arg]) for arg, _ in in_tokens) if cs.donated else ()
     first_leaf: Callable[[tuple[Any, ...]], Any] | None = None
     if donated_getters and jax.tree_util.tree_leaves(cs.spec_args[donated_getters[0][0]]):
         arg0 = donated_getters[0][0]
-        get_first = _first_leaf_of(type(cs.spec_args[arg0]), ctx.flat_fields)
+        get_first = _first_leaf_of(type(cs.spec_args[arg0]))
 
         def first_leaf(args: tuple[Any, ...]) -> Any:
             return get_first(args[arg0])
@@ -342,10 +386,10 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
         def states_consumed(args: tuple[Any, ...]) -> bool:
             return all(all(map(is_deleted, get(args[arg]))) for arg, get in donated_getters)
 
-    tail = _tail(ctx, states_consumed)
-
     if n_params == 1 and len(cs.out_tokens) == 1 and cs.out_tokens[0][0] == ():
         return _provenance_one(ctx, checked, states_consumed, first_leaf is not None)
+
+    tail = _tail(ctx, states_consumed)
 
     others = tuple(i for i in range(n_params) if i not in dict(in_tokens))
     other_specs, other_treedef = jax.tree_util.tree_flatten(tuple(cs.spec_args[i] for i in others))
@@ -401,18 +445,18 @@ def _provenance_one(
     check, the consumed class, the count, the loops.
     """
     cs, compiled, slow_call = ctx.cs, ctx.compiled, ctx.slow_call
-    token0, token_out, key = cs.in_tokens[0][1], cs.out_tokens[0][1], TOKEN_KEY
+    token0, token_out, key = cs.in_tokens[0][1], cs.out_tokens[0][1], TOKEN
     tref, ev, aref, top = top_level_refs()
     cls = type(cs.spec_args[0])
     consumed_cls = ctx.marks[0][2] if ctx.marks else None
     full, stats, not_consumed = ctx.full, ctx.stats, ctx.not_consumed
-    step_id, name, produced_by = ctx.step_id, ctx.name, PRODUCED_BY
+    step, name, produced_by = ctx.step, ctx.name, PRODUCED_BY
     set_class = object.__setattr__  # the states are frozen dataclasses
     missing: Any = object()
     every = HOOK_EVERY
-    names = ctx.flat_fields(cls) if donates else None
+    names = flat_field_names(cls) if donates else None
     first_name = names[0] if names else None
-    first_leaf = _first_leaf_of(cls, ctx.flat_fields) if donates and first_name is None else None
+    first_leaf = _first_leaf_of(cls) if donates and first_name is None else None
 
     def provenance_one(s: Any = missing, *rest: Any, **kwargs: Any) -> Any:
         if rest or kwargs or s is missing or type(s) is not cls:
@@ -441,31 +485,26 @@ def _provenance_one(
         if tracking.count:  # a hot_loop is active somewhere: name the producer for messages
             od[produced_by] = name
             if not n % every:  # a timing loop's sampling hook, one call in `every`
-                run_hook(step_id)
+                hook = step.timing_hook
+                if hook is not None:
+                    hook()
         return out
 
     return provenance_one
 
 
-def _leaves_of(cls: type, flat_fields: FlatFields) -> Callable[[Any], Sequence[Any]]:
-    """The leaves of a state instance: ``__dict__`` reads for a flat class.
-
-    Never attribute reads: a consumed state's fields raise when read (it
-    names its consumer), and the call path must see its deleted buffers.
-    """
-    names = flat_fields(cls)
+def _leaves_of(cls: type) -> Callable[[Any], Sequence[Any]]:
+    """The leaves of a state instance: ``__dict__`` reads for a flat class
+    (never attribute reads: a consumed state's fields raise when read)."""
+    names = flat_field_names(cls)
     if not names:
         return lambda x: flatten(x)[0]
-    if len(names) == 1:
-        (only,) = names
-        return lambda x: (x.__dict__[only],)
-    get = operator.itemgetter(*names)
-    return lambda x: get(x.__dict__)
+    return dict_getter(names)
 
 
-def _first_leaf_of(cls: type, flat_fields: FlatFields) -> Callable[[Any], Any]:
+def _first_leaf_of(cls: type) -> Callable[[Any], Any]:
     """The first leaf of a state instance: one ``__dict__`` read for a flat class."""
-    names = flat_fields(cls)
+    names = flat_field_names(cls)
     if names:
         first = names[0]
         return lambda x: x.__dict__[first]

@@ -27,6 +27,7 @@ from ._compat.executable import alias_bytes, aliased_parameters
 from ._compat.tracing import flatten
 from ._dtypes import canonical
 from ._errors import NOTHING_RAN, DonationError, RecompileError, TransferError
+from ._fields import is_sealed_state
 from ._format import fmt_aval
 from ._records import CompiledSignature, LeafRecord
 from ._runtime import compiling
@@ -34,7 +35,6 @@ from ._signature import StepSignature
 from ._spec import LeafDiff, diff_leaves, diff_specs, leaf_spec, spec_nbytes
 
 __all__ = [
-    "TOKEN_KEY",
     "compile_signature",
     "jit_for",
     "quiet_donation_warning",
@@ -42,7 +42,6 @@ __all__ = [
     "token_for",
 ]
 
-TOKEN_KEY = "__jaxcontracts_token__"
 _tokens: dict[Any, object] = {}
 
 
@@ -165,16 +164,12 @@ def derive_out_shardings(
     return constrained
 
 
-def compile_signature(
-    sig: StepSignature, positional: tuple[Any, ...], *, sealed: Any
-) -> CompiledSignature:
+def compile_signature(sig: StepSignature, positional: tuple[Any, ...]) -> CompiledSignature:
     """Compile ``sig``'s step for these arguments or specs and prove its contracts.
 
-    Args:
-        sealed: tells whether a spec tree is a ``jc.state`` instance whose
-            leaves cannot change after construction (only those carry
-            provenance tokens: a token skips the per-leaf checks, so a state
-            with an editable container, a ``PyTree`` dict, must not get one).
+    Only sealed states (``_fields.is_sealed_state``: every leaf fixed at
+    construction) get provenance tokens: a token skips the per-leaf checks,
+    so a state with an editable container (a ``PyTree`` dict) must not.
 
     Raises:
         RecompileError: carry invariance fails.
@@ -205,7 +200,7 @@ def compile_signature(
     tokens: dict[int, object] = {}  # token_for of each per-parameter spec, once
     _check_carry(sig, per_param, traced.out_info, compiled.output_shardings, tokens)
     aliased = _check_aliasing(sig, compiled, flat_paths, paths, exact, donated, traced.out_info)
-    in_tokens, out_tokens = _tokens_for(sig, per_param, flat_style, sealed, tokens)
+    in_tokens, out_tokens = _tokens_for(sig, per_param, flat_style, tokens)
     donated_set = set(donated)
     return CompiledSignature(
         spec_args=per_param,
@@ -244,7 +239,7 @@ def signature_diffs(cs: CompiledSignature, leaves: Sequence[Any], treedef: Any) 
 
 
 def _tokens_for(
-    sig: StepSignature, spec_args: tuple[Any, ...], flat_style: bool, sealed: Any, tokens: dict[int, object]
+    sig: StepSignature, spec_args: tuple[Any, ...], flat_style: bool, tokens: dict[int, object]
 ) -> tuple[tuple[tuple[int, object], ...], tuple[tuple[tuple[int, ...], object], ...]]:
     """Tokens for the fast path, once carry invariance has been verified
     (``tokens``: parameter index -> its token, where already worked out)."""
@@ -253,7 +248,7 @@ def _tokens_for(
     ins, outs = [], []
     for arg, pos in zip(sig.state_params, sig.return_positions):
         spec = spec_args[arg]
-        if not sealed(spec):
+        if not is_sealed_state(spec):
             continue  # not a state, or one the user can edit in place: checked per call
         token = tokens[arg] if arg in tokens else token_for(spec)
         ins.append((arg, token))

@@ -3,16 +3,15 @@
 ``full`` (default) runs every pre- and post-dispatch check, ``fast`` only the
 pre-dispatch ones, ``off`` makes a hot_step a bare compiled call. Hot steps
 pick their call path when the level changes (listeners), so the per-call path
-never reads the level.
+never reads the level: ``set_checks`` tells every live step (``_steps``).
 """
 
 from __future__ import annotations
 
 import os
-import weakref
-from collections.abc import Callable
 from typing import Literal
 
+from . import _steps
 from ._errors import DefinitionError
 
 __all__ = ["CHECK_LEVELS", "checks_level", "get_checks", "require_valid_env", "set_checks"]
@@ -48,7 +47,6 @@ def _from_env() -> tuple[CheckLevel, DefinitionError | None]:
 # name, the level's getters and setters, the plugin's fixture, marker and
 # --jc-checks).
 _level, env_error = _from_env()
-_listeners: weakref.WeakSet = weakref.WeakSet()
 
 
 def require_valid_env() -> None:
@@ -81,8 +79,7 @@ def set_checks(level: CheckLevel) -> None:
     global _level
     require_valid_env()
     _level = _validate(level, "jc.set_checks()")
-    for listener in list(_listeners):
-        listener._on_checks_changed(_level)
+    _steps.checks_changed(_level)
 
 
 class checks_level:
@@ -107,11 +104,3 @@ class checks_level:
 
     def __exit__(self, *exc: object) -> None:
         set_checks(self._saved.pop())
-
-
-def add_listener(obj: object) -> None:
-    """Register an object whose ``_on_checks_changed(level)`` follows the level."""
-    _listeners.add(obj)
-
-
-ListenerCallback = Callable[[CheckLevel], None]

@@ -14,6 +14,7 @@ from typing import Any
 import jax
 
 from ._compat.hostcopy import pins_host_views
+from ._donation import is_deleted_array
 from ._errors import INPUTS_INTACT, DefinitionError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval
 from ._records import CompiledSignature
@@ -175,7 +176,7 @@ def run_failed_note(
     Added to JAX's own error (``exc.add_note``), which is re-raised: its text
     holds the real cause (a callback's exception and traceback included).
     """
-    consumed = [i for i in donated if _deleted(leaves[i])]
+    consumed = [i for i in donated if is_deleted_array(leaves[i])]
     if not consumed:
         return (
             f"jaxcontracts: {sig.name}'s compiled call raised this error; its donated "
@@ -191,13 +192,6 @@ def run_failed_note(
     if intact:
         note += "\n" + "\n".join(f"  {paths[i]}: intact" for i in intact)
     return note
-
-
-def _deleted(x: Any) -> bool:
-    try:
-        return bool(x.is_deleted())
-    except Exception:  # noqa: BLE001 - not a jax array (a host value at checks off)
-        return False
 
 
 def not_consumed_error(sig: StepSignature, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> DonationError:

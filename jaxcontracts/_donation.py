@@ -36,7 +36,7 @@ def find_hazards(
         twice among the arguments.
     """
     deleted = [
-        i for i, x in enumerate(leaves) if isinstance(x, jax.Array) and _is_deleted(x)
+        i for i, x in enumerate(leaves) if is_deleted_array(x)
     ]
     donated_set = set(donated)
     seen: dict[Any, int] = {}
@@ -53,22 +53,21 @@ def find_hazards(
     return deleted, duplicates
 
 
-def _is_deleted(x: jax.Array) -> bool:
+def is_deleted_array(x: Any) -> bool:
+    """Whether ``x`` is a jax array whose buffer was deleted (donated); never
+    raises (a host value, a tracer or an exotic array is not deleted)."""
+    if not isinstance(x, jax.Array):
+        return False
     try:
         return bool(x.is_deleted())
     except Exception:  # noqa: BLE001 - tracers and exotic arrays
         return False
 
 
-def is_deleted_array(x: Any) -> bool:
-    """Whether ``x`` is a jax array whose buffer was deleted (donated)."""
-    return isinstance(x, jax.Array) and _is_deleted(x)
-
-
 def holds_deleted(tree: Any) -> bool:
     """Whether any leaf of ``tree`` is a deleted jax array (no device read)."""
     if isinstance(tree, jax.Array):
-        return _is_deleted(tree)
+        return is_deleted_array(tree)
     return any(map(is_deleted_array, jax.tree_util.tree_leaves(tree)))
 
 

@@ -10,41 +10,35 @@ fix (``fix``). Reports and the pytest plugin read these fields, never the
 message text. Raise sites give the parts; :func:`compose` lays them out in one
 fixed anatomy: the summary line, the detail lines (one per leaf or
 parameter), ``Fix: ...``, then a note on what happened to the inputs.
+
+The vocabulary lives here once: :data:`CONTRACTS` (each contract's sentence)
+and :data:`VIOLATIONS` (each kind of loop violation: its title, its contract
+and the error class it raises), read by the loop, the reports and the pytest
+plugin.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
 __all__ = [
     "CONTRACTS",
+    "VIOLATIONS",
     "CapabilityWarning",
+    "ContractInfo",
     "ContractError",
     "DefinitionError",
     "DonationError",
     "RecompileError",
     "SpecError",
     "TransferError",
+    "ViolationKind",
     "compose",
     "docs_pointer",
+    "violation_summary",
 ]
-
-#: Contract keys and the sentence a report shows for each.
-CONTRACTS: dict[str, str] = {
-    "definition": "the decorator, options and annotations are valid",
-    "state-fields": "every field matches its annotation",
-    "dims": "every dimension and static value is given",
-    "carry": "carry invariance: each returned state keeps its input's spec",
-    "aliasing": "donation verified in the executable",
-    "signature": "arguments match a compiled signature",
-    "device-arguments": "arguments are device arrays",
-    "donation-hazard": "no donated buffer is stale or passed twice",
-    "consumed": "every donated input consumed (XLA did not copy)",
-    "no-transfer": "no implicit transfers",
-    "no-compile": "no compiles",
-    "no-donated-use": "no use of donated arrays",
-}
 
 INPUTS_INTACT = "The call did not run; your inputs are intact."
 
@@ -81,8 +75,8 @@ class ContractError(Exception):
     """Root of every jaxcontracts error.
 
     Attributes:
-        contract: which contract was broken (a key of ``jc.CONTRACTS``-style
-            table in ``jaxcontracts._errors.CONTRACTS``).
+        contract: which contract was broken (a key of
+            ``jaxcontracts._errors.CONTRACTS``, e.g. ``"no-transfer"``).
         step: the hot step's ``module.qualname``, when a step is involved.
         leaves: the leaf paths involved (``s.pos``, ``['t']``), if any.
         fix: the suggested fix, also the message's ``Fix:`` line.
@@ -100,9 +94,13 @@ class ContractError(Exception):
         contract: str | None = None,
         step: str | None = None,
         leaves: Sequence[str] = (),
+        fix_in_details: bool = False,
     ) -> None:
         # Every message ends with a pointer to its section of the errors page.
-        super().__init__(compose(summary, details, fix, note) + "\n" + docs_pointer(type(self)))
+        # ``fix_in_details``: the details already say each leaf's fix (a
+        # SpecError listing several fields), so no ``Fix:`` line repeats it.
+        shown_fix = "" if fix_in_details else fix
+        super().__init__(compose(summary, details, shown_fix, note) + "\n" + docs_pointer(type(self)))
         self.contract = contract or self.default_contract
         self.step = step
         self.leaves = tuple(leaves)
@@ -111,7 +109,8 @@ class ContractError(Exception):
     @property
     def contract_name(self) -> str:
         """The sentence a report shows for this error's contract."""
-        return CONTRACTS.get(self.contract, self.contract)
+        info = CONTRACTS.get(self.contract)
+        return info.sentence if info is not None else self.contract
 
 
 class DefinitionError(ContractError, TypeError):
@@ -149,6 +148,66 @@ class TransferError(ContractError):
     """An implicit transfer between host and device."""
 
     default_contract = "no-transfer"
+
+
+@dataclasses.dataclass(frozen=True)
+class ContractInfo:
+    """One contract: the sentence a report shows, and the error that breaks it."""
+
+    sentence: str
+    error: type[ContractError]
+
+
+#: Every contract, by key (``ContractError.contract``): what reports show and raise.
+CONTRACTS: dict[str, ContractInfo] = {
+    "definition": ContractInfo("the decorator, options and annotations are valid", DefinitionError),
+    "state-fields": ContractInfo("every field matches its annotation", SpecError),
+    "dims": ContractInfo("every dimension and static value is given", SpecError),
+    "carry": ContractInfo("carry invariance: each returned state keeps its input's spec", RecompileError),
+    "aliasing": ContractInfo("donation verified in the executable", DonationError),
+    "signature": ContractInfo("arguments match a compiled signature", RecompileError),
+    "device-arguments": ContractInfo("arguments are device arrays", TransferError),
+    "donation-hazard": ContractInfo("no donated buffer is stale or passed twice", DonationError),
+    "consumed": ContractInfo("every donated input consumed (XLA did not copy)", DonationError),
+    "no-transfer": ContractInfo("no implicit transfers", TransferError),
+    "no-compile": ContractInfo("no compiles", RecompileError),
+    "no-donated-use": ContractInfo("no use of donated arrays", DonationError),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class ViolationKind:
+    """One kind of loop violation: how it is titled, and its contract."""
+
+    title: str
+    contract: str
+
+    @property
+    def contract_name(self) -> str:
+        """The sentence a report shows for the contract."""
+        return CONTRACTS[self.contract].sentence
+
+    @property
+    def error(self) -> type[ContractError]:
+        """The error class a raising loop raises."""
+        return CONTRACTS[self.contract].error
+
+
+#: Every kind of violation a ``jc.hot_loop`` raises or records.
+VIOLATIONS: dict[str, ViolationKind] = {
+    "transfer": ViolationKind("implicit transfer inside jc.hot_loop", "no-transfer"),
+    "compile": ViolationKind("compile inside jc.hot_loop", "no-compile"),
+    "donation": ViolationKind("use of a donated array inside jc.hot_loop", "no-donated-use"),
+}
+
+
+def violation_summary(kind: str, what: str, where: str, source: str = "") -> str:
+    """The first lines of a violation's message: its title, what, and the line.
+
+    ``implicit transfer inside jc.hot_loop: float() of f32[]`` then
+    ``  at loop.py:12:  x = float(s.t)``.
+    """
+    return f"{VIOLATIONS[kind].title}: {what}\n  at {where}" + (f":  {source}" if source else "")
 
 
 class CapabilityWarning(UserWarning):

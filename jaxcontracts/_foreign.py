@@ -24,7 +24,7 @@ from ._dtypes import is_key
 from ._errors import SpecError
 from ._format import fmt_aval, fmt_path
 
-__all__ = ["Change", "Changes", "device_tree", "scalar_to_host"]
+__all__ = ["Change", "Changes", "device_tree", "scalar_to_host", "to_device"]
 
 T = TypeVar("T")
 
@@ -104,12 +104,14 @@ def scalar_to_host(x: bool | int | float | complex) -> tuple[np.ndarray | None, 
     return np.asarray(x, dtype=dtype), ""
 
 
-def _to_device(host: np.ndarray, where: Any) -> jax.Array:
+def to_device(value: Any, where: Any = None) -> jax.Array:
     """One fresh device buffer that owns its memory (donatable).
 
-    On CPU ``jax.device_put`` may borrow an aligned numpy buffer; XLA cannot
-    donate a borrowed buffer, so it is copied on the device once.
+    On CPU ``jax.device_put`` may borrow an aligned numpy buffer instead of
+    copying it; XLA cannot donate a borrowed buffer, so the first step would
+    silently copy the state. Such a buffer is copied on the device once here.
     """
+    host = np.asarray(value)
     x = jax.device_put(host, where)
     try:
         borrowed = host.size > 0 and x.unsafe_buffer_pointer() == host.ctypes.data
@@ -217,7 +219,7 @@ def device_tree(tree: Any, *, sharding: Any = None, changes: bool = False) -> An
                 bad.append(f"  {p}: {_kind(x)}: {problem}")
                 out.append(x)
                 continue
-            y, why = _to_device(host, where), "a Python scalar: JAX's default dtype, strongly typed"
+            y, why = to_device(host, where), "a Python scalar: JAX's default dtype, strongly typed"
         else:
             bad.append(f"  {p}: {_kind(x)}")
             out.append(x)
@@ -283,4 +285,4 @@ def _numpy_leaf(x: np.ndarray | np.generic, where: Any) -> tuple[jax.Array, str]
     why = "a numpy array: copied to the device once"
     if want != np.dtype(x.dtype):
         why += f" as {want.name} ({np.dtype(x.dtype).name} needs jax_enable_x64, which is off)"
-    return _to_device(host, where), why
+    return to_device(host, where), why

@@ -15,14 +15,13 @@ import functools
 import operator
 import threading
 import typing
-import weakref
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 import jax
 import numpy as np
 
-from . import _config, _timing
+from . import _config, _steps, _timing
 from ._callpath import make_dispatch
 from ._compat.frames import caller_locals
 from ._compat.runtime_errors import is_runtime_error
@@ -37,44 +36,18 @@ from ._diagnose import (
     signature_error,
 )
 from ._donation import find_hazards
-from ._errors import (
-    INPUTS_INTACT,
-    ContractError,
-    DefinitionError,
-    DonationError,
-    RecompileError,
-    TransferError,
-)
+from ._errors import INPUTS_INTACT, ContractError, DefinitionError, DonationError, RecompileError
+from ._marks import consumer_of
 from ._records import CompiledSignature, StepDescription, StepStats
 from ._report import Report, step_report
-from ._runtime import call_hooks, consumer_of, forget_step, new_step, observers, recording_loop
+from ._runtime import observers, recording_loop
 from ._signature import StepSignature, analyse
 from ._spec import fmt_value
-from ._state import (
-    consumed_class,
-    data_field_names,
-    flat_leaf_getter,
-    is_sealed_state,
-    is_state,
-    static_field_names,
-)
 
 __all__ = ["HotStep", "StepStats", "hot_step"]
 
 P = ParamSpec("P")
 R = TypeVar("R")
-
-
-def _state_fields(state_type: Any) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
-    if isinstance(state_type, type) and is_state(state_type):
-        return data_field_names(state_type), static_field_names(state_type)
-    return None
-
-
-def _flat_fields(cls: type) -> tuple[str, ...] | None:
-    if is_state(cls) and flat_leaf_getter(cls) is not None:
-        return data_field_names(cls)
-    return None
 
 
 @overload
@@ -197,7 +170,6 @@ def hot_step(
                 donate=donate,
                 max_compiles=max_compiles,
                 localns=localns,
-                state_fields=_state_fields,
                 static=static,
                 donate_argnames=donate_argnames,
                 stateless=stateless,
@@ -207,35 +179,6 @@ def hot_step(
     return make if fn is None else make(fn)
 
 
-
-
-def _with_static(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[..., Any]:
-    """The call path behind a wrapper that turns static values into tree nodes.
-
-    Static values travel as :class:`StaticArg` nodes of the tree structure
-    (hashability is checked when one is made). The node made for the last
-    value of each static parameter is reused while the same object comes
-    back, so the usual call (one config object) neither hashes nor compares.
-    """
-    normalize, n_params, static = sig.normalize, len(sig.param_names), sig.static_params
-    last: dict[int, tuple[Any, Any]] = {}
-
-    def with_static(*args: Any, **kwargs: Any) -> Any:
-        if kwargs or len(args) != n_params:
-            return dispatch(*normalize(args, kwargs))
-        items = list(args)
-        for i in static:
-            value = items[i]
-            seen = last.get(i)
-            if seen is not None and seen[0] is value:
-                items[i] = seen[1]
-            else:
-                items = list(normalize(tuple(items), {}))
-                last.update((j, (args[j], items[j])) for j in static)
-                break
-        return dispatch(*items)
-
-    return with_static
 
 
 class HotStep(Generic[P, R]):
@@ -249,6 +192,9 @@ class HotStep(Generic[P, R]):
         compiled: the ``jax.stages.Compiled`` of that signature.
         lowered: its ``jax.stages.Lowered``.
         stats: a :class:`StepStats`.
+
+    Its other public attributes are the protocol the library's own modules
+    read (``_steps.LiveStep``, ``_callpath.DispatchingStep``), not user API.
     """
 
     def __init__(self, signature: StepSignature) -> None:
@@ -258,22 +204,18 @@ class HotStep(Generic[P, R]):
         self._current: CompiledSignature | None = None
         self.stats = StepStats()
         self._level = _config.get_checks()
-        _config.add_listener(self)
-        # Inside timing loops: seconds timed, calls timed; the same for the first phase.
-        self._timing_acc = [0.0, 0, 0.0, 0]
-        self._dispatch = self._call_unbound if signature.is_method else self._slow
-        _timing.register(self)  # timed while a hot_loop is active
-        new_step(id(self), signature.short_name)  # its last-call record, while loops run
-        weakref.finalize(self, forget_step, id(self))  # dropped with the step
+        self.timing_counters = [0.0, 0, 0.0, 0]  # see _steps.LiveStep
+        self.last_call: list[Any] = [None]
+        self.timing_hook: Callable[[], None] | None = None
+        self._set_dispatch(self._call_unbound if signature.is_method else self._slow)
         self._attr: str | None = None  # the class attribute of a method step
         self._bound_to: tuple[HotStep[Any, Any], Any] | None = None  # (method step, instance)
-        # Held by the slow path while it decides on (and makes) a compile, so
-        # that threads meeting new signatures at once respect max_compiles.
-        # The call paths never take it.
+        # The slow path's: held while it decides on (and makes) a compile, so
+        # threads meeting new signatures at once respect max_compiles; and,
+        # per thread, set while it re-dispatches a call.
         self._compile_lock = threading.RLock()
-        # Set while the slow path re-dispatches a call, per thread.
         self._redispatch = threading.local()
-        observers.step_made(self)  # for contract snapshots (jc.snapshot)
+        _steps.register(self)  # the checks level, loop timing, messages, snapshots
 
     # -- public API --------------------------------------------------------
 
@@ -303,12 +245,8 @@ class HotStep(Generic[P, R]):
         return self._sig.state_type
 
     def describe(self) -> StepDescription:
-        """A frozen record of the step: options, compiled signatures, counters.
-
-        Each compiled signature lists its leaves (path, spec, donated,
-        aliased, bytes), the memory analysis and compile time: what was
-        compiled and proven. ``stats`` is a copy.
-        """
+        """A frozen record of the step: options, compiled signatures (what was
+        compiled and proven: leaves, memory, compile time), counters (a copy)."""
         sig = self._sig
         return StepDescription(
             name=sig.name,
@@ -323,11 +261,7 @@ class HotStep(Generic[P, R]):
 
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """Lower for these arguments or specs, without compiling or checking."""
-        self._unbound_misuse("lower")
-        positional = self._sig.normalize(args, kwargs)
-        misuse = api_misuse_error(self._sig, positional, compiling=True)
-        if misuse is not None:
-            raise misuse
+        positional = self._to_compile("lower", args, kwargs)
         jitted, spec_args, *_ = jit_for(self._sig, positional)
         with quiet_donation_warning():
             return jitted.trace(*spec_args).lower()
@@ -344,11 +278,7 @@ class HotStep(Generic[P, R]):
             DonationError: a donated leaf cannot alias any output.
         """
         __tracebackhide__ = True
-        self._unbound_misuse("compile")
-        positional = self._sig.normalize(args, kwargs)
-        misuse = api_misuse_error(self._sig, positional, compiling=True)
-        if misuse is not None:
-            raise misuse
+        positional = self._to_compile("compile", args, kwargs)
         leaves, treedef = flatten(positional)
         with self._compile_lock:
             for cs in self._signatures:
@@ -356,6 +286,29 @@ class HotStep(Generic[P, R]):
                     self._use(cs)
                     return cs.compiled
             return self._new_signature(positional).compiled
+
+    def report(self) -> Report:
+        """A :class:`jc.Report` of the current signature: leaves, memory, contracts.
+
+        ``str()`` of it is a text table; in a notebook it renders as HTML. Its
+        ``compiled`` fact says where the executable came from (JAX's persistent
+        compilation cache: see the performance guide) and how long it took.
+        """
+        return step_report(self.describe())
+
+    def __repr__(self) -> str:
+        state = "not compiled" if self._current is None else f"{len(self._signatures)} signature(s)"
+        return f"<jc.hot_step {self._sig.name} ({state}, donate={self._sig.donate!r})>"
+
+    if typing.TYPE_CHECKING:
+
+        def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    else:  # no Python frame of ours: the call slot reads `_call` (in C) and calls it
+        __call__ = property(
+            operator.attrgetter("_call"),
+            doc="Call the step like the function it wraps (compiles on first use).",
+        )
 
     # -- methods -------------------------------------------------------------
 
@@ -404,7 +357,8 @@ class HotStep(Generic[P, R]):
             )
         return self.__get__(args[0], type(args[0]))(*args[1:], **kwargs)
 
-    def _unbound_misuse(self, what: str) -> None:
+    def _to_compile(self, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The arguments of ``lower``/``compile`` by position, refused on misuse."""
         if self._sig.is_method:
             raise DefinitionError(
                 f"{self._sig.name} is a method: {what} it through an instance, "
@@ -413,151 +367,61 @@ class HotStep(Generic[P, R]):
                 contract="definition",
                 step=self._sig.name,
             )
+        positional = self._sig.normalize(args, kwargs)
+        misuse = api_misuse_error(self._sig, positional, compiling=True)
+        if misuse is not None:
+            raise misuse
+        return positional
 
-    if typing.TYPE_CHECKING:
-
-        def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
-
-    else:
-        # A call goes straight to the current call path, with no Python frame
-        # of its own: the type's call slot finds this property and calls what
-        # it returns (one C-level attribute read).
-        __call__ = property(
-            operator.attrgetter("_call"),
-            doc="Call the step like the function it wraps (compiles on first use).",
-        )
-
-    def report(self) -> Report:
-        """A :class:`jc.Report` of the current signature: leaves, memory, contracts.
-
-        ``str()`` of it is a text table; in a notebook it renders as HTML.
-        Its ``compiled`` fact says where the executable came from and how
-        long compiling took (``describe().current.cache`` and
-        ``.compile_seconds``).
-
-        Restarting without recompiling: turn on JAX's persistent compilation
-        cache before the first compile, and a later process compiling the
-        same step from the same spec loads the executable from disk::
-
-            jax.config.update("jax_compilation_cache_dir", "/path/to/cache")
-            # small steps compile fast and are small: let every one qualify
-            jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
-            jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
-
-        (or the environment variables ``JAX_COMPILATION_CACHE_DIR`` etc.).
-        A cache hit is verified like a fresh compile: carry invariance comes
-        from the trace, aliasing from the loaded executable's alias table.
-        The report then reads ``compiled: from the persistent compilation
-        cache (N ms, contracts verified)``.
-        """
-        return step_report(self.describe())
-
-    def __repr__(self) -> str:
-        state = "not compiled" if self._current is None else f"{len(self._signatures)} signature(s)"
-        return f"<jc.hot_step {self._sig.name} ({state}, donate={self._sig.donate!r})>"
-
-    # -- compiling and choosing the call path ------------------------------
-
-    def _new_signature(self, positional: tuple[Any, ...]) -> CompiledSignature:
-        __tracebackhide__ = True
-        if len(self._signatures) >= self._sig.max_compiles:
-            raise self._refuse(positional)
-        cs = compile_signature(self._sig, positional, sealed=is_sealed_state)
-        self._signatures.append(cs)
-        self.stats.compiles += 1
-        self.stats.compile_seconds += cs.compile_seconds
-        self.stats.cache_hits += cs.cache == "hit"
-        self._use(cs)
-        if observers.recorders:
-            observers.compiled(self)
-        return cs
+    # -- the protocol the library's modules read (_steps, _callpath) -------
 
     @property
-    def _dispatch(self) -> Callable[..., Any]:
-        """The current call path (what ``__call__`` runs, untimed)."""
-        return self._raw_dispatch
+    def name(self) -> str:
+        """``module.qualname`` of the step's function."""
+        return self._sig.name
 
-    @_dispatch.setter
-    def _dispatch(self, fn: Callable[..., Any]) -> None:
-        self._raw_dispatch = fn
-        self._call = self._timed(fn) if _timing.active() else fn
+    @property
+    def short_name(self) -> str:
+        """The step's own name, as messages write it (``advance``)."""
+        return self._sig.short_name
 
-    def _timing_changed(self, on: bool) -> None:
+    @property
+    def definition(self) -> StepSignature:
+        """What the decorator learnt of the function: parameters, state, donation."""
+        return self._sig
+
+    def checks_changed(self, level: str) -> None:
+        """The checks level changed: rebuild the call path for it."""
+        self._level = level
+        if self._current is not None:
+            self._use(self._current)
+
+    def timing_changed(self, on: bool) -> None:
         """A timing loop became active (or the last one ended): wrap or unwrap."""
         fn = self._raw_dispatch
         if on:
             self._call = self._timed(fn)
         else:
-            call_hooks.pop(id(self), None)
+            self.timing_hook = None
             self._call = fn
 
-    def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        call, rearm = _timing.timed(fn, self._timing_acc, self._install_call)
-        call_hooks[id(self)] = rearm
-        return call
+    def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
+        """Everything the call path does not handle; raises before dispatch.
 
-    def _install_call(self, fn: Callable[..., Any]) -> None:
-        self._call = fn
+        ``exc``: the executable's error when the call path's call failed.
+        Our own diagnosis replaces it (its text adds nothing), unchained.
+        """
+        __tracebackhide__ = True
+        if exc is None:
+            return _decide(self, args, kwargs, None)
+        try:
+            return _decide(self, args, kwargs, exc)
+        except ContractError as err:
+            if err.__context__ is exc:
+                raise err.with_traceback(err.__traceback__) from None
+            raise
 
-    def _on_checks_changed(self, level: str) -> None:
-        self._level = level
-        if self._current is not None:
-            self._use(self._current)
-
-    def _use(self, cs: CompiledSignature) -> None:
-        self._current = cs
-        dispatch = make_dispatch(
-            cs,
-            self._level,
-            step_id=id(self),
-            name=self._sig.short_name,
-            n_params=len(self._sig.param_names),
-            n_state_params=len(self._sig.state_params),
-            slow_call=self._slow_call,
-            stats=self.stats,
-            not_consumed=self._not_consumed,
-            flat_fields=_flat_fields,
-            marks=self._marks(cs),
-            normalize=self._sig.normalize,
-        )
-        self._dispatch = _with_static(self._sig, dispatch) if self._sig.static_params else dispatch
-
-    def _marks(self, cs: CompiledSignature) -> tuple[tuple[int, type, type], ...]:
-        """The jc.state parameters with donated leaves: (index, class, consumed class)."""
-        if not cs.donated:
-            return ()
-        ends, n = [], 0
-        for spec in cs.spec_args:
-            n += len(jax.tree_util.tree_leaves(spec))
-            ends.append(n)
-        marks = []
-        for i in self._sig.state_params:
-            start = ends[i - 1] if i else 0
-            if is_state(cs.spec_args[i]) and any(start <= d < ends[i] for d in cs.donated):
-                cls = type(cs.spec_args[i])
-                marks.append((i, cls, consumed_class(cls, self._sig.short_name)))
-        return tuple(marks)
-
-    def _put_host_leaves(self, positional: tuple[Any, ...]) -> tuple[Any, ...]:
-        """Host leaves put on the device, in the compiled signature's dtypes when it fits."""
-        leaves, treedef = jax.tree_util.tree_flatten(positional)
-        current = self._current
-        fits = current is not None and treedef == current.in_treedef
-        with jax.transfer_guard_host_to_device("allow"):  # recorded already, as the call's
-            put = [
-                x
-            if isinstance(x, jax.Array)
-                else jax.device_put(np.asarray(x, current.leaves[i].spec.dtype if fits else None))  # type: ignore[union-attr]
-                for i, x in enumerate(leaves)
-            ]
-        return tuple(jax.tree_util.tree_unflatten(treedef, put))
-
-    def _refuse(self, positional: tuple[Any, ...]) -> Exception:
-        self.stats.refused += 1
-        assert self._current is not None
-        return signature_error(self._sig, self._current, len(self._signatures), positional)
-
-    def _not_consumed(self, cs: CompiledSignature, leaves: Any, out: Any) -> DonationError | None:
+    def not_consumed(self, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> DonationError | None:
         """The error for donated buffers XLA copied; ``None`` once a recording loop took it."""
         self.stats.not_consumed += 1
         err = not_consumed_error(self._sig, cs, leaves, out)
@@ -569,108 +433,179 @@ class HotStep(Generic[P, R]):
             f"{self._sig.name}: donated input buffer(s) not consumed (XLA copied "
             f"them): {', '.join(err.leaves)}",
             err.fix or "",
-            DonationError,
         )
         return None
 
-    # -- the slow path -----------------------------------------------------
+    # -- compiling and choosing the call path ------------------------------
+
+    def _new_signature(self, positional: tuple[Any, ...]) -> CompiledSignature:
+        __tracebackhide__ = True
+        if len(self._signatures) >= self._sig.max_compiles:
+            raise self._refuse(positional)
+        cs = compile_signature(self._sig, positional)
+        self._signatures.append(cs)
+        self.stats.compiles += 1
+        self.stats.compile_seconds += cs.compile_seconds
+        self.stats.cache_hits += cs.cache == "hit"
+        self._use(cs)
+        if observers.recorders:
+            observers.compiled(self)
+        return cs
+
+    def _set_dispatch(self, fn: Callable[..., Any]) -> None:
+        """Make ``fn`` the call path (``_raw_dispatch``; ``_call``, timed in loops)."""
+        self._raw_dispatch = fn
+        self._call = self._timed(fn) if _timing.active() else fn
+
+    def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        call, self.timing_hook = _timing.timed(fn, self.timing_counters, self._install_call)
+        return call
+
+    def _install_call(self, fn: Callable[..., Any]) -> None:
+        self._call = fn
+
+    def _use(self, cs: CompiledSignature) -> None:
+        self._current = cs
+        self._set_dispatch(make_dispatch(cs, self._level, self))
+
+    def _refuse(self, positional: tuple[Any, ...]) -> Exception:
+        self.stats.refused += 1
+        assert self._current is not None
+        return signature_error(self._sig, self._current, len(self._signatures), positional)
 
     def _slow(self, *args: Any, **kwargs: Any) -> Any:
-        """Everything the fast paths do not handle; raises before dispatch."""
+        """The call path before the first compile."""
         __tracebackhide__ = True
-        return self._slow_call(args, kwargs, None)
+        return self.slow_call(args, kwargs, None)
 
-    def _slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
-        __tracebackhide__ = True
-        if exc is None:
-            return self._decide(args, kwargs, None)
-        # Called from the closure's `except`: our own diagnosis replaces the
-        # executable's error (its text adds nothing), so it is not chained.
-        try:
-            return self._decide(args, kwargs, exc)
-        except ContractError as err:
-            if err.__context__ is exc:
-                raise err.with_traceback(err.__traceback__) from None
-            raise
 
-    def _decide(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
-        __tracebackhide__ = True
-        sig = self._sig
-        all_leaves = jax.tree_util.tree_leaves((args, kwargs))
-        if not trace_state_clean() or any(isinstance(x, Tracer) for x in all_leaves):
-            # Under an outer transformation (jit, vmap, grad, cond...), even on
-            # concrete arrays it closed over: trace the function, donate nothing.
-            self.stats.traced_calls += 1
-            if sig.static_params:
-                return sig.positional(*sig.normalize(args, kwargs))
-            return sig.fn(*args, **kwargs)
-        positional = sig.normalize(args, kwargs)
-        with_path, treedef = jax.tree_util.tree_flatten_with_path(positional)
-        leaves = [x for _, x in with_path]
-        paths = [sig.param_path(p) for p, _ in with_path]
+# --------------------------------------------------------------------------
+# The slow path: diagnose a call the call path refused, or compile for it
 
-        host = [(p, x) for p, x in zip(paths, leaves) if not isinstance(x, jax.Array)]
-        if host:
-            misuse = api_misuse_error(sig, positional, compiling=False)
-            loop = None if misuse else recording_loop()
-            if loop is None or not loop.checks_transfers:
-                self.stats.refused += 1
-                raise misuse or host_leaves_error(sig, host)
-            # Record mode: the violation, then the call JAX would have made
-            # (the host leaves copied to the device), so the run goes on.
-            loop.violation(
-                "transfer",
-                f"{sig.name}: host argument leaf/leaves copied to the device on every "
-                f"call: {', '.join(f'{p} ({fmt_value(x)})' for p, x in host)}",
-                host_leaves_error(sig, host).fix or "",
-                TransferError,
-            )
-            return self._decide(self._put_host_leaves(positional), {}, exc)
-        current = self._current
-        donated = current.donated if current is not None else sig.donated_leaves([p for p, _ in with_path])
-        ran = exc is not None and is_runtime_error(exc)
-        if ran and any(leaves[i].is_deleted() for i in donated):
-            # The executable failed while running (a callback raised, out of
-            # memory...) after XLA took the donated buffers: JAX's error is the
-            # real one; say what it cost instead of diagnosing the deleted inputs.
-            assert exc is not None
-            exc.add_note(run_failed_note(sig, paths, leaves, donated))
-            raise exc
-        deleted, duplicates = find_hazards(leaves, donated)
-        if deleted or duplicates:
-            self.stats.refused += 1
-            consumers = [consumer_of(positional[p[0].idx]) for p, _ in with_path]
-            raise hazard_error(sig, paths, leaves, deleted, duplicates, donated, consumers)
 
-        with self._compile_lock:  # another thread may be compiling a signature
-            for cs in self._signatures:
-                if not signature_diffs(cs, leaves, treedef):
-                    if exc is not None and cs is current:
-                        if ran and donated:
-                            exc.add_note(run_failed_note(sig, paths, leaves, donated))
-                        raise exc  # the signature is right: a genuine runtime error
-                    self._use(cs)
-                    break
-            else:
-                if self._current is not None and len(self._signatures) >= sig.max_compiles:
-                    raise self._refuse(positional)
-                self._new_signature(positional)
-            dispatch = self._dispatch
-        redispatch = self._redispatch
-        if getattr(redispatch, "active", False):
-            # The call path sent back arguments this path found matching: a
-            # disagreement between the two would recurse without end.
-            raise RecompileError(
-                f"{sig.name}: the call path refused arguments that match its compiled "
-                "signature (an internal disagreement; please report it).",
-                [f"  {p}: {fmt_value(x)}" for p, x in zip(paths, leaves)],
-                fix="as a workaround, set jc.set_checks(\"off\") around this call.",
-                note=INPUTS_INTACT,
-                contract="signature",
-                step=sig.name,
-            )
-        redispatch.active = True
-        try:
-            return dispatch(*positional)
-        finally:
-            redispatch.active = False
+def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
+    __tracebackhide__ = True
+    sig = step._sig
+    all_leaves = jax.tree_util.tree_leaves((args, kwargs))
+    if not trace_state_clean() or any(isinstance(x, Tracer) for x in all_leaves):
+        # Under an outer transformation (jit, vmap, grad, cond...), even on
+        # concrete arrays it closed over: trace the function, donate nothing.
+        step.stats.traced_calls += 1
+        if sig.static_params:
+            return sig.positional(*sig.normalize(args, kwargs))
+        return sig.fn(*args, **kwargs)
+    positional = sig.normalize(args, kwargs)
+    with_path, treedef = jax.tree_util.tree_flatten_with_path(positional)
+    leaves = [x for _, x in with_path]
+    paths = [sig.param_path(p) for p, _ in with_path]
+    host = [(p, x) for p, x in zip(paths, leaves) if not isinstance(x, jax.Array)]
+    if host:
+        return _host_arguments(step, positional, host, exc)
+    current = step._current
+    donated = current.donated if current is not None else sig.donated_leaves([p for p, _ in with_path])
+    ran = exc is not None and is_runtime_error(exc)
+    if ran and any(leaves[i].is_deleted() for i in donated):
+        # The executable failed while running (a callback raised, out of
+        # memory...) after XLA took the donated buffers: JAX's error is the
+        # real one; say what it cost instead of diagnosing the deleted inputs.
+        assert exc is not None
+        exc.add_note(run_failed_note(sig, paths, leaves, donated))
+        raise exc
+    deleted, duplicates = find_hazards(leaves, donated)
+    if deleted or duplicates:
+        step.stats.refused += 1
+        consumers = [consumer_of(positional[p[0].idx]) for p, _ in with_path]
+        raise hazard_error(sig, paths, leaves, deleted, duplicates, donated, consumers)
+    dispatch = _signature_for(step, positional, leaves, treedef, exc, ran, paths, donated)
+    return _redispatch(step, dispatch, positional, paths, leaves)
+
+
+def _host_arguments(
+    step: HotStep[Any, Any], positional: tuple[Any, ...], host: list[tuple[str, Any]], exc: BaseException | None
+) -> Any:
+    """Host leaves: refused, or (a recording loop) recorded and put on the device."""
+    __tracebackhide__ = True
+    sig = step._sig
+    misuse = api_misuse_error(sig, positional, compiling=False)
+    loop = None if misuse else recording_loop()
+    if loop is None or not loop.checks_transfers:
+        step.stats.refused += 1
+        raise misuse or host_leaves_error(sig, host)
+    # Record mode: the violation, then the call JAX would have made
+    # (the host leaves copied to the device), so the run goes on.
+    loop.violation(
+        "transfer",
+        f"{sig.name}: host argument leaf/leaves copied to the device on every "
+        f"call: {', '.join(f'{p} ({fmt_value(x)})' for p, x in host)}",
+        host_leaves_error(sig, host).fix or "",
+    )
+    return _decide(step, _put_host_leaves(step._current, positional), {}, exc)
+
+
+def _put_host_leaves(current: CompiledSignature | None, positional: tuple[Any, ...]) -> tuple[Any, ...]:
+    """Host leaves put on the device, in the compiled signature's dtypes when it fits."""
+    leaves, treedef = jax.tree_util.tree_flatten(positional)
+    fits = current is not None and treedef == current.in_treedef
+    with jax.transfer_guard_host_to_device("allow"):  # recorded already, as the call's
+        put = [
+            x
+            if isinstance(x, jax.Array)
+            else jax.device_put(np.asarray(x, current.leaves[i].spec.dtype if fits else None))  # type: ignore[union-attr]
+            for i, x in enumerate(leaves)
+        ]
+    return tuple(jax.tree_util.tree_unflatten(treedef, put))
+
+
+def _signature_for(
+    step: HotStep[Any, Any],
+    positional: tuple[Any, ...],
+    leaves: list[Any],
+    treedef: Any,
+    exc: BaseException | None,
+    ran: bool,
+    paths: list[str],
+    donated: tuple[int, ...],
+) -> Callable[..., Any]:
+    """The call path for arguments that match a compiled signature (compiled now if
+    ``max_compiles`` allows); re-raises ``exc`` when they match the current one."""
+    __tracebackhide__ = True
+    sig, current = step._sig, step._current
+    with step._compile_lock:  # another thread may be compiling a signature
+        for cs in step._signatures:
+            if not signature_diffs(cs, leaves, treedef):
+                if exc is not None and cs is current:
+                    if ran and donated:
+                        exc.add_note(run_failed_note(sig, paths, leaves, donated))
+                    raise exc  # the signature is right: a genuine runtime error
+                step._use(cs)
+                break
+        else:
+            if step._current is not None and len(step._signatures) >= sig.max_compiles:
+                raise step._refuse(positional)
+            step._new_signature(positional)
+        return step._raw_dispatch
+
+
+def _redispatch(
+    step: HotStep[Any, Any], dispatch: Callable[..., Any], positional: tuple[Any, ...], paths: list[str], leaves: list[Any]
+) -> Any:
+    """Call the chosen call path, once: a refusal of matching arguments is a bug."""
+    __tracebackhide__ = True
+    sig, redispatch = step._sig, step._redispatch
+    if getattr(redispatch, "active", False):
+        # The call path sent back arguments this path found matching: a
+        # disagreement between the two would recurse without end.
+        raise RecompileError(
+            f"{sig.name}: the call path refused arguments that match its compiled "
+            "signature (an internal disagreement; please report it).",
+            [f"  {p}: {fmt_value(x)}" for p, x in zip(paths, leaves)],
+            fix="as a workaround, set jc.set_checks(\"off\") around this call.",
+            note=INPUTS_INTACT,
+            contract="signature",
+            step=sig.name,
+        )
+    redispatch.active = True
+    try:
+        return dispatch(*positional)
+    finally:
+        redispatch.active = False

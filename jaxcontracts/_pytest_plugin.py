@@ -105,28 +105,15 @@ _SUMMARY = pytest.StashKey[dict[str, list[str]]]()
 
 
 def _format(violations: list[Violation], label: str) -> str:
-    """The failure message: a header, then one entry per violation.
+    """The failure message: a header, then one entry per violation (``format_violations``)."""
+    from jaxcontracts._report import format_violations
 
-    Each entry's first line is ``kind  file:line  xCOUNT  what``; the source
-    line and the fix follow, indented.
-    """
     events = sum(v.count for v in violations)
-    kind_w = max(len(v.kind) for v in violations)
-    where_w = max(len(v.where) for v in violations)
-    count_w = max(len(str(v.count)) for v in violations) + 1
-    lines = [
+    header = (
         f"{label}: {len(violations)} violation{'s' * (len(violations) != 1)} "
         f"({events} event{'s' * (events != 1)}) inside the loop"
-    ]
-    for v in violations:
-        lines.append(
-            f"  {v.kind:<{kind_w}}  {v.where:<{where_w}}  {'x' + str(v.count):<{count_w}}  {v.what}"
-        )
-        if v.source:
-            lines.append(f"      > {v.source}")
-        if v.fix:
-            lines.append(f"      Fix: {v.fix}")
-    return "\n".join(lines)
+    )
+    return "\n".join(format_violations(violations, header))
 
 
 # --------------------------------------------------------------------------
@@ -309,7 +296,7 @@ def _snapshot_file(item: pytest.Item) -> pathlib.Path:
 
 def _tolerances(item: pytest.Item, marker: pytest.Mark) -> dict[str, Any]:
     """Defaults, then the ini lines, then the marker's keyword arguments."""
-    from jaxcontracts._snapshot import _field_name, parse_tolerance
+    from jaxcontracts._snapshot import field_name, parse_tolerance
 
     out: dict[str, Any] = {}
     where = "the ini option jc_snapshot_tolerance"
@@ -322,12 +309,12 @@ def _tolerances(item: pytest.Item, marker: pytest.Mark) -> dict[str, Any]:
                 raise pytest.UsageError(
                     f"{where}: {line!r} is not 'field = tolerance' (e.g. 'temporaries = 10%')."
                 )
-            out[_field_name(name.strip())] = parse_tolerance(value.strip())
+            out[field_name(name.strip())] = parse_tolerance(value.strip())
         where = f"@pytest.mark.{SNAPSHOT_MARKER}"
         if marker.args:
             raise ValueError(f"takes keyword arguments only; got {marker.args!r}")
         for name, value in marker.kwargs.items():
-            out[_field_name(name)] = parse_tolerance(value)
+            out[field_name(name)] = parse_tolerance(value)
     except (ValueError, TypeError) as e:  # DefinitionError is a TypeError
         pytest.fail(f"{where}: {e}", pytrace=False)
     return out

@@ -19,12 +19,12 @@ import textwrap
 from collections.abc import Sequence
 
 from ._compat import capabilities
-from ._errors import CONTRACTS, ContractError, DonationError, RecompileError, TransferError
+from ._errors import CONTRACTS, VIOLATIONS, ContractError
 from ._format import fmt_aval, fmt_bytes, fmt_sharding
 from ._records import StepDescription, Violation
 from ._timing import LoopTiming
 
-__all__ = ["Contract", "LeafRow", "Report", "loop_report", "step_report"]
+__all__ = ["Contract", "LeafRow", "Report", "format_violations", "loop_report", "step_report"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,6 +47,7 @@ class Contract:
     ok: bool
     detail: str = ""
     error: type[ContractError] = ContractError
+    key: str = ""  # the contract's key in ``_errors.CONTRACTS``
 
 
 @dataclasses.dataclass
@@ -96,8 +97,9 @@ class Report:
             return
         lines = [f"{self.title}: {len(failed) + len(self.violations)} contract failure(s)"]
         lines += [f"- {c.name}: {c.detail}" for c in failed]
-        lines += [f"- {v.kind} at {v.where} (x{v.count}): {v.what}" for v in self.violations]
-        error = failed[0].error if failed else _VIOLATION_ERRORS.get(self.violations[0].kind, ContractError)
+        if self.violations:
+            lines += format_violations(self.violations, "- violations inside the loop:")
+        error = failed[0].error if failed else VIOLATIONS[self.violations[0].kind].error
         raise error("\n".join(lines))
 
     # -- text ------------------------------------------------------------
@@ -244,12 +246,6 @@ class Report:
         parts.append("</div>")
         return "".join(parts)
 
-
-_VIOLATION_ERRORS: dict[str, type[ContractError]] = {
-    "transfer": TransferError,
-    "compile": RecompileError,
-    "donation": DonationError,
-}
 
 # The HTML must read in any notebook theme. JupyterLab's stylesheet right-aligns
 # table cells and paints every other row (black stripes in its dark theme), and
@@ -408,32 +404,38 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
     }
     missing = [leaf.path for leaf in cs.leaves if leaf.donated and leaf.aliased is False]
     unverified = cs.donated and cs.aliased is None
-    n_donated = len(cs.donated)
-    report.contracts = [
-        Contract(CONTRACTS["carry"], True),
-        Contract(
-            f"{CONTRACTS['aliasing']} ({n_donated} leaves donated)",
+    rows = {
+        # A signature is compiled only once carry invariance held for it.
+        "carry": (True, "", ""),
+        "aliasing": (
             not missing and not unverified,
             "not aliased: " + ", ".join(missing)
             if missing
             else ("not verified: the executable's alias table could not be read" if unverified else ""),
-            DonationError,
+            f" ({len(cs.donated)} leaves donated)",
         ),
-        Contract(
-            "no call refused (recompile, transfer or donation)",
+        "signature": (
             stats.refused == 0,
             f"{stats.refused} call(s) refused" if stats.refused else "",
-            RecompileError,
+            "",
         ),
-        Contract(
-            CONTRACTS["consumed"],
+        "consumed": (
             stats.not_consumed == 0,
             f"{stats.not_consumed} call(s) where XLA copied instead" if stats.not_consumed else "",
-            DonationError,
+            "",
         ),
-        *extra,
-    ]
+    }
+    failed_now = {c.key for c in extra if not c.ok}  # jc.check: this compile's failure
+    report.contracts = [
+        Contract(_STEP_ROW_NAMES.get(key, CONTRACTS[key].sentence) + suffix, ok, detail, CONTRACTS[key].error, key)
+        for key, (ok, detail, suffix) in rows.items()
+        if key not in failed_now
+    ] + list(extra)
     return report
+
+
+# A step's row for the "signature" contract counts every refused call.
+_STEP_ROW_NAMES = {"signature": "no call refused (recompile, transfer or donation)"}
 
 
 def _compiled_from(cache: str | None, seconds: float) -> str:
@@ -448,25 +450,40 @@ def _compiled_from(cache: str | None, seconds: float) -> str:
 
 def error_contract(err: ContractError) -> Contract:
     """A failed contract from a contract error, read from its fields."""
-    return Contract(err.contract_name, False, str(err), type(err))
+    return Contract(err.contract_name, False, str(err), type(err), err.contract)
 
 
 def loop_report(violations: Sequence[Violation], mode: str) -> Report:
-    """The report of a (recording) hot loop."""
+    """The report of a (recording) hot loop: one contract per kind of violation."""
     violations = list(violations)
     report = Report(title="jc.hot_loop", violations=violations)
-    counts = {k: sum(v.count for v in violations if v.kind == k) for k in ("transfer", "compile", "donation")}
     report.facts = [
         ("violations", str(len(violations))),
         ("events", str(sum(v.count for v in violations))),
         ("mode", mode),
     ]
-    report.contracts = [
-        Contract(CONTRACTS["no-transfer"], counts["transfer"] == 0, _n(counts["transfer"]), TransferError),
-        Contract(CONTRACTS["no-compile"], counts["compile"] == 0, _n(counts["compile"]), RecompileError),
-        Contract(CONTRACTS["no-donated-use"], counts["donation"] == 0, _n(counts["donation"]), DonationError),
-    ]
+    for kind, info in VIOLATIONS.items():
+        count = sum(v.count for v in violations if v.kind == kind)
+        report.contracts.append(Contract(info.contract_name, count == 0, _n(count), info.error))
     return report
+
+
+def format_violations(violations: Sequence[Violation], header: str) -> list[str]:
+    """The lines that list violations: ``header``, then per violation
+    ``kind  file:line  xCOUNT  what``, the source line and the fix, indented."""
+    kind_w = max(len(v.kind) for v in violations)
+    where_w = max(len(v.where) for v in violations)
+    count_w = max(len(str(v.count)) for v in violations) + 1
+    lines = [header]
+    for v in violations:
+        lines.append(
+            f"  {v.kind:<{kind_w}}  {v.where:<{where_w}}  {'x' + str(v.count):<{count_w}}  {v.what}"
+        )
+        if v.source:
+            lines.append(f"      > {v.source}")
+        if v.fix:
+            lines.append(f"      Fix: {v.fix}")
+    return lines
 
 
 def _n(count: int) -> str:

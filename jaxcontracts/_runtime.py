@@ -3,9 +3,11 @@
 The loop guard (``_guard``) sits above the call path, so a hot step never
 imports it. Instead both meet here: the thread's active loop (an object with
 a ``violation`` method, set by the guard), a counter that tells a step after
-each call whether any loop is active anywhere, and the last call of each step
-while loops are active, which names arrays in messages (``advance -> .t``) and
-the step that consumed a donated one.
+each call whether any loop is active anywhere, and the questions messages
+ask while a loop runs: which step produced an array (``advance -> .t``), which
+consumed a donated one, which step outputs a frame holds. Those answers come
+from the steps' last-call slots (``_steps``) and the marks on the states
+(``_marks``), read in one place (:func:`find`, :func:`held_outputs`).
 """
 
 from __future__ import annotations
@@ -13,37 +15,26 @@ from __future__ import annotations
 import contextlib
 import itertools
 import threading
-import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from typing import Any, Protocol
 
 import jax
 
-from ._errors import RecompileError
+from . import _steps
+from ._marks import PRODUCED_BY, consumer_of
 
 __all__ = [
-    "CONSUMED_BY",
     "LoopHandle",
     "LoopStack",
-    "clear_calls",
     "compiling",
-    "call_hooks",
     "consumed_by",
-    "recording_loop",
-    "consumer_of",
     "find",
+    "held_outputs",
     "in_hot_loop",
-    "last_output",
     "local",
-    "last_calls",
-    "PRODUCED_BY",
-    "states_in",
-    "call_record",
-    "new_step",
-    "forget_step",
-    "HOOK_EVERY",
-    "run_hook",
     "observers",
+    "recording_loop",
+    "states_in",
     "tracking",
 ]
 
@@ -55,9 +46,8 @@ class LoopHandle(Protocol):
     checks_compiles: bool
     on_violation: str  # "raise" or "record"
 
-    def violation(
-        self, kind: str, what: str, fix: str, error: type[Exception], frame: Any = None
-    ) -> None: ...
+    def violation(self, kind: str, what: str, fix: str, frame: Any = None) -> None:
+        """Raise or record one violation (``kind``: a key of ``_errors.VIOLATIONS``)."""
 
 
 class LoopStack:
@@ -100,34 +90,6 @@ class _Tracking:
 
 
 tracking = _Tracking()
-# Per step (by id): (its short name, its record), for messages and the loop
-# clock. The record is a one-slot list, made once per step by
-# :func:`call_record`; after each call while any loop is active, the call path
-# sets its slot to (the arguments (a tuple, or the one state), the output).
-# One list store per call: a store into this dict costs more (measured).
-last_calls: dict[int, tuple[str, list[Any]]] = {}
-
-
-# No lock guards these records: forget_step runs from a weakref finalizer,
-# that is at any allocation, on any thread, possibly inside call_record or
-# clear_calls; each function is one atomic dict operation or works on a copy.
-
-
-def call_record(step_id: int, name: str) -> list[Any]:
-    """The step's record slot (made on first use, kept across call-path rebuilds)."""
-    return last_calls.setdefault(step_id, (name, [None]))[1]
-
-
-def new_step(step_id: int, name: str) -> None:
-    """A hot step was made: its record starts empty (an entry left under a
-    reused id, by a step whose finalizer missed this dict, is replaced)."""
-    last_calls[step_id] = (name, [None])
-
-
-def forget_step(step_id: int) -> None:
-    """Drop a step's record and hook (the step is being freed; takes no lock)."""
-    last_calls.pop(step_id, None)
-    call_hooks.pop(step_id, None)
 
 
 def in_hot_loop() -> bool:
@@ -144,44 +106,6 @@ def recording_loop() -> LoopHandle | None:
     return None
 
 
-# Per step (by id), while timing loops run: puts the step's timing wrapper
-# back; the call path runs it after every SAMPLE-th call (see _timing.timed).
-call_hooks: dict[int, Callable[[], None]] = {}
-HOOK_EVERY = 64  # calls between runs of a step's hook (_timing.SAMPLE)
-
-
-def run_hook(step_id: int) -> None:
-    """Run a step's hook, if a timing loop set one (every HOOK_EVERY-th call)."""
-    hook = call_hooks.get(step_id)
-    if hook is not None:
-        hook()
-
-
-def _calls() -> list[tuple[str, Any, Any]]:
-    """(name, arguments, output) of each step's last call while loops were active."""
-    return [(name, *rec[0]) for name, rec in list(last_calls.values()) if rec[0] is not None]
-
-
-def last_output(step_id: int) -> Any:
-    """The output of a step's last call while loops were active (None if unknown)."""
-    entry = last_calls.get(step_id)
-    call = None if entry is None else entry[1][0]
-    return None if call is None else call[1]
-
-
-def clear_calls() -> None:
-    """Forget every step's last call (the last loop has exited)."""
-    for _, rec in list(last_calls.values()):
-        rec[0] = None
-
-
-# Key in the ``__dict__`` of a state a hot step returned inside a loop: the
-# step's name (one dict store per call, so that the ``s = step(s)`` path keeps
-# no last-call record: holding the last arguments and output measurably slows
-# a loop of small steps). Pickles and copies drop it (``__jaxcontracts`` prefix).
-PRODUCED_BY = "__jaxcontracts_produced_by__"
-
-
 def find(x: Any, frame: Any = None) -> tuple[str | None, str | None]:
     """(the step that consumed ``x``, ``step -> .path`` of a live output).
 
@@ -191,7 +115,7 @@ def find(x: Any, frame: Any = None) -> tuple[str | None, str | None]:
     step consumed names its consumer. Only called to word a message.
     """
     consumed, produced = None, None
-    for name, args, out in _calls():
+    for name, args, out in _steps.last_calls():
         for p, leaf in jax.tree_util.tree_leaves_with_path(out):
             if leaf is x:
                 produced = f"{name} -> {jax.tree_util.keystr(p)}"
@@ -234,16 +158,29 @@ def states_in(frame: Any) -> list[Any]:
     return found
 
 
-# A jc.state passed to a hot step that donated its buffers changes class to a
-# "consumed" subclass made once per (state class, step) (one __class__ store
-# per call): its class names the step, so messages about the state (a field
-# read, its repr, passing it again, jc.fetch) name the step outside loops too.
-CONSUMED_BY = "__jc_consumed_by__"
+def held_outputs(frame: Any, limit: int = 64) -> list[Any]:
+    """The leaves of the step outputs still live that ``frame`` can see.
 
-
-def consumer_of(state: Any) -> str | None:
-    """The hot step a state was last passed to with donation, if it was marked."""
-    return getattr(type(state), CONSUMED_BY, None)
+    For the loop clock (are they still being computed at exit?): the states
+    hot steps returned that ``frame``'s locals hold (marked by the
+    ``s = step(s)`` path, at most ``limit`` of them), and each step's recorded
+    last output. Never blocks, never reads device memory.
+    """
+    held: list[Any] = []
+    if frame is not None:
+        live = 0
+        for state in states_in(frame):
+            if PRODUCED_BY in state.__dict__ and consumer_of(state) is None:
+                try:
+                    held.extend(jax.tree_util.tree_leaves(state))
+                except Exception:  # noqa: BLE001 - not flattenable: not looked at
+                    continue
+                live += 1
+                if live == limit:  # a long history of live states: enough to tell
+                    break
+    for _, _, out in _steps.last_calls():
+        held.extend(jax.tree_util.tree_leaves(out))
+    return held
 
 
 def consumed_by(x: Any, frame: Any = None) -> str | None:
@@ -265,7 +202,6 @@ def compiling(name: str) -> Iterator[None]:
         f"hot_step {short} would compile a new signature",
         f"compile it before the loop ({short}.compile(State.spec(...)) or one "
         "call), and keep every call's arguments on that signature.",
-        RecompileError,
     )
     local.allow += 1  # record mode: compile without reporting its phases again
     try:
@@ -280,18 +216,13 @@ def compiling(name: str) -> Iterator[None]:
 
 
 class _Observers:
-    """Every hot step alive, the ``jc.fetch`` count, and active recorders.
-
-    A recorder has ``on_compile(step)`` and ``on_loop(loop, entering)``.
+    """The ``jc.fetch`` count and the active recorders (live steps are in
+    ``_steps``). A recorder has ``on_compile(step)`` and ``on_loop(loop, entering)``.
     """
 
     def __init__(self) -> None:
-        self.steps: weakref.WeakSet[Any] = weakref.WeakSet()
         self.recorders: list[Any] = []
         self.fetches = 0
-
-    def step_made(self, step: Any) -> None:
-        self.steps.add(step)
 
     def compiled(self, step: Any) -> None:
         for recorder in list(self.recorders):

@@ -18,6 +18,7 @@ from typing import Any
 
 from ._donation import field_of
 from ._errors import DefinitionError
+from ._fields import data_field_names, is_state, static_field_names
 from ._format import fmt_path, qualname
 from ._spec import StaticArg
 
@@ -111,10 +112,6 @@ class StepSignature:
                 ) from None
             out[i] = StaticArg(value)
         return tuple(out)
-
-    def unwrap_static(self, positional: tuple[Any, ...]) -> tuple[Any, ...]:
-        """The values of :class:`StaticArg` nodes, for calling the function."""
-        return tuple(x.value if isinstance(x, StaticArg) else x for x in positional)
 
     def param_path(self, path: Sequence[Any]) -> str:
         """``s.pos`` for a flat path ``(SequenceKey(0), GetAttrKey('pos'))``."""
@@ -318,16 +315,11 @@ def analyse(
     donate: Any,
     max_compiles: Any,
     localns: dict[str, Any] | None,
-    state_fields: Callable[[Any], tuple[tuple[str, ...], tuple[str, ...]] | None],
     static: Any = (),
     donate_argnames: Any = (),
     stateless: bool = False,
 ) -> StepSignature:
     """Read ``fn``'s signature and the decorator's options.
-
-    Args:
-        state_fields: for a state type, its (data, static) field names, or
-            ``None`` when the type's fields are known only from instances.
 
     Raises:
         DefinitionError: an invalid option, *args/**kwargs, no state
@@ -337,19 +329,66 @@ def analyse(
     partial = fn if isinstance(fn, functools.partial) else None
     name = qualname(partial.func) + "(partial)" if partial is not None else qualname(fn)
     check_options(name, donate, max_compiles)
+    sig, params, method = _parameters(fn, name)
+    hints = _hints(fn, sig, params, localns)
+    static_params = _param_indices(name, "static", static, params)
+    donated_params = _param_indices(name, "donate_argnames", donate_argnames, params)
+    _refuse_contradictions(name, params, static_params, donated_params, signature, stateless)
+    if stateless:
+        return _stateless(
+            fn, name, sig, params, donate, max_compiles, method, static_params, donated_params
+        )
+    if signature is None:
+        signature = _first_annotation(name, params, hints)
+    state_params = _state_params(name, params, hints, signature, static_params)
+    positions = _returned_states(name, params, hints, signature, donate, state_params, donated_params)
+    fields = _state_fields(signature)
+    result = StepSignature(
+        fn=fn,
+        name=name,
+        state_type=signature,
+        param_names=tuple(p.name for p in params),
+        state_params=state_params,
+        return_positions=tuple(positions),
+        donate=tuple(donate) if isinstance(donate, list) else donate,
+        max_compiles=max_compiles,
+        signature=sig,
+        positional=_positional(fn, params, static_params),
+        static_fields=fields[1] if fields else (),
+        data_fields=fields[0] if fields else None,
+        is_method=method,
+        static_params=static_params,
+        donated_params=donated_params,
+    )
+    if fields is not None and positions:
+        check_donated_names(result, fields[0], fields[1])
+    return result
+
+
+def _state_fields(state_type: Any) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
+    """A ``jc.state`` type's (data, static) field names; ``None`` for any other
+    type, whose fields are known only from instances."""
+    if isinstance(state_type, type) and is_state(state_type):
+        return data_field_names(state_type), static_field_names(state_type)
+    return None
+
+
+def _parameters(
+    fn: Callable[..., Any], name: str
+) -> tuple[inspect.Signature, list[inspect.Parameter], bool]:
+    """(the step's signature, its parameters, whether it is a method)."""
     try:
         sig = inspect.signature(fn)
     except (TypeError, ValueError) as e:
         raise DefinitionError(f"@jc.hot_step: cannot read the signature of {name}: {e}") from None
     params = list(sig.parameters.values())
-    if partial is not None:
+    if isinstance(fn, functools.partial):
         # Keyword values bound by functools.partial are configuration, closed
         # over like any other constant: not parameters of the step.
-        params = [p for p in params if p.name not in partial.keywords]
+        params = [p for p in params if p.name not in fn.keywords]
     method = _is_method(fn, params)
     if method:
         params = params[1:]  # `self` is closed over when the method is bound
-    sig = sig.replace(parameters=params)
     variadic = [p.name for p in params if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
     if variadic:
         raise DefinitionError(
@@ -357,15 +396,34 @@ def analyse(
             "cannot be compiled ahead of time with a fixed signature.",
             fix="name every parameter.",
         )
+    return sig.replace(parameters=params), params, method
+
+
+def _hints(
+    fn: Callable[..., Any],
+    sig: inspect.Signature,
+    params: Sequence[inspect.Parameter],
+    localns: dict[str, Any] | None,
+) -> dict[str, Any]:
+    """The resolved annotations (those that cannot be resolved, one by one)."""
+    target = fn.func if isinstance(fn, functools.partial) else fn
     try:
-        hints = typing.get_type_hints(partial.func if partial is not None else fn, localns=localns)
+        return typing.get_type_hints(target, localns=localns)
     except Exception:  # noqa: BLE001 - unresolvable forward refs: one by one
         raw = {p.name: p.annotation for p in params if p.annotation is not p.empty}
         if sig.return_annotation is not sig.empty:
             raw["return"] = sig.return_annotation
-        hints = resolve_each(partial.func if partial is not None else fn, raw, localns)
-    static_params = _param_indices(name, "static", static, params)
-    donated_params = _param_indices(name, "donate_argnames", donate_argnames, params)
+        return resolve_each(target, raw, localns)
+
+
+def _refuse_contradictions(
+    name: str,
+    params: Sequence[inspect.Parameter],
+    static_params: tuple[int, ...],
+    donated_params: tuple[int, ...],
+    signature: Any,
+    stateless: bool,
+) -> None:
     both = [params[i].name for i in static_params if i in donated_params]
     if both:
         raise DefinitionError(
@@ -380,33 +438,43 @@ def analyse(
             fix="drop stateless=True to carry that state, or drop signature= for a "
             "step with no state.",
         )
-    if stateless:
-        return _stateless(
-            fn, name, sig, params, donate, max_compiles, method, static_params, donated_params
+
+
+def _first_annotation(name: str, params: Sequence[inspect.Parameter], hints: dict[str, Any]) -> Any:
+    """The state type when no ``signature=`` is given: the first parameter's annotation."""
+    if not params or params[0].name not in hints:
+        raise DefinitionError(
+            f"@jc.hot_step on {name}: no signature= was given and the "
+            "first parameter is not annotated, so the state type is unknown.",
+            fix="annotate it (def step(s: State) -> State) or pass "
+            "@jc.hot_step(signature=State); a step with no state (only array "
+            "arguments) is @jc.hot_step(stateless=True).",
         )
-    if signature is None:
-        if not params or params[0].name not in hints:
-            raise DefinitionError(
-                f"@jc.hot_step on {name}: no signature= was given and the "
-                "first parameter is not annotated, so the state type is unknown.",
-                fix="annotate it (def step(s: State) -> State) or pass "
-                "@jc.hot_step(signature=State); a step with no state (only array "
-                "arguments) is @jc.hot_step(stateless=True).",
-            )
-        signature = hints[params[0].name]
-        if isinstance(signature, (str, Unresolved)):
-            raise DefinitionError(
-                f"@jc.hot_step on {name}: the state type {signature!r} of the first "
-                "parameter cannot be resolved here (a TYPE_CHECKING import?).",
-                fix=f"import it at run time, or pass @jc.hot_step(signature={signature!r}).",
-            )
+    signature = hints[params[0].name]
+    if isinstance(signature, (str, Unresolved)):
+        raise DefinitionError(
+            f"@jc.hot_step on {name}: the state type {signature!r} of the first "
+            "parameter cannot be resolved here (a TYPE_CHECKING import?).",
+            fix=f"import it at run time, or pass @jc.hot_step(signature={signature!r}).",
+        )
+    return signature
+
+
+def _state_params(
+    name: str,
+    params: Sequence[inspect.Parameter],
+    hints: dict[str, Any],
+    signature: Any,
+    static_params: tuple[int, ...],
+) -> tuple[int, ...]:
+    """The parameters annotated with the state type (never a static one)."""
     state_params = tuple(
         i
         for i, p in enumerate(params)
         if state_type_matches(hints.get(p.name), signature) and i not in static_params
     )
-    type_name = getattr(signature, "__name__", repr(signature))
     if not state_params:
+        type_name = getattr(signature, "__name__", repr(signature))
         listing = ", ".join(
             f"{p.name}: {getattr(hints.get(p.name), '__name__', hints.get(p.name, '(none)'))}"
             for p in params
@@ -418,15 +486,30 @@ def analyse(
             "state type as signature=...; a step with no state is "
             "@jc.hot_step(stateless=True).",
         )
+    return state_params
+
+
+def _returned_states(
+    name: str,
+    params: Sequence[inspect.Parameter],
+    hints: dict[str, Any],
+    signature: Any,
+    donate: Any,
+    state_params: tuple[int, ...],
+    donated_params: tuple[int, ...],
+) -> list[tuple[int, ...]]:
+    """Where the return annotation holds the state (one position per carried state)."""
+    type_name = getattr(signature, "__name__", repr(signature))
     ret = hints.get("return", inspect.Signature.empty)
     if ret is inspect.Signature.empty:
         raise DefinitionError(
             f"@jc.hot_step on {name}: the return annotation is missing, so it is "
             f"unknown whether the step returns its new {type_name} (a carried, "
-            "donated state) or only reads it.\nA hot step that returns its new "
-            f"state: annotate `-> {type_name}` or `-> tuple[{type_name}, Metrics]`; "
-            "one that only reads it (eval, gradients): annotate what it returns, "
-            "e.g. `-> Metrics` or `-> tuple[Grads, Metrics]`."
+            "donated state) or only reads it.",
+            fix=f"for a hot step that returns its new state, annotate `-> {type_name}` "
+            f"or `-> tuple[{type_name}, Metrics]`; for one that only reads it (eval, "
+            "gradients), annotate what it returns, e.g. `-> Metrics` or "
+            "`-> tuple[Grads, Metrics]`.",
         )
     positions = return_positions(ret, signature) or []
     if not positions and isinstance(donate, (tuple, list)):
@@ -448,33 +531,12 @@ def analyse(
     if len(positions) > len(state_params):
         raise DefinitionError(
             f"@jc.hot_step on {name}: {len(state_params)} state "
-            f"parameter(s) but {len(positions)} state(s) in the return annotation.\n"
-            "The k-th returned state is the new value of the k-th state parameter.",
+            f"parameter(s) but {len(positions)} state(s) in the return annotation.",
+            ["The k-th returned state is the new value of the k-th state parameter."],
             fix="return one state per state parameter (state parameters not "
             "returned are read-only inputs).",
         )
-    positional = _positional(fn, params, static_params)
-    fields = state_fields(signature)
-    result = StepSignature(
-        fn=fn,
-        name=name,
-        state_type=signature,
-        param_names=tuple(p.name for p in params),
-        state_params=state_params,
-        return_positions=tuple(positions),
-        donate=tuple(donate) if isinstance(donate, list) else donate,
-        max_compiles=max_compiles,
-        signature=sig,
-        positional=positional,
-        static_fields=fields[1] if fields else (),
-        data_fields=fields[0] if fields else None,
-        is_method=method,
-        static_params=static_params,
-        donated_params=donated_params,
-    )
-    if fields is not None and positions:
-        check_donated_names(result, fields[0], fields[1])
-    return result
+    return positions
 
 
 def _stateless(

@@ -32,6 +32,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
+from . import _steps
 from ._config import get_checks
 from ._errors import DefinitionError
 from ._format import fmt_aval, fmt_sharding
@@ -252,7 +253,7 @@ class Snapshot:
             )
         rules = dict(TOLERANCED)
         for name, tol in (tolerances or {}).items():
-            rules[_field_name(name)] = tol
+            rules[field_name(name)] = tol
         same_versions = dict(self.versions) == dict(other.versions)
         before, after = dict(self.fields), dict(other.fields)
         order = [p for p, _ in self.fields] + [p for p, _ in other.fields if p not in before]
@@ -321,7 +322,7 @@ def _block_summary(fields: Sequence[tuple[Path, str]], block: Path) -> str:
     return "; ".join(shown)
 
 
-def _field_name(name: str) -> str:
+def field_name(name: str) -> str:
     full = _SHORT.get(name, name)
     if full not in TOLERANCED:
         raise DefinitionError(
@@ -590,7 +591,7 @@ class Recorder:
     def start(self) -> Recorder:
         """Begin recording (hooks into hot steps and loops)."""
         self._start_calls = {
-            id(s): (s, s.stats.calls, s.stats.compiles) for s in list(observers.steps)
+            id(s): (s, s.stats.calls, s.stats.compiles) for s in _steps.live()
         }
         observers.recorders.append(self)
         return self
@@ -599,7 +600,7 @@ class Recorder:
         """Stop recording; steps called since :meth:`start` are added."""
         if self in observers.recorders:
             observers.recorders.remove(self)
-        for step in list(observers.steps):
+        for step in _steps.live():
             was = self._start_calls.get(id(step))
             if was is None or was[0] is not step:
                 continue
@@ -621,7 +622,7 @@ class Recorder:
             self._open.append(
                 _Open(
                     loop,
-                    {id(s): s.stats.calls for s in list(observers.steps)} if counted else None,
+                    {id(s): s.stats.calls for s in _steps.live()} if counted else None,
                     observers.fetches,
                     {(v.kind, v.what, v.where): v.count for v in loop.violations},
                 )
@@ -634,7 +635,7 @@ class Recorder:
 
     def _close(self, entry: _Open) -> None:
         loop = entry.loop
-        live = {id(s): s for s in list(observers.steps)}
+        live = {id(s): s for s in _steps.live()}
         calls: dict[int, int | None] = {}
         for sid, step in live.items():
             if entry.calls is None:
@@ -650,7 +651,7 @@ class Recorder:
             n = v.count - entry.violations.get((v.kind, v.what, v.where), 0)
             if n:
                 violations.append((v.kind, v.what, v.where, n))
-        opts = getattr(loop, "_options", {})
+        opts = loop.options
         options = " ".join(f"{k}={opts[k]}" for k in ("transfers", "compiles", "on_violation") if k in opts)
         self.loops.append(
             _LoopRun(options, _names(live[s] for s in calls), calls, observers.fetches - entry.fetches, violations)

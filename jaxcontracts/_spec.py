@@ -28,6 +28,7 @@ __all__ = [
     "diff_specs",
     "fmt_value",
     "leaf_spec",
+    "same_placement",
     "spec_nbytes",
     "spec_of",
 ]
@@ -144,7 +145,12 @@ def describe_leaf(spec: Any, with_sharding: bool) -> str:
     return text
 
 
-def _sharding_equal(a: Any, b: Any, ndim: int) -> bool:
+def same_placement(a: Any, b: Any, ndim: int) -> bool:
+    """Whether two shardings place an ``ndim`` array alike (``None``: unknown, alike).
+
+    Shardings that differ as objects may place the data alike (``P('x',
+    None)`` vs ``P('x')``, a renamed mesh axis); the executable accepts them.
+    """
     if a is None or b is None:
         return True
     if a == b:
@@ -220,7 +226,7 @@ def diff_leaves(
             and same_dtype(e.dtype, g.dtype)
             and bool(getattr(e, "weak_type", False)) == bool(getattr(g, "weak_type", False))
         )
-        shard_same = not sharding or _sharding_equal(
+        shard_same = not sharding or same_placement(
             getattr(e, "sharding", None), getattr(g, "sharding", None), len(e.shape)
         )
         if not (same and shard_same):

@@ -1,11 +1,15 @@
 """Where a hot loop's time goes: host time in steps, time blocked on the device.
 
 A ``jc.hot_loop`` (checks level ``fast`` or ``full``) owns a :class:`LoopClock`.
-While any such loop is active, every hot step's call goes through a thin
-wrapper that adds the call's host time (``perf_counter`` before and after the
-call returns: argument checks, dispatch, the after-call tail) to the clocks of
-the loops active on the calling thread; ``jc.fetch`` and ``block_until_ready``
-add the time they blocked. Outside loops nothing is wrapped.
+While any such loop is active, a hot step's calls are sampled (:func:`timed`):
+its first ``FIRST`` calls inside loops, then one call in ``SAMPLE``, go
+through a thin wrapper that reads ``perf_counter`` before and after the call
+(argument checks, dispatch, the after-call tail) and adds the difference to
+the step's cumulative counters; the other calls run bare. A clock takes the
+counters' difference between a loop's entry and exit. ``jc.fetch`` and
+``block_until_ready`` add the time they blocked. Outside loops nothing is
+wrapped. How the estimate is made, and what it cannot see, is in the
+performance guide (``docs/guides/performance.md``, "How loop timing works").
 
 ``LoopClock.timing()`` turns the sums into a frozen :class:`LoopTiming`,
 with a verdict: ``dispatch-bound`` (the host never waited on the device, and
@@ -20,16 +24,14 @@ import dataclasses
 import textwrap
 import threading
 import time
-import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from jax.tree_util import tree_leaves
-
+from . import _steps
 from ._compat import blocking
-from ._runtime import HOOK_EVERY, last_output
+from ._steps import HOOK_EVERY
 
-__all__ = ["LoopClock", "LoopTiming", "StepTiming", "blocked", "active", "enter", "leave", "register", "timed"]
+__all__ = ["LoopClock", "LoopTiming", "StepTiming", "active", "blocked", "enter", "leave", "timed"]
 
 # Shares of the loop's wall time that decide the verdict.
 DEVICE_BOUND_SHARE = 0.25  # blocked at least this share: the host waited on the device
@@ -45,10 +47,6 @@ class _Local(threading.local):
 _local = _Local()
 _lock = threading.Lock()
 _active = 0  # clocks entered, all threads
-# Hot steps that can be timed: each has ``_timing_acc`` ([host seconds of the
-# timed calls, timed calls, the same for the first-phase calls], cumulative;
-# see :func:`timed`), ``stats.calls``, ``_sig.name`` and ``_timing_changed(on)``.
-_steps: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 # --------------------------------------------------------------------------
@@ -250,12 +248,10 @@ class LoopClock:
             calls = step.stats.calls
             if calls == calls0:
                 continue
-            rec = self.steps.setdefault(step._sig.name, [0, 0.0, 0, 0.0, 0])
+            rec = self.steps.setdefault(step.name, [0, 0.0, 0, 0.0, 0])
             rec[0] += calls - calls0
-            for i, (now, then) in enumerate(zip(step._timing_acc, acc0), 1):
+            for i, (now, then) in enumerate(zip(step.timing_counters, acc0), 1):
                 rec[i] += now - then
-            for leaf in tree_leaves(last_output(id(step))):  # a recorded last output
-                looked[id(leaf)] = leaf
         # Are the step outputs still being computed? (never blocks)
         pending = outputs = 0
         for leaf in looked.values():
@@ -271,7 +267,7 @@ class LoopClock:
 
 
 def _snapshot() -> dict[Any, tuple[float, ...]]:
-    return {step: (step.stats.calls, *step._timing_acc) for step in list(_steps)}
+    return {step: (step.stats.calls, *step.timing_counters) for step in _steps.live()}
 
 
 def enter(clock: LoopClock) -> Any:
@@ -281,8 +277,7 @@ def enter(clock: LoopClock) -> Any:
         _active += 1
         if _active == 1:
             blocking.install(blocked)
-            for step in list(_steps):
-                step._timing_changed(True)
+            _steps.timing_changed(True)
     tid = threading.get_ident()
     depth, start, snapshot = clock._open.get(tid, (0, 0.0, {}))
     if depth == 0:
@@ -295,9 +290,9 @@ def enter(clock: LoopClock) -> Any:
 def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
     """Stop timing (from any thread: the token names the entering thread).
 
-    ``held``: returns the leaves of the step outputs the loop's frame holds
-    at exit, looked at (with the recorded last outputs) for work still
-    queued; called only when the outermost entry on the thread closes.
+    ``held``: returns the leaves of the step outputs the loop can see at exit
+    (``_runtime.held_outputs``), looked at for work still queued; called
+    only when the outermost entry on the thread closes.
     """
     global _active
     clock, tid, local = token
@@ -318,18 +313,12 @@ def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
         _active -= 1
         if _active == 0:
             blocking.uninstall()
-            for step in list(_steps):
-                step._timing_changed(False)
+            _steps.timing_changed(False)
 
 
 def active() -> bool:
     """Whether any timing loop is active (on any thread)."""
     return _active > 0
-
-
-def register(step: Any) -> None:
-    """Time ``step`` while loops are active (it has ``_timing_changed(on)``)."""
-    _steps.add(step)
 
 
 def blocked(where: str, seconds: float) -> None:
@@ -353,7 +342,7 @@ def timed(
     entered (``install(fn)``: the step's calls go to ``fn`` with no frame of
     ours), and the call path, after every ``SAMPLE``-th call of the step
     (``stats.calls``) while a loop is active, runs ``rearm`` from
-    ``_runtime.call_hooks``, which puts the wrapper back for the next call.
+    the step's ``timing_hook``, which puts the wrapper back for the next call.
     So a long loop pays one counter test per call. Calls are counted by the
     step's ``stats.calls``, read when a loop is entered and left.
 

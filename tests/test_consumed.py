@@ -185,7 +185,7 @@ def test_the_base_class_form_is_marked_the_same_way():
 
 
 def test_the_mark_costs_one_class_per_state_class_and_step():
-    from jaxcontracts._state import consumed_class
+    from jaxcontracts._consumed import consumed_class
 
     a, b = S(x=jnp.zeros(3), y=jnp.ones(3)), S(x=jnp.zeros(3), y=jnp.ones(3))
     step(a)
@@ -213,7 +213,7 @@ def test_an_undecorated_subclass_of_a_state_is_refused_at_construction():
     with pytest.raises(jc.DefinitionError, match=r"Sub subclasses the state class S but is not a jc.state itself") as info:
         Sub(x=jnp.zeros(3), y=jnp.ones(3))
     assert "@jc.state class Sub(S)" in str(info.value)
-    from jaxcontracts._state import is_state
+    from jaxcontracts._fields import is_state
 
     assert not is_state(Sub) and is_state(S)
 

@@ -526,7 +526,7 @@ def test_checks_env_variable_is_validated():
 def test_returned_states_carry_a_token_that_replace_tree_map_and_pickle_drop():
     import pickle
 
-    from jaxcontracts._compile import TOKEN_KEY as _TOKEN_KEY
+    from jaxcontracts._marks import TOKEN as _TOKEN_KEY
 
     advance = make_advance()
     q = advance(make_particles())
@@ -542,7 +542,7 @@ def test_the_producer_mark_of_a_state_returned_in_a_loop_is_dropped_by_copies():
     import copy
     import pickle
 
-    from jaxcontracts._runtime import PRODUCED_BY
+    from jaxcontracts._marks import PRODUCED_BY
 
     advance = make_advance()
     q = advance(make_particles())
@@ -604,7 +604,7 @@ def _params_step():
 def test_a_state_with_an_editable_container_is_checked_on_every_call(level):
     # A PyTree field holds a dict the user can edit in place, so a returned
     # state with one gets no token: a token would skip the per-leaf checks.
-    from jaxcontracts._compile import TOKEN_KEY as _TOKEN_KEY
+    from jaxcontracts._marks import TOKEN as _TOKEN_KEY
 
     with jc.checks_level(level):
         step = _params_step()
@@ -626,7 +626,7 @@ def test_a_state_with_an_editable_container_is_checked_on_every_call(level):
 
 
 def test_nested_sealed_states_keep_the_token_path():
-    from jaxcontracts._state import is_sealed_state
+    from jaxcontracts._fields import is_sealed_state
 
     @jc.state
     class Outer:

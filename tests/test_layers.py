@@ -17,56 +17,68 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "jaxcontracts"
 
 # module -> layer. A module may import only modules of a strictly lower layer.
 LAYERS: dict[str, int] = {
-    # 0: plain data, messages and formatting (no other module of the package)
-    "_errors": 0,
+    # 0: plain data, marks, messages and formatting (no other module of the package)
+    "_errors": 0,  # exception classes, the message layout, CONTRACTS and VIOLATIONS
     "_records": 0,
     "_format": 0,
     "_dtypes": 0,
     "_donation": 0,
-    # 1: configuration, the capability registry, the loop/step meeting point
-    "_config": 1,
+    "_marks": 0,  # the marks put on states and state classes
+    # 1: the registry of live steps, the capability registry
+    "_steps": 1,
     "_compat.registry": 1,
-    "_runtime": 1,
-    # 2: each private mechanism, behind a named capability
-    "_compat.arrays": 2,
-    "_compat.blocking": 2,
-    "_compat.events": 2,
-    "_compat.executable": 2,
-    "_compat.frames": 2,
-    "_compat.hostcopy": 2,
-    "_compat.jaxtyping": 2,
-    "_compat.runtime_errors": 2,
-    "_compat.threadguard": 2,
-    "_compat.guardlog": 2,
-    "_compat.tracing": 2,
-    "_compat": 3,
-    # annotations -> specs -> states
-    "_annotations": 3,
-    "_foreign": 3,  # jc.device_tree: any pytree -> device leaves
-    "_timing": 3,  # a loop's clock: timed step calls, time blocked on the device
-    "_report": 4,  # renders records; below everything that returns a report
-    "_spec": 4,
-    "_state": 5,
+    # 2: configuration, the loop/step meeting point
+    "_config": 2,
+    "_runtime": 2,
+    # 3: each private mechanism, behind a named capability
+    "_compat.arrays": 3,
+    "_compat.blocking": 3,
+    "_compat.events": 3,
+    "_compat.executable": 3,
+    "_compat.frames": 3,
+    "_compat.hostcopy": 3,
+    "_compat.jaxtyping": 3,
+    "_compat.runtime_errors": 3,
+    "_compat.threadguard": 3,
+    "_compat.guardlog": 3,
+    "_compat.tracing": 3,
+    "_compat": 4,
+    # annotations -> specs; what the loop guard is built from
+    "_annotations": 4,
+    "_foreign": 4,  # jc.device_tree: any pytree -> device leaves
+    "_timing": 4,  # a loop's clock: timed step calls, time blocked on the device
+    "_userline": 4,  # the user's frame and line, for messages
+    "_report": 5,  # renders records; below everything that returns a report
+    "_spec": 5,
+    "_fetch": 5,  # jc.fetch
+    "_intercept": 5,  # read, buffer and compile interceptors
+    "_translate": 5,  # JAX runtime errors leaving a loop -> contract errors
+    # states: fields -> validation / consumed classes -> spec()/zeros() -> the decorator
+    "_fields": 6,
+    "_validate": 7,
+    "_consumed": 7,
+    "_construct": 8,
+    "_state": 9,
     # the compiled signature -> the call path -> the step
-    "_signature": 6,
-    "_compile": 7,
-    "_callpath": 8,
-    "_diagnose": 8,
-    "_hot_step": 9,
+    "_signature": 10,
+    "_compile": 11,
+    "_callpath": 12,
+    "_diagnose": 12,
+    "_hot_step": 13,
     # the loop guard, then what uses everything
-    "_guard": 10,
-    "_check": 11,
-    "_info": 11,
-    "_snapshot": 11,
+    "_guard": 14,
+    "_check": 15,
+    "_info": 15,
+    "_snapshot": 15,
     # public API users: may import the package itself (its lazy __init__)
-    "_pytest_plugin": 12,
-    "demo.simulation": 12,
-    "demo.regressions": 13,
-    "demo.cli": 14,
-    "demo": 15,
-    "__main__": 16,
+    "_pytest_plugin": 16,
+    "demo.simulation": 16,
+    "demo.regressions": 17,
+    "demo.cli": 18,
+    "demo": 19,
+    "__main__": 20,
 }
-PUBLIC_API_USERS = 12  # from this layer up, `import jaxcontracts` is allowed
+PUBLIC_API_USERS = 16  # from this layer up, `import jaxcontracts` is allowed
 
 
 def _modules() -> dict[str, pathlib.Path]:

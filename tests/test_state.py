@@ -268,8 +268,8 @@ def test_subclass_runs_the_base_post_init_like_a_dataclass(form, monkeypatch):
                 ran.append(("quiet", type(self).__name__))
 
     validated = []
-    original = _state._validate
-    monkeypatch.setattr(_state, "_validate", lambda self: (validated.append(1), original(self)))
+    original = _state.validate
+    monkeypatch.setattr(_state, "validate", lambda self: (validated.append(1), original(self)))
     Plain(x=1.0, y=2.0)
     assert ran == [("base", "Plain")] and len(validated) == 1
     ran.clear(), validated.clear()
@@ -428,13 +428,13 @@ def test_no_validation_inside_a_trace_or_on_unflatten(monkeypatch):
     from jaxcontracts import _state
 
     calls = []
-    original = _state._validate
+    original = _state.validate
 
     def spy(self):
         calls.append(type(self).__name__)
         return original(self)
 
-    monkeypatch.setattr(_state, "_validate", spy)
+    monkeypatch.setattr(_state, "validate", spy)
     p = make_particles()
     calls.clear()
     jax.tree_util.tree_map(lambda x: x + 1, p)  # unflatten: no __init__

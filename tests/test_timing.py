@@ -79,13 +79,13 @@ def test_both_spellings_of_block_until_ready_are_counted_once_and_restored(tick)
 
 def test_steps_are_wrapped_only_while_a_loop_is_active(tick):
     s = tick(fresh())
-    assert tick._call is tick._dispatch
+    assert tick._call is tick._raw_dispatch
     with jc.hot_loop():
-        assert tick._call is not tick._dispatch
+        assert tick._call is not tick._raw_dispatch
         made = make_step("made_inside")  # a step made inside the loop is timed too
         assert made._call is not made._dispatch
         s = tick(s)
-    assert tick._call is tick._dispatch and made._call is made._dispatch
+    assert tick._call is tick._raw_dispatch and made._call is made._dispatch
 
 
 def test_past_the_first_calls_one_in_sixteen_runs_through_the_wrapper(tick):
@@ -98,16 +98,16 @@ def test_past_the_first_calls_one_in_sixteen_runs_through_the_wrapper(tick):
     n = _timing.FIRST + 10 * _timing.SAMPLE
     with jc.hot_loop() as loop:
         for _ in range(n):
-            bare += tick._call is tick._dispatch  # what the next call goes to
+            bare += tick._call is tick._raw_dispatch  # what the next call goes to
             s = tick(s)
-    seconds, timed, first_seconds, first_timed = tick._timing_acc
+    seconds, timed, first_seconds, first_timed = tick.timing_counters
     assert first_timed == _timing.FIRST and 0 < first_seconds < seconds
     assert tick.stats.calls == n + 1 and loop.timing.calls == n
     # The first FIRST, then the one whose entry takes the wrapper out; then
     # one after each multiple of SAMPLE in stats.calls (80, 96, ..., 224).
     assert timed == _timing.FIRST + 1 + 10
     assert bare == n - timed
-    assert tick._call is tick._dispatch  # after the loop: bare
+    assert tick._call is tick._raw_dispatch  # after the loop: bare
     assert seconds > 0 and loop.timing.steps[0].calls == n
 
 
@@ -136,7 +136,7 @@ def test_checks_level_off_times_nothing(tick):
     jc.set_checks("off")
     try:
         with jc.hot_loop() as loop:
-            assert tick._call is tick._dispatch
+            assert tick._call is tick._raw_dispatch
             s = tick(s)
     finally:
         jc.set_checks("full")
@@ -222,78 +222,77 @@ def test_the_exit_looks_at_most_at_64_live_states_its_frame_holds():
     # frame: the exit looks at 64 of them for queued work, not at all of them.
     import sys
 
-    from jaxcontracts import _guard
-    from jaxcontracts._runtime import PRODUCED_BY
+    from jaxcontracts._marks import PRODUCED_BY
+    from jaxcontracts._runtime import held_outputs
 
     history = [fresh() for _ in range(100)]
     for s in history:
         s.__dict__[PRODUCED_BY] = "tick"  # as a hot step inside a loop marks its output
     per_state = len(jax.tree_util.tree_leaves(history[0]))
-    assert len(_guard._held_outputs(sys._getframe())) == 64 * per_state
+    assert len(held_outputs(sys._getframe())) == 64 * per_state
     del history[1:], s  # the loop variable held the last one
-    assert len(_guard._held_outputs(sys._getframe())) == per_state
+    assert len(held_outputs(sys._getframe())) == per_state
 
 
-def test_a_step_freed_while_the_records_change_does_not_deadlock(monkeypatch):
-    # A hot step's record is dropped by a weakref finalizer, which runs at
-    # any allocation: possibly inside call_record or clear_calls on the same
-    # thread. (With a lock there, CI's newest-jax leg hung for good.)
+def test_steps_freed_while_the_registry_is_read_leave_it_and_nothing_hangs():
+    # Steps in reference cycles are freed by the cycle collector, which runs
+    # at any allocation: here, in the middle of set_checks() telling every
+    # live step. (The id-keyed records this registry replaced deadlocked on
+    # a finalizer once, and once named a dead step for a new one.)
     import gc
     import threading
+    import weakref
 
-    from jaxcontracts import _runtime
-
-    class Collecting(dict):  # every access collects garbage, as an allocation may
-        def setdefault(self, *args):
-            gc.collect()
-            return super().setdefault(*args)
-
-        def values(self):
-            gc.collect()
-            return super().values()
-
-    original = _runtime.last_calls
-    records = Collecting(original)
-    monkeypatch.setattr(_runtime, "last_calls", records)
+    from jaxcontracts import _steps
 
     def ident(c: Clock) -> Clock:
         return c
 
-    def doomed() -> int:
+    def doomed() -> weakref.ref:
         step = jc.hot_step(ident, signature=Clock)
         step.cycle = step  # freed only by the cycle collector
-        _runtime.call_record(id(step), "doomed")
-        return id(step)
+        step.last_call[0] = ((fresh(),), None)
+        return weakref.ref(step)
 
-    gone = [doomed(), doomed()]
+    gone = [doomed() for _ in range(20)]
+    collector = jc.hot_step(ident, signature=Clock)
+    collector.checks_changed = lambda level: gc.collect()  # collects mid-iteration
     finished = threading.Event()
 
     def work() -> None:
-        _runtime.call_record(-1, "x")  # collects: the first finalizer runs in here
-        gone.append(doomed())
-        _runtime.clear_calls()  # collects again
+        jc.set_checks("fast")
+        jc.set_checks("full")
+        list(_steps.last_calls())
+        _steps.clear_last_calls()
         finished.set()
 
     thread = threading.Thread(target=work, daemon=True)
     thread.start()
-    assert finished.wait(60), "deadlocked: a finalizer waited on a lock its own thread held"
-    assert not any(i in records for i in gone)
-    for step_id in set(original) - set(records):  # steps freed meanwhile: forgotten here too
-        original.pop(step_id, None)
+    assert finished.wait(60), "hung while steps were freed"
+    gc.collect()
+    assert all(r() is None for r in gone)
+    live = _steps.live()
+    assert collector in live and not any(r() in live for r in gone)
+    assert "ident" not in [name for name, _, _ in _steps.last_calls()]
 
 
-def test_a_new_step_replaces_a_record_left_under_its_id():
-    # An entry left under a reused id (a step whose finalizer ran against
-    # another dict) must never name the old step in a new step's messages.
-    from jaxcontracts import _runtime
+def test_a_new_step_starts_with_no_last_call_whatever_id_it_gets():
+    import gc
 
-    key = -12345
-    x = jnp.zeros(3)
-    _runtime.last_calls[key] = ("sgd", [((x,), None)])
-    try:
-        _runtime.new_step(key, "dstep")
-        assert _runtime.call_record(key, "dstep") == [None]
-        assert _runtime.last_calls[key][0] == "dstep"
-    finally:
-        _runtime.forget_step(key)
-    assert key not in _runtime.last_calls
+    from jaxcontracts import _steps
+
+    def sgd(c: Clock) -> Clock:
+        return c
+
+    def dstep(c: Clock) -> Clock:
+        return c
+
+    old = jc.hot_step(sgd, signature=Clock)
+    old.last_call[0] = ((fresh(),), None)
+    old_id = id(old)
+    del old
+    gc.collect()
+    made = [jc.hot_step(dstep, signature=Clock) for _ in range(50)]  # one may reuse the id
+    assert all(step.last_call == [None] for step in made)
+    assert "sgd" not in [name for name, _, _ in _steps.last_calls()]
+    assert old_id not in {id(step) for step in _steps.live() if step.short_name == "sgd"}

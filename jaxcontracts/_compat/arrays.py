@@ -19,6 +19,7 @@ from .registry import capability, define
 
 __all__ = [
     "OPTIONAL_READ_METHODS",
+    "READS",
     "READ_METHODS",
     "is_unset_error",
     "ArrayImpl",
@@ -60,23 +61,29 @@ KeyArray = _key_array_class()
 def _probe_key_array() -> str | None:
     return None if KeyArray is not None else "PRNGKeyArray moved"
 
-#: The read methods intercepted inside a hot loop, and ``_value`` (a property).
-READ_METHODS = (
-    "__float__",
-    "__int__",
-    "__bool__",
-    "__complex__",
-    "__index__",
-    "__format__",
-    "__repr__",
-    "__str__",
-    "__reduce__",
-    "__array__",
-    "__iter__",
-    "tolist",
-    "item",
-    "tobytes",
-)
+#: Every read a hot loop intercepts, and how its messages word it: the read
+#: methods of ``ArrayImpl``, its ``_value`` property, and the buffer protocol.
+READS: dict[str, str] = {
+    "__float__": "float()",
+    "__int__": "int()",
+    "__bool__": "bool() (an `if` or `while` on an array?)",
+    "__complex__": "complex()",
+    "__index__": "use as an index (list index, range(), slice bound)",
+    "__format__": "formatting (f-string or format())",
+    "__repr__": "repr()",
+    "__str__": "str() / print()",
+    "__reduce__": "pickling",
+    "__array__": "conversion to numpy (np.asarray / np.array / a numpy ufunc)",
+    "__iter__": "iteration (one dispatch and read per element)",  # sharded arrays only
+    "tolist": ".tolist()",
+    "item": ".item()",
+    "tobytes": ".tobytes()",
+    "__dlpack__": "a DLPack export of a CPU array (np.from_dlpack)",
+    "_value": "reading its value",
+    "buffer": "the buffer protocol (np.asarray, memoryview, np.frombuffer, hashlib)",
+}
+#: The read methods intercepted inside a hot loop (``_value`` is a property).
+READ_METHODS = tuple(READS)[: tuple(READS).index("__dlpack__")]
 #: Read methods guarded where this jax has them (the probe does not require them).
 OPTIONAL_READ_METHODS = ("__dlpack__",)
 

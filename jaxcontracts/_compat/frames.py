@@ -12,11 +12,9 @@ import sys
 from types import FrameType
 from typing import Any
 
-import jax
-
 from .registry import capability, define
 
-__all__ = ["allowed_reader", "caller_frame", "caller_locals", "jax_dir", "notebook_cell"]
+__all__ = ["allowed_reader", "caller_frame", "caller_locals", "notebook_cell"]
 
 
 @define(
@@ -42,10 +40,6 @@ def caller_locals(depth: int) -> dict[str, Any]:
     """A copy of the locals of the frame ``depth`` levels above the caller."""
     frame = caller_frame(depth + 1)
     return dict(frame.f_locals) if frame is not None else {}
-
-
-def jax_dir() -> str:
-    return os.path.dirname(os.path.abspath(jax.__file__))
 
 
 # Host callbacks (jax.debug.print, pure_callback) and an explicit device_get

@@ -1,0 +1,109 @@
+"""The one registry of live hot steps, and what every module may read of one.
+
+A hot step registers itself when it is made; the registry holds it weakly,
+so a step that is freed leaves it with no finalizer and no id to reuse. The
+modules that need every live step read them here: the checks level
+(``_config``) tells each one the level changed, the loop clock (``_timing``)
+turns timing on and off and reads the counters, messages (``_runtime``) read
+the last-call slots, contract snapshots (``_snapshot``) read the counts.
+Each reads only the :class:`LiveStep` protocol below, never a private
+attribute.
+"""
+
+from __future__ import annotations
+
+import weakref
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ._records import StepDescription, StepStats
+
+__all__ = [
+    "HOOK_EVERY",
+    "LiveStep",
+    "checks_changed",
+    "clear_last_calls",
+    "last_calls",
+    "live",
+    "register",
+    "timing_changed",
+]
+
+#: Calls between two runs of a step's ``timing_hook`` (``_timing.SAMPLE``).
+HOOK_EVERY = 64
+
+
+class LiveStep(Protocol):
+    """What the registry and its readers need of a hot step (``jc.HotStep``)."""
+
+    @property
+    def name(self) -> str:
+        """``module.qualname`` of the step."""
+        ...
+
+    @property
+    def short_name(self) -> str:
+        """The step's own name (``advance``), as messages write it."""
+        ...
+
+    stats: StepStats
+    #: Cumulative host time of the timed calls inside loops: [seconds, calls,
+    #: first-phase seconds, first-phase calls] (see ``_timing.timed``).
+    timing_counters: list[float]
+    #: One slot: ``(arguments, output)`` of the last call made while any loop
+    #: was active, for steps off the ``s = step(s)`` path (that path marks its
+    #: output instead, ``_marks.PRODUCED_BY``); ``None`` when unknown.
+    last_call: list[Any]
+    #: Set by a timing loop; the call path runs it after every
+    #: ``HOOK_EVERY``-th call (``None``: nothing to run).
+    timing_hook: Callable[[], None] | None
+
+    def checks_changed(self, level: str) -> None:
+        """The checks level changed: build the call path for ``level``."""
+
+    def timing_changed(self, on: bool) -> None:
+        """A timing loop became active (``on``), or the last one ended."""
+
+    def describe(self) -> StepDescription:
+        """The step's frozen record (for contract snapshots)."""
+        ...
+
+
+_live: weakref.WeakSet[Any] = weakref.WeakSet()
+
+
+def register(step: LiveStep) -> None:
+    """Add a step to the registry (held weakly: it leaves when it is freed)."""
+    _live.add(step)
+
+
+def live() -> list[LiveStep]:
+    """Every live step, in no particular order (a copy: safe to iterate)."""
+    return list(_live)
+
+
+def checks_changed(level: str) -> None:
+    """Tell every live step that the checks level is now ``level``."""
+    for step in live():
+        step.checks_changed(level)
+
+
+def timing_changed(on: bool) -> None:
+    """Tell every live step that timing is now ``on`` (or off)."""
+    for step in live():
+        step.timing_changed(on)
+
+
+def last_calls() -> Iterator[tuple[str, Any, Any]]:
+    """``(short name, arguments, output)`` of each step's recorded last call."""
+    for step in live():
+        call = step.last_call[0]
+        if call is not None:
+            yield (step.short_name, *call)
+
+
+def clear_last_calls() -> None:
+    """Forget every step's last call (the last loop has exited)."""
+    for step in live():
+        step.last_call[0] = None

@@ -1,0 +1,163 @@
+"""Finding the user's line: the frame, ``file:line`` and source text a message points at.
+
+A violation is reported at the innermost frame of the user's own code: not
+JAX's, numpy's or the standard library's, not this package's private modules,
+and (preferably) not an installed package's (flax, optax, jax_md...), so a
+read inside a library the user called is reported at the user's call.
+"""
+
+from __future__ import annotations
+
+import ast
+import contextlib
+import io
+import linecache
+import os
+import sysconfig
+import tokenize
+from types import FrameType
+from typing import Any
+
+import jax
+import numpy as np
+
+from ._compat import frames
+
+__all__ = ["host_read_on_line", "is_library", "traceback_where", "user_frame", "where"]
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+_SKIP_DIRS = tuple(
+    os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+    for m in (jax, np, contextlib)
+    if getattr(m, "__file__", None)
+)
+try:
+    import jaxlib
+
+    _SKIP_DIRS += (os.path.dirname(os.path.abspath(jaxlib.__file__)) + os.sep,)
+except ImportError:  # pragma: no cover
+    pass
+_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+
+
+_INSTALLED = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+
+
+def _is_installed(filename: str) -> bool:
+    """Code of an installed package (site-packages / dist-packages): jax_md,
+    flax, optax... A message points at the user's line that called into it."""
+    return any(marker in os.path.abspath(filename) for marker in _INSTALLED)
+
+
+def is_library(filename: str, installed: bool = True) -> bool:
+    """Library code: JAX, numpy, the standard library, our private modules,
+    and (``installed=True``) any installed package.
+
+    A module of this package is library code when its path below the package
+    has a component starting with ``_`` (``_guard.py``, ``_compat/...``,
+    ``__main__.py``); public subpackages such as ``jaxcontracts.demo`` are
+    code written as a user would, and messages point into them.
+    """
+    if filename.startswith("<frozen"):
+        return True
+    path = os.path.abspath(filename)
+    if path.startswith(_PACKAGE_DIR + os.sep):
+        # Checked first: an installed package may sit under a skipped folder.
+        parts = path[len(_PACKAGE_DIR) + 1 :].split(os.sep)
+        return any(part.startswith("_") for part in parts)
+    if path.startswith(_SKIP_DIRS):
+        return True
+    if installed and _is_installed(path):
+        return True
+    return path.startswith(_STDLIB) and "site-packages" not in path
+
+
+def user_frame(frame: FrameType | None = None) -> FrameType | None:
+    """The innermost frame of the user's own code (not JAX's, not an
+    installed package's); when every frame is installed code (a program run
+    from site-packages), the innermost one outside JAX, numpy and the
+    standard library."""
+    frame = frame or frames.caller_frame(2)
+    for installed in (True, False):
+        f = frame
+        while f is not None and is_library(f.f_code.co_filename, installed):
+            f = f.f_back
+        if f is not None:
+            return f
+    return frame
+
+
+def where(frame: FrameType | None, lineno: int | None = None) -> tuple[str, str]:
+    """(``file:line``, the source text of that line)."""
+    if frame is None:
+        return "<unknown>", ""
+    filename = frame.f_code.co_filename
+    lineno = frame.f_lineno if lineno is None else lineno
+    text = linecache.getline(filename, lineno).strip()
+    cell = frames.notebook_cell(filename)
+    if cell is not None:  # name it as IPython's tracebacks do
+        return f"Cell In[{cell}], line {lineno}", text
+    short = filename
+    if not filename.startswith("<"):
+        try:
+            rel = os.path.relpath(filename)
+            short = rel if not rel.startswith(".." + os.sep + "..") else filename
+        except ValueError:  # another drive
+            pass
+    return f"{short}:{lineno}", text
+
+
+def traceback_where(tb: Any) -> tuple[str, str]:
+    """``file:line`` of the innermost user frame of a traceback."""
+    found: dict[bool, tuple[Any, int]] = {}
+    while tb is not None:
+        for installed in (True, False):
+            if not is_library(tb.tb_frame.f_code.co_filename, installed):
+                found[installed] = (tb.tb_frame, tb.tb_lineno)
+        tb = tb.tb_next
+    best = found.get(True) or found.get(False)
+    return where(*best) if best else ("<unknown>", "")
+
+
+def _strip_comment(line: str) -> str:
+    """``line`` without its trailing ``# comment`` (strings are respected)."""
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(line).readline):
+            if tok.type == tokenize.COMMENT:
+                return line[: tok.start[1]].rstrip()
+    except (tokenize.TokenError, SyntaxError):
+        pass
+    return line.rstrip()
+
+
+_READ_CALLS = {"bool", "float", "int", "complex", "item", "tolist", "asarray", "array"}
+
+
+def host_read_on_line(user: FrameType | None) -> str | None:
+    """How the user's line reads an eager result on the host, if it visibly does.
+
+    ``if``/``while``/``assert``/a ternary test a value on the host (``bool()``),
+    and ``float()``, ``int()``, ``.item()``, ``.tolist()``, ``np.asarray`` copy
+    it; the compile the guard saw is that expression's eager op.
+    """
+    text = where(user)[1]
+    if not text:
+        return None
+    source = _strip_comment("if" + text[4:] if text.startswith("elif ") else text)
+    try:
+        tree = ast.parse(source + " pass" if source.endswith(":") else source)
+    except SyntaxError:
+        return None
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.If, ast.While, ast.IfExp)):
+            return f"the `{'while' if isinstance(node, ast.While) else 'if'}` on this line"
+        if isinstance(node, ast.Assert):
+            return "the `assert` on this line"
+        if isinstance(node, ast.Call):
+            f = node.func
+            called = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+            if called in _READ_CALLS:
+                return f"{called}() on this line"
+    return None
+
