@@ -45,3 +45,10 @@ def all_deleted(tree) -> bool:
     return all(
         x.is_deleted() for x in jax.tree_util.tree_leaves(tree) if isinstance(x, jax.Array)
     )
+
+
+def _warm_then_loop(fn, **loop):
+    """Run ``fn`` once, then once more inside ``jc.hot_loop(**loop)``; return that result."""
+    fn()  # the first iteration compiles the eager ops, as a loop's warm-up would
+    with jc.hot_loop(**loop):
+        return fn()

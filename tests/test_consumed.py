@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import Particles, advance_fn, make_particles
 from jaxtyping import Array, Float32, Int32, PyTree
 
 import jaxcontracts as jc
@@ -127,7 +128,7 @@ def test_record_mode_records_the_stale_read_once():
         new = step(s)
         try:
             float(s.x[0])  # the read, then a use of the deleted value, one line
-        except Exception:  # noqa: BLE001 - JAX's own error for the deleted array
+        except RuntimeError:  # JAX's own error for the deleted array ("Array has been deleted")
             pass
     (v,) = loop.violations
     assert v.kind == "donation" and "S.x: f32[3] was donated to step" in v.what
@@ -249,3 +250,14 @@ def test_full_refuses_deleted_or_repeated_buffers_before_xla_prints(capfd):
             step(S(x=a, y=a))
         assert "ExecutePrepare" not in capfd.readouterr().err
         assert with_arg(live, jnp.ones(3)).x.tolist() == [2.0] * 3
+
+
+def test_stale_state_is_explained_without_an_xla_error_line(capfd):
+    advance = jc.hot_step(advance_fn, signature=Particles)
+    p = advance(make_particles())
+    q = advance(p)  # p is now stale
+    capfd.readouterr()
+    with pytest.raises(jc.DonationError, match="already"):
+        advance(p)
+    assert "ExecutePrepare" not in capfd.readouterr().err
+    assert q.pos.shape == (4, 3)

@@ -556,6 +556,27 @@ def test_the_producer_mark_of_a_state_returned_in_a_loop_is_dropped_by_copies():
     assert repr(jax.tree_util.tree_map(lambda x: x, r)) == repr(r)  # not shown
 
 
+def test_the_state_path_keeps_no_argument_or_output_alive_inside_a_loop():
+    # The `s = step(s)` path records nothing per call (a record of the last
+    # arguments and output slowed loops of small steps by ~3%): once the
+    # caller drops them, the consumed state and a returned state are freed.
+    import gc
+    import weakref
+
+    advance = jc.hot_step(advance_fn, signature=Particles)
+    p = advance(make_particles())
+    with jc.hot_loop():
+        consumed = weakref.ref(p)
+        q = advance(p)
+        del p
+        returned = weakref.ref(q)
+        r = advance(q)
+        del q
+        gc.collect()
+        assert consumed() is None and returned() is None
+        assert float(jc.fetch(r.t)) == pytest.approx(0.03)  # the loop still sees its state
+
+
 def test_token_path_still_catches_every_hazard(monkeypatch):
 
     advance = make_advance()
@@ -657,6 +678,46 @@ def test_token_path_checks_the_other_arguments():
     assert push.stats.calls == 2
 
 
+@jc.state
+class _One:
+    x: Float32[Array, "n"]
+
+
+@jc.hot_step(signature=_One, donate="all")
+def _bump(s: _One) -> _One:
+    return _One(x=s.x + 1)
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_a_token_state_deleted_by_plain_jax_is_explained_without_an_xla_error_line(capfd, level):
+    """A state a hot step returned keeps its class and token when a plain
+    ``jax.jit(donate_argnums=0)`` consumes it; the provenance path still looks
+    at its first buffer before calling, so XLA prints nothing."""
+    with jc.checks_level(level):
+        s = _bump(_bump(_One(x=jnp.zeros(3))))  # a warm call's output: the provenance path
+        t = jax.jit(lambda s: s, donate_argnums=0)(s)  # its buffer passes to t
+        assert type(s) is _One  # not marked: no hot step consumed it
+        capfd.readouterr()
+        with pytest.raises(jc.DonationError, match="already deleted"):
+            _bump(s)
+        assert "ExecutePrepare" not in capfd.readouterr().err
+        assert _bump(t).x.tolist() == [3.0] * 3
+
+
+@pytest.mark.parametrize("level", ["off", "fast", "full"])
+def test_a_token_state_by_keyword_or_with_wrong_arguments_takes_the_checked_path(level):
+    with jc.checks_level(level):
+        s = _bump(_bump(_One(x=jnp.zeros(3))))
+        s = _bump(s=s)  # by keyword: bound to its position, same result
+        # jc.fetch, not .tolist(): jaxlib 0.11.2 pins a CPU buffer after a plain read
+        assert jc.fetch(s.x).tolist() == [3.0] * 3
+        with pytest.raises(TypeError, match="missing a required argument: 's'"):
+            _bump()
+        with pytest.raises(TypeError, match="too many positional arguments"):
+            _bump(s, s)
+        assert _bump(s).x.tolist() == [4.0] * 3  # refused calls consumed nothing
+
+
 def test_compile_time_contracts_run_at_every_checks_level():
     @jc.hot_step
     def step(s: dict) -> dict:
@@ -727,6 +788,29 @@ def test_arrays_on_other_devices_fed_to_a_step_in_a_hot_loop_are_transfers(mesh2
             advance(elsewhere)
     assert "p.pos: compiled with f32[4,3] sharded single device cpu:0" in str(info.value)
     assert alive(elsewhere)
+
+
+@jc.state
+class S:
+    x: Float32[Array, "n"]
+
+
+@jc.hot_step(signature=S)
+def scaled(s: S, k: Float32[Array, ""]) -> S:
+    return S(x=s.x * k)
+
+
+def test_a_python_float_to_a_step_in_a_loop_is_named_without_touching_the_device():
+    """The message used to call jnp.asarray, and the user got `RecompileError:
+    jax compiles 'stage'`, which was about the library."""
+    s = scaled(S(x=jnp.ones(3)), jnp.float32(2))
+    with pytest.raises(jc.TransferError) as info:
+        with jc.hot_loop():
+            scaled(s, 2.5)
+    text = str(info.value)
+    assert "k: ~f32[] (Python float)" in text or "k: f32[] (Python float)" in text
+    assert "compile" not in text.split("Fix:")[0]
+    assert info.value.contract == "device-arguments"
 
 
 @pytest.mark.parametrize("sizes", [(4, 5, 6, 7), (4, 4, 4, 4)], ids=["shapes differ", "one shape"])

@@ -1,4 +1,10 @@
-"""Record mode records what raise mode refuses, and keeps stderr clean.
+"""Record mode: what raise mode refuses is recorded, once per line, and stderr stays clean.
+
+``jc.hot_loop(on_violation="record")`` collects each violation once per line
+with its count, source line and fix, and puts it in the loop's report; the
+call that raise mode refuses runs as JAX would. JAX's host-to-device log
+lines (``guard_lib.cc``) are taken off stderr into the report, per thread;
+lines it cannot parse are passed through and counted.
 
 Issue 10: record mode raised on a step refusing a numpy argument and on a
 donated input XLA did not consume, and left JAX's host-to-device log lines
@@ -17,6 +23,37 @@ from helpers import Particles, advance_fn, make_particles
 from jaxtyping import Array, Float32
 
 import jaxcontracts as jc
+from jaxcontracts._compat import guardlog
+
+# -- what is recorded ---------------------------------------------------------
+
+
+def test_record_mode_collects_deduplicated_violations():
+    x = jnp.arange(3.0)
+    s = jnp.float32(1.0)
+    with jc.hot_loop(on_violation="record") as loop:
+        for _ in range(5):
+            float(s)
+            np.asarray(x)
+        jax.jit(lambda a: a + 1)(x)
+    kinds = sorted((v.kind, v.count) for v in loop.violations)
+    assert kinds == [("compile", 1), ("transfer", 5), ("transfer", 5)]
+    assert all("test_record_mode.py:" in v.where for v in loop.violations)
+    report = str(loop.report())
+    assert "violations: 3 | events: 11" in report and "float() of f32[]" in report
+    assert not loop.report().ok
+    with jc.hot_loop(on_violation="record") as clean:
+        pass
+    assert clean.violations == [] and clean.report().ok
+
+
+def test_recorded_violations_carry_the_source_line_and_the_fix():
+    x = jnp.float32(1.0)
+    with jc.hot_loop(on_violation="record") as loop:
+        float(x)  # the recorded line
+    (v,) = loop.violations
+    assert v.source == "float(x)  # the recorded line"
+    assert v.fix.startswith("read it deliberately and rarely with jc.fetch(x)")
 
 
 @jc.state
@@ -71,6 +108,9 @@ def test_a_donated_input_not_consumed_is_recorded_and_the_outputs_returned():
     assert advance.stats.not_consumed == 1
 
 
+# -- JAX's host-to-device log lines and stderr --------------------------------
+
+
 def test_logged_host_to_device_transfers_are_recorded_and_kept_off_stderr(capfd):
     x = jnp.ones(3)
     f = jax.jit(lambda a, b: a * b)
@@ -112,6 +152,34 @@ def test_each_thread_takes_only_its_own_logged_transfers(capfd):
         t.join()
     assert found == {"t1": 1, "t3": 3}
     assert "guard_lib" not in capfd.readouterr().err
+
+
+def test_unreadable_guard_log_lines_are_counted_in_the_report():
+    """What record mode could not record is said in the report."""
+    loop = jc.hot_loop(on_violation="record")
+    with loop:
+        pass
+    loop._record_logged([guardlog.GuardEvent("host-to-device", "float32[3]", "")], unparsed=2)
+    whats = [v.what for v in loop.violations]
+    assert "implicit host-to-device transfer of f32[3]" in whats
+    assert any(w.startswith("2 transfer-guard log line(s) from jaxlib that this version") for w in whats)
+    assert not loop.report().ok
+
+
+def test_a_guard_line_in_a_new_format_is_passed_through_and_counted(capfd):
+    cap = guardlog.Capture()
+    assert cap.start()
+    import os
+
+    try:
+        os.write(2, b"W1130 00:00:00.0 1 guard_lib.cc:99] something new about a transfer\n")
+        os.write(2, b"an ordinary line\n")
+    finally:
+        events, unparsed = cap.take(0)
+        cap.stop()
+    assert (events, unparsed) == ([], 1)
+    err = capfd.readouterr().err
+    assert "something new about a transfer" in err and "an ordinary line" in err
 
 
 def test_raise_mode_does_not_take_stderr(capfd):

@@ -105,6 +105,20 @@ def test_check_reports_failures_without_raising():
     good.raise_for_failures()
 
 
+@pytest.mark.parametrize(
+    ("args", "got"),
+    [((), "nothing"), ((3,), "int"), (({"x": 1},), "dict")],
+    ids=["no-arguments", "an-int", "a-dict"],
+)
+def test_check_never_raises_on_misuse(args, got):
+    report = jc.check(*args)
+    assert not report.ok
+    (failed,) = [c for c in report.contracts if not c.ok]
+    assert f"jc.check() takes a jc.hot_step, got {got}" in failed.detail
+    assert "Fix: pass the step and its arguments or specs" in failed.detail
+    assert failed.error is jc.DefinitionError
+
+
 def test_report_counts_refused_and_not_consumed_calls():
     advance = jc.hot_step(advance_fn, signature=Particles)
     p = advance(make_particles())

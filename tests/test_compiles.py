@@ -1,4 +1,10 @@
-"""A compile inside a loop is often a symptom: the message names the cause.
+"""Compiles inside a hot loop: a RecompileError naming what compiles, or the true cause.
+
+A ``jax.jit`` call, a cold eager op or a hot step meeting a new signature
+inside a loop raises a RecompileError naming the function. A compile is often
+a symptom, and then the message names the cause: the host read on the user's
+line that follows it, a donated array the op was given, a jit warmed on
+uncommitted arrays and now called with a step's committed outputs.
 
 Issue 10: ``if s.loss < 1e-3:`` reported the cold ``less`` compile and advised
 running it once before the loop (the real problem is the ``bool()`` read that
@@ -10,11 +16,52 @@ from __future__ import annotations
 
 import re
 
+import jax
 import jax.numpy as jnp
 import pytest
+from helpers import Particles, advance_fn, make_particles
 from jaxtyping import Array, Float32
 
 import jaxcontracts as jc
+
+# -- what compiles is named ---------------------------------------------------
+
+
+def test_compiles_raise_naming_the_function():
+    x = jnp.arange(3.0)
+
+    def fresh(a):
+        return a - 1
+
+    with pytest.raises(jc.RecompileError, match="`fresh`") as info:
+        with jc.hot_loop():
+            jax.jit(fresh)(x)
+    assert "test_compiles.py:" in str(info.value)
+    with pytest.raises(jc.RecompileError, match="`tanh`"):
+        with jc.hot_loop():
+            jnp.tanh(x)  # a cold eager op
+    jnp.tanh(x)
+    with jc.hot_loop():
+        jnp.tanh(x)  # warm now: allowed
+
+
+def test_hot_step_first_compile_or_new_signature_inside_the_loop():
+    advance = jc.hot_step(advance_fn, signature=Particles, max_compiles=2)
+    p = make_particles()
+    with pytest.raises(jc.RecompileError, match="hot_step advance_fn would compile a new signature"):
+        with jc.hot_loop():
+            advance(p)
+    assert advance.stats.compiles == 0
+    p = advance(p)
+    bigger = make_particles(8)
+    with pytest.raises(jc.RecompileError, match="would compile a new signature"):
+        with jc.hot_loop():
+            advance(bigger)
+    with jc.hot_loop():
+        p = advance(p)
+
+
+# -- the true cause: a read on the line, a donated array, an uncommitted warm-up ---
 
 
 @jc.state
@@ -95,3 +142,25 @@ def test_a_field_of_a_donated_state_is_named_before_any_op():
             prev = s
             s = st(s)
             jc.fetch(s.w - prev.w)
+
+
+def test_a_jit_warmed_on_uncommitted_arrays_recompiles_for_step_outputs_and_says_why():
+    # Verified on jax 0.10.0, 0.10.2 and 0.12: committed and uncommitted
+    # inputs are different jit cache entries.
+    @jc.hot_step(signature=dict)
+    def step(d: dict) -> dict:
+        return {"x": d["x"] + 1}
+
+    d = step(jc.device_tree({"x": jnp.zeros(3)}))
+    assert d["x"].committed
+    norm = jax.jit(lambda a: jnp.sum(a * a))
+    norm(jnp.zeros(3))  # warmed on an uncommitted array
+    with pytest.raises(jc.RecompileError) as e, jc.hot_loop():
+        norm(d["x"])
+    assert "committed" in e.value.fix and "jc.device_tree(x)" in e.value.fix
+    # Warmed on a committed array (jc.device_tree), the same call is clean.
+    norm2 = jax.jit(lambda a: jnp.sum(a * a))
+    norm2(jc.device_tree(jnp.zeros(3)))
+    with jc.hot_loop():
+        d = step(d)
+        norm2(d["x"])

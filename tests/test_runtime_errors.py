@@ -1,0 +1,95 @@
+"""JAX's runtime errors leaving a hot loop, turned into the contract errors they are.
+
+JAX refuses an implicit host-to-device copy (its own transfer guard, engaged
+for the loop) and a donated buffer given to a warm jit with bare runtime
+errors. Leaving the loop they become a TransferError or a DonationError that
+names the user's line, the array and the fix (for a Python constant in an
+eager op, the idiomatic one). A user's own exception that merely quotes such
+a text is left alone.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import Particles, advance_fn, make_particles
+
+import jaxcontracts as jc
+
+# -- host-to-device: JAX's guard refusal --------------------------------------
+
+
+def test_implicit_host_to_device_transfers_raise():
+    x = jnp.arange(3.0)
+    for planted in (
+        lambda: x + np.ones(3, np.float32),  # numpy into an eager op
+        lambda: x * 2,  # a Python scalar into an eager op
+    ):
+        planted()  # warm: only the transfer is left to catch
+        with pytest.raises(jc.TransferError, match="host-to-device") as info:
+            with jc.hot_loop():
+                planted()
+        assert "test_runtime_errors.py:" in str(info.value)
+    advance = jc.hot_step(advance_fn, signature=Particles)
+    advance(make_particles())
+    bad = Particles.__new__(Particles)
+    bad.__dict__.update(pos=np.zeros((4, 3), np.float32), vel=jnp.zeros((4, 3)), t=jnp.float32(0), dt=0.01)
+    with pytest.raises(jc.TransferError, match="on the host"):
+        with jc.hot_loop():
+            advance(bad)
+
+
+@pytest.mark.parametrize(
+    "glue",
+    [
+        pytest.param(lambda x, idx, flag: flag & 1, id="bit-test"),
+        pytest.param(lambda x, idx, flag: x * 0.5, id="metric-math"),
+        pytest.param(lambda x, idx, flag: x[idx], id="fancy-gather"),
+    ],
+)
+def test_python_constants_in_eager_ops_name_the_idiomatic_fix(glue):
+    args = (jnp.arange(10.0), jnp.array([1, 2, 3]), jnp.int32(5))
+    glue(*args)
+    with pytest.raises(jc.TransferError) as e, jc.hot_loop():
+        glue(*args)
+    text = str(e.value)
+    assert "host-to-device, a Python constant in an eager op" in text
+    assert "test_runtime_errors.py" in text  # the user's line
+    assert "jax.jit" in e.value.fix and "one = jnp.int32(1)" in e.value.fix
+    assert 'transfers="allow_host_to_device"' in e.value.fix
+
+
+# -- a donated array given to a warm jit --------------------------------------
+
+
+def test_a_donated_array_in_a_warm_jit_is_a_donation_error_naming_it_and_the_step():
+    @jc.hot_step(signature=dict)
+    def step(d: dict) -> dict:
+        return {"x": d["x"] + 1}
+
+    double = jax.jit(lambda a: a * 2)
+    d = step({"x": jnp.zeros(3)})
+    double(d["x"])
+    with pytest.raises(jc.DonationError) as e, jc.hot_loop():
+        x = d["x"]
+        d = step(d)
+        double(x)  # x was pulled out of the state before it was donated
+    text = str(e.value)
+    assert "`x` (f32[3]) was donated to step" in text
+    assert e.value.contract == "no-donated-use"
+    assert "test_runtime_errors.py" in text
+
+
+# -- only JAX's own errors are translated -------------------------------------
+
+
+@pytest.mark.parametrize("error", [RuntimeError, ValueError])
+def test_a_user_error_that_quotes_a_guard_message_is_left_alone(error):
+    """Only JAX's own runtime errors become contract errors at loop exit."""
+    text = "Disallowed host-to-device transfer: aval=ShapedArray(float32[3]) (quoted by user code)"
+    with pytest.raises(error) as info:
+        with jc.hot_loop():
+            raise error(text)
+    assert type(info.value) is error and str(info.value) == text
