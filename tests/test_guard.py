@@ -21,7 +21,7 @@ import pytest
 from helpers import _warm_then_loop
 
 import jaxcontracts as jc
-from jaxcontracts import _guard
+from jaxcontracts import _intercept, _runtime
 
 # -- restoration, nesting, options --------------------------------------------
 
@@ -29,12 +29,12 @@ from jaxcontracts import _guard
 def _pristine() -> bool:
     """No interceptor left on the array class."""
     impl = type(jnp.zeros(()))
-    patches = _guard._patches
+    patches = _intercept._patches
     if patches is None:
         return True
     from jax._src import monitoring
 
-    listening = _guard._on_monitoring_event in getattr(monitoring, "_scalar_listeners", [])
+    listening = _intercept.on_monitoring_event in getattr(monitoring, "_scalar_listeners", [])
     return (
         not listening
         and patches.depth == 0
@@ -49,10 +49,10 @@ def test_everything_is_restored_after_an_exception(exc):
     with pytest.raises(type(exc)):
         with jc.hot_loop():
             raise exc
-    assert _pristine() and _guard.tracking.count == 0
+    assert _pristine() and _runtime.tracking.count == 0
     assert float(x[1]) == 1.0 and np.asarray(x).tolist() == [0.0, 1.0, 2.0]
     assert memoryview(np.asarray(x)).nbytes == 12
-    assert _guard.local.loop is None
+    assert _runtime.local.loop is None
 
 
 def test_nesting_and_restoration():
@@ -62,7 +62,7 @@ def test_nesting_and_restoration():
             with pytest.raises(jc.TransferError):
                 float(x)
         float(x)  # back in the outer, recording loop
-        assert _guard._patches.depth == 1
+        assert _intercept._patches.depth == 1
     assert [v.count for v in outer.violations] == [1]
     assert _pristine() and float(x) == 3.0
 
@@ -71,8 +71,8 @@ def _nothing_left_guarded(x) -> None:
     """After every loop ended: reads, host-to-device transfers, no active loop."""
     assert float(x) == 3.0
     assert jnp.add(x, np.ones(2, np.float32)).tolist() == [4.0, 4.0]  # JAX's own guard off
-    assert _guard.local.loop is None and _guard.tracking.count == 0 and _pristine()
-    assert all(e.ended for e in _guard.local.stack.entries)  # none live
+    assert _runtime.local.loop is None and _runtime.tracking.count == 0 and _pristine()
+    assert all(e.ended for e in _runtime.local.stack.entries)  # none live
 
 
 def _looping_generator(x):
@@ -130,7 +130,7 @@ def test_generator_closed_on_another_thread_leaves_nothing_guarded():
         with pytest.raises(jc.TransferError):
             float(x)
     _nothing_left_guarded(x)
-    assert not _guard.local.stack.entries
+    assert not _runtime.local.stack.entries
     with jax.transfer_guard_host_to_device("allow"):  # restores what it saw: none
         pass
     _nothing_left_guarded(x)
@@ -148,9 +148,9 @@ def test_checks_off_leaves_only_jax_native_guards():
     with jc.hot_loop():
         assert float(x) == 3.0 and repr(x).startswith("Array") and np.asarray(x) == 3.0
         assert all(impl.__dict__[n] is f for n, f in originals.items())  # no patching
-        assert _guard._on_monitoring_event not in getattr(monitoring, "_scalar_listeners", [])
+        assert _intercept.on_monitoring_event not in getattr(monitoring, "_scalar_listeners", [])
         jax.jit(lambda a: a * 5)(x)  # a compile: not intercepted
-        assert _guard.local.loop is None and _guard.tracking.count == 0
+        assert _runtime.local.loop is None and _runtime.tracking.count == 0
     with pytest.raises(jc.TransferError, match="host-to-device"):
         with jc.hot_loop():
             jnp.add(x, np.ones(2, np.float32))  # JAX's own guard is still on
@@ -288,9 +288,9 @@ def test_decorated_generator_runs_every_resumption_inside_the_loop():
         return "done"
 
     gen = reads(3)
-    assert _guard.local.loop is None  # nothing runs, nothing is guarded, until next()
+    assert _runtime.local.loop is None  # nothing runs, nothing is guarded, until next()
     assert next(gen) == 2.0
-    assert _guard.local.loop is None and float(x) == 2.0  # the caller is not guarded
+    assert _runtime.local.loop is None and float(x) == 2.0  # the caller is not guarded
     assert gen.send(None) == 2.0
     with pytest.raises(jc.TransferError, match="float\\(\\) of f32"):
         gen.send("read")  # the body's read raises inside the loop
@@ -309,13 +309,13 @@ def test_decorated_coroutine_runs_every_step_inside_the_loop():
 
     @jc.hot_loop()
     async def reads():
-        seen.append(_guard.local.loop is not None)
+        seen.append(_runtime.local.loop is not None)
         await asyncio.sleep(0)
-        seen.append(_guard.local.loop is not None)
+        seen.append(_runtime.local.loop is not None)
         return float(x)
 
     async def other():
-        seen.append(("other", _guard.local.loop is None))
+        seen.append(("other", _runtime.local.loop is None))
 
     async def main():
         return await asyncio.gather(reads(), other(), return_exceptions=True)
