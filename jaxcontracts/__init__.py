@@ -43,6 +43,7 @@ if TYPE_CHECKING:
     from ._guard import hot_loop as hot_loop
     from ._hot_step import HotStep as HotStep
     from ._hot_step import hot_step as hot_step
+    from ._recorder import snapshot as snapshot
     from ._records import CompiledSignature as CompiledSignature
     from ._records import LeafRecord as LeafRecord
     from ._records import StepDescription as StepDescription
@@ -51,11 +52,10 @@ if TYPE_CHECKING:
     from ._report import Report as Report
     from ._snapshot import Snapshot as Snapshot
     from ._snapshot import SnapshotDiff as SnapshotDiff
-    from ._snapshot import snapshot as snapshot
     from ._spec import spec_of as spec_of
     from ._state import State as State
     from ._state import state as state
-    from ._state import static as static
+    from ._fields import static as static
     from ._timing import LoopTiming as LoopTiming
     from ._timing import StepTiming as StepTiming
 
@@ -79,13 +79,13 @@ _EXPORTS = {
     "Report": "_report",
     "Snapshot": "_snapshot",
     "SnapshotDiff": "_snapshot",
-    "snapshot": "_snapshot",
+    "snapshot": "_recorder",
     "spec_of": "_spec",
     "LoopTiming": "_timing",
     "StepTiming": "_timing",
     "State": "_state",
     "state": "_state",
-    "static": "_state",
+    "static": "_fields",
 }
 __all__ = sorted(
     [

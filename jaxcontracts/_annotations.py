@@ -28,6 +28,7 @@ __all__ = [
     "ArrayAnnotation",
     "parse_array_annotation",
     "x64_field_fix",
+    "x64_leaf_fix",
     "x64_loss",
 ]
 
@@ -72,6 +73,11 @@ def x64_field_fix(short: str) -> str:
     """The fix for a field annotated with a 64-bit dtype while x64 is off."""
     annotation = {"uint32": "UInt32"}.get(short, short.capitalize())
     return f"{X64_ON}; or annotate the field {annotation} and pass {short}."
+
+
+def x64_leaf_fix(short: str) -> str:
+    """The fix for a 64-bit leaf (of a PyTree field or a spec) while x64 is off."""
+    return f"{X64_ON}; or pass {short} leaves (x.astype(np.{short}))."
 
 
 @dataclasses.dataclass(frozen=True)

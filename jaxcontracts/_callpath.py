@@ -350,13 +350,11 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
     A jc.state returned by a hot_step carries the token of its exact spec
     (structure with static values, shapes, dtypes, weak types, shardings): the
     executable made every leaf, and carry invariance proved the spec when the
-    step compiled. Only sealed states get one (every field an array, a static
-    or a sealed state: no ``PyTree`` container the user could edit in place).
-    The instance is frozen and the token is dropped by
-    replace(), tree_map and pickling, so an argument carrying this
-    signature's token needs no per-leaf checks; the executable itself still
-    refuses deleted buffers (-> the slow path). Anything else goes to
-    ``checked``.
+    step compiled. Only sealed states get one (no ``PyTree`` container the
+    user could edit in place); the instance is frozen and replace(), tree_map
+    and pickling drop the token, so an argument carrying this signature's
+    token needs no per-leaf checks (the executable still refuses deleted
+    buffers: -> the slow path). Anything else goes to ``checked``.
     """
     cs, compiled, slow_call, n_params = ctx.cs, ctx.compiled, ctx.slow_call, ctx.n_params
     in_tokens, key = cs.in_tokens, TOKEN

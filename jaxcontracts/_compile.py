@@ -32,7 +32,7 @@ from ._format import fmt_aval
 from ._records import CompiledSignature, LeafRecord
 from ._runtime import compiling
 from ._signature import StepSignature
-from ._spec import LeafDiff, diff_leaves, diff_specs, leaf_spec, spec_nbytes
+from ._spec import LeafDiff, diff_leaves, diff_lines, diff_specs, leaf_spec, spec_nbytes
 
 __all__ = [
     "compile_signature",
@@ -291,18 +291,12 @@ def _check_carry(
         diffs = diff_specs(spec_args[arg], returned)
         if diffs:
             where = f"return value {list(pos)}" if pos else "the return value"
-            blocks.append(f"  parameter `{name}` -> {where}:")
-            for d in diffs:
-                kinds.append(d.kind)
-                blocks.append(f"    {d.path}: takes {d.expected}, returns {d.got}")
-                cause = (
-                    "XLA's sharding propagation placed the step's output differently"
-                    if d.kind == "sharding"
-                    else d.cause
-                )
-                if cause:
-                    blocks.append(f"      ({cause})")
-                leaves.append(f"{name}{d.path}" if not d.path.startswith("(") else name)
+            lines, named = diff_lines(
+                diffs, name, words=("takes", "returns"), cause=_carry_cause, full_paths=False
+            )
+            blocks += [f"  parameter `{name}` -> {where}:", *lines]
+            kinds += [d.kind for d in diffs]
+            leaves += named
     if blocks and kinds and all(k == "sharding" for k in kinds):
         raise RecompileError(
             f"{sig.name} does not return its state placed as it takes it, so "
@@ -334,6 +328,12 @@ def _check_carry(
             step=sig.name,
             leaves=leaves,
         )
+
+
+def _carry_cause(d: LeafDiff) -> str:
+    if d.kind == "sharding":
+        return "XLA's sharding propagation placed the step's output differently"
+    return d.cause
 
 
 def _aliasing_fix(sig: StepSignature, params: Sequence[int]) -> str:

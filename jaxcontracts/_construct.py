@@ -17,12 +17,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._annotations import x64_field_fix, x64_loss
+from ._annotations import x64_field_fix, x64_leaf_fix, x64_loss
 from ._errors import SpecError
 from ._fields import ArrayField, PyTreeField, StateField, StaticField, build, hint_name, info_of
 from ._format import fmt_aval, fmt_sharding
 from ._spec import leaf_spec
-from ._validate import check_static, describe, spec_error, x64_leaf_fix
+from ._validate import check_static, describe, spec_error
 
 __all__ = ["make", "to_spec", "to_zeros"]
 

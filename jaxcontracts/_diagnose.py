@@ -20,7 +20,7 @@ from ._format import fmt_aval
 from ._records import CompiledSignature
 from ._runtime import consumed_by, in_hot_loop
 from ._signature import StepSignature
-from ._spec import diff_specs, fmt_value
+from ._spec import diff_lines, diff_specs, fmt_value
 
 __all__ = [
     "api_misuse_error",
@@ -224,10 +224,6 @@ _PINNING_CAUSE = (
 )
 
 
-def _join(param: str, path: str) -> str:
-    return param if path.startswith("(") else f"{param}{path}"
-
-
 def signature_error(
     sig: StepSignature, current: CompiledSignature, n_compiled: int, positional: tuple[Any, ...]
 ) -> RecompileError | TransferError:
@@ -239,12 +235,11 @@ def signature_error(
         diffs = diff_specs(current.spec_args[i], positional[i])
         all_diffs += diffs
         if diffs:
-            blocks.append(f"  parameter `{name}`:")
-            for d in diffs:
-                blocks.append(f"    {_join(name, d.path)}: compiled with {d.expected}, called with {d.got}")
-                if d.cause:
-                    blocks.append(f"      likely cause: {d.cause}")
-                leaves.append(_join(name, d.path))
+            lines, named = diff_lines(
+                diffs, name, words=("compiled with", "called with"), cause_prefix="likely cause: "
+            )
+            blocks += [f"  parameter `{name}`:", *lines]
+            leaves += named
     if all_diffs and all(d.kind == "sharding" for d in all_diffs) and in_hot_loop():
         # Inside a loop, an array on other devices is a device-to-device
         # transfer waiting to happen (jax.jit would move it every call).

@@ -26,6 +26,8 @@ from typing import Any
 __all__ = [
     "CONTRACTS",
     "VIOLATIONS",
+    "INPUTS_INTACT",
+    "NOTHING_RAN",
     "CapabilityWarning",
     "ContractInfo",
     "ContractError",

@@ -24,7 +24,7 @@ from ._dtypes import is_key
 from ._errors import SpecError
 from ._format import fmt_aval, fmt_path
 
-__all__ = ["Change", "Changes", "device_tree", "scalar_to_host", "to_device"]
+__all__ = ["Change", "Changes", "device_tree", "host_leaves_on_device", "scalar_to_host", "to_device"]
 
 T = TypeVar("T")
 
@@ -118,6 +118,19 @@ def to_device(value: Any, where: Any = None) -> jax.Array:
     except Exception:  # noqa: BLE001 - no single buffer (sharded) or no pointer
         borrowed = False
     return jnp.copy(x) if borrowed else x
+
+
+def host_leaves_on_device(tree: Any, dtypes: Sequence[Any] | None = None) -> Any:
+    """``tree`` with its host leaves (numpy arrays, Python scalars) put on the
+    device, each in ``dtypes[i]`` (the compiled signature's, when it fits)."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    put = [
+        x
+        if isinstance(x, jax.Array)
+        else jax.device_put(np.asarray(x, dtypes[i] if dtypes is not None else None))
+        for i, x in enumerate(leaves)
+    ]
+    return jax.tree_util.tree_unflatten(treedef, put)
 
 
 def _committed(x: jax.Array) -> bool:

@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar, overload
 
 import jax
-import numpy as np
 
 from . import _config, _steps, _timing
 from ._callpath import make_dispatch
@@ -37,6 +36,7 @@ from ._diagnose import (
 )
 from ._donation import find_hazards
 from ._errors import INPUTS_INTACT, ContractError, DefinitionError, DonationError, RecompileError
+from ._foreign import host_leaves_on_device
 from ._marks import consumer_of
 from ._records import CompiledSignature, StepDescription, StepStats
 from ._report import Report, step_report
@@ -115,14 +115,9 @@ def hot_step(
             or from specs passed to ``.compile(...)``. Nothing is donated
             unless named in ``donate_argnames``.
 
-    Methods and partials: on a method (first parameter ``self``),
-    ``obj.step(s)`` runs the step with ``obj`` closed over as configuration,
-    not a traced argument: each instance compiles its own step, reading its
-    attributes at that compile (later changes are not seen); the bound step is
-    kept on the instance. ``Class.step(obj, s)`` works too. On a
-    ``functools.partial``, the keyword values it binds are configuration too:
-    they are closed over and are not parameters of the step (passing them at a
-    call is a ``TypeError``); positionally bound values are closed over as well.
+    On a method, ``obj.step(s)`` closes over ``obj`` as configuration (one
+    compile per instance); on a ``functools.partial`` the bound values are
+    configuration: see the hot-steps guide, "Methods and partials".
 
     Returns:
         A :class:`HotStep`, called like ``fn``.
@@ -539,21 +534,11 @@ def _host_arguments(
         f"call: {', '.join(f'{p} ({fmt_value(x)})' for p, x in host)}",
         host_leaves_error(sig, host).fix or "",
     )
-    return _decide(step, _put_host_leaves(step._current, positional), {}, exc)
-
-
-def _put_host_leaves(current: CompiledSignature | None, positional: tuple[Any, ...]) -> tuple[Any, ...]:
-    """Host leaves put on the device, in the compiled signature's dtypes when it fits."""
-    leaves, treedef = jax.tree_util.tree_flatten(positional)
-    fits = current is not None and treedef == current.in_treedef
+    current = step._current
+    fits = current is not None and jax.tree_util.tree_structure(positional) == current.in_treedef
+    dtypes = [leaf.spec.dtype for leaf in current.leaves] if fits else None  # type: ignore[union-attr]
     with jax.transfer_guard_host_to_device("allow"):  # recorded already, as the call's
-        put = [
-            x
-            if isinstance(x, jax.Array)
-            else jax.device_put(np.asarray(x, current.leaves[i].spec.dtype if fits else None))  # type: ignore[union-attr]
-            for i, x in enumerate(leaves)
-        ]
-    return tuple(jax.tree_util.tree_unflatten(treedef, put))
+        return _decide(step, host_leaves_on_device(positional, dtypes), {}, exc)
 
 
 def _signature_for(

@@ -75,7 +75,7 @@ import pytest
 
 if TYPE_CHECKING:  # importing jaxcontracts imports jax: only when needed
     from jaxcontracts import HotLoop, Violation
-    from jaxcontracts._snapshot import Recorder
+    from jaxcontracts._recorder import Recorder
 
 __all__ = [
     "jc_hot_loop",
@@ -326,7 +326,7 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
     marker = item.get_closest_marker(SNAPSHOT_MARKER)
     if marker is None:
         return (yield)
-    from jaxcontracts._snapshot import Recorder
+    from jaxcontracts._recorder import Recorder
 
     item.stash[_RECORDER] = Recorder().start()
     result = yield
@@ -360,7 +360,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
 
 def _check_snapshot(item: pytest.Item, recorder: Recorder) -> None:
     __tracebackhide__ = True
-    from jaxcontracts._snapshot import parse, render_file
+    from jaxcontracts._snapshot_file import parse, render_file
 
     label = f"@pytest.mark.{SNAPSHOT_MARKER}"
     snap = recorder.snapshot()

@@ -24,7 +24,7 @@ from ._format import fmt_aval, fmt_bytes, fmt_sharding
 from ._records import StepDescription, Violation
 from ._timing import LoopTiming
 
-__all__ = ["Contract", "LeafRow", "Report", "format_violations", "loop_report", "step_report"]
+__all__ = ["Contract", "LeafRow", "Report", "error_contract", "format_violations", "loop_report", "step_report"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,73 +171,18 @@ class Report:
             f'<span style="{_badge(self.ok)}">{"OK" if self.ok else "FAILED"}</span></div>',
         ]
         if self.rows:
-            total = sum(r.nbytes for r in self.rows)
-            donated = sum(r.nbytes for r in self.rows if r.donated)
-            parts.append(f'<table class="jc-leaves" style="{_CSS_TABLE}"><thead><tr style="{_CSS_TR}">')
-            for h in ("leaf", "spec", "sharding", "donated", "aliased", "bytes"):
-                parts.append(f'<th style="{_th(h == "bytes")}">{h}</th>')
-            parts.append("</tr></thead><tbody>")
-            for i, r in enumerate(self.rows):
-                aliased = "&ndash;" if r.aliased is None else ("yes" if r.aliased else "<b>NO</b>")
-                bad = r.aliased is False and r.donated
-                parts.append(
-                    f'<tr style="{_tr(i)}"><td style="{_td()}"><code style="{_CSS_CODE}">{e(r.path)}</code></td>'
-                    f'<td style="{_td()}"><code style="{_CSS_CODE}">{e(r.spec)}</code></td>'
-                    f'<td style="{_td()}">{e(r.sharding)}</td>'
-                    f'<td style="{_td()}">{"yes" if r.donated else "no"}</td>'
-                    f'<td style="{_td(color=_RED if bad else _FG)}">{aliased}</td>'
-                    f'<td style="{_td(right=True)}">{e(fmt_bytes(r.nbytes))}</td></tr>'
-                )
-            parts.append(
-                f'</tbody><tfoot><tr style="{_CSS_TR}"><td style="{_foot()}" colspan="5">'
-                f"{len(self.rows)} leaves, {e(fmt_bytes(donated))} donated</td>"
-                f'<td style="{_foot(right=True)}">{e(fmt_bytes(total))}</td></tr></tfoot></table>'
-            )
+            parts += _html_leaves(self.rows)
         if self.violations:
-            parts.append(f'<table class="jc-violations" style="{_CSS_TABLE}"><thead><tr style="{_CSS_TR}">')
-            for h in ("kind", "where", "count", "what"):
-                parts.append(f'<th style="{_th(h == "count")}">{h}</th>')
-            parts.append("</tr></thead><tbody>")
-            for i, v in enumerate(self.violations):
-                parts.append(
-                    f'<tr style="{_tr(i)}"><td style="{_td()}">{e(v.kind)}</td>'
-                    f'<td style="{_td()}"><code style="{_CSS_CODE}">{e(v.where)}</code></td>'
-                    f'<td style="{_td(right=True)}">{v.count}</td>'
-                    f'<td style="{_td()}">{e(v.what)}</td></tr>'
-                )
-            parts.append("</tbody></table>")
+            parts += _html_violations(self.violations)
         memory = [(k, fmt_bytes(v)) for k, v in self.totals.items()]
         for label, facts in (("memory (per device)", memory), ("", self.facts)):
-            if not facts:
-                continue
-            parts.append(f'<div class="jc-facts" style="{_CSS_FACTS}">')
-            if label:
-                parts.append(f'<span style="{_CSS_FACT}color:{_MUTED};">{label}:</span>')
-            parts += [
-                f'<span style="{_CSS_FACT}"><span style="color:{_MUTED};">{e(k)}</span> '
-                f"<b>{e(str(v))}</b></span>"
-                for k, v in facts
-            ]
-            parts.append("</div>")
+            if facts:
+                parts += _html_facts(label, facts)
         if self.timing is not None and self.timing.calls:
             parts.append(f'<pre class="jc-timing" style="{_CSS_PRE_INFO}">'
                          f'{e(chr(10).join(self.timing.lines()))}</pre>')
         if self.contracts:
-            parts.append(f'<ul class="jc-contracts" style="{_CSS_LIST}">')
-            for c in self.contracts:
-                if not c.detail:
-                    detail = ""
-                elif not c.ok and "\n" in c.detail:
-                    detail = f'<pre style="{_CSS_PRE}">{e(c.detail)}</pre>'
-                else:
-                    color = _MUTED if c.ok else _RED
-                    detail = f' <span style="color:{color};">&mdash; {e(c.detail)}</span>'
-
-                parts.append(
-                    f'<li style="{_CSS_ITEM}"><span style="{_badge(c.ok)}">'
-                    f'{"pass" if c.ok else "FAIL"}</span> {e(c.name)}{detail}</li>'
-                )
-            parts.append("</ul>")
+            parts += _html_contracts(self.contracts)
         color = _MUTED if all(ok for _, ok in self.capabilities) else _RED
         parts.append(
             f'<div class="jc-capabilities" style="{_CSS_FACTS}font-size:11px;color:{color};">'
@@ -245,6 +190,83 @@ class Report:
         )
         parts.append("</div>")
         return "".join(parts)
+
+
+def _html_leaves(rows: Sequence[LeafRow]) -> list[str]:
+    e = html.escape
+    total = sum(r.nbytes for r in rows)
+    donated = sum(r.nbytes for r in rows if r.donated)
+    parts = [f'<table class="jc-leaves" style="{_CSS_TABLE}"><thead><tr style="{_CSS_TR}">']
+    for h in ("leaf", "spec", "sharding", "donated", "aliased", "bytes"):
+        parts.append(f'<th style="{_th(h == "bytes")}">{h}</th>')
+    parts.append("</tr></thead><tbody>")
+    for i, r in enumerate(rows):
+        aliased = "&ndash;" if r.aliased is None else ("yes" if r.aliased else "<b>NO</b>")
+        bad = r.aliased is False and r.donated
+        parts.append(
+            f'<tr style="{_tr(i)}"><td style="{_td()}"><code style="{_CSS_CODE}">{e(r.path)}</code></td>'
+            f'<td style="{_td()}"><code style="{_CSS_CODE}">{e(r.spec)}</code></td>'
+            f'<td style="{_td()}">{e(r.sharding)}</td>'
+            f'<td style="{_td()}">{"yes" if r.donated else "no"}</td>'
+            f'<td style="{_td(color=_RED if bad else _FG)}">{aliased}</td>'
+            f'<td style="{_td(right=True)}">{e(fmt_bytes(r.nbytes))}</td></tr>'
+        )
+    parts.append(
+        f'</tbody><tfoot><tr style="{_CSS_TR}"><td style="{_foot()}" colspan="5">'
+        f"{len(rows)} leaves, {e(fmt_bytes(donated))} donated</td>"
+        f'<td style="{_foot(right=True)}">{e(fmt_bytes(total))}</td></tr></tfoot></table>'
+    )
+    return parts
+
+
+def _html_violations(violations: Sequence[Violation]) -> list[str]:
+    e = html.escape
+    parts = [f'<table class="jc-violations" style="{_CSS_TABLE}"><thead><tr style="{_CSS_TR}">']
+    for h in ("kind", "where", "count", "what"):
+        parts.append(f'<th style="{_th(h == "count")}">{h}</th>')
+    parts.append("</tr></thead><tbody>")
+    for i, v in enumerate(violations):
+        parts.append(
+            f'<tr style="{_tr(i)}"><td style="{_td()}">{e(v.kind)}</td>'
+            f'<td style="{_td()}"><code style="{_CSS_CODE}">{e(v.where)}</code></td>'
+            f'<td style="{_td(right=True)}">{v.count}</td>'
+            f'<td style="{_td()}">{e(v.what)}</td></tr>'
+        )
+    parts.append("</tbody></table>")
+    return parts
+
+
+def _html_facts(label: str, facts: Sequence[tuple[str, str]]) -> list[str]:
+    e = html.escape
+    parts = [f'<div class="jc-facts" style="{_CSS_FACTS}">']
+    if label:
+        parts.append(f'<span style="{_CSS_FACT}color:{_MUTED};">{label}:</span>')
+    parts += [
+        f'<span style="{_CSS_FACT}"><span style="color:{_MUTED};">{e(k)}</span> '
+        f"<b>{e(str(v))}</b></span>"
+        for k, v in facts
+    ]
+    parts.append("</div>")
+    return parts
+
+
+def _html_contracts(contracts: Sequence[Contract]) -> list[str]:
+    e = html.escape
+    parts = [f'<ul class="jc-contracts" style="{_CSS_LIST}">']
+    for c in contracts:
+        if not c.detail:
+            detail = ""
+        elif not c.ok and "\n" in c.detail:
+            detail = f'<pre style="{_CSS_PRE}">{e(c.detail)}</pre>'
+        else:
+            color = _MUTED if c.ok else _RED
+            detail = f' <span style="color:{color};">&mdash; {e(c.detail)}</span>'
+        parts.append(
+            f'<li style="{_CSS_ITEM}"><span style="{_badge(c.ok)}">'
+            f'{"pass" if c.ok else "FAIL"}</span> {e(c.name)}{detail}</li>'
+        )
+    parts.append("</ul>")
+    return parts
 
 
 # The HTML must read in any notebook theme. JupyterLab's stylesheet right-aligns

@@ -18,8 +18,9 @@ fields in :data:`VERSION_STABLE` are compared (the rest is XLA's output:
 fusion, scheduling and cost models change between releases).
 
 The text form (``str()``) is what ``pytest --jc-snapshot-update`` writes, one
-file per test; :func:`parse` reads it back. This module reads records
-(``step.describe()``, a loop's violations) and never touches the device.
+file per test (``_snapshot_file``); ``jc.snapshot`` and the pytest plugin's
+:class:`Recorder` build snapshots from records (``_recorder``). Nothing here
+touches the device.
 """
 
 from __future__ import annotations
@@ -28,29 +29,23 @@ import dataclasses
 import html
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from . import _steps
-from ._config import get_checks
 from ._errors import DefinitionError
-from ._format import fmt_aval, fmt_sharding
-from ._hot_step import HotStep
-from ._records import CompiledSignature, StepDescription
-from ._runtime import observers
 
 __all__ = [
+    "COST_KEYS",
     "Change",
-    "Recorder",
+    "Path",
     "Snapshot",
     "SnapshotDiff",
     "TOLERANCED",
     "VERSION_STABLE",
-    "parse",
+    "field_name",
     "parse_tolerance",
-    "render_file",
-    "snapshot",
+    "version_of",
 ]
 
 Path = tuple[str, ...]
@@ -74,10 +69,10 @@ _SHORT = {k.split(".", 1)[1]: k for k in TOLERANCED}  # "temporaries" -> "memory
 #: snapshots of the same jax and jaxlib.
 VERSION_STABLE = "every field except memory.* and cost.*"
 
-_COST_KEYS = (("flops", "flops"), ("transcendentals", "transcendentals"), ("bytes accessed", "bytes_accessed"))
+COST_KEYS = (("flops", "flops"), ("transcendentals", "transcendentals"), ("bytes accessed", "bytes_accessed"))
 
 
-def _version_of(name: str) -> str:
+def version_of(name: str) -> str:
     try:
         return version(name)
     except PackageNotFoundError:  # pragma: no cover - jax without metadata
@@ -283,23 +278,11 @@ class Snapshot:
                         Change(" / ".join(block), text if gone else "-", "-" if gone else text)
                     )
                 continue
-            if not same_versions and _version_dependent(key):
+            found = _compare_field(where, key, old, new, rules, same_versions)
+            if found is None:
                 skipped.append(where)
-                continue
-            if key in rules and old is not None and new is not None:
-                change = _compare_number(where, old, new, rules[key])
-                if change is not None:
-                    changes.append(change)
-                continue
-            if old == new:
-                continue
-            if new == "?" or old == "?":  # not countable at checks "off"
-                skipped.append(where)
-                continue
-            if key.startswith("leaf ") and old is not None and new is not None:
-                changes += _leaf_changes(where, old, new)
-                continue
-            changes.append(Change(where, "-" if old is None else old, "-" if new is None else new))
+            else:
+                changes += found
         note = ""
         if not same_versions:
             was = ", ".join(f"{k} {v}" for k, v in sorted(self.versions.items()))
@@ -309,6 +292,24 @@ class Snapshot:
                 "compared, only the version-stable contract"
             )
         return SnapshotDiff(tuple(changes), tuple(skipped), note)
+
+
+def _compare_field(
+    where: str, key: str, old: str | None, new: str | None, rules: Mapping[str, float | None], same_versions: bool
+) -> list[Change] | None:
+    """The changes of one field (empty: none); ``None``: not compared (skipped)."""
+    if not same_versions and _version_dependent(key):
+        return None
+    if key in rules and old is not None and new is not None:
+        change = _compare_number(where, old, new, rules[key])
+        return [] if change is None else [change]
+    if old == new:
+        return []
+    if new == "?" or old == "?":  # not countable at checks "off"
+        return None
+    if key.startswith("leaf ") and old is not None and new is not None:
+        return _leaf_changes(where, old, new)
+    return [Change(where, "-" if old is None else old, "-" if new is None else new)]
 
 
 def _block_summary(fields: Sequence[tuple[Path, str]], block: Path) -> str:
@@ -413,325 +414,3 @@ def _leaf_changes(where: str, old: str, new: str) -> list[Change]:
         )
 
     return [Change(where, show(a), show(b))] if keys else []
-
-
-# --------------------------------------------------------------------------
-# Building one
-
-
-def _sharding(spec: Any) -> str:
-    sharding = getattr(spec, "sharding", None)
-    devices = getattr(sharding, "device_set", None)
-    if devices is not None and len(devices) == 1 and getattr(sharding, "mesh", None) is None:
-        return "single device"  # which device is no part of the contract
-    return fmt_sharding(sharding)
-
-
-def _yes(flag: bool | None) -> str:
-    return "unverified" if flag is None else ("yes" if flag else "no")
-
-
-def _leaf_line(leaf: Any) -> str:
-    spec = leaf.spec
-    aval = fmt_aval(spec.shape, spec.dtype, bool(getattr(spec, "weak_type", False)))
-    aliased = _yes(leaf.aliased) if leaf.donated else "-"
-    return (
-        f"{aval} donated={'yes' if leaf.donated else 'no'} aliased={aliased} "
-        f"bytes={leaf.nbytes} sharding={_sharding(spec)}"
-    )
-
-
-def _costs(cs: CompiledSignature) -> dict[str, int] | None:
-    try:
-        analysis = cs.compiled.cost_analysis()
-    except Exception:  # noqa: BLE001 - not every backend has one
-        return None
-    if isinstance(analysis, list | tuple):  # older jax: one dict per program
-        analysis = analysis[0] if analysis else None
-    if not isinstance(analysis, Mapping):
-        return None
-    return {name: int(round(float(analysis.get(key, 0.0)))) for key, name in _COST_KEYS}
-
-
-def _step_fields(head: str, desc: StepDescription, compiles: int) -> list[tuple[Path, str]]:
-    out: list[tuple[Path, str]] = [((head, "compiles"), str(compiles))]
-    for n, cs in enumerate(desc.signatures, 1):
-        sig = (head, f"signature {n}")
-        out += [((*sig, f"leaf {leaf.path}"), _leaf_line(leaf)) for leaf in cs.leaves]
-        memory = cs.memory
-        for name in ("arguments", "outputs", "aliased", "temporaries"):
-            value = getattr(memory, name)
-            if value is not None:
-                out.append(((*sig, f"memory.{name}"), str(value)))
-        for name, value in (_costs(cs) or {}).items():
-            out.append(((*sig, f"cost.{name}"), str(value)))
-    return out
-
-
-def _names(steps: Iterable[Any]) -> dict[int, str]:
-    """A unique, stable name per step: ``module.qualname`` (``#2`` for a twin)."""
-    names: dict[int, str] = {}
-    seen: dict[str, int] = {}
-    for step in steps:
-        base = step.describe().name
-        seen[base] = seen.get(base, 0) + 1
-        names[id(step)] = base if seen[base] == 1 else f"{base} #{seen[base]}"
-    return names
-
-
-def _environment() -> tuple[str, int, dict[str, str]]:
-    import jax
-
-    versions = {"jax": _version_of("jax"), "jaxlib": _version_of("jaxlib")}
-    return jax.default_backend(), jax.device_count(), versions
-
-
-def _build(steps: Sequence[Any], loops: Sequence[_LoopRun] = ()) -> Snapshot:
-    backend, devices, versions = _environment()
-    names = _names(steps)
-    fields: list[tuple[Path, str]] = []
-    for step in sorted(steps, key=lambda s: names[id(s)]):
-        desc = step.describe()
-        fields += _step_fields(f"step {names[id(step)]}", desc, desc.stats.compiles)
-    for n, run in enumerate(loops, 1):
-        head = f"loop {n}"
-        fields.append(((head, "options"), run.options))
-        for step_id, calls in sorted(run.calls.items(), key=lambda kv: run.names[kv[0]]):
-            fields.append(((head, f"calls {run.names[step_id]}"), "?" if calls is None else str(calls)))
-        fields.append(((head, "fetches"), str(run.fetches)))
-        fields.append(((head, "violations"), str(sum(v[3] for v in run.violations))))
-        for i, (kind, what, where, count) in enumerate(run.violations, 1):
-            where = where.rsplit("/", 1)[-1].rsplit("\\", 1)[-1]  # file:line, no folders
-            fields.append(((head, f"violation {i}"), f"{kind}: {what} (x{count}, at {where})"))
-    return Snapshot(backend, devices, versions, tuple(fields))
-
-
-def snapshot(*steps: HotStep[Any, Any]) -> Snapshot:
-    """The contract snapshot of these hot steps, as compiled so far.
-
-    Per step: its compiles and, per compiled signature, one line per argument
-    leaf (spec, donated, aliased, bytes, sharding), the executable's memory
-    analysis and XLA's cost analysis where the backend gives one. Nothing is
-    compiled or run; a step not compiled yet has ``compiles: 0`` and no
-    signature.
-
-    Args:
-        *steps: hot steps (``@jc.hot_step``).
-
-    Returns:
-        A :class:`jc.Snapshot`: ``str()`` is the text form that
-        ``pytest --jc-snapshot-update`` writes, ``a.diff(b)`` compares two.
-
-    Raises:
-        DefinitionError: an argument is not a hot step.
-
-    Examples:
-        >>> import jaxcontracts as jc
-        >>> from jaxtyping import Array, Float32
-        >>> @jc.state
-        ... class S:
-        ...     x: Float32[Array, "n"]
-        >>> @jc.hot_step(signature=S)
-        ... def step(s: S) -> S:
-        ...     return S(x=s.x + 1)
-        >>> _ = step.compile(S.spec(n=4))
-        >>> before = jc.snapshot(step)
-        >>> [value for path, value in before.fields if path[-1] == "leaf s.x"]
-        ['f32[4] donated=yes aliased=yes bytes=16 sharding=single device']
-        >>> before.diff(jc.snapshot(step)).ok
-        True
-    """
-    for step in steps:
-        if not isinstance(step, HotStep):
-            raise DefinitionError(
-                f"jc.snapshot({step!r}): expected hot steps (made with @jc.hot_step).",
-                fix="pass the decorated step itself: jc.snapshot(advance).",
-            )
-    return _build(steps)
-
-
-# --------------------------------------------------------------------------
-# Recording what a piece of code compiles and runs (the pytest marker)
-
-
-@dataclasses.dataclass
-class _LoopRun:
-    options: str
-    names: dict[int, str]
-    calls: dict[int, int | None]
-    fetches: int
-    violations: list[tuple[str, str, str, int]]
-
-
-@dataclasses.dataclass
-class _Open:
-    loop: Any
-    calls: dict[int, int] | None  # None: calls are not counted (checks "off")
-    fetches: int
-    violations: dict[tuple[str, str, str], int]
-
-
-class Recorder:
-    """Records the hot steps compiled or called and the loops run meanwhile.
-
-    ``start()`` ... ``stop()``, then :meth:`snapshot`. A step is recorded if
-    it compiles while recording, or (at checks ``fast``/``full``, where calls
-    are counted) if it is called. Loop runs are recorded in the order they
-    end, with the calls of each step, the ``jc.fetch`` calls and the
-    violations of that run; at checks ``off`` calls are not counted (``?``,
-    not compared).
-    """
-
-    def __init__(self) -> None:
-        self._steps: dict[int, Any] = {}
-        self._start_calls: dict[int, tuple[Any, int, int]] = {}
-        self._open: list[_Open] = []
-        self.loops: list[_LoopRun] = []
-
-    def start(self) -> Recorder:
-        """Begin recording (hooks into hot steps and loops)."""
-        self._start_calls = {
-            id(s): (s, s.stats.calls, s.stats.compiles) for s in _steps.live()
-        }
-        observers.recorders.append(self)
-        return self
-
-    def stop(self) -> None:
-        """Stop recording; steps called since :meth:`start` are added."""
-        if self in observers.recorders:
-            observers.recorders.remove(self)
-        for step in _steps.live():
-            was = self._start_calls.get(id(step))
-            if was is None or was[0] is not step:
-                continue
-            if (step.stats.calls, step.stats.compiles) != was[1:]:
-                self._steps.setdefault(id(step), step)
-        self._start_calls = {}
-
-    @property
-    def steps(self) -> list[Any]:
-        """The hot steps recorded so far."""
-        return list(self._steps.values())
-
-    def on_compile(self, step: Any) -> None:
-        self._steps.setdefault(id(step), step)
-
-    def on_loop(self, loop: Any, entering: bool) -> None:
-        if entering:
-            counted = get_checks() != "off"
-            self._open.append(
-                _Open(
-                    loop,
-                    {id(s): s.stats.calls for s in _steps.live()} if counted else None,
-                    observers.fetches,
-                    {(v.kind, v.what, v.where): v.count for v in loop.violations},
-                )
-            )
-            return
-        for i in range(len(self._open) - 1, -1, -1):
-            if self._open[i].loop is loop:
-                self._close(self._open.pop(i))
-                return
-
-    def _close(self, entry: _Open) -> None:
-        loop = entry.loop
-        live = {id(s): s for s in _steps.live()}
-        calls: dict[int, int | None] = {}
-        for sid, step in live.items():
-            if entry.calls is None:
-                if sid in self._steps:
-                    calls[sid] = None
-                continue
-            n = step.stats.calls - entry.calls.get(sid, 0)
-            if n:
-                calls[sid] = n
-                self._steps.setdefault(sid, step)
-        violations = []
-        for v in loop.violations:
-            n = v.count - entry.violations.get((v.kind, v.what, v.where), 0)
-            if n:
-                violations.append((v.kind, v.what, v.where, n))
-        opts = loop.options
-        options = " ".join(f"{k}={opts[k]}" for k in ("transfers", "compiles", "on_violation") if k in opts)
-        self.loops.append(
-            _LoopRun(options, _names(live[s] for s in calls), calls, observers.fetches - entry.fetches, violations)
-        )
-
-    def snapshot(self) -> Snapshot:
-        """The snapshot of everything recorded."""
-        steps = self.steps
-        names = _names(steps)
-        for run in self.loops:  # name loop calls like the steps section
-            run.names = {sid: names.get(sid, name) for sid, name in run.names.items()}
-        return _build(steps, self.loops)
-
-
-# --------------------------------------------------------------------------
-# The file: sections per key, stably ordered
-
-_HEADER = """\
-# jaxcontracts contract snapshot of {test}
-# Written by `pytest --jc-snapshot-update`; review changes like code.
-# Exact: leaf specs, donation, aliasing, shardings, compiles, loop calls,
-# fetches, violations. Within tolerance: memory.* and cost.* (compared only
-# when jax and jaxlib match the versions below).
-"""
-
-
-def render_file(test: str, snapshots: Iterable[Snapshot]) -> str:
-    """A snapshot file: a comment header, then one section per key, sorted."""
-    body = "\n\n".join(str(s) for s in sorted(snapshots, key=lambda s: s.key))
-    return _HEADER.format(test=test) + "\n" + body + "\n"
-
-
-_SECTION = re.compile(r"^\[(\w+) x(\d+)\]$")
-
-
-def parse(text: str) -> dict[str, Snapshot]:
-    """Read a snapshot file (or one ``str(snapshot)``): key -> :class:`Snapshot`.
-
-    Raises:
-        ValueError: a line that does not fit the format, with its number.
-    """
-    out: dict[str, Snapshot] = {}
-    current: tuple[str, int] | None = None
-    versions: dict[str, str] = {}
-    fields: list[tuple[Path, str]] = []
-    heads: list[str] = []
-
-    def close() -> None:
-        if current is not None:
-            snap = Snapshot(current[0], current[1], dict(versions), tuple(fields))
-            out[snap.key] = snap
-
-    for n, raw in enumerate(text.splitlines(), 1):
-        line = raw.rstrip()
-        if not line or line.lstrip().startswith("#"):
-            continue
-        m = _SECTION.match(line)
-        if m:
-            close()
-            current, versions, fields, heads = (m.group(1), int(m.group(2))), {}, [], []
-            continue
-        if current is None:
-            raise ValueError(f"line {n}: {line!r} comes before any [backend xN] section")
-        depth = (len(line) - len(line.lstrip(" "))) // 2
-        body = line.strip()
-        key, sep, value = body.partition(": ")
-        if depth == 0 and sep and not fields and key in ("jax", "jaxlib"):
-            versions[key] = value
-            continue
-        if depth > len(heads):
-            raise ValueError(f"line {n}: {line!r} is indented under no header")
-        del heads[depth:]
-        if not sep and not body.endswith(":"):
-            if body.startswith(("step ", "signature ", "loop ")):
-                heads.append(body)
-                continue
-            fields.append(((*heads, body), ""))
-            continue
-        if not sep:
-            key, value = body[:-1], ""
-        fields.append(((*heads, key), value))
-    close()
-    return out

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -24,6 +24,9 @@ from ._format import fmt_aval, fmt_path, fmt_sharding
 
 __all__ = [
     "LeafDiff",
+    "diff_leaves",
+    "diff_lines",
+    "leaf_name",
     "StaticArg",
     "diff_specs",
     "fmt_value",
@@ -134,6 +137,40 @@ class LeafDiff:
     got: str
     cause: str = ""
     kind: str = "structure"  # structure, dtype, shape, weak_type or sharding
+
+
+def leaf_name(param: str, path: str) -> str:
+    """``s.pos`` for parameter ``s`` and leaf path ``.pos`` (a structural
+    path such as ``(structure)`` names the parameter alone)."""
+    return param if path.startswith("(") else f"{param}{path}"
+
+
+def diff_lines(
+    diffs: Sequence[LeafDiff],
+    param: str,
+    *,
+    words: tuple[str, str],
+    cause_prefix: str = "",
+    cause: Callable[[LeafDiff], str] | None = None,
+    full_paths: bool = True,
+) -> tuple[list[str], list[str]]:
+    """The detail lines of a message about leaf diffs, and the leaves they name.
+
+    One line per leaf, ``    s.pos: <words[0]> f32[4], <words[1]> i32[4]``,
+    then its cause, indented, when there is one (``cause(d)``, else
+    ``d.cause``). ``full_paths``: write ``s.pos`` (else ``.pos``, under a
+    header naming the parameter).
+    """
+    lines: list[str] = []
+    leaves: list[str] = []
+    for d in diffs:
+        name = leaf_name(param, d.path)
+        lines.append(f"    {name if full_paths else d.path}: {words[0]} {d.expected}, {words[1]} {d.got}")
+        why = cause(d) if cause is not None else d.cause
+        if why:
+            lines.append(f"      ({why})" if not cause_prefix else f"      {cause_prefix}{why}")
+        leaves.append(name)
+    return lines, leaves
 
 
 def describe_leaf(spec: Any, with_sharding: bool) -> str:
@@ -291,44 +328,9 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
             )
         ]
     if dataclasses.is_dataclass(a) and not isinstance(a, type) and type(a) is type(b):
-        out: list[LeafDiff] = []
-        unequal: list[tuple[str, Any, Any]] = []
-        for f in dataclasses.fields(a):
-            if not hasattr(a, f.name) or not hasattr(b, f.name):
-                continue
-            va, vb = getattr(a, f.name), getattr(b, f.name)
-            if _is_static_field(f):
-                if not _static_equal(va, vb):
-                    sa, sb = _pair(va, vb)
-                    out.append(
-                        LeafDiff(
-                            f"{path}.{f.name}",
-                            f"static {sa}",
-                            f"static {sb}",
-                            "a static field is part of the compiled signature; "
-                            "changing it means a new compile"
-                            + _closure_hint(va, vb),
-                        )
-                    )
-            else:
-                found = structure_diffs(va, vb, f"{path}.{f.name}")
-                out.extend(found)
-                if not found and not _has_arrays(va) and not _static_equal(va, vb):
-                    unequal.append((f"{path}.{f.name}", va, vb))
-        if not out:  # a field held as aux data by a foreign container
-            out = [
-                LeafDiff(
-                    p,
-                    _pair(va, vb)[0],
-                    f"another {type(vb).__name__}, not equal: {_pair(va, vb)[1]}",
-                    f"{type(a).__name__} keeps this field in its tree structure (pytree "
-                    "aux data, not a leaf), so a new value means a new compile"
-                    + _closure_hint(va, vb),
-                )
-                for p, va, vb in unequal
-            ]
-        if out:
-            return out
+        found = _dataclass_diffs(a, b, path)
+        if found:
+            return found
     if isinstance(a, Mapping) and isinstance(b, Mapping) and type(a) is type(b):
         out = []
         for k in sorted(set(a) | set(b), key=repr):
@@ -360,6 +362,47 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
             _struct_name(b),
             "the tree structure differs",
         )
+    ]
+
+
+def _dataclass_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
+    """Field by field, for two instances of one dataclass (a jc.state, a flax
+    struct): static fields that differ, and differences inside the others."""
+    out: list[LeafDiff] = []
+    unequal: list[tuple[str, Any, Any]] = []
+    for f in dataclasses.fields(a):
+        if not hasattr(a, f.name) or not hasattr(b, f.name):
+            continue
+        va, vb = getattr(a, f.name), getattr(b, f.name)
+        if _is_static_field(f):
+            if not _static_equal(va, vb):
+                sa, sb = _pair(va, vb)
+                out.append(
+                    LeafDiff(
+                        f"{path}.{f.name}",
+                        f"static {sa}",
+                        f"static {sb}",
+                        "a static field is part of the compiled signature; "
+                        "changing it means a new compile" + _closure_hint(va, vb),
+                    )
+                )
+        else:
+            found = structure_diffs(va, vb, f"{path}.{f.name}")
+            out.extend(found)
+            if not found and not _has_arrays(va) and not _static_equal(va, vb):
+                unequal.append((f"{path}.{f.name}", va, vb))
+    if out:
+        return out
+    # A field held as aux data by a foreign container.
+    return [
+        LeafDiff(
+            p,
+            _pair(va, vb)[0],
+            f"another {type(vb).__name__}, not equal: {_pair(va, vb)[1]}",
+            f"{type(a).__name__} keeps this field in its tree structure (pytree "
+            "aux data, not a leaf), so a new value means a new compile" + _closure_hint(va, vb),
+        )
+        for p, va, vb in unequal
     ]
 
 

@@ -24,7 +24,7 @@ from beartype import BeartypeConf
 from beartype.door import is_bearable
 from jaxtyping import jaxtyped
 
-from ._annotations import X64_ON, ArrayAnnotation, x64_field_fix, x64_loss
+from ._annotations import ArrayAnnotation, x64_field_fix, x64_leaf_fix, x64_loss
 from ._compat.arrays import ArrayImpl as _ArrayImpl
 from ._compat.tracing import Tracer as _Tracer
 from ._compat.tracing import trace_state_clean as _trace_state_clean
@@ -52,7 +52,6 @@ __all__ = [
     "spec_error",
     "validate",
     "validation_cache_size",
-    "x64_leaf_fix",
 ]
 
 _BEAR = BeartypeConf(is_pep484_tower=True)
@@ -194,51 +193,46 @@ def clear_validation_cache(cls: type) -> None:
 
 
 def validate(self: Any) -> None:
+    """Validate a state's fields at construction; put each in its exact device form.
+
+    Raises:
+        SpecError: listing every invalid field, with the dims bound so far.
+    """
     __tracebackhide__ = True
     cls = type(self)
     info = info_of(cls)
     hit, key = _cached(self, info)
-    if hit:
+    if hit or _is_tracing(self, info):
         return
-    if _is_tracing(self, info):
-        return
-    problems: list[Problem] = []
-    converted: dict[str, Any] = {}
-    bindings: dict[str, Any] = {}
-    bound_by: dict[str, str] = {}
-    to_check: list[tuple[str, Any, Any]] = []  # (field, value, jaxtyping annotation)
-
+    run = _Validation()
     for f in info.fields:
-        value = self.__dict__[f.name]
+        run.field(f, self.__dict__[f.name])
+    if not run.problems and run.to_check:
+        run.jaxtyping_shapes()
+    if run.problems:
+        raise spec_error(cls, run.problems, run.bindings, run.bound_by)
+    if key is not None:
+        _remember(info, key, self, run.converted)
+    for name, v in run.converted.items():
+        object.__setattr__(self, name, v)
+
+
+class _Validation:
+    """One construction's validation: problems, converted values, dim bindings."""
+
+    def __init__(self) -> None:
+        self.problems: list[Problem] = []
+        self.converted: dict[str, Any] = {}
+        self.bindings: dict[str, Any] = {}
+        self.bound_by: dict[str, str] = {}
+        self.to_check: list[tuple[str, Any, Any]] = []  # (field, value, jaxtyping annotation)
+
+    def field(self, f: Any, value: Any) -> None:
         if isinstance(f, ArrayField):
-            new, problem = _convert_array(f.name, value, f.ann)
-            if problem is not None:
-                problems.append(problem)
-                continue
-            converted[f.name] = new
-            why, found = f.ann.match(leaf_spec(new).shape, bindings)
-            if why is not None:
-                owners = ", ".join(
-                    f"{k}={bindings[k]} (from .{bound_by[k]})" for k in f.ann.dim_names if k in bindings
-                )
-                problems.append(
-                    Problem(
-                        f.name,
-                        f.ann.pretty() + (f" with {owners}" if owners else ""),
-                        fmt_value(new),
-                        f"{why}. Check how .{f.name} is created, or whether the "
-                        "dims above are the intended ones.",
-                    )
-                )
-                continue
-            for k, v in found.items():
-                bindings[k] = v
-                bound_by[k] = f.name
-            if not isinstance(new, jax.ShapeDtypeStruct):
-                to_check.append((f.name, new, f.ann.annotation))
+            self.array(f, value)
         elif isinstance(f, StateField):
             if not isinstance(value, f.cls):
-                problems.append(
+                self.problems.append(
                     Problem(
                         f.name,
                         f"a {f.cls.__name__} instance",
@@ -248,36 +242,59 @@ def validate(self: Any) -> None:
                 )
         elif isinstance(f, PyTreeField):
             new, leaf_problems = _convert_pytree(f, value)
-            problems.extend(leaf_problems)
+            self.problems.extend(leaf_problems)
             if not leaf_problems:
-                converted[f.name] = new
+                self.converted[f.name] = new
                 if not _all_specs(new):
-                    to_check.append((f.name, new, f.annotation))
+                    self.to_check.append((f.name, new, f.annotation))
         else:
-            problems.extend(check_static(f, value))
+            self.problems.extend(check_static(f, value))
 
-    if not problems and to_check:
-        # jaxtyping is the authority on shapes, with one dim memo for all fields.
+    def array(self, f: ArrayField, value: Any) -> None:
+        new, problem = _convert_array(f.name, value, f.ann)
+        if problem is not None:
+            self.problems.append(problem)
+            return
+        self.converted[f.name] = new
+        why, found = f.ann.match(leaf_spec(new).shape, self.bindings)
+        if why is not None:
+            owners = ", ".join(
+                f"{k}={self.bindings[k]} (from .{self.bound_by[k]})"
+                for k in f.ann.dim_names
+                if k in self.bindings
+            )
+            self.problems.append(
+                Problem(
+                    f.name,
+                    f.ann.pretty() + (f" with {owners}" if owners else ""),
+                    fmt_value(new),
+                    f"{why}. Check how .{f.name} is created, or whether the "
+                    "dims above are the intended ones.",
+                )
+            )
+            return
+        for k, v in found.items():
+            self.bindings[k] = v
+            self.bound_by[k] = f.name
+        if not isinstance(new, jax.ShapeDtypeStruct):
+            self.to_check.append((f.name, new, f.ann.annotation))
+
+    def jaxtyping_shapes(self) -> None:
+        """jaxtyping is the authority on shapes, with one dim memo for all fields."""
+        to_check = self.to_check
         for name, ok in zip((n for n, _, _ in to_check), _jaxtyping_check(to_check)):
             if not ok:
                 ann = next(a for n, _, a in to_check if n == name)
-                problems.append(
+                value = self.converted[name]
+                self.problems.append(
                     Problem(
                         name,
                         hint_name(ann),
-                        fmt_value(converted[name])
-                        if not isinstance(converted[name], (dict, list, tuple))
-                        else tree_summary(converted[name]),
+                        fmt_value(value) if not isinstance(value, (dict, list, tuple)) else tree_summary(value),
                         "its leaves must match the annotation, with named dims "
                         "bound consistently across fields.",
                     )
                 )
-    if problems:
-        raise spec_error(cls, problems, bindings, bound_by)
-    if key is not None:
-        _remember(info, key, self, converted)
-    for name, v in converted.items():
-        object.__setattr__(self, name, v)
 
 
 @jaxtyped(typechecker=None)
@@ -577,8 +594,4 @@ def spec_error(
         contract="state-fields",
         fix_in_details=True,
     )
-
-
-def x64_leaf_fix(short: str) -> str:
-    return f"{X64_ON}; or pass {short} leaves (x.astype(np.{short}))."
 

@@ -69,7 +69,9 @@ LAYERS: dict[str, int] = {
     "_guard": 14,
     "_check": 15,
     "_info": 15,
-    "_snapshot": 15,
+    "_recorder": 15,  # jc.snapshot and the plugin's Recorder
+    "_snapshot": 5,  # a snapshot record, its text and its diff
+    "_snapshot_file": 6,  # snapshot files: render and parse
     # public API users: may import the package itself (its lazy __init__)
     "_pytest_plugin": 16,
     "demo.simulation": 16,
@@ -168,3 +170,61 @@ def test_the_layer_test_sees_imports_inside_functions(tmp_path):
     fake = tmp_path / "_x.py"
     fake.write_text("def f():\n    from ._guard import fetch\n    return fetch\n")
     assert _imports("_x", fake) == {"_guard"}
+
+
+def _all_of(path: pathlib.Path) -> set[str] | None:
+    """The names in a module's ``__all__`` (None when it defines none)."""
+    for node in ast.parse(path.read_text(encoding="utf-8")).body:
+        if isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "__all__" for t in node.targets
+        ):
+            return set(ast.literal_eval(node.value))
+    return None
+
+
+def test_every_name_a_module_imports_from_another_is_in_its_all():
+    # `from ._fields import info_of` is an interface between two modules: the
+    # provider lists it in __all__ (a private `_name` would be a reach into
+    # another module's internals, which no module does).
+    modules = _modules()
+    missing = []
+    for name, path in modules.items():
+        is_pkg = path.name == "__init__.py"
+        here = [p for p in name.split(".") if p]
+        base = here if is_pkg else here[:-1]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.ImportFrom) or not node.level:
+                continue
+            anchor = base[: len(base) - (node.level - 1)]
+            source = ".".join(anchor + ([node.module] if node.module else []))
+            if source not in modules or source == "":
+                continue  # `from . import _config`: a module, not a name
+            exported = _all_of(modules[source])
+            for alias in node.names:
+                if f"{source}.{alias.name}" in modules:
+                    continue  # a submodule (`from ._compat import arrays`)
+                if alias.name.startswith("_") or (exported is not None and alias.name not in exported):
+                    missing.append(f"{name} imports {alias.name} from {source}")
+    assert not missing, "\n".join(missing)
+
+
+def test_the_lazy_exports_and_the_type_checking_imports_agree():
+    # jaxcontracts/__init__.py names its public API twice: _EXPORTS (what
+    # __getattr__ imports at run time) and the TYPE_CHECKING block (what type
+    # checkers see). A name in one and not the other, or from another
+    # module, is a public name broken for one of them.
+    init = ast.parse((PACKAGE / "__init__.py").read_text(encoding="utf-8"))
+    typed: dict[str, str] = {}
+    exports: dict[str, str] = {}
+    for node in init.body:
+        if isinstance(node, ast.If) and ast.unparse(node.test) == "TYPE_CHECKING":
+            for sub in node.body:
+                assert isinstance(sub, ast.ImportFrom), ast.unparse(sub)
+                for alias in sub.names:
+                    typed[alias.asname or alias.name] = sub.module or ""
+        elif isinstance(node, ast.Assign) and any(
+            isinstance(t, ast.Name) and t.id == "_EXPORTS" for t in node.targets
+        ):
+            exports = ast.literal_eval(node.value)
+    assert exports and typed
+    assert exports == typed

@@ -148,3 +148,47 @@ def test_errors_read_as_jaxcontracts_in_tracebacks():
                 jc.TransferError, jc.DefinitionError):
         assert cls.__module__ == "jaxcontracts"
         assert issubclass(cls, jc.ContractError)
+
+
+def test_a_spec_error_carries_its_fields_and_fixes_as_structured_fields():
+    with pytest.raises(jc.SpecError) as info:
+        Body(pos=jnp.zeros((2, 3)), t=jnp.int32(0))
+    err = info.value
+    assert err.contract == "state-fields" and err.leaves == (".t",)
+    assert err.fix.startswith("a jax array of the wrong dtype is never cast silently")
+    assert "Fix:" not in str(err)  # the fix is written under its field, once
+    with pytest.raises(jc.SpecError) as info:
+        Body(pos=np.zeros((2, 3), np.int32), t=1e39)
+    err = info.value
+    assert err.leaves == (".pos", ".t")
+    assert err.fix.splitlines()[0].startswith(".pos: a numpy array of the wrong dtype")
+    assert err.fix.splitlines()[1].startswith(".t: it overflows float32")
+
+
+@pytest.mark.parametrize(
+    "make",
+    [
+        lambda: Body.spec(m=3),  # an unknown dimension
+        lambda: jc.static([1, 2]),  # an unhashable static default
+    ],
+    ids=["unknown-dim", "unhashable-static"],
+)
+def test_definition_and_spec_errors_put_the_fix_in_its_field(make):
+    with pytest.raises(jc.ContractError) as info:
+        make()
+    err = info.value
+    assert err.fix and str(err).count("Fix: ") == 1
+    assert f"Fix: {err.fix}" in str(err)
+
+
+def test_a_field_kind_jaxcontracts_cannot_hold_names_the_field_and_the_fix():
+    with pytest.raises(jc.DefinitionError) as info:
+
+        @jc.state
+        class Bad:
+            x: jax.Array
+
+    err = info.value
+    assert err.leaves == (".x",)
+    assert err.fix.startswith("if x is configuration, write `x: ") and "jc.static(...)" in err.fix
+    assert "  3. a pytree:        params: PyTree[Float32[Array, '...']]" in str(err)

@@ -252,3 +252,44 @@ def test_text_lines_are_packed_into_80_columns():
     assert len(lines) > 1 and max(len(line) for line in lines) <= 80, lines
     assert " | ".join(line.strip().removesuffix(" |") for line in lines) == "facts: " + " | ".join(items)
     assert _pack(["a", "b"], ", ") == ["a, b"]
+
+
+def test_a_failed_carry_in_check_replaces_the_passing_row_of_an_earlier_signature():
+    @jc.hot_step(max_compiles=2)
+    def counter(s: dict) -> dict:
+        return {"x": s["x"] + 1, "t": s["t"] + 1.0}
+
+    counter.compile({"x": jnp.zeros(3), "t": jnp.float32(0)})  # carries: a passing row
+    report = jc.check(counter, {"x": jnp.zeros(3), "t": jnp.int32(0)})
+    carry = [c for c in report.contracts if c.name.startswith("carry invariance")]
+    assert len(carry) == 1 and not carry[0].ok and carry[0].error is jc.RecompileError
+
+
+def test_loop_report_rows_come_from_the_violation_table():
+    from jaxcontracts._errors import VIOLATIONS
+
+    x = jnp.arange(3.0)
+    with jc.hot_loop(on_violation="record") as loop:
+        float(x[0])
+    rows = {c.name: c for c in loop.report().contracts}
+    assert [c.name for c in loop.report().contracts] == [k.contract_name for k in VIOLATIONS.values()]
+    for kind in VIOLATIONS.values():
+        assert rows[kind.contract_name].error is kind.error
+    assert not rows[VIOLATIONS["transfer"].contract_name].ok
+    assert rows[VIOLATIONS["compile"].contract_name].ok
+
+
+def test_raise_for_failures_lists_violations_as_the_pytest_plugin_does():
+    x = jnp.float32(2.0)
+    with jc.hot_loop(on_violation="record") as loop:
+        for _ in range(3):
+            float(x)  # READ
+    with pytest.raises(jc.TransferError) as info:
+        loop.report().raise_for_failures()
+    lines = str(info.value).splitlines()
+    assert lines[1] == "- no implicit transfers: 3 event(s)"  # the failed contract
+    at = lines.index("- violations inside the loop:")
+    assert lines[at + 1].startswith("  transfer  ") and "test_report.py:" in lines[at + 1]
+    assert "  x3  device-to-host read: float()" in lines[at + 1]
+    assert lines[at + 2] == "      > float(x)  # READ"
+    assert lines[at + 3].startswith("      Fix: read it deliberately and rarely with jc.fetch(x)")

@@ -17,7 +17,9 @@ import pytest
 from jaxtyping import Array, Float32
 
 import jaxcontracts as jc
-from jaxcontracts._snapshot import Recorder, Snapshot, parse, parse_tolerance, render_file
+from jaxcontracts._recorder import Recorder
+from jaxcontracts._snapshot import Snapshot, parse_tolerance
+from jaxcontracts._snapshot_file import parse, render_file
 
 pytest_plugins = ["pytester"]
 
