@@ -452,3 +452,17 @@ def test_guard_log_lines_parse_on_this_version(capfd):
     assert events[0].aval in ("", "float32[], weak_type=True")
     assert "float32[], weak_type=True" in [e.aval for e in events[1:]]
     assert "guard_lib" not in capfd.readouterr().err
+
+
+def test_every_intercepted_read_has_one_wording_in_the_one_list():
+    # _compat.arrays.READS is the only list of reads: what is patched and how
+    # messages word it. A patched method with no entry would raise KeyError
+    # inside the guard; an entry nothing patches would be a dead word.
+    from jaxcontracts._compat import arrays
+
+    patched = set(arrays.read_methods())
+    assert patched <= set(arrays.READS)
+    assert set(arrays.READS) == set(arrays.READ_METHODS) | set(arrays.OPTIONAL_READ_METHODS) | set(
+        arrays.NON_METHOD_READS
+    )
+    assert "_value" in patched  # the property, wrapped like the methods

@@ -18,6 +18,7 @@ from typing import Any
 from .registry import capability, define
 
 __all__ = [
+    "NON_METHOD_READS",
     "OPTIONAL_READ_METHODS",
     "READS",
     "READ_METHODS",
@@ -82,10 +83,12 @@ READS: dict[str, str] = {
     "_value": "reading its value",
     "buffer": "the buffer protocol (np.asarray, memoryview, np.frombuffer, hashlib)",
 }
-#: The read methods intercepted inside a hot loop (``_value`` is a property).
-READ_METHODS = tuple(READS)[: tuple(READS).index("__dlpack__")]
+#: Entries of READS that are not methods: a property and the C buffer slot.
+NON_METHOD_READS = ("_value", "buffer")
 #: Read methods guarded where this jax has them (the probe does not require them).
 OPTIONAL_READ_METHODS = ("__dlpack__",)
+#: The read methods intercepted inside a hot loop (a new one: an entry in READS).
+READ_METHODS = tuple(n for n in READS if n not in NON_METHOD_READS + OPTIONAL_READ_METHODS)
 
 
 @define(
