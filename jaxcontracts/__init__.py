@@ -36,6 +36,7 @@ if TYPE_CHECKING:
     from ._compat import Capability as Capability
     from ._compat import capabilities as capabilities
     from ._fetch import fetch as fetch
+    from ._fields import static as static
     from ._foreign import Change as Change
     from ._foreign import Changes as Changes
     from ._foreign import device_tree as device_tree
@@ -55,7 +56,6 @@ if TYPE_CHECKING:
     from ._spec import spec_of as spec_of
     from ._state import State as State
     from ._state import state as state
-    from ._fields import static as static
     from ._timing import LoopTiming as LoopTiming
     from ._timing import StepTiming as StepTiming
 
