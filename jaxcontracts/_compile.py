@@ -69,8 +69,10 @@ class quiet_donation_warning(warnings.catch_warnings):
 
 def jit_for(
     sig: StepSignature, positional: tuple[Any, ...]
-) -> tuple[Any, tuple[Any, ...], Any, tuple[int, ...], bool]:
-    """The jitted function, its spec arguments, treedef, donated leaves, style."""
+) -> tuple[Any, tuple[Any, ...], Any, tuple[int, ...], bool, StepSignature]:
+    """The jitted function, its spec arguments, treedef, donated leaves, style,
+    and the signature with what the step returns resolved (``sig.carried``:
+    read from the output's structure when the decorator could not tell)."""
     with_path, treedef = jax.tree_util.tree_flatten_with_path(positional)
     paths = [p for p, _ in with_path]
     specs = []
@@ -87,6 +89,11 @@ def jit_for(
                 leaves=[sig.param_path(p)],
             )
         specs.append(spec)
+    if sig.carried is None:  # state= named, or no return annotation: read the output
+        per_param = tuple(jax.tree_util.tree_unflatten(treedef, specs))
+        with quiet_donation_warning():
+            out = jax.eval_shape(sig.positional, *per_param)
+        sig = sig.resolve_carried(out, per_param)
     donated = sig.donated_leaves(paths)
     per_arg: dict[int, list[bool]] = {}
     for i, p in enumerate(paths):
@@ -105,7 +112,7 @@ def jit_for(
         argnums = tuple(a for a, v in per_arg.items() if v and all(v))
         jitted = jax.jit(positional_fn, donate_argnums=argnums, keep_unused=True)
         spec_args = tuple(jax.tree_util.tree_unflatten(treedef, specs))
-    return jitted, spec_args, treedef, donated, flat_style
+    return jitted, spec_args, treedef, donated, flat_style, sig
 
 
 def _spread(sharding: Any) -> bool:
@@ -131,7 +138,7 @@ def derive_out_shardings(
     for p, spec in zip(paths, specs):
         per_param.setdefault(p[0].idx, []).append(getattr(spec, "sharding", None))
     plan = []
-    for arg, pos in zip(sig.state_params, sig.return_positions):
+    for arg, pos in sig.carried or ():
         shardings = per_param.get(arg, [])
         if len(pos) <= 1 and any(_spread(s) for s in shardings):
             plan.append((pos, [s if _spread(s) else None for s in shardings]))
@@ -164,8 +171,13 @@ def derive_out_shardings(
     return constrained
 
 
-def compile_signature(sig: StepSignature, positional: tuple[Any, ...]) -> CompiledSignature:
+def compile_signature(
+    sig: StepSignature, positional: tuple[Any, ...]
+) -> tuple[CompiledSignature, StepSignature]:
     """Compile ``sig``'s step for these arguments or specs and prove its contracts.
+
+    Returns the compiled signature, and ``sig`` with what the step returns
+    resolved (``carried``), for the step to keep.
 
     Only sealed states (``_fields.is_sealed_state``: every leaf fixed at
     construction) get provenance tokens: a token skips the per-leaf checks,
@@ -176,7 +188,7 @@ def compile_signature(sig: StepSignature, positional: tuple[Any, ...]) -> Compil
         DonationError: a donated leaf aliases no output.
     """
     __tracebackhide__ = True
-    jitted, spec_args, treedef, donated, flat_style = jit_for(sig, positional)
+    jitted, spec_args, treedef, donated, flat_style, sig = jit_for(sig, positional)
     with compiling(sig.name):  # inside a hot_loop, a compile is a violation
         t0 = time.perf_counter()
         with quiet_donation_warning():
@@ -226,7 +238,7 @@ def compile_signature(sig: StepSignature, positional: tuple[Any, ...]) -> Compil
         cache=None if outcome is None else outcome.verdict,
         in_tokens=in_tokens,
         out_tokens=out_tokens,
-    )
+    ), sig
 
 
 def signature_diffs(cs: CompiledSignature, leaves: Sequence[Any], treedef: Any) -> list[LeafDiff]:
@@ -246,7 +258,7 @@ def _tokens_for(
     if flat_style:
         return (), ()
     ins, outs = [], []
-    for arg, pos in zip(sig.state_params, sig.return_positions):
+    for arg, pos in sig.carried or ():
         spec = spec_args[arg]
         if not is_sealed_state(spec):
             continue  # not a state, or one the user can edit in place: checked per call
@@ -273,7 +285,7 @@ def _check_carry(
     blocks: list[str] = []
     leaves: list[str] = []
     kinds: list[str] = []
-    for arg, pos in zip(sig.state_params, sig.return_positions):
+    for arg, pos in sig.carried or ():
         name = sig.param_names[arg]
         returned = out
         try:

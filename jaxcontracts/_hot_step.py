@@ -61,6 +61,7 @@ def hot_step(
     static: str | tuple[str, ...] = (),
     donate_argnames: str | tuple[str, ...] = (),
     stateless: bool = False,
+    state: str | tuple[str, ...] | None = None,
 ) -> HotStep[P, R]: ...
 @overload
 def hot_step(
@@ -73,6 +74,7 @@ def hot_step(
     static: str | tuple[str, ...] = (),
     donate_argnames: str | tuple[str, ...] = (),
     stateless: bool = False,
+    state: str | tuple[str, ...] | None = None,
 ) -> Callable[[Callable[P, R]], HotStep[P, R]]: ...
 def hot_step(
     fn: Any = None,
@@ -84,18 +86,30 @@ def hot_step(
     static: str | tuple[str, ...] = (),
     donate_argnames: str | tuple[str, ...] = (),
     stateless: bool = False,
+    state: str | tuple[str, ...] | None = None,
 ) -> Any:
     """Make ``fn`` an AOT-compiled step with derived, verified donation.
 
     Args:
-        fn: the step. Its state parameters are those annotated with
-            ``signature``; its return annotation must contain that type
-            (alone, or in a tuple such as ``tuple[State, Metrics]``).
-        signature: the state type. ``None``: the first parameter's annotation.
-            A state parameter the step does not return (the return annotation
-            holds fewer states than there are state parameters, or none) is
-            read-only: never donated, never copied, still part of the
-            compiled signature.
+        fn: the step, any function (a library's ``kernel.step``, an optax
+            ``update``, a ``functools.partial``). Its state parameters are
+            those ``state=`` names, else those annotated with ``signature``
+            (else with the first non-static parameter's annotation).
+        state: names of the state parameters (``"state"`` or
+            ``("params", "opt_state")``), no annotation needed. What the step
+            returns is then read from its output at the first compile: the
+            output, or an element of a returned tuple, with a state
+            parameter's exact tree structure is that state's new value
+            (carried, donated per ``donate=``); a state parameter returned
+            nowhere is read-only. A step that returns something shaped like
+            its state that is not its new value (gradients of the
+            parameters) takes ``donate="none"``.
+        signature: the state type (with annotated parameters). The return
+            annotation says which states come back (alone, or in a tuple such
+            as ``tuple[State, Metrics]``); without one it is read from the
+            output as for ``state=``. A state parameter the step does not
+            return is read-only: never donated, never copied, still part of
+            the compiled signature.
         donate: ``"all"`` donates every leaf of every returned state
             parameter; a tuple of field names donates those fields only;
             ``"none"`` opts out. Other parameters are donated only when named
@@ -123,9 +137,9 @@ def hot_step(
         A :class:`HotStep`, called like ``fn``.
 
     Raises:
-        DefinitionError: no state parameter (and not ``stateless``), a
-            missing return annotation, an unknown donated field or parameter
-            name, or an invalid option; at a call, an unhashable static value.
+        DefinitionError: no state parameter (and not ``stateless``), an
+            unknown donated field or parameter name, or an invalid option; at
+            a call, an unhashable static value.
 
     Examples:
         >>> import jax, jax.numpy as jnp, jaxcontracts as jc
@@ -168,6 +182,7 @@ def hot_step(
                 static=static,
                 donate_argnames=donate_argnames,
                 stateless=stateless,
+                state=state,
             )
         )
 
@@ -257,7 +272,7 @@ class HotStep(Generic[P, R]):
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """Lower for these arguments or specs, without compiling or checking."""
         positional = self._to_compile("lower", args, kwargs)
-        jitted, spec_args, *_ = jit_for(self._sig, positional)
+        jitted, spec_args, *_, self._sig = jit_for(self._sig, positional)
         with quiet_donation_warning():
             return jitted.trace(*spec_args).lower()
 
@@ -437,7 +452,7 @@ class HotStep(Generic[P, R]):
         __tracebackhide__ = True
         if len(self._signatures) >= self._sig.max_compiles:
             raise self._refuse(positional)
-        cs = compile_signature(self._sig, positional)
+        cs, self._sig = compile_signature(self._sig, positional)  # what it returns, now known
         self._signatures.append(cs)
         self.stats.compiles += 1
         self.stats.compile_seconds += cs.compile_seconds

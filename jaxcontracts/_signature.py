@@ -16,6 +16,8 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
+
 from ._donation import field_of
 from ._errors import DefinitionError
 from ._fields import data_field_names, is_state, static_field_names
@@ -36,7 +38,11 @@ class StepSignature:
     state_type: Any
     param_names: tuple[str, ...]
     state_params: tuple[int, ...]
-    return_positions: tuple[tuple[int, ...], ...]
+    # (state parameter, where the step returns its new value: () for the
+    # whole output, (k,) for element k of a returned tuple), one per carried
+    # state; a state parameter not in it is read-only. None: not known yet,
+    # read from the compiled output at the first compile (resolve_carried).
+    carried: tuple[tuple[int, tuple[int, ...]], ...] | None
     donate: str | tuple[str, ...]
     max_compiles: int
     signature: inspect.Signature
@@ -54,7 +60,44 @@ class StepSignature:
     @property
     def read_only_params(self) -> tuple[int, ...]:
         """State parameters the step does not return: never donated."""
-        return self.state_params[len(self.return_positions) :]
+        returned = {i for i, _ in self.carried or ()}
+        return tuple(i for i in self.state_params if i not in returned)
+
+    def resolve_carried(self, out: Any, spec_args: Sequence[Any]) -> StepSignature:
+        """This signature with ``carried`` read from an output's structure.
+
+        ``out``: the step's output for ``spec_args`` (``jax.eval_shape``). A
+        state parameter is carried when the output, or an element of a
+        returned tuple, has its exact tree structure (the first such element,
+        in parameter order); the others are read-only.
+        """
+        if self.carried is not None:
+            return self
+        carried: list[tuple[int, tuple[int, ...]]] = []
+        whole = jax.tree_util.tree_structure(out)
+        used: set[int] = set()
+        for i in self.state_params:
+            want = jax.tree_util.tree_structure(spec_args[i])
+            if not carried and want == whole and len(self.state_params) >= 1:
+                carried.append((i, ()))
+                break
+            if isinstance(out, (tuple, list)):
+                for k, element in enumerate(out):
+                    if k not in used and jax.tree_util.tree_structure(element) == want:
+                        carried.append((i, (k,)))
+                        used.add(k)
+                        break
+        if not carried and isinstance(self.donate, tuple):
+            names = ", ".join(self.param_names[i] for i in self.state_params)
+            raise DefinitionError(
+                f"@jc.hot_step on {self.name}: donate={self.donate!r} names state fields, "
+                f"but the step returns no new value of its state ({names}): nothing it "
+                "returns has the state's structure, so the state is read-only.",
+                fix="return the new state (alone, or first in a tuple) to carry and "
+                "donate it, or drop donate=.",
+                step=self.name,
+            )
+        return dataclasses.replace(self, carried=tuple(carried))
 
     def bind(self, obj: Any) -> StepSignature:
         """This method's signature with ``self`` closed over (configuration)."""
@@ -318,8 +361,12 @@ def analyse(
     static: Any = (),
     donate_argnames: Any = (),
     stateless: bool = False,
+    state: Any = None,
 ) -> StepSignature:
     """Read ``fn``'s signature and the decorator's options.
+
+    ``state``: names of the state parameters (no annotation needed); what the
+    step returns is then read from its output at the first compile.
 
     Raises:
         DefinitionError: an invalid option, *args/**kwargs, no state
@@ -329,19 +376,27 @@ def analyse(
     partial = fn if isinstance(fn, functools.partial) else None
     name = qualname(partial.func) + "(partial)" if partial is not None else qualname(fn)
     check_options(name, donate, max_compiles)
+    explicit = signature is not None  # given by the user: never offered back as the fix
     sig, params, method = _parameters(fn, name)
     hints = _hints(fn, sig, params, localns)
     static_params = _param_indices(name, "static", static, params)
     donated_params = _param_indices(name, "donate_argnames", donate_argnames, params)
-    _refuse_contradictions(name, params, static_params, donated_params, signature, stateless)
+    _refuse_contradictions(name, params, static_params, donated_params, signature, stateless, state)
     if stateless:
         return _stateless(
             fn, name, sig, params, donate, max_compiles, method, static_params, donated_params
         )
-    if signature is None:
-        signature = _first_annotation(name, params, hints)
-    state_params = _state_params(name, params, hints, signature, static_params)
-    positions = _returned_states(name, params, hints, signature, donate, state_params, donated_params)
+    if state is not None:
+        state_params = _named_state_params(name, params, state, static_params, donated_params)
+        if signature is None:  # the type, where annotated, for its field names
+            signature = hints.get(params[state_params[0]].name)
+            signature = signature if isinstance(signature, type) else None
+        carried = None  # read from the output at the first compile
+    else:
+        if signature is None:
+            signature = _first_annotation(name, params, hints, static_params)
+        state_params = _state_params(name, params, hints, signature, static_params, explicit)
+        carried = _returned_states(name, params, hints, signature, donate, state_params, donated_params)
     fields = _state_fields(signature)
     result = StepSignature(
         fn=fn,
@@ -349,7 +404,7 @@ def analyse(
         state_type=signature,
         param_names=tuple(p.name for p in params),
         state_params=state_params,
-        return_positions=tuple(positions),
+        carried=carried,
         donate=tuple(donate) if isinstance(donate, list) else donate,
         max_compiles=max_compiles,
         signature=sig,
@@ -360,7 +415,7 @@ def analyse(
         static_params=static_params,
         donated_params=donated_params,
     )
-    if fields is not None and positions:
+    if fields is not None and (carried is None or carried):
         check_donated_names(result, fields[0], fields[1])
     return result
 
@@ -423,7 +478,14 @@ def _refuse_contradictions(
     donated_params: tuple[int, ...],
     signature: Any,
     stateless: bool,
+    state: Any = None,
 ) -> None:
+    if stateless and state is not None:
+        raise DefinitionError(
+            f"@jc.hot_step on {name}: state={state!r} and stateless=True contradict each other.",
+            fix="drop stateless=True to carry those parameters, or drop state= for a "
+            "step with no state.",
+        )
     both = [params[i].name for i in static_params if i in donated_params]
     if both:
         raise DefinitionError(
@@ -440,24 +502,59 @@ def _refuse_contradictions(
         )
 
 
-def _first_annotation(name: str, params: Sequence[inspect.Parameter], hints: dict[str, Any]) -> Any:
-    """The state type when no ``signature=`` is given: the first parameter's annotation."""
-    if not params or params[0].name not in hints:
+def _first_annotation(
+    name: str, params: Sequence[inspect.Parameter], hints: dict[str, Any], static_params: tuple[int, ...]
+) -> Any:
+    """The state type when no ``signature=`` is given: the annotation of the
+    first parameter that is not static (a ``config`` is never the state)."""
+    candidates = [p for i, p in enumerate(params) if i not in static_params]
+    first = candidates[0] if candidates else None
+    if first is None or first.name not in hints:
+        shown = first.name if first is not None else "s"
         raise DefinitionError(
-            f"@jc.hot_step on {name}: no signature= was given and the "
-            "first parameter is not annotated, so the state type is unknown.",
-            fix="annotate it (def step(s: State) -> State) or pass "
-            "@jc.hot_step(signature=State); a step with no state (only array "
-            "arguments) is @jc.hot_step(stateless=True).",
+            f"@jc.hot_step on {name}: no state= or signature= was given and the "
+            f"first parameter{f' ({shown})' if first is not None else ''} is not annotated, "
+            "so the state is unknown.",
+            fix=f'name the state parameter(s): @jc.hot_step(state="{shown}") (no '
+            f"annotation needed), or annotate it (def step({shown}: State) -> State); a "
+            "step with no state (only array arguments) is @jc.hot_step(stateless=True).",
         )
-    signature = hints[params[0].name]
+    signature = hints[first.name]
     if isinstance(signature, (str, Unresolved)):
         raise DefinitionError(
-            f"@jc.hot_step on {name}: the state type {signature!r} of the first "
-            "parameter cannot be resolved here (a TYPE_CHECKING import?).",
-            fix=f"import it at run time, or pass @jc.hot_step(signature={signature!r}).",
+            f"@jc.hot_step on {name}: the state type {signature!r} of parameter "
+            f"{first.name} cannot be resolved here (a TYPE_CHECKING import?).",
+            fix=f'name the state parameter instead: @jc.hot_step(state="{first.name}"), '
+            f"or import {signature!r} at run time.",
         )
     return signature
+
+
+def _named_state_params(
+    name: str,
+    params: Sequence[inspect.Parameter],
+    state: Any,
+    static_params: tuple[int, ...],
+    donated_params: tuple[int, ...],
+) -> tuple[int, ...]:
+    """The parameters ``state=`` names, checked (never static, never in donate_argnames)."""
+    indices = _param_indices(name, "state", state, params)
+    if not indices:
+        raise DefinitionError(
+            f"@jc.hot_step on {name}: state=() names no parameter.",
+            fix='name the state parameter(s), e.g. state="state"; a step with no state '
+            "is @jc.hot_step(stateless=True).",
+        )
+    for option, taken in (("static", static_params), ("donate_argnames", donated_params)):
+        both = [params[i].name for i in indices if i in taken]
+        if both:
+            raise DefinitionError(
+                f"@jc.hot_step on {name}: {', '.join(map(repr, both))} is named in both "
+                f"state= and {option}=.",
+                fix="a state parameter is carried (and donated per donate=); name it in "
+                f"state= only{', and make configuration static' if option == 'static' else ''}.",
+            )
+    return indices
 
 
 def _state_params(
@@ -466,8 +563,12 @@ def _state_params(
     hints: dict[str, Any],
     signature: Any,
     static_params: tuple[int, ...],
+    explicit: bool = False,
 ) -> tuple[int, ...]:
-    """The parameters annotated with the state type (never a static one)."""
+    """The parameters annotated with the state type (never a static one).
+
+    ``explicit``: ``signature=`` was given (so the fix never offers it).
+    """
     state_params = tuple(
         i
         for i, p in enumerate(params)
@@ -479,12 +580,14 @@ def _state_params(
             f"{p.name}: {getattr(hints.get(p.name), '__name__', hints.get(p.name, '(none)'))}"
             for p in params
         )
+        first = next((p.name for i, p in enumerate(params) if i not in static_params), "state")
         raise DefinitionError(
             f"@jc.hot_step on {name}: no parameter is annotated with the state type {type_name}.",
             [f"  parameters: {listing or '(none)'}"],
-            fix=f"annotate the state parameter (s: {type_name}), or pass the "
-            "state type as signature=...; a step with no state is "
-            "@jc.hot_step(stateless=True).",
+            fix=f'name the state parameter(s): @jc.hot_step(state="{first}") (no annotation '
+            f"needed), or annotate it ({first}: {type_name})"
+            + ("" if explicit else ", or pass the state type as signature=...")
+            + "; a step with no state is @jc.hot_step(stateless=True).",
         )
     return state_params
 
@@ -497,20 +600,22 @@ def _returned_states(
     donate: Any,
     state_params: tuple[int, ...],
     donated_params: tuple[int, ...],
-) -> list[tuple[int, ...]]:
-    """Where the return annotation holds the state (one position per carried state)."""
+) -> tuple[tuple[int, tuple[int, ...]], ...] | None:
+    """Where the return annotation holds the state, per carried state parameter
+    (the k-th returned state is the new value of the k-th state parameter);
+    ``None`` without a return annotation: read from the compiled output."""
     type_name = getattr(signature, "__name__", repr(signature))
+    conflict = [params[i].name for i in donated_params if i in state_params]
+    if conflict:
+        raise DefinitionError(
+            f"@jc.hot_step on {name}: donate_argnames names state parameter(s) "
+            f"{', '.join(map(repr, conflict))}; their donation follows donate= "
+            "(and a state the step does not return is read-only, never donated).",
+            fix="leave state parameters out of donate_argnames.",
+        )
     ret = hints.get("return", inspect.Signature.empty)
     if ret is inspect.Signature.empty:
-        raise DefinitionError(
-            f"@jc.hot_step on {name}: the return annotation is missing, so it is "
-            f"unknown whether the step returns its new {type_name} (a carried, "
-            "donated state) or only reads it.",
-            fix=f"for a hot step that returns its new state, annotate `-> {type_name}` "
-            f"or `-> tuple[{type_name}, Metrics]`; for one that only reads it (eval, "
-            "gradients), annotate what it returns, e.g. `-> Metrics` or "
-            "`-> tuple[Grads, Metrics]`.",
-        )
+        return None
     positions = return_positions(ret, signature) or []
     if not positions and isinstance(donate, (tuple, list)):
         raise DefinitionError(
@@ -520,14 +625,6 @@ def _returned_states(
             fix=f"return the new state (-> {type_name} or -> tuple[{type_name}, ...]) "
             "to carry and donate it, or drop donate=.",
         )
-    conflict = [params[i].name for i in donated_params if i in state_params]
-    if conflict:
-        raise DefinitionError(
-            f"@jc.hot_step on {name}: donate_argnames names state parameter(s) "
-            f"{', '.join(map(repr, conflict))}; their donation follows donate= "
-            "(and a state the step does not return is read-only, never donated).",
-            fix="leave state parameters out of donate_argnames.",
-        )
     if len(positions) > len(state_params):
         raise DefinitionError(
             f"@jc.hot_step on {name}: {len(state_params)} state "
@@ -536,7 +633,7 @@ def _returned_states(
             fix="return one state per state parameter (state parameters not "
             "returned are read-only inputs).",
         )
-    return positions
+    return tuple(zip(state_params, positions))
 
 
 def _stateless(
@@ -563,7 +660,7 @@ def _stateless(
         state_type=None,
         param_names=tuple(p.name for p in params),
         state_params=(),
-        return_positions=(),
+        carried=(),
         donate=donate,
         max_compiles=max_compiles,
         signature=sig,

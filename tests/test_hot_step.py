@@ -458,11 +458,24 @@ def test_definition_errors():
     with pytest.raises(jc.DefinitionError, match="max_compiles"):
         make_advance(max_compiles=0)
 
-    def no_return(p: Particles):
-        return p
 
-    with pytest.raises(jc.DefinitionError, match="return annotation"):
-        jc.hot_step(no_return)
+
+def test_without_a_return_annotation_what_is_returned_is_read_from_the_output():
+    # Was a DefinitionError ("the return annotation is missing"): the output
+    # tells whether the state comes back.
+    def carries(p: Particles):
+        return advance_fn(p)
+
+    def reads(p: Particles):
+        return p.pos.sum()
+
+    carry, read = jc.hot_step(carries), jc.hot_step(reads)
+    p = make_particles()
+    q = carry(p)
+    assert vars(p)["pos"].is_deleted() and not q.pos.is_deleted()  # carried: donated
+    total = read(q)
+    assert not q.pos.is_deleted() and total.shape == ()  # read-only: never donated
+    assert carry.describe().current.donated and not read.describe().current.donated
 
 
 def test_unknown_donated_field_of_a_dict_state_is_reported_at_compile():

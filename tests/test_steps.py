@@ -90,13 +90,26 @@ def test_apply_model_returning_grads_and_metrics_leaves_the_state_alone():
     assert alive(m) and g["w"].shape == (3, 2)
 
 
-def test_a_missing_return_annotation_is_still_a_definition_error():
-    def no_return(p: Particles):
-        return p
+def test_without_a_return_annotation_a_gradient_shaped_like_the_state_needs_donate_none():
+    # The output's structure decides what is carried: gradients with the
+    # state's own structure read as its new value, so a gradient step that is
+    # not annotated says donate="none" (and keeps its state).
+    @jc.state
+    class Model:
+        w: Float32[Array, "d k"]
+        b: Float32[Array, "k"]
 
-    with pytest.raises(jc.DefinitionError, match="only reads it") as info:
-        jc.hot_step(no_return)
-    assert "-> tuple[Grads, Metrics]" in str(info.value)
+    def grads_of(m: Model, x: Float32[Array, "n 3"]):
+        return jax.grad(lambda m: ((x @ m.w + m.b) ** 2).mean())(m)
+
+    x = jnp.ones((4, 3), jnp.float32)
+    m = Model(w=jnp.ones((3, 2), jnp.float32), b=jnp.zeros(2, jnp.float32))
+    reads = jc.hot_step(grads_of, donate="none")
+    g = reads(m, x)
+    assert alive(m) and type(g) is Model
+    taken = jc.hot_step(grads_of)  # read as carrying its state: m is donated
+    taken(m, x)
+    assert not alive(m)
 
 
 # -- stateless steps ------------------------------------------------------
