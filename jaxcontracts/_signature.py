@@ -444,12 +444,17 @@ def _parameters(
     method = _is_method(fn, params)
     if method:
         params = params[1:]  # `self` is closed over when the method is bound
-    variadic = [p.name for p in params if p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD)]
+    # A `**kwargs` (optax's `update(updates, state, params=None, **extra_args)`)
+    # is not part of the step: nothing is passed to it, and a call that fills
+    # it is refused as any unknown keyword is.
+    params = [p for p in params if p.kind != p.VAR_KEYWORD]
+    variadic = [p.name for p in params if p.kind == p.VAR_POSITIONAL]
     if variadic:
         raise DefinitionError(
-            f"@jc.hot_step on {name}: *args/**kwargs ({', '.join(variadic)}) "
-            "cannot be compiled ahead of time with a fixed signature.",
-            fix="name every parameter.",
+            f"@jc.hot_step on {name}: *{variadic[0]} takes any number of arguments, "
+            "which cannot be compiled ahead of time with a fixed signature.",
+            fix="name every parameter (def step(state, batch)), or wrap the function "
+            "in one that does.",
         )
     return sig.replace(parameters=params), params, method
 

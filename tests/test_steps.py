@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import typing
 from typing import NamedTuple
 
 import jax
@@ -544,3 +545,155 @@ def test_a_method_step_with_a_static_argument_and_keyword_only_parameters():
     with pytest.raises(jc.RecompileError, match="called with static Config\\(lr=0.3"):
         sim.run(p, config=Config(lr=0.3))
     assert sim.run.stats.compiles == 1 and alive(p)
+
+
+# -- steps you did not write: state= names the state ------------------------
+
+
+class SamplerState(typing.NamedTuple):  # the shape of blackjax's HMCState
+    position: jax.Array
+    logdensity: jax.Array
+    logdensity_grad: jax.Array
+
+
+class SamplerInfo(typing.NamedTuple):
+    acceptance_rate: jax.Array
+    is_divergent: jax.Array
+
+
+def _kernel(rng_key, state, logdensity_fn, step_size):  # unannotated, as libraries write it
+    noise = jax.random.normal(rng_key, state.position.shape)
+    position = state.position + step_size * (state.logdensity_grad + noise)
+    logdensity, grad = jax.value_and_grad(logdensity_fn)(position)
+    accept = jnp.minimum(1.0, jnp.exp(logdensity - state.logdensity))
+    return SamplerState(position, logdensity, grad), SamplerInfo(accept, jnp.isnan(logdensity))
+
+
+def _sampler_init(position, logdensity_fn):
+    logdensity, grad = jax.value_and_grad(logdensity_fn)(position)
+    return SamplerState(position, logdensity, grad)
+
+
+def test_a_library_kernel_partial_is_a_hot_step_by_naming_its_state():
+    logdensity = lambda x: -0.5 * jnp.sum(x**2)  # noqa: E731
+    kernel = functools.partial(_kernel, logdensity_fn=logdensity, step_size=0.1)
+    step = jc.hot_step(kernel, state="state")
+    state = _sampler_init(jnp.ones(3), logdensity)
+    key = jax.random.key(0)
+    kept_positions = []
+    state, info = step(key, state)  # the first call compiles, outside the loop
+    assert step.describe().state_params == ("state",)
+    old = state
+    key, sub = jax.random.split(key)
+    with jc.hot_loop():
+        for _ in range(3):
+            key, sub = jax.random.split(key)
+            state, info = step(sub, state)
+            kept_positions.append(jc.fetch(state.position))
+    assert all(x.is_deleted() for x in old)  # the state was carried, so donated
+    assert not any(x.is_deleted() for x in info) and len(kept_positions) == 3
+    cs = step.describe().current
+    assert [leaf.path for leaf in cs.leaves if leaf.donated] == [
+        "state.position",
+        "state.logdensity",
+        "state.logdensity_grad",
+    ]
+    assert all(leaf.aliased for leaf in cs.leaves if leaf.donated)
+
+
+def test_an_optax_update_is_a_hot_step_by_naming_its_state():
+    optax = pytest.importorskip("optax")
+    tx = optax.adam(1e-2)
+    params = {"w": jnp.ones((3, 2)), "b": jnp.zeros(2)}
+    opt_state = tx.init(params)
+    update = jc.hot_step(tx.update, state="state")  # optax names it `state`
+    grads = jax.tree_util.tree_map(jnp.ones_like, params)
+    updates, new_state = update(grads, opt_state, params)
+    # The new optimizer state is carried (donated); params and grads are read-only.
+    assert all(x.is_deleted() for x in jax.tree_util.tree_leaves(opt_state) if x.size)
+    assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves((params, grads)))
+    assert jax.tree_util.tree_structure(new_state) == jax.tree_util.tree_structure(opt_state)
+    plain_updates, _ = tx.update(grads, tx.init(params), params)
+    np.testing.assert_allclose(updates["w"], plain_updates["w"])
+
+
+def test_an_evosax_style_tell_carries_its_state_and_reads_the_rest():
+    class Strategy(typing.NamedTuple):  # evosax's state: mean, sigma, generation
+        mean: jax.Array
+        sigma: jax.Array
+        generation: jax.Array
+
+    def tell(key, population, fitness, state, params):
+        elite = population[jnp.argsort(fitness)[: params.elite]]
+        return state._replace(mean=elite.mean(0), generation=state.generation + 1)
+
+    class Params(typing.NamedTuple):  # hashable configuration: static
+        elite: int
+
+    params = Params(elite=2)
+    step = jc.hot_step(tell, state="state", static=("params",))
+    state = Strategy(jnp.zeros(4), jnp.ones(()), jnp.int32(0))
+    population = jnp.arange(20.0).reshape(5, 4)
+    fitness = jnp.array([5.0, 1.0, 3.0, 0.0, 9.0])
+    new = step(jax.random.key(0), population, fitness, state, params)
+    assert all(x.is_deleted() for x in state) and int(new.generation) == 1
+    assert not population.is_deleted() and not fitness.is_deleted()
+    np.testing.assert_allclose(new.mean, (population[3] + population[1]) / 2)
+
+
+def test_a_static_config_first_is_never_taken_for_the_state():
+    @jc.state
+    class Config:
+        gamma: float = jc.static(0.9)
+
+    def update(config: Config, s: Particles) -> Particles:
+        return s.replace(t=s.t + config.gamma)
+
+    step = jc.hot_step(update, static=("config",))  # the state type comes from `s`
+    assert step.state_type is Particles
+    p = step(Config(), make_particles())
+    assert float(p.t) == pytest.approx(0.9)
+    with pytest.raises(jc.DefinitionError, match="state=") as info:
+        jc.hot_step(update, signature=Particles, static=("s",))
+    assert "signature=" not in info.value.fix  # it was given: never offered back
+
+
+def test_state_names_are_checked_when_the_decorator_runs():
+    def f(key, state, config):
+        return state
+
+    with pytest.raises(jc.DefinitionError, match="unknown parameter\\(s\\) 'stat'"):
+        jc.hot_step(f, state="stat")
+    with pytest.raises(jc.DefinitionError, match="both state= and static="):
+        jc.hot_step(f, state="state", static=("state",))
+    with pytest.raises(jc.DefinitionError, match="contradict"):
+        jc.hot_step(f, state="state", stateless=True)
+
+
+def test_a_state_returned_nowhere_is_read_only_when_named():
+    def evaluate(params, batch):
+        return {"loss": jnp.mean((batch @ params["w"]) ** 2)}
+
+    step = jc.hot_step(evaluate, state="params")
+    params = {"w": jnp.ones((3, 1))}
+    metrics = step(params, jnp.ones((4, 3)))
+    assert not params["w"].is_deleted() and float(metrics["loss"]) == 9.0
+    assert not step.describe().current.donated
+    with pytest.raises(jc.DefinitionError, match="returns no new value of its state"):
+        jc.hot_step(evaluate, state="params", donate=("w",)).compile(params, jnp.ones((4, 3)))
+
+
+def test_a_var_keyword_parameter_is_not_part_of_the_step():
+    def update(updates, state, params=None, **extra_args):
+        return updates, state
+
+    step = jc.hot_step(update, state="state")
+    assert step.describe().params == ("updates", "state", "params")
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        step(jnp.zeros(2), jnp.zeros(2), extra=1)
+
+    def many(*states):
+        return states
+
+    with pytest.raises(jc.DefinitionError, match=r"\*states takes any number of arguments"):
+        jc.hot_step(many, state="states")
