@@ -31,8 +31,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import jax
+import numpy as np
 
 from ._compat.arrays import ArrayImpl, KeyArray
+from ._compat.threadguard import allow_host_to_device
 from ._compat.tracing import cpp_call, flatten, top_level_refs
 from ._consumed import consumed_class
 from ._donation import find_hazards
@@ -104,6 +106,8 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
     )
     if level == "off":
         dispatch = _off(ctx)
+    elif cs.host:
+        dispatch = _checked_host(ctx)
     elif cs.in_tokens and len(cs.in_tokens) == len(sig.state_params):
         dispatch = _provenance(ctx, _checked(ctx))
     else:
@@ -334,6 +338,62 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
         return tail(args, leaves, out)
 
     return checked
+
+
+def _checked_host(ctx: _Context) -> Callable[..., Any]:
+    """Checks ``fast``/``full`` for a step with declared host data (``host=``).
+
+    The declared leaves may be numpy arrays (the executable's call transfers
+    them, and checks their shape and dtype); inside a loop the call runs with
+    the thread's host-to-device guard at ``allow`` for its duration (a
+    declared transfer), and every other leaf is checked as ``_checked``
+    does. Calls that transferred are counted with their bytes.
+    """
+    cs, compiled, slow_call, stats = ctx.cs, ctx.compiled, ctx.slow_call, ctx.stats
+    in_treedef, donated, weak, flat_style = cs.in_treedef, cs.donated, cs.weak, cs.flat_style
+    host = frozenset(cs.host)
+    kinds = tuple((i in host, w) for i, w in enumerate(weak))
+    device = [i for i in range(len(cs.leaves)) if i not in host]
+    allowing = allow_host_to_device(compiled)
+    array_impl, key_array, ndarray = ArrayImpl, KeyArray, np.ndarray
+    tref, ev, aref, top = top_level_refs()
+    full, nbytes, n_leaves = ctx.full, cs.host_nbytes, len(cs.leaves)
+    first_donated = donated[0] if donated else None
+
+    def leaves_consumed(leaves: Sequence[Any]) -> bool:
+        return all(leaves[i].is_deleted() for i in donated)
+
+    tail = _tail(ctx, leaves_consumed)
+
+    def checked_host(*args: Any, **kwargs: Any) -> Any:
+        leaves, treedef = flatten(args)
+        if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
+            return slow_call(args, kwargs, None)
+        transfers = False
+        for x, (is_host, w) in zip(leaves, kinds):
+            t = type(x)
+            if is_host and t is ndarray:
+                transfers = True
+            elif (t is not array_impl and t is not key_array) or x.aval.weak_type is not w:
+                return slow_call(args, kwargs, None)
+        if first_donated is not None and leaves[first_donated].is_deleted():
+            return slow_call(args, kwargs, None)  # a stale state: explain, quietly
+        if full and (
+            any(leaves[i].is_deleted() for i in device)
+            or (len(set(map(id, leaves))) != n_leaves and find_hazards(leaves, donated)[1])
+        ):
+            return slow_call(args, kwargs, None)
+        call = allowing if transfers and tracking.count else compiled
+        try:
+            out = call(*leaves) if flat_style else call(*args)
+        except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
+            return slow_call(args, kwargs, e)
+        if transfers:
+            stats.host_calls += 1
+            stats.host_bytes += nbytes
+        return tail(args, leaves, out)
+
+    return checked_host
 
 
 def _is_deleted_for(cs: CompiledSignature) -> Callable[[Any], bool]:

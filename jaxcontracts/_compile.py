@@ -214,6 +214,7 @@ def compile_signature(
     aliased = _check_aliasing(sig, compiled, flat_paths, paths, exact, donated, traced.out_info)
     in_tokens, out_tokens = _tokens_for(sig, per_param, flat_style, tokens)
     donated_set = set(donated)
+    host = tuple(i for i, p in enumerate(flat_paths) if p[0].idx in sig.host_params)
     return CompiledSignature(
         spec_args=per_param,
         in_treedef=treedef,
@@ -238,6 +239,8 @@ def compile_signature(
         cache=None if outcome is None else outcome.verdict,
         in_tokens=in_tokens,
         out_tokens=out_tokens,
+        host=host,
+        host_nbytes=sum(spec_nbytes(exact[i]) for i in host),
     ), sig
 
 

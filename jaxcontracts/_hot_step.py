@@ -62,6 +62,7 @@ def hot_step(
     donate_argnames: str | tuple[str, ...] = (),
     stateless: bool = False,
     state: str | tuple[str, ...] | None = None,
+    host: str | tuple[str, ...] = (),
 ) -> HotStep[P, R]: ...
 @overload
 def hot_step(
@@ -75,6 +76,7 @@ def hot_step(
     donate_argnames: str | tuple[str, ...] = (),
     stateless: bool = False,
     state: str | tuple[str, ...] | None = None,
+    host: str | tuple[str, ...] = (),
 ) -> Callable[[Callable[P, R]], HotStep[P, R]]: ...
 def hot_step(
     fn: Any = None,
@@ -87,6 +89,7 @@ def hot_step(
     donate_argnames: str | tuple[str, ...] = (),
     stateless: bool = False,
     state: str | tuple[str, ...] | None = None,
+    host: str | tuple[str, ...] = (),
 ) -> Any:
     """Make ``fn`` an AOT-compiled step with derived, verified donation.
 
@@ -124,6 +127,12 @@ def hot_step(
             whose every leaf is donated, e.g. the batch. Aliasing is proven
             at compile like the state's: a donated leaf no output can reuse
             is a :class:`DonationError`.
+        host: names of parameters that take host data each call (a data
+            loader's numpy batch). The executable's own call transfers them
+            (JAX's C++ path, no ``jax.device_put`` in Python), inside a
+            ``jc.hot_loop`` too, as declared transfers; ``stats.host_calls``
+            and ``stats.host_bytes`` count them. Every other parameter still
+            refuses host data.
         stateless: the step has no state (``compute_gae(rewards, values)``):
             its signature is its arguments' specs, taken from the first call
             or from specs passed to ``.compile(...)``. Nothing is donated
@@ -183,6 +192,7 @@ def hot_step(
                 donate_argnames=donate_argnames,
                 stateless=stateless,
                 state=state,
+                host=host,
             )
         )
 
@@ -508,7 +518,12 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
     with_path, treedef = jax.tree_util.tree_flatten_with_path(positional)
     leaves = [x for _, x in with_path]
     paths = [sig.param_path(p) for p, _ in with_path]
-    host = [(p, x) for p, x in zip(paths, leaves) if not isinstance(x, jax.Array)]
+    declared = sig.host_params
+    host = [
+        (p, x)
+        for (path, x), p in zip(with_path, paths)
+        if not isinstance(x, jax.Array) and path[0].idx not in declared
+    ]
     if host:
         return _host_arguments(step, positional, host, exc)
     current = step._current

@@ -36,6 +36,8 @@ class StepStats:
     refused: int = 0  # calls refused with a RecompileError/TransferError/DonationError
     traced_calls: int = 0  # calls under an outer transformation (plain tracing)
     not_consumed: int = 0  # calls after which a donated input was still alive
+    host_calls: int = 0  # calls that transferred declared host data (host=...)
+    host_bytes: int = 0  # the bytes they transferred
 
 
 @dataclasses.dataclass(frozen=True)
@@ -97,6 +99,10 @@ class CompiledSignature:
     # (not consulted: disabled, or under its min compile time / entry size),
     # None (unknown: the compilation-cache-events capability is missing).
     cache: str | None = None
+    # Flat leaf indices of declared host data (``host=``): numpy arrays the
+    # executable's call transfers, and their bytes per call.
+    host: tuple[int, ...] = ()
+    host_nbytes: int = 0
 
     @functools.cached_property
     def memory(self) -> MemoryRecord:

@@ -401,6 +401,11 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
         ("refused", str(stats.refused)),
         ("not consumed", str(stats.not_consumed)),
         ("donate", repr(desc.donate)),
+        *(
+            [("host transfers", f"{stats.host_calls} call(s), {fmt_bytes(stats.host_bytes)}")]
+            if cs is not None and cs.host
+            else []
+        ),
     ]
     if cs is None:
         report.contracts = list(extra) or [

@@ -56,6 +56,9 @@ class StepSignature:
     static_params: tuple[int, ...] = ()
     # Parameters other than states whose every leaf is donated.
     donated_params: tuple[int, ...] = ()
+    # Parameters that take host data (a loader's numpy batch): the executable
+    # call transfers them, a declared transfer inside loops.
+    host_params: tuple[int, ...] = ()
 
     @property
     def read_only_params(self) -> tuple[int, ...]:
@@ -362,6 +365,7 @@ def analyse(
     donate_argnames: Any = (),
     stateless: bool = False,
     state: Any = None,
+    host: Any = (),
 ) -> StepSignature:
     """Read ``fn``'s signature and the decorator's options.
 
@@ -381,10 +385,12 @@ def analyse(
     hints = _hints(fn, sig, params, localns)
     static_params = _param_indices(name, "static", static, params)
     donated_params = _param_indices(name, "donate_argnames", donate_argnames, params)
+    host_params = _param_indices(name, "host", host, params)
     _refuse_contradictions(name, params, static_params, donated_params, signature, stateless, state)
     if stateless:
-        return _stateless(
-            fn, name, sig, params, donate, max_compiles, method, static_params, donated_params
+        return dataclasses.replace(
+            _stateless(fn, name, sig, params, donate, max_compiles, method, static_params, donated_params),
+            host_params=_host_params(name, params, host_params, (), static_params, donated_params),
         )
     if state is not None:
         state_params = _named_state_params(name, params, state, static_params, donated_params)
@@ -398,6 +404,7 @@ def analyse(
         state_params = _state_params(name, params, hints, signature, static_params, explicit)
         carried = _returned_states(name, params, hints, signature, donate, state_params, donated_params)
     fields = _state_fields(signature)
+    host_params = _host_params(name, params, host_params, state_params, static_params, donated_params)
     result = StepSignature(
         fn=fn,
         name=name,
@@ -414,6 +421,7 @@ def analyse(
         is_method=method,
         static_params=static_params,
         donated_params=donated_params,
+        host_params=host_params,
     )
     if fields is not None and (carried is None or carried):
         check_donated_names(result, fields[0], fields[1])
@@ -533,6 +541,28 @@ def _first_annotation(
             f"or import {signature!r} at run time.",
         )
     return signature
+
+
+def _host_params(
+    name: str,
+    params: Sequence[inspect.Parameter],
+    host: tuple[int, ...],
+    state_params: tuple[int, ...],
+    static_params: tuple[int, ...],
+    donated_params: tuple[int, ...],
+) -> tuple[int, ...]:
+    """The parameters ``host=`` names, checked: host data is neither state,
+    static nor donated (a transferred batch has no device buffer to reuse)."""
+    for option, taken in (("state", state_params), ("static", static_params), ("donate_argnames", donated_params)):
+        both = [params[i].name for i in host if i in taken]
+        if both:
+            raise DefinitionError(
+                f"@jc.hot_step on {name}: {', '.join(map(repr, both))} is named in both "
+                f"host= and {option}=.",
+                fix="host= is for data that arrives on the host each call (a loader's "
+                "numpy batch): the executable's call transfers it. Name it in one option.",
+            )
+    return host
 
 
 def _named_state_params(

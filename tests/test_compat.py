@@ -466,3 +466,30 @@ def test_every_intercepted_read_has_one_wording_in_the_one_list():
         arrays.NON_METHOD_READS
     )
     assert "_value" in patched  # the property, wrapped like the methods
+
+
+def test_allow_host_to_device_lets_one_call_transfer_and_restores_the_level():
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxcontracts._compat import threadguard
+
+    put = jax.jit(lambda x: x + 1).lower(np.zeros(3, np.float32)).compile()
+    allowing = threadguard.allow_host_to_device(put)
+    host = np.ones(3, np.float32)
+    with jax.transfer_guard_host_to_device("disallow"):
+        with pytest.raises(Exception, match="Disallowed host-to-device"):
+            put(host)
+        np.testing.assert_array_equal(jax.device_get(allowing(host)), host + 1)
+        with pytest.raises(Exception, match="Disallowed host-to-device"):
+            put(host)  # restored after the call
+
+        def failing(x):
+            raise ValueError("boom")
+
+        with pytest.raises(ValueError):
+            threadguard.allow_host_to_device(failing)(host)
+        with pytest.raises(Exception, match="Disallowed host-to-device"):
+            put(host)  # restored after a failing call too
+    assert jnp.asarray(host).shape == (3,)

@@ -697,3 +697,68 @@ def test_a_var_keyword_parameter_is_not_part_of_the_step():
 
     with pytest.raises(jc.DefinitionError, match=r"\*states takes any number of arguments"):
         jc.hot_step(many, state="states")
+
+
+# -- host data: host= parameters -------------------------------------------
+
+
+def _sgd_step(params, batch):
+    x, y = batch["x"], batch["y"]
+    loss, g = jax.value_and_grad(lambda p: jnp.mean((x @ p["w"] - y) ** 2))(params)
+    return jax.tree_util.tree_map(lambda a, b: a - 0.1 * b, params, g), loss
+
+
+def _numpy_batches(n, rows=8, seed=0):
+    rng = np.random.default_rng(seed)
+    return [
+        {"x": rng.normal(size=(rows, 3)).astype(np.float32), "y": rng.normal(size=(rows, 1)).astype(np.float32)}
+        for _ in range(n)
+    ]
+
+
+def test_declared_host_data_is_transferred_by_the_call_inside_a_raising_loop():
+    step = jc.hot_step(_sgd_step, state="params", host="batch")
+    plain = jax.jit(_sgd_step)
+    batches = _numpy_batches(6)
+    params, ref = {"w": jnp.zeros((3, 1))}, {"w": jnp.zeros((3, 1))}
+    params, _ = step(params, batches[0])
+    ref, _ = plain(ref, batches[0])
+    with jc.hot_loop() as loop:
+        for b in batches[1:]:
+            params, loss = step(params, b)
+    for b in batches[1:]:
+        ref, ref_loss = plain(ref, b)
+    np.testing.assert_allclose(params["w"], ref["w"], rtol=1e-6)
+    assert not loop.violations
+    assert step.stats.host_calls == 6 and step.stats.host_bytes == 6 * (8 * 3 + 8) * 4
+    assert "host transfers" in str(step.report())
+
+
+def test_undeclared_host_data_is_still_refused_and_a_new_batch_shape_is_a_recompile():
+    step = jc.hot_step(_sgd_step, state="params", host="batch")
+    params, _ = step({"w": jnp.zeros((3, 1))}, _numpy_batches(1)[0])
+    with pytest.raises(jc.TransferError, match="params"):
+        step({"w": np.zeros((3, 1), np.float32)}, _numpy_batches(1)[0])  # numpy state
+    short = _numpy_batches(1, rows=5)[0]  # the smaller last batch
+    with jc.hot_loop(), pytest.raises(jc.RecompileError, match=r"batch\['x'\]"):
+        step(params, short)
+    assert not params["w"].is_deleted()  # refused before dispatch: intact
+
+
+def test_host_data_costs_the_loop_no_guard_change_outside_the_call():
+    # Inside a raising loop the declared transfer is allowed for the call
+    # only: an implicit transfer on the next line is still refused.
+    step = jc.hot_step(_sgd_step, state="params", host="batch")
+    params, loss = step({"w": jnp.zeros((3, 1))}, _numpy_batches(1)[0])
+    loss + np.float32(1.0)  # warm the eager add (outside a loop it may transfer)
+    with pytest.raises(jc.TransferError, match="host-to-device"), jc.hot_loop():
+        params, loss = step(params, _numpy_batches(1)[0])
+        loss + np.float32(1.0)  # undeclared: refused (as the loop exits, JAX's error translated)
+    assert step.stats.host_calls == 2
+
+
+def test_host_names_are_checked_against_the_other_options():
+    with pytest.raises(jc.DefinitionError, match="both host= and state="):
+        jc.hot_step(_sgd_step, state="params", host=("params",))
+    with pytest.raises(jc.DefinitionError, match="unknown parameter"):
+        jc.hot_step(_sgd_step, state="params", host="batches")
