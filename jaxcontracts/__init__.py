@@ -50,6 +50,7 @@ if TYPE_CHECKING:
     from ._records import StepDescription as StepDescription
     from ._records import StepStats as StepStats
     from ._records import Violation as Violation
+    from ._records import WarmupCompile as WarmupCompile
     from ._report import Report as Report
     from ._snapshot import Snapshot as Snapshot
     from ._snapshot import SnapshotDiff as SnapshotDiff
@@ -76,6 +77,7 @@ _EXPORTS = {
     "StepDescription": "_records",
     "StepStats": "_records",
     "Violation": "_records",
+    "WarmupCompile": "_records",
     "Report": "_report",
     "Snapshot": "_snapshot",
     "SnapshotDiff": "_snapshot",

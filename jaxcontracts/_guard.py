@@ -24,7 +24,7 @@ import re
 import sys
 import threading
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, TypeVar
 
 import jax
@@ -37,7 +37,7 @@ from ._errors import VIOLATIONS, DefinitionError, compose, violation_summary
 from ._fetch import fetch
 from ._format import fmt_aval
 from ._intercept import acquire, pending, release
-from ._records import Violation
+from ._records import Violation, WarmupCompile
 from ._report import Report, loop_report
 from ._runtime import LoopStack, held_outputs, local, observers
 from ._timing import LoopTiming
@@ -47,6 +47,7 @@ from ._userline import user_frame, where
 __all__ = ["HotLoop", "Violation", "fetch", "hot_loop"]
 
 F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 _LOGGED_FIX = (
@@ -164,9 +165,29 @@ def _restore_elsewhere(stack: LoopStack) -> None:
     threadguard.set_levels(state, saved, live[-1].modes if live else None)
 
 
+class _WarmUp:
+    """What a ``compiles="warmup"`` loop let compile: once per key, any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: set[Any] = set()
+        self.compiles: list[WarmupCompile] = []
+
+    def admit(self, key: Any, record: WarmupCompile) -> bool:
+        with self._lock:
+            if key in self._seen:
+                return False
+            self._seen.add(key)
+            self.compiles.append(record)
+            return True
+
+    def seen(self, key: Any) -> bool:
+        return key in self._seen
+
+
 _OPTIONS = {
     "transfers": ("disallow", "allow_host_to_device", "allow"),
-    "compiles": ("disallow", "allow"),
+    "compiles": ("disallow", "warmup", "allow"),
     "on_violation": ("raise", "record"),
 }
 
@@ -177,6 +198,10 @@ class HotLoop:
     Attributes:
         violations: in record mode, every violation seen (one per kind and
             source line, with a count).
+        warmup_compiles: with ``compiles="warmup"``, the compiles let
+            through: the first of each function at each line, and each hot
+            step's first signature (a :class:`jc.WarmupCompile` each).
+        iterations: how many items :meth:`iterate` has yielded.
         timing: a :class:`jc.LoopTiming`: steps per second, host time per
             step call, time blocked on the device, and whether the loop is
             dispatch-bound or device-bound (see :meth:`report`).
@@ -206,7 +231,11 @@ class HotLoop:
         # implicit host-to-device copies only with transfers="disallow".
         self.checks_transfers = transfers != "allow"
         self.checks_host_to_device = transfers == "disallow"
-        self.checks_compiles = compiles == "disallow"
+        self.checks_compiles = compiles in ("disallow", "warmup")
+        self.warmup = compiles == "warmup"
+        self._warm = _WarmUp()
+        self.iterations = 0
+        self._iteration: int | None = None  # inside iterate(): the current item's index
         self._violations: dict[tuple[str, str, str], Violation] = {}
         self._entries: list[_Entry] = []  # active entries (re-entrant, any thread)
         self._clock = _timing.LoopClock()
@@ -220,6 +249,35 @@ class HotLoop:
         """The loop's options (``transfers``, ``compiles``, ``on_violation``)."""
         return dict(self._options)
 
+    @property
+    def warmup_compiles(self) -> list[WarmupCompile]:
+        return list(self._warm.compiles)
+
+    def iterate(self, iterable: Iterable[T]) -> Iterator[T]:
+        """Yield ``iterable``'s items, counting iterations (``for b in loop.iterate(loader)``).
+
+        Messages then name the iteration, and the report gives iterations
+        per second. With ``compiles="warmup"`` only the first iteration may
+        compile: a first compile in a later one is refused too.
+        """
+        try:
+            for i, item in enumerate(iterable):
+                self._iteration = i
+                self.iterations += 1
+                yield item
+        finally:
+            self._iteration = None
+
+    def admit_compile(self, key: Any, what: str, frame: Any = None) -> bool:
+        """With ``compiles="warmup"``: let this compile through (and record it) if
+        it is the first of its kind, in the first pass."""
+        if not self.warmup or (self._iteration is not None and self._iteration > 0):
+            return False
+        return self._warm.admit(key, WarmupCompile(what, where(user_frame(frame))[0], self._iteration))
+
+    def seen_compile(self, key: Any) -> bool:
+        return self._warm.seen(key)
+
     def violation(self, kind: str, what: str, fix: str, frame: Any = None) -> None:
         """Raise (or, in record mode, record) one violation at the user's line.
 
@@ -229,13 +287,22 @@ class HotLoop:
         __tracebackhide__ = True
         at, text = where(user_frame(frame))
         summary = violation_summary(kind, what, at, text)
+        if self._iteration is not None:
+            summary += f"\n  in iteration {self._iteration} of loop.iterate()"
         if self.on_violation == "raise":
             info = VIOLATIONS[kind]
             raise info.error(summary, fix=fix, contract=info.contract)
-        self._record(kind, what, at, compose(summary, fix=fix), text, fix)
+        self._record(kind, what, at, compose(summary, fix=fix), text, fix, self._iteration)
 
     def _record(
-        self, kind: str, what: str, where: str, message: str, source: str = "", fix: str = ""
+        self,
+        kind: str,
+        what: str,
+        where: str,
+        message: str,
+        source: str = "",
+        fix: str = "",
+        iteration: int | None = None,
     ) -> None:
         key = (kind, where, what)
         if kind == "donation" and key not in self._violations and any(
@@ -244,7 +311,7 @@ class HotLoop:
             return  # the same stale value's use at this line, already recorded
         found = self._violations.get(key)
         if found is None:
-            self._violations[key] = Violation(kind, what, where, 1, message, source, fix)  # type: ignore[arg-type]
+            self._violations[key] = Violation(kind, what, where, 1, message, source, fix, iteration)  # type: ignore[arg-type]
         else:
             found.count += 1
 
@@ -277,8 +344,14 @@ class HotLoop:
         they cannot see, is in the performance guide ("How loop timing
         works"); at checks level ``off`` nothing is timed.
         """
-        report = loop_report(self.violations, self.on_violation)
+        report = loop_report(self.violations, self.on_violation, self.warmup_compiles, self.iterations)
         report.timing = self._clock.timing()
+        wall = report.timing.wall_seconds
+        if self.iterations and wall > 0:
+            report.facts = [
+                (k, f"{v} ({self.iterations / wall:,.0f}/s)" if k == "iterations" else v)
+                for k, v in report.facts
+            ]
         return report
 
     def __enter__(self) -> HotLoop:
@@ -448,7 +521,7 @@ def _coroutine_resumed_inside(inner: Any, loop: HotLoop) -> Any:
 def hot_loop(
     *,
     transfers: Literal["disallow", "allow_host_to_device", "allow"] = "disallow",
-    compiles: Literal["disallow", "allow"] = "disallow",
+    compiles: Literal["disallow", "warmup", "allow"] = "disallow",
     on_violation: Literal["raise", "record"] = "raise",
 ) -> HotLoop:
     """A critical section where transfers and compiles are contract violations.
@@ -479,7 +552,17 @@ def hot_loop(
             loop or not. Prefer doing the glue inside a step or a
             ``jax.jit`` helper (constants are compiled in) and keep
             ``"disallow"``. ``"allow"``: no transfer checks.
-        compiles: ``"disallow"`` (default) or ``"allow"``.
+        compiles: ``"disallow"`` (default): every trace or compile is a
+            violation. ``"warmup"``: the loop's first pass may compile, once
+            per thing: the first compile of each function at each line (a
+            ``jax.jit`` helper, the eager glue JAX compiles on first use,
+            such as ``unstack`` when iterating an array) and each hot step's
+            first signature are let through and listed in
+            ``loop.warmup_compiles`` and the report; a second compile of the
+            same thing (a new shape, a weak-typed retrace, a fresh
+            ``jax.jit`` each iteration) is refused. With
+            ``for x in loop.iterate(data):`` only the first iteration may
+            compile. ``"allow"``: no compile checks.
         on_violation: ``"raise"`` (default), or ``"record"`` to collect the
             violations in ``loop.violations`` / ``loop.report()`` instead.
             In record mode implicit host-to-device transfers in eager ops are

@@ -281,15 +281,27 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
     loop = local.loop
     if loop is None or local.allow or not loop.checks_compiles:
         return
+    name = str(kwargs.get("fun_name") or "a function")
+    if name.startswith("jit(") and name.endswith(")"):
+        name = name[4:-1]
+    user = user_frame(frames.caller_frame(1))
+    again = False
+    if loop.warmup:
+        # The first compile of each (function, line) is let through, decided at
+        # its lowering (every compile lowers); a trace or lowering of one seen
+        # before is a second compile of the same thing. The backend compile
+        # that follows a lowering was decided there.
+        if event == events.BACKEND_EVENT:
+            return
+        key = (name, user.f_code.co_filename if user else None, user.f_lineno if user else None)
+        again = loop.seen_compile(key)
+        if not again and (event != events.LOWERING_EVENT or loop.admit_compile(key, name, user)):
+            return
     # Raise at the first phase; record each compile once (every compile lowers
     # to MLIR, while a cold eager op may skip the trace event).
     if loop.on_violation != "raise" and event != events.LOWERING_EVENT:
         return
-    name = str(kwargs.get("fun_name") or "a function")
-    if name.startswith("jit(") and name.endswith(")"):
-        name = name[4:-1]
     # The compile is often a symptom: say the cause when the stack shows it.
-    user = user_frame(frames.caller_frame(1))
     stale = _deleted_in_stack(user)
     if stale is not None:
         by = consumed_by(stale, user)
@@ -315,6 +327,18 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
             "decide on the device (jnp.where / lax.cond in the step, returning a "
             "flag), or read deliberately and rarely: `if jc.fetch(x) < 1e-3:` "
             "every N steps.",
+            user,
+        )
+        return
+    if again:
+        _violation(
+            "compile",
+            f"jax compiles `{name}` again (it compiled once in this loop's warm-up: "
+            "a new input signature, a weak-typed retrace, or a fresh jax.jit each time)",
+            "keep its inputs on one signature (the same shapes, dtypes and weak types "
+            "every time: a smaller last batch, a Python scalar that is sometimes an "
+            "int, a jax.jit made inside the loop), or move it into a hot_step, whose "
+            "refusal shows the differing leaf.",
             user,
         )
         return

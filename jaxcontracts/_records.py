@@ -18,6 +18,7 @@ __all__ = [
     "StepDescription",
     "StepStats",
     "Violation",
+    "WarmupCompile",
 ]
 
 
@@ -159,3 +160,13 @@ class Violation:
     message: str
     source: str = ""  # the text of the line at `where`
     fix: str = ""
+    iteration: int | None = None  # loop.iterate()'s iteration where it first happened
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmupCompile:
+    """One compile a ``jc.hot_loop(compiles="warmup")`` let through, the first of its kind."""
+
+    what: str  # `advance` (a hot step's first signature) or `jit(f)`, `less`...
+    where: str  # the user's line
+    iteration: int | None = None  # loop.iterate()'s iteration (0: the first pass)

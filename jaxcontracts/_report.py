@@ -21,7 +21,7 @@ from collections.abc import Sequence
 from ._compat import capabilities
 from ._errors import CONTRACTS, VIOLATIONS, ContractError
 from ._format import fmt_aval, fmt_bytes, fmt_sharding
-from ._records import StepDescription, Violation
+from ._records import StepDescription, Violation, WarmupCompile
 from ._timing import LoopTiming
 
 __all__ = ["Contract", "LeafRow", "Report", "error_contract", "format_violations", "loop_report", "step_report"]
@@ -79,6 +79,8 @@ class Report:
     )
     # A loop's timing section (``HotLoop.report``): where the time went.
     timing: LoopTiming | None = None
+    # A compiles="warmup" loop's warm-up compiles (the first of each kind).
+    warmup: list[WarmupCompile] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -133,6 +135,12 @@ class Report:
                 (v.kind, v.where, str(v.count), v.what) for v in self.violations
             ]
             out += _align(table, right={2})
+        if self.warmup:
+            out.append("warm-up compiles (let through once each):")
+            out += [
+                f"  {w.what} at {w.where}" + (f" (iteration {w.iteration})" if w.iteration is not None else "")
+                for w in self.warmup
+            ]
         if self.timing is not None and self.timing.calls:
             out += self.timing.lines()
         for c in self.contracts:
@@ -178,6 +186,12 @@ class Report:
         for label, facts in (("memory (per device)", memory), ("", self.facts)):
             if facts:
                 parts += _html_facts(label, facts)
+        if self.warmup:
+            lines = [f"{w.what} at {w.where}" for w in self.warmup]
+            parts.append(
+                f'<pre class="jc-warmup" style="{_CSS_PRE_INFO}">warm-up compiles (let through once each):\n'
+                f"{e(chr(10).join(lines))}</pre>"
+            )
         if self.timing is not None and self.timing.calls:
             parts.append(f'<pre class="jc-timing" style="{_CSS_PRE_INFO}">'
                          f'{e(chr(10).join(self.timing.lines()))}</pre>')
@@ -480,15 +494,24 @@ def error_contract(err: ContractError) -> Contract:
     return Contract(err.contract_name, False, str(err), type(err), err.contract)
 
 
-def loop_report(violations: Sequence[Violation], mode: str) -> Report:
-    """The report of a (recording) hot loop: one contract per kind of violation."""
+def loop_report(
+    violations: Sequence[Violation],
+    mode: str,
+    warmup: Sequence[WarmupCompile] = (),
+    iterations: int = 0,
+) -> Report:
+    """The report of a (recording) hot loop: one contract per kind of violation,
+    the warm-up compiles it let through, the iterations of ``loop.iterate``."""
     violations = list(violations)
     report = Report(title="jc.hot_loop", violations=violations)
     report.facts = [
         ("violations", str(len(violations))),
         ("events", str(sum(v.count for v in violations))),
         ("mode", mode),
+        *([("iterations", str(iterations))] if iterations else []),
+        *([("warm-up compiles", str(len(warmup)))] if warmup else []),
     ]
+    report.warmup = list(warmup)
     for kind, info in VIOLATIONS.items():
         count = sum(v.count for v in violations if v.kind == kind)
         report.contracts.append(Contract(info.contract_name, count == 0, _n(count), info.error))

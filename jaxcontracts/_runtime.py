@@ -45,6 +45,15 @@ class LoopHandle(Protocol):
     checks_transfers: bool
     checks_compiles: bool
     on_violation: str  # "raise" or "record"
+    warmup: bool  # compiles="warmup": the first compile of each thing is let through
+
+    def admit_compile(self, key: Any, what: str, frame: Any = None) -> bool:
+        """Whether a compile is a warm-up compile the loop lets through (recorded)."""
+        ...
+
+    def seen_compile(self, key: Any) -> bool:
+        """Whether a compile with this key was let through already (warm-up)."""
+        ...
 
     def violation(self, kind: str, what: str, fix: str, frame: Any = None) -> None:
         """Raise or record one violation (``kind``: a key of ``_errors.VIOLATIONS``)."""
@@ -197,12 +206,15 @@ def compiling(name: str) -> Iterator[None]:
         yield
         return
     short = name.rsplit(".", 1)[-1]
-    loop.violation(
-        "compile",
-        f"hot_step {short} would compile a new signature",
-        f"compile it before the loop ({short}.compile(State.spec(...)) or one "
-        "call), and keep every call's arguments on that signature.",
-    )
+    if not loop.admit_compile(("hot_step", name), short):
+        again = loop.seen_compile(("hot_step", name))
+        loop.violation(
+            "compile",
+            f"hot_step {short} would compile a new signature"
+            + (" (it compiled once already in this loop's warm-up)" if again else ""),
+            f"compile it before the loop ({short}.compile(State.spec(...)) or one "
+            "call), and keep every call's arguments on that signature.",
+        )
     local.allow += 1  # record mode: compile without reporting its phases again
     try:
         yield

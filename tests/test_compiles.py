@@ -18,6 +18,7 @@ import re
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 from helpers import Particles, advance_fn, make_particles
 from jaxtyping import Array, Float32
@@ -164,3 +165,81 @@ def test_a_jit_warmed_on_uncommitted_arrays_recompiles_for_step_outputs_and_says
     with jc.hot_loop():
         d = step(d)
         norm2(d["x"])
+
+
+# -- compiles="warmup": the first pass may compile, once per thing -----------
+
+
+def _warm_step():
+    return jc.hot_step(advance_fn, signature=Particles)
+
+
+def test_a_warmup_loop_lets_the_first_pass_compile_and_lists_it():
+    step = _warm_step()
+    total = jax.jit(lambda x: x.sum())
+    p = make_particles()
+    sums = []
+    with jc.hot_loop(compiles="warmup") as loop:
+        for _ in loop.iterate(range(4)):
+            p = step(p)  # the step's first signature compiles in iteration 0
+            sums.append(total(p.pos))  # so does the jit helper
+            for _row in p.pos:  # iterating an array compiles unstack: eager glue
+                pass
+    names = [w.what for w in loop.warmup_compiles]
+    assert names == ["advance_fn", "<lambda>", "unstack"]
+    assert all(w.iteration == 0 and "test_compiles.py:" in w.where for w in loop.warmup_compiles)
+    assert step.stats.compiles == 1 and loop.iterations == 4 and not loop.violations
+    text = str(loop.report())
+    assert "warm-up compiles: 3" in text and "  advance_fn at " in text and "iterations: 4 (" in text
+    # The numbers are the plain program's.
+    q = make_particles()
+    for _ in range(4):
+        q = advance_fn(q)
+    np.testing.assert_allclose(jc.fetch(p.pos), jc.fetch(q.pos), rtol=1e-6)
+
+
+def test_a_second_compile_of_the_same_thing_is_still_refused():
+    p = make_particles()
+    with pytest.raises(jc.RecompileError, match="compiles `<lambda>` again") as info:  # noqa: PT012
+        with jc.hot_loop(compiles="warmup") as loop:
+            for _ in loop.iterate(range(3)):
+                fresh = jax.jit(lambda x: x + 1)  # a new jax.jit each iteration
+                fresh(p.pos)
+    assert "in iteration 1 of loop.iterate()" in str(info.value)
+    step = jc.hot_step(advance_fn, signature=Particles, max_compiles=2)
+    four, five = make_particles(4), make_particles(5)
+    with pytest.raises(jc.RecompileError, match="compiled once already in this loop's warm-up"):  # noqa: PT012
+        with jc.hot_loop(compiles="warmup"):
+            step(four)
+            step(five)  # a new shape: max_compiles would allow it, the loop does not
+    twice = jax.jit(lambda x: x * 2)
+    inputs = (jnp.float32(1.0), jnp.bfloat16(2.0))
+    with pytest.raises(jc.RecompileError, match="again"):  # noqa: PT012
+        with jc.hot_loop(compiles="warmup"):
+            for x in inputs:
+                twice(x)  # a new dtype at the same line: a retrace
+
+
+def test_only_the_first_iteration_may_compile_when_the_loop_iterates():
+    p = make_particles()
+    late = jax.jit(lambda x: x - 1)
+    with jc.hot_loop(compiles="warmup", on_violation="record") as loop:
+        for i in loop.iterate(range(3)):
+            if i == 2:
+                late(p.pos)  # a first compile, but past the warm-up pass
+    (v,) = loop.violations
+    assert v.kind == "compile" and v.iteration == 2 and "`<lambda>`" in v.what
+    assert loop.warmup_compiles == []
+
+
+def test_without_iterate_each_thing_compiles_once_anywhere_in_the_block():
+    helper = jax.jit(lambda x: x * 3)
+    p = make_particles()
+    with jc.hot_loop(compiles="warmup") as loop:
+        helper(p.pos)  # first: let through
+        helper(p.pos)  # warm: nothing compiles
+        helper(p.vel)  # same signature: nothing compiles
+    assert [w.what for w in loop.warmup_compiles] == ["<lambda>"]
+    assert loop.warmup_compiles[0].iteration is None
+    with pytest.raises(jc.DefinitionError, match="'disallow', 'warmup', 'allow'"):
+        jc.hot_loop(compiles="first")

@@ -13,7 +13,7 @@ import jax
 
 from .registry import define
 
-__all__ = ["COMPILE_EVENTS", "LOWERING_EVENT", "listen", "unlisten"]
+__all__ = ["BACKEND_EVENT", "COMPILE_EVENTS", "LOWERING_EVENT", "listen", "unlisten"]
 
 COMPILE_EVENTS = (
     "/jax/core/compile/jaxpr_trace_duration",
@@ -22,6 +22,7 @@ COMPILE_EVENTS = (
 )
 # Every compile lowers to MLIR once (a cold eager op may skip the trace event).
 LOWERING_EVENT = COMPILE_EVENTS[1]
+BACKEND_EVENT = COMPILE_EVENTS[2]
 
 
 @define(
