@@ -33,6 +33,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
+from ._compat import refcount
 from ._compat.arrays import ArrayImpl, KeyArray
 from ._compat.threadguard import allow_host_to_device
 from ._compat.tracing import cpp_call, flatten, top_level_refs
@@ -64,6 +65,13 @@ class DispatchingStep(LiveStep, Protocol):
     def not_consumed(self, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> BaseException | None:
         """The error for donated buffers XLA copied (``None``: a recording loop took it)."""
 
+    def kept_error(self, cs: CompiledSignature, kept: Sequence[int]) -> BaseException:
+        """The refusal of a call whose donated leaves (flat indices) are held elsewhere."""
+
+    def redispatching(self) -> bool:
+        """Whether this thread is inside the slow path's re-dispatch of a call
+        (whose frames hold the call's leaves: their counts say nothing)."""
+
 
 @dataclasses.dataclass(frozen=True)
 class _Context:
@@ -80,6 +88,9 @@ class _Context:
     not_consumed: Callable[[CompiledSignature, Sequence[Any], Any], BaseException | None]
     marks: tuple[tuple[int, type, type], ...]  # (state parameter, its class, consumed class)
     normalize: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
+    # At full (with the kept-references capability): refuse a donated leaf
+    # held elsewhere. None: not checked.
+    kept: Callable[[Sequence[int]], BaseException] | None = None
 
 
 def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> Callable[..., Any]:
@@ -103,6 +114,9 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
         not_consumed=step.not_consumed,
         marks=_consumed_marks(cs, sig.state_params, step.short_name),
         normalize=sig.normalize,
+        kept=(lambda kept: step.kept_error(cs, kept))
+        if level == "full" and cs.donated and refcount.available()
+        else None,
     )
     if level == "off":
         dispatch = _off(ctx)
@@ -272,6 +286,55 @@ def _tail(ctx: _Context, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any
     return tail
 
 
+def _kept_check(ctx: _Context) -> Callable[[Sequence[Any]], BaseException | None] | None:
+    """At ``full``: the refusal of a call whose donated leaves something else
+    still references (a kept sample, a variable, a numpy view), or None.
+
+    The returned check takes a fresh sequence of the call's flat leaves (the
+    closure's own, each leaf otherwise held only by its state's container)
+    and counts references in one C loop over the donated leaves that sit
+    inside a container. A donated argument that is an array itself is left
+    out: the caller's own variable holds it, as it should. The refusal goes
+    to the slow path, which explains a wrong signature first.
+    """
+    kept_error = ctx.kept
+    if kept_error is None:
+        return None
+    cs = ctx.cs
+    whole: set[int] = set()
+    start = 0
+    for spec in cs.spec_args:
+        n = len(jax.tree_util.tree_leaves(spec))
+        if jax.tree_util.tree_structure(spec).num_nodes == 1:  # the argument is one array
+            whole.update(range(start, start + n))
+        start += n
+    watched = tuple(i for i in cs.donated if i not in whole)
+    if not watched:
+        return None
+    redispatching = ctx.step.redispatching
+    held, positions, confirmed = refcount.held_elsewhere, refcount.kept_positions, refcount.confirmed
+    if len(watched) == len(cs.leaves):  # every leaf watched: count the sequence itself
+
+        def check_all(leaves: Sequence[Any]) -> BaseException | None:
+            if held(leaves) and not redispatching():
+                kept = confirmed(leaves, positions(leaves))
+                return kept_error(kept) if kept else None
+            return None
+
+        return check_all
+    pick = operator.itemgetter(*watched) if len(watched) > 1 else None
+    only = watched[0]
+
+    def check_some(leaves: Sequence[Any]) -> BaseException | None:
+        chosen = pick(leaves) if pick is not None else (leaves[only],)
+        if held(chosen, 2) and not redispatching():  # in `leaves` and in `chosen`
+            kept = confirmed(chosen, positions(chosen, 2), 2)
+            return kept_error([watched[i] for i in kept]) if kept else None
+        return None
+
+    return check_some
+
+
 def _checked(ctx: _Context) -> Callable[..., Any]:
     """Checks ``fast``/``full``: flatten, check each leaf's kind, call."""
     cs, compiled, slow_call = ctx.cs, ctx.compiled, ctx.slow_call
@@ -305,6 +368,7 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
         return all(leaves[i].is_deleted() for i in donated)
 
     tail = _tail(ctx, leaves_consumed)
+    kept = _kept_check(ctx)
 
     def checked(*args: Any, **kwargs: Any) -> Any:
         leaves, treedef = flatten(args)
@@ -322,6 +386,7 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
             for i, (x, s) in enumerate(zip(leaves, shardings)):
                 if x.sharding != s and not placed_alike(i, x.sharding, s):
                     return slow_call(args, kwargs, None)
+        x = None  # the loops' variable held the last leaf: a reference the kept check would count
         if first_donated is not None and leaves[first_donated].is_deleted():
             return slow_call(args, kwargs, None)  # a stale state: explain, quietly
         if full and (
@@ -331,6 +396,10 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
             # any other deleted or repeated donated buffer, before XLA refuses it with
             # an ExecutePrepare error line on stderr (fast leaves that to XLA)
             return slow_call(args, kwargs, None)
+        if kept is not None:
+            refused = kept(leaves)
+            if refused is not None:
+                return slow_call(args, kwargs, refused)
         try:
             out = compiled(*leaves) if flat_style else compiled(*args)
         except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
@@ -364,6 +433,7 @@ def _checked_host(ctx: _Context) -> Callable[..., Any]:
         return all(leaves[i].is_deleted() for i in donated)
 
     tail = _tail(ctx, leaves_consumed)
+    kept = _kept_check(ctx)
 
     def checked_host(*args: Any, **kwargs: Any) -> Any:
         leaves, treedef = flatten(args)
@@ -376,6 +446,7 @@ def _checked_host(ctx: _Context) -> Callable[..., Any]:
                 transfers = True
             elif (t is not array_impl and t is not key_array) or x.aval.weak_type is not w:
                 return slow_call(args, kwargs, None)
+        x = None  # the loop's variable held the last leaf (see _checked)
         if first_donated is not None and leaves[first_donated].is_deleted():
             return slow_call(args, kwargs, None)  # a stale state: explain, quietly
         if full and (
@@ -383,6 +454,10 @@ def _checked_host(ctx: _Context) -> Callable[..., Any]:
             or (len(set(map(id, leaves))) != n_leaves and find_hazards(leaves, donated)[1])
         ):
             return slow_call(args, kwargs, None)
+        if kept is not None:
+            refused = kept(leaves)
+            if refused is not None:
+                return slow_call(args, kwargs, refused)
         call = allowing if transfers and tracking.count else compiled
         try:
             out = call(*leaves) if flat_style else call(*args)
@@ -449,6 +524,7 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
 
     tail = _tail(ctx, states_consumed)
 
+    kept = _kept_check(ctx)
     others = tuple(i for i in range(n_params) if i not in dict(in_tokens))
     other_specs, other_treedef = jax.tree_util.tree_flatten(tuple(cs.spec_args[i] for i in others))
     other_weak = tuple(bool(s.weak_type) for s in other_specs)
@@ -477,6 +553,10 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
                     return checked(*args)
             if full and any(map(is_deleted, leaves)):
                 return slow_call(args, kwargs, None)  # before XLA's error line
+        if kept is not None:
+            refused = kept(flatten(args)[0])
+            if refused is not None:
+                return slow_call(args, kwargs, refused)
         try:
             out = compiled(*args)
         except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
@@ -515,6 +595,7 @@ def _provenance_one(
     names = flat_field_names(cls) if donates else None
     first_name = names[0] if names else None
     first_leaf = _first_leaf_of(cls) if donates and first_name is None else None
+    kept, leaves_of = _kept_check(ctx), _leaves_of(cls)
 
     def provenance_one(s: Any = missing, *rest: Any, **kwargs: Any) -> Any:
         if rest or kwargs or s is missing or type(s) is not cls:
@@ -527,6 +608,10 @@ def _provenance_one(
                 return slow_call((s,), {}, None)
         elif first_leaf is not None and first_leaf(s).is_deleted():
             return slow_call((s,), {}, None)
+        if kept is not None:
+            refused = kept(leaves_of(s))
+            if refused is not None:
+                return slow_call((s,), {}, refused)
         try:
             out = compiled(s)
         except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path

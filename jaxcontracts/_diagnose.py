@@ -26,6 +26,7 @@ __all__ = [
     "api_misuse_error",
     "hazard_error",
     "host_leaves_error",
+    "kept_leaves_error",
     "not_consumed_error",
     "run_failed_note",
     "signature_error",
@@ -192,6 +193,26 @@ def run_failed_note(
     if intact:
         note += "\n" + "\n".join(f"  {paths[i]}: intact" for i in intact)
     return note
+
+
+def kept_leaves_error(sig: StepSignature, cs: CompiledSignature, kept: Sequence[int]) -> DonationError:
+    """Donated leaves that something besides their state still references."""
+    paths = [cs.leaves[i].path for i in kept]
+    first = paths[0] if paths else "the leaf"
+    return DonationError(
+        f"{sig.name} would delete {len(kept)} array(s) you still hold elsewhere: donating "
+        "a leaf deletes its buffer, and another reference to it (a sample kept in a list, "
+        "a variable, a numpy view from np.asarray, a second container sharing the leaf) "
+        "would then hold a deleted array.",
+        [f"  {cs.leaves[i].path}: {fmt_aval(cs.leaves[i].spec.shape, cs.leaves[i].spec.dtype)}" for i in kept],
+        fix=f"keep a copy instead of the array itself (samples.append(jnp.copy({first})), or "
+        f"jc.fetch({first}) for a host copy), return what you keep as an output of its own, "
+        "or drop the other reference (del x); to donate nothing, @jc.hot_step(donate=\"none\").",
+        note=INPUTS_INTACT,
+        contract="donation-hazard",
+        step=sig.name,
+        leaves=paths,
+    )
 
 
 def not_consumed_error(sig: StepSignature, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> DonationError:

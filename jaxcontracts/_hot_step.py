@@ -30,6 +30,7 @@ from ._diagnose import (
     api_misuse_error,
     hazard_error,
     host_leaves_error,
+    kept_leaves_error,
     not_consumed_error,
     run_failed_note,
     signature_error,
@@ -441,6 +442,15 @@ class HotStep(Generic[P, R]):
                 raise err.with_traceback(err.__traceback__) from None
             raise
 
+    def redispatching(self) -> bool:
+        """Whether this thread is inside the slow path's re-dispatch of a call."""
+        return getattr(self._redispatch, "active", False)
+
+    def kept_error(self, cs: CompiledSignature, kept: Sequence[int]) -> DonationError:
+        """The refusal of a call whose donated leaves (flat indices) are held
+        elsewhere (raised by the slow path once the signature matches)."""
+        return kept_leaves_error(self._sig, cs, kept)
+
     def not_consumed(self, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> DonationError | None:
         """The error for donated buffers XLA copied; ``None`` once a recording loop took it."""
         self.stats.not_consumed += 1
@@ -589,7 +599,9 @@ def _signature_for(
         for cs in step._signatures:
             if not signature_diffs(cs, leaves, treedef):
                 if exc is not None and cs is current:
-                    if ran and donated:
+                    if isinstance(exc, ContractError):  # the call path's own refusal
+                        step.stats.refused += 1
+                    elif ran and donated:
                         exc.add_note(run_failed_note(sig, paths, leaves, donated))
                     raise exc  # the signature is right: a genuine runtime error
                 step._use(cs)

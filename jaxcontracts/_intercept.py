@@ -99,7 +99,7 @@ def _key_owner() -> Any:
     for _ in range(20):
         if frame is None:
             return None
-        owner = frame.f_locals.get("self")
+        owner = frames.locals_of(frame).get("self")
         if isinstance(owner, arrays.KeyArray):
             return owner
         frame = frame.f_back
@@ -364,7 +364,7 @@ def _deleted_in_stack(user: FrameType | None, limit: int = 80) -> Any | None:
     """
     frame = frames.caller_frame(2)
     while frame is not None and frame is not user and limit:
-        for value in list(frame.f_locals.values()):
+        for value in frames.locals_of(frame).values():
             for x in value if isinstance(value, (tuple, list)) else (value,):
                 if is_deleted_array(x):
                     return x

@@ -21,6 +21,7 @@ from typing import Any, Protocol
 import jax
 
 from . import _steps
+from ._compat.frames import locals_of
 from ._marks import PRODUCED_BY, consumer_of
 
 __all__ = [
@@ -155,7 +156,7 @@ def states_in(frame: Any) -> list[Any]:
     found: list[Any] = []
     seen: set[int] = set()
     try:
-        values = list(frame.f_locals.values())
+        values = list(locals_of(frame).values())
     except Exception:  # noqa: BLE001 - a frame without readable locals
         return found
     for value in values:

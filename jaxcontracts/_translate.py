@@ -13,7 +13,7 @@ from typing import Any
 
 import jax
 
-from ._compat import runtime_errors
+from ._compat import frames, runtime_errors
 from ._errors import DonationError, TransferError
 from ._format import fmt_aval
 from ._runtime import consumed_by
@@ -93,7 +93,7 @@ def _donated_names(tb: Any) -> str:
         return ""
     named = []
     code = frame.f_code
-    scope = {**frame.f_globals, **frame.f_locals}
+    scope = {**frame.f_globals, **frames.locals_of(frame)}
     names = dict.fromkeys((*code.co_varnames, *code.co_freevars, *code.co_cellvars, *code.co_names))
     for name in list(names)[:200]:  # the names this code refers to
         value = scope.get(name)

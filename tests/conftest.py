@@ -31,3 +31,14 @@ def mesh2():
     import numpy as np
 
     return Mesh(np.array(devices[:2]), ("x",))
+
+
+@pytest.fixture
+def without_kept_check(monkeypatch):
+    """As if the kept-references capability were missing (a reference the
+    refcount cannot see, such as jaxlib 0.11.2's pinned host view): a
+    donated leaf held elsewhere reaches XLA, which copies instead of donating,
+    and the after-call consumption check is what catches it."""
+    from jaxcontracts._compat import refcount
+
+    monkeypatch.setattr(refcount, "available", lambda: False)

@@ -493,3 +493,46 @@ def test_allow_host_to_device_lets_one_call_transfer_and_restores_the_level():
         with pytest.raises(Exception, match="Disallowed host-to-device"):
             put(host)  # restored after a failing call too
     assert jnp.asarray(host).shape == (3,)
+
+
+def test_refcount_tells_a_leaf_held_elsewhere_and_a_dead_frame_apart():
+    from jaxcontracts._compat import refcount
+
+    assert refcount.available()
+    state = {"x": object(), "y": object()}
+    leaves = list(state.values())
+    assert not refcount.held_elsewhere(leaves)
+    kept = [state["y"]]
+    assert refcount.held_elsewhere(leaves) and refcount.kept_positions(leaves) == [1]
+    assert refcount.confirmed(leaves, [1]) == [1]  # a live list holds it
+    del kept
+
+    def dies_holding(v):
+        raise ValueError("boom")  # only the frame holds v
+
+    try:
+        dies_holding(state["x"])
+    except ValueError as e:
+        saved = e  # its traceback's frame holds state["x"]
+    assert refcount.held_elsewhere(leaves) and refcount.confirmed(leaves, [0]) == []
+    del saved
+
+
+def test_locals_of_copies_and_leaves_no_snapshot_holding_the_locals():
+    import sys
+    import weakref
+
+    from jaxcontracts._compat import frames
+
+    class Big:
+        pass
+
+    def body():
+        x = Big()
+        ref = weakref.ref(x)
+        seen = frames.locals_of(sys._getframe())
+        assert seen["x"] is x
+        del seen, x
+        return ref
+
+    assert body()() is None

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import pickle
+import typing
 
 import jax
 import jax.numpy as jnp
@@ -182,7 +183,8 @@ def test_the_base_class_form_is_marked_the_same_way():
     class_step(c)
     with pytest.raises(jc.DonationError, match=r"ClassForm\.v: f32\[2\] was donated to class_step"):
         c.v  # noqa: B018
-    assert type(class_step(ClassForm(v=jnp.zeros(2)))) is ClassForm
+    made = class_step(ClassForm(v=jnp.zeros(2)))  # not inside the assert: pytest's
+    assert type(made) is ClassForm  # assertion rewriting holds inline values (a kept leaf)
 
 
 def test_the_mark_costs_one_class_per_state_class_and_step():
@@ -236,8 +238,8 @@ def test_full_refuses_deleted_or_repeated_buffers_before_xla_prints(capfd):
     or doubly donated buffer; at `full` every leaf is looked at first."""
     with jc.checks_level("full"):
         donor = S(x=jnp.zeros(3), y=jnp.ones(3))
-        gone = donor.__dict__["x"]
         step(donor)
+        gone = donor.__dict__["x"]  # deleted by the donation
         live = with_arg(S(x=jnp.zeros(3), y=jnp.ones(3)), jnp.ones(3))  # a token state
         capfd.readouterr()
         mixed = S(x=jnp.zeros(3), y=gone)  # one deleted leaf, not the first
@@ -261,3 +263,110 @@ def test_stale_state_is_explained_without_an_xla_error_line(capfd):
         advance(p)
     assert "ExecutePrepare" not in capfd.readouterr().err
     assert q.pos.shape == (4, 3)
+
+
+# -- kept outputs: a donated leaf held elsewhere is refused before dispatch ---
+
+
+def _sampler():
+    class Sample(typing.NamedTuple):  # blackjax's state shape: a NamedTuple of arrays
+        position: jax.Array
+        logdensity: jax.Array
+
+    def kernel(key, state):
+        position = state.position + 0.1 * jax.random.normal(key, state.position.shape)
+        return Sample(position, -0.5 * jnp.sum(position**2)), {"accepted": jnp.bool_(True)}
+
+    return Sample, jc.hot_step(kernel, state="state")
+
+
+def test_a_kept_sample_is_refused_naming_the_leaf_and_the_step_inputs_intact():
+    Sample, step = _sampler()
+    state = Sample(jnp.zeros(3), jnp.float32(0))
+    key = jax.random.key(0)
+    state, _ = step(key, state)
+    samples = []
+    with pytest.raises(jc.DonationError) as info:  # noqa: PT012
+        for _ in range(3):
+            state, _ = step(key, state)
+            samples.append(state.position)  # BlackJAX's quickstart keeps each position
+    err = info.value
+    assert err.leaves == ("state.position",) and err.step.endswith("kernel")
+    assert "still hold elsewhere" in str(err) and "jnp.copy(state.position)" in err.fix
+    assert len(samples) == 1 and not samples[0].is_deleted()  # nothing was lost
+    assert not state.position.is_deleted()  # the refused call's inputs are intact
+    samples = [jnp.copy(s) for s in samples]  # the fix: keep copies
+    for _ in range(3):
+        state, _ = step(key, state)
+        samples.append(jnp.copy(state.position))
+    assert len(samples) == 4 and not any(s.is_deleted() for s in samples)
+
+
+@pytest.mark.parametrize(
+    "keep",
+    [
+        lambda s: s.x,  # a variable
+        lambda s: [s.x],  # a list of samples
+        lambda s: {"saved": s.x},  # another container
+        lambda s: s.replace(y=s.y + 1),  # another state sharing .x
+    ],
+    ids=["variable", "list", "dict", "shared-leaf"],
+)
+def test_every_kind_of_kept_reference_is_refused(keep):
+    s = step(S(x=jnp.zeros(3), y=jnp.ones(3)))
+    held = keep(s)
+    with pytest.raises(jc.DonationError, match=r"s\.x: f32\[3\]"):
+        step(s)
+    del held
+    step(s)  # dropped: it runs
+
+
+def test_a_kept_reference_is_not_looked_at_below_full_nor_when_nothing_is_kept():
+    s = step(S(x=jnp.zeros(3), y=jnp.ones(3)))
+    with jc.checks_level("fast"):
+        kept = s.x
+        s = step(s)  # not looked at: the kept array is deleted by the donation
+    assert kept.is_deleted()
+    t = S(x=jnp.zeros(3), y=jnp.ones(3))
+    for _ in range(5):
+        t = step(t)  # nothing kept: every call runs
+    assert step.stats.calls >= 6
+
+
+def test_a_saved_traceback_that_saw_the_array_is_not_a_kept_reference():
+    # A caught error (or a notebook's sys.last_traceback) keeps the frames
+    # that saw an array; losing the array there loses nothing.
+    d = jc.device_tree({"x": jnp.zeros(3)})
+    dict_step = jc.hot_step(lambda d: {"x": d["x"] + 1}, state="d")
+    d = dict_step(d)
+    norm = jax.jit(lambda a: jnp.sum(a * a))
+    norm(jnp.zeros(3))  # warmed on an uncommitted array: the loop sees a compile
+    try:
+        with jc.hot_loop():
+            norm(d["x"])
+    except jc.RecompileError as e:
+        saved = e  # noqa: F841 - its traceback's frames hold d["x"]
+    d = dict_step(d)  # runs
+    assert not d["x"].is_deleted()
+
+
+def test_a_loop_exit_leaves_no_local_alive():
+    # Loop exit reads the caller's locals (which step outputs are still
+    # computing); before 3.13 that snapshot kept every local alive until the
+    # function returned, and a donated leaf dropped after the loop still
+    # counted as held.
+    import weakref
+
+    s = step(S(x=jnp.zeros(3), y=jnp.ones(3)))
+    x = jnp.ones(5)
+    gone = weakref.ref(x)
+    with jc.hot_loop():
+        s = step(s)
+    del x
+    assert gone() is None
+    old = s
+    with jc.hot_loop():  # the exit reads this frame's locals: `old` among them
+        pass
+    shared = old.replace(y=old.y * 2)  # a new state sharing .x with `old`
+    del old, s  # before the fix, the exit's snapshot still held the old state
+    step(shared)  # nothing holds .x besides `shared`: runs

@@ -127,7 +127,22 @@ def test_passthrough_and_constant_leaves_alias():
     ]
 
 
-def test_numpy_view_makes_xla_copy_and_raises_after_dispatch_with_result():
+def test_a_numpy_view_of_a_donated_leaf_is_refused_before_dispatch():
+    advance = make_advance()
+    p = make_particles()
+    advance.compile(p)
+    view = np.asarray(p.pos)  # holds p.pos: the donation would delete what it shows
+    with pytest.raises(jc.DonationError) as info:
+        advance(p)
+    err = info.value
+    assert err.result is None and err.leaves == ("p.pos",) and err.contract == "donation-hazard"
+    assert "would delete 1 array(s) you still hold elsewhere" in str(err) and "intact" in str(err)
+    assert alive(p) and advance.stats.refused == 1
+    del view
+    assert alive(advance(p))  # dropped: the call runs
+
+
+def test_numpy_view_makes_xla_copy_and_raises_after_dispatch_with_result(without_kept_check):
     advance = make_advance()
     p = make_particles()
     advance.compile(p)
@@ -142,7 +157,7 @@ def test_numpy_view_makes_xla_copy_and_raises_after_dispatch_with_result():
     del view
 
 
-def test_not_consumed_names_a_pinning_jaxlib(monkeypatch):
+def test_not_consumed_names_a_pinning_jaxlib(monkeypatch, without_kept_check):
     from jaxcontracts import _diagnose
 
     monkeypatch.setattr(_diagnose, "pins_host_views", lambda: True)
@@ -603,11 +618,10 @@ def test_token_path_still_catches_every_hazard(monkeypatch):
     with pytest.raises(jc.RecompileError, match="static 0.5"):
         advance(r.replace(dt=0.5))
     view = np.asarray(r.pos)
-    with pytest.raises(jc.DonationError) as info:
-        advance(r)  # XLA copied: caught after dispatch on the token path too
+    with pytest.raises(jc.DonationError, match="still hold elsewhere"):
+        advance(r)  # held by a view: refused before dispatch on the token path too
+    assert alive(r)
     del view
-    s = info.value.result
-    assert isinstance(s, Particles) and alive(s)
     # and the token path really is taken: no flatten of the state per call
     calls = []
     real = _callpath.flatten

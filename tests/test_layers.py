@@ -29,7 +29,7 @@ LAYERS: dict[str, int] = {
     "_compat.registry": 1,
     # 2: configuration, the loop/step meeting point
     "_config": 2,
-    "_runtime": 2,
+    "_runtime": 4,  # below the guard and the call path; reads frames
     # 3: each private mechanism, behind a named capability
     "_compat.arrays": 3,
     "_compat.blocking": 3,
@@ -38,6 +38,7 @@ LAYERS: dict[str, int] = {
     "_compat.frames": 3,
     "_compat.hostcopy": 3,
     "_compat.jaxtyping": 3,
+    "_compat.refcount": 3,
     "_compat.runtime_errors": 3,
     "_compat.threadguard": 3,
     "_compat.guardlog": 3,

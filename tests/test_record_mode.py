@@ -95,7 +95,7 @@ def test_outside_record_mode_the_numpy_argument_is_still_refused():
     assert scaled(s, jnp.float32(1)).x.shape == (3,)
 
 
-def test_a_donated_input_not_consumed_is_recorded_and_the_outputs_returned():
+def test_a_donated_input_not_consumed_is_recorded_and_the_outputs_returned(without_kept_check):
     advance = jc.hot_step(advance_fn, signature=Particles)
     p = advance(make_particles())
     view = np.asarray(p.pos)  # a numpy view pins the buffer: XLA:CPU copies

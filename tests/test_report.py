@@ -119,7 +119,7 @@ def test_check_never_raises_on_misuse(args, got):
     assert failed.error is jc.DefinitionError
 
 
-def test_report_counts_refused_and_not_consumed_calls():
+def test_report_counts_refused_and_not_consumed_calls(without_kept_check):
     advance = jc.hot_step(advance_fn, signature=Particles)
     p = advance(make_particles())
     with pytest.raises(jc.RecompileError):

@@ -14,7 +14,9 @@ from typing import Any
 
 from .registry import capability, define
 
-__all__ = ["allowed_reader", "caller_frame", "caller_locals", "notebook_cell"]
+__all__ = ["allowed_reader", "caller_frame", "caller_locals", "locals_of", "notebook_cell"]
+
+_OPTIMIZED = 0x0001  # CO_OPTIMIZED: a function's frame (fast locals)
 
 
 @define(
@@ -34,6 +36,27 @@ def caller_frame(depth: int) -> FrameType | None:
         return sys._getframe(depth + 1)
     except ValueError:
         return None
+
+
+def locals_of(frame: Any) -> dict[str, Any]:
+    """A copy of a frame's local variables, leaving nothing alive behind.
+
+    Before Python 3.13, reading a function frame's ``f_locals`` stores a
+    snapshot dict on the frame that keeps every local it saw alive until the
+    function returns (``del x`` then frees nothing, and a donated array the
+    caller dropped still counts as held). The snapshot is emptied once
+    copied; the next ``locals()`` or ``f_locals`` fills it again. (A
+    ``locals()`` dict the function itself keeps across the call sees it
+    emptied.) Since 3.13 ``f_locals`` is a proxy that keeps nothing.
+    """
+    try:
+        snapshot = frame.f_locals
+    except Exception:  # noqa: BLE001 - a frame without readable locals
+        return {}
+    out = dict(snapshot)
+    if sys.version_info < (3, 13) and type(snapshot) is dict and frame.f_code.co_flags & _OPTIMIZED:
+        snapshot.clear()
+    return out
 
 
 def caller_locals(depth: int) -> dict[str, Any]:

@@ -63,6 +63,7 @@ def main() -> float:
     dt: float = zeros.dt
     pos: jax.Array = p.pos
     assert spec.pos.shape == pos.shape
+    del pos  # a donating call refuses a leaf held elsewhere (it would delete it)
 
     c = Counter(x=jnp.ones(n, jnp.float32), count=jnp.zeros((), jnp.int32))
     k, scale = jnp.float32(1.0), jnp.float32(2.0)

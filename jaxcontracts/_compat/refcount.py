@@ -1,0 +1,118 @@
+"""How many references an object has: a donated leaf someone else still holds.
+
+A donating call deletes its donated buffers: any other reference to one of
+those arrays (a sample kept in a list, a variable, a second container that
+shares the leaf) is then a deleted array, and its data is lost. CPython's
+``sys.getrefcount`` tells, before the call, whether a leaf has a reference
+besides its state's container: a leaf held by one container, in a sequence
+of the call's leaves, counts :data:`BASELINE` references when read through
+``map(sys.getrefcount, leaves)`` (the container, the sequence, the
+argument), and more when anything else holds it.
+"""
+
+from __future__ import annotations
+
+import gc
+import sys
+import types
+from collections.abc import Sequence
+from typing import Any
+
+from .registry import capability, define
+
+__all__ = ["BASELINE", "available", "confirmed", "held_elsewhere", "kept_positions"]
+
+#: References of a leaf held by one container, read through map() over a sequence.
+BASELINE = 3
+_count = sys.getrefcount
+
+
+@define(
+    "kept-references",
+    "CPython's sys.getrefcount: the references a leaf has besides its state",
+    "refusing, before dispatch, a donated leaf still referenced outside its state "
+    "(a kept sample, a variable) instead of letting the donation delete it",
+)
+def _probe() -> str | None:
+    if not hasattr(sys, "getrefcount"):
+        return "sys.getrefcount is missing (not CPython)"
+    holder = {"x": object()}
+    leaves = list(holder.values())
+    alone = max(map(_count, leaves))
+    subset = (leaves[0],)  # a second sequence over the same leaves: one more
+    nested = max(map(_count, subset))
+    del subset
+    kept = [holder["x"]]
+    held = max(map(_count, leaves))
+    del kept
+    want = (BASELINE, BASELINE + 1, BASELINE + 1)
+    if (alone, nested, held) != want:
+        return f"sys.getrefcount counted {(alone, nested, held)}, not {want}"
+    return None
+
+
+def held_elsewhere(leaves: Sequence[Any], sequences: int = 1) -> bool:
+    """Whether any of ``leaves`` (the call's donated leaves, each held by its
+    state's container and by ``sequences`` sequences of leaves, this one
+    included) has any other reference (one C loop)."""
+    return max(map(_count, leaves), default=0) > BASELINE + sequences - 1
+
+
+def kept_positions(leaves: Sequence[Any], sequences: int = 1) -> list[int]:
+    """The positions in ``leaves`` of those held elsewhere (for the message)."""
+    limit = BASELINE + sequences - 1
+    return [i for i, n in enumerate(map(_count, leaves)) if n > limit]
+
+
+def available() -> bool:
+    """Whether the check can run here (the capability's probe passed)."""
+    return capability("kept-references").available
+
+
+def confirmed(leaves: Sequence[Any], positions: Sequence[int], sequences: int = 1) -> list[int]:
+    """Those ``positions`` whose other references are not all held, directly
+    or through a tuple, list or dict, by frames off the current stack: an
+    exception's saved traceback (a notebook's ``sys.last_traceback``, a
+    caught error kept in a variable) holds the frames that saw an array, and
+    losing the array there loses nothing.
+
+    Only called when :func:`held_elsewhere` found something (it scans the
+    heap: milliseconds); a donated leaf is replaced by the call's output, so
+    a stale traceback costs this once.
+    """
+    on_stack: set[int] = set()
+    frame: types.FrameType | None = sys._getframe(0)
+    while frame is not None:
+        on_stack.add(id(frame))
+        frame = frame.f_back
+    kept = []
+    for i in positions:
+        x = leaves[i]
+        # Besides the container and the sequences: this local and the argument.
+        extra = _count(x) - (BASELINE - 2 + sequences) - 2
+        referrers = gc.get_referrers(x)
+        dead, r = 0, None
+        for r in referrers:  # a loop, not a generator: a generator would be a referrer
+            dead += _held_by_dead_frames(r, on_stack, {id(referrers)}, 4)
+        del referrers, r, x
+        if extra > dead:
+            kept.append(i)
+    return kept
+
+
+def _held_by_dead_frames(obj: Any, on_stack: set[int], ignore: set[int], depth: int) -> bool:
+    """Whether ``obj`` is a frame off the stack, or a container only such frames hold."""
+    if isinstance(obj, types.FrameType):
+        return id(obj) not in on_stack
+    if depth == 0 or type(obj) not in (tuple, list, dict, types.CellType):
+        return False
+    referrers = gc.get_referrers(obj)
+    inner = ignore | {id(referrers)}
+    found = False
+    for r in referrers:  # loops, not generators (see confirmed)
+        if id(r) in ignore:
+            continue
+        if not _held_by_dead_frames(r, on_stack, inner, depth - 1):
+            return False
+        found = True
+    return found
