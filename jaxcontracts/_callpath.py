@@ -286,19 +286,37 @@ def _tail(ctx: _Context, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any
     return tail
 
 
-def _kept_check(ctx: _Context) -> Callable[[Sequence[Any]], BaseException | None] | None:
-    """At ``full``: the refusal of a call whose donated leaves something else
-    still references (a kept sample, a variable, a numpy view), or None.
+@dataclasses.dataclass(frozen=True)
+class _KeptPlan:
+    """At ``full``: how a closure tells, before dispatch, that a donated leaf is
+    held by something besides its state (a kept sample, a variable, a numpy
+    view), and the refusal then.
 
-    The returned check takes a fresh sequence of the call's flat leaves (the
-    closure's own, each leaf otherwise held only by its state's container)
-    and counts references in one C loop over the donated leaves that sit
-    inside a container. A donated argument that is an array itself is left
-    out: the caller's own variable holds it, as it should. The refusal goes
-    to the slow path, which explains a wrong signature first.
+    The closure counts references inline, in one C loop:
+    ``max(map(getrefcount, pick(leaves))) > limit`` over a fresh sequence of
+    the watched leaves (``pick`` None: the closure's own flat leaves, all
+    watched); :meth:`refuse` confirms (references only a saved traceback
+    holds do not count) and builds the error, which the slow path raises once
+    it has ruled out a wrong signature. A donated argument that is an array
+    itself is not watched: the caller's own variable holds it, as it should.
     """
-    kept_error = ctx.kept
-    if kept_error is None:
+
+    watched: tuple[int, ...]  # flat leaf indices
+    pick: Callable[[Sequence[Any]], Sequence[Any]] | None
+    limit: int
+    error: Callable[[Sequence[int]], BaseException]
+    redispatching: Callable[[], bool]
+
+    def refuse(self, seq: Sequence[Any], sequences: int) -> BaseException | None:
+        if self.redispatching():  # the slow path's frames hold the leaves too
+            return None
+        kept = refcount.confirmed(seq, refcount.kept_positions(seq, sequences), sequences)
+        return self.error([self.watched[i] for i in kept]) if kept else None
+
+
+def _kept_plan(ctx: _Context) -> _KeptPlan | None:
+    """The kept-leaf check of a closure over the flat leaves (None: not checked)."""
+    if ctx.kept is None:
         return None
     cs = ctx.cs
     whole: set[int] = set()
@@ -311,28 +329,14 @@ def _kept_check(ctx: _Context) -> Callable[[Sequence[Any]], BaseException | None
     watched = tuple(i for i in cs.donated if i not in whole)
     if not watched:
         return None
-    redispatching = ctx.step.redispatching
-    held, positions, confirmed = refcount.held_elsewhere, refcount.kept_positions, refcount.confirmed
-    if len(watched) == len(cs.leaves):  # every leaf watched: count the sequence itself
-
-        def check_all(leaves: Sequence[Any]) -> BaseException | None:
-            if held(leaves) and not redispatching():
-                kept = confirmed(leaves, positions(leaves))
-                return kept_error(kept) if kept else None
-            return None
-
-        return check_all
-    pick = operator.itemgetter(*watched) if len(watched) > 1 else None
-    only = watched[0]
-
-    def check_some(leaves: Sequence[Any]) -> BaseException | None:
-        chosen = pick(leaves) if pick is not None else (leaves[only],)
-        if held(chosen, 2) and not redispatching():  # in `leaves` and in `chosen`
-            kept = confirmed(chosen, positions(chosen, 2), 2)
-            return kept_error([watched[i] for i in kept]) if kept else None
-        return None
-
-    return check_some
+    if len(watched) == len(cs.leaves):  # all of them: the flat leaves themselves
+        pick, sequences = None, 1
+    elif len(watched) == 1:
+        only = watched[0]
+        pick, sequences = (lambda leaves: (leaves[only],)), 2
+    else:
+        pick, sequences = operator.itemgetter(*watched), 2
+    return _KeptPlan(watched, pick, refcount.BASELINE + sequences - 1, ctx.kept, ctx.step.redispatching)
 
 
 def _checked(ctx: _Context) -> Callable[..., Any]:
@@ -368,7 +372,9 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
         return all(leaves[i].is_deleted() for i in donated)
 
     tail = _tail(ctx, leaves_consumed)
-    kept = _kept_check(ctx)
+    kept = _kept_plan(ctx)
+    count = refcount.count
+    kept_pick, kept_limit = (kept.pick, kept.limit) if kept is not None else (None, 0)
 
     def checked(*args: Any, **kwargs: Any) -> Any:
         leaves, treedef = flatten(args)
@@ -397,9 +403,13 @@ def _checked(ctx: _Context) -> Callable[..., Any]:
             # an ExecutePrepare error line on stderr (fast leaves that to XLA)
             return slow_call(args, kwargs, None)
         if kept is not None:
-            refused = kept(leaves)
-            if refused is not None:
-                return slow_call(args, kwargs, refused)
+            seq = leaves if kept_pick is None else kept_pick(leaves)
+            if max(map(count, seq)) > kept_limit:
+                refused = kept.refuse(seq, 1 if kept_pick is None else 2)
+                if refused is not None:
+                    del seq
+                    return slow_call(args, kwargs, refused)
+            del seq
         try:
             out = compiled(*leaves) if flat_style else compiled(*args)
         except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
@@ -433,7 +443,9 @@ def _checked_host(ctx: _Context) -> Callable[..., Any]:
         return all(leaves[i].is_deleted() for i in donated)
 
     tail = _tail(ctx, leaves_consumed)
-    kept = _kept_check(ctx)
+    kept = _kept_plan(ctx)
+    count = refcount.count
+    kept_pick, kept_limit = (kept.pick, kept.limit) if kept is not None else (None, 0)
 
     def checked_host(*args: Any, **kwargs: Any) -> Any:
         leaves, treedef = flatten(args)
@@ -455,9 +467,13 @@ def _checked_host(ctx: _Context) -> Callable[..., Any]:
         ):
             return slow_call(args, kwargs, None)
         if kept is not None:
-            refused = kept(leaves)
-            if refused is not None:
-                return slow_call(args, kwargs, refused)
+            seq = leaves if kept_pick is None else kept_pick(leaves)
+            if max(map(count, seq)) > kept_limit:
+                refused = kept.refuse(seq, 1 if kept_pick is None else 2)
+                if refused is not None:
+                    del seq
+                    return slow_call(args, kwargs, refused)
+            del seq
         call = allowing if transfers and tracking.count else compiled
         try:
             out = call(*leaves) if flat_style else call(*args)
@@ -524,7 +540,7 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
 
     tail = _tail(ctx, states_consumed)
 
-    kept = _kept_check(ctx)
+    kept = _kept_plan(ctx)
     others = tuple(i for i in range(n_params) if i not in dict(in_tokens))
     other_specs, other_treedef = jax.tree_util.tree_flatten(tuple(cs.spec_args[i] for i in others))
     other_weak = tuple(bool(s.weak_type) for s in other_specs)
@@ -554,9 +570,15 @@ def _provenance(ctx: _Context, checked: Callable[..., Any]) -> Callable[..., Any
             if full and any(map(is_deleted, leaves)):
                 return slow_call(args, kwargs, None)  # before XLA's error line
         if kept is not None:
-            refused = kept(flatten(args)[0])
-            if refused is not None:
-                return slow_call(args, kwargs, refused)
+            flat = flatten(args)[0]
+            seq = flat if kept.pick is None else kept.pick(flat)
+            del flat
+            if max(map(refcount.count, seq)) > kept.limit:
+                refused = kept.refuse(seq, 1 if kept.pick is None else 2)
+                if refused is not None:
+                    del seq
+                    return slow_call(args, kwargs, refused)
+            del seq
         try:
             out = compiled(*args)
         except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
@@ -595,7 +617,16 @@ def _provenance_one(
     names = flat_field_names(cls) if donates else None
     first_name = names[0] if names else None
     first_leaf = _first_leaf_of(cls) if donates and first_name is None else None
-    kept, leaves_of = _kept_check(ctx), _leaves_of(cls)
+    kept = _kept_plan(ctx)
+    count = refcount.count
+    if kept is not None and names is not None and kept.pick is None:  # a flat class, all donated
+        kept_get = operator.itemgetter(*names) if len(names) > 1 else (lambda d, n=names[0]: (d[n],))
+        kept_of = None  # the sequence comes from the state's __dict__ directly
+    elif kept is not None:
+        kept_get, kept_of = None, _leaves_of(cls)
+    else:
+        kept_get = kept_of = None
+    kept_limit = kept.limit if kept is not None else 0
 
     def provenance_one(s: Any = missing, *rest: Any, **kwargs: Any) -> Any:
         if rest or kwargs or s is missing or type(s) is not cls:
@@ -608,10 +639,24 @@ def _provenance_one(
                 return slow_call((s,), {}, None)
         elif first_leaf is not None and first_leaf(s).is_deleted():
             return slow_call((s,), {}, None)
-        if kept is not None:
-            refused = kept(leaves_of(s))
-            if refused is not None:
-                return slow_call((s,), {}, refused)
+        if kept_get is not None:
+            seq = kept_get(d)
+            if max(map(count, seq)) > kept_limit:
+                refused = kept.refuse(seq, 1)  # type: ignore[union-attr]
+                if refused is not None:
+                    del seq
+                    return slow_call((s,), {}, refused)
+            del seq
+        elif kept_of is not None:
+            leaves = kept_of(s)
+            seq = leaves if kept.pick is None else kept.pick(leaves)  # type: ignore[union-attr]
+            del leaves
+            if max(map(count, seq)) > kept.limit:  # type: ignore[union-attr]
+                refused = kept.refuse(seq, 1 if kept.pick is None else 2)  # type: ignore[union-attr]
+                if refused is not None:
+                    del seq
+                    return slow_call((s,), {}, refused)
+            del seq
         try:
             out = compiled(s)
         except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
