@@ -324,7 +324,7 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
                 f"static {sa}",
                 f"static {sb}",
                 "a static argument is part of the compiled signature; a new value "
-                "means a new compile",
+                "means a new compile" + _inside(a.value, b.value),
             )
         ]
     if dataclasses.is_dataclass(a) and not isinstance(a, type) and type(a) is type(b):
@@ -424,7 +424,9 @@ def _node_diffs(a: Any, b: Any, path: str, here: str) -> list[LeafDiff]:
                 f"{name} with static data {sa}",
                 f"{name} with static data {sb}",
                 f"{name} keeps that data in its tree structure (pytree aux data, not "
-                "leaves), so a new value means a new compile" + _closure_hint(da[1], db[1]),
+                "leaves), so a new value means a new compile"
+                + _inside(da[1], db[1])
+                + _closure_hint(da[1], db[1]),
             )
         ]
     children_a = jax.tree_util.tree_flatten_with_path(a, is_leaf=lambda x: x is not a)[0]
@@ -466,6 +468,74 @@ def _pair(a: Any, b: Any) -> tuple[str, str]:
     if sa == sb or sa.endswith("...") or sb.endswith("..."):
         return f"{type(a).__name__} (object id {id(a):#x})", f"{type(b).__name__} (object id {id(b):#x})"
     return sa, sb
+
+
+def _inside(a: Any, b: Any) -> str:
+    """``; it differs at .x: 1 vs 2`` for two unequal objects, attribute by attribute."""
+    found = differences(a, b)
+    if not found:
+        return ""
+    return "; it differs at " + "; ".join(found)
+
+
+def differences(a: Any, b: Any, limit: int = 5) -> list[str]:
+    """Where two unequal values differ, as ``path: a vs b`` (at most ``limit``).
+
+    Walks dataclass fields, NamedTuples, tuples, lists, dicts and object
+    attributes (``vars()``) to the first unequal values, as a static
+    object's diff (an ``nnx.GraphDef`` after ``model.eval()``) needs. Arrays
+    are shown by their spec, never read.
+    """
+    out: list[str] = []
+    _walk(a, b, "", 8, out, limit)
+    return out
+
+
+def _walk(a: Any, b: Any, path: str, depth: int, out: list[str], limit: int) -> None:
+    if len(out) >= limit or a is b:
+        return
+    here = path or "(the value)"
+    arrays = (jax.Array, np.ndarray)
+    if isinstance(a, arrays) or isinstance(b, arrays):  # never compared by value: that reads them
+        out.append(f"{here}: {_shown(a)} vs {_shown(b)} (another array object)")
+        return
+    if _static_equal(a, b):
+        return
+    if depth == 0 or type(a) is not type(b):
+        out.append(f"{here}: {_shown(a)} vs {_shown(b)}")
+        return
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        items = [(f".{f.name}", getattr(a, f.name, None), getattr(b, f.name, None)) for f in dataclasses.fields(a)]
+    elif isinstance(a, tuple) and hasattr(a, "_fields"):  # a NamedTuple
+        items = [(f".{n}", x, y) for n, x, y in zip(a._fields, a, b)]
+    elif isinstance(a, (tuple, list)):
+        if len(a) != len(b):
+            out.append(f"{here}: {len(a)} items vs {len(b)}")
+            return
+        items = [(f"[{i}]", x, y) for i, (x, y) in enumerate(zip(a, b))]
+    elif isinstance(a, Mapping):
+        if set(a) != set(b):
+            out.append(f"{here}: keys {sorted(map(str, a))} vs {sorted(map(str, b))}")
+            return
+        items = [(f"[{k!r}]", a[k], b[k]) for k in a]
+    elif isinstance(getattr(a, "__dict__", None), dict) and not callable(a):
+        keys = sorted(set(vars(a)) | set(vars(b)))
+        items = [(f".{k}", vars(a).get(k), vars(b).get(k)) for k in keys]
+    else:
+        out.append(f"{here}: {_shown(a)} vs {_shown(b)}")
+        return
+    for sub, x, y in items:
+        _walk(x, y, path + sub, depth - 1, out, limit)
+
+
+def _shown(value: Any) -> str:
+    """A short text for a value in a diff: arrays by spec (never read), else repr."""
+    spec = leaf_spec(value) if isinstance(value, (jax.Array, np.ndarray)) else None
+    if spec is not None:
+        return fmt_aval(spec.shape, spec.dtype)
+    if callable(value) and not isinstance(value, type):
+        return f"{getattr(value, '__qualname__', type(value).__name__)} (object id {id(value):#x})"
+    return _short(value, 40)
 
 
 def _has_arrays(x: Any) -> bool:

@@ -762,3 +762,54 @@ def test_host_names_are_checked_against_the_other_options():
         jc.hot_step(_sgd_step, state="params", host=("params",))
     with pytest.raises(jc.DefinitionError, match="unknown parameter"):
         jc.hot_step(_sgd_step, state="params", host="batches")
+
+
+def test_a_changed_static_object_is_shown_attribute_by_attribute():
+    class Graph:  # an opaque, hashable static object, as nnx.GraphDef is
+        def __init__(self, layers, deterministic):
+            self.layers, self.deterministic = layers, deterministic
+
+        def __eq__(self, other):
+            return type(other) is Graph and vars(self) == vars(other)
+
+        def __hash__(self):
+            return hash((self.layers, self.deterministic))
+
+        def __repr__(self):
+            return f"Graph({'x' * 100})"  # too long to tell two apart
+
+    def forward(graph, params, x):
+        return x @ params["w"] * (1.0 if graph.deterministic else 0.5)
+
+    step = jc.hot_step(forward, state="params", static=("graph",), donate="none")
+    params, x = {"w": jnp.ones((3, 2))}, jnp.ones((4, 3))
+    step(Graph(("linear", "dropout"), False), params, x)
+    with pytest.raises(jc.RecompileError) as info:
+        step(Graph(("linear", "dropout"), True), params, x)
+    assert "it differs at .deterministic: False vs True" in str(info.value)
+
+
+def test_an_nnx_graphdef_after_eval_says_what_changed():
+    nnx = pytest.importorskip("flax.nnx")
+
+    class Model(nnx.Module):
+        def __init__(self, rngs):
+            self.linear = nnx.Linear(3, 2, rngs=rngs)
+            self.drop = nnx.Dropout(0.5, rngs=rngs)
+
+        def __call__(self, x):
+            return self.drop(self.linear(x))
+
+    model = Model(nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+
+    def forward(graphdef, state, x):
+        return nnx.merge(graphdef, state)(x)
+
+    step = jc.hot_step(forward, state="state", static=("graphdef",), donate="none")
+    x = jnp.ones((4, 3))
+    step(graphdef, state, x)
+    model.eval()
+    graphdef2, state2 = nnx.split(model)
+    with pytest.raises(jc.RecompileError, match=r"it differs at \S+: False vs True"):
+        step(graphdef2, state2, x)
