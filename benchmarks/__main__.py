@@ -39,6 +39,7 @@ BENCHMARKS = {
     "memory": "benchmarks.memory",
     "compile": "benchmarks.compile",
     "state": "benchmarks.construction",
+    "ports": "benchmarks.ports",
 }
 
 

@@ -183,8 +183,13 @@ def _off(ctx: _Context) -> Callable[..., Any]:
     Keyword arguments and omitted defaults are bound to positions (the
     executable takes positional arguments only) once the executable has
     refused the call, so a call with every argument by position pays nothing.
+    Declared host data (``host=``) is a declared transfer at every level: the
+    call runs with the thread's host-to-device guard at ``allow`` (a hot loop
+    at ``off`` still engages JAX's own guard).
     """
     compiled, slow_call, in_treedef = ctx.compiled, ctx.slow_call, ctx.cs.in_treedef
+    if ctx.cs.host:
+        compiled = allow_host_to_device(compiled)
     # "no trace is active": JAX's is_top_level() read inline (see top_level_refs)
     tref, ev, aref, top = top_level_refs()
     n_params, normalize = ctx.n_params, ctx.normalize

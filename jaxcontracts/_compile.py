@@ -98,7 +98,9 @@ def jit_for(
     per_arg: dict[int, list[bool]] = {}
     for i, p in enumerate(paths):
         per_arg.setdefault(p[0].idx, []).append(i in donated)
-    flat_style = any(any(v) and not all(v) for v in per_arg.values())
+    flat_style = any(any(v) and not all(v) for v in per_arg.values()) or _flatten_in_python(
+        positional, treedef
+    )
     positional_fn = derive_out_shardings(sig, sig.positional, paths, specs)
     if flat_style:
 
@@ -113,6 +115,33 @@ def jit_for(
         jitted = jax.jit(positional_fn, donate_argnums=argnums, keep_unused=True)
         spec_args = tuple(jax.tree_util.tree_unflatten(treedef, specs))
     return jitted, spec_args, treedef, donated, flat_style, sig
+
+
+_BUILTIN_NODES = (dict, list, tuple, type(None))
+
+
+def _flatten_in_python(positional: tuple[Any, ...], treedef: Any) -> bool:
+    """Whether the arguments hold pytree nodes flattened by Python callbacks
+    (flax's nnx.Variable and struct dataclasses, equinox Modules...) and no
+    sealed jc.state (whose provenance tokens need the structured call).
+
+    Such arguments cost a Python call per node each time they are flattened:
+    the call path flattens them once to check them, and a structured call
+    would make the executable flatten them again. Compiled over the flat
+    leaves, the call passes those leaves (flattening a tuple of arrays is free).
+    """
+    if any(is_sealed_state(arg) for arg in positional):
+        return False
+    pending = [treedef]
+    while pending:
+        node = pending.pop()
+        data = node.node_data()
+        if data is not None:
+            kind = data[0]
+            if kind not in _BUILTIN_NODES and not (issubclass(kind, tuple) and hasattr(kind, "_fields")):
+                return True
+        pending.extend(node.children())
+    return False
 
 
 def _spread(sharding: Any) -> bool:

@@ -26,6 +26,7 @@ EXPECTED = {
     "memory": ("hot_step full", 1),
     "compile": ("hot_step.compile(spec)", 1),
     "state": ("s.replace(x0=...)", 2),  # --quick: 10 fields only (100 in a full run)
+    "ports": ("port full", 1),
 }
 PEERS = ("eqx.filter_jit(donate=all)", "jax.jit(chex.assert_max_traces)", "jaxtyped(beartype)(jax.jit)")
 
