@@ -185,7 +185,7 @@ def test_a_warmup_loop_lets_the_first_pass_compile_and_lists_it():
             sums.append(total(p.pos))  # so does the jit helper
             for _row in p.pos:  # iterating an array compiles unstack: eager glue
                 pass
-    names = [w.what for w in loop.warmup_compiles]
+    names = [w.what.lstrip("_") for w in loop.warmup_compiles]  # jax 0.10.0 names it _unstack
     assert names == ["advance_fn", "<lambda>", "unstack"]
     assert all(w.iteration == 0 and "test_compiles.py:" in w.where for w in loop.warmup_compiles)
     assert step.stats.compiles == 1 and loop.iterations == 4 and not loop.violations
