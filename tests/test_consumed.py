@@ -183,8 +183,7 @@ def test_the_base_class_form_is_marked_the_same_way():
     class_step(c)
     with pytest.raises(jc.DonationError, match=r"ClassForm\.v: f32\[2\] was donated to class_step"):
         c.v  # noqa: B018
-    made = class_step(ClassForm(v=jnp.zeros(2)))  # not inside the assert: pytest's
-    assert type(made) is ClassForm  # assertion rewriting holds inline values (a kept leaf)
+    assert type(class_step(ClassForm(v=jnp.zeros(2)))) is ClassForm
 
 
 def test_the_mark_costs_one_class_per_state_class_and_step():
@@ -370,3 +369,11 @@ def test_a_loop_exit_leaves_no_local_alive():
     shared = old.replace(y=old.y * 2)  # a new state sharing .x with `old`
     del old, s  # before the fix, the exit's snapshot still held the old state
     step(shared)  # nothing holds .x besides `shared`: runs
+
+
+def test_pytests_assertion_temporaries_are_not_a_kept_reference():
+    # pytest's rewritten assert keeps each subexpression's value for its
+    # message: the inline jnp.zeros(2) below is held by `@py_assert` locals.
+    s = step(S(x=jnp.zeros(3), y=jnp.ones(3)))
+    assert step(S(x=jnp.zeros(3) + s.scale, y=jnp.ones(3))).x.shape == (3,)
+    assert type(class_step(ClassForm(v=jnp.zeros(2)))) is ClassForm

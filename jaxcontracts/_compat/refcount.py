@@ -83,10 +83,13 @@ def confirmed(leaves: Sequence[Any], positions: Sequence[int], sequences: int = 
     a stale traceback costs this once.
     """
     on_stack: set[int] = set()
+    stack: list[types.FrameType] = []
     frame: types.FrameType | None = sys._getframe(0)
     while frame is not None:
         on_stack.add(id(frame))
+        stack.append(frame)
         frame = frame.f_back
+    del frame
     kept = []
     for i in positions:
         x = leaves[i]
@@ -96,6 +99,8 @@ def confirmed(leaves: Sequence[Any], positions: Sequence[int], sequences: int = 
         dead, r = 0, None
         for r in referrers:  # a loop, not a generator: a generator would be a referrer
             dead += _held_by_dead_frames(r, on_stack, {id(referrers)}, 4)
+        for running in stack[2:]:  # the callers (a running frame's locals are invisible to gc)
+            dead += _assert_temporaries(running, x)
         del referrers, r, x
         if extra > dead:
             kept.append(i)
@@ -106,6 +111,7 @@ def _held_by_dead_frames(obj: Any, on_stack: set[int], ignore: set[int], depth: 
     """Whether ``obj`` is a frame off the stack, or a container only such frames hold."""
     if isinstance(obj, types.FrameType):
         return id(obj) not in on_stack
+
     if depth == 0 or type(obj) not in (tuple, list, dict, types.CellType):
         return False
     referrers = gc.get_referrers(obj)
@@ -118,3 +124,18 @@ def _held_by_dead_frames(obj: Any, on_stack: set[int], ignore: set[int], depth: 
             return False
         found = True
     return found
+
+
+
+def _assert_temporaries(frame: types.FrameType, x: Any) -> int:
+    """How many of a running frame's references to ``x`` are pytest's
+    assertion temporaries (``@py_assert1``...): a rewritten ``assert`` keeps
+    the values of its subexpressions for its failure message, not the test."""
+    try:
+        snapshot = frame.f_locals
+    except Exception:  # noqa: BLE001 - a frame without readable locals
+        return 0
+    names = [k for k, v in list(snapshot.items()) if v is x]
+    if sys.version_info < (3, 13) and type(snapshot) is dict and frame.f_code.co_flags & 0x0001:
+        snapshot.clear()  # as _compat.frames.locals_of: leave nothing alive behind
+    return sum(1 for k in names if isinstance(k, str) and k.startswith("@py_assert"))
