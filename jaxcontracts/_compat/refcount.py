@@ -108,12 +108,14 @@ def confirmed(leaves: Sequence[Any], positions: Sequence[int], sequences: int = 
 
 
 def _held_by_dead_frames(obj: Any, on_stack: set[int], ignore: set[int], depth: int) -> bool:
-    """Whether ``obj`` is a frame off the stack, or a container only such frames hold."""
+    """Whether ``obj`` is a frame off the stack, or held (through at most
+    ``depth`` objects: containers, cells, a helper object a frame owned) only
+    by such frames."""
     if isinstance(obj, types.FrameType):
         return id(obj) not in on_stack
 
-    if depth == 0 or type(obj) not in (tuple, list, dict, types.CellType):
-        return False
+    if depth == 0 or isinstance(obj, (types.ModuleType, type, types.FunctionType)):
+        return False  # a module, a class or a function is alive for good
     referrers = gc.get_referrers(obj)
     inner = ignore | {id(referrers)}
     found = False
