@@ -9,11 +9,15 @@ typed key, which local was donated and to what) and the fix.
 
 from __future__ import annotations
 
+import linecache
+import re
+import types
 from typing import Any
 
 import jax
 
 from ._compat import frames, runtime_errors
+from ._donation import is_deleted_array
 from ._errors import DonationError, TransferError
 from ._format import fmt_aval
 from ._runtime import consumed_by
@@ -79,36 +83,53 @@ def _in_device_get(tb: Any) -> bool:
 
 
 def _donated_names(tb: Any) -> str:
-    """Which local arrays of the user's failing frame were donated, and to what.
+    """Which arrays the user's failing frame refers to were donated, and to what.
 
     JAX refuses a deleted buffer in C++ and names only an argument number;
-    the user's frame still holds the array. Reads no device memory.
+    the user's frame still holds the array, directly (``x``) or inside a
+    state it holds (``old.position`` of a NamedTuple, ``state.params['w']``).
+    Reads no device memory.
     """
-    frame = None
+    frame, lineno = None, 0
     while tb is not None:
         if not is_library(tb.tb_frame.f_code.co_filename):
-            frame = tb.tb_frame
+            frame, lineno = tb.tb_frame, tb.tb_lineno  # the line that failed, not where it is now
         tb = tb.tb_next
     if frame is None:
         return ""
-    named = []
+    named: list[str] = []
     code = frame.f_code
     scope = {**frame.f_globals, **frames.locals_of(frame)}
-    names = dict.fromkeys((*code.co_varnames, *code.co_freevars, *code.co_cellvars, *code.co_names))
-    for name in list(names)[:200]:  # the names this code refers to
-        value = scope.get(name)
-        if isinstance(value, jax.Array) and not isinstance(value, jax.core.Tracer):
-            try:
-                deleted = value.is_deleted()
-            except Exception:  # noqa: BLE001
-                continue
-            if deleted:
-                by = consumed_by(value, frame)
+    names = list(dict.fromkeys((*code.co_varnames, *code.co_freevars, *code.co_cellvars, *code.co_names)))
+    line = linecache.getline(code.co_filename, lineno)
+    names.sort(key=lambda n: re.search(rf"\b{re.escape(n)}\b", line) is None)  # the failing line's first
+    for name in names[:200]:  # the names this code refers to
+        for path, x in _arrays_in(scope.get(name)):
+            if is_deleted_array(x):
+                by = consumed_by(x, frame)
                 named.append(
-                    f"`{name}` ({fmt_aval(value.shape, value.dtype)}) was donated"
-                    + (f" to {by}" if by else "")
+                    f"`{name}{path}` ({fmt_aval(x.shape, x.dtype)}) was donated" + (f" to {by}" if by else "")
                 )
+                if len(named) == 5:
+                    return "; ".join(named)
     return "; ".join(named)
+
+
+def _arrays_in(value: Any) -> list[tuple[str, Any]]:
+    """(path, array) for an array, or the arrays of a container (a state), bounded."""
+    if isinstance(value, jax.Array):
+        return [] if isinstance(value, jax.core.Tracer) else [("", value)]
+    if value is None or isinstance(value, (str, bytes, int, float, complex, bool, type, types.ModuleType)) or callable(value):
+        return []
+    try:
+        leaves = jax.tree_util.tree_flatten_with_path(value)[0]
+    except Exception:  # noqa: BLE001 - not a pytree we can flatten: nothing to name
+        return []
+    return [
+        (jax.tree_util.keystr(p), x)
+        for p, x in leaves[:1000]
+        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+    ]
 
 
 def translate(exc: BaseException, tb: Any) -> Exception | None:

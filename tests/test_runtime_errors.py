@@ -97,3 +97,28 @@ def test_a_user_error_that_quotes_a_guard_message_is_left_alone(error):
         with jc.hot_loop():
             raise error(text)
     assert type(info.value) is error and str(info.value) == text
+
+
+def test_a_donated_leaf_of_a_foreign_state_is_named_by_its_path_and_step():
+    # A NamedTuple state (blackjax's shape) read after donation inside a loop:
+    # the message names the path inside the state the frame holds, and the step.
+    import typing
+
+    class State(typing.NamedTuple):
+        position: jax.Array
+        logdensity: jax.Array
+
+    def kernel(key, state):
+        return State(state.position + 1, state.logdensity), {"accepted": jnp.bool_(True)}
+
+    step = jc.hot_step(kernel, state="state")
+    key, state = jax.random.key(0), State(jnp.zeros(2), jnp.zeros(()))
+    state, _ = step(key, state)
+    double = jax.jit(lambda a: a * 2)
+    double(state.position)
+    with pytest.raises(jc.DonationError) as e, jc.hot_loop():
+        old = state
+        state, _ = step(key, state)
+        double(old.position)
+    text = str(e.value)
+    assert text.startswith("use of a donated array inside jc.hot_loop: `old.position` (f32[2]) was donated to kernel")
