@@ -35,6 +35,7 @@ if TYPE_CHECKING:
     from ._check import check as check
     from ._compat import Capability as Capability
     from ._compat import capabilities as capabilities
+    from ._decorator import hot_step as hot_step
     from ._fetch import fetch as fetch
     from ._fields import static as static
     from ._foreign import Change as Change
@@ -43,7 +44,6 @@ if TYPE_CHECKING:
     from ._guard import HotLoop as HotLoop
     from ._guard import hot_loop as hot_loop
     from ._hot_step import HotStep as HotStep
-    from ._hot_step import hot_step as hot_step
     from ._recorder import snapshot as snapshot
     from ._records import CompiledSignature as CompiledSignature
     from ._records import LeafRecord as LeafRecord
@@ -71,7 +71,7 @@ _EXPORTS = {
     "fetch": "_fetch",
     "hot_loop": "_guard",
     "HotStep": "_hot_step",
-    "hot_step": "_hot_step",
+    "hot_step": "_decorator",
     "CompiledSignature": "_records",
     "LeafRecord": "_records",
     "StepDescription": "_records",

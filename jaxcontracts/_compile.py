@@ -25,6 +25,7 @@ import jax
 from ._compat import events
 from ._compat.executable import alias_bytes, aliased_parameters
 from ._compat.tracing import flatten
+from ._diffs import LeafDiff, diff_leaves, diff_lines, diff_specs
 from ._dtypes import canonical
 from ._errors import NOTHING_RAN, DonationError, RecompileError, TransferError
 from ._fields import is_sealed_state
@@ -32,7 +33,7 @@ from ._format import fmt_aval
 from ._records import CompiledSignature, LeafRecord
 from ._runtime import compiling
 from ._signature import StepSignature
-from ._spec import LeafDiff, diff_leaves, diff_lines, diff_specs, leaf_spec, spec_nbytes
+from ._spec import leaf_spec, spec_nbytes
 
 __all__ = [
     "compile_signature",

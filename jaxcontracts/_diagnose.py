@@ -14,13 +14,14 @@ from typing import Any
 import jax
 
 from ._compat.hostcopy import pins_host_views
+from ._diffs import diff_lines, diff_specs
 from ._donation import is_deleted_array
 from ._errors import INPUTS_INTACT, DefinitionError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval
 from ._records import CompiledSignature
 from ._runtime import consumed_by, in_hot_loop
 from ._signature import StepSignature
-from ._spec import diff_lines, diff_specs, fmt_value
+from ._spec import fmt_value
 
 __all__ = [
     "api_misuse_error",

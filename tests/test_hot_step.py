@@ -10,7 +10,7 @@ from helpers import Counter, Particles, advance_fn, alive, all_deleted, make_par
 from jaxtyping import Array, Float32, PyTree
 
 import jaxcontracts as jc
-from jaxcontracts import _callpath
+from jaxcontracts import _callctx, _callpath, _provenance
 
 
 def make_advance(**kw):
@@ -625,7 +625,8 @@ def test_token_path_still_catches_every_hazard(monkeypatch):
     # and the token path really is taken: no flatten of the state per call
     calls = []
     real = _callpath.flatten
-    monkeypatch.setattr(_callpath, "flatten", lambda x: calls.append(1) or real(x))
+    for module in (_callpath, _provenance, _callctx):  # every module of the call paths
+        monkeypatch.setattr(module, "flatten", lambda x: calls.append(1) or real(x))
     fresh = make_advance()
     fresh(make_particles())  # compiles: closures bind the patched flatten
     s2 = fresh(make_particles())

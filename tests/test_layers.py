@@ -56,32 +56,37 @@ LAYERS: dict[str, int] = {
     "_translate": 5,  # JAX runtime errors leaving a loop -> contract errors
     # states: fields -> validation / consumed classes -> spec()/zeros() -> the decorator
     "_fields": 6,
+    "_diffs": 6,  # how specs differ, for messages
     "_validate": 7,
     "_consumed": 7,
     "_construct": 8,
     "_state": 9,
     # the compiled signature -> the call path -> the step
     "_signature": 10,
+    "_analyse": 11,  # the decorator's options and the function -> StepSignature
     "_compile": 11,
-    "_callpath": 12,
+    "_callctx": 12,  # what the per-call closures share: context, tail, kept check
     "_diagnose": 12,
-    "_hot_step": 13,
+    "_provenance": 13,  # the token fast paths
+    "_callpath": 14,
+    "_hot_step": 15,
+    "_decorator": 16,  # @jc.hot_step
     # the loop guard, then what uses everything
-    "_guard": 14,
-    "_check": 15,
-    "_info": 15,
-    "_recorder": 15,  # jc.snapshot and the plugin's Recorder
+    "_guard": 16,
+    "_check": 17,
+    "_info": 17,
+    "_recorder": 17,  # jc.snapshot and the plugin's Recorder
     "_snapshot": 5,  # a snapshot record, its text and its diff
     "_snapshot_file": 6,  # snapshot files: render and parse
     # public API users: may import the package itself (its lazy __init__)
-    "_pytest_plugin": 16,
-    "demo.simulation": 16,
-    "demo.regressions": 17,
-    "demo.cli": 18,
-    "demo": 19,
-    "__main__": 20,
+    "_pytest_plugin": 18,
+    "demo.simulation": 18,
+    "demo.regressions": 19,
+    "demo.cli": 20,
+    "demo": 21,
+    "__main__": 22,
 }
-PUBLIC_API_USERS = 16  # from this layer up, `import jaxcontracts` is allowed
+PUBLIC_API_USERS = 18  # from this layer up, `import jaxcontracts` is allowed
 
 
 def _modules() -> dict[str, pathlib.Path]:

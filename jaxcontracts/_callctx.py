@@ -1,0 +1,231 @@
+"""What every per-call closure of a compiled signature shares.
+
+The step protocol the closures read (:class:`DispatchingStep`), the context
+they are built from (:class:`CallContext`, read once, at build), the one
+after-dispatch tail (:func:`make_tail`: stamp the provenance tokens, check
+consumption, mark the donated states, count, record for loops), the kept-leaf
+check (:class:`KeptPlan`) and the leaf readers. The closures themselves are
+in ``_callpath`` (by checks level) and ``_provenance`` (states a step returned).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import jax
+
+from ._compat import refcount
+from ._compat.arrays import ArrayImpl
+from ._compat.tracing import flatten
+from ._dtypes import is_key
+from ._fields import dict_getter, flat_field_names
+from ._marks import TOKEN
+from ._records import CompiledSignature, StepStats
+from ._runtime import tracking
+from ._signature import StepSignature
+from ._steps import HOOK_EVERY, LiveStep
+
+__all__ = [
+    "CallContext",
+    "DispatchingStep",
+    "KeptPlan",
+    "first_leaf_of",
+    "is_deleted_for",
+    "kept_plan",
+    "leaves_of",
+    "make_tail",
+]
+
+
+class DispatchingStep(LiveStep, Protocol):
+    """What a call path needs of its step (``jc.HotStep`` is one)."""
+
+    @property
+    def definition(self) -> StepSignature:
+        """What the decorator learnt of the function (``_signature.analyse``)."""
+        ...
+
+    def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
+        """Everything a closure does not handle (diagnosis, a new compile, traces)."""
+
+    def not_consumed(self, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> BaseException | None:
+        """The error for donated buffers XLA copied (``None``: a recording loop took it)."""
+
+    def kept_error(self, cs: CompiledSignature, kept: Sequence[int]) -> BaseException:
+        """The refusal of a call whose donated leaves (flat indices) are held elsewhere."""
+
+    def redispatching(self) -> bool:
+        """Whether this thread is inside the slow path's re-dispatch of a call
+        (whose frames hold the call's leaves: their counts say nothing)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CallContext:
+    """What every closure of one compiled signature needs (read once, at build)."""
+
+    cs: CompiledSignature
+    compiled: Callable[..., Any]  # the executable's C++ call
+    full: bool
+    step: DispatchingStep
+    name: str
+    n_params: int
+    slow_call: Callable[[tuple[Any, ...], dict[str, Any], BaseException | None], Any]
+    stats: StepStats
+    not_consumed: Callable[[CompiledSignature, Sequence[Any], Any], BaseException | None]
+    marks: tuple[tuple[int, type, type], ...]  # (state parameter, its class, consumed class)
+    normalize: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
+    # At full (with the kept-references capability): refuse a donated leaf
+    # held elsewhere. None: not checked.
+    kept: Callable[[Sequence[int]], BaseException] | None = None
+
+
+def _stamper(out_tokens: tuple[tuple[tuple[int, ...], object], ...]) -> Callable[[Any], None]:
+    """Stamp each returned state with the provenance token of its spec."""
+    key = TOKEN
+    if len(out_tokens) == 1 and out_tokens[0][0] == ():
+        token_out = out_tokens[0][1]
+
+        def stamp_one(out: Any) -> None:  # the common `s = step(s)`
+            out.__dict__[key] = token_out
+
+        return stamp_one
+
+    def stamp(out: Any) -> None:
+        for pos, token in out_tokens:
+            obj = out
+            for k in pos:
+                obj = obj[k]
+            obj.__dict__[key] = token
+
+    return stamp
+
+
+def make_tail(ctx: CallContext, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any, ...], Any, Any], Any]:
+    """The one after-dispatch tail: stamp, check consumption, mark, count, tell loops.
+
+    Args:
+        consumed: tells, from the closure's own view of the arguments (flat
+            leaves or the arguments), whether every donated buffer was used.
+    """
+    out_tokens = ctx.cs.out_tokens
+    # The common `s = step(s)` stamps one token on the output itself, inline.
+    single = len(out_tokens) == 1 and out_tokens[0][0] == ()
+    token_out = out_tokens[0][1] if single else None
+    stamp = _stamper(out_tokens)
+    key = TOKEN
+    full, stats, cs, not_consumed = ctx.full, ctx.stats, ctx.cs, ctx.not_consumed
+    step, record = ctx.step, ctx.step.last_call
+    marks = ctx.marks
+    mark_one = marks[0] if len(marks) == 1 else None
+    set_class = object.__setattr__  # the states are frozen dataclasses
+    every = HOOK_EVERY
+
+    def tail(args: tuple[Any, ...], src: Any, out: Any) -> Any:
+        if single:
+            out.__dict__[key] = token_out
+        else:
+            stamp(out)
+        if full and not consumed(src):
+            err = not_consumed(cs, flatten(args)[0], out)
+            if err is not None:  # None: a recording loop took it as a violation
+                raise err
+        if mark_one is not None:  # the donated state names its consumer
+            i, cls, consumed_cls = mark_one
+            if type(args[i]) is cls:
+                set_class(args[i], "__class__", consumed_cls)
+        elif marks:
+            for i, cls, consumed_cls in marks:
+                if type(args[i]) is cls:
+                    set_class(args[i], "__class__", consumed_cls)
+        n = stats.calls = stats.calls + 1
+        if tracking.count:  # a hot_loop is active somewhere: remember for messages
+            record[0] = (args, out)
+            if not n % every:  # a timing loop's sampling hook, one call in `every`
+                hook = step.timing_hook
+                if hook is not None:
+                    hook()
+        return out
+
+    return tail
+
+
+@dataclasses.dataclass(frozen=True)
+class KeptPlan:
+    """At ``full``: how a closure tells, before dispatch, that a donated leaf is
+    held by something besides its state (a kept sample, a variable, a numpy
+    view), and the refusal then.
+
+    The closure counts references inline, in one C loop:
+    ``max(map(getrefcount, pick(leaves))) > limit`` over a fresh sequence of
+    the watched leaves (``pick`` None: the closure's own flat leaves, all
+    watched); :meth:`refuse` confirms (references only a saved traceback
+    holds do not count) and builds the error, which the slow path raises once
+    it has ruled out a wrong signature. A donated argument that is an array
+    itself is not watched: the caller's own variable holds it, as it should.
+    """
+
+    watched: tuple[int, ...]  # flat leaf indices
+    pick: Callable[[Sequence[Any]], Sequence[Any]] | None
+    limit: int
+    error: Callable[[Sequence[int]], BaseException]
+    redispatching: Callable[[], bool]
+
+    def refuse(self, seq: Sequence[Any], sequences: int) -> BaseException | None:
+        if self.redispatching():  # the slow path's frames hold the leaves too
+            return None
+        kept = refcount.confirmed(seq, refcount.kept_positions(seq, sequences), sequences)
+        return self.error([self.watched[i] for i in kept]) if kept else None
+
+
+def kept_plan(ctx: CallContext) -> KeptPlan | None:
+    """The kept-leaf check of a closure over the flat leaves (None: not checked)."""
+    if ctx.kept is None:
+        return None
+    cs = ctx.cs
+    whole: set[int] = set()
+    start = 0
+    for spec in cs.spec_args:
+        n = len(jax.tree_util.tree_leaves(spec))
+        if jax.tree_util.tree_structure(spec).num_nodes == 1:  # the argument is one array
+            whole.update(range(start, start + n))
+        start += n
+    watched = tuple(i for i in cs.donated if i not in whole)
+    if not watched:
+        return None
+    if len(watched) == len(cs.leaves):  # all of them: the flat leaves themselves
+        pick, sequences = None, 1
+    elif len(watched) == 1:
+        only = watched[0]
+        pick, sequences = (lambda leaves: (leaves[only],)), 2
+    else:
+        pick, sequences = operator.itemgetter(*watched), 2
+    return KeptPlan(watched, pick, refcount.BASELINE + sequences - 1, ctx.kept, ctx.step.redispatching)
+
+
+def is_deleted_for(cs: CompiledSignature) -> Callable[[Any], bool]:
+    """``ArrayImpl.is_deleted`` unbound (``map()`` runs it in C), or a method
+    call when the signature has typed PRNG keys (not ``ArrayImpl`` s)."""
+    if any(is_key(leaf.spec.dtype) for leaf in cs.leaves):
+        return operator.methodcaller("is_deleted")
+    return ArrayImpl.is_deleted  # type: ignore[no-any-return]
+
+
+def leaves_of(cls: type) -> Callable[[Any], Sequence[Any]]:
+    """The leaves of a state instance: ``__dict__`` reads for a flat class
+    (never attribute reads: a consumed state's fields raise when read)."""
+    names = flat_field_names(cls)
+    if not names:
+        return lambda x: flatten(x)[0]
+    return dict_getter(names)
+
+
+def first_leaf_of(cls: type) -> Callable[[Any], Any]:
+    """The first leaf of a state instance: one ``__dict__`` read for a flat class."""
+    names = flat_field_names(cls)
+    if names:
+        first = names[0]
+        return lambda x: x.__dict__[first]
+    return lambda x: flatten(x)[0][0]
