@@ -54,9 +54,6 @@ class DispatchingStep(LiveStep, Protocol):
     def not_consumed(self, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> BaseException | None:
         """The error for donated buffers XLA copied (``None``: a recording loop took it)."""
 
-    def kept_error(self, cs: CompiledSignature, kept: Sequence[int]) -> BaseException:
-        """The refusal of a call whose donated leaves (flat indices) are held elsewhere."""
-
     def redispatching(self) -> bool:
         """Whether this thread is inside the slow path's re-dispatch of a call
         (whose frames hold the call's leaves: their counts say nothing)."""
@@ -158,12 +155,13 @@ class KeptPlan:
     held by something besides its state (a kept sample, a variable, a numpy
     view), and the refusal then.
 
-    The closure counts references inline, in one C loop:
-    ``max(map(getrefcount, pick(leaves))) > limit`` over a fresh sequence of
+    :meth:`refused` counts references in one C loop,
+    ``max(map(getrefcount, pick(leaves))) > limit``, over a fresh sequence of
     the watched leaves (``pick`` None: the closure's own flat leaves, all
-    watched); :meth:`refuse` confirms (references only a saved traceback
-    holds do not count) and builds the error, which the slow path raises once
-    it has ruled out a wrong signature. A donated argument that is an array
+    watched); only on a hit it confirms (references only a saved traceback or
+    pytest's assert rewriting hold do not count) and builds the error, which
+    the slow path raises once it has ruled out a wrong signature. The
+    ``s = step(s)`` path counts inline and calls :meth:`refuse` on a hit. A donated argument that is an array
     itself is not watched: the caller's own variable holds it, as it should.
     """
 
@@ -173,7 +171,15 @@ class KeptPlan:
     error: Callable[[Sequence[int]], BaseException]
     redispatching: Callable[[], bool]
 
+    def refused(self, leaves: Sequence[Any]) -> BaseException | None:
+        """The refusal for these flat leaves (a fresh sequence), or None."""
+        seq = leaves if self.pick is None else self.pick(leaves)
+        if max(map(refcount.count, seq)) <= self.limit:
+            return None
+        return self.refuse(seq, 1 if self.pick is None else 2)
+
     def refuse(self, seq: Sequence[Any], sequences: int) -> BaseException | None:
+        """After a hit: the error, unless every extra reference is harmless."""
         if self.redispatching():  # the slow path's frames hold the leaves too
             return None
         kept = refcount.confirmed(seq, refcount.kept_positions(seq, sequences), sequences)

@@ -37,6 +37,7 @@ from ._compat.arrays import ArrayImpl, KeyArray
 from ._compat.threadguard import allow_host_to_device
 from ._compat.tracing import cpp_call, flatten, top_level_refs
 from ._consumed import consumed_class
+from ._diagnose import kept_leaves_error
 from ._diffs import same_placement
 from ._donation import find_hazards
 from ._fields import is_state
@@ -69,7 +70,7 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
         not_consumed=step.not_consumed,
         marks=_consumed_marks(cs, sig.state_params, step.short_name),
         normalize=sig.normalize,
-        kept=(lambda kept: step.kept_error(cs, kept))
+        kept=(lambda kept: kept_leaves_error(sig, cs, kept))
         if level == "full" and cs.donated and refcount.available()
         else None,
     )
@@ -210,8 +211,6 @@ def _checked(ctx: CallContext) -> Callable[..., Any]:
 
     tail = make_tail(ctx, leaves_consumed)
     kept = kept_plan(ctx)
-    count = refcount.count
-    kept_pick, kept_limit = (kept.pick, kept.limit) if kept is not None else (None, 0)
 
     def checked(*args: Any, **kwargs: Any) -> Any:
         leaves, treedef = flatten(args)
@@ -240,13 +239,9 @@ def _checked(ctx: CallContext) -> Callable[..., Any]:
             # an ExecutePrepare error line on stderr (fast leaves that to XLA)
             return slow_call(args, kwargs, None)
         if kept is not None:
-            seq = leaves if kept_pick is None else kept_pick(leaves)
-            if max(map(count, seq)) > kept_limit:
-                refused = kept.refuse(seq, 1 if kept_pick is None else 2)
-                if refused is not None:
-                    del seq
-                    return slow_call(args, kwargs, refused)
-            del seq
+            refused = kept.refused(leaves)
+            if refused is not None:
+                return slow_call(args, kwargs, refused)
         try:
             out = compiled(*leaves) if flat_style else compiled(*args)
         except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
@@ -281,8 +276,6 @@ def _checked_host(ctx: CallContext) -> Callable[..., Any]:
 
     tail = make_tail(ctx, leaves_consumed)
     kept = kept_plan(ctx)
-    count = refcount.count
-    kept_pick, kept_limit = (kept.pick, kept.limit) if kept is not None else (None, 0)
 
     def checked_host(*args: Any, **kwargs: Any) -> Any:
         leaves, treedef = flatten(args)
@@ -304,13 +297,9 @@ def _checked_host(ctx: CallContext) -> Callable[..., Any]:
         ):
             return slow_call(args, kwargs, None)
         if kept is not None:
-            seq = leaves if kept_pick is None else kept_pick(leaves)
-            if max(map(count, seq)) > kept_limit:
-                refused = kept.refuse(seq, 1 if kept_pick is None else 2)
-                if refused is not None:
-                    del seq
-                    return slow_call(args, kwargs, refused)
-            del seq
+            refused = kept.refused(leaves)
+            if refused is not None:
+                return slow_call(args, kwargs, refused)
         call = allowing if transfers and tracking.count else compiled
         try:
             out = call(*leaves) if flat_style else call(*args)

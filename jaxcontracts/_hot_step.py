@@ -30,7 +30,6 @@ from ._diagnose import (
     api_misuse_error,
     hazard_error,
     host_leaves_error,
-    kept_leaves_error,
     not_consumed_error,
     run_failed_note,
     signature_error,
@@ -278,8 +277,8 @@ class HotStep(Generic[P, R]):
     def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
         """Everything the call path does not handle; raises before dispatch.
 
-        ``exc``: the executable's error when the call path's call failed.
-        Our own diagnosis replaces it (its text adds nothing), unchained.
+        ``exc``: the executable's error when its call failed (our diagnosis
+        replaces it, unchained), or the call path's own refusal.
         """
         __tracebackhide__ = True
         if exc is None:
@@ -293,12 +292,7 @@ class HotStep(Generic[P, R]):
 
     def redispatching(self) -> bool:
         """Whether this thread is inside the slow path's re-dispatch of a call."""
-        return getattr(self._redispatch, "active", False)
-
-    def kept_error(self, cs: CompiledSignature, kept: Sequence[int]) -> DonationError:
-        """The refusal of a call whose donated leaves (flat indices) are held
-        elsewhere (raised by the slow path once the signature matches)."""
-        return kept_leaves_error(self._sig, cs, kept)
+        return getattr(self._redispatch, "active", False)  # its frames hold the leaves
 
     def not_consumed(self, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> DonationError | None:
         """The error for donated buffers XLA copied; ``None`` once a recording loop took it."""

@@ -110,15 +110,9 @@ def provenance_path(ctx: CallContext, checked: Callable[..., Any]) -> Callable[.
             if full and any(map(is_deleted, leaves)):
                 return slow_call(args, kwargs, None)  # before XLA's error line
         if kept is not None:
-            flat = flatten(args)[0]
-            seq = flat if kept.pick is None else kept.pick(flat)
-            del flat
-            if max(map(refcount.count, seq)) > kept.limit:
-                refused = kept.refuse(seq, 1 if kept.pick is None else 2)
-                if refused is not None:
-                    del seq
-                    return slow_call(args, kwargs, refused)
-            del seq
+            refused = kept.refused(flatten(args)[0])
+            if refused is not None:
+                return slow_call(args, kwargs, refused)
         try:
             out = compiled(*args)
         except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
@@ -188,15 +182,9 @@ def provenance_one_path(
                     return slow_call((s,), {}, refused)
             del seq
         elif kept_of is not None:
-            leaves = kept_of(s)
-            seq = leaves if kept.pick is None else kept.pick(leaves)  # type: ignore[union-attr]
-            del leaves
-            if max(map(count, seq)) > kept.limit:  # type: ignore[union-attr]
-                refused = kept.refuse(seq, 1 if kept.pick is None else 2)  # type: ignore[union-attr]
-                if refused is not None:
-                    del seq
-                    return slow_call((s,), {}, refused)
-            del seq
+            refused = kept.refused(kept_of(s))  # type: ignore[union-attr]
+            if refused is not None:
+                return slow_call((s,), {}, refused)
         try:
             out = compiled(s)
         except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
