@@ -18,6 +18,7 @@ import jax
 
 from ._callctx import (
     CallContext,
+    KeptPlan,
     first_leaf_of,
     is_deleted_for,
     kept_plan,
@@ -29,6 +30,7 @@ from ._compat.arrays import ArrayImpl, KeyArray
 from ._compat.tracing import flatten, top_level_refs
 from ._fields import flat_field_names
 from ._marks import PRODUCED_BY, TOKEN
+from ._records import CompiledSignature
 from ._runtime import tracking
 from ._steps import HOOK_EVERY
 
@@ -54,26 +56,7 @@ def provenance_path(ctx: CallContext, checked: Callable[..., Any]) -> Callable[.
     tref, ev, aref, top = top_level_refs()
     key_array: Any = KeyArray
     is_deleted = is_deleted_for(cs)
-    getters = {arg: leaves_of(type(cs.spec_args[arg])) for arg, _ in in_tokens}
-    donated_getters = tuple((arg, getters[arg]) for arg, _ in in_tokens) if cs.donated else ()
-    first_leaf: Callable[[tuple[Any, ...]], Any] | None = None
-    if donated_getters and jax.tree_util.tree_leaves(cs.spec_args[donated_getters[0][0]]):
-        arg0 = donated_getters[0][0]
-        get_first = first_leaf_of(type(cs.spec_args[arg0]))
-
-        def first_leaf(args: tuple[Any, ...]) -> Any:
-            return get_first(args[arg0])
-
-    if len(donated_getters) == 1:
-        ((arg_d, get_d),) = donated_getters
-
-        def states_consumed(args: tuple[Any, ...]) -> bool:
-            return all(map(is_deleted, get_d(args[arg_d])))
-
-    else:
-
-        def states_consumed(args: tuple[Any, ...]) -> bool:
-            return all(all(map(is_deleted, get(args[arg]))) for arg, get in donated_getters)
+    first_leaf, states_consumed = _donated_state_readers(cs, is_deleted)
 
     if n_params == 1 and len(cs.out_tokens) == 1 and cs.out_tokens[0][0] == ():
         return provenance_one_path(ctx, checked, states_consumed, first_leaf is not None)
@@ -122,6 +105,47 @@ def provenance_path(ctx: CallContext, checked: Callable[..., Any]) -> Callable[.
     return provenance
 
 
+def _donated_state_readers(
+    cs: CompiledSignature, is_deleted: Callable[[Any], bool]
+) -> tuple[Callable[[tuple[Any, ...]], Any] | None, Callable[[tuple[Any, ...]], bool]]:
+    """(the first donated state's first leaf, whether every token state's
+    leaves were consumed), read from the arguments by ``__dict__``."""
+    donated = tuple((arg, leaves_of(type(cs.spec_args[arg]))) for arg, _ in cs.in_tokens) if cs.donated else ()
+    first_leaf: Callable[[tuple[Any, ...]], Any] | None = None
+    if donated and jax.tree_util.tree_leaves(cs.spec_args[donated[0][0]]):
+        arg0, get_first = donated[0][0], first_leaf_of(type(cs.spec_args[donated[0][0]]))
+
+        def first_leaf(args: tuple[Any, ...]) -> Any:
+            return get_first(args[arg0])
+
+    if len(donated) == 1:
+        ((arg_d, get_d),) = donated
+
+        def states_consumed(args: tuple[Any, ...]) -> bool:
+            return all(map(is_deleted, get_d(args[arg_d])))
+
+    else:
+
+        def states_consumed(args: tuple[Any, ...]) -> bool:
+            return all(all(map(is_deleted, get(args[arg]))) for arg, get in donated)
+
+    return first_leaf, states_consumed
+
+
+def _kept_readers(
+    kept: KeptPlan | None, cls: type, names: tuple[str, ...] | None
+) -> tuple[Callable[[Any], Any] | None, Callable[[Any], Any] | None, int]:
+    """For ``s = step(s)``: (a reader of the watched leaves from the state's
+    ``__dict__``, for an inline count; else a reader of the state's leaves
+    for ``KeptPlan.refused``; the count's limit)."""
+    if kept is None:
+        return None, None, 0
+    if names is not None and kept.pick is None:  # a flat class, all donated
+        get = operator.itemgetter(*names) if len(names) > 1 else (lambda d, n=names[0]: (d[n],))
+        return get, None, kept.limit
+    return None, leaves_of(cls), kept.limit
+
+
 def provenance_one_path(
     ctx: CallContext,
     checked: Callable[..., Any],
@@ -151,16 +175,8 @@ def provenance_one_path(
     names = flat_field_names(cls) if donates else None
     first_name = names[0] if names else None
     first_leaf = first_leaf_of(cls) if donates and first_name is None else None
-    kept = kept_plan(ctx)
-    count = refcount.count
-    if kept is not None and names is not None and kept.pick is None:  # a flat class, all donated
-        kept_get = operator.itemgetter(*names) if len(names) > 1 else (lambda d, n=names[0]: (d[n],))
-        kept_of = None  # the sequence comes from the state's __dict__ directly
-    elif kept is not None:
-        kept_get, kept_of = None, leaves_of(cls)
-    else:
-        kept_get = kept_of = None
-    kept_limit = kept.limit if kept is not None else 0
+    kept, count = kept_plan(ctx), refcount.count
+    kept_get, kept_of, kept_limit = _kept_readers(kept, cls, names)
 
     def provenance_one(s: Any = missing, *rest: Any, **kwargs: Any) -> Any:
         if rest or kwargs or s is missing or type(s) is not cls:
