@@ -119,6 +119,8 @@ def make_tail(ctx: CallContext, consumed: Callable[[Any], bool]) -> Callable[[tu
     mark_one = marks[0] if len(marks) == 1 else None
     set_class = object.__setattr__  # the states are frozen dataclasses
     every = HOOK_EVERY
+    whole = _wholly_donated(cs)  # outside loops, what the record keeps: nothing that holds memory
+    keep_all = whole == tuple(range(ctx.n_params))
 
     def tail(args: tuple[Any, ...], src: Any, out: Any) -> Any:
         if single:
@@ -144,9 +146,26 @@ def make_tail(ctx: CallContext, consumed: Callable[[Any], bool]) -> Callable[[tu
                 hook = step.timing_hook
                 if hook is not None:
                     hook()
+        elif keep_all:  # a later read of a consumed leaf names this step (_translate.deleted_read)
+            record[0] = (args, None)
+        elif whole:
+            record[0] = (tuple(args[i] for i in whole), None)
         return out
 
     return tail
+
+
+def _wholly_donated(cs: CompiledSignature) -> tuple[int, ...]:
+    """The parameters every leaf of which is donated: their arguments hold no
+    device memory after the call consumed them."""
+    donated = set(cs.donated)
+    whole, start = [], 0
+    for i, spec in enumerate(cs.spec_args):
+        n = len(jax.tree_util.tree_leaves(spec))
+        if n and all(j in donated for j in range(start, start + n)):
+            whole.append(i)
+        start += n
+    return tuple(whole)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,7 @@ from typing import Any
 import jax
 
 from ._compat import events
+from ._compat.arrays import hook_deleted_reads
 from ._compat.executable import alias_bytes, aliased_parameters
 from ._compat.tracing import flatten
 from ._diffs import LeafDiff, diff_leaves, diff_lines, diff_specs
@@ -34,6 +35,7 @@ from ._records import CompiledSignature, LeafRecord
 from ._runtime import compiling
 from ._signature import StepSignature
 from ._spec import leaf_spec, spec_nbytes
+from ._translate import deleted_read
 
 __all__ = [
     "compile_signature",
@@ -244,6 +246,8 @@ def compile_signature(
     aliased = _check_aliasing(sig, compiled, flat_paths, paths, exact, donated, traced.out_info)
     in_tokens, out_tokens = _tokens_for(sig, per_param, flat_style, tokens)
     donated_set = set(donated)
+    if donated:
+        hook_deleted_reads(deleted_read)  # later reads of what it consumes name the leaf and the step
     host = tuple(i for i, p in enumerate(flat_paths) if p[0].idx in sig.host_params)
     return CompiledSignature(
         spec_args=per_param,

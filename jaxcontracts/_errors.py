@@ -32,6 +32,7 @@ __all__ = [
     "ContractInfo",
     "ContractError",
     "DefinitionError",
+    "DonatedArrayError",
     "DonationError",
     "RecompileError",
     "SpecError",
@@ -144,6 +145,12 @@ class DonationError(ContractError):
     def __init__(self, summary: str, details: Sequence[str] = (), *, result: Any = None, **fields: Any) -> None:
         super().__init__(summary, details, **fields)
         self.result = result
+
+
+class DonatedArrayError(DonationError, RuntimeError):
+    """A donated array used after the call that consumed it, outside a hot
+    loop: still the ``RuntimeError`` JAX raises there, with the leaf and the
+    step named."""
 
 
 class TransferError(ContractError):

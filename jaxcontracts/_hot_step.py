@@ -255,6 +255,11 @@ class HotStep(Generic[P, R]):
         return self._sig.short_name
 
     @property
+    def donates(self) -> bool:
+        """Whether one of its compiled signatures donates buffers (see ``_steps.LiveStep``)."""
+        return any(cs.donated for cs in self._signatures)
+
+    @property
     def definition(self) -> StepSignature:
         """What the decorator learnt of the function: parameters, state, donation."""
         return self._sig

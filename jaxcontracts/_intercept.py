@@ -51,7 +51,7 @@ import jax
 from ._compat import arrays, capability, events, frames, hostcopy
 from ._donation import is_deleted_array
 from ._format import fmt_aval
-from ._runtime import consumed_by, find, local, tracking
+from ._runtime import arrays_named, consumed_by, find, local, tracking
 from ._steps import clear_last_calls
 from ._userline import host_read_on_line, user_frame
 
@@ -106,6 +106,12 @@ def _key_owner() -> Any:
     return None
 
 
+def _named(x: Any, user: Any) -> str:
+    """``"`old.x`, "`` when the user's frame names the array (see ``arrays_named``)."""
+    found = arrays_named(user, user.f_lineno, only=x, limit=1) if user is not None else []
+    return f"`{found[0][0]}`, " if found else ""
+
+
 def _on_read(x: Any, name: str, frame: Any = None) -> None:
     __tracebackhide__ = True
     # A read that raises normally supersedes a refused buffer export kept for
@@ -116,7 +122,7 @@ def _on_read(x: Any, name: str, frame: Any = None) -> None:
         by = consumed_by(x, user)
         _violation(
             "donation",
-            f"{arrays.READS[name]} of an array that was donated"
+            f"{arrays.READS[name]} of {_named(x, user)}an array that was donated"
             + (f" to {by}" if by else " (deleted)")
             + f": {fmt_aval(x.shape, x.dtype)}",
             "use the state the step returned (s = step(s)); keep what you need "
@@ -307,7 +313,7 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
         by = consumed_by(stale, user)
         _violation(
             "donation",
-            f"`{name}` on an array that was donated"
+            f"`{name}` on {_named(stale, user)}an array that was donated"
             + (f" to {by}" if by else " (deleted)")
             + f": {fmt_aval(stale.shape, stale.dtype)} (jax would compile it, then "
             "fail on the deleted buffer)",

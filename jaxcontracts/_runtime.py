@@ -14,7 +14,10 @@ from __future__ import annotations
 
 import contextlib
 import itertools
+import linecache
+import re
 import threading
+import types
 from collections.abc import Iterator
 from typing import Any, Protocol
 
@@ -22,11 +25,13 @@ import jax
 
 from . import _steps
 from ._compat.frames import locals_of
+from ._donation import is_deleted_array
 from ._marks import PRODUCED_BY, consumer_of
 
 __all__ = [
     "LoopHandle",
     "LoopStack",
+    "arrays_named",
     "compiling",
     "consumed_by",
     "find",
@@ -196,6 +201,56 @@ def held_outputs(frame: Any, limit: int = 64) -> list[Any]:
 def consumed_by(x: Any, frame: Any = None) -> str | None:
     """The hot step that consumed ``x`` by donation, when it is known (see :func:`find`)."""
     return find(x, frame)[0] if isinstance(x, jax.Array) else None
+
+
+def arrays_named(
+    frame: Any, lineno: int, only: Any = None, limit: int = 5
+) -> list[tuple[str, Any]]:
+    """(``name.path``, array) for the deleted arrays that ``frame``'s code
+    refers to (``only``: that array alone), the names on line ``lineno`` first.
+
+    The user's frame holds the array directly (``x``) or inside a state it
+    holds (``old.position`` of a NamedTuple, ``state.params['w']``,
+    ``samples[3]``). Only called to word a message; reads no device memory.
+    """
+    found: list[tuple[str, Any]] = []
+    code = frame.f_code
+    scope = {**frame.f_globals, **locals_of(frame)}
+    names = list(
+        dict.fromkeys((*code.co_varnames, *code.co_freevars, *code.co_cellvars, *code.co_names))
+    )
+    line = linecache.getline(code.co_filename, lineno)
+    names.sort(
+        key=lambda n: re.search(rf"\b{re.escape(n)}\b", line) is None
+    )  # the failing line's first
+    for name in names[:200]:  # the names this code refers to
+        for path, x in _arrays_in(scope.get(name)):
+            if (x is only) if only is not None else is_deleted_array(x):
+                found.append((f"{name}{path}", x))
+                if len(found) == limit:
+                    return found
+    return found
+
+
+def _arrays_in(value: Any) -> list[tuple[str, Any]]:
+    """(path, array) for an array, or the arrays of a container (a state), bounded."""
+    if isinstance(value, jax.Array):
+        return [] if isinstance(value, jax.core.Tracer) else [("", value)]
+    if (
+        value is None
+        or isinstance(value, (str, bytes, int, float, complex, bool, type, types.ModuleType))
+        or callable(value)
+    ):
+        return []
+    try:
+        leaves = jax.tree_util.tree_flatten_with_path(value)[0]
+    except Exception:  # noqa: BLE001 - not a pytree we can flatten: nothing to name
+        return []
+    return [
+        (jax.tree_util.keystr(p), x)
+        for p, x in leaves[:1000]
+        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
+    ]
 
 
 @contextlib.contextmanager

@@ -47,6 +47,11 @@ class LiveStep(Protocol):
         """The step's own name (``advance``), as messages write it."""
         ...
 
+    @property
+    def donates(self) -> bool:
+        """Whether one of its compiled signatures donates buffers."""
+        ...
+
     stats: StepStats
     #: Cumulative host time of the timed calls inside loops: [seconds, calls,
     #: first-phase seconds, first-phase calls] (see ``_timing.timed``).
@@ -81,6 +86,11 @@ def register(step: LiveStep) -> None:
 def live() -> list[LiveStep]:
     """Every live step, in no particular order (a copy: safe to iterate)."""
     return list(_live)
+
+
+def donating() -> list[str]:
+    """The short names of the live steps that have run a donating signature (sorted)."""
+    return sorted({step.short_name for step in live() if step.stats.calls and step.donates})
 
 
 def checks_changed(level: str) -> None:

@@ -9,21 +9,16 @@ typed key, which local was donated and to what) and the fix.
 
 from __future__ import annotations
 
-import linecache
-import re
-import types
 from typing import Any
 
-import jax
-
+from . import _steps
 from ._compat import frames, runtime_errors
-from ._donation import is_deleted_array
-from ._errors import DonationError, TransferError
+from ._errors import DonatedArrayError, DonationError, TransferError
 from ._format import fmt_aval
-from ._runtime import consumed_by
-from ._userline import is_library, traceback_where
+from ._runtime import arrays_named, consumed_by, local
+from ._userline import is_library, traceback_where, user_frame
 
-__all__ = ["translate"]
+__all__ = ["deleted_read", "translate"]
 
 
 # JAX runtime errors that leave a loop, and what they mean there.
@@ -97,39 +92,59 @@ def _donated_names(tb: Any) -> str:
         tb = tb.tb_next
     if frame is None:
         return ""
-    named: list[str] = []
-    code = frame.f_code
-    scope = {**frame.f_globals, **frames.locals_of(frame)}
-    names = list(dict.fromkeys((*code.co_varnames, *code.co_freevars, *code.co_cellvars, *code.co_names)))
-    line = linecache.getline(code.co_filename, lineno)
-    names.sort(key=lambda n: re.search(rf"\b{re.escape(n)}\b", line) is None)  # the failing line's first
-    for name in names[:200]:  # the names this code refers to
-        for path, x in _arrays_in(scope.get(name)):
-            if is_deleted_array(x):
-                by = consumed_by(x, frame)
-                named.append(
-                    f"`{name}{path}` ({fmt_aval(x.shape, x.dtype)}) was donated" + (f" to {by}" if by else "")
-                )
-                if len(named) == 5:
-                    return "; ".join(named)
+    named = []
+    for path, x in arrays_named(frame, lineno):
+        by = consumed_by(x, frame)
+        named.append(f"`{path}` ({fmt_aval(x.shape, x.dtype)}) was donated" + (f" to {by}" if by else ""))
     return "; ".join(named)
 
 
-def _arrays_in(value: Any) -> list[tuple[str, Any]]:
-    """(path, array) for an array, or the arrays of a container (a state), bounded."""
-    if isinstance(value, jax.Array):
-        return [] if isinstance(value, jax.core.Tracer) else [("", value)]
-    if value is None or isinstance(value, (str, bytes, int, float, complex, bool, type, types.ModuleType)) or callable(value):
-        return []
-    try:
-        leaves = jax.tree_util.tree_flatten_with_path(value)[0]
-    except Exception:  # noqa: BLE001 - not a pytree we can flatten: nothing to name
-        return []
-    return [
-        (jax.tree_util.keystr(p), x)
-        for p, x in leaves[:1000]
-        if isinstance(x, jax.Array) and not isinstance(x, jax.core.Tracer)
-    ]
+def deleted_read(x: Any) -> Exception | None:
+    """The error for a use of ``x``, a deleted array, outside a hot loop's
+    interceptors (``ArrayImpl._check_if_deleted``, see ``_compat.arrays``).
+
+    Names the leaf by its path in what the user's frame holds (``old.x`` of a
+    NamedTuple, ``samples[3]``) and the hot step that consumed it where its
+    last call did; None (JAX's own ``RuntimeError``) when the array is
+    neither. Reads no device memory. Inside a loop it is the loop's donation
+    violation.
+    """
+    __tracebackhide__ = True
+    frame = user_frame(frames.caller_frame(1))
+    found = arrays_named(frame, frame.f_lineno, only=x, limit=1) if frame is not None else []
+    by = consumed_by(x, frame)
+    if not found and by is None:
+        return None
+    path = found[0][0] if found else None
+    what = fmt_aval(x.shape, x.dtype)
+    if by:
+        summary = (
+            f"{f'`{path}`' if path else 'an array'} ({what}) was donated to {by} and no longer exists "
+            f"(it was passed to {by}, which reused its buffer)."
+        )
+    else:  # donated before the last call: which call is not recorded (that costs per call)
+        steps = _steps.donating()
+        known = (
+            f"hot steps that donate: {', '.join(steps[:3])}{', ...' if len(steps) > 3 else ''}; "
+            if steps
+            else ""
+        )
+        summary = (
+            f"`{path}` ({what}) no longer exists: it was donated to an earlier call "
+            f"({known}or a jax.jit with donate_argnums), which reused its buffer."
+        )
+    step = by or (steps[0] if len(steps) == 1 else "step")
+    fix = (
+        f"use the state {step} returned (s = {step}(s)). To keep a value across a donating "
+        "call, copy it before the call (kept = jnp.copy(value)), or return it as an output of its own."
+    )
+    loop = local.loop
+    if loop is not None and not local.allow:
+        loop.violation("donation", summary, fix)  # raises, or records (then JAX's error)
+        return None
+    return DonatedArrayError(
+        summary, fix=fix, contract="no-donated-use", step=by, leaves=[path] if path else []
+    )
 
 
 def translate(exc: BaseException, tb: Any) -> Exception | None:

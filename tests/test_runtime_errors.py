@@ -10,6 +10,8 @@ a text is left alone.
 
 from __future__ import annotations
 
+import typing
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -122,3 +124,77 @@ def test_a_donated_leaf_of_a_foreign_state_is_named_by_its_path_and_step():
         double(old.position)
     text = str(e.value)
     assert text.startswith("use of a donated array inside jc.hot_loop: `old.position` (f32[2]) was donated to kernel")
+
+
+class _Pair(typing.NamedTuple):
+    x: jax.Array
+    n: jax.Array
+
+
+def _pair_step():
+    def advance(s):
+        return _Pair(s.x + 1, s.n + 1)
+
+    step = jc.hot_step(advance, state="s")
+    return step, step(_Pair(jnp.zeros(3), jnp.zeros((), jnp.int32)))
+
+
+@pytest.mark.parametrize(
+    "use",
+    [
+        lambda old: print(old.x),
+        lambda old: float(old.n),
+        lambda old: np.asarray(old.x),
+        lambda old: jnp.sin(old.x),
+        lambda old: old.x + 1,
+        lambda old: jax.device_get(old),
+        lambda old: jax.jit(lambda a: a * 2)(old.x),
+    ],
+    ids=["print", "float", "np.asarray", "eager op", "operator", "device_get", "jit"],
+)
+def test_a_donated_leaf_of_a_foreign_state_read_outside_a_loop_is_named_with_its_step(use):
+    # Outside any loop JAX said only "Array has been deleted with shape=float32[3]".
+    step, s = _pair_step()
+    old = s
+    s = step(s)
+    with pytest.raises(jc.DonationError) as e:
+        use(old)
+    assert isinstance(e.value, RuntimeError)  # still what JAX raised: `except RuntimeError` holds
+    text = str(e.value)
+    assert "was donated to advance and no longer exists" in text, text
+    assert "`old.x` (f32[3])" in text or "`old.n` (i32[])" in text, text
+    assert e.value.step == "advance" and e.value.contract == "no-donated-use"
+    assert jnp.array_equal(s.x, jnp.full(3, 2.0))  # the state the step returned is fine
+
+
+def test_kept_samples_deleted_by_earlier_calls_name_the_list_and_the_donating_step():
+    # At "fast" nothing refuses the kept sample; the later read still says what happened.
+    step, s = _pair_step()
+    samples = []
+    with jc.checks_level("fast"):
+        for _ in range(3):
+            samples.append(s.x)
+            s = step(s)
+    with pytest.raises(jc.DonationError) as e:
+        jnp.stack(samples)
+    text = str(e.value)
+    assert text.startswith("`samples[0]` (f32[3]) no longer exists: it was donated to an earlier call"), text
+    assert "hot steps that donate: advance" in text
+
+
+def test_a_deleted_array_no_frame_names_keeps_jaxs_own_error():
+    _pair_step()  # a donating hot step exists: the hook is installed
+    ys = [jnp.ones(2)]
+    ys[0].delete()
+    with pytest.raises(RuntimeError, match="Array has been deleted") as e:
+        str(ys.pop())
+    assert not isinstance(e.value, jc.ContractError)
+
+
+def test_a_donated_foreign_leaf_read_inside_a_loop_names_its_path():
+    step, s = _pair_step()
+    old = s
+    s = step(s)
+    with pytest.raises(jc.DonationError, match=r"str\(\) / print\(\) of `old.x`, an array that was donated to advance"):
+        with jc.hot_loop():
+            print(old.x)

@@ -26,6 +26,7 @@ __all__ = [
     "ArrayImpl",
     "KeyArray",
     "buffer_hooks",
+    "hook_deleted_reads",
     "read_methods",
     "set_class_attr",
 ]
@@ -126,6 +127,47 @@ def read_methods() -> dict[str, Any]:
 
 def set_class_attr(name: str, value: Any) -> None:
     setattr(ArrayImpl, name, value)
+
+
+@define(
+    "deleted-read-hook",
+    "replacing jax._src.array.ArrayImpl._check_if_deleted (the Python check every read and eager use runs)",
+    "a read of a donated array outside jc.hot_loop names its leaf and the step (else JAX's 'Array has been deleted')",
+)
+def _probe_deleted_reads() -> str | None:
+    if ArrayImpl is None:
+        return "jax._src.array.ArrayImpl is gone"
+    if not callable(ArrayImpl.__dict__.get("_check_if_deleted")):
+        return "ArrayImpl._check_if_deleted moved"
+    return None
+
+
+_deleted_hook: list[Any] = []
+
+
+def hook_deleted_reads(explain: Callable[[Any], BaseException | None]) -> None:
+    """Make ``ArrayImpl._check_if_deleted`` raise ``explain(array)`` (once).
+
+    JAX calls it before every Python read (``_value``: print, float,
+    np.asarray, device_get) and before an eager op or a ``jax.jit`` call puts
+    the array in its arguments. The replacement costs what the original does
+    (one ``is_deleted()``) until the array is deleted; then ``explain`` words
+    the error, or returns None for JAX's own ``RuntimeError``.
+    """
+    if _deleted_hook or not capability("deleted-read-hook").available:
+        return
+    original = ArrayImpl.__dict__["_check_if_deleted"]
+
+    def _check_if_deleted(self: Any) -> None:
+        if self.is_deleted():
+            __tracebackhide__ = True
+            error = explain(self)
+            if error is not None:
+                raise error
+            original(self)
+
+    _deleted_hook.append(original)
+    ArrayImpl._check_if_deleted = _check_if_deleted
 
 
 # --------------------------------------------------------------------------
