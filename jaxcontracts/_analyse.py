@@ -18,6 +18,8 @@ import typing
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
+
 from ._errors import DefinitionError
 from ._fields import data_field_names, is_state, static_field_names
 from ._format import qualname
@@ -339,6 +341,18 @@ def _first_annotation(
             "step with no state (only array arguments) is @jc.hot_step(stateless=True).",
         )
     signature = hints[first.name]
+    other = next(
+        (p for p in candidates[1:] if _is_class_annotation(hints.get(p.name))), None
+    )
+    if _is_array_annotation(signature) and other is not None:
+        # es.ask(key: jax.Array, state: State, params: Params): the key is not the state
+        raise DefinitionError(
+            f"@jc.hot_step on {name}: no state= or signature= was given, and the first "
+            f"parameter ({first.name}) is annotated as an array while {other.name} is "
+            f"annotated {getattr(hints[other.name], '__name__', hints[other.name])}: which "
+            "one is the state is ambiguous (taking the first would donate nothing of the other).",
+            fix=f'name the state parameter(s): @jc.hot_step(state="{other.name}").',
+        )
     if isinstance(signature, (str, Unresolved)):
         raise DefinitionError(
             f"@jc.hot_step on {name}: the state type {signature!r} of parameter "
@@ -347,6 +361,24 @@ def _first_annotation(
             f"or import {signature!r} at run time.",
         )
     return signature
+
+
+def _is_array_annotation(t: Any) -> bool:
+    """``jax.Array``, a jaxtyping array annotation (``Float[Array, "n"]``) or a key type."""
+    if t is jax.Array or (isinstance(t, type) and issubclass(t, jax.Array)):
+        return True
+    return getattr(t, "__module__", "").startswith("jaxtyping")
+
+
+def _is_class_annotation(t: Any) -> bool:
+    """A pytree class annotation (a dataclass, a NamedTuple, a flax struct), not an
+    array, a Python scalar or a string."""
+    return (
+        isinstance(t, type)
+        and not _is_array_annotation(t)
+        and t.__module__ != "builtins"
+        and not issubclass(t, (int, float, complex, str, bytes))
+    )
 
 
 def _host_params(

@@ -322,6 +322,7 @@ def _check_carry(
     blocks: list[str] = []
     leaves: list[str] = []
     kinds: list[str] = []
+    weak_params: list[str] = []
     for arg, pos in sig.carried or ():
         name = sig.param_names[arg]
         returned = out
@@ -346,6 +347,7 @@ def _check_carry(
             blocks += [f"  parameter `{name}` -> {where}:", *lines]
             kinds += [d.kind for d in diffs]
             leaves += named
+            weak_params += [name] if all(d.kind == "weak_type" for d in diffs) else []
     if blocks and kinds and all(k == "sharding" for k in kinds):
         raise RecompileError(
             f"{sig.name} does not return its state placed as it takes it, so "
@@ -371,7 +373,13 @@ def _check_carry(
             fix="make every returned leaf keep its input's dtype, shape and "
             "weak type: either initialise the leaf with the dtype the step "
             "produces (e.g. jnp.float32(0) instead of 0 for a float counter), or "
-            "cast in the step (t=(s.t + 1).astype(s.t.dtype)).",
+            "cast in the step (t=(s.t + 1).astype(s.t.dtype))."
+            + "".join(
+                f" For a state another library builds (its init makes weak scalars): "
+                f"{p} = jc.device_tree({p}) before the first call makes every leaf "
+                "strongly typed."
+                for p in weak_params[:1]
+            ),
             note=NOTHING_RAN,
             contract="carry",
             step=sig.name,

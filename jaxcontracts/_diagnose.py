@@ -104,15 +104,27 @@ class _Idx:
         self.idx = idx
 
 
+def _device_put_lines(paths: Sequence[str]) -> str:
+    """``params = jc.device_tree(params)`` for each parameter the paths are in
+    (``x = jax.device_put(x)`` where the parameter is the leaf itself)."""
+    lines: dict[str, str] = {}
+    for path in paths:
+        name = re.match(r"\w*", path).group()  # type: ignore[union-attr]
+        if name:
+            tree = path != name
+            lines.setdefault(name, f"{name} = jc.device_tree({name})" if tree else f"{name} = jax.device_put({name})")
+    return "; ".join(lines.values()) or "x = jax.device_put(x)"
+
+
 def host_leaves_error(sig: StepSignature, host: Sequence[tuple[str, Any]]) -> TransferError:
     return TransferError(
         f"{sig.name}: {len(host)} argument leaf/leaves are on the host, so every call "
         "would copy them to the device (an implicit host-to-device transfer, and a sync):",
         [f"  {p}: {fmt_value(x)}" for p, x in host],
         fix="put them on the device once, before the loop, in the dtype the step "
-        "will see: x = jax.device_put(x) for an array, state = jc.device_tree(state) "
-        "for any pytree (a TrainState, an equinox Module, a dict; a jc.state class "
-        "does it when built). Configuration belongs in a jc.static field or a closure.",
+        f"will see: {_device_put_lines([p for p, _ in host])} (jc.device_tree takes any "
+        "pytree: a TrainState, an equinox Module, a dict; a jc.state class does it when "
+        "built). Configuration belongs in a jc.static field or a closure.",
         note=INPUTS_INTACT,
         contract="device-arguments",
         step=sig.name,

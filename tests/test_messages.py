@@ -114,7 +114,53 @@ def test_transfer_error_at_call():
         "would copy them to the device"
     )
     assert "\n  b.pos: f32[2,3] (numpy array)\n" in msg
-    assert "state = jc.device_tree(state)" in msg
+    assert "b = jc.device_tree(b)" in msg  # the parameter the leaves are in
+
+
+def test_host_leaves_in_a_read_only_parameter_name_that_parameter_in_the_fix():
+    # evosax's ask(key, state, params): Python floats in `params`, not in the state.
+    import typing
+
+    class Params(typing.NamedTuple):
+        std_min: float
+        c_mean: float
+
+    def ask(key, state, params):
+        return state * params.c_mean, state + params.std_min
+
+    step = jc.hot_step(ask, state="state")
+    with pytest.raises(jc.TransferError) as e:
+        step(jax.random.key(0), jnp.zeros(3), Params(1e-6, 1.0))
+    assert "params.std_min: ~f32[] (Python float)" in str(e.value)
+    assert "params = jc.device_tree(params)" in e.value.fix
+    assert "state = jc.device_tree(state)" not in e.value.fix
+
+
+def test_a_weakly_typed_state_from_library_init_offers_device_tree_in_the_fix():
+    # evosax's init makes weak scalars that its tell returns strongly typed.
+    def tell(state):
+        return {"best": state["best"].astype(jnp.float32) + 1}
+
+    step = jc.hot_step(tell, state="state")
+    with pytest.raises(jc.RecompileError) as e:
+        step({"best": jnp.asarray(0.0)})  # ~f32[]: weak
+    assert "state = jc.device_tree(state) before the first call" in e.value.fix
+    out = step(jc.device_tree({"best": jnp.asarray(0.0)}))  # the fix, followed
+    assert float(out["best"]) == 1.0
+
+
+def test_an_array_first_parameter_is_not_taken_for_the_state_beside_an_annotated_one():
+    import typing
+
+    class State(typing.NamedTuple):
+        mean: jax.Array
+
+    def ask(key: jax.Array, state: State):
+        return state.mean + 1, State(state.mean + 1)
+
+    with pytest.raises(jc.DefinitionError, match="which one is the state is ambiguous") as e:
+        jc.hot_step(ask)
+    assert e.value.fix == 'name the state parameter(s): @jc.hot_step(state="state").'
 
 
 def test_donation_error_already_donated():

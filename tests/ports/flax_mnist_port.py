@@ -99,8 +99,8 @@ def train_epoch(state, train_ds, batch_size, epoch, rng):
         k: np.mean([metrics[k] for metrics in batch_metrics_np]) for k in batch_metrics_np[0]
     }
     print(
-        "train epoch: %d, loss: %.4f, accuracy: %.2f"
-        % (epoch, epoch_metrics_np["loss"], epoch_metrics_np["accuracy"] * 100)
+        f"train epoch: {epoch}, loss: {epoch_metrics_np['loss']:.4f}, "
+        f"accuracy: {epoch_metrics_np['accuracy'] * 100:.2f}"
     )
     return state
 
@@ -120,4 +120,4 @@ with jc.hot_loop(compiles="warmup") as loop:
     for epoch in loop.iterate(range(1, 4)):
         state = train_epoch(state, train_ds, 32, epoch, rng)
         test_loss, test_accuracy = eval_model(state.params, test_ds)
-        print(" test epoch: %d, loss: %.4f, accuracy: %.2f" % (epoch, test_loss, test_accuracy * 100))
+        print(f" test epoch: {epoch}, loss: {test_loss:.4f}, accuracy: {test_accuracy * 100:.2f}")

@@ -184,7 +184,7 @@ class Trainer:
 
     @property
     def step(self):
-        return int(jc.fetch(self.state.step))
+        return int(jc.fetch(self.state.step))  # read once, by the loop header inside the hot_loop
 
     def do_step(self, in_BxL):
         self.state, metrics = self.step_fn(self.state, in_BxL)
