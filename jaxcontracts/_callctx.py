@@ -22,6 +22,7 @@ from ._compat.arrays import ArrayImpl
 from ._compat.tracing import flatten
 from ._dtypes import is_key
 from ._fields import dict_getter, flat_field_names
+from ._filter import Filtered
 from ._marks import TOKEN
 from ._records import CompiledSignature, StepStats
 from ._runtime import tracking
@@ -195,14 +196,14 @@ class KeptPlan:
         seq = leaves if self.pick is None else self.pick(leaves)
         if max(map(refcount.count, seq)) <= self.limit:
             return None
-        return self.refuse(seq, 1 if self.pick is None else 2)
+        return self.refuse(seq, self.limit - refcount.BASELINE + 1)
 
     def refuse(self, seq: Sequence[Any], sequences: int) -> BaseException | None:
         """After a hit: the error, unless every extra reference is harmless."""
         if self.redispatching():  # the slow path's frames hold the leaves too
             return None
         kept = refcount.confirmed(seq, refcount.kept_positions(seq, sequences), sequences)
-        return self.error([self.watched[i] for i in kept]) if kept else None
+        return self.error(list(dict.fromkeys(self.watched[i] for i in kept))) if kept else None
 
 
 def kept_plan(ctx: CallContext) -> KeptPlan | None:
@@ -211,16 +212,26 @@ def kept_plan(ctx: CallContext) -> KeptPlan | None:
         return None
     cs = ctx.cs
     whole: set[int] = set()
+    filtered: set[int] = set()  # the leaves of an equinox Module's Filtered node (_filter)
     start = 0
     for spec in cs.spec_args:
         n = len(jax.tree_util.tree_leaves(spec))
         if jax.tree_util.tree_structure(spec).num_nodes == 1:  # the argument is one array
             whole.update(range(start, start + n))
+        elif type(spec) is Filtered:
+            filtered.update(range(start, start + n))
         start += n
     watched = tuple(i for i in cs.donated if i not in whole)
     if not watched:
         return None
-    if len(watched) == len(cs.leaves):  # all of them: the flat leaves themselves
+    if filtered:
+        # A Filtered node's leaves tuple is one more reference to each of its
+        # leaves: the others appear twice in the sequence, so that one limit
+        # holds for all (and the error names each leaf once).
+        others = tuple(i for i in watched if i not in filtered)
+        watched = (*(i for i in watched if i in filtered), *others, *others)
+        pick, sequences = operator.itemgetter(*watched) if len(watched) > 1 else (lambda leaves: (leaves[watched[0]],)), 3
+    elif len(watched) == len(cs.leaves):  # all of them: the flat leaves themselves
         pick, sequences = None, 1
     elif len(watched) == 1:
         only = watched[0]

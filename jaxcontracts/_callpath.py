@@ -41,6 +41,7 @@ from ._diagnose import kept_leaves_error
 from ._diffs import same_placement
 from ._donation import find_hazards
 from ._fields import is_state
+from ._filter import Filtered, join_out, split
 from ._provenance import provenance_path
 from ._records import CompiledSignature
 from ._runtime import tracking
@@ -82,6 +83,8 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
         dispatch = provenance_path(ctx, _checked(ctx))
     else:
         dispatch = _checked(ctx)
+    if sig.filtered_params:
+        return _with_filtered(sig, _with_static(sig, dispatch) if sig.static_params else dispatch, step)
     return _with_static(sig, dispatch) if sig.static_params else dispatch
 
 
@@ -102,6 +105,39 @@ def _consumed_marks(
             cls = type(cs.spec_args[i])
             marks.append((i, cls, consumed_class(cls, step)))
     return tuple(marks)
+
+
+def _with_filtered(sig: StepSignature, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
+    """The call path behind a wrapper that filters equinox Modules (``_filter``).
+
+    Each filtered argument becomes a :class:`Filtered` node (its array leaves;
+    the structure and the other leaves as aux data, the last key reused while
+    the same static leaves come back), and what the executable returns is
+    rebuilt. The cost of ``eqx.filter_jit``: one flatten and one unflatten of
+    the Module per call.
+    """
+    normalize, n_params, filtered = sig.normalize, len(sig.param_names), sig.filtered_params
+    last: dict[int, Any] = {}
+    record = step.last_call
+
+    def with_filtered(*args: Any, **kwargs: Any) -> Any:
+        if kwargs or len(args) != n_params:
+            args = normalize(args, kwargs)
+        items = list(args)
+        for i in filtered:
+            value = items[i]
+            if type(value) is not Filtered:
+                items[i] = node = split(value, last.get(i))
+                last[i] = node.key
+        del value
+        out = dispatch(*items)
+        joined = join_out(out)
+        seen = record[0]
+        if seen is not None and seen[1] is out:  # the loops' record: the rebuilt output, held once
+            record[0] = (seen[0], joined)
+        return joined
+
+    return with_filtered
 
 
 def _with_static(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[..., Any]:

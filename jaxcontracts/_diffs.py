@@ -17,6 +17,8 @@ import numpy as np
 
 from ._annotations import STATIC
 from ._dtypes import is_key, same_dtype
+from ._filter import Filtered, join
+from ._filter import short as short_static
 from ._format import fmt_aval, fmt_path, fmt_sharding
 from ._spec import StaticArg, leaf_spec, static_equal
 
@@ -320,6 +322,8 @@ def _node_diffs(a: Any, b: Any, path: str, here: str) -> list[LeafDiff]:
         return []
     if da is None or db is None:
         return []
+    if da[0] is Filtered and db[0] is Filtered and not static_equal(da[1], db[1]):
+        return _filtered_diffs(a, b, path, here)
     if not static_equal(da[1], db[1]):
         sa, sb = _pair(da[1], db[1])
         name = type(a).__name__
@@ -342,6 +346,27 @@ def _node_diffs(a: Any, b: Any, path: str, here: str) -> list[LeafDiff]:
     for (ka, va), (_, vb) in zip(children_a, children_b):
         out.extend(structure_diffs(va, vb, f"{path}{fmt_path(ka)}"))
     return out
+
+
+def _filtered_diffs(a: Any, b: Any, path: str, here: str) -> list[LeafDiff]:
+    """Two filtered equinox Modules (``_filter``): the static leaves that differ,
+    by their paths, else the rebuilt Modules' own differences."""
+    ka, kb = a.key, b.key
+    if ka.treedef != kb.treedef or ka.static != kb.static:
+        return structure_diffs(join(a), join(b), path) or [
+            LeafDiff(here, f"{type(join(a)).__name__} {ka!r}", f"{type(join(b)).__name__} {kb!r}")
+        ]
+    return [
+        LeafDiff(
+            f"{path}{p}",
+            short_static(x),
+            short_static(y),
+            "a non-array leaf of an equinox Module (a function, a Python number) is part of "
+            "the signature, as eqx.filter_jit has it: a new value means a new compile",
+        )
+        for p, x, y in zip(ka.static_paths(), ka.values, kb.values)
+        if not static_equal(x, y)
+    ]
 
 
 def _is_static_field(f: Any) -> bool:

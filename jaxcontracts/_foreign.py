@@ -24,7 +24,7 @@ from ._dtypes import is_key
 from ._errors import SpecError
 from ._format import fmt_aval, fmt_path
 
-__all__ = ["Change", "Changes", "device_tree", "host_leaves_on_device", "scalar_to_host", "to_device"]
+__all__ = ["Change", "Changes", "device_tree", "holds_module", "host_leaves_on_device", "scalar_to_host", "to_device"]
 
 T = TypeVar("T")
 
@@ -153,6 +153,24 @@ def _kind(x: Any) -> str:
 def device_tree(tree: T, *, sharding: Any = ..., changes: Literal[False] = ...) -> T: ...
 @overload
 def device_tree(tree: T, *, sharding: Any = ..., changes: Literal[True]) -> tuple[T, Changes]: ...
+def _is_module_class(kind: Any) -> bool:
+    return isinstance(kind, type) and any(
+        c.__name__ == "Module" and c.__module__.startswith("equinox") for c in kind.__mro__
+    )
+
+
+def holds_module(value: Any) -> bool:
+    """Whether ``value``'s tree has an equinox Module node (a model, a layer)."""
+    pending = [jax.tree_util.tree_structure(value)]
+    while pending:
+        node = pending.pop()
+        data = node.node_data()
+        if data is not None and _is_module_class(data[0]):
+            return True
+        pending.extend(node.children())
+    return False
+
+
 def device_tree(tree: Any, *, sharding: Any = None, changes: bool = False) -> Any:
     """Return ``tree`` with every leaf the exact device array a step will see.
 
@@ -213,8 +231,12 @@ def device_tree(tree: Any, *, sharding: Any = None, changes: bool = False) -> An
     out: list[Any] = []
     done: list[Change] = []
     bad: list[str] = []
+    module = holds_module(tree)  # equinox: its non-array leaves are static, left as they are
     for path, x in leaves:
         p = fmt_path(path)
+        if module and not isinstance(x, (jax.Array, np.ndarray, np.generic)):
+            out.append(x)
+            continue
         if isinstance(x, Tracer):
             out.append(x)  # under a trace: the step's own business
             continue

@@ -20,6 +20,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar
 
 import jax
+import numpy as np
 
 from . import _config, _steps, _timing
 from ._callpath import make_dispatch
@@ -36,7 +37,8 @@ from ._diagnose import (
 )
 from ._donation import find_hazards
 from ._errors import INPUTS_INTACT, ContractError, DefinitionError, DonationError, RecompileError
-from ._foreign import host_leaves_on_device
+from ._filter import join_out
+from ._foreign import holds_module, host_leaves_on_device
 from ._marks import consumer_of
 from ._records import CompiledSignature, StepDescription, StepStats
 from ._report import Report, step_report
@@ -342,6 +344,11 @@ class HotStep(Generic[P, R]):
     def _install_call(self, fn: Callable[..., Any]) -> None:
         self._call = fn
 
+    def _filter(self, params: tuple[int, ...]) -> None:
+        """Filter these parameters' equinox Modules from now on (``_filter``)."""
+        with self._compile_lock:
+            self._sig = self._sig.with_filtered(params)
+
     def _use(self, cs: CompiledSignature) -> None:
         self._current = cs
         self._set_dispatch(make_dispatch(cs, self._level, self))
@@ -369,6 +376,8 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         # Under an outer transformation (jit, vmap, grad, cond...), even on
         # concrete arrays it closed over: trace the function, donate nothing.
         step.stats.traced_calls += 1
+        if sig.filtered_params:
+            return join_out(sig.positional(*sig.normalize(args, kwargs)))
         if sig.static_params:
             return sig.positional(*sig.normalize(args, kwargs))
         return sig.fn(*args, **kwargs)
@@ -383,6 +392,10 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         if not isinstance(x, jax.Array) and path[0].idx not in declared
     ]
     if host:
+        modules = _module_params(sig, positional, with_path, host)
+        if modules:  # equinox Modules: their non-array leaves are static (_filter)
+            step._filter(modules)
+            return _decide(step, args, kwargs, exc)
         return _host_arguments(step, positional, host, exc)
     current = step._current
     donated = current.donated if current is not None else sig.donated_leaves([p for p, _ in with_path])
@@ -401,6 +414,22 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         raise hazard_error(sig, paths, leaves, deleted, duplicates, donated, consumers)
     dispatch = _signature_for(step, positional, leaves, treedef, exc, ran, paths, donated)
     return _redispatch(step, dispatch, positional, paths, leaves)
+
+
+def _module_params(
+    sig: StepSignature, positional: tuple[Any, ...], with_path: list[tuple[Any, Any]], host: list[tuple[str, Any]]
+) -> tuple[int, ...]:
+    """The parameters to filter: every host leaf is a non-array leaf of an
+    argument holding an equinox Module (a function, a Python number), never a
+    numpy array (host data), in a parameter neither static nor declared host."""
+    params: set[int] = set()
+    by_path = {sig.param_path(p): p[0].idx for p, _ in with_path}
+    for path, x in host:
+        i = by_path.get(path)
+        if i is None or isinstance(x, np.ndarray) or i in sig.filtered_params or not holds_module(positional[i]):
+            return ()
+        params.add(i)
+    return tuple(sorted(params))
 
 
 def _host_arguments(

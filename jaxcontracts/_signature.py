@@ -19,6 +19,7 @@ import jax
 
 from ._donation import field_of
 from ._errors import DefinitionError
+from ._filter import Filtered, join, split, split_out
 from ._format import fmt_path
 from ._spec import StaticArg
 
@@ -57,6 +58,10 @@ class StepSignature:
     # Parameters that take host data (a loader's numpy batch): the executable
     # call transfers them, a declared transfer inside loops.
     host_params: tuple[int, ...] = ()
+    # Parameters whose arguments are equinox Modules with non-array leaves:
+    # those leaves are static (``_filter``), the arrays carried. Set at the
+    # first call that passes one (:meth:`with_filtered`).
+    filtered_params: tuple[int, ...] = ()
 
     @property
     def read_only_params(self) -> tuple[int, ...]:
@@ -105,7 +110,10 @@ class StepSignature:
         fn = functools.partial(self.fn, obj)
         params = list(self.signature.parameters.values())
         return dataclasses.replace(
-            self, fn=fn, positional=positional_call(fn, params, self.static_params), is_method=False
+            self,
+            fn=fn,
+            positional=positional_call(fn, params, self.static_params, self.filtered_params),
+            is_method=False,
         )
 
     @property
@@ -115,7 +123,7 @@ class StepSignature:
     def normalize(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """Every argument by position, defaults applied, static ones wrapped."""
         if not kwargs and len(args) == len(self.param_names):
-            return self.wrap_static(args) if self.static_params else args
+            return self.wrap_static(args) if self.static_params or self.filtered_params else args
         try:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
@@ -128,7 +136,13 @@ class StepSignature:
             ) from None
         bound.apply_defaults()
         positional = tuple(bound.arguments[n] for n in self.param_names)
-        return self.wrap_static(positional) if self.static_params else positional
+        return self.wrap_static(positional) if self.static_params or self.filtered_params else positional
+
+    def with_filtered(self, params: tuple[int, ...]) -> StepSignature:
+        """This signature with the arguments of ``params`` filtered (``_filter``)."""
+        filtered = tuple(sorted({*self.filtered_params, *params}))
+        call = positional_call(self.fn, list(self.signature.parameters.values()), self.static_params, filtered)
+        return dataclasses.replace(self, filtered_params=filtered, positional=call)
 
     def wrap_static(self, positional: tuple[Any, ...]) -> tuple[Any, ...]:
         """Static arguments as :class:`StaticArg` nodes (hashable, checked here)."""
@@ -155,6 +169,9 @@ class StepSignature:
                     leaves=[self.param_names[i]],
                 ) from None
             out[i] = StaticArg(value)
+        for i in self.filtered_params:
+            if type(out[i]) is not Filtered:
+                out[i] = split(out[i])
         return tuple(out)
 
     def param_path(self, path: Sequence[Any]) -> str:
@@ -201,18 +218,25 @@ def check_donated_names(sig: StepSignature, valid: Sequence[str], static: Sequen
 
 
 def positional_call(
-    fn: Callable[..., Any], params: Sequence[inspect.Parameter], static: tuple[int, ...] = ()
+    fn: Callable[..., Any],
+    params: Sequence[inspect.Parameter],
+    static: tuple[int, ...] = (),
+    filtered: tuple[int, ...] = (),
 ) -> Callable[..., Any]:
     """``fn`` called with every parameter by position (keyword-only ones too),
-    static arguments unwrapped from their :class:`StaticArg` nodes."""
+    static arguments unwrapped from their :class:`StaticArg` nodes, filtered
+    ones rebuilt (and what it returns filtered: see ``_filter``)."""
     kwonly = tuple(p.name for p in params if p.kind == p.KEYWORD_ONLY)
     n_pos = len(params) - len(kwonly)
-    if not kwonly and not static:
+    if not kwonly and not static and not filtered:
         return fn
 
     def positional(*a: Any) -> Any:
         if static:
             a = tuple(x.value if isinstance(x, StaticArg) else x for x in a)
+        if filtered:
+            a = tuple(map(join, a))
+            return split_out(fn(*a[:n_pos], **dict(zip(kwonly, a[n_pos:]))))
         return fn(*a[:n_pos], **dict(zip(kwonly, a[n_pos:])))
 
     return positional

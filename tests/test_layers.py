@@ -56,7 +56,8 @@ LAYERS: dict[str, int] = {
     "_translate": 5,  # JAX runtime errors leaving a loop -> contract errors
     # states: fields -> validation / consumed classes -> spec()/zeros() -> the decorator
     "_fields": 6,
-    "_diffs": 6,  # how specs differ, for messages
+    "_filter": 6,  # equinox Modules: non-array leaves static, as eqx.filter_jit has them
+    "_diffs": 7,  # how specs differ, for messages
     "_validate": 7,
     "_consumed": 7,
     "_construct": 8,

@@ -18,9 +18,7 @@ side = int(N ** (1 / dimension))
 lattice = jnp.stack(jnp.meshgrid(jnp.arange(side), jnp.arange(side)), axis=-1).reshape(N, dimension)
 R = (lattice + 0.5) * (box_size / side) + 0.05 * random.normal(split, (N, dimension))
 
-neighbor_fn, energy_fn = energy.lennard_jones_neighbor_list(
-    displacement, box_size, dr_threshold=0.3, capacity_multiplier=1.0
-)
+neighbor_fn, energy_fn = energy.lennard_jones_neighbor_list(displacement, box_size, capacity_multiplier=1.05)
 init, apply = simulate.nve(energy_fn, shift, dt=5e-3)
 
 nbrs = neighbor_fn.allocate(R)
@@ -47,7 +45,7 @@ def total_energy(state, nbrs):
 
 
 step = 0
-while step < 20:
+for _ in range(20):
     new_state, nbrs = simulation_step(state, nbrs)
     if nbrs.did_buffer_overflow:
         print("Neighbor list overflowed, reallocating.")

@@ -1,0 +1,112 @@
+"""Equinox Modules as state: non-array leaves static, as eqx.filter_jit has them.
+
+A Module holding functions (``jax.nn.relu``, ``jnp.ravel``) and Python
+numbers (``MaxPool2d``'s ``init``) is carried and donated by its arrays; the
+rest is part of the signature.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxcontracts as jc
+
+eqx = pytest.importorskip("equinox")
+
+
+class Net(eqx.Module):
+    layers: list
+
+    def __init__(self, key):
+        k1, k2 = jax.random.split(key)
+        self.layers = [
+            eqx.nn.Conv2d(1, 2, kernel_size=3, key=k1),
+            eqx.nn.MaxPool2d(kernel_size=2),  # holds a Python float and a function
+            jax.nn.relu,
+            jnp.ravel,
+            eqx.nn.Linear(2 * 5 * 5, 3, key=k2),
+        ]
+
+    def __call__(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _loss(model, x):
+    return jnp.mean(jax.vmap(model)(x) ** 2)
+
+
+def _train(model, x):
+    loss, grads = eqx.filter_value_and_grad(_loss)(model, x)
+    return eqx.apply_updates(model, jax.tree.map(lambda g: -0.1 * g, grads)), loss
+
+
+def _data():
+    return jax.random.normal(jax.random.key(1), (4, 1, 8, 8))
+
+
+def test_a_module_holding_functions_is_carried_and_donated_like_filter_jit():
+    x = _data()
+    reference = jax.tree.leaves(eqx.filter_jit(_train)(Net(jax.random.key(0)), x))
+    step = jc.hot_step(_train, state="model")
+    model = Net(jax.random.key(0))
+    first = model
+    with jc.hot_loop(compiles="warmup") as loop:
+        for _ in loop.iterate(range(3)):
+            model, loss = step(model, x)
+    assert step.stats.compiles == 1 and step.stats.refused == 0
+    assert model.layers[2] is jax.nn.relu and model.layers[3] is jnp.ravel  # the same functions back
+    assert isinstance(model.layers[1].init, float)  # a Python number stays one (static)
+    assert first.layers[0].weight.is_deleted()  # the arrays were donated
+    report = str(step.report())
+    assert "model.layers[0].weight" in report and "model.layers[4].bias" in report
+    assert "[pass] donation verified in the executable (4 leaves donated)" in report
+    again = jc.hot_step(_train, state="model")
+    out = again(Net(jax.random.key(0)), x)
+    arrays = [x for x in jax.tree.leaves(out) if isinstance(x, jax.Array)]
+    expected = [x for x in reference if isinstance(x, jax.Array)]
+    assert len(arrays) == len(expected) == 5  # 4 parameters and the loss
+    for a, b in zip(arrays, expected):
+        assert jnp.allclose(a, b)  # the numbers of eqx.filter_jit
+
+
+def test_a_new_function_in_a_module_is_a_new_signature_named_by_its_path():
+    step = jc.hot_step(_train, state="model")
+    model, _ = step(Net(jax.random.key(0)), _data())
+    swapped = eqx.tree_at(lambda m: m.layers[2], model, jax.nn.tanh)
+    with pytest.raises(jc.RecompileError) as e:
+        step(swapped, _data())
+    assert "model.layers[2]: compiled with relu, called with tanh" in str(e.value)
+    assert model.layers[0].weight.is_deleted() is False  # refused before dispatch: intact
+
+
+def test_a_kept_reference_to_a_module_leaf_is_refused_at_full():
+    step = jc.hot_step(_train, state="model")
+    model, _ = step(Net(jax.random.key(0)), _data())
+    kept = model.layers[0].weight
+    with pytest.raises(jc.DonationError, match=r"model.layers\[0\].weight: f32\[2,1,3,3\]"):
+        step(model, _data())
+    assert not kept.is_deleted()
+    del kept
+    model, _ = step(model, _data())  # nothing else holds it now
+
+
+def test_device_tree_accepts_a_module_and_leaves_its_static_leaves_alone():
+    model = jc.device_tree(Net(jax.random.key(0)))
+    assert model.layers[2] is jax.nn.relu and isinstance(model.layers[1].init, float)
+    assert isinstance(model.layers[0].weight, jax.Array)
+
+
+def test_numpy_arrays_in_a_module_are_still_host_data():
+    import numpy as np
+
+    class Holder(eqx.Module):
+        w: object
+        act: object
+
+    step = jc.hot_step(lambda m: Holder(m.w * 2, m.act), state="m")
+    with pytest.raises(jc.TransferError, match=r"m.w: f32\[2\] \(numpy array\)"):
+        step(Holder(np.ones(2, np.float32), jax.nn.relu))
