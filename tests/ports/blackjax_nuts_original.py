@@ -1,12 +1,11 @@
 """BlackJAX's NUTS loop, as its docs write it: a log-density, blackjax.nuts,
 nuts.init, a jax.jit of nuts.step, a Python loop that splits the key, steps
 and keeps each sample in a list, stacked after the loop."""
+import blackjax
 import jax
 import jax.numpy as jnp
 import jax.scipy.stats as stats
 import numpy as np
-
-import blackjax
 
 # Observations of a normal with unknown location and scale.
 observed = np.random.default_rng(0).normal(3.0, 2.0, size=200).astype(np.float32)
@@ -27,7 +26,7 @@ step = jax.jit(nuts.step)
 
 key = jax.random.key(0)
 samples = []
-for i in range(300):
+for _ in range(300):
     key, sub = jax.random.split(key)
     state, info = step(sub, state)
     samples.append(state.position)

@@ -1,11 +1,11 @@
 """BlackJAX's NUTS loop, ported to jaxcontracts: the jax.jit of nuts.step
 replaced by jc.hot_step, the loop put in jc.hot_loop."""
+import blackjax
 import jax
 import jax.numpy as jnp
 import jax.scipy.stats as stats
 import numpy as np
 
-import blackjax
 import jaxcontracts as jc
 
 # Observations of a normal with unknown location and scale.
@@ -28,7 +28,7 @@ step = jc.hot_step(nuts.step, state="state")
 key = jax.random.key(0)
 samples = []
 with jc.hot_loop(compiles="warmup") as loop:
-    for i in loop.iterate(range(300)):
+    for _ in loop.iterate(range(300)):
         key, sub = jax.random.split(key)
         state, info = step(sub, state)
         samples.append(jnp.copy(state.position))  # needed: the next call donates state.position (DonationError at checks full)

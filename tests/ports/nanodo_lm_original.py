@@ -163,7 +163,7 @@ def _train_step(state, in_BxL, mesh):
     metrics = {
         "train_loss": loss,
         "train_ntokens": ntokens,
-        "grads/all/rms": optax.global_norm(grads),
+        "grads/all/rms": optax.tree.norm(grads),
     }
     return new_state, metrics
 
