@@ -220,8 +220,8 @@ def compile_signature(
         DonationError: a donated leaf aliases no output.
     """
     __tracebackhide__ = True
-    jitted, spec_args, treedef, donated, flat_style, sig = jit_for(sig, positional)
-    with compiling(sig.name):  # inside a hot_loop, a compile is a violation
+    with compiling(sig.name):  # inside a hot_loop, a compile is a violation (before any trace)
+        jitted, spec_args, treedef, donated, flat_style, sig = jit_for(sig, positional)
         t0 = time.perf_counter()
         with quiet_donation_warning():
             traced = jitted.trace(*spec_args)

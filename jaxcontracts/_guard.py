@@ -278,6 +278,12 @@ class HotLoop:
     def seen_compile(self, key: Any) -> bool:
         return self._warm.seen(key)
 
+    def compiles_admitted(self) -> bool:
+        """Whether a first compile would be let through now (see ``LoopHandle``)."""
+        if not self.checks_compiles:
+            return True
+        return self.warmup and (self._iteration is None or self._iteration == 0)
+
     def violation(self, kind: str, what: str, fix: str, frame: Any = None) -> None:
         """Raise (or, in record mode, record) one violation at the user's line.
 
@@ -364,6 +370,12 @@ class HotLoop:
             if jax.default_backend() != "cpu":
                 modes["device_to_host"] = "disallow" if self.on_violation == "raise" else "allow"
         stack = local.stack
+        if not self.checks_transfers and stack.entries:
+            # transfers="allow" inside an outer loop that refuses them: lift JAX's
+            # own guards too (a user's own jax.transfer_guard outside any loop stays)
+            modes["host_to_device"] = "allow"
+            if jax.default_backend() != "cpu":
+                modes["device_to_host"] = "allow"
         # At checks level off only JAX's native guards: no class patches, no
         # compile listener, no active loop for the call path to report to.
         checked = get_checks() != "off"

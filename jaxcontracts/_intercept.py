@@ -49,6 +49,7 @@ from typing import Any
 import jax
 
 from ._compat import arrays, capability, events, frames, hostcopy
+from ._compat.tracing import trace_state_clean
 from ._donation import is_deleted_array
 from ._format import fmt_aval
 from ._runtime import arrays_named, consumed_by, find, local, tracking
@@ -129,6 +130,12 @@ def _on_read(x: Any, name: str, frame: Any = None) -> None:
             "from the old state by returning it from the step.",
             frame,
         )
+        return
+    loop = local.loop
+    if loop is not None and not trace_state_clean() and loop.compiles_admitted():
+        # A concrete array read while a compile the loop admits traces (an `if`
+        # on a global flag: jax-md's neighbor lists): once per compile, as the
+        # compile is; in a later pass the compile itself is refused.
         return
     _violation(
         "transfer",

@@ -61,6 +61,11 @@ class LoopHandle(Protocol):
         """Whether a compile with this key was let through already (warm-up)."""
         ...
 
+    def compiles_admitted(self) -> bool:
+        """Whether a first compile would be let through now (``compiles="allow"``,
+        or the warm-up pass): a trace running now may read concrete arrays."""
+        ...
+
     def violation(self, kind: str, what: str, fix: str, frame: Any = None) -> None:
         """Raise or record one violation (``kind``: a key of ``_errors.VIOLATIONS``)."""
 
@@ -130,13 +135,14 @@ def find(x: Any, frame: Any = None) -> tuple[str | None, str | None]:
     step consumed names its consumer. Only called to word a message.
     """
     consumed, produced = None, None
-    for name, args, out in _steps.last_calls():
+    for name, args, out, donates in _steps.last_calls():
         for p, leaf in jax.tree_util.tree_leaves_with_path(out):
             if leaf is x:
                 produced = f"{name} -> {jax.tree_util.keystr(p)}"
-        for leaf in jax.tree_util.tree_leaves(args):
-            if leaf is x and leaf.is_deleted():
-                consumed = name
+        if donates and consumed is None:  # a read-only step's argument was deleted by another
+            for leaf in jax.tree_util.tree_leaves(args):
+                if leaf is x and leaf.is_deleted():
+                    consumed = name
     if frame is not None and consumed is None and produced is None:
         for state in states_in(frame):
             by = consumer_of(state)
@@ -193,7 +199,7 @@ def held_outputs(frame: Any, limit: int = 64) -> list[Any]:
                 live += 1
                 if live == limit:  # a long history of live states: enough to tell
                     break
-    for _, _, out in _steps.last_calls():
+    for _, _, out, _ in _steps.last_calls():
         held.extend(jax.tree_util.tree_leaves(out))
     return held
 

@@ -105,12 +105,14 @@ def timing_changed(on: bool) -> None:
         step.timing_changed(on)
 
 
-def last_calls() -> Iterator[tuple[str, Any, Any]]:
-    """``(short name, arguments, output)`` of each step's recorded last call."""
+def last_calls() -> Iterator[tuple[str, Any, Any, bool]]:
+    """``(short name, arguments, output, whether it donates)`` of each step's
+    recorded last call (a step that donates nothing consumed none of its
+    arguments, however deleted they are now)."""
     for step in live():
         call = step.last_call[0]
         if call is not None:
-            yield (step.short_name, *call)
+            yield (step.short_name, *call, step.donates)
 
 
 def clear_last_calls() -> None:

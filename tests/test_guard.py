@@ -332,3 +332,37 @@ def test_decorated_async_generator_is_refused():
         @jc.hot_loop()
         async def agen():
             yield 1
+
+
+def test_a_concrete_flag_read_while_a_warm_up_compile_traces_is_part_of_the_compile():
+    # jax-md's neighbor list: `if _always_rebuild:` on a device bool made once, read at trace time.
+    flag = jnp.float32(0.5) == 0
+
+    def step(x):
+        return x if flag else x + 1
+
+    for make in (jax.jit, lambda f: jc.hot_step(f, state="x")):
+        f, x = make(step), jnp.zeros(3)
+        with jc.hot_loop(compiles="warmup") as loop:
+            for _ in loop.iterate(range(3)):
+                x = f(x)
+        assert jc.fetch(x).tolist() == [3.0, 3.0, 3.0]
+    g, z = jc.hot_step(step, state="x"), jnp.zeros(3)
+    with pytest.raises(jc.RecompileError, match="would compile a new signature"):
+        with jc.hot_loop():  # no warm-up: the compile is refused, before its trace reads
+            g(z)
+    with pytest.raises(jc.TransferError, match=r"device-to-host read: bool\(\)"):
+        with jc.hot_loop():  # a read outside any trace is still a read
+            bool(flag)
+
+
+def test_a_nested_allow_loop_lifts_the_outer_loops_native_guard_and_restores_it():
+    x = jnp.arange(3.0)
+    x * 2.0  # warm
+    with pytest.raises(jc.TransferError, match="host-to-device, a Python constant") as e:
+        with jc.hot_loop():
+            with jc.hot_loop(transfers="allow", compiles="allow"):
+                x * 2.0  # a Python constant: a host-to-device copy, allowed here
+                jnp.asarray(np.ones(3, np.float32))
+            x * 2.0  # the outer loop refuses it again
+    assert "x * 2.0  # the outer loop refuses it again" in str(e.value)

@@ -204,3 +204,26 @@ def test_a_donated_foreign_leaf_read_inside_a_loop_names_its_path():
     with pytest.raises(jc.DonationError, match=r"str\(\) / print\(\) of `old.x`, an array that was donated to advance"):
         with jc.hot_loop():
             print(old.x)
+
+
+def test_a_read_only_step_that_saw_a_leaf_is_never_named_as_its_donor():
+    # jax-md's rollback: measure(state) reads, advance(state) donates.
+    def rollout(s):
+        return {"x": s["x"] + 1}
+
+    def energy(s):
+        return s["x"].sum()
+
+    advance = jc.hot_step(rollout, state="s")
+    measure = jc.hot_step(energy, state="s")
+    s = {"x": jnp.zeros((2, 9))}
+    with pytest.raises(jc.DonationError) as e:
+        with jc.hot_loop(compiles="warmup") as loop:
+            for i in loop.iterate(range(3)):
+                measure(s)
+                new = advance(s)
+                if i == 1:
+                    print(s["x"])
+                s = new
+    assert "an array that was donated to rollout" in str(e.value), str(e.value)
+    assert measure.stats.calls == 2 and advance.stats.calls == 2
