@@ -298,8 +298,11 @@ class HotStep(Generic[P, R]):
             raise
 
     def redispatching(self) -> bool:
-        """Whether this thread is inside the slow path's re-dispatch of a call."""
-        return getattr(self._redispatch, "active", False)  # its frames hold the leaves
+        """Whether this thread is inside the slow path's re-dispatch of a call
+        that a call path refused: that closure's frame holds the flat leaves
+        (a first call, from :meth:`_slow`, holds none: it is checked)."""
+        r = self._redispatch
+        return getattr(r, "active", False) and not getattr(r, "fresh", False)
 
     def not_consumed(self, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> DonationError | None:
         """The error for donated buffers XLA copied; ``None`` once a recording loop took it."""
@@ -361,7 +364,12 @@ class HotStep(Generic[P, R]):
     def _slow(self, *args: Any, **kwargs: Any) -> Any:
         """The call path before the first compile."""
         __tracebackhide__ = True
-        return self.slow_call(args, kwargs, None)
+        r = self._redispatch
+        r.fresh = True
+        try:
+            return self.slow_call(args, kwargs, None)
+        finally:
+            r.fresh = False
 
 
 # --------------------------------------------------------------------------
@@ -371,8 +379,7 @@ class HotStep(Generic[P, R]):
 def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
     __tracebackhide__ = True
     sig = step._sig
-    all_leaves = jax.tree_util.tree_leaves((args, kwargs))
-    if not trace_state_clean() or any(isinstance(x, Tracer) for x in all_leaves):
+    if not trace_state_clean() or any(isinstance(x, Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
         # Under an outer transformation (jit, vmap, grad, cond...), even on
         # concrete arrays it closed over: trace the function, donate nothing.
         step.stats.traced_calls += 1
@@ -395,6 +402,7 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         modules = _module_params(sig, positional, with_path, host)
         if modules:  # equinox Modules: their non-array leaves are static (_filter)
             step._filter(modules)
+            del with_path, leaves, host, positional  # the kept-leaf check counts references
             return _decide(step, args, kwargs, exc)
         return _host_arguments(step, positional, host, exc)
     current = step._current
@@ -413,7 +421,10 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         consumers = [consumer_of(positional[p[0].idx]) for p, _ in with_path]
         raise hazard_error(sig, paths, leaves, deleted, duplicates, donated, consumers)
     dispatch = _signature_for(step, positional, leaves, treedef, exc, ran, paths, donated)
-    return _redispatch(step, dispatch, positional, paths, leaves)
+    # Hold no leaf while the call path runs: its kept-leaf check counts references
+    # (a first call refuses a kept sample as any other does).
+    del leaves, with_path, host
+    return _redispatch(step, dispatch, positional, paths)
 
 
 def _module_params(
@@ -491,7 +502,7 @@ def _signature_for(
 
 
 def _redispatch(
-    step: HotStep[Any, Any], dispatch: Callable[..., Any], positional: tuple[Any, ...], paths: list[str], leaves: list[Any]
+    step: HotStep[Any, Any], dispatch: Callable[..., Any], positional: tuple[Any, ...], paths: list[str]
 ) -> Any:
     """Call the chosen call path, once: a refusal of matching arguments is a bug."""
     __tracebackhide__ = True
@@ -502,7 +513,7 @@ def _redispatch(
         raise RecompileError(
             f"{sig.name}: the call path refused arguments that match its compiled "
             "signature (an internal disagreement; please report it).",
-            [f"  {p}: {fmt_value(x)}" for p, x in zip(paths, leaves)],
+            [f"  {p}: {fmt_value(x)}" for p, x in zip(paths, jax.tree_util.tree_leaves(positional))],
             fix="as a workaround, set jc.set_checks(\"off\") around this call.",
             note=INPUTS_INTACT,
             contract="signature",

@@ -866,3 +866,22 @@ def test_threads_making_the_first_call_at_once_compile_once(sizes):
     assert step.stats.compiles == 1 and len(step.signatures) == 1
     expected = ["ran"] if len(set(sizes)) > 1 else ["ran"] * len(sizes)
     assert sorted(outcomes) == sorted(expected + ["refused"] * (len(sizes) - len(expected)))
+
+
+def test_the_first_call_refuses_a_kept_leaf_as_any_later_call_does():
+    # gymnax PPO: globals `obsv`, `train_state`... share leaves with `runner_state`;
+    # the compiling call used to delete them silently.
+    def step(s):
+        a, b = s
+        return (a + 1, b * 2)
+
+    step = jc.hot_step(step, state="s")
+    a, b = jnp.zeros(3), jnp.ones(3)
+    s = (a, b)
+    with pytest.raises(jc.DonationError, match=r"would delete 2 array\(s\) you still hold elsewhere") as e:
+        step(s)
+    assert "s[0]: f32[3]" in str(e.value) and not a.is_deleted() and not b.is_deleted()
+    assert step.stats.compiles == 1  # compiled; the call refused before dispatch
+    del a, b
+    s = step(s)  # nothing else holds them: donated
+    assert jc.fetch(s[0]).tolist() == [1.0, 1.0, 1.0]
