@@ -275,7 +275,10 @@ def compiling(name: str) -> Iterator[None]:
             f"hot_step {short} would compile a new signature"
             + (" (it compiled once already in this loop's warm-up)" if again else ""),
             f"compile it before the loop ({short}.compile(State.spec(...)) or one "
-            "call), and keep every call's arguments on that signature.",
+            "call), and keep every call's arguments on that signature; where a new "
+            "signature is expected (a reallocated buffer), compile it where it appears: "
+            f"{short}.compile(<the new arguments>) inside "
+            'with jc.hot_loop(compiles="allow"), in the branch that makes them.',
         )
     local.allow += 1  # record mode: compile without reporting its phases again
     try:
