@@ -1,30 +1,60 @@
-"""ports: a real program's loop, ported with the least change, against the original.
+"""ports: real programs' loops, ported with the least change, against the originals.
 
 What is measured
 ----------------
-flax NNX's functional training loop as its docs write it (``nnx.split``, a
-donated ``jax.jit`` on ``nnx.State``, numpy batches from a loader), and the
-same program ported: ``@jc.hot_step(state="state", host="batch")`` in place
-of ``jax.jit(donate_argnums=0)`` and the loop in
-``jc.hot_loop(compiles="warmup")``. Each sample is one loop over the same
-numpy batches (made before timing), ending in one ``block_until_ready``;
-the variants (original, port at ``full``, port at ``off``) are interleaved
-in shuffled order. The batches are numpy: the original's ``jax.jit`` and the
-port's executable both transfer them in JAX's C++ path.
+Three programs, each its own case, each in two forms: the original as its
+authors write it (``jax.jit``) and the same program ported to jaxcontracts
+(``jc.hot_step`` in place of each ``jax.jit``, the loop in
+``jc.hot_loop(compiles="warmup")``), in the shapes of ``tests/ports/``:
 
-Budget: the port at ``full`` <= 1.05x the original (ratio of medians).
+- **NNX**: flax NNX's functional training loop as its docs write it
+  (``nnx.split``, a donated ``jax.jit`` on ``nnx.State``, numpy batches from
+  a loader), ported as ``@jc.hot_step(state="state", host="batch")``. The
+  batches are made before timing and are numpy: the original's ``jax.jit``
+  and the port's executable both transfer them in JAX's C++ path.
+- **gymnax PPO**: the PPO update on gymnax's CartPole-v1 (a flax linen
+  actor-critic, an optax ``TrainState``; a ``lax.scan`` rollout, GAE, minibatch
+  epochs), called ``update(runner_state, config=config)`` with a keyword,
+  static ``config``: ``jax.jit(update, static_argnames="config",
+  donate_argnums=0)`` against ``jc.hot_step(update, state="runner_state",
+  static="config")``. Tiny sizes (2 envs x 8 steps, 1 epoch, 1 minibatch), so
+  that an iteration is dominated by the per-call host cost of the keyword and
+  static arguments and the ~40-leaf runner state.
+- **evosax CMA-ES**: ask / evaluate / tell, three steps per generation (and
+  the loop's ``jax.random.split`` of the key): ``jax.jit`` of ``es.ask``,
+  ``jax.vmap(f)`` and ``es.tell`` against ``jc.hot_step(es.ask,
+  state="state")``, ``jc.hot_step(jax.vmap(f), stateless=True)`` and
+  ``jc.hot_step(es.tell, state="state")``. ``params`` and ``state`` go
+  through ``jc.device_tree`` for both forms (so that the original does not
+  recompile at its second tell). Population 8, dimension 4, so that dispatch
+  dominates.
 
-Run: ``python -m benchmarks.ports`` (``--quick`` for a smoke run).
+Each sample is one loop of N iterations (``--steps``), ending in one
+``jax.block_until_ready``; per case, after two warm-up loops of each variant
+(compiles, caches), the variants (original, port at ``full``, port at
+``off``) are interleaved in a freshly shuffled order each repeat. Each
+variant carries its own state from loop to loop. A case whose library is not
+installed (gymnax, evosax) is skipped with a note and its budget is "not
+run". A warning note says if any step compiled more than once or refused a
+call.
+
+Budgets: per case, the port at ``full`` <= 1.05x the original (ratio of
+medians; the bootstrap interval of the paired ratio marks it uncertain).
+
+Run: ``python -m benchmarks.ports`` (``--quick`` for a smoke run,
+``--cases nnx ppo cmaes`` to choose).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import gc
 import random
 import statistics
 import time
-from typing import Any
+from collections.abc import Callable
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -33,6 +63,38 @@ import jaxcontracts as jc
 from benchmarks._common import Result, machine, parser, row
 
 LIMIT = 1.05
+VARIANTS = ("original", "full", "off")
+
+
+@dataclasses.dataclass
+class Case:
+    """One program to measure: how to run one loop of each variant."""
+
+    name: str  # in the budget line: "NNX", "gymnax PPO", ...
+    case: str  # the table's case column
+    loop: Callable[[str], float] | None = None  # variant -> seconds for one loop
+    ports: dict[str, Any] = dataclasses.field(default_factory=dict)  # label -> hot step
+    originals: dict[str, Any] = dataclasses.field(default_factory=dict)  # label -> jax.jit
+    notes: list[Callable[[dict[str, list[float]]], str]] = dataclasses.field(default_factory=list)
+    skipped: str = ""  # why it was not measured
+
+
+def _timed(states: dict[str, Any], variant: str, body: Callable[[Any], tuple[Any, Any]]) -> float:
+    """Run ``body(carry) -> (carry, to_block)`` once for ``variant``, timed, gc off."""
+    carry = states[variant]
+    gc.disable()
+    try:
+        t0 = time.perf_counter()
+        carry, out = body(carry)
+        jax.block_until_ready(out)
+        return time.perf_counter() - t0
+    finally:
+        gc.enable()
+        states[variant] = carry
+
+
+# --------------------------------------------------------------------------
+# NNX: flax NNX's functional training loop
 
 
 def _program() -> tuple[Any, Any, Any]:
@@ -78,63 +140,354 @@ def _batches(n: int) -> list[dict[str, np.ndarray]]:
     return out
 
 
-def main(argv: list[str] | None = None) -> int:
-    p = parser(__doc__)
-    p.add_argument("--steps", type=int, help="loop iterations (default 200)")
-    p.add_argument("--repeats", type=int, help="loops per variant (default 31)")
-    args = p.parse_args(argv)
-    steps = args.steps or (20 if args.quick else 200)
-    repeats = args.repeats or (3 if args.quick else 31)
-    start = time.perf_counter()
-    res = Result("ports", f"flax NNX's functional loop, {steps} steps of numpy batches: port vs original")
-    res.meta = machine()
+def _nnx_case(steps: int) -> Case:
+    case = Case("NNX", f"NNX: {steps} steps, numpy batches")
     train_step, initial, _ = _program()
     original = functools.partial(jax.jit, donate_argnums=0)(train_step)
     port = jc.hot_step(train_step, state="state", host="batch")
     batches = _batches(steps)
-    states = {"original": initial(), "full": initial(), "off": initial()}
+    states = {v: initial() for v in VARIANTS}
 
-    def run(variant: str) -> float:
-        state = states[variant]
-        gc.disable()
-        try:
-            t0 = time.perf_counter()
+    def loop(variant: str) -> float:
+        def body(state: Any) -> tuple[Any, Any]:
             if variant == "original":
                 for batch in batches:
                     loss, state = original(state, batch)
             else:
-                with jc.checks_level(variant), jc.hot_loop(compiles="warmup") as loop:
-                    for batch in loop.iterate(batches):
+                with jc.checks_level(variant), jc.hot_loop(compiles="warmup") as hl:
+                    for batch in hl.iterate(batches):
                         loss, state = port(state, batch)
-            jax.block_until_ready((loss, state))
-            return time.perf_counter() - t0
-        finally:
-            gc.enable()
-            states[variant] = state
+            return state, (loss, state)
 
-    samples: dict[str, list[float]] = {v: [] for v in states}
+        return _timed(states, variant, body)
+
+    case.loop = loop
+    case.ports = {"NNX train_step": port}
+    case.originals = {"NNX train_step": original}
+    case.notes.append(lambda s: f"NNX port: {port.stats.host_calls} calls transferred "
+                                f"{port.stats.host_bytes:,} bytes of batches")
+    return case
+
+
+# --------------------------------------------------------------------------
+# gymnax PPO: a jitted update with a keyword, static config
+
+
+class PPOConfig(NamedTuple):
+    num_envs: int = 2
+    num_steps: int = 8
+    num_minibatches: int = 1
+    update_epochs: int = 1
+    gamma: float = 0.99
+    gae_lambda: float = 0.95
+    clip_eps: float = 0.2
+    ent_coef: float = 0.01
+    vf_coef: float = 0.5
+    max_grad_norm: float = 0.5
+    lr: float = 5e-3
+
+
+def _ppo_program(config: PPOConfig) -> tuple[Any, Any]:
+    """(update function, initial runner state maker), as tests/ports/gymnax_ppo_*.py write them."""
+    import flax.linen as nn
+    import gymnax
+    import jax.numpy as jnp
+    import optax
+    from flax.training.train_state import TrainState
+    from gymnax.wrappers.purerl import LogWrapper
+
+    class ActorCritic(nn.Module):
+        action_dim: int
+
+        @nn.compact
+        def __call__(self, x: Any) -> Any:
+            actor = nn.tanh(nn.Dense(32)(x))
+            logits = nn.Dense(self.action_dim)(actor)
+            critic = nn.tanh(nn.Dense(32)(x))
+            value = nn.Dense(1)(critic)
+            return logits, jnp.squeeze(value, axis=-1)
+
+    class Transition(NamedTuple):
+        done: jax.Array
+        action: jax.Array
+        value: jax.Array
+        reward: jax.Array
+        log_prob: jax.Array
+        obs: jax.Array
+        info: dict
+
+    env, env_params = gymnax.make("CartPole-v1")
+    env = LogWrapper(env)
+    network = ActorCritic(env.action_space(env_params).n)
+
+    def calculate_gae(traj_batch: Any, last_val: Any, *, config: PPOConfig) -> Any:
+        def get_advantages(carry: Any, transition: Any) -> Any:
+            gae, next_value = carry
+            delta = transition.reward + config.gamma * next_value * (1 - transition.done) - transition.value
+            gae = delta + config.gamma * config.gae_lambda * (1 - transition.done) * gae
+            return (gae, transition.value), gae
+
+        _, advantages = jax.lax.scan(
+            get_advantages, (jnp.zeros_like(last_val), last_val), traj_batch, reverse=True
+        )
+        return advantages, advantages + traj_batch.value
+
+    def loss_fn(params: Any, traj_batch: Any, gae: Any, targets: Any, *, config: PPOConfig) -> Any:
+        logits, value = network.apply(params, traj_batch.obs)
+        log_probs = jax.nn.log_softmax(logits)
+        log_prob = jnp.take_along_axis(log_probs, traj_batch.action[:, None], axis=-1)[:, 0]
+
+        value_pred_clipped = traj_batch.value + (value - traj_batch.value).clip(-config.clip_eps, config.clip_eps)
+        value_loss = 0.5 * jnp.maximum(jnp.square(value - targets), jnp.square(value_pred_clipped - targets)).mean()
+
+        ratio = jnp.exp(log_prob - traj_batch.log_prob)
+        gae = (gae - gae.mean()) / (gae.std() + 1e-8)
+        loss_actor = -jnp.minimum(
+            ratio * gae, jnp.clip(ratio, 1.0 - config.clip_eps, 1.0 + config.clip_eps) * gae
+        ).mean()
+        entropy = -(jnp.exp(log_probs) * log_probs).sum(-1).mean()
+        return loss_actor + config.vf_coef * value_loss - config.ent_coef * entropy
+
+    def update(runner_state: Any, *, config: PPOConfig) -> Any:
+        train_state, env_state, last_obs, rng = runner_state
+
+        def env_step(carry: Any, _: Any) -> Any:
+            train_state, env_state, last_obs, rng = carry
+            rng, _rng = jax.random.split(rng)
+            logits, value = network.apply(train_state.params, last_obs)
+            action = jax.random.categorical(_rng, logits)
+            log_prob = jnp.take_along_axis(jax.nn.log_softmax(logits), action[:, None], axis=-1)[:, 0]
+            rng, _rng = jax.random.split(rng)
+            rng_step = jax.random.split(_rng, config.num_envs)
+            obsv, env_state, reward, terminated, truncated, info = jax.vmap(
+                env.step, in_axes=(0, 0, 0, None)
+            )(rng_step, env_state, action, env_params)
+            done = jnp.logical_or(terminated, truncated)
+            transition = Transition(done, action, value, reward, log_prob, last_obs, info)
+            return (train_state, env_state, obsv, rng), transition
+
+        (train_state, env_state, last_obs, rng), traj_batch = jax.lax.scan(
+            env_step, (train_state, env_state, last_obs, rng), None, config.num_steps
+        )
+        _, last_val = network.apply(train_state.params, last_obs)
+        advantages, targets = calculate_gae(traj_batch, last_val, config=config)
+
+        def update_epoch(carry: Any, _: Any) -> Any:
+            train_state, rng = carry
+            rng, _rng = jax.random.split(rng)
+            batch_size = config.num_envs * config.num_steps
+            permutation = jax.random.permutation(_rng, batch_size)
+            batch = jax.tree.map(lambda x: x.reshape((batch_size,) + x.shape[2:]), (traj_batch, advantages, targets))
+            shuffled = jax.tree.map(lambda x: jnp.take(x, permutation, axis=0), batch)
+            minibatches = jax.tree.map(
+                lambda x: x.reshape((config.num_minibatches, -1) + x.shape[1:]), shuffled
+            )
+
+            def update_minibatch(train_state: Any, minibatch: Any) -> Any:
+                traj, gae, target = minibatch
+                loss, grads = jax.value_and_grad(loss_fn)(train_state.params, traj, gae, target, config=config)
+                return train_state.apply_gradients(grads=grads), loss
+
+            train_state, losses = jax.lax.scan(update_minibatch, train_state, minibatches)
+            return (train_state, rng), losses
+
+        (train_state, rng), losses = jax.lax.scan(update_epoch, (train_state, rng), None, config.update_epochs)
+        metrics = {"return": traj_batch.info["returned_episode_returns"][-1].mean(), "loss": losses.mean()}
+        return (train_state, env_state, last_obs, rng), metrics
+
+    rng = jax.random.PRNGKey(0)
+    rng, init_rng, reset_rng = jax.random.split(rng, 3)
+    params = network.init(init_rng, jnp.zeros(env.observation_space(env_params).shape))
+    tx = optax.chain(optax.clip_by_global_norm(config.max_grad_norm), optax.adam(config.lr, eps=1e-5))
+    train_state = TrainState.create(apply_fn=network.apply, params=params, tx=tx)
+    obsv, env_state = jax.vmap(env.reset, in_axes=(0, None))(
+        jax.random.split(reset_rng, config.num_envs), env_params)
+    # The port's device_tree (TrainState.step is a Python int), for both forms alike.
+    runner_state = jc.device_tree((train_state, env_state, obsv, rng))
+
+    def initial() -> Any:
+        # A copy of the arrays for each variant (each donates its own); the
+        # static fields (apply_fn, tx) are the same objects: a second
+        # optax.chain(...) would be a new static value, a new compile.
+        return jax.tree.map(jnp.copy, runner_state)
+
+    return update, initial
+
+
+def _ppo_case(steps: int) -> Case:
+    config = PPOConfig()
+    case = Case("gymnax PPO", f"gymnax PPO: {steps} updates, {config.num_envs} envs x "
+                              f"{config.num_steps} steps")
+    try:
+        update, initial = _ppo_program(config)
+    except ImportError as e:
+        case.skipped = f"{(e.name or 'gymnax').split('.')[0]} not installed"
+        return case
+    original = jax.jit(update, static_argnames="config", donate_argnums=0)
+    port = jc.hot_step(update, state="runner_state", static="config")
+    states = {v: initial() for v in VARIANTS}
+
+    def loop(variant: str) -> float:
+        def body(runner_state: Any) -> tuple[Any, Any]:
+            if variant == "original":
+                for _ in range(steps):
+                    runner_state, metrics = original(runner_state, config=config)
+            else:
+                with jc.checks_level(variant), jc.hot_loop(compiles="warmup") as hl:
+                    for _ in hl.iterate(range(steps)):
+                        runner_state, metrics = port(runner_state, config=config)
+            return runner_state, (runner_state, metrics)
+
+        return _timed(states, variant, body)
+
+    leaves = len(jax.tree.leaves(states["original"]))
+    case.loop = loop
+    case.ports = {"PPO update": port}
+    case.originals = {"PPO update": original}
+    case.notes.append(lambda s: f"gymnax PPO: runner state of {leaves} leaves, config static by keyword")
+    return case
+
+
+# --------------------------------------------------------------------------
+# evosax CMA-ES: ask / evaluate / tell
+
+
+def _cmaes_program(population_size: int, num_dims: int) -> tuple[Any, Any, Any, Any]:
+    """(es, rosenbrock, params, initial (key, state) maker), as tests/ports/evosax_cmaes_*.py write them."""
+    import jax.numpy as jnp
+    from evosax.algorithms import CMA_ES
+
+    def rosenbrock(x: Any) -> Any:
+        return jnp.sum(100.0 * (x[1:] - x[:-1] ** 2) ** 2 + (1.0 - x[:-1]) ** 2)
+
+    es = CMA_ES(population_size=population_size, solution=jnp.zeros(num_dims))
+    params = jc.device_tree(es.default_params)  # std_min, std_max, c_mean are Python floats
+
+    def initial() -> Any:
+        key = jax.random.key(0)
+        key, key_init = jax.random.split(key)
+        state = es.init(key_init, jnp.zeros(num_dims), params)
+        # Both forms: init's weakly typed best_solution/best_fitness would
+        # recompile the original's tell at its second call.
+        return key, jc.device_tree(state)
+
+    return es, rosenbrock, params, initial
+
+
+def _cmaes_case(steps: int, population_size: int = 8, num_dims: int = 4) -> Case:
+    case = Case("evosax CMA-ES", f"evosax CMA-ES: {steps} generations, pop {population_size} x dim {num_dims}")
+    try:
+        es, rosenbrock, params, initial = _cmaes_program(population_size, num_dims)
+    except ImportError as e:
+        case.skipped = f"{(e.name or 'evosax').split('.')[0]} not installed"
+        return case
+    ask0 = jax.jit(es.ask)
+    evaluate0 = jax.jit(jax.vmap(rosenbrock))
+    tell0 = jax.jit(es.tell)
+    ask = jc.hot_step(es.ask, state="state")
+    evaluate = jc.hot_step(jax.vmap(rosenbrock), stateless=True)
+    tell = jc.hot_step(es.tell, state="state")
+    states = {v: initial() for v in VARIANTS}
+
+    def loop(variant: str) -> float:
+        def body(carry: Any) -> tuple[Any, Any]:
+            key, state = carry
+            if variant == "original":
+                for _ in range(steps):
+                    key, key_ask, key_tell = jax.random.split(key, 3)
+                    population, state = ask0(key_ask, state, params)
+                    fitness = evaluate0(population)
+                    state, metrics = tell0(key_tell, population, fitness, state, params)
+            else:
+                with jc.checks_level(variant), jc.hot_loop(compiles="warmup") as hl:
+                    for _ in hl.iterate(range(steps)):
+                        key, key_ask, key_tell = jax.random.split(key, 3)
+                        population, state = ask(key_ask, state, params)
+                        fitness = evaluate(population)
+                        state, metrics = tell(key_tell, population, fitness, state, params)
+            return (key, state), (key, state, metrics)
+
+        return _timed(states, variant, body)
+
+    case.loop = loop
+    case.ports = {"CMA-ES ask": ask, "CMA-ES evaluate": evaluate, "CMA-ES tell": tell}
+    case.originals = {"CMA-ES ask": ask0, "CMA-ES evaluate": evaluate0, "CMA-ES tell": tell0}
+    return case
+
+
+# --------------------------------------------------------------------------
+
+
+CASES: dict[str, tuple[Callable[[int], Case], int, int]] = {
+    # name -> (builder, steps, steps with --quick)
+    "nnx": (_nnx_case, 200, 20),
+    "ppo": (_ppo_case, 200, 20),
+    "cmaes": (_cmaes_case, 100, 10),
+}
+
+
+def _measure(case: Case, repeats: int, seed: int) -> dict[str, list[float]]:
+    """Per variant, ``repeats`` loop times in ms, interleaved in shuffled order."""
+    assert case.loop is not None
+    samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
     for _ in range(2):  # warm-up: compiles, caches
-        for variant in states:
-            run(variant)
-    rng = random.Random(args.seed)
+        for variant in VARIANTS:
+            case.loop(variant)
+    rng = random.Random(seed)
     for _ in range(repeats):
         gc.collect()
-        order = list(states)
+        order = list(VARIANTS)
         rng.shuffle(order)
         for variant in order:
-            samples[variant].append(run(variant) * 1e3)
+            samples[variant].append(case.loop(variant) * 1e3)
+    return samples
+
+
+def _report(res: Result, case: Case, samples: dict[str, list[float]] | None, steps: int,
+            repeats: int, seed: int) -> None:
+    line = f"{case.name} port at full <= {LIMIT:.2f}x the original jax.jit loop"
+    if samples is None:
+        res.rows.append(row(case.case, "jax.jit (original)", None, "ms/loop", note=case.skipped))
+        res.budget(line, None, LIMIT, why=f"skipped: {case.skipped}")
+        res.notes.append(f"{case.name}: skipped, {case.skipped}")
+        return
     base = samples["original"]
-    case = f"{steps} steps, numpy batches"
-    res.rows.append(row(case, "jax.jit (original)", base, "ms/loop", base=base, note="base"))
-    res.rows.append(row(case, "port full", samples["full"], "ms/loop", base=base))
-    res.rows.append(row(case, "port off", samples["off"], "ms/loop", base=base))
+    res.rows.append(row(case.case, "jax.jit (original)", base, "ms/loop", base=base, note="base"))
+    res.rows.append(row(case.case, "port full", samples["full"], "ms/loop", base=base))
+    res.rows.append(row(case.case, "port off", samples["off"], "ms/loop", base=base))
     ratio = statistics.median(samples["full"]) / statistics.median(base)
-    res.budget(f"NNX port at full <= {LIMIT:.2f}x the original jax.jit loop", ratio, LIMIT,
-               paired=[a / b for a, b in zip(samples["full"], base)], seed=args.seed)
+    res.budget(line, ratio, LIMIT, paired=[a / b for a, b in zip(samples["full"], base)], seed=seed)
     off = statistics.median(samples["off"]) / statistics.median(base)
     per_step = statistics.median(base) / steps * 1e3
-    res.notes.append(f"original: {per_step:.1f} us per step; port at off: {off:.3f}x; {repeats} loops each")
-    res.notes.append(f"port: {port.stats.host_calls} calls transferred {port.stats.host_bytes:,} bytes of batches")
+    res.notes.append(f"{case.name}: original {per_step:.1f} us per iteration; port at off: {off:.3f}x; "
+                     f"{repeats} loops each")
+    for note in case.notes:
+        res.notes.append(note(samples))
+    for label, step in case.ports.items():
+        res.check_clean(f"{label} (port)", step)
+    for label, fn in case.originals.items():
+        n = fn._cache_size()
+        if n != 1:
+            res.notes.append(f"WARNING: {label} (original jax.jit): {n} compiled signatures")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = parser(__doc__)
+    p.add_argument("--steps", type=int,
+                   help="loop iterations per sample, every case (default NNX 200, PPO 200, CMA-ES 100)")
+    p.add_argument("--repeats", type=int, help="loops per variant (default 31)")
+    p.add_argument("--cases", nargs="+", choices=list(CASES), help="measure only these")
+    args = p.parse_args(argv)
+    repeats = args.repeats or (3 if args.quick else 31)
+    start = time.perf_counter()
+    res = Result("ports", "real programs' loops (NNX, gymnax PPO, evosax CMA-ES): port vs original")
+    res.meta = machine()
+    for name in args.cases or list(CASES):
+        build, full_steps, quick_steps = CASES[name]
+        steps = args.steps or (quick_steps if args.quick else full_steps)
+        case = build(steps)
+        samples = None if case.skipped else _measure(case, repeats, args.seed)
+        _report(res, case, samples, steps, repeats, args.seed)
     res.seconds = time.perf_counter() - start
     res.emit(args)
     return 0

@@ -16,9 +16,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import jax
+import numpy as np
 
 from ._compat import refcount
-from ._compat.arrays import ArrayImpl
+from ._compat.arrays import ArrayImpl, KeyArray
 from ._compat.tracing import flatten
 from ._dtypes import is_key
 from ._fields import dict_getter, flat_field_names
@@ -33,11 +34,14 @@ __all__ = [
     "CallContext",
     "DispatchingStep",
     "KeptPlan",
+    "LeafKinds",
     "first_leaf_of",
     "is_deleted_for",
     "kept_plan",
+    "leaf_kinds",
     "leaves_of",
     "make_tail",
+    "picker",
 ]
 
 
@@ -247,6 +251,48 @@ def is_deleted_for(cs: CompiledSignature) -> Callable[[Any], bool]:
     if any(is_key(leaf.spec.dtype) for leaf in cs.leaves):
         return operator.methodcaller("is_deleted")
     return ArrayImpl.is_deleted  # type: ignore[no-any-return]
+
+
+def picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """A C-level ``lambda leaves: tuple(leaves[i] for i in indices)``."""
+    if not indices:
+        return lambda leaves: ()
+    if len(indices) == 1:
+        only = indices[0]
+        return lambda leaves: (leaves[only],)
+    return operator.itemgetter(*indices)  # type: ignore[return-value]
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafKinds:
+    """What the checked closures compare each call in C (``map`` over the
+    flat leaves): the exact type of every leaf, and the weak type of every
+    device leaf. A mismatch falls back to the leaf-by-leaf loop (which tells
+    the accepted variants, a device array for declared host data, apart)."""
+
+    types: tuple[type, ...]  # per flat leaf: ArrayImpl, the key class, or np.ndarray (host=)
+    device: Callable[[Sequence[Any]], tuple[Any, ...]]  # the device leaves
+    weak: tuple[bool, ...]  # per device leaf
+    weak_of: Callable[[Any], bool] = operator.attrgetter("aval.weak_type")
+
+
+def leaf_kinds(cs: CompiledSignature) -> LeafKinds | None:
+    """The :class:`LeafKinds` of a signature (None: a class is missing here)."""
+    if ArrayImpl is None:
+        return None
+    host = frozenset(cs.host)
+    types: list[type] = []
+    for i, leaf in enumerate(cs.leaves):
+        if i in host:
+            types.append(np.ndarray)
+        elif is_key(leaf.spec.dtype):
+            if KeyArray is None:
+                return None
+            types.append(KeyArray)
+        else:
+            types.append(ArrayImpl)
+    device = [i for i in range(len(cs.leaves)) if i not in host]
+    return LeafKinds(tuple(types), picker(device), tuple(bool(cs.weak[i]) for i in device))
 
 
 def leaves_of(cls: type) -> Callable[[Any], Sequence[Any]]:

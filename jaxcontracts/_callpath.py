@@ -31,7 +31,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from ._callctx import CallContext, DispatchingStep, is_deleted_for, kept_plan, make_tail
+from ._callctx import (
+    CallContext,
+    DispatchingStep,
+    is_deleted_for,
+    kept_plan,
+    leaf_kinds,
+    make_tail,
+    picker,
+)
 from ._compat import refcount
 from ._compat.arrays import ArrayImpl, KeyArray
 from ._compat.threadguard import allow_host_to_device
@@ -242,24 +250,30 @@ def _checked(ctx: CallContext) -> Callable[..., Any]:
     first_donated = donated[0] if donated else None
     full, is_deleted, n_leaves = ctx.full, is_deleted_for(cs), len(cs.leaves)
 
+    donated_of = picker(donated)
+
     def leaves_consumed(leaves: Sequence[Any]) -> bool:
-        return all(leaves[i].is_deleted() for i in donated)
+        return all(map(is_deleted, donated_of(leaves)))
 
     tail = make_tail(ctx, leaves_consumed)
     kept = kept_plan(ctx)
+    kinds = leaf_kinds(cs)
+    types, weak_of = (kinds.types, kinds.weak_of) if kinds is not None else ((), None)
 
     def checked(*args: Any, **kwargs: Any) -> Any:
         leaves, treedef = flatten(args)
         if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
             return slow_call(args, kwargs, None)
-        if any_weak:
-            for x, w in zip(leaves, weak):
-                if (type(x) is not array_impl and type(x) is not key_array) or x.aval.weak_type is not w:
-                    return slow_call(args, kwargs, None)
-        else:
-            for x in leaves:
-                if (type(x) is not array_impl and type(x) is not key_array) or x.aval.weak_type:
-                    return slow_call(args, kwargs, None)
+        # Every leaf's type and weak type, compared in C (one map each).
+        if tuple(map(type, leaves)) != types or tuple(map(weak_of, leaves)) != weak:  # type: ignore[arg-type]
+            if any_weak:
+                for x, w in zip(leaves, weak):
+                    if (type(x) is not array_impl and type(x) is not key_array) or x.aval.weak_type is not w:
+                        return slow_call(args, kwargs, None)
+            else:
+                for x in leaves:
+                    if (type(x) is not array_impl and type(x) is not key_array) or x.aval.weak_type:
+                        return slow_call(args, kwargs, None)
         if shardings is not None:
             for i, (x, s) in enumerate(zip(leaves, shardings)):
                 if x.sharding != s and not placed_alike(i, x.sharding, s):
@@ -307,28 +321,39 @@ def _checked_host(ctx: CallContext) -> Callable[..., Any]:
     full, nbytes, n_leaves = ctx.full, cs.host_nbytes, len(cs.leaves)
     first_donated = donated[0] if donated else None
 
+    donated_of = picker(donated)
+    is_deleted = is_deleted_for(cs)
+
     def leaves_consumed(leaves: Sequence[Any]) -> bool:
-        return all(leaves[i].is_deleted() for i in donated)
+        return all(map(is_deleted, donated_of(leaves)))
 
     tail = make_tail(ctx, leaves_consumed)
     kept = kept_plan(ctx)
+    fast = leaf_kinds(cs)
+    types, device_of, device_weak, weak_of = (
+        (fast.types, fast.device, fast.weak, fast.weak_of) if fast is not None else ((), picker(device), (), None)
+    )
 
     def checked_host(*args: Any, **kwargs: Any) -> Any:
         leaves, treedef = flatten(args)
         if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
             return slow_call(args, kwargs, None)
-        transfers = False
-        for x, (is_host, w) in zip(leaves, kinds):
-            t = type(x)
-            if is_host and t is ndarray:
-                transfers = True
-            elif (t is not array_impl and t is not key_array) or x.aval.weak_type is not w:
-                return slow_call(args, kwargs, None)
-        x = None  # the loop's variable held the last leaf (see _checked)
+        # The usual call (numpy batches, device state), compared in C; else leaf by leaf.
+        if tuple(map(type, leaves)) == types and tuple(map(weak_of, device_of(leaves))) == device_weak:  # type: ignore[arg-type]
+            transfers = True
+        else:
+            transfers = False
+            for x, (is_host, w) in zip(leaves, kinds):
+                t = type(x)
+                if is_host and t is ndarray:
+                    transfers = True
+                elif (t is not array_impl and t is not key_array) or x.aval.weak_type is not w:
+                    return slow_call(args, kwargs, None)
+            x = None  # the loop's variable held the last leaf (see _checked)
         if first_donated is not None and leaves[first_donated].is_deleted():
             return slow_call(args, kwargs, None)  # a stale state: explain, quietly
         if full and (
-            any(leaves[i].is_deleted() for i in device)
+            any(map(is_deleted, device_of(leaves)))
             or (len(set(map(id, leaves))) != n_leaves and find_hazards(leaves, donated)[1])
         ):
             return slow_call(args, kwargs, None)

@@ -26,7 +26,7 @@ EXPECTED = {
     "memory": ("hot_step full", 1),
     "compile": ("hot_step.compile(spec)", 1),
     "state": ("s.replace(x0=...)", 2),  # --quick: 10 fields only (100 in a full run)
-    "ports": ("port full", 1),
+    "ports": ("port full", 3),  # NNX, gymnax PPO, evosax CMA-ES (a case skipped: "not run")
 }
 PEERS = ("eqx.filter_jit(donate=all)", "jax.jit(chex.assert_max_traces)", "jaxtyped(beartype)(jax.jit)")
 
@@ -61,7 +61,8 @@ def test_benchmark_ran_and_printed_its_rows(quick_run, name):
     table_lines = [line for line in stdout.splitlines() if line.startswith(name + " ")]
     assert any(variant in line for line in table_lines), stdout
     for b in res["budgets"]:
-        assert b["verdict"].split()[0] in ("met", "missed"), b
+        skipped = name == "ports" and b["verdict"] == "not run" and "not installed" in b["why"]
+        assert skipped or b["verdict"].split()[0] in ("met", "missed"), b
         assert b["line"] in stdout
 
 

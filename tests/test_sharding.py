@@ -133,11 +133,12 @@ def test_an_equivalent_sharding_is_accepted_not_a_recursion(level, variant):
 
 
 def test_a_call_path_that_refuses_what_the_slow_path_accepts_is_an_error_not_a_recursion(monkeypatch):
-    from jaxcontracts import _callpath
+    from jaxcontracts import _callctx, _callpath
 
     # A stand-in for the array class that no leaf is: the call path refuses all.
     stand_in = type("NotAnArray", (), {"is_deleted": _callpath.ArrayImpl.is_deleted})
     monkeypatch.setattr(_callpath, "ArrayImpl", stand_in)
+    monkeypatch.setattr(_callctx, "ArrayImpl", stand_in)  # the C-level type comparison's
     step = jc.hot_step(relax_fn, signature=Field)
     f = Field.zeros(n=4, m=2)
     with pytest.raises(jc.RecompileError, match="internal disagreement") as info:
