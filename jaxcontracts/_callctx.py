@@ -38,6 +38,7 @@ __all__ = [
     "first_leaf_of",
     "is_deleted_for",
     "kept_plan",
+    "keyword_binder",
     "leaf_kinds",
     "leaves_of",
     "make_tail",
@@ -82,6 +83,8 @@ class CallContext:
     # At full (with the kept-references capability): refuse a donated leaf
     # held elsewhere. None: not checked.
     kept: Callable[[Sequence[int]], BaseException] | None = None
+    # Keyword arguments bound to positions without inspect (None: not this call's shape).
+    bind: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None] = lambda args, kwargs: None
 
 
 def _stamper(out_tokens: tuple[tuple[tuple[int, ...], object], ...]) -> Callable[[Any], None]:
@@ -253,6 +256,31 @@ def is_deleted_for(cs: CompiledSignature) -> Callable[[Any], bool]:
     return ArrayImpl.is_deleted  # type: ignore[no-any-return]
 
 
+def keyword_binder(sig: StepSignature) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None]:
+    """``bind(args, kwargs)``: every argument by position when ``args`` and
+    ``kwargs`` give all the parameters (``update(state, config=config)``, in
+    any keyword order), without ``inspect.Signature.bind``; None otherwise
+    (defaults to apply, a wrong name: the slow path binds and explains)."""
+    params = list(sig.signature.parameters.values())
+    names = sig.param_names
+    tails: dict[int, tuple[str, ...]] = {}
+    for k in range(len(names) + 1):
+        tail = names[k:]
+        if all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params[k:]):
+            tails[k] = tail
+
+    def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+        tail = tails.get(len(args))
+        if tail is None or len(kwargs) != len(tail):
+            return None
+        try:
+            return (*args, *[kwargs[name] for name in tail])
+        except KeyError:
+            return None
+
+    return bind
+
+
 def picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
     """A C-level ``lambda leaves: tuple(leaves[i] for i in indices)``."""
     if not indices:
@@ -272,7 +300,11 @@ class LeafKinds:
 
     types: tuple[type, ...]  # per flat leaf: ArrayImpl, the key class, or np.ndarray (host=)
     device: Callable[[Sequence[Any]], tuple[Any, ...]]  # the device leaves
-    weak: tuple[bool, ...]  # per device leaf
+    # The device leaves that are not typed PRNG keys (a key's `aval` is built
+    # anew on each read, about 9 us; a key is never weakly typed), and their
+    # weak types.
+    unkeyed: Callable[[Sequence[Any]], tuple[Any, ...]]
+    weak: tuple[bool, ...]
     weak_of: Callable[[Any], bool] = operator.attrgetter("aval.weak_type")
 
 
@@ -292,7 +324,8 @@ def leaf_kinds(cs: CompiledSignature) -> LeafKinds | None:
         else:
             types.append(ArrayImpl)
     device = [i for i in range(len(cs.leaves)) if i not in host]
-    return LeafKinds(tuple(types), picker(device), tuple(bool(cs.weak[i]) for i in device))
+    unkeyed = [i for i in device if types[i] is not KeyArray]
+    return LeafKinds(tuple(types), picker(device), picker(unkeyed), tuple(bool(cs.weak[i]) for i in unkeyed))
 
 
 def leaves_of(cls: type) -> Callable[[Any], Sequence[Any]]:

@@ -36,6 +36,7 @@ from ._callctx import (
     DispatchingStep,
     is_deleted_for,
     kept_plan,
+    keyword_binder,
     leaf_kinds,
     make_tail,
     picker,
@@ -79,6 +80,7 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
         not_consumed=step.not_consumed,
         marks=_consumed_marks(cs, sig.state_params, step.short_name),
         normalize=sig.normalize,
+        bind=keyword_binder(sig),
         kept=(lambda kept: kept_leaves_error(sig, cs, kept))
         if level == "full" and cs.donated and refcount.available()
         else None,
@@ -128,9 +130,11 @@ def _with_filtered(sig: StepSignature, dispatch: Callable[..., Any], step: Dispa
     last: dict[int, Any] = {}
     record = step.last_call
 
+    bind = keyword_binder(sig)
+
     def with_filtered(*args: Any, **kwargs: Any) -> Any:
         if kwargs or len(args) != n_params:
-            args = normalize(args, kwargs)
+            args = (bind(args, kwargs) if kwargs else None) or normalize(args, kwargs)
         items = list(args)
         for i in filtered:
             value = items[i]
@@ -159,8 +163,15 @@ def _with_static(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[.
     normalize, n_params, static = sig.normalize, len(sig.param_names), sig.static_params
     last: dict[int, tuple[Any, Any]] = {}
 
+    bind = keyword_binder(sig)
+
     def with_static(*args: Any, **kwargs: Any) -> Any:
-        if kwargs or len(args) != n_params:
+        if kwargs:  # update(state, config=config): bound without inspect, then as positional
+            bound = bind(args, kwargs)
+            if bound is None:
+                return dispatch(*normalize(args, kwargs))
+            args = bound
+        elif len(args) != n_params:
             return dispatch(*normalize(args, kwargs))
         items = list(args)
         for i in static:
@@ -192,10 +203,14 @@ def _off(ctx: CallContext) -> Callable[..., Any]:
         compiled = allow_host_to_device(compiled)
     # "no trace is active": JAX's is_top_level() read inline (see top_level_refs)
     tref, ev, aref, top = top_level_refs()
-    n_params, normalize = ctx.n_params, ctx.normalize
+    n_params, normalize, bind = ctx.n_params, ctx.normalize, ctx.bind
     if ctx.cs.flat_style:
 
         def off_flat(*args: Any, **kwargs: Any) -> Any:
+            if kwargs:
+                bound = bind(args, kwargs)
+                if bound is not None:
+                    return off_flat(*bound)
             leaves, treedef = flatten(args)
             if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
                 if normalize is not None and (kwargs or len(args) != n_params) and tref.value is ev:
@@ -211,6 +226,10 @@ def _off(ctx: CallContext) -> Callable[..., Any]:
     def off(*args: Any, **kwargs: Any) -> Any:
         if tref.value is not ev or aref.value is not top:  # under a transformation: trace
             return slow_call(args, kwargs, None)
+        if kwargs:
+            bound = bind(args, kwargs)
+            if bound is not None:
+                args, kwargs = bound, {}
         try:
             return compiled(*args, **kwargs)
         except Exception as e:  # noqa: BLE001
@@ -223,9 +242,8 @@ def _off(ctx: CallContext) -> Callable[..., Any]:
 
 def _checked(ctx: CallContext) -> Callable[..., Any]:
     """Checks ``fast``/``full``: flatten, check each leaf's kind, call."""
-    cs, compiled, slow_call = ctx.cs, ctx.compiled, ctx.slow_call
+    cs, compiled, slow_call, bind = ctx.cs, ctx.compiled, ctx.slow_call, ctx.bind
     in_treedef, donated, weak, flat_style = cs.in_treedef, cs.donated, cs.weak, cs.flat_style
-    any_weak = any(weak)
     shardings = [leaf.spec.sharding for leaf in cs.leaves] if cs.multi_device else None
     ndims = [len(leaf.spec.shape) for leaf in cs.leaves]
     # Shardings that differ as objects but place the data alike (P('x', None)
@@ -257,23 +275,25 @@ def _checked(ctx: CallContext) -> Callable[..., Any]:
 
     tail = make_tail(ctx, leaves_consumed)
     kept = kept_plan(ctx)
-    kinds = leaf_kinds(cs)
-    types, weak_of = (kinds.types, kinds.weak_of) if kinds is not None else ((), None)
+    fast = leaf_kinds(cs)
+    types, unkeyed, unkeyed_weak, weak_of = (
+        (fast.types, fast.unkeyed, fast.weak, fast.weak_of) if fast is not None else ((), None, (), None)
+    )
 
     def checked(*args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            bound = bind(args, kwargs)
+            if bound is not None:
+                return checked(*bound)
         leaves, treedef = flatten(args)
         if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
             return slow_call(args, kwargs, None)
         # Every leaf's type and weak type, compared in C (one map each).
-        if tuple(map(type, leaves)) != types or tuple(map(weak_of, leaves)) != weak:  # type: ignore[arg-type]
-            if any_weak:
-                for x, w in zip(leaves, weak):
-                    if (type(x) is not array_impl and type(x) is not key_array) or x.aval.weak_type is not w:
-                        return slow_call(args, kwargs, None)
-            else:
-                for x in leaves:
-                    if (type(x) is not array_impl and type(x) is not key_array) or x.aval.weak_type:
-                        return slow_call(args, kwargs, None)
+        if tuple(map(type, leaves)) != types or tuple(map(weak_of, unkeyed(leaves))) != unkeyed_weak:  # type: ignore[arg-type,misc]
+            for x, w in zip(leaves, weak):  # a key is never weak: its costly aval is not read
+                t = type(x)
+                if t is not key_array and (t is not array_impl or x.aval.weak_type is not w):
+                    return slow_call(args, kwargs, None)
         if shardings is not None:
             for i, (x, s) in enumerate(zip(leaves, shardings)):
                 if x.sharding != s and not placed_alike(i, x.sharding, s):
@@ -312,6 +332,7 @@ def _checked_host(ctx: CallContext) -> Callable[..., Any]:
     """
     cs, compiled, slow_call, stats = ctx.cs, ctx.compiled, ctx.slow_call, ctx.stats
     in_treedef, donated, weak, flat_style = cs.in_treedef, cs.donated, cs.weak, cs.flat_style
+    bind = ctx.bind
     host = frozenset(cs.host)
     kinds = tuple((i in host, w) for i, w in enumerate(weak))
     device = [i for i in range(len(cs.leaves)) if i not in host]
@@ -330,16 +351,22 @@ def _checked_host(ctx: CallContext) -> Callable[..., Any]:
     tail = make_tail(ctx, leaves_consumed)
     kept = kept_plan(ctx)
     fast = leaf_kinds(cs)
-    types, device_of, device_weak, weak_of = (
-        (fast.types, fast.device, fast.weak, fast.weak_of) if fast is not None else ((), picker(device), (), None)
+    types, device_of, unkeyed, unkeyed_weak, weak_of = (
+        (fast.types, fast.device, fast.unkeyed, fast.weak, fast.weak_of)
+        if fast is not None
+        else ((), picker(device), None, (), None)
     )
 
     def checked_host(*args: Any, **kwargs: Any) -> Any:
+        if kwargs:
+            bound = bind(args, kwargs)
+            if bound is not None:
+                return checked_host(*bound)
         leaves, treedef = flatten(args)
         if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
             return slow_call(args, kwargs, None)
         # The usual call (numpy batches, device state), compared in C; else leaf by leaf.
-        if tuple(map(type, leaves)) == types and tuple(map(weak_of, device_of(leaves))) == device_weak:  # type: ignore[arg-type]
+        if tuple(map(type, leaves)) == types and tuple(map(weak_of, unkeyed(leaves))) == unkeyed_weak:  # type: ignore[arg-type,misc]
             transfers = True
         else:
             transfers = False
@@ -347,7 +374,7 @@ def _checked_host(ctx: CallContext) -> Callable[..., Any]:
                 t = type(x)
                 if is_host and t is ndarray:
                     transfers = True
-                elif (t is not array_impl and t is not key_array) or x.aval.weak_type is not w:
+                elif t is not key_array and (t is not array_impl or x.aval.weak_type is not w):
                     return slow_call(args, kwargs, None)
             x = None  # the loop's variable held the last leaf (see _checked)
         if first_donated is not None and leaves[first_donated].is_deleted():

@@ -13,7 +13,7 @@ rebuilt after the call.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import jax
@@ -84,7 +84,7 @@ class Filtered:
 
     __slots__ = ("leaves", "key")
 
-    def __init__(self, leaves: Sequence[Any], key: FilterKey) -> None:
+    def __init__(self, leaves: Iterable[Any], key: FilterKey) -> None:
         self.leaves, self.key = tuple(leaves), key
 
     def __repr__(self) -> str:

@@ -86,8 +86,9 @@ def provenance_path(ctx: CallContext, checked: Callable[..., Any]) -> Callable[.
             if treedef != other_treedef or multi_device:
                 return checked(*args)
             for x, w in zip(leaves, other_weak):
-                if (type(x) is not array_impl and type(x) is not key_array) or (
-                    x.aval.weak_type is not w if other_any_weak else x.aval.weak_type
+                t = type(x)  # a typed key is never weak (its aval is built on each read: not read)
+                if t is not key_array and (
+                    t is not array_impl or (x.aval.weak_type is not w if other_any_weak else x.aval.weak_type)
                 ):
                     return checked(*args)
             if full and any(map(is_deleted, leaves)):

@@ -12,6 +12,7 @@ Issue 10, sections 3 and 4: calls and definitions that were refused wrongly.
 from __future__ import annotations
 
 import functools
+import typing
 from typing import TYPE_CHECKING
 
 import jax
@@ -217,3 +218,37 @@ def test_a_step_is_copied_like_a_function_and_a_bound_one_follows_its_instance()
     assert b.step is not a.step
     assert jnp.all(b.step(S.zeros(n=3)).u == 5)  # bound to the copy, not to `a`
     assert jnp.all(a.step(S.zeros(n=3)).u == 1)
+
+
+@pytest.mark.parametrize("level", ["off", "fast", "full"])
+def test_keyword_calls_take_the_call_path_not_the_slow_path(level, monkeypatch):
+    # PPO's update(runner_state, config=config): keywords bound without inspect.
+    from jaxcontracts import _hot_step
+
+    class Config(typing.NamedTuple):
+        lr: float
+
+    def update(state, batch, *, config):
+        return {"w": state["w"] - config.lr * batch}, batch.sum()
+
+    def plain(state, batch):
+        return {"w": state["w"] - batch}, batch.sum()
+
+    static = jc.hot_step(update, state="state", static="config")
+    bare = jc.hot_step(plain, state="state")
+    config, batch = Config(0.1), jnp.ones(3)
+    with jc.checks_level(level):
+        s, _ = static({"w": jnp.zeros(3)}, batch, config=config)
+        t, _ = bare({"w": jnp.zeros(3)}, batch=batch)
+        slow = []
+        real = _hot_step._decide
+        monkeypatch.setattr(_hot_step, "_decide", lambda *a: slow.append(1) or real(*a))
+        for _ in range(5):
+            s, _ = static(s, batch, config=config)
+            s, _ = static(state=s, batch=batch, config=config)  # any keyword shape that names all
+            t, _ = bare(t, batch=batch)
+            t, _ = bare(batch=batch, state=t)
+        assert slow == []
+    assert jnp.allclose(s["w"], -1.1) and jnp.allclose(t["w"], -11.0)
+    with pytest.raises(TypeError, match="called with"):
+        bare(t, batsh=batch)  # a wrong name: the slow path binds and explains
