@@ -24,7 +24,7 @@ import numpy as np
 
 from . import _config, _steps, _timing
 from ._callpath import make_dispatch
-from ._compat.runtime_errors import is_runtime_error
+from ._compat.runtime_errors import debug_nans_kind, is_runtime_error
 from ._compat.tracing import Tracer, flatten, trace_state_clean
 from ._compile import compile_signature, jit_for, quiet_donation_warning, signature_diffs
 from ._diagnose import (
@@ -35,7 +35,7 @@ from ._diagnose import (
     run_failed_note,
     signature_error,
 )
-from ._donation import find_hazards
+from ._donation import find_hazards, is_deleted_array
 from ._errors import INPUTS_INTACT, ContractError, DefinitionError, DonationError, RecompileError
 from ._filter import join_out
 from ._foreign import holds_module, host_leaves_on_device
@@ -407,6 +407,10 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         return _host_arguments(step, positional, host, exc)
     current = step._current
     donated = current.donated if current is not None else sig.donated_leaves([p for p, _ in with_path])
+    if exc is not None:
+        nans = debug_nans_kind(exc)
+        if nans is not None:  # jax_debug_nans / jax_debug_infs: the output held a nan
+            raise _invalid_values(step, positional, leaves, paths, nans) from None
     ran = exc is not None and is_runtime_error(exc)
     if ran and any(leaves[i].is_deleted() for i in donated):
         # The executable failed while running (a callback raised, out of
@@ -425,6 +429,38 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
     # (a first call refuses a kept sample as any other does).
     del leaves, with_path, host
     return _redispatch(step, dispatch, positional, paths)
+
+
+def _invalid_values(
+    step: HotStep[Any, Any], positional: tuple[Any, ...], leaves: list[Any], paths: list[str], kind: str
+) -> FloatingPointError:
+    """JAX's ``FloatingPointError`` for a compiled call that produced a nan/inf.
+
+    ``jax.jit`` re-runs its function op by op to name the operation; so does
+    this, when the call consumed none of its donated inputs (``donate="none"``,
+    or XLA copied). Otherwise the inputs are gone, and the error says so.
+    """
+    sig, current = step._sig, step._current
+    donated = current.donated if current is not None else ()
+    consumed = [i for i in donated if is_deleted_array(leaves[i])]
+    if not consumed:
+        try:
+            with jax.disable_jit():
+                sig.positional(*positional)
+        except FloatingPointError as e:
+            e.add_note(f"jaxcontracts: found by re-running {sig.name} without jit (jax_debug_{kind}s is set).")
+            return e
+    err = FloatingPointError(
+        f"invalid value ({kind}) encountered in the output of {sig.name} (jax_debug_{kind}s is set)."
+    )
+    err.add_note(run_failed_note(sig, paths, leaves, donated))
+    if consumed:
+        err.add_note(
+            "jaxcontracts: the step cannot be re-run without jit to name the operation, as "
+            "jax.jit does: its donated inputs are gone. To find it, run the step on a copy of "
+            "the state with jax.disable_jit(), or with @jc.hot_step(donate=\"none\")."
+        )
+    return err
 
 
 def _module_params(

@@ -130,8 +130,9 @@ def deleted_read(x: Any) -> Exception | None:
             else ""
         )
         summary = (
-            f"`{path}` ({what}) no longer exists: it was donated to an earlier call "
-            f"({known}or a jax.jit with donate_argnums), which reused its buffer."
+            f"`{path}` ({what}) no longer exists: it was deleted, most likely donated to an "
+            f"earlier call ({known}or a jax.jit with donate_argnums) that reused its buffer, "
+            "or by x.delete()."
         )
     step = by or (steps[0] if len(steps) == 1 else "step")
     fix = (

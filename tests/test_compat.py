@@ -253,10 +253,10 @@ def test_runtime_errors_are_recognised_only_when_jax_raised_them():
         with jax.transfer_guard_host_to_device("disallow"):
             jnp.add(x, np.ones(3, np.float32))
     assert runtime_errors.classify(h2d.value)[0] == "host-to-device"
-    y = x + 1
-    y.delete()
+    box = [x + 1]
+    box[0].delete()
     with pytest.raises(RuntimeError) as deleted:
-        repr(y)
+        repr(box.pop())  # no name holds it: JAX's own error (a named one is ours, see test_runtime_errors)
     assert runtime_errors.classify(deleted.value)[0] == "deleted"
     with pytest.raises(RuntimeError) as mine:
         raise RuntimeError("Array has been deleted, says my own code")
@@ -536,3 +536,14 @@ def test_locals_of_copies_and_leaves_no_snapshot_holding_the_locals():
         return ref
 
     assert body()() is None
+
+
+def test_a_compiled_call_under_debug_nans_raises_jaxs_internal_error_we_recognise():
+    from jaxcontracts._compat import runtime_errors
+
+    compiled = jax.jit(lambda x: jnp.log(x - 1.0)).lower(jnp.zeros(3)).compile()
+    with jax.debug_nans(True):
+        with pytest.raises(Exception) as e:
+            compiled(jnp.zeros(3))
+    assert runtime_errors.debug_nans_kind(e.value) == "nan", type(e.value)
+    assert runtime_errors.debug_nans_kind(FloatingPointError("nan")) is None

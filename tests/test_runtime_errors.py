@@ -180,7 +180,7 @@ def test_kept_samples_deleted_by_earlier_calls_name_the_list_and_the_donating_st
     with pytest.raises(jc.DonationError) as e:
         jnp.stack(samples)
     text = str(e.value)
-    assert text.startswith("`samples[0]` (f32[5,7]) no longer exists: it was donated to an earlier call"), text
+    assert text.startswith("`samples[0]` (f32[5,7]) no longer exists: it was deleted, most likely donated"), text
     from jaxcontracts import _steps
 
     live = _steps.donating()  # every live donating step (other tests' too), sorted
@@ -227,3 +227,22 @@ def test_a_read_only_step_that_saw_a_leaf_is_never_named_as_its_donor():
                 s = new
     assert "an array that was donated to rollout" in str(e.value), str(e.value)
     assert measure.stats.calls == 2 and advance.stats.calls == 2
+
+
+def test_a_nan_under_debug_nans_is_jaxs_floating_point_error_not_a_donation_story():
+    # It used to say "s['x'] was already deleted ... your inputs are intact": false.
+    def step_fn(s):
+        return {"x": jnp.log(s["x"] - 1.0)}
+
+    step = jc.hot_step(step_fn, state="s")
+    s = step({"x": jnp.array([3.0, 3.0, 3.0], jnp.float32)})
+    for level in ("off", "full"):
+        with jc.checks_level(level), jax.debug_nans(True):
+            with pytest.raises(FloatingPointError, match=r"invalid value \(nan\) encountered in the output of"):
+                step({"x": jnp.zeros(3, jnp.float32)})
+    keep = jc.hot_step(step_fn, state="s", donate="none")
+    keep({"x": jnp.array([3.0, 3.0, 3.0], jnp.float32)})
+    with jax.debug_nans(True), pytest.raises(FloatingPointError, match="encountered in log") as e:
+        keep({"x": jnp.zeros(3, jnp.float32)})  # inputs intact: re-run op by op, as jax.jit does
+    assert any("re-running" in n for n in e.value.__notes__)
+    assert s["x"].shape == (3,)

@@ -16,7 +16,7 @@ import jaxlib
 
 from .registry import define
 
-__all__ = ["GuardErrorKind", "classify", "is_runtime_error"]
+__all__ = ["GuardErrorKind", "classify", "debug_nans_kind", "is_runtime_error"]
 
 GuardErrorKind = Literal["host-to-device", "device-to-host", "deleted"]
 
@@ -77,3 +77,15 @@ def classify(exc: BaseException) -> tuple[GuardErrorKind, str] | None:
             detail = text.split(marker + ":", 1)[1].split(", dst_sharding")[0].strip() if marker + ":" in text else ""
             return kind, detail
     return None
+
+
+def debug_nans_kind(exc: BaseException) -> str | None:
+    """``"nan"`` or ``"inf"`` when ``exc`` is the error a compiled call raises
+    under ``jax_debug_nans`` / ``jax_debug_infs`` (``jax._src.api_util.
+    InternalFloatingPointError(name, ty)``, which ``jax.jit`` catches to re-run
+    its function op by op), else None. Recognised by class name: it is private."""
+    kind = type(exc)
+    if kind.__name__ != "InternalFloatingPointError" or not kind.__module__.startswith("jax."):
+        return None
+    args = getattr(exc, "args", ())
+    return str(args[1]) if len(args) > 1 else "nan"
