@@ -49,7 +49,7 @@ covers.
 the test compiles (or calls) and every ``jc.hot_loop`` it runs, from the
 start of its fixtures' setup to the end of its body, as a
 :class:`jaxcontracts.Snapshot`. ``pytest --jc-snapshot-update`` writes it to
-``__jc_snapshots__/<module>.<test>.txt`` beside the test file (one file per
+``__jc_snapshots__/<module>.<test>.jcsnap`` beside the test file (one file per
 test, one section per backend and device count); a plain run compares and
 fails with a table (field, before, after, rule). Sizes and costs may grow by
 a tolerance: ``@pytest.mark.jc_snapshot(temporaries="25%", flops="any")``,
@@ -286,11 +286,19 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Iterator[Any]:
 
 
 def _snapshot_file(item: pytest.Item) -> pathlib.Path:
-    """``<test dir>/__jc_snapshots__/<module>.<Class>.<test[params]>.txt``."""
+    """``<test dir>/__jc_snapshots__/<module>.<Class>.<test[params]>.jcsnap``
+    (see ``_snapshot_file.file_name``)."""
+    from jaxcontracts._snapshot_file import file_name
+
     path = pathlib.Path(item.path)
-    parts = item.nodeid.split("::")[1:]
-    name = ".".join([path.stem, *parts])
-    name = re.sub(r"[^A-Za-z0-9_.\[\]=+,-]", "_", name)
+    return path.parent / SNAPSHOT_DIR / file_name(path.stem, item.nodeid.split("::")[1:])
+
+
+def _legacy_file(item: pytest.Item) -> pathlib.Path:
+    """The ``.txt`` name of jaxcontracts 0.1 (read when no ``.jcsnap`` exists;
+    an update replaces it): pytest's doctest glob collected those."""
+    path = pathlib.Path(item.path)
+    name = re.sub(r"[^A-Za-z0-9_.\[\]=+,-]", "_", ".".join([path.stem, *item.nodeid.split("::")[1:]]))
     return path.parent / SNAPSHOT_DIR / f"{name}.txt"
 
 
@@ -360,7 +368,7 @@ def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
 
 def _check_snapshot(item: pytest.Item, recorder: Recorder) -> None:
     __tracebackhide__ = True
-    from jaxcontracts._snapshot_file import parse, render_file
+    from jaxcontracts._snapshot_file import read, write
 
     label = f"@pytest.mark.{SNAPSHOT_MARKER}"
     snap = recorder.snapshot()
@@ -373,11 +381,15 @@ def _check_snapshot(item: pytest.Item, recorder: Recorder) -> None:
             pytrace=False,
         )
     file = _snapshot_file(item)
+    folder, legacy = file.parent, _legacy_file(item)
+    source = legacy if not file.exists() and legacy.is_file() and not legacy.is_symlink() else file
     try:
-        recorded = parse(file.read_text(encoding="utf-8")) if file.exists() else {}
-    except ValueError as e:
+        recorded = read(folder, source)
+    except (ValueError, OSError) as e:
         pytest.fail(
-            f"{label}: cannot read {file}: {e}\nFix: rerun with --jc-snapshot-update.",
+            f"{label}: cannot read {source}: {e}\nFix: look at the file (a hostile or "
+            "broken snapshot is never run, only read as data), then rerun with "
+            "--jc-snapshot-update to rewrite it.",
             pytrace=False,
         )
     summary = item.config.stash[_SUMMARY]
@@ -390,10 +402,21 @@ def _check_snapshot(item: pytest.Item, recorder: Recorder) -> None:
                 + "\n".join(f"  {v}" for v in violations),
                 pytrace=False,
             )
-        if str(recorded.get(snap.key)) != str(snap):
-            recorded[snap.key] = snap
-            file.parent.mkdir(parents=True, exist_ok=True)
-            file.write_text(render_file(item.nodeid, recorded.values()), encoding="utf-8")
+        if str(recorded.get(snap.key)) != str(snap) or source is not file:
+
+            def update(current: dict[str, Any]) -> dict[str, Any]:
+                # Sections another session wrote meanwhile (another backend, an
+                # xdist worker) are kept; a legacy file's are carried over.
+                merged = {**(recorded if source is not file else {}), **current}
+                merged[snap.key] = snap
+                return merged
+
+            try:
+                write(folder, file, update, item.nodeid)
+            except (ValueError, OSError) as e:
+                pytest.fail(f"{label}: not written: {e}", pytrace=False)
+            if source is not file:
+                legacy.unlink()
             summary["written"].append(str(file))
         return
     before = recorded.get(snap.key)

@@ -257,8 +257,8 @@ def _recorded(pytester: pytest.Pytester, *args: str) -> str:
     _program(pytester)
     result = pytester.runpytest("--jc-snapshot-update", *args)
     result.assert_outcomes(passed=1)
-    result.stdout.fnmatch_lines(["*jaxcontracts snapshots*", "written: *test_sim.test_sim.txt"])
-    return (pytester.path / "__jc_snapshots__" / "test_sim.test_sim.txt").read_text()
+    result.stdout.fnmatch_lines(["*jaxcontracts snapshots*", "written: *test_sim.test_sim.jcsnap"])
+    return (pytester.path / "__jc_snapshots__" / "test_sim.test_sim.jcsnap").read_text()
 
 
 def _fails_with(pytester: pytest.Pytester, rows: list[str], **changes: str) -> str:
@@ -376,7 +376,7 @@ def test_a_new_violation_is_not_written(pytester):
 
 def test_no_snapshot_for_this_backend_fails_and_update_keeps_other_sections(pytester):
     text = _recorded(pytester)
-    path = pytester.path / "__jc_snapshots__" / "test_sim.test_sim.txt"
+    path = pytester.path / "__jc_snapshots__" / "test_sim.test_sim.jcsnap"
     gpu = text[text.index("[cpu x") :].replace("[cpu x", "[gpu x", 1)
     path.write_text(text[: text.index("[cpu x")] + gpu)
     result = pytester.runpytest()
@@ -390,7 +390,7 @@ def test_no_snapshot_for_this_backend_fails_and_update_keeps_other_sections(pyte
 
 def test_another_jax_version_compares_the_contract_only(pytester):
     text = _recorded(pytester)
-    path = pytester.path / "__jc_snapshots__" / "test_sim.test_sim.txt"
+    path = pytester.path / "__jc_snapshots__" / "test_sim.test_sim.jcsnap"
     path.write_text(re.sub(r"^jax: .*$", "jax: 0.0.1", text, flags=re.M))
     _program(pytester, BODY="s.x + jnp.sort(s.x * 2) + jnp.sort(s.x * 3)")  # XLA's numbers only
     result = pytester.runpytest("-rA")
@@ -436,7 +436,7 @@ def test_a_step_compiled_in_a_fixture_and_the_jc_hot_loop_marker_are_recorded(py
         )
     )
     pytester.runpytest("--jc-snapshot-update", "-k", "marked").assert_outcomes(passed=1)
-    text = (pytester.path / "__jc_snapshots__" / "test_fx.test_marked.txt").read_text()
+    text = (pytester.path / "__jc_snapshots__" / "test_fx.test_marked.jcsnap").read_text()
     assert "step test_fx.advance\n  compiles: 1\n" in text
     assert "  calls test_fx.advance: 3\n" in text
     pytester.runpytest("-k", "marked").assert_outcomes(passed=1)
@@ -458,3 +458,110 @@ def test_demo_simulation_contract():
 
     result = simulate(steps=20, n=64)
     assert result.finite and result.reads == 4
+
+
+# -- hostile snapshot files (issue 20) -------------------------------------
+
+
+def test_snapshot_files_are_never_collected_as_doctests(pytester):
+    # Named test*.txt they matched pytest's default doctest glob: `>>>` lines ran.
+    text = _recorded(pytester)
+    path = pytester.path / "__jc_snapshots__" / "test_sim.test_sim.jcsnap"
+    path.write_text(text + ">>> open('PWNED', 'w').close()\n")  # a hostile edit
+    result = pytester.runpytest("--doctest-glob=test*.txt", "--doctest-glob=*.jcsnap.txt")
+    result.stdout.fnmatch_lines(["collected 1 item"])  # the test, no doctest
+    result.assert_outcomes(failed=1)  # the edit is a contract change, read as data
+    assert not (pytester.path / "PWNED").exists()
+    path.write_text(text)
+    (pytester.path / "__jc_snapshots__" / "other.jcsnap").write_bytes(b"\x00\xff binary")
+    pytester.runpytest().assert_outcomes(passed=1)  # a stray binary file is never read
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (b"<<<<<<< HEAD\n[cpu x1]\n=======\n>>>>>>> other\n", "line 1: '<<<<<<< HEAD' is a merge conflict marker"),
+        (b"[cpu x1]\n\x00\x01\x02", "line 2: binary data"),
+        (b"[cpu x1]\n\xff\xfe not utf-8", "line 2: not UTF-8 text"),
+    ],
+    ids=["conflict", "binary", "not-utf8"],
+)
+def test_a_hostile_snapshot_file_fails_its_test_naming_the_file_and_line(pytester, content, message):
+    _recorded(pytester)
+    path = pytester.path / "__jc_snapshots__" / "test_sim.test_sim.jcsnap"
+    path.write_bytes(content)
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)  # the test fails; the session runs on
+    result.stdout.fnmatch_lines([f"*cannot read *test_sim.test_sim.jcsnap: {message}*"])
+
+
+def test_a_bom_and_crlf_from_a_windows_editor_are_no_difference(pytester):
+    text = _recorded(pytester)
+    path = pytester.path / "__jc_snapshots__" / "test_sim.test_sim.jcsnap"
+    path.write_bytes(b"\xef\xbb\xbf" + text.replace("\n", "\r\n").encode())
+    pytester.runpytest().assert_outcomes(passed=1)
+
+
+def test_an_update_never_writes_through_a_link(pytester, tmp_path_factory):
+    _program(pytester)
+    outside = tmp_path_factory.mktemp("outside") / "target.jcsnap"
+    folder = pytester.path / "__jc_snapshots__"
+    folder.mkdir()
+    (folder / "test_sim.test_sim.jcsnap").symlink_to(outside)  # dangling
+    result = pytester.runpytest("--jc-snapshot-update")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*is a symbolic link; snapshot files are never read or written through links*"])
+    assert not outside.exists()
+
+
+def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(pytester, monkeypatch):
+    from jaxcontracts import _snapshot_file
+
+    text = _recorded(pytester)
+    path = pytester.path / "__jc_snapshots__" / "test_sim.test_sim.jcsnap"
+
+    def full_disk(*args, **kwargs):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(_snapshot_file.os, "fsync", full_disk)
+    _program(pytester, T="Int32")  # a new contract: the update must write
+    result = pytester.runpytest_inprocess("--jc-snapshot-update")
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*not written: *No space left on device*"])
+    assert path.read_text() == text  # the old file, whole
+    assert [p.name for p in path.parent.iterdir() if p.name.startswith(".tmp-")] == []
+
+
+def test_test_ids_that_differ_only_in_unsafe_characters_get_their_own_files():
+    from jaxcontracts._snapshot_file import file_name
+
+    a, b = file_name("test_m", ["test_x[a b]"]), file_name("test_m", ["test_x[a_b]"])
+    assert a != b and b == "test_m.test_x[a_b].jcsnap"  # a plain id keeps its plain name
+    long = file_name("test_m", ["test_x[" + "p" * 300 + "]"])
+    assert long.endswith(".jcsnap") and len(long.encode()) < 255
+
+
+def test_two_sessions_writing_one_file_keep_both_sections(pytester):
+    # Two backends (or xdist workers) updating one file: each merges under a lock.
+    from jaxcontracts._snapshot_file import parse, read, write
+
+    text = _recorded(pytester)
+    folder = pytester.path / "__jc_snapshots__"
+    path = folder / "test_sim.test_sim.jcsnap"
+    cpu = parse(text)
+    gpu = parse(text[text.index("[cpu x") :].replace("[cpu x", "[gpu x", 1))
+    stale = dict(cpu)  # what the second session read before the first one wrote
+
+    write(folder, path, lambda now: {**now, **gpu}, "test_sim.py::test_sim")
+    write(folder, path, lambda now: {**now, **stale}, "test_sim.py::test_sim")
+    assert sorted(read(folder, path)) == sorted([*cpu, *gpu])
+
+
+def test_a_legacy_txt_snapshot_is_read_and_an_update_replaces_it(pytester):
+    text = _recorded(pytester)
+    folder = pytester.path / "__jc_snapshots__"
+    (folder / "test_sim.test_sim.jcsnap").rename(folder / "test_sim.test_sim.txt")
+    pytester.runpytest().assert_outcomes(passed=1)  # 0.1's name still compares
+    pytester.runpytest("--jc-snapshot-update").assert_outcomes(passed=1)
+    assert not (folder / "test_sim.test_sim.txt").exists()
+    assert (folder / "test_sim.test_sim.jcsnap").read_text() == text
