@@ -240,6 +240,21 @@ def _off(ctx: CallContext) -> Callable[..., Any]:
     return off
 
 
+def _placement_probe(cs: CompiledSignature, first_donated: int | None) -> Any:
+    """The compiled sharding of the first donated leaf, to compare per call where
+    this process has several devices (None: one device, or nothing donated).
+
+    An uncommitted array on another device (made under another
+    ``jax.default_device``) is moved by JAX to the executable's device without
+    a word: the copy is donated, the input is not consumed, and the output
+    lands elsewhere. One leaf's placement, compared per call, catches a state
+    built for the wrong device; the slow path names every leaf that differs.
+    """
+    if first_donated is None or cs.multi_device or jax.device_count() < 2:
+        return None
+    return cs.leaves[first_donated].spec.sharding
+
+
 def _checked(ctx: CallContext) -> Callable[..., Any]:
     """Checks ``fast``/``full``: flatten, check each leaf's kind, call."""
     cs, compiled, slow_call, bind = ctx.cs, ctx.compiled, ctx.slow_call, ctx.bind
@@ -267,6 +282,7 @@ def _checked(ctx: CallContext) -> Callable[..., Any]:
     # donated) before XLA refuses it with an error line on stderr.
     first_donated = donated[0] if donated else None
     full, is_deleted, n_leaves = ctx.full, is_deleted_for(cs), len(cs.leaves)
+    placed = _placement_probe(cs, first_donated) if shardings is None else None
 
     donated_of = picker(donated)
 
@@ -301,6 +317,8 @@ def _checked(ctx: CallContext) -> Callable[..., Any]:
         x = None  # the loops' variable held the last leaf: a reference the kept check would count
         if first_donated is not None and leaves[first_donated].is_deleted():
             return slow_call(args, kwargs, None)  # a stale state: explain, quietly
+        if placed is not None and leaves[first_donated].sharding != placed:
+            return slow_call(args, kwargs, None)  # on another device: JAX would move it, undonated
         if full and (
             any(map(is_deleted, leaves))
             or (len(set(map(id, leaves))) != n_leaves and find_hazards(leaves, donated)[1])
@@ -341,6 +359,7 @@ def _checked_host(ctx: CallContext) -> Callable[..., Any]:
     tref, ev, aref, top = top_level_refs()
     full, nbytes, n_leaves = ctx.full, cs.host_nbytes, len(cs.leaves)
     first_donated = donated[0] if donated else None
+    placed = _placement_probe(cs, first_donated)
 
     donated_of = picker(donated)
     is_deleted = is_deleted_for(cs)
@@ -379,6 +398,8 @@ def _checked_host(ctx: CallContext) -> Callable[..., Any]:
             x = None  # the loop's variable held the last leaf (see _checked)
         if first_donated is not None and leaves[first_donated].is_deleted():
             return slow_call(args, kwargs, None)  # a stale state: explain, quietly
+        if placed is not None and leaves[first_donated].sharding != placed:
+            return slow_call(args, kwargs, None)  # on another device: JAX would move it, undonated
         if full and (
             any(map(is_deleted, device_of(leaves)))
             or (len(set(map(id, leaves))) != n_leaves and find_hazards(leaves, donated)[1])

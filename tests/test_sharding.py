@@ -145,3 +145,23 @@ def test_a_call_path_that_refuses_what_the_slow_path_accepts_is_an_error_not_a_r
         step(f)
     assert "u: f32[4,2]" in str(info.value)
     assert alive(f)
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_a_state_built_under_another_default_device_is_refused_before_dispatch(level, mesh2):
+    # jax.default_device(d1) at the first call, then a state made on device 0:
+    # JAX moved the uncommitted input silently (its copy donated, the input
+    # alive, the output on device 1); at full the error blamed a numpy view.
+    d1 = jax.devices()[1]
+
+    def adv(d):
+        return {"x": d["x"] + 1}
+
+    step = jc.hot_step(adv, state="d")
+    with jc.checks_level(level):
+        with jax.default_device(d1):
+            step({"x": jnp.zeros(3)})
+        s0 = {"x": jnp.zeros(3)}  # uncommitted, device 0
+        with pytest.raises(jc.RecompileError, match=r"d\['x'\]: compiled with f32\[3\] sharded single device cpu:1, called with f32\[3\] sharded single device cpu:0"):
+            step(s0)
+    assert not s0["x"].is_deleted()
