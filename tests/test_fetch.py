@@ -7,6 +7,8 @@ a buffer that the step donates; a fetch of a donated array names the step.
 
 from __future__ import annotations
 
+import threading
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -38,3 +40,19 @@ def test_fetch_copies_so_a_kept_result_never_pins_a_donated_buffer():
             old = p
             p = advance(p)
             jc.fetch(old.t)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float8_e4m3fn", "int4"])
+def test_fetch_of_narrow_dtypes_while_a_loop_is_open(dtype):
+    # On 3.11 the loop's buffer hook turned their failed export into
+    # "SystemError: memoryview returned NULL without setting an exception".
+    x = jnp.arange(4).astype(getattr(jnp, dtype))
+    with jc.hot_loop():
+        inside = jc.fetch(x)
+    got: list = []
+    with jc.hot_loop():  # open on this thread while another thread fetches
+        t = threading.Thread(target=lambda: got.append(jc.fetch(x)))
+        t.start()
+        t.join()
+    for v in (inside, got[0]):
+        assert str(v.dtype) == dtype and v.astype(np.float32).tolist() == [0.0, 1.0, 2.0, 3.0]

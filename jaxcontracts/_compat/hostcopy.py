@@ -64,7 +64,10 @@ def _single_to_numpy(a: Any) -> np.ndarray:
     """One single-device CPU array -> a fresh numpy array owning its data."""
     try:
         view = memoryview(a)  # an external reference until release()
-    except (BufferError, TypeError):  # bfloat16, float8, int4: not exportable
+    except (BufferError, TypeError, SystemError):
+        # bfloat16, float8, int4: not exportable. SystemError: on Python 3.11,
+        # while a loop's buffer hook is installed, the original slot's error is
+        # lost in the ctypes callback ("returned NULL without setting an exception").
         view = None
     if view is not None:
         try:
