@@ -25,7 +25,7 @@ import numpy as np
 from . import _config, _steps, _timing
 from ._callpath import make_dispatch
 from ._compat.runtime_errors import debug_nans_kind, is_runtime_error
-from ._compat.tracing import Tracer, flatten, trace_state_clean
+from ._compat.tracing import Tracer, flatten, jit_disabled, trace_state_clean
 from ._compile import compile_signature, jit_for, quiet_donation_warning, signature_diffs
 from ._diagnose import (
     api_misuse_error,
@@ -379,9 +379,14 @@ class HotStep(Generic[P, R]):
 def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
     __tracebackhide__ = True
     sig = step._sig
-    if not trace_state_clean() or any(isinstance(x, Tracer) for x in jax.tree_util.tree_leaves((args, kwargs))):
+    if (
+        not trace_state_clean()
+        or jit_disabled()
+        or any(isinstance(x, Tracer) for x in jax.tree_util.tree_leaves((args, kwargs)))
+    ):
         # Under an outer transformation (jit, vmap, grad, cond...), even on
         # concrete arrays it closed over: trace the function, donate nothing.
+        # Under jax.disable_jit(): run it op by op, as jax.jit does.
         step.stats.traced_calls += 1
         if sig.filtered_params:
             return join_out(sig.positional(*sig.normalize(args, kwargs)))

@@ -252,3 +252,24 @@ def test_keyword_calls_take_the_call_path_not_the_slow_path(level, monkeypatch):
     assert jnp.allclose(s["w"], -1.1) and jnp.allclose(t["w"], -11.0)
     with pytest.raises(TypeError, match="called with"):
         bare(t, batsh=batch)  # a wrong name: the slow path binds and explains
+
+
+def test_under_disable_jit_a_step_runs_its_python_function_as_jax_jit_does():
+    # It raised "Disable jit is not supported in the AOT path" on every call.
+    seen = []
+
+    def advance(s):
+        seen.append(type(s["x"]).__name__)  # a concrete array: op by op, no trace
+        return {"x": s["x"] + 1}
+
+    step = jc.hot_step(advance, state="s")
+    s = step({"x": jnp.zeros(3)})
+    with jax.disable_jit():
+        s = step(s)
+        fresh = jc.hot_step(advance, state="s")
+        t = fresh({"x": jnp.ones(3)})
+    assert fresh.stats.compiles == 0 and step.stats.compiles == 1
+    assert seen[-2:] == ["ArrayImpl", "ArrayImpl"]
+    assert jc.fetch(s["x"]).tolist() == [2.0] * 3 and jc.fetch(t["x"]).tolist() == [2.0] * 3
+    s = step(s)  # and compiled again after it
+    assert jc.fetch(s["x"]).tolist() == [3.0] * 3

@@ -10,7 +10,7 @@ import jax
 
 from .registry import capability, define
 
-__all__ = ["Tracer", "cpp_call", "flatten", "top_level_refs", "trace_state_clean"]
+__all__ = ["Tracer", "cpp_call", "flatten", "jit_disabled", "top_level_refs", "trace_state_clean"]
 
 Tracer = jax.core.Tracer
 
@@ -67,6 +67,17 @@ def _trace_state_unknown() -> bool:
 
 # Whether no JAX trace is active on this thread (``True`` if unknown). JAX's
 # own function, not a wrapper: the hot step call path calls it on every call.
+def jit_disabled() -> bool:
+    """Whether ``jax.disable_jit()`` is in force on this thread (then a step runs
+    its Python function, as ``jax.jit`` does: the AOT path refuses to run)."""
+    try:
+        from jax._src.config import disable_jit
+
+        return bool(disable_jit.value)
+    except (ImportError, AttributeError):  # pragma: no cover - future jax: the public flag
+        return bool(getattr(jax.config, "jax_disable_jit", False))
+
+
 trace_state_clean: Callable[[], bool] = (
     _trace_state_unknown
     if _trace_state_clean is None
