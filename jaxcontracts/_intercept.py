@@ -240,10 +240,20 @@ def _value_without_pin(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
     donated call copy the whole buffer.
     """
 
+    inside = threading.local()
+
     def _value(self: Any) -> Any:
-        if self.is_deleted() or jax.dtypes.issubdtype(self.dtype, jax.dtypes.extended):
+        if (
+            self.is_deleted()
+            or jax.dtypes.issubdtype(self.dtype, jax.dtypes.extended)
+            or getattr(inside, "copying", False)  # host_copy's own jax.device_get (int4): JAX's read
+        ):
             return original(self)
-        out = hostcopy.host_copy(self)
+        inside.copying = True
+        try:
+            out = hostcopy.host_copy(self)
+        finally:
+            inside.copying = False
         out.flags.writeable = False  # as JAX's own _value
         return out
 
