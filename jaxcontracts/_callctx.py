@@ -129,6 +129,7 @@ def make_tail(ctx: CallContext, consumed: Callable[[Any], bool]) -> Callable[[tu
     every = HOOK_EVERY
     whole = _wholly_donated(cs)  # outside loops, what the record keeps: nothing that holds memory
     keep_all = whole == tuple(range(ctx.n_params))
+    pick_whole = picker(whole)
 
     def tail(args: tuple[Any, ...], src: Any, out: Any) -> Any:
         if single:
@@ -157,7 +158,7 @@ def make_tail(ctx: CallContext, consumed: Callable[[Any], bool]) -> Callable[[tu
         elif keep_all:  # a later read of a consumed leaf names this step (_translate.deleted_read)
             record[0] = (args, None)
         elif whole:
-            record[0] = (tuple(args[i] for i in whole), None)
+            record[0] = (pick_whole(args), None)
         return out
 
     return tail

@@ -26,10 +26,11 @@ __all__ = ["FilterKey", "Filtered", "join", "join_out", "short", "split", "split
 class FilterKey:
     """A filtered argument's structure and its static (non-array) leaves."""
 
-    __slots__ = ("treedef", "static", "values", "paths", "_hash")
+    __slots__ = ("treedef", "static", "static_set", "values", "paths", "_hash")
 
     def __init__(self, treedef: Any, static: tuple[int, ...], values: tuple[Any, ...]) -> None:
         self.treedef, self.static, self.values = treedef, static, values
+        self.static_set = frozenset(static)
         self.paths: tuple[str, ...] | None = None  # the array leaves' paths, when asked
         try:
             self._hash = hash((treedef, static, values))
@@ -125,14 +126,11 @@ def _is_array(x: Any) -> bool:
 def split(value: Any, last: FilterKey | None = None) -> Filtered:
     """``value`` as a :class:`Filtered` node (``last``: reused when it still fits)."""
     leaves, treedef = jax.tree_util.tree_flatten(value)
-    if last is not None and treedef == last.treedef:
-        values = last.values
-        if all(leaves[i] is v for i, v in zip(last.static, values)):
-            static = set(last.static)
-            return Filtered([x for i, x in enumerate(leaves) if i not in static], last)
-    static_pos = tuple(i for i, x in enumerate(leaves) if not _is_array(x))
-    key = FilterKey(treedef, static_pos, tuple(leaves[i] for i in static_pos))
-    static = set(static_pos)
+    key = last
+    if key is None or treedef != key.treedef or not all(leaves[i] is v for i, v in zip(key.static, key.values)):
+        static_pos = tuple(i for i, x in enumerate(leaves) if not _is_array(x))
+        key = FilterKey(treedef, static_pos, tuple(leaves[i] for i in static_pos))
+    static = key.static_set
     return Filtered([x for i, x in enumerate(leaves) if i not in static], key)
 
 

@@ -2,16 +2,19 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 from jax.tree_util import keystr
 
 __all__ = [
     "fmt_aval",
     "fmt_bindings",
     "fmt_dtype",
+    "fmt_logged_aval",
     "fmt_path",
     "fmt_sharding",
     "fmt_bytes",
@@ -77,3 +80,20 @@ def fmt_bytes(n: int | None) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"
+
+
+# The aval JAX's transfer-guard log prints (``float32[3], weak_type=True``).
+_LOGGED_AVAL = re.compile(r"^(?P<dtype>[a-z]+\d*)\[(?P<shape>[\d,]*)\](?P<weak>, weak_type=True)?")
+
+
+def fmt_logged_aval(text: str) -> str:
+    """``float32[3], weak_type=True`` -> ``f32[3] (weak: a Python scalar?)``."""
+    m = _LOGGED_AVAL.match(text)
+    if m is None:
+        return text or "an argument (jaxlib's jit fast path gives no shape: a numpy array or Python scalar passed to a jax.jit function?)"
+    try:
+        shape = tuple(int(d) for d in m["shape"].split(",") if d)
+        out = fmt_aval(shape, np.dtype(m["dtype"]))
+    except TypeError:
+        return text
+    return out + (" (weakly typed: a Python scalar)" if m["weak"] else "")

@@ -20,7 +20,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import re
 import sys
 import threading
 import types
@@ -28,14 +27,13 @@ from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, TypeVar
 
 import jax
-import numpy as np
 
 from . import _timing
 from ._compat import arrays, frames, guardlog, threadguard
 from ._config import get_checks
 from ._errors import VIOLATIONS, DefinitionError, compose, violation_summary
 from ._fetch import fetch
-from ._format import fmt_aval
+from ._format import fmt_logged_aval
 from ._intercept import acquire, pending, release
 from ._records import Violation, WarmupCompile
 from ._report import Report, loop_report
@@ -56,22 +54,6 @@ _LOGGED_FIX = (
     "on an array, f(np_array)): make constants device arrays before the loop "
     "(two = jnp.float32(2.0)) or move the arithmetic into the step."
 )
-
-
-_LOGGED_AVAL = re.compile(r"^(?P<dtype>[a-z]+\d*)\[(?P<shape>[\d,]*)\](?P<weak>, weak_type=True)?")
-
-
-def _logged_aval(text: str) -> str:
-    """``float32[3], weak_type=True`` -> ``f32[3] (weak: a Python scalar?)``."""
-    m = _LOGGED_AVAL.match(text)
-    if m is None:
-        return text or "an argument (jaxlib's jit fast path gives no shape: a numpy array or Python scalar passed to a jax.jit function?)"
-    try:
-        shape = tuple(int(d) for d in m["shape"].split(",") if d)
-        out = fmt_aval(shape, np.dtype(m["dtype"]))
-    except TypeError:
-        return text
-    return out + (" (weakly typed: a Python scalar)" if m["weak"] else "")
 
 
 _NATIVE_GUARDS = {
@@ -330,7 +312,7 @@ class HotLoop:
         """Record the transfers JAX's guard logged on this entry's thread."""
         at = "(jaxlib's log)"
         for event in logged:
-            what = f"implicit {event.direction} transfer of {_logged_aval(event.aval)}"
+            what = f"implicit {event.direction} transfer of {fmt_logged_aval(event.aval)}"
             summary = violation_summary("transfer", what, at, "JAX logs it from C++, with no Python line")
             self._record("transfer", what, at, compose(summary, fix=_LOGGED_FIX), "", _LOGGED_FIX)
         if unparsed:
