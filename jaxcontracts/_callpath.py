@@ -49,12 +49,14 @@ from ._consumed import consumed_class
 from ._diagnose import kept_leaves_error
 from ._diffs import same_placement
 from ._donation import find_hazards
+from ._errors import ContractError
 from ._fields import is_state
 from ._filter import Filtered, join_out, split
 from ._provenance import provenance_path
 from ._records import CompiledSignature
 from ._runtime import tracking
 from ._signature import StepSignature
+from ._tracebacks import trim
 
 __all__ = ["DispatchingStep", "make_dispatch"]
 
@@ -133,21 +135,25 @@ def _with_filtered(sig: StepSignature, dispatch: Callable[..., Any], step: Dispa
     bind = keyword_binder(sig)
 
     def with_filtered(*args: Any, **kwargs: Any) -> Any:
-        if kwargs or len(args) != n_params:
-            args = (bind(args, kwargs) if kwargs else None) or normalize(args, kwargs)
-        items = list(args)
-        for i in filtered:
-            value = items[i]
-            if type(value) is not Filtered:
-                items[i] = node = split(value, last.get(i))
-                last[i] = node.key
-        del value
-        out = dispatch(*items)
-        joined = join_out(out)
-        seen = record[0]
-        if seen is not None and seen[1] is out:  # the loops' record: the rebuilt output, held once
-            record[0] = (seen[0], joined)
-        return joined
+        try:
+            if kwargs or len(args) != n_params:
+                args = (bind(args, kwargs) if kwargs else None) or normalize(args, kwargs)
+            items = list(args)
+            for i in filtered:
+                value = items[i]
+                if type(value) is not Filtered:
+                    items[i] = node = split(value, last.get(i))
+                    last[i] = node.key
+            del value
+            out = dispatch(*items)
+            joined = join_out(out)
+            seen = record[0]
+            if seen is not None and seen[1] is out:  # the loops' record: the rebuilt output, held once
+                record[0] = (seen[0], joined)
+            return joined
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
 
     return with_filtered
 
@@ -166,24 +172,28 @@ def _with_static(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[.
     bind = keyword_binder(sig)
 
     def with_static(*args: Any, **kwargs: Any) -> Any:
-        if kwargs:  # update(state, config=config): bound without inspect, then as positional
-            bound = bind(args, kwargs)
-            if bound is None:
+        try:
+            if kwargs:  # update(state, config=config): bound without inspect, then as positional
+                bound = bind(args, kwargs)
+                if bound is None:
+                    return dispatch(*normalize(args, kwargs))
+                args = bound
+            elif len(args) != n_params:
                 return dispatch(*normalize(args, kwargs))
-            args = bound
-        elif len(args) != n_params:
-            return dispatch(*normalize(args, kwargs))
-        items = list(args)
-        for i in static:
-            value = items[i]
-            seen = last.get(i)
-            if seen is not None and seen[0] is value:
-                items[i] = seen[1]
-            else:
-                items = list(normalize(tuple(items), {}))
-                last.update((j, (args[j], items[j])) for j in static)
-                break
-        return dispatch(*items)
+            items = list(args)
+            for i in static:
+                value = items[i]
+                seen = last.get(i)
+                if seen is not None and seen[0] is value:
+                    items[i] = seen[1]
+                else:
+                    items = list(normalize(tuple(items), {}))
+                    last.update((j, (args[j], items[j])) for j in static)
+                    break
+            return dispatch(*items)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
 
     return with_static
 
@@ -207,35 +217,43 @@ def _off(ctx: CallContext) -> Callable[..., Any]:
     if ctx.cs.flat_style:
 
         def off_flat(*args: Any, **kwargs: Any) -> Any:
-            if kwargs:
-                bound = bind(args, kwargs)
-                if bound is not None:
-                    return off_flat(*bound)
-            leaves, treedef = flatten(args)
-            if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
-                if normalize is not None and (kwargs or len(args) != n_params) and tref.value is ev:
-                    return off_flat(*normalize(args, kwargs))
-                return slow_call(args, kwargs, None)
             try:
-                return compiled(*leaves)
-            except Exception as e:  # noqa: BLE001
-                return slow_call(args, kwargs, e)
+                if kwargs:
+                    bound = bind(args, kwargs)
+                    if bound is not None:
+                        return off_flat(*bound)
+                leaves, treedef = flatten(args)
+                if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
+                    if normalize is not None and (kwargs or len(args) != n_params) and tref.value is ev:
+                        return off_flat(*normalize(args, kwargs))
+                    return slow_call(args, kwargs, None)
+                try:
+                    return compiled(*leaves)
+                except Exception as e:  # noqa: BLE001
+                    return slow_call(args, kwargs, e)
+            except ContractError as err:  # the traceback ends at the user's line
+                trim(err)
+                raise
 
         return off_flat
 
     def off(*args: Any, **kwargs: Any) -> Any:
-        if tref.value is not ev or aref.value is not top:  # under a transformation: trace
-            return slow_call(args, kwargs, None)
-        if kwargs:
-            bound = bind(args, kwargs)
-            if bound is not None:
-                args, kwargs = bound, {}
         try:
-            return compiled(*args, **kwargs)
-        except Exception as e:  # noqa: BLE001
-            if normalize is not None and (kwargs or len(args) != n_params):
-                return off(*normalize(args, kwargs))
-            return slow_call(args, kwargs, e)
+            if tref.value is not ev or aref.value is not top:  # under a transformation: trace
+                return slow_call(args, kwargs, None)
+            if kwargs:
+                bound = bind(args, kwargs)
+                if bound is not None:
+                    args, kwargs = bound, {}
+            try:
+                return compiled(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001
+                if normalize is not None and (kwargs or len(args) != n_params):
+                    return off(*normalize(args, kwargs))
+                return slow_call(args, kwargs, e)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
 
     return off
 
@@ -297,44 +315,48 @@ def _checked(ctx: CallContext) -> Callable[..., Any]:
     )
 
     def checked(*args: Any, **kwargs: Any) -> Any:
-        if kwargs:
-            bound = bind(args, kwargs)
-            if bound is not None:
-                return checked(*bound)
-        leaves, treedef = flatten(args)
-        if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
-            return slow_call(args, kwargs, None)
-        # Every leaf's type and weak type, compared in C (one map each).
-        if tuple(map(type, leaves)) != types or tuple(map(weak_of, unkeyed(leaves))) != unkeyed_weak:  # type: ignore[arg-type,misc]
-            for x, w in zip(leaves, weak):  # a key is never weak: its costly aval is not read
-                t = type(x)
-                if t is not key_array and (t is not array_impl or x.aval.weak_type is not w):
-                    return slow_call(args, kwargs, None)
-        if shardings is not None:
-            for i, (x, s) in enumerate(zip(leaves, shardings)):
-                if x.sharding != s and not placed_alike(i, x.sharding, s):
-                    return slow_call(args, kwargs, None)
-        x = None  # the loops' variable held the last leaf: a reference the kept check would count
-        if first_donated is not None and leaves[first_donated].is_deleted():
-            return slow_call(args, kwargs, None)  # a stale state: explain, quietly
-        if placed is not None and leaves[first_donated].sharding != placed:
-            return slow_call(args, kwargs, None)  # on another device: JAX would move it, undonated
-        if full and (
-            any(map(is_deleted, leaves))
-            or (len(set(map(id, leaves))) != n_leaves and find_hazards(leaves, donated)[1])
-        ):
-            # any other deleted or repeated donated buffer, before XLA refuses it with
-            # an ExecutePrepare error line on stderr (fast leaves that to XLA)
-            return slow_call(args, kwargs, None)
-        if kept is not None:
-            refused = kept.refused(leaves)
-            if refused is not None:
-                return slow_call(args, kwargs, refused)
         try:
-            out = compiled(*leaves) if flat_style else compiled(*args)
-        except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
-            return slow_call(args, kwargs, e)
-        return tail(args, leaves, out)
+            if kwargs:
+                bound = bind(args, kwargs)
+                if bound is not None:
+                    return checked(*bound)
+            leaves, treedef = flatten(args)
+            if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
+                return slow_call(args, kwargs, None)
+            # Every leaf's type and weak type, compared in C (one map each).
+            if tuple(map(type, leaves)) != types or tuple(map(weak_of, unkeyed(leaves))) != unkeyed_weak:  # type: ignore[arg-type,misc]
+                for x, w in zip(leaves, weak):  # a key is never weak: its costly aval is not read
+                    t = type(x)
+                    if t is not key_array and (t is not array_impl or x.aval.weak_type is not w):
+                        return slow_call(args, kwargs, None)
+            if shardings is not None:
+                for i, (x, s) in enumerate(zip(leaves, shardings)):
+                    if x.sharding != s and not placed_alike(i, x.sharding, s):
+                        return slow_call(args, kwargs, None)
+            x = None  # the loops' variable held the last leaf: a reference the kept check would count
+            if first_donated is not None and leaves[first_donated].is_deleted():
+                return slow_call(args, kwargs, None)  # a stale state: explain, quietly
+            if placed is not None and leaves[first_donated].sharding != placed:
+                return slow_call(args, kwargs, None)  # on another device: JAX would move it, undonated
+            if full and (
+                any(map(is_deleted, leaves))
+                or (len(set(map(id, leaves))) != n_leaves and find_hazards(leaves, donated)[1])
+            ):
+                # any other deleted or repeated donated buffer, before XLA refuses it with
+                # an ExecutePrepare error line on stderr (fast leaves that to XLA)
+                return slow_call(args, kwargs, None)
+            if kept is not None:
+                refused = kept.refused(leaves)
+                if refused is not None:
+                    return slow_call(args, kwargs, refused)
+            try:
+                out = compiled(*leaves) if flat_style else compiled(*args)
+            except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
+                return slow_call(args, kwargs, e)
+            return tail(args, leaves, out)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
 
     return checked
 
@@ -377,47 +399,51 @@ def _checked_host(ctx: CallContext) -> Callable[..., Any]:
     )
 
     def checked_host(*args: Any, **kwargs: Any) -> Any:
-        if kwargs:
-            bound = bind(args, kwargs)
-            if bound is not None:
-                return checked_host(*bound)
-        leaves, treedef = flatten(args)
-        if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
-            return slow_call(args, kwargs, None)
-        # The usual call (numpy batches, device state), compared in C; else leaf by leaf.
-        if tuple(map(type, leaves)) == types and tuple(map(weak_of, unkeyed(leaves))) == unkeyed_weak:  # type: ignore[arg-type,misc]
-            transfers = True
-        else:
-            transfers = False
-            for x, (is_host, w) in zip(leaves, kinds):
-                t = type(x)
-                if is_host and t is ndarray:
-                    transfers = True
-                elif t is not key_array and (t is not array_impl or x.aval.weak_type is not w):
-                    return slow_call(args, kwargs, None)
-            x = None  # the loop's variable held the last leaf (see _checked)
-        if first_donated is not None and leaves[first_donated].is_deleted():
-            return slow_call(args, kwargs, None)  # a stale state: explain, quietly
-        if placed is not None and leaves[first_donated].sharding != placed:
-            return slow_call(args, kwargs, None)  # on another device: JAX would move it, undonated
-        if full and (
-            any(map(is_deleted, device_of(leaves)))
-            or (len(set(map(id, leaves))) != n_leaves and find_hazards(leaves, donated)[1])
-        ):
-            return slow_call(args, kwargs, None)
-        if kept is not None:
-            refused = kept.refused(leaves)
-            if refused is not None:
-                return slow_call(args, kwargs, refused)
-        call = allowing if transfers and tracking.count else compiled
         try:
-            out = call(*leaves) if flat_style else call(*args)
-        except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
-            return slow_call(args, kwargs, e)
-        if transfers:
-            stats.host_calls += 1
-            stats.host_bytes += nbytes
-        return tail(args, leaves, out)
+            if kwargs:
+                bound = bind(args, kwargs)
+                if bound is not None:
+                    return checked_host(*bound)
+            leaves, treedef = flatten(args)
+            if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
+                return slow_call(args, kwargs, None)
+            # The usual call (numpy batches, device state), compared in C; else leaf by leaf.
+            if tuple(map(type, leaves)) == types and tuple(map(weak_of, unkeyed(leaves))) == unkeyed_weak:  # type: ignore[arg-type,misc]
+                transfers = True
+            else:
+                transfers = False
+                for x, (is_host, w) in zip(leaves, kinds):
+                    t = type(x)
+                    if is_host and t is ndarray:
+                        transfers = True
+                    elif t is not key_array and (t is not array_impl or x.aval.weak_type is not w):
+                        return slow_call(args, kwargs, None)
+                x = None  # the loop's variable held the last leaf (see _checked)
+            if first_donated is not None and leaves[first_donated].is_deleted():
+                return slow_call(args, kwargs, None)  # a stale state: explain, quietly
+            if placed is not None and leaves[first_donated].sharding != placed:
+                return slow_call(args, kwargs, None)  # on another device: JAX would move it, undonated
+            if full and (
+                any(map(is_deleted, device_of(leaves)))
+                or (len(set(map(id, leaves))) != n_leaves and find_hazards(leaves, donated)[1])
+            ):
+                return slow_call(args, kwargs, None)
+            if kept is not None:
+                refused = kept.refused(leaves)
+                if refused is not None:
+                    return slow_call(args, kwargs, refused)
+            call = allowing if transfers and tracking.count else compiled
+            try:
+                out = call(*leaves) if flat_style else call(*args)
+            except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
+                return slow_call(args, kwargs, e)
+            if transfers:
+                stats.host_calls += 1
+                stats.host_bytes += nbytes
+            return tail(args, leaves, out)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
 
     return checked_host
 

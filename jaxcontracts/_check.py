@@ -7,10 +7,12 @@ from typing import Any
 from ._errors import ContractError, DefinitionError
 from ._hot_step import HotStep
 from ._report import Report, error_contract, step_report
+from ._tracebacks import boundary
 
 __all__ = ["check"]
 
 
+@boundary
 def check(step: Any = None, *args: Any, **kwargs: Any) -> Report:
     """Compile ``step`` for these arguments (or specs) if needed and report.
 

@@ -220,7 +220,9 @@ def compile_signature(
         DonationError: a donated leaf aliases no output.
     """
     __tracebackhide__ = True
-    with compiling(sig.name):  # inside a hot_loop, a compile is a violation (before any trace)
+    t = sig.state_type
+    spec = f"{t.__name__}.spec(...)" if isinstance(t, type) and callable(getattr(t, "spec", None)) else None
+    with compiling(sig.name, *(spec,) if spec else ()):  # in a hot_loop, a violation (before any trace)
         jitted, spec_args, treedef, donated, flat_style, sig = jit_for(sig, positional)
         t0 = time.perf_counter()
         with quiet_donation_warning():
@@ -243,7 +245,8 @@ def compile_signature(
     per_param = tuple(jax.tree_util.tree_unflatten(treedef, exact))
     tokens: dict[int, object] = {}  # token_for of each per-parameter spec, once
     _check_carry(sig, per_param, traced.out_info, compiled.output_shardings, tokens)
-    aliased = _check_aliasing(sig, compiled, flat_paths, paths, exact, donated, traced.out_info)
+    cached = outcome is not None and outcome.verdict == "hit"
+    aliased = _check_aliasing(sig, compiled, flat_paths, paths, exact, donated, traced.out_info, cached)
     in_tokens, out_tokens = _tokens_for(sig, per_param, flat_style, tokens)
     donated_set = set(donated)
     if donated:
@@ -420,8 +423,13 @@ def _check_aliasing(
     specs: Sequence[Any],
     donated: tuple[int, ...],
     out_info: Any,
+    cached: bool = False,
 ) -> frozenset[int] | None:
-    """The donated leaves XLA aliases (``None``: not verifiable here)."""
+    """The donated leaves XLA aliases (``None``: not verifiable here).
+
+    ``cached``: JAX's persistent compilation cache served the executable, so
+    an output that could alias a leaf and does not is the cache entry's doing.
+    """
     __tracebackhide__ = True
     if not donated:
         return frozenset()
@@ -443,15 +451,36 @@ def _check_aliasing(
             why = (
                 f"no output is {fmt_aval(spec.shape, spec.dtype)}"
                 if key not in outs
+                else "an output of this shape and dtype exists, but the executable from "
+                "JAX's persistent compilation cache does not reuse the buffer for it"
+                if cached
                 else "every output of this shape and dtype already reuses another buffer"
             )
             lines.append(f"    {paths[i]}: {fmt_aval(spec.shape, spec.dtype)}: {why}")
+        from_cache = cached and any(
+            (specs[i].shape, canonical(specs[i].dtype)) in outs for i in missing
+        )
+        fix = _aliasing_fix(sig, [flat_params[i] for i in missing])
+        if from_cache:
+            fix = (
+                "the executable was loaded from JAX's persistent compilation cache "
+                f"({jax.config.jax_compilation_cache_dir or 'jax_compilation_cache_dir'}) "
+                "and its aliasing does not match this program (an entry written by "
+                "other code, or altered): delete that cache entry, or the folder, and "
+                "compile again."
+            )
         raise DonationError(
             f"{sig.name}: {len(missing)} donated leaf/leaves cannot be donated: "
-            "XLA found no output to reuse the buffer for, so it would stay alive "
-            "and the step would need more memory than its state.",
+            + (
+                "the executable JAX's persistent compilation cache served does not "
+                "reuse their buffers, so they would stay alive and the step would need "
+                "more memory than its state."
+                if from_cache
+                else "XLA found no output to reuse the buffer for, so it would stay alive "
+                "and the step would need more memory than its state."
+            ),
             lines,
-            fix=_aliasing_fix(sig, [flat_params[i] for i in missing]),
+            fix=fix,
             note=NOTHING_RAN,
             contract="aliasing",
             step=sig.name,

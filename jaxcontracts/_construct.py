@@ -20,12 +20,23 @@ import numpy as np
 from ._annotations import x64_field_fix, x64_leaf_fix, x64_loss
 from ._errors import SpecError
 from ._fields import ArrayField, PyTreeField, StateField, StaticField, build, hint_name, info_of
-from ._format import fmt_aval, fmt_sharding
+from ._format import fmt_aval, fmt_object, fmt_sharding
 from ._spec import leaf_spec
 from ._validate import check_static, describe, spec_error
 
 __all__ = ["make", "to_spec", "to_zeros"]
 
+
+
+def _shown(value: Any) -> str:
+    """``-3 (int)``; an array or an object by its spec or type (no repr runs)."""
+    plain = (str, bool, int, float, type(None))
+    if (
+        isinstance(value, plain)
+        or (isinstance(value, (tuple, list)) and len(value) < 10 and all(isinstance(v, plain) for v in value))
+    ) and len(repr(value)) < 60:
+        return f"{value!r} ({type(value).__name__})"
+    return fmt_object(value)
 
 def _split_kwargs(cls: type, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     info = info_of(cls)
@@ -59,14 +70,14 @@ def _check_dims(cls: type, dims: Mapping[str, Any], what: str) -> dict[str, Any]
                 checked[name] = tuple(int(v) for v in value)
             else:
                 bad.append(
-                    f"  {name}={value!r} ({type(value).__name__}): *{name} takes a "
+                    f"  {name}={_shown(value)}: *{name} takes a "
                     "tuple of non-negative ints, e.g. (2, 3)"
                 )
         elif _is_size(value):
             checked[name] = int(value)
         else:
             bad.append(
-                f"  {name}={value!r} ({type(value).__name__}): expected a non-negative int"
+                f"  {name}={_shown(value)}: expected a non-negative int"
             )
     if bad:
         first = next((n for n in dims if n not in checked and n not in variadic), "n")

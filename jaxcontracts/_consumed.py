@@ -19,6 +19,7 @@ from ._fields import info_of, register_pytree
 from ._format import fmt_aval
 from ._marks import CONSUMED_BY, consumer_of
 from ._runtime import local
+from ._tracebacks import trim
 
 __all__ = ["consumed_class", "consumer_of"]
 
@@ -55,12 +56,20 @@ def _make_consumed(cls: type, step: str) -> type:
             summary, fix = _consumed_read(cls, step, name, value)
             loop = local.loop
             if loop is None or local.allow:
-                raise DonationError(
-                    summary, fix=fix, contract="no-donated-use", step=step, leaves=[f".{name}"]
-                )
+                try:
+                    raise DonationError(
+                        summary, fix=fix, contract="no-donated-use", step=step, leaves=[f".{name}"]
+                    )
+                except DonationError as err:  # the traceback ends at the user's line
+                    trim(err)
+                    raise
             # In a hot loop: its violation, at the user's line (recorded, in
             # record mode, and the deleted value returned as JAX would).
-            loop.violation("donation", summary, fix)
+            try:
+                loop.violation("donation", summary, fix)
+            except DonationError as err:
+                trim(err)
+                raise
         return value
 
     def __reduce_ex__(self: Any, protocol: Any) -> Any:

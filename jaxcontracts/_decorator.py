@@ -11,7 +11,9 @@ from typing import Any, ParamSpec, TypeVar, overload
 
 from ._analyse import analyse
 from ._compat.frames import caller_locals
+from ._errors import ContractError
 from ._hot_step import HotStep
+from ._tracebacks import trim
 
 __all__ = ["hot_step"]
 
@@ -154,19 +156,27 @@ def hot_step(
     localns = caller_locals(1)
 
     def make(f: Callable[P, R]) -> HotStep[P, R]:
-        return HotStep(
-            analyse(
-                f,
-                signature=signature,
-                donate=donate,
-                max_compiles=max_compiles,
-                localns=localns,
-                static=static,
-                donate_argnames=donate_argnames,
-                stateless=stateless,
-                state=state,
-                host=host,
+        try:
+            return HotStep(
+                analyse(
+                    f,
+                    signature=signature,
+                    donate=donate,
+                    max_compiles=max_compiles,
+                    localns=localns,
+                    static=static,
+                    donate_argnames=donate_argnames,
+                    stateless=stateless,
+                    state=state,
+                    host=host,
+                )
             )
-        )
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
 
-    return make if fn is None else make(fn)
+    try:
+        return make if fn is None else make(fn)
+    except ContractError as err:
+        trim(err)
+        raise

@@ -13,7 +13,7 @@ from typing import Any
 import jax
 import numpy as np
 
-__all__ = ["canonical", "default_key_dtype", "is_key", "itemsize", "same_dtype"]
+__all__ = ["array_nbytes", "canonical", "default_key_dtype", "is_key", "same_dtype"]
 
 
 _is_key_seen: dict[Any, bool] = {}  # dtype -> is_key: a few entries, read per leaf
@@ -48,9 +48,28 @@ def same_dtype(a: Any, b: Any) -> bool:
     return bool(np.dtype(a) == np.dtype(b))
 
 
-def itemsize(dtype: Any) -> int:
-    """Bytes per element; a key's element is its key data (8 bytes for threefry)."""
-    return int(dtype.itemsize) if is_key(dtype) else int(np.dtype(dtype).itemsize)
+def _bits(dtype: Any) -> int:
+    """Bits per element: 4 for int4/uint4/float4, 2 for int2, which XLA packs
+    two (four) to a byte; a key's key data in full."""
+    if is_key(dtype):
+        return 8 * int(dtype.itemsize)
+    dt = np.dtype(dtype)
+    bits = getattr(jax.dtypes, "itemsize_bits", None)
+    if bits is not None:
+        try:
+            return int(bits(dt))
+        except Exception:  # noqa: BLE001 - a dtype it does not know: numpy's size
+            pass
+    return 8 * int(dt.itemsize)
+
+
+def array_nbytes(shape: Any, dtype: Any) -> int:
+    """Bytes of an array of this shape and dtype as XLA stores it (sub-byte
+    types packed: 1,024 int4 elements are 512 bytes)."""
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return (n * _bits(dtype) + 7) // 8
 
 
 def default_key_dtype() -> Any:

@@ -20,6 +20,7 @@ plugin.
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,7 @@ __all__ = [
     "CONTRACTS",
     "VIOLATIONS",
     "INPUTS_INTACT",
+    "MAX_DETAIL_LINES",
     "NOTHING_RAN",
     "CapabilityWarning",
     "ContractInfo",
@@ -39,34 +41,69 @@ __all__ = [
     "TransferError",
     "ViolationKind",
     "compose",
+    "docs_base",
     "docs_pointer",
     "violation_summary",
 ]
 
 INPUTS_INTACT = "The call did not run; your inputs are intact."
 
-#: Where the errors page lives, relative to the repository (and the docs site).
-DOCS_ERRORS = "docs/errors.md"
+#: The documentation site (mkdocs.yml's ``site_url``; tests/test_docs.py keeps
+#: them equal). ``JAXCONTRACTS_DOCS_URL`` points messages at another copy: a
+#: mirror, a pinned version, ``mkdocs serve``'s http://127.0.0.1:8000/.
+DOCS_URL = "https://jaxcontracts.readthedocs.io/en/stable/"
+#: The errors page on that site (docs/errors.md in the source tree).
+DOCS_ERRORS = "errors/"
+
+
+def docs_base() -> str:
+    """The documentation site's base URL, ending in ``/``."""
+    base = os.environ.get("JAXCONTRACTS_DOCS_URL") or DOCS_URL
+    return base if base.endswith("/") else base + "/"
 
 
 def docs_pointer(cls: type) -> str:
-    """``See: docs/errors.md#transfererror``: the section on ``cls``'s errors page.
+    """``See: https://.../errors/#transfererror``: the section on ``cls``'s errors page.
 
     The anchor is the lower-cased name of the nearest jaxcontracts class in
     ``cls``'s MRO (a user's subclass points to its jaxcontracts parent); the
     errors page pins each anchor with ``{#name}``, so a heading edit cannot
-    break it. ``tests/test_docs.py`` checks every anchor exists.
+    break it. ``tests/test_docs.py`` checks every anchor exists in the built site.
     """
+    page = docs_base() + DOCS_ERRORS
     for klass in cls.__mro__:
         if klass.__module__ == "jaxcontracts" and klass.__name__ in __all__:
-            return f"See: {DOCS_ERRORS}#{klass.__name__.lower()}"
-    return f"See: {DOCS_ERRORS}"
+            return f"See: {page}#{klass.__name__.lower()}"
+    return f"See: {page}"
 NOTHING_RAN = "Nothing has run yet."
 
 
+#: A message shows at most this many detail lines (the rest: "... and N more").
+MAX_DETAIL_LINES = 20
+#: and cuts a summary or detail line longer than this (one naming 10,000 leaves).
+MAX_LINE = 600
+
+
+def _clip(line: str) -> str:
+    if len(line) <= MAX_LINE:
+        return line
+    return f"{line[: MAX_LINE - 40]}... ({len(line) - MAX_LINE + 40:,} more characters)"
+
+
 def compose(summary: str, details: Sequence[str] = (), fix: str = "", note: str = "") -> str:
-    """The message anatomy: summary, details, ``Fix:``, note (each optional)."""
-    lines = [summary, *details]
+    """The message anatomy: summary, details, ``Fix:``, note (each optional).
+
+    Bounded whatever the state's size: the first :data:`MAX_DETAIL_LINES`
+    detail lines, then ``... and N more``; a summary or detail line cut at
+    :data:`MAX_LINE` characters (the fix and the note are written by us, never
+    lists of leaves). The whole list stays on the error (``.details``, ``.leaves``).
+    """
+    detail_lines = [line for d in details for line in d.split("\n")]
+    hidden = len(detail_lines) - MAX_DETAIL_LINES
+    if hidden > 0:
+        detail_lines = detail_lines[:MAX_DETAIL_LINES]
+        detail_lines.append(f"  ... and {hidden:,} more lines (all of them: the error's .details)")
+    lines = [_clip(line) for line in (*summary.split("\n"), *detail_lines)]
     if fix:
         lines.append(f"Fix: {fix}")
     if note:
@@ -83,6 +120,8 @@ class ContractError(Exception):
         step: the hot step's ``module.qualname``, when a step is involved.
         leaves: the leaf paths involved (``s.pos``, ``['t']``), if any.
         fix: the suggested fix, also the message's ``Fix:`` line.
+        details: every detail line (the message shows the first
+            ``MAX_DETAIL_LINES`` of them).
     """
 
     default_contract = "definition"
@@ -105,6 +144,7 @@ class ContractError(Exception):
         shown_fix = "" if fix_in_details else fix
         super().__init__(compose(summary, details, shown_fix, note) + "\n" + docs_pointer(type(self)))
         self.contract = contract or self.default_contract
+        self.details = tuple(details)
         self.step = step
         self.leaves = tuple(leaves)
         self.fix = fix

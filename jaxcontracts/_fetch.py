@@ -21,6 +21,7 @@ from ._errors import DonationError, TransferError
 from ._format import fmt_aval
 from ._marks import consumer_of
 from ._runtime import consumed_by, local, observers
+from ._tracebacks import boundary
 
 __all__ = ["fetch"]
 
@@ -35,6 +36,7 @@ def fetch(tree: jax.Array) -> npt.NDArray[Any]: ...
 def fetch(tree: T) -> T: ...
 
 
+@boundary
 def fetch(tree: Any) -> Any:
     """Copy a pytree of device arrays to the host, deliberately.
 

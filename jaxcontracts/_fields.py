@@ -20,11 +20,10 @@ from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
 import jax
-import numpy as np
 
 from ._annotations import STATIC, ArrayAnnotation, parse_array_annotation
 from ._compat.jaxtyping import is_pytree_annotation, pytree_leaf
-from ._dtypes import itemsize
+from ._dtypes import array_nbytes
 from ._errors import DefinitionError
 from ._marks import CONSUMED_BY, STATE_INFO
 from ._spec import leaf_spec
@@ -397,8 +396,6 @@ def tree_summary(tree: Any) -> str:
     """``<dict: 3 leaves, 48 bytes>``: a container described without its values."""
     leaves = jax.tree_util.tree_leaves(tree)
     specs = [leaf_spec(x) for x in leaves]
-    nbytes = sum(
-        int(np.prod(s.shape)) * itemsize(s.dtype) for s in specs if s is not None
-    )
+    nbytes = sum(array_nbytes(s.shape, s.dtype) for s in specs if s is not None)
     return f"<{type(tree).__name__}: {len(leaves)} leaves, {nbytes:,} bytes>"
 

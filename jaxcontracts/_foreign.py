@@ -21,8 +21,9 @@ import numpy as np
 
 from ._compat.tracing import Tracer
 from ._dtypes import is_key
-from ._errors import SpecError
-from ._format import fmt_aval, fmt_path
+from ._errors import DefinitionError, SpecError
+from ._format import fmt_aval, fmt_object, fmt_path
+from ._tracebacks import boundary
 
 __all__ = ["Change", "Changes", "device_tree", "holds_module", "host_leaves_on_device", "scalar_to_host", "to_device"]
 
@@ -146,7 +147,7 @@ def _kind(x: Any) -> str:
         return f"{fmt_aval(x.shape, x.dtype)} numpy array"
     if isinstance(x, jax.Array):
         return f"{fmt_aval(x.shape, x.dtype, x.aval.weak_type)} jax array"
-    return f"{type(x).__name__} {x!r}"[:60]
+    return fmt_object(x)
 
 
 @overload
@@ -171,6 +172,7 @@ def holds_module(value: Any) -> bool:
     return False
 
 
+@boundary
 def device_tree(tree: Any, *, sharding: Any = None, changes: bool = False) -> Any:
     """Return ``tree`` with every leaf the exact device array a step will see.
 
@@ -226,6 +228,16 @@ def device_tree(tree: Any, *, sharding: Any = None, changes: bool = False) -> An
         ("['lr']", "['step']")
     """
     __tracebackhide__ = True
+    if sharding is not None and not isinstance(sharding, (jax.sharding.Sharding, jax.Device)):
+        example = (
+            f'jax.devices("{sharding}")[0]' if isinstance(sharding, str) else "jax.devices()[0]"
+        )
+        raise DefinitionError(
+            f"jc.device_tree(sharding={fmt_object(sharding)}): sharding= takes a "
+            "jax.sharding.Sharding or a jax.Device.",
+            fix=f"sharding={example}, or a NamedSharding(mesh, P(...)); None (the "
+            "default) keeps committed arrays where they are.",
+        )
     leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
     where = sharding if sharding is not None else jax.devices()[0]
     out: list[Any] = []

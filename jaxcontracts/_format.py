@@ -15,6 +15,7 @@ __all__ = [
     "fmt_bindings",
     "fmt_dtype",
     "fmt_logged_aval",
+    "fmt_object",
     "fmt_path",
     "fmt_sharding",
     "fmt_bytes",
@@ -97,3 +98,39 @@ def fmt_logged_aval(text: str) -> str:
     except TypeError:
         return text
     return out + (" (weakly typed: a Python scalar)" if m["weak"] else "")
+
+
+_PLAIN = (str, bytes, bool, int, float, complex, type(None), type)
+
+
+def fmt_object(value: Any, limit: int = 60) -> str:
+    """``Holder(w: f32[3])``: an opaque value described without running its ``repr``.
+
+    A user's ``repr`` may read device arrays (a transfer, refused inside a
+    loop), be slow, or fail; so only plain values (strings, numbers, types)
+    are shown by ``repr``. Any other object is its type's name and the specs
+    of the arrays in its ``__dict__`` (read as data: nothing of the object runs).
+    """
+    if isinstance(value, (jax.Array, np.ndarray)):
+        weak = bool(getattr(getattr(value, "aval", None), "weak_type", False))
+        kind = "numpy" if isinstance(value, np.ndarray) else "jax"
+        return f"{fmt_aval(value.shape, value.dtype, weak)} {kind} array"
+    if isinstance(value, _PLAIN):
+        text = f"{type(value).__name__} {value!r}"
+        return text if len(text) <= limit else text[: limit - 3] + "..."
+    name = type(value).__qualname__
+    try:
+        attrs = object.__getattribute__(value, "__dict__")
+    except Exception:  # noqa: BLE001 - no __dict__ (slots, a C type): the type alone
+        attrs = None
+    arrays = []
+    if isinstance(attrs, dict):
+        for key, x in list(attrs.items())[:50]:
+            if isinstance(x, (jax.Array, np.ndarray)) and isinstance(key, str):
+                weak = bool(getattr(getattr(x, "aval", None), "weak_type", False))
+                arrays.append(f"{key}: {fmt_aval(x.shape, x.dtype, weak)}")
+    if not arrays:
+        return f"{name} object"
+    text = f"{name}({', '.join(arrays[:3])}{', ...' if len(arrays) > 3 else ''})"
+    return text if len(text) <= limit else text[: limit - 4] + "...)"
+

@@ -24,21 +24,22 @@ import sys
 import threading
 import types
 from collections.abc import Callable, Iterable, Iterator
-from typing import Any, Literal, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 import jax
 
 from . import _timing
 from ._compat import arrays, frames, guardlog, threadguard
 from ._config import get_checks
-from ._errors import VIOLATIONS, DefinitionError, compose, violation_summary
+from ._errors import VIOLATIONS, ContractError, DefinitionError, compose, violation_summary
 from ._fetch import fetch
-from ._format import fmt_logged_aval
+from ._format import fmt_logged_aval, fmt_object
 from ._intercept import acquire, pending, release
 from ._records import Violation, WarmupCompile
 from ._report import Report, loop_report
 from ._runtime import LoopStack, held_outputs, local, observers
 from ._timing import LoopTiming
+from ._tracebacks import boundary, trim
 from ._translate import translate
 from ._userline import user_frame, where
 
@@ -343,48 +344,52 @@ class HotLoop:
         return report
 
     def __enter__(self) -> HotLoop:
-        modes: dict[str, str] = {}
-        if self.checks_transfers:
-            if self.checks_host_to_device:
-                modes["host_to_device"] = "disallow" if self.on_violation == "raise" else "log"
-            else:  # allow_host_to_device: even inside an outer loop that refuses them
-                modes["host_to_device"] = "allow"
-            if jax.default_backend() != "cpu":
-                modes["device_to_host"] = "disallow" if self.on_violation == "raise" else "allow"
-        stack = local.stack
-        if not self.checks_transfers and stack.entries:
-            # transfers="allow" inside an outer loop that refuses them: lift JAX's
-            # own guards too (a user's own jax.transfer_guard outside any loop stays)
-            modes["host_to_device"] = "allow"
-            if jax.default_backend() != "cpu":
-                modes["device_to_host"] = "allow"
-        # At checks level off only JAX's native guards: no class patches, no
-        # compile listener, no active loop for the call path to report to.
-        checked = get_checks() != "off"
-        entry = _Entry(self, stack, modes, checked=checked)
-        if checked:
-            acquire()
         try:
-            with _stacks_lock:
-                _repair(stack)
-                if not stack.entries and modes:
-                    state = threadguard.current()
-                    stack.saved = None if state is None else (state, threadguard.levels(state))
-                entry.native = _enter_native(modes)
-                if checked and modes.get("host_to_device") == "log" and guardlog.start():
-                    entry.capture_tid = threading.get_native_id()
-                stack.entries.append(entry)
-                _relink(stack)
-                self._entries.append(entry)
+            modes: dict[str, str] = {}
+            if self.checks_transfers:
+                if self.checks_host_to_device:
+                    modes["host_to_device"] = "disallow" if self.on_violation == "raise" else "log"
+                else:  # allow_host_to_device: even inside an outer loop that refuses them
+                    modes["host_to_device"] = "allow"
+                if jax.default_backend() != "cpu":
+                    modes["device_to_host"] = "disallow" if self.on_violation == "raise" else "allow"
+            stack = local.stack
+            if not self.checks_transfers and stack.entries:
+                # transfers="allow" inside an outer loop that refuses them: lift JAX's
+                # own guards too (a user's own jax.transfer_guard outside any loop stays)
+                modes["host_to_device"] = "allow"
+                if jax.default_backend() != "cpu":
+                    modes["device_to_host"] = "allow"
+            # At checks level off only JAX's native guards: no class patches, no
+            # compile listener, no active loop for the call path to report to.
+            checked = get_checks() != "off"
+            entry = _Entry(self, stack, modes, checked=checked)
             if checked:
-                entry.timing = _timing.enter(self._clock)
-        except BaseException:
-            if checked:
-                release()
+                acquire()
+            try:
+                with _stacks_lock:
+                    _repair(stack)
+                    if not stack.entries and modes:
+                        state = threadguard.current()
+                        stack.saved = None if state is None else (state, threadguard.levels(state))
+                    entry.native = _enter_native(modes)
+                    if checked and modes.get("host_to_device") == "log" and guardlog.start():
+                        entry.capture_tid = threading.get_native_id()
+                    stack.entries.append(entry)
+                    _relink(stack)
+                    self._entries.append(entry)
+                if checked:
+                    entry.timing = _timing.enter(self._clock)
+            except BaseException:
+                if checked:
+                    release()
+                raise
+            if observers.recorders:
+                observers.loop(self, True)
+            return self
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
             raise
-        if observers.recorders:
-            observers.loop(self, True)
-        return self
 
     def _take_entry(self) -> _Entry:
         """This exit's entry: the latest one made on this thread, else the latest."""
@@ -397,49 +402,55 @@ class HotLoop:
         return self._entries.pop()
 
     def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
-        """End this entry, whatever the order: out-of-order exits (generators,
-        asyncio tasks) and exits on another thread restore what it changed."""
-        __tracebackhide__ = True
-        # Translated before the last loop's exit forgets the steps' last calls
-        # (they name the step that consumed a donated array).
-        translated = translate(exc, tb) if isinstance(exc, Exception) else None
-        with _stacks_lock:
-            entry = self._take_entry()
-            stack = entry.stack
-            entry.ended = True
-            if entry.timing is not None:
-                user = user_frame(frames.caller_frame(1))
-                _timing.leave(entry.timing, lambda: held_outputs(user))
-            _relink(stack)
-            try:
-                if stack is local.stack:
-                    _repair(stack)
-                else:
-                    _restore_elsewhere(stack)
-            finally:
-                if entry.checked:
-                    release()
-        if entry.capture_tid is not None:
-            self._record_logged(*guardlog.stop(entry.capture_tid))
-        if observers.recorders:
-            observers.loop(self, False)
-        refused, pending.error = getattr(pending, "error", None), None
-        if exc is not None and not isinstance(exc, Exception):
+        try:
+            """End this entry, whatever the order: out-of-order exits (generators,
+            asyncio tasks) and exits on another thread restore what it changed."""
+            __tracebackhide__ = True
+            if isinstance(exc, ContractError):  # raised in the body: it ends at the user's line
+                trim(exc)
+            # Translated before the last loop's exit forgets the steps' last calls
+            # (they name the step that consumed a donated array).
+            translated = translate(exc, tb) if isinstance(exc, Exception) else None
+            with _stacks_lock:
+                entry = self._take_entry()
+                stack = entry.stack
+                entry.ended = True
+                if entry.timing is not None:
+                    user = user_frame(frames.caller_frame(1))
+                    _timing.leave(entry.timing, lambda: held_outputs(user))
+                _relink(stack)
+                try:
+                    if stack is local.stack:
+                        _repair(stack)
+                    else:
+                        _restore_elsewhere(stack)
+                finally:
+                    if entry.checked:
+                        release()
+            if entry.capture_tid is not None:
+                self._record_logged(*guardlog.stop(entry.capture_tid))
+            if observers.recorders:
+                observers.loop(self, False)
+            refused, pending.error = getattr(pending, "error", None), None
+            if exc is not None and not isinstance(exc, Exception):
+                return False
+            if refused is not None and exc is not None and arrays.is_unset_error(exc):
+                raise refused.with_traceback(None) from None  # a refused buffer export (3.11)
+            if refused is not None and exc is None and sys.version_info < (3, 12):
+                # 3.11: the refusal reached the code as a SystemError it caught:
+                # the read was still refused, so the loop says so as it ends.
+                refused.add_note(
+                    "Raised as the loop ended: on Python 3.11 this refusal reached your "
+                    "code as `SystemError: ... returned NULL without setting an "
+                    "exception`, which was caught inside the loop."
+                )
+                raise refused.with_traceback(None) from None
+            if translated is not None:
+                raise translated from None
             return False
-        if refused is not None and exc is not None and arrays.is_unset_error(exc):
-            raise refused.with_traceback(None) from None  # a refused buffer export (3.11)
-        if refused is not None and exc is None and sys.version_info < (3, 12):
-            # 3.11: the refusal reached the code as a SystemError it caught:
-            # the read was still refused, so the loop says so as it ends.
-            refused.add_note(
-                "Raised as the loop ended: on Python 3.11 this refusal reached your "
-                "code as `SystemError: ... returned NULL without setting an "
-                "exception`, which was caught inside the loop."
-            )
-            raise refused.with_traceback(None) from None
-        if translated is not None:
-            raise translated from None
-        return False
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
 
     def __call__(self, fn: F) -> F:
         """Use as a decorator: every call of ``fn`` runs in a fresh loop.
@@ -512,12 +523,24 @@ def _coroutine_resumed_inside(inner: Any, loop: HotLoop) -> Any:
     return (yield from _resumed_inside(inner, loop))
 
 
+@overload
+def hot_loop(fn: F, /) -> F: ...
+@overload
 def hot_loop(
+    *,
+    transfers: Literal["disallow", "allow_host_to_device", "allow"] = ...,
+    compiles: Literal["disallow", "warmup", "allow"] = ...,
+    on_violation: Literal["raise", "record"] = ...,
+) -> HotLoop: ...
+@boundary
+def hot_loop(
+    fn: Any = None,
+    /,
     *,
     transfers: Literal["disallow", "allow_host_to_device", "allow"] = "disallow",
     compiles: Literal["disallow", "warmup", "allow"] = "disallow",
     on_violation: Literal["raise", "record"] = "raise",
-) -> HotLoop:
+) -> Any:
     """A critical section where transfers and compiles are contract violations.
 
     On the thread that enters it, for its duration, on every backend (CPU
@@ -572,7 +595,8 @@ def hot_loop(
     level is read when the loop is entered.
 
     Returns:
-        A context manager, also usable as a decorator.
+        A context manager, also usable as a decorator (``@jc.hot_loop()``,
+        or ``@jc.hot_loop`` bare for the defaults).
 
     Examples:
         >>> import jax.numpy as jnp, jaxcontracts as jc
@@ -582,5 +606,16 @@ def hot_loop(
         >>> [v.kind for v in loop.violations]
         ['transfer']
     """
-    return HotLoop(transfers=transfers, compiles=compiles, on_violation=on_violation)
+    loop = HotLoop(transfers=transfers, compiles=compiles, on_violation=on_violation)
+    if fn is None:
+        return loop
+    if callable(fn) and not isinstance(fn, (str, type)):  # @jc.hot_loop, bare: the defaults
+        return loop(fn)
+    option = {"warmup": "compiles", "raise": "on_violation", "record": "on_violation"}.get(
+        fn if isinstance(fn, str) else "", "transfers"
+    )
+    raise DefinitionError(
+        f"jc.hot_loop({fmt_object(fn)}): its options are keywords.",
+        fix=f"jc.hot_loop({option}={fn!r})" if isinstance(fn, str) else 'jc.hot_loop(transfers="allow")',
+    )
 

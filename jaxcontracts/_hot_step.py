@@ -45,6 +45,7 @@ from ._report import Report, step_report
 from ._runtime import observers, recording_loop
 from ._signature import StepSignature
 from ._spec import fmt_value
+from ._tracebacks import boundary, trim
 
 __all__ = ["HotStep", "StepStats"]
 
@@ -130,6 +131,7 @@ class HotStep(Generic[P, R]):
             stats=dataclasses.replace(self.stats),
         )
 
+    @boundary
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """Lower for these arguments or specs, without compiling or checking."""
         positional = self._to_compile("lower", args, kwargs)
@@ -137,6 +139,7 @@ class HotStep(Generic[P, R]):
         with quiet_donation_warning():
             return jitted.trace(*spec_args).lower()
 
+    @boundary
     def compile(self, *args: Any, **kwargs: Any) -> Any:
         """Compile for these arguments or specs (no data needed) and check it.
 
@@ -226,7 +229,11 @@ class HotStep(Generic[P, R]):
             raise TypeError(
                 f"{self._sig.name}() is a method: call it on an instance (obj.{self._sig.short_name}(...))."
             )
-        return self.__get__(args[0], type(args[0]))(*args[1:], **kwargs)
+        try:
+            return self.__get__(args[0], type(args[0]))(*args[1:], **kwargs)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
 
     def _to_compile(self, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """The arguments of ``lower``/``compile`` by position, refused on misuse."""
@@ -368,6 +375,9 @@ class HotStep(Generic[P, R]):
         r.fresh = True
         try:
             return self.slow_call(args, kwargs, None)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
         finally:
             r.fresh = False
 

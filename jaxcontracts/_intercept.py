@@ -51,9 +51,11 @@ import jax
 from ._compat import arrays, capability, events, frames, hostcopy
 from ._compat.tracing import trace_state_clean
 from ._donation import is_deleted_array
+from ._errors import ContractError
 from ._format import fmt_aval
 from ._runtime import arrays_named, consumed_by, find, local, tracking
 from ._steps import clear_last_calls
+from ._tracebacks import trim
 from ._userline import host_read_on_line, user_frame
 
 __all__ = ["acquire", "on_monitoring_event", "pending", "release"]
@@ -185,7 +187,11 @@ def _guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         if not frames.allowed_reader(frames.caller_frame(1)) and not (
             name in ("__repr__", "__str__") and not self.is_fully_addressable
         ):  # jax prints an array spanning other processes without reading it
-            _on_read(self, name)
+            try:
+                _on_read(self, name)
+            except ContractError as err:  # called from the user's line: it ends there
+                trim(err)
+                raise
         loc.allow += 1
         try:
             return original(self, *args, **kwargs)

@@ -28,11 +28,13 @@ from ._callctx import (
 from ._compat import refcount
 from ._compat.arrays import ArrayImpl, KeyArray
 from ._compat.tracing import flatten, top_level_refs
+from ._errors import ContractError
 from ._fields import flat_field_names
 from ._marks import PRODUCED_BY, TOKEN
 from ._records import CompiledSignature
 from ._runtime import tracking
 from ._steps import HOOK_EVERY
+from ._tracebacks import trim
 
 __all__ = ["provenance_one_path", "provenance_path"]
 
@@ -71,37 +73,41 @@ def provenance_path(ctx: CallContext, checked: Callable[..., Any]) -> Callable[.
     multi_device = cs.multi_device
 
     def provenance(*args: Any, **kwargs: Any) -> Any:
-        if kwargs or len(args) != n_params:
-            return checked(*args, **kwargs)
-        for i, token in in_tokens:
-            d = getattr(args[i], "__dict__", None)
-            if d is None or d.get(key) is not token:
-                return checked(*args)
-        if tref.value is not ev or aref.value is not top:
-            return slow_call(args, kwargs, None)
-        if first_leaf is not None and first_leaf(args).is_deleted():
-            return slow_call(args, kwargs, None)
-        if others:
-            leaves, treedef = flatten(tuple(args[i] for i in others))
-            if treedef != other_treedef or multi_device:
-                return checked(*args)
-            for x, w in zip(leaves, other_weak):
-                t = type(x)  # a typed key is never weak (its aval is built on each read: not read)
-                if t is not key_array and (
-                    t is not array_impl or (x.aval.weak_type is not w if other_any_weak else x.aval.weak_type)
-                ):
-                    return checked(*args)
-            if full and any(map(is_deleted, leaves)):
-                return slow_call(args, kwargs, None)  # before XLA's error line
-        if kept is not None:
-            refused = kept.refused(flatten(args)[0])
-            if refused is not None:
-                return slow_call(args, kwargs, refused)
         try:
-            out = compiled(*args)
-        except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
-            return slow_call(args, kwargs, e)
-        return tail(args, args, out)
+            if kwargs or len(args) != n_params:
+                return checked(*args, **kwargs)
+            for i, token in in_tokens:
+                d = getattr(args[i], "__dict__", None)
+                if d is None or d.get(key) is not token:
+                    return checked(*args)
+            if tref.value is not ev or aref.value is not top:
+                return slow_call(args, kwargs, None)
+            if first_leaf is not None and first_leaf(args).is_deleted():
+                return slow_call(args, kwargs, None)
+            if others:
+                leaves, treedef = flatten(tuple(args[i] for i in others))
+                if treedef != other_treedef or multi_device:
+                    return checked(*args)
+                for x, w in zip(leaves, other_weak):
+                    t = type(x)  # a typed key is never weak (its aval is built on each read: not read)
+                    if t is not key_array and (
+                        t is not array_impl or (x.aval.weak_type is not w if other_any_weak else x.aval.weak_type)
+                    ):
+                        return checked(*args)
+                if full and any(map(is_deleted, leaves)):
+                    return slow_call(args, kwargs, None)  # before XLA's error line
+            if kept is not None:
+                refused = kept.refused(flatten(args)[0])
+                if refused is not None:
+                    return slow_call(args, kwargs, refused)
+            try:
+                out = compiled(*args)
+            except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
+                return slow_call(args, kwargs, e)
+            return tail(args, args, out)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
 
     return provenance
 
@@ -180,47 +186,51 @@ def provenance_one_path(
     kept_get, kept_of, kept_limit = _kept_readers(kept, cls, names)
 
     def provenance_one(s: Any = missing, *rest: Any, **kwargs: Any) -> Any:
-        if rest or kwargs or s is missing or type(s) is not cls:
-            return checked(*(() if s is missing else (s,)), *rest, **kwargs)
-        d = s.__dict__
-        if d.get(key) is not token0 or tref.value is not ev or aref.value is not top:
-            return checked(s)  # untrusted (per-leaf checks), or traced (the slow path)
-        if first_name is not None:
-            if d[first_name].is_deleted():
-                return slow_call((s,), {}, None)
-        elif first_leaf is not None and first_leaf(s).is_deleted():
-            return slow_call((s,), {}, None)
-        if kept_get is not None:
-            seq = kept_get(d)
-            if max(map(count, seq)) > kept_limit:
-                refused = kept.refuse(seq, 1)  # type: ignore[union-attr]
-                if refused is not None:
-                    del seq
-                    return slow_call((s,), {}, refused)
-            del seq
-        elif kept_of is not None:
-            refused = kept.refused(kept_of(s))  # type: ignore[union-attr]
-            if refused is not None:
-                return slow_call((s,), {}, refused)
         try:
-            out = compiled(s)
-        except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
-            return slow_call((s,), {}, e)
-        od = out.__dict__
-        od[key] = token_out
-        if full and not states_consumed((s,)):
-            err = not_consumed(cs, flatten((s,))[0], out)
-            if err is not None:  # None: a recording loop took it as a violation
-                raise err
-        if consumed_cls is not None:  # the donated state names its consumer
-            set_class(s, "__class__", consumed_cls)
-        n = stats.calls = stats.calls + 1
-        if tracking.count:  # a hot_loop is active somewhere: name the producer for messages
-            od[produced_by] = name
-            if not n % every:  # a timing loop's sampling hook, one call in `every`
-                hook = step.timing_hook
-                if hook is not None:
-                    hook()
-        return out
+            if rest or kwargs or s is missing or type(s) is not cls:
+                return checked(*(() if s is missing else (s,)), *rest, **kwargs)
+            d = s.__dict__
+            if d.get(key) is not token0 or tref.value is not ev or aref.value is not top:
+                return checked(s)  # untrusted (per-leaf checks), or traced (the slow path)
+            if first_name is not None:
+                if d[first_name].is_deleted():
+                    return slow_call((s,), {}, None)
+            elif first_leaf is not None and first_leaf(s).is_deleted():
+                return slow_call((s,), {}, None)
+            if kept_get is not None:
+                seq = kept_get(d)
+                if max(map(count, seq)) > kept_limit:
+                    refused = kept.refuse(seq, 1)  # type: ignore[union-attr]
+                    if refused is not None:
+                        del seq
+                        return slow_call((s,), {}, refused)
+                del seq
+            elif kept_of is not None:
+                refused = kept.refused(kept_of(s))  # type: ignore[union-attr]
+                if refused is not None:
+                    return slow_call((s,), {}, refused)
+            try:
+                out = compiled(s)
+            except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
+                return slow_call((s,), {}, e)
+            od = out.__dict__
+            od[key] = token_out
+            if full and not states_consumed((s,)):
+                err = not_consumed(cs, flatten((s,))[0], out)
+                if err is not None:  # None: a recording loop took it as a violation
+                    raise err
+            if consumed_cls is not None:  # the donated state names its consumer
+                set_class(s, "__class__", consumed_cls)
+            n = stats.calls = stats.calls + 1
+            if tracking.count:  # a hot_loop is active somewhere: name the producer for messages
+                od[produced_by] = name
+                if not n % every:  # a timing loop's sampling hook, one call in `every`
+                    hook = step.timing_hook
+                    if hook is not None:
+                        hook()
+            return out
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
 
     return provenance_one

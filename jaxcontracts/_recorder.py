@@ -21,6 +21,7 @@ from ._hot_step import HotStep
 from ._records import CompiledSignature, StepDescription
 from ._runtime import observers
 from ._snapshot import COST_KEYS, Path, Snapshot, version_of
+from ._tracebacks import boundary
 
 __all__ = ["Recorder", "snapshot"]
 
@@ -112,6 +113,7 @@ def _build(steps: Sequence[Any], loops: Sequence[_LoopRun] = ()) -> Snapshot:
     return Snapshot(backend, devices, versions, tuple(fields))
 
 
+@boundary
 def snapshot(*steps: HotStep[Any, Any]) -> Snapshot:
     """The contract snapshot of these hot steps, as compiled so far.
 

@@ -240,11 +240,14 @@ def _html_violations(violations: Sequence[Violation]) -> list[str]:
         parts.append(f'<th style="{_th(h == "count")}">{h}</th>')
     parts.append("</tr></thead><tbody>")
     for i, v in enumerate(violations):
+        # `where` stays on one line (the theme's code style may wrap it: nowrap
+        # on the chip itself); `what` wraps inside the box, so a row reads
+        # within the report's width, with no scroll bar.
         parts.append(
             f'<tr style="{_tr(i)}"><td style="{_td()}">{e(v.kind)}</td>'
-            f'<td style="{_td()}"><code style="{_CSS_CODE}">{e(v.where)}</code></td>'
+            f'<td style="{_td()}"><code style="{_CSS_CODE}white-space:nowrap;">{e(v.where)}</code></td>'
             f'<td style="{_td(right=True)}">{v.count}</td>'
-            f'<td style="{_td()}">{e(v.what)}</td></tr>'
+            f'<td style="{_td(wrap=True)}min-width:24em;">{e(v.what)}</td></tr>'
         )
     parts.append("</tbody></table>")
     return parts
@@ -330,12 +333,14 @@ _CSS_PRE_INFO = (
 )
 
 
-def _cell(right: bool, color: str) -> str:
-    """Alignment, colors and padding of one cell: nothing left to the theme."""
+def _cell(right: bool, color: str, wrap: bool = False) -> str:
+    """Alignment, colors and padding of one cell: nothing left to the theme.
+    ``wrap``: a prose cell, wrapped at the box's width (others stay on one line)."""
     align = "right;font-variant-numeric:tabular-nums" if right else "left"
+    space = "white-space:normal;overflow-wrap:anywhere;" if wrap else "white-space:nowrap;"
     return (
         f"text-align:{align};vertical-align:top;color:{color};background:transparent;"
-        "padding:3px 10px;line-height:1.4;white-space:nowrap;border:none;"
+        f"padding:3px 10px;line-height:1.4;{space}border:none;"
     )
 
 
@@ -343,8 +348,8 @@ def _th(right: bool = False) -> str:
     return _cell(right, _MUTED) + f"border-bottom:2px solid {_LINE};font-weight:600;font-size:12px;"
 
 
-def _td(right: bool = False, color: str = _FG) -> str:
-    return _cell(right, color) + f"border-bottom:1px solid {_HAIR};font-size:13px;"
+def _td(right: bool = False, color: str = _FG, wrap: bool = False) -> str:
+    return _cell(right, color, wrap) + f"border-bottom:1px solid {_HAIR};font-size:13px;"
 
 
 def _foot(right: bool = False) -> str:

@@ -260,8 +260,12 @@ def _arrays_in(value: Any) -> list[tuple[str, Any]]:
 
 
 @contextlib.contextmanager
-def compiling(name: str) -> Iterator[None]:
-    """Wrap a hot step's compile: a violation inside a loop (recorded once)."""
+def compiling(name: str, spec: str = "jc.spec_of(<its arguments>)") -> Iterator[None]:
+    """Wrap a hot step's compile: a violation inside a loop (recorded once).
+
+    ``spec``: how the fix writes the step's arguments as specs (``S.spec(...)``
+    for the user's state class ``S``).
+    """
     __tracebackhide__ = True
     loop = local.loop
     if loop is None or not loop.checks_compiles or local.allow:
@@ -274,7 +278,7 @@ def compiling(name: str) -> Iterator[None]:
             "compile",
             f"hot_step {short} would compile a new signature"
             + (" (it compiled once already in this loop's warm-up)" if again else ""),
-            f"compile it before the loop ({short}.compile(State.spec(...)) or one "
+            f"compile it before the loop ({short}.compile({spec}) or one "
             "call), and keep every call's arguments on that signature; where a new "
             "signature is expected (a reallocated buffer), compile it where it appears: "
             f"{short}.compile(<the new arguments>) inside "

@@ -128,11 +128,13 @@ class StepSignature:
             bound = self.signature.bind(*args, **kwargs)
         except TypeError as e:
             params = ", ".join(self.param_names)
-            raise TypeError(
-                f"{self.name}() was called with {len(args)} positional and "
-                f"{len(kwargs)} keyword argument(s): {e}.\n"
-                f"  parameters: ({params})\n"
-                f"Fix: call it as {self.short_name}({params})."
+            given = ", ".join([*("<arg>" for _ in args), *(f"{k}=" for k in kwargs)])
+            raise DefinitionError(
+                f"{self.short_name}({given}) does not match the step's parameters: {e}.",
+                [f"  parameters: {self.short_name}({params})"],
+                fix=f"call it as {self.short_name}({params}).",
+                contract="definition",
+                step=self.name,
             ) from None
         bound.apply_defaults()
         positional = tuple(bound.arguments[n] for n in self.param_names)

@@ -33,7 +33,7 @@ from collections.abc import Mapping, Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
-from ._errors import DefinitionError
+from ._errors import MAX_DETAIL_LINES, DefinitionError
 
 __all__ = [
     "COST_KEYS",
@@ -135,8 +135,9 @@ class SnapshotDiff:
         if not self.changes:
             text = "snapshot unchanged"
             return text + (f" ({self.note})" if self.note else "")
+        shown = self.changes[:MAX_DETAIL_LINES]
         rows = [("field", "before", "after", "rule")] + [
-            (c.field, c.before, c.after, c.rule) for c in self.changes
+            (c.field, c.before, c.after, c.rule) for c in shown
         ]
         widths = [max(len(r[i]) for r in rows) for i in range(3)]
         lines = [
@@ -145,6 +146,8 @@ class SnapshotDiff:
         ]
         n = len(self.changes)
         out = [f"{n} contract field{'s' * (n != 1)} changed:", *lines]
+        if n > len(shown):
+            out.append(f"  ... and {n - len(shown):,} more (all of them: the diff's .changes)")
         if self.note:
             out.append(f"  ({self.note})")
         return "\n".join(out)
@@ -157,8 +160,12 @@ class SnapshotDiff:
         body = "".join(
             f"<tr><td><code>{e(c.field)}</code></td><td>{e(c.before)}</td>"
             f"<td><b>{e(c.after)}</b></td><td>{e(c.rule)}</td></tr>"
-            for c in self.changes
+            for c in self.changes[:MAX_DETAIL_LINES]
         )
+        more = len(self.changes) - MAX_DETAIL_LINES
+        if more > 0:
+            body += f'<tr><td colspan="4">... and {more:,} more (the diff\'s .changes)</td></tr>'
+
         note = f"<p>{e(self.note)}</p>" if self.note else ""
         return f'<table class="jc-snapshot-diff"><tr>{head}</tr>{body}</table>{note}'
 

@@ -8,16 +8,16 @@ means one thing everywhere. How two specs differ is ``_diffs``.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import jax
 import numpy as np
 
 from ._compat.tracing import Tracer
-from ._dtypes import itemsize
+from ._dtypes import array_nbytes
 from ._errors import SpecError
-from ._format import fmt_aval, fmt_path
+from ._format import fmt_aval, fmt_object, fmt_path
+from ._tracebacks import boundary
 
 __all__ = ["StaticArg", "fmt_value", "leaf_spec", "spec_nbytes", "spec_of", "static_equal"]
 
@@ -53,7 +53,7 @@ def fmt_value(value: Any) -> str:
         return "None"
     spec = leaf_spec(value)
     if spec is None:
-        return f"{type(value).__name__} {value!r}"[:60]
+        return fmt_object(value)
     return f"{fmt_aval(spec.shape, spec.dtype, spec.weak_type)} ({_kind(value)})"
 
 
@@ -71,9 +71,10 @@ def _kind(value: Any) -> str:
 
 def spec_nbytes(spec: Any) -> int:
     """Bytes of an array with this spec (all shards together)."""
-    return math.prod(spec.shape) * itemsize(spec.dtype)
+    return array_nbytes(spec.shape, spec.dtype)
 
 
+@boundary
 def spec_of(tree: Any) -> Any:
     """Return the exact spec of a pytree: shape, dtype, weak type, sharding.
 
@@ -97,7 +98,7 @@ def spec_of(tree: Any) -> Any:
     for path, leaf in leaves:
         spec = leaf_spec(leaf)
         if spec is None:
-            bad.append(f"  {fmt_path(path)}: {type(leaf).__name__} {leaf!r:.60}")
+            bad.append(f"  {fmt_path(path)}: {fmt_object(leaf)}")
         specs.append(spec)
     if bad:
         raise SpecError(

@@ -28,7 +28,7 @@ import numpy as np
 from ._compat.frames import caller_frame, caller_locals
 from ._compat.tracing import Tracer as _Tracer
 from ._construct import make, to_spec, to_zeros
-from ._errors import DefinitionError
+from ._errors import ContractError, DefinitionError
 from ._fields import (
     StateInfo,
     StaticField,
@@ -42,6 +42,7 @@ from ._fields import (
 )
 from ._format import fmt_aval
 from ._marks import CONSUMED_BY, STATE_INFO, USER_POST_INIT, consumer_of, without_marks
+from ._tracebacks import boundary, trim
 from ._validate import validate
 
 __all__ = ["State", "state"]
@@ -97,10 +98,18 @@ def state(cls: Any = None, /, *, eq: bool = False) -> Any:
     if cls is None:
 
         def decorate(cls: type[T]) -> type[T]:
-            return _make_state(cls, eq, localns)
+            try:
+                return _make_state(cls, eq, localns)
+            except ContractError as err:  # the traceback ends at the user's line
+                trim(err)
+                raise
 
         return decorate
-    return _make_state(cls, eq, localns)
+    try:
+        return _make_state(cls, eq, localns)
+    except ContractError as err:
+        trim(err)
+        raise
 
 
 def _make_state(cls: Any, eq: bool, localns: dict[str, Any]) -> Any:
@@ -138,6 +147,8 @@ def _make_state(cls: Any, eq: bool, localns: dict[str, Any]) -> Any:
             fix="put fields with defaults (jc.static(...)) after fields "
             "without, or give them keyword-only defaults.",
         ) from None
+    if "__init__" in dc.__dict__:  # a SpecError at construction ends at the user's line
+        dc.__init__ = boundary(dc.__dict__["__init__"])
     try:
         hints = typing.get_type_hints(dc, localns=localns, include_extras=True)
     except NameError as e:
@@ -147,6 +158,7 @@ def _make_state(cls: Any, eq: bool, localns: dict[str, Any]) -> Any:
             "annotations are read when the decorator runs.",
         ) from None
     refuse_init_vars(dc, hints)
+    _refuse_shadowing(dc)
     fields = tuple(classify(dc, f, hints[f.name]) for f in dataclasses.fields(dc))
     info = StateInfo(
         fields=fields,
@@ -162,6 +174,27 @@ def _make_state(cls: Any, eq: bool, localns: dict[str, Any]) -> Any:
     dc.zeros = State.__dict__["zeros"]
     dc.replace = State.__dict__["replace"]
     return dc
+
+
+#: The methods every state class has: a field of one of these names would hide it.
+_METHODS = {
+    "spec": "Cls.spec(n=...), the spec for compiling",
+    "zeros": "Cls.zeros(n=...), a zero-filled instance",
+    "replace": "s.replace(...), a copy with some fields changed",
+}
+
+
+def _refuse_shadowing(dc: type) -> None:
+    """A field named ``spec``, ``zeros`` or ``replace`` is refused: the field's
+    value would replace the method on every instance (``s.replace(...)``
+    would then call an array)."""
+    for f in dataclasses.fields(dc):
+        if f.name in _METHODS:
+            raise DefinitionError(
+                f"{dc.__qualname__}.{f.name}: a state field cannot be named {f.name!r}: "
+                f"it would hide {_METHODS[f.name]}.",
+                fix=f"rename the field ({f.name}_ or a more specific name).",
+            )
 
 
 def _undecorated(cls: type) -> DefinitionError:
@@ -225,9 +258,14 @@ class State:
         frame = caller_frame(1)
         while frame is not None and frame.f_code.co_name == "__init_subclass__" and frame.f_back is not None:
             frame = frame.f_back
-        _make_state(cls, eq, dict(frame.f_locals) if frame is not None else {})
+        try:
+            _make_state(cls, eq, dict(frame.f_locals) if frame is not None else {})
+        except ContractError as err:  # the traceback ends at the user's class statement
+            trim(err)
+            raise
 
     @classmethod
+    @boundary
     def spec(cls, *, sharding: Any = None, **dims_and_fields: Any) -> Self:
         """An instance whose leaves are ``jax.ShapeDtypeStruct`` s (no device memory).
 
@@ -243,6 +281,7 @@ class State:
         return make(cls, dims_and_fields, sharding, to_spec, "spec")
 
     @classmethod
+    @boundary
     def zeros(cls, *, sharding: Any = None, **dims_and_fields: Any) -> Self:
         """A concrete instance filled with zeros, exact dtypes, on the device.
 
@@ -255,6 +294,7 @@ class State:
         """
         return make(cls, dims_and_fields, sharding, to_zeros, "zeros")
 
+    @boundary
     def replace(self, **changes: Any) -> Self:
         """Return a copy with some fields changed (validated like construction)."""
         return dataclasses.replace(self, **changes)  # type: ignore[type-var]

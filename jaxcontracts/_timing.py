@@ -29,13 +29,16 @@ from typing import Any
 
 from . import _steps
 from ._compat import blocking
+from ._errors import ContractError
 from ._steps import HOOK_EVERY
+from ._tracebacks import trim
 
 __all__ = ["LoopClock", "LoopTiming", "StepTiming", "active", "blocked", "enter", "leave", "timed"]
 
 # Shares of the loop's wall time that decide the verdict.
 DEVICE_BOUND_SHARE = 0.25  # blocked at least this share: the host waited on the device
 DISPATCH_BOUND_SHARE = 0.05  # blocked under this share, nothing pending: the device waited
+USER_BOUND_SHARE = 0.5  # the caller's own code between calls took at least this share
 
 perf = time.perf_counter
 
@@ -94,8 +97,9 @@ class LoopTiming:
             each step taking or returning more than the one state), how
             many were still being computed (``is_ready()`` false).
         outputs_at_exit: how many outputs were looked at.
-        verdict: ``"dispatch-bound"``, ``"device-bound"``, ``"mixed"`` or
-            ``"no steps"``.
+        verdict: ``"dispatch-bound"``, ``"device-bound"``, ``"mixed"``,
+            ``"user-code-bound"`` (the caller's own code between step calls
+            took at least half the loop) or ``"no steps"``.
     """
 
     wall_seconds: float
@@ -144,6 +148,12 @@ class LoopTiming:
             return (f"device-bound: {why}. The device is the bottleneck: a cheaper step "
                     "(or more work per byte) helps; fusing steps or cutting host "
                     "overhead does not.")
+        if self.verdict == "user-code-bound":
+            return (f"user-code-bound: your own code between step calls took "
+                    f"{self.other_seconds / wall:.0%} of the loop, the hot steps "
+                    f"{self.host_seconds / wall:.0%}: speed up that code first (the "
+                    "loop's recorded violations, transfers and compiles, are the usual "
+                    "cause); fusing steps would not help.")
         if self.verdict == "dispatch-bound":
             return (f"dispatch-bound: the host never waited long on the device ({share:.0%} "
                     "of the loop) and the device had finished by the exit, so it idled "
@@ -189,12 +199,14 @@ def _host_seconds(calls: int, seconds: float, timed: int, first_seconds: float, 
     return first_seconds + (seconds - first_seconds) / sampled * (calls - first_timed)
 
 
-def _verdict(wall: float, calls: int, blocked: float, pending: int) -> str:
+def _verdict(wall: float, calls: int, blocked: float, pending: int, host: float = 0.0) -> str:
     if not calls:
         return "no steps"
     share = blocked / wall if wall > 0 else 0.0
     if pending or share >= DEVICE_BOUND_SHARE:
         return "device-bound"
+    if wall > 0 and (wall - host - blocked) / wall >= USER_BOUND_SHARE:
+        return "user-code-bound"
     if share < DISPATCH_BOUND_SHARE:
         return "dispatch-bound"
     return "mixed"
@@ -238,7 +250,7 @@ class LoopClock:
             blocked=dict(self.blocked),
             pending_at_exit=self.pending,
             outputs_at_exit=self.outputs,
-            verdict=_verdict(self.wall, calls, blocked, self.pending),
+            verdict=_verdict(self.wall, calls, blocked, self.pending, sum(hosts)),
         )
 
     def _close(self, start: float, snapshot: dict[Any, tuple[float, ...]], held: Sequence[Any] = ()) -> None:
@@ -353,19 +365,23 @@ def timed(
     """
 
     def call(*args: Any, **kwargs: Any) -> Any:
-        __tracebackhide__ = True
-        first = acc[1] < FIRST
-        if not first:
-            install(fn)  # the next calls run bare until `rearm`
-        t0 = perf()
-        out = fn(*args, **kwargs)
-        seconds = perf() - t0
-        acc[0] += seconds
-        acc[1] += 1
-        if first:
-            acc[2] += seconds
-            acc[3] += 1
-        return out
+        try:
+            __tracebackhide__ = True
+            first = acc[1] < FIRST
+            if not first:
+                install(fn)  # the next calls run bare until `rearm`
+            t0 = perf()
+            out = fn(*args, **kwargs)
+            seconds = perf() - t0
+            acc[0] += seconds
+            acc[1] += 1
+            if first:
+                acc[2] += seconds
+                acc[3] += 1
+            return out
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
 
     def rearm() -> None:
         if acc[1] >= FIRST:

@@ -9,68 +9,17 @@ read inside a library the user called is reported at the user's call.
 from __future__ import annotations
 
 import ast
-import contextlib
 import io
 import linecache
 import os
-import sysconfig
 import tokenize
 from types import FrameType
 from typing import Any
 
-import jax
-import numpy as np
-
 from ._compat import frames
+from ._tracebacks import is_library
 
 __all__ = ["host_read_on_line", "is_library", "traceback_where", "user_frame", "where"]
-
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
-
-_SKIP_DIRS = tuple(
-    os.path.dirname(os.path.abspath(m.__file__)) + os.sep
-    for m in (jax, np, contextlib)
-    if getattr(m, "__file__", None)
-)
-try:
-    import jaxlib
-
-    _SKIP_DIRS += (os.path.dirname(os.path.abspath(jaxlib.__file__)) + os.sep,)
-except ImportError:  # pragma: no cover
-    pass
-_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
-
-
-_INSTALLED = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
-
-
-def _is_installed(filename: str) -> bool:
-    """Code of an installed package (site-packages / dist-packages): jax_md,
-    flax, optax... A message points at the user's line that called into it."""
-    return any(marker in os.path.abspath(filename) for marker in _INSTALLED)
-
-
-def is_library(filename: str, installed: bool = True) -> bool:
-    """Library code: JAX, numpy, the standard library, our private modules,
-    and (``installed=True``) any installed package.
-
-    A module of this package is library code when its path below the package
-    has a component starting with ``_`` (``_guard.py``, ``_compat/...``,
-    ``__main__.py``); public subpackages such as ``jaxcontracts.demo`` are
-    code written as a user would, and messages point into them.
-    """
-    if filename.startswith("<frozen"):
-        return True
-    path = os.path.abspath(filename)
-    if path.startswith(_PACKAGE_DIR + os.sep):
-        # Checked first: an installed package may sit under a skipped folder.
-        parts = path[len(_PACKAGE_DIR) + 1 :].split(os.sep)
-        return any(part.startswith("_") for part in parts)
-    if path.startswith(_SKIP_DIRS):
-        return True
-    if installed and _is_installed(path):
-        return True
-    return path.startswith(_STDLIB) and "site-packages" not in path
 
 
 def user_frame(frame: FrameType | None = None) -> FrameType | None:
@@ -81,7 +30,7 @@ def user_frame(frame: FrameType | None = None) -> FrameType | None:
     frame = frame or frames.caller_frame(2)
     for installed in (True, False):
         f = frame
-        while f is not None and is_library(f.f_code.co_filename, installed):
+        while f is not None and is_library(f.f_code.co_filename, installed, f.f_code.co_name):
             f = f.f_back
         if f is not None:
             return f
@@ -113,7 +62,8 @@ def traceback_where(tb: Any) -> tuple[str, str]:
     found: dict[bool, tuple[Any, int]] = {}
     while tb is not None:
         for installed in (True, False):
-            if not is_library(tb.tb_frame.f_code.co_filename, installed):
+            code = tb.tb_frame.f_code
+            if not is_library(code.co_filename, installed, code.co_name):
                 found[installed] = (tb.tb_frame, tb.tb_lineno)
         tb = tb.tb_next
     best = found.get(True) or found.get(False)

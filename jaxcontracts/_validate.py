@@ -41,7 +41,7 @@ from ._fields import (
     tree_summary,
 )
 from ._foreign import scalar_to_host, to_device
-from ._format import fmt_aval, fmt_bindings
+from ._format import fmt_aval, fmt_bindings, fmt_object
 from ._spec import fmt_value, leaf_spec
 
 __all__ = [
@@ -561,8 +561,7 @@ def check_static(f: StaticField, value: Any) -> list[Problem]:
 def describe(value: Any) -> str:
     if leaf_spec(value) is not None:
         return fmt_value(value)
-    text = repr(value)
-    return f"{type(value).__name__} {text[:50]}{'...' if len(text) > 50 else ''}"
+    return fmt_object(value)
 
 
 def spec_error(

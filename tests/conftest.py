@@ -42,3 +42,34 @@ def without_kept_check(monkeypatch):
     from jaxcontracts._compat import refcount
 
     monkeypatch.setattr(refcount, "available", lambda: False)
+
+
+# The longest contract-error message the suite produced (issue 21: messages are
+# bounded): every ContractError built during the run is measured, and the
+# terminal summary names the longest and the test that made it.
+_longest = {"lines": 0, "test": "", "error": ""}
+_current_test = {"id": ""}
+_original_init = jc.ContractError.__init__
+
+
+def _measuring_init(self, *args, **kwargs):
+    _original_init(self, *args, **kwargs)
+    lines = str(self).count("\n") + 1
+    if lines > _longest["lines"]:
+        _longest.update(lines=lines, test=_current_test["id"], error=type(self).__name__)
+
+
+jc.ContractError.__init__ = _measuring_init
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _current_test["id"] = item.nodeid
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _longest["lines"]:
+        terminalreporter.write_line(
+            f"longest contract-error message: {_longest['lines']} lines "
+            f"({_longest['error']}, {_longest['test']})"
+        )

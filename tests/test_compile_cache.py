@@ -69,3 +69,27 @@ def test_without_the_persistent_cache_a_compile_says_so():
         pytest.skip("this run has a persistent compilation cache configured")
     assert cs.cache == "off" and cs.compile_seconds > 0
     assert "not used" in dict(inc.report().facts)["compiled"]
+
+
+FORGER = Path(__file__).with_name("_forged_cache_worker.py")
+
+
+def test_a_forged_cache_entry_is_refused_and_the_message_says_it_came_from_the_cache(tmp_path):
+    """Issue 21: the refusal named a symptom ("every output of this shape and
+    dtype already reuses another buffer"), never that the executable was loaded
+    from the persistent cache, which is the cause."""
+    env = dict(os.environ)
+    env.pop("JAX_COMPILATION_CACHE_DIR", None)
+    root = str(Path(__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    proc = subprocess.run(
+        [sys.executable, str(FORGER), str(tmp_path)], capture_output=True, text=True, timeout=300, env=env
+    )
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("JC_RESULT ")]
+    assert proc.returncode == 0 and lines, proc.stderr[-3000:]
+    result = json.loads(lines[-1][len("JC_RESULT "):])
+    assert result["error"] == "DonationError" and result["contract"] == "aliasing"
+    message = result["message"]
+    assert "persistent compilation cache" in message
+    assert str(tmp_path) in message  # the folder to clear
+    assert "already reuses another buffer" not in message

@@ -9,12 +9,13 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
 
 import jaxcontracts as jc
-from jaxcontracts._errors import docs_pointer
+from jaxcontracts._errors import DOCS_URL, docs_pointer
 
 ROOT = Path(__file__).resolve().parent.parent
 DOCS = ROOT / "docs"
@@ -71,25 +72,45 @@ def test_every_message_ends_with_its_section(cls):
         "  .x: detail",
         "Fix: do this.",
         "Nothing has run yet.",
-        f"See: docs/errors.md#{cls.__name__.lower()}",
+        f"See: https://jaxcontracts.readthedocs.io/en/stable/errors/#{cls.__name__.lower()}",
     ]
     anchor = lines[-1].rsplit("#", 1)[1]
     assert anchor in _anchors("errors.md")
-    assert (ROOT / lines[-1].removeprefix("See: ").split("#")[0]).is_file()
+    # the site's page errors/ is built from docs/errors.md (mkdocs' directory URLs)
+    page = lines[-1].removeprefix("See: ").split("#")[0].removeprefix(DOCS_URL)
+    assert (DOCS / (page.rstrip("/") + ".md")).is_file()
+
+
+def test_the_docs_site_is_named_once_in_the_package_mkdocs_and_pyproject():
+    """Messages point at the site an installed user can open, not a source path."""
+    mkdocs = (ROOT / "mkdocs.yml").read_text()
+    assert f"site_url: {DOCS_URL}\n" in mkdocs
+    assert "use_directory_urls: false" not in mkdocs  # errors.md is served as errors/
+    pyproject = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    assert pyproject["project"]["urls"]["Documentation"] == DOCS_URL
+    assert DOCS_URL.startswith("https://")
+
+
+def test_the_docs_base_can_be_pointed_elsewhere(monkeypatch):
+    """JAXCONTRACTS_DOCS_URL: a mirror, a pinned version, a local mkdocs serve."""
+    monkeypatch.setenv("JAXCONTRACTS_DOCS_URL", "http://127.0.0.1:8000")
+    assert str(jc.SpecError("x")).splitlines()[-1] == "See: http://127.0.0.1:8000/errors/#specerror"
+    monkeypatch.delenv("JAXCONTRACTS_DOCS_URL")
+    assert str(jc.SpecError("x")).splitlines()[-1] == f"See: {DOCS_URL}errors/#specerror"
 
 
 def test_a_raised_error_points_to_its_section():
     with pytest.raises(jc.DefinitionError) as info:
         jc.set_checks("fastest")  # type: ignore[arg-type]
-    assert str(info.value).endswith("\nSee: docs/errors.md#definitionerror")
+    assert str(info.value).endswith("\nSee: https://jaxcontracts.readthedocs.io/en/stable/errors/#definitionerror")
 
 
 def test_a_user_subclass_points_to_its_jaxcontracts_parent():
     class MyTransferError(jc.TransferError):
         pass
 
-    assert docs_pointer(MyTransferError) == "See: docs/errors.md#transfererror"
-    assert str(MyTransferError("x")).splitlines()[-1] == "See: docs/errors.md#transfererror"
+    assert docs_pointer(MyTransferError) == "See: https://jaxcontracts.readthedocs.io/en/stable/errors/#transfererror"
+    assert str(MyTransferError("x")).splitlines()[-1] == "See: https://jaxcontracts.readthedocs.io/en/stable/errors/#transfererror"
 
 
 def test_the_notebooks_in_the_docs_are_the_committed_ones():

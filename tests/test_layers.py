@@ -29,6 +29,7 @@ LAYERS: dict[str, int] = {
     "_compat.registry": 1,
     # 2: configuration, the loop/step meeting point
     "_config": 2,
+    "_tracebacks": 2,  # contract errors trimmed to the user's frames; which frames are library code
     "_runtime": 4,  # below the guard and the call path; reads frames
     # 3: each private mechanism, behind a named capability
     "_compat.arrays": 3,

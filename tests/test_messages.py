@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -9,6 +11,7 @@ import pytest
 from jaxtyping import Array, Float32
 
 import jaxcontracts as jc
+from jaxcontracts._errors import MAX_DETAIL_LINES
 
 
 @jc.state
@@ -42,7 +45,7 @@ def test_spec_error_at_construction():
         "jnp.zeros(shape, jnp.float32), or cast it yourself with "
         ".astype(jnp.float32) if you mean it.\n"
         "  dims bound: n=2  (n from .pos)\n"
-        "See: docs/errors.md#specerror"
+        "See: https://jaxcontracts.readthedocs.io/en/stable/errors/#specerror"
     )
 
 
@@ -55,7 +58,7 @@ def test_spec_error_for_an_overflowing_scalar():
         "be stored as inf; pass a smaller value, or annotate the field Float64 (with "
         "jax_enable_x64 on).\n"
         "  dims bound: n=2  (n from .pos)\n"
-        "See: docs/errors.md#specerror"
+        "See: https://jaxcontracts.readthedocs.io/en/stable/errors/#specerror"
     )
 
 
@@ -64,14 +67,14 @@ def test_spec_error_for_dims_and_shardings():
         "Body.spec() got 1 invalid dimension size:\n"
         "  n='3' (str): expected a non-negative int\n"
         "Fix: pass each dimension as a non-negative Python int, e.g. Body.spec(n=4).\n"
-        "See: docs/errors.md#specerror"
+        "See: https://jaxcontracts.readthedocs.io/en/stable/errors/#specerror"
     )
     assert _message(lambda: Body.zeros(n=2, sharding={"post": None})) == (
         "Body.zeros(sharding=...) names 'post', which is not a data field of Body.\n"
         "  valid field names: pos, t\n"
         "Fix: fix the spelling, or drop the entry; a field left out of the mapping "
         "gets no sharding (a nested state takes a mapping of its own fields).\n"
-        "See: docs/errors.md#specerror"
+        "See: https://jaxcontracts.readthedocs.io/en/stable/errors/#specerror"
     )
 
 
@@ -82,7 +85,7 @@ def test_recompile_error_at_compile_carry():
         "test_messages.counter does not return its state with the spec it takes"
     )
     assert "  parameter `s` -> the return value:\n    ['t']: takes i32[], returns ~f32[]\n" in msg
-    assert msg.endswith("Nothing has run yet.\nSee: docs/errors.md#recompileerror")
+    assert msg.endswith("Nothing has run yet.\nSee: https://jaxcontracts.readthedocs.io/en/stable/errors/#recompileerror")
 
 
 def test_recompile_error_at_call():
@@ -98,7 +101,7 @@ def test_recompile_error_at_call():
         "Fix: pass arguments with the compiled spec (see the likely cause above), "
         "or allow more signatures with @jc.hot_step(max_compiles=2).\n"
         "The call did not run; your inputs are intact.\n"
-        "See: docs/errors.md#recompileerror"
+        "See: https://jaxcontracts.readthedocs.io/en/stable/errors/#recompileerror"
     )
 
 
@@ -185,7 +188,7 @@ def test_definition_error_lists_valid_options():
         '  donate="all"            every leaf of every state parameter (default)\n'
         '  donate=("pos", "vel")   those state fields only\n'
         '  donate="none"           no donation (an explicit opt-out)\n'
-        "See: docs/errors.md#definitionerror"
+        "See: https://jaxcontracts.readthedocs.io/en/stable/errors/#definitionerror"
     )
 
 
@@ -238,3 +241,270 @@ def test_a_field_kind_jaxcontracts_cannot_hold_names_the_field_and_the_fix():
     assert err.leaves == (".x",)
     assert err.fix.startswith("if x is configuration, write `x: ") and "jc.static(...)" in err.fix
     assert "  3. a pytree:        params: PyTree[Float32[Array, '...']]" in str(err)
+
+
+# --------------------------------------------------------------------------
+# Issue 21: misuse is a DefinitionError with the fix, at decoration. Each test
+# says what the message was before (a raw or misleading error).
+
+
+
+
+def _lines(fn, error=jc.ContractError):
+    """The message's lines without its last one (the link to the errors page)."""
+    with pytest.raises(error) as info:
+        fn()
+    lines = str(info.value).splitlines()
+    assert lines[-1].startswith("See: https://")
+    return lines[:-1]
+
+
+def test_hot_loop_bare_is_the_default_loop():
+    """Before: ``@jc.hot_loop`` -> ``TypeError: hot_loop() takes 0 positional arguments``."""
+    step = jc.hot_step(move)
+    b = step(Body(pos=jnp.zeros((2, 3)), t=jnp.float32(0)))
+
+    @jc.hot_loop
+    def run(b):
+        b = step(b)
+        return float(b.t)  # a read: refused, so the loop is engaged
+
+    with pytest.raises(jc.TransferError, match="device-to-host read: float"):
+        run(b)
+
+
+def test_hot_loop_with_an_option_by_position():
+    assert _lines(lambda: jc.hot_loop("allow"), jc.DefinitionError) == [
+        "jc.hot_loop(str 'allow'): its options are keywords.",
+        "Fix: jc.hot_loop(transfers='allow')",
+    ]
+
+
+def test_hot_step_on_a_generator_or_an_async_function():
+    """Before: a raw TypeError at the first call (and "coroutine ... was never awaited")."""
+
+    def generator(b: Body) -> Body:
+        yield b
+
+    async def coroutine(b: Body) -> Body:
+        return b
+
+    assert _lines(lambda: jc.hot_step(generator), jc.DefinitionError) == [
+        "@jc.hot_step on test_messages.test_hot_step_on_a_generator_or_an_async_function.<locals>.generator, "
+        "a generator function: a step is compiled to one executable that returns arrays, and a "
+        "generator returns none until it is resumed.",
+        "Fix: make the step a plain function that returns the new state, and loop, yield or await "
+        "around its calls in your own code.",
+    ]
+    assert ", an async function: " in _lines(lambda: jc.hot_step(coroutine), jc.DefinitionError)[0]
+
+
+def test_hot_step_over_staticmethod_is_a_static_step():
+    """Before: a raw TypeError."""
+
+    class Sim:
+        @jc.hot_step
+        @staticmethod
+        def step(b: Body) -> Body:
+            return move(b)
+
+    b = Body(pos=jnp.zeros((2, 3)), t=jnp.float32(0))
+    b = Sim.step(b)
+    b = Sim().step(b)  # through an instance too, as a staticmethod
+    assert float(b.t) == pytest.approx(0.2)
+
+
+def test_hot_step_over_classmethod():
+    def define():
+        class Sim:
+            @jc.hot_step
+            @classmethod
+            def step(cls, b: Body) -> Body:
+                return b
+
+    (summary, fix) = _lines(define, jc.DefinitionError)
+    assert summary.startswith("@jc.hot_step on the classmethod ") and "a class is no array" in summary
+    assert fix.startswith("Fix: make it a @staticmethod")
+
+
+def test_hot_step_on_a_state_class():
+    """Before: "the return annotation is missing ... returns its new Float32[jaxlib._jax.Array, 'n']"."""
+    assert _lines(lambda: jc.hot_step(Body), jc.DefinitionError) == [
+        "@jc.hot_step decorates the step function, not the state class Body.",
+        "Fix: decorate the function that takes the state and returns the new one: "
+        "@jc.hot_step def advance(s: Body) -> Body: ...",
+    ]
+
+
+def test_hot_step_with_an_option_by_position():
+    """Before: "cannot read the signature of ?.'all'"."""
+    assert _lines(lambda: jc.hot_step("all"), jc.DefinitionError) == [
+        "@jc.hot_step got 'all' where the step function goes: its options are keywords.",
+        "Fix: @jc.hot_step(donate='all')",
+    ]
+
+
+def test_signature_given_an_instance():
+    """Before: "... state type S(x=f32[2])"."""
+    b = Body(pos=jnp.zeros((2, 3)), t=jnp.float32(0))
+    assert _lines(lambda: jc.hot_step(move, signature=b), jc.DefinitionError) == [
+        "@jc.hot_step: signature= takes the state's type, and got a Body instance.",
+        "Fix: signature=Body",
+    ]
+
+
+def test_static_naming_the_state_parameter():
+    """Before: "no parameter is annotated with the state type S"."""
+    for signature in (None, Body):
+        assert _lines(lambda signature=signature: jc.hot_step(move, static=("b",), signature=signature), jc.DefinitionError) == [
+            "@jc.hot_step on test_messages.move: 'b' is the state parameter (annotated Body) and is "
+            "named in static=: a state is arrays, carried and donated, not a static value.",
+            "Fix: drop 'b' from static= (static= is for configuration such as a step count or a flag).",
+        ]
+
+
+def test_too_many_or_too_few_arguments():
+    """Before: a bare TypeError."""
+    step = jc.hot_step(move)
+    b = Body(pos=jnp.zeros((2, 3)), t=jnp.float32(0))
+    assert _lines(lambda: step(b, 3), jc.DefinitionError) == [
+        "move(<arg>, <arg>) does not match the step's parameters: too many positional arguments.",
+        "  parameters: move(b)",
+        "Fix: call it as move(b).",
+    ]
+    assert _lines(lambda: step(), jc.DefinitionError)[0] == (
+        "move() does not match the step's parameters: missing a required argument: 'b'."
+    )
+    with pytest.raises(TypeError):  # still a TypeError, as Python's own is
+        step(b, b)
+
+
+def test_device_tree_sharding_given_a_string():
+    """Before: JAX's ValueError."""
+    assert _lines(lambda: jc.device_tree({"a": jnp.zeros(2)}, sharding="cpu"), jc.DefinitionError) == [
+        "jc.device_tree(sharding=str 'cpu'): sharding= takes a jax.sharding.Sharding or a jax.Device.",
+        'Fix: sharding=jax.devices("cpu")[0], or a NamedSharding(mesh, P(...)); None (the default) '
+        "keeps committed arrays where they are.",
+    ]
+
+
+@pytest.mark.parametrize("name", ["replace", "spec", "zeros"])
+def test_a_field_that_would_hide_a_method(name):
+    """Before: accepted, then ``r.replace(...)``: "'ArrayImpl' object is not callable"."""
+
+    def define():
+        jc.state(type("R", (), {"__annotations__": {name: Float32[Array, "n"]}}))
+
+    (summary, fix) = _lines(define, jc.DefinitionError)
+    assert summary.startswith(f"R.{name}: a state field cannot be named {name!r}: it would hide ")
+    assert fix == f"Fix: rename the field ({name}_ or a more specific name)."
+
+
+def test_the_compile_in_a_loop_fix_names_the_user_s_class():
+    """Before: "advance.compile(State.spec(...))" where the class is Body."""
+    step = jc.hot_step(move, max_compiles=2)
+    b = step(Body(pos=jnp.zeros((2, 3)), t=jnp.float32(0)))
+    other = Body(pos=jnp.zeros((5, 3)), t=jnp.float32(0))
+    with pytest.raises(jc.RecompileError) as info, jc.hot_loop():
+        b = step(b)
+        step(other)
+    fix = str(info.value).split("Fix: ", 1)[1]
+    assert fix.startswith("compile it before the loop (move.compile(Body.spec(...)) or one call)")
+
+
+# Messages never read the device: an object holding arrays is described by
+# its type and its arrays' specs, never by its repr (which reads them).
+
+
+@dataclasses.dataclass
+class Holder:
+    w: jax.Array
+
+
+def test_an_opaque_object_holding_arrays_is_described_without_its_repr():
+    """Before: "got Holder Holder(w=Array([41., 42., 43.], dtype=float32))"."""
+    h = Holder(w=jnp.array([41.0, 42.0, 43.0]))
+    for make in (
+        lambda: jc.device_tree({"h": h}),
+        lambda: jc.spec_of({"h": h}),
+        lambda: Body(pos=h, t=jnp.float32(0)),
+        lambda: jc.hot_step(move)(h),
+    ):
+        text = "\n".join(_lines(make))
+        assert "Holder(w: f32[3])" in text and "41." not in text
+
+
+def test_building_such_a_message_inside_a_loop_reads_nothing():
+    """Before: the message's own repr() was a TransferError ("repr() of f32[3] (at <string>:3)")."""
+    h = Holder(w=jax.device_put(jnp.array([41.0, 42.0, 43.0])))
+    with jc.hot_loop():
+        with pytest.raises(jc.SpecError, match=r"Holder\(w: f32\[3\]\)"):
+            jc.device_tree({"h": h})
+        with pytest.raises(jc.SpecError, match=r"Holder\(w: f32\[3\]\)"):
+            jc.spec_of({"h": h})
+
+
+def test_an_int4_leaf_has_the_bytes_the_executable_takes():
+    """Before: 1,024 bytes for 1,024 int4 elements; the executable takes 512."""
+
+    def step(s: dict) -> dict:
+        return {"q": s["q"] + jnp.int4(1)}
+
+    hot = jc.hot_step(step, state="s")
+    hot.compile({"q": jax.ShapeDtypeStruct((1024,), jnp.int4)})
+    (leaf,) = hot.describe().current.leaves
+    assert leaf.nbytes == 512
+    assert hot.compiled.memory_analysis().argument_size_in_bytes == 512
+
+
+# Messages are bounded: the first MAX_DETAIL_LINES detail lines, then a count.
+
+
+def test_a_recompile_of_a_huge_state_is_a_bounded_message_with_every_line_on_the_error():
+    """Before: 20,005 lines when all 10,000 leaves changed."""
+
+    def step(s: dict) -> dict:
+        return jax.tree.map(lambda x: x + 1, s)
+
+    hot = jc.hot_step(step, state="s")
+    n = 600
+    hot({f"w{i:04d}": jnp.zeros(2) for i in range(n)})
+    with pytest.raises(jc.RecompileError) as info:
+        hot({f"w{i:04d}": jnp.zeros(3) for i in range(n)})
+    lines = str(info.value).splitlines()
+    assert len(lines) <= MAX_DETAIL_LINES + 8
+    assert f"... and {2 * n + 1 - MAX_DETAIL_LINES:,} more lines (all of them: the error's .details)" in str(info.value)
+    assert len(info.value.details) > n and len(info.value.leaves) == n
+
+
+def test_a_huge_host_argument_is_a_bounded_message():
+    """Before: a 100,000-element list gave a 100,004-line TransferError."""
+
+    @jc.hot_step(stateless=True)
+    def total(xs: list) -> jax.Array:
+        return jnp.sum(jnp.stack(xs))
+
+    with pytest.raises(jc.TransferError) as info:
+        total(list(range(20_000)))
+    lines = str(info.value).splitlines()
+    assert len(lines) <= MAX_DETAIL_LINES + 6
+    assert "... and 19,980 more lines" in str(info.value)
+    assert len(info.value.details) == 20_000
+
+
+def test_a_snapshot_diff_of_many_rows_is_bounded():
+    """Before: a snapshot diff printed all 10,000 rows."""
+    from jaxcontracts._snapshot import Change, SnapshotDiff
+
+    diff = SnapshotDiff(tuple(Change(f"leaves.w{i}", "f32[2]", "f32[3]") for i in range(10_000)))
+    text = str(diff)
+    assert len(text.splitlines()) == 1 + 1 + MAX_DETAIL_LINES + 1
+    assert text.splitlines()[-1] == "  ... and 9,980 more (all of them: the diff's .changes)"
+    assert diff._repr_html_().count("<tr>") == 1 + MAX_DETAIL_LINES + 1
+    assert len(diff.changes) == 10_000
+
+
+def test_a_line_naming_thousands_of_leaves_is_cut():
+    err = jc.DonationError("step: not consumed: " + ", ".join(f"s.p['w{i}']" for i in range(5000)))
+    first = str(err).splitlines()[0]
+    assert len(first) < 700 and first.endswith("more characters)")

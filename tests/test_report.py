@@ -244,6 +244,24 @@ def test_html_reads_in_light_and_dark_notebook_themes():
     assert aligns == ["left"] * 5 + ["right"]  # leaf ... aliased, then bytes
 
 
+def test_a_violation_row_reads_within_the_box_width():
+    """Issue 21: in JupyterLab the `where` chip wrapped "Cell In[4], line 8" over
+    three lines, and `what` ran past the right edge behind a scroll bar. Checked
+    by headless-Chromium screenshots (light and dark, with JupyterLab's
+    `code {white-space: pre-wrap; word-break: break-all}`); these are the
+    properties that made a row read on one screen width."""
+    loop_report = _reports()[1]
+    assert loop_report.violations
+    elements = _styled(loop_report)
+    table = elements[next(i for i, (t, _) in enumerate(elements) if t == "table"):]  # the violations
+    codes = [s for t, s in table if t == "code"]
+    cells = [s for t, s in table if t == "td"]
+    assert codes and all(s["white-space"] == "nowrap" for s in codes)  # the chip itself, not its cell
+    prose = [s for s in cells if s["white-space"] == "normal"]
+    assert prose and all(s["overflow-wrap"] == "anywhere" for s in prose)  # `what` wraps in the box
+    assert "max-width" in elements[0][1]  # the box bounds the table's width
+
+
 def test_text_lines_are_packed_into_80_columns():
     from jaxcontracts._report import _pack
 

@@ -194,9 +194,9 @@ def test_too_many_or_too_few_arguments_name_the_parameters(level):
     step = jc.hot_step(_scale)
     k = jnp.float32(1)
     s = step(S.zeros(n=3), k)
-    with pytest.raises(TypeError, match=r"too many positional arguments[\s\S]*parameters: \(s, k\)[\s\S]*Fix: call it as _scale\(s, k\)"):
+    with pytest.raises(jc.DefinitionError, match=r"too many positional arguments[\s\S]*parameters: _scale\(s, k\)[\s\S]*Fix: call it as _scale\(s, k\)"):
         step(s, k, k)
-    with pytest.raises(TypeError, match=r"missing a required argument: 'k'[\s\S]*parameters: \(s, k\)"):
+    with pytest.raises(jc.DefinitionError, match=r"missing a required argument: 'k'[\s\S]*parameters: _scale\(s, k\)"):
         step(s)
     step(s, k)  # the state was not consumed by the refused calls
 
@@ -250,7 +250,7 @@ def test_keyword_calls_take_the_call_path_not_the_slow_path(level, monkeypatch):
             t, _ = bare(batch=batch, state=t)
         assert slow == []
     assert jnp.allclose(s["w"], -1.1) and jnp.allclose(t["w"], -11.0)
-    with pytest.raises(TypeError, match="called with"):
+    with pytest.raises(TypeError, match="does not match the step's parameters"):
         bare(t, batsh=batch)  # a wrong name: the slow path binds and explains
 
 

@@ -653,7 +653,8 @@ def test_a_static_config_first_is_never_taken_for_the_state():
     assert step.state_type is Particles
     p = step(Config(), make_particles())
     assert float(p.t) == pytest.approx(0.9)
-    with pytest.raises(jc.DefinitionError, match="state=") as info:
+    # the state parameter named in static= (issue 21: said "no parameter is annotated")
+    with pytest.raises(jc.DefinitionError, match="'s' is the state parameter .* named in static=") as info:
         jc.hot_step(update, signature=Particles, static=("s",))
     assert "signature=" not in info.value.fix  # it was given: never offered back
 

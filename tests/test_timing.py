@@ -167,20 +167,23 @@ def test_errors_pass_through_the_timing_wrapper_unchanged(tick):
 
 
 @pytest.mark.parametrize(
-    ("wall", "calls", "blocked", "pending", "verdict"),
+    ("wall", "calls", "blocked", "pending", "host", "verdict"),
     [
-        (1.0, 10, 0.01, 0, "dispatch-bound"),
-        (1.0, 10, 0.01, 2, "device-bound"),  # work still queued at exit
-        (1.0, 10, 0.5, 0, "device-bound"),
-        (1.0, 10, 0.1, 0, "mixed"),
-        (1.0, 0, 0.0, 0, "no steps"),
+        (1.0, 10, 0.01, 0, 0.5, "dispatch-bound"),
+        (1.0, 10, 0.01, 2, 0.5, "device-bound"),  # work still queued at exit
+        (1.0, 10, 0.5, 0, 0.4, "device-bound"),
+        (1.0, 10, 0.1, 0, 0.5, "mixed"),
+        (1.0, 0, 0.0, 0, 0.0, "no steps"),
+        # notebook 02's first run: 99% of the loop was the user's own code
+        (1.0, 10, 0.001, 0, 0.009, "user-code-bound"),
+        (1.0, 10, 0.3, 0, 0.0, "device-bound"),  # waiting on the device is never the user's code
     ],
 )
-def test_the_verdict_follows_the_shares(wall, calls, blocked, pending, verdict):
-    assert _timing._verdict(wall, calls, blocked, pending) == verdict
+def test_the_verdict_follows_the_shares(wall, calls, blocked, pending, host, verdict):
+    assert _timing._verdict(wall, calls, blocked, pending, host) == verdict
     timing = jc.LoopTiming(
         wall_seconds=wall,
-        steps=(jc.StepTiming("m.step", calls, wall / 2, calls),),
+        steps=(jc.StepTiming("m.step", calls, host, calls),),
         blocked={"jc.fetch": blocked},
         pending_at_exit=pending,
         outputs_at_exit=2,
@@ -296,3 +299,21 @@ def test_a_new_step_starts_with_no_last_call_whatever_id_it_gets():
     assert all(step.last_call == [None] for step in made)
     assert "sgd" not in [name for name, _, _ in _steps.last_calls()]
     assert old_id not in {id(step) for step in _steps.live() if step.short_name == "sgd"}
+
+
+def test_a_loop_whose_own_code_dominates_is_told_so_not_to_fuse_steps(tick):
+    """Issue 21: notebook 02's first run was 99% the user's code between calls,
+    and the verdict said "dispatch-bound ... Fuse steps into one hot_step"."""
+    import time
+
+    s = tick(fresh())
+    with jc.hot_loop() as loop:
+        for _ in range(5):
+            s = tick(s)
+            time.sleep(0.01)  # the user's own host work between calls
+    timing = loop.timing
+    assert timing.verdict == "user-code-bound"
+    assert timing.other_seconds / timing.wall_seconds > 0.9
+    advice = timing.advice()
+    assert "your own code between step calls took" in advice and "Fuse" not in advice
+    assert "user-code-bound" in str(loop.report())

@@ -1,0 +1,123 @@
+"""A contract error's traceback ends at the user's line, as JAX's errors do.
+
+JAX removes its own frames from the traceback of an error that leaves its API
+(``jax._src.traceback_util.api_boundary``), switched off by
+``JAX_TRACEBACK_FILTERING=off`` (the ``jax_traceback_filtering`` option). A
+contract error leaves ours the same way, and the same switch governs it: at
+the outermost frame of ours it crosses (a hot step's call path, a hot loop's
+exit, a public function) its traceback is rebuilt from the frames that are
+not library code (:func:`is_library`), so it lists the user's lines only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import sysconfig
+from collections.abc import Callable
+from types import TracebackType
+from typing import Any, TypeVar
+
+import jax
+import numpy as np
+
+from ._errors import ContractError
+
+__all__ = ["boundary", "filtering", "is_library", "trim"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
+
+_SKIP_DIRS = tuple(
+    os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+    for m in (jax, np, contextlib)
+    if getattr(m, "__file__", None)
+)
+try:
+    import jaxlib
+
+    _SKIP_DIRS += (os.path.dirname(os.path.abspath(jaxlib.__file__)) + os.sep,)
+except ImportError:  # pragma: no cover
+    pass
+_STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
+_INSTALLED = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
+
+
+def _is_installed(path: str) -> bool:
+    """Code of an installed package (site-packages / dist-packages): jax_md,
+    flax, optax... A message points at the user's line that called into it."""
+    return any(marker in path for marker in _INSTALLED)
+
+
+def is_library(filename: str, installed: bool = True, name: str = "") -> bool:
+    """Library code: JAX, numpy, the standard library, our private modules,
+    a dataclass's generated method, and (``installed=True``) any installed package.
+
+    A module of this package is library code when its path below the package
+    has a component starting with ``_`` (``_guard.py``, ``_compat/...``,
+    ``__main__.py``); public subpackages such as ``jaxcontracts.demo`` are
+    code written as a user would, and messages point into them. ``name`` is
+    the code's name: a ``__repr__`` or ``__init__`` compiled from
+    ``<string>`` is one that ``dataclasses`` generated (``print(state)`` is
+    the user's line, not ``<string>:3``).
+    """
+    if filename.startswith("<"):
+        return filename.startswith("<frozen") or (
+            filename == "<string>" and name.startswith("__") and name.endswith("__")
+        )
+    path = os.path.abspath(filename)
+    if path.startswith(_PACKAGE_DIR + os.sep):
+        # Checked first: an installed package may sit under a skipped folder.
+        parts = path[len(_PACKAGE_DIR) + 1 :].split(os.sep)
+        return any(part.startswith("_") for part in parts)
+    if path.startswith(_SKIP_DIRS):
+        return True
+    if installed and _is_installed(path):
+        return True
+    return path.startswith(_STDLIB) and "site-packages" not in path
+
+
+def filtering() -> bool:
+    """Whether tracebacks are trimmed: JAX's switch, ``JAX_TRACEBACK_FILTERING``,
+    is not ``off``."""
+    return str(jax.config.jax_traceback_filtering) != "off"
+
+
+def trim(err: BaseException) -> None:
+    """Drop every library frame from a contract error's traceback, in place.
+
+    Called at a boundary (the outermost frame of ours the error crossed),
+    followed there by a bare ``raise``, which re-raises without adding that
+    frame again. Frames of installed packages (flax, optax) and of the user's
+    own functions stay; so does everything when filtering is off.
+    """
+    if not isinstance(err, ContractError) or not filtering():
+        return
+    kept = []
+    tb = err.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not is_library(code.co_filename, False, code.co_name):
+            kept.append(tb)
+        tb = tb.tb_next
+    out: TracebackType | None = None
+    for t in reversed(kept):
+        out = TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
+    err.__traceback__ = out
+
+
+def boundary(fn: F) -> F:
+    """``fn``, a public entry point: a contract error leaving it is trimmed."""
+
+    @functools.wraps(fn)
+    def api(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        try:
+            return fn(*args, **kwargs)
+        except ContractError as err:
+            trim(err)
+            raise
+
+    return api  # type: ignore[return-value]

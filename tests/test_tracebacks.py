@@ -1,0 +1,249 @@
+"""A contract error's traceback ends at the user's line (issue 21).
+
+As JAX's own errors do: every frame of ours (and JAX's, numpy's, the standard
+library's, a dataclass's generated method) is removed at the outermost frame
+of ours the error crossed, unless ``JAX_TRACEBACK_FILTERING`` (JAX's
+``jax_traceback_filtering`` option) is ``off``; then every frame is kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import traceback
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jaxtyping import Array, Float32
+
+import jaxcontracts as jc
+from jaxcontracts._tracebacks import is_library
+
+PACKAGE = os.path.dirname(jc.__file__) + os.sep
+
+
+@jc.state
+class S:
+    x: Float32[Array, "n"]
+
+
+@jc.hot_step(signature=S, donate="all")
+def advance(s: S) -> S:
+    return S(x=s.x + 1)
+
+
+class Stepper:
+    @jc.hot_step(signature=S, donate="all")
+    def step(self, s: S) -> S:
+        return S(x=s.x * 2)
+
+
+@dataclasses.dataclass
+class Holder:  # a plain dataclass holding an array: its generated __repr__ reads it
+    w: jax.Array
+
+
+def _frames(err: BaseException) -> list[traceback.FrameSummary]:
+    """The frames below the test's own (the first entry is the raising test line)."""
+    return traceback.extract_tb(err.__traceback__)[1:]
+
+
+def _library(frames: list[traceback.FrameSummary]) -> list[str]:
+    return [f"{f.filename}:{f.lineno} {f.name}" for f in frames if is_library(f.filename, False, f.name)]
+
+
+def _ours(frames: list[traceback.FrameSummary]) -> list[str]:
+    return [f"{f.filename}:{f.name}" for f in frames if f.filename.startswith(PACKAGE)]
+
+
+def compile_refused_in_loop():
+    s = advance(S(x=jnp.zeros(3)))
+    other = S(x=jnp.zeros(5))
+    with jc.hot_loop():
+        s = advance(s)
+        advance(other)
+
+
+def float_read_in_loop():
+    s = advance(S(x=jnp.zeros(3)))
+    with jc.hot_loop():
+        s = advance(s)
+        float(s.x[0]) if False else float(s.x.sum())
+
+
+def eager_compile_in_loop():
+    s = advance(S(x=jnp.zeros(3)))
+    with jc.hot_loop():
+        s = advance(s)
+        jnp.sin(s.x)
+
+
+def recompile_outside_loop():
+    advance(S(x=jnp.zeros(3)))
+    advance(S(x=jnp.zeros(7)))
+
+
+def first_call_refused():
+    @jc.hot_step(signature=S, donate="all")
+    def twice(s: S, t: S) -> S:
+        return S(x=s.x + t.x)
+
+    s = S(x=jnp.zeros(3))
+    twice(s, s)  # one buffer donated twice
+
+
+def method_step_refused():
+    stepper = Stepper()
+    stepper.step(S(x=jnp.zeros(3)))
+    stepper.step(S(x=jnp.zeros(9)))
+
+
+def decorated_loop_read():
+    s = advance(S(x=jnp.zeros(3)))
+
+    @jc.hot_loop()
+    def run(s: S) -> float:
+        s = advance(s)
+        return float(s.x.sum())
+
+    run(s)
+
+
+def spec_error_at_construction():
+    S(x=np.zeros(3, np.int32))
+
+
+def definition_error_at_decoration():
+    @jc.hot_step(signature=S)
+    def f(s):
+        return s
+
+
+def definition_error_of_a_state_class():
+    @jc.state
+    class Bad:
+        x: int = 3  # noqa: F841 - never built
+
+
+def donated_read_outside_loop():
+    s = S(x=jnp.zeros(3))
+    advance(s)
+    return s.x
+
+
+def donated_read_inside_loop():
+    s = advance(S(x=jnp.zeros(3)))
+    with jc.hot_loop():
+        old = s
+        s = advance(s)
+        old.x + 1
+
+
+def device_tree_refused():
+    jc.device_tree({"a": object()})
+
+
+def spec_from_a_class():
+    S.spec(m=3)
+
+
+SCENARIOS = [
+    compile_refused_in_loop,
+    float_read_in_loop,
+    eager_compile_in_loop,
+    recompile_outside_loop,
+    first_call_refused,
+    method_step_refused,
+    decorated_loop_read,
+    spec_error_at_construction,
+    definition_error_at_decoration,
+    definition_error_of_a_state_class,
+    donated_read_outside_loop,
+    donated_read_inside_loop,
+    device_tree_refused,
+    spec_from_a_class,
+]
+
+
+@pytest.fixture
+def filtering_off():
+    before = jax.config.jax_traceback_filtering
+    jax.config.update("jax_traceback_filtering", "off")
+    yield
+    jax.config.update("jax_traceback_filtering", before)
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)
+def test_a_contract_error_traceback_holds_no_library_frame(scenario):
+    with pytest.raises(jc.ContractError) as info:
+        scenario()
+    frames = _frames(info.value)
+    assert not _library(frames), "\n".join(_library(frames))
+    # It ends at the user's line: the scenario's own frame (or a function of it) is last.
+    assert frames and frames[-1].filename == __file__, frames
+
+
+@pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)
+def test_with_filtering_off_every_frame_is_kept(scenario, filtering_off):
+    with pytest.raises(jc.ContractError) as info:
+        scenario()
+    assert _ours(_frames(info.value)), "no frame of jaxcontracts with JAX_TRACEBACK_FILTERING=off"
+
+
+def test_the_issue_s_compile_refusal_lost_its_ten_library_frames(filtering_off):
+    """Before: ten frames of ours (_timing.call ... _guard.violation) above the message."""
+    with pytest.raises(jc.RecompileError) as info:
+        compile_refused_in_loop()
+    assert len(_ours(_frames(info.value))) >= 5
+
+
+def test_a_read_caught_inside_the_loop_is_trimmed_there_too():
+    """A read's interceptor is the outermost frame: trimmed before the loop ends.
+    (A compile refused from inside JAX keeps JAX's frames above it until the
+    error leaves the loop, whose exit trims them.)"""
+    s = advance(S(x=jnp.zeros(3)))
+    with jc.hot_loop(on_violation="raise"):
+        s = advance(s)
+        try:
+            s.x.tolist()
+        except jc.TransferError as e:
+            caught = e
+    frames = traceback.extract_tb(caught.__traceback__)
+    assert [f.filename for f in frames] == [__file__]
+
+
+def test_non_contract_errors_keep_their_frames():
+    """Only contract errors are trimmed: a bug in the user's step keeps the frames JAX left."""
+
+    @jc.hot_step(signature=S, donate="all")
+    def broken(s: S) -> S:
+        raise ValueError("the user's own bug")
+
+    with pytest.raises(ValueError) as info:
+        broken(S(x=jnp.zeros(3)))
+    names = [f.name for f in traceback.extract_tb(info.value.__traceback__)]
+    assert "broken" in names  # the user's raising line is there
+    assert any(f.startswith(PACKAGE) for f in (x.filename for x in traceback.extract_tb(info.value.__traceback__)))
+
+
+def test_print_of_a_dataclass_in_a_loop_is_blamed_on_the_user_s_line():
+    """dataclasses generate ``__repr__`` from ``<string>``: the read is the user's ``print``."""
+    s = advance(S(x=jnp.zeros(3)))
+    with pytest.raises(jc.TransferError) as info:
+        with jc.hot_loop():
+            s = advance(s)
+            print(Holder(w=s.x))  # the line the message names
+    text = str(info.value)
+    assert "<string>" not in text
+    assert "print(Holder(w=s.x))" in text
+    assert f"{os.path.basename(__file__)}:" in text
+
+
+def test_the_library_test_names_generated_dunders_only():
+    assert is_library("<string>", False, "__repr__")
+    assert not is_library("<string>", False, "user_code")  # exec'd user code is the user's
+    assert not is_library(__file__, False, "test")
+    assert is_library(jc._tracebacks.__file__, False, "trim")
+    assert not is_library(os.path.join(PACKAGE, "demo", "x.py"), False, "run")  # the public demo
