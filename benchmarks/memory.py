@@ -22,7 +22,19 @@ fresh child process and the peak is ``resource.getrusage().ru_maxrss``.
 
 Budget: ``hot_step`` peak growth ``<= 1.10x`` the state.
 
-Run: ``python -m benchmarks.memory`` (``--quick``: an 8 MiB state).
+Memory per compiled signature
+-----------------------------
+A sweep, methods bound per instance, ``max_compiles > 1`` or a test suite
+hold many compiled signatures. Each sample is a fresh process that compiles
+20 tiny steps (two leaves, a distinct function each) to warm up, then
+``--signatures`` more, keeping each, and reads the growth of the resident set
+per signature. Variants: ``raw AOT compile`` (``jax.jit(f,
+donate_argnums=0).lower(spec).compile()``, the function dropped: the base),
+``jax.jit first call`` (the jitted function kept, as a program keeps it) and
+``hot_step compile`` (``jc.hot_step(f).compile(S.spec(n=16))``, the step kept).
+Budget: ``hot_step`` ``<= 1.20x`` the raw AOT compile per signature.
+
+Run: ``python -m benchmarks.memory`` (``--quick``: an 8 MiB state, 20 signatures).
 """
 
 from __future__ import annotations
@@ -155,6 +167,51 @@ def sample_in_child(name: str, n: int, steps: int) -> float:
     return float(json.loads(out.stdout.strip().splitlines()[-1])["growth"])
 
 
+SIG_LIMIT = 1.20
+SIG_VARIANTS = ("raw AOT compile", "jax.jit first call", "hot_step compile")
+
+
+@jc.state
+class Tiny:
+    x: Float32[Array, "n"]
+    t: Float32[Array, ""]
+
+
+def _tiny_signature(name: str, i: int) -> Any:
+    def f(s: Tiny) -> Tiny:
+        return Tiny(x=s.x * (1.5 + i) + s.t, t=s.t + 1)
+
+    if name == "raw AOT compile":
+        return jax.jit(f, donate_argnums=0).lower(Tiny.spec(n=16)).compile()
+    if name == "jax.jit first call":
+        jitted = jax.jit(f, donate_argnums=0)
+        jitted(Tiny.zeros(n=16))
+        return jitted
+    hot = jc.hot_step(f)
+    hot.compile(Tiny.spec(n=16))
+    return hot
+
+
+def signature_child(name: str, count: int) -> int:
+    """KiB of resident memory per compiled signature, in this fresh process."""
+    kept = [_tiny_signature(name, i) for i in range(20)]  # warm-up: JAX's own first costs
+    gc.collect()
+    before = _rss_bytes()
+    kept += [_tiny_signature(name, 20 + i) for i in range(count)]
+    gc.collect()
+    print(json.dumps({"kib": (_rss_bytes() - before) / 1024 / count, "kept": len(kept)}))
+    return 0
+
+
+def sample_signatures(name: str, count: int) -> float:
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.memory", "--signature-child", name,
+         "--signatures", str(count)],
+        capture_output=True, text=True, check=True,
+    )
+    return float(json.loads(out.stdout.strip().splitlines()[-1])["kib"])
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__)
     p.add_argument("--mib", type=float, help="state size in MiB (default 1024)")
@@ -162,13 +219,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--repeats", type=int, help="samples per variant (default 3)")
     p.add_argument("--n", type=int, help=argparse_hidden())
     p.add_argument("--child", choices=VARIANTS, help=argparse_hidden())
+    p.add_argument("--signatures", type=int, help="signatures per sample (default 150)")
+    p.add_argument("--signature-child", choices=SIG_VARIANTS, help=argparse_hidden())
     p.add_argument("--force-children", action="store_true",
                    help="one process per sample even where the peak can be reset")
     args = p.parse_args(argv)
     mib = args.mib or (8.0 if args.quick else 1024.0)
     n = args.n or int(mib * 2**20) // (4 * LEAVES)
+    count = args.signatures or (20 if args.quick else 150)
     if args.child:
         return child(args.child, n, args.steps)
+    if args.signature_child:
+        return signature_child(args.signature_child, count)
     repeats = args.repeats or (2 if args.quick else 3)
     state_bytes = n * 4 * LEAVES
     start = time.perf_counter()
@@ -199,6 +261,25 @@ def main(argv: list[str] | None = None) -> int:
                why="(a raw donated jax.jit measures "
                f"{statistics.median(growth['jax.jit donated']):.3f}x here, an undonated one "
                f"{statistics.median(growth['jax.jit undonated']):.3f}x)")
+    per_sig: dict[str, list[float]] = {name: [] for name in SIG_VARIANTS}
+    sig_order = list(SIG_VARIANTS)
+    for _ in range(repeats):
+        rng.shuffle(sig_order)
+        for name in sig_order:
+            per_sig[name].append(sample_signatures(name, count))
+    sig_case = f"{count} compiled signatures, 2 leaves"
+    for name in SIG_VARIANTS:
+        res.rows.append(row(sig_case, name, per_sig[name], "KiB/sig", base=per_sig["raw AOT compile"]))
+    raw = statistics.median(per_sig["raw AOT compile"])
+    ratios = [h / r for h, r in zip(per_sig["hot_step compile"], per_sig["raw AOT compile"])]
+    res.budget(
+        f"hot_step memory per compiled signature <= {SIG_LIMIT:.2f}x a raw AOT compile",
+        statistics.median(per_sig["hot_step compile"]) / raw if raw > 0 else None,
+        SIG_LIMIT,
+        paired=ratios,
+        why=f"(jax.jit, whose function stays alive with its trace and lowering caches, "
+        f"{statistics.median(per_sig['jax.jit first call']) / raw if raw > 0 else float('nan'):.2f}x)",
+    )
     res.notes.append(
         ("peak reset in-process (/proc/self/clear_refs)" if in_process
          else "one child process per sample (ru_maxrss)")

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -30,7 +30,7 @@ from ._diffs import LeafDiff, diff_leaves, diff_lines, diff_specs
 from ._dtypes import canonical
 from ._errors import NOTHING_RAN, DonationError, RecompileError, TransferError
 from ._fields import is_sealed_state
-from ._format import fmt_aval
+from ._format import fmt_aval, fmt_object
 from ._records import CompiledSignature, LeafRecord
 from ._runtime import compiling
 from ._signature import StepSignature
@@ -83,8 +83,7 @@ def jit_for(
         spec = leaf_spec(x)
         if spec is None:
             raise TransferError(
-                f"{sig.name}: argument {sig.param_path(p)} is {type(x).__name__} "
-                f"{x!r:.40}, not an array.",
+                f"{sig.name}: argument {sig.param_path(p)} is {fmt_object(x)}, not an array.",
                 fix="pass arrays (or specs); make configuration a jc.static field "
                 "or close over it.",
                 contract="device-arguments",
@@ -95,7 +94,7 @@ def jit_for(
     if sig.carried is None:  # state= named, or no return annotation: read the output
         per_param = tuple(jax.tree_util.tree_unflatten(treedef, specs))
         with quiet_donation_warning():
-            out = jax.eval_shape(sig.positional, *per_param)
+            out = jax.eval_shape(_fresh(sig.positional, sig.fn), *per_param)
         sig = sig.resolve_carried(out, per_param)
     donated = sig.donated_leaves(paths)
     per_arg: dict[int, list[bool]] = {}
@@ -115,9 +114,28 @@ def jit_for(
         spec_args: tuple[Any, ...] = tuple(specs)
     else:
         argnums = tuple(a for a, v in per_arg.items() if v and all(v))
-        jitted = jax.jit(positional_fn, donate_argnums=argnums, keep_unused=True)
+        jitted = jax.jit(_fresh(positional_fn, sig.fn), donate_argnums=argnums, keep_unused=True)
         spec_args = tuple(jax.tree_util.tree_unflatten(treedef, specs))
     return jitted, spec_args, treedef, donated, flat_style, sig
+
+
+def _fresh(fn: Callable[..., Any], named: Any) -> Callable[..., Any]:
+    """A new function calling ``fn``, made for one compile.
+
+    JAX caches a jitted function's trace and lowering weakly by the function
+    traced: the step's own function lives as long as the step, so its caches
+    (the jaxpr and the lowered module: about six times the executable's
+    memory) would too, for every signature. A function made for the compile
+    dies with it, and so do they (the executable is what the step keeps).
+    """
+
+    def step(*args: Any) -> Any:
+        return fn(*args)
+
+    step.__name__ = getattr(named, "__name__", "step")
+    step.__qualname__ = getattr(named, "__qualname__", step.__name__)
+    step.__wrapped__ = fn  # type: ignore[attr-defined]  # JAX reads fn's signature and source, as before
+    return step
 
 
 _BUILTIN_NODES = (dict, list, tuple, type(None))
@@ -265,7 +283,6 @@ def compile_signature(
             )
             for i, (path, spec) in enumerate(zip(paths, exact))
         ),
-        lowered=lowered,
         compiled=compiled,
         flat_style=flat_style,
         donated=donated,

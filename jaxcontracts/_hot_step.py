@@ -103,8 +103,16 @@ class HotStep(Generic[P, R]):
 
     @property
     def lowered(self) -> Any:
-        """The current signature's ``jax.stages.Lowered``, or None."""
-        return None if self._current is None else self._current.lowered
+        """The current signature's ``jax.stages.Lowered``, or None.
+
+        Lowered again from the signature's specs each time it is read (a
+        trace and a lowering, no compile): a compiled signature does not keep
+        its ``Lowered``, which would hold about six times the memory of the
+        executable itself (the module text and its trace).
+        """
+        if self._current is None:
+            return None
+        return self._lower(self._current.spec_args)
 
     @property
     def signatures(self) -> list[tuple[Any, ...]]:
@@ -134,7 +142,9 @@ class HotStep(Generic[P, R]):
     @boundary
     def lower(self, *args: Any, **kwargs: Any) -> Any:
         """Lower for these arguments or specs, without compiling or checking."""
-        positional = self._to_compile("lower", args, kwargs)
+        return self._lower(self._to_compile("lower", args, kwargs))
+
+    def _lower(self, positional: tuple[Any, ...]) -> Any:
         jitted, spec_args, *_, self._sig = jit_for(self._sig, positional)
         with quiet_donation_warning():
             return jitted.trace(*spec_args).lower()

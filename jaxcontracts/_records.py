@@ -83,8 +83,7 @@ class CompiledSignature:
     spec_args: tuple[Any, ...]  # per parameter, a spec tree (with shardings)
     in_treedef: Any
     leaves: tuple[LeafRecord, ...]
-    lowered: Any
-    compiled: Any
+    compiled: Any  # no Lowered kept: 6x a raw compile's memory (HotStep.lowered lowers anew)
     flat_style: bool  # called with flat leaves (per-leaf donation)
     donated: tuple[int, ...]  # flat leaf indices donated
     aliased: frozenset[int] | None

@@ -31,7 +31,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 _SKIP_DIRS = tuple(
-    os.path.dirname(os.path.abspath(m.__file__)) + os.sep
+    os.path.dirname(os.path.abspath(str(m.__file__))) + os.sep
     for m in (jax, np, contextlib)
     if getattr(m, "__file__", None)
 )
@@ -82,7 +82,7 @@ def is_library(filename: str, installed: bool = True, name: str = "") -> bool:
 def filtering() -> bool:
     """Whether tracebacks are trimmed: JAX's switch, ``JAX_TRACEBACK_FILTERING``,
     is not ``off``."""
-    return str(jax.config.jax_traceback_filtering) != "off"
+    return str(getattr(jax.config, "jax_traceback_filtering", "auto")) != "off"
 
 
 def trim(err: BaseException) -> None:
