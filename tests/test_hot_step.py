@@ -885,3 +885,37 @@ def test_the_first_call_refuses_a_kept_leaf_as_any_later_call_does():
     del a, b
     s = step(s)  # nothing else holds them: donated
     assert jc.fetch(s[0]).tolist() == [1.0, 1.0, 1.0]
+
+
+def test_a_compiled_signature_keeps_no_trace_of_jax_s_caches():
+    """Issue 22: JAX caches a jitted function's trace (a ClosedJaxpr) and
+    lowering by the function it traced; a step's own function lives as long as
+    the step, so each signature held ~6x its executable's memory. The step
+    traces a function made for each compile: nothing of the trace outlives it
+    (a kept jax.jit holds its jaxprs: the control)."""
+    import gc
+
+    from jax.extend.core import ClosedJaxpr
+
+    def alive() -> int:
+        gc.collect()
+        return sum(type(o) is ClosedJaxpr for o in gc.get_objects())
+
+    def make(i):
+        def f(p: Particles) -> Particles:
+            return p.replace(t=p.t + i)
+
+        return f
+
+    steps = [jc.hot_step(make(0))]
+    steps[0].compile(Particles.spec(n=4))
+    before = alive()
+    for i in range(1, 6):
+        steps.append(jc.hot_step(make(i)))
+        steps[-1].compile(Particles.spec(n=4))
+    assert alive() - before < 2
+    jitted = [jax.jit(make(10 + i)) for i in range(5)]
+    for j in jitted:
+        j(make_particles(4))
+    assert alive() - before >= 5  # the control: the method can see what it counts
+    assert isinstance(steps[-1].lowered.as_text(), str)  # lowered again on demand
