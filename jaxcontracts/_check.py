@@ -8,6 +8,7 @@ from ._errors import ContractError, DefinitionError
 from ._hot_step import HotStep
 from ._report import Report, error_contract, step_report
 from ._tracebacks import boundary
+from ._userline import traceback_where
 
 __all__ = ["check"]
 
@@ -16,9 +17,10 @@ __all__ = ["check"]
 def check(step: Any = None, *args: Any, **kwargs: Any) -> Report:
     """Compile ``step`` for these arguments (or specs) if needed and report.
 
-    Never raises a contract error: a failing compile-time contract (or a
-    misuse, such as passing something that is not a hot step) appears in the
-    report as a failed contract with its full message.
+    Never raises: a failing compile-time contract, a misuse (something that
+    is not a hot step, the wrong number of arguments) or an error of the
+    step's own function while it is traced (``s.x`` on an array passed for
+    the state) appears in the report as a failed contract with its message.
 
     Args:
         step: a ``jc.hot_step``.
@@ -48,5 +50,16 @@ def check(step: Any = None, *args: Any, **kwargs: Any) -> Report:
         return step_report(step.describe(), extra=[error_contract(err)])
     except TypeError as err:  # wrong number of arguments, from binding them
         wrapped = DefinitionError(str(err), fix="pass one argument or spec per parameter.")
+        return step_report(step.describe(), extra=[error_contract(wrapped)])
+    except Exception as err:  # noqa: BLE001 - the step's own code failed while it was traced
+        at, text = traceback_where(err.__traceback__)
+        first = str(err).splitlines()[0] if str(err) else ""
+        wrapped = DefinitionError(
+            f"{step.name} could not be traced for these arguments: its function raised "
+            f"{type(err).__name__}: {first}",
+            [f"  at {at}" + (f":  {text}" if text else "")],
+            fix="check the arguments are what the step takes (a state, not one of its "
+            "arrays), or fix the function at that line.",
+        )
         return step_report(step.describe(), extra=[error_contract(wrapped)])
     return step_report(step.describe())

@@ -48,7 +48,7 @@ from typing import Any
 
 import jax
 
-from ._compat import arrays, capability, events, frames, hostcopy
+from ._compat import arrays, callbacks, capability, events, frames, hostcopy
 from ._compat.tracing import trace_state_clean
 from ._donation import is_deleted_array
 from ._errors import ContractError
@@ -286,6 +286,7 @@ class _Patches:
         self.listening = False
 
     def install(self) -> None:
+        callbacks.hook_host_callbacks(_in_host_callback)  # once, for good: a no-op outside loops
         for name, fn in self.guarded.items():
             arrays.set_class_attr(name, fn)
         self._buffer_on()
@@ -301,6 +302,21 @@ class _Patches:
             events.unlisten(on_monitoring_event)
             self.listening = False
         clear_last_calls()
+
+
+def _in_host_callback(runner: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A host callback an executable runs (``jax.debug.callback``): inside a
+    loop, with its guards lifted. The callback is the user's deliberate host
+    code, run by the device program on this thread (CPU); refusing its eager
+    ops would fail the step after XLA took the donated state."""
+    if local.loop is None:
+        return runner(*args, **kwargs)
+    local.allow += 1
+    try:
+        with jax.transfer_guard("allow"):
+            return runner(*args, **kwargs)
+    finally:
+        local.allow -= 1
 
 
 def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:

@@ -34,6 +34,7 @@ LAYERS: dict[str, int] = {
     # 3: each private mechanism, behind a named capability
     "_compat.arrays": 3,
     "_compat.blocking": 3,
+    "_compat.callbacks": 3,
     "_compat.events": 3,
     "_compat.executable": 3,
     "_compat.frames": 3,

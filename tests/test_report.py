@@ -6,6 +6,7 @@ import subprocess
 import sys
 from html.parser import HTMLParser
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -311,3 +312,24 @@ def test_raise_for_failures_lists_violations_as_the_pytest_plugin_does():
     assert "  x3  device-to-host read: float()" in lines[at + 1]
     assert lines[at + 2] == "      > float(x)  # READ"
     assert lines[at + 3].startswith("      Fix: read it deliberately and rarely with jc.fetch(x)")
+
+
+def test_check_never_raises_when_the_step_s_own_code_fails_in_its_trace():
+    """Issue 20: jc.check(step, array) for a step taking a state raised the
+    trace's AttributeError ("DynamicJaxprTracer has no attribute x"), under
+    jax.jit or not; "jc.check never raises" is its contract."""
+
+    @jc.hot_step(state="p")
+    def advance(p):
+        return p.replace(t=p.t + 1)
+
+    def check_it(x):
+        report = jc.check(advance, x)
+        assert not report.ok
+        text = str(report)
+        assert "could not be traced for these arguments" in text and "AttributeError" in text
+        assert "return p.replace(t=p.t + 1)" in text  # the line that failed
+        return x
+
+    check_it(jnp.zeros(3))
+    jax.jit(check_it)(jnp.zeros(3))  # under a trace, too

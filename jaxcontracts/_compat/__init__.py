@@ -10,6 +10,7 @@ from __future__ import annotations
 from . import (
     arrays,
     blocking,
+    callbacks,
     events,
     executable,
     frames,
@@ -26,6 +27,7 @@ __all__ = [
     "Capability",
     "arrays",
     "blocking",
+    "callbacks",
     "capabilities",
     "capability",
     "events",

@@ -1,0 +1,97 @@
+"""Host callbacks a hot step runs, inside ``jc.hot_loop`` (issue 20).
+
+On CPU, XLA runs a step's host callbacks on the thread that dispatched it,
+inside its loop. A ``jax.debug.callback`` doing a ``jnp`` op on its argument
+was refused there, and the refusal failed the whole step after XLA had taken
+its donated buffers: the state was gone and no output came back. A callback is
+the user's deliberate host code: it runs with the loop's guards lifted.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import io_callback
+from jaxtyping import Array, Float32
+
+import jaxcontracts as jc
+from jaxcontracts._compat import callbacks
+
+
+@jc.state
+class S:
+    x: Float32[Array, "n"]
+
+
+def _fresh():
+    return jc.device_tree(S(x=jnp.arange(3.0)))
+
+
+def test_a_debug_callback_with_eager_ops_runs_in_a_loop_and_loses_nothing():
+    seen = []
+
+    def show(x):
+        # a cold eager op (compiles), a Python constant (a host-to-device
+        # transfer) and a read, all inside the executable's callback
+        seen.append(float(jnp.sum(x * 2.0)))
+
+    @jc.hot_step
+    def advance(s: S) -> S:
+        jax.debug.callback(show, s.x)
+        return S(x=s.x + 1)
+
+    advance.compile(S.spec(n=3))  # the callback has never run: its ops are cold
+    s = _fresh()
+    with jc.hot_loop():
+        for _ in range(3):
+            s = advance(s)
+    assert seen == [6.0, 12.0, 18.0]
+    assert not s.x.is_deleted() and np.allclose(jc.fetch(s.x), [3.0, 4.0, 5.0])
+
+
+def test_a_pure_callback_and_an_io_callback_run_their_jnp_code_in_a_loop():
+    def host_norm(x):
+        return np.asarray(jnp.linalg.norm(x * 1.0), np.float32)
+
+    log = []
+
+    def record(x):
+        log.append(float(jnp.max(x)))
+        return np.float32(0)
+
+    @jc.hot_step
+    def advance(s: S) -> S:
+        n = jax.pure_callback(host_norm, jax.ShapeDtypeStruct((), jnp.float32), s.x)
+        # (ordered=True would make JAX transfer its effect token on the first call:
+        # JAX's own transfer, made once, where the first call runs)
+        io_callback(record, jax.ShapeDtypeStruct((), jnp.float32), s.x, ordered=False)
+        return S(x=s.x / n)
+
+    advance.compile(S.spec(n=3))
+    s = _fresh()
+    with jc.hot_loop():
+        s = advance(s)
+    assert np.isclose(np.linalg.norm(jc.fetch(s.x)), 1.0) and log == [2.0]
+
+
+def test_the_loop_still_refuses_the_same_op_outside_the_callback():
+    @jc.hot_step
+    def advance(s: S) -> S:
+        jax.debug.callback(lambda x: None, s.x)
+        return S(x=s.x + 1)
+
+    s = advance(_fresh())
+    with pytest.raises(jc.TransferError), jc.hot_loop():
+        s = advance(s)
+        float(jnp.sum(s.x * 3.0))  # the loop's own code: refused as before
+
+
+def test_the_hook_is_installed_on_every_runner_jax_has():
+    (cap,) = [c for c in jc.capabilities() if c.name == "host-callback-hook"]
+    assert cap.available
+    jax.block_until_ready(jnp.zeros(1))
+    with jc.hot_loop():
+        pass
+    assert {name for _, name, _ in callbacks._hooked} == {"impl", "pure_callback_impl", "io_callback_impl"}
