@@ -18,13 +18,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._annotations import x64_field_fix, x64_leaf_fix, x64_loss
-from ._errors import SpecError
+from ._errors import DefinitionError, SpecError
 from ._fields import ArrayField, PyTreeField, StateField, StaticField, build, hint_name, info_of
 from ._format import fmt_aval, fmt_object, fmt_sharding
+from ._marks import CONSUMED_BY, STATE_INFO
 from ._spec import leaf_spec
 from ._validate import check_static, describe, spec_error
 
-__all__ = ["make", "to_spec", "to_zeros"]
+__all__ = ["make", "to_spec", "to_zeros", "undecorated_error"]
 
 
 
@@ -113,7 +114,25 @@ def _field_sharding(sharding: Any, name: str) -> Any:
     return sharding
 
 
+def undecorated_error(cls: type) -> DefinitionError:
+    """The error for a plain subclass of a state class (not a state itself)."""
+    base = next(k for k in cls.__mro__ if STATE_INFO in k.__dict__)
+    return DefinitionError(
+        f"{cls.__qualname__} subclasses the state class {base.__qualname__} but is "
+        "not a jc.state itself: its own annotations are not fields, and jax does "
+        f"not know it as a pytree, so a hot step would see a {cls.__name__} as an "
+        "opaque leaf.",
+        fix=f"decorate it too (@jc.state class {cls.__name__}({base.__name__}): ...), "
+        f"or define {base.__name__} as `class {base.__name__}(jc.State)`, which makes "
+        "every subclass a state.",
+    )
+
+
 def make(cls: type, kwargs: dict[str, Any], sharding: Any, leaf_fn: Callable, what: str) -> Any:
+    if CONSUMED_BY in cls.__dict__:  # type(s).zeros(...) on a donated state: its state class
+        cls = cls.__mro__[1]
+    if STATE_INFO not in cls.__dict__:  # Plain(Base) undecorated: Base's fields only, no pytree
+        raise undecorated_error(cls)
     dims, given = _split_kwargs(cls, kwargs)
     dims = _check_dims(cls, dims, what)
     if isinstance(sharding, Mapping):

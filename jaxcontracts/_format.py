@@ -116,7 +116,10 @@ def fmt_object(value: Any, limit: int = 60) -> str:
         kind = "numpy" if isinstance(value, np.ndarray) else "jax"
         return f"{fmt_aval(value.shape, value.dtype, weak)} {kind} array"
     if isinstance(value, _PLAIN):
-        text = f"{type(value).__name__} {value!r}"
+        try:
+            text = f"{type(value).__name__} {value!r}"
+        except Exception:  # noqa: BLE001 - a str/int subclass whose repr raises
+            return f"{type(value).__qualname__} object"
         return text if len(text) <= limit else text[: limit - 3] + "..."
     name = type(value).__qualname__
     try:

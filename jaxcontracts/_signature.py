@@ -20,8 +20,8 @@ import jax
 from ._donation import field_of
 from ._errors import DefinitionError
 from ._filter import Filtered, join, split, split_out
-from ._format import fmt_path
-from ._spec import StaticArg
+from ._format import fmt_object, fmt_path
+from ._spec import StaticArg, eq_answers_bool
 
 __all__ = ["DONATE_WORDS", "StaticArg", "StepSignature", "check_donated_names", "positional_call"]
 
@@ -170,6 +170,21 @@ class StepSignature:
                     step=self.name,
                     leaves=[self.param_names[i]],
                 ) from None
+            eq = eq_answers_bool(value)
+            if eq is not None:
+                raise DefinitionError(
+                    f"{self.name}: static argument `{self.param_names[i]}` is "
+                    f"{fmt_object(value)}, whose __eq__ {eq}, not True or False.",
+                    [
+                        "  a static argument is part of the compiled signature: it is "
+                        "compared by hash and == to find its executable"
+                    ],
+                    fix=f"make {type(value).__name__}.__eq__ return a bool (compare Python "
+                    "values, not arrays), or pass the arrays it holds as arguments.",
+                    contract="definition",
+                    step=self.name,
+                    leaves=[self.param_names[i]],
+                )
             out[i] = StaticArg(value)
         for i in self.filtered_params:
             if type(out[i]) is not Filtered:

@@ -53,6 +53,11 @@ def _inside(folder: FilePath, file: FilePath) -> None:
         raise ValueError(f"{file} is a symbolic link; snapshot files are never read or written through links")
     if folder.exists() and folder.is_symlink():
         raise ValueError(f"{folder} is a symbolic link; snapshot folders are never followed")
+    if folder.exists() and not folder.is_dir():
+        raise ValueError(
+            f"{folder} is a file, where the snapshot folder of these tests goes; move "
+            "it away (snapshots are files inside that folder)"
+        )
     base = folder.resolve()
     if file.parent.resolve() != base:
         raise ValueError(f"{file} is outside its snapshot folder {base}")
@@ -105,8 +110,8 @@ def write(folder: FilePath, file: FilePath, update: Callable[[dict[str, Snapshot
     temporary file in the folder, then rename it over the old one, so that a
     failed write never destroys it.
     """
-    folder.mkdir(parents=True, exist_ok=True)
     _inside(folder, file)
+    folder.mkdir(parents=True, exist_ok=True)
     with _locked(folder):
         sections = update(read(folder, file))
         text = render_file(header, sections.values())

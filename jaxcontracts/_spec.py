@@ -19,7 +19,7 @@ from ._errors import SpecError
 from ._format import fmt_aval, fmt_object, fmt_path
 from ._tracebacks import boundary
 
-__all__ = ["StaticArg", "fmt_value", "leaf_spec", "spec_nbytes", "spec_of", "static_equal"]
+__all__ = ["StaticArg", "eq_answers_bool", "fmt_value", "leaf_spec", "spec_nbytes", "spec_of", "static_equal"]
 
 
 # --------------------------------------------------------------------------
@@ -142,12 +142,32 @@ class StaticArg:
 
 
 def static_equal(a: Any, b: Any) -> bool:
+    """Whether two static values are equal: their ``==``, when it answers a bool.
+
+    An ``__eq__`` that returns anything else (an array: ``bool()`` of it would
+    read the device) or raises is "not equal".
+    """
     if a is b:
         return True
+    if type(a) is not type(b):
+        return False
     try:
-        return type(a) is type(b) and bool(a == b)
+        result = a == b
     except Exception:  # noqa: BLE001 - an __eq__ that cannot answer: not equal
         return False
+    return bool(result) if isinstance(result, (bool, np.bool_)) else False
+
+
+def eq_answers_bool(value: Any) -> str | None:
+    """``None`` when ``value == value`` is a bool; else what it returned (a
+    static value JAX compares with ``==`` to pick a compiled signature)."""
+    try:
+        result = value == value
+    except Exception as e:  # noqa: BLE001
+        return f"raised {type(e).__name__}"
+    if isinstance(result, (bool, np.bool_)):
+        return None
+    return f"returned {fmt_object(result)}"
 
 
 jax.tree_util.register_pytree_node(

@@ -27,7 +27,7 @@ import numpy as np
 
 from ._compat.frames import caller_frame, caller_locals
 from ._compat.tracing import Tracer as _Tracer
-from ._construct import make, to_spec, to_zeros
+from ._construct import make, to_spec, to_zeros, undecorated_error
 from ._errors import ContractError, DefinitionError
 from ._fields import (
     StateInfo,
@@ -131,7 +131,7 @@ def _make_state(cls: Any, eq: bool, localns: dict[str, Any]) -> Any:
         # __post_init__ calling super().__post_init__() reaches this wrapper
         # of a base class, which then runs only the base's own code.
         if STATE_INFO not in type(self).__dict__:  # a plain subclass of a state
-            raise _undecorated(type(self))
+            raise undecorated_error(type(self))
         if type(self).__post_init__ is __post_init__:
             validate(self)
         if user_post_init is not None:
@@ -195,19 +195,6 @@ def _refuse_shadowing(dc: type) -> None:
                 f"it would hide {_METHODS[f.name]}.",
                 fix=f"rename the field ({f.name}_ or a more specific name).",
             )
-
-
-def _undecorated(cls: type) -> DefinitionError:
-    base = next(k for k in cls.__mro__ if STATE_INFO in k.__dict__)
-    return DefinitionError(
-        f"{cls.__qualname__} subclasses the state class {base.__qualname__} but is "
-        "not a jc.state itself: its own annotations are not fields, and jax does "
-        f"not know it as a pytree, so a hot step would see a {cls.__name__} as an "
-        "opaque leaf.",
-        fix=f"decorate it too (@jc.state class {cls.__name__}({base.__name__}): ...), "
-        f"or define {base.__name__} as `class {base.__name__}(jc.State)`, which makes "
-        "every subclass a state.",
-    )
 
 
 def _user_post_init(cls: type) -> Callable[[Any], None] | None:

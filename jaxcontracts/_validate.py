@@ -42,7 +42,7 @@ from ._fields import (
 )
 from ._foreign import scalar_to_host, to_device
 from ._format import fmt_aval, fmt_bindings, fmt_object
-from ._spec import fmt_value, leaf_spec
+from ._spec import eq_answers_bool, fmt_value, leaf_spec
 
 __all__ = [
     "Problem",
@@ -544,6 +544,17 @@ def check_static(f: StaticField, value: Any) -> list[Problem]:
                 fmt_value(value),
                 "an array in a static field would be compared by identity and "
                 "recompile every time; make it an array field instead.",
+            )
+        )
+    elif (eq := eq_answers_bool(value)) is not None:
+        problems.append(
+            Problem(
+                f.name,
+                "a static value whose == answers True or False",
+                f"{describe(value)}, whose __eq__ {eq}",
+                "JAX compares static values with == to pick the compiled signature; make "
+                f"{type(value).__name__}.__eq__ return a bool (compare Python values, not "
+                "arrays), or make the arrays it holds fields of the state.",
             )
         )
     elif not is_bearable(value, f.annotation, conf=_BEAR):

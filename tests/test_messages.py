@@ -508,3 +508,69 @@ def test_a_line_naming_thousands_of_leaves_is_cut():
     err = jc.DonationError("step: not consumed: " + ", ".join(f"s.p['w{i}']" for i in range(5000)))
     first = str(err).splitlines()[0]
     assert len(first) < 700 and first.endswith("more characters)")
+
+
+# Issue 20: hostile values get a clear jc error each, not the underlying exception.
+
+
+class _ArrayEq:
+    """A static value whose == returns an array (JAX's treedef comparison
+    raised "Exception raised while checking equality of metadata fields")."""
+
+    def __init__(self, v):
+        self.v = v
+
+    def __eq__(self, other):
+        return jnp.array([1, 1]) == jnp.array([1, 0])
+
+    def __hash__(self):
+        return 1
+
+
+class _BadRepr(str):
+    def __repr__(self):
+        raise RuntimeError("a repr that fails")
+
+
+@jc.state
+class WithStatic:
+    x: Float32[Array, "n"]
+    cfg: object = jc.static(None)
+
+
+def test_a_static_field_whose_eq_returns_an_array_is_refused_at_construction():
+    lines = _lines(lambda: WithStatic(x=jnp.zeros(2), cfg=_ArrayEq(1)), jc.SpecError)
+    assert lines[1] == (
+        "  .cfg: expected a static value whose == answers True or False, got _ArrayEq object, "
+        "whose __eq__ returned bool[2] jax array"
+    )
+
+
+def test_a_static_argument_whose_eq_returns_an_array_is_refused_at_the_call():
+    def scale(s: WithStatic, k) -> WithStatic:
+        return s.replace(x=s.x * 2)
+
+    step = jc.hot_step(scale, static=("k",))
+    lines = _lines(lambda: step(WithStatic(x=jnp.zeros(2)), _ArrayEq(1)), jc.DefinitionError)
+    assert lines[0].endswith(
+        "static argument `k` is _ArrayEq object, whose __eq__ returned bool[2] jax array, not True or False."
+    )
+
+
+def test_a_leaf_whose_repr_raises_is_described_without_it():
+    for make in (lambda: jc.device_tree({"a": _BadRepr("x")}), lambda: jc.spec_of({"a": _BadRepr("x")})):
+        text = "\n".join(_lines(make, jc.SpecError))
+        assert "['a']: _BadRepr object" in text
+
+
+def test_an_undecorated_subclass_of_a_state_is_refused_by_spec_and_zeros_too():
+    """Issue 20: Plain.zeros(n=2) built one, which a step then called "on the host"."""
+
+    class Plain(WithStatic):
+        pass
+
+    for make in (lambda: Plain.zeros(n=2), lambda: Plain.spec(n=2), lambda: Plain(x=jnp.zeros(2))):
+        assert _lines(make, jc.DefinitionError)[0].startswith(
+            "test_an_undecorated_subclass_of_a_state_is_refused_by_spec_and_zeros_too.<locals>.Plain "
+            "subclasses the state class WithStatic but is not a jc.state itself"
+        )

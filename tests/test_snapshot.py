@@ -514,6 +514,64 @@ def test_an_update_never_writes_through_a_link(pytester, tmp_path_factory):
     assert not outside.exists()
 
 
+@pytest.mark.parametrize("update", [False, True], ids=["check", "update"])
+def test_a_snapshot_folder_that_is_a_file_fails_its_test_clearly(pytester, update):
+    """Issue 20: `__jc_snapshots__` existing as a file gave "no contract snapshot"
+    (checking) or a raw FileExistsError (updating)."""
+    _program(pytester)
+    (pytester.path / "__jc_snapshots__").write_text("not a folder\n")
+    result = pytester.runpytest(*(["--jc-snapshot-update"] if update else []))
+    result.assert_outcomes(failed=1)
+    result.stdout.fnmatch_lines(["*__jc_snapshots__ is a file, where the snapshot folder of these tests goes*"])
+    assert (pytester.path / "__jc_snapshots__").read_text() == "not a folder\n"  # left as it was
+
+
+def test_a_writer_killed_mid_write_leaves_the_old_file_or_the_new_one(tmp_path):
+    """Issue 20 (must show): writes are atomic under a killed process. A child
+    process rewrites one snapshot file in a loop, alternating two versions, and
+    is killed with SIGKILL at random moments; after each kill the file parses
+    and is whole: one version or the other, never a mix or a truncation."""
+    import random
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from jaxcontracts._snapshot_file import read
+
+    folder = tmp_path / "__jc_snapshots__"
+    file = folder / "test_m.test_x.jcsnap"
+    writer = textwrap.dedent(f"""
+        import itertools, pathlib
+        from jaxcontracts._snapshot import Snapshot
+        from jaxcontracts._snapshot_file import write
+        folder, file = pathlib.Path({str(folder)!r}), pathlib.Path({str(file)!r})
+        fields = {{n: tuple((("step m.advance", f"leaf s.w{{i}}"), f"f32[{{n}}]") for i in range(400)) for n in (2, 3)}}
+        print("ready", flush=True)
+        for n in itertools.cycle((2, 3)):
+            snap = Snapshot("cpu", 1, {{"jax": "x", "jaxlib": "x"}}, fields[n])
+            write(folder, file, lambda current: {{snap.key: snap}}, "test_m::test_x")
+    """)
+    rng = random.Random(0)
+    seen = set()
+    for _ in range(12):
+        proc = subprocess.Popen([sys.executable, "-c", writer], stdout=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        time.sleep(rng.uniform(0.02, 0.25))
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
+        if not file.exists():
+            continue  # killed before its first rename
+        (snap,) = read(folder, file).values()  # parses: never a torn file
+        specs = {value for _, value in snap.fields}
+        assert len(snap.fields) == 400 and len(specs) == 1, specs  # one version, whole
+        seen |= specs
+    assert seen, "the writer never completed a write: the test saw nothing"
+    leftovers = [p.name for p in folder.iterdir() if p.name.startswith(".tmp-")]
+    assert len(leftovers) <= 12  # a killed writer may leave its temporary, never a broken file
+
+
 def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(pytester, monkeypatch):
     from jaxcontracts import _snapshot_file
 
