@@ -401,10 +401,20 @@ class HotLoop:
             raise RuntimeError("jc.hot_loop: __exit__ without a matching __enter__")
         return self._entries.pop()
 
-    def __exit__(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def __exit__(
+        self, exc_type: Any, exc: BaseException | None, tb: Any, _finalizing: Any = sys.is_finalizing
+    ) -> bool:
+        """End this entry, whatever the order: out-of-order exits (generators,
+        asyncio tasks) and exits on another thread restore what it changed.
+
+        At interpreter exit (a suspended generator holding a loop is closed
+        while modules are being torn down) there is nothing left to restore:
+        it returns at once, reading no module global (``_finalizing`` is bound
+        when the class is made).
+        """
+        if _finalizing():
+            return False
         try:
-            """End this entry, whatever the order: out-of-order exits (generators,
-            asyncio tasks) and exits on another thread restore what it changed."""
             __tracebackhide__ = True
             if isinstance(exc, ContractError):  # raised in the body: it ends at the user's line
                 trim(exc)

@@ -136,6 +136,26 @@ def test_generator_closed_on_another_thread_leaves_nothing_guarded():
     _nothing_left_guarded(x)
 
 
+def test_a_generator_suspended_in_a_loop_at_interpreter_exit_prints_nothing():
+    """Issue 20: closing it while modules were torn down printed "TypeError:
+    'NoneType' object does not support the context manager protocol" from
+    __exit__ (a module global already None)."""
+    import subprocess
+    import sys
+
+    code = (
+        "import jax.numpy as jnp, jaxcontracts as jc\n"
+        "def gen():\n"
+        "    with jc.hot_loop():\n"
+        "        yield 1\n"
+        "x = jnp.zeros(3)\n"
+        "g = gen(); next(g)\n"  # suspended inside its loop until the interpreter exits
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "Exception ignored" not in proc.stderr and "Error" not in proc.stderr, proc.stderr
+
+
 def test_checks_off_leaves_only_jax_native_guards():
     from jax._src import monitoring
 
