@@ -60,6 +60,7 @@ _LOGGED_FIX = (
 _NATIVE_GUARDS = {
     "host_to_device": jax.transfer_guard_host_to_device,
     "device_to_host": jax.transfer_guard_device_to_host,
+    "device_to_device": jax.transfer_guard_device_to_device,
 }
 
 
@@ -353,6 +354,11 @@ class HotLoop:
                     modes["host_to_device"] = "allow"
                 if jax.default_backend() != "cpu":
                     modes["device_to_host"] = "disallow" if self.on_violation == "raise" else "allow"
+                if self.on_violation == "raise" and jax.local_device_count() > 1:
+                    # An implicit copy between devices (a committed array passed to a
+                    # computation placed elsewhere): JAX's own guard, which it enforces
+                    # on GPU and TPU (its CPU backend copies without asking).
+                    modes["device_to_device"] = "disallow"
             stack = local.stack
             if not self.checks_transfers and stack.entries:
                 # transfers="allow" inside an outer loop that refuses them: lift JAX's
@@ -360,6 +366,8 @@ class HotLoop:
                 modes["host_to_device"] = "allow"
                 if jax.default_backend() != "cpu":
                     modes["device_to_host"] = "allow"
+                if jax.local_device_count() > 1:
+                    modes["device_to_device"] = "allow"
             # At checks level off only JAX's native guards: no class patches, no
             # compile listener, no active loop for the call path to report to.
             checked = get_checks() != "off"

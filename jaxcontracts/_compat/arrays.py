@@ -81,13 +81,14 @@ READS: dict[str, str] = {
     "item": ".item()",
     "tobytes": ".tobytes()",
     "__dlpack__": "a DLPack export of a CPU array (np.from_dlpack)",
+    "copy_to_host_async": ".copy_to_host_async() (a copy to the host, started now)",
     "_value": "reading its value",
     "buffer": "the buffer protocol (np.asarray, memoryview, np.frombuffer, hashlib)",
 }
 #: Entries of READS that are not methods: a property and the C buffer slot.
 NON_METHOD_READS = ("_value", "buffer")
 #: Read methods guarded where this jax has them (the probe does not require them).
-OPTIONAL_READ_METHODS = ("__dlpack__",)
+OPTIONAL_READ_METHODS = ("__dlpack__", "copy_to_host_async")
 #: The read methods intercepted inside a hot loop (a new one: an entry in READS).
 READ_METHODS = tuple(n for n in READS if n not in NON_METHOD_READS + OPTIONAL_READ_METHODS)
 

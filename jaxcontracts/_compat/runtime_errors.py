@@ -68,9 +68,15 @@ def classify(exc: BaseException) -> tuple[GuardErrorKind, str] | None:
     if type(exc).__module__.split(".")[0] not in ("jax", "jaxlib", "builtins"):
         return None  # a user's or another library's exception class
     text = str(exc)
-    if not _raised_by_jax(exc) and not (_XLA_DELETED in text and isinstance(exc, ValueError)):
-        # A warm jax.jit refuses a deleted buffer in C++: no Python frame of
-        # JAX's is on the traceback, but XLA's own wording is unmistakable.
+    if not (
+        _raised_by_jax(exc)
+        or (_XLA_DELETED in text and isinstance(exc, ValueError))
+        or (isinstance(exc, _JAX_ERRORS) and "Disallowed " in text)
+    ):
+        # A warm jax.jit refuses a deleted buffer, or a numpy argument under
+        # JAX's guard, in C++: no Python frame of JAX's is on the traceback
+        # (and JAX's traceback filtering removes those there were), but the
+        # wording of XLA's own error type is unmistakable.
         return None
     for marker, kind, types in _MARKERS:
         if marker in text and isinstance(exc, types):

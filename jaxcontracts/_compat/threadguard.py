@@ -18,7 +18,7 @@ from .registry import capability, define
 __all__ = ["FIELDS", "allow_host_to_device", "current", "levels", "set_levels"]
 
 #: The guard_lib fields a hot loop sets (JAX's names, as in its config).
-FIELDS = ("host_to_device", "device_to_host")
+FIELDS = ("host_to_device", "device_to_host", "device_to_device")
 
 
 def _guard_lib() -> Any:
