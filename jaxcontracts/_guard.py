@@ -20,6 +20,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
+import signal
 import sys
 import threading
 import types
@@ -70,7 +71,7 @@ _stacks_lock = threading.Lock()
 class _Entry:
     """One entry into a loop, on the thread (``stack``) that entered it."""
 
-    __slots__ = ("capture_tid", "checked", "ended", "loop", "modes", "native", "stack", "timing")
+    __slots__ = ("capture_tid", "checked", "counted", "ended", "loop", "modes", "native", "stack", "timing")
 
     def __init__(self, loop: HotLoop, stack: LoopStack, modes: dict[str, str], checked: bool) -> None:
         self.loop = loop
@@ -80,8 +81,95 @@ class _Entry:
         self.timing: Any = None  # the loop clock's token, while timing
         self.native: contextlib.ExitStack | None = None
         self.ended = False
+        self.counted = False  # entered on the main thread: its exit gives SIGINT back
         # Record mode: the native thread id whose guard log lines this entry takes.
         self.capture_tid: int | None = None
+
+
+_MAIN_THREAD = threading.main_thread()
+
+
+class _Interrupts:
+    """Ctrl-C on the main thread, held while a loop's entry or exit runs.
+
+    A loop's entry and exit change several things (ArrayImpl's methods, the
+    thread's loop stack, JAX's guard levels) that must change together; a
+    KeyboardInterrupt between two of them left some engaged, so that
+    ``jnp.zeros(3) + 1.0`` outside any loop then raised. Python runs signal
+    handlers on the main thread, between bytecodes, and hands them the frame
+    it is running: while loops are active there, SIGINT's handler is this
+    one, which holds a signal arriving in a ``HotLoop.__enter__`` or
+    ``__exit__`` (at any depth below it, from the very first bytecode of
+    ``__exit__``), to be delivered once that entry or exit is whole, and
+    passes any other straight to the handler it replaced (a Ctrl-C in the
+    loop's body interrupts it as ever).
+    """
+
+    def __init__(self) -> None:
+        self.depth = 0  # loops entered on the main thread and not yet exited
+        self.original: Any = None
+        self.noted = False
+        self.restore_due = False
+        self.codes: frozenset[Any] = frozenset()
+
+    def handler(self, signum: int, frame: Any) -> None:
+        f = frame
+        while f is not None:
+            if f.f_code in self.codes:
+                self.noted = True
+                return
+            f = f.f_back
+        self.call_original(signum, frame)
+
+    def call_original(self, signum: int, frame: Any) -> None:
+        """What SIGINT would have done: Python's default raises KeyboardInterrupt."""
+        old = self.original
+        if callable(old):
+            old(signum, frame)
+        elif old == signal.SIG_DFL:  # pragma: no cover - a process without Python's handler
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            signal.raise_signal(signal.SIGINT)
+
+    def entering(self) -> bool:
+        """At a loop's entry: install the handler (the outermost entry on the main
+        thread). Whether this entry counts (it was on the main thread)."""
+        if threading.current_thread() is not _MAIN_THREAD:
+            return False
+        if self.depth == 0:
+            try:
+                current = signal.getsignal(signal.SIGINT)
+                if current != self.handler:
+                    self.original = signal.signal(signal.SIGINT, self.handler)
+            except (ValueError, OSError, TypeError):  # not the main interpreter
+                return False
+        self.depth += 1
+        return True
+
+    def leaving(self) -> None:
+        """At the exit of an entry that counted: after the last one, SIGINT is
+        given back by :meth:`finish`, the last thing the exit does."""
+        self.depth -= 1
+        if self.depth == 0:
+            self.restore_due = True
+
+    def finish(self) -> None:
+        """The end of an entry or exit on the main thread: give SIGINT back if
+        no loop is left there (and nobody replaced the handler meanwhile)."""
+        if not self.restore_due or self.depth != 0 or threading.current_thread() is not _MAIN_THREAD:
+            return
+        self.restore_due = False
+        with contextlib.suppress(ValueError, OSError, TypeError):
+            if signal.getsignal(signal.SIGINT) == self.handler:
+                signal.signal(signal.SIGINT, self.original if self.original is not None else signal.SIG_DFL)
+
+    def deliver(self) -> None:
+        """A SIGINT held during the entry or exit that just ended, delivered."""
+        if self.noted:
+            self.noted = False
+            self.call_original(signal.SIGINT, None)
+
+
+_interrupts = _Interrupts()
 
 
 def _enter_native(modes: dict[str, str]) -> contextlib.ExitStack | None:
@@ -345,59 +433,87 @@ class HotLoop:
         return report
 
     def __enter__(self) -> HotLoop:
+        """Enter the loop; a Ctrl-C during the entry is held until it is whole
+        (then the entry is undone and the interrupt delivered: never half entered)."""
+        counted = _interrupts.entering()
         try:
-            modes: dict[str, str] = {}
-            if self.checks_transfers:
-                if self.checks_host_to_device:
-                    modes["host_to_device"] = "disallow" if self.on_violation == "raise" else "log"
-                else:  # allow_host_to_device: even inside an outer loop that refuses them
-                    modes["host_to_device"] = "allow"
-                if jax.default_backend() != "cpu":
-                    modes["device_to_host"] = "disallow" if self.on_violation == "raise" else "allow"
-                if self.on_violation == "raise" and jax.local_device_count() > 1:
-                    # An implicit copy between devices (a committed array passed to a
-                    # computation placed elsewhere): JAX's own guard, which it enforces
-                    # on GPU and TPU (its CPU backend copies without asking).
-                    modes["device_to_device"] = "disallow"
-            stack = local.stack
-            if not self.checks_transfers and stack.entries:
-                # transfers="allow" inside an outer loop that refuses them: lift JAX's
-                # own guards too (a user's own jax.transfer_guard outside any loop stays)
+            entry = self._enter(counted)
+        except BaseException as err:  # the entry undid itself
+            _interrupts.finish()
+            if isinstance(err, ContractError):  # the traceback ends at the user's line
+                trim(err)
+            raise
+        try:
+            if counted and _interrupts.noted:  # Ctrl-C during the entry: undo it, deliver it
+                self._exit(None, None, None)
+                _interrupts.finish()
+                _interrupts.deliver()
+                return self.__enter__()  # the handler did not raise: entered after all
+            return self
+        except BaseException:
+            if entry in self._entries:  # a signal as the entry ended: not entered after all
+                self._exit(None, None, None)
+                _interrupts.finish()
+            raise
+
+    def _enter(self, counted: bool) -> _Entry:
+        modes: dict[str, str] = {}
+        if self.checks_transfers:
+            if self.checks_host_to_device:
+                modes["host_to_device"] = "disallow" if self.on_violation == "raise" else "log"
+            else:  # allow_host_to_device: even inside an outer loop that refuses them
                 modes["host_to_device"] = "allow"
-                if jax.default_backend() != "cpu":
-                    modes["device_to_host"] = "allow"
-                if jax.local_device_count() > 1:
-                    modes["device_to_device"] = "allow"
-            # At checks level off only JAX's native guards: no class patches, no
-            # compile listener, no active loop for the call path to report to.
-            checked = get_checks() != "off"
-            entry = _Entry(self, stack, modes, checked=checked)
+            if jax.default_backend() != "cpu":
+                modes["device_to_host"] = "disallow" if self.on_violation == "raise" else "allow"
+            if self.on_violation == "raise" and jax.local_device_count() > 1:
+                # An implicit copy between devices (a committed array passed to a
+                # computation placed elsewhere): JAX's own guard, which it enforces
+                # on GPU and TPU (its CPU backend copies without asking).
+                modes["device_to_device"] = "disallow"
+        stack = local.stack
+        if not self.checks_transfers and stack.entries:
+            # transfers="allow" inside an outer loop that refuses them: lift JAX's
+            # own guards too (a user's own jax.transfer_guard outside any loop stays)
+            modes["host_to_device"] = "allow"
+            if jax.default_backend() != "cpu":
+                modes["device_to_host"] = "allow"
+            if jax.local_device_count() > 1:
+                modes["device_to_device"] = "allow"
+        # At checks level off only JAX's native guards: no class patches, no
+        # compile listener, no active loop for the call path to report to.
+        checked = get_checks() != "off"
+        entry = _Entry(self, stack, modes, checked=checked)
+        entry.counted = counted
+        if checked:
+            acquire()
+        try:
+            with _stacks_lock:
+                _repair(stack)
+                if not stack.entries and modes:
+                    state = threadguard.current()
+                    stack.saved = None if state is None else (state, threadguard.levels(state))
+                entry.native = _enter_native(modes)
+                if checked and modes.get("host_to_device") == "log" and guardlog.start():
+                    entry.capture_tid = threading.get_native_id()
+                stack.entries.append(entry)
+                _relink(stack)
+                self._entries.append(entry)
             if checked:
-                acquire()
-            try:
-                with _stacks_lock:
-                    _repair(stack)
-                    if not stack.entries and modes:
-                        state = threadguard.current()
-                        stack.saved = None if state is None else (state, threadguard.levels(state))
-                    entry.native = _enter_native(modes)
-                    if checked and modes.get("host_to_device") == "log" and guardlog.start():
-                        entry.capture_tid = threading.get_native_id()
-                    stack.entries.append(entry)
-                    _relink(stack)
-                    self._entries.append(entry)
-                if checked:
-                    entry.timing = _timing.enter(self._clock)
-            except BaseException:
+                entry.timing = _timing.enter(self._clock)
+        except BaseException:
+            if entry in self._entries:  # pushed: a whole exit undoes it
+                self._exit(None, None, None)
+            else:
+                if entry.native is not None:  # the innermost contexts: they close in order
+                    entry.native.close()
                 if checked:
                     release()
-                raise
-            if observers.recorders:
-                observers.loop(self, True)
-            return self
-        except ContractError as err:  # the traceback ends at the user's line
-            trim(err)
+                if counted:
+                    _interrupts.leaving()
             raise
+        if observers.recorders:
+            observers.loop(self, True)
+        return entry
 
     def _take_entry(self) -> _Entry:
         """This exit's entry: the latest one made on this thread, else the latest."""
@@ -422,53 +538,63 @@ class HotLoop:
         """
         if _finalizing():
             return False
+        __tracebackhide__ = True
         try:
-            __tracebackhide__ = True
-            if isinstance(exc, ContractError):  # raised in the body: it ends at the user's line
-                trim(exc)
-            # Translated before the last loop's exit forgets the steps' last calls
-            # (they name the step that consumed a donated array).
-            translated = translate(exc, tb) if isinstance(exc, Exception) else None
-            with _stacks_lock:
-                entry = self._take_entry()
-                stack = entry.stack
-                entry.ended = True
-                if entry.timing is not None:
-                    user = user_frame(frames.caller_frame(1))
-                    _timing.leave(entry.timing, lambda: held_outputs(user))
-                _relink(stack)
-                try:
-                    if stack is local.stack:
-                        _repair(stack)
-                    else:
-                        _restore_elsewhere(stack)
-                finally:
-                    if entry.checked:
-                        release()
-            if entry.capture_tid is not None:
-                self._record_logged(*guardlog.stop(entry.capture_tid))
-            if observers.recorders:
-                observers.loop(self, False)
-            refused, pending.error = getattr(pending, "error", None), None
-            if exc is not None and not isinstance(exc, Exception):
-                return False
-            if refused is not None and exc is not None and arrays.is_unset_error(exc):
-                raise refused.with_traceback(None) from None  # a refused buffer export (3.11)
-            if refused is not None and exc is None and sys.version_info < (3, 12):
-                # 3.11: the refusal reached the code as a SystemError it caught:
-                # the read was still refused, so the loop says so as it ends.
-                refused.add_note(
-                    "Raised as the loop ended: on Python 3.11 this refusal reached your "
-                    "code as `SystemError: ... returned NULL without setting an "
-                    "exception`, which was caught inside the loop."
-                )
-                raise refused.with_traceback(None) from None
-            if translated is not None:
-                raise translated from None
-            return False
+            return self._exit(exc_type, exc, tb)
         except ContractError as err:  # the traceback ends at the user's line
             trim(err)
             raise
+        finally:
+            if threading.current_thread() is _MAIN_THREAD:
+                _interrupts.finish()  # SIGINT given back after the last loop, as the last thing
+                _interrupts.deliver()  # a Ctrl-C held during the exit, now it is whole
+
+    def _exit(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        __tracebackhide__ = True
+        if isinstance(exc, ContractError):  # raised in the body: it ends at the user's line
+            trim(exc)
+        # Translated before the last loop's exit forgets the steps' last calls
+        # (they name the step that consumed a donated array).
+        translated = translate(exc, tb) if isinstance(exc, Exception) else None
+        with _stacks_lock:
+            entry = self._take_entry()
+            stack = entry.stack
+            entry.ended = True
+            if entry.timing is not None:
+                user = user_frame(frames.caller_frame(1))
+                _timing.leave(entry.timing, lambda: held_outputs(user))
+            _relink(stack)
+            try:
+                if stack is local.stack:
+                    _repair(stack)
+                else:
+                    _restore_elsewhere(stack)
+            finally:
+                if entry.checked:
+                    release()
+                if entry.counted:
+                    _interrupts.leaving()
+        if entry.capture_tid is not None:
+            self._record_logged(*guardlog.stop(entry.capture_tid))
+        if observers.recorders:
+            observers.loop(self, False)
+        refused, pending.error = getattr(pending, "error", None), None
+        if exc is not None and not isinstance(exc, Exception):
+            return False
+        if refused is not None and exc is not None and arrays.is_unset_error(exc):
+            raise refused.with_traceback(None) from None  # a refused buffer export (3.11)
+        if refused is not None and exc is None and sys.version_info < (3, 12):
+            # 3.11: the refusal reached the code as a SystemError it caught:
+            # the read was still refused, so the loop says so as it ends.
+            refused.add_note(
+                "Raised as the loop ended: on Python 3.11 this refusal reached your "
+                "code as `SystemError: ... returned NULL without setting an "
+                "exception`, which was caught inside the loop."
+            )
+            raise refused.with_traceback(None) from None
+        if translated is not None:
+            raise translated from None
+        return False
 
     def __call__(self, fn: F) -> F:
         """Use as a decorator: every call of ``fn`` runs in a fresh loop.
@@ -511,6 +637,10 @@ class HotLoop:
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
+
+
+# The frames in which a SIGINT is held (their callees' included).
+_interrupts.codes = frozenset({HotLoop.__enter__.__code__, HotLoop.__exit__.__code__})
 
 
 def _resumed_inside(inner: Any, loop: HotLoop) -> Any:
