@@ -51,6 +51,7 @@ import jax
 from ._compat import arrays, callbacks, capability, events, frames, hostcopy
 from ._compat.tracing import trace_state_clean
 from ._donation import is_deleted_array
+from ._dtypes import is_key
 from ._errors import ContractError
 from ._format import fmt_aval
 from ._runtime import arrays_named, consumed_by, find, local, tracking
@@ -266,6 +267,44 @@ def _value_without_pin(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return _value
 
 
+def _copying_device_get(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``jax.device_get`` inside a loop: CPU arrays come back as copies.
+
+    On CPU, JAX's ``device_get`` returns a view of the device buffer and
+    caches it on the array, which pins the buffer: a step that donates it
+    next (``kept.append(jax.device_get(s.clock))``, then ``s = step(s)``)
+    makes XLA copy instead, and the consumed-input check refuses the call.
+    An explicit read must never make the next step fail, so inside a loop a
+    CPU array is copied without a view (as ``jc.fetch`` does). Other leaves
+    (typed keys, arrays on an accelerator, where JAX copies anyway, deleted
+    arrays) go to JAX's own ``device_get``.
+    """
+
+    def device_get(x: Any) -> Any:
+        __tracebackhide__ = True
+        if local.loop is None or local.allow:  # no loop, or a copy's own device_get (int4)
+            return original(x)
+        leaves, treedef = jax.tree_util.tree_flatten(x)
+        local.allow += 1  # an explicit transfer
+        try:
+            out = [
+                hostcopy.host_copy(leaf)
+                if type(leaf) is arrays.ArrayImpl
+                and not leaf.is_deleted()
+                and not is_key(leaf.dtype)
+                and leaf.is_fully_addressable
+                and all(d.platform == "cpu" for d in leaf.devices())
+                else original(leaf)
+                for leaf in leaves
+            ]
+        finally:
+            local.allow -= 1
+        return jax.tree_util.tree_unflatten(treedef, out)
+
+    device_get.__wrapped__ = original  # type: ignore[attr-defined]
+    return device_get
+
+
 class _Patches:
     """Install and remove the class-level interceptors (reference counted)."""
 
@@ -284,9 +323,13 @@ class _Patches:
         self.depth = 0
         self._buffer_on, self._buffer_off = arrays.buffer_hooks(_must_refuse_buffer, _buffer_refused)
         self.listening = False
+        self.device_get = jax.device_get
+        self.copying_device_get = _copying_device_get(self.device_get)
 
     def install(self) -> None:
         callbacks.hook_host_callbacks(_in_host_callback)  # once, for good: a no-op outside loops
+        if jax.device_get is self.device_get:  # `jax.device_get(x)` in a loop: pin-free copies
+            jax.device_get = self.copying_device_get
         for name, fn in self.guarded.items():
             arrays.set_class_attr(name, fn)
         self._buffer_on()
@@ -295,6 +338,8 @@ class _Patches:
             self.listening = True
 
     def uninstall(self) -> None:
+        if jax.device_get is self.copying_device_get:
+            jax.device_get = self.device_get
         for name, fn in self.originals.items():
             arrays.set_class_attr(name, fn)
         self._buffer_off()

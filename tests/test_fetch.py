@@ -56,3 +56,35 @@ def test_fetch_of_narrow_dtypes_while_a_loop_is_open(dtype):
         t.join()
     for v in (inside, got[0]):
         assert str(v.dtype) == dtype and v.astype(np.float32).tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_device_get_kept_in_a_loop_never_makes_the_next_step_fail():
+    """Issue 20: on CPU, jax.device_get returned a view that pinned the buffer
+    (cached on the array), so the next donating call copied instead and was
+    refused (DonationError: not consumed) on jax 0.11.2, 0.12 and 0.10.2 on
+    several devices. Inside a loop it now returns copies without a view."""
+    from jaxtyping import Array, Float32
+
+    @jc.state
+    class Clocked:
+        x: Float32[Array, "n"]
+        clock: Float32[Array, ""]
+
+    @jc.hot_step
+    def tick(s: Clocked) -> Clocked:
+        return Clocked(x=s.x + 1, clock=s.clock + 1)
+
+    original = jax.device_get
+    s = tick(jc.device_tree(Clocked(x=jnp.zeros(3), clock=jnp.float32(0))))
+    q = jax.device_put(jnp.arange(4, dtype=jnp.int4))  # sub-byte: JAX's own copy path
+    kept = []
+    with jc.hot_loop():
+        for _ in range(4):
+            s = tick(s)
+            kept.append(jax.device_get(s.clock))
+            kept.append(jax.device_get({"x": s.x, "n": 3}))  # a pytree, a Python leaf
+            kept.append(jax.device_get(q))
+    assert [float(k) for k in kept[::3]] == [2.0, 3.0, 4.0, 5.0]
+    assert kept[1]["n"] == 3 and kept[1]["x"].tolist() == [2.0, 2.0, 2.0]
+    assert kept[2].tolist() == [0, 1, 2, 3]
+    assert jax.device_get is original  # restored outside the loop
