@@ -22,8 +22,8 @@ from ._errors import DefinitionError, SpecError
 from ._fields import ArrayField, PyTreeField, StateField, StaticField, build, hint_name, info_of
 from ._format import fmt_aval, fmt_object, fmt_sharding
 from ._marks import CONSUMED_BY, STATE_INFO
-from ._spec import leaf_spec
-from ._validate import check_static, describe, spec_error
+from ._spec import fmt_value, leaf_spec
+from ._validate import check_static, spec_error
 
 __all__ = ["make", "to_spec", "to_zeros", "undecorated_error"]
 
@@ -231,11 +231,11 @@ def _given_spec(where: str, x: Any) -> jax.ShapeDtypeStruct:
     spec = leaf_spec(x)
     if spec is None:
         raise SpecError(
-            f"{where}: the leaf {describe(x)} is not an array and has no spec.",
+            f"{where}: the leaf {fmt_value(x)} is not an array and has no spec.",
             fix="pass arrays (or jax.ShapeDtypeStruct specs) as this field's leaves.",
             contract="dims",
         )
-    _refuse_x64_spec(where, describe(x), spec.dtype, leaf=True)
+    _refuse_x64_spec(where, fmt_value(x), spec.dtype, leaf=True)
     return spec
 
 

@@ -17,10 +17,8 @@ performance guide (``docs/guides/performance.md``).
 
 from __future__ import annotations
 
-import contextlib
 import functools
 import inspect
-import signal
 import sys
 import threading
 import types
@@ -36,9 +34,11 @@ from ._errors import VIOLATIONS, ContractError, DefinitionError, compose, violat
 from ._fetch import fetch
 from ._format import fmt_logged_aval, fmt_object
 from ._intercept import acquire, pending, release
+from ._interrupts import MAIN_THREAD, interrupts
+from ._loopstack import Entry, enter_native, relink, repair, restore_elsewhere, stacks_lock
 from ._records import Violation, WarmupCompile
 from ._report import Report, loop_report
-from ._runtime import LoopStack, held_outputs, local, observers
+from ._runtime import held_outputs, local, observers
 from ._timing import LoopTiming
 from ._tracebacks import boundary, trim
 from ._translate import translate
@@ -56,185 +56,6 @@ _LOGGED_FIX = (
     "on an array, f(np_array)): make constants device arrays before the loop "
     "(two = jnp.float32(2.0)) or move the arithmetic into the step."
 )
-
-
-_NATIVE_GUARDS = {
-    "host_to_device": jax.transfer_guard_host_to_device,
-    "device_to_host": jax.transfer_guard_device_to_host,
-    "device_to_device": jax.transfer_guard_device_to_device,
-}
-
-
-_stacks_lock = threading.Lock()
-
-
-class _Entry:
-    """One entry into a loop, on the thread (``stack``) that entered it."""
-
-    __slots__ = ("capture_tid", "checked", "counted", "ended", "loop", "modes", "native", "stack", "timing")
-
-    def __init__(self, loop: HotLoop, stack: LoopStack, modes: dict[str, str], checked: bool) -> None:
-        self.loop = loop
-        self.stack = stack
-        self.modes = modes  # JAX's native guards: field -> level
-        self.checked = checked  # holds the class patches and the compile listener
-        self.timing: Any = None  # the loop clock's token, while timing
-        self.native: contextlib.ExitStack | None = None
-        self.ended = False
-        self.counted = False  # entered on the main thread: its exit gives SIGINT back
-        # Record mode: the native thread id whose guard log lines this entry takes.
-        self.capture_tid: int | None = None
-
-
-_MAIN_THREAD = threading.main_thread()
-
-
-class _Interrupts:
-    """Ctrl-C on the main thread, held while a loop's entry or exit runs.
-
-    A loop's entry and exit change several things (ArrayImpl's methods, the
-    thread's loop stack, JAX's guard levels) that must change together; a
-    KeyboardInterrupt between two of them left some engaged, so that
-    ``jnp.zeros(3) + 1.0`` outside any loop then raised. Python runs signal
-    handlers on the main thread, between bytecodes, and hands them the frame
-    it is running: while loops are active there, SIGINT's handler is this
-    one, which holds a signal arriving in a ``HotLoop.__enter__`` or
-    ``__exit__`` (at any depth below it, from the very first bytecode of
-    ``__exit__``), to be delivered once that entry or exit is whole, and
-    passes any other straight to the handler it replaced (a Ctrl-C in the
-    loop's body interrupts it as ever).
-    """
-
-    def __init__(self) -> None:
-        self.depth = 0  # loops entered on the main thread and not yet exited
-        self.original: Any = None
-        self.noted = False
-        self.restore_due = False
-        self.codes: frozenset[Any] = frozenset()
-
-    def handler(self, signum: int, frame: Any) -> None:
-        f = frame
-        while f is not None:
-            if f.f_code in self.codes:
-                self.noted = True
-                return
-            f = f.f_back
-        self.call_original(signum, frame)
-
-    def call_original(self, signum: int, frame: Any) -> None:
-        """What SIGINT would have done: Python's default raises KeyboardInterrupt."""
-        old = self.original
-        if callable(old):
-            old(signum, frame)
-        elif old == signal.SIG_DFL:  # pragma: no cover - a process without Python's handler
-            signal.signal(signal.SIGINT, signal.SIG_DFL)
-            signal.raise_signal(signal.SIGINT)
-
-    def entering(self) -> bool:
-        """At a loop's entry: install the handler (the outermost entry on the main
-        thread). Whether this entry counts (it was on the main thread)."""
-        if threading.current_thread() is not _MAIN_THREAD:
-            return False
-        if self.depth == 0:
-            try:
-                current = signal.getsignal(signal.SIGINT)
-                if current != self.handler:
-                    self.original = signal.signal(signal.SIGINT, self.handler)
-            except (ValueError, OSError, TypeError):  # not the main interpreter
-                return False
-        self.depth += 1
-        return True
-
-    def leaving(self) -> None:
-        """At the exit of an entry that counted: after the last one, SIGINT is
-        given back by :meth:`finish`, the last thing the exit does."""
-        self.depth -= 1
-        if self.depth == 0:
-            self.restore_due = True
-
-    def finish(self) -> None:
-        """The end of an entry or exit on the main thread: give SIGINT back if
-        no loop is left there (and nobody replaced the handler meanwhile)."""
-        if not self.restore_due or self.depth != 0 or threading.current_thread() is not _MAIN_THREAD:
-            return
-        self.restore_due = False
-        with contextlib.suppress(ValueError, OSError, TypeError):
-            if signal.getsignal(signal.SIGINT) == self.handler:
-                signal.signal(signal.SIGINT, self.original if self.original is not None else signal.SIG_DFL)
-
-    def deliver(self) -> None:
-        """A SIGINT held during the entry or exit that just ended, delivered."""
-        if self.noted:
-            self.noted = False
-            self.call_original(signal.SIGINT, None)
-
-
-_interrupts = _Interrupts()
-
-
-def _enter_native(modes: dict[str, str]) -> contextlib.ExitStack | None:
-    if not modes:
-        return None
-    native = contextlib.ExitStack()
-    try:
-        for field, mode in modes.items():
-            native.enter_context(_NATIVE_GUARDS[field](mode))
-    except BaseException:
-        native.close()
-        raise
-    return native
-
-
-def _relink(stack: LoopStack) -> None:
-    """Point the thread at its innermost live, checking loop."""
-    for entry in reversed(stack.entries):
-        if not entry.ended and entry.checked:
-            stack.loop = entry.loop
-            return
-    stack.loop = None
-
-
-def _repair(stack: LoopStack) -> None:
-    """On the stack's own thread: drop ended entries and unwind their native guards.
-
-    JAX's guard contexts restore what they saw at entry, so they must exit in
-    reverse order of entry: every context above the first ended entry exits,
-    then the live ones among them enter again, in order. An in-order exit
-    (the innermost loop) exits its own contexts only.
-    """
-    first = next((i for i, e in enumerate(stack.entries) if e.ended), None)
-    if first is None:
-        return
-    above = stack.entries[first:]
-    errors: list[BaseException] = []
-    for entry in reversed(above):
-        if entry.native is not None:
-            try:
-                entry.native.close()
-            except BaseException as e:  # noqa: BLE001 - finish unwinding, then raise
-                errors.append(e)
-            entry.native = None
-    live = [e for e in above if not e.ended]
-    del stack.entries[first:]
-    for entry in live:
-        stack.entries.append(entry)
-        entry.native = _enter_native(entry.modes)
-    if errors:
-        raise errors[0]
-
-
-def _restore_elsewhere(stack: LoopStack) -> None:
-    """A loop of another thread ended here: give that thread its guard levels.
-
-    Its JAX config contexts can only exit on that thread; they do at its next
-    loop entry or exit (``_repair``). Until then the levels JAX's transfers
-    read are set directly.
-    """
-    if stack.saved is None or not stack.thread.is_alive():
-        return
-    state, saved = stack.saved
-    live = [e for e in stack.entries if not e.ended]
-    threadguard.set_levels(state, saved, live[-1].modes if live else None)
 
 
 class _WarmUp:
@@ -309,7 +130,7 @@ class HotLoop:
         self.iterations = 0
         self._iteration: int | None = None  # inside iterate(): the current item's index
         self._violations: dict[tuple[str, str, str], Violation] = {}
-        self._entries: list[_Entry] = []  # active entries (re-entrant, any thread)
+        self._entries: list[Entry] = []  # active entries (re-entrant, any thread)
         self._clock = _timing.LoopClock()
 
     @property
@@ -435,28 +256,28 @@ class HotLoop:
     def __enter__(self) -> HotLoop:
         """Enter the loop; a Ctrl-C during the entry is held until it is whole
         (then the entry is undone and the interrupt delivered: never half entered)."""
-        counted = _interrupts.entering()
+        counted = interrupts.entering()
         try:
             entry = self._enter(counted)
         except BaseException as err:  # the entry undid itself
-            _interrupts.finish()
+            interrupts.finish()
             if isinstance(err, ContractError):  # the traceback ends at the user's line
                 trim(err)
             raise
         try:
-            if counted and _interrupts.noted:  # Ctrl-C during the entry: undo it, deliver it
+            if counted and interrupts.noted:  # Ctrl-C during the entry: undo it, deliver it
                 self._exit(None, None, None)
-                _interrupts.finish()
-                _interrupts.deliver()
+                interrupts.finish()
+                interrupts.deliver()
                 return self.__enter__()  # the handler did not raise: entered after all
             return self
         except BaseException:
             if entry in self._entries:  # a signal as the entry ended: not entered after all
                 self._exit(None, None, None)
-                _interrupts.finish()
+                interrupts.finish()
             raise
 
-    def _enter(self, counted: bool) -> _Entry:
+    def _enter(self, counted: bool) -> Entry:
         modes: dict[str, str] = {}
         if self.checks_transfers:
             if self.checks_host_to_device:
@@ -482,21 +303,21 @@ class HotLoop:
         # At checks level off only JAX's native guards: no class patches, no
         # compile listener, no active loop for the call path to report to.
         checked = get_checks() != "off"
-        entry = _Entry(self, stack, modes, checked=checked)
+        entry = Entry(self, stack, modes, checked=checked)
         entry.counted = counted
         if checked:
             acquire()
         try:
-            with _stacks_lock:
-                _repair(stack)
+            with stacks_lock:
+                repair(stack)
                 if not stack.entries and modes:
                     state = threadguard.current()
                     stack.saved = None if state is None else (state, threadguard.levels(state))
-                entry.native = _enter_native(modes)
+                entry.native = enter_native(modes)
                 if checked and modes.get("host_to_device") == "log" and guardlog.start():
                     entry.capture_tid = threading.get_native_id()
                 stack.entries.append(entry)
-                _relink(stack)
+                relink(stack)
                 self._entries.append(entry)
             if checked:
                 entry.timing = _timing.enter(self._clock)
@@ -509,13 +330,13 @@ class HotLoop:
                 if checked:
                     release()
                 if counted:
-                    _interrupts.leaving()
+                    interrupts.leaving()
             raise
         if observers.recorders:
             observers.loop(self, True)
         return entry
 
-    def _take_entry(self) -> _Entry:
+    def _take_entry(self) -> Entry:
         """This exit's entry: the latest one made on this thread, else the latest."""
         mine = local.stack
         for i in range(len(self._entries) - 1, -1, -1):
@@ -545,9 +366,9 @@ class HotLoop:
             trim(err)
             raise
         finally:
-            if threading.current_thread() is _MAIN_THREAD:
-                _interrupts.finish()  # SIGINT given back after the last loop, as the last thing
-                _interrupts.deliver()  # a Ctrl-C held during the exit, now it is whole
+            if threading.current_thread() is MAIN_THREAD:
+                interrupts.finish()  # SIGINT given back after the last loop, as the last thing
+                interrupts.deliver()  # a Ctrl-C held during the exit, now it is whole
 
     def _exit(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         __tracebackhide__ = True
@@ -556,24 +377,24 @@ class HotLoop:
         # Translated before the last loop's exit forgets the steps' last calls
         # (they name the step that consumed a donated array).
         translated = translate(exc, tb) if isinstance(exc, Exception) else None
-        with _stacks_lock:
+        with stacks_lock:
             entry = self._take_entry()
             stack = entry.stack
             entry.ended = True
             if entry.timing is not None:
                 user = user_frame(frames.caller_frame(1))
                 _timing.leave(entry.timing, lambda: held_outputs(user))
-            _relink(stack)
+            relink(stack)
             try:
                 if stack is local.stack:
-                    _repair(stack)
+                    repair(stack)
                 else:
-                    _restore_elsewhere(stack)
+                    restore_elsewhere(stack)
             finally:
                 if entry.checked:
                     release()
                 if entry.counted:
-                    _interrupts.leaving()
+                    interrupts.leaving()
         if entry.capture_tid is not None:
             self._record_logged(*guardlog.stop(entry.capture_tid))
         if observers.recorders:
@@ -640,7 +461,7 @@ class HotLoop:
 
 
 # The frames in which a SIGINT is held (their callees' included).
-_interrupts.codes = frozenset({HotLoop.__enter__.__code__, HotLoop.__exit__.__code__})
+interrupts.codes = frozenset({HotLoop.__enter__.__code__, HotLoop.__exit__.__code__})
 
 
 def _resumed_inside(inner: Any, loop: HotLoop) -> Any:

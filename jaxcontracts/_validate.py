@@ -41,14 +41,13 @@ from ._fields import (
     tree_summary,
 )
 from ._foreign import scalar_to_host, to_device
-from ._format import fmt_aval, fmt_bindings, fmt_object
+from ._format import fmt_aval, fmt_bindings
 from ._spec import eq_answers_bool, fmt_value, leaf_spec
 
 __all__ = [
     "Problem",
     "check_static",
     "clear_validation_cache",
-    "describe",
     "spec_error",
     "validate",
     "validation_cache_size",
@@ -236,7 +235,7 @@ class _Validation:
                     Problem(
                         f.name,
                         f"a {f.cls.__name__} instance",
-                        describe(value),
+                        fmt_value(value),
                         f"build it with {f.cls.__name__}(...) or {f.cls.__name__}.zeros(...).",
                     )
                 )
@@ -336,7 +335,7 @@ def _convert_array(name: str, value: Any, ann: ArrayAnnotation) -> tuple[Any, Pr
             return None, problem
         return to_device(host), None
     return None, Problem(
-        name, expected, describe(value), "pass a jax array (or a numpy array of that dtype)."
+        name, expected, fmt_value(value), "pass a jax array (or a numpy array of that dtype)."
     )
 
 
@@ -367,7 +366,7 @@ def _x64_problem(name: str, value: Any, ann: ArrayAnnotation) -> Problem | None:
     if loss is None:
         return None
     reason, short = loss
-    return Problem(name, ann.pretty(), describe(value), f"{reason}: {x64_field_fix(short)}")
+    return Problem(name, ann.pretty(), fmt_value(value), f"{reason}: {x64_field_fix(short)}")
 
 
 def _wrong_dtype(name: str, ann: ArrayAnnotation, value: Any, kind: str) -> Problem:
@@ -485,7 +484,7 @@ def _convert_pytree(f: PyTreeField, value: Any) -> tuple[Any, list[Problem]]:
                 Problem(
                     where,
                     "an array leaf JAX can hold",
-                    describe(leaf),
+                    fmt_value(leaf),
                     f"{loss[0]}: {x64_leaf_fix(loss[1])}",
                 )
             )
@@ -498,7 +497,7 @@ def _convert_pytree(f: PyTreeField, value: Any) -> tuple[Any, list[Problem]]:
         elif isinstance(leaf, (bool, int, float, complex)):
             host, why = scalar_to_host(leaf)
             if host is None:
-                problems.append(Problem(where, "an array leaf", describe(leaf), f"{why}; pass an array."))
+                problems.append(Problem(where, "an array leaf", fmt_value(leaf), f"{why}; pass an array."))
                 out.append(leaf)
             else:  # what jc.device_tree makes of it: JAX's default dtype, strongly typed
                 out.append(to_device(host))
@@ -507,7 +506,7 @@ def _convert_pytree(f: PyTreeField, value: Any) -> tuple[Any, list[Problem]]:
                 Problem(
                     where,
                     "an array leaf",
-                    describe(leaf),
+                    fmt_value(leaf),
                     "pytree fields hold arrays (Python scalars become JAX's default "
                     "dtype); this leaf is neither: make it part of the tree structure "
                     "(a jc.static field of its own) or leave it out of the state.",
@@ -530,7 +529,7 @@ def check_static(f: StaticField, value: Any) -> list[Problem]:
             Problem(
                 f.name,
                 f"a hashable {hint_name(f.annotation)}",
-                describe(value),
+                fmt_value(value),
                 "static fields are part of the tree structure and must be hashable; "
                 "use a tuple instead of a list, or make it an array field.",
             )
@@ -551,7 +550,7 @@ def check_static(f: StaticField, value: Any) -> list[Problem]:
             Problem(
                 f.name,
                 "a static value whose == answers True or False",
-                f"{describe(value)}, whose __eq__ {eq}",
+                f"{fmt_value(value)}, whose __eq__ {eq}",
                 "JAX compares static values with == to pick the compiled signature; make "
                 f"{type(value).__name__}.__eq__ return a bool (compare Python values, not "
                 "arrays), or make the arrays it holds fields of the state.",
@@ -562,17 +561,11 @@ def check_static(f: StaticField, value: Any) -> list[Problem]:
             Problem(
                 f.name,
                 hint_name(f.annotation),
-                describe(value),
+                fmt_value(value),
                 f"pass a {hint_name(f.annotation)}.",
             )
         )
     return problems
-
-
-def describe(value: Any) -> str:
-    if leaf_spec(value) is not None:
-        return fmt_value(value)
-    return fmt_object(value)
 
 
 def spec_error(

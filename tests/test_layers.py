@@ -29,7 +29,8 @@ LAYERS: dict[str, int] = {
     "_compat.registry": 1,
     # 2: configuration, the loop/step meeting point
     "_config": 2,
-    "_tracebacks": 2,  # contract errors trimmed to the user's frames; which frames are library code
+    "_tracebacks": 2,
+    "_interrupts": 2,  # Ctrl-C held while a loop is entered or exited  # contract errors trimmed to the user's frames; which frames are library code
     "_runtime": 4,  # below the guard and the call path; reads frames
     # 3: each private mechanism, behind a named capability
     "_compat.arrays": 3,
@@ -55,7 +56,8 @@ LAYERS: dict[str, int] = {
     "_spec": 5,
     "_fetch": 5,  # jc.fetch
     "_intercept": 5,  # read, buffer and compile interceptors
-    "_translate": 5,  # JAX runtime errors leaving a loop -> contract errors
+    "_translate": 5,
+    "_loopstack": 5,  # a thread's loop entries and JAX's guard contexts on them  # JAX runtime errors leaving a loop -> contract errors
     # states: fields -> validation / consumed classes -> spec()/zeros() -> the decorator
     "_fields": 6,
     "_filter": 6,  # equinox Modules: non-array leaves static, as eqx.filter_jit has them
@@ -66,6 +68,7 @@ LAYERS: dict[str, int] = {
     "_state": 9,
     # the compiled signature -> the call path -> the step
     "_signature": 10,
+    "_misuse": 10,  # what @jc.hot_step was given that is not a step function
     "_analyse": 11,  # the decorator's options and the function -> StepSignature
     "_compile": 11,
     "_callctx": 12,  # what the per-call closures share: context, tail, kept check
