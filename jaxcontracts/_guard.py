@@ -95,6 +95,9 @@ class HotLoop:
             through: the first of each function at each line, and each hot
             step's first signature (a :class:`jc.WarmupCompile` each).
         iterations: how many items :meth:`iterate` has yielded.
+        sampler_calls: eager ``jax.random`` sampler calls whose Python-number
+            parameters (``minval=0.0``, ``p=0.5``, the defaults) were copied
+            to the device: let through and counted, a few bytes each.
         timing: a :class:`jc.LoopTiming`: steps per second, host time per
             step call, time blocked on the device, and whether the loop is
             dispatch-bound or device-bound (see :meth:`report`).
@@ -128,6 +131,7 @@ class HotLoop:
         self.warmup = compiles == "warmup"
         self._warm = _WarmUp()
         self.iterations = 0
+        self.sampler_calls = 0
         self._iteration: int | None = None  # inside iterate(): the current item's index
         self._violations: dict[tuple[str, str, str], Violation] = {}
         self._entries: list[Entry] = []  # active entries (re-entrant, any thread)
@@ -243,7 +247,9 @@ class HotLoop:
         they cannot see, is in the performance guide ("How loop timing
         works"); at checks level ``off`` nothing is timed.
         """
-        report = loop_report(self.violations, self.on_violation, self.warmup_compiles, self.iterations)
+        report = loop_report(
+            self.violations, self.on_violation, self.warmup_compiles, self.iterations, self.sampler_calls
+        )
         report.timing = self._clock.timing()
         wall = report.timing.wall_seconds
         if self.iterations and wall > 0:

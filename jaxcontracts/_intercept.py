@@ -48,6 +48,7 @@ from typing import Any
 
 import jax
 
+from . import _rng
 from ._compat import arrays, callbacks, capability, events, frames, hostcopy
 from ._compat.tracing import trace_state_clean
 from ._donation import is_deleted_array
@@ -330,6 +331,7 @@ class _Patches:
         callbacks.hook_host_callbacks(_in_host_callback)  # once, for good: a no-op outside loops
         if jax.device_get is self.device_get:  # `jax.device_get(x)` in a loop: pin-free copies
             jax.device_get = self.copying_device_get
+        _rng.install()  # jax.random samplers: their Python-number parameters pass
         for name, fn in self.guarded.items():
             arrays.set_class_attr(name, fn)
         self._buffer_on()
@@ -340,6 +342,7 @@ class _Patches:
     def uninstall(self) -> None:
         if jax.device_get is self.copying_device_get:
             jax.device_get = self.device_get
+        _rng.uninstall()
         for name, fn in self.originals.items():
             arrays.set_class_attr(name, fn)
         self._buffer_off()

@@ -504,9 +504,11 @@ def loop_report(
     mode: str,
     warmup: Sequence[WarmupCompile] = (),
     iterations: int = 0,
+    sampler_calls: int = 0,
 ) -> Report:
     """The report of a (recording) hot loop: one contract per kind of violation,
-    the warm-up compiles it let through, the iterations of ``loop.iterate``."""
+    the warm-up compiles it let through, the iterations of ``loop.iterate``,
+    the ``jax.random`` calls whose Python-number parameters it let through."""
     violations = list(violations)
     report = Report(title="jc.hot_loop", violations=violations)
     report.facts = [
@@ -515,6 +517,7 @@ def loop_report(
         ("mode", mode),
         *([("iterations", str(iterations))] if iterations else []),
         *([("warm-up compiles", str(len(warmup)))] if warmup else []),
+        *([("jax.random parameter copies", f"{sampler_calls} calls")] if sampler_calls else []),
     ]
     report.warmup = list(warmup)
     for kind, info in VIOLATIONS.items():

@@ -52,6 +52,8 @@ class LoopHandle(Protocol):
     checks_compiles: bool
     on_violation: str  # "raise" or "record"
     warmup: bool  # compiles="warmup": the first compile of each thing is let through
+    checks_host_to_device: bool  # transfers="disallow"
+    sampler_calls: int  # jax.random samplers whose Python-number parameters were copied
 
     def admit_compile(self, key: Any, what: str, frame: Any = None) -> bool:
         """Whether a compile is a warm-up compile the loop lets through (recorded)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from . import _steps
+from . import _rng, _steps
 from ._compat import frames, runtime_errors
 from ._errors import DonatedArrayError, DonationError, TransferError
 from ._format import fmt_aval
@@ -65,6 +65,43 @@ _CONSTANT_FIX = (
     "If these small copies are acceptable here: "
     'jc.hot_loop(transfers="allow_host_to_device") (device-to-host reads stay refused).'
 )
+
+
+def _jax_entry(tb: Any) -> tuple[str, str]:
+    """The JAX function the user's failing line called: (its file, its name)."""
+    entry = ("", "")
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        if not is_library(code.co_filename, False):
+            entry = ("", "")
+        elif not entry[0]:
+            entry = (code.co_filename.replace("\\", "/"), code.co_name)
+        tb = tb.tb_next
+    return entry
+
+
+def _random_cause(tb: Any, weak: bool) -> tuple[str, str] | None:
+    """The title and fix for a transfer made by a ``jax.random`` function."""
+    path, name = _jax_entry(tb)
+    if "/jax/_src/random" not in path:
+        return None
+    if name in ("fold_in", "key", "PRNGKey"):
+        return (
+            f"implicit transfer inside jc.hot_loop: host-to-device, the Python int given to "
+            f"jax.random.{name} (the loop's data: a new value each call)",
+            f"fold the counter in inside the hot_step (jax.random.{name} there compiles it in; "
+            "carry the counter in the state), or split the keys before the loop and "
+            "iterate them (keys = jax.random.split(key, n); for k in keys: ...).",
+        )
+    if weak and name in _rng.SAMPLERS:
+        return (
+            f"implicit transfer inside jc.hot_loop: host-to-device, the Python-number "
+            f"parameters of {name} (its bounds, probabilities or their defaults)",
+            f"inside a loop jax.random.{name}(...) called through the module lets them through "
+            f"(loop.sampler_calls counts them); this `{name}` was imported by name (from jax.random import {name}), "
+            f"which jaxcontracts does not replace: call jax.random.{name}, or sample inside the hot_step.",
+        )
+    return None
 
 
 def _in_device_get(tb: Any) -> bool:
@@ -155,7 +192,10 @@ def translate(exc: BaseException, tb: Any) -> Exception | None:
         return None
     kind, detail = found
     error, contract, title, fix = _RUNTIME_ERRORS[kind]
-    if kind == "host-to-device" and "weak_type=True" in detail:
+    random_cause = _random_cause(tb, "weak_type=True" in detail) if kind == "host-to-device" else None
+    if random_cause is not None:
+        title, fix = random_cause
+    elif kind == "host-to-device" and "weak_type=True" in detail:
         title, fix = _CONSTANT_TITLE, _CONSTANT_FIX
     elif kind == "host-to-device" and _in_device_get(tb):
         title = "implicit transfer inside jc.hot_loop: jax.device_get of a typed PRNG key"

@@ -29,8 +29,8 @@ LAYERS: dict[str, int] = {
     "_compat.registry": 1,
     # 2: configuration, the loop/step meeting point
     "_config": 2,
-    "_tracebacks": 2,
-    "_interrupts": 2,  # Ctrl-C held while a loop is entered or exited  # contract errors trimmed to the user's frames; which frames are library code
+    "_tracebacks": 2,  # contract errors trimmed to the user's frames; which frames are library code
+    "_interrupts": 2,  # Ctrl-C held while a loop is entered or exited
     "_runtime": 4,  # below the guard and the call path; reads frames
     # 3: each private mechanism, behind a named capability
     "_compat.arrays": 3,
@@ -55,9 +55,10 @@ LAYERS: dict[str, int] = {
     "_report": 5,  # renders records; below everything that returns a report
     "_spec": 5,
     "_fetch": 5,  # jc.fetch
-    "_intercept": 5,  # read, buffer and compile interceptors
-    "_translate": 5,
-    "_loopstack": 5,  # a thread's loop entries and JAX's guard contexts on them  # JAX runtime errors leaving a loop -> contract errors
+    "_rng": 5,  # jax.random samplers inside loops: their Python-number parameters pass
+    "_intercept": 6,  # read, buffer and compile interceptors
+    "_translate": 6,  # JAX runtime errors leaving a loop -> contract errors
+    "_loopstack": 5,  # a thread's loop entries and JAX's guard contexts on them
     # states: fields -> validation / consumed classes -> spec()/zeros() -> the decorator
     "_fields": 6,
     "_filter": 6,  # equinox Modules: non-array leaves static, as eqx.filter_jit has them
