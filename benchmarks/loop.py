@@ -13,6 +13,14 @@ that machine drift cancels.
 
 Budget: inside / outside ``<= 1.05`` (ratio of medians).
 
+Entry and exit against the number of live steps: an empty
+``with jc.hot_loop():``, with 2, 102 and 1,002 live hot steps (the extra ones
+compiled and called once outside any loop, as a sweep or a test suite leaves
+them; a step call itself is left out: XLA's own call slows down with many
+live executables on CPU, which is not the loop's cost). Budget: the cost at 1,002 live steps ``<= 1.25x`` the cost at
+2 (constant time in the number of live steps; it was about 2 us per live
+step, 40x at 1,002).
+
 Run: ``python -m benchmarks.loop`` (``--quick`` for a smoke run).
 """
 
@@ -68,6 +76,76 @@ def run(p: Particles, steps: int, guarded: bool) -> tuple[float, Particles]:
         gc.enable()
 
 
+def _make_step(i: int) -> jc.HotStep:
+    def extra(p: Particles) -> Particles:
+        return Particles(pos=p.pos * 1.0, vel=p.vel, step=p.step + i, dt=p.dt)
+
+    extra.__qualname__ = f"extra_{i}"
+    return jc.hot_step(signature=Particles)(extra)
+
+
+def _entry_us(p: Particles, repeats: int) -> tuple[list[float], Particles]:
+    """Per sample: one empty `with jc.hot_loop():`, in us."""
+    out = []
+    gc.disable()
+    try:
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            with jc.hot_loop():
+                pass
+            out.append((time.perf_counter() - t0) * 1e6)
+    finally:
+        gc.enable()
+    return out, p
+
+
+def entry_rows(res: Result, p: Particles, repeats: int, sizes: tuple[int, ...], seed: int) -> Particles:
+    """Entry + exit against the number of live steps, sizes interleaved.
+
+    The extra steps are made (compiled, called once) up front; a block at
+    size n registers the first n - 2 of them as live (the library's own
+    registry, ``_steps``) and unregisters the rest, so the sizes can be
+    timed in shuffled blocks like every other comparison here.
+    """
+    from jaxcontracts import _steps
+
+    extra: list[jc.HotStep] = []
+    while len(extra) + 2 < sizes[-1]:
+        step = _make_step(len(extra))
+        p = step(p)  # compiled and called once, outside any loop
+        extra.append(step)
+
+    def live(n: int) -> None:
+        for i, step in enumerate(extra):
+            if i < n - 2:
+                _steps.register(step)
+            else:
+                _steps._live.discard(step)
+
+    samples: dict[int, list[float]] = {n: [] for n in sizes}
+    rng = random.Random(seed)
+    for n in sizes:  # warm
+        live(n)
+        _entry_us(p, 20)
+    for _ in range(repeats):
+        order = list(sizes)
+        rng.shuffle(order)
+        for n in order:
+            live(n)
+            block, p = _entry_us(p, 10)
+            samples[n].append(statistics.median(block))
+    live(sizes[-1])
+    base = samples[sizes[0]]
+    for n in sizes:
+        res.rows.append(row("empty with hot_loop:", f"{n} live steps", samples[n], "us/entry",
+                            base=base, note="base" if n == sizes[0] else ""))
+    ratio = statistics.median(samples[sizes[-1]]) / statistics.median(base)
+    res.budget(f"loop entry+exit at {sizes[-1]} live steps <= 1.25x at {sizes[0]}", ratio, 1.25,
+               paired=[a / b for a, b in zip(samples[sizes[-1]], base)], seed=seed)
+    del extra
+    return p
+
+
 def main(argv: list[str] | None = None) -> int:
     p = parser(__doc__)
     p.add_argument("--steps", type=int, help="loop iterations (default 1000)")
@@ -110,6 +188,8 @@ def main(argv: list[str] | None = None) -> int:
     res.notes.append(f"{per_step:.1f} us per hot_step call outside the loop; {repeats} loops each")
     for f in (fn1, fn2):
         res.check_clean(f.__name__, f)
+    sizes = (2, 12) if args.quick else (2, 102, 1002)
+    state = entry_rows(res, state, 5 if args.quick else 60, sizes, args.seed)
     res.seconds = time.perf_counter() - start
     res.emit(args)
     return 0

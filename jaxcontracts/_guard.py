@@ -389,7 +389,7 @@ class HotLoop:
             entry.ended = True
             if entry.timing is not None:
                 user = user_frame(frames.caller_frame(1))
-                _timing.leave(entry.timing, lambda: held_outputs(user))
+                _timing.leave(entry.timing, lambda: held_outputs(user, _timing.in_use()))
             relink(stack)
             try:
                 if stack is local.stack:

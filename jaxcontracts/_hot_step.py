@@ -53,6 +53,19 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
+_PLAIN_CALL = property(
+    operator.attrgetter("_call"),
+    doc="Call the step like the function it wraps (compiles on first use).",
+)
+_TIMED_CALL = property(operator.attrgetter("_timed_call"), doc=_PLAIN_CALL.__doc__)
+
+
+def _switch_timing(on: bool) -> None:
+    """The first timing loop started (or the last one ended): every step's
+    calls now go through its timing wrapper (or not), by one class attribute."""
+    HotStep.__call__ = _TIMED_CALL if on else _PLAIN_CALL  # type: ignore[assignment,method-assign]
+
+
 class HotStep(Generic[P, R]):
     """An AOT-compiled step whose contracts are checked on every call.
 
@@ -78,7 +91,7 @@ class HotStep(Generic[P, R]):
         self._level = _config.get_checks()
         self.timing_counters = [0.0, 0, 0.0, 0]  # see _steps.LiveStep
         self.last_call: list[Any] = [None]
-        self.timing_hook: Callable[[], None] | None = None
+        self.timing_hook: Callable[..., None] | None = None
         self._set_dispatch(self._call_unbound if signature.is_method else self._slow)
         self._attr: str | None = None  # the class attribute of a method step
         self._bound_to: tuple[HotStep[Any, Any], Any] | None = None  # (method step, instance)
@@ -189,10 +202,7 @@ class HotStep(Generic[P, R]):
         def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
 
     else:  # no Python frame of ours: the call slot reads `_call` (in C) and calls it
-        __call__ = property(
-            operator.attrgetter("_call"),
-            doc="Call the step like the function it wraps (compiles on first use).",
-        )
+        __call__ = _PLAIN_CALL  # _TIMED_CALL while a timing loop is active (_switch_timing)
 
     # -- methods -------------------------------------------------------------
 
@@ -289,15 +299,6 @@ class HotStep(Generic[P, R]):
         if self._current is not None:
             self._use(self._current)
 
-    def timing_changed(self, on: bool) -> None:
-        """A timing loop became active (or the last one ended): wrap or unwrap."""
-        fn = self._raw_dispatch
-        if on:
-            self._call = self._timed(fn)
-        else:
-            self.timing_hook = None
-            self._call = fn
-
     def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
         """Everything the call path does not handle; raises before dispatch.
 
@@ -353,16 +354,15 @@ class HotStep(Generic[P, R]):
         return cs
 
     def _set_dispatch(self, fn: Callable[..., Any]) -> None:
-        """Make ``fn`` the call path (``_raw_dispatch``; ``_call``, timed in loops)."""
+        """Make ``fn`` the call path: ``_call``, and ``_timed_call`` (its timing
+        wrapper, or ``fn`` itself between samples), which the class's call
+        slot reads while a timing loop is active."""
         self._raw_dispatch = fn
-        self._call = self._timed(fn) if _timing.active() else fn
-
-    def _timed(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        call, self.timing_hook = _timing.timed(fn, self.timing_counters, self._install_call)
-        return call
+        self._call = fn
+        self._timed_call, self.timing_hook = _timing.timed(fn, self.timing_counters, self._install_call, self)
 
     def _install_call(self, fn: Callable[..., Any]) -> None:
-        self._call = fn
+        self._timed_call = fn
 
     def _filter(self, params: tuple[int, ...]) -> None:
         """Filter these parameters' equinox Modules from now on (``_filter``)."""
@@ -585,3 +585,6 @@ def _redispatch(
         return dispatch(*positional)
     finally:
         redispatch.active = False
+
+
+_steps.on_timing_changed(_switch_timing)

@@ -57,6 +57,7 @@ from ._errors import ContractError
 from ._format import fmt_aval
 from ._runtime import arrays_named, consumed_by, find, local, tracking
 from ._steps import clear_last_calls
+from ._timing import in_use
 from ._tracebacks import trim
 from ._userline import host_read_on_line, user_frame
 
@@ -349,7 +350,7 @@ class _Patches:
         if self.listening:
             events.unlisten(on_monitoring_event)
             self.listening = False
-        clear_last_calls()
+        clear_last_calls(in_use())  # only steps called in loops lately recorded a call
 
 
 def _in_host_callback(runner: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:

@@ -6,6 +6,7 @@ See :class:`_Interrupts`. ``_guard`` sets ``interrupts.codes`` to the code of
 
 from __future__ import annotations
 
+import _signal  # signal's C functions: the module's wrappers convert to enums (µs per call)
 import contextlib
 import signal
 import threading
@@ -64,9 +65,9 @@ class _Interrupts:
             return False
         if self.depth == 0:
             try:
-                current = signal.getsignal(signal.SIGINT)
+                current = _signal.getsignal(signal.SIGINT)
                 if current != self.handler:
-                    self.original = signal.signal(signal.SIGINT, self.handler)
+                    self.original = _signal.signal(signal.SIGINT, self.handler)
             except (ValueError, OSError, TypeError):  # not the main interpreter
                 return False
         self.depth += 1
@@ -86,8 +87,8 @@ class _Interrupts:
             return
         self.restore_due = False
         with contextlib.suppress(ValueError, OSError, TypeError):
-            if signal.getsignal(signal.SIGINT) == self.handler:
-                signal.signal(signal.SIGINT, self.original if self.original is not None else signal.SIG_DFL)
+            if _signal.getsignal(signal.SIGINT) == self.handler:
+                _signal.signal(signal.SIGINT, self.original if self.original is not None else signal.SIG_DFL)
 
     def deliver(self) -> None:
         """A SIGINT held during the entry or exit that just ended, delivered."""

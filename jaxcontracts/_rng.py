@@ -20,6 +20,7 @@ is refused as before; the message says so.
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from typing import Any
 
@@ -77,18 +78,31 @@ class _Samplers:
     def __init__(self) -> None:
         self.originals = {n: getattr(jax.random, n) for n in SAMPLERS if hasattr(jax.random, n)}
         self.wrapped = {n: _wrap(n, f) for n, f in self.originals.items()}
+        self._get = operator.itemgetter(*self.originals)  # the names' values, in C
+        self._originals = tuple(self.originals.values())
+        self._wrapped = tuple(self.wrapped.values())
+
+    def _now(self, names: dict[str, Any]) -> tuple[Any, ...] | None:
+        try:
+            return self._get(names)  # type: ignore[no-any-return]
+        except KeyError:
+            return None
 
     def install(self) -> None:
-        module = jax.random
-        for name, fn in self.wrapped.items():
-            if getattr(module, name) is self.originals[name]:  # never over a user's own patch
-                setattr(module, name, fn)
+        names = vars(jax.random)
+        if self._now(names) == self._originals:  # identity: functions have no __eq__
+            names.update(self.wrapped)
+        else:  # never over a user's own patch
+            originals = self.originals
+            names.update({n: w for n, w in self.wrapped.items() if names.get(n) is originals[n]})
 
     def uninstall(self) -> None:
-        module = jax.random
-        for name, fn in self.originals.items():
-            if getattr(module, name) is self.wrapped[name]:
-                setattr(module, name, fn)
+        names = vars(jax.random)
+        if self._now(names) == self._wrapped:
+            names.update(self.originals)
+        else:
+            wrapped = self.wrapped
+            names.update({n: f for n, f in self.originals.items() if names.get(n) is wrapped[n]})
 
 
 _samplers: _Samplers | None = None

@@ -18,7 +18,7 @@ import linecache
 import re
 import threading
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
 import jax
@@ -163,9 +163,10 @@ def find(x: Any, frame: Any = None) -> tuple[str | None, str | None]:
     return consumed, produced
 
 
-def states_in(frame: Any) -> list[Any]:
+def states_in(frame: Any, per: int = 1000) -> list[Any]:
     """The objects with a ``__dict__`` that ``frame``'s locals hold, directly
-    or in a tuple, list or dict among them (one level)."""
+    or in a tuple, list or dict among them (one level; the first ``per`` of
+    a dict's values, the last ``per`` items of a list or tuple)."""
     found: list[Any] = []
     seen: set[int] = set()
     try:
@@ -173,26 +174,34 @@ def states_in(frame: Any) -> list[Any]:
     except Exception:  # noqa: BLE001 - a frame without readable locals
         return found
     for value in values:
-        items = value.values() if type(value) is dict else value if type(value) in (tuple, list) else (value,)
-        for v in itertools.islice(items, 1000):
+        kind = type(value)
+        items = (
+            itertools.islice(value.values(), per)
+            if kind is dict
+            else value[-per:]
+            if kind in (tuple, list)
+            else (value,)
+        )
+        for v in items:
             if isinstance(getattr(v, "__dict__", None), dict) and id(v) not in seen:
                 seen.add(id(v))
                 found.append(v)
     return found
 
 
-def held_outputs(frame: Any, limit: int = 64) -> list[Any]:
+def held_outputs(frame: Any, steps: Sequence[Any], limit: int = 64) -> list[Any]:
     """The leaves of the step outputs still live that ``frame`` can see.
 
     For the loop clock (are they still being computed at exit?): the states
     hot steps returned that ``frame``'s locals hold (marked by the
-    ``s = step(s)`` path, at most ``limit`` of them), and each step's recorded
-    last output. Never blocks, never reads device memory.
+    ``s = step(s)`` path, at most ``limit`` of them), and the recorded last
+    output of each of ``steps`` (those the loop called: ``_timing.in_use``).
+    Never blocks, never reads device memory.
     """
     held: list[Any] = []
     if frame is not None:
         live = 0
-        for state in states_in(frame):
+        for state in states_in(frame, per=limit):  # the latest of a history are enough
             if PRODUCED_BY in state.__dict__ and consumer_of(state) is None:
                 try:
                     held.extend(jax.tree_util.tree_leaves(state))
@@ -201,7 +210,7 @@ def held_outputs(frame: Any, limit: int = 64) -> list[Any]:
                 live += 1
                 if live == limit:  # a long history of live states: enough to tell
                     break
-    for _, _, out, _ in _steps.last_calls():
+    for _, _, out, _ in _steps.last_calls(steps):
         held.extend(jax.tree_util.tree_leaves(out))
     return held
 

@@ -13,7 +13,7 @@ attribute.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -26,6 +26,7 @@ __all__ = [
     "clear_last_calls",
     "last_calls",
     "live",
+    "on_timing_changed",
     "register",
     "timing_changed",
 ]
@@ -60,15 +61,12 @@ class LiveStep(Protocol):
     #: was active, for steps off the ``s = step(s)`` path (that path marks its
     #: output instead, ``_marks.PRODUCED_BY``); ``None`` when unknown.
     last_call: list[Any]
-    #: Set by a timing loop; the call path runs it after every
-    #: ``HOOK_EVERY``-th call (``None``: nothing to run).
-    timing_hook: Callable[[], None] | None
+    #: The call path runs it after every ``HOOK_EVERY``-th call made while a
+    #: loop is active (``None``: nothing to run): it re-arms the timing wrapper.
+    timing_hook: Callable[..., None] | None
 
     def checks_changed(self, level: str) -> None:
         """The checks level changed: build the call path for ``level``."""
-
-    def timing_changed(self, on: bool) -> None:
-        """A timing loop became active (``on``), or the last one ended."""
 
     def describe(self) -> StepDescription:
         """The step's frozen record (for contract snapshots)."""
@@ -99,23 +97,35 @@ def checks_changed(level: str) -> None:
         step.checks_changed(level)
 
 
+# Called with True when the first timing loop starts, False when the last
+# one ends: each switches a class's call slot (O(1), whatever the number of
+# live steps: the class's ``__call__`` reads either the plain or the timed
+# call path of each instance).
+_timing_switches: list[Callable[[bool], None]] = []
+
+
+def on_timing_changed(switch: Callable[[bool], None]) -> None:
+    """Register a class-level switch for :func:`timing_changed`."""
+    _timing_switches.append(switch)
+
+
 def timing_changed(on: bool) -> None:
-    """Tell every live step that timing is now ``on`` (or off)."""
-    for step in live():
-        step.timing_changed(on)
+    """Timing is now ``on`` (or off): flip every registered class's call slot."""
+    for switch in _timing_switches:
+        switch(on)
 
 
-def last_calls() -> Iterator[tuple[str, Any, Any, bool]]:
+def last_calls(steps: Iterable[LiveStep] | None = None) -> Iterator[tuple[str, Any, Any, bool]]:
     """``(short name, arguments, output, whether it donates)`` of each step's
     recorded last call (a step that donates nothing consumed none of its
-    arguments, however deleted they are now)."""
-    for step in live():
+    arguments, however deleted they are now); ``steps``: default every live step."""
+    for step in live() if steps is None else steps:
         call = step.last_call[0]
         if call is not None:
             yield (step.short_name, *call, step.donates)
 
 
-def clear_last_calls() -> None:
-    """Forget every step's last call (the last loop has exited)."""
-    for step in live():
+def clear_last_calls(steps: Iterable[LiveStep] | None = None) -> None:
+    """Forget the last call of ``steps`` (default: every live step)."""
+    for step in live() if steps is None else steps:
         step.last_call[0] = None

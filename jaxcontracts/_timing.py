@@ -24,6 +24,7 @@ import dataclasses
 import textwrap
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -33,7 +34,9 @@ from ._errors import ContractError
 from ._steps import HOOK_EVERY
 from ._tracebacks import trim
 
-__all__ = ["LoopClock", "LoopTiming", "StepTiming", "active", "blocked", "enter", "leave", "timed"]
+__all__ = [
+    "LoopClock", "LoopTiming", "StepTiming", "active", "blocked", "enter", "in_use", "leave", "timed",
+]  # fmt: skip
 
 # Shares of the loop's wall time that decide the verdict.
 DEVICE_BOUND_SHARE = 0.25  # blocked at least this share: the host waited on the device
@@ -259,11 +262,16 @@ class LoopClock:
         for step, (calls0, *acc0) in snapshot.items():
             calls = step.stats.calls
             if calls == calls0:
+                _idle(step)
                 continue
             rec = self.steps.setdefault(step.name, [0, 0.0, 0, 0.0, 0])
             rec[0] += calls - calls0
-            for i, (now, then) in enumerate(zip(step.timing_counters, acc0), 1):
-                rec[i] += now - then
+            counters = step.timing_counters
+            deltas = [now - then for now, then in zip(counters, acc0)]
+            if not deltas[1] and counters[1]:  # none of these calls was sampled: the step's mean
+                deltas[0], deltas[1] = counters[0] / counters[1] * (calls - calls0), calls - calls0
+            for i, d in enumerate(deltas, 1):
+                rec[i] += d
         # Are the step outputs still being computed? (never blocks)
         pending = outputs = 0
         for leaf in looked.values():
@@ -278,8 +286,56 @@ class LoopClock:
         self.pending, self.outputs = pending, outputs
 
 
+# The steps in use: those called inside a timing loop since the last loop that
+# did not call them. A loop's entry snapshots their counters, and only theirs,
+# so entering costs nothing per live step. A step not in use keeps its timing
+# wrapper armed: its next call inside a loop is timed, and joins it (and the
+# open snapshots of its thread) with the counters it had before that call.
+# id -> weak reference. Every operation on it is one atomic dict operation
+# (no lock: a Ctrl-C in a loop's body may interrupt ``_join`` anywhere).
+_in_use: dict[int, weakref.ref[Any]] = {}
+
+
+def _forget(key: int) -> Callable[[Any], None]:
+    def forget(ref: Any) -> None:
+        if _in_use.get(key) is ref:  # not a later step that has the id now
+            _in_use.pop(key, None)
+
+    return forget
+
+
+def _steps_in_use() -> list[Any]:
+    return [step for step in (r() for r in list(_in_use.values())) if step is not None]
+
+
 def _snapshot() -> dict[Any, tuple[float, ...]]:
-    return {step: (step.stats.calls, *step.timing_counters) for step in _steps.live()}
+    return {step: (step.stats.calls, *step.timing_counters) for step in _steps_in_use()}
+
+
+def _join(step: Any, acc: Sequence[float]) -> None:
+    """``step`` is called inside a loop, for the first time since it was in use."""
+    key = id(step)
+    _in_use[key] = weakref.ref(step, _forget(key))
+    baseline = (step.stats.calls, *acc)
+    tid = threading.get_ident()
+    for clock in _local.clocks:
+        opened = clock._open.get(tid)
+        if opened is not None:
+            opened[2].setdefault(step, baseline)
+
+
+def _idle(step: Any) -> None:
+    """``step`` was not called in a loop that had it in use: it leaves, armed."""
+    _in_use.pop(id(step), None)
+    hook = step.timing_hook
+    if hook is not None:
+        hook(force=True)
+    step.last_call[0] = None  # what a loop recorded of it: nothing to keep alive
+
+
+def in_use() -> list[Any]:
+    """The steps called inside timing loops lately (a copy)."""
+    return _steps_in_use()
 
 
 def enter(clock: LoopClock) -> Any:
@@ -344,8 +400,11 @@ FIRST = 64  # a step's first calls inside timing loops are all timed
 
 
 def timed(
-    fn: Callable[..., Any], acc: list[float], install: Callable[[Callable[..., Any]], None]
-) -> tuple[Callable[..., Any], Callable[[], None]]:
+    fn: Callable[..., Any],
+    acc: list[float],
+    install: Callable[[Callable[..., Any]], None],
+    owner: Any,
+) -> tuple[Callable[..., Any], Callable[..., None]]:
     """``(call, rearm)``: a timing wrapper of ``fn`` (a step's call path), and
     the hook that puts it back.
 
@@ -367,6 +426,8 @@ def timed(
     def call(*args: Any, **kwargs: Any) -> Any:
         try:
             __tracebackhide__ = True
+            if id(owner) not in _in_use:
+                _join(owner, acc)
             first = acc[1] < FIRST
             if not first:
                 install(fn)  # the next calls run bare until `rearm`
@@ -383,8 +444,8 @@ def timed(
             trim(err)
             raise
 
-    def rearm() -> None:
-        if acc[1] >= FIRST:
+    def rearm(force: bool = False) -> None:
+        if force or acc[1] >= FIRST:
             install(call)
 
     call.__wrapped__ = fn  # type: ignore[attr-defined]

@@ -22,7 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXPECTED = {
     "dispatch": ("hot_step full", 6),
     "async": ("hot_step full: return", 1),
-    "loop": ("inside hot_loop", 1),
+    "loop": ("inside hot_loop", 2),  # the loop, and entry against live steps
     "memory": ("hot_step compile", 2),  # the peak on a big state; memory per signature
     "compile": ("hot_step.compile(spec)", 1),
     "state": ("s.replace(x0=...)", 2),  # --quick: 10 fields only (100 in a full run)

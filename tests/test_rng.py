@@ -164,3 +164,15 @@ def test_a_sampler_inside_a_step_traced_in_the_loop() -> None:
     with jc.hot_loop(compiles="warmup"):
         for k in jax.random.split(KEY, 3):
             draw(k)
+
+
+def test_a_users_own_patch_of_a_sampler_is_left_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    def mine(*args: object, **kwargs: object) -> str:
+        return "mine"
+
+    monkeypatch.setattr(jax.random, "normal", mine)
+    original_uniform = jax.random.uniform
+    with jc.hot_loop():
+        assert jax.random.normal is mine  # not replaced by a wrapper of JAX's own
+        assert jax.random.uniform is not original_uniform  # the others are
+    assert jax.random.normal is mine and jax.random.uniform is original_uniform

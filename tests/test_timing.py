@@ -78,14 +78,17 @@ def test_both_spellings_of_block_until_ready_are_counted_once_and_restored(tick)
 
 
 def test_steps_are_wrapped_only_while_a_loop_is_active(tick):
+    """``step.__call__`` is what the class's call slot calls: the bare call
+    path outside loops, the timing wrapper inside (one class attribute
+    switches every live step at once)."""
     s = tick(fresh())
-    assert tick._call is tick._raw_dispatch
+    assert tick.__call__ is tick._raw_dispatch
     with jc.hot_loop():
-        assert tick._call is not tick._raw_dispatch
+        assert tick.__call__ is not tick._raw_dispatch
         made = make_step("made_inside")  # a step made inside the loop is timed too
-        assert made._call is not made._raw_dispatch
+        assert made.__call__ is not made._raw_dispatch
         s = tick(s)
-    assert tick._call is tick._raw_dispatch and made._call is made._raw_dispatch
+    assert tick.__call__ is tick._raw_dispatch and made.__call__ is made._raw_dispatch
 
 
 def test_past_the_first_calls_one_in_sixteen_runs_through_the_wrapper(tick):
@@ -98,7 +101,7 @@ def test_past_the_first_calls_one_in_sixteen_runs_through_the_wrapper(tick):
     n = _timing.FIRST + 10 * _timing.SAMPLE
     with jc.hot_loop() as loop:
         for _ in range(n):
-            bare += tick._call is tick._raw_dispatch  # what the next call goes to
+            bare += tick.__call__ is tick._raw_dispatch  # what the next call goes to
             s = tick(s)
     seconds, timed, first_seconds, first_timed = tick.timing_counters
     assert first_timed == _timing.FIRST and 0 < first_seconds < seconds
@@ -107,7 +110,7 @@ def test_past_the_first_calls_one_in_sixteen_runs_through_the_wrapper(tick):
     # one after each multiple of SAMPLE in stats.calls (80, 96, ..., 224).
     assert timed == _timing.FIRST + 1 + 10
     assert bare == n - timed
-    assert tick._call is tick._raw_dispatch  # after the loop: bare
+    assert tick.__call__ is tick._raw_dispatch  # after the loop: bare
     assert seconds > 0 and loop.timing.steps[0].calls == n
 
 
@@ -232,9 +235,9 @@ def test_the_exit_looks_at_most_at_64_live_states_its_frame_holds():
     for s in history:
         s.__dict__[PRODUCED_BY] = "tick"  # as a hot step inside a loop marks its output
     per_state = len(jax.tree_util.tree_leaves(history[0]))
-    assert len(held_outputs(sys._getframe())) == 64 * per_state
+    assert len(held_outputs(sys._getframe(), ())) == 64 * per_state
     del history[1:], s  # the loop variable held the last one
-    assert len(held_outputs(sys._getframe())) == per_state
+    assert len(held_outputs(sys._getframe(), ())) == per_state
 
 
 def test_steps_freed_while_the_registry_is_read_leave_it_and_nothing_hangs():
@@ -317,3 +320,63 @@ def test_a_loop_whose_own_code_dominates_is_told_so_not_to_fuse_steps(tick):
     advice = timing.advice()
     assert "your own code between step calls took" in advice and "Fuse" not in advice
     assert "user-code-bound" in str(loop.report())
+
+
+def test_loop_entry_and_exit_never_visit_every_live_step(tick, monkeypatch):
+    """Issue 22 goal 4: a loop's entry and exit cost the same with 2 or 1,000
+    live steps. One class attribute switches every step's call slot to its
+    timing wrapper; the clock snapshots only the steps in use (called in
+    loops lately); nothing on the way in or out iterates the live steps."""
+    others = [make_step(f"idle_{i}") for i in range(200)]  # live, never called in a loop
+    s = tick(fresh())
+    from jaxcontracts import _steps
+
+    def refused() -> list:
+        raise AssertionError("a loop's entry or exit iterated every live step")
+
+    monkeypatch.setattr(_steps, "live", refused)
+    for _ in range(3):
+        with jc.hot_loop() as loop:
+            s = tick(s)
+            s = tick(s)
+        assert loop.timing.calls == 2
+    in_use = _timing.in_use()
+    assert tick in in_use and not any(o in in_use for o in others)
+
+
+def test_a_step_idle_for_a_loop_leaves_use_and_is_counted_exactly_when_it_returns(tick):
+    """A step not called in a loop that had it in use leaves (armed again);
+    its next call inside a loop joins with the counters it had, so its calls
+    are counted exactly, even though its wrapper was bare between samples."""
+    s = tick(fresh())
+    with jc.hot_loop():
+        for _ in range(_timing.FIRST + 5):  # past the first phase: the wrapper is bare
+            s = tick(s)
+    with jc.hot_loop():
+        pass  # tick idle: it leaves use
+    assert tick not in _timing.in_use()
+    for _ in range(7):  # calls outside loops are not the next loop's
+        s = tick(s)
+    with jc.hot_loop() as loop:
+        for _ in range(5):
+            s = tick(s)
+    assert tick in _timing.in_use()
+    assert loop.timing.calls == 5
+    assert loop.timing.steps[0].host_seconds > 0  # one of them was timed (the re-armed wrapper)
+
+
+def test_a_short_loop_with_no_sampled_call_uses_the_step_mean(tick):
+    """Past its first calls, a step is sampled one call in SAMPLE: a loop of
+    one call (a `with` per iteration) may time none; its host time is then
+    the step's mean, not zero (which would make every such loop look
+    user-code-bound)."""
+    s = tick(fresh())
+    with jc.hot_loop():
+        for _ in range(_timing.FIRST + 3):
+            s = tick(s)
+    host = []
+    for _ in range(2 * _timing.SAMPLE):
+        with jc.hot_loop() as loop:
+            s = tick(s)
+        host.append(loop.timing.steps[0].host_seconds)
+    assert all(h > 0 for h in host)
