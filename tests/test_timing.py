@@ -313,10 +313,12 @@ def test_a_loop_whose_own_code_dominates_is_told_so_not_to_fuse_steps(tick):
     with jc.hot_loop() as loop:
         for _ in range(5):
             s = tick(s)
-            time.sleep(0.01)  # the user's own host work between calls
+            time.sleep(0.05)  # the user's own host work between calls
     timing = loop.timing
     assert timing.verdict == "user-code-bound"
-    assert timing.other_seconds / timing.wall_seconds > 0.9
+    # the verdict's own threshold, not a timing figure (a loaded machine
+    # once made five step calls take 6.6 ms: 11% of the loop)
+    assert timing.other_seconds / timing.wall_seconds >= _timing.USER_BOUND_SHARE
     advice = timing.advice()
     assert "your own code between step calls took" in advice and "Fuse" not in advice
     assert "user-code-bound" in str(loop.report())
