@@ -229,7 +229,9 @@ class LoopClock:
 
     def __init__(self) -> None:
         self.wall = 0.0
-        self.steps: dict[str, list[float]] = {}  # name -> [calls, seconds timed, calls timed]
+        # name -> [calls, seconds timed, calls timed, the same two for the first
+        # phase, calls and seconds of entries that timed none (at the step's mean)]
+        self.steps: dict[str, list[float]] = {}
         self.blocked: dict[str, float] = {}
         self.pending = 0
         self.outputs = 0
@@ -239,7 +241,7 @@ class LoopClock:
         """The figures so far (entries that have exited), as a frozen record."""
         blocked = sum(self.blocked.values())
         calls = int(sum(r[0] for r in self.steps.values()))
-        hosts = [min(self.wall, _host_seconds(*r)) for r in self.steps.values()]
+        hosts = [min(self.wall, _host_seconds(r[0] - r[5], *r[1:5]) + r[6]) for r in self.steps.values()]
         # Sampled estimates: one slow sampled call (the OS took the CPU) can
         # push their sum past the time the loop had; scaled back to fit.
         room, total = max(0.0, self.wall - blocked), sum(hosts)
@@ -264,14 +266,15 @@ class LoopClock:
             if calls == calls0:
                 _idle(step)
                 continue
-            rec = self.steps.setdefault(step.name, [0, 0.0, 0, 0.0, 0])
+            rec = self.steps.setdefault(step.name, [0, 0.0, 0, 0.0, 0, 0, 0.0])
             rec[0] += calls - calls0
             counters = step.timing_counters
-            deltas = [now - then for now, then in zip(counters, acc0)]
-            if not deltas[1] and counters[1]:  # none of these calls was sampled: the step's mean
-                deltas[0], deltas[1] = counters[0] / counters[1] * (calls - calls0), calls - calls0
-            for i, d in enumerate(deltas, 1):
-                rec[i] += d
+            if counters[1] == acc0[1] and counters[1]:  # none of these calls was sampled
+                rec[5] += calls - calls0
+                rec[6] += counters[0] / counters[1] * (calls - calls0)  # at the step's mean
+                continue
+            for i, (now, then) in enumerate(zip(counters, acc0), 1):
+                rec[i] += now - then
         # Are the step outputs still being computed? (never blocks)
         pending = outputs = 0
         for leaf in looked.values():
@@ -304,12 +307,8 @@ def _forget(key: int) -> Callable[[Any], None]:
     return forget
 
 
-def _steps_in_use() -> list[Any]:
-    return [step for step in (r() for r in list(_in_use.values())) if step is not None]
-
-
 def _snapshot() -> dict[Any, tuple[float, ...]]:
-    return {step: (step.stats.calls, *step.timing_counters) for step in _steps_in_use()}
+    return {step: (step.stats.calls, *step.timing_counters) for step in in_use()}
 
 
 def _join(step: Any, acc: Sequence[float]) -> None:
@@ -335,7 +334,7 @@ def _idle(step: Any) -> None:
 
 def in_use() -> list[Any]:
     """The steps called inside timing loops lately (a copy)."""
-    return _steps_in_use()
+    return [step for step in (r() for r in list(_in_use.values())) if step is not None]
 
 
 def enter(clock: LoopClock) -> Any:

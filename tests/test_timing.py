@@ -202,7 +202,7 @@ def test_host_time_takes_the_first_calls_as_timed_and_the_rest_from_the_samples(
     clock = _timing.LoopClock()
     clock.wall = 10.0
     # [calls, seconds timed, calls timed, of which first-phase: seconds, calls]
-    clock.steps["slow_start"] = [1064, 0.64 + 0.01, 64 + 10, 0.64, 64]
+    clock.steps["slow_start"] = [1064, 0.64 + 0.01, 64 + 10, 0.64, 64, 0, 0.0]
     (step,) = clock.timing().steps
     assert step.host_seconds == pytest.approx(0.64 + 0.001 * 1000)  # not 0.65 / 74 * 1064
     assert step.timed_calls == 74
@@ -212,14 +212,14 @@ def test_host_time_estimates_never_add_up_to_more_than_the_loop_had():
     clock = _timing.LoopClock()
     clock.wall = 1.0
     clock.blocked["jc.fetch"] = 0.2
-    clock.steps["a"] = [100, 0.08, 10, 0.0, 0]  # sampled noise: 0.8 s estimated
-    clock.steps["b"] = [100, 0.08, 10, 0.0, 0]
+    clock.steps["a"] = [100, 0.08, 10, 0.0, 0, 0, 0.0]  # sampled noise: 0.8 s estimated
+    clock.steps["b"] = [100, 0.08, 10, 0.0, 0, 0, 0.0]
     a, b = clock.timing().steps
     assert a.host_seconds == pytest.approx(0.4) and b.host_seconds == pytest.approx(0.4)
-    clock.steps["b"] = [100, 0.01, 10, 0.0, 0]  # 0.8 + 0.1 > 0.8: scaled in proportion
+    clock.steps["b"] = [100, 0.01, 10, 0.0, 0, 0, 0.0]  # 0.8 + 0.1 > 0.8: scaled in proportion
     a, b = clock.timing().steps
     assert a.host_seconds == pytest.approx(0.8 * 8 / 9) and b.host_seconds == pytest.approx(0.8 / 9)
-    clock.steps["a"] = clock.steps["b"] = [100, 0.001, 10, 0.0, 0]  # fits: as estimated
+    clock.steps["a"] = clock.steps["b"] = [100, 0.001, 10, 0.0, 0, 0, 0.0]  # fits: as estimated
     assert [s.host_seconds for s in clock.timing().steps] == pytest.approx([0.01, 0.01])
 
 
@@ -357,6 +357,7 @@ def test_a_step_idle_for_a_loop_leaves_use_and_is_counted_exactly_when_it_return
     with jc.hot_loop():
         pass  # tick idle: it leaves use
     assert tick not in _timing.in_use()
+    assert tick._timed_call is not tick._raw_dispatch  # armed: its next loop call is timed
     for _ in range(7):  # calls outside loops are not the next loop's
         s = tick(s)
     with jc.hot_loop() as loop:
@@ -364,7 +365,7 @@ def test_a_step_idle_for_a_loop_leaves_use_and_is_counted_exactly_when_it_return
             s = tick(s)
     assert tick in _timing.in_use()
     assert loop.timing.calls == 5
-    assert loop.timing.steps[0].host_seconds > 0  # one of them was timed (the re-armed wrapper)
+    assert loop.timing.steps[0].timed_calls == 1  # the re-armed wrapper timed one, then went bare
 
 
 def test_a_short_loop_with_no_sampled_call_uses_the_step_mean(tick):
@@ -380,5 +381,6 @@ def test_a_short_loop_with_no_sampled_call_uses_the_step_mean(tick):
     for _ in range(2 * _timing.SAMPLE):
         with jc.hot_loop() as loop:
             s = tick(s)
-        host.append(loop.timing.steps[0].host_seconds)
-    assert all(h > 0 for h in host)
+        host.append(loop.timing.steps[0])
+    assert all(t.host_seconds > 0 for t in host)
+    assert any(t.timed_calls == 0 for t in host)  # such loops were there, and they say so
