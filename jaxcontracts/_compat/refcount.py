@@ -80,8 +80,14 @@ def confirmed(leaves: Sequence[Any], positions: Sequence[int], sequences: int = 
 
     Only called when :func:`held_elsewhere` found something (it scans the
     heap: milliseconds); a donated leaf is replaced by the call's output, so
-    a stale traceback costs this once.
+    a stale traceback costs this once. Garbage is collected first: an
+    unreachable cycle the collector has not reached yet (a caught error and
+    its frames, an object that refers to itself) holds nothing anyone can
+    read, and a reference it holds is no reason to refuse.
     """
+    gc.collect()
+    limit = BASELINE + sequences - 1
+    positions = [i for i in positions if _count(leaves[i]) > limit]  # as kept_positions counts
     on_stack: set[int] = set()
     stack: list[types.FrameType] = []
     frame: types.FrameType | None = sys._getframe(0)
