@@ -24,7 +24,7 @@ import jax
 
 from ._compat import events
 from ._compat.arrays import hook_deleted_reads
-from ._compat.executable import alias_bytes, aliased_parameters
+from ._compat.executable import alias_bytes, aliased_parameters, requested_aliases
 from ._compat.tracing import flatten
 from ._diffs import LeafDiff, diff_leaves, diff_lines, diff_specs
 from ._dtypes import canonical
@@ -51,10 +51,21 @@ _tokens: dict[Any, object] = {}
 def token_for(spec: Any) -> object:
     """One object per exact spec: equal specs, the same token."""
     leaves, treedef = jax.tree_util.tree_flatten(spec)
-    key = (
+    return _token(_spec_key(treedef, leaves, [x.sharding for x in leaves]))
+
+
+def _spec_key(treedef: Any, leaves: Sequence[Any], shardings: Sequence[Any]) -> tuple[Any, ...]:
+    """What makes two specs the same: their structure and each leaf's exact spec."""
+    return (
         treedef,
-        tuple((tuple(x.shape), canonical(x.dtype), bool(x.weak_type), x.sharding) for x in leaves),
+        tuple(
+            (tuple(x.shape), canonical(x.dtype), bool(x.weak_type), sh)
+            for x, sh in zip(leaves, shardings)
+        ),
     )
+
+
+def _token(key: tuple[Any, ...]) -> object:
     token = _tokens.get(key)
     if token is None:
         token = _tokens[key] = object()
@@ -98,8 +109,9 @@ def jit_for(
         sig = sig.resolve_carried(out, per_param)
     donated = sig.donated_leaves(paths)
     per_arg: dict[int, list[bool]] = {}
+    donated_set = set(donated)
     for i, p in enumerate(paths):
-        per_arg.setdefault(p[0].idx, []).append(i in donated)
+        per_arg.setdefault(p[0].idx, []).append(i in donated_set)
     flat_style = any(any(v) and not all(v) for v in per_arg.values()) or _flatten_in_python(
         positional, treedef
     )
@@ -264,7 +276,9 @@ def compile_signature(
     tokens: dict[int, object] = {}  # token_for of each per-parameter spec, once
     _check_carry(sig, per_param, traced.out_info, compiled.output_shardings, tokens)
     cached = outcome is not None and outcome.verdict == "hit"
-    aliased = _check_aliasing(sig, compiled, flat_paths, paths, exact, donated, traced.out_info, cached)
+    aliased = _check_aliasing(
+        sig, lowered, compiled, flat_paths, paths, exact, donated, traced.out_info, cached
+    )
     in_tokens, out_tokens = _tokens_for(sig, per_param, flat_style, tokens)
     donated_set = set(donated)
     if donated:
@@ -329,35 +343,46 @@ def _check_carry(
     sig: StepSignature, spec_args: tuple[Any, ...], out_info: Any, out_shardings: Any, tokens: dict[int, object]
 ) -> None:
     """Each state parameter's spec is the spec returned for it (``tokens``:
-    filled with each state parameter's token, for :func:`_tokens_for`)."""
+    filled with each state parameter's token, for :func:`_tokens_for`).
+
+    Compared as the tokens' keys (structure, and shape, dtype, weak type and
+    placement per leaf), without building the returned specs; those are
+    built only to explain a difference.
+    """
     __tracebackhide__ = True
-    out_flat, out_tree = flatten(out_info)
-    shard_flat = jax.tree_util.tree_leaves(out_shardings)
-    if len(shard_flat) == len(out_flat):
-        out_flat = [
-            jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=s, weak_type=o.weak_type)
-            for o, s in zip(out_flat, shard_flat)
-        ]
-    out = jax.tree_util.tree_unflatten(out_tree, out_flat)
     blocks: list[str] = []
     leaves: list[str] = []
     kinds: list[str] = []
     weak_params: list[str] = []
     for arg, pos in sig.carried or ():
         name = sig.param_names[arg]
-        returned = out
+        returned, placed = out_info, out_shardings
         try:
             for k in pos:
                 returned = returned[k]
+                placed = placed[k] if placed is not None else None
         except (TypeError, IndexError, KeyError):
             blocks.append(
                 f"  parameter `{name}`: the step returns "
-                f"{type(out).__name__}, with no state at return value {list(pos)}"
+                f"{type(out_info).__name__}, with no state at return value {list(pos)}"
             )
             continue
-        token = tokens[arg] = token_for(spec_args[arg])
-        if token is token_for(returned):
+        spec_leaves, spec_tree = jax.tree_util.tree_flatten(spec_args[arg])
+        key = _spec_key(spec_tree, spec_leaves, [x.sharding for x in spec_leaves])
+        tokens[arg] = _token(key)
+        out_leaves, out_tree = flatten(returned)
+        shard_flat = jax.tree_util.tree_leaves(placed)
+        if len(shard_flat) != len(out_leaves):
+            shard_flat = [x.sharding for x in out_leaves]
+        if _spec_key(out_tree, out_leaves, shard_flat) == key:
             continue  # the same exact spec: nothing to explain
+        returned = jax.tree_util.tree_unflatten(
+            out_tree,
+            [
+                jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=sh, weak_type=o.weak_type)
+                for o, sh in zip(out_leaves, shard_flat)
+            ],
+        )
         diffs = diff_specs(spec_args[arg], returned)
         if diffs:
             where = f"return value {list(pos)}" if pos else "the return value"
@@ -434,6 +459,7 @@ def _aliasing_fix(sig: StepSignature, params: Sequence[int]) -> str:
 
 def _check_aliasing(
     sig: StepSignature,
+    lowered: Any,
     compiled: Any,
     flat_paths: Sequence[Any],
     paths: Sequence[str],
@@ -446,10 +472,19 @@ def _check_aliasing(
 
     ``cached``: JAX's persistent compilation cache served the executable, so
     an output that could alias a leaf and does not is the cache entry's doing.
+
+    Where JAX paired every donated leaf with an output in this lowering, XLA
+    was asked for each alias and keeps it (``_compat.executable``), so the
+    executable's program is not printed; it is where XLA chose, or where the
+    executable came from the cache.
     """
     __tracebackhide__ = True
     if not donated:
         return frozenset()
+    if not cached:
+        requested = requested_aliases(lowered, len(specs))
+        if requested is not None and requested.issuperset(donated):
+            return requested
     aliased = aliased_parameters(compiled, len(specs))
     if aliased is None:  # HLO unreadable: fall back on the byte count
         got = alias_bytes(compiled)

@@ -155,6 +155,72 @@ def test_alias_table_reads_what_xla_aliased():
     assert executable.alias_bytes(plain) == 0
 
 
+def _alias_cases():
+    from jax.sharding import NamedSharding
+    from jax.sharding import PartitionSpec as P
+
+    def f32(*shape, sharding=None):
+        return jax.ShapeDtypeStruct(shape, jnp.float32, sharding=sharding)
+
+    mesh = jax.make_mesh((len(jax.devices()),), ("d",))
+    split, whole = NamedSharding(mesh, P("d")), NamedSharding(mesh, P())
+    n = 8 * len(jax.devices())
+    return {
+        "two leaves": (lambda a, b: (a + 1, b * 2), (f32(8), f32(8)), {}),
+        "identity": (lambda a: a, (f32(8),), {}),
+        "returned twice": (lambda a: (a, a), (f32(8),), {}),
+        "a constant output": (lambda a: jnp.zeros(8), (f32(8),), {}),
+        "read after the update": (lambda a: (a + 1, a.sum()), (f32(8),), {}),
+        "swapped": (lambda a, b: (b, a), (f32(8), f32(8)), {}),
+        "reshaped (same size)": (lambda a: a.reshape(2, 4) + 1, (f32(8),), {}),
+        "dtype changed": (lambda a: a.astype(jnp.int32), (f32(8),), {}),
+        "fewer outputs": (lambda a, b: a + b, (f32(8), f32(8)), {}),
+        "a loop": (lambda a: jax.lax.fori_loop(0, 3, lambda i, x: x * 2, a), (f32(8),), {}),
+        "unused": (lambda a, b: a * 2, (f32(8), f32(8)), {}),
+        "hoisted constant": (lambda a: a + np.arange(8, dtype=np.float32), (f32(8),), {}),
+        "typed keys": (
+            lambda k: jax.random.split(k[0], 3),
+            (jax.ShapeDtypeStruct((3,), jax.random.key(0).dtype),),
+            {},
+        ),
+        "sharded, placed by XLA": (
+            lambda a, b: (a * 2, b + 1),
+            (f32(n, sharding=split), f32(n, sharding=whole)),
+            {},
+        ),
+        "sharded, placed": (
+            lambda a, b: (a * 2, b + 1),
+            (f32(n, sharding=split), f32(n, sharding=whole)),
+            {"out_shardings": (split, whole)},
+        ),
+        "sharded reduction": (
+            lambda a: (a * 2, a.sum()),
+            (f32(n, sharding=split),),
+            {"out_shardings": (split, whole)},
+        ),
+    }
+
+
+@pytest.mark.parametrize("case", list(_alias_cases()))
+def test_every_alias_jax_requests_is_in_the_executables_alias_table(case):
+    # What lets a compile skip printing the program: an alias JAX wrote into
+    # the lowered module (tf.aliasing_output) is one XLA keeps. Where JAX
+    # left the choice to XLA (jax.buffer_donor), the table is read instead.
+    fn, specs, kwargs = _alias_cases()[case]
+    donate = tuple(range(len(specs)))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "Some donated buffers were not usable"
+        lowered = jax.jit(fn, donate_argnums=donate, keep_unused=True, **kwargs).trace(*specs).lower()
+    requested = executable.requested_aliases(lowered, len(specs))
+    table = executable.aliased_parameters(lowered.compile(), len(specs))
+    assert requested is not None and table is not None
+    assert requested <= table
+    if case in ("two leaves", "swapped", "sharded, placed"):
+        assert requested == set(donate)  # paired by JAX: nothing printed for these
+    if case in ("reshaped (same size)", "dtype changed"):
+        assert not requested and table == {0}  # XLA's choice: read from the executable
+
+
 def test_parameter_layouts_count_the_entry_parameters_the_header_lists():
     # The alias table's parameter numbers are offset by the entry parameters
     # JAX adds (hoisted constants); the count comes from the executable's
@@ -334,11 +400,39 @@ def test_a_missing_capability_warns_once_and_reports_list_it(monkeypatch):
     assert "test-only" in str(report)
 
 
+def test_a_compile_prints_the_program_only_where_xla_chose_the_aliasing(monkeypatch):
+    from helpers import Counter
+    from jax import stages
+
+    from jaxcontracts import _compile
+
+    printed = []
+    as_text = stages.Compiled.as_text
+    monkeypatch.setattr(stages.Compiled, "as_text", lambda self: printed.append(self) or as_text(self))
+
+    def counter_step():
+        @jc.hot_step
+        def step(c: Counter) -> Counter:
+            return Counter(x=c.x + 1, count=c.count + 1)
+
+        return step
+
+    def verified(step):
+        report = jc.check(step, Counter.spec(n=3))
+        donation = [c for c in report.contracts if c.name.startswith("donation verified")]
+        return donation[0].ok and all(row.aliased for row in report.rows)
+
+    assert verified(counter_step()) and printed == []  # JAX paired both leaves
+    monkeypatch.setattr(_compile, "requested_aliases", lambda lowered, n: frozenset())
+    assert verified(counter_step()) and len(printed) == 1  # left to XLA: its table is read
+
+
 def test_unreadable_alias_table_is_not_verified_never_a_pass(monkeypatch):
     from helpers import Counter
 
     from jaxcontracts import _compile
 
+    monkeypatch.setattr(_compile, "requested_aliases", lambda lowered, n: None)
     monkeypatch.setattr(_compile, "aliased_parameters", lambda compiled, n: None)
     monkeypatch.setattr(_compile, "alias_bytes", lambda compiled: None)
 
