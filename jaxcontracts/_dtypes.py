@@ -8,6 +8,7 @@ package goes through these helpers, so keys are leaves like any other.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import jax
@@ -48,9 +49,25 @@ def same_dtype(a: Any, b: Any) -> bool:
     return bool(np.dtype(a) == np.dtype(b))
 
 
+_bits_seen: dict[Any, int] = {}  # dtype -> bits: a few entries, read per leaf
+
+
 def _bits(dtype: Any) -> int:
     """Bits per element: 4 for int4/uint4/float4, 2 for int2, which XLA packs
     two (four) to a byte; a key's key data in full."""
+    try:
+        return _bits_seen[dtype]
+    except (KeyError, TypeError):  # not seen yet, or not hashable
+        pass
+    found = _bits_of(dtype)
+    try:
+        _bits_seen[dtype] = found
+    except TypeError:
+        pass
+    return found
+
+
+def _bits_of(dtype: Any) -> int:
     if is_key(dtype):
         return 8 * int(dtype.itemsize)
     dt = np.dtype(dtype)
@@ -66,10 +83,7 @@ def _bits(dtype: Any) -> int:
 def array_nbytes(shape: Any, dtype: Any) -> int:
     """Bytes of an array of this shape and dtype as XLA stores it (sub-byte
     types packed: 1,024 int4 elements are 512 bytes)."""
-    n = 1
-    for d in shape:
-        n *= int(d)
-    return (n * _bits(dtype) + 7) // 8
+    return (math.prod(map(int, shape)) * _bits(dtype) + 7) // 8
 
 
 def default_key_dtype() -> Any:

@@ -814,3 +814,20 @@ def test_an_nnx_graphdef_after_eval_says_what_changed():
     graphdef2, state2 = nnx.split(model)
     with pytest.raises(jc.RecompileError, match=r"it differs at \S+: False vs True"):
         step(graphdef2, state2, x)
+
+
+def test_a_step_returning_the_state_where_its_annotation_says_a_tuple_is_told_so():
+    @jc.state
+    class One:
+        x: Float32[Array, "3"]
+
+    @jc.hot_step
+    def step(s: One) -> tuple[One, Float32[Array, ""]]:
+        return One(x=s.x + 1)
+
+    with pytest.raises(jc.RecompileError) as info:
+        step.compile(One.spec())
+    text = str(info.value)
+    assert "does not return what its signature says" in text
+    assert "the step returns One, with no state at return value [0]" in text
+    assert "-> One for the state alone" in text and "dtype" not in text
