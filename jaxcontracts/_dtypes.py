@@ -9,6 +9,7 @@ package goes through these helpers, so keys are leaves like any other.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -17,24 +18,34 @@ import numpy as np
 __all__ = ["array_nbytes", "canonical", "default_key_dtype", "is_key", "same_dtype"]
 
 
-_is_key_seen: dict[Any, bool] = {}  # dtype -> is_key: a few entries, read per leaf
+def _per_dtype(compute: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``compute(dtype)``, remembered per dtype: a few entries, read per leaf
+    (a dtype that cannot be hashed is worked out each time)."""
+    seen: dict[Any, Any] = {}
+
+    def cached(dtype: Any) -> Any:
+        try:
+            return seen[dtype]
+        except (KeyError, TypeError):  # not seen yet, or not hashable
+            pass
+        found = compute(dtype)
+        try:
+            seen[dtype] = found
+        except TypeError:
+            pass
+        return found
+
+    cached.__doc__ = compute.__doc__
+    return cached
 
 
+@_per_dtype
 def is_key(dtype: Any) -> bool:
     """Whether ``dtype`` is a typed PRNG key dtype (``key<fry>``, ``key<rbg>``...)."""
     try:
-        return _is_key_seen[dtype]
-    except (KeyError, TypeError):  # not seen yet, or not hashable
-        pass
-    try:
-        found = bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
+        return bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
     except TypeError:
-        found = False
-    try:
-        _is_key_seen[dtype] = found
-    except TypeError:
-        pass
-    return found
+        return False
 
 
 def canonical(dtype: Any) -> Any:
@@ -49,25 +60,10 @@ def same_dtype(a: Any, b: Any) -> bool:
     return bool(np.dtype(a) == np.dtype(b))
 
 
-_bits_seen: dict[Any, int] = {}  # dtype -> bits: a few entries, read per leaf
-
-
+@_per_dtype
 def _bits(dtype: Any) -> int:
     """Bits per element: 4 for int4/uint4/float4, 2 for int2, which XLA packs
     two (four) to a byte; a key's key data in full."""
-    try:
-        return _bits_seen[dtype]
-    except (KeyError, TypeError):  # not seen yet, or not hashable
-        pass
-    found = _bits_of(dtype)
-    try:
-        _bits_seen[dtype] = found
-    except TypeError:
-        pass
-    return found
-
-
-def _bits_of(dtype: Any) -> int:
     if is_key(dtype):
         return 8 * int(dtype.itemsize)
     dt = np.dtype(dtype)
