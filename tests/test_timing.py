@@ -52,7 +52,17 @@ def test_a_loop_counts_step_calls_host_time_and_fetch_waits(tick):
     assert step.host_us_per_call == pytest.approx(step.host_seconds / 100 * 1e6)
     assert set(timing.blocked) == {"jc.fetch"} and timing.blocked["jc.fetch"] > 0
     assert timing.steps_per_second == pytest.approx(100 / timing.wall_seconds)
-    assert timing.outputs_at_exit == 2 and timing.verdict in ("dispatch-bound", "device-bound", "mixed")
+    assert timing.outputs_at_exit == 2
+    # Which verdict depends on the machine (a loaded one stretches the gaps
+    # between calls: the loop's own code), not on this loop: it follows its figures.
+    blocked = sum(timing.blocked.values())
+    user_share = (timing.wall_seconds - step.host_seconds - blocked) / timing.wall_seconds
+    if timing.pending_at_exit or blocked / timing.wall_seconds >= _timing.DEVICE_BOUND_SHARE:
+        assert timing.verdict == "device-bound"
+    elif user_share >= _timing.USER_BOUND_SHARE:
+        assert timing.verdict == "user-code-bound"
+    else:
+        assert timing.verdict in ("dispatch-bound", "mixed")
 
 
 def test_both_spellings_of_block_until_ready_are_counted_once_and_restored(tick):
