@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import gc
 import pickle
 import typing
 
@@ -320,8 +321,6 @@ def test_every_kind_of_kept_reference_is_refused(keep):
     try:
         step(s)  # dropped: it runs
     except jc.DonationError as err:  # say who holds it, so that a failure tells its cause
-        import gc
-
         held_by = [type(r).__name__ for leaf in (s.x, s.y) for r in gc.get_referrers(leaf)]
         raise AssertionError(f"refused after del: referrers {held_by}") from err
 
@@ -330,8 +329,6 @@ def test_a_leaf_held_only_by_uncollected_garbage_is_not_a_kept_reference():
     # An unreachable cycle the collector has not reached yet (here an object
     # that refers to itself; in a suite, a caught error and its frames) still
     # counts as a reference: it must not refuse the call.
-    import gc
-
     class Logger:
         pass
 

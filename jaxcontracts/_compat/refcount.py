@@ -86,8 +86,8 @@ def confirmed(leaves: Sequence[Any], positions: Sequence[int], sequences: int = 
     read, and a reference it holds is no reason to refuse.
     """
     gc.collect()
-    limit = BASELINE + sequences - 1
-    positions = [i for i in positions if _count(leaves[i]) > limit]  # as kept_positions counts
+    still = set(kept_positions(leaves, sequences))
+    positions = [i for i in positions if i in still]
     on_stack: set[int] = set()
     stack: list[types.FrameType] = []
     frame: types.FrameType | None = sys._getframe(0)
