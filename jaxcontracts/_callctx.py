@@ -40,6 +40,7 @@ __all__ = [
     "kept_plan",
     "keyword_binder",
     "leaf_kinds",
+    "leaf_reader",
     "leaves_of",
     "make_tail",
     "picker",
@@ -345,3 +346,37 @@ def first_leaf_of(cls: type) -> Callable[[Any], Any]:
         first = names[0]
         return lambda x: x.__dict__[first]
     return lambda x: flatten(x)[0][0]
+
+
+def leaf_reader(cs: CompiledSignature, index: int) -> Callable[[tuple[Any, ...]], Any]:
+    """Reads flat leaf ``index`` from a call's arguments by its path (items,
+    attributes; ``__dict__`` first, as a consumed state's fields raise when
+    read), without flattening them; a flatten where the path has a step
+    that cannot be read alone. It may raise on arguments of another structure."""
+    with_path, _ = jax.tree_util.tree_flatten_with_path(cs.spec_args)
+    steps: list[tuple[bool, Any]] = []
+    for key in with_path[index][0]:
+        if isinstance(key, jax.tree_util.SequenceKey):
+            steps.append((True, key.idx))
+        elif isinstance(key, jax.tree_util.DictKey):
+            steps.append((True, key.key))
+        elif isinstance(key, jax.tree_util.GetAttrKey):
+            steps.append((False, key.name))
+        else:  # a flattened index of a node without keys
+            return lambda args: flatten(args)[0][index]
+
+    def read(args: tuple[Any, ...]) -> Any:
+        obj: Any = args
+        for item, key in steps:
+            if item:
+                obj = obj[key]
+            else:
+                d = getattr(obj, "__dict__", None)
+                obj = d[key] if d is not None and key in d else getattr(obj, key)
+        return obj
+
+    try:
+        same = read(cs.spec_args) is with_path[index][1]
+    except Exception:  # noqa: BLE001 - a node whose children are not its items or attributes
+        same = False
+    return read if same else (lambda args: flatten(args)[0][index])

@@ -34,15 +34,18 @@ import numpy as np
 from ._callctx import (
     CallContext,
     DispatchingStep,
+    KeptPlan,
     is_deleted_for,
     kept_plan,
     keyword_binder,
     leaf_kinds,
+    leaf_reader,
     make_tail,
     picker,
 )
 from ._compat import refcount
 from ._compat.arrays import ArrayImpl, KeyArray
+from ._compat.guarded import REFUSED, flat_in_tree, guarded_call, tree_in_tree
 from ._compat.threadguard import allow_host_to_device
 from ._compat.tracing import cpp_call, flatten, top_level_refs
 from ._consumed import consumed_class
@@ -314,6 +317,25 @@ def _checked(ctx: CallContext) -> Callable[..., Any]:
         (fast.types, fast.unkeyed, fast.weak, fast.weak_of) if fast is not None else ((), None, (), None)
     )
 
+    def signature_ok(leaves: Sequence[Any]) -> bool:
+        """What a signature fixes: each leaf's type and weak type (compared in
+        C, one map each), its sharding, the first donated leaf's device."""
+        if tuple(map(type, leaves)) != types or tuple(map(weak_of, unkeyed(leaves))) != unkeyed_weak:  # type: ignore[arg-type,misc]
+            for x, w in zip(leaves, weak):  # a key is never weak: its costly aval is not read
+                t = type(x)
+                if t is not key_array and (t is not array_impl or x.aval.weak_type is not w):
+                    return False
+        if shardings is not None:
+            for i, (x, s) in enumerate(zip(leaves, shardings)):
+                if x.sharding != s and not placed_alike(i, x.sharding, s):
+                    return False
+        # on another device: JAX would move it, undonated
+        return placed is None or leaves[first_donated].sharding == placed
+
+    guarded = _guarded(ctx, signature_ok, tail, kept)
+    if guarded is not None:
+        return guarded
+
     def checked(*args: Any, **kwargs: Any) -> Any:
         try:
             if kwargs:
@@ -323,21 +345,10 @@ def _checked(ctx: CallContext) -> Callable[..., Any]:
             leaves, treedef = flatten(args)
             if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
                 return slow_call(args, kwargs, None)
-            # Every leaf's type and weak type, compared in C (one map each).
-            if tuple(map(type, leaves)) != types or tuple(map(weak_of, unkeyed(leaves))) != unkeyed_weak:  # type: ignore[arg-type,misc]
-                for x, w in zip(leaves, weak):  # a key is never weak: its costly aval is not read
-                    t = type(x)
-                    if t is not key_array and (t is not array_impl or x.aval.weak_type is not w):
-                        return slow_call(args, kwargs, None)
-            if shardings is not None:
-                for i, (x, s) in enumerate(zip(leaves, shardings)):
-                    if x.sharding != s and not placed_alike(i, x.sharding, s):
-                        return slow_call(args, kwargs, None)
-            x = None  # the loops' variable held the last leaf: a reference the kept check would count
+            if not signature_ok(leaves):
+                return slow_call(args, kwargs, None)
             if first_donated is not None and leaves[first_donated].is_deleted():
                 return slow_call(args, kwargs, None)  # a stale state: explain, quietly
-            if placed is not None and leaves[first_donated].sharding != placed:
-                return slow_call(args, kwargs, None)  # on another device: JAX would move it, undonated
             if full and (
                 any(map(is_deleted, leaves))
                 or (len(set(map(id, leaves))) != n_leaves and find_hazards(leaves, donated)[1])
@@ -359,6 +370,128 @@ def _checked(ctx: CallContext) -> Callable[..., Any]:
             raise
 
     return checked
+
+
+def _guarded(
+    ctx: CallContext, signature_ok: Callable[[Sequence[Any]], bool], tail: Any, kept: KeptPlan | None
+) -> Callable[..., Any] | None:
+    """Checks ``fast``/``full`` on a guarded C++ call (``_compat.guarded``).
+
+    The per-leaf checks of ``signature_ok`` (types, weak types, shardings,
+    device) run once per new signature, in the C++ call's cache miss, with
+    the tree structure and the trace state; a call of a signature seen before
+    is checked by the flatten JAX does anyway. None where the mechanism or the
+    executable's C++ path is missing (the caller checks every call in Python).
+
+    * ``fast`` does not flatten: it reads the first donated leaf by its path
+      and asks ``is_deleted()`` (a stale state goes to the slow path, before
+      XLA refuses it with an error line on stderr);
+    * ``full`` flattens once, for the checks over every leaf (deleted, kept
+      references, repeated buffers, consumption), and calls the executable
+      with the flat leaves (JAX then flattens a tuple, not the state again).
+    """
+    cs, slow_call, bind, full = ctx.cs, ctx.slow_call, ctx.bind, ctx.full
+    if cs.host or ArrayImpl is None:
+        return None
+    tref, ev, aref, top = top_level_refs()
+    in_treedef, donated, n_leaves = cs.in_treedef, cs.donated, len(cs.leaves)
+
+    def approve_tree(args: tuple[Any, ...]) -> bool:
+        try:
+            if tref.value is not ev or aref.value is not top:  # traced: the slow path traces
+                return False
+            leaves, treedef = flatten(args)
+            return treedef == in_treedef and signature_ok(leaves)
+        except Exception:  # noqa: BLE001 - anything odd: the slow path explains it
+            return False
+
+    def approve_flat(leaves: tuple[Any, ...]) -> bool:
+        try:
+            return tref.value is ev and aref.value is top and signature_ok(leaves)
+        except Exception:  # noqa: BLE001
+            return False
+
+    if not full:
+        call = guarded_call(cs.compiled, approve_tree, tree_in_tree(cs.spec_args) if cs.flat_style else None)
+        return None if call is None else _guarded_fast(ctx, call, tail)
+    call = guarded_call(cs.compiled, approve_flat, None if cs.flat_style else flat_in_tree(n_leaves))
+    if call is None:
+        return None
+    is_deleted, refused_mark = is_deleted_for(cs), REFUSED
+    # A buffer passed twice raises the count of a watched leaf: where every
+    # donated leaf is watched, the ids are compared only on a kept-reference hit.
+    ids_always = kept is None or len(set(kept.watched)) != len(donated)
+
+    def repeated(leaves: Sequence[Any]) -> bool:
+        return len(set(map(id, leaves))) != n_leaves and bool(find_hazards(leaves, donated)[1])
+
+    def guarded_full(*args: Any, **kwargs: Any) -> Any:
+        try:
+            if kwargs:
+                bound = bind(args, kwargs)
+                if bound is None:
+                    return slow_call(args, kwargs, None)
+                args = bound
+            leaves, treedef = flatten(args)
+            if treedef != in_treedef or tref.value is not ev or aref.value is not top:
+                return slow_call(args, {}, None)
+            try:
+                if any(map(is_deleted, leaves)):  # before XLA refuses it with an error line on stderr
+                    return slow_call(args, {}, None)
+            except (TypeError, AttributeError):  # not a device array: the slow path says what it is
+                return slow_call(args, {}, None)
+            if ids_always and repeated(leaves):
+                return slow_call(args, {}, None)
+            if kept is not None:
+                refused = kept.refused(leaves)
+                if refused is not None:
+                    return slow_call(args, {}, None if repeated(leaves) else refused)
+            try:
+                out = call(*leaves)
+            except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
+                return slow_call(args, {}, e)
+            if out is refused_mark:
+                return slow_call(args, {}, None)
+            return tail(args, leaves, out)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
+
+    return guarded_full
+
+
+def _guarded_fast(ctx: CallContext, call: Callable[..., Any], tail: Any) -> Callable[..., Any]:
+    """Checks ``fast`` on a guarded C++ call (see :func:`_guarded`)."""
+    cs, slow_call, bind = ctx.cs, ctx.slow_call, ctx.bind
+    first = leaf_reader(cs, cs.donated[0]) if cs.donated else None
+    refused_mark = REFUSED
+
+    def guarded_fast(*args: Any, **kwargs: Any) -> Any:
+        try:
+            if kwargs:
+                bound = bind(args, kwargs)
+                if bound is None:
+                    return slow_call(args, kwargs, None)
+                args = bound
+            if first is not None:
+                try:  # a tracer, a numpy array...: the C++ call would refuse it, the slow path tells
+                    stale = first(args).is_deleted()
+                except Exception:  # noqa: BLE001
+                    stale = True
+                if stale:  # a stale state: explain, quietly
+                    return slow_call(args, {}, None)
+            try:
+                out = call(*args)
+            except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
+                return slow_call(args, {}, e)
+            if out is refused_mark:  # a new signature the checks refused, or a trace
+                return slow_call(args, {}, None)
+            return tail(args, None, out)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
+
+    return guarded_fast
 
 
 def _checked_host(ctx: CallContext) -> Callable[..., Any]:

@@ -25,6 +25,7 @@ from jaxcontracts._compat import (
     events,
     executable,
     frames,
+    guarded,
     registry,
     runtime_errors,
     threadguard,
@@ -379,6 +380,78 @@ def test_fast_flatten_and_the_compiled_fast_call_agree_with_the_public_api():
     call = tracing.cpp_call(compiled)
     assert call is not compiled
     assert np.array_equal(np.asarray(call(jnp.ones(3))), np.full(3, 2.0))
+
+
+def _guarded_step(in_tree_of=None):
+    """A donated dict step, its guarded call, and the arguments approve saw."""
+    state = {"a": jnp.zeros(4), "b": jnp.ones(3)}
+    compiled = jax.jit(lambda s: jax.tree_util.tree_map(lambda x: x + 1, s), donate_argnums=0).lower(state).compile()
+    asked = []
+
+    def approve(args):
+        asked.append(args)
+        leaves = jax.tree_util.tree_leaves(args)
+        return tracing.trace_state_clean() and all(
+            type(x) is arrays.ArrayImpl and not x.aval.weak_type and x.devices() == {jax.devices()[0]}
+            for x in leaves
+        )
+
+    in_tree = None if in_tree_of is None else in_tree_of(state)
+    return compiled, guarded.guarded_call(compiled, approve, in_tree), asked
+
+
+def test_a_guarded_call_asks_once_per_signature_and_refuses_what_jax_would_take(mesh2):
+    compiled, call, asked = _guarded_step()
+    assert call is not None
+    s = call({"a": jnp.zeros(4), "b": jnp.ones(3)})
+    s = call(s)
+    s = call(s)
+    assert len(asked) == 1  # then the C++ path: its signature is cached
+    assert s["a"].tolist() == [3.0] * 4
+    # Each of these JAX's own call takes (and caches, never asking again):
+    weak = {"a": jax.lax.broadcast(jnp.asarray(1.0), (4,)), "b": jnp.ones(3)}
+    assert weak["a"].aval.weak_type
+    with jax.default_device(jax.devices()[1]):
+        elsewhere = {"a": jnp.zeros(4), "b": jnp.ones(3)}
+    refused = [
+        {"a": np.zeros(4, np.float32), "b": jnp.ones(3)},  # a numpy leaf: a silent transfer
+        weak,
+        elsewhere,  # uncommitted on another device: moved, undonated
+        jax.device_put({"a": jnp.zeros(4), "b": jnp.ones(3)}, jax.devices()[1]),  # committed there
+    ]
+    for args in refused:
+        before = len(asked)
+        assert call(args) is guarded.REFUSED
+        assert len(asked) == before + 1
+        assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(args) if isinstance(x, jax.Array))
+    assert len(compiled(jax.tree_util.tree_map(jnp.asarray, refused[0]))) == 2  # JAX itself takes it
+    # A trace is in the C++ call's key: a miss even over concrete, closed-over arrays.
+    fresh = {"a": jnp.zeros(4), "b": jnp.ones(3)}
+    before = len(asked)
+
+    def traced(z):
+        assert call(fresh) is guarded.REFUSED
+        return z
+
+    jax.vmap(traced)(jnp.ones(2))
+    assert len(asked) == before + 1 and not fresh["a"].is_deleted()
+    assert call(s, extra=1) is guarded.REFUSED  # keywords are never taken
+    s = call(s)
+    assert s["a"].tolist() == [4.0] * 4  # the approved signature still runs
+
+
+def test_a_guarded_call_takes_the_flat_leaves_or_the_arguments_tree():
+    _, flat, asked = _guarded_step(lambda state: guarded.flat_in_tree(2))
+    s = {"a": jnp.zeros(4), "b": jnp.ones(3)}
+    leaves = jax.tree_util.tree_leaves(s)
+    out = flat(*leaves)
+    assert all(x.is_deleted() for x in leaves)  # donated through the flat call too
+    assert out["a"].tolist() == [1.0] * 4 and len(asked) == 1
+    assert flat(jnp.zeros(4), jnp.ones(3))["b"].tolist() == [2.0] * 3 and len(asked) == 1
+    tree = guarded.tree_in_tree(({"a": 0, "b": 0},))
+    assert tree == jax.tree_util.tree_structure((({"a": 0, "b": 0},), {}))
+    with pytest.raises(TypeError):
+        flat({"a": jnp.zeros(4), "b": jnp.ones(3)})  # another tree: JAX's own call refuses it (the caller flattens)
 
 
 def test_a_missing_capability_warns_once_and_reports_list_it(monkeypatch):

@@ -45,6 +45,7 @@ LAYERS: dict[str, int] = {
     "_compat.runtime_errors": 3,
     "_compat.threadguard": 3,
     "_compat.guardlog": 3,
+    "_compat.guarded": 3,
     "_compat.tracing": 3,
     "_compat": 4,
     # annotations -> specs; what the loop guard is built from
