@@ -5,6 +5,7 @@ Usage (from the repository root)::
     python -m benchmarks                 # the full suite (a few minutes)
     python -m benchmarks --quick         # tiny sizes: a smoke run
     python -m benchmarks --only dispatch async
+    python -m benchmarks --only states --plot states.png   # and draw it
     python benchmarks/run.py             # the same, as a script
 
 Each benchmark module runs in its own ``python -m benchmarks.<module>``
@@ -34,6 +35,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # name in the table -> module (run in this order)
 BENCHMARKS = {
     "dispatch": "benchmarks.dispatch",
+    "states": "benchmarks.states",
     "async": "benchmarks.async_dispatch",
     "loop": "benchmarks.loop",
     "memory": "benchmarks.memory",
@@ -93,6 +95,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--quick", action="store_true", help="tiny sizes (a smoke run)")
     p.add_argument("--only", nargs="+", choices=list(BENCHMARKS), help="run only these")
     p.add_argument("--json", metavar="PATH", help="also write every result as JSON to PATH")
+    p.add_argument("--plot", metavar="PATH", nargs="?", const="benchmarks-states.png",
+                   help="draw the states benchmark's overhead against leaves into PATH "
+                        "(default benchmarks-states.png; needs matplotlib)")
     p.add_argument("--timeout", type=float, default=1800, help="seconds per benchmark")
     p.add_argument("extra", nargs="*", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
@@ -109,6 +114,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump({"wall_seconds": wall, "results": [r.to_json() for r in results]}, f, indent=1)
+    if args.plot:
+        from benchmarks._plot import plot_states
+
+        try:
+            print(f"\nplot: {plot_states(results, args.plot)}")
+        except (LookupError, ImportError) as e:
+            print(f"\nplot: not drawn: {e}", file=sys.stderr)
+            return 1
     failed = [r.benchmark for r in results if r.title == "FAILED"]
     return 1 if failed else 0
 

@@ -21,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 # benchmark -> (a variant its rows must show, how many budget lines it has)
 EXPECTED = {
     "dispatch": ("hot_step full", 6),
+    "states": ("hot_step full", 18),  # six state kinds x three levels
     "async": ("hot_step full: return", 1),
     "loop": ("inside hot_loop", 2),  # the loop, and entry against live steps
     "memory": ("hot_step compile", 2),  # the peak on a big state; memory per signature
@@ -61,7 +62,7 @@ def test_benchmark_ran_and_printed_its_rows(quick_run, name):
     table_lines = [line for line in stdout.splitlines() if line.startswith(name + " ")]
     assert any(variant in line for line in table_lines), stdout
     for b in res["budgets"]:
-        skipped = name == "ports" and b["verdict"] == "not run" and "not installed" in b["why"]
+        skipped = name in ("ports", "states") and b["verdict"] == "not run" and "not installed" in b["why"]
         assert skipped or b["verdict"].split()[0] in ("met", "missed"), b
         assert b["line"] in stdout
 
@@ -83,3 +84,32 @@ def test_dispatch_covers_every_leaf_count_and_peer(quick_run):
         peer_rows = [r for r in rows if r["variant"] == peer]
         assert peer_rows
         assert all(r["median"] is not None or r["note"] == "not installed" for r in peer_rows)
+
+
+def test_states_covers_every_kind_with_its_control_and_peers(quick_run):
+    _, results = quick_run
+    res = results["states"]
+    cases = {r["case"] for r in res["rows"]}
+    kinds = ("sealed", "PyTree field", "TrainState", "NamedTuple", "dict", "dict, keyword + static")
+    assert {f"{k}, 10 leaves" for k in kinds} <= cases
+    for case in cases:
+        variants = {r["variant"]: r for r in res["rows"] if r["case"] == case}
+        assert {"raw compiled", "raw A/A", "jax.jit donated", "jax.jit plain", "eqx.filter_jit"} <= set(variants)
+        assert variants["raw compiled"]["note"] == "base"
+        assert variants["raw A/A"]["x_base"] is not None  # the control is measured, not assumed
+    overhead = res["meta"]["overhead"]
+    assert set(overhead) == set(kinds)
+    assert all(points[0][0] == 10 for series in overhead.values() for points in series.values())
+
+
+def test_the_plot_draws_the_states_result(quick_run, tmp_path):
+    pytest.importorskip("matplotlib")
+    from benchmarks._common import Result
+    from benchmarks._plot import plot_states
+
+    _, results = quick_run
+    path = tmp_path / "states.png"
+    assert plot_states([Result.from_json(results["states"])], str(path)) == str(path)
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
+    with pytest.raises(LookupError, match="no states benchmark"):
+        plot_states([Result.from_json(results["dispatch"])], str(tmp_path / "none.png"))
