@@ -4,13 +4,15 @@ The step protocol the closures read (:class:`DispatchingStep`), the context
 they are built from (:class:`CallContext`, read once, at build), the one
 after-dispatch tail (:func:`make_tail`: stamp the provenance tokens, check
 consumption, mark the donated states, count, record for loops), the kept-leaf
-check (:class:`KeptPlan`) and the leaf readers. The closures themselves are
+check (:class:`KeptPlan`), the leaf readers, and the call that takes
+static arguments in C++ (:func:`static_native`). The closures themselves are
 in ``_callpath`` (by checks level) and ``_provenance`` (states a step returned).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 import operator
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -20,8 +22,10 @@ import numpy as np
 
 from ._compat import refcount
 from ._compat.arrays import ArrayImpl, KeyArray
-from ._compat.tracing import flatten
+from ._compat.guarded import REFUSED, guarded_call, tree_in_tree
+from ._compat.tracing import flatten, top_level_refs
 from ._dtypes import is_key
+from ._errors import ContractError
 from ._fields import dict_getter, flat_field_names
 from ._filter import Filtered
 from ._marks import TOKEN
@@ -29,6 +33,7 @@ from ._records import CompiledSignature, StepStats
 from ._runtime import tracking
 from ._signature import StepSignature
 from ._steps import HOOK_EVERY, LiveStep
+from ._tracebacks import trim
 
 __all__ = [
     "CallContext",
@@ -44,6 +49,8 @@ __all__ = [
     "leaves_of",
     "make_tail",
     "picker",
+    "stale_reader",
+    "static_native",
 ]
 
 
@@ -380,3 +387,104 @@ def leaf_reader(cs: CompiledSignature, index: int) -> Callable[[tuple[Any, ...]]
     except Exception:  # noqa: BLE001 - a node whose children are not its items or attributes
         same = False
     return read if same else (lambda args: flatten(args)[0][index])
+
+def stale_reader(cs: CompiledSignature) -> Callable[[tuple[Any, ...]], bool] | None:
+    """``stale(args)``: whether the first donated leaf of a call's arguments is
+    deleted (a stale state: a donated buffer would reach ``Execute``, which logs
+    its refusal on stderr), read by its path; True where it cannot be read (a
+    tracer, a numpy array, another structure: the slow path tells). None:
+    nothing is donated."""
+    if not cs.donated:
+        return None
+    read = leaf_reader(cs, cs.donated[0])
+
+    def stale(args: tuple[Any, ...]) -> bool:
+        try:
+            return bool(read(args).is_deleted())
+        except Exception:  # noqa: BLE001
+            return True
+
+    return stale
+
+def static_native(
+    ctx: CallContext,
+    approve: Callable[[tuple[Any, ...]], bool] | None,
+    fallback: Callable[..., Any],
+    tail: Callable[[tuple[Any, ...], Any, Any], Any] | None,
+) -> Callable[..., Any] | None:
+    """A step's call with static parameters, static in the C++ call itself.
+
+    ``update(state, config=config)`` then costs what ``update(state)`` does:
+    the C++ call leaves the static values out of the flat arguments and hashes
+    them into its signature, as ``jax.jit``'s ``static_argnames`` does, so
+    no Python wrapper binds the keywords, wraps the values in ``StaticArg``
+    nodes or flattens them per call. On a signature it has not seen, the
+    arguments are bound to positions and normalized (a value that is not
+    hashable, or whose ``==`` is not a bool, is refused), then
+    ``approve`` judges them as the closure's own checks would (None, at
+    ``off``: the top level and the compiled tree structure, the compiled
+    static values included: ``StaticArg`` equality is type-strict). Refused
+    shapes (a keyword for a parameter that is not static, defaults left out)
+    and signatures go to ``fallback`` (the Python wrapper and its closure),
+    which explains them. ``tail``: the after-dispatch tail (None at ``off``).
+    None where the guarded call is missing.
+    """
+    sig, cs = ctx.step.definition, ctx.cs
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    params = list(sig.signature.parameters.values())
+    static = sig.static_params
+    names = tuple(sig.param_names[i] for i in static if params[i].kind in kinds)
+    allowed = frozenset(names)
+    bind, normalize, n_params = ctx.bind, ctx.normalize, ctx.n_params
+
+    def bind_static(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+        try:
+            if kwargs:
+                if not allowed.issuperset(kwargs):
+                    return None
+                bound = bind(args, kwargs)
+                if bound is None:
+                    return None
+                args = bound
+            elif len(args) != n_params:
+                return None
+            return normalize(args, {})
+        except Exception:  # noqa: BLE001 - unhashable, odd ==...: the fallback explains
+            return None
+
+    if approve is None:
+        tref, ev, aref, top = top_level_refs()
+        in_treedef = cs.in_treedef
+
+        def top_and_tree(args: tuple[Any, ...]) -> bool:
+            try:
+                return tref.value is ev and aref.value is top and flatten(args)[1] == in_treedef
+            except Exception:  # noqa: BLE001
+                return False
+
+        approve = top_and_tree
+
+    in_tree = tree_in_tree(cs.spec_args) if cs.flat_style else None
+    call = guarded_call(cs.compiled, approve, in_tree, (static, names, bind_static))
+    if call is None:
+        return None
+    slow_call, refused_mark = ctx.slow_call, REFUSED
+    stale = stale_reader(cs) if tail is not None else None  # checks fast: see _callpath._guarded
+
+    def static_call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            if stale is not None and stale(args):  # or the state by keyword: the fallback binds it
+                return fallback(*args, **kwargs)
+            try:
+                out = call(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
+                return slow_call(args, kwargs, e)
+            if out is refused_mark:
+                return fallback(*args, **kwargs)
+            return out if tail is None else tail(args, None, out)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
+
+    static_call.takes_static = True  # type: ignore[attr-defined]  # make_dispatch: no wrapper
+    return static_call

@@ -39,9 +39,10 @@ from ._callctx import (
     kept_plan,
     keyword_binder,
     leaf_kinds,
-    leaf_reader,
     make_tail,
     picker,
+    stale_reader,
+    static_native,
 )
 from ._compat import refcount
 from ._compat.arrays import ArrayImpl, KeyArray
@@ -90,14 +91,19 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
         if level == "full" and cs.donated and refcount.available()
         else None,
     )
+    # static values taken by the C++ call itself (static_native), where the
+    # closure is the guarded or bare call
+    native = bool(sig.static_params) and not sig.filtered_params and not cs.host
     if level == "off":
-        dispatch = _off(ctx)
+        dispatch = _off(ctx, native)
     elif cs.host:
         dispatch = _checked_host(ctx)
     elif cs.in_tokens and len(cs.in_tokens) == len(sig.state_params):
         dispatch = provenance_path(ctx, _checked(ctx))
     else:
-        dispatch = _checked(ctx)
+        dispatch = _checked(ctx, native)
+    if getattr(dispatch, "takes_static", False):
+        return dispatch
     if sig.filtered_params:
         return _with_filtered(sig, _with_static(sig, dispatch) if sig.static_params else dispatch, step)
     return _with_static(sig, dispatch) if sig.static_params else dispatch
@@ -201,7 +207,7 @@ def _with_static(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[.
     return with_static
 
 
-def _off(ctx: CallContext) -> Callable[..., Any]:
+def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
     """Checks ``off``: the bare compiled call; failures go to the slow path.
 
     Keyword arguments and omitted defaults are bound to positions (the
@@ -238,7 +244,7 @@ def _off(ctx: CallContext) -> Callable[..., Any]:
                 trim(err)
                 raise
 
-        return off_flat
+        return _off_native(ctx, off_flat) if native else off_flat
 
     def off(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -258,7 +264,12 @@ def _off(ctx: CallContext) -> Callable[..., Any]:
             trim(err)
             raise
 
-    return off
+    return _off_native(ctx, off) if native else off
+
+
+def _off_native(ctx: CallContext, off: Callable[..., Any]) -> Callable[..., Any]:
+    """``off`` with static values static in the C++ call (``static_native``)."""
+    return static_native(ctx, None, _with_static(ctx.step.definition, off), None) or off
 
 
 def _placement_probe(cs: CompiledSignature, first_donated: int | None) -> Any:
@@ -276,7 +287,7 @@ def _placement_probe(cs: CompiledSignature, first_donated: int | None) -> Any:
     return cs.leaves[first_donated].spec.sharding
 
 
-def _checked(ctx: CallContext) -> Callable[..., Any]:
+def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
     """Checks ``fast``/``full``: flatten, check each leaf's kind, call."""
     cs, compiled, slow_call, bind = ctx.cs, ctx.compiled, ctx.slow_call, ctx.bind
     in_treedef, donated, weak, flat_style = cs.in_treedef, cs.donated, cs.weak, cs.flat_style
@@ -332,7 +343,7 @@ def _checked(ctx: CallContext) -> Callable[..., Any]:
         # on another device: JAX would move it, undonated
         return placed is None or leaves[first_donated].sharding == placed
 
-    guarded = _guarded(ctx, signature_ok, tail, kept)
+    guarded = _guarded(ctx, signature_ok, tail, kept, native)
     if guarded is not None:
         return guarded
 
@@ -373,7 +384,11 @@ def _checked(ctx: CallContext) -> Callable[..., Any]:
 
 
 def _guarded(
-    ctx: CallContext, signature_ok: Callable[[Sequence[Any]], bool], tail: Any, kept: KeptPlan | None
+    ctx: CallContext,
+    signature_ok: Callable[[Sequence[Any]], bool],
+    tail: Any,
+    kept: KeptPlan | None,
+    native: bool = False,
 ) -> Callable[..., Any] | None:
     """Checks ``fast``/``full`` on a guarded C++ call (``_compat.guarded``).
 
@@ -385,7 +400,8 @@ def _guarded(
 
     * ``fast`` does not flatten: it reads the first donated leaf by its path
       and asks ``is_deleted()`` (a stale state goes to the slow path, before
-      XLA refuses it with an error line on stderr);
+      XLA refuses it with an error line on stderr: a donated buffer reaches
+      ``Execute``, which logs its refusal);
     * ``full`` flattens once, for the checks over every leaf (deleted, kept
       references, repeated buffers, consumption), and calls the executable
       with the flat leaves (JAX then flattens a tuple, not the state again).
@@ -413,7 +429,12 @@ def _guarded(
 
     if not full:
         call = guarded_call(cs.compiled, approve_tree, tree_in_tree(cs.spec_args) if cs.flat_style else None)
-        return None if call is None else _guarded_fast(ctx, call, tail)
+        if call is None:
+            return None
+        fast = _guarded_fast(ctx, call, tail)
+        if native:  # static values static in the C++ call too (static_native)
+            return static_native(ctx, approve_tree, _with_static(ctx.step.definition, fast), tail) or fast
+        return fast
     call = guarded_call(cs.compiled, approve_flat, None if cs.flat_style else flat_in_tree(n_leaves))
     if call is None:
         return None
@@ -462,9 +483,8 @@ def _guarded(
 
 def _guarded_fast(ctx: CallContext, call: Callable[..., Any], tail: Any) -> Callable[..., Any]:
     """Checks ``fast`` on a guarded C++ call (see :func:`_guarded`)."""
-    cs, slow_call, bind = ctx.cs, ctx.slow_call, ctx.bind
-    first = leaf_reader(cs, cs.donated[0]) if cs.donated else None
-    refused_mark = REFUSED
+    slow_call, bind = ctx.slow_call, ctx.bind
+    first, refused_mark = stale_reader(ctx.cs), REFUSED
 
     def guarded_fast(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -473,13 +493,8 @@ def _guarded_fast(ctx: CallContext, call: Callable[..., Any], tail: Any) -> Call
                 if bound is None:
                     return slow_call(args, kwargs, None)
                 args = bound
-            if first is not None:
-                try:  # a tracer, a numpy array...: the C++ call would refuse it, the slow path tells
-                    stale = first(args).is_deleted()
-                except Exception:  # noqa: BLE001
-                    stale = True
-                if stale:  # a stale state: explain, quietly
-                    return slow_call(args, {}, None)
+            if first is not None and first(args):  # a stale state: explain, quietly
+                return slow_call(args, {}, None)
             try:
                 out = call(*args)
             except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path

@@ -121,15 +121,20 @@ def spec_of(tree: Any) -> Any:
 class StaticArg:
     """A static argument's value, carried in the tree structure (no leaves).
 
-    A pytree node with no children whose aux data is the value: two calls
-    with equal values share a tree structure (and a compiled signature); a
-    new value is a new structure, so it is a new signature.
+    A pytree node with no children whose aux data is ``(type, value)``: two
+    calls with equal values of one type share a tree structure (and a
+    compiled signature); a new value is a new structure, so it is a new
+    signature. The type is in the aux data because tree structures compare
+    aux data with ``==``: ``1 == True == 1.0`` would otherwise share a
+    signature (and run the program traced for another type), where
+    ``jax.jit``'s static arguments would not.
     """
 
-    __slots__ = ("value",)
+    __slots__ = ("aux", "value")
 
     def __init__(self, value: Any) -> None:
         self.value = value
+        self.aux = (type(value), value)
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, StaticArg) and static_equal(self.value, other.value)
@@ -171,5 +176,5 @@ def eq_answers_bool(value: Any) -> str | None:
 
 
 jax.tree_util.register_pytree_node(
-    StaticArg, lambda s: ((), s.value), lambda value, _: StaticArg(value)
+    StaticArg, lambda s: ((), s.aux), lambda aux, _: StaticArg(aux[1])
 )

@@ -265,6 +265,39 @@ def test_stale_state_is_explained_without_an_xla_error_line(capfd):
     assert q.pos.shape == (4, 3)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Inc:
+    by: float = 1.0
+
+
+def _bump_dict(s, *, config):
+    return {k: v + config.by for k, v in s.items()}
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+@pytest.mark.parametrize("shape", ["dict", "dict, keyword + static"])
+def test_a_stale_foreign_state_is_explained_without_an_xla_error_line(capfd, level, shape):
+    """A dict state (checked once per signature by the guarded C++ call) and a
+    static config by keyword (static in that C++ call): a consumed state is
+    looked at before the call, so XLA prints nothing."""
+    with jc.checks_level(level):
+        if shape == "dict":
+            f = jc.hot_step(lambda s: {k: v + 1 for k, v in s.items()}, state="s")
+            kw = {}
+        else:
+            f = jc.hot_step(_bump_dict, state="s", static="config")
+            kw = {"config": _Inc()}
+        s = {"a": jnp.zeros(3), "b": jnp.ones(2)}
+        old = f(s, **kw)
+        new = f(old, **kw)  # the C++ path: its signature is cached
+        capfd.readouterr()
+        for stale in (s, old):
+            with pytest.raises(jc.DonationError, match="already"):
+                f(stale, **kw)
+        assert "ExecutePrepare" not in capfd.readouterr().err
+        assert f(new, **kw)["a"].tolist() == [3.0] * 3
+
+
 # -- kept outputs: a donated leaf held elsewhere is refused before dispatch ---
 
 

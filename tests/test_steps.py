@@ -336,6 +336,35 @@ def test_a_static_step_under_an_outer_jit_is_traced():
     assert out.pos.shape == (4, 3)
 
 
+def _add_n(s, *, n):
+    return {k: v + n for k, v in s.items()}
+
+
+@pytest.mark.parametrize("level", ["off", "fast"])
+def test_static_keywords_are_static_in_the_cpp_call_and_still_type_strict(level):
+    """At off and fast a dict state's step with a static keyword is called by
+    one C++ call that takes the keyword as static (as jax.jit's
+    static_argnames does); every other call shape falls back to the wrapper,
+    and a value equal by == but of another type is still a new signature."""
+    with jc.checks_level(level):
+        step = jc.hot_step(_add_n, state="s", static="n")
+        s = step({"a": jnp.zeros(3), "b": jnp.ones(2)}, n=1)
+        assert getattr(step._call, "takes_static", False)
+        with jc.hot_loop():
+            for _ in range(3):
+                s = step(s, n=1)
+        s = step(s=s, n=1)  # the state by keyword: the wrapper binds it
+        assert step.stats.compiles == 1 and step.stats.calls == (0 if level == "off" else 5)  # off counts none
+        with pytest.raises(jc.RecompileError, match="called with static True"):
+            step(s, n=True)  # 1 == True, hash(1) == hash(True): not the same static value
+        with pytest.raises(jc.RecompileError, match="called with static 2"):
+            step(s, n=2)
+        assert not s["a"].is_deleted()  # refused before dispatch: the inputs are intact
+        assert jax.jit(lambda s: step(s, n=1))(s)["a"].tolist() == [6.0] * 3  # traced
+        assert step.stats.traced_calls == 1
+        assert step(s, n=1)["b"].tolist() == [7.0] * 2
+
+
 @pytest.mark.parametrize("level", ["off", "fast", "full"])
 def test_static_stateless_and_read_only_steps_at_every_checks_level(level):
     jc.set_checks(level)

@@ -96,7 +96,10 @@ def tree_in_tree(args: tuple[Any, ...]) -> Any:
 
 
 def guarded_call(
-    compiled: Any, approve: Callable[[tuple[Any, ...]], bool], in_tree: Any = None
+    compiled: Any,
+    approve: Callable[[tuple[Any, ...]], bool],
+    in_tree: Any = None,
+    static: tuple[tuple[int, ...], tuple[str, ...], Callable[..., tuple[Any, ...] | None]] | None = None,
 ) -> Callable[..., Any] | None:
     """The C++ call of ``compiled``'s executable that runs only signatures ``approve`` took.
 
@@ -108,6 +111,15 @@ def guarded_call(
             It must not raise and must not touch the device.
         in_tree: the call tree the executable takes its flat arguments in
             (:func:`flat_in_tree`, :func:`tree_in_tree`); None: its own.
+        static: ``(argnums, argnames, bind)``: the C++ call takes these
+            arguments as static, as ``jax.jit``'s ``static_argnums`` and
+            ``static_argnames`` do (left out of the flat arguments, hashed
+            into the signature; an executable whose static values travel as
+            leafless tree nodes). On a miss, ``bind(args, kwargs)`` gives
+            the positional arguments JAX's own miss takes, or None (refused);
+            it must not raise. A signature is one call shape, so ``bind``
+            must refuse any keyword that is not static (the C++ call would
+            order those leaves by name).
 
     Returns:
         The call (which returns :data:`REFUSED` for a refused signature), or
@@ -133,10 +145,18 @@ def guarded_call(
         missing("guarded-call", f"building the call failed: {type(e).__name__}: {e}")
         return None
     refused = (REFUSED, None, False)
+    argnums, argnames, bind = static if static is not None else ((), (), None)
 
     def cache_miss(*args: Any, **kwargs: Any) -> Any:
+        if bind is not None:
+            bound = bind(args, kwargs)
+            if bound is None:
+                return refused
+            args, kwargs = bound, {}
         if kwargs or not approve(args):
             return refused  # not run, nothing cached: the caller's slow path explains
         return jax_miss(*args)
 
-    return pjit(name, None, cache_miss, [], [], cache_keys(), dispatch_registry, shard_arg)  # type: ignore[no-any-return]
+    return pjit(  # type: ignore[no-any-return]
+        name, None, cache_miss, list(argnums), list(argnames), cache_keys(), dispatch_registry, shard_arg
+    )
