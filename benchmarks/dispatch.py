@@ -63,7 +63,7 @@ import numpy as np
 from jaxtyping import Array, Float32
 
 import jaxcontracts as jc
-from benchmarks._common import Result, machine, parser, row
+from benchmarks._common import Result, donated_block, machine, parser, row
 
 RAW = "raw compiled"
 JIT = "jax.jit"
@@ -156,25 +156,7 @@ def build_variants(n: int) -> tuple[list[Variant], jc.HotStep[Any, Any]]:
     return variants, hot
 
 
-def run_block(v: Variant, calls: int) -> float:
-    """Time ``calls`` donated calls of ``v``; return microseconds per call."""
-    if v.level is not None:
-        jc.set_checks(v.level)  # type: ignore[arg-type]  # rebuilds the call path
-    f = v.fn
-    assert f is not None
-    s = v.state
-    v.state = None  # the only live reference is `s`: donation can consume it
-    gc.disable()
-    try:
-        t0 = time.perf_counter()
-        for _ in range(calls):
-            s = f(s)
-        jax.block_until_ready(s)
-        t1 = time.perf_counter()
-    finally:
-        gc.enable()
-    v.state = s
-    return (t1 - t0) / calls * 1e6
+run_block = donated_block  # benchmarks._common: one timed block of s = f(s)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -58,7 +58,7 @@ import numpy as np
 from jaxtyping import Array, Float32, Int32, PyTree
 
 import jaxcontracts as jc
-from benchmarks._common import Result, machine, parser, row
+from benchmarks._common import Result, donated_block, machine, parser, row
 
 RAW, AA, JIT, PLAIN, EQX = "raw compiled", "raw A/A", "jax.jit donated", "jax.jit plain", "eqx.filter_jit"
 LEVELS = ("off", "fast", "full")
@@ -195,29 +195,7 @@ def build_variants(kind: Kind, n: int) -> tuple[list[Variant], Any]:
     return variants, hot
 
 
-def run_block(v: Variant, calls: int) -> float:
-    """Time ``calls`` calls ``s = f(s, **kwargs)`` of ``v``; return microseconds per call."""
-    if v.level is not None:
-        jc.set_checks(v.level)  # type: ignore[arg-type]  # rebuilds the call path
-    f, kw = v.fn, v.kwargs
-    assert f is not None
-    s = v.state
-    v.state = None  # the only live reference is `s`: donation can consume it
-    gc.disable()
-    try:
-        t0 = time.perf_counter()
-        if kw:
-            for _ in range(calls):
-                s = f(s, **kw)
-        else:
-            for _ in range(calls):
-                s = f(s)
-        jax.block_until_ready(s)
-        t1 = time.perf_counter()
-    finally:
-        gc.enable()
-    v.state = s
-    return (t1 - t0) / calls * 1e6
+run_block = donated_block  # benchmarks._common: one timed block of s = f(s)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -454,6 +454,32 @@ def test_a_guarded_call_takes_the_flat_leaves_or_the_arguments_tree():
         flat({"a": jnp.zeros(4), "b": jnp.ones(3)})  # another tree: JAX's own call refuses it (the caller flattens)
 
 
+def test_a_guarded_call_takes_static_arguments_as_jax_jit_does():
+    """static=(argnums, argnames, bind): the C++ call leaves the static values
+    out of the flat arguments and hashes them, with their type, into its
+    signature; bind gives JAX's own miss the positional arguments."""
+    from jaxcontracts._spec import StaticArg
+
+    s = {"a": jnp.zeros(3)}
+    compiled = jax.jit(lambda s, n: {"a": s["a"] + n.value}).lower(s, StaticArg(1)).compile()
+    asked = []
+
+    def bind(args, kwargs):
+        asked.append((args, kwargs))
+        if set(kwargs) - {"n"}:
+            return None  # a keyword that is not static: refused
+        return (*args, StaticArg(kwargs["n"])) if kwargs else (args[0], StaticArg(args[1]))
+
+    call = guarded.guarded_call(compiled, lambda args: args[1] == StaticArg(1), None, ((1,), ("n",), bind))
+    assert call is not None
+    assert call(s, n=1)["a"].tolist() == [1.0] * 3 and len(asked) == 1
+    assert call(s, n=1)["a"].tolist() == [1.0] * 3 and len(asked) == 1  # cached: never asked again
+    assert call(s, 1)["a"].tolist() == [1.0] * 3 and len(asked) == 2  # by position: another shape
+    assert call(s, n=True) is guarded.REFUSED and len(asked) == 3  # equal by ==, another type: a miss
+    assert call(s, n=2) is guarded.REFUSED
+    assert call(s=s, n=1) is guarded.REFUSED  # the state by keyword: bind refuses
+
+
 def test_a_missing_capability_warns_once_and_reports_list_it(monkeypatch):
     monkeypatch.setitem(
         registry._definitions,
