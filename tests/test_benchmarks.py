@@ -113,3 +113,14 @@ def test_the_plot_draws_the_states_result(quick_run, tmp_path):
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 10_000
     with pytest.raises(LookupError, match="no states benchmark"):
         plot_states([Result.from_json(results["dispatch"])], str(tmp_path / "none.png"))
+
+
+def test_the_full_call_profile_prints_every_piece(capsys):
+    from benchmarks import profile_full
+
+    assert profile_full.main(["--leaves", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("full call pieces, dict state of 3 f32[4] leaves")
+    timed = [line for line in lines[1:] if line.rstrip().endswith(" us")]
+    assert len(timed) == len(profile_full.pieces(3)) == 7
+    assert all(float(line.split()[-2]) > 0 for line in timed)
