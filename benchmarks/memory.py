@@ -34,7 +34,8 @@ donate_argnums=0).lower(spec).compile()``, the function dropped: the base),
 ``hot_step compile`` (``jc.hot_step(f).compile(S.spec(n=16))``, the step kept).
 Budget: ``hot_step`` ``<= 1.20x`` the raw AOT compile per signature.
 
-Run: ``python -m benchmarks.memory`` (``--quick``: an 8 MiB state, 20 signatures).
+Run: ``python -m benchmarks.memory`` (``--quick``: an 8 MiB state, 10 signatures
+after 5 to warm up, one sample of them).
 """
 
 from __future__ import annotations
@@ -192,21 +193,21 @@ def _tiny_signature(name: str, i: int) -> Any:
     return hot
 
 
-def signature_child(name: str, count: int) -> int:
+def signature_child(name: str, count: int, warmup: int = 20) -> int:
     """KiB of resident memory per compiled signature, in this fresh process."""
-    kept = [_tiny_signature(name, i) for i in range(20)]  # warm-up: JAX's own first costs
+    kept = [_tiny_signature(name, i) for i in range(warmup)]  # warm-up: JAX's own first costs
     gc.collect()
     before = _rss_bytes()
-    kept += [_tiny_signature(name, 20 + i) for i in range(count)]
+    kept += [_tiny_signature(name, warmup + i) for i in range(count)]
     gc.collect()
     print(json.dumps({"kib": (_rss_bytes() - before) / 1024 / count, "kept": len(kept)}))
     return 0
 
 
-def sample_signatures(name: str, count: int) -> float:
+def sample_signatures(name: str, count: int, quick: bool) -> float:
     out = subprocess.run(
         [sys.executable, "-m", "benchmarks.memory", "--signature-child", name,
-         "--signatures", str(count)],
+         "--signatures", str(count), *(["--quick"] if quick else [])],
         capture_output=True, text=True, check=True,
     )
     return float(json.loads(out.stdout.strip().splitlines()[-1])["kib"])
@@ -226,11 +227,11 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     mib = args.mib or (8.0 if args.quick else 1024.0)
     n = args.n or int(mib * 2**20) // (4 * LEAVES)
-    count = args.signatures or (20 if args.quick else 150)
+    count = args.signatures or (10 if args.quick else 150)
     if args.child:
         return child(args.child, n, args.steps)
     if args.signature_child:
-        return signature_child(args.signature_child, count)
+        return signature_child(args.signature_child, count, warmup=5 if args.quick else 20)
     repeats = args.repeats or (2 if args.quick else 3)
     state_bytes = n * 4 * LEAVES
     start = time.perf_counter()
@@ -263,10 +264,10 @@ def main(argv: list[str] | None = None) -> int:
                f"{statistics.median(growth['jax.jit undonated']):.3f}x)")
     per_sig: dict[str, list[float]] = {name: [] for name in SIG_VARIANTS}
     sig_order = list(SIG_VARIANTS)
-    for _ in range(repeats):
+    for _ in range(1 if args.quick else repeats):  # a fresh process each: the smoke run takes one
         rng.shuffle(sig_order)
         for name in sig_order:
-            per_sig[name].append(sample_signatures(name, count))
+            per_sig[name].append(sample_signatures(name, count, args.quick))
     sig_case = f"{count} compiled signatures, 2 leaves"
     for name in SIG_VARIANTS:
         res.rows.append(row(sig_case, name, per_sig[name], "KiB/sig", base=per_sig["raw AOT compile"]))
