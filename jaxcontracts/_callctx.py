@@ -95,8 +95,11 @@ class CallContext:
     bind: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None] = lambda args, kwargs: None
 
 
-def _stamper(out_tokens: tuple[tuple[tuple[int, ...], object], ...]) -> Callable[[Any], None]:
-    """Stamp each returned state with the provenance token of its spec."""
+def _stamper(out_tokens: tuple[tuple[tuple[int, ...], object], ...]) -> Callable[[Any], None] | None:
+    """Stamp each returned state with the provenance token of its spec (None:
+    nothing to stamp, as for a step whose states are foreign or unsealed)."""
+    if not out_tokens:
+        return None
     key = TOKEN
     if len(out_tokens) == 1 and out_tokens[0][0] == ():
         token_out = out_tokens[0][1]
@@ -116,12 +119,17 @@ def _stamper(out_tokens: tuple[tuple[tuple[int, ...], object], ...]) -> Callable
     return stamp
 
 
-def make_tail(ctx: CallContext, consumed: Callable[[Any], bool]) -> Callable[[tuple[Any, ...], Any, Any], Any]:
+def make_tail(
+    ctx: CallContext, consumed: Callable[[Any], bool], flat_src: bool = False
+) -> Callable[[tuple[Any, ...], Any, Any], Any]:
     """The one after-dispatch tail: stamp, check consumption, mark, count, tell loops.
 
     Args:
         consumed: tells, from the closure's own view of the arguments (flat
             leaves or the arguments), whether every donated buffer was used.
+        flat_src: that view is the flat leaves wherever consumption is
+            checked (the arguments may hold static values as they came, not
+            as ``StaticArg`` nodes, so they are not flattened again).
     """
     out_tokens = ctx.cs.out_tokens
     # The common `s = step(s)` stamps one token on the output itself, inline.
@@ -142,10 +150,10 @@ def make_tail(ctx: CallContext, consumed: Callable[[Any], bool]) -> Callable[[tu
     def tail(args: tuple[Any, ...], src: Any, out: Any) -> Any:
         if single:
             out.__dict__[key] = token_out
-        else:
+        elif stamp is not None:
             stamp(out)
         if full and not consumed(src):
-            err = not_consumed(cs, flatten(args)[0], out)
+            err = not_consumed(cs, src if flat_src else flatten(args)[0], out)
             if err is not None:  # None: a recording loop took it as a violation
                 raise err
         if mark_one is not None:  # the donated state names its consumer

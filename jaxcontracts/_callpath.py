@@ -44,6 +44,7 @@ from ._callctx import (
     stale_reader,
     static_native,
 )
+from ._callwrap import with_filtered, with_static
 from ._compat import refcount
 from ._compat.arrays import ArrayImpl, KeyArray
 from ._compat.guarded import REFUSED, flat_in_tree, guarded_call, tree_in_tree
@@ -55,11 +56,10 @@ from ._diffs import same_placement
 from ._donation import find_hazards
 from ._errors import ContractError
 from ._fields import is_state
-from ._filter import Filtered, join_out, split
 from ._provenance import provenance_path
 from ._records import CompiledSignature
 from ._runtime import tracking
-from ._signature import StepSignature
+from ._spec import StaticArg, static_equal
 from ._tracebacks import trim
 
 __all__ = ["DispatchingStep", "make_dispatch"]
@@ -105,8 +105,8 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
     if getattr(dispatch, "takes_static", False):
         return dispatch
     if sig.filtered_params:
-        return _with_filtered(sig, _with_static(sig, dispatch) if sig.static_params else dispatch, step)
-    return _with_static(sig, dispatch) if sig.static_params else dispatch
+        return with_filtered(sig, with_static(sig, dispatch) if sig.static_params else dispatch, step)
+    return with_static(sig, dispatch) if sig.static_params else dispatch
 
 
 def _consumed_marks(
@@ -126,85 +126,6 @@ def _consumed_marks(
             cls = type(cs.spec_args[i])
             marks.append((i, cls, consumed_class(cls, step)))
     return tuple(marks)
-
-
-def _with_filtered(sig: StepSignature, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
-    """The call path behind a wrapper that filters equinox Modules (``_filter``).
-
-    Each filtered argument becomes a :class:`Filtered` node (its array leaves;
-    the structure and the other leaves as aux data, the last key reused while
-    the same static leaves come back), and what the executable returns is
-    rebuilt. The cost of ``eqx.filter_jit``: one flatten and one unflatten of
-    the Module per call.
-    """
-    normalize, n_params, filtered = sig.normalize, len(sig.param_names), sig.filtered_params
-    last: dict[int, Any] = {}
-    record = step.last_call
-
-    bind = keyword_binder(sig)
-
-    def with_filtered(*args: Any, **kwargs: Any) -> Any:
-        try:
-            if kwargs or len(args) != n_params:
-                args = (bind(args, kwargs) if kwargs else None) or normalize(args, kwargs)
-            items = list(args)
-            for i in filtered:
-                value = items[i]
-                if type(value) is not Filtered:
-                    items[i] = node = split(value, last.get(i))
-                    last[i] = node.key
-            del value
-            out = dispatch(*items)
-            joined = join_out(out)
-            seen = record[0]
-            if seen is not None and seen[1] is out:  # the loops' record: the rebuilt output, held once
-                record[0] = (seen[0], joined)
-            return joined
-        except ContractError as err:  # the traceback ends at the user's line
-            trim(err)
-            raise
-
-    return with_filtered
-
-
-def _with_static(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[..., Any]:
-    """The call path behind a wrapper that turns static values into tree nodes.
-
-    Static values travel as :class:`StaticArg` nodes of the tree structure
-    (hashability is checked when one is made). The node made for the last
-    value of each static parameter is reused while the same object comes
-    back, so the usual call (one config object) neither hashes nor compares.
-    """
-    normalize, n_params, static = sig.normalize, len(sig.param_names), sig.static_params
-    last: dict[int, tuple[Any, Any]] = {}
-
-    bind = keyword_binder(sig)
-
-    def with_static(*args: Any, **kwargs: Any) -> Any:
-        try:
-            if kwargs:  # update(state, config=config): bound without inspect, then as positional
-                bound = bind(args, kwargs)
-                if bound is None:
-                    return dispatch(*normalize(args, kwargs))
-                args = bound
-            elif len(args) != n_params:
-                return dispatch(*normalize(args, kwargs))
-            items = list(args)
-            for i in static:
-                value = items[i]
-                seen = last.get(i)
-                if seen is not None and seen[0] is value:
-                    items[i] = seen[1]
-                else:
-                    items = list(normalize(tuple(items), {}))
-                    last.update((j, (args[j], items[j])) for j in static)
-                    break
-            return dispatch(*items)
-        except ContractError as err:  # the traceback ends at the user's line
-            trim(err)
-            raise
-
-    return with_static
 
 
 def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
@@ -269,7 +190,7 @@ def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
 
 def _off_native(ctx: CallContext, off: Callable[..., Any]) -> Callable[..., Any]:
     """``off`` with static values static in the C++ call (``static_native``)."""
-    return static_native(ctx, None, _with_static(ctx.step.definition, off), None) or off
+    return static_native(ctx, None, with_static(ctx.step.definition, off), None) or off
 
 
 def _placement_probe(cs: CompiledSignature, first_donated: int | None) -> Any:
@@ -321,7 +242,11 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
     def leaves_consumed(leaves: Sequence[Any]) -> bool:
         return all(map(is_deleted, donated_of(leaves)))
 
-    tail = make_tail(ctx, leaves_consumed)
+    def all_consumed(leaves: Sequence[Any]) -> bool:  # every leaf donated: no picking
+        return all(map(is_deleted, leaves))
+
+    every = tuple(donated) == tuple(range(n_leaves))
+    tail = make_tail(ctx, all_consumed if every else leaves_consumed, flat_src=True)
     kept = kept_plan(ctx)
     fast = leaf_kinds(cs)
     types, unkeyed, unkeyed_weak, weak_of = (
@@ -405,6 +330,9 @@ def _guarded(
     * ``full`` flattens once, for the checks over every leaf (deleted, kept
       references, repeated buffers, consumption), and calls the executable
       with the flat leaves (JAX then flattens a tuple, not the state again).
+      Static values (``native``) are compared by identity and left out of
+      the flatten, as a C++ call with ``static_argnames`` does; another
+      value goes through :func:`with_static`.
     """
     cs, slow_call, bind, full = ctx.cs, ctx.slow_call, ctx.bind, ctx.full
     if cs.host or ArrayImpl is None:
@@ -433,7 +361,7 @@ def _guarded(
             return None
         fast = _guarded_fast(ctx, call, tail)
         if native:  # static values static in the C++ call too (static_native)
-            return static_native(ctx, approve_tree, _with_static(ctx.step.definition, fast), tail) or fast
+            return static_native(ctx, approve_tree, with_static(ctx.step.definition, fast), tail) or fast
         return fast
     call = guarded_call(cs.compiled, approve_flat, None if cs.flat_style else flat_in_tree(n_leaves))
     if call is None:
@@ -446,39 +374,80 @@ def _guarded(
     def repeated(leaves: Sequence[Any]) -> bool:
         return len(set(map(id, leaves))) != n_leaves and bool(find_hazards(leaves, donated)[1])
 
-    def guarded_full(*args: Any, **kwargs: Any) -> Any:
-        try:
-            if kwargs:
-                bound = bind(args, kwargs)
-                if bound is None:
-                    return slow_call(args, kwargs, None)
-                args = bound
-            leaves, treedef = flatten(args)
-            if treedef != in_treedef or tref.value is not ev or aref.value is not top:
-                return slow_call(args, {}, None)
-            try:
-                if any(map(is_deleted, leaves)):  # before XLA refuses it with an error line on stderr
-                    return slow_call(args, {}, None)
-            except (TypeError, AttributeError):  # not a device array: the slow path says what it is
-                return slow_call(args, {}, None)
-            if ids_always and repeated(leaves):
-                return slow_call(args, {}, None)
-            if kept is not None:
-                refused = kept.refused(leaves)
-                if refused is not None:
-                    return slow_call(args, {}, None if repeated(leaves) else refused)
-            try:
-                out = call(*leaves)
-            except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
-                return slow_call(args, {}, e)
-            if out is refused_mark:
-                return slow_call(args, {}, None)
-            return tail(args, leaves, out)
-        except ContractError as err:  # the traceback ends at the user's line
-            trim(err)
-            raise
+    count = refcount.count
+    kept_pick, kept_limit = (kept.pick, kept.limit) if kept is not None else (None, 0)
+    kept_sequences = kept_limit - refcount.BASELINE + 1
 
-    return guarded_full
+    def make_full(static: tuple[int, ...]) -> Callable[..., Any]:
+        """The closure; ``static``: the static parameters it takes as they come
+        (their values compared by identity, then type and ``==``, and left out
+        of the one flatten), or () where they arrive as ``StaticArg`` nodes."""
+        want, dynamic_of, fallback = in_treedef, None, None
+        if static:
+            children = in_treedef.children()
+            dynamic = tuple(j for j in range(ctx.n_params) if j not in static)
+            want = jax.tree_util.treedef_tuple([children[j] for j in dynamic])
+            dynamic_of = picker(dynamic)
+            fallback = with_static(ctx.step.definition, make_full(()))
+            compiled_values = [cs.spec_args[i].value for i in static]
+            seen = list(compiled_values)  # the objects last accepted, per static parameter
+            pairs = tuple(enumerate(static))
+            n_params = ctx.n_params
+
+        def guarded_full(*args: Any, **kwargs: Any) -> Any:
+            try:
+                if kwargs:
+                    bound = bind(args, kwargs)
+                    if bound is None:
+                        return slow_call(args, kwargs, None)
+                    args = bound
+                if dynamic_of is None:
+                    leaves, treedef = flatten(args)
+                else:  # update(state, config=config): the config is not flattened
+                    if len(args) != n_params:
+                        return fallback(*args)  # type: ignore[misc]
+                    for k, i in pairs:
+                        value = args[i]
+                        if value is not seen[k]:
+                            if not static_equal(value, compiled_values[k]):
+                                return fallback(*args)  # type: ignore[misc]  # another value: a new signature
+                            seen[k] = value
+                    leaves, treedef = flatten(dynamic_of(args))
+                if treedef != want or tref.value is not ev or aref.value is not top:
+                    return slow_call(args, {}, None)
+                try:
+                    if any(map(is_deleted, leaves)):  # before XLA refuses it with an error line on stderr
+                        return slow_call(args, {}, None)
+                except (TypeError, AttributeError):  # not a device array: the slow path says what it is
+                    return slow_call(args, {}, None)
+                if ids_always and repeated(leaves):
+                    return slow_call(args, {}, None)
+                if kept is not None:  # kept.refused(leaves), inline
+                    seq = leaves if kept_pick is None else kept_pick(leaves)
+                    if max(map(count, seq)) > kept_limit:
+                        refused = kept.refuse(seq, kept_sequences)
+                        if refused is not None:
+                            return slow_call(args, {}, None if repeated(leaves) else refused)
+                    del seq
+                try:
+                    out = call(*leaves)
+                except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
+                    return slow_call(args, {}, e)
+                if out is refused_mark:
+                    return slow_call(args, {}, None)
+                return tail(args, leaves, out)
+            except ContractError as err:  # the traceback ends at the user's line
+                trim(err)
+                raise
+
+        return guarded_full
+
+    sig = ctx.step.definition
+    if native and all(type(cs.spec_args[i]) is StaticArg for i in sig.static_params):
+        guarded_full = make_full(sig.static_params)
+        guarded_full.takes_static = True  # type: ignore[attr-defined]  # make_dispatch: no wrapper
+        return guarded_full
+    return make_full(())
 
 
 def _guarded_fast(ctx: CallContext, call: Callable[..., Any], tail: Any) -> Callable[..., Any]:

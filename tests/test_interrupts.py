@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import _thread
 import os
+import signal
 import sys
 import threading
 
@@ -64,9 +65,22 @@ def _nothing_engaged(originals: dict) -> None:
     jnp.zeros(3) + 1.0
 
 
+@pytest.fixture
+def ctrl_c_raises():
+    """SIGINT raises KeyboardInterrupt, as at a terminal. A process started in
+    the background by a shell without job control (a CI script's `cmd &`)
+    inherits SIGINT ignored, and interrupt_main() then does nothing."""
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        yield
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+    else:
+        yield
+
+
 @pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="SIGINT: main thread")
 @pytest.mark.parametrize("body", ["empty", "step"])
-def test_an_interrupt_at_any_line_of_entry_or_exit_leaves_nothing_engaged(body):
+def test_an_interrupt_at_any_line_of_entry_or_exit_leaves_nothing_engaged(body, ctrl_c_raises):
     s = advance(jc.device_tree(S(x=jnp.zeros(3))))
     jax.block_until_ready(s)
     originals = arrays.read_methods()

@@ -340,11 +340,12 @@ def _add_n(s, *, n):
     return {k: v + n for k, v in s.items()}
 
 
-@pytest.mark.parametrize("level", ["off", "fast"])
+@pytest.mark.parametrize("level", ["off", "fast", "full"])
 def test_static_keywords_are_static_in_the_cpp_call_and_still_type_strict(level):
     """At off and fast a dict state's step with a static keyword is called by
     one C++ call that takes the keyword as static (as jax.jit's
-    static_argnames does); every other call shape falls back to the wrapper,
+    static_argnames does); at full the closure compares it by identity and
+    flattens the rest once. Every other call shape falls back to the wrapper,
     and a value equal by == but of another type is still a new signature."""
     with jc.checks_level(level):
         step = jc.hot_step(_add_n, state="s", static="n")
@@ -363,6 +364,41 @@ def test_static_keywords_are_static_in_the_cpp_call_and_still_type_strict(level)
         assert jax.jit(lambda s: step(s, n=1))(s)["a"].tolist() == [6.0] * 3  # traced
         assert step.stats.traced_calls == 1
         assert step(s, n=1)["b"].tolist() == [7.0] * 2
+
+
+@dataclasses.dataclass(frozen=True)
+class _Inc:
+    by: float = 1.0
+
+
+def _add_inc(s, *, cfg):
+    return {k: v + cfg.by for k, v in s.items()}
+
+
+def test_a_static_keyword_at_full_is_checked_as_the_state_is():
+    # The full closure that takes the static value as it comes (no StaticArg
+    # node per call) still refuses what full refuses, and takes an equal new
+    # object as the same signature.
+    with jc.checks_level("full"):
+        step = jc.hot_step(_add_inc, state="s", static="cfg")
+        s = step({"a": jnp.zeros(3), "b": jnp.ones(2)}, cfg=_Inc())
+        assert getattr(step._call, "takes_static", False)
+        with jc.hot_loop():
+            for _ in range(3):
+                s = step(s, cfg=_Inc())  # a new, equal object each call
+        assert step.stats.compiles == 1 and step.stats.calls == 4
+        kept = s["a"]
+        with pytest.raises(jc.DonationError, match=r"s\['a'\]"):
+            step(s, cfg=_Inc())
+        assert not kept.is_deleted() and not s["b"].is_deleted()  # refused before dispatch
+        del kept
+        old, s = s, step(s, cfg=_Inc())
+        with pytest.raises(jc.DonationError, match="donated"):
+            step(old, cfg=_Inc())  # a stale state, named before XLA logs a refusal
+        with pytest.raises(jc.RecompileError, match="called with static _Inc"):
+            step(s, cfg=_Inc(by=2.0))
+        assert step(s, cfg=_Inc())["b"].tolist() == [7.0] * 2
+        assert step.stats.compiles == 1
 
 
 @pytest.mark.parametrize("level", ["off", "fast", "full"])

@@ -1,0 +1,97 @@
+"""The wrappers in front of a call path whose parameters are not all pytrees
+of arrays: static values (:func:`with_static`) and equinox Modules
+(:func:`with_filtered`). Each turns its arguments into tree nodes the compiled
+signature knows, then calls the closure of :mod:`._callpath`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from ._callctx import DispatchingStep, keyword_binder
+from ._errors import ContractError
+from ._filter import Filtered, join_out, split
+from ._signature import StepSignature
+from ._tracebacks import trim
+
+__all__ = ["with_filtered", "with_static"]
+
+
+def with_filtered(sig: StepSignature, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
+    """The call path behind a wrapper that filters equinox Modules (``_filter``).
+
+    Each filtered argument becomes a :class:`Filtered` node (its array leaves;
+    the structure and the other leaves as aux data, the last key reused while
+    the same static leaves come back), and what the executable returns is
+    rebuilt. The cost of ``eqx.filter_jit``: one flatten and one unflatten of
+    the Module per call.
+    """
+    normalize, n_params, filtered = sig.normalize, len(sig.param_names), sig.filtered_params
+    last: dict[int, Any] = {}
+    record = step.last_call
+
+    bind = keyword_binder(sig)
+
+    def filtered_call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            if kwargs or len(args) != n_params:
+                args = (bind(args, kwargs) if kwargs else None) or normalize(args, kwargs)
+            items = list(args)
+            for i in filtered:
+                value = items[i]
+                if type(value) is not Filtered:
+                    items[i] = node = split(value, last.get(i))
+                    last[i] = node.key
+            del value
+            out = dispatch(*items)
+            joined = join_out(out)
+            seen = record[0]
+            if seen is not None and seen[1] is out:  # the loops' record: the rebuilt output, held once
+                record[0] = (seen[0], joined)
+            return joined
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
+
+    return filtered_call
+
+
+def with_static(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[..., Any]:
+    """The call path behind a wrapper that turns static values into tree nodes.
+
+    Static values travel as :class:`StaticArg` nodes of the tree structure
+    (hashability is checked when one is made). The node made for the last
+    value of each static parameter is reused while the same object comes
+    back, so the usual call (one config object) neither hashes nor compares.
+    """
+    normalize, n_params, static = sig.normalize, len(sig.param_names), sig.static_params
+    last: dict[int, tuple[Any, Any]] = {}
+
+    bind = keyword_binder(sig)
+
+    def static_call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            if kwargs:  # update(state, config=config): bound without inspect, then as positional
+                bound = bind(args, kwargs)
+                if bound is None:
+                    return dispatch(*normalize(args, kwargs))
+                args = bound
+            elif len(args) != n_params:
+                return dispatch(*normalize(args, kwargs))
+            items = list(args)
+            for i in static:
+                value = items[i]
+                seen = last.get(i)
+                if seen is not None and seen[0] is value:
+                    items[i] = seen[1]
+                else:
+                    items = list(normalize(tuple(items), {}))
+                    last.update((j, (args[j], items[j])) for j in static)
+                    break
+            return dispatch(*items)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
+
+    return static_call
