@@ -120,7 +120,10 @@ def _stamper(out_tokens: tuple[tuple[tuple[int, ...], object], ...]) -> Callable
 
 
 def make_tail(
-    ctx: CallContext, consumed: Callable[[Any], bool], flat_src: bool = False
+    ctx: CallContext,
+    consumed: Callable[[Any], bool],
+    flat_src: bool = False,
+    every_deleted: Callable[[Any], bool] | None = None,
 ) -> Callable[[tuple[Any, ...], Any, Any], Any]:
     """The one after-dispatch tail: stamp, check consumption, mark, count, tell loops.
 
@@ -130,6 +133,9 @@ def make_tail(
         flat_src: that view is the flat leaves wherever consumption is
             checked (the arguments may hold static values as they came, not
             as ``StaticArg`` nodes, so they are not flattened again).
+        every_deleted: with ``flat_src``, where every leaf is donated: the
+            ``is_deleted`` test, mapped over the leaves inline (one call less
+            than ``consumed``).
     """
     out_tokens = ctx.cs.out_tokens
     # The common `s = step(s)` stamps one token on the output itself, inline.
@@ -152,7 +158,7 @@ def make_tail(
             out.__dict__[key] = token_out
         elif stamp is not None:
             stamp(out)
-        if full and not consumed(src):
+        if full and not (all(map(every_deleted, src)) if every_deleted is not None else consumed(src)):
             err = not_consumed(cs, src if flat_src else flatten(args)[0], out)
             if err is not None:  # None: a recording loop took it as a violation
                 raise err

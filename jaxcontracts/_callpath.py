@@ -242,11 +242,8 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
     def leaves_consumed(leaves: Sequence[Any]) -> bool:
         return all(map(is_deleted, donated_of(leaves)))
 
-    def all_consumed(leaves: Sequence[Any]) -> bool:  # every leaf donated: no picking
-        return all(map(is_deleted, leaves))
-
-    every = tuple(donated) == tuple(range(n_leaves))
-    tail = make_tail(ctx, all_consumed if every else leaves_consumed, flat_src=True)
+    every = tuple(donated) == tuple(range(n_leaves))  # every leaf donated: checked inline, unpicked
+    tail = make_tail(ctx, leaves_consumed, flat_src=True, every_deleted=is_deleted if every else None)
     kept = kept_plan(ctx)
     fast = leaf_kinds(cs)
     types, unkeyed, unkeyed_weak, weak_of = (

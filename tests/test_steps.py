@@ -896,3 +896,33 @@ def test_a_step_returning_the_state_where_its_annotation_says_a_tuple_is_told_so
     assert "does not return what its signature says" in text
     assert "the step returns One, with no state at return value [0]" in text
     assert "-> One for the state alone" in text and "dtype" not in text
+
+
+@pytest.mark.parametrize("static", [False, True], ids=["dict", "dict with a static keyword"])
+def test_a_foreign_state_not_consumed_at_full_names_the_leaf_and_returns_the_result(static, without_kept_check):
+    # The full closure of a foreign state checks consumption over its own flat
+    # leaves (every leaf donated: inline; a static keyword: never flattened
+    # with the state), so the error names the leaf XLA copied, not a neighbour.
+    with jc.checks_level("full"):
+        if static:  # the static parameter first: the state's leaves are not the call's first
+            step = jc.hot_step(_inc_first, state="s", static="cfg")
+            call = functools.partial(step, _Inc())
+        else:
+            step = call = jc.hot_step(_add_n_one, state="s")
+        s = call({"a": jnp.zeros(3), "b": jnp.ones(2)})
+        view = np.asarray(s["b"])  # a numpy view: XLA:CPU copies instead of donating
+        with pytest.raises(jc.DonationError) as info:
+            call(s)
+        del view
+        err = info.value
+        assert err.contract == "consumed" and err.leaves == ("s['b']",)
+        assert err.result["b"].tolist() == [3.0, 3.0]  # nothing lost: the outputs are here
+        assert step.stats.not_consumed == 1
+
+
+def _add_n_one(s):
+    return {k: v + 1 for k, v in s.items()}
+
+
+def _inc_first(cfg, s):
+    return {k: v + cfg.by for k, v in s.items()}
