@@ -44,9 +44,10 @@ from ._callctx import (
     stale_reader,
     static_native,
 )
-from ._callwrap import with_filtered, with_static
+from ._callwrap import with_effect_tokens, with_filtered, with_static
 from ._compat import refcount
 from ._compat.arrays import ArrayImpl, KeyArray
+from ._compat.effects import effect_tokens
 from ._compat.guarded import REFUSED, flat_in_tree, guarded_call, tree_in_tree
 from ._compat.threadguard import allow_host_to_device
 from ._compat.tracing import cpp_call, flatten, top_level_refs
@@ -103,10 +104,13 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
     else:
         dispatch = _checked(ctx, native)
     if getattr(dispatch, "takes_static", False):
-        return dispatch
-    if sig.filtered_params:
-        return with_filtered(sig, with_static(sig, dispatch) if sig.static_params else dispatch, step)
-    return with_static(sig, dispatch) if sig.static_params else dispatch
+        pass
+    elif sig.filtered_params:
+        dispatch = with_filtered(sig, with_static(sig, dispatch) if sig.static_params else dispatch, step)
+    elif sig.static_params:
+        dispatch = with_static(sig, dispatch)
+    ensure = effect_tokens(cs.compiled)  # an ordered effect: JAX's token made outside the guard
+    return dispatch if ensure is None else with_effect_tokens(dispatch, ensure)
 
 
 def _consumed_marks(

@@ -1,7 +1,8 @@
 """The wrappers in front of a call path whose parameters are not all pytrees
 of arrays: static values (:func:`with_static`) and equinox Modules
 (:func:`with_filtered`). Each turns its arguments into tree nodes the compiled
-signature knows, then calls the closure of :mod:`._callpath`.
+signature knows, then calls the closure of :mod:`._callpath`. And
+:func:`with_effect_tokens`, for an executable with ordered effects.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ from ._filter import Filtered, join_out, split
 from ._signature import StepSignature
 from ._tracebacks import trim
 
-__all__ = ["with_filtered", "with_static"]
+__all__ = ["with_effect_tokens", "with_filtered", "with_static"]
 
 
 def with_filtered(sig: StepSignature, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
@@ -95,3 +96,21 @@ def with_static(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[..
             raise
 
     return static_call
+
+
+def with_effect_tokens(dispatch: Callable[..., Any], ensure: Callable[[], None]) -> Callable[..., Any]:
+    """The call path of an executable with ordered effects: JAX's runtime
+    token of each is made first where this thread has none
+    (``_compat.effects``), so that the call inside a ``jc.hot_loop`` is not
+    refused for JAX's own ``bool[0]`` transfer."""
+
+    def effects_call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            ensure()
+            return dispatch(*args, **kwargs)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
+
+    effects_call.takes_static = getattr(dispatch, "takes_static", False)  # type: ignore[attr-defined]
+    return effects_call

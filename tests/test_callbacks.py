@@ -64,8 +64,7 @@ def test_a_pure_callback_and_an_io_callback_run_their_jnp_code_in_a_loop():
     @jc.hot_step
     def advance(s: S) -> S:
         n = jax.pure_callback(host_norm, jax.ShapeDtypeStruct((), jnp.float32), s.x)
-        # (ordered=True would make JAX transfer its effect token on the first call:
-        # JAX's own transfer, made once, where the first call runs)
+        # (ordered=True: see test_an_ordered_io_callback_first_called_in_a_loop_is_not_refused)
         io_callback(record, jax.ShapeDtypeStruct((), jnp.float32), s.x, ordered=False)
         return S(x=s.x / n)
 
@@ -95,3 +94,70 @@ def test_the_hook_is_installed_on_every_runner_jax_has():
     with jc.hot_loop():
         pass
     assert {name for _, name, _ in callbacks._hooked} == {"impl", "pure_callback_impl", "io_callback_impl"}
+
+
+def _ordered_step():
+    log = []
+
+    def record(x):
+        log.append(float(x))
+
+    @jc.hot_step
+    def advance(s: S) -> S:
+        io_callback(record, None, s.x.sum(), ordered=True)
+        return S(x=s.x + 1)
+
+    return advance, log
+
+
+@pytest.mark.parametrize("level", ["off", "fast", "full"])
+def test_an_ordered_io_callback_first_called_in_a_loop_is_not_refused(level):
+    # An ordered effect takes a runtime token, which JAX makes on a thread's
+    # first call (and after jax.effects_barrier()) by transferring a bool[0]
+    # numpy array: refused by the loop as a TransferError for bool[0] whose fix
+    # the user cannot apply. The step makes it outside the guard, first.
+    import threading
+
+    with jc.checks_level(level):
+        advance, log = _ordered_step()
+        advance.compile(S.spec(n=3))
+        s = _fresh()
+        with jc.hot_loop():
+            s = advance(s)
+            jax.effects_barrier()  # clears this thread's tokens: made again at the next call
+            s = advance(s)
+        errors = []
+
+        def on_another_thread(s):  # runtime tokens are per thread
+            try:
+                with jc.hot_loop():
+                    advance(s)
+            except Exception as e:  # noqa: BLE001
+                errors.append(e)
+
+        t = threading.Thread(target=on_another_thread, args=(s,))
+        t.start()
+        t.join()
+        assert not errors, errors
+        jax.effects_barrier()
+        assert log == [3.0, 6.0, 9.0]  # in order
+        other = _fresh()
+        with pytest.raises(jc.TransferError, match="host-to-device"), jc.hot_loop():
+            other.x + np.ones(3, np.float32)  # the loop still refuses the user's own transfer
+
+
+def test_without_the_mechanism_the_ordered_token_is_the_transfer_refused(monkeypatch):
+    from jaxcontracts import _callpath
+
+    monkeypatch.setattr(_callpath, "effect_tokens", lambda compiled: None)
+    advance, _ = _ordered_step()
+    advance.compile(S.spec(n=3))
+    s = _fresh()
+    jax.effects_barrier()
+    from jax._src import dispatch
+
+    dispatch.runtime_tokens.clear()
+    with pytest.raises(jc.TransferError, match=r"bool\[0\]"), jc.hot_loop():
+        advance(s)
+    assert not s.x.is_deleted()  # refused before the executable ran
+

@@ -742,3 +742,24 @@ def test_a_compiled_call_under_debug_nans_raises_jaxs_internal_error_we_recognis
             compiled(jnp.zeros(3))
     assert runtime_errors.debug_nans_kind(e.value) == "nan", type(e.value)
     assert runtime_errors.debug_nans_kind(FloatingPointError("nan")) is None
+
+
+def test_effect_tokens_see_an_executables_ordered_effects_and_make_the_missing_token():
+    from jax._src import dispatch
+    from jax.experimental import io_callback
+
+    from jaxcontracts._compat import effects
+
+    def ordered(x):
+        io_callback(lambda v: None, None, x, ordered=True)
+        return x + 1
+
+    x = jnp.zeros(3)
+    assert effects.effect_tokens(jax.jit(lambda x: x + 1).lower(x).compile()) is None  # no effect: no wrapper
+    ensure = effects.effect_tokens(jax.jit(ordered).lower(x).compile())
+    assert ensure is not None
+    jax.effects_barrier()
+    dispatch.runtime_tokens.clear()
+    with jax.transfer_guard_host_to_device("disallow"):
+        ensure()  # JAX's own bool[0] transfer, made with the guard lifted
+    assert len(dispatch.runtime_tokens.current_tokens) == 1

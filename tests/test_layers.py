@@ -37,6 +37,7 @@ LAYERS: dict[str, int] = {
     "_compat.blocking": 3,
     "_compat.callbacks": 3,
     "_compat.events": 3,
+    "_compat.effects": 3,
     "_compat.executable": 3,
     "_compat.frames": 3,
     "_compat.hostcopy": 3,

@@ -1,0 +1,84 @@
+"""JAX's runtime tokens for a compiled step's ordered effects, made ahead.
+
+A step with an ordered effect (``io_callback(..., ordered=True)``,
+``jax.debug.print(..., ordered=True)``) takes an effect token. JAX keeps the
+last token per effect in ``jax._src.dispatch.runtime_tokens`` (one set per
+thread); the first call on a thread, or the first after
+``jax.effects_barrier()`` cleared the set, makes one by transferring a
+``bool[0]`` numpy array to the devices (``shard_args``). Inside a
+``jc.hot_loop`` that transfer is JAX's own, not the user's, but the loop's
+host-to-device guard refused it: a ``TransferError`` for ``bool[0]`` whose fix
+("put host data on the device once") the user cannot apply.
+
+:func:`effect_tokens` reads the executable's ordered effects and devices
+(``Compiled._executable.unsafe_call``: ``ordered_effects``,
+``_local_devices``) and returns a function that makes each missing token with
+the calling thread's host-to-device guard lifted, before the call; the call
+itself then only reshards the existing token on the device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+
+from .registry import capability, define
+
+__all__ = ["effect_tokens"]
+
+try:
+    from jax._src import dispatch as _dispatch
+except ImportError:  # pragma: no cover - future jax
+    _dispatch = None  # type: ignore[assignment]
+
+
+@define(
+    "effect-tokens",
+    "jax._src.dispatch.runtime_tokens (get_token_input, current_tokens) and "
+    "Compiled._executable.unsafe_call.ordered_effects / _local_devices",
+    "a hot step with an ordered effect (io_callback(ordered=True)) first called inside "
+    "jc.hot_loop does not fail on JAX's own transfer of its effect token",
+)
+def _probe() -> str | None:
+    tokens = getattr(_dispatch, "runtime_tokens", None)
+    if tokens is None:
+        return "jax._src.dispatch.runtime_tokens is missing"
+    if not callable(getattr(tokens, "get_token_input", None)) or not isinstance(
+        getattr(tokens, "current_tokens", None), dict
+    ):
+        return "runtime_tokens has no get_token_input / current_tokens dict"
+    return None
+
+
+def _ordered(compiled: Any) -> tuple[list[Any], Any] | None:
+    """(the ordered effects, the local devices) of an AOT executable, or None."""
+    try:
+        call = compiled._executable.unsafe_call
+        effects = list(call.ordered_effects)
+        devices = call._local_devices
+    except (AttributeError, TypeError):
+        return None
+    return (effects, devices) if effects else None
+
+
+def effect_tokens(compiled: Any) -> Callable[[], None] | None:
+    """A function making, on the calling thread, the runtime tokens of the
+    executable's ordered effects that do not exist yet (the host-to-device
+    guard lifted for that); None where it has no ordered effect or the
+    mechanism is missing (the first call inside a loop is then refused)."""
+    found = _ordered(compiled)
+    if found is None or not capability("effect-tokens").available:
+        return None
+    effects, devices = found
+    tokens = _dispatch.runtime_tokens
+
+    def ensure() -> None:
+        current = tokens.current_tokens  # this thread's (a threading.local)
+        for eff in effects:
+            if eff not in current:  # once per thread (and after jax.effects_barrier())
+                with jax.transfer_guard_host_to_device("allow"):
+                    tokens.get_token_input(eff, devices)
+
+    return ensure
