@@ -123,7 +123,6 @@ def make_tail(
     ctx: CallContext,
     consumed: Callable[[Any], bool],
     flat_src: bool = False,
-    every_deleted: Callable[[Any], bool] | None = None,
 ) -> Callable[[tuple[Any, ...], Any, Any], Any]:
     """The one after-dispatch tail: stamp, check consumption, mark, count, tell loops.
 
@@ -132,12 +131,14 @@ def make_tail(
             leaves or the arguments), whether every donated buffer was used.
         flat_src: that view is the flat leaves wherever consumption is
             checked (the arguments may hold static values as they came, not
-            as ``StaticArg`` nodes, so they are not flattened again).
-        every_deleted: with ``flat_src``, where every leaf is donated: the
-            ``is_deleted`` test, mapped over the leaves inline (one call less
-            than ``consumed``).
+            as ``StaticArg`` nodes, so they are not flattened again); where
+            every leaf is donated, consumption is then tested inline over
+            them (one call less than ``consumed``).
     """
     out_tokens = ctx.cs.out_tokens
+    every_deleted = (
+        is_deleted_for(ctx.cs) if flat_src and tuple(ctx.cs.donated) == tuple(range(len(ctx.cs.leaves))) else None
+    )
     # The common `s = step(s)` stamps one token on the output itself, inline.
     single = len(out_tokens) == 1 and out_tokens[0][0] == ()
     token_out = out_tokens[0][1] if single else None

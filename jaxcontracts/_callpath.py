@@ -246,8 +246,7 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
     def leaves_consumed(leaves: Sequence[Any]) -> bool:
         return all(map(is_deleted, donated_of(leaves)))
 
-    every = tuple(donated) == tuple(range(n_leaves))  # every leaf donated: checked inline, unpicked
-    tail = make_tail(ctx, leaves_consumed, flat_src=True, every_deleted=is_deleted if every else None)
+    tail = make_tail(ctx, leaves_consumed, flat_src=True)
     kept = kept_plan(ctx)
     fast = leaf_kinds(cs)
     types, unkeyed, unkeyed_weak, weak_of = (
@@ -375,10 +374,6 @@ def _guarded(
     def repeated(leaves: Sequence[Any]) -> bool:
         return len(set(map(id, leaves))) != n_leaves and bool(find_hazards(leaves, donated)[1])
 
-    count = refcount.count
-    kept_pick, kept_limit = (kept.pick, kept.limit) if kept is not None else (None, 0)
-    kept_sequences = kept_limit - refcount.BASELINE + 1
-
     def make_full(static: tuple[int, ...]) -> Callable[..., Any]:
         """The closure; ``static``: the static parameters it takes as they come
         (their values compared by identity, then type and ``==``, and left out
@@ -423,13 +418,10 @@ def _guarded(
                     return slow_call(args, {}, None)
                 if ids_always and repeated(leaves):
                     return slow_call(args, {}, None)
-                if kept is not None:  # kept.refused(leaves), inline
-                    seq = leaves if kept_pick is None else kept_pick(leaves)
-                    if max(map(count, seq)) > kept_limit:
-                        refused = kept.refuse(seq, kept_sequences)
-                        if refused is not None:
-                            return slow_call(args, {}, None if repeated(leaves) else refused)
-                    del seq
+                if kept is not None:
+                    refused = kept.refused(leaves)
+                    if refused is not None:
+                        return slow_call(args, {}, None if repeated(leaves) else refused)
                 try:
                     out = call(*leaves)
                 except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
