@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import operator
+import types
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
@@ -373,28 +374,38 @@ def first_leaf_of(cls: type) -> Callable[[Any], Any]:
 def leaf_reader(cs: CompiledSignature, index: int) -> Callable[[tuple[Any, ...]], Any]:
     """Reads flat leaf ``index`` from a call's arguments by its path (items,
     attributes; ``__dict__`` first, as a consumed state's fields raise when
-    read), without flattening them; a flatten where the path has a step
-    that cannot be read alone. It may raise on arguments of another structure."""
+    read), without flattening them. An attribute that is not plain data (a
+    property: flax's deprecated ``Variable.value`` warns on every read) is
+    read by flattening that one node; a node without keys, likewise. It may
+    raise on arguments of another structure."""
     with_path, _ = jax.tree_util.tree_flatten_with_path(cs.spec_args)
-    steps: list[tuple[bool, Any]] = []
-    for key in with_path[index][0]:
+    path = with_path[index][0]
+    steps: list[tuple[int, Any]] = []  # (0: item, 1: attribute, 2: leaf k of a one-node flatten)
+    node: Any = cs.spec_args
+    for depth, key in enumerate(path):
         if isinstance(key, jax.tree_util.SequenceKey):
-            steps.append((True, key.idx))
+            steps.append((0, key.idx))
         elif isinstance(key, jax.tree_util.DictKey):
-            steps.append((True, key.key))
-        elif isinstance(key, jax.tree_util.GetAttrKey):
-            steps.append((False, key.name))
-        else:  # a flattened index of a node without keys
-            return lambda args: flatten(args)[0][index]
+            steps.append((0, key.key))
+        elif isinstance(key, jax.tree_util.GetAttrKey) and _plain_attribute(node, key.name):
+            steps.append((1, key.name))
+        else:  # the rest of the path, read by flattening this node
+            # its leaves are a run of the flat leaves: those under the same prefix
+            start = next(i for i, (p, _) in enumerate(with_path) if p[:depth] == path[:depth])
+            steps.append((2, index - start))
+            break
+        node = _step(node, *steps[-1])
 
     def read(args: tuple[Any, ...]) -> Any:
         obj: Any = args
-        for item, key in steps:
-            if item:
+        for kind, key in steps:  # _step, inline
+            if kind == 0:
                 obj = obj[key]
-            else:
+            elif kind == 1:
                 d = getattr(obj, "__dict__", None)
                 obj = d[key] if d is not None and key in d else getattr(obj, key)
+            else:
+                obj = flatten(obj)[0][key]
         return obj
 
     try:
@@ -402,6 +413,26 @@ def leaf_reader(cs: CompiledSignature, index: int) -> Callable[[tuple[Any, ...]]
     except Exception:  # noqa: BLE001 - a node whose children are not its items or attributes
         same = False
     return read if same else (lambda args: flatten(args)[0][index])
+
+
+def _step(obj: Any, kind: int, key: Any) -> Any:
+    if kind == 0:
+        return obj[key]
+    if kind == 1:
+        d = getattr(obj, "__dict__", None)
+        return d[key] if d is not None and key in d else getattr(obj, key)
+    return flatten(obj)[0][key]
+
+
+def _plain_attribute(obj: Any, name: str) -> bool:
+    """Whether ``obj.name`` is stored data (the instance ``__dict__``, a slot, a
+    NamedTuple field), not a property or another computed attribute."""
+    d = getattr(obj, "__dict__", None)
+    if d is not None and name in d:
+        return True
+    attr = inspect.getattr_static(type(obj), name, None)
+    return isinstance(attr, types.MemberDescriptorType) or type(attr).__name__ == "_tuplegetter"
+
 
 def stale_reader(cs: CompiledSignature) -> Callable[[tuple[Any, ...]], bool] | None:
     """``stale(args)``: whether the first donated leaf of a call's arguments is

@@ -39,6 +39,7 @@ from ._callctx import (
     kept_plan,
     keyword_binder,
     leaf_kinds,
+    leaf_reader,
     make_tail,
     picker,
     stale_reader,
@@ -59,7 +60,6 @@ from ._errors import ContractError
 from ._fields import is_state
 from ._provenance import provenance_path
 from ._records import CompiledSignature
-from ._runtime import tracking
 from ._spec import StaticArg, static_equal
 from ._tracebacks import trim
 
@@ -97,8 +97,6 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
     native = bool(sig.static_params) and not sig.filtered_params and not cs.host
     if level == "off":
         dispatch = _off(ctx, native)
-    elif cs.host:
-        dispatch = _checked_host(ctx)
     elif cs.in_tokens and len(cs.in_tokens) == len(sig.state_params):
         dispatch = provenance_path(ctx, _checked(ctx))
     else:
@@ -216,7 +214,9 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
     """Checks ``fast``/``full``: flatten, check each leaf's kind, call."""
     cs, compiled, slow_call, bind = ctx.cs, ctx.compiled, ctx.slow_call, ctx.bind
     in_treedef, donated, weak, flat_style = cs.in_treedef, cs.donated, cs.weak, cs.flat_style
-    shardings = [leaf.spec.sharding for leaf in cs.leaves] if cs.multi_device else None
+    host = frozenset(cs.host)  # declared host data (host=): numpy accepted there
+    kinds = tuple((i in host, w) for i, w in enumerate(weak))
+    shardings = [None if i in host else leaf.spec.sharding for i, leaf in enumerate(cs.leaves)] if cs.multi_device else None
     ndims = [len(leaf.spec.shape) for leaf in cs.leaves]
     # Shardings that differ as objects but place the data alike (P('x', None)
     # vs P('x'), a renamed mesh axis): the executable accepts them, and so does
@@ -232,7 +232,7 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
             equivalent.add((i, got))
         return ok
 
-    array_impl = ArrayImpl
+    array_impl, ndarray = ArrayImpl, np.ndarray
     key_array: Any = KeyArray  # typed PRNG keys: checked only when a leaf is not an ArrayImpl
     tref, ev, aref, top = top_level_refs()  # a trace active (jit, vmap...): the slow path traces
     # One is_deleted() per call catches the usual stale state (all of it was
@@ -252,25 +252,30 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
     types, unkeyed, unkeyed_weak, weak_of = (
         (fast.types, fast.unkeyed, fast.weak, fast.weak_of) if fast is not None else ((), None, (), None)
     )
+    device_of = picker([i for i in range(n_leaves) if i not in host]) if host else None
 
     def signature_ok(leaves: Sequence[Any]) -> bool:
         """What a signature fixes: each leaf's type and weak type (compared in
         C, one map each), its sharding, the first donated leaf's device."""
         if tuple(map(type, leaves)) != types or tuple(map(weak_of, unkeyed(leaves))) != unkeyed_weak:  # type: ignore[arg-type,misc]
-            for x, w in zip(leaves, weak):  # a key is never weak: its costly aval is not read
+            for x, (is_host, w) in zip(leaves, kinds):  # a key is never weak: its costly aval is not read
                 t = type(x)
+                if is_host and t is ndarray:
+                    continue
                 if t is not key_array and (t is not array_impl or x.aval.weak_type is not w):
                     return False
         if shardings is not None:
             for i, (x, s) in enumerate(zip(leaves, shardings)):
-                if x.sharding != s and not placed_alike(i, x.sharding, s):
+                if s is not None and x.sharding != s and not placed_alike(i, x.sharding, s):
                     return False
         # on another device: JAX would move it, undonated
         return placed is None or leaves[first_donated].sharding == placed
 
-    guarded = _guarded(ctx, signature_ok, tail, kept, native)
+    guarded = _guarded(ctx, signature_ok, tail, kept, device_of, native)
     if guarded is not None:
         return guarded
+    if host:
+        compiled = host_call(ctx, compiled, flat_style)
 
     def checked(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -286,7 +291,7 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
             if first_donated is not None and leaves[first_donated].is_deleted():
                 return slow_call(args, kwargs, None)  # a stale state: explain, quietly
             if full and (
-                any(map(is_deleted, leaves))
+                any(map(is_deleted, leaves if device_of is None else device_of(leaves)))
                 or (len(set(map(id, leaves))) != n_leaves and find_hazards(leaves, donated)[1])
             ):
                 # any other deleted or repeated donated buffer, before XLA refuses it with
@@ -313,6 +318,7 @@ def _guarded(
     signature_ok: Callable[[Sequence[Any]], bool],
     tail: Any,
     kept: KeptPlan | None,
+    device_of: Callable[[Sequence[Any]], tuple[Any, ...]] | None,
     native: bool = False,
 ) -> Callable[..., Any] | None:
     """Checks ``fast``/``full`` on a guarded C++ call (``_compat.guarded``).
@@ -335,7 +341,7 @@ def _guarded(
       value goes through :func:`with_static`.
     """
     cs, slow_call, bind, full = ctx.cs, ctx.slow_call, ctx.bind, ctx.full
-    if cs.host or ArrayImpl is None:
+    if ArrayImpl is None:
         return None
     tref, ev, aref, top = top_level_refs()
     in_treedef, donated, n_leaves = cs.in_treedef, cs.donated, len(cs.leaves)
@@ -359,13 +365,15 @@ def _guarded(
         call = guarded_call(cs.compiled, approve_tree, tree_in_tree(cs.spec_args) if cs.flat_style else None)
         if call is None:
             return None
-        fast = _guarded_fast(ctx, call, tail)
+        fast = _guarded_fast(ctx, host_call(ctx, call, False) if cs.host else call, tail)
         if native:  # static values static in the C++ call too (static_native)
             return static_native(ctx, approve_tree, with_static(ctx.step.definition, fast), tail) or fast
         return fast
     call = guarded_call(cs.compiled, approve_flat, None if cs.flat_style else flat_in_tree(n_leaves))
     if call is None:
         return None
+    if cs.host:
+        call = host_call(ctx, call, True)
     is_deleted, refused_mark = is_deleted_for(cs), REFUSED
     # A buffer passed twice raises the count of a watched leaf: where every
     # donated leaf is watched, the ids are compared only on a kept-reference hit.
@@ -412,7 +420,8 @@ def _guarded(
                 if treedef != want or tref.value is not ev or aref.value is not top:
                     return slow_call(args, {}, None)
                 try:
-                    if any(map(is_deleted, leaves)):  # before XLA refuses it with an error line on stderr
+                    # before XLA refuses it with an error line on stderr
+                    if any(map(is_deleted, leaves if device_of is None else device_of(leaves))):
                         return slow_call(args, {}, None)
                 except (TypeError, AttributeError):  # not a device array: the slow path says what it is
                     return slow_call(args, {}, None)
@@ -471,90 +480,39 @@ def _guarded_fast(ctx: CallContext, call: Callable[..., Any], tail: Any) -> Call
     return guarded_fast
 
 
-def _checked_host(ctx: CallContext) -> Callable[..., Any]:
-    """Checks ``fast``/``full`` for a step with declared host data (``host=``).
+def host_call(ctx: CallContext, call: Callable[..., Any], flat: bool) -> Callable[..., Any]:
+    """``call`` for a step with declared host data (``host=``).
 
-    The declared leaves may be numpy arrays (the executable's call transfers
-    them, and checks their shape and dtype); inside a loop the call runs with
-    the thread's host-to-device guard at ``allow`` for its duration (a
-    declared transfer), and every other leaf is checked as ``_checked``
-    does. Calls that transferred are counted with their bytes.
+    The declared leaves may be numpy arrays: the executable's call transfers
+    them in JAX's C++ path (and checks their shape and dtype), and the
+    closure's own checks have refused numpy anywhere else. Inside a loop the
+    call runs with the thread's host-to-device guard at ``allow`` (a declared
+    transfer); calls that passed numpy host data are counted with their
+    bytes. ``flat``: ``call`` takes the flat leaves (else the arguments, whose
+    host leaves are read by their paths).
     """
-    cs, compiled, slow_call, stats = ctx.cs, ctx.compiled, ctx.slow_call, ctx.stats
-    in_treedef, donated, weak, flat_style = cs.in_treedef, cs.donated, cs.weak, cs.flat_style
-    bind = ctx.bind
-    host = frozenset(cs.host)
-    kinds = tuple((i in host, w) for i, w in enumerate(weak))
-    device = [i for i in range(len(cs.leaves)) if i not in host]
-    allowing = allow_host_to_device(compiled)
-    array_impl, key_array, ndarray = ArrayImpl, KeyArray, np.ndarray
-    tref, ev, aref, top = top_level_refs()
-    full, nbytes, n_leaves = ctx.full, cs.host_nbytes, len(cs.leaves)
-    first_donated = donated[0] if donated else None
-    placed = _placement_probe(cs, first_donated)
+    cs, stats = ctx.cs, ctx.stats
+    allowing = allow_host_to_device(call)  # a declared transfer, inside a loop too
+    if flat:
+        host_of = picker(cs.host)
+    else:
+        readers = [leaf_reader(cs, i) for i in cs.host]
 
-    donated_of = picker(donated)
-    is_deleted = is_deleted_for(cs)
+        def host_of(args: Sequence[Any]) -> tuple[Any, ...]:
+            return tuple([read(args) for read in readers])  # type: ignore[arg-type]
 
-    def leaves_consumed(leaves: Sequence[Any]) -> bool:
-        return all(map(is_deleted, donated_of(leaves)))
+    ndarray, nbytes, refused_mark = np.ndarray, cs.host_nbytes, REFUSED
 
-    tail = make_tail(ctx, leaves_consumed)
-    kept = kept_plan(ctx)
-    fast = leaf_kinds(cs)
-    types, device_of, unkeyed, unkeyed_weak, weak_of = (
-        (fast.types, fast.device, fast.unkeyed, fast.weak, fast.weak_of)
-        if fast is not None
-        else ((), picker(device), None, (), None)
-    )
-
-    def checked_host(*args: Any, **kwargs: Any) -> Any:
-        try:
-            if kwargs:
-                bound = bind(args, kwargs)
-                if bound is not None:
-                    return checked_host(*bound)
-            leaves, treedef = flatten(args)
-            if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
-                return slow_call(args, kwargs, None)
-            # The usual call (numpy batches, device state), compared in C; else leaf by leaf.
-            if tuple(map(type, leaves)) == types and tuple(map(weak_of, unkeyed(leaves))) == unkeyed_weak:  # type: ignore[arg-type,misc]
-                transfers = True
-            else:
-                transfers = False
-                for x, (is_host, w) in zip(leaves, kinds):
-                    t = type(x)
-                    if is_host and t is ndarray:
-                        transfers = True
-                    elif t is not key_array and (t is not array_impl or x.aval.weak_type is not w):
-                        return slow_call(args, kwargs, None)
-                x = None  # the loop's variable held the last leaf (see _checked)
-            if first_donated is not None and leaves[first_donated].is_deleted():
-                return slow_call(args, kwargs, None)  # a stale state: explain, quietly
-            if placed is not None and leaves[first_donated].sharding != placed:
-                return slow_call(args, kwargs, None)  # on another device: JAX would move it, undonated
-            if full and (
-                any(map(is_deleted, device_of(leaves)))
-                or (len(set(map(id, leaves))) != n_leaves and find_hazards(leaves, donated)[1])
-            ):
-                return slow_call(args, kwargs, None)
-            if kept is not None:
-                refused = kept.refused(leaves)
-                if refused is not None:
-                    return slow_call(args, kwargs, refused)
-            call = allowing if transfers and tracking.count else compiled
+    def call_host(*args: Any) -> Any:
+        out = allowing(*args)
+        if out is not refused_mark:
             try:
-                out = call(*leaves) if flat_style else call(*args)
-            except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
-                return slow_call(args, kwargs, e)
-            if transfers:
+                transferred = ndarray in map(type, host_of(args))
+            except Exception:  # noqa: BLE001 - arguments of another structure: nothing counted
+                transferred = False
+            if transferred:
                 stats.host_calls += 1
                 stats.host_bytes += nbytes
-            return tail(args, leaves, out)
-        except ContractError as err:  # the traceback ends at the user's line
-            trim(err)
-            raise
+        return out
 
-    return checked_host
-
-
+    return call_host

@@ -823,6 +823,54 @@ def test_host_data_costs_the_loop_no_guard_change_outside_the_call():
     assert step.stats.host_calls == 2
 
 
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_host_data_on_the_cached_call_never_lets_numpy_in_elsewhere(level):
+    # The C++ call caches the numpy batch's signature; numpy at a leaf that is
+    # not declared host data is still a new signature its checks refuse, in a
+    # loop (where the call runs with the guard at allow) and out of one.
+    step = jc.hot_step(_sgd_step, state="params", host="batch")
+    batches = _numpy_batches(8)
+    with jc.checks_level(level):
+        params, _ = step({"w": jnp.zeros((3, 1))}, batches[0])
+        params, _ = step(params, batches[1])
+        device_batch = jc.device_tree(batches[4])
+        with jc.hot_loop() as loop:
+            params, _ = step(params, batches[2])
+            with pytest.raises(jc.TransferError, match=r"params\['w'\]"):
+                step({"w": np.zeros((3, 1), np.float32)}, batches[3])
+            assert not params["w"].is_deleted()
+            params, _ = step(params, device_batch)  # a device batch: accepted, not a transfer
+            params, _ = step(params, batches[5])
+        assert not loop.violations
+        with pytest.raises(jc.ContractError, match=r"batch\['x'\]"):  # int32: another signature
+            step(params, {"x": batches[6]["x"].astype(np.int32), "y": batches[6]["y"]})
+        assert not params["w"].is_deleted()
+        params, _ = step(params, batches[7])
+    assert step.stats.host_calls == 5 and step.stats.compiles == 1
+
+
+def test_host_data_at_off_is_allowed_inside_a_loop_and_costs_no_guard_change_outside():
+    step = jc.hot_step(_sgd_step, state="params", host="batch")
+    batches = _numpy_batches(3)
+    with jc.checks_level("off"):
+        params, _ = step({"w": jnp.zeros((3, 1))}, batches[0])
+        with jc.hot_loop() as loop:
+            params, _ = step(params, batches[1])
+        params, _ = step(params, batches[2])
+    assert not loop.violations and step.stats.compiles == 1
+
+
+def test_declared_host_data_passes_a_transfer_guard_of_the_users_own():
+    step = jc.hot_step(_sgd_step, state="params", host="batch")
+    batches = _numpy_batches(2)
+    params, _ = step({"w": jnp.zeros((3, 1))}, batches[0])
+    with jax.transfer_guard_host_to_device("disallow"):
+        params, _ = step(params, batches[1])  # declared: allowed
+        with pytest.raises(jc.TransferError, match=r"params\['w'\]"):
+            step({"w": np.zeros((3, 1), np.float32)}, batches[1])  # undeclared: refused
+    assert step.stats.host_calls == 2
+
+
 def test_host_names_are_checked_against_the_other_options():
     with pytest.raises(jc.DefinitionError, match="both host= and state="):
         jc.hot_step(_sgd_step, state="params", host=("params",))

@@ -70,10 +70,12 @@ def set_levels(state: Any, saved: dict[str, Any], overlay: dict[str, str] | None
 def allow_host_to_device(call: Callable[..., Any]) -> Callable[..., Any]:
     """``call`` run with the calling thread's host-to-device guard at ``allow``.
 
-    For a hot step's declared host data inside a hot loop: one field store
-    before and after the call (about 0.3 us), where JAX's
-    ``transfer_guard_host_to_device("allow")`` context costs several. Without
-    the capability, that context is used.
+    For a hot step's declared host data: where the thread has a level set (a
+    hot loop, at any checks level, or the user's own
+    ``jax.transfer_guard``), one field store before and after the call; where
+    it has none, one field read. JAX's ``transfer_guard_host_to_device("allow")``
+    context costs several microseconds. Without the capability, that context
+    is used.
     """
     if not capability("thread-guard-state").available:
         import jax
@@ -89,6 +91,8 @@ def allow_host_to_device(call: Callable[..., Any]) -> Callable[..., Any]:
     def allowing(*args: Any) -> Any:
         state = tls()
         saved = state.host_to_device
+        if saved is None:  # no level on this thread: JAX's global setting applies
+            return call(*args)
         state.host_to_device = allow
         try:
             return call(*args)
