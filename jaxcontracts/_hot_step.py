@@ -87,6 +87,7 @@ class HotStep(Generic[P, R]):
         self._sig = signature
         self._signatures: list[CompiledSignature] = []
         self._current: CompiledSignature | None = None
+        self._paths: dict[tuple[int, str], tuple[StepSignature, Callable[..., Any]]] = {}  # see _use
         self.stats = StepStats()
         self._level = _config.get_checks()
         self.timing_counters = [0.0, 0, 0.0, 0]  # see _steps.LiveStep
@@ -370,8 +371,16 @@ class HotStep(Generic[P, R]):
             self._sig = self._sig.with_filtered(params)
 
     def _use(self, cs: CompiledSignature) -> None:
+        """Make ``cs``'s call path at the current level the step's. Each one is
+        built once per definition and kept: a checks level set back (a
+        ``jc.checks_level`` block, a notebook toggling it) takes its closure
+        again, and its C++ call's cache, which rebuilding would empty."""
         self._current = cs
-        self._set_dispatch(make_dispatch(cs, self._level, self))
+        key = (id(cs), self._level)  # cs lives in self._signatures: its id is not reused
+        kept = self._paths.get(key)
+        if kept is None or kept[0] is not self._sig:
+            kept = self._paths[key] = (self._sig, make_dispatch(cs, self._level, self))
+        self._set_dispatch(kept[1])
 
     def _refuse(self, positional: tuple[Any, ...]) -> Exception:
         self.stats.refused += 1

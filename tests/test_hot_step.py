@@ -529,6 +529,30 @@ def test_checks_levels():
         jc.set_checks("paranoid")
 
 
+def test_a_checks_level_set_back_takes_its_call_path_again():
+    # A level change rebuilds the call path; setting a level back takes the
+    # one built before (and its C++ call's cache), per compiled signature.
+    step = jc.hot_step(state="s", max_compiles=2)(lambda s: {"x": s["x"] + 1.0})
+    small, big = {"x": jnp.zeros(3)}, {"x": jnp.zeros(5)}
+    small = step(small)
+    full_small = step._raw_dispatch
+    with jc.checks_level("off"):
+        small = step(small)
+        off_small = step._raw_dispatch
+        assert off_small is not full_small
+    assert step._raw_dispatch is full_small
+    big = step(big)  # a second signature: its own call paths
+    full_big = step._raw_dispatch
+    assert full_big is not full_small
+    with jc.checks_level("off"):
+        small = step(small)  # the slow path switches signatures
+        big = step(big)
+    small, big = step(small), step(big)
+    np.testing.assert_allclose(small["x"], 4.0)
+    np.testing.assert_allclose(big["x"], 3.0)
+    assert step.stats.compiles == 2
+
+
 def test_checks_env_variable_is_validated():
     import subprocess
     import sys
@@ -927,3 +951,31 @@ def test_a_compiled_signature_keeps_no_trace_of_jax_s_caches():
         j(make_particles(4))
     assert alive() - before >= base + 5  # the control: the method can see what it counts
     assert isinstance(steps[-1].lowered.as_text(), str) and raw  # lowered again on demand
+
+
+def test_a_redefined_cell_leaves_nothing_of_the_old_one_alive():
+    import gc
+    import weakref
+
+    # A notebook cell run again: a new class, step and loop each time. Once
+    # the cell's names are rebound, nothing the library keeps (loop clock,
+    # step registry, last calls, compiled signatures) holds the old step,
+    # its state or its executable's outputs.
+    refs = []
+    for _ in range(5):
+        @jc.state
+        class Walker:
+            x: Float32[Array, "n"]
+
+        @jc.hot_step(signature=Walker)
+        def step(w: Walker) -> Walker:
+            return Walker(x=w.x + 1.0)
+
+        w = step(Walker(x=jnp.zeros(1000)))
+        with jc.hot_loop():
+            for _ in range(3):
+                w = step(w)
+        refs.append((weakref.ref(step), weakref.ref(w), weakref.ref(w.x)))
+    del step, w, Walker
+    gc.collect()
+    assert [tuple(r() is not None for r in triple) for triple in refs] == [(False, False, False)] * 5
