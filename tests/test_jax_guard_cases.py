@@ -60,6 +60,9 @@ def _implicit_cases():
     cases = [
         ("host_to_device jax.jit(numpy)", lambda: _identity(np.ones(1))),
         ("host_to_device jnp.ones", lambda: jnp.ones(1)),
+        # a numpy scalar into a warm jnp function (fetched metrics: jnp.exp(np.float32(x)));
+        # JAX's C++ call raises it, so it is a TransferError as it leaves the loop
+        ("host_to_device jnp.exp(np.float32)", lambda: jnp.exp(np.float32(1.0))),
         ("device_to_host np.asarray", lambda: np.asarray(_arrays["asarray"])),
         ("device_to_host copy_to_host_async", lambda: _arrays["async"].copy_to_host_async()),
         ("device_to_host np.add", lambda: np.add(_arrays["add"], 1)),
@@ -79,6 +82,7 @@ def fresh_arrays():
     for key in ("get", "fetch", "d2d", "asarray", "async", "add", "str", "pickle"):
         _arrays[key] = _on_device()
     _identity(_on_device())  # compiled: a refusal is the transfer, never the compile
+    jnp.exp(np.float32(1.0))
     yield
     _arrays.clear()
 

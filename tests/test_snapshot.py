@@ -495,6 +495,18 @@ def test_a_hostile_snapshot_file_fails_its_test_naming_the_file_and_line(pyteste
     result.stdout.fnmatch_lines([f"*cannot read *test_sim.test_sim.jcsnap: {message}*"])
 
 
+def test_a_huge_snapshot_file_fails_its_test_without_being_read(pytester):
+    from jaxcontracts import _snapshot_file
+
+    _recorded(pytester)
+    path = pytester.path / "__jc_snapshots__" / "test_sim.test_sim.jcsnap"
+    with path.open("wb") as f:  # sparse: its size is all that is read
+        f.truncate(_snapshot_file.MAX_BYTES + 1)
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)  # the test fails; the session runs on
+    result.stdout.fnmatch_lines([f"*cannot read *test_sim.test_sim.jcsnap: {_snapshot_file.MAX_BYTES + 1:,} bytes*"])
+
+
 def test_a_bom_and_crlf_from_a_windows_editor_are_no_difference(pytester):
     text = _recorded(pytester)
     path = pytester.path / "__jc_snapshots__" / "test_sim.test_sim.jcsnap"
@@ -570,6 +582,47 @@ def test_a_writer_killed_mid_write_leaves_the_old_file_or_the_new_one(tmp_path):
     assert seen, "the writer never completed a write: the test saw nothing"
     leftovers = [p.name for p in folder.iterdir() if p.name.startswith(".tmp-")]
     assert len(leftovers) <= 12  # a killed writer may leave its temporary, never a broken file
+
+
+def test_concurrent_writer_processes_keep_every_section(tmp_path):
+    """Issue 20 (must show): xdist workers updating one file at once. Four
+    processes, started together, each merge their own backend's section into
+    one file 25 times; the file ends with all four (a read-modify-write
+    without the lock loses sections to the last writer)."""
+    import subprocess
+    import sys
+
+    from jaxcontracts._snapshot_file import read
+
+    folder = tmp_path / "__jc_snapshots__"
+    file = folder / "test_m.test_x.jcsnap"
+    go = tmp_path / "go"
+    writer = textwrap.dedent(f"""
+        import pathlib, sys, time
+        from jaxcontracts._snapshot import Snapshot
+        from jaxcontracts._snapshot_file import write
+        folder, file, go = pathlib.Path({str(folder)!r}), pathlib.Path({str(file)!r}), pathlib.Path({str(go)!r})
+        backend = sys.argv[1]
+        print("ready", flush=True)
+        while not go.exists():
+            time.sleep(0.001)
+        for i in range(25):
+            snap = Snapshot(backend, 1, {{"jax": "x", "jaxlib": "x"}}, ((("step m.f", "leaf s.w"), f"f32[{{i}}]"),))
+            write(folder, file, lambda current: {{**current, snap.key: snap}}, "test_m::test_x")
+    """)
+    procs = [
+        subprocess.Popen([sys.executable, "-c", writer, f"dev{k}"], stdout=subprocess.PIPE, text=True)
+        for k in range(4)
+    ]
+    for proc in procs:
+        assert proc.stdout.readline().strip() == "ready"
+    go.touch()
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0
+        proc.stdout.close()
+    sections = read(folder, file)
+    assert sorted(snap.backend for snap in sections.values()) == ["dev0", "dev1", "dev2", "dev3"]
+    assert {value for snap in sections.values() for _, value in snap.fields} == {"f32[24]"}
 
 
 def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(pytester, monkeypatch):
