@@ -38,6 +38,14 @@ _RUNTIME_ERRORS: dict[str, tuple[type[Exception], str, str, str]] = {
         "implicit transfer inside jc.hot_loop: device-to-host (seen by JAX's own guard)",
         "read it deliberately and rarely with jc.fetch(x), or move the read after the loop.",
     ),
+    "device-to-device": (
+        TransferError,
+        "no-transfer",
+        "implicit transfer inside jc.hot_loop: device-to-device (an array committed "
+        "to one device, passed to a computation placed on another; seen by JAX's own guard)",
+        "move it on purpose before the loop (x = jax.device_put(x, device)), or make "
+        "it on the device the computation runs on.",
+    ),
     "deleted": (
         DonationError,
         "no-donated-use",

@@ -156,6 +156,20 @@ def test_device_to_device_is_refused_by_jax_s_own_guard_in_a_raising_loop():
                 moved(_arrays["d2d"])
 
 
+def test_a_device_to_device_copy_jax_refuses_leaves_the_loop_as_a_transfer_error():
+    # JAX's Python path (a call its C++ path has not cached) refuses the copy on
+    # every backend, CPU included: the refusal leaves the loop as a TransferError.
+    if jax.local_device_count() < 2:
+        pytest.skip("needs two devices")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)  # jax.jit(device=...)
+        moved = jax.jit(lambda x: x * 2, device=jax.local_devices()[1])
+        with pytest.raises(jc.TransferError, match="device-to-device") as info, jc.hot_loop(compiles="allow"):
+            moved(_arrays["d2d"])
+    assert "jax.device_put(x, device)" in str(info.value)
+    assert not _arrays["d2d"].is_deleted()
+
+
 # Donation: JAX's donation tests name what a donated buffer cannot be used for;
 # a hot step names the leaf and the step for each.
 

@@ -18,7 +18,7 @@ from .registry import define
 
 __all__ = ["GuardErrorKind", "classify", "debug_nans_kind", "is_runtime_error"]
 
-GuardErrorKind = Literal["host-to-device", "device-to-host", "deleted"]
+GuardErrorKind = Literal["host-to-device", "device-to-host", "device-to-device", "deleted"]
 
 _JAX_ERRORS: tuple[type[BaseException], ...] = tuple(
     t for t in (getattr(jax.errors, "JaxRuntimeError", None),) if isinstance(t, type)
@@ -28,6 +28,7 @@ _XLA_DELETED = "INVALID_ARGUMENT: Invalid buffer passed to Execute() as argument
 _MARKERS: tuple[tuple[str, GuardErrorKind, tuple[type[BaseException], ...]], ...] = (
     ("Disallowed host-to-device transfer", "host-to-device", _JAX_ERRORS),
     ("Disallowed device-to-host transfer", "device-to-host", _JAX_ERRORS),
+    ("Disallowed device-to-device transfer", "device-to-device", _JAX_ERRORS),
     ("Array has been deleted", "deleted", (RuntimeError,)),
     ("Buffer has been deleted or donated", "deleted", (ValueError, *_JAX_ERRORS)),
 )
