@@ -88,6 +88,27 @@ def _jax_entry(tb: Any) -> tuple[str, str]:
     return entry
 
 
+# JAX's indexing entry points: an eager x[...] or x.at[...].get() makes device
+# arrays of the index's Python ints (positions, sizes) on every call.
+_INDEXING = {("/jax/_src/array.py", "__getitem__"), ("/jax/_src/numpy/array_methods.py", "get"),
+             ("/jax/_src/numpy/array_methods.py", "__getitem__")}
+
+
+def _indexing_cause(tb: Any) -> tuple[str, str] | None:
+    """The title and fix for a transfer made by JAX's eager indexing."""
+    path, name = _jax_entry(tb)
+    if not any(path.endswith(p) and name == n for p, n in _INDEXING):
+        return None
+    return (
+        "implicit transfer inside jc.hot_loop: host-to-device, the index constants of an "
+        "eager x[...] (Python ints JAX makes of the index, copied on every call)",
+        "index with jnp.take(x, idx, axis=0) for an array or device-scalar index, or "
+        "jax.lax.slice_in_dim(x, start, stop) / jax.lax.index_in_dim(x, i) for fixed "
+        "positions (each compiles its constants in: clean once warm); or index inside "
+        "the hot_step and return what you need.",
+    )
+
+
 def _random_cause(tb: Any, weak: bool) -> tuple[str, str] | None:
     """The title and fix for a transfer made by a ``jax.random`` function."""
     path, name = _jax_entry(tb)
@@ -200,7 +221,9 @@ def translate(exc: BaseException, tb: Any) -> Exception | None:
         return None
     kind, detail = found
     error, contract, title, fix = _RUNTIME_ERRORS[kind]
-    random_cause = _random_cause(tb, "weak_type=True" in detail) if kind == "host-to-device" else None
+    random_cause = (
+        _random_cause(tb, "weak_type=True" in detail) or _indexing_cause(tb) if kind == "host-to-device" else None
+    )
     if random_cause is not None:
         title, fix = random_cause
     elif kind == "host-to-device" and "weak_type=True" in detail:

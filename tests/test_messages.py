@@ -574,3 +574,37 @@ def test_an_undecorated_subclass_of_a_state_is_refused_by_spec_and_zeros_too():
             "test_an_undecorated_subclass_of_a_state_is_refused_by_spec_and_zeros_too.<locals>.Plain "
             "subclasses the state class WithStatic but is not a jc.state itself"
         )
+
+
+_X = jnp.arange(12.0).reshape(4, 3)
+_PERM = jnp.array([3, 1, 0, 2])
+
+
+@pytest.mark.parametrize(
+    "index",
+    [lambda: _X[_PERM], lambda: _X[_PERM, ...], lambda: _X[1:3], lambda: _X.at[_PERM].get()],
+    ids=["x[perm]", "x[perm, ...]", "x[1:3]", "x.at[perm].get()"],
+)
+def test_an_eager_index_names_jaxs_index_constants_and_the_clean_spelling(index):
+    # The constants are JAX's (positions and sizes it makes of the index), not
+    # a Python number the user wrote; the fix names what is clean in a loop.
+    index()  # warm
+    with pytest.raises(jc.TransferError) as info, jc.hot_loop():
+        index()
+    message = str(info.value)
+    assert "the index constants of an eager x[...]" in message
+    assert "a Python constant in an eager op" not in message
+    assert "jnp.take(x, idx, axis=0)" in message and "jax.lax.slice_in_dim" in message
+
+
+def test_the_spellings_the_index_message_offers_are_clean_in_a_loop():
+    clean = [
+        lambda: jnp.take(_X, _PERM, axis=0),
+        lambda: jax.lax.slice_in_dim(_X, 1, 3),
+        lambda: jax.lax.index_in_dim(_X, 1, keepdims=False),
+    ]
+    for f in clean:
+        f()  # warm
+    with jc.hot_loop():
+        for f in clean:
+            f()
