@@ -565,7 +565,7 @@ def _check_aliasing(
                 "compile again."
             )
         raise DonationError(
-            f"{sig.name}: {len(missing)} donated leaf/leaves cannot be donated: "
+            f"{sig.name}: {len(missing)} donated {'leaf' if len(missing) == 1 else 'leaves'} cannot be donated: "
             + (
                 "the executable JAX's persistent compilation cache served does not "
                 "reuse their buffers, so they would stay alive and the step would need "

@@ -22,7 +22,7 @@ import numpy as np
 from ._compat.tracing import Tracer
 from ._dtypes import is_key
 from ._errors import DefinitionError, SpecError
-from ._format import fmt_aval, fmt_object, fmt_path
+from ._format import fmt_aval, fmt_object, fmt_path, n_leaves
 from ._tracebacks import boundary
 
 __all__ = ["Change", "Changes", "device_tree", "holds_module", "host_leaves_on_device", "scalar_to_host", "to_device"]
@@ -79,7 +79,7 @@ class Changes(Sequence[Change]):
     def __str__(self) -> str:
         if not self._changes:
             return "jc.device_tree: nothing to change (every leaf already in contract)"
-        lines = [f"jc.device_tree changed {len(self._changes)} leaf/leaves:"]
+        lines = [f"jc.device_tree changed {n_leaves(len(self._changes))}:"]
         lines += [f"  {c}" for c in self._changes]
         return "\n".join(lines)
 
@@ -276,7 +276,7 @@ def device_tree(tree: Any, *, sharding: Any = None, changes: bool = False) -> An
         out.append(y)
     if bad:
         raise SpecError(
-            f"jc.device_tree(): {len(bad)} leaf/leaves cannot become device arrays:",
+            f"jc.device_tree(): {n_leaves(len(bad))} cannot become device arrays:",
             bad,
             fix="make such a field part of the tree structure, not a leaf: "
             "jc.static(...) in a jc.state, flax.struct.field(pytree_node=False), "

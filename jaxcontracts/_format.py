@@ -73,6 +73,11 @@ def qualname(fn: Any) -> str:
 
 
 
+def n_leaves(n: int) -> str:
+    """``"1 leaf"``, ``"3 leaves"``."""
+    return f"{n} leaf" if n == 1 else f"{n} leaves"
+
+
 def fmt_bytes(n: int | None) -> str:
     """``1.5 KiB``; ``n/a`` for an unknown size."""
     if n is None:

@@ -528,8 +528,8 @@ def _host_arguments(
     # (the host leaves copied to the device), so the run goes on.
     loop.violation(
         "transfer",
-        f"{sig.name}: host argument leaf/leaves copied to the device on every "
-        f"call: {', '.join(f'{p} ({fmt_value(x)})' for p, x in host)}",
+        f"{sig.name}: host argument {'leaf' if len(host) == 1 else 'leaves'} copied to the device "
+        f"on every call: {', '.join(f'{p} ({fmt_value(x)})' for p, x in host)}",
         host_leaves_error(sig, host).fix or "",
     )
     current = step._current

@@ -78,7 +78,7 @@ def test_what_cannot_be_a_device_array_is_refused_with_every_path():
     with pytest.raises(jc.SpecError) as e:
         jc.device_tree({"name": "mnist", "act": jax.nn.relu, "big": 2**40, "ok": 1.0})
     text = str(e.value)
-    assert "3 leaf/leaves cannot become device arrays" in text
+    assert "3 leaves cannot become device arrays" in text
     assert "['name']: str 'mnist'" in text
     assert "['big']: Python int 1099511627776: 1099511627776 does not fit in int32" in text
     assert "['act']" in text

@@ -113,11 +113,28 @@ def test_transfer_error_at_call():
     bad.__dict__.update(pos=np.zeros((2, 3), np.float32), t=jnp.float32(0), dt=0.1)
     msg = _message(step, bad)
     assert msg.startswith(
-        "test_messages.move: 1 argument leaf/leaves are on the host, so every call "
+        "test_messages.move: 1 argument leaf is on the host, so every call "
         "would copy them to the device"
     )
     assert "\n  b.pos: f32[2,3] (numpy array)\n" in msg
     assert "b = jc.device_tree(b)" in msg  # the parameter the leaves are in
+    assert "host=" not in msg  # b is the state: never offered as host data
+
+
+def test_a_numpy_batch_to_a_step_without_host_offers_host_in_the_fix():
+    def train(params, batch):
+        return {"w": params["w"] - batch["x"].mean()}, batch["x"].sum()
+
+    step = jc.hot_step(train, state="params")
+    batch = {"x": np.ones((4, 2), np.float32), "y": np.zeros(4, np.float32)}
+    with pytest.raises(jc.TransferError) as e:
+        step({"w": jnp.zeros(2)}, batch)
+    assert "2 argument leaves are on the host" in str(e.value)
+    assert "declare it: @jc.hot_step(..., host='batch')" in e.value.fix
+    assert "batch = jc.device_tree(batch)" in e.value.fix
+    declared = jc.hot_step(train, state="params", host="batch")  # the fix, followed
+    declared({"w": jnp.zeros(2)}, batch)
+    assert declared.stats.host_calls == 1
 
 
 def test_host_leaves_in_a_read_only_parameter_name_that_parameter_in_the_fix():
@@ -137,6 +154,7 @@ def test_host_leaves_in_a_read_only_parameter_name_that_parameter_in_the_fix():
     assert "params.std_min: ~f32[] (Python float)" in str(e.value)
     assert "params = jc.device_tree(params)" in e.value.fix
     assert "state = jc.device_tree(state)" not in e.value.fix
+    assert "host=" not in e.value.fix  # Python numbers: configuration, not host data
 
 
 def test_a_weakly_typed_state_from_library_init_offers_device_tree_in_the_fix():

@@ -77,7 +77,7 @@ def test_a_numpy_argument_is_recorded_and_the_call_runs_as_jax_would():
             s = scaled(s, np.float32(3))  # the host argument
     ((kind, what),) = _kinds(loop)
     assert kind == "transfer"
-    assert "scaled: host argument leaf/leaves copied to the device on every call: k (f32[] (numpy scalar))" in what
+    assert "scaled: host argument leaf copied to the device on every call: k (f32[] (numpy scalar))" in what
     (v,) = loop.violations
     assert v.count == 2 and v.source.startswith("s = scaled(s, np.float32(3))")
     assert "jax.device_put" in v.fix
