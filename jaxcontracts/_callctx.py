@@ -47,6 +47,7 @@ __all__ = [
     "keyword_binder",
     "leaf_kinds",
     "leaf_reader",
+    "leaf_readers",
     "leaves_of",
     "make_tail",
     "picker",
@@ -378,7 +379,27 @@ def leaf_reader(cs: CompiledSignature, index: int) -> Callable[[tuple[Any, ...]]
     property: flax's deprecated ``Variable.value`` warns on every read) is
     read by flattening that one node; a node without keys, likewise. It may
     raise on arguments of another structure."""
+    return leaf_readers(cs, (index,))[0]
+
+
+def leaf_readers(cs: CompiledSignature, indices: Sequence[int]) -> list[Callable[[tuple[Any, ...]], Any]]:
+    """:func:`leaf_reader` for each of ``indices`` (the specs flattened once)."""
     with_path, _ = jax.tree_util.tree_flatten_with_path(cs.spec_args)
+    firsts: dict[tuple[Any, ...], int] = {}  # a path prefix -> its first flat leaf
+    for i, (p, _) in enumerate(with_path):
+        for depth in range(len(p) + 1):
+            firsts.setdefault(_prefix_key(p[:depth]), i)
+    return [_reader(cs, with_path, firsts, i) for i in indices]
+
+
+def _prefix_key(prefix: tuple[Any, ...]) -> tuple[Any, ...]:
+    # keys compared by identity where their class has no __eq__ (_filter's _LeafKey)
+    return tuple(k if type(k).__eq__ is not object.__eq__ else id(k) for k in prefix)
+
+
+def _reader(
+    cs: CompiledSignature, with_path: Sequence[Any], firsts: dict[tuple[Any, ...], int], index: int
+) -> Callable[[tuple[Any, ...]], Any]:
     path = with_path[index][0]
     steps: list[tuple[int, Any]] = []  # (0: item, 1: attribute, 2: leaf k of a one-node flatten)
     node: Any = cs.spec_args
@@ -391,8 +412,7 @@ def leaf_reader(cs: CompiledSignature, index: int) -> Callable[[tuple[Any, ...]]
             steps.append((1, key.name))
         else:  # the rest of the path, read by flattening this node
             # its leaves are a run of the flat leaves: those under the same prefix
-            start = next(i for i, (p, _) in enumerate(with_path) if p[:depth] == path[:depth])
-            steps.append((2, index - start))
+            steps.append((2, index - firsts[_prefix_key(path[:depth])]))
             break
         node = _step(node, *steps[-1])
 

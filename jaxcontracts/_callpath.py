@@ -39,7 +39,7 @@ from ._callctx import (
     kept_plan,
     keyword_binder,
     leaf_kinds,
-    leaf_reader,
+    leaf_readers,
     make_tail,
     picker,
     stale_reader,
@@ -97,7 +97,8 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
     native = bool(sig.static_params) and not sig.filtered_params and not cs.host
     if level == "off":
         dispatch = _off(ctx, native)
-    elif cs.in_tokens and len(cs.in_tokens) == len(sig.state_params):
+    elif cs.in_tokens and len(cs.in_tokens) == len(sig.state_params) and not cs.host:
+        # (a numpy batch carries no token: provenance would give up on every call)
         dispatch = provenance_path(ctx, _checked(ctx))
     else:
         dispatch = _checked(ctx, native)
@@ -141,8 +142,9 @@ def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
     at ``off`` still engages JAX's own guard).
     """
     compiled, slow_call, in_treedef = ctx.compiled, ctx.slow_call, ctx.cs.in_treedef
+    refusable, refused_mark = bool(ctx.cs.host), REFUSED
     if ctx.cs.host:
-        compiled = allow_host_to_device(compiled)
+        compiled = allow_host_to_device(_off_host_call(ctx))
     # "no trace is active": JAX's is_top_level() read inline (see top_level_refs)
     tref, ev, aref, top = top_level_refs()
     n_params, normalize, bind = ctx.n_params, ctx.normalize, ctx.bind
@@ -160,9 +162,10 @@ def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
                         return off_flat(*normalize(args, kwargs))
                     return slow_call(args, kwargs, None)
                 try:
-                    return compiled(*leaves)
+                    out = compiled(*leaves)
                 except Exception as e:  # noqa: BLE001
                     return slow_call(args, kwargs, e)
+                return slow_call(args, kwargs, None) if refusable and out is refused_mark else out
             except ContractError as err:  # the traceback ends at the user's line
                 trim(err)
                 raise
@@ -178,16 +181,44 @@ def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
                 if bound is not None:
                     args, kwargs = bound, {}
             try:
-                return compiled(*args, **kwargs)
+                out = compiled(*args, **kwargs)
             except Exception as e:  # noqa: BLE001
                 if normalize is not None and (kwargs or len(args) != n_params):
                     return off(*normalize(args, kwargs))
                 return slow_call(args, kwargs, e)
+            if refusable and out is refused_mark:  # host=: a signature its C++ call refused
+                if normalize is not None and (kwargs or len(args) != n_params):
+                    return off(*normalize(args, kwargs))
+                return slow_call(args, kwargs, None)
+            return out
         except ContractError as err:  # the traceback ends at the user's line
             trim(err)
             raise
 
     return _off_native(ctx, off) if native else off
+
+
+def _off_host_call(ctx: CallContext) -> Callable[..., Any]:
+    """The executable's call at ``off`` for a step with declared host data.
+
+    It runs with the thread's guard at ``allow``, so JAX's own guard would not
+    see numpy (or a Python number) at a leaf that is not declared: on a
+    guarded C++ call, each new signature is refused unless every other leaf is
+    a JAX array (once per signature; the slow path explains a refusal).
+    Without the mechanism, the bare call.
+    """
+    cs = ctx.cs
+    undeclared = picker([i for i in range(len(cs.leaves)) if i not in frozenset(cs.host)])
+    array = jax.Array
+
+    def approve(args: tuple[Any, ...]) -> bool:
+        try:
+            leaves = args if cs.flat_style else flatten(args)[0]
+            return all(isinstance(x, array) for x in undeclared(leaves))
+        except Exception:  # noqa: BLE001 - anything odd: the slow path explains it
+            return False
+
+    return guarded_call(cs.compiled, approve, None) or ctx.compiled
 
 
 def _off_native(ctx: CallContext, off: Callable[..., Any]) -> Callable[..., Any]:
@@ -260,7 +291,7 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
         if tuple(map(type, leaves)) != types or tuple(map(weak_of, unkeyed(leaves))) != unkeyed_weak:  # type: ignore[arg-type,misc]
             for x, (is_host, w) in zip(leaves, kinds):  # a key is never weak: its costly aval is not read
                 t = type(x)
-                if is_host and t is ndarray:
+                if is_host and issubclass(t, ndarray):  # np.memmap from a loader too
                     continue
                 if t is not key_array and (t is not array_impl or x.aval.weak_type is not w):
                     return False
@@ -496,7 +527,7 @@ def host_call(ctx: CallContext, call: Callable[..., Any], flat: bool) -> Callabl
     if flat:
         host_of = picker(cs.host)
     else:
-        readers = [leaf_reader(cs, i) for i in cs.host]
+        readers = leaf_readers(cs, cs.host)
 
         def host_of(args: Sequence[Any]) -> tuple[Any, ...]:
             return tuple([read(args) for read in readers])  # type: ignore[arg-type]
@@ -507,7 +538,8 @@ def host_call(ctx: CallContext, call: Callable[..., Any], flat: bool) -> Callabl
         out = allowing(*args)
         if out is not refused_mark:
             try:
-                transferred = ndarray in map(type, host_of(args))
+                hosted = host_of(args)
+                transferred = ndarray in map(type, hosted) or any(isinstance(x, ndarray) for x in hosted)
             except Exception:  # noqa: BLE001 - arguments of another structure: nothing counted
                 transferred = False
             if transferred:

@@ -118,28 +118,32 @@ def _device_put_lines(paths: Sequence[str]) -> str:
 
 
 def _host_candidates(sig: StepSignature, host: Sequence[tuple[str, Any]]) -> list[str]:
-    """The parameters that could be declared ``host=``: not state, and every
-    host leaf in them a numpy array (a loader's batch; not Python numbers)."""
-    states = {sig.param_names[i] for i in sig.state_params}
+    """The parameters that could be declared ``host=``: not state, static or
+    donated, and every host leaf in them a numpy array (a loader's batch; not
+    Python numbers)."""
+    taken = {sig.param_names[i] for i in (*sig.state_params, *sig.static_params, *sig.donated_params)}
     names: dict[str, bool] = {}
     for path, x in host:
         name = re.match(r"\w*", path).group()  # type: ignore[union-attr]
         names[name] = names.get(name, True) and isinstance(x, np.ndarray)
-    return [n for n, ok in names.items() if ok and n and n not in states and n in sig.param_names]
+    return [n for n, ok in names.items() if ok and n and n not in taken and n in sig.param_names]
 
 
 def host_leaves_error(sig: StepSignature, host: Sequence[tuple[str, Any]]) -> TransferError:
     batch = _host_candidates(sig, host)
-    declared = (
-        "for data that is new each call (a loader's batch), declare it: "
-        f"@jc.hot_step(..., host={batch[0] if len(batch) == 1 else tuple(batch)!r}) (the call "
-        "transfers it, allowed inside jc.hot_loop); for data that stays, put it"
-        if batch
-        else "put them"
-    )
+    if batch:  # with the parameters already declared: the option replaces them
+        names = [sig.param_names[i] for i in sig.host_params] + batch
+        declared = (
+            "for data that is new each call (a loader's batch), declare it: "
+            f"@jc.hot_step(..., host={names[0] if len(names) == 1 else tuple(names)!r}) (the call "
+            "transfers it, allowed inside jc.hot_loop); for data that stays, put it"
+        )
+    else:
+        declared = "put " + ("it" if len(host) == 1 else "them")
     return TransferError(
         f"{sig.name}: {len(host)} argument {'leaf is' if len(host) == 1 else 'leaves are'} on the host, "
-        "so every call would copy them to the device (an implicit host-to-device transfer, and a sync):",
+        f"so every call would copy {'it' if len(host) == 1 else 'them'} to the device (an implicit "
+        "host-to-device transfer, and a sync):",
         [f"  {p}: {fmt_value(x)}" for p, x in host],
         fix=f"{declared} on the device once, before the loop, in the dtype the step "
         f"will see: {_device_put_lines([p for p, _ in host])} (jc.device_tree takes any "

@@ -19,6 +19,7 @@ __all__ = [
     "fmt_path",
     "fmt_sharding",
     "fmt_bytes",
+    "n_leaves",
     "qualname",
 ]
 

@@ -222,7 +222,10 @@ def translate(exc: BaseException, tb: Any) -> Exception | None:
     kind, detail = found
     error, contract, title, fix = _RUNTIME_ERRORS[kind]
     random_cause = (
-        _random_cause(tb, "weak_type=True" in detail) or _indexing_cause(tb) if kind == "host-to-device" else None
+        # the index constants JAX makes are weakly typed Python ints; a numpy index is the user's own
+        (_random_cause(tb, "weak_type=True" in detail) or ("weak_type=True" in detail and _indexing_cause(tb)) or None)
+        if kind == "host-to-device"
+        else None
     )
     if random_cause is not None:
         title, fix = random_cause

@@ -114,7 +114,7 @@ def test_transfer_error_at_call():
     msg = _message(step, bad)
     assert msg.startswith(
         "test_messages.move: 1 argument leaf is on the host, so every call "
-        "would copy them to the device"
+        "would copy it to the device"
     )
     assert "\n  b.pos: f32[2,3] (numpy array)\n" in msg
     assert "b = jc.device_tree(b)" in msg  # the parameter the leaves are in
@@ -135,6 +135,33 @@ def test_a_numpy_batch_to_a_step_without_host_offers_host_in_the_fix():
     declared = jc.hot_step(train, state="params", host="batch")  # the fix, followed
     declared({"w": jnp.zeros(2)}, batch)
     assert declared.stats.host_calls == 1
+
+
+def test_host_is_offered_with_the_names_declared_and_never_for_a_donated_parameter():
+    def scaled(params, batch, scale):
+        return {"w": params["w"] * scale.mean()}, batch["x"].sum()
+
+    batch = {"x": np.ones((4, 2), np.float32)}
+    step = jc.hot_step(scaled, state="params", host="batch")
+    with pytest.raises(jc.TransferError) as e:
+        step({"w": jnp.zeros(2)}, batch, np.ones(2, np.float32))
+    assert "host=('batch', 'scale')" in e.value.fix  # the option replaces the names given
+
+    def fill(params, buf):
+        return {"w": params["w"] + buf.sum()}, buf * 2
+
+    donating = jc.hot_step(fill, state="params", donate_argnames=("buf",))
+    with pytest.raises(jc.TransferError) as e:
+        donating({"w": jnp.zeros(2)}, np.ones(2, np.float32))
+    assert "host=" not in e.value.fix  # host= and donate_argnames= exclude each other
+
+
+def test_a_numpy_index_is_the_users_transfer_not_jaxs_index_constants():
+    perm = np.array([3, 1, 0, 2])
+    _X[perm]  # warm
+    with pytest.raises(jc.TransferError) as info, jc.hot_loop():
+        _X[perm]
+    assert "the index constants" not in str(info.value)
 
 
 def test_host_leaves_in_a_read_only_parameter_name_that_parameter_in_the_fix():

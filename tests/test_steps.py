@@ -871,6 +871,51 @@ def test_declared_host_data_passes_a_transfer_guard_of_the_users_own():
     assert step.stats.host_calls == 2
 
 
+def test_at_off_host_data_lets_no_numpy_in_elsewhere():
+    # The call runs with the guard at allow, so JAX's own guard (all that
+    # checks at off) would not see numpy in the state: the call refuses it.
+    step = jc.hot_step(_sgd_step, state="params", host="batch")
+    batches = _numpy_batches(3)
+    with jc.checks_level("off"):
+        params, _ = step({"w": jnp.zeros((3, 1))}, batches[0])
+        with jc.hot_loop():
+            params, _ = step(params, batches[1])
+            with pytest.raises(jc.TransferError, match=r"params\['w'\]"):
+                step({"w": np.zeros((3, 1), np.float32)}, batches[2])
+        params, _ = step(params, batches[2])
+    assert not params["w"].is_deleted()
+
+
+def test_declared_host_data_passes_a_global_transfer_guard():
+    step = jc.hot_step(_sgd_step, state="params", host="batch")
+    batches = _numpy_batches(4)
+    params, _ = step({"w": jnp.zeros((3, 1))}, batches[0])
+    jax.config.update("jax_transfer_guard_host_to_device", "disallow")
+    try:
+        for level, b in zip(("off", "fast", "full"), batches[1:]):
+            with jc.checks_level(level):
+                params, _ = step(params, b)
+    finally:
+        jax.config.update("jax_transfer_guard_host_to_device", "allow")
+    assert step.stats.host_calls == 3  # off counts nothing; the first call and fast, full
+
+
+@pytest.mark.parametrize("level", ["off", "fast", "full"])
+def test_a_memmapped_batch_is_host_data(level, tmp_path):
+    # A loader reading a dataset from disk gives np.memmap views (an ndarray subclass).
+    step = jc.hot_step(_sgd_step, state="params", host="batch")
+    x = np.memmap(tmp_path / "x.bin", dtype=np.float32, mode="w+", shape=(8, 3))
+    y = np.memmap(tmp_path / "y.bin", dtype=np.float32, mode="w+", shape=(8, 1))
+    x[:], y[:] = 1.0, 2.0
+    with jc.checks_level(level):
+        params, _ = step({"w": jnp.zeros((3, 1))}, _numpy_batches(1)[0])
+        with jc.hot_loop():
+            params, loss = step(params, {"x": x, "y": y})
+    ref, _ = jax.jit(_sgd_step)({"w": jnp.zeros((3, 1))}, _numpy_batches(1)[0])
+    ref, _ = jax.jit(_sgd_step)(ref, {"x": np.asarray(x), "y": np.asarray(y)})
+    np.testing.assert_allclose(params["w"], ref["w"], rtol=1e-6)
+
+
 def test_host_names_are_checked_against_the_other_options():
     with pytest.raises(jc.DefinitionError, match="both host= and state="):
         jc.hot_step(_sgd_step, state="params", host=("params",))

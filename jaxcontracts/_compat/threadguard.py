@@ -70,10 +70,10 @@ def set_levels(state: Any, saved: dict[str, Any], overlay: dict[str, str] | None
 def allow_host_to_device(call: Callable[..., Any]) -> Callable[..., Any]:
     """``call`` run with the calling thread's host-to-device guard at ``allow``.
 
-    For a hot step's declared host data: where the thread has a level set (a
-    hot loop, at any checks level, or the user's own
-    ``jax.transfer_guard``), one field store before and after the call; where
-    it has none, one field read. JAX's ``transfer_guard_host_to_device("allow")``
+    For a hot step's declared host data (the declaration is the permission:
+    inside a hot loop at any checks level, under the user's own
+    ``jax.transfer_guard``, thread-local or global): one field store before
+    and after the call, where JAX's ``transfer_guard_host_to_device("allow")``
     context costs several microseconds. Without the capability, that context
     is used.
     """
@@ -91,10 +91,8 @@ def allow_host_to_device(call: Callable[..., Any]) -> Callable[..., Any]:
     def allowing(*args: Any) -> Any:
         state = tls()
         saved = state.host_to_device
-        if saved is None:  # no level on this thread: JAX's global setting applies
-            return call(*args)
-        state.host_to_device = allow
-        try:
+        try:  # the store inside: an interrupt landing on it still restores
+            state.host_to_device = allow
             return call(*args)
         finally:
             state.host_to_device = saved
