@@ -325,7 +325,6 @@ class LeafKinds:
     the accepted variants, a device array for declared host data, apart)."""
 
     types: tuple[type, ...]  # per flat leaf: ArrayImpl, the key class, or np.ndarray (host=)
-    device: Callable[[Sequence[Any]], tuple[Any, ...]]  # the device leaves
     # The device leaves that are not typed PRNG keys (a key's `aval` is built
     # anew on each read, about 9 us; a key is never weakly typed), and their
     # weak types.
@@ -351,7 +350,7 @@ def leaf_kinds(cs: CompiledSignature) -> LeafKinds | None:
             types.append(ArrayImpl)
     device = [i for i in range(len(cs.leaves)) if i not in host]
     unkeyed = [i for i in device if types[i] is not KeyArray]
-    return LeafKinds(tuple(types), picker(device), picker(unkeyed), tuple(bool(cs.weak[i]) for i in unkeyed))
+    return LeafKinds(tuple(types), picker(unkeyed), tuple(bool(cs.weak[i]) for i in unkeyed))
 
 
 def leaves_of(cls: type) -> Callable[[Any], Sequence[Any]]:
@@ -392,9 +391,14 @@ def leaf_readers(cs: CompiledSignature, indices: Sequence[int]) -> list[Callable
     return [_reader(cs, with_path, firsts, i) for i in indices]
 
 
+_WALKED_KEYS = (jax.tree_util.SequenceKey, jax.tree_util.DictKey, jax.tree_util.GetAttrKey)
+
+
 def _prefix_key(prefix: tuple[Any, ...]) -> tuple[Any, ...]:
-    # keys compared by identity where their class has no __eq__ (_filter's _LeafKey)
-    return tuple(k if type(k).__eq__ is not object.__eq__ else id(k) for k in prefix)
+    # A reader walks only these keys, so only prefixes of them are looked up;
+    # any other key (_filter's _LeafKey has no __eq__; a user's may be
+    # unhashable) stands for itself.
+    return tuple(k if isinstance(k, _WALKED_KEYS) else id(k) for k in prefix)
 
 
 def _reader(

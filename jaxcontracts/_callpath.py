@@ -138,8 +138,8 @@ def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
     executable takes positional arguments only) once the executable has
     refused the call, so a call with every argument by position pays nothing.
     Declared host data (``host=``) is a declared transfer at every level: the
-    call runs with the thread's host-to-device guard at ``allow`` (a hot loop
-    at ``off`` still engages JAX's own guard).
+    call runs with the thread's host-to-device guard at ``allow``, and its
+    C++ call refuses host data at any other leaf (:func:`_off_host_call`).
     """
     compiled, slow_call, in_treedef = ctx.compiled, ctx.slow_call, ctx.cs.in_treedef
     refusable, refused_mark = bool(ctx.cs.host), REFUSED
@@ -516,10 +516,10 @@ def host_call(ctx: CallContext, call: Callable[..., Any], flat: bool) -> Callabl
 
     The declared leaves may be numpy arrays: the executable's call transfers
     them in JAX's C++ path (and checks their shape and dtype), and the
-    closure's own checks have refused numpy anywhere else. Inside a loop the
-    call runs with the thread's host-to-device guard at ``allow`` (a declared
-    transfer); calls that passed numpy host data are counted with their
-    bytes. ``flat``: ``call`` takes the flat leaves (else the arguments, whose
+    closure's own checks have refused numpy anywhere else. The call runs with
+    the thread's host-to-device guard at ``allow`` (a declared transfer, in a
+    loop or under the user's own guard); calls that passed numpy host data
+    are counted with their bytes. ``flat``: ``call`` takes the flat leaves (else the arguments, whose
     host leaves are read by their paths).
     """
     cs, stats = ctx.cs, ctx.stats

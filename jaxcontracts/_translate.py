@@ -221,15 +221,14 @@ def translate(exc: BaseException, tb: Any) -> Exception | None:
         return None
     kind, detail = found
     error, contract, title, fix = _RUNTIME_ERRORS[kind]
-    random_cause = (
-        # the index constants JAX makes are weakly typed Python ints; a numpy index is the user's own
-        (_random_cause(tb, "weak_type=True" in detail) or ("weak_type=True" in detail and _indexing_cause(tb)) or None)
-        if kind == "host-to-device"
-        else None
-    )
-    if random_cause is not None:
-        title, fix = random_cause
-    elif kind == "host-to-device" and "weak_type=True" in detail:
+    weak = "weak_type=True" in detail  # a Python number made a device array
+    cause = None
+    if kind == "host-to-device":
+        # JAX's index constants are weakly typed Python ints; a numpy index is the user's own
+        cause = _random_cause(tb, weak) or (_indexing_cause(tb) if weak else None)
+    if cause is not None:
+        title, fix = cause
+    elif kind == "host-to-device" and weak:
         title, fix = _CONSTANT_TITLE, _CONSTANT_FIX
     elif kind == "host-to-device" and _in_device_get(tb):
         title = "implicit transfer inside jc.hot_loop: jax.device_get of a typed PRNG key"

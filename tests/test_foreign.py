@@ -320,3 +320,39 @@ def test_an_nnx_state_at_fast_warns_nothing_per_call():
             state = step(state)
     assert [str(w.message) for w in seen] == []
     np.testing.assert_allclose(np.asarray(jc.fetch(state["bias"][...])), 4.0)
+
+
+class _Tagged:
+    """A node whose child key is a user's unhashable class (a dataclass with eq)."""
+
+    def __init__(self, raw):
+        self.raw = raw
+
+
+@__import__("dataclasses").dataclass
+class _TagKey:
+    tag: str
+
+    def __str__(self):
+        return f".<{self.tag}>"
+
+
+jax.tree_util.register_pytree_with_keys(
+    _Tagged, lambda t: (((_TagKey("raw"), t.raw),), None), lambda _, children: _Tagged(*children)
+)
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_a_node_with_unhashable_keys_is_read_and_named(level):
+    @jc.hot_step(state="s")
+    def step(s):
+        return {"a": _Tagged(s["a"].raw + 1.0), "b": s["b"] * 2.0}
+
+    s = {"a": _Tagged(jnp.zeros(2)), "b": jnp.ones(2)}
+    with jc.checks_level(level):
+        s = step(s)
+        stale = s
+        s = step(s)
+        with pytest.raises(jc.DonationError, match=r"s\['a'\]"):
+            step(stale)
+    np.testing.assert_allclose(s["a"].raw, 2.0)
