@@ -109,6 +109,10 @@ def test_numpy_parameters_are_host_data_and_stay_refused() -> None:
     assert loop.sampler_calls == 0
     probs = np.full(3, 0.5, np.float32)
     jax.random.bernoulli(KEY, probs)
+    # warm what the call runs inside a loop too (its eager conversion of the
+    # numpy array was once compiled there, in a full run: a RecompileError first)
+    with jc.hot_loop(transfers="allow", compiles="allow"):
+        jax.random.bernoulli(KEY, probs)
     with pytest.raises(jc.TransferError, match="host-to-device"), jc.hot_loop():
         jax.random.bernoulli(KEY, probs)
 
