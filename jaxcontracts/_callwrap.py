@@ -10,13 +10,16 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import numpy as np
+
 from ._callctx import DispatchingStep, keyword_binder
 from ._errors import ContractError
 from ._filter import Filtered, join_out, split
+from ._foreign import holds_module
 from ._signature import StepSignature
 from ._tracebacks import trim
 
-__all__ = ["with_effect_tokens", "with_filtered", "with_static"]
+__all__ = ["module_params", "with_effect_tokens", "with_filtered", "with_static"]
 
 
 def with_filtered(sig: StepSignature, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
@@ -114,3 +117,19 @@ def with_effect_tokens(dispatch: Callable[..., Any], ensure: Callable[[], None])
 
     effects_call.takes_static = getattr(dispatch, "takes_static", False)  # type: ignore[attr-defined]
     return effects_call
+
+
+def module_params(
+    sig: StepSignature, positional: tuple[Any, ...], with_path: list[tuple[Any, Any]], host: list[tuple[str, Any]]
+) -> tuple[int, ...]:
+    """The parameters to filter: every host leaf is a non-array leaf of an
+    argument holding an equinox Module (a function, a Python number), never a
+    numpy array (host data), in a parameter neither static nor declared host."""
+    params: set[int] = set()
+    by_path = {sig.param_path(p): p[0].idx for p, _ in with_path}
+    for path, x in host:
+        i = by_path.get(path)
+        if i is None or isinstance(x, np.ndarray) or i in sig.filtered_params or not holds_module(positional[i]):
+            return ()
+        params.add(i)
+    return tuple(sorted(params))

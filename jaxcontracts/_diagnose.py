@@ -27,6 +27,7 @@ from ._spec import fmt_value
 __all__ = [
     "api_misuse_error",
     "hazard_error",
+    "invalid_values_error",
     "host_leaves_error",
     "kept_leaves_error",
     "not_consumed_error",
@@ -323,3 +324,39 @@ def signature_error(
         step=sig.name,
         leaves=leaves,
     )
+
+
+def invalid_values_error(
+    sig: StepSignature,
+    current: CompiledSignature | None,
+    positional: tuple[Any, ...],
+    leaves: list[Any],
+    paths: list[str],
+    kind: str,
+) -> FloatingPointError:
+    """JAX's ``FloatingPointError`` for a compiled call that produced a nan/inf.
+
+    ``jax.jit`` re-runs its function op by op to name the operation; so does
+    this, when the call consumed none of its donated inputs (``donate="none"``,
+    or XLA copied). Otherwise the inputs are gone, and the error says so.
+    """
+    donated = current.donated if current is not None else ()
+    consumed = [i for i in donated if is_deleted_array(leaves[i])]
+    if not consumed:
+        try:
+            with jax.disable_jit():
+                sig.positional(*positional)
+        except FloatingPointError as e:
+            e.add_note(f"jaxcontracts: found by re-running {sig.name} without jit (jax_debug_{kind}s is set).")
+            return e
+    err = FloatingPointError(
+        f"invalid value ({kind}) encountered in the output of {sig.name} (jax_debug_{kind}s is set)."
+    )
+    err.add_note(run_failed_note(sig, paths, leaves, donated))
+    if consumed:
+        err.add_note(
+            "jaxcontracts: the step cannot be re-run without jit to name the operation, as "
+            "jax.jit does: its donated inputs are gone. To find it, run the step on a copy of "
+            "the state with jax.disable_jit(), or with @jc.hot_step(donate=\"none\")."
+        )
+    return err

@@ -20,10 +20,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar
 
 import jax
-import numpy as np
 
 from . import _config, _steps, _timing
 from ._callpath import make_dispatch
+from ._callwrap import module_params
 from ._compat.runtime_errors import debug_nans_kind, is_runtime_error
 from ._compat.tracing import Tracer, flatten, jit_disabled, trace_state_clean
 from ._compile import compile_signature, jit_for, quiet_donation_warning, signature_diffs
@@ -31,14 +31,15 @@ from ._diagnose import (
     api_misuse_error,
     hazard_error,
     host_leaves_error,
+    invalid_values_error,
     not_consumed_error,
     run_failed_note,
     signature_error,
 )
-from ._donation import find_hazards, is_deleted_array
+from ._donation import find_hazards
 from ._errors import INPUTS_INTACT, ContractError, DefinitionError, DonationError, RecompileError
 from ._filter import join_out
-from ._foreign import holds_module, host_leaves_on_device
+from ._foreign import host_leaves_on_device
 from ._marks import consumer_of
 from ._records import CompiledSignature, StepDescription, StepStats
 from ._report import Report, step_report
@@ -378,9 +379,28 @@ class HotStep(Generic[P, R]):
         self._current = cs
         key = (id(cs), self._level)  # cs lives in self._signatures: its id is not reused
         kept = self._paths.get(key)
-        if kept is None or kept[0] is not self._sig:
-            kept = self._paths[key] = (self._sig, make_dispatch(cs, self._level, self))
-        self._set_dispatch(kept[1])
+        self._set_dispatch(self._build_at_call(cs, key) if kept is None or kept[0] is not self._sig else kept[1])
+
+    def _build_at_call(self, cs: CompiledSignature, key: tuple[int, str]) -> Callable[..., Any]:
+        """A call path that builds ``cs``'s closure for this level at its first
+        call, as ``jax.stages.Compiled`` builds its C++ call at its first call:
+        a compile (and a checks level change) builds none it does not use."""
+        sig, level = self._sig, self._level
+
+        def first_call(*args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True
+            kept = self._paths.get(key)
+            if kept is None or kept[0] is not sig:
+                kept = self._paths[key] = (sig, make_dispatch(cs, level, self))
+            if self._current is cs and self._level == level and self._sig is sig:
+                self._set_dispatch(kept[1])
+            try:
+                return kept[1](*args, **kwargs)
+            except ContractError as err:  # the traceback ends at the user's line
+                trim(err)
+                raise
+
+        return first_call
 
     def _refuse(self, positional: tuple[Any, ...]) -> Exception:
         self.stats.refused += 1
@@ -433,7 +453,7 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         if not isinstance(x, jax.Array) and path[0].idx not in declared
     ]
     if host:
-        modules = _module_params(sig, positional, with_path, host)
+        modules = module_params(sig, positional, with_path, host)
         if modules:  # equinox Modules: their non-array leaves are static (_filter)
             step._filter(modules)
             del with_path, leaves, host, positional  # the kept-leaf check counts references
@@ -444,7 +464,7 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
     if exc is not None:
         nans = debug_nans_kind(exc)
         if nans is not None:  # jax_debug_nans / jax_debug_infs: the output held a nan
-            raise _invalid_values(step, positional, leaves, paths, nans) from None
+            raise invalid_values_error(sig, step._current, positional, leaves, paths, nans) from None
     ran = exc is not None and is_runtime_error(exc)
     if ran and any(leaves[i].is_deleted() for i in donated):
         # The executable failed while running (a callback raised, out of
@@ -463,54 +483,6 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
     # (a first call refuses a kept sample as any other does).
     del leaves, with_path, host
     return _redispatch(step, dispatch, positional, paths)
-
-
-def _invalid_values(
-    step: HotStep[Any, Any], positional: tuple[Any, ...], leaves: list[Any], paths: list[str], kind: str
-) -> FloatingPointError:
-    """JAX's ``FloatingPointError`` for a compiled call that produced a nan/inf.
-
-    ``jax.jit`` re-runs its function op by op to name the operation; so does
-    this, when the call consumed none of its donated inputs (``donate="none"``,
-    or XLA copied). Otherwise the inputs are gone, and the error says so.
-    """
-    sig, current = step._sig, step._current
-    donated = current.donated if current is not None else ()
-    consumed = [i for i in donated if is_deleted_array(leaves[i])]
-    if not consumed:
-        try:
-            with jax.disable_jit():
-                sig.positional(*positional)
-        except FloatingPointError as e:
-            e.add_note(f"jaxcontracts: found by re-running {sig.name} without jit (jax_debug_{kind}s is set).")
-            return e
-    err = FloatingPointError(
-        f"invalid value ({kind}) encountered in the output of {sig.name} (jax_debug_{kind}s is set)."
-    )
-    err.add_note(run_failed_note(sig, paths, leaves, donated))
-    if consumed:
-        err.add_note(
-            "jaxcontracts: the step cannot be re-run without jit to name the operation, as "
-            "jax.jit does: its donated inputs are gone. To find it, run the step on a copy of "
-            "the state with jax.disable_jit(), or with @jc.hot_step(donate=\"none\")."
-        )
-    return err
-
-
-def _module_params(
-    sig: StepSignature, positional: tuple[Any, ...], with_path: list[tuple[Any, Any]], host: list[tuple[str, Any]]
-) -> tuple[int, ...]:
-    """The parameters to filter: every host leaf is a non-array leaf of an
-    argument holding an equinox Module (a function, a Python number), never a
-    numpy array (host data), in a parameter neither static nor declared host."""
-    params: set[int] = set()
-    by_path = {sig.param_path(p): p[0].idx for p, _ in with_path}
-    for path, x in host:
-        i = by_path.get(path)
-        if i is None or isinstance(x, np.ndarray) or i in sig.filtered_params or not holds_module(positional[i]):
-            return ()
-        params.add(i)
-    return tuple(sorted(params))
 
 
 def _host_arguments(

@@ -553,6 +553,48 @@ def test_a_checks_level_set_back_takes_its_call_path_again():
     assert step.stats.compiles == 2
 
 
+def test_a_call_path_is_built_at_its_first_call_not_at_compile(monkeypatch):
+    # As jax.stages.Compiled builds its C++ call at its first call: a compile
+    # (and a checks level change) builds no call path that no call uses.
+    from jaxcontracts import _hot_step
+
+    built = []
+    real = _hot_step.make_dispatch
+    monkeypatch.setattr(_hot_step, "make_dispatch", lambda cs, level, step: built.append(level) or real(cs, level, step))
+    step = make_advance()
+    step.compile(Particles.spec(n=4))
+    assert built == []
+    with jc.checks_level("off"), jc.checks_level("fast"):
+        pass
+    assert built == []
+    p = step(make_particles(4))
+    p = step(p)
+    assert built == ["full"]
+    with jc.checks_level("off"):
+        p = step(p)
+        p = step(p)
+    p = step(p)  # the full path kept: not built again
+    assert built == ["full", "off"]
+    want = make_particles(4)
+    for _ in range(5):
+        want = advance_fn(want)
+    np.testing.assert_allclose(p.pos, want.pos, rtol=1e-6)
+    # a refusal at the first call after a compile still ends at the user's
+    # line, with the inputs intact
+    fresh = make_advance()
+    fresh.compile(Particles.spec(n=4))
+    q = make_particles(4)
+    view = np.asarray(q.pos)
+    with pytest.raises(jc.DonationError) as info:
+        fresh(q)
+    del view
+    import traceback
+
+    frames = traceback.extract_tb(info.value.__traceback__)
+    assert [f.filename for f in frames] == [__file__], frames  # no frame of the library's
+    assert not q.pos.is_deleted()
+
+
 def test_checks_env_variable_is_validated():
     import subprocess
     import sys
