@@ -139,16 +139,21 @@ def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
     refused the call, so a call with every argument by position pays nothing.
     Declared host data (``host=``) is a declared transfer at every level: the
     call runs with the thread's host-to-device guard at ``allow``, and its
-    C++ call refuses host data at any other leaf (:func:`_off_host_call`).
+    C++ call refuses host data at any other leaf (:func:`_off_guarded`).
     """
     compiled, slow_call, in_treedef = ctx.compiled, ctx.slow_call, ctx.cs.in_treedef
     refusable, refused_mark = bool(ctx.cs.host), REFUSED
-    if ctx.cs.host:
-        compiled = allow_host_to_device(_off_host_call(ctx))
+    tree_call = _off_guarded(ctx) if ctx.cs.host or (ctx.cs.flat_style and not native) else None
+    if tree_call is not None:  # the arguments as they come: JAX's C++ call flattens them
+        compiled, refusable = tree_call, True
+        if ctx.cs.host:
+            compiled = allow_host_to_device(tree_call)
+    elif ctx.cs.host:  # no guarded call: the bare one (numpy anywhere passes JAX's guard at allow)
+        compiled = allow_host_to_device(compiled)
     # "no trace is active": JAX's is_top_level() read inline (see top_level_refs)
     tref, ev, aref, top = top_level_refs()
     n_params, normalize, bind = ctx.n_params, ctx.normalize, ctx.bind
-    if ctx.cs.flat_style:
+    if ctx.cs.flat_style and tree_call is None:
 
         def off_flat(*args: Any, **kwargs: Any) -> Any:
             try:
@@ -198,27 +203,40 @@ def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
     return _off_native(ctx, off) if native else off
 
 
-def _off_host_call(ctx: CallContext) -> Callable[..., Any]:
-    """The executable's call at ``off`` for a step with declared host data.
+def _off_guarded(ctx: CallContext) -> Callable[..., Any] | None:
+    """The executable's call at ``off`` on a guarded C++ call that takes the
+    arguments in their own structure (None: the mechanism is missing).
 
-    It runs with the thread's guard at ``allow``, so JAX's own guard would not
-    see numpy (or a Python number) at a leaf that is not declared: on a
-    guarded C++ call, each new signature is refused unless every other leaf is
-    a JAX array (once per signature; the slow path explains a refusal).
-    Without the mechanism, the bare call.
+    * An executable compiled over flat leaves (``flat_style``: a state of
+      flax Variables, a flax struct): JAX's C++ call flattens the arguments
+      once, as ``jax.jit`` does, where the closure would flatten them in
+      Python and the executable flatten the tuple of leaves again.
+    * Declared host data (``host=``): the call runs with the thread's guard
+      at ``allow``, so JAX's own guard would not see numpy (or a Python
+      number) at a leaf that is not declared: each new signature is refused
+      unless every other leaf is a JAX array.
+
+    A new signature is approved, once, where no trace is active and the
+    tree structure is the compiled one; a refused one returns ``REFUSED``,
+    and the slow path explains it.
     """
     cs = ctx.cs
-    undeclared = picker([i for i in range(len(cs.leaves)) if i not in frozenset(cs.host)])
-    array = jax.Array
+    undeclared = picker([i for i in range(len(cs.leaves)) if i not in frozenset(cs.host)]) if cs.host else None
+    tref, ev, aref, top = top_level_refs()
+    in_treedef, array = cs.in_treedef, jax.Array
 
     def approve(args: tuple[Any, ...]) -> bool:
         try:
-            leaves = args if cs.flat_style else flatten(args)[0]
-            return all(isinstance(x, array) for x in undeclared(leaves))
+            if tref.value is not ev or aref.value is not top:  # traced: the slow path traces
+                return False
+            leaves, treedef = flatten(args)
+            if treedef != in_treedef:
+                return False
+            return undeclared is None or all(isinstance(x, array) for x in undeclared(leaves))
         except Exception:  # noqa: BLE001 - anything odd: the slow path explains it
             return False
 
-    return guarded_call(cs.compiled, approve, None) or ctx.compiled
+    return guarded_call(cs.compiled, approve, tree_in_tree(cs.spec_args) if cs.flat_style else None)
 
 
 def _off_native(ctx: CallContext, off: Callable[..., Any]) -> Callable[..., Any]:

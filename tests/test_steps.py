@@ -1019,3 +1019,59 @@ def _add_n_one(s):
 
 def _inc_first(cfg, s):
     return {k: v + cfg.by for k, v in s.items()}
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class _Registered:  # a node JAX flattens through Python callbacks (as a flax struct)
+    w: jax.Array
+    b: jax.Array
+
+
+def _registered_step(s: _Registered, scale: jax.Array) -> _Registered:
+    return _Registered(w=s.w * scale, b=s.b + scale)
+
+
+def test_at_off_a_python_flattened_state_is_flattened_once_by_the_cpp_call(monkeypatch):
+    # Compiled over flat leaves (its nodes flatten through Python callbacks),
+    # the step at off takes the arguments as they come: JAX's C++ call
+    # flattens them once, as jax.jit does, where the call path flattened them
+    # in Python and the executable flattened the tuple of leaves again.
+    from jaxcontracts import _callpath
+
+    step = jc.hot_step(_registered_step, state="s")
+    s = _Registered(w=jnp.ones(3), b=jnp.zeros(3))
+    two = jnp.float32(2.0)
+    with jc.checks_level("off"):
+        s = step(s, two)
+        s = step(s, scale=two)  # a keyword: bound, same signature
+        assert step._current.flat_style
+        calls = []
+        real = _callpath.flatten
+        monkeypatch.setattr(_callpath, "flatten", lambda x: calls.append(1) or real(x))
+        for _ in range(3):
+            s = step(s, two)
+        assert calls == []  # no Python flatten per call
+        monkeypatch.setattr(_callpath, "flatten", real)
+        np.testing.assert_allclose(s.w, 32.0)
+        np.testing.assert_allclose(s.b, 10.0)
+        # under an outer transformation: traced, nothing donated or run
+        traced = jax.jit(lambda s: step(s, two))(s)
+        assert not s.w.is_deleted()
+        np.testing.assert_allclose(traced.w, 64.0)
+        # another structure: the slow path explains it, inputs intact
+        other = {"w": s.w, "b": s.b}
+        with pytest.raises(jc.ContractError, match="structure|_Registered|dict"):
+            step(other, two)
+        assert not s.w.is_deleted()
+        # a consumed state: the library's error, not XLA's
+        stale = s
+        s = step(s, two)
+        with pytest.raises(jc.DonationError):
+            step(stale, two)
+        # numpy in the state inside a loop: JAX's guard refuses it, named by the library
+        with jc.hot_loop():
+            s = step(s, two)
+            with pytest.raises(jc.TransferError, match=r"s\.w"):
+                step(_Registered(w=np.ones(3, np.float32), b=np.zeros(3, np.float32)), two)
+    assert step.stats.compiles == 1
