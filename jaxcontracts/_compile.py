@@ -267,10 +267,7 @@ def compile_signature(
 
     in_shardings = jax.tree_util.tree_leaves(compiled.input_shardings[0])
     flat_paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(positional)[0]]
-    exact = [
-        jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh, weak_type=s.weak_type)
-        for s, sh in zip(jax.tree_util.tree_leaves(spec_args), in_shardings)
-    ]
+    exact = _exact_specs(jax.tree_util.tree_leaves(spec_args), in_shardings)
     paths = [sig.param_path(p) for p in flat_paths]
     per_param = tuple(jax.tree_util.tree_unflatten(treedef, exact))
     tokens: dict[int, object] = {}  # token_for of each per-parameter spec, once
@@ -285,6 +282,7 @@ def compile_signature(
     if donated:
         hook_deleted_reads(deleted_read)  # later reads of what it consumes name the leaf and the step
     host = tuple(i for i, p in enumerate(flat_paths) if p[0].idx in sig.host_params)
+    nbytes = {id(x): spec_nbytes(x) for x in exact}  # once per distinct spec (_exact_specs)
     return CompiledSignature(
         spec_args=per_param,
         in_treedef=treedef,
@@ -294,7 +292,7 @@ def compile_signature(
                 spec=spec,
                 donated=i in donated_set,
                 aliased=None if aliased is None or i not in donated_set else i in aliased,
-                nbytes=spec_nbytes(spec),
+                nbytes=nbytes[id(spec)],
             )
             for i, (path, spec) in enumerate(zip(paths, exact))
         ),
@@ -309,8 +307,24 @@ def compile_signature(
         in_tokens=in_tokens,
         out_tokens=out_tokens,
         host=host,
-        host_nbytes=sum(spec_nbytes(exact[i]) for i in host),
+        host_nbytes=sum(nbytes[id(exact[i])] for i in host),
     ), sig
+
+
+def _exact_specs(specs: Sequence[Any], shardings: Sequence[Any]) -> list[Any]:
+    """Each leaf's exact spec (its compiled sharding), one object per distinct
+    spec: the leaves of a state mostly repeat a few (an optimizer's moments
+    mirror the parameters), and a ``ShapeDtypeStruct`` costs microseconds to
+    build. They are immutable, so leaves may share one."""
+    made: dict[tuple[Any, ...], Any] = {}
+    exact = []
+    for s, sh in zip(specs, shardings):
+        key = (tuple(s.shape), s.dtype, bool(s.weak_type), sh)
+        spec = made.get(key)
+        if spec is None:
+            spec = made[key] = jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh, weak_type=s.weak_type)
+        exact.append(spec)
+    return exact
 
 
 def signature_diffs(cs: CompiledSignature, leaves: Sequence[Any], treedef: Any) -> list[LeafDiff]:
