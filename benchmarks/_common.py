@@ -317,7 +317,7 @@ def donated_block(v: Any, calls: int) -> float:
     one ``block_until_ready``; return microseconds per call.
 
     ``v`` has ``fn``, ``state`` and ``level`` (a ``jc.set_checks`` level to set
-    first, which rebuilds a hot step's call path; None: leave it). The state
+    first, which switches a hot step's call path; None: leave it). The state
     is held only by the loop's variable while it runs, so donation can
     consume it and the kept-leaf check sees no other reference; garbage
     collection is off inside the clock.

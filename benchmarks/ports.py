@@ -83,8 +83,9 @@ def _timed(states: dict[str, Any], variant: str, body: Callable[[Any], tuple[Any
     """Run ``body(carry) -> (carry, to_block)`` once for ``variant``, timed, gc off.
 
     A port variant's checks level is set before the clock starts, as a
-    program sets it once: a level change rebuilds every live step's call
-    path (about 0.5 ms a step), which no loop of a program pays.
+    program sets it once: a level change switches every live step's call
+    path (built at its first call at that level, about 0.5 ms a step), which
+    no loop of a program pays.
     """
     carry = states[variant]
     if variant != "original":

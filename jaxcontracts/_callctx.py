@@ -407,7 +407,10 @@ def _reader(
     path = with_path[index][0]
     steps: list[tuple[int, Any]] = []  # (0: item, 1: attribute, 2: leaf k of a one-node flatten)
     node: Any = cs.spec_args
+    costly = False  # a step runs Python: a container's own __getitem__ (nnx.State), a flatten
     for depth, key in enumerate(path):
+        if isinstance(key, (jax.tree_util.SequenceKey, jax.tree_util.DictKey)):
+            costly = costly or getattr(type(node), "__getitem__", None) not in _BUILTIN_ITEMS
         if isinstance(key, jax.tree_util.SequenceKey):
             steps.append((0, key.idx))
         elif isinstance(key, jax.tree_util.DictKey):
@@ -436,7 +439,13 @@ def _reader(
         same = read(cs.spec_args) is with_path[index][1]
     except Exception:  # noqa: BLE001 - a node whose children are not its items or attributes
         same = False
-    return read if same else (lambda args: flatten(args)[0][index])
+    if not same:
+        read = lambda args: flatten(args)[0][index]  # noqa: E731
+    read.costly = costly or not same or any(kind == 2 for kind, _ in steps)  # type: ignore[attr-defined]
+    return read
+
+
+_BUILTIN_ITEMS = (tuple.__getitem__, list.__getitem__, dict.__getitem__)
 
 
 def _step(obj: Any, kind: int, key: Any) -> Any:
@@ -474,6 +483,7 @@ def stale_reader(cs: CompiledSignature) -> Callable[[tuple[Any, ...]], bool] | N
         except Exception:  # noqa: BLE001
             return True
 
+    stale.costly = read.costly  # type: ignore[attr-defined]  # see _reader
     return stale
 
 def static_native(

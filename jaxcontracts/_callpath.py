@@ -39,13 +39,12 @@ from ._callctx import (
     kept_plan,
     keyword_binder,
     leaf_kinds,
-    leaf_readers,
     make_tail,
     picker,
     stale_reader,
     static_native,
 )
-from ._callwrap import with_effect_tokens, with_filtered, with_static
+from ._callwrap import host_call, with_effect_tokens, with_filtered, with_static
 from ._compat import refcount
 from ._compat.arrays import ArrayImpl, KeyArray
 from ._compat.effects import effect_tokens
@@ -381,7 +380,10 @@ def _guarded(
     * ``fast`` does not flatten: it reads the first donated leaf by its path
       and asks ``is_deleted()`` (a stale state goes to the slow path, before
       XLA refuses it with an error line on stderr: a donated buffer reaches
-      ``Execute``, which logs its refusal);
+      ``Execute``, which logs its refusal). Where that read would run Python
+      code of the state's (an ``nnx.State`` builds a ``State`` for each level
+      it returns, a flax ``Variable``'s value is a property), it flattens
+      once instead and looks at that leaf in the flat leaves;
     * ``full`` flattens once, for the checks over every leaf (deleted, kept
       references, repeated buffers, consumption), and calls the executable
       with the flat leaves (JAX then flattens a tuple, not the state again).
@@ -411,10 +413,20 @@ def _guarded(
             return False
 
     if not full:
-        call = guarded_call(cs.compiled, approve_tree, tree_in_tree(cs.spec_args) if cs.flat_style else None)
-        if call is None:
-            return None
-        fast = _guarded_fast(ctx, host_call(ctx, call, False) if cs.host else call, tail)
+        first = stale_reader(cs)
+        if first is not None and first.costly:  # type: ignore[attr-defined]
+            # reading the first donated leaf would run Python at every step
+            # (an nnx.State wraps each level it returns): flatten once, as
+            # full does, and look at that leaf in the flat leaves
+            call = guarded_call(cs.compiled, approve_flat, None if cs.flat_style else flat_in_tree(n_leaves))
+            if call is None:
+                return None
+            fast = _guarded_fast_flat(ctx, host_call(ctx, call, True) if cs.host else call, tail)
+        else:
+            call = guarded_call(cs.compiled, approve_tree, tree_in_tree(cs.spec_args) if cs.flat_style else None)
+            if call is None:
+                return None
+            fast = _guarded_fast(ctx, host_call(ctx, call, False) if cs.host else call, tail, first)
         if native:  # static values static in the C++ call too (static_native)
             return static_native(ctx, approve_tree, with_static(ctx.step.definition, fast), tail) or fast
         return fast
@@ -501,10 +513,10 @@ def _guarded(
     return make_full(())
 
 
-def _guarded_fast(ctx: CallContext, call: Callable[..., Any], tail: Any) -> Callable[..., Any]:
-    """Checks ``fast`` on a guarded C++ call (see :func:`_guarded`)."""
-    slow_call, bind = ctx.slow_call, ctx.bind
-    first, refused_mark = stale_reader(ctx.cs), REFUSED
+def _guarded_fast(ctx: CallContext, call: Callable[..., Any], tail: Any, first: Any) -> Callable[..., Any]:
+    """Checks ``fast`` on a guarded C++ call (see :func:`_guarded`); ``first``:
+    the :func:`stale_reader` of the first donated leaf (None: none)."""
+    slow_call, bind, refused_mark = ctx.slow_call, ctx.bind, REFUSED
 
     def guarded_fast(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -529,40 +541,38 @@ def _guarded_fast(ctx: CallContext, call: Callable[..., Any], tail: Any) -> Call
     return guarded_fast
 
 
-def host_call(ctx: CallContext, call: Callable[..., Any], flat: bool) -> Callable[..., Any]:
-    """``call`` for a step with declared host data (``host=``).
+def _guarded_fast_flat(ctx: CallContext, call: Callable[..., Any], tail: Any) -> Callable[..., Any]:
+    """Checks ``fast`` on a guarded C++ call that takes the flat leaves: one
+    flatten, the tree structure and the trace state compared, the first
+    donated leaf looked at in the leaves (see :func:`_guarded`)."""
+    slow_call, bind, refused_mark = ctx.slow_call, ctx.bind, REFUSED
+    in_treedef, first = ctx.cs.in_treedef, ctx.cs.donated[0]
+    tref, ev, aref, top = top_level_refs()
 
-    The declared leaves may be numpy arrays: the executable's call transfers
-    them in JAX's C++ path (and checks their shape and dtype), and the
-    closure's own checks have refused numpy anywhere else. The call runs with
-    the thread's host-to-device guard at ``allow`` (a declared transfer, in a
-    loop or under the user's own guard); calls that passed numpy host data
-    are counted with their bytes. ``flat``: ``call`` takes the flat leaves (else the arguments, whose
-    host leaves are read by their paths).
-    """
-    cs, stats = ctx.cs, ctx.stats
-    allowing = allow_host_to_device(call)  # a declared transfer, inside a loop too
-    if flat:
-        host_of = picker(cs.host)
-    else:
-        readers = leaf_readers(cs, cs.host)
-
-        def host_of(args: Sequence[Any]) -> tuple[Any, ...]:
-            return tuple([read(args) for read in readers])  # type: ignore[arg-type]
-
-    ndarray, nbytes, refused_mark = np.ndarray, cs.host_nbytes, REFUSED
-
-    def call_host(*args: Any) -> Any:
-        out = allowing(*args)
-        if out is not refused_mark:
+    def guarded_fast_flat(*args: Any, **kwargs: Any) -> Any:
+        try:
+            if kwargs:
+                bound = bind(args, kwargs)
+                if bound is None:
+                    return slow_call(args, kwargs, None)
+                args = bound
+            leaves, treedef = flatten(args)
+            if treedef != in_treedef or tref.value is not ev or aref.value is not top:
+                return slow_call(args, {}, None)
             try:
-                hosted = host_of(args)
-                transferred = ndarray in map(type, hosted) or any(isinstance(x, ndarray) for x in hosted)
-            except Exception:  # noqa: BLE001 - arguments of another structure: nothing counted
-                transferred = False
-            if transferred:
-                stats.host_calls += 1
-                stats.host_bytes += nbytes
-        return out
+                if leaves[first].is_deleted():  # a stale state: explain, quietly
+                    return slow_call(args, {}, None)
+            except AttributeError:  # not a device array: the slow path says what it is
+                return slow_call(args, {}, None)
+            try:
+                out = call(*leaves)
+            except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
+                return slow_call(args, {}, e)
+            if out is refused_mark:  # a new signature the checks refused
+                return slow_call(args, {}, None)
+            return tail(args, leaves, out)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
 
-    return call_host
+    return guarded_fast_flat

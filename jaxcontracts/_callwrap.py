@@ -2,24 +2,28 @@
 of arrays: static values (:func:`with_static`) and equinox Modules
 (:func:`with_filtered`). Each turns its arguments into tree nodes the compiled
 signature knows, then calls the closure of :mod:`._callpath`. And
-:func:`with_effect_tokens`, for an executable with ordered effects.
+:func:`with_effect_tokens`, for an executable with ordered effects, and
+:func:`host_call`, around the executable's call of a step with declared
+host data.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
-from ._callctx import DispatchingStep, keyword_binder
+from ._callctx import CallContext, DispatchingStep, keyword_binder, leaf_readers, picker
+from ._compat.guarded import REFUSED
+from ._compat.threadguard import allow_host_to_device
 from ._errors import ContractError
 from ._filter import Filtered, join_out, split
 from ._foreign import holds_module
 from ._signature import StepSignature
 from ._tracebacks import trim
 
-__all__ = ["module_params", "with_effect_tokens", "with_filtered", "with_static"]
+__all__ = ["host_call", "module_params", "with_effect_tokens", "with_filtered", "with_static"]
 
 
 def with_filtered(sig: StepSignature, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
@@ -133,3 +137,42 @@ def module_params(
             return ()
         params.add(i)
     return tuple(sorted(params))
+
+
+def host_call(ctx: CallContext, call: Callable[..., Any], flat: bool) -> Callable[..., Any]:
+    """``call`` for a step with declared host data (``host=``).
+
+    The declared leaves may be numpy arrays: the executable's call transfers
+    them in JAX's C++ path (and checks their shape and dtype), and the
+    closure's own checks have refused numpy anywhere else. The call runs with
+    the thread's host-to-device guard at ``allow`` (a declared transfer, in a
+    loop or under the user's own guard); calls that passed numpy host data
+    are counted with their bytes. ``flat``: ``call`` takes the flat leaves (else the arguments, whose
+    host leaves are read by their paths).
+    """
+    cs, stats = ctx.cs, ctx.stats
+    allowing = allow_host_to_device(call)  # a declared transfer, inside a loop too
+    if flat:
+        host_of = picker(cs.host)
+    else:
+        readers = leaf_readers(cs, cs.host)
+
+        def host_of(args: Sequence[Any]) -> tuple[Any, ...]:
+            return tuple([read(args) for read in readers])  # type: ignore[arg-type]
+
+    ndarray, nbytes, refused_mark = np.ndarray, cs.host_nbytes, REFUSED
+
+    def call_host(*args: Any) -> Any:
+        out = allowing(*args)
+        if out is not refused_mark:
+            try:
+                hosted = host_of(args)
+                transferred = ndarray in map(type, hosted) or any(isinstance(x, ndarray) for x in hosted)
+            except Exception:  # noqa: BLE001 - arguments of another structure: nothing counted
+                transferred = False
+            if transferred:
+                stats.host_calls += 1
+                stats.host_bytes += nbytes
+        return out
+
+    return call_host

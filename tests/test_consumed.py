@@ -434,3 +434,81 @@ def test_pytests_assertion_temporaries_are_not_a_kept_reference():
     s = step(S(x=jnp.zeros(3), y=jnp.ones(3)))
     assert step(S(x=jnp.zeros(3) + s.scale, y=jnp.ones(3))).x.shape == (3,)
     assert type(class_step(ClassForm(v=jnp.zeros(2)))) is ClassForm
+
+
+class _Wrapping:
+    """A Mapping pytree node whose item access runs Python and wraps nested
+    dicts (as flax's nnx.State does): reading one leaf by its path is costly."""
+
+    def __init__(self, mapping):
+        self._mapping = mapping
+
+    def __getitem__(self, key):
+        value = self._mapping[key]
+        return _Wrapping(value) if isinstance(value, dict) else value
+
+
+jax.tree_util.register_pytree_with_keys(
+    _Wrapping,
+    lambda w: (tuple((jax.tree_util.DictKey(k), w._mapping[k]) for k in sorted(w._mapping)), tuple(sorted(w._mapping))),
+    lambda keys, children: _Wrapping(dict(zip(keys, children))),
+)
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_a_state_whose_items_run_python_is_flattened_once_and_checked_quietly(capfd, monkeypatch, level):
+    # At fast the first donated leaf of such a state is looked at in its flat
+    # leaves (one flatten, as full does), not read level by level through
+    # the container's own __getitem__; a stale state is still explained
+    # before XLA sees it.
+    def step(s):
+        return jax.tree_util.tree_map(lambda x: x + 1, s)
+
+    with jc.checks_level(level):
+        f = jc.hot_step(step, state="s")
+        s = _Wrapping({"params": {"w": jnp.zeros(3), "b": jnp.ones(2)}, "count": jnp.int32(0)})
+        old = f(s)
+        new = f(old)
+        wrapped = []
+        real = _Wrapping.__getitem__
+        monkeypatch.setattr(_Wrapping, "__getitem__", lambda self, k: wrapped.append(k) or real(self, k))
+        new = f(new)
+        assert wrapped == []  # no item read of the state's per call
+        capfd.readouterr()
+        for stale in (s, old):
+            with pytest.raises(jc.DonationError, match=r"s\['params'\]\['w'\]: f32\[3\] was already"):
+                f(stale)
+        assert "ExecutePrepare" not in capfd.readouterr().err
+        with pytest.raises(jc.TransferError, match=r"\['count'\]"):
+            f(_Wrapping({"params": {"w": jnp.zeros(3), "b": jnp.ones(2)}, "count": np.int32(0)}))
+        traced = jax.jit(lambda s: f(s))(new)  # under an outer trace: traced, not run
+        assert not new._mapping["count"].is_deleted()
+        assert int(traced._mapping["count"]) == 4
+        new = f(s=new)
+    assert int(new._mapping["count"]) == 4
+    np.testing.assert_allclose(new._mapping["params"]["w"], 4.0)
+    assert f.stats.compiles == 1
+
+
+def test_at_fast_a_dict_or_attribute_path_is_read_without_a_flatten(monkeypatch):
+    # Item access of dicts, lists and tuples and plain attributes cost no
+    # Python frame: the first donated leaf is read by its path, and the
+    # state is flattened only by the executable's C++ call.
+    from jaxcontracts import _callctx, _callpath
+
+    @dataclasses.dataclass
+    class Box:
+        params: dict
+
+    jax.tree_util.register_dataclass(Box, data_fields=["params"], meta_fields=[])
+    with jc.checks_level("fast"):
+        f = jc.hot_step(lambda s: jax.tree_util.tree_map(lambda x: x * 2, s), state="s")
+        s = (Box(params={"w": jnp.ones(3)}), [jnp.ones(2)])
+        s = f(f(s))
+        calls = []
+        for module in (_callpath, _callctx):
+            real = module.flatten
+            monkeypatch.setattr(module, "flatten", lambda x, real=real: calls.append(1) or real(x))
+        s = f(s)
+        assert calls == []
+    np.testing.assert_allclose(s[0].params["w"], 8.0)
