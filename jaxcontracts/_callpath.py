@@ -382,8 +382,8 @@ def _guarded(
       XLA refuses it with an error line on stderr: a donated buffer reaches
       ``Execute``, which logs its refusal). Where that read would run Python
       code of the state's (an ``nnx.State`` builds a ``State`` for each level
-      it returns, a flax ``Variable``'s value is a property), it flattens
-      once instead and looks at that leaf in the flat leaves;
+      it returns, a flax ``Variable``'s value is a property), it takes
+      ``full``'s closure with that one leaf looked at instead;
     * ``full`` flattens once, for the checks over every leaf (deleted, kept
       references, repeated buffers, consumption), and calls the executable
       with the flat leaves (JAX then flattens a tuple, not the state again).
@@ -412,21 +412,15 @@ def _guarded(
         except Exception:  # noqa: BLE001
             return False
 
-    if not full:
-        first = stale_reader(cs)
-        if first is not None and first.costly:  # type: ignore[attr-defined]
-            # reading the first donated leaf would run Python at every step
-            # (an nnx.State wraps each level it returns): flatten once, as
-            # full does, and look at that leaf in the flat leaves
-            call = guarded_call(cs.compiled, approve_flat, None if cs.flat_style else flat_in_tree(n_leaves))
-            if call is None:
-                return None
-            fast = _guarded_fast_flat(ctx, host_call(ctx, call, True) if cs.host else call, tail)
-        else:
-            call = guarded_call(cs.compiled, approve_tree, tree_in_tree(cs.spec_args) if cs.flat_style else None)
-            if call is None:
-                return None
-            fast = _guarded_fast(ctx, host_call(ctx, call, False) if cs.host else call, tail, first)
+    first = None if full else stale_reader(cs)
+    # At fast, reading the first donated leaf by its path may run Python at
+    # every step (an nnx.State wraps each level it returns): then the closure
+    # below flattens once, as full does, and looks at that leaf only.
+    if not full and (first is None or not first.costly):  # type: ignore[attr-defined]
+        call = guarded_call(cs.compiled, approve_tree, tree_in_tree(cs.spec_args) if cs.flat_style else None)
+        if call is None:
+            return None
+        fast = _guarded_fast(ctx, host_call(ctx, call, False) if cs.host else call, tail, first)
         if native:  # static values static in the C++ call too (static_native)
             return static_native(ctx, approve_tree, with_static(ctx.step.definition, fast), tail) or fast
         return fast
@@ -436,9 +430,11 @@ def _guarded(
     if cs.host:
         call = host_call(ctx, call, True)
     is_deleted, refused_mark = is_deleted_for(cs), REFUSED
+    if not full:  # the first donated leaf only (a declared host leaf is never donated)
+        device_of = picker(donated[:1])
     # A buffer passed twice raises the count of a watched leaf: where every
     # donated leaf is watched, the ids are compared only on a kept-reference hit.
-    ids_always = kept is None or len(set(kept.watched)) != len(donated)
+    ids_always = full and (kept is None or len(set(kept.watched)) != len(donated))
 
     def repeated(leaves: Sequence[Any]) -> bool:
         return len(set(map(id, leaves))) != n_leaves and bool(find_hazards(leaves, donated)[1])
@@ -539,40 +535,3 @@ def _guarded_fast(ctx: CallContext, call: Callable[..., Any], tail: Any, first: 
             raise
 
     return guarded_fast
-
-
-def _guarded_fast_flat(ctx: CallContext, call: Callable[..., Any], tail: Any) -> Callable[..., Any]:
-    """Checks ``fast`` on a guarded C++ call that takes the flat leaves: one
-    flatten, the tree structure and the trace state compared, the first
-    donated leaf looked at in the leaves (see :func:`_guarded`)."""
-    slow_call, bind, refused_mark = ctx.slow_call, ctx.bind, REFUSED
-    in_treedef, first = ctx.cs.in_treedef, ctx.cs.donated[0]
-    tref, ev, aref, top = top_level_refs()
-
-    def guarded_fast_flat(*args: Any, **kwargs: Any) -> Any:
-        try:
-            if kwargs:
-                bound = bind(args, kwargs)
-                if bound is None:
-                    return slow_call(args, kwargs, None)
-                args = bound
-            leaves, treedef = flatten(args)
-            if treedef != in_treedef or tref.value is not ev or aref.value is not top:
-                return slow_call(args, {}, None)
-            try:
-                if leaves[first].is_deleted():  # a stale state: explain, quietly
-                    return slow_call(args, {}, None)
-            except AttributeError:  # not a device array: the slow path says what it is
-                return slow_call(args, {}, None)
-            try:
-                out = call(*leaves)
-            except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
-                return slow_call(args, {}, e)
-            if out is refused_mark:  # a new signature the checks refused
-                return slow_call(args, {}, None)
-            return tail(args, leaves, out)
-        except ContractError as err:  # the traceback ends at the user's line
-            trim(err)
-            raise
-
-    return guarded_fast_flat
