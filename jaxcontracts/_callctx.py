@@ -383,12 +383,29 @@ def leaf_reader(cs: CompiledSignature, index: int) -> Callable[[tuple[Any, ...]]
 
 def leaf_readers(cs: CompiledSignature, indices: Sequence[int]) -> list[Callable[[tuple[Any, ...]], Any]]:
     """:func:`leaf_reader` for each of ``indices`` (the specs flattened once)."""
-    with_path, _ = jax.tree_util.tree_flatten_with_path(cs.spec_args)
+    with_path, treedef = jax.tree_util.tree_flatten_with_path(cs.spec_args)
     firsts: dict[tuple[Any, ...], int] = {}  # a path prefix -> its first flat leaf
     for i, (p, _) in enumerate(with_path):
         for depth in range(len(p) + 1):
             firsts.setdefault(_prefix_key(p[:depth]), i)
-    return [_reader(cs, with_path, firsts, i) for i in indices]
+    # A reader is proven on a tree of the same structure whose leaves are
+    # their own flat positions (leaves may share one spec object, so reading
+    # the specs could not tell two leaves apart); None: such a tree cannot be
+    # built (a node that refuses other leaves), and every reader flattens.
+    try:
+        markers = jax.tree_util.tree_unflatten(treedef, [_Marker(i) for i in range(len(with_path))])
+    except Exception:  # noqa: BLE001
+        markers = None
+    return [_reader(with_path, firsts, i, markers) for i in indices]
+
+
+class _Marker:
+    """A flat position, as the leaf of :func:`leaf_readers`' proof tree."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
 
 
 _WALKED_KEYS = (jax.tree_util.SequenceKey, jax.tree_util.DictKey, jax.tree_util.GetAttrKey)
@@ -402,13 +419,13 @@ def _prefix_key(prefix: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _reader(
-    cs: CompiledSignature, with_path: Sequence[Any], firsts: dict[tuple[Any, ...], int], index: int
+    with_path: Sequence[Any], firsts: dict[tuple[Any, ...], int], index: int, markers: Any
 ) -> Callable[[tuple[Any, ...]], Any]:
     path = with_path[index][0]
     steps: list[tuple[int, Any]] = []  # (0: item, 1: attribute, 2: leaf k of a one-node flatten)
-    node: Any = cs.spec_args
+    node: Any = markers
     costly = False  # a step runs Python: a container's own __getitem__ (nnx.State), a flatten
-    for depth, key in enumerate(path):
+    for depth, key in enumerate(path if markers is not None else ()):
         if isinstance(key, (jax.tree_util.SequenceKey, jax.tree_util.DictKey)):
             costly = costly or getattr(type(node), "__getitem__", None) not in _BUILTIN_ITEMS
         if isinstance(key, jax.tree_util.SequenceKey):
@@ -421,7 +438,10 @@ def _reader(
             # its leaves are a run of the flat leaves: those under the same prefix
             steps.append((2, index - firsts[_prefix_key(path[:depth])]))
             break
-        node = _step(node, *steps[-1])
+        try:
+            node = _step(node, *steps[-1])
+        except Exception:  # noqa: BLE001 - not its items or attributes: proven wrong below
+            break
 
     def read(args: tuple[Any, ...]) -> Any:
         obj: Any = args
@@ -436,7 +456,8 @@ def _reader(
         return obj
 
     try:
-        same = read(cs.spec_args) is with_path[index][1]
+        found = read(markers) if markers is not None else None
+        same = type(found) is _Marker and found.index == index
     except Exception:  # noqa: BLE001 - a node whose children are not its items or attributes
         same = False
     if not same:

@@ -512,3 +512,38 @@ def test_at_fast_a_dict_or_attribute_path_is_read_without_a_flatten(monkeypatch)
         s = f(s)
         assert calls == []
     np.testing.assert_allclose(s[0].params["w"], 8.0)
+
+
+class _Reversed(list):
+    """A list node whose flatten lists its items last to first, keyed by flat
+    position: a key that does not index the node's own items."""
+
+
+jax.tree_util.register_pytree_with_keys(
+    _Reversed,
+    lambda r: (tuple((jax.tree_util.SequenceKey(i), x) for i, x in enumerate(reversed(r))), None),
+    lambda _, children: _Reversed(reversed(list(children))),
+)
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_a_leaf_reader_is_proven_on_positions_not_on_shared_specs(capfd, level):
+    # Leaves of one shape share one spec object: a reader that reached the
+    # other leaf would have passed a check by identity on the specs.
+    from jaxcontracts import _callctx
+
+    with jc.checks_level(level):
+        f = jc.hot_step(lambda s: jax.tree_util.tree_map(lambda x: x + 1, s), state="s")
+        old = f(_Reversed([jnp.zeros(3), jnp.ones(3)]))
+        s = f(old)
+        cs = f._current
+        assert cs.leaves[0].spec is cs.leaves[1].spec  # one spec object for both
+        t = _Reversed([jnp.zeros(3), old[1]])  # old[1] is flat leaf 0, the first donated: consumed
+        assert _callctx.leaf_reader(cs, 0)((t,)) is jax.tree_util.tree_leaves(t)[0]
+        assert _callctx.stale_reader(cs)((t,)) is True
+        capfd.readouterr()
+        with pytest.raises(jc.DonationError, match=r"s\[0\]: f32\[3\] was already"):
+            f(t)
+        assert "ExecutePrepare" not in capfd.readouterr().err
+        s = f(s)
+    np.testing.assert_allclose(s[0], 3.0)
