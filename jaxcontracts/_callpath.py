@@ -435,6 +435,9 @@ def _guarded(
     # A buffer passed twice raises the count of a watched leaf: where every
     # donated leaf is watched, the ids are compared only on a kept-reference hit.
     ids_always = full and (kept is None or len(set(kept.watched)) != len(donated))
+    count = refcount.count
+    kept_pick, kept_limit = (kept.pick, kept.limit) if kept is not None else (None, 0)
+    kept_sequences = kept_limit - refcount.BASELINE + 1
 
     def repeated(leaves: Sequence[Any]) -> bool:
         return len(set(map(id, leaves))) != n_leaves and bool(find_hazards(leaves, donated)[1])
@@ -484,10 +487,13 @@ def _guarded(
                     return slow_call(args, {}, None)
                 if ids_always and repeated(leaves):
                     return slow_call(args, {}, None)
-                if kept is not None:
-                    refused = kept.refused(leaves)
-                    if refused is not None:
-                        return slow_call(args, {}, None if repeated(leaves) else refused)
+                if kept is not None:  # KeptPlan.refused, its count inline
+                    seq = leaves if kept_pick is None else kept_pick(leaves)
+                    if max(map(count, seq)) > kept_limit:
+                        refused = kept.refuse(seq, kept_sequences)
+                        if refused is not None:
+                            return slow_call(args, {}, None if repeated(leaves) else refused)
+                    del seq
                 try:
                     out = call(*leaves)
                 except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
