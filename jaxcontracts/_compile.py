@@ -282,7 +282,7 @@ def compile_signature(
     if donated:
         hook_deleted_reads(deleted_read)  # later reads of what it consumes name the leaf and the step
     host = tuple(i for i, p in enumerate(flat_paths) if p[0].idx in sig.host_params)
-    nbytes = {id(x): spec_nbytes(x) for x in exact}  # once per distinct spec (_exact_specs)
+    nbytes = {k: spec_nbytes(x) for k, x in {id(x): x for x in exact}.items()}  # once per distinct spec (_exact_specs)
     return CompiledSignature(
         spec_args=per_param,
         in_treedef=treedef,
