@@ -571,11 +571,14 @@ def static_native(
         return None
     slow_call, refused_mark = ctx.slow_call, REFUSED
     stale = stale_reader(cs) if tail is not None else None  # checks fast: see _callpath._guarded
+    record = ctx.step.last_call
 
     def static_call(*args: Any, **kwargs: Any) -> Any:
         try:
             if stale is not None and stale(args):  # or the state by keyword: the fallback binds it
                 return fallback(*args, **kwargs)
+            if tail is not None:
+                record[0] = None  # see _callpath._guarded
             try:
                 out = call(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path

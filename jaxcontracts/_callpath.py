@@ -295,6 +295,7 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
         return all(map(is_deleted, donated_of(leaves)))
 
     tail = make_tail(ctx, leaves_consumed, flat_src=True)
+    record = ctx.step.last_call
     kept = kept_plan(ctx)
     fast = leaf_kinds(cs)
     types, unkeyed, unkeyed_weak, weak_of = (
@@ -349,6 +350,7 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
                 refused = kept.refused(leaves)
                 if refused is not None:
                     return slow_call(args, kwargs, refused)
+            record[0] = None  # see _guarded
             try:
                 out = compiled(*leaves) if flat_style else compiled(*args)
             except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
@@ -390,6 +392,16 @@ def _guarded(
       Static values (``native``) are compared by identity and left out of
       the flatten, as a C++ call with ``static_argnames`` does; another
       value goes through :func:`with_static`.
+
+    Every closure forgets the last call's record (``step.last_call``: the
+    arguments it consumed, kept to name this step in a later message) just
+    before the executable runs, once its own checks have passed: the
+    consumed state's objects are then freed before the outputs are made,
+    which reuse their memory, as in a plain ``s = f(s)`` loop (keeping them
+    one call longer cost 2-4 us a call at 100 leaves, in a process running
+    other steps too). What a failed call can no longer tell from the record
+    (at ``fast``, a deleted leaf other than the first, which XLA refuses) is
+    worded as a likely donation, with the steps that donate.
     """
     cs, slow_call, bind, full = ctx.cs, ctx.slow_call, ctx.bind, ctx.full
     if ArrayImpl is None:
@@ -457,6 +469,7 @@ def _guarded(
             seen = list(compiled_values)  # the objects last accepted, per static parameter
             pairs = tuple(enumerate(static))
             n_params = ctx.n_params
+        record = ctx.step.last_call
 
         def guarded_full(*args: Any, **kwargs: Any) -> Any:
             try:
@@ -494,6 +507,7 @@ def _guarded(
                         if refused is not None:
                             return slow_call(args, {}, None if repeated(leaves) else refused)
                     del seq
+                record[0] = None  # the last call's arguments, freed before this call's outputs are made
                 try:
                     out = call(*leaves)
                 except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
@@ -519,6 +533,7 @@ def _guarded_fast(ctx: CallContext, call: Callable[..., Any], tail: Any, first: 
     """Checks ``fast`` on a guarded C++ call (see :func:`_guarded`); ``first``:
     the :func:`stale_reader` of the first donated leaf (None: none)."""
     slow_call, bind, refused_mark = ctx.slow_call, ctx.bind, REFUSED
+    record = ctx.step.last_call
 
     def guarded_fast(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -529,6 +544,7 @@ def _guarded_fast(ctx: CallContext, call: Callable[..., Any], tail: Any, first: 
                 args = bound
             if first is not None and first(args):  # a stale state: explain, quietly
                 return slow_call(args, {}, None)
+            record[0] = None  # see _guarded
             try:
                 out = call(*args)
             except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path

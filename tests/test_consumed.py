@@ -547,3 +547,69 @@ def test_a_leaf_reader_is_proven_on_positions_not_on_shared_specs(capfd, level):
         assert "ExecutePrepare" not in capfd.readouterr().err
         s = f(s)
     np.testing.assert_allclose(s[0], 3.0)
+
+
+class _Held:
+    """A state node built by Python (its unflatten runs while JAX makes a
+    call's outputs) that a weak reference can watch."""
+
+    made_while_alive: typing.ClassVar[list[bool]] = []
+    watched: typing.ClassVar[typing.Any] = None
+
+    def __init__(self, params):
+        self.params = params
+
+
+def _held_unflatten(_, children):
+    ref = _Held.watched
+    if ref is not None:
+        _Held.made_while_alive.append(ref() is not None)
+    return _Held(children[0])
+
+
+jax.tree_util.register_pytree_with_keys(
+    _Held, lambda h: (((jax.tree_util.GetAttrKey("params"), h.params),), None), _held_unflatten
+)
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+@pytest.mark.parametrize("shape", ["positional", "keyword + static"])
+def test_the_consumed_state_is_freed_before_the_next_call_makes_its_outputs(level, shape):
+    # The step's record of its last call (to name it in a later message)
+    # holds the state it consumed; it is dropped once a call's checks have
+    # passed, before the executable makes the outputs, so that they reuse
+    # the consumed state's memory as in a plain jax.jit loop.
+    import weakref
+
+    with jc.checks_level(level):
+        if shape == "positional":
+            f = jc.hot_step(lambda s: jax.tree_util.tree_map(lambda x: x + 1, s), state="s")
+            kw = {}
+        else:
+            f = jc.hot_step(
+                lambda s, *, config: jax.tree_util.tree_map(lambda x: x + config.by, s), state="s", static="config"
+            )
+            kw = {"config": _Inc()}
+        s = f(_Held({"w": jnp.zeros(3), "b": jnp.ones(2)}), **kw)
+        s = f(s, **kw)  # warm: the call path is built
+        old, s = s, f(s, **kw)
+        with pytest.raises(jc.DonationError, match=r"s\.params\['w'\]: f32\[3\] was already donated to <lambda>"):
+            f(old, **kw)  # the record still names this step for the state it consumed
+        _Held.watched, _Held.made_while_alive[:] = weakref.ref(old), []
+        del old
+        try:
+            s = f(s, **kw)
+        finally:
+            _Held.watched = None
+        assert _Held.made_while_alive == [False]
+        # A deleted leaf that is not the first donated one: full looks at
+        # every leaf before the record is dropped and names the step; fast
+        # leaves it to XLA, and the message names the leaf and the steps
+        # that donate.
+        old, s = s, f(s, **kw)
+        mixed = _Held({"b": s.params["b"], "w": old.params["w"]})  # "b" is the first leaf
+        named = "donated to <lambda>" if level == "full" else r"deleted \(donated to an earlier call\?\)"
+        with pytest.raises(jc.DonationError, match=r"s\.params\['w'\]: f32\[3\] was already " + named):
+            f(mixed, **kw)
+        assert not s.params["b"].is_deleted()
+    np.testing.assert_allclose(s.params["w"], 5.0)
