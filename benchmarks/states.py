@@ -20,7 +20,11 @@ leaves of ``f32[4]``, in each of the shapes users write:
 Variants, for each kind and size: ``raw compiled`` (``jax.jit(step,
 donate_argnums=0).lower(s).compile()`` called directly: JAX's compiled fast
 path, the base); ``raw A/A`` (the same executable timed as a second variant
-with its own state: the method's resolution); ``hot_step off|fast|full``;
+with its own state: the method's resolution); ``raw committed`` (compiled
+from a committed state, as a hot step compiles its exact specs: its outputs
+are committed, and JAX's C++ call costs more per committed leaf than per
+uncommitted one; the notes give each level's cost over it, placement
+aside); ``hot_step off|fast|full``;
 ``jax.jit`` donated and plain; ``eqx.filter_jit(donate="all")`` (``not
 installed`` without equinox).
 
@@ -61,6 +65,7 @@ import jaxcontracts as jc
 from benchmarks._common import Result, donated_block, machine, parser, row
 
 RAW, AA, JIT, PLAIN, EQX = "raw compiled", "raw A/A", "jax.jit donated", "jax.jit plain", "eqx.filter_jit"
+COMMITTED = "raw committed"
 LEVELS = ("off", "fast", "full")
 BUDGETS = {"off": 1.02, "fast": 1.05, "full": 1.10}
 KINDS = ("sealed", "PyTree field", "TrainState", "NamedTuple", "dict", "dict, keyword + static")
@@ -175,10 +180,12 @@ def build_variants(kind: Kind, n: int) -> tuple[list[Variant], Any]:
     statics = {"static_argnames": "config"} if kind.static else {}
     dev = jax.device_put(s0)
     raw = jax.jit(_step(kind), donate_argnums=0, **statics).lower(dev, **cfg).compile()
+    committed = jax.jit(_step(kind), donate_argnums=0, **statics).lower(jc.device_tree(s0), **cfg).compile()
     hot = kind.hot(_step(kind))
     variants = [
         Variant(kind.name, n, RAW, raw, {}),
         Variant(kind.name, n, AA, raw, {}),
+        Variant(kind.name, n, COMMITTED, committed, {}),
         *(Variant(kind.name, n, f"hot_step {lv}", hot, cfg, level=lv) for lv in LEVELS),
         Variant(kind.name, n, JIT, jax.jit(_step(kind), donate_argnums=0, **statics), cfg),
         Variant(kind.name, n, PLAIN, jax.jit(_step(kind), **statics), cfg),
@@ -271,6 +278,17 @@ def main(argv: list[str] | None = None) -> int:
             diffs = [a - b for a, b in zip(by_key[(name, n, f"hot_step {level}")].samples, by_key[(name, n, RAW)].samples)]
             parts.append(f"{name} {n}: {statistics.median(diffs):+.1f}")
         res.notes.append(f"hot_step {level} minus raw compiled, us/call (median of paired differences): " + ", ".join(parts))
+    parts = []
+    for (name, n) in hot_steps:
+        c = by_key[(name, n, COMMITTED)].samples
+        diffs = [
+            "/".join(f"{statistics.median(a - b for a, b in zip(by_key[(name, n, f'hot_step {lv}')].samples, c)):+.1f}" for lv in LEVELS)
+        ]
+        parts.append(f"{name} {n}: {diffs[0]}")
+    res.notes.append(
+        "hot_step off/fast/full minus raw committed (the same executable compiled from a committed state, as a hot"
+        " step compiles: its outputs stay committed, which JAX's C++ call checks per leaf), us/call: " + ", ".join(parts)
+    )
     res.notes.append(f"calls per block: {', '.join(f'{k} {n}: {c}' for (k, n), c in calls.items())}; {repeats} repeats")
 
     sizes = "/".join(str(n) for n in leaves)
