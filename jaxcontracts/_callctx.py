@@ -42,6 +42,7 @@ __all__ = [
     "KeptPlan",
     "LeafKinds",
     "first_leaf_of",
+    "freed_before_call",
     "is_deleted_for",
     "kept_plan",
     "keyword_binder",
@@ -122,9 +123,7 @@ def _stamper(out_tokens: tuple[tuple[tuple[int, ...], object], ...]) -> Callable
 
 
 def make_tail(
-    ctx: CallContext,
-    consumed: Callable[[Any], bool],
-    flat_src: bool = False,
+    ctx: CallContext, consumed: Callable[[Any], bool], flat_src: bool = False
 ) -> Callable[[tuple[Any, ...], Any, Any], Any]:
     """The one after-dispatch tail: stamp, check consumption, mark, count, tell loops.
 
@@ -138,9 +137,8 @@ def make_tail(
             them (one call less than ``consumed``).
     """
     out_tokens = ctx.cs.out_tokens
-    every_deleted = (
-        is_deleted_for(ctx.cs) if flat_src and tuple(ctx.cs.donated) == tuple(range(len(ctx.cs.leaves))) else None
-    )
+    all_donated = tuple(ctx.cs.donated) == tuple(range(len(ctx.cs.leaves)))
+    every_deleted = is_deleted_for(ctx.cs) if flat_src and all_donated else None
     # The common `s = step(s)` stamps one token on the output itself, inline.
     single = len(out_tokens) == 1 and out_tokens[0][0] == ()
     token_out = out_tokens[0][1] if single else None
@@ -272,6 +270,14 @@ def kept_plan(ctx: CallContext) -> KeptPlan | None:
     else:
         pick, sequences = operator.itemgetter(*watched), 2
     return KeptPlan(watched, pick, refcount.BASELINE + sequences - 1, ctx.kept, ctx.step.redispatching)
+
+
+EARLY_FREE_LEAVES = 128  # a consumed state freed before the next call up to this size (_callpath._guarded)
+
+
+def freed_before_call(ctx: CallContext) -> list[Any]:
+    """Item 0 is set to None just before the executable runs: the last-call record, or a scratch list."""
+    return ctx.step.last_call if len(ctx.cs.leaves) <= EARLY_FREE_LEAVES else [None]
 
 
 def is_deleted_for(cs: CompiledSignature) -> Callable[[Any], bool]:
@@ -571,14 +577,13 @@ def static_native(
         return None
     slow_call, refused_mark = ctx.slow_call, REFUSED
     stale = stale_reader(cs) if tail is not None else None  # checks fast: see _callpath._guarded
-    record = ctx.step.last_call
+    record = freed_before_call(ctx) if tail is not None else [None]
 
     def static_call(*args: Any, **kwargs: Any) -> Any:
         try:
             if stale is not None and stale(args):  # or the state by keyword: the fallback binds it
                 return fallback(*args, **kwargs)
-            if tail is not None:
-                record[0] = None  # see _callpath._guarded
+            record[0] = None  # see _callpath._guarded
             try:
                 out = call(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path

@@ -20,6 +20,7 @@ from ._callctx import (
     CallContext,
     KeptPlan,
     first_leaf_of,
+    freed_before_call,
     is_deleted_for,
     kept_plan,
     leaves_of,
@@ -64,7 +65,7 @@ def provenance_path(ctx: CallContext, checked: Callable[..., Any]) -> Callable[.
         return provenance_one_path(ctx, checked, states_consumed, first_leaf is not None)
 
     tail = make_tail(ctx, states_consumed)
-    record = ctx.step.last_call
+    record = freed_before_call(ctx)
 
     kept = kept_plan(ctx)
     others = tuple(i for i in range(n_params) if i not in dict(in_tokens))
