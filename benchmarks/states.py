@@ -281,12 +281,13 @@ def main(argv: list[str] | None = None) -> int:
     parts = []
     for (name, n) in hot_steps:
         c = by_key[(name, n, COMMITTED)].samples
-        diffs = [
-            "/".join(f"{statistics.median(a - b for a, b in zip(by_key[(name, n, f'hot_step {lv}')].samples, c)):+.1f}" for lv in LEVELS)
-        ]
-        parts.append(f"{name} {n}: {diffs[0]}")
+        per_level = "/".join(
+            f"{statistics.median(a - b for a, b in zip(by_key[(name, n, f'hot_step {lv}')].samples, c)):+.1f}"
+            for lv in LEVELS
+        )
+        parts.append(f"{name} {n}: {per_level}")
     res.notes.append(
-        "hot_step off/fast/full minus raw committed (the same executable compiled from a committed state, as a hot"
+        "hot_step off/fast/full minus raw committed (an executable of the same program compiled from a committed state, as a hot"
         " step compiles: its outputs stay committed, which JAX's C++ call checks per leaf), us/call: " + ", ".join(parts)
     )
     res.notes.append(f"calls per block: {', '.join(f'{k} {n}: {c}' for (k, n), c in calls.items())}; {repeats} repeats")

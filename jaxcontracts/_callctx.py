@@ -33,7 +33,7 @@ from ._marks import TOKEN
 from ._records import CompiledSignature, StepStats
 from ._runtime import tracking
 from ._signature import StepSignature
-from ._steps import HOOK_EVERY, LiveStep
+from ._steps import HOOK_EVERY, LiveStep, last_call_release
 from ._tracebacks import trim
 
 __all__ = [
@@ -272,12 +272,12 @@ def kept_plan(ctx: CallContext) -> KeptPlan | None:
     return KeptPlan(watched, pick, refcount.BASELINE + sequences - 1, ctx.kept, ctx.step.redispatching)
 
 
-EARLY_FREE_LEAVES = 128  # a consumed state freed before the next call up to this size (_callpath._guarded)
-
-
-def freed_before_call(ctx: CallContext) -> list[Any]:
-    """Item 0 is set to None just before the executable runs: the last-call record, or a scratch list."""
-    return ctx.step.last_call if len(ctx.cs.leaves) <= EARLY_FREE_LEAVES else [None]
+def freed_before_call(ctx: CallContext) -> Callable[[], None]:
+    """Run just before the executable: drops the last-call record, where it
+    alone holds the state consumed last time (``_steps.last_call_release``)."""
+    whole = _wholly_donated(ctx.cs)
+    leaves = sum(len(jax.tree_util.tree_leaves(ctx.cs.spec_args[i])) for i in whole)
+    return last_call_release(ctx.step.last_call, whole, leaves, ctx.n_params)
 
 
 def is_deleted_for(cs: CompiledSignature) -> Callable[[Any], bool]:
@@ -577,13 +577,13 @@ def static_native(
         return None
     slow_call, refused_mark = ctx.slow_call, REFUSED
     stale = stale_reader(cs) if tail is not None else None  # checks fast: see _callpath._guarded
-    record = freed_before_call(ctx) if tail is not None else [None]
+    release = freed_before_call(ctx) if tail is not None else (lambda: None)
 
     def static_call(*args: Any, **kwargs: Any) -> Any:
         try:
             if stale is not None and stale(args):  # or the state by keyword: the fallback binds it
                 return fallback(*args, **kwargs)
-            record[0] = None  # see _callpath._guarded
+            release()  # see _callpath._guarded
             try:
                 out = call(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path

@@ -296,7 +296,7 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
         return all(map(is_deleted, donated_of(leaves)))
 
     tail = make_tail(ctx, leaves_consumed, flat_src=True)
-    record = freed_before_call(ctx)
+    release = freed_before_call(ctx)
     kept = kept_plan(ctx)
     fast = leaf_kinds(cs)
     types, unkeyed, unkeyed_weak, weak_of = (
@@ -351,7 +351,7 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
                 refused = kept.refused(leaves)
                 if refused is not None:
                     return slow_call(args, kwargs, refused)
-            record[0] = None  # see _guarded
+            release()  # see _guarded
             try:
                 out = compiled(*leaves) if flat_style else compiled(*args)
             except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
@@ -396,17 +396,19 @@ def _guarded(
 
     Once its own checks have passed, every closure drops the step's record
     of its last call (the arguments it consumed, kept to name the step in a
-    later message) just before the executable runs, where the state is
-    small (``_callctx.freed_before_call``). Freeing a consumed state costs
-    about 0.5 us a leaf (JAX's array destructor); freed before the call, a
-    small state's memory is reused by the outputs being made, as in a plain
+    later message) just before the executable runs, where the record alone
+    holds that state and its donated leaves are few
+    (``_steps.last_call_release``). Freeing a consumed state costs about
+    0.5 us a leaf (JAX's array destructor); freed before the call, a small
+    state's memory is reused by the outputs being made, as in a plain
     ``s = f(s)`` loop: 2-4 us a call less at 100 leaves in a process running
     other steps, 3-5 % on the NNX and PPO ports. For a large state that work
     would delay the dispatch (+160-350 us a call at 1,000 leaves, +2-9 us at
     300), so it stays after the dispatch, where the tail replaces the
-    record. What a failed call can then no longer tell from the record (at
-    ``fast``, a deleted leaf other than the first, which XLA refuses) is
-    worded as a likely donation, with the steps that donate.
+    record. A state the user still holds keeps its record, so a call that
+    fails does not take from a later read of it the step that consumed it;
+    only a leaf taken out of a state no longer held is then worded as a
+    likely donation, with the steps that donate.
     """
     cs, slow_call, bind, full = ctx.cs, ctx.slow_call, ctx.bind, ctx.full
     if ArrayImpl is None:
@@ -474,7 +476,7 @@ def _guarded(
             seen = list(compiled_values)  # the objects last accepted, per static parameter
             pairs = tuple(enumerate(static))
             n_params = ctx.n_params
-        record = freed_before_call(ctx)
+        release = freed_before_call(ctx)
 
         def guarded_full(*args: Any, **kwargs: Any) -> Any:
             try:
@@ -512,7 +514,7 @@ def _guarded(
                         if refused is not None:
                             return slow_call(args, {}, None if repeated(leaves) else refused)
                     del seq
-                record[0] = None  # freed_before_call: the state consumed last time, before the outputs are made
+                release()  # the state consumed last time, freed before the outputs are made (_guarded)
                 try:
                     out = call(*leaves)
                 except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
@@ -538,7 +540,7 @@ def _guarded_fast(ctx: CallContext, call: Callable[..., Any], tail: Any, first: 
     """Checks ``fast`` on a guarded C++ call (see :func:`_guarded`); ``first``:
     the :func:`stale_reader` of the first donated leaf (None: none)."""
     slow_call, bind, refused_mark = ctx.slow_call, ctx.bind, REFUSED
-    record = freed_before_call(ctx)
+    release = freed_before_call(ctx)
 
     def guarded_fast(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -549,7 +551,7 @@ def _guarded_fast(ctx: CallContext, call: Callable[..., Any], tail: Any, first: 
                 args = bound
             if first is not None and first(args):  # a stale state: explain, quietly
                 return slow_call(args, {}, None)
-            record[0] = None  # see _guarded
+            release()  # see _guarded
             try:
                 out = call(*args)
             except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path

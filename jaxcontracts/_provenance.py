@@ -65,7 +65,7 @@ def provenance_path(ctx: CallContext, checked: Callable[..., Any]) -> Callable[.
         return provenance_one_path(ctx, checked, states_consumed, first_leaf is not None)
 
     tail = make_tail(ctx, states_consumed)
-    record = freed_before_call(ctx)
+    release = freed_before_call(ctx)
 
     kept = kept_plan(ctx)
     others = tuple(i for i in range(n_params) if i not in dict(in_tokens))
@@ -102,7 +102,7 @@ def provenance_path(ctx: CallContext, checked: Callable[..., Any]) -> Callable[.
                 refused = kept.refused(flatten(args)[0])
                 if refused is not None:
                     return slow_call(args, kwargs, refused)
-            record[0] = None  # see _callpath._guarded
+            release()  # see _callpath._guarded
             try:
                 out = compiled(*args)
             except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path

@@ -12,6 +12,8 @@ attribute.
 
 from __future__ import annotations
 
+import operator
+import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
@@ -20,10 +22,12 @@ if TYPE_CHECKING:
     from ._records import StepDescription, StepStats
 
 __all__ = [
+    "EARLY_FREE_LEAVES",
     "HOOK_EVERY",
     "LiveStep",
     "checks_changed",
     "clear_last_calls",
+    "last_call_release",
     "last_calls",
     "live",
     "on_timing_changed",
@@ -129,3 +133,54 @@ def clear_last_calls(steps: Iterable[LiveStep] | None = None) -> None:
     """Forget the last call of ``steps`` (default: every live step)."""
     for step in live() if steps is None else steps:
         step.last_call[0] = None
+
+
+#: A state consumed by a call is freed before the next call's dispatch up to
+#: this many donated leaves (``last_call_release``; ``_callpath._guarded``).
+EARLY_FREE_LEAVES = 128
+
+
+def _keep() -> None:
+    return None
+
+
+def last_call_release(record: list[Any], whole: tuple[int, ...], leaves: int, n_params: int) -> Callable[[], None]:
+    """What a call runs just before its executable: drop ``record`` (a step's
+    ``last_call``: ``(arguments, output)``, the arguments all of them or only
+    the wholly donated ones) where it alone holds the state the last call
+    consumed, so that state is freed before this call's outputs are made.
+
+    ``whole``: the parameters every leaf of which is donated, holding
+    ``leaves`` leaves in all, of ``n_params``. Where anything else still holds
+    one of those arguments (``old = s``), dropping the record would free
+    nothing, so it is kept: should this call fail, a later read of that state
+    still names the step that consumed it. Past ``EARLY_FREE_LEAVES`` leaves
+    the record is left to the tail, after the dispatch (freeing costs about
+    0.5 us a leaf).
+    """
+    if not whole or leaves > EARLY_FREE_LEAVES:
+        return _keep
+    count = sys.getrefcount
+    if len(whole) == 1:
+        only = whole[0]
+
+        def release_one() -> None:
+            seen = record[0]
+            if seen is not None:
+                held = seen[0]  # (args) or (the one wholly donated argument,): 2 references if alone
+                if count(held[only] if len(held) == n_params else held[0]) <= 2:
+                    record[0] = None
+
+        return release_one
+
+    pick = operator.itemgetter(*whole)
+
+    def release() -> None:
+        seen = record[0]
+        if seen is not None:
+            held = seen[0]
+            alone = max(map(count, pick(held))) <= 3 if len(held) == n_params else max(map(count, held)) <= 2
+            if alone:
+                record[0] = None
+
+    return release
