@@ -151,8 +151,7 @@ def make_tail(
     set_class = object.__setattr__  # the states are frozen dataclasses
     every = HOOK_EVERY
     whole = _wholly_donated(cs)  # outside loops, what the record keeps: nothing that holds memory
-    keep_all = whole == tuple(range(ctx.n_params))
-    pick_whole = picker(whole)
+    keep_all, pick_whole = whole == tuple(range(ctx.n_params)), picker(whole)
 
     def tail(args: tuple[Any, ...], src: Any, out: Any) -> Any:
         if single:
@@ -273,11 +272,13 @@ def kept_plan(ctx: CallContext) -> KeptPlan | None:
 
 
 def freed_before_call(ctx: CallContext) -> Callable[[], None]:
-    """Run just before the executable: drops the last-call record, where it
-    alone holds the state consumed last time (``_steps.last_call_release``)."""
-    whole = _wholly_donated(ctx.cs)
-    leaves = sum(len(jax.tree_util.tree_leaves(ctx.cs.spec_args[i])) for i in whole)
-    return last_call_release(ctx.step.last_call, whole, leaves, ctx.n_params)
+    """Run just before the executable: drops the last-call record where it alone
+    holds the state consumed last time (``_steps.last_call_release``)."""
+    whole, specs = _wholly_donated(ctx.cs), ctx.cs.spec_args
+    leaves = sum(len(jax.tree_util.tree_leaves(specs[i])) for i in whole)
+    nodes = tuple(i for i in whole if type(specs[i]) is Filtered)  # equinox Modules (_filter)
+    count = refcount.count if refcount.available() else None  # None: always dropped
+    return last_call_release(ctx.step.last_call, whole, leaves, nodes, count, refcount.BASELINE)
 
 
 def is_deleted_for(cs: CompiledSignature) -> Callable[[Any], bool]:

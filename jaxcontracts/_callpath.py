@@ -45,7 +45,7 @@ from ._callctx import (
     stale_reader,
     static_native,
 )
-from ._callwrap import host_call, with_effect_tokens, with_filtered, with_static
+from ._callwrap import host_call, with_defaults, with_effect_tokens, with_filtered, with_static
 from ._compat import refcount
 from ._compat.arrays import ArrayImpl, KeyArray
 from ._compat.effects import effect_tokens
@@ -108,6 +108,7 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
         dispatch = with_filtered(sig, with_static(sig, dispatch) if sig.static_params else dispatch, step)
     elif sig.static_params:
         dispatch = with_static(sig, dispatch)
+    dispatch = with_defaults(sig, dispatch)  # update(grads, state) of update(grads, state, params=None)
     ensure = effect_tokens(cs.compiled)  # an ordered effect: JAX's token made outside the guard
     return dispatch if ensure is None else with_effect_tokens(dispatch, ensure)
 
@@ -405,10 +406,12 @@ def _guarded(
     other steps, 3-5 % on the NNX and PPO ports. For a large state that work
     would delay the dispatch (+160-350 us a call at 1,000 leaves, +2-9 us at
     300), so it stays after the dispatch, where the tail replaces the
-    record. A state the user still holds keeps its record, so a call that
-    fails does not take from a later read of it the step that consumed it;
-    only a leaf taken out of a state no longer held is then worded as a
-    likely donation, with the steps that donate.
+    record. A state the user still holds (an equinox Module too: read on
+    its arrays) keeps its record, so a call that fails does not take from a
+    later read of it the step that consumed it; only a part of it held on
+    its own (a leaf, a sub-dict, a shallow copy ``dict(s)``) then loses the
+    name: a read of it is worded as a likely donation, with the steps that
+    donate, and a re-pass at ``fast`` as already deleted.
     """
     cs, slow_call, bind, full = ctx.cs, ctx.slow_call, ctx.bind, ctx.full
     if ArrayImpl is None:

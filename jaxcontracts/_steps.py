@@ -13,7 +13,6 @@ attribute.
 from __future__ import annotations
 
 import operator
-import sys
 import weakref
 from collections.abc import Callable, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
@@ -144,31 +143,72 @@ def _keep() -> None:
     return None
 
 
-def last_call_release(record: list[Any], whole: tuple[int, ...], leaves: int, n_params: int) -> Callable[[], None]:
+def last_call_release(
+    record: list[Any],
+    whole: tuple[int, ...],
+    leaves: int,
+    nodes: tuple[int, ...],
+    count: Callable[[Any], int] | None,
+    baseline: int,
+) -> Callable[[], None]:
     """What a call runs just before its executable: drop ``record`` (a step's
-    ``last_call``: ``(arguments, output)``, the arguments all of them or only
-    the wholly donated ones) where it alone holds the state the last call
-    consumed, so that state is freed before this call's outputs are made.
+    ``last_call``: ``(arguments, output)``) where it alone holds the state
+    the last call consumed, so that state is freed before this call's
+    outputs are made.
 
     ``whole``: the parameters every leaf of which is donated, holding
-    ``leaves`` leaves in all, of ``n_params``. Where anything else still holds
-    one of those arguments (``old = s``), dropping the record would free
-    nothing, so it is kept: should this call fail, a later read of that state
-    still names the step that consumed it. Past ``EARLY_FREE_LEAVES`` leaves
-    the record is left to the tail, after the dispatch (freeing costs about
-    0.5 us a leaf).
+    ``leaves`` leaves in all. The record holds either the call's positional
+    arguments (in loops; their first positions are the parameters, the
+    static ones passed by keyword left out) or only the wholly donated ones,
+    in order (outside loops): the two differ in length unless the arguments
+    are exactly the wholly donated parameters, where both read alike. Where
+    anything else still holds one of those arguments (``old = s``; with
+    several, one of them held keeps them all), dropping the record would
+    free nothing, so it is kept: should this call fail, a later read of that
+    state still names the step that consumed it. Past ``EARLY_FREE_LEAVES``
+    leaves the record is left to the tail, after the dispatch (freeing costs
+    about 0.5 us a leaf). ``count``: ``sys.getrefcount``, where a leaf held
+    by one container and read through ``map()`` over a sequence has
+    ``baseline`` references (``_compat.refcount``); None where references
+    cannot be counted (not CPython): the record is then always dropped.
     """
     if not whole or leaves > EARLY_FREE_LEAVES:
         return _keep
-    count = sys.getrefcount
-    if len(whole) == 1:
+    if count is None:
+
+        def drop() -> None:
+            record[0] = None
+
+        return drop
+    # An argument only the record holds: its tuple's reference and count's
+    # own (baseline - 1), and one more read through a fresh sequence (pick).
+    alone, alone_picked = baseline - 1, baseline
+    n_whole = len(whole)
+    if nodes:
+        inner = frozenset(whole.index(i) for i in nodes)
+
+        def release_through_nodes() -> None:
+            seen = record[0]
+            if seen is not None:
+                held = seen[0]
+                args = [held[i] for i in (range(n_whole) if len(held) == n_whole else whole)]
+                try:
+                    for k in inner:
+                        args[k] = args[k].leaves[0]
+                except (AttributeError, IndexError, TypeError):  # not a node: kept, to be safe
+                    return
+                if max(map(count, args)) <= alone_picked:  # the record's tuple or a node's, the list's, count's
+                    record[0] = None
+
+        return release_through_nodes
+    if n_whole == 1:
         only = whole[0]
 
         def release_one() -> None:
             seen = record[0]
             if seen is not None:
-                held = seen[0]  # (args) or (the one wholly donated argument,): 2 references if alone
-                if count(held[only] if len(held) == n_params else held[0]) <= 2:
+                held = seen[0]
+                if count(held[0] if len(held) == 1 else held[only]) <= alone:
                     record[0] = None
 
         return release_one
@@ -179,8 +219,10 @@ def last_call_release(record: list[Any], whole: tuple[int, ...], leaves: int, n_
         seen = record[0]
         if seen is not None:
             held = seen[0]
-            alone = max(map(count, pick(held))) <= 3 if len(held) == n_params else max(map(count, held)) <= 2
-            if alone:
+            if len(held) == n_whole:
+                if max(map(count, held)) <= alone:
+                    record[0] = None
+            elif max(map(count, pick(held))) <= alone_picked:
                 record[0] = None
 
     return release

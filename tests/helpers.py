@@ -52,3 +52,25 @@ def _warm_then_loop(fn, **loop):
     fn()  # the first iteration compiles the eager ops, as a loop's warm-up would
     with jc.hot_loop(**loop):
         return fn()
+
+
+def record_dropped_at_dispatch(monkeypatch, step_of):
+    """Make each guarded C++ call note, as it starts, whether the step's
+    last-call record is dropped."""
+    from jaxcontracts import _callpath
+
+    seen, real = [], _callpath.guarded_call
+
+    def noting(*args, **kwargs):
+        call = real(*args, **kwargs)
+        if call is None:
+            return None
+
+        def noted(*a, **k):
+            seen.append(step_of().last_call[0] is None)
+            return call(*a, **k)
+
+        return noted
+
+    monkeypatch.setattr(_callpath, "guarded_call", noting)
+    return seen

@@ -254,6 +254,51 @@ def test_keyword_calls_take_the_call_path_not_the_slow_path(level, monkeypatch):
         bare(t, batsh=batch)  # a wrong name: the slow path binds and explains
 
 
+@pytest.mark.parametrize("level", ["off", "fast", "full"])
+def test_omitted_defaults_take_the_call_path_not_the_slow_path(level, monkeypatch):
+    # optax's update(updates, state, params=None) called as update(g, state):
+    # the defaults are put in by position, with neither the slow path nor
+    # inspect's bind (which cost 50-100 us a call), static ones included.
+    import inspect
+
+    from jaxcontracts import _hot_step
+
+    class Config(typing.NamedTuple):
+        lr: float = 0.5
+
+    def update(grads, state, params=None, *, scale=ZERO + 1):
+        return {"w": state["w"] - grads * scale}
+
+    def configured(state, config=Config()):  # noqa: B008 - a default config, as users write it
+        return {"w": state["w"] - config.lr}
+
+    plain = jc.hot_step(update, state="state")
+    static = jc.hot_step(configured, state="state", static="config")
+    g = jnp.ones(3)
+    with jc.checks_level(level):
+        s = plain(g, {"w": jnp.zeros(3)}, None)
+        s = plain(g, s)
+        s = plain(g, s, scale=ZERO + 2)
+        t = static(static({"w": jnp.zeros(3)}, Config()))
+        slow, binds = [], []
+        real, bind = _hot_step._decide, inspect.Signature.bind
+        monkeypatch.setattr(_hot_step, "_decide", lambda *a: slow.append(1) or real(*a))
+        monkeypatch.setattr(inspect.Signature, "bind", lambda *a, **k: binds.append(1) or bind(*a, **k))
+        for _ in range(5):
+            s = plain(g, s)  # params and scale left out
+            s = plain(g, s, scale=ZERO + 2)  # params left out, a keyword given
+            s = plain(g, state=s)
+            t = static(t)
+        assert (slow, binds) == ([], [])
+        assert plain.stats.compiles == static.stats.compiles == 1
+    assert jnp.allclose(s["w"], -24.0) and jnp.allclose(t["w"], -3.5)
+    with pytest.raises(jc.DefinitionError, match=r"missing a required argument: 'state'") as e:
+        plain(g)  # a wrong call is still the slow path's to explain
+    assert e.traceback[-1].path.name == "test_step_calls.py"
+    with pytest.raises(jc.DefinitionError, match=r"unexpected keyword argument 'parms'"):
+        plain(g, s, parms=None)
+
+
 def test_under_disable_jit_a_step_runs_its_python_function_as_jax_jit_does():
     # It raised "Disable jit is not supported in the AOT path" on every call.
     seen = []
