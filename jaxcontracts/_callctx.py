@@ -72,8 +72,10 @@ class DispatchingStep(LiveStep, Protocol):
         """The error for donated buffers XLA copied (``None``: a recording loop took it)."""
 
     def redispatching(self) -> bool:
-        """Whether this thread is inside the slow path's re-dispatch of a call
-        (whose frames hold the call's leaves: their counts say nothing)."""
+        """Whether this thread is in the slow path's re-dispatch (its frames hold the leaves)."""
+
+    def defaults_omitted(self) -> None:
+        """A call left out parameters with defaults: the call path puts them in from now on."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -187,8 +189,7 @@ def make_tail(
 
 
 def _wholly_donated(cs: CompiledSignature) -> tuple[int, ...]:
-    """The parameters every leaf of which is donated: their arguments hold no
-    device memory after the call consumed them."""
+    """The parameters every leaf of which is donated (no device memory held once consumed)."""
     donated = set(cs.donated)
     whole, start = [], 0
     for i, spec in enumerate(cs.spec_args):
@@ -278,12 +279,11 @@ def freed_before_call(ctx: CallContext) -> Callable[[], None]:
     leaves = sum(len(jax.tree_util.tree_leaves(specs[i])) for i in whole)
     nodes = tuple(i for i in whole if type(specs[i]) is Filtered)  # equinox Modules (_filter)
     count = refcount.count if refcount.available() else None  # None: always dropped
-    return last_call_release(ctx.step.last_call, whole, leaves, nodes, count, refcount.BASELINE)
+    return last_call_release(ctx.step.last_call, whole, leaves, nodes, count, refcount.BASELINE, len(ctx.cs.leaves))
 
 
 def is_deleted_for(cs: CompiledSignature) -> Callable[[Any], bool]:
-    """``ArrayImpl.is_deleted`` unbound (``map()`` runs it in C), or a method
-    call when the signature has typed PRNG keys (not ``ArrayImpl`` s)."""
+    """``ArrayImpl.is_deleted`` unbound (``map()`` runs it in C); a method call for typed PRNG keys."""
     if any(is_key(leaf.spec.dtype) for leaf in cs.leaves):
         return operator.methodcaller("is_deleted")
     return ArrayImpl.is_deleted  # type: ignore[no-any-return]

@@ -108,7 +108,8 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
         dispatch = with_filtered(sig, with_static(sig, dispatch) if sig.static_params else dispatch, step)
     elif sig.static_params:
         dispatch = with_static(sig, dispatch)
-    dispatch = with_defaults(sig, dispatch)  # update(grads, state) of update(grads, state, params=None)
+    if sig.omits_defaults and not (sig.filtered_params or sig.static_params):  # (those wrappers put them in)
+        dispatch = with_defaults(sig, dispatch)  # update(grads, state) of update(grads, state, params=None)
     ensure = effect_tokens(cs.compiled)  # an ordered effect: JAX's token made outside the guard
     return dispatch if ensure is None else with_effect_tokens(dispatch, ensure)
 
@@ -153,7 +154,13 @@ def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
         compiled = allow_host_to_device(compiled)
     # "no trace is active": JAX's is_top_level() read inline (see top_level_refs)
     tref, ev, aref, top = top_level_refs()
-    n_params, normalize, bind = ctx.n_params, ctx.normalize, ctx.bind
+    n_params, normalize, bind, omitted = ctx.n_params, ctx.normalize, ctx.bind, ctx.step.defaults_omitted
+
+    def bound_here(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        if len(args) + len(kwargs) < n_params:  # from now on with_defaults puts them in
+            omitted()
+        return normalize(args, kwargs)
+
     if ctx.cs.flat_style and tree_call is None:
 
         def off_flat(*args: Any, **kwargs: Any) -> Any:
@@ -165,7 +172,7 @@ def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
                 leaves, treedef = flatten(args)
                 if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
                     if normalize is not None and (kwargs or len(args) != n_params) and tref.value is ev:
-                        return off_flat(*normalize(args, kwargs))
+                        return off_flat(*bound_here(args, kwargs))
                     return slow_call(args, kwargs, None)
                 try:
                     out = compiled(*leaves)
@@ -190,11 +197,11 @@ def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
                 out = compiled(*args, **kwargs)
             except Exception as e:  # noqa: BLE001
                 if normalize is not None and (kwargs or len(args) != n_params):
-                    return off(*normalize(args, kwargs))
+                    return off(*bound_here(args, kwargs))
                 return slow_call(args, kwargs, e)
             if refusable and out is refused_mark:  # host=: a signature its C++ call refused
                 if normalize is not None and (kwargs or len(args) != n_params):
-                    return off(*normalize(args, kwargs))
+                    return off(*bound_here(args, kwargs))
                 return slow_call(args, kwargs, None)
             return out
         except ContractError as err:  # the traceback ends at the user's line

@@ -2,7 +2,7 @@
 of arrays: static values (:func:`with_static`) and equinox Modules
 (:func:`with_filtered`). Each turns its arguments into tree nodes the compiled
 signature knows, then calls the closure of :mod:`._callpath`. And
-:func:`with_defaults`, for a call that leaves out parameters with defaults,
+:func:`with_defaults`, for calls that leave out parameters with defaults,
 :func:`with_effect_tokens`, for an executable with ordered effects, and
 :func:`host_call`, around the executable's call of a step with declared
 host data.
@@ -25,7 +25,7 @@ from ._foreign import holds_module
 from ._signature import StepSignature
 from ._tracebacks import trim
 
-__all__ = ["host_call", "module_params", "with_defaults", "with_effect_tokens", "with_filtered", "with_static"]
+__all__ = ["defaults_filler", "host_call", "module_params", "with_defaults", "with_effect_tokens", "with_filtered", "with_static"]
 
 
 def with_filtered(sig: StepSignature, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
@@ -41,12 +41,16 @@ def with_filtered(sig: StepSignature, dispatch: Callable[..., Any], step: Dispat
     last: dict[int, Any] = {}
     record = step.last_call
 
-    bind = keyword_binder(sig)
+    bind, fill = keyword_binder(sig), defaults_filler(sig)
 
     def filtered_call(*args: Any, **kwargs: Any) -> Any:
         try:
             if kwargs or len(args) != n_params:
-                args = (bind(args, kwargs) if kwargs else None) or normalize(args, kwargs)
+                args = (
+                    (bind(args, kwargs) if kwargs else None)
+                    or (fill(args, kwargs) if fill is not None else None)
+                    or normalize(args, kwargs)
+                )
             items = list(args)
             for i in filtered:
                 value = items[i]
@@ -78,17 +82,15 @@ def with_static(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[..
     normalize, n_params, static = sig.normalize, len(sig.param_names), sig.static_params
     last: dict[int, tuple[Any, Any]] = {}
 
-    bind = keyword_binder(sig)
+    bind, fill = keyword_binder(sig), defaults_filler(sig)
 
     def static_call(*args: Any, **kwargs: Any) -> Any:
         try:
-            if kwargs:  # update(state, config=config): bound without inspect, then as positional
-                bound = bind(args, kwargs)
-                if bound is None:
+            if kwargs or len(args) != n_params:  # update(state, config=config): bound without inspect
+                bound = (bind(args, kwargs) if kwargs else None) or (fill(args, kwargs) if fill is not None else None)
+                if bound is None:  # a wrong call: normalize explains
                     return dispatch(*normalize(args, kwargs))
                 args = bound
-            elif len(args) != n_params:
-                return dispatch(*normalize(args, kwargs))
             items = list(args)
             for i in static:
                 value = items[i]
@@ -107,23 +109,19 @@ def with_static(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[..
     return static_call
 
 
-def with_defaults(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[..., Any]:
-    """The call path of a step with parameters that have defaults, where a
-    call may leave them out (``update(grads, state)`` of an
-    ``update(grads, state, params=None)``): the defaults are put in by
-    position, as ``inspect.Signature.bind`` would, without it, so the call
-    takes the closure's own path, not the slow path that binds and explains
-    (+50-100 us a call). A call that gives every parameter is passed on as it
-    is. ``dispatch`` itself where no parameter has a default."""
-    params, n_params = list(sig.signature.parameters.values()), len(sig.param_names)
+def defaults_filler(sig: StepSignature) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None] | None:
+    """``fill(args, kwargs)``: every argument by position, the defaults of
+    those left out put in, as ``inspect.Signature.bind`` and
+    ``apply_defaults`` would, without them; None where the call does not bind
+    so (a wrong name, a required one missing: ``normalize`` explains). None
+    where no parameter has a default."""
+    params = list(sig.signature.parameters.values())
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     empty = inspect.Parameter.empty
-    if all(p.default is empty for p in params) or any(
-        p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params
-    ):
-        return dispatch
+    if all(p.default is empty for p in params) or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return None
 
-    def filled(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+    def fill(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
         items, used = list(args), 0
         for p in params[len(args) :]:
             if p.name in kwargs and p.kind in kinds:
@@ -133,12 +131,27 @@ def with_defaults(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[
                 items.append(p.default)
             else:
                 return None
-        return tuple(items) if used == len(kwargs) else None
+        return tuple(items) if used == len(kwargs) and len(args) <= len(params) else None
+
+    return fill
+
+
+def with_defaults(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[..., Any]:
+    """The call path of a step called with parameters that have defaults left
+    out (``update(grads, state)`` of an ``update(grads, state,
+    params=None)``): the defaults are put in by position, so the call takes
+    the closure's own path, not the slow path that binds and explains (+50 us
+    a call). Installed once a call has left one out (``HotStep.omitted_defaults``):
+    a step whose calls pass every argument pays no frame for it. A call that
+    gives every parameter is passed on as it is."""
+    fill, n_params = defaults_filler(sig), len(sig.param_names)
+    if fill is None:
+        return dispatch
 
     def defaults_call(*args: Any, **kwargs: Any) -> Any:
         try:
             if len(args) + len(kwargs) < n_params:
-                positional = filled(args, kwargs)
+                positional = fill(args, kwargs)
                 if positional is not None:
                     return dispatch(*positional)
             return dispatch(*args, **kwargs)  # all given, or a wrong call: the closure explains

@@ -371,6 +371,18 @@ class HotStep(Generic[P, R]):
         with self._compile_lock:
             self._sig = self._sig.with_filtered(params)
 
+    def defaults_omitted(self) -> None:
+        """A call left out parameters with defaults: from now on the call path
+        puts them in itself (``_callwrap.with_defaults``), not the slow path
+        or ``inspect``'s bind; a step whose calls pass every argument has no
+        wrapper for it."""
+        with self._compile_lock:
+            if self._sig.omits_defaults:
+                return
+            self._sig = dataclasses.replace(self._sig, omits_defaults=True)
+        if self._current is not None:
+            self._use(self._current)
+
     def _use(self, cs: CompiledSignature) -> None:
         """Make ``cs``'s call path at the current level the step's. Each one is
         built once per definition and kept: a checks level set back (a
@@ -443,6 +455,8 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
             return sig.positional(*sig.normalize(args, kwargs))
         return sig.fn(*args, **kwargs)
     positional = sig.normalize(args, kwargs)
+    if len(args) + len(kwargs) < len(sig.param_names) and not sig.omits_defaults:
+        step.defaults_omitted()
     with_path, treedef = jax.tree_util.tree_flatten_with_path(positional)
     leaves = [x for _, x in with_path]
     paths = [sig.param_path(p) for p, _ in with_path]

@@ -62,6 +62,9 @@ class StepSignature:
     # those leaves are static (``_filter``), the arrays carried. Set at the
     # first call that passes one (:meth:`with_filtered`).
     filtered_params: tuple[int, ...] = ()
+    # A call has left out parameters with defaults: the call path puts them
+    # in (``_callwrap.with_defaults``). Set at the first such call.
+    omits_defaults: bool = False
 
     @property
     def read_only_params(self) -> tuple[int, ...]:

@@ -150,6 +150,7 @@ def last_call_release(
     nodes: tuple[int, ...],
     count: Callable[[Any], int] | None,
     baseline: int,
+    total: int = 0,
 ) -> Callable[[], None]:
     """What a call runs just before its executable: drop ``record`` (a step's
     ``last_call``: ``(arguments, output)``) where it alone holds the state
@@ -167,7 +168,9 @@ def last_call_release(
     free nothing, so it is kept: should this call fail, a later read of that
     state still names the step that consumed it. Past ``EARLY_FREE_LEAVES``
     leaves the record is left to the tail, after the dispatch (freeing costs
-    about 0.5 us a leaf). ``count``: ``sys.getrefcount``, where a leaf held
+    about 0.5 us a leaf); a record of all the arguments (in loops) is left to
+    it past ``EARLY_FREE_LEAVES`` leaves in ``total`` (all the signature's
+    leaves: a large batch only the record holds would be freed too). ``count``: ``sys.getrefcount``, where a leaf held
     by one container and read through ``map()`` over a sequence has
     ``baseline`` references (``_compat.refcount``); None where references
     cannot be counted (not CPython): the record is then always dropped.
@@ -184,18 +187,24 @@ def last_call_release(
     # own (baseline - 1), and one more read through a fresh sequence (pick).
     alone, alone_picked = baseline - 1, baseline
     n_whole = len(whole)
+    # A record another compiled signature of the step wrote (max_compiles > 1)
+    # may be laid out otherwise: what cannot be read in it is kept, to be safe.
+    unreadable = (IndexError, TypeError, AttributeError)
+    all_args = total <= EARLY_FREE_LEAVES  # a record of every argument is small enough to free
     if nodes:
         inner = frozenset(whole.index(i) for i in nodes)
 
         def release_through_nodes() -> None:
             seen = record[0]
             if seen is not None:
-                held = seen[0]
-                args = [held[i] for i in (range(n_whole) if len(held) == n_whole else whole)]
                 try:
+                    held = seen[0]
+                    if len(held) != n_whole and not all_args:
+                        return
+                    args = [held[i] for i in (range(n_whole) if len(held) == n_whole else whole)]
                     for k in inner:
                         args[k] = args[k].leaves[0]
-                except (AttributeError, IndexError, TypeError):  # not a node: kept, to be safe
+                except unreadable:
                     return
                 if max(map(count, args)) <= alone_picked:  # the record's tuple or a node's, the list's, count's
                     record[0] = None
@@ -208,7 +217,16 @@ def last_call_release(
             seen = record[0]
             if seen is not None:
                 held = seen[0]
-                if count(held[0] if len(held) == 1 else held[only]) <= alone:
+                try:
+                    if len(held) == 1:
+                        alone_now = count(held[0]) <= alone
+                    elif all_args:
+                        alone_now = count(held[only]) <= alone
+                    else:
+                        return
+                except unreadable:
+                    return
+                if alone_now:
                     record[0] = None
 
         return release_one
@@ -219,10 +237,16 @@ def last_call_release(
         seen = record[0]
         if seen is not None:
             held = seen[0]
-            if len(held) == n_whole:
-                if max(map(count, held)) <= alone:
-                    record[0] = None
-            elif max(map(count, pick(held))) <= alone_picked:
+            try:
+                if len(held) == n_whole:
+                    alone_now = max(map(count, held)) <= alone
+                elif all_args:
+                    alone_now = max(map(count, pick(held))) <= alone_picked
+                else:
+                    return
+            except unreadable:
+                return
+            if alone_now:
                 record[0] = None
 
     return release

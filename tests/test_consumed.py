@@ -629,10 +629,10 @@ def test_the_consumed_state_is_freed_before_the_next_call_makes_its_outputs(leve
     ("level", "failure"),
     [
         *((level, failure) for level in ("fast", "full") for failure in ("another shape", "a weak-typed leaf")),
-        # full tells a numpy leaf before the record's turn; fast's C++ call
-        # refuses it after, where its first donated leaf (read for staleness)
-        # is a device array
-        ("fast", "a numpy leaf past the first"),
+        # fast's C++ call refuses it after the record's turn, where its first
+        # donated leaf (read for staleness) is a device array; full tells it
+        # before (a guard that the record's turn stays after full's checks)
+        *((level, "a numpy leaf past the first") for level in ("fast", "full")),
     ],
 )
 @pytest.mark.parametrize("kind", ["dict", "NamedTuple"])
@@ -829,3 +829,46 @@ def test_where_references_cannot_be_counted_the_record_is_dropped_before_every_c
         s = f(s)  # the user holds `old`: dropped all the same
     assert seen == [True]
     assert old["w"].is_deleted() and s["w"].tolist() == [4.0] * 3
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_a_record_another_signature_wrote_is_read_safely_by_the_early_free(level):
+    # max_compiles=2: the step's record is shared by its signatures, and one
+    # written where `carry` was None (no leaves, not wholly donated) is laid
+    # out otherwise than the other signature's early free reads it.
+    def inc(t):
+        return jax.tree_util.tree_map(lambda x: x + 1, t)
+
+    f = jc.hot_step(lambda s, carry: (inc(s), inc(carry)), state=("s", "carry"), max_compiles=2)
+    with jc.checks_level(level):
+        s, carry = f({"w": jnp.zeros(3)}, None)
+        s, carry = f(s, {"h": jnp.zeros(2)})  # the other signature, after a record of the first
+        s, carry = f(s, carry)
+        s, none = f(s, None)
+        s, carry = f(s, carry)
+    assert s["w"].tolist() == [5.0] * 3 and carry["h"].tolist() == [3.0] * 2 and none is None
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_in_a_loop_the_early_free_is_bounded_by_every_recorded_leaf(monkeypatch, level):
+    # In a loop the record holds every argument: a large batch only the
+    # record holds would be freed before the dispatch too, so past
+    # EARLY_FREE_LEAVES leaves in all the record is left to the tail. Outside
+    # loops it holds the small consumed state alone, which is freed first.
+    from jaxcontracts._steps import EARLY_FREE_LEAVES
+
+    f = jc.hot_step(lambda s, batch: jax.tree_util.tree_map(lambda x: x + batch["b000"][0], s), state="s")
+    seen = record_dropped_at_dispatch(monkeypatch, lambda: f)
+    batches = [{f"b{i:03}": jnp.ones(2) for i in range(2 * EARLY_FREE_LEAVES)} for _ in range(4)]
+    with jc.checks_level(level):
+        s = f(f({"w": jnp.zeros(2)}, batches[0]), batches[0])
+        seen.clear()
+        s = f(s, batches.pop())
+        s = f(s, batches.pop())  # outside loops: the consumed state alone, freed before
+        assert seen == [True, True]
+        with jc.hot_loop():
+            seen.clear()
+            s = f(s, batches.pop())
+            s = f(s, batches.pop())  # the record holds the last batch too: left to the tail
+        assert seen == [True, False]  # (the first call's record was written outside the loop)
+    assert s["w"].tolist() == [6.0] * 2

@@ -140,3 +140,21 @@ def test_a_consumed_module_is_freed_early_unless_the_user_still_holds_it(monkeyp
             old.layers[0].weight + 1  # noqa: B018 - the read is the test
         model, _ = step(model, x)
     assert not model.layers[0].weight.is_deleted()
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_a_module_steps_record_from_another_signature_is_read_safely(level):
+    # As test_consumed's case, through the per-call nodes of a Module.
+    def inc(t):
+        return jax.tree_util.tree_map(lambda x: x + 1, t)
+
+    def step_fn(model, carry):
+        return eqx.apply_updates(model, jax.tree_util.tree_map(jnp.ones_like, eqx.filter(model, eqx.is_array))), inc(carry)
+
+    f = jc.hot_step(step_fn, state=("model", "carry"), max_compiles=2)
+    with jc.checks_level(level):
+        model, carry = f(Net(jax.random.key(0)), None)
+        model, carry = f(model, {"h": jnp.zeros(2)})
+        model, carry = f(model, carry)
+        model, none = f(model, None)
+    assert carry["h"].tolist() == [2.0] * 2 and none is None and model.layers[2] is jax.nn.relu

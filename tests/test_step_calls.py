@@ -257,8 +257,10 @@ def test_keyword_calls_take_the_call_path_not_the_slow_path(level, monkeypatch):
 @pytest.mark.parametrize("level", ["off", "fast", "full"])
 def test_omitted_defaults_take_the_call_path_not_the_slow_path(level, monkeypatch):
     # optax's update(updates, state, params=None) called as update(g, state):
-    # the defaults are put in by position, with neither the slow path nor
-    # inspect's bind (which cost 50-100 us a call), static ones included.
+    # after the first such call the defaults are put in by position, with
+    # neither the slow path nor inspect's bind (which cost 50 us a call),
+    # static ones included; a step whose calls pass everything gets no
+    # wrapper for it.
     import inspect
 
     from jaxcontracts import _hot_step
@@ -273,30 +275,38 @@ def test_omitted_defaults_take_the_call_path_not_the_slow_path(level, monkeypatc
         return {"w": state["w"] - config.lr}
 
     plain = jc.hot_step(update, state="state")
+    given = jc.hot_step(update, state="state")
     static = jc.hot_step(configured, state="state", static="config")
     g = jnp.ones(3)
     with jc.checks_level(level):
-        s = plain(g, {"w": jnp.zeros(3)}, None)
+        s = plain(g, {"w": jnp.zeros(3)}, None, scale=ZERO + 1)
+        u = given(g, given(g, {"w": jnp.zeros(3)}, None, scale=ZERO + 1), None, scale=ZERO + 1)
+        assert plain._call.__name__ != "defaults_call"  # every argument given so far
         s = plain(g, s)
         s = plain(g, s, scale=ZERO + 2)
         t = static(static({"w": jnp.zeros(3)}, Config()))
-        slow, binds = [], []
-        real, bind = _hot_step._decide, inspect.Signature.bind
-        monkeypatch.setattr(_hot_step, "_decide", lambda *a: slow.append(1) or real(*a))
-        monkeypatch.setattr(inspect.Signature, "bind", lambda *a, **k: binds.append(1) or bind(*a, **k))
-        for _ in range(5):
-            s = plain(g, s)  # params and scale left out
-            s = plain(g, s, scale=ZERO + 2)  # params left out, a keyword given
-            s = plain(g, state=s)
-            t = static(t)
-        assert (slow, binds) == ([], [])
-        assert plain.stats.compiles == static.stats.compiles == 1
-    assert jnp.allclose(s["w"], -24.0) and jnp.allclose(t["w"], -3.5)
+        with monkeypatch.context() as m:
+            slow, binds = [], []
+            real, bind = _hot_step._decide, inspect.Signature.bind
+            m.setattr(_hot_step, "_decide", lambda *a: slow.append(1) or real(*a))
+            m.setattr(inspect.Signature, "bind", lambda *a, **k: binds.append(1) or bind(*a, **k))
+            for _ in range(5):
+                s = plain(g, s)  # params and scale left out
+                s = plain(g, s, scale=ZERO + 2)  # params left out, a keyword given
+                s = plain(g, state=s)
+                t = static(t)
+                u = given(g, u, None, scale=ZERO + 1)
+            assert (slow, binds) == ([], [])
+        assert plain._call.__name__ == "defaults_call" and given._call.__name__ != "defaults_call"
+        assert plain.stats.compiles == static.stats.compiles == given.stats.compiles == 1
+    assert jnp.allclose(s["w"], -24.0) and jnp.allclose(t["w"], -3.5) and jnp.allclose(u["w"], -7.0)
+    this = test_omitted_defaults_take_the_call_path_not_the_slow_path.__name__
     with pytest.raises(jc.DefinitionError, match=r"missing a required argument: 'state'") as e:
-        plain(g)  # a wrong call is still the slow path's to explain
-    assert e.traceback[-1].path.name == "test_step_calls.py"
-    with pytest.raises(jc.DefinitionError, match=r"unexpected keyword argument 'parms'"):
+        plain(g)  # a wrong call is still the slow path's to explain, at the user's line
+    assert e.traceback[-1].name == this
+    with pytest.raises(jc.DefinitionError, match=r"unexpected keyword argument 'parms'") as e:
         plain(g, s, parms=None)
+    assert e.traceback[-1].name == this
 
 
 def test_under_disable_jit_a_step_runs_its_python_function_as_jax_jit_does():
