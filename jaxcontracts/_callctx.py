@@ -33,27 +33,13 @@ from ._marks import TOKEN
 from ._records import CompiledSignature, StepStats
 from ._runtime import tracking
 from ._signature import StepSignature
-from ._steps import HOOK_EVERY, LiveStep, last_call_release
+from ._steps import HOOK_EVERY, LiveStep, last_call_release, weak_record
 from ._tracebacks import trim
 
 __all__ = [
-    "CallContext",
-    "DispatchingStep",
-    "KeptPlan",
-    "LeafKinds",
-    "first_leaf_of",
-    "freed_before_call",
-    "is_deleted_for",
-    "kept_plan",
-    "keyword_binder",
-    "leaf_kinds",
-    "leaf_reader",
-    "leaf_readers",
-    "leaves_of",
-    "make_tail",
-    "picker",
-    "stale_reader",
-    "static_native",
+    "CallContext", "DispatchingStep", "KeptPlan", "LeafKinds", "first_leaf_of", "freed_before_call",
+    "is_deleted_for", "kept_plan", "keyword_binder", "leaf_kinds", "leaf_reader", "leaf_readers",
+    "leaves_of", "make_tail", "picker", "stale_reader", "static_native",
 ]
 
 
@@ -153,7 +139,8 @@ def make_tail(
     set_class = object.__setattr__  # the states are frozen dataclasses
     every = HOOK_EVERY
     whole = _wholly_donated(cs)  # outside loops, what the record keeps: nothing that holds memory
-    keep_all, pick_whole = whole == tuple(range(ctx.n_params)), picker(whole)
+    weak_pick, loop_args = weak_record(whole, (type(cs.spec_args[i]) for i in whole))  # None: held as they are
+    keep_all, pick_whole = whole == tuple(range(ctx.n_params)) and weak_pick is None, weak_pick or picker(whole)
 
     def tail(args: tuple[Any, ...], src: Any, out: Any) -> Any:
         if single:
@@ -174,7 +161,7 @@ def make_tail(
                     set_class(args[i], "__class__", consumed_cls)
         n = stats.calls = stats.calls + 1
         if tracking.count:  # a hot_loop is active somewhere: remember for messages
-            record[0] = (args, out)
+            record[0] = (args if loop_args is None else loop_args(args), out)
             if not n % every:  # a timing loop's sampling hook, one call in `every`
                 hook = step.timing_hook
                 if hook is not None:
@@ -276,6 +263,8 @@ def freed_before_call(ctx: CallContext) -> Callable[[], None]:
     """Run just before the executable: drops the last-call record where it alone
     holds the state consumed last time (``_steps.last_call_release``)."""
     whole, specs = _wholly_donated(ctx.cs), ctx.cs.spec_args
+    if weak_record(whole, (type(specs[i]) for i in whole))[0] is not None:  # the record holds none of it
+        return lambda: None
     leaves = sum(len(jax.tree_util.tree_leaves(specs[i])) for i in whole)
     nodes = tuple(i for i in whole if type(specs[i]) is Filtered)  # equinox Modules (_filter)
     count = refcount.count if refcount.available() else None  # None: always dropped

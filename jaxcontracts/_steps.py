@@ -32,6 +32,7 @@ __all__ = [
     "on_timing_changed",
     "register",
     "timing_changed",
+    "weak_record",
 ]
 
 #: Calls between two runs of a step's ``timing_hook`` (``_timing.SAMPLE``).
@@ -121,11 +122,53 @@ def timing_changed(on: bool) -> None:
 def last_calls(steps: Iterable[LiveStep] | None = None) -> Iterator[tuple[str, Any, Any, bool]]:
     """``(short name, arguments, output, whether it donates)`` of each step's
     recorded last call (a step that donates nothing consumed none of its
-    arguments, however deleted they are now); ``steps``: default every live step."""
+    arguments, however deleted they are now); ``steps``: default every live
+    step. An argument recorded weakly (:func:`weak_record`) reads as itself,
+    or None once nothing else holds it."""
+    ref = weakref.ref
     for step in live() if steps is None else steps:
         call = step.last_call[0]
         if call is not None:
-            yield (step.short_name, *call, step.donates)
+            args, out = call
+            yield (step.short_name, tuple(a() if type(a) is ref else a for a in args), out, step.donates)
+
+
+_Maker = Callable[[tuple[Any, ...]], tuple[Any, ...]]
+
+
+def weak_record(whole: tuple[int, ...], types: Iterable[type]) -> tuple[_Maker, _Maker] | tuple[None, None]:
+    """How a call records its consumed state weakly, where every wholly
+    donated parameter's container (``types``) takes a weak reference (a flax
+    struct dataclass such as ``TrainState``, an ``nnx.State``, a ``jc.state``;
+    a dict, tuple or NamedTuple takes none): ``(outside loops, in loops)``,
+    each making the record's arguments from the call's, the wholly donated
+    ones as weak references. The record then holds none of the consumed
+    state: it goes when the caller lets it go (``s = step(s)``), while the
+    caches still hold it, as in a plain loop, and a state the caller still
+    holds (``old = s``) is still found, and named, through it. ``(None,
+    None)`` where any of them takes no weak reference (the record holds them)."""
+    if not whole or not all(t.__weakrefoffset__ for t in types):
+        return None, None
+    ref = weakref.ref
+    if len(whole) == 1:
+        only = whole[0]
+
+        def outside_one(args: tuple[Any, ...]) -> tuple[Any, ...]:
+            return (ref(args[only]),)
+
+        def inside_one(args: tuple[Any, ...]) -> tuple[Any, ...]:
+            return (*args[:only], ref(args[only]), *args[only + 1 :])
+
+        return outside_one, inside_one
+    weak = frozenset(whole)
+
+    def outside(args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(ref(args[i]) for i in whole)
+
+    def inside(args: tuple[Any, ...]) -> tuple[Any, ...]:
+        return tuple(ref(a) if i in weak else a for i, a in enumerate(args))
+
+    return outside, inside
 
 
 def clear_last_calls(steps: Iterable[LiveStep] | None = None) -> None:

@@ -561,23 +561,39 @@ class _Held:
         self.params = params
 
 
-def _held_unflatten(_, children):
-    ref = _Held.watched
-    if ref is not None:
-        _Held.made_while_alive.append(ref() is not None)
-    return _Held(children[0])
+class _Slotted:
+    """As :class:`_Held`, with no weak reference to itself (``__slots__``, as a
+    dict or a NamedTuple): the step's record holds it strongly."""
+
+    __slots__ = ("params",)  # (the tests watch one of its leaves instead)
+
+    def __init__(self, params):
+        self.params = params
 
 
-jax.tree_util.register_pytree_with_keys(
-    _Held, lambda h: (((jax.tree_util.GetAttrKey("params"), h.params),), None), _held_unflatten
-)
+def _held_unflatten(cls):
+    def unflatten(_, children):
+        ref = _Held.watched
+        if ref is not None:
+            _Held.made_while_alive.append(ref() is not None)
+        return cls(children[0])
+
+    return unflatten
+
+
+for _cls in (_Held, _Slotted):
+    jax.tree_util.register_pytree_with_keys(
+        _cls, lambda h: (((jax.tree_util.GetAttrKey("params"), h.params),), None), _held_unflatten(_cls)
+    )
 
 
 @pytest.mark.parametrize("level", ["fast", "full"])
 @pytest.mark.parametrize("shape", ["positional", "keyword + static"])
-def test_the_consumed_state_is_freed_before_the_next_call_makes_its_outputs(level, shape):
+@pytest.mark.parametrize("cls", [_Held, _Slotted], ids=["weakly recorded", "recorded"])
+def test_the_consumed_state_is_freed_before_the_next_call_makes_its_outputs(level, shape, cls):
     # The step's record of its last call (to name it in a later message)
-    # holds the state it consumed; it is dropped once a call's checks have
+    # holds the state it consumed, weakly where its container takes a weak
+    # reference; a strong record is dropped once a call's checks have
     # passed, before the executable makes the outputs, so that they reuse
     # the consumed state's memory as in a plain jax.jit loop.
     import weakref
@@ -591,12 +607,12 @@ def test_the_consumed_state_is_freed_before_the_next_call_makes_its_outputs(leve
                 lambda s, *, config: jax.tree_util.tree_map(lambda x: x + config.by, s), state="s", static="config"
             )
             kw = {"config": _Inc()}
-        s = f(_Held({"w": jnp.zeros(3), "b": jnp.ones(2)}), **kw)
+        s = f(cls({"w": jnp.zeros(3), "b": jnp.ones(2)}), **kw)
         s = f(s, **kw)  # warm: the call path is built
         old, s = s, f(s, **kw)
         with pytest.raises(jc.DonationError, match=r"s\.params\['w'\]: f32\[3\] was already donated to <lambda>"):
             f(old, **kw)  # the record still names this step for the state it consumed
-        _Held.watched, _Held.made_while_alive[:] = weakref.ref(old), []
+        _Held.watched, _Held.made_while_alive[:] = weakref.ref(old.params["w"]), []
         del old
         try:
             s = f(s, **kw)
@@ -608,7 +624,7 @@ def test_the_consumed_state_is_freed_before_the_next_call_makes_its_outputs(leve
         # after the record's turn, which kept it (the user holds `old`):
         # both name the step.
         old, s = s, f(s, **kw)
-        mixed = _Held({"b": s.params["b"], "w": old.params["w"]})  # "b" is the first leaf
+        mixed = cls({"b": s.params["b"], "w": old.params["w"]})  # "b" is the first leaf
         with pytest.raises(jc.DonationError, match=r"s\.params\['w'\]: f32\[3\] was already donated to <lambda>"):
             f(mixed, **kw)
         assert not s.params["b"].is_deleted()
@@ -618,7 +634,7 @@ def test_the_consumed_state_is_freed_before_the_next_call_makes_its_outputs(leve
             # only which steps donate (the documented limit, _callpath._guarded).
             w, s = s.params["w"], f(s, **kw)
             with pytest.raises(jc.RecompileError):
-                f(_Held({"w": jnp.zeros(4), "b": jnp.ones(2)}), **kw)
+                f(cls({"w": jnp.zeros(4), "b": jnp.ones(2)}), **kw)
             with pytest.raises(jc.DonationError, match=r"`w` \(f32\[3\]\) no longer exists: it was deleted, most likely donated"):
                 np.asarray(w)
             s = f(s, **kw)
@@ -680,10 +696,10 @@ def test_the_early_free_is_bounded_by_the_donated_leaves_not_by_every_leaf(level
         f = jc.hot_step(
             lambda s, params: jax.tree_util.tree_map(lambda x: x + params["p000"][0], s), state="s"
         )
-        s = f(f(_Held({"w": jnp.zeros(2), "b": jnp.zeros(3)}), params), params)
+        s = f(f(_Slotted({"w": jnp.zeros(2), "b": jnp.zeros(3)}), params), params)
         old, s = s, f(s, params)
         assert f.last_call[0][0][0] is old
-        _Held.watched, _Held.made_while_alive[:] = weakref.ref(old), []
+        _Held.watched, _Held.made_while_alive[:] = weakref.ref(old.params["w"]), []
         del old
         try:
             s = f(s, params)
@@ -723,8 +739,9 @@ def _record_at_dispatch(monkeypatch, module):
 def test_every_call_path_drops_the_record_before_the_executable(monkeypatch, level, path):
     # The paths the guarded-call tests above do not take: the checked closure
     # (a jaxlib without a guarded C++ call) and the provenance path of a
-    # sealed state with another argument. A consumed state nobody else holds
-    # is dropped before the executable runs; one the user holds is not.
+    # sealed state with another argument. A consumed dict nobody else holds
+    # is dropped before the executable runs; one the user holds is not; a
+    # sealed state is recorded weakly, so there is nothing to drop.
     from jaxcontracts import _callpath
 
     seen, noting = _record_at_dispatch(monkeypatch, _callpath)
@@ -745,14 +762,22 @@ def test_every_call_path_drops_the_record_before_the_executable(monkeypatch, lev
         s = f(s, dt)
         old, s = s, f(s, dt)
         s = f(s, dt)  # the user holds `old`: its record stays while this call runs
-    assert seen == [True, True, True, False]
+    if path == "checked":  # a dict: recorded, the record dropped where it alone holds the state
+        assert seen == [True, True, True, False]
+    else:  # a jc.state takes a weak reference: the record holds none of it, and stays
+        import weakref
+
+        assert seen == [False] * 4 and type(f.last_call[0][0][0]) is weakref.ref
     assert old is not s
 
 
 @pytest.mark.parametrize("level", ["fast", "full"])
-def test_a_large_consumed_state_is_freed_after_the_dispatch(level):
+@pytest.mark.parametrize("cls", [_Held, _Slotted], ids=["weakly recorded", "recorded"])
+def test_a_large_consumed_state_is_freed_after_the_dispatch_unless_weakly_recorded(level, cls):
     # Freeing costs about 0.5 us a leaf: above EARLY_FREE_LEAVES it would
-    # delay the dispatch, so the record is replaced after the call, as before.
+    # delay the dispatch, so a strong record is replaced after the call, as
+    # before. A weak one holds none of the state: it goes at the caller's
+    # rebinding, at any size, as in a plain loop.
     import weakref
 
     from jaxcontracts._steps import EARLY_FREE_LEAVES
@@ -760,16 +785,17 @@ def test_a_large_consumed_state_is_freed_after_the_dispatch(level):
     n = EARLY_FREE_LEAVES + 1
     with jc.checks_level(level):
         f = jc.hot_step(lambda s: jax.tree_util.tree_map(lambda x: x + 1, s), state="s")
-        s = f(f(_Held({f"x{i:03}": jnp.zeros(2) for i in range(n)})))
+        s = f(f(cls({f"x{i:03}": jnp.zeros(2) for i in range(n)})))
         old, s = s, f(s)
-        assert f.last_call[0][0][0] is old  # the record holds the consumed state
-        _Held.watched, _Held.made_while_alive[:] = weakref.ref(old), []
-        del old
+        held = f.last_call[0][0][0]
+        assert (held() if cls is _Held else held) is old  # the record holds the consumed state, weakly or not
+        _Held.watched, _Held.made_while_alive[:] = weakref.ref(old.params["x000"]), []
+        del old, held
         try:
             s = f(s)
         finally:
             _Held.watched = None
-        assert _Held.made_while_alive == [True]  # still recorded while the outputs were made
+        assert _Held.made_while_alive == [cls is _Slotted]  # strongly recorded: alive while the outputs were made
     np.testing.assert_allclose(s.params["x000"], 4.0)
 
 
@@ -791,13 +817,13 @@ def test_the_early_free_reads_the_state_where_static_keywords_leave_the_record_s
     dt, kw = jnp.float32(1), {"config": _Inc()}
     section = jc.hot_loop if where == "in a hot_loop" else contextlib.nullcontext
     with jc.checks_level(level):
-        s = f(dt, f(dt, _Held({"w": jnp.zeros(3), "b": jnp.zeros(2)}), **kw), **kw)  # warm
-        bad = _Held({"w": jnp.zeros(4), "b": jnp.zeros(2)})
+        s = f(dt, f(dt, _Slotted({"w": jnp.zeros(3), "b": jnp.zeros(2)}), **kw), **kw)  # warm
+        bad = _Slotted({"w": jnp.zeros(4), "b": jnp.zeros(2)})
         steps = [jnp.float32(1) for _ in range(2)]  # each popped: the record alone holds it
         with section():
             old, s = s, f(dt, s, **kw)
             assert old in f.last_call[0][0]
-            _Held.watched, _Held.made_while_alive[:] = weakref.ref(old), []
+            _Held.watched, _Held.made_while_alive[:] = weakref.ref(old.params["w"]), []
             del old
             try:
                 s = f(dt, s, **kw)  # nobody else holds the consumed state: freed first
@@ -872,3 +898,54 @@ def test_in_a_loop_the_early_free_is_bounded_by_every_recorded_leaf(monkeypatch,
             s = f(s, batches.pop())  # the record holds the last batch too: left to the tail
         assert seen == [True, False]  # (the first call's record was written outside the loop)
     assert s["w"].tolist() == [6.0] * 2
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+@pytest.mark.parametrize("where", ["outside loops", "in a hot_loop"])
+@pytest.mark.parametrize("kind", ["TrainState", "dict"])
+def test_a_weakly_recorded_state_goes_at_the_rebinding_and_is_still_named_while_held(level, where, kind):
+    # A flax TrainState takes a weak reference: the step's record holds it
+    # weakly, so the consumed state goes when the caller rebinds `state`, as
+    # in a plain loop; a dict takes none, and its record keeps it until the
+    # next call. Either way a consumed state the caller still holds names
+    # the step after a failed call.
+    import contextlib
+    import weakref
+
+    optax = pytest.importorskip("optax")
+    train_state = pytest.importorskip("flax.training.train_state")
+
+    def train(state, batch):
+        if kind == "dict":
+            return {"w": state["w"] - batch.mean(), "n": state["n"] + 1}
+        grads = jax.grad(lambda p: jnp.sum(p["w"] * batch.mean()))(state.params)
+        return state.apply_gradients(grads=grads)
+
+    if kind == "dict":
+        state = {"w": jnp.ones(3), "n": jnp.int32(0)}
+    else:
+        state = jc.device_tree(train_state.TrainState.create(apply_fn=None, params={"w": jnp.ones(3)}, tx=optax.sgd(0.1)))
+    w_of = (lambda s: s["w"]) if kind == "dict" else (lambda s: s.params["w"])
+    step = jc.hot_step(train, state="state")
+    batch, bad = jnp.ones(4), jnp.ones(5)
+    section = jc.hot_loop if where == "in a hot_loop" else contextlib.nullcontext
+    with jc.checks_level(level):
+        state = step(step(state, batch), batch)
+        with section():
+            leaf = weakref.ref(w_of(state))
+            state = step(state, batch)
+            assert (leaf() is None) is (kind == "TrainState")  # weakly recorded: gone at the rebinding
+            if kind == "TrainState" and where == "outside loops":
+                from jaxcontracts import _steps
+
+                assert [args for _, args, _, _ in _steps.last_calls([step])] == [(None,)]  # read as gone
+            old, state = state, step(state, batch)
+            with pytest.raises(jc.RecompileError):
+                step(state, bad)
+            with pytest.raises(jc.DonationError, match="was already donated to train"):
+                step(old, batch)  # held: still named, after the failed call
+        if where == "outside loops":  # (a loop's exit forgets its steps' records: test_a_loop_exit_leaves_no_local_alive)
+            with pytest.raises(jc.DonationError, match="was donated to train and no longer exists"):
+                np.asarray(w_of(old))
+        state = step(state, batch)
+    assert not w_of(state).is_deleted()
