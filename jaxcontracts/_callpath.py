@@ -402,10 +402,12 @@ def _guarded(
       the flatten, as a C++ call with ``static_argnames`` does; another
       value goes through :func:`with_static`.
 
-    Once its own checks have passed, every closure drops the step's record
-    of its last call (the arguments it consumed, kept to name the step in a
-    later message) just before the executable runs, where the record alone
-    holds that state and its donated leaves are few
+    The step's record of its last call (the arguments it consumed, kept to
+    name the step in a later message) holds a state whose container takes a
+    weak reference weakly (``_steps.weak_record``): it goes at the caller's
+    rebinding. Otherwise, once its own checks have passed, every closure
+    drops that record just before the executable runs, where the record
+    alone holds that state and its donated leaves are few
     (``_steps.last_call_release``). Freeing a consumed state costs about
     0.5 us a leaf (JAX's array destructor); freed before the call, a small
     state's memory is reused by the outputs being made, as in a plain
