@@ -139,7 +139,8 @@ def make_tail(
     set_class = object.__setattr__  # the states are frozen dataclasses
     every = HOOK_EVERY
     whole = _wholly_donated(cs)  # outside loops, what the record keeps: nothing that holds memory
-    weak_pick, loop_args = weak_record(whole, (type(cs.spec_args[i]) for i in whole))  # None: held as they are
+    donating = _wholly_donated(cs, any_leaf=True)
+    weak_pick, loop_args = weak_record(whole, (type(cs.spec_args[i]) for i in whole), donating)  # None: strong
     keep_all, pick_whole = whole == tuple(range(ctx.n_params)) and weak_pick is None, weak_pick or picker(whole)
 
     def tail(args: tuple[Any, ...], src: Any, out: Any) -> Any:
@@ -175,13 +176,14 @@ def make_tail(
     return tail
 
 
-def _wholly_donated(cs: CompiledSignature) -> tuple[int, ...]:
-    """The parameters every leaf of which is donated (no device memory held once consumed)."""
+def _wholly_donated(cs: CompiledSignature, any_leaf: bool = False) -> tuple[int, ...]:
+    """The parameters every leaf of which is donated (no device memory held
+    once consumed); ``any_leaf``: those with any donated leaf."""
     donated = set(cs.donated)
     whole, start = [], 0
     for i, spec in enumerate(cs.spec_args):
         n = len(jax.tree_util.tree_leaves(spec))
-        if n and all(j in donated for j in range(start, start + n)):
+        if n and (any if any_leaf else all)(j in donated for j in range(start, start + n)):
             whole.append(i)
         start += n
     return tuple(whole)

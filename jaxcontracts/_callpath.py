@@ -403,9 +403,9 @@ def _guarded(
       value goes through :func:`with_static`.
 
     The step's record of its last call (the arguments it consumed, kept to
-    name the step in a later message) holds a state whose container takes a
-    weak reference weakly (``_steps.weak_record``): it goes at the caller's
-    rebinding. Otherwise, once its own checks have passed, every closure
+    name the step in a later message) holds the consumed states weakly
+    where every one of them takes a weak reference (``_steps.weak_record``):
+    they go at the caller's rebinding. Otherwise, once its own checks have passed, every closure
     drops that record just before the executable runs, where the record
     alone holds that state and its donated leaves are few
     (``_steps.last_call_release``). Freeing a consumed state costs about

@@ -136,37 +136,55 @@ def last_calls(steps: Iterable[LiveStep] | None = None) -> Iterator[tuple[str, A
 _Maker = Callable[[tuple[Any, ...]], tuple[Any, ...]]
 
 
-def weak_record(whole: tuple[int, ...], types: Iterable[type]) -> tuple[_Maker, _Maker] | tuple[None, None]:
+def weak_record(
+    whole: tuple[int, ...], types: Iterable[type], donating: Iterable[int] = ()
+) -> tuple[_Maker, _Maker] | tuple[None, None]:
     """How a call records its consumed state weakly, where every wholly
     donated parameter's container (``types``) takes a weak reference (a flax
     struct dataclass such as ``TrainState``, an ``nnx.State``, a ``jc.state``;
-    a dict, tuple or NamedTuple takes none): ``(outside loops, in loops)``,
-    each making the record's arguments from the call's, the wholly donated
-    ones as weak references. The record then holds none of the consumed
-    state: it goes when the caller lets it go (``s = step(s)``), while the
-    caches still hold it, as in a plain loop, and a state the caller still
-    holds (``old = s``) is still found, and named, through it. ``(None,
-    None)`` where any of them takes no weak reference (the record holds them)."""
+    a dict, tuple, NamedTuple or equinox's per-call node takes none):
+    ``(outside loops, in loops)``, each making the record's arguments from
+    the call's, the wholly donated ones as weak references. The record then
+    holds none of the consumed state: it goes when the caller lets it go
+    (``s = step(s)``), while the caches still hold it, as in a plain loop,
+    and a state the caller still holds (``old = s``) is still found, and
+    named, through it. In loops the other parameters with donated leaves
+    (``donating``) are held as they are, and those with none (a batch: this
+    step consumed nothing of it) as None, so a record with nothing to free
+    early holds no batch either. An argument that takes no weak reference
+    after all (another class of the same tree structure) is held as it is.
+    ``(None, None)`` where any of ``types`` takes no weak reference (the
+    record holds them)."""
     if not whole or not all(t.__weakrefoffset__ for t in types):
         return None, None
     ref = weakref.ref
-    if len(whole) == 1:
+    weak, kept = frozenset(whole), frozenset(donating) - frozenset(whole)
+
+    def held(a: Any) -> Any:
+        try:
+            return ref(a)
+        except TypeError:
+            return a
+
+    if len(whole) == 1 and not kept:
         only = whole[0]
 
         def outside_one(args: tuple[Any, ...]) -> tuple[Any, ...]:
-            return (ref(args[only]),)
+            try:
+                return (ref(args[only]),)
+            except TypeError:
+                return (args[only],)
 
         def inside_one(args: tuple[Any, ...]) -> tuple[Any, ...]:
-            return (*args[:only], ref(args[only]), *args[only + 1 :])
+            return (*(None,) * only, held(args[only]), *(None,) * (len(args) - only - 1))
 
         return outside_one, inside_one
-    weak = frozenset(whole)
 
     def outside(args: tuple[Any, ...]) -> tuple[Any, ...]:
-        return tuple(ref(args[i]) for i in whole)
+        return tuple(held(args[i]) for i in whole)
 
     def inside(args: tuple[Any, ...]) -> tuple[Any, ...]:
-        return tuple(ref(a) if i in weak else a for i, a in enumerate(args))
+        return tuple(held(a) if i in weak else a if i in kept else None for i, a in enumerate(args))
 
     return outside, inside
 

@@ -8,6 +8,7 @@ call), whose donated fields raise a DonationError when read.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import gc
@@ -949,3 +950,80 @@ def test_a_weakly_recorded_state_goes_at_the_rebinding_and_is_still_named_while_
                 np.asarray(w_of(old))
         state = step(state, batch)
     assert not w_of(state).is_deleted()
+
+
+def test_an_argument_that_takes_no_weak_reference_is_recorded_as_it_is():
+    # Two registered dataclasses with the same fields have equal tree
+    # structures: one with __slots__ takes the other's signature, whose
+    # record is weak; its own record is then strong, never an error after
+    # the executable has consumed the state.
+    @dataclasses.dataclass
+    class Plain:
+        w: jax.Array
+
+    @dataclasses.dataclass(slots=True)
+    class Slotted:
+        w: jax.Array
+
+    for cls in (Plain, Slotted):
+        jax.tree_util.register_dataclass(cls, data_fields=["w"], meta_fields=[])
+    f = jc.hot_step(lambda s: dataclasses.replace(s, w=s.w + 1), state="s")
+    for level in ("fast", "full"):
+        with jc.checks_level(level):
+            f(f(Plain(jnp.zeros(2))))  # the signature, recorded weakly
+            for section in (contextlib.nullcontext, jc.hot_loop):
+                s = Slotted(jnp.zeros(2))
+                with section():
+                    s = f(s)
+                    old, s = s, f(s)
+                    with pytest.raises(jc.DonationError, match=r"s\.w: f32\[2\] was already donated to <lambda>"):
+                        f(old)
+    assert f.stats.compiles == 1
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_in_a_loop_a_weak_record_holds_no_batch_while_the_next_call_runs(monkeypatch, level):
+    # A weakly recorded state has nothing to free early, so nothing drops
+    # the loop's record before the next dispatch: it holds the batch as None
+    # (this step consumed nothing of it), so a training loop's previous batch
+    # goes as in a plain loop.
+    import weakref
+
+    from jaxcontracts import _callpath
+
+    optax = pytest.importorskip("optax")
+    train_state = pytest.importorskip("flax.training.train_state")
+    alive, watched, real = [], [None], _callpath.guarded_call
+
+    def noting(*args, **kwargs):
+        call = real(*args, **kwargs)
+        if call is None:
+            return None
+
+        def noted(*a, **k):
+            if watched[0] is not None:
+                alive.append(watched[0]() is not None)
+            return call(*a, **k)
+
+        return noted
+
+    monkeypatch.setattr(_callpath, "guarded_call", noting)
+
+    def train(state, batch):
+        grads = jax.grad(lambda p: jnp.sum(p["w"] * batch["x"].mean()))(state.params)
+        return state.apply_gradients(grads=grads)
+
+    step = jc.hot_step(train, state="state")
+    state = jc.device_tree(train_state.TrainState.create(apply_fn=None, params={"w": jnp.ones(3)}, tx=optax.sgd(0.1)))
+    batches = [{"x": jnp.ones(4) * i} for i in range(6)]
+    with jc.checks_level(level):
+        state = step(step(state, batches.pop()), batches.pop())
+        with jc.hot_loop():
+            for _ in range(3):
+                batch = batches.pop()
+                state = step(state, batch)
+                watched[0] = weakref.ref(batch["x"])  # at the next dispatch: the previous batch
+                del batch
+    watched[0] = None
+    assert alive == [False, False]
+    assert [a for _, a, _, _ in __import__("jaxcontracts")._steps.last_calls([step])] == []  # forgotten at the exit
