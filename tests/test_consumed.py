@@ -989,7 +989,7 @@ def test_in_a_loop_a_weak_record_holds_no_batch_while_the_next_call_runs(monkeyp
     # goes as in a plain loop.
     import weakref
 
-    from jaxcontracts import _callpath
+    from jaxcontracts import _callpath, _steps
 
     optax = pytest.importorskip("optax")
     train_state = pytest.importorskip("flax.training.train_state")
@@ -1026,4 +1026,4 @@ def test_in_a_loop_a_weak_record_holds_no_batch_while_the_next_call_runs(monkeyp
                 del batch
     watched[0] = None
     assert alive == [False, False]
-    assert [a for _, a, _, _ in __import__("jaxcontracts")._steps.last_calls([step])] == []  # forgotten at the exit
+    assert list(_steps.last_calls([step])) == []  # forgotten at the loop's exit
