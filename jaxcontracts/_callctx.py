@@ -139,8 +139,7 @@ def make_tail(
     set_class = object.__setattr__  # the states are frozen dataclasses
     every = HOOK_EVERY
     whole = _wholly_donated(cs)  # outside loops, what the record keeps: nothing that holds memory
-    donating = _wholly_donated(cs, any_leaf=True)
-    weak_pick, loop_args = weak_record(whole, (type(cs.spec_args[i]) for i in whole), donating)  # None: strong
+    weak_pick, loop_args = _weak_record(cs, whole)  # None: held as they are
     keep_all, pick_whole = whole == tuple(range(ctx.n_params)) and weak_pick is None, weak_pick or picker(whole)
 
     def tail(args: tuple[Any, ...], src: Any, out: Any) -> Any:
@@ -174,6 +173,11 @@ def make_tail(
         return out
 
     return tail
+
+
+def _weak_record(cs: CompiledSignature, whole: tuple[int, ...]) -> tuple[Any, Any]:
+    """``_steps.weak_record`` for this signature (``whole``: its wholly donated parameters)."""
+    return weak_record(whole, (type(cs.spec_args[i]) for i in whole), _wholly_donated(cs, any_leaf=True))
 
 
 def _wholly_donated(cs: CompiledSignature, any_leaf: bool = False) -> tuple[int, ...]:
@@ -265,7 +269,7 @@ def freed_before_call(ctx: CallContext) -> Callable[[], None]:
     """Run just before the executable: drops the last-call record where it alone
     holds the state consumed last time (``_steps.last_call_release``)."""
     whole, specs = _wholly_donated(ctx.cs), ctx.cs.spec_args
-    if weak_record(whole, (type(specs[i]) for i in whole))[0] is not None:  # the record holds none of it
+    if _weak_record(ctx.cs, whole)[0] is not None:  # the record holds none of it
         return lambda: None
     leaves = sum(len(jax.tree_util.tree_leaves(specs[i])) for i in whole)
     nodes = tuple(i for i in whole if type(specs[i]) is Filtered)  # equinox Modules (_filter)

@@ -405,9 +405,10 @@ def _guarded(
     The step's record of its last call (the arguments it consumed, kept to
     name the step in a later message) holds the consumed states weakly
     where every one of them takes a weak reference (``_steps.weak_record``):
-    they go at the caller's rebinding. Otherwise, once its own checks have passed, every closure
-    drops that record just before the executable runs, where the record
-    alone holds that state and its donated leaves are few
+    they go at the caller's rebinding. Otherwise, once its own checks have
+    passed, every closure drops that record just before the executable
+    runs, where the record alone holds that state and its donated leaves
+    are few
     (``_steps.last_call_release``). Freeing a consumed state costs about
     0.5 us a leaf (JAX's array destructor); freed before the call, a small
     state's memory is reused by the outputs being made, as in a plain

@@ -141,9 +141,10 @@ def with_defaults(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[
     out (``update(grads, state)`` of an ``update(grads, state,
     params=None)``): the defaults are put in by position, so the call takes
     the closure's own path, not the slow path that binds and explains (+50 us
-    a call). Installed once a call has left one out (``HotStep.omitted_defaults``):
-    a step whose calls pass every argument pays no frame for it. A call that
-    gives every parameter is passed on as it is."""
+    a call). Installed once a call has left one out
+    (``HotStep.defaults_omitted``): a step whose calls pass every argument
+    pays no frame for it. A call that gives every parameter is passed on as
+    it is."""
     fill, n_params = defaults_filler(sig), len(sig.param_names)
     if fill is None:
         return dispatch

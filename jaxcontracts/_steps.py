@@ -231,10 +231,11 @@ def last_call_release(
     leaves the record is left to the tail, after the dispatch (freeing costs
     about 0.5 us a leaf); a record of all the arguments (in loops) is left to
     it past ``EARLY_FREE_LEAVES`` leaves in ``total`` (all the signature's
-    leaves: a large batch only the record holds would be freed too). ``count``: ``sys.getrefcount``, where a leaf held
-    by one container and read through ``map()`` over a sequence has
-    ``baseline`` references (``_compat.refcount``); None where references
-    cannot be counted (not CPython): the record is then always dropped.
+    leaves: a large batch only the record holds would be freed too).
+    ``count``: ``sys.getrefcount``, where a leaf held by one container and
+    read through ``map()`` over a sequence has ``baseline`` references
+    (``_compat.refcount``); None where references cannot be counted (not
+    CPython): the record is then always dropped.
     """
     if not whole or leaves > EARLY_FREE_LEAVES:
         return _keep

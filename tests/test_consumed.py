@@ -989,25 +989,14 @@ def test_in_a_loop_a_weak_record_holds_no_batch_while_the_next_call_runs(monkeyp
     # goes as in a plain loop.
     import weakref
 
-    from jaxcontracts import _callpath, _steps
+    from jaxcontracts import _steps
 
     optax = pytest.importorskip("optax")
     train_state = pytest.importorskip("flax.training.train_state")
-    alive, watched, real = [], [None], _callpath.guarded_call
-
-    def noting(*args, **kwargs):
-        call = real(*args, **kwargs)
-        if call is None:
-            return None
-
-        def noted(*a, **k):
-            if watched[0] is not None:
-                alive.append(watched[0]() is not None)
-            return call(*a, **k)
-
-        return noted
-
-    monkeypatch.setattr(_callpath, "guarded_call", noting)
+    watched = [None]  # the previous batch's leaf, once there is one
+    alive = record_dropped_at_dispatch(
+        monkeypatch, None, probe=lambda: None if watched[0] is None else watched[0]() is not None
+    )
 
     def train(state, batch):
         grads = jax.grad(lambda p: jnp.sum(p["w"] * batch["x"].mean()))(state.params)
