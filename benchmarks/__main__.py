@@ -42,6 +42,7 @@ BENCHMARKS = {
     "compile": "benchmarks.compile",
     "state": "benchmarks.construction",
     "ports": "benchmarks.ports",
+    "floor": "benchmarks.floor",
 }
 
 

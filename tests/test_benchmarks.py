@@ -28,6 +28,7 @@ EXPECTED = {
     "compile": ("hot_step.compile(spec)", 1),
     "state": ("s.replace(x0=...)", 2),  # --quick: 10 fields only (100 in a full run)
     "ports": ("port full", 3),  # NNX, gymnax PPO, evosax CMA-ES (a case skipped: "not run")
+    "floor": ("floor full", 0),  # rows and notes only: each level's checks written inline
 }
 PEERS = ("eqx.filter_jit(donate=all)", "jax.jit(chex.assert_max_traces)", "jaxtyped(beartype)(jax.jit)")
 
@@ -131,3 +132,56 @@ def test_the_full_call_profile_prints_every_piece(capsys, benchmarks_importable)
     timed = [line for line in lines[1:] if line.rstrip().endswith(" us")]
     assert len(timed) == len(profile_full.pieces(3)) == 7
     assert all(float(line.split()[-2]) > 0 for line in timed)
+
+
+def test_the_floor_makes_every_check_its_level_promises(benchmarks_importable):
+    """The floor's inline checks are real: each refuses what its level refuses,
+    and a clean call runs (so the floor it prints is the cost of those checks)."""
+    import jax
+    import jax.numpy as jnp
+
+    from benchmarks import floor
+
+    def step(s):
+        return jax.tree_util.tree_map(lambda x: x + 1, s)
+
+    def fresh():
+        return {"a": jnp.zeros(4), "b": jnp.ones(4)}
+
+    donated = jax.jit(step, donate_argnums=0).lower(fresh()).compile()
+    full = floor.floor_full(donated, (fresh(),))
+    fast = floor.floor_fast(donated, lambda s: s["a"])
+    out = full(fresh())
+    assert float(out["b"][0]) == 2.0
+    assert float(fast(fresh())["a"][0]) == 1.0
+
+    stale = fresh()
+    full(stale)  # consumed
+    for check in (full, fast):
+        with pytest.raises(AssertionError, match="a floor check fired"):
+            check(stale)
+    partly = fresh()
+    partly["b"].delete()  # only a leaf past the first: fast does not look, full does
+    with pytest.raises(AssertionError, match="a floor check fired"):
+        full(partly)
+    kept = fresh()
+    sample = kept["b"]  # a donated leaf held elsewhere
+    with pytest.raises(AssertionError, match="a floor check fired"):
+        full(kept)
+    assert not sample.is_deleted()  # refused before the call: nothing donated
+    with pytest.raises(AssertionError, match="a floor check fired"):
+        full({"a": jnp.zeros(4), "c": jnp.ones(4)})  # another tree structure
+    undonated = jax.jit(step).lower(fresh()).compile()
+    with pytest.raises(AssertionError, match="a floor check fired"):  # the donation did not happen
+        floor.floor_full(undonated, (fresh(),))(fresh())
+
+
+def test_the_floor_sets_each_floor_against_its_budget(quick_run):
+    _, results = quick_run
+    notes = results["floor"]["notes"]
+    cases = [n for n in notes if "(paired medians against" in n]
+    assert any(n.startswith("dict, 10 leaves") for n in cases)
+    for note in cases:
+        assert "full: floor" in note and "budget" in note and "the hot step" in note
+    variants = {r["variant"] for r in results["floor"]["rows"]}
+    assert {"raw compiled", "flat call", "floor fast", "floor full", "hot_step fast", "hot_step full"} <= variants
