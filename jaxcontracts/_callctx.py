@@ -3,11 +3,10 @@
 The step protocol the closures read (:class:`DispatchingStep`), the context
 they are built from (:class:`CallContext`, read once, at build), the one
 after-dispatch tail (:func:`make_tail`: stamp the provenance tokens, check
-consumption, mark the donated states, count, record for loops), the kept-leaf
-check (:class:`KeptPlan`), the leaf readers, and the call that takes
-static arguments in C++ (:func:`static_native`). The closures themselves are
-in ``_callpath`` (by checks level) and ``_provenance`` (states a step returned).
-"""
+consumption, mark the donated states, count, record the call), the kept-leaf
+check (:class:`KeptPlan`), the leaf readers, and the call that takes static
+arguments in C++ (:func:`static_native`). The closures are in ``_callpath``
+(by checks level) and ``_provenance`` (states a step returned)."""
 
 from __future__ import annotations
 
@@ -33,7 +32,7 @@ from ._marks import TOKEN
 from ._records import CompiledSignature, StepStats
 from ._runtime import tracking
 from ._signature import StepSignature
-from ._steps import HOOK_EVERY, LiveStep, last_call_release, weak_record
+from ._steps import EARLY_FREE_LEAVES, HOOK_EVERY, LiveStep, last_call_release, weak_record
 from ._tracebacks import trim
 
 __all__ = [
@@ -87,8 +86,7 @@ class CallContext:
 
 
 def _stamper(out_tokens: tuple[tuple[tuple[int, ...], object], ...]) -> Callable[[Any], None] | None:
-    """Stamp each returned state with the provenance token of its spec (None:
-    nothing to stamp, as for a step whose states are foreign or unsealed)."""
+    """Stamp each returned state with its spec's provenance token (None: nothing to stamp)."""
     if not out_tokens:
         return None
     key = TOKEN
@@ -115,15 +113,12 @@ def make_tail(
 ) -> Callable[[tuple[Any, ...], Any, Any], Any]:
     """The one after-dispatch tail: stamp, check consumption, mark, count, tell loops.
 
-    Args:
-        consumed: tells, from the closure's own view of the arguments (flat
-            leaves or the arguments), whether every donated buffer was used.
-        flat_src: that view is the flat leaves wherever consumption is
-            checked (the arguments may hold static values as they came, not
-            as ``StaticArg`` nodes, so they are not flattened again); where
-            every leaf is donated, consumption is then tested inline over
-            them (one call less than ``consumed``).
-    """
+    ``consumed`` tells, from the closure's own view of the arguments (flat
+    leaves or the arguments), whether every donated buffer was used;
+    ``flat_src``: that view is the flat leaves wherever consumption is checked
+    (the arguments may hold static values as they came, not as ``StaticArg``
+    nodes, so they are not flattened again); where every leaf is donated,
+    consumption is then tested inline over them (one call less)."""
     out_tokens = ctx.cs.out_tokens
     all_donated = tuple(ctx.cs.donated) == tuple(range(len(ctx.cs.leaves)))
     every_deleted = is_deleted_for(ctx.cs) if flat_src and all_donated else None
@@ -176,8 +171,22 @@ def make_tail(
 
 
 def _weak_record(cs: CompiledSignature, whole: tuple[int, ...]) -> tuple[Any, Any]:
-    """``_steps.weak_record`` for this signature (``whole``: its wholly donated parameters)."""
-    return weak_record(whole, (type(cs.spec_args[i]) for i in whole), _wholly_donated(cs, any_leaf=True))
+    """``_steps.weak_record`` for this signature (``whole``: its wholly donated
+    parameters). One whose container takes no weak reference (a dict, tuple,
+    NamedTuple; never an equinox Module's node) is recorded by id where its
+    first leaf is read without running Python and ``whole`` holds more than
+    ``EARLY_FREE_LEAVES`` leaves: below, the early free costs less than the id
+    record (about 0.6 us a call); above, it would delay the dispatch."""
+    specs, firsts, start, sizes = cs.spec_args, {}, 0, {}
+    for i, spec in enumerate(specs):
+        n = sizes[i] = len(jax.tree_util.tree_leaves(spec))
+        if i in whole and n and not type(spec).__weakrefoffset__ and type(spec) is not Filtered:
+            read = leaf_reader(cs, start)
+            if not read.costly:  # type: ignore[attr-defined]
+                firsts[i] = read
+        start += n
+    by_id = firsts if sum(sizes[i] for i in whole) > EARLY_FREE_LEAVES else {}
+    return weak_record(whole, (type(specs[i]) for i in whole), _wholly_donated(cs, any_leaf=True), by_id)
 
 
 def _wholly_donated(cs: CompiledSignature, any_leaf: bool = False) -> tuple[int, ...]:
@@ -197,17 +206,14 @@ def _wholly_donated(cs: CompiledSignature, any_leaf: bool = False) -> tuple[int,
 class KeptPlan:
     """At ``full``: how a closure tells, before dispatch, that a donated leaf is
     held by something besides its state (a kept sample, a variable, a numpy
-    view), and the refusal then.
-
-    :meth:`refused` counts references in one C loop,
-    ``max(map(getrefcount, pick(leaves))) > limit``, over a fresh sequence of
-    the watched leaves (``pick`` None: the closure's own flat leaves, all
-    watched); only on a hit it confirms (references only a saved traceback or
-    pytest's assert rewriting hold do not count) and builds the error, which
-    the slow path raises once it has ruled out a wrong signature. The
-    ``s = step(s)`` path counts inline and calls :meth:`refuse` on a hit. A donated argument that is an array
-    itself is not watched: the caller's own variable holds it, as it should.
-    """
+    view), and the refusal then. :meth:`refused` counts references in one C
+    loop, ``max(map(getrefcount, pick(leaves))) > limit``, over a fresh
+    sequence of the watched leaves (``pick`` None: the flat leaves, all
+    watched); only on a hit it confirms (a saved traceback's or pytest's
+    references do not count) and builds the error, which the slow path raises
+    once it has ruled out a wrong signature. The ``s = step(s)`` path counts
+    inline and calls :meth:`refuse` on a hit. A donated argument that is an
+    array itself is not watched: the caller's variable holds it, as it should."""
 
     watched: tuple[int, ...]  # flat leaf indices
     pick: Callable[[Sequence[Any]], Sequence[Any]] | None
@@ -266,8 +272,7 @@ def kept_plan(ctx: CallContext) -> KeptPlan | None:
 
 
 def freed_before_call(ctx: CallContext) -> Callable[[], None]:
-    """Run just before the executable: drops the last-call record where it alone
-    holds the state consumed last time (``_steps.last_call_release``)."""
+    """Run before the executable: ``_steps.last_call_release`` (a no-op where the record holds no state)."""
     whole, specs = _wholly_donated(ctx.cs), ctx.cs.spec_args
     if _weak_record(ctx.cs, whole)[0] is not None:  # the record holds none of it
         return lambda: None

@@ -403,12 +403,14 @@ def _guarded(
       value goes through :func:`with_static`.
 
     The step's record of its last call (the arguments it consumed, kept to
-    name the step in a later message) holds the consumed states weakly
-    where every one of them takes a weak reference (``_steps.weak_record``):
-    they go at the caller's rebinding. Otherwise, once its own checks have
-    passed, every closure drops that record just before the executable
-    runs, where the record alone holds that state and its donated leaves
-    are few
+    name the step in a later message) holds none of a consumed state where
+    each one takes a weak reference, or is a container whose first leaf is
+    read without running Python (a dict, tuple, list, NamedTuple: kept by
+    id, ``_steps.Gone``): it goes at the caller's rebinding
+    (``_steps.weak_record``). Otherwise (an equinox Module's per-call node,
+    a node read by a property), once its own checks have passed, every
+    closure drops that record just before the executable runs, where the
+    record alone holds that state and its donated leaves are few
     (``_steps.last_call_release``). Freeing a consumed state costs about
     0.5 us a leaf (JAX's array destructor); freed before the call, a small
     state's memory is reused by the outputs being made, as in a plain

@@ -165,11 +165,14 @@ def hazard_error(
     duplicates: Sequence[tuple[int, int]],
     donated: Sequence[int],
     consumers: Sequence[str | None] = (),
+    args: Sequence[Any] = (),
 ) -> DonationError:
-    """``consumers``: per leaf, the step its state was marked as donated to."""
+    """``consumers``: per leaf, the step its state was marked as donated to;
+    ``args``: the call's arguments (a consumed dict passed again is found
+    among them: ``_runtime.find``)."""
     lines = []
     for i in deleted:
-        by = consumed_by(leaves[i]) or (consumers[i] if consumers else None)
+        by = consumed_by(leaves[i], scope=args) or (consumers[i] if consumers else None)
         lines.append(
             f"  {paths[i]}: {fmt_aval(leaves[i].shape, leaves[i].dtype)} was already "
             + (f"donated to {by}" if by else "deleted (donated to an earlier call?)")

@@ -84,7 +84,7 @@ def fetch(tree: Any) -> Any:
                 "it with jax.experimental.multihost_utils.process_allgather.",
             )
         if isinstance(x, jax.Array) and x.is_deleted():
-            by = consumed_by(x) or consumer_of(tree)
+            by = consumed_by(x, scope=(tree,)) or consumer_of(tree)
             path = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(tree)[0][n][0])
             raise DonationError(
                 f"jc.fetch(): {path + ': ' if path else ''}{fmt_aval(x.shape, x.dtype)} was donated to "

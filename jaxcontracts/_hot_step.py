@@ -491,7 +491,7 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
     if deleted or duplicates:
         step.stats.refused += 1
         consumers = [consumer_of(positional[p[0].idx]) for p, _ in with_path]
-        raise hazard_error(sig, paths, leaves, deleted, duplicates, donated, consumers)
+        raise hazard_error(sig, paths, leaves, deleted, duplicates, donated, consumers, positional)
     dispatch = _signature_for(step, positional, leaves, treedef, exc, ran, paths, donated)
     # Hold no leaf while the call path runs: its kept-leaf check counts references
     # (a first call refuses a kept sample as any other does).

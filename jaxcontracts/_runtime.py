@@ -38,6 +38,7 @@ __all__ = [
     "held_outputs",
     "in_hot_loop",
     "local",
+    "objects_in",
     "observers",
     "recording_loop",
     "states_in",
@@ -128,23 +129,39 @@ def recording_loop() -> LoopHandle | None:
     return None
 
 
-def find(x: Any, frame: Any = None) -> tuple[str | None, str | None]:
+def find(x: Any, frame: Any = None, scope: Sequence[Any] = ()) -> tuple[str | None, str | None]:
     """(the step that consumed ``x``, ``step -> .path`` of a live output).
 
     Looks in the steps' last-call records, then, given the user's ``frame``,
     in the states its local variables hold (and in the tuples, lists and
     dicts among them): a state a step returned names that step, a state a
-    step consumed names its consumer. Only called to word a message.
+    step consumed names its consumer. A consumed argument the record keeps
+    by id (``_steps.Gone``: a dict, tuple or NamedTuple) is found among the
+    frame's objects (:func:`objects_in`) and ``scope`` (the arguments of the
+    call being explained). Only called to word a message.
     """
     consumed, produced = None, None
+    gone: list[tuple[str, _steps.Gone]] = []  # consumed arguments recorded by id
     for name, args, out, donates in _steps.last_calls():
         for p, leaf in jax.tree_util.tree_leaves_with_path(out):
             if leaf is x:
                 produced = f"{name} -> {jax.tree_util.keystr(p)}"
         if donates and consumed is None:  # a read-only step's argument was deleted by another
-            for leaf in jax.tree_util.tree_leaves(args):
+            held = tuple(a for a in args if type(a) is not _steps.Gone)
+            gone.extend((name, a) for a in args if type(a) is _steps.Gone)
+            for leaf in jax.tree_util.tree_leaves(held):
                 if leaf is x and leaf.is_deleted():
                     consumed = name
+    if consumed is None and gone and is_deleted_array(x):
+        seen = (*scope, *objects_in(frame)) if frame is not None else tuple(scope)
+        for name, mark in gone:
+            if mark.first() is x:  # the very leaf the record watches: consumed by that call
+                consumed = name
+                break
+            holder = mark.holder(seen, jax.tree_util.tree_leaves)
+            if holder is not None and any(leaf is x for leaf in jax.tree_util.tree_leaves(holder)):
+                consumed = name
+                break
     if frame is not None and consumed is None and produced is None:
         for state in states_in(frame):
             by = consumer_of(state)
@@ -161,6 +178,30 @@ def find(x: Any, frame: Any = None) -> tuple[str | None, str | None]:
                         return by, None
                     return None, f"{step} -> {jax.tree_util.keystr(p)}"
     return consumed, produced
+
+
+def objects_in(frame: Any, per: int = 1000) -> list[Any]:
+    """What ``frame``'s locals hold, and what the tuples, lists and dicts among
+    them and the attributes of the objects among them hold (``self.state``;
+    one level: the first ``per`` values of a dict or of an object's
+    ``__dict__``, the last ``per`` items of a list or tuple; no module or
+    class)."""
+    try:
+        values = list(locals_of(frame).values())
+    except Exception:  # noqa: BLE001 - a frame without readable locals
+        return []
+    found = list(values)
+    for value in values:
+        kind = type(value)
+        if kind is dict:
+            found.extend(itertools.islice(value.values(), per))
+        elif kind in (tuple, list):
+            found.extend(value[-per:])
+        elif not isinstance(value, (types.ModuleType, type)):
+            attrs = getattr(value, "__dict__", None)
+            if type(attrs) is dict:
+                found.extend(itertools.islice(attrs.values(), per))
+    return found
 
 
 def states_in(frame: Any, per: int = 1000) -> list[Any]:
@@ -215,9 +256,9 @@ def held_outputs(frame: Any, steps: Sequence[Any], limit: int = 64) -> list[Any]
     return held
 
 
-def consumed_by(x: Any, frame: Any = None) -> str | None:
+def consumed_by(x: Any, frame: Any = None, scope: Sequence[Any] = ()) -> str | None:
     """The hot step that consumed ``x`` by donation, when it is known (see :func:`find`)."""
-    return find(x, frame)[0] if isinstance(x, jax.Array) else None
+    return find(x, frame, scope)[0] if isinstance(x, jax.Array) else None
 
 
 def arrays_named(

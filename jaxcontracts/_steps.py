@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import operator
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -23,6 +23,7 @@ if TYPE_CHECKING:
 __all__ = [
     "EARLY_FREE_LEAVES",
     "HOOK_EVERY",
+    "Gone",
     "LiveStep",
     "checks_changed",
     "clear_last_calls",
@@ -124,7 +125,8 @@ def last_calls(steps: Iterable[LiveStep] | None = None) -> Iterator[tuple[str, A
     recorded last call (a step that donates nothing consumed none of its
     arguments, however deleted they are now); ``steps``: default every live
     step. An argument recorded weakly (:func:`weak_record`) reads as itself,
-    or None once nothing else holds it."""
+    or None once nothing else holds it; one recorded by id stays a
+    :class:`Gone`, which the reader matches against what it can see."""
     ref = weakref.ref
     for step in live() if steps is None else steps:
         call = step.last_call[0]
@@ -136,55 +138,106 @@ def last_calls(steps: Iterable[LiveStep] | None = None) -> Iterator[tuple[str, A
 _Maker = Callable[[tuple[Any, ...]], tuple[Any, ...]]
 
 
+class Gone:
+    """What a call's record keeps of a consumed argument whose container takes
+    no weak reference (a dict, tuple, list, NamedTuple): its ``id`` and a weak
+    reference to its first donated leaf (``first``). It holds none of the
+    state, which goes at the caller's rebinding (``s = step(s)``), while the
+    caches still hold it, as in a plain loop. While something still holds
+    that leaf (the caller's ``old = s``) the argument is found again by its
+    id among the objects a message can see, the leaf confirming it is the
+    same object (``_runtime.find``: the user's frame, a call's arguments)."""
+
+    __slots__ = ("cid", "first")
+
+    def __init__(self, cid: int, first: Callable[[], Any]) -> None:
+        self.cid, self.first = cid, first
+
+    def holder(self, candidates: Iterable[Any], leaves_of: Callable[[Any], Sequence[Any]]) -> Any:
+        """The candidate that is this argument (its id, and its leaves hold the
+        recorded leaf, still alive), or None."""
+        first = self.first()
+        if first is None:
+            return None
+        for c in candidates:
+            if id(c) == self.cid:
+                try:
+                    if any(leaf is first for leaf in leaves_of(c)):
+                        return c
+                except Exception:  # noqa: BLE001 - a candidate that does not flatten is not it
+                    continue
+        return None
+
+
 def weak_record(
-    whole: tuple[int, ...], types: Iterable[type], donating: Iterable[int] = ()
+    whole: tuple[int, ...],
+    types: Iterable[type],
+    donating: Iterable[int] = (),
+    firsts: Mapping[int, Callable[[tuple[Any, ...]], Any]] | None = None,
 ) -> tuple[_Maker, _Maker] | tuple[None, None]:
-    """How a call records its consumed state weakly, where every wholly
-    donated parameter's container (``types``) takes a weak reference (a flax
-    struct dataclass such as ``TrainState``, an ``nnx.State``, a ``jc.state``;
-    a dict, tuple, NamedTuple or equinox's per-call node takes none):
+    """How a call records its consumed state without holding it: a wholly
+    donated parameter whose container (``types``, in the order of ``whole``)
+    takes a weak reference (a flax struct dataclass such as ``TrainState``,
+    an ``nnx.State``, a ``jc.state``) as one, and one that takes none but has
+    a reader of its first donated leaf (``firsts``: parameter -> ``read(args)``;
+    a dict, tuple, list or NamedTuple) as a :class:`Gone`.
     ``(outside loops, in loops)``, each making the record's arguments from
-    the call's, the wholly donated ones as weak references. The record then
-    holds none of the consumed state: it goes when the caller lets it go
-    (``s = step(s)``), while the caches still hold it, as in a plain loop,
-    and a state the caller still holds (``old = s``) is still found, and
-    named, through it. In loops the other parameters with donated leaves
-    (``donating``) are held as they are, and those with none (a batch: this
-    step consumed nothing of it) as None, so a record with nothing to free
-    early holds no batch either. An argument that takes no weak reference
-    after all (another class of the same tree structure) is held as it is.
-    ``(None, None)`` where any of ``types`` takes no weak reference (the
-    record holds them)."""
-    if not whole or not all(t.__weakrefoffset__ for t in types):
+    the call's. The record then holds none of the consumed state: it goes
+    when the caller lets it go (``s = step(s)``), while the caches still hold
+    it, as in a plain loop, and a state the caller still holds (``old = s``)
+    is still found, and named, through it. In loops the other parameters
+    with donated leaves (``donating``) are held as they are, and those with
+    none (a batch: this step consumed nothing of it) as None, so a record
+    with nothing to free early holds no batch either. An argument that takes
+    no weak reference after all (another class of the same tree structure),
+    or whose first leaf cannot be read or referenced, is held as it is.
+    ``(None, None)`` where a parameter takes neither (an equinox Module's
+    per-call node: the record holds them)."""
+    firsts = firsts or {}
+    if not whole or not all(t.__weakrefoffset__ or i in firsts for i, t in zip(whole, types)):
         return None, None
     ref = weakref.ref
     weak, kept = frozenset(whole), frozenset(donating) - frozenset(whole)
+    readers = {i: firsts.get(i) for i in whole}
 
-    def held(a: Any) -> Any:
+    def held(i: int, args: tuple[Any, ...]) -> Any:
+        a = args[i]
+        read = readers[i]
         try:
-            return ref(a)
-        except TypeError:
+            return ref(a) if read is None else Gone(id(a), ref(read(args)))
+        except Exception:  # noqa: BLE001 - no weak reference after all, or a leaf not read: held
             return a
 
     if len(whole) == 1 and not kept:
         only = whole[0]
+        read_only = readers[only]
 
-        def outside_one(args: tuple[Any, ...]) -> tuple[Any, ...]:
-            try:
-                return (ref(args[only]),)
-            except TypeError:
-                return (args[only],)
+        if read_only is None:
+
+            def outside_one(args: tuple[Any, ...]) -> tuple[Any, ...]:
+                try:
+                    return (ref(args[only]),)
+                except TypeError:
+                    return (args[only],)
+
+        else:
+
+            def outside_one(args: tuple[Any, ...]) -> tuple[Any, ...]:
+                try:
+                    return (Gone(id(args[only]), ref(read_only(args))),)
+                except Exception:  # noqa: BLE001 - see held
+                    return (args[only],)
 
         def inside_one(args: tuple[Any, ...]) -> tuple[Any, ...]:
-            return (*(None,) * only, held(args[only]), *(None,) * (len(args) - only - 1))
+            return (*(None,) * only, held(only, args), *(None,) * (len(args) - only - 1))
 
         return outside_one, inside_one
 
     def outside(args: tuple[Any, ...]) -> tuple[Any, ...]:
-        return tuple(held(args[i]) for i in whole)
+        return tuple(held(i, args) for i in whole)
 
     def inside(args: tuple[Any, ...]) -> tuple[Any, ...]:
-        return tuple(held(a) if i in weak else a if i in kept else None for i, a in enumerate(args))
+        return tuple(held(i, args) if i in weak else a if i in kept else None for i, a in enumerate(args))
 
     return outside, inside
 

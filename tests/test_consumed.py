@@ -563,13 +563,19 @@ class _Held:
 
 
 class _Slotted:
-    """As :class:`_Held`, with no weak reference to itself (``__slots__``, as a
-    dict or a NamedTuple): the step's record holds it strongly."""
+    """As :class:`_Held`, with no weak reference to itself (``__slots__``) and
+    its leaves behind a property, so that reading one by its path runs Python
+    (as an equinox Module's per-call node): the step's record holds it
+    strongly (a dict or a NamedTuple is recorded by id instead: ``_steps.Gone``)."""
 
-    __slots__ = ("params",)  # (the tests watch one of its leaves instead)
+    __slots__ = ("_params",)  # (the tests watch one of its leaves instead)
 
     def __init__(self, params):
-        self.params = params
+        self._params = params
+
+    @property
+    def params(self):
+        return self._params
 
 
 def _held_unflatten(cls):
@@ -652,13 +658,22 @@ def test_the_consumed_state_is_freed_before_the_next_call_makes_its_outputs(leve
         *((level, "a numpy leaf past the first") for level in ("fast", "full")),
     ],
 )
-@pytest.mark.parametrize("kind", ["dict", "NamedTuple"])
+@pytest.mark.parametrize("kind", ["dict", "NamedTuple", "dict, recorded by id"])
 def test_a_failed_call_keeps_the_record_of_a_consumed_state_still_held(level, failure, kind):
     # The record is dropped before the executable only where it alone holds
     # the consumed state: one the user still holds keeps it, so a call that
     # then fails (refused by the C++ call's checks, or raising) does not take
-    # the step's name from a later re-pass or read of that state.
-    make = dict if kind == "dict" else _Pair
+    # the step's name from a later re-pass or read of that state. Past
+    # EARLY_FREE_LEAVES leaves a dict is recorded by id (_steps.Gone): the
+    # state the user holds is found again by its identity, after a failed
+    # call too.
+    from jaxcontracts._steps import EARLY_FREE_LEAVES
+
+    def large(**items):  # "b" and "w" stay the first two leaves
+        return {**items, **{f"z{i:03}": jnp.zeros(1) for i in range(EARLY_FREE_LEAVES)}}
+
+    make = {"dict": dict, "NamedTuple": _Pair, "dict, recorded by id": large}[kind]
+    by_id, kind = kind == "dict, recorded by id", kind.split(",")[0]
     f = jc.hot_step(lambda s: jax.tree_util.tree_map(lambda x: x + 1, s), state="s")
     later = np.zeros(3, np.float32) if kind == "dict" else np.ones((), np.float32)  # dicts flatten "b" first
     bad = {
@@ -673,6 +688,9 @@ def test_a_failed_call_keeps_the_record_of_a_consumed_state_still_held(level, fa
     with jc.checks_level(level):
         s = f(f(make(w=jnp.zeros(3), b=jnp.ones(()))))  # warm: the call path is built
         old, s = s, f(s)
+        from jaxcontracts._steps import Gone
+
+        assert (type(f.last_call[0][0][0]) is Gone) is by_id
         with pytest.raises((jc.RecompileError, jc.TransferError)):
             f(bad)
         path = "s['w']" if kind == "dict" else "s.w"
@@ -740,16 +758,17 @@ def _record_at_dispatch(monkeypatch, module):
 def test_every_call_path_drops_the_record_before_the_executable(monkeypatch, level, path):
     # The paths the guarded-call tests above do not take: the checked closure
     # (a jaxlib without a guarded C++ call) and the provenance path of a
-    # sealed state with another argument. A consumed dict nobody else holds
-    # is dropped before the executable runs; one the user holds is not; a
-    # sealed state is recorded weakly, so there is nothing to drop.
+    # sealed state with another argument. A consumed state recorded strongly
+    # that nobody else holds is dropped before the executable runs; one the
+    # user holds is not; a sealed state is recorded weakly, so there is
+    # nothing to drop.
     from jaxcontracts import _callpath
 
     seen, noting = _record_at_dispatch(monkeypatch, _callpath)
     if path == "checked":
         monkeypatch.setattr(_callpath, "guarded_call", lambda *a, **k: None)
         f = jc.hot_step(lambda s, dt: jax.tree_util.tree_map(lambda x: x + dt, s), state="s")
-        s0 = {"w": jnp.zeros(3), "b": jnp.ones(2)}
+        s0 = _Slotted({"w": jnp.zeros(3), "b": jnp.ones(2)})
     else:
         f = jc.hot_step(lambda s, dt: Particles(pos=s.pos + dt, vel=s.vel, t=s.t), state="s")
         s0 = make_particles()
@@ -763,7 +782,7 @@ def test_every_call_path_drops_the_record_before_the_executable(monkeypatch, lev
         s = f(s, dt)
         old, s = s, f(s, dt)
         s = f(s, dt)  # the user holds `old`: its record stays while this call runs
-    if path == "checked":  # a dict: recorded, the record dropped where it alone holds the state
+    if path == "checked":  # recorded strongly, the record dropped where it alone holds the state
         assert seen == [True, True, True, False]
     else:  # a jc.state takes a weak reference: the record holds none of it, and stays
         import weakref
@@ -850,12 +869,12 @@ def test_where_references_cannot_be_counted_the_record_is_dropped_before_every_c
     f = jc.hot_step(lambda s: jax.tree_util.tree_map(lambda x: x + 1, s), state="s")
     seen = record_dropped_at_dispatch(monkeypatch, lambda: f)
     with jc.checks_level("fast"):
-        s = f(f({"w": jnp.zeros(3)}))
+        s = f(f(_Slotted({"w": jnp.zeros(3)})))
         old, s = s, f(s)
         seen.clear()
         s = f(s)  # the user holds `old`: dropped all the same
     assert seen == [True]
-    assert old["w"].is_deleted() and s["w"].tolist() == [4.0] * 3
+    assert old.params["w"].is_deleted() and s.params["w"].tolist() == [4.0] * 3
 
 
 @pytest.mark.parametrize("level", ["fast", "full"])
@@ -888,7 +907,7 @@ def test_in_a_loop_the_early_free_is_bounded_by_every_recorded_leaf(monkeypatch,
     seen = record_dropped_at_dispatch(monkeypatch, lambda: f)
     batches = [{f"b{i:03}": jnp.ones(2) for i in range(2 * EARLY_FREE_LEAVES)} for _ in range(4)]
     with jc.checks_level(level):
-        s = f(f({"w": jnp.zeros(2)}, batches[0]), batches[0])
+        s = f(f(_Slotted({"w": jnp.zeros(2)}), batches[0]), batches[0])
         seen.clear()
         s = f(s, batches.pop())
         s = f(s, batches.pop())  # outside loops: the consumed state alone, freed before
@@ -898,35 +917,44 @@ def test_in_a_loop_the_early_free_is_bounded_by_every_recorded_leaf(monkeypatch,
             s = f(s, batches.pop())
             s = f(s, batches.pop())  # the record holds the last batch too: left to the tail
         assert seen == [True, False]  # (the first call's record was written outside the loop)
-    assert s["w"].tolist() == [6.0] * 2
+    assert s.params["w"].tolist() == [6.0] * 2
 
 
 @pytest.mark.parametrize("level", ["fast", "full"])
 @pytest.mark.parametrize("where", ["outside loops", "in a hot_loop"])
-@pytest.mark.parametrize("kind", ["TrainState", "dict"])
+@pytest.mark.parametrize("kind", ["TrainState", "dict", "NamedTuple"])
 def test_a_weakly_recorded_state_goes_at_the_rebinding_and_is_still_named_while_held(level, where, kind):
     # A flax TrainState takes a weak reference: the step's record holds it
-    # weakly, so the consumed state goes when the caller rebinds `state`, as
-    # in a plain loop; a dict takes none, and its record keeps it until the
-    # next call. Either way a consumed state the caller still holds names
-    # the step after a failed call.
+    # weakly; a dict or NamedTuple takes none, and past EARLY_FREE_LEAVES
+    # leaves its record keeps its id and a weak reference to its first leaf
+    # (_steps.Gone). Either way the consumed state goes when the caller
+    # rebinds `state`, as in a plain loop, and a consumed state the caller
+    # still holds names the step after a failed call (a dict found again by
+    # its id, in the caller's frame or among the call's arguments).
     import contextlib
     import weakref
 
     optax = pytest.importorskip("optax")
     train_state = pytest.importorskip("flax.training.train_state")
 
+    from jaxcontracts._steps import EARLY_FREE_LEAVES
+
     def train(state, batch):
         if kind == "dict":
-            return {"w": state["w"] - batch.mean(), "n": state["n"] + 1}
+            return {"w": state["w"] - batch.mean(), "n": state["n"] + 1, "pad": state["pad"]}
+        if kind == "NamedTuple":
+            return _Pair(w=state.w - batch.mean(), b=jax.tree_util.tree_map(lambda x: x + 1, state.b))
         grads = jax.grad(lambda p: jnp.sum(p["w"] * batch.mean()))(state.params)
         return state.apply_gradients(grads=grads)
 
+    pad = tuple(jnp.zeros(1) for _ in range(EARLY_FREE_LEAVES))
     if kind == "dict":
-        state = {"w": jnp.ones(3), "n": jnp.int32(0)}
+        state = {"w": jnp.ones(3), "n": jnp.int32(0), "pad": pad}
+    elif kind == "NamedTuple":
+        state = _Pair(w=jnp.ones(3), b=pad)
     else:
         state = jc.device_tree(train_state.TrainState.create(apply_fn=None, params={"w": jnp.ones(3)}, tx=optax.sgd(0.1)))
-    w_of = (lambda s: s["w"]) if kind == "dict" else (lambda s: s.params["w"])
+    w_of = {"dict": lambda s: s["w"], "NamedTuple": lambda s: s.w}.get(kind, lambda s: s.params["w"])
     step = jc.hot_step(train, state="state")
     batch, bad = jnp.ones(4), jnp.ones(5)
     section = jc.hot_loop if where == "in a hot_loop" else contextlib.nullcontext
@@ -935,11 +963,15 @@ def test_a_weakly_recorded_state_goes_at_the_rebinding_and_is_still_named_while_
         with section():
             leaf = weakref.ref(w_of(state))
             state = step(state, batch)
-            assert (leaf() is None) is (kind == "TrainState")  # weakly recorded: gone at the rebinding
-            if kind == "TrainState" and where == "outside loops":
+            assert leaf() is None  # not held by the record: gone at the rebinding
+            if where == "outside loops":
                 from jaxcontracts import _steps
 
-                assert [args for _, args, _, _ in _steps.last_calls([step])] == [(None,)]  # read as gone
+                [(args,)] = [args for _, args, _, _ in _steps.last_calls([step])]
+                if kind == "TrainState":
+                    assert args is None  # read as gone
+                else:
+                    assert type(args) is _steps.Gone and args.first() is None
             old, state = state, step(state, batch)
             with pytest.raises(jc.RecompileError):
                 step(state, bad)
@@ -1016,3 +1048,74 @@ def test_in_a_loop_a_weak_record_holds_no_batch_while_the_next_call_runs(monkeyp
     watched[0] = None
     assert alive == [False, False]
     assert list(_steps.last_calls([step])) == []  # forgotten at the loop's exit
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_a_consumed_dict_is_recorded_by_id_and_a_reused_id_names_no_step(level):
+    # A dict takes no weak reference: the record keeps its id and a weak
+    # reference to its first donated leaf (_steps.Gone), so it holds none of
+    # the state. CPython reuses a freed dict's memory for the next dict: a
+    # new dict at the consumed one's address, whose own array was deleted by
+    # other means, must not be said to have been donated to the step (its
+    # leaves are not the recorded one); a consumed dict still held is named,
+    # read, re-passed, fetched, or held in a list.
+    from jaxcontracts import _steps
+
+    def fresh():  # past EARLY_FREE_LEAVES leaves: recorded by id
+        return {"w": jnp.zeros(3), "b": jnp.ones(2), **{f"z{i:03}": jnp.zeros(1) for i in range(_steps.EARLY_FREE_LEAVES)}}
+
+    f = jc.hot_step(lambda s: jax.tree_util.tree_map(lambda x: x + 1, s), state="s")
+    with jc.checks_level(level):
+        s = f(f(fresh()))
+        s = f(s)  # the consumed dict went at this rebinding
+        [(mark,)] = [args for _, args, _, _ in _steps.last_calls([f])]
+        assert type(mark) is _steps.Gone and mark.first() is None
+        alive = []
+        while len(alive) < 100 and (not alive or id(alive[-1]) != mark.cid):
+            alive.append(fresh())
+        d = alive[-1]
+        assert id(d) == mark.cid  # the address was reused
+        d["w"].delete()
+        with pytest.raises(jc.DonationError, match="most likely donated") as err:
+            np.asarray(d["w"])
+        assert "was donated to" not in str(err.value)
+        with pytest.raises(jc.DonationError, match=r"deleted \(donated to an earlier call\?\)"):
+            f(d)  # passed: not named either
+        old, s = s, f(s)
+        with pytest.raises(jc.DonationError, match=r"`old\['w'\]` \(f32\[3\]\) was donated to <lambda>"):
+            np.asarray(old["w"])
+        with pytest.raises(jc.DonationError, match=r"s\['b'\]: f32\[2\] was already donated to <lambda>"):
+            f(old)
+        with pytest.raises(jc.DonationError, match="was donated to <lambda> and no longer exists"):
+            jc.fetch(old)
+        if level == "fast":  # (full refuses to donate a state a list also holds)
+            history = [s]
+            s = f(s)
+            with pytest.raises(jc.DonationError, match="was donated to <lambda>"):
+                np.asarray(history[-1]["w"])
+        s = f(s)
+    assert s["w"].tolist() == ([6.0] * 3 if level == "fast" else [5.0] * 3)
+
+
+def test_a_record_by_id_matches_only_the_object_that_holds_its_leaf():
+    import weakref
+
+    from jaxcontracts._steps import Gone
+
+    leaf, other = jnp.zeros(2), jnp.ones(2)
+    state = {"w": leaf}
+    leaves = jax.tree_util.tree_leaves
+    mark = Gone(id(state), weakref.ref(leaf))
+    assert mark.holder([{"w": other}, state], leaves) is state
+    assert mark.holder([{"w": leaf}], leaves) is None  # its leaf, another object
+    assert Gone(id(state), weakref.ref(other)).holder([state], leaves) is None  # its id, not its leaf
+    dead = jnp.zeros(2)
+    gone = Gone(id(state), weakref.ref(dead))
+    del dead
+    assert gone.holder([state], leaves) is None  # the leaf is gone: so is the object
+
+    class Unflattenable:
+        pass
+
+    odd = Unflattenable()
+    assert Gone(id(odd), weakref.ref(leaf)).holder([odd], lambda c: 1 / 0) is None
