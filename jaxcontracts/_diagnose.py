@@ -20,7 +20,7 @@ from ._donation import is_deleted_array
 from ._errors import INPUTS_INTACT, DefinitionError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval
 from ._records import CompiledSignature
-from ._runtime import consumed_by, in_hot_loop
+from ._runtime import consumers_of, in_hot_loop
 from ._signature import StepSignature
 from ._spec import fmt_value
 
@@ -171,8 +171,9 @@ def hazard_error(
     ``args``: the call's arguments (a consumed dict passed again is found
     among them: ``_runtime.find``)."""
     lines = []
-    for i in deleted:
-        by = consumed_by(leaves[i], scope=args) or (consumers[i] if consumers else None)
+    named = consumers_of([leaves[i] for i in deleted], scope=args)
+    for k, i in enumerate(deleted):
+        by = named[k] or (consumers[i] if consumers else None)
         lines.append(
             f"  {paths[i]}: {fmt_aval(leaves[i].shape, leaves[i].dtype)} was already "
             + (f"donated to {by}" if by else "deleted (donated to an earlier call?)")

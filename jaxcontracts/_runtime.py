@@ -34,6 +34,7 @@ __all__ = [
     "arrays_named",
     "compiling",
     "consumed_by",
+    "consumers_of",
     "find",
     "held_outputs",
     "in_hot_loop",
@@ -254,6 +255,27 @@ def held_outputs(frame: Any, steps: Sequence[Any], limit: int = 64) -> list[Any]
     for _, _, out, _ in _steps.last_calls(steps):
         held.extend(jax.tree_util.tree_leaves(out))
     return held
+
+
+def consumers_of(xs: Sequence[Any], scope: Sequence[Any] = ()) -> list[str | None]:
+    """:func:`consumed_by` for each of ``xs`` (the deleted leaves of one call:
+    ``scope``, its arguments), the records read once, not once a leaf."""
+    leaves = jax.tree_util.tree_leaves
+    by_id: dict[int, str] = {}  # every object here is alive while this runs: ids are theirs
+    gone: list[tuple[str, _steps.Gone]] = []
+    for name, args, _, donates in _steps.last_calls():
+        if donates:
+            gone.extend((name, a) for a in args if type(a) is _steps.Gone)
+            for leaf in leaves(tuple(a for a in args if type(a) is not _steps.Gone)):
+                by_id.setdefault(id(leaf), name)
+    for name, mark in gone:
+        first = mark.first()
+        if first is not None:
+            by_id.setdefault(id(first), name)
+            holder = mark.holder(scope, leaves)
+            for leaf in leaves(holder) if holder is not None else ():
+                by_id.setdefault(id(leaf), name)
+    return [by_id.get(id(x)) if is_deleted_array(x) else None for x in xs]
 
 
 def consumed_by(x: Any, frame: Any = None, scope: Sequence[Any] = ()) -> str | None:
