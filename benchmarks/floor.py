@@ -13,7 +13,8 @@ read next to the hot step's own figure:
 * ``floor fast``: what ``fast`` checks on a call of a signature seen before:
   the first donated leaf read by its path and asked ``is_deleted()`` (a
   stale state, before XLA refuses it with an error line on stderr), then the
-  executable's C++ call on the state (which checks structure, shapes,
+  executable's C++ call on the state (``_compat.tracing.cpp_call``, without
+  ``Compiled.__call__``'s Python frame, as a hot step calls it; it checks structure, shapes,
   dtypes, weak types and placement in its cache lookup anyway);
 * ``floor full``: what ``full`` checks on every call: one flatten, the tree
   structure compared with the compiled one, every leaf asked
@@ -66,7 +67,7 @@ from jaxcontracts._compat import refcount
 from jaxcontracts._compat.arrays import ArrayImpl
 from jaxcontracts._compat.guarded import flat_in_tree, guarded_call
 from jaxcontracts._compat.threadguard import allow_host_to_device
-from jaxcontracts._compat.tracing import flatten
+from jaxcontracts._compat.tracing import cpp_call, flatten
 
 RAW, FLAT, FLOOR_FAST, FLOOR_FULL = "raw compiled", "flat call", "floor fast", "floor full"
 BUDGETS = {"fast": 1.05, "full": 1.10}
@@ -92,13 +93,15 @@ def _refused() -> None:
     raise AssertionError("a floor check fired on a clean call: the floor measures nothing real")
 
 
-def floor_fast(compiled: Callable[..., Any], first: Callable[[Any], Any]) -> Callable[..., Any]:
-    """``fast``'s checks inline: the first donated leaf by its path, then JAX's call."""
+def floor_fast(compiled: Any, first: Callable[[Any], Any]) -> Callable[..., Any]:
+    """``fast``'s checks inline: the first donated leaf by its path, then JAX's
+    C++ call (without ``Compiled.__call__``'s Python frame, as a hot step calls it)."""
+    run = cpp_call(compiled)
 
     def call(s: Any) -> Any:
         if first(s).is_deleted():
             _refused()
-        return compiled(s)
+        return run(s)
 
     return call
 

@@ -183,7 +183,7 @@ def _weak_record(cs: CompiledSignature, whole: tuple[int, ...]) -> tuple[Any, An
         if i in whole and n and not type(spec).__weakrefoffset__ and type(spec) is not Filtered:
             read = leaf_reader(cs, start)
             if not read.costly:  # type: ignore[attr-defined]
-                firsts[i] = read
+                firsts[i] = (read, jax.tree_util.tree_structure(spec))
         start += n
     by_id = firsts if sum(sizes[i] for i in whole) > EARLY_FREE_LEAVES else {}
     return weak_record(whole, (type(specs[i]) for i in whole), _wholly_donated(cs, any_leaf=True), by_id)

@@ -16,6 +16,7 @@ import numpy.typing as npt
 
 from . import _timing
 from ._compat import hostcopy
+from ._compat.frames import caller_frame
 from ._dtypes import is_key
 from ._errors import DonationError, TransferError
 from ._format import fmt_aval
@@ -84,7 +85,8 @@ def fetch(tree: Any) -> Any:
                 "it with jax.experimental.multihost_utils.process_allgather.",
             )
         if isinstance(x, jax.Array) and x.is_deleted():
-            by = consumed_by(x, scope=(tree,)) or consumer_of(tree)
+            # the caller's frames: a dict consumed past 128 leaves is found there by its id
+            by = consumed_by(x, caller_frame(1), scope=(tree,)) or consumer_of(tree)
             path = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(tree)[0][n][0])
             raise DonationError(
                 f"jc.fetch(): {path + ': ' if path else ''}{fmt_aval(x.shape, x.dtype)} was donated to "

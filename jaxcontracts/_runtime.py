@@ -138,8 +138,8 @@ def find(x: Any, frame: Any = None, scope: Sequence[Any] = ()) -> tuple[str | No
     dicts among them): a state a step returned names that step, a state a
     step consumed names its consumer. A consumed argument the record keeps
     by id (``_steps.Gone``: a dict, tuple or NamedTuple) is found among the
-    frame's objects (:func:`objects_in`) and ``scope`` (the arguments of the
-    call being explained). Only called to word a message.
+    objects of the frame and its callers (:func:`objects_in`) and ``scope``
+    (the arguments of the call being explained). Only called to word a message.
     """
     consumed, produced = None, None
     gone: list[tuple[str, _steps.Gone]] = []  # consumed arguments recorded by id
@@ -159,7 +159,7 @@ def find(x: Any, frame: Any = None, scope: Sequence[Any] = ()) -> tuple[str | No
             if mark.first() is x:  # the very leaf the record watches: consumed by that call
                 consumed = name
                 break
-            holder = mark.holder(seen, jax.tree_util.tree_leaves)
+            holder = mark.holder(seen, jax.tree_util.tree_flatten)
             if holder is not None and any(leaf is x for leaf in jax.tree_util.tree_leaves(holder)):
                 consumed = name
                 break
@@ -181,27 +181,49 @@ def find(x: Any, frame: Any = None, scope: Sequence[Any] = ()) -> tuple[str | No
     return consumed, produced
 
 
-def objects_in(frame: Any, per: int = 1000) -> list[Any]:
-    """What ``frame``'s locals hold, and what the tuples, lists and dicts among
-    them and the attributes of the objects among them hold (``self.state``;
-    one level: the first ``per`` values of a dict or of an object's
-    ``__dict__``, the last ``per`` items of a list or tuple; no module or
-    class)."""
+def _attrs(value: Any) -> dict[str, Any] | None:
+    """``value.__dict__``, or None (a module or class, no ``__dict__``, or a
+    ``__getattr__`` that raises anything: a message must not fail on it)."""
+    if isinstance(value, (types.ModuleType, type)):
+        return None
     try:
-        values = list(locals_of(frame).values())
-    except Exception:  # noqa: BLE001 - a frame without readable locals
-        return []
-    found = list(values)
-    for value in values:
-        kind = type(value)
-        if kind is dict:
-            found.extend(itertools.islice(value.values(), per))
-        elif kind in (tuple, list):
-            found.extend(value[-per:])
-        elif not isinstance(value, (types.ModuleType, type)):
-            attrs = getattr(value, "__dict__", None)
-            if type(attrs) is dict:
-                found.extend(itertools.islice(attrs.values(), per))
+        attrs = getattr(value, "__dict__", None)
+    except Exception:  # noqa: BLE001 - a proxy's __getattr__ (a KeyError...)
+        return None
+    return attrs if type(attrs) is dict else None
+
+
+def _items(value: Any, per: int) -> Iterator[Any]:
+    kind = type(value)
+    if kind is dict:
+        return itertools.islice(value.values(), per)
+    if kind in (tuple, list):
+        return iter(value[-per:])
+    return iter(())
+
+
+def objects_in(frame: Any, per: int = 1000, frames: int = 8) -> list[Any]:
+    """What ``frame`` and up to ``frames - 1`` of its callers hold: their
+    locals; the items of the tuples, lists and dicts among them; the
+    attributes of the objects among them (``self.state``) and the items of
+    the containers among those (``self.history[-1]``). The first ``per``
+    values of a dict or ``__dict__``, the last ``per`` items of a list or
+    tuple; no module or class."""
+    found: list[Any] = []
+    while frame is not None and frames > 0:
+        try:
+            values = list(locals_of(frame).values())
+        except Exception:  # noqa: BLE001 - a frame without readable locals
+            values = []
+        found.extend(values)
+        for value in values:
+            found.extend(_items(value, per))
+            attrs = _attrs(value)
+            if attrs is not None:
+                for attr in itertools.islice(attrs.values(), per):
+                    found.append(attr)
+                    found.extend(_items(attr, per))
+        frame, frames = frame.f_back, frames - 1
     return found
 
 
@@ -225,7 +247,7 @@ def states_in(frame: Any, per: int = 1000) -> list[Any]:
             else (value,)
         )
         for v in items:
-            if isinstance(getattr(v, "__dict__", None), dict) and id(v) not in seen:
+            if _attrs(v) is not None and id(v) not in seen:
                 seen.add(id(v))
                 found.append(v)
     return found
@@ -272,7 +294,7 @@ def consumers_of(xs: Sequence[Any], scope: Sequence[Any] = ()) -> list[str | Non
         first = mark.first()
         if first is not None:
             by_id.setdefault(id(first), name)
-            holder = mark.holder(scope, leaves)
+            holder = mark.holder(scope, jax.tree_util.tree_flatten)
             for leaf in leaves(holder) if holder is not None else ():
                 by_id.setdefault(id(leaf), name)
     return [by_id.get(id(x)) if is_deleted_array(x) else None for x in xs]

@@ -140,29 +140,32 @@ _Maker = Callable[[tuple[Any, ...]], tuple[Any, ...]]
 
 class Gone:
     """What a call's record keeps of a consumed argument whose container takes
-    no weak reference (a dict, tuple, list, NamedTuple): its ``id`` and a weak
-    reference to its first donated leaf (``first``). It holds none of the
+    no weak reference (a dict, tuple, list, NamedTuple): its ``id``, a weak
+    reference to its first donated leaf (``first``) and its tree structure
+    (the signature's, a constant). It holds none of the
     state, which goes at the caller's rebinding (``s = step(s)``), while the
     caches still hold it, as in a plain loop. While something still holds
     that leaf (the caller's ``old = s``) the argument is found again by its
-    id among the objects a message can see, the leaf confirming it is the
-    same object (``_runtime.find``: the user's frame, a call's arguments)."""
+    id among the objects a message can see, its structure and that leaf
+    confirming it is the same object (``_runtime.find``: the reading frame
+    and its callers, a call's arguments)."""
 
-    __slots__ = ("cid", "first")
+    __slots__ = ("cid", "first", "treedef")
 
-    def __init__(self, cid: int, first: Callable[[], Any]) -> None:
-        self.cid, self.first = cid, first
+    def __init__(self, cid: int, first: Callable[[], Any], treedef: Any) -> None:
+        self.cid, self.first, self.treedef = cid, first, treedef
 
-    def holder(self, candidates: Iterable[Any], leaves_of: Callable[[Any], Sequence[Any]]) -> Any:
-        """The candidate that is this argument (its id, and its leaves hold the
-        recorded leaf, still alive), or None."""
+    def holder(self, candidates: Iterable[Any], flatten: Callable[[Any], tuple[Sequence[Any], Any]]) -> Any:
+        """The candidate that is this argument (its id, the argument's tree
+        structure, and its leaves hold the recorded leaf, still alive), or None."""
         first = self.first()
         if first is None:
             return None
         for c in candidates:
             if id(c) == self.cid:
                 try:
-                    if any(leaf is first for leaf in leaves_of(c)):
+                    leaves, treedef = flatten(c)
+                    if treedef == self.treedef and any(leaf is first for leaf in leaves):
                         return c
                 except Exception:  # noqa: BLE001 - a candidate that does not flatten is not it
                     continue
@@ -173,14 +176,14 @@ def weak_record(
     whole: tuple[int, ...],
     types: Iterable[type],
     donating: Iterable[int] = (),
-    firsts: Mapping[int, Callable[[tuple[Any, ...]], Any]] | None = None,
+    firsts: Mapping[int, tuple[Callable[[tuple[Any, ...]], Any], Any]] | None = None,
 ) -> tuple[_Maker, _Maker] | tuple[None, None]:
     """How a call records its consumed state without holding it: a wholly
     donated parameter whose container (``types``, in the order of ``whole``)
     takes a weak reference (a flax struct dataclass such as ``TrainState``,
     an ``nnx.State``, a ``jc.state``) as one, and one that takes none but has
-    a reader of its first donated leaf (``firsts``: parameter -> ``read(args)``;
-    a dict, tuple, list or NamedTuple) as a :class:`Gone`.
+    a reader of its first donated leaf (``firsts``: parameter -> ``(read(args),
+    its tree structure)``; a dict, tuple, list or NamedTuple) as a :class:`Gone`.
     ``(outside loops, in loops)``, each making the record's arguments from
     the call's. The record then holds none of the consumed state: it goes
     when the caller lets it go (``s = step(s)``), while the caches still hold
@@ -198,19 +201,19 @@ def weak_record(
         return None, None
     ref = weakref.ref
     weak, kept = frozenset(whole), frozenset(donating) - frozenset(whole)
-    readers = {i: firsts.get(i) for i in whole}
+    readers = {i: firsts.get(i, (None, None)) for i in whole}
 
     def held(i: int, args: tuple[Any, ...]) -> Any:
         a = args[i]
-        read = readers[i]
+        read, treedef = readers[i]
         try:
-            return ref(a) if read is None else Gone(id(a), ref(read(args)))
+            return ref(a) if read is None else Gone(id(a), ref(read(args)), treedef)
         except Exception:  # noqa: BLE001 - no weak reference after all, or a leaf not read: held
             return a
 
     if len(whole) == 1 and not kept:
         only = whole[0]
-        read_only = readers[only]
+        read_only, treedef_only = readers[only]
 
         if read_only is None:
 
@@ -224,7 +227,7 @@ def weak_record(
 
             def outside_one(args: tuple[Any, ...]) -> tuple[Any, ...]:
                 try:
-                    return (Gone(id(args[only]), ref(read_only(args))),)
+                    return (Gone(id(args[only]), ref(read_only(args)), treedef_only),)
                 except Exception:  # noqa: BLE001 - see held
                     return (args[only],)
 

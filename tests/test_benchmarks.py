@@ -174,6 +174,16 @@ def test_the_floor_makes_every_check_its_level_promises(benchmarks_importable):
     undonated = jax.jit(step).lower(fresh()).compile()
     with pytest.raises(AssertionError, match="a floor check fired"):  # the donation did not happen
         floor.floor_full(undonated, (fresh(),))(fresh())
+    # One donated leaf XLA cannot reuse ("b"'s output has another shape): the
+    # first is consumed, "b" is not, and the check after the call sees it.
+    partial = jax.jit(lambda s: {"a": s["a"] + 1, "b": s["b"].sum()}, donate_argnums=0)
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # JAX's "Some donated buffers were not usable"
+        partial = partial.lower(fresh()).compile()
+    with pytest.raises(AssertionError, match="a floor check fired"):
+        floor.floor_full(partial, (fresh(),))(fresh())
 
 
 def test_the_floor_sets_each_floor_against_its_budget(quick_run):

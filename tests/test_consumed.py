@@ -1104,21 +1104,118 @@ def test_a_record_by_id_matches_only_the_object_that_holds_its_leaf():
 
     leaf, other = jnp.zeros(2), jnp.ones(2)
     state = {"w": leaf}
-    leaves = jax.tree_util.tree_leaves
-    mark = Gone(id(state), weakref.ref(leaf))
-    assert mark.holder([{"w": other}, state], leaves) is state
-    assert mark.holder([{"w": leaf}], leaves) is None  # its leaf, another object
-    assert Gone(id(state), weakref.ref(other)).holder([state], leaves) is None  # its id, not its leaf
+    flat = jax.tree_util.tree_flatten
+    tree = jax.tree_util.tree_structure(state)
+    mark = Gone(id(state), weakref.ref(leaf), tree)
+    assert mark.holder([{"w": other}, state], flat) is state
+    assert mark.holder([{"w": leaf}], flat) is None  # its leaf, another object
+    assert Gone(id(state), weakref.ref(other), tree).holder([state], flat) is None  # its id, not its leaf
+    other_tree = jax.tree_util.tree_structure({"w": 0, "x": 0})
+    assert Gone(id(state), weakref.ref(leaf), other_tree).holder([state], flat) is None  # another structure
     dead = jnp.zeros(2)
-    gone = Gone(id(state), weakref.ref(dead))
+    gone = Gone(id(state), weakref.ref(dead), tree)
     del dead
-    assert gone.holder([state], leaves) is None  # the leaf is gone: so is the object
+    assert gone.holder([state], flat) is None  # the leaf is gone: so is the object
 
     class Unflattenable:
         pass
 
     odd = Unflattenable()
-    assert Gone(id(odd), weakref.ref(leaf)).holder([odd], lambda c: 1 / 0) is None
+    assert Gone(id(odd), weakref.ref(leaf), tree).holder([odd], lambda c: 1 / 0) is None
+
+
+def _large(**items):
+    """A dict past EARLY_FREE_LEAVES leaves (recorded by id); ``items`` first."""
+    from jaxcontracts._steps import EARLY_FREE_LEAVES
+
+    return {**items, **{f"z{i:03}": jnp.zeros(1) for i in range(EARLY_FREE_LEAVES)}}
+
+
+class _Trainer:
+    def __init__(self, step, state):
+        self.step, self.state, self.history = step, state, []
+
+    def advance(self):
+        self.history.append(self.state)
+        self.state = self.step(self.state)
+
+    def last_w(self):
+        return np.asarray(self.history[-1]["w"])
+
+
+class _Proxy:
+    """A config object whose ``__getattr__`` raises a KeyError for ``__dict__``."""
+
+    __slots__ = ("_d",)
+
+    def __init__(self, d):
+        self._d = d
+
+    def __getattr__(self, key):
+        return self._d[key]
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_a_consumed_large_dict_is_named_where_users_read_it(level):
+    # Past EARLY_FREE_LEAVES leaves the record keeps the dict's id: the
+    # message finds it in the reading frame and its callers, in attributes
+    # and their containers, among a re-passed call's arguments and by
+    # jc.fetch, always for a leaf that is not the first (which names itself).
+    f = jc.hot_step(lambda s: jax.tree_util.tree_map(lambda x: x + 1, s), state="s")
+
+    def norm(a):  # a helper that gets only the leaf
+        return np.asarray(a)
+
+    cfg = _Proxy({"lr": 0.1})  # a local whose __getattr__ raises: never the message's error
+    assert cfg.lr == 0.1
+    named = "was donated to <lambda>"
+    with jc.checks_level(level):
+        s = f(f(_large(a=jnp.zeros(3), w=jnp.ones(3))))
+        old, s = s, f(s)
+        with pytest.raises(jc.DonationError, match=named):
+            norm(old["w"])
+        with pytest.raises(jc.DonationError, match=named):
+            jax.tree_util.tree_map(lambda a: np.asarray(a), old)
+        with pytest.raises(jc.DonationError, match=named):
+            jc.fetch(old["w"])
+        with pytest.raises(jc.DonationError, match=r"s\['w'\]: f32\[3\] was already donated to <lambda>"):
+            f(old)
+        if level == "fast":  # (full refuses to donate a state the history also holds)
+            trainer = _Trainer(f, s)
+            trainer.advance()
+            with pytest.raises(jc.DonationError, match=named):
+                trainer.last_w()
+            s = trainer.state
+        s = f(s)
+    assert not s["w"].is_deleted()
+
+
+def test_a_reused_id_with_the_first_leaf_kept_names_no_step():
+    # The user keeps the consumed state's first leaf and builds a new dict,
+    # which CPython puts at the freed state's address, around it and an array
+    # deleted by other means: another tree structure, so not the state.
+    from jaxcontracts import _steps
+
+    f = jc.hot_step(lambda s: jax.tree_util.tree_map(lambda x: x + 1, s), state="s")
+    with jc.checks_level("fast"):
+        s = f(f(_large(a=jnp.zeros(3))))
+        keep = s["a"]
+        s = f(s)  # the consumed dict went here; its first leaf lives on in `keep`
+        [(mark,)] = [args for _, args, _, _ in _steps.last_calls([f])]
+        assert mark.first() is keep
+        other = jnp.ones(4)
+        other.delete()
+        alive = []
+        while len(alive) < 100 and (not alive or id(alive[-1]) != mark.cid):
+            alive.append({"a": keep, "x": other})
+        d = alive[-1]
+        assert id(d) == mark.cid  # the address was reused
+        with pytest.raises(jc.DonationError) as err:
+            np.asarray(d["x"])
+        assert "was donated to" not in str(err.value)
+        with pytest.raises(jc.DonationError, match=r"`keep` \(f32\[3\]\) was donated to <lambda>"):
+            np.asarray(keep)  # the recorded leaf itself: named
+        s = f(s)
 
 
 def test_a_re_passed_large_state_is_explained_reading_the_records_once(monkeypatch):
