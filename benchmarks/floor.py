@@ -283,12 +283,14 @@ def main(argv: list[str] | None = None) -> int:
         v.block(v, 2)
         v.block(v, 10 if args.quick else 30)
     bases = {v.case: v for v in variants if v.name in (RAW, "jax.jit (original)")}
+    calls = {  # per case, from its base: a raw block lasts about block_ms; one pass over the NNX batches
+        case: int(min(2000, max(2, round(block_ms * 1e3 / statistics.median(donated_block(base, 4) for _ in range(3))))))
+        if base.block is donated_block
+        else 1
+        for case, base in bases.items()
+    }
     for v in variants:
-        if v.block is donated_block:
-            per_call = statistics.median(donated_block(bases[v.case], 4) for _ in range(3))
-            v.calls = int(min(2000, max(2, round(block_ms * 1e3 / per_call))))
-        else:
-            v.calls = 1  # one pass over the batches
+        v.calls = calls[v.case]
     rng = random.Random(args.seed)
     order = list(variants)
     for _ in range(repeats):

@@ -141,28 +141,12 @@ def find(x: Any, frame: Any = None, scope: Sequence[Any] = ()) -> tuple[str | No
     objects of the frame and its callers (:func:`objects_in`) and ``scope``
     (the arguments of the call being explained). Only called to word a message.
     """
-    consumed, produced = None, None
-    gone: list[tuple[str, _steps.Gone]] = []  # consumed arguments recorded by id
-    for name, args, out, donates in _steps.last_calls():
+    produced = None
+    for name, _, out, _ in _steps.last_calls():
         for p, leaf in jax.tree_util.tree_leaves_with_path(out):
             if leaf is x:
                 produced = f"{name} -> {jax.tree_util.keystr(p)}"
-        if donates and consumed is None:  # a read-only step's argument was deleted by another
-            held = tuple(a for a in args if type(a) is not _steps.Gone)
-            gone.extend((name, a) for a in args if type(a) is _steps.Gone)
-            for leaf in jax.tree_util.tree_leaves(held):
-                if leaf is x and leaf.is_deleted():
-                    consumed = name
-    if consumed is None and gone and is_deleted_array(x):
-        seen = (*scope, *objects_in(frame)) if frame is not None else tuple(scope)
-        for name, mark in gone:
-            if mark.first() is x:  # the very leaf the record watches: consumed by that call
-                consumed = name
-                break
-            holder = mark.holder(seen, jax.tree_util.tree_flatten)
-            if holder is not None and any(leaf is x for leaf in jax.tree_util.tree_leaves(holder)):
-                consumed = name
-                break
+    consumed = consumers_of([x], scope, frame)[0]
     if frame is not None and consumed is None and produced is None:
         for state in states_in(frame):
             by = consumer_of(state)
@@ -279,9 +263,15 @@ def held_outputs(frame: Any, steps: Sequence[Any], limit: int = 64) -> list[Any]
     return held
 
 
-def consumers_of(xs: Sequence[Any], scope: Sequence[Any] = ()) -> list[str | None]:
-    """:func:`consumed_by` for each of ``xs`` (the deleted leaves of one call:
-    ``scope``, its arguments), the records read once, not once a leaf."""
+def consumers_of(xs: Sequence[Any], scope: Sequence[Any] = (), frame: Any = None) -> list[str | None]:
+    """The hot step that consumed each of ``xs`` by donation, where known,
+    the records read once for all of them (a re-passed state's deleted
+    leaves). A record's own arguments are matched by identity (a step that
+    donates nothing consumed none of its arguments, however deleted they
+    are now); one kept by id (``_steps.Gone``) by its watched leaf, or
+    through the object it finds among ``scope`` (a call's arguments) and
+    what ``frame`` and its callers hold (:func:`objects_in`, looked at only
+    then)."""
     leaves = jax.tree_util.tree_leaves
     by_id: dict[int, str] = {}  # every object here is alive while this runs: ids are theirs
     gone: list[tuple[str, _steps.Gone]] = []
@@ -290,11 +280,14 @@ def consumers_of(xs: Sequence[Any], scope: Sequence[Any] = ()) -> list[str | Non
             gone.extend((name, a) for a in args if type(a) is _steps.Gone)
             for leaf in leaves(tuple(a for a in args if type(a) is not _steps.Gone)):
                 by_id.setdefault(id(leaf), name)
+    seen = None
     for name, mark in gone:
         first = mark.first()
         if first is not None:
             by_id.setdefault(id(first), name)
-            holder = mark.holder(scope, jax.tree_util.tree_flatten)
+            if seen is None:
+                seen = (*scope, *objects_in(frame)) if frame is not None else tuple(scope)
+            holder = mark.holder(seen, jax.tree_util.tree_flatten)
             for leaf in leaves(holder) if holder is not None else ():
                 by_id.setdefault(id(leaf), name)
     return [by_id.get(id(x)) if is_deleted_array(x) else None for x in xs]
