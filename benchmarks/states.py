@@ -41,9 +41,7 @@ The result's ``meta["overhead"]`` holds each kind's ratio against leaves per
 variant, which ``python -m benchmarks --plot`` draws (``benchmarks/_plot.py``).
 
 Run: ``python -m benchmarks.states`` (``--quick``: 10 leaves; ``--leaves 10
-1000``; ``--kinds dict TrainState``; ``--drop-records``: each hot step's
-last-call record dropped before its blocks, outside the clock, to tell what
-holding a consumed state while the other variants run costs).
+1000``; ``--kinds dict TrainState``).
 """
 
 from __future__ import annotations
@@ -213,12 +211,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--kinds", nargs="+", choices=KINDS, metavar="KIND", help=f"state kinds (default all: {KINDS})")
     p.add_argument("--repeats", type=int, help="timed blocks per variant (default 60)")
     p.add_argument("--block-ms", type=float, help="target length of a raw block (default 5)")
-    p.add_argument(
-        "--drop-records",
-        action="store_true",
-        help="drop each hot step's last-call record before its blocks, outside the clock (a diagnosis: what "
-        "the record of a consumed state, held while the other variants run, costs the next block)",
-    )
     args = p.parse_args(argv)
     leaves = args.leaves or ([10] if args.quick else [10, 100, 1000, 3000])
     kinds = args.kinds or list(KINDS)
@@ -259,8 +251,6 @@ def main(argv: list[str] | None = None) -> int:
         gc.collect()
         rng.shuffle(order)
         for v in order:
-            if args.drop_records and v.name.startswith("hot_step"):
-                hot_steps[(v.kind, v.leaves)].last_call[0] = None
             v.samples.append(run_block(v, calls[(v.kind, v.leaves)]))
     jc.set_checks(initial)  # type: ignore[arg-type]
 
@@ -301,8 +291,6 @@ def main(argv: list[str] | None = None) -> int:
         " step compiles: its outputs stay committed, which JAX's C++ call checks per leaf), us/call: " + ", ".join(parts)
     )
     res.notes.append(f"calls per block: {', '.join(f'{k} {n}: {c}' for (k, n), c in calls.items())}; {repeats} repeats")
-    if args.drop_records:
-        res.notes.append("--drop-records: each hot step's last-call record was dropped before its blocks, outside the clock")
 
     sizes = "/".join(str(n) for n in leaves)
     for name in kinds:

@@ -2,11 +2,11 @@
 
 The step protocol the closures read (:class:`DispatchingStep`), the context
 they are built from (:class:`CallContext`, read once, at build), the one
-after-dispatch tail (:func:`make_tail`: stamp the provenance tokens, check
-consumption, mark the donated states, count, record the call), the kept-leaf
+after-dispatch tail (:func:`make_tail`: check consumption, mark the donated
+states, count, record the output inside loops), the kept-leaf
 check (:class:`KeptPlan`), the leaf readers, and the call that takes static
 arguments in C++ (:func:`static_native`). The closures are in ``_callpath``
-(by checks level) and ``_provenance`` (states a step returned)."""
+(by checks level)."""
 
 from __future__ import annotations
 
@@ -28,15 +28,14 @@ from ._dtypes import is_key
 from ._errors import ContractError
 from ._fields import dict_getter, flat_field_names
 from ._filter import Filtered
-from ._marks import TOKEN
 from ._records import CompiledSignature, StepStats
 from ._runtime import tracking
 from ._signature import StepSignature
-from ._steps import EARLY_FREE_LEAVES, HOOK_EVERY, LiveStep, last_call_release, weak_record
+from ._steps import HOOK_EVERY, LiveStep
 from ._tracebacks import trim
 
 __all__ = [
-    "CallContext", "DispatchingStep", "KeptPlan", "LeafKinds", "first_leaf_of", "freed_before_call",
+    "CallContext", "DispatchingStep", "KeptPlan", "LeafKinds", "first_leaf_of",
     "is_deleted_for", "kept_plan", "keyword_binder", "leaf_kinds", "leaf_reader", "leaf_readers",
     "leaves_of", "make_tail", "picker", "stale_reader", "static_native",
 ]
@@ -85,63 +84,31 @@ class CallContext:
     bind: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None] = lambda args, kwargs: None
 
 
-def _stamper(out_tokens: tuple[tuple[tuple[int, ...], object], ...]) -> Callable[[Any], None] | None:
-    """Stamp each returned state with its spec's provenance token (None: nothing to stamp)."""
-    if not out_tokens:
-        return None
-    key = TOKEN
-    if len(out_tokens) == 1 and out_tokens[0][0] == ():
-        token_out = out_tokens[0][1]
-
-        def stamp_one(out: Any) -> None:  # the common `s = step(s)`
-            out.__dict__[key] = token_out
-
-        return stamp_one
-
-    def stamp(out: Any) -> None:
-        for pos, token in out_tokens:
-            obj = out
-            for k in pos:
-                obj = obj[k]
-            obj.__dict__[key] = token
-
-    return stamp
-
-
 def make_tail(
     ctx: CallContext, consumed: Callable[[Any], bool], flat_src: bool = False
 ) -> Callable[[tuple[Any, ...], Any, Any], Any]:
-    """The one after-dispatch tail: stamp, check consumption, mark, count, tell loops.
+    """The one after-dispatch tail: check consumption, mark, count, tell loops.
 
     ``consumed`` tells, from the closure's own view of the arguments (flat
     leaves or the arguments), whether every donated buffer was used;
     ``flat_src``: that view is the flat leaves wherever consumption is checked
     (the arguments may hold static values as they came, not as ``StaticArg``
     nodes, so they are not flattened again); where every leaf is donated,
-    consumption is then tested inline over them (one call less)."""
-    out_tokens = ctx.cs.out_tokens
+    consumption is then tested inline over them (one call less).
+
+    Inside a loop the output is recorded (``LiveStep.last_output``: the loop
+    clock and ``advance -> .t`` read it); no argument is ever recorded, so a
+    consumed state goes when the caller rebinds it, as in a plain loop."""
     all_donated = tuple(ctx.cs.donated) == tuple(range(len(ctx.cs.leaves)))
     every_deleted = is_deleted_for(ctx.cs) if flat_src and all_donated else None
-    # The common `s = step(s)` stamps one token on the output itself, inline.
-    single = len(out_tokens) == 1 and out_tokens[0][0] == ()
-    token_out = out_tokens[0][1] if single else None
-    stamp = _stamper(out_tokens)
-    key = TOKEN
     full, stats, cs, not_consumed = ctx.full, ctx.stats, ctx.cs, ctx.not_consumed
-    step, record = ctx.step, ctx.step.last_call
+    step, record = ctx.step, ctx.step.last_output
     marks = ctx.marks
     mark_one = marks[0] if len(marks) == 1 else None
     set_class = object.__setattr__  # the states are frozen dataclasses
     every = HOOK_EVERY
-    whole = _wholly_donated(cs)  # outside loops, what the record keeps: nothing that holds memory
-    weak_pick, loop_args = _weak_record(cs, whole)  # None: held as they are
-    keep_all, pick_whole = whole == tuple(range(ctx.n_params)) and weak_pick is None, weak_pick or picker(whole)
 
     def tail(args: tuple[Any, ...], src: Any, out: Any) -> Any:
-        if single:
-            out.__dict__[key] = token_out
-        elif stamp is not None:
-            stamp(out)
         if full and not (all(map(every_deleted, src)) if every_deleted is not None else consumed(src)):
             err = not_consumed(cs, src if flat_src else flatten(args)[0], out)
             if err is not None:  # None: a recording loop took it as a violation
@@ -155,51 +122,15 @@ def make_tail(
                 if type(args[i]) is cls:
                     set_class(args[i], "__class__", consumed_cls)
         n = stats.calls = stats.calls + 1
-        if tracking.count:  # a hot_loop is active somewhere: remember for messages
-            record[0] = (args if loop_args is None else loop_args(args), out)
+        if tracking.count:  # a hot_loop is active somewhere: its clock and messages read the output
+            record[0] = out
             if not n % every:  # a timing loop's sampling hook, one call in `every`
                 hook = step.timing_hook
                 if hook is not None:
                     hook()
-        elif keep_all:  # a later read of a consumed leaf names this step (_translate.deleted_read)
-            record[0] = (args, None)
-        elif whole:
-            record[0] = (pick_whole(args), None)
         return out
 
     return tail
-
-
-def _weak_record(cs: CompiledSignature, whole: tuple[int, ...]) -> tuple[Any, Any]:
-    """``_steps.weak_record`` for this signature (``whole``: its wholly donated
-    parameters). One whose container takes no weak reference (a dict, tuple,
-    NamedTuple; never an equinox Module's node) is recorded by id where its
-    first leaf is read without running Python and ``whole`` holds more than
-    ``EARLY_FREE_LEAVES`` leaves: below, the early free costs less than the id
-    record (about 0.6 us a call); above, it would delay the dispatch."""
-    specs, firsts, start, sizes = cs.spec_args, {}, 0, {}
-    for i, spec in enumerate(specs):
-        n = sizes[i] = len(jax.tree_util.tree_leaves(spec))
-        if i in whole and n and not type(spec).__weakrefoffset__ and type(spec) is not Filtered:
-            read = leaf_reader(cs, start)
-            if not read.costly:  # type: ignore[attr-defined]
-                firsts[i] = (read, jax.tree_util.tree_structure(spec))
-        start += n
-    by_id = firsts if sum(sizes[i] for i in whole) > EARLY_FREE_LEAVES else {}
-    return weak_record(whole, (type(specs[i]) for i in whole), _wholly_donated(cs, any_leaf=True), by_id)
-
-
-def _wholly_donated(cs: CompiledSignature, any_leaf: bool = False) -> tuple[int, ...]:
-    """The parameters every leaf of which is donated (no device memory held
-    once consumed); ``any_leaf``: those with any donated leaf."""
-    donated = set(cs.donated)
-    whole, start = [], 0
-    for i, spec in enumerate(cs.spec_args):
-        n = len(jax.tree_util.tree_leaves(spec))
-        if n and (any if any_leaf else all)(j in donated for j in range(start, start + n)):
-            whole.append(i)
-        start += n
-    return tuple(whole)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,17 +200,6 @@ def kept_plan(ctx: CallContext) -> KeptPlan | None:
     else:
         pick, sequences = operator.itemgetter(*watched), 2
     return KeptPlan(watched, pick, refcount.BASELINE + sequences - 1, ctx.kept, ctx.step.redispatching)
-
-
-def freed_before_call(ctx: CallContext) -> Callable[[], None]:
-    """Run before the executable: ``_steps.last_call_release`` (a no-op where the record holds no state)."""
-    whole, specs = _wholly_donated(ctx.cs), ctx.cs.spec_args
-    if _weak_record(ctx.cs, whole)[0] is not None:  # the record holds none of it
-        return lambda: None
-    leaves = sum(len(jax.tree_util.tree_leaves(specs[i])) for i in whole)
-    nodes = tuple(i for i in whole if type(specs[i]) is Filtered)  # equinox Modules (_filter)
-    count = refcount.count if refcount.available() else None  # None: always dropped
-    return last_call_release(ctx.step.last_call, whole, leaves, nodes, count, refcount.BASELINE, len(ctx.cs.leaves))
 
 
 def is_deleted_for(cs: CompiledSignature) -> Callable[[Any], bool]:
@@ -578,13 +498,11 @@ def static_native(
         return None
     slow_call, refused_mark = ctx.slow_call, REFUSED
     stale = stale_reader(cs) if tail is not None else None  # checks fast: see _callpath._guarded
-    release = freed_before_call(ctx) if tail is not None else (lambda: None)
 
     def static_call(*args: Any, **kwargs: Any) -> Any:
         try:
             if stale is not None and stale(args):  # or the state by keyword: the fallback binds it
                 return fallback(*args, **kwargs)
-            release()  # see _callpath._guarded
             try:
                 out = call(*args, **kwargs)
             except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path

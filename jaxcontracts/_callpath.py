@@ -11,12 +11,9 @@ changes, so a call never reads configuration:
 * ``full``: ``fast`` plus, after dispatch, that every donated input was
   consumed. Nothing blocks on the device.
 
-A state a hot step returned carries the provenance token of its exact spec
-and skips the per-leaf checks (see ``provenance`` below). Every checked path
-ends in the after-dispatch tail (:func:`make_tail`: stamp the tokens, check
-consumption, mark the donated states with the step's name, count, tell
-active loops); the common ``s = step(s)`` path (:func:`provenance_one_path`)
-writes the same tail out inline, to save a call. Anything unusual falls to
+Every checked path ends in the after-dispatch tail (:func:`make_tail`: check
+consumption, mark the donated states with the step's name, count, record the
+output inside loops). Anything unusual falls to
 the step's slow path, which diagnoses it. Under an active trace (an outer
 ``jax.jit``, ``vmap``, ``lax.cond``..., even over concrete arrays it closed
 over) every closure goes to the slow path, which traces the function and
@@ -35,7 +32,6 @@ from ._callctx import (
     CallContext,
     DispatchingStep,
     KeptPlan,
-    freed_before_call,
     is_deleted_for,
     kept_plan,
     keyword_binder,
@@ -58,7 +54,6 @@ from ._diffs import same_placement
 from ._donation import find_hazards
 from ._errors import ContractError
 from ._fields import is_state
-from ._provenance import provenance_path
 from ._records import CompiledSignature
 from ._spec import StaticArg, static_equal
 from ._tracebacks import trim
@@ -97,9 +92,6 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
     native = bool(sig.static_params) and not sig.filtered_params and not cs.host
     if level == "off":
         dispatch = _off(ctx, native)
-    elif cs.in_tokens and len(cs.in_tokens) == len(sig.state_params) and not cs.host:
-        # (a numpy batch carries no token: provenance would give up on every call)
-        dispatch = provenance_path(ctx, _checked(ctx))
     else:
         dispatch = _checked(ctx, native)
     if getattr(dispatch, "takes_static", False):
@@ -304,7 +296,6 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
         return all(map(is_deleted, donated_of(leaves)))
 
     tail = make_tail(ctx, leaves_consumed, flat_src=True)
-    release = freed_before_call(ctx)
     kept = kept_plan(ctx)
     fast = leaf_kinds(cs)
     types, unkeyed, unkeyed_weak, weak_of = (
@@ -359,7 +350,6 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
                 refused = kept.refused(leaves)
                 if refused is not None:
                     return slow_call(args, kwargs, refused)
-            release()  # see _guarded
             try:
                 out = compiled(*leaves) if flat_style else compiled(*args)
             except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
@@ -401,29 +391,6 @@ def _guarded(
       Static values (``native``) are compared by identity and left out of
       the flatten, as a C++ call with ``static_argnames`` does; another
       value goes through :func:`with_static`.
-
-    The step's record of its last call (the arguments it consumed, kept to
-    name the step in a later message) holds none of a consumed state where
-    each one takes a weak reference, or is a container whose first leaf is
-    read without running Python (a dict, tuple, list, NamedTuple: kept by
-    id, ``_steps.Gone``): it goes at the caller's rebinding
-    (``_steps.weak_record``). Otherwise (an equinox Module's per-call node,
-    a node read by a property), once its own checks have passed, every
-    closure drops that record just before the executable runs, where the
-    record alone holds that state and its donated leaves are few
-    (``_steps.last_call_release``). Freeing a consumed state costs about
-    0.5 us a leaf (JAX's array destructor); freed before the call, a small
-    state's memory is reused by the outputs being made, as in a plain
-    ``s = f(s)`` loop: 2-4 us a call less at 100 leaves in a process running
-    other steps, 3-5 % on the NNX and PPO ports. For a large state that work
-    would delay the dispatch (+160-350 us a call at 1,000 leaves, +2-9 us at
-    300), so it stays after the dispatch, where the tail replaces the
-    record. A state the user still holds (an equinox Module too: read on
-    its arrays) keeps its record, so a call that fails does not take from a
-    later read of it the step that consumed it; only a part of it held on
-    its own (a leaf, a sub-dict, a shallow copy ``dict(s)``) then loses the
-    name: a read of it is worded as a likely donation, with the steps that
-    donate, and a re-pass at ``fast`` as already deleted.
     """
     cs, slow_call, bind, full = ctx.cs, ctx.slow_call, ctx.bind, ctx.full
     if ArrayImpl is None:
@@ -491,8 +458,7 @@ def _guarded(
             seen = list(compiled_values)  # the objects last accepted, per static parameter
             pairs = tuple(enumerate(static))
             n_params = ctx.n_params
-        release = freed_before_call(ctx)
-
+    
         def guarded_full(*args: Any, **kwargs: Any) -> Any:
             try:
                 if kwargs:
@@ -529,7 +495,6 @@ def _guarded(
                         if refused is not None:
                             return slow_call(args, {}, None if repeated(leaves) else refused)
                     del seq
-                release()  # the state consumed last time, freed before the outputs are made (_guarded)
                 try:
                     out = call(*leaves)
                 except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
@@ -555,7 +520,6 @@ def _guarded_fast(ctx: CallContext, call: Callable[..., Any], tail: Any, first: 
     """Checks ``fast`` on a guarded C++ call (see :func:`_guarded`); ``first``:
     the :func:`stale_reader` of the first donated leaf (None: none)."""
     slow_call, bind, refused_mark = ctx.slow_call, ctx.bind, REFUSED
-    release = freed_before_call(ctx)
 
     def guarded_fast(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -566,7 +530,6 @@ def _guarded_fast(ctx: CallContext, call: Callable[..., Any], tail: Any, first: 
                 args = bound
             if first is not None and first(args):  # a stale state: explain, quietly
                 return slow_call(args, {}, None)
-            release()  # see _guarded
             try:
                 out = call(*args)
             except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path

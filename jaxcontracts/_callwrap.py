@@ -39,7 +39,7 @@ def with_filtered(sig: StepSignature, dispatch: Callable[..., Any], step: Dispat
     """
     normalize, n_params, filtered = sig.normalize, len(sig.param_names), sig.filtered_params
     last: dict[int, Any] = {}
-    record = step.last_call
+    record = step.last_output
 
     bind, fill = keyword_binder(sig), defaults_filler(sig)
 
@@ -60,9 +60,8 @@ def with_filtered(sig: StepSignature, dispatch: Callable[..., Any], step: Dispat
             del value
             out = dispatch(*items)
             joined = join_out(out)
-            seen = record[0]
-            if seen is not None and seen[1] is out:  # the loops' record: the rebuilt output, held once
-                record[0] = (seen[0], joined)
+            if record[0] is out:  # the loops' record: the rebuilt output, held once
+                record[0] = joined
             return joined
         except ContractError as err:  # the traceback ends at the user's line
             trim(err)

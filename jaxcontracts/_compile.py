@@ -42,17 +42,7 @@ __all__ = [
     "jit_for",
     "quiet_donation_warning",
     "signature_diffs",
-    "token_for",
 ]
-
-_tokens: dict[Any, object] = {}
-
-
-def token_for(spec: Any) -> object:
-    """One object per exact spec: equal specs, the same token."""
-    leaves, treedef = jax.tree_util.tree_flatten(spec)
-    return _token(_spec_key(treedef, leaves, [x.sharding for x in leaves]))
-
 
 def _spec_key(treedef: Any, leaves: Sequence[Any], shardings: Sequence[Any]) -> tuple[Any, ...]:
     """What makes two specs the same: their structure and each leaf's exact spec."""
@@ -63,13 +53,6 @@ def _spec_key(treedef: Any, leaves: Sequence[Any], shardings: Sequence[Any]) -> 
             for x, sh in zip(leaves, shardings)
         ),
     )
-
-
-def _token(key: tuple[Any, ...]) -> object:
-    token = _tokens.get(key)
-    if token is None:
-        token = _tokens[key] = object()
-    return token
 
 
 class quiet_donation_warning(warnings.catch_warnings):
@@ -156,7 +139,9 @@ _BUILTIN_NODES = (dict, list, tuple, type(None))
 def _flatten_in_python(positional: tuple[Any, ...], treedef: Any) -> bool:
     """Whether the arguments hold pytree nodes flattened by Python callbacks
     (flax's nnx.Variable and struct dataclasses, equinox Modules...) and no
-    sealed jc.state (whose provenance tokens need the structured call).
+    jc.state (whose fields a C-level getter reads: the structured call
+    flattens it once, and ``fast`` reads its first donated leaf from its
+    ``__dict__`` without a flatten).
 
     Such arguments cost a Python call per node each time they are flattened:
     the call path flattens them once to check them, and a structured call
@@ -241,10 +226,6 @@ def compile_signature(
     Returns the compiled signature, and ``sig`` with what the step returns
     resolved (``carried``), for the step to keep.
 
-    Only sealed states (``_fields.is_sealed_state``: every leaf fixed at
-    construction) get provenance tokens: a token skips the per-leaf checks,
-    so a state with an editable container (a ``PyTree`` dict) must not.
-
     Raises:
         RecompileError: carry invariance fails.
         DonationError: a donated leaf aliases no output.
@@ -270,14 +251,12 @@ def compile_signature(
     exact = _exact_specs(jax.tree_util.tree_leaves(spec_args), in_shardings)
     paths = [sig.param_path(p) for p in flat_paths]
     per_param = tuple(jax.tree_util.tree_unflatten(treedef, exact))
-    tokens: dict[int, object] = {}  # token_for of each per-parameter spec, once
     out_avals, out_tree = _outputs(traced)
-    _check_carry(sig, per_param, out_avals, out_tree, compiled.output_shardings, tokens)
+    _check_carry(sig, per_param, out_avals, out_tree, compiled.output_shardings)
     cached = outcome is not None and outcome.verdict == "hit"
     aliased = _check_aliasing(
         sig, lowered, compiled, flat_paths, paths, exact, donated, out_avals, cached
     )
-    in_tokens, out_tokens = _tokens_for(sig, per_param, flat_style, tokens)
     donated_set = set(donated)
     if donated:
         hook_deleted_reads(deleted_read)  # later reads of what it consumes name the leaf and the step
@@ -304,8 +283,6 @@ def compile_signature(
         multi_device=any(len(x.sharding.device_set) > 1 for x in exact),
         compile_seconds=seconds,
         cache=None if outcome is None else outcome.verdict,
-        in_tokens=in_tokens,
-        out_tokens=out_tokens,
         host=host,
         host_nbytes=sum(nbytes[id(exact[i])] for i in host),
     ), sig
@@ -334,24 +311,6 @@ def signature_diffs(cs: CompiledSignature, leaves: Sequence[Any], treedef: Any) 
     expected = [(leaf.path, leaf.spec) for leaf in cs.leaves]
     got = [(leaf.path, leaf_spec(x)) for leaf, x in zip(cs.leaves, leaves)]
     return diff_leaves(expected, got)
-
-
-def _tokens_for(
-    sig: StepSignature, spec_args: tuple[Any, ...], flat_style: bool, tokens: dict[int, object]
-) -> tuple[tuple[tuple[int, object], ...], tuple[tuple[tuple[int, ...], object], ...]]:
-    """Tokens for the fast path, once carry invariance has been verified
-    (``tokens``: parameter index -> its token, where already worked out)."""
-    if flat_style:
-        return (), ()
-    ins, outs = [], []
-    for arg, pos in sig.carried or ():
-        spec = spec_args[arg]
-        if not is_sealed_state(spec):
-            continue  # not a state, or one the user can edit in place: checked per call
-        token = tokens[arg] if arg in tokens else token_for(spec)
-        ins.append((arg, token))
-        outs.append((pos, token))
-    return tuple(ins), tuple(outs)
 
 
 def _outputs(traced: Any) -> tuple[list[Any], Any]:
@@ -384,12 +343,10 @@ def _check_carry(
     out_avals: Sequence[Any],
     out_tree: Any,
     out_shardings: Any,
-    tokens: dict[int, object],
 ) -> None:
-    """Each state parameter's spec is the spec returned for it (``tokens``:
-    filled with each state parameter's token, for :func:`_tokens_for`).
+    """Each state parameter's spec is the spec returned for it.
 
-    Compared as the tokens' keys (structure, and shape, dtype, weak type and
+    Compared as exact-spec keys (structure, and shape, dtype, weak type and
     placement per leaf), from the flat output avals and shardings; the
     returned specs are built only to explain a difference.
     """
@@ -417,7 +374,6 @@ def _check_carry(
         end = start + tree.num_leaves
         spec_leaves, spec_tree = jax.tree_util.tree_flatten(spec_args[arg])
         key = _spec_key(spec_tree, spec_leaves, [x.sharding for x in spec_leaves])
-        tokens[arg] = _token(key)
         if _spec_key(tree, out_avals[start:end], shard_flat[start:end]) == key:
             continue  # the same exact spec: nothing to explain
         returned = jax.tree_util.tree_unflatten(

@@ -20,7 +20,8 @@ from ._donation import is_deleted_array
 from ._errors import INPUTS_INTACT, DefinitionError, DonationError, RecompileError, TransferError
 from ._format import fmt_aval
 from ._records import CompiledSignature
-from ._runtime import consumers_of, in_hot_loop
+from ._runtime import deleted_because, in_hot_loop
+from ._runtime import donated as donated_words
 from ._signature import StepSignature
 from ._spec import fmt_value
 
@@ -165,19 +166,16 @@ def hazard_error(
     duplicates: Sequence[tuple[int, int]],
     donated: Sequence[int],
     consumers: Sequence[str | None] = (),
-    args: Sequence[Any] = (),
 ) -> DonationError:
-    """``consumers``: per leaf, the step its state was marked as donated to;
-    ``args``: the call's arguments (a consumed dict passed again is found
-    among them: ``_runtime.find``)."""
-    lines = []
-    named = consumers_of([leaves[i] for i in deleted], scope=args)
-    for k, i in enumerate(deleted):
-        by = named[k] or (consumers[i] if consumers else None)
-        lines.append(
-            f"  {paths[i]}: {fmt_aval(leaves[i].shape, leaves[i].dtype)} was already "
-            + (f"donated to {by}" if by else "deleted (donated to an earlier call?)")
-        )
+    """``consumers``: per leaf, the step its state was donated to, where the
+    consumed class of a ``jc.state`` proves it (``_runtime.donated``)."""
+    lines, unknown = [], False
+    for i in deleted:
+        by = consumers[i] if consumers else None
+        unknown = unknown or by is None
+        lines.append(f"  {paths[i]}: {fmt_aval(leaves[i].shape, leaves[i].dtype)} {donated_words(by, already=True, brief=True)}")
+    if unknown:
+        lines.insert(0, f"  (deleted: {deleted_because()})")  # first: long lists are cut
     for a, b in duplicates:
         lines.append(
             f"  {paths[a]} and {paths[b]} are the same buffer, and "

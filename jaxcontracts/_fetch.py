@@ -16,12 +16,11 @@ import numpy.typing as npt
 
 from . import _timing
 from ._compat import hostcopy
-from ._compat.frames import caller_frame
 from ._dtypes import is_key
 from ._errors import DonationError, TransferError
 from ._format import fmt_aval
 from ._marks import consumer_of
-from ._runtime import consumed_by, local, observers
+from ._runtime import consumer, donated, local, observers
 from ._tracebacks import boundary
 
 __all__ = ["fetch"]
@@ -85,14 +84,14 @@ def fetch(tree: Any) -> Any:
                 "it with jax.experimental.multihost_utils.process_allgather.",
             )
         if isinstance(x, jax.Array) and x.is_deleted():
-            # the caller's frames: a dict consumed past 128 leaves is found there by its id
-            by = consumed_by(x, caller_frame(1), scope=(tree,)) or consumer_of(tree)
+            by = consumer_of(tree)
             path = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(tree)[0][n][0])
             raise DonationError(
-                f"jc.fetch(): {path + ': ' if path else ''}{fmt_aval(x.shape, x.dtype)} was donated to "
-                f"{by or 'a step'} and no longer exists.",
-                fix="fetch from the state the step returned (s = step(s); jc.fetch(s.t)).",
+                f"jc.fetch(): {path + ': ' if path else ''}{fmt_aval(x.shape, x.dtype)} {donated(by)} "
+                "and no longer exists.",
+                fix=f"fetch from {consumer(by)}; jc.fetch(s.t)).",
                 contract="no-donated-use",
+                step=by,
             )
     local.allow += 1
     t0 = time.perf_counter()

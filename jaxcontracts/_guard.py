@@ -28,7 +28,7 @@ from typing import Any, Literal, TypeVar, overload
 import jax
 
 from . import _timing
-from ._compat import arrays, frames, guardlog, threadguard
+from ._compat import arrays, guardlog, threadguard
 from ._config import get_checks
 from ._errors import VIOLATIONS, ContractError, DefinitionError, compose, violation_summary
 from ._fetch import fetch
@@ -388,8 +388,7 @@ class HotLoop:
             stack = entry.stack
             entry.ended = True
             if entry.timing is not None:
-                user = user_frame(frames.caller_frame(1))
-                _timing.leave(entry.timing, lambda: held_outputs(user, _timing.in_use()))
+                _timing.leave(entry.timing, lambda: held_outputs(_timing.in_use()))
             relink(stack)
             try:
                 if stack is local.stack:

@@ -92,7 +92,7 @@ class HotStep(Generic[P, R]):
         self.stats = StepStats()
         self._level = _config.get_checks()
         self.timing_counters = [0.0, 0, 0.0, 0]  # see _steps.LiveStep
-        self.last_call: list[Any] = [None]
+        self.last_output: list[Any] = [None]
         self.timing_hook: Callable[..., None] | None = None
         self._set_dispatch(self._call_unbound if signature.is_method else self._slow)
         self._attr: str | None = None  # the class attribute of a method step
@@ -491,7 +491,7 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
     if deleted or duplicates:
         step.stats.refused += 1
         consumers = [consumer_of(positional[p[0].idx]) for p, _ in with_path]
-        raise hazard_error(sig, paths, leaves, deleted, duplicates, donated, consumers, positional)
+        raise hazard_error(sig, paths, leaves, deleted, duplicates, donated, consumers)
     dispatch = _signature_for(step, positional, leaves, treedef, exc, ran, paths, donated)
     # Hold no leaf while the call path runs: its kept-leaf check counts references
     # (a first call refuses a kept sample as any other does).

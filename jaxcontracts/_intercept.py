@@ -55,8 +55,8 @@ from ._donation import is_deleted_array
 from ._dtypes import is_key
 from ._errors import ContractError
 from ._format import fmt_aval
-from ._runtime import arrays_named, consumed_by, find, local, tracking
-from ._steps import clear_last_calls
+from ._runtime import arrays_named, donated, local, produced_by, tracking, use_returned
+from ._steps import clear_last_outputs
 from ._timing import in_use
 from ._tracebacks import trim
 from ._userline import host_read_on_line, user_frame
@@ -88,7 +88,7 @@ def _describe(x: Any, frame: Any = None) -> str:
     if key is not None:  # the key data of a typed key being printed or converted
         text = f"a typed PRNG key {fmt_aval(key.shape, key.dtype)} (its key data, {text})"
         x = key
-    produced = find(x, frame)[1]
+    produced = produced_by(x)
     return f"{text} ({produced})" if produced else text
 
 
@@ -96,16 +96,18 @@ def _key_owner() -> Any:
     """The typed PRNG key whose method is reading its key data, if any.
 
     A key's ``repr``/``print`` reads its ``uint32`` key data; the message
-    names the key. Only frames a few levels up are looked at, and only when
-    a violation is being reported.
+    names the key. Only library frames below the user's line are looked at
+    (their locals are read; the user's never are), and only when a violation
+    is being reported.
     """
     if arrays.KeyArray is None:
         return None
     frame = frames.caller_frame(2)
+    user = user_frame(frame)
     for _ in range(20):
-        if frame is None:
+        if frame is None or frame is user:
             return None
-        owner = frames.locals_of(frame).get("self")
+        owner = frames.library_locals(frame).get("self")
         if isinstance(owner, arrays.KeyArray):
             return owner
         frame = frame.f_back
@@ -125,14 +127,10 @@ def _on_read(x: Any, name: str, frame: Any = None) -> None:
     pending.error = None
     user = user_frame(frame or frames.caller_frame(1))
     if x.is_deleted():
-        by = consumed_by(x, user)
         _violation(
             "donation",
-            f"{arrays.READS[name]} of {_named(x, user)}an array that was donated"
-            + (f" to {by}" if by else " (deleted)")
-            + f": {fmt_aval(x.shape, x.dtype)}",
-            "use the state the step returned (s = step(s)); keep what you need "
-            "from the old state by returning it from the step.",
+            f"{arrays.READS[name]} of {_named(x, user)}an array ({fmt_aval(x.shape, x.dtype)}) that {donated(None)}",
+            use_returned(None),
             frame,
         )
         return
@@ -350,7 +348,7 @@ class _Patches:
         if self.listening:
             events.unlisten(on_monitoring_event)
             self.listening = False
-        clear_last_calls(in_use())  # only steps called in loops lately recorded a call
+        clear_last_outputs(in_use())  # only steps called in loops lately recorded an output
 
 
 def _in_host_callback(runner: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -398,16 +396,11 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
     # The compile is often a symptom: say the cause when the stack shows it.
     stale = _deleted_in_stack(user)
     if stale is not None:
-        by = consumed_by(stale, user)
         _violation(
             "donation",
-            f"`{name}` on {_named(stale, user)}an array that was donated"
-            + (f" to {by}" if by else " (deleted)")
-            + f": {fmt_aval(stale.shape, stale.dtype)} (jax would compile it, then "
-            "fail on the deleted buffer)",
-            "use the state the step returned (s = step(s)); to compare with the "
-            "old value, keep a copy before the call (old = jnp.copy(s.w)) or "
-            "compute the difference inside the step.",
+            f"`{name}` on {_named(stale, user)}an array ({fmt_aval(stale.shape, stale.dtype)}) that "
+            f"{donated(None)} (jax would compile it, then fail on the deleted buffer)",
+            use_returned(None),
             user,
         )
         return
@@ -458,7 +451,7 @@ def _deleted_in_stack(user: FrameType | None, limit: int = 80) -> Any | None:
     """
     frame = frames.caller_frame(2)
     while frame is not None and frame is not user and limit:
-        for value in frames.locals_of(frame).values():
+        for value in frames.library_locals(frame).values():
             for x in value if isinstance(value, (tuple, list)) else (value,):
                 if is_deleted_array(x):
                     return x

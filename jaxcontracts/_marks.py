@@ -5,11 +5,6 @@ instance carries starts with :data:`PREFIX`, so that pickling and copying a
 state drop them all (:func:`without_marks`) and no mark can leak into a
 user's data.
 
-* :data:`TOKEN`: on a state a hot step returned, the provenance token of its
-  exact spec (``_compile.token_for``); the call path trusts a state carrying
-  the token of its compiled signature without per-leaf checks.
-* :data:`PRODUCED_BY`: on a state a hot step returned inside a loop, the
-  step's name, which words the messages about its arrays (``advance -> .t``).
 * :data:`CONSUMED_BY`: on a *consumed class* (``_consumed``), the name of the
   step a state of that class was donated to.
 * :data:`STATE_INFO`: on a ``jc.state`` class, its field table
@@ -25,20 +20,15 @@ from typing import Any
 __all__ = [
     "CONSUMED_BY",
     "PREFIX",
-    "PRODUCED_BY",
     "STATE_INFO",
-    "TOKEN",
     "USER_POST_INIT",
     "consumer_of",
-    "producer_of",
     "without_marks",
 ]
 
 #: Every instance mark starts with this (dropped by pickles and copies).
 PREFIX = "__jaxcontracts_"
 
-TOKEN = PREFIX + "token__"
-PRODUCED_BY = PREFIX + "produced_by__"
 CONSUMED_BY = PREFIX + "consumed_by__"
 STATE_INFO = PREFIX + "state__"
 USER_POST_INIT = PREFIX + "user_post_init__"
@@ -47,12 +37,6 @@ USER_POST_INIT = PREFIX + "user_post_init__"
 def consumer_of(state: Any) -> str | None:
     """The hot step a state was last passed to with donation, if it was marked."""
     return getattr(type(state), CONSUMED_BY, None)
-
-
-def producer_of(state: Any) -> str | None:
-    """The hot step that returned ``state`` inside a loop, if it was marked."""
-    d = getattr(state, "__dict__", None)
-    return d.get(PRODUCED_BY) if type(d) is dict else None
 
 
 def without_marks(d: dict[str, Any]) -> dict[str, Any]:

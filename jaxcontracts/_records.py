@@ -90,10 +90,6 @@ class CompiledSignature:
     weak: tuple[bool, ...]
     multi_device: bool
     compile_seconds: float
-    # Provenance tokens: per state parameter that is a jc.state instance, the
-    # token of its exact spec; per returned jc.state, the token to stamp on it.
-    in_tokens: tuple[tuple[int, object], ...] = ()
-    out_tokens: tuple[tuple[tuple[int, ...], object], ...] = ()
     # JAX's persistent compilation cache for this compile: "hit" (the
     # executable was loaded from it), "miss" (compiled, then stored), "off"
     # (not consulted: disabled, or under its min compile time / entry size),

@@ -4,16 +4,15 @@ The loop guard (``_guard``) sits above the call path, so a hot step never
 imports it. Instead both meet here: the thread's active loop (an object with
 a ``violation`` method, set by the guard), a counter that tells a step after
 each call whether any loop is active anywhere, and the questions messages
-ask while a loop runs: which step produced an array (``advance -> .t``), which
-consumed a donated one, which step outputs a frame holds. Those answers come
-from the steps' last-call slots (``_steps``) and the marks on the states
-(``_marks``), read in one place (:func:`find`, :func:`held_outputs`).
+ask: which step returned an array inside a loop (``advance -> .t``, from the
+steps' recorded outputs), and how a donated array is worded (:func:`donated`,
+:func:`use_returned`: the consumer where the consumed class of a ``jc.state``
+proves it, else the steps that donate).
 """
 
 from __future__ import annotations
 
 import contextlib
-import itertools
 import linecache
 import re
 import threading
@@ -26,24 +25,23 @@ import jax
 from . import _steps
 from ._compat.frames import locals_of
 from ._donation import is_deleted_array
-from ._marks import PRODUCED_BY, consumer_of
 
 __all__ = [
     "LoopHandle",
     "LoopStack",
     "arrays_named",
     "compiling",
-    "consumed_by",
-    "consumers_of",
-    "find",
+    "consumer",
+    "deleted_because",
+    "donated",
     "held_outputs",
     "in_hot_loop",
     "local",
-    "objects_in",
     "observers",
+    "produced_by",
     "recording_loop",
-    "states_in",
     "tracking",
+    "use_returned",
 ]
 
 
@@ -130,172 +128,67 @@ def recording_loop() -> LoopHandle | None:
     return None
 
 
-def find(x: Any, frame: Any = None, scope: Sequence[Any] = ()) -> tuple[str | None, str | None]:
-    """(the step that consumed ``x``, ``step -> .path`` of a live output).
-
-    Looks in the steps' last-call records, then, given the user's ``frame``,
-    in the states its local variables hold (and in the tuples, lists and
-    dicts among them): a state a step returned names that step, a state a
-    step consumed names its consumer. A consumed argument the record keeps
-    by id (``_steps.Gone``: a dict, tuple or NamedTuple) is found among the
-    objects of the frame and its callers (:func:`objects_in`) and ``scope``
-    (the arguments of the call being explained). Only called to word a message.
-    """
-    produced = None
-    for name, _, out, _ in _steps.last_calls():
+def produced_by(x: Any) -> str | None:
+    """``step -> .path`` where ``x`` is a leaf of a step's recorded output (the
+    output of its last call inside a loop), else None. Only called to word a
+    message."""
+    for name, out in _steps.last_outputs():
         for p, leaf in jax.tree_util.tree_leaves_with_path(out):
             if leaf is x:
-                produced = f"{name} -> {jax.tree_util.keystr(p)}"
-    consumed = consumers_of([x], scope, frame)[0]
-    if frame is not None and consumed is None and produced is None:
-        for state in states_in(frame):
-            by = consumer_of(state)
-            step = state.__dict__.get(PRODUCED_BY)
-            if by is None and step is None:
-                continue
-            try:
-                leaves = jax.tree_util.tree_leaves_with_path(state)
-            except Exception:  # noqa: BLE001 - a state we cannot flatten names nothing
-                continue
-            for p, leaf in leaves:
-                if leaf is x:
-                    if by is not None:
-                        return by, None
-                    return None, f"{step} -> {jax.tree_util.keystr(p)}"
-    return consumed, produced
+                return f"{name} -> {jax.tree_util.keystr(p)}"
+    return None
 
 
-def _attrs(value: Any) -> dict[str, Any] | None:
-    """``value.__dict__``, or None (a module or class, no ``__dict__``, or a
-    ``__getattr__`` that raises anything: a message must not fail on it)."""
-    if isinstance(value, (types.ModuleType, type)):
-        return None
-    try:
-        attrs = getattr(value, "__dict__", None)
-    except Exception:  # noqa: BLE001 - a proxy's __getattr__ (a KeyError...)
-        return None
-    return attrs if type(attrs) is dict else None
+def donated(by: str | None, already: bool = False, brief: bool = False) -> str:
+    """How every message says that an array was donated: to ``by``, the step
+    that consumed it where that is proven (the consumed class of a
+    ``jc.state``), else that it was deleted, with the live hot steps that
+    donate (which of them, or a plain ``jax.jit``, took it is not recorded).
+    ``already``: said of an array passed again; ``brief``: "was deleted"
+    alone, for one line of many (:func:`deleted_because` says why, once)."""
+    was = "was already" if already else "was"
+    if by:
+        return f"{was} donated to {by}"
+    return f"{was} deleted" + ("" if brief else f": {deleted_because()}")
 
 
-def _items(value: Any, per: int) -> Iterator[Any]:
-    kind = type(value)
-    if kind is dict:
-        return itertools.islice(value.values(), per)
-    if kind in (tuple, list):
-        return iter(value[-per:])
-    return iter(())
+def deleted_because() -> str:
+    """Why an array whose consumer is not known was deleted (see :func:`donated`)."""
+    steps = _steps.donating()
+    if not steps:
+        return "donated to a jax.jit with donate_argnums, or x.delete()"
+    names = ", ".join(steps[:3]) + (", ..." if len(steps) > 3 else "")
+    return (
+        f"most likely donated to an earlier call (hot steps that donate: {names}; "
+        "or a jax.jit with donate_argnums), or x.delete()"
+    )
 
 
-def objects_in(frame: Any, per: int = 1000, frames: int = 8) -> list[Any]:
-    """What ``frame`` and up to ``frames - 1`` of its callers hold: their
-    locals; the items of the tuples, lists and dicts among them; the
-    attributes of the objects among them (``self.state``) and the items of
-    the containers among those (``self.history[-1]``). The first ``per``
-    values of a dict or ``__dict__``, the last ``per`` items of a list or
-    tuple; no module or class."""
-    found: list[Any] = []
-    while frame is not None and frames > 0:
-        try:
-            values = list(locals_of(frame).values())
-        except Exception:  # noqa: BLE001 - a frame without readable locals
-            values = []
-        found.extend(values)
-        for value in values:
-            found.extend(_items(value, per))
-            attrs = _attrs(value)
-            if attrs is not None:
-                for attr in itertools.islice(attrs.values(), per):
-                    found.append(attr)
-                    found.extend(_items(attr, per))
-        frame, frames = frame.f_back, frames - 1
-    return found
+def consumer(by: str | None) -> str:
+    """The step a fix names: "the state ``by`` returned (s = ``by``(s))", else
+    the one live step that donates, else "the step"."""
+    steps = [by] if by else _steps.donating()
+    if len(steps) == 1:
+        return f"the state {steps[0]} returned (s = {steps[0]}(s)"
+    return "the state the step returned (s = step(s)"
 
 
-def states_in(frame: Any, per: int = 1000) -> list[Any]:
-    """The objects with a ``__dict__`` that ``frame``'s locals hold, directly
-    or in a tuple, list or dict among them (one level; the first ``per`` of
-    a dict's values, the last ``per`` items of a list or tuple)."""
-    found: list[Any] = []
-    seen: set[int] = set()
-    try:
-        values = list(locals_of(frame).values())
-    except Exception:  # noqa: BLE001 - a frame without readable locals
-        return found
-    for value in values:
-        kind = type(value)
-        items = (
-            itertools.islice(value.values(), per)
-            if kind is dict
-            else value[-per:]
-            if kind in (tuple, list)
-            else (value,)
-        )
-        for v in items:
-            if _attrs(v) is not None and id(v) not in seen:
-                seen.add(id(v))
-                found.append(v)
-    return found
+def use_returned(by: str | None) -> str:
+    """The one fix for a use of a donated array (see :func:`donated`)."""
+    return (
+        f"use {consumer(by)}). To keep a value across a donating "
+        "call, copy it before the call (kept = jnp.copy(value)), or return it as an output of its own."
+    )
 
 
-def held_outputs(frame: Any, steps: Sequence[Any], limit: int = 64) -> list[Any]:
-    """The leaves of the step outputs still live that ``frame`` can see.
-
-    For the loop clock (are they still being computed at exit?): the states
-    hot steps returned that ``frame``'s locals hold (marked by the
-    ``s = step(s)`` path, at most ``limit`` of them), and the recorded last
-    output of each of ``steps`` (those the loop called: ``_timing.in_use``).
-    Never blocks, never reads device memory.
-    """
+def held_outputs(steps: Sequence[Any]) -> list[Any]:
+    """The leaves of the recorded last outputs of ``steps`` (those a loop
+    called: ``_timing.in_use``), for the loop clock (are they still being
+    computed at exit?). Never blocks, never reads device memory."""
     held: list[Any] = []
-    if frame is not None:
-        live = 0
-        for state in states_in(frame, per=limit):  # the latest of a history are enough
-            if PRODUCED_BY in state.__dict__ and consumer_of(state) is None:
-                try:
-                    held.extend(jax.tree_util.tree_leaves(state))
-                except Exception:  # noqa: BLE001 - not flattenable: not looked at
-                    continue
-                live += 1
-                if live == limit:  # a long history of live states: enough to tell
-                    break
-    for _, _, out, _ in _steps.last_calls(steps):
+    for _, out in _steps.last_outputs(steps):
         held.extend(jax.tree_util.tree_leaves(out))
     return held
-
-
-def consumers_of(xs: Sequence[Any], scope: Sequence[Any] = (), frame: Any = None) -> list[str | None]:
-    """The hot step that consumed each of ``xs`` by donation, where known,
-    the records read once for all of them (a re-passed state's deleted
-    leaves). A record's own arguments are matched by identity (a step that
-    donates nothing consumed none of its arguments, however deleted they
-    are now); one kept by id (``_steps.Gone``) by its watched leaf, or
-    through the object it finds among ``scope`` (a call's arguments) and
-    what ``frame`` and its callers hold (:func:`objects_in`, looked at only
-    then)."""
-    leaves = jax.tree_util.tree_leaves
-    by_id: dict[int, str] = {}  # every object here is alive while this runs: ids are theirs
-    gone: list[tuple[str, _steps.Gone]] = []
-    for name, args, _, donates in _steps.last_calls():
-        if donates:
-            gone.extend((name, a) for a in args if type(a) is _steps.Gone)
-            for leaf in leaves(tuple(a for a in args if type(a) is not _steps.Gone)):
-                by_id.setdefault(id(leaf), name)
-    seen = None
-    for name, mark in gone:
-        first = mark.first()
-        if first is not None:
-            by_id.setdefault(id(first), name)
-            if seen is None:
-                seen = (*scope, *objects_in(frame)) if frame is not None else tuple(scope)
-            holder = mark.holder(seen, jax.tree_util.tree_flatten)
-            for leaf in leaves(holder) if holder is not None else ():
-                by_id.setdefault(id(leaf), name)
-    return [by_id.get(id(x)) if is_deleted_array(x) else None for x in xs]
-
-
-def consumed_by(x: Any, frame: Any = None, scope: Sequence[Any] = ()) -> str | None:
-    """The hot step that consumed ``x`` by donation, when it is known (see :func:`find`)."""
-    return find(x, frame, scope)[0] if isinstance(x, jax.Array) else None
 
 
 def arrays_named(

@@ -329,7 +329,7 @@ def _idle(step: Any) -> None:
     hook = step.timing_hook
     if hook is not None:
         hook(force=True)
-    step.last_call[0] = None  # what a loop recorded of it: nothing to keep alive
+    step.last_output[0] = None  # what a loop recorded of it: nothing to keep alive
 
 
 def in_use() -> list[Any]:

@@ -15,7 +15,7 @@ from . import _rng, _steps
 from ._compat import frames, runtime_errors
 from ._errors import DonatedArrayError, DonationError, TransferError
 from ._format import fmt_aval
-from ._runtime import arrays_named, consumed_by, local
+from ._runtime import arrays_named, donated, local, use_returned
 from ._userline import is_library, traceback_where, user_frame
 
 __all__ = ["deleted_read", "translate"]
@@ -49,9 +49,8 @@ _RUNTIME_ERRORS: dict[str, tuple[type[Exception], str, str, str]] = {
     "deleted": (
         DonationError,
         "no-donated-use",
-        "use of a donated array inside jc.hot_loop: an array that a hot_step "
-        "consumed was used again",
-        "use the state the step returned (s = step(s)).",
+        "use of a donated array inside jc.hot_loop",  # worded by translate()
+        "",
     ),
 }
 
@@ -160,8 +159,7 @@ def _donated_names(tb: Any) -> str:
         return ""
     named = []
     for path, x in arrays_named(frame, lineno):
-        by = consumed_by(x, frame)
-        named.append(f"`{path}` ({fmt_aval(x.shape, x.dtype)}) was donated" + (f" to {by}" if by else ""))
+        named.append(f"`{path}` ({fmt_aval(x.shape, x.dtype)}) {donated(None)}")
     return "; ".join(named)
 
 
@@ -170,48 +168,26 @@ def deleted_read(x: Any) -> Exception | None:
     interceptors (``ArrayImpl._check_if_deleted``, see ``_compat.arrays``).
 
     Names the leaf by its path in what the user's frame holds (``old.x`` of a
-    NamedTuple, ``samples[3]``) and the hot step that consumed it where its
-    last call did; None (JAX's own ``RuntimeError``) when the array is
-    neither. Reads no device memory. Inside a loop it is the loop's donation
+    NamedTuple, ``samples[3]``) where that frame's locals can be read without
+    writing to them (``_compat.frames.locals_of``), and says it was deleted,
+    listing the hot steps that donate (``_runtime.donated``); None (JAX's own
+    ``RuntimeError``) when nothing names it and no step donates. Reads no
+    device memory. Inside a loop it is the loop's donation
     violation.
     """
     __tracebackhide__ = True
     frame = user_frame(frames.caller_frame(1))
     found = arrays_named(frame, frame.f_lineno, only=x, limit=1) if frame is not None else []
-    by = consumed_by(x, frame)
-    if not found and by is None:
-        return None
+    if not found and not _steps.donating():
+        return None  # nothing named, no step that donates: JAX's own error says as much
     path = found[0][0] if found else None
-    what = fmt_aval(x.shape, x.dtype)
-    if by:
-        summary = (
-            f"{f'`{path}`' if path else 'an array'} ({what}) was donated to {by} and no longer exists "
-            f"(it was passed to {by}, which reused its buffer)."
-        )
-    else:  # donated before the last call: which call is not recorded (that costs per call)
-        steps = _steps.donating()
-        known = (
-            f"hot steps that donate: {', '.join(steps[:3])}{', ...' if len(steps) > 3 else ''}; "
-            if steps
-            else ""
-        )
-        summary = (
-            f"`{path}` ({what}) no longer exists: it was deleted, most likely donated to an "
-            f"earlier call ({known}or a jax.jit with donate_argnums) that reused its buffer, "
-            "or by x.delete()."
-        )
-    step = by or (steps[0] if len(steps) == 1 else "step")
-    fix = (
-        f"use the state {step} returned (s = {step}(s)). To keep a value across a donating "
-        "call, copy it before the call (kept = jnp.copy(value)), or return it as an output of its own."
-    )
+    summary = f"{f'`{path}`' if path else 'an array'} ({fmt_aval(x.shape, x.dtype)}) {donated(None)}."
+    fix = use_returned(None)
     loop = local.loop
     if loop is not None and not local.allow:
         loop.violation("donation", summary, fix)  # raises, or records (then JAX's error)
         return None
-    return DonatedArrayError(
-        summary, fix=fix, contract="no-donated-use", step=by, leaves=[path] if path else []
-    )
+    return DonatedArrayError(summary, fix=fix, contract="no-donated-use", leaves=[path] if path else [])
 
 
 def translate(exc: BaseException, tb: Any) -> Exception | None:
@@ -240,8 +216,8 @@ def translate(exc: BaseException, tb: Any) -> Exception | None:
     where, source = traceback_where(tb)
     if kind == "deleted":
         named = _donated_names(tb)
-        if named:
-            title = f"use of a donated array inside jc.hot_loop: {named}"
+        title = f"use of a donated array inside jc.hot_loop: {named or 'an array that ' + donated(None)}"
+        fix = use_returned(None)
     return error(
         f"{title}{f' ({detail})' if detail else ''}\n  at {where}" + (f":  {source}" if source else ""),
         fix=fix,

@@ -52,30 +52,3 @@ def _warm_then_loop(fn, **loop):
     fn()  # the first iteration compiles the eager ops, as a loop's warm-up would
     with jc.hot_loop(**loop):
         return fn()
-
-
-def record_dropped_at_dispatch(monkeypatch, step_of, probe=None):
-    """Make each guarded C++ call note, as it starts, whether the step's
-    last-call record is dropped (``probe``: what to note instead; None from
-    it notes nothing)."""
-    from jaxcontracts import _callpath
-
-    seen, real = [], _callpath.guarded_call
-    if probe is None:
-        probe = lambda: step_of().last_call[0] is None  # noqa: E731
-
-    def noting(*args, **kwargs):
-        call = real(*args, **kwargs)
-        if call is None:
-            return None
-
-        def noted(*a, **k):
-            value = probe()
-            if value is not None:
-                seen.append(value)
-            return call(*a, **k)
-
-        return noted
-
-    monkeypatch.setattr(_callpath, "guarded_call", noting)
-    return seen

@@ -15,6 +15,7 @@ a ``subtract`` compile without mentioning donation.
 from __future__ import annotations
 
 import re
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -131,9 +132,10 @@ def test_an_eager_op_on_a_donated_array_is_the_donation():
             d = dstep(d)
             jc.fetch(d["w"] - prev["w"])
     text = str(info.value)
-    assert "`subtract` on `prev['w']`, an array that was donated to dstep: f32[3]" in text
+    named = "`prev['w']`, " if sys.version_info >= (3, 13) else ""  # see test_runtime_errors.NAMES
+    assert f"`subtract` on {named}an array (f32[3]) that was deleted: most likely donated" in text, text
     assert 'jc.fetch(d["w"] - prev["w"])' in text
-    assert "old = jnp.copy" in info.value.fix
+    assert "kept = jnp.copy(value)" in info.value.fix
 
 
 def test_a_field_of_a_donated_state_is_named_before_any_op():

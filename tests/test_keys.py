@@ -87,7 +87,7 @@ def test_state_with_keys_compiles_donates_and_runs_in_a_raising_loop():
     assert old.__dict__["key"].is_deleted() and old.__dict__["keys"].is_deleted()
     with jc.hot_loop():
         for _ in range(5):
-            w = walk(w)  # provenance fast path (a sealed state)
+            w = walk(w)  # a returned state
     assert walk.stats.compiles == 1
     assert int(jc.fetch(w.t)) == 6
     cs = walk.describe().current

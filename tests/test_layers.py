@@ -76,7 +76,6 @@ LAYERS: dict[str, int] = {
     "_compile": 11,
     "_callctx": 12,  # what the per-call closures share: context, tail, kept check
     "_diagnose": 12,
-    "_provenance": 13,  # the token fast paths
     "_callwrap": 13,  # the static-value and equinox-Module wrappers in front of a call path
     "_callpath": 14,
     "_hot_step": 15,

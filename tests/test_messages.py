@@ -222,7 +222,8 @@ def test_donation_error_already_donated():
     c = Body.zeros(n=2)
     jax.tree_util.tree_map(lambda x: x.delete(), c)  # deleted, but by no step
     msg = _message(step, c)
-    assert "  b.pos: f32[2,3] was already deleted (donated to an earlier call?)\n" in msg
+    assert "or x.delete())\n  b.pos: f32[2,3] was already deleted\n  b.t: f32[] was already deleted\n" in msg
+    assert msg.count("(deleted: ") == 1  # one line says why, for every leaf whose consumer is unknown
 
 
 def test_definition_error_lists_valid_options():

@@ -10,6 +10,8 @@ a text is left alone.
 
 from __future__ import annotations
 
+import re
+import sys
 import typing
 
 import jax
@@ -19,6 +21,21 @@ import pytest
 from helpers import Particles, advance_fn, make_particles
 
 import jaxcontracts as jc
+
+# A message names the variable path (`old.x`) where the user's frame's locals
+# can be read without writing to them: a function frame's only from Python
+# 3.13 (its f_locals proxy); before, reading one syncs the dict locals()
+# returned, so the message names the user's line and the array's spec only.
+NAMES = sys.version_info >= (3, 13)
+DELETED = "was deleted: most likely donated to an earlier call (hot steps that donate: "
+
+
+def _listed() -> str:
+    """The steps a message lists: every live donating step (other tests' too), sorted, three at most."""
+    from jaxcontracts import _steps
+
+    live = _steps.donating()
+    return DELETED + ", ".join(live[:3]) + (", ..." if len(live) > 3 else "") + ";"
 
 # -- host-to-device: JAX's guard refusal --------------------------------------
 
@@ -83,7 +100,7 @@ def test_a_donated_array_in_a_warm_jit_is_a_donation_error_naming_it_and_the_ste
         d = step(d)  # fast: not looked at, so x is deleted by the donation
         double(x)  # x was pulled out of the state before it was donated
     text = str(e.value)
-    assert "`x` (f32[3]) was donated to step" in text
+    assert ("`x` (f32[3]) " if NAMES else "an array that ") + DELETED in text, text
     assert e.value.contract == "no-donated-use"
     assert "test_runtime_errors.py" in text
 
@@ -103,7 +120,8 @@ def test_a_user_error_that_quotes_a_guard_message_is_left_alone(error):
 
 def test_a_donated_leaf_of_a_foreign_state_is_named_by_its_path_and_step():
     # A NamedTuple state (blackjax's shape) read after donation inside a loop:
-    # the message names the path inside the state the frame holds, and the step.
+    # the message names the path inside the state the frame holds (3.13), and
+    # the steps that donate (which one took it is not recorded for a foreign state).
     import typing
 
     class State(typing.NamedTuple):
@@ -123,7 +141,9 @@ def test_a_donated_leaf_of_a_foreign_state_is_named_by_its_path_and_step():
         state, _ = step(key, state)
         double(old.position)
     text = str(e.value)
-    assert text.startswith("use of a donated array inside jc.hot_loop: `old.position` (f32[2]) was donated to kernel")
+    head = ("`old.position` (f32[2]) " if NAMES else "an array that ") + DELETED
+    assert text.startswith("use of a donated array inside jc.hot_loop: " + head), text
+    assert _listed() in text
 
 
 JAX_VERSION = tuple(int(p) for p in jax.__version__.split(".")[:2])
@@ -172,9 +192,12 @@ def test_a_donated_leaf_of_a_foreign_state_read_outside_a_loop_is_named_with_its
         return
     assert isinstance(e.value, RuntimeError)  # still what JAX raised: `except RuntimeError` holds
     text = str(e.value)
-    assert "was donated to advance and no longer exists" in text, text
-    assert "`old.x` (f32[5,7])" in text or "`old.n` (i32[])" in text, text
-    assert e.value.step == "advance" and e.value.contract == "no-donated-use"
+    assert _listed() in text, text
+    if NAMES:
+        assert "`old.x` (f32[5,7])" in text or "`old.n` (i32[])" in text, text
+    else:
+        assert "an array (f32[5,7])" in text or "an array (i32[])" in text, text
+    assert e.value.contract == "no-donated-use"
     assert jnp.array_equal(s.x, jnp.full((5, 7), 2.0))  # the state the step returned is fine
 
 
@@ -189,7 +212,7 @@ def test_kept_samples_deleted_by_earlier_calls_name_the_list_and_the_donating_st
     with pytest.raises(jc.DonationError) as e:
         jnp.stack(samples)
     text = str(e.value)
-    assert text.startswith("`samples[0]` (f32[5,7]) no longer exists: it was deleted, most likely donated"), text
+    assert text.startswith(("`samples[0]`" if NAMES else "an array") + " (f32[5,7]) " + DELETED), text
     from jaxcontracts import _steps
 
     live = _steps.donating()  # every live donating step (other tests' too), sorted
@@ -197,10 +220,17 @@ def test_kept_samples_deleted_by_earlier_calls_name_the_list_and_the_donating_st
     assert f"hot steps that donate: {', '.join(live[:3])}{', ...' if len(live) > 3 else ''};" in text
 
 
-def test_a_deleted_array_no_frame_names_keeps_jaxs_own_error():
+def test_a_deleted_array_nothing_names_is_jaxs_own_error_only_while_no_step_donates(monkeypatch):
+    from jaxcontracts import _steps
+
     _pair_step()  # a donating hot step exists: the hook is installed
-    ys = [jnp.ones(2)]
-    ys[0].delete()
+    ys = [jnp.ones(2), jnp.ones(2)]
+    for y in ys:
+        y.delete()
+    with pytest.raises(jc.DonationError, match=r"an array \(f32\[2\]\) " + re.escape(DELETED)) as e:
+        str(ys.pop())
+    assert isinstance(e.value, RuntimeError)
+    monkeypatch.setattr(_steps, "donating", lambda: [])  # no hot step donates: nothing to add to JAX's error
     with pytest.raises(RuntimeError, match="Array has been deleted") as e:
         str(ys.pop())
     assert not isinstance(e.value, jc.ContractError)
@@ -210,7 +240,8 @@ def test_a_donated_foreign_leaf_read_inside_a_loop_names_its_path():
     step, s = _pair_step()
     old = s
     s = step(s)
-    with pytest.raises(jc.DonationError, match=r"str\(\) / print\(\) of `old.x`, an array that was donated to advance"):
+    named = "`old.x`, " if NAMES else ""
+    with pytest.raises(jc.DonationError, match=re.escape(f"str() / print() of {named}an array (f32[5,7]) that {DELETED}")):
         with jc.hot_loop():
             print(old.x)
 
@@ -234,7 +265,9 @@ def test_a_read_only_step_that_saw_a_leaf_is_never_named_as_its_donor():
                 if i == 1:
                     print(s["x"])
                 s = new
-    assert "an array that was donated to rollout" in str(e.value), str(e.value)
+    text = str(e.value)
+    assert _listed() in text, text  # rollout donates ...
+    assert "energy" not in text.split("Fix:")[0]  # ... the read-only step is never named
     assert measure.stats.calls == 2 and advance.stats.calls == 2
 
 

@@ -233,21 +233,22 @@ def test_host_time_estimates_never_add_up_to_more_than_the_loop_had():
     assert [s.host_seconds for s in clock.timing().steps] == pytest.approx([0.01, 0.01])
 
 
-def test_the_exit_looks_at_most_at_64_live_states_its_frame_holds():
-    # A long history of live states (a step with donate="none") in the loop's
-    # frame: the exit looks at 64 of them for queued work, not at all of them.
-    import sys
-
-    from jaxcontracts._marks import PRODUCED_BY
+def test_the_exit_looks_at_the_recorded_outputs_of_the_loops_steps_only():
+    # The loop clock looks for queued work in the output each step it called
+    # returned last inside the loop; it never reads the loop's frame.
     from jaxcontracts._runtime import held_outputs
 
-    history = [fresh() for _ in range(100)]
-    for s in history:
-        s.__dict__[PRODUCED_BY] = "tick"  # as a hot step inside a loop marks its output
-    per_state = len(jax.tree_util.tree_leaves(history[0]))
-    assert len(held_outputs(sys._getframe(), ())) == 64 * per_state
-    del history[1:], s  # the loop variable held the last one
-    assert len(held_outputs(sys._getframe(), ())) == per_state
+    def tick_fn(c: Clock) -> Clock:
+        return c
+
+    step, other = jc.hot_step(tick_fn, signature=Clock), jc.hot_step(tick_fn, signature=Clock)
+    c = step(fresh())  # compiled before the loop; outside a loop nothing is recorded
+    assert held_outputs([step]) == []
+    with jc.hot_loop():
+        c = step(c)
+        assert held_outputs([step]) == jax.tree_util.tree_leaves(c)
+        assert held_outputs([other]) == []  # not called in a loop: nothing recorded
+    assert held_outputs([step]) == []  # the exit forgets what the loop recorded
 
 
 def test_steps_freed_while_the_registry_is_read_leave_it_and_nothing_hangs():
@@ -267,7 +268,7 @@ def test_steps_freed_while_the_registry_is_read_leave_it_and_nothing_hangs():
     def doomed() -> weakref.ref:
         step = jc.hot_step(ident, signature=Clock)
         step.cycle = step  # freed only by the cycle collector
-        step.last_call[0] = ((fresh(),), None)
+        step.last_output[0] = fresh()
         return weakref.ref(step)
 
     gone = [doomed() for _ in range(20)]
@@ -278,8 +279,8 @@ def test_steps_freed_while_the_registry_is_read_leave_it_and_nothing_hangs():
     def work() -> None:
         jc.set_checks("fast")
         jc.set_checks("full")
-        list(_steps.last_calls())
-        _steps.clear_last_calls()
+        list(_steps.last_outputs())
+        _steps.clear_last_outputs()
         finished.set()
 
     thread = threading.Thread(target=work, daemon=True)
@@ -289,10 +290,10 @@ def test_steps_freed_while_the_registry_is_read_leave_it_and_nothing_hangs():
     assert all(r() is None for r in gone)
     live = _steps.live()
     assert collector in live and not any(r() in live for r in gone)
-    assert "ident" not in [name for name, _, _ in _steps.last_calls()]
+    assert "ident" not in [name for name, _ in _steps.last_outputs()]
 
 
-def test_a_new_step_starts_with_no_last_call_whatever_id_it_gets():
+def test_a_new_step_starts_with_no_recorded_output_whatever_id_it_gets():
     import gc
 
     from jaxcontracts import _steps
@@ -304,13 +305,13 @@ def test_a_new_step_starts_with_no_last_call_whatever_id_it_gets():
         return c
 
     old = jc.hot_step(sgd, signature=Clock)
-    old.last_call[0] = ((fresh(),), None)
+    old.last_output[0] = fresh()
     old_id = id(old)
     del old
     gc.collect()
     made = [jc.hot_step(dstep, signature=Clock) for _ in range(50)]  # one may reuse the id
-    assert all(step.last_call == [None] for step in made)
-    assert "sgd" not in [name for name, _, _ in _steps.last_calls()]
+    assert all(step.last_output == [None] for step in made)
+    assert "sgd" not in [name for name, _ in _steps.last_outputs()]
     assert old_id not in {id(step) for step in _steps.live() if step.short_name == "sgd"}
 
 

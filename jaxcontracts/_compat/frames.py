@@ -14,7 +14,7 @@ from typing import Any
 
 from .registry import capability, define
 
-__all__ = ["allowed_reader", "caller_frame", "caller_locals", "locals_of", "notebook_cell"]
+__all__ = ["allowed_reader", "caller_frame", "caller_locals", "library_locals", "locals_of", "notebook_cell"]
 
 _OPTIMIZED = 0x0001  # CO_OPTIMIZED: a function's frame (fast locals)
 
@@ -39,16 +39,33 @@ def caller_frame(depth: int) -> FrameType | None:
 
 
 def locals_of(frame: Any) -> dict[str, Any]:
-    """A copy of a frame's local variables, leaving nothing alive behind.
+    """A copy of a user frame's local variables where reading them writes
+    nothing; ``{}`` where it would.
 
-    Before Python 3.13, reading a function frame's ``f_locals`` stores a
-    snapshot dict on the frame that keeps every local it saw alive until the
-    function returns (``del x`` then frees nothing, and a donated array the
-    caller dropped still counts as held). The snapshot is emptied once
-    copied; the next ``locals()`` or ``f_locals`` fills it again. (A
-    ``locals()`` dict the function itself keeps across the call sees it
-    emptied.) Since 3.13 ``f_locals`` is a proxy that keeps nothing.
+    Before Python 3.13, reading a function frame's ``f_locals`` syncs the
+    frame's own locals dict, the very dict ``locals()`` returned to the
+    function and that ``pdb`` writes back on ``continue``: a variable bound
+    since appears in the user's ``hparams = locals()``, a deleted one leaves
+    it, and the dict keeps every local alive until the function returns. So
+    there a function frame's locals are not read at all (a message then
+    names the user's line, not the variable). Since 3.13 ``f_locals`` is a
+    proxy that reads the frame and keeps nothing; a module or class body's
+    ``f_locals`` is its namespace, read as it is.
     """
+    if sys.version_info < (3, 13) and frame.f_code.co_flags & _OPTIMIZED:
+        return {}
+    try:
+        return dict(frame.f_locals)
+    except Exception:  # noqa: BLE001 - a frame without readable locals
+        return {}
+
+
+def library_locals(frame: Any) -> dict[str, Any]:
+    """A copy of the locals of a frame of library code (JAX's dispatch, a
+    typed key's method), which no user holds; callers stop below the user's
+    frame, whose locals only ``locals_of`` reads. Before Python 3.13 the
+    snapshot ``f_locals`` leaves on a function frame is emptied once copied,
+    so it keeps nothing alive."""
     try:
         snapshot = frame.f_locals
     except Exception:  # noqa: BLE001 - a frame without readable locals
