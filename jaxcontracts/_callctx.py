@@ -55,9 +55,6 @@ class DispatchingStep(LiveStep, Protocol):
     def not_consumed(self, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> BaseException | None:
         """The error for donated buffers XLA copied (``None``: a recording loop took it)."""
 
-    def redispatching(self) -> bool:
-        """Whether this thread is in the slow path's re-dispatch (its frames hold the leaves)."""
-
     def defaults_omitted(self) -> None:
         """A call left out parameters with defaults: the call path puts them in from now on."""
 
@@ -140,9 +137,11 @@ class KeptPlan:
     view), and the refusal then. :meth:`refused` counts references in one C
     loop, ``max(map(getrefcount, pick(leaves))) > limit``, over a fresh
     sequence of the watched leaves (``pick`` None: the flat leaves, all
-    watched); only on a hit it confirms (a saved traceback's or pytest's
-    references do not count) and builds the error, which the slow path raises
-    once it has ruled out a wrong signature. The ``s = step(s)`` path counts
+    watched); on a hit it collects garbage and counts again, and refuses
+    whatever else holds a leaf (the one rule: see ``refcount.kept_after_collecting``),
+    with an error the slow path raises once it has ruled out a wrong
+    signature. No closure holds its flat leaves while it calls the slow path,
+    so a call the slow path dispatches again is counted as any other. The ``s = step(s)`` path counts
     inline and calls :meth:`refuse` on a hit. A donated argument that is an
     array itself is not watched: the caller's variable holds it, as it should."""
 
@@ -150,7 +149,6 @@ class KeptPlan:
     pick: Callable[[Sequence[Any]], Sequence[Any]] | None
     limit: int
     error: Callable[[Sequence[int]], BaseException]
-    redispatching: Callable[[], bool]
 
     def refused(self, leaves: Sequence[Any]) -> BaseException | None:
         """The refusal for these flat leaves (a fresh sequence), or None."""
@@ -160,10 +158,8 @@ class KeptPlan:
         return self.refuse(seq, self.limit - refcount.BASELINE + 1)
 
     def refuse(self, seq: Sequence[Any], sequences: int) -> BaseException | None:
-        """After a hit: the error, unless every extra reference is harmless."""
-        if self.redispatching():  # the slow path's frames hold the leaves too
-            return None
-        kept = refcount.confirmed(seq, refcount.kept_positions(seq, sequences), sequences)
+        """After a hit: the error, unless collecting garbage dropped every extra reference."""
+        kept = refcount.kept_after_collecting(seq, sequences)
         return self.error(list(dict.fromkeys(self.watched[i] for i in kept))) if kept else None
 
 
@@ -199,7 +195,7 @@ def kept_plan(ctx: CallContext) -> KeptPlan | None:
         pick, sequences = (lambda leaves: (leaves[only],)), 2
     else:
         pick, sequences = operator.itemgetter(*watched), 2
-    return KeptPlan(watched, pick, refcount.BASELINE + sequences - 1, ctx.kept, ctx.step.redispatching)
+    return KeptPlan(watched, pick, refcount.BASELINE + sequences - 1, ctx.kept)
 
 
 def is_deleted_for(cs: CompiledSignature) -> Callable[[Any], bool]:

@@ -333,28 +333,36 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
                 if bound is not None:
                     return checked(*bound)
             leaves, treedef = flatten(args)
-            if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
-                return slow_call(args, kwargs, None)
-            if not signature_ok(leaves):
-                return slow_call(args, kwargs, None)
-            if first_donated is not None and leaves[first_donated].is_deleted():
-                return slow_call(args, kwargs, None)  # a stale state: explain, quietly
-            if full and (
-                any(map(is_deleted, leaves if device_of is None else device_of(leaves)))
-                or (len(set(map(id, leaves))) != n_leaves and find_hazards(leaves, donated)[1])
-            ):
+            exc: BaseException | None = None
+            if (
+                kwargs
+                or treedef != in_treedef
+                or tref.value is not ev
+                or aref.value is not top
+                or not signature_ok(leaves)
+                or (first_donated is not None and leaves[first_donated].is_deleted())  # a stale state
+                or (
+                    full
+                    and (
+                        any(map(is_deleted, leaves if device_of is None else device_of(leaves)))
+                        or (len(set(map(id, leaves))) != n_leaves and find_hazards(leaves, donated)[1])
+                    )
+                )
                 # any other deleted or repeated donated buffer, before XLA refuses it with
                 # an ExecutePrepare error line on stderr (fast leaves that to XLA)
-                return slow_call(args, kwargs, None)
-            if kept is not None:
-                refused = kept.refused(leaves)
-                if refused is not None:
-                    return slow_call(args, kwargs, refused)
-            try:
-                out = compiled(*leaves) if flat_style else compiled(*args)
-            except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
-                return slow_call(args, kwargs, e)
-            return tail(args, leaves, out)
+            ):
+                pass
+            elif kept is not None and (exc := kept.refused(leaves)) is not None:
+                pass
+            else:
+                try:
+                    out = compiled(*leaves) if flat_style else compiled(*args)
+                except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
+                    exc = e
+                else:
+                    return tail(args, leaves, out)
+            del leaves  # the slow path may dispatch again: its kept-leaf count sees none of ours
+            return slow_call(args, kwargs, exc)
         except ContractError as err:  # the traceback ends at the user's line
             trim(err)
             raise
@@ -478,30 +486,37 @@ def _guarded(
                                 return fallback(*args)  # type: ignore[misc]  # another value: a new signature
                             seen[k] = value
                     leaves, treedef = flatten(dynamic_of(args))
-                if treedef != want or tref.value is not ev or aref.value is not top:
-                    return slow_call(args, {}, None)
+                exc: BaseException | None = None
                 try:
-                    # before XLA refuses it with an error line on stderr
-                    if any(map(is_deleted, leaves if device_of is None else device_of(leaves))):
-                        return slow_call(args, {}, None)
+                    # a deleted buffer: before XLA refuses it with an error line on stderr
+                    stop = (
+                        treedef != want
+                        or tref.value is not ev
+                        or aref.value is not top
+                        or any(map(is_deleted, leaves if device_of is None else device_of(leaves)))
+                        or (ids_always and repeated(leaves))
+                    )
                 except (TypeError, AttributeError):  # not a device array: the slow path says what it is
-                    return slow_call(args, {}, None)
-                if ids_always and repeated(leaves):
-                    return slow_call(args, {}, None)
-                if kept is not None:  # KeptPlan.refused, its count inline
+                    stop = True
+                if not stop and kept is not None:  # KeptPlan.refused, its count inline
                     seq = leaves if kept_pick is None else kept_pick(leaves)
                     if max(map(count, seq)) > kept_limit:
-                        refused = kept.refuse(seq, kept_sequences)
-                        if refused is not None:
-                            return slow_call(args, {}, None if repeated(leaves) else refused)
+                        exc = kept.refuse(seq, kept_sequences)
+                        if exc is not None:
+                            stop = True
+                            if repeated(leaves):
+                                exc = None
                     del seq
-                try:
-                    out = call(*leaves)
-                except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
-                    return slow_call(args, {}, e)
-                if out is refused_mark:
-                    return slow_call(args, {}, None)
-                return tail(args, leaves, out)
+                if not stop:
+                    try:
+                        out = call(*leaves)
+                    except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
+                        exc = e
+                    else:
+                        if out is not refused_mark:
+                            return tail(args, leaves, out)
+                del leaves  # the slow path may dispatch again: its kept-leaf count sees none of ours
+                return slow_call(args, {}, exc)
             except ContractError as err:  # the traceback ends at the user's line
                 trim(err)
                 raise

@@ -242,12 +242,14 @@ def kept_leaves_error(sig: StepSignature, cs: CompiledSignature, kept: Sequence[
     return DonationError(
         f"{sig.name} would delete {len(kept)} array(s) you still hold elsewhere: donating "
         "a leaf deletes its buffer, and another reference to it (a sample kept in a list, "
-        "a variable, a numpy view from np.asarray, a second container sharing the leaf) "
-        "would then hold a deleted array.",
+        "a variable, a numpy view from np.asarray, a second container sharing the leaf, "
+        "a caught exception you kept, whose traceback holds the frames that saw it, or "
+        "pytest's record of an `assert` that built it) would then hold a deleted array.",
         [f"  {cs.leaves[i].path}: {fmt_aval(cs.leaves[i].spec.shape, cs.leaves[i].spec.dtype)}" for i in kept],
         fix=f"keep a copy instead of the array itself (samples.append(jnp.copy({first})), or "
         f"jc.fetch({first}) for a host copy), return what you keep as an output of its own, "
-        "or drop the other reference (del x); to donate nothing, @jc.hot_step(donate=\"none\").",
+        "or drop the other reference (del x; del err for a kept exception; build the state on "
+        "a line of its own, not inside an assert); to donate nothing, @jc.hot_step(donate=\"none\").",
         note=INPUTS_INTACT,
         contract="donation-hazard",
         step=sig.name,

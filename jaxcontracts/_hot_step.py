@@ -317,13 +317,6 @@ class HotStep(Generic[P, R]):
                 raise err.with_traceback(err.__traceback__) from None
             raise
 
-    def redispatching(self) -> bool:
-        """Whether this thread is inside the slow path's re-dispatch of a call
-        that a call path refused: that closure's frame holds the flat leaves
-        (a first call, from :meth:`_slow`, holds none: it is checked)."""
-        r = self._redispatch
-        return getattr(r, "active", False) and not getattr(r, "fresh", False)
-
     def not_consumed(self, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> DonationError | None:
         """The error for donated buffers XLA copied; ``None`` once a recording loop took it."""
         self.stats.not_consumed += 1
@@ -422,15 +415,11 @@ class HotStep(Generic[P, R]):
     def _slow(self, *args: Any, **kwargs: Any) -> Any:
         """The call path before the first compile."""
         __tracebackhide__ = True
-        r = self._redispatch
-        r.fresh = True
         try:
             return self.slow_call(args, kwargs, None)
         except ContractError as err:  # the traceback ends at the user's line
             trim(err)
             raise
-        finally:
-            r.fresh = False
 
 
 # --------------------------------------------------------------------------
@@ -472,6 +461,7 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
             step._filter(modules)
             del with_path, leaves, host, positional  # the kept-leaf check counts references
             return _decide(step, args, kwargs, exc)
+        del leaves, with_path  # the kept-leaf check of the call made on the device counts references
         return _host_arguments(step, positional, host, exc)
     current = step._current
     donated = current.donated if current is not None else sig.donated_leaves([p for p, _ in with_path])
@@ -494,8 +484,11 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         raise hazard_error(sig, paths, leaves, deleted, duplicates, donated, consumers)
     dispatch = _signature_for(step, positional, leaves, treedef, exc, ran, paths, donated)
     # Hold no leaf while the call path runs: its kept-leaf check counts references
-    # (a first call refuses a kept sample as any other does).
+    # (a first call refuses a kept sample as any other does). An exception not
+    # raised goes without its traceback, whose frames (JAX's) hold the leaves.
     del leaves, with_path, host
+    if exc is not None:
+        exc.__traceback__ = None
     return _redispatch(step, dispatch, positional, paths)
 
 
@@ -521,8 +514,17 @@ def _host_arguments(
     current = step._current
     fits = current is not None and jax.tree_util.tree_structure(positional) == current.in_treedef
     dtypes = [leaf.spec.dtype for leaf in current.leaves] if fits else None  # type: ignore[union-attr]
+    # Only the arguments that hold host leaves are rebuilt: a state passed as
+    # it came is still its leaves' one container, as the kept-leaf check expects.
+    moved, start = [], 0
     with jax.transfer_guard_host_to_device("allow"):  # recorded already, as the call's
-        return _decide(step, host_leaves_on_device(positional, dtypes), {}, exc)
+        for arg in positional:
+            n = len(jax.tree_util.tree_leaves(arg))
+            if any(not isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(arg)):
+                arg = host_leaves_on_device(arg, dtypes[start : start + n] if dtypes is not None else None)
+            moved.append(arg)
+            start += n
+        return _decide(step, tuple(moved), {}, exc)
 
 
 def _signature_for(

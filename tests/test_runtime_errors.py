@@ -225,8 +225,8 @@ def test_a_deleted_array_nothing_names_is_jaxs_own_error_only_while_no_step_dona
 
     _pair_step()  # a donating hot step exists: the hook is installed
     ys = [jnp.ones(2), jnp.ones(2)]
-    for y in ys:
-        y.delete()
+    ys[0].delete()
+    ys[1].delete()
     with pytest.raises(jc.DonationError, match=r"an array \(f32\[2\]\) " + re.escape(DELETED)) as e:
         str(ys.pop())
     assert isinstance(e.value, RuntimeError)
