@@ -36,7 +36,7 @@ from ._tracebacks import trim
 
 __all__ = [
     "CallContext", "DispatchingStep", "KeptPlan", "LeafKinds", "first_leaf_of",
-    "is_deleted_for", "kept_plan", "keyword_binder", "leaf_kinds", "leaf_reader", "leaf_readers",
+    "is_deleted_for", "kept_plan", "binder", "leaf_kinds", "leaf_reader", "leaf_readers",
     "leaves_of", "make_tail", "picker", "stale_reader", "static_native",
 ]
 
@@ -205,27 +205,34 @@ def is_deleted_for(cs: CompiledSignature) -> Callable[[Any], bool]:
     return ArrayImpl.is_deleted  # type: ignore[no-any-return]
 
 
-def keyword_binder(sig: StepSignature) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None]:
-    """``bind(args, kwargs)``: every argument by position when ``args`` and
-    ``kwargs`` give all the parameters (``update(state, config=config)``, in
-    any keyword order), without ``inspect.Signature.bind``; None otherwise
-    (defaults to apply, a wrong name: the slow path binds and explains)."""
+def binder(sig: StepSignature) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None]:
+    """The one keyword binder of the call path: ``bind(args, kwargs)`` gives
+    every argument by position (keywords in any order, the defaults of those
+    left out put in), as ``inspect.Signature.bind`` and ``apply_defaults``
+    would, without them; None where the call does not bind so (a wrong name,
+    a required one missing, ``*args``/``**kwargs`` parameters):
+    ``StepSignature.normalize`` binds and explains those."""
     params = list(sig.signature.parameters.values())
-    names = sig.param_names
-    tails: dict[int, tuple[str, ...]] = {}
-    for k in range(len(names) + 1):
-        tail = names[k:]
-        if all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params[k:]):
-            tails[k] = tail
+    empty, kinds = inspect.Parameter.empty, (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return lambda args, kwargs: None
+    # per number of positional arguments: the rest, as (name, default, may be a keyword)
+    rests = {k: tuple((p.name, p.default, p.kind in kinds) for p in params[k:]) for k in range(len(params) + 1)}
 
     def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
-        tail = tails.get(len(args))
-        if tail is None or len(kwargs) != len(tail):
+        rest = rests.get(len(args))
+        if rest is None:
             return None
-        try:
-            return (*args, *[kwargs[name] for name in tail])
-        except KeyError:
-            return None
+        items, used = list(args), 0
+        for name, default, keyword in rest:
+            if keyword and name in kwargs:
+                items.append(kwargs[name])
+                used += 1
+            elif default is not empty:
+                items.append(default)
+            else:
+                return None
+        return tuple(items) if used == len(kwargs) else None
 
     return bind
 

@@ -32,9 +32,9 @@ from ._callctx import (
     CallContext,
     DispatchingStep,
     KeptPlan,
+    binder,
     is_deleted_for,
     kept_plan,
-    keyword_binder,
     leaf_kinds,
     make_tail,
     picker,
@@ -82,7 +82,7 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
         not_consumed=step.not_consumed,
         marks=_consumed_marks(cs, sig.state_params, step.short_name),
         normalize=sig.normalize,
-        bind=keyword_binder(sig),
+        bind=binder(sig),
         kept=(lambda kept: kept_leaves_error(sig, cs, kept))
         if level == "full" and cs.donated and refcount.available()
         else None,
@@ -260,9 +260,10 @@ def _placement_probe(cs: CompiledSignature, first_donated: int | None) -> Any:
 
 
 def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
-    """Checks ``fast``/``full``: flatten, check each leaf's kind, call."""
-    cs, compiled, slow_call, bind = ctx.cs, ctx.compiled, ctx.slow_call, ctx.bind
-    in_treedef, donated, weak, flat_style = cs.in_treedef, cs.donated, cs.weak, cs.flat_style
+    """Checks ``fast``/``full``: what a signature fixes (``signature_ok``), the
+    tail and the kept-leaf plan; the closure is :func:`_guarded`'s."""
+    cs = ctx.cs
+    donated, weak = cs.donated, cs.weak
     host = frozenset(cs.host)  # declared host data (host=): numpy accepted there
     kinds = tuple((i in host, w) for i, w in enumerate(weak))
     shardings = [None if i in host else leaf.spec.sharding for i, leaf in enumerate(cs.leaves)] if cs.multi_device else None
@@ -283,11 +284,10 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
 
     array_impl, ndarray = ArrayImpl, np.ndarray
     key_array: Any = KeyArray  # typed PRNG keys: checked only when a leaf is not an ArrayImpl
-    tref, ev, aref, top = top_level_refs()  # a trace active (jit, vmap...): the slow path traces
     # One is_deleted() per call catches the usual stale state (all of it was
     # donated) before XLA refuses it with an error line on stderr.
     first_donated = donated[0] if donated else None
-    full, is_deleted, n_leaves = ctx.full, is_deleted_for(cs), len(cs.leaves)
+    is_deleted, n_leaves = is_deleted_for(cs), len(cs.leaves)
     placed = _placement_probe(cs, first_donated) if shardings is None else None
 
     donated_of = picker(donated)
@@ -320,54 +320,7 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
         # on another device: JAX would move it, undonated
         return placed is None or leaves[first_donated].sharding == placed
 
-    guarded = _guarded(ctx, signature_ok, tail, kept, device_of, native)
-    if guarded is not None:
-        return guarded
-    if host:
-        compiled = host_call(ctx, compiled, flat_style)
-
-    def checked(*args: Any, **kwargs: Any) -> Any:
-        try:
-            if kwargs:
-                bound = bind(args, kwargs)
-                if bound is not None:
-                    return checked(*bound)
-            leaves, treedef = flatten(args)
-            exc: BaseException | None = None
-            if (
-                kwargs
-                or treedef != in_treedef
-                or tref.value is not ev
-                or aref.value is not top
-                or not signature_ok(leaves)
-                or (first_donated is not None and leaves[first_donated].is_deleted())  # a stale state
-                or (
-                    full
-                    and (
-                        any(map(is_deleted, leaves if device_of is None else device_of(leaves)))
-                        or (len(set(map(id, leaves))) != n_leaves and find_hazards(leaves, donated)[1])
-                    )
-                )
-                # any other deleted or repeated donated buffer, before XLA refuses it with
-                # an ExecutePrepare error line on stderr (fast leaves that to XLA)
-            ):
-                pass
-            elif kept is not None and (exc := kept.refused(leaves)) is not None:
-                pass
-            else:
-                try:
-                    out = compiled(*leaves) if flat_style else compiled(*args)
-                except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
-                    exc = e
-                else:
-                    return tail(args, leaves, out)
-            del leaves  # the slow path may dispatch again: its kept-leaf count sees none of ours
-            return slow_call(args, kwargs, exc)
-        except ContractError as err:  # the traceback ends at the user's line
-            trim(err)
-            raise
-
-    return checked
+    return _guarded(ctx, signature_ok, tail, kept, device_of, native)
 
 
 def _guarded(
@@ -377,14 +330,16 @@ def _guarded(
     kept: KeptPlan | None,
     device_of: Callable[[Sequence[Any]], tuple[Any, ...]] | None,
     native: bool = False,
-) -> Callable[..., Any] | None:
+) -> Callable[..., Any]:
     """Checks ``fast``/``full`` on a guarded C++ call (``_compat.guarded``).
 
     The per-leaf checks of ``signature_ok`` (types, weak types, shardings,
     device) run once per new signature, in the C++ call's cache miss, with
     the tree structure and the trace state; a call of a signature seen before
-    is checked by the flatten JAX does anyway. None where the mechanism or the
-    executable's C++ path is missing (the caller checks every call in Python).
+    is checked by the flatten JAX does anyway. Where the mechanism or the
+    executable's C++ path is missing (capability ``guarded-call``), the
+    ``full`` closure below runs ``signature_ok`` on every call, at both
+    levels, and calls the executable itself.
 
     * ``fast`` does not flatten: it reads the first donated leaf by its path
       and asks ``is_deleted()`` (a stale state goes to the slow path, before
@@ -401,8 +356,6 @@ def _guarded(
       value goes through :func:`with_static`.
     """
     cs, slow_call, bind, full = ctx.cs, ctx.slow_call, ctx.bind, ctx.full
-    if ArrayImpl is None:
-        return None
     tref, ev, aref, top = top_level_refs()
     in_treedef, donated, n_leaves = cs.in_treedef, cs.donated, len(cs.leaves)
 
@@ -427,15 +380,22 @@ def _guarded(
     # below flattens once, as full does, and looks at that leaf only.
     if not full and (first is None or not first.costly):  # type: ignore[attr-defined]
         call = guarded_call(cs.compiled, approve_tree, tree_in_tree(cs.spec_args) if cs.flat_style else None)
-        if call is None:
-            return None
-        fast = _guarded_fast(ctx, host_call(ctx, call, False) if cs.host else call, tail, first)
-        if native:  # static values static in the C++ call too (static_native)
-            return static_native(ctx, approve_tree, with_static(ctx.step.definition, fast), tail) or fast
-        return fast
+        if call is not None:
+            fast = _guarded_fast(ctx, host_call(ctx, call, False) if cs.host else call, tail, first)
+            if native:  # static values static in the C++ call too (static_native)
+                return static_native(ctx, approve_tree, with_static(ctx.step.definition, fast), tail) or fast
+            return fast
     call = guarded_call(cs.compiled, approve_flat, None if cs.flat_style else flat_in_tree(n_leaves))
-    if call is None:
-        return None
+    per_call = call is None  # no guarded call here: the closure checks each call's signature
+    if per_call:
+        native, compiled = False, ctx.compiled
+        if cs.flat_style:
+            call = compiled
+        else:  # the executable takes the arguments in their structure
+
+            def call(*leaves: Any) -> Any:
+                return compiled(*jax.tree_util.tree_unflatten(in_treedef, leaves))
+
     if cs.host:
         call = host_call(ctx, call, True)
     is_deleted, refused_mark = is_deleted_for(cs), REFUSED
@@ -493,6 +453,7 @@ def _guarded(
                         treedef != want
                         or tref.value is not ev
                         or aref.value is not top
+                        or (per_call and not signature_ok(leaves))
                         or any(map(is_deleted, leaves if device_of is None else device_of(leaves)))
                         or (ids_always and repeated(leaves))
                     )

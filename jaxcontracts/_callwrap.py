@@ -16,7 +16,7 @@ from typing import Any
 
 import numpy as np
 
-from ._callctx import CallContext, DispatchingStep, keyword_binder, leaf_readers, picker
+from ._callctx import CallContext, DispatchingStep, binder, leaf_readers, picker
 from ._compat.guarded import REFUSED
 from ._compat.threadguard import allow_host_to_device
 from ._errors import ContractError
@@ -25,7 +25,7 @@ from ._foreign import holds_module
 from ._signature import StepSignature
 from ._tracebacks import trim
 
-__all__ = ["defaults_filler", "host_call", "module_params", "with_defaults", "with_effect_tokens", "with_filtered", "with_static"]
+__all__ = ["host_call", "module_params", "with_defaults", "with_effect_tokens", "with_filtered", "with_static"]
 
 
 def with_filtered(sig: StepSignature, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
@@ -41,16 +41,12 @@ def with_filtered(sig: StepSignature, dispatch: Callable[..., Any], step: Dispat
     last: dict[int, Any] = {}
     record = step.last_output
 
-    bind, fill = keyword_binder(sig), defaults_filler(sig)
+    bind = binder(sig)
 
     def filtered_call(*args: Any, **kwargs: Any) -> Any:
         try:
             if kwargs or len(args) != n_params:
-                args = (
-                    (bind(args, kwargs) if kwargs else None)
-                    or (fill(args, kwargs) if fill is not None else None)
-                    or normalize(args, kwargs)
-                )
+                args = bind(args, kwargs) or normalize(args, kwargs)
             items = list(args)
             for i in filtered:
                 value = items[i]
@@ -81,12 +77,12 @@ def with_static(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[..
     normalize, n_params, static = sig.normalize, len(sig.param_names), sig.static_params
     last: dict[int, tuple[Any, Any]] = {}
 
-    bind, fill = keyword_binder(sig), defaults_filler(sig)
+    bind = binder(sig)
 
     def static_call(*args: Any, **kwargs: Any) -> Any:
         try:
             if kwargs or len(args) != n_params:  # update(state, config=config): bound without inspect
-                bound = (bind(args, kwargs) if kwargs else None) or (fill(args, kwargs) if fill is not None else None)
+                bound = bind(args, kwargs)
                 if bound is None:  # a wrong call: normalize explains
                     return dispatch(*normalize(args, kwargs))
                 args = bound
@@ -108,33 +104,6 @@ def with_static(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[..
     return static_call
 
 
-def defaults_filler(sig: StepSignature) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None] | None:
-    """``fill(args, kwargs)``: every argument by position, the defaults of
-    those left out put in, as ``inspect.Signature.bind`` and
-    ``apply_defaults`` would, without them; None where the call does not bind
-    so (a wrong name, a required one missing: ``normalize`` explains). None
-    where no parameter has a default."""
-    params = list(sig.signature.parameters.values())
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    empty = inspect.Parameter.empty
-    if all(p.default is empty for p in params) or any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
-        return None
-
-    def fill(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
-        items, used = list(args), 0
-        for p in params[len(args) :]:
-            if p.name in kwargs and p.kind in kinds:
-                items.append(kwargs[p.name])
-                used += 1
-            elif p.default is not empty:
-                items.append(p.default)
-            else:
-                return None
-        return tuple(items) if used == len(kwargs) and len(args) <= len(params) else None
-
-    return fill
-
-
 def with_defaults(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[..., Any]:
     """The call path of a step called with parameters that have defaults left
     out (``update(grads, state)`` of an ``update(grads, state,
@@ -144,8 +113,8 @@ def with_defaults(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[
     (``HotStep.defaults_omitted``): a step whose calls pass every argument
     pays no frame for it. A call that gives every parameter is passed on as
     it is."""
-    fill, n_params = defaults_filler(sig), len(sig.param_names)
-    if fill is None:
+    fill, n_params = binder(sig), len(sig.param_names)
+    if all(p.default is inspect.Parameter.empty for p in sig.signature.parameters.values()):
         return dispatch
 
     def defaults_call(*args: Any, **kwargs: Any) -> Any:

@@ -328,3 +328,41 @@ def test_under_disable_jit_a_step_runs_its_python_function_as_jax_jit_does():
     assert jc.fetch(s["x"]).tolist() == [2.0] * 3 and jc.fetch(t["x"]).tolist() == [2.0] * 3
     s = step(s)  # and compiled again after it
     assert jc.fetch(s["x"]).tolist() == [3.0] * 3
+
+
+# -- without the guarded C++ call (capability guarded-call missing) -----------
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_without_the_guarded_call_one_closure_checks_every_call_in_python(level, monkeypatch):
+    # On a jax whose pjit C++ call cannot be built around an AOT executable,
+    # the full closure runs the per-signature checks on every call and calls
+    # the executable itself, at both levels: same contracts, same messages.
+    from jaxcontracts import _callctx, _callpath
+
+    asked: list[int] = []
+    monkeypatch.setattr(_callpath, "guarded_call", lambda *a, **k: asked.append(1))  # None: missing
+    monkeypatch.setattr(_callctx, "guarded_call", lambda *a, **k: asked.append(1))
+    jc.set_checks(level)
+    dstep = jc.hot_step(lambda d: {"w": d["w"] + 1, "n": d["n"] + 1}, state="d", max_compiles=1)
+    d = dstep({"w": jnp.zeros(3), "n": jnp.int32(0)})
+    for _ in range(3):
+        d = dstep(d)
+    assert jc.fetch(d["n"]) == 4 and dstep.stats.compiles == 1
+    with pytest.raises(jc.RecompileError, match=r"d\['w'\]"):
+        dstep({"w": jnp.zeros(3, jnp.int32), "n": d["n"]})  # another dtype
+    old, d = d, dstep(d)
+    with pytest.raises(jc.DonationError, match="was already deleted"):
+        dstep(old)
+    if level == "full":
+        kept = [d["w"]]
+        with pytest.raises(jc.DonationError, match="you still hold elsewhere"):
+            dstep(d)
+        assert not kept[0].is_deleted() and not d["w"].is_deleted()
+        del kept
+    step = jc.hot_step(_scale)
+    s = step(S.zeros(n=3), jnp.float32(2))
+    s = step(s, k=jnp.float32(2))  # a keyword: bound by the one binder
+    assert jax.jit(lambda s: step(s, jnp.float32(1)).u)(s).shape == (3,)  # traced: the slow path
+    d = dstep(d)
+    assert not d["w"].is_deleted() and asked  # the call paths were built without it

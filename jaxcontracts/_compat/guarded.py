@@ -71,7 +71,7 @@ def _parts() -> tuple[Any, Any, Any, Any, Any]:
     "jaxlib's pjit C++ call built around an AOT executable with a cache miss of "
     "jaxcontracts' own (_jax.pjit, create_cpp_call, CompiledCallParams.in_tree)",
     "nothing is lost; checked hot step calls check every leaf in Python on every call "
-    "(slower for states that are not sealed jc.state classes)",
+    "(slower, most at many leaves)",
 )
 def _probe() -> str | None:
     from jax._src import stages
