@@ -47,7 +47,7 @@ from jaxtyping import Array, Float32
 
 import jaxcontracts as jc
 from benchmarks._common import Result, machine, parser, row
-from jaxcontracts._validate import clear_validation_cache
+from jaxcontracts._state.validate import clear_validation_cache
 
 LIMIT = 3.0
 

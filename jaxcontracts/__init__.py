@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 
 # Light modules (no jax): imported now, so JAXCONTRACTS_CHECKS is validated
 # at import.
-from . import _config
+from . import _config as _config
 from ._config import checks_level as checks_level
 from ._config import get_checks as get_checks
 from ._config import set_checks as set_checks
@@ -32,62 +32,62 @@ from ._errors import SpecError as SpecError
 from ._errors import TransferError as TransferError
 
 if TYPE_CHECKING:
-    from ._check import check as check
     from ._compat import Capability as Capability
     from ._compat import capabilities as capabilities
-    from ._decorator import hot_step as hot_step
-    from ._fetch import fetch as fetch
-    from ._fields import static as static
-    from ._foreign import Change as Change
-    from ._foreign import Changes as Changes
-    from ._foreign import device_tree as device_tree
-    from ._guard import HotLoop as HotLoop
-    from ._guard import hot_loop as hot_loop
-    from ._hot_step import HotStep as HotStep
-    from ._recorder import snapshot as snapshot
+    from ._loop.fetch import fetch as fetch
+    from ._loop.guard import HotLoop as HotLoop
+    from ._loop.guard import hot_loop as hot_loop
     from ._records import CompiledSignature as CompiledSignature
     from ._records import LeafRecord as LeafRecord
     from ._records import StepDescription as StepDescription
     from ._records import StepStats as StepStats
     from ._records import Violation as Violation
     from ._records import WarmupCompile as WarmupCompile
-    from ._report import Report as Report
-    from ._snapshot import Snapshot as Snapshot
-    from ._snapshot import SnapshotDiff as SnapshotDiff
-    from ._spec import spec_of as spec_of
-    from ._state import State as State
-    from ._state import state as state
-    from ._timing import LoopTiming as LoopTiming
-    from ._timing import StepTiming as StepTiming
+    from ._report.render import Report as Report
+    from ._report.timing import LoopTiming as LoopTiming
+    from ._report.timing import StepTiming as StepTiming
+    from ._state.classes import State as State
+    from ._state.classes import state as state
+    from ._state.fields import static as static
+    from ._state.foreign import Change as Change
+    from ._state.foreign import Changes as Changes
+    from ._state.foreign import device_tree as device_tree
+    from ._state.spec import spec_of as spec_of
+    from ._step.check import check as check
+    from ._step.decorator import hot_step as hot_step
+    from ._step.hot_step import HotStep as HotStep
+    from ._testing.recorder import snapshot as snapshot
+    from ._testing.snapshot import Snapshot as Snapshot
+    from ._testing.snapshot import SnapshotDiff as SnapshotDiff
 
 _EXPORTS = {
-    "check": "_check",
+    "check": "_step.check",
     "Capability": "_compat",
     "capabilities": "_compat",
-    "Change": "_foreign",
-    "Changes": "_foreign",
-    "device_tree": "_foreign",
-    "HotLoop": "_guard",
-    "fetch": "_fetch",
-    "hot_loop": "_guard",
-    "HotStep": "_hot_step",
-    "hot_step": "_decorator",
+    "Change": "_state.foreign",
+    "Changes": "_state.foreign",
+    "device_tree": "_state.foreign",
+    "HotLoop": "_loop.guard",
+    "fetch": "_loop.fetch",
+    "hot_loop": "_loop.guard",
+    "HotStep": "_step.hot_step",
+    "hot_step": "_step.decorator",
     "CompiledSignature": "_records",
     "LeafRecord": "_records",
     "StepDescription": "_records",
     "StepStats": "_records",
     "Violation": "_records",
     "WarmupCompile": "_records",
-    "Report": "_report",
-    "Snapshot": "_snapshot",
-    "SnapshotDiff": "_snapshot",
-    "snapshot": "_recorder",
-    "spec_of": "_spec",
-    "LoopTiming": "_timing",
-    "StepTiming": "_timing",
-    "State": "_state",
-    "state": "_state",
-    "static": "_fields",
+    "Report": "_report.render",
+    "Snapshot": "_testing.snapshot",
+    "SnapshotDiff": "_testing.snapshot",
+    "snapshot": "_testing.recorder",
+    "spec_of": "_state.spec",
+    "LoopTiming": "_report.timing",
+    "StepTiming": "_report.timing",
+    "State": "_state.classes",
+    "state": "_state.classes",
+    "static": "_state.fields",
 }
 __all__ = sorted(
     [

@@ -6,7 +6,7 @@ import platform
 from importlib.metadata import PackageNotFoundError, version
 
 from ._compat import capabilities
-from ._report import Contract, Report
+from ._report.render import Contract, Report
 
 __all__ = ["info"]
 

@@ -24,7 +24,7 @@ import jax
 
 from . import _steps
 from ._compat.frames import locals_of
-from ._donation import is_deleted_array
+from ._donation.hazards import is_deleted_array
 
 __all__ = [
     "LoopHandle",

@@ -147,7 +147,7 @@ def test_an_ordered_io_callback_first_called_in_a_loop_is_not_refused(level):
 
 
 def test_without_the_mechanism_the_ordered_token_is_the_transfer_refused(monkeypatch):
-    from jaxcontracts import _callpath
+    from jaxcontracts._step import callpath as _callpath
 
     monkeypatch.setattr(_callpath, "effect_tokens", lambda compiled: None)
     advance, _ = _ordered_step()

@@ -461,7 +461,7 @@ def test_a_guarded_call_takes_static_arguments_as_jax_jit_does():
     """static=(argnums, argnames, bind): the C++ call leaves the static values
     out of the flat arguments and hashes them, with their type, into its
     signature; bind gives JAX's own miss the positional arguments."""
-    from jaxcontracts._spec import StaticArg
+    from jaxcontracts._state.spec import StaticArg
 
     s = {"a": jnp.zeros(3)}
     compiled = jax.jit(lambda s, n: {"a": s["a"] + n.value}).lower(s, StaticArg(1)).compile()
@@ -506,7 +506,7 @@ def test_a_compile_prints_the_program_only_where_xla_chose_the_aliasing(monkeypa
     from helpers import Counter
     from jax import stages
 
-    from jaxcontracts import _compile
+    from jaxcontracts._step import compile as _compile
 
     printed = []
     as_text = stages.Compiled.as_text
@@ -532,7 +532,7 @@ def test_a_compile_prints_the_program_only_where_xla_chose_the_aliasing(monkeypa
 def test_unreadable_alias_table_is_not_verified_never_a_pass(monkeypatch):
     from helpers import Counter
 
-    from jaxcontracts import _compile
+    from jaxcontracts._step import compile as _compile
 
     monkeypatch.setattr(_compile, "requested_aliases", lambda lowered, n: None)
     monkeypatch.setattr(_compile, "aliased_parameters", lambda compiled, n: None)

@@ -190,7 +190,7 @@ def test_the_base_class_form_is_marked_the_same_way():
 
 
 def test_the_mark_costs_one_class_per_state_class_and_step():
-    from jaxcontracts._consumed import consumed_class
+    from jaxcontracts._donation.consumed import consumed_class
 
     a, b = S(x=jnp.zeros(3), y=jnp.ones(3)), S(x=jnp.zeros(3), y=jnp.ones(3))
     step(a)
@@ -218,7 +218,7 @@ def test_an_undecorated_subclass_of_a_state_is_refused_at_construction():
     with pytest.raises(jc.DefinitionError, match=r"Sub subclasses the state class S but is not a jc.state itself") as info:
         Sub(x=jnp.zeros(3), y=jnp.ones(3))
     assert "@jc.state class Sub(S)" in str(info.value)
-    from jaxcontracts._fields import is_state
+    from jaxcontracts._state.fields import is_state
 
     assert not is_state(Sub) and is_state(S)
 
@@ -590,7 +590,8 @@ def test_at_fast_a_dict_or_attribute_path_is_read_without_a_flatten(monkeypatch)
     # Item access of dicts, lists and tuples and plain attributes cost no
     # Python frame: the first donated leaf is read by its path, and the
     # state is flattened only by the executable's C++ call.
-    from jaxcontracts import _callctx, _callpath
+    from jaxcontracts._step import callctx as _callctx
+    from jaxcontracts._step import callpath as _callpath
 
     @dataclasses.dataclass
     class Box:
@@ -626,7 +627,7 @@ jax.tree_util.register_pytree_with_keys(
 def test_a_leaf_reader_is_proven_on_positions_not_on_shared_specs(capfd, level):
     # Leaves of one shape share one spec object: a reader that reached the
     # other leaf would have passed a check by identity on the specs.
-    from jaxcontracts import _callctx
+    from jaxcontracts._step import callctx as _callctx
 
     with jc.checks_level(level):
         f = jc.hot_step(lambda s: jax.tree_util.tree_map(lambda x: x + 1, s), state="s")

@@ -400,8 +400,8 @@ def test_demo_uses_public_api_only() -> None:
     [
         "from jaxcontracts._format import fmt_aval",
         "from jaxcontracts import _guard",
-        "import jaxcontracts._guard",
-        "import jaxcontracts._guard as g",
+        "import jaxcontracts._loop.guard",
+        "import jaxcontracts._loop.guard as g",
         "from .._format import fmt_aval",
         "from .. import hot_step",
         "from ._helpers import x",
@@ -409,7 +409,7 @@ def test_demo_uses_public_api_only() -> None:
         "import jaxcontracts as jc\njc._guard._local.allow += 1",
         "def f(step):\n    return step._entry.flat_specs",
         "def f(step):\n    return getattr(step, '_entry')",
-        "import importlib\nimportlib.import_module('jaxcontracts._guard')",
+        "import importlib\nimportlib.import_module('jaxcontracts._loop.guard')",
     ],
 )
 def test_private_use_checker_catches(source: str) -> None:

@@ -21,7 +21,8 @@ import pytest
 from helpers import _warm_then_loop
 
 import jaxcontracts as jc
-from jaxcontracts import _intercept, _runtime
+from jaxcontracts import _runtime
+from jaxcontracts._loop import intercept as _intercept
 
 # -- restoration, nesting, options --------------------------------------------
 

@@ -157,7 +157,7 @@ def test_numpy_view_makes_xla_copy_and_raises_after_dispatch_with_result(without
 
 
 def test_not_consumed_names_a_pinning_jaxlib(monkeypatch, without_kept_check):
-    from jaxcontracts import _diagnose
+    from jaxcontracts._step import diagnose as _diagnose
 
     monkeypatch.setattr(_diagnose, "pins_host_views", lambda: True)
     advance = make_advance()
@@ -555,7 +555,7 @@ def test_a_checks_level_set_back_takes_its_call_path_again():
 def test_a_call_path_is_built_at_its_first_call_not_at_compile(monkeypatch):
     # As jax.stages.Compiled builds its C++ call at its first call: a compile
     # (and a checks level change) builds no call path that no call uses.
-    from jaxcontracts import _hot_step
+    from jaxcontracts._step import hot_step as _hot_step
 
     built = []
     real = _hot_step.make_dispatch
@@ -712,7 +712,7 @@ def test_a_state_with_an_editable_container_is_checked_on_every_call(level):
 
 
 def test_nested_sealed_states_keep_the_token_path():
-    from jaxcontracts._fields import is_sealed_state
+    from jaxcontracts._state.fields import is_sealed_state
 
     @jc.state
     class Outer:
@@ -819,7 +819,7 @@ def test_output_resharded_by_propagation_says_to_constrain_it_in_the_step(mesh2,
     from jax.sharding import NamedSharding
     from jax.sharding import PartitionSpec as P
 
-    from jaxcontracts import _compile
+    from jaxcontracts._step import compile as _compile
 
     monkeypatch.setattr(_compile, "derive_out_shardings", lambda sig, fn, paths, specs: fn)
     rows = NamedSharding(mesh2, P("x"))

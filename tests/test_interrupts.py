@@ -22,8 +22,9 @@ import pytest
 from jaxtyping import Array, Float32
 
 import jaxcontracts as jc
-from jaxcontracts import _intercept, _runtime
+from jaxcontracts import _runtime
 from jaxcontracts._compat import arrays
+from jaxcontracts._loop import intercept as _intercept
 
 PRIVATE = os.path.dirname(jc.__file__) + os.sep
 

@@ -22,7 +22,7 @@ LAYERS: dict[str, int] = {
     "_records": 0,
     "_format": 0,
     "_dtypes": 0,
-    "_donation": 0,
+    "_donation.hazards": 0,
     "_marks": 0,  # the marks put on states and state classes
     # 1: the registry of live steps, the capability registry
     "_steps": 1,
@@ -30,7 +30,7 @@ LAYERS: dict[str, int] = {
     # 2: configuration, the loop/step meeting point
     "_config": 2,
     "_tracebacks": 2,  # contract errors trimmed to the user's frames; which frames are library code
-    "_interrupts": 2,  # Ctrl-C held while a loop is entered or exited
+    "_loop.interrupts": 2,  # Ctrl-C held while a loop is entered or exited
     "_runtime": 4,  # below the guard and the call path; reads frames
     # 3: each private mechanism, behind a named capability
     "_compat.arrays": 3,
@@ -50,50 +50,58 @@ LAYERS: dict[str, int] = {
     "_compat.tracing": 3,
     "_compat": 4,
     # annotations -> specs; what the loop guard is built from
-    "_annotations": 4,
-    "_foreign": 4,  # jc.device_tree: any pytree -> device leaves
-    "_timing": 4,  # a loop's clock: timed step calls, time blocked on the device
+    "_state.annotations": 4,
+    "_state.foreign": 4,  # jc.device_tree: any pytree -> device leaves
+    "_report.timing": 4,  # a loop's clock: timed step calls, time blocked on the device
     "_userline": 4,  # the user's frame and line, for messages
-    "_report": 5,  # renders records; below everything that returns a report
-    "_spec": 5,
-    "_fetch": 5,  # jc.fetch
-    "_rng": 5,  # jax.random samplers inside loops: their Python-number parameters pass
-    "_intercept": 6,  # read, buffer and compile interceptors
-    "_translate": 6,  # JAX runtime errors leaving a loop -> contract errors
-    "_loopstack": 5,  # a thread's loop entries and JAX's guard contexts on them
+    "_report.render": 5,  # renders records; below everything that returns a report
+    "_state.spec": 5,
+    "_loop.fetch": 5,  # jc.fetch
+    "_loop.rng": 5,  # jax.random samplers inside loops: their Python-number parameters pass
+    "_loop.intercept": 6,  # read, buffer and compile interceptors
+    "_loop.translate": 6,  # JAX runtime errors leaving a loop -> contract errors
+    "_loop.loopstack": 5,  # a thread's loop entries and JAX's guard contexts on them
     # states: fields -> validation / consumed classes -> spec()/zeros() -> the decorator
-    "_fields": 6,
-    "_filter": 6,  # equinox Modules: non-array leaves static, as eqx.filter_jit has them
-    "_diffs": 7,  # how specs differ, for messages
-    "_validate": 7,
-    "_consumed": 7,
-    "_construct": 8,
-    "_state": 9,
+    "_state.fields": 6,
+    "_state.filter": 6,  # equinox Modules: non-array leaves static, as eqx.filter_jit has them
+    "_step.diffs": 7,  # how specs differ, for messages
+    "_state.validate": 7,
+    "_donation.consumed": 7,
+    "_donation.reads": 5,  # a read of a deleted array outside loops, worded as a donation
+    "_state.construct": 8,
+    "_state.classes": 9,
     # the compiled signature -> the call path -> the step
-    "_signature": 10,
-    "_misuse": 10,  # what @jc.hot_step was given that is not a step function
-    "_analyse": 11,  # the decorator's options and the function -> StepSignature
-    "_compile": 11,
-    "_callctx": 12,  # what the per-call closures share: context, tail, kept check
-    "_diagnose": 12,
-    "_callwrap": 13,  # the static-value and equinox-Module wrappers in front of a call path
-    "_callpath": 14,
-    "_hot_step": 15,
-    "_decorator": 16,  # @jc.hot_step
+    "_step.signature": 10,
+    "_step.misuse": 10,  # what @jc.hot_step was given that is not a step function
+    "_step.analyse": 11,  # the decorator's options and the function -> StepSignature
+    "_step.compile": 11,
+    "_step.callctx": 12,  # what the per-call closures share: context, tail, kept check
+    "_step.diagnose": 12,
+    "_step.callwrap": 13,  # the static-value and equinox-Module wrappers in front of a call path
+    "_step.callpath": 14,
+    "_step.hot_step": 15,
+    "_step.decorator": 16,  # @jc.hot_step
     # the loop guard, then what uses everything
-    "_guard": 16,
-    "_check": 17,
+    "_loop.guard": 16,
+    "_step.check": 17,
     "_info": 17,
-    "_recorder": 17,  # jc.snapshot and the plugin's Recorder
-    "_snapshot": 5,  # a snapshot record, its text and its diff
-    "_snapshot_file": 6,  # snapshot files: render and parse
+    "_testing.recorder": 17,  # jc.snapshot and the plugin's Recorder
+    "_testing.snapshot": 5,  # a snapshot record, its text and its diff
+    "_testing.snapshot_file": 6,  # snapshot files: render and parse
     # public API users: may import the package itself (its lazy __init__)
-    "_pytest_plugin": 18,
+    "_testing.pytest_plugin": 18,
     "demo.simulation": 18,
     "demo.regressions": 19,
     "demo.cli": 20,
     "demo": 21,
     "__main__": 22,
+    # the packages by concept: their __init__ is a docstring
+    "_state": 0,
+    "_donation": 0,
+    "_step": 0,
+    "_loop": 0,
+    "_report": 0,
+    "_testing": 0,
 }
 PUBLIC_API_USERS = 18  # from this layer up, `import jaxcontracts` is allowed
 
@@ -183,8 +191,8 @@ def test_no_import_cycles():
 def test_the_layer_test_sees_imports_inside_functions(tmp_path):
     # An upward import hidden in a function body must be seen.
     fake = tmp_path / "_x.py"
-    fake.write_text("def f():\n    from ._guard import fetch\n    return fetch\n")
-    assert _imports("_x", fake) == {"_guard"}
+    fake.write_text("def f():\n    from ._errors import ContractError\n    return ContractError\n")
+    assert _imports("_x", fake) == {"_errors"}
 
 
 def _all_of(path: pathlib.Path) -> set[str] | None:
@@ -243,3 +251,16 @@ def test_the_lazy_exports_and_the_type_checking_imports_agree():
             exports = ast.literal_eval(node.value)
     assert exports and typed
     assert exports == typed
+
+
+def test_hot_steps_and_hot_loops_never_import_each_other():
+    # Both sit over donation and state; where they meet (the active loop, the
+    # recorded outputs, the wording of a donated array) is _runtime, below both.
+    modules = _modules()
+    crossing = []
+    for name, path in modules.items():
+        for a, b in (("_step", "_loop"), ("_loop", "_step")):
+            if name == a or name.startswith(a + "."):
+                crossing += [f"{name} imports {d}" for d in _imports(name, path) if d == b or d.startswith(b + ".")]
+    assert not crossing, crossing
+    assert {"_step.hot_step", "_loop.guard", "_state.classes", "_donation.consumed"} <= set(modules)

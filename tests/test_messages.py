@@ -540,7 +540,7 @@ def test_a_huge_host_argument_is_a_bounded_message():
 
 def test_a_snapshot_diff_of_many_rows_is_bounded():
     """Before: a snapshot diff printed all 10,000 rows."""
-    from jaxcontracts._snapshot import Change, SnapshotDiff
+    from jaxcontracts._testing.snapshot import Change, SnapshotDiff
 
     diff = SnapshotDiff(tuple(Change(f"leaves.w{i}", "f32[2]", "f32[3]") for i in range(10_000)))
     text = str(diff)

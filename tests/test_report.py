@@ -264,7 +264,7 @@ def test_a_violation_row_reads_within_the_box_width():
 
 
 def test_text_lines_are_packed_into_80_columns():
-    from jaxcontracts._report import _pack
+    from jaxcontracts._report.render import _pack
 
     items = [f"item{i}: {'x' * 9}" for i in range(12)]
     lines = _pack(items, " | ", first="facts: ")

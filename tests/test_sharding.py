@@ -133,7 +133,8 @@ def test_an_equivalent_sharding_is_accepted_not_a_recursion(level, variant):
 
 
 def test_a_call_path_that_refuses_what_the_slow_path_accepts_is_an_error_not_a_recursion(monkeypatch):
-    from jaxcontracts import _callctx, _callpath
+    from jaxcontracts._step import callctx as _callctx
+    from jaxcontracts._step import callpath as _callpath
 
     # A stand-in for the array class that no leaf is: the call path refuses all.
     stand_in = type("NotAnArray", (), {"is_deleted": _callpath.ArrayImpl.is_deleted})

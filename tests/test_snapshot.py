@@ -17,9 +17,9 @@ import pytest
 from jaxtyping import Array, Float32
 
 import jaxcontracts as jc
-from jaxcontracts._recorder import Recorder
-from jaxcontracts._snapshot import Snapshot, parse_tolerance
-from jaxcontracts._snapshot_file import parse, render_file
+from jaxcontracts._testing.recorder import Recorder
+from jaxcontracts._testing.snapshot import Snapshot, parse_tolerance
+from jaxcontracts._testing.snapshot_file import parse, render_file
 
 pytest_plugins = ["pytester"]
 
@@ -496,7 +496,7 @@ def test_a_hostile_snapshot_file_fails_its_test_naming_the_file_and_line(pyteste
 
 
 def test_a_huge_snapshot_file_fails_its_test_without_being_read(pytester):
-    from jaxcontracts import _snapshot_file
+    from jaxcontracts._testing import snapshot_file as _snapshot_file
 
     _recorded(pytester)
     path = pytester.path / "__jc_snapshots__" / "test_sim.test_sim.jcsnap"
@@ -549,14 +549,14 @@ def test_a_writer_killed_mid_write_leaves_the_old_file_or_the_new_one(tmp_path):
     import sys
     import time
 
-    from jaxcontracts._snapshot_file import read
+    from jaxcontracts._testing.snapshot_file import read
 
     folder = tmp_path / "__jc_snapshots__"
     file = folder / "test_m.test_x.jcsnap"
     writer = textwrap.dedent(f"""
         import itertools, pathlib
-        from jaxcontracts._snapshot import Snapshot
-        from jaxcontracts._snapshot_file import write
+        from jaxcontracts._testing.snapshot import Snapshot
+        from jaxcontracts._testing.snapshot_file import write
         folder, file = pathlib.Path({str(folder)!r}), pathlib.Path({str(file)!r})
         fields = {{n: tuple((("step m.advance", f"leaf s.w{{i}}"), f"f32[{{n}}]") for i in range(400)) for n in (2, 3)}}
         print("ready", flush=True)
@@ -592,15 +592,15 @@ def test_concurrent_writer_processes_keep_every_section(tmp_path):
     import subprocess
     import sys
 
-    from jaxcontracts._snapshot_file import read
+    from jaxcontracts._testing.snapshot_file import read
 
     folder = tmp_path / "__jc_snapshots__"
     file = folder / "test_m.test_x.jcsnap"
     go = tmp_path / "go"
     writer = textwrap.dedent(f"""
         import pathlib, sys, time
-        from jaxcontracts._snapshot import Snapshot
-        from jaxcontracts._snapshot_file import write
+        from jaxcontracts._testing.snapshot import Snapshot
+        from jaxcontracts._testing.snapshot_file import write
         folder, file, go = pathlib.Path({str(folder)!r}), pathlib.Path({str(file)!r}), pathlib.Path({str(go)!r})
         backend = sys.argv[1]
         print("ready", flush=True)
@@ -626,7 +626,7 @@ def test_concurrent_writer_processes_keep_every_section(tmp_path):
 
 
 def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(pytester, monkeypatch):
-    from jaxcontracts import _snapshot_file
+    from jaxcontracts._testing import snapshot_file as _snapshot_file
 
     text = _recorded(pytester)
     path = pytester.path / "__jc_snapshots__" / "test_sim.test_sim.jcsnap"
@@ -644,7 +644,7 @@ def test_a_failed_write_keeps_the_old_file_and_leaves_no_temporary(pytester, mon
 
 
 def test_test_ids_that_differ_only_in_unsafe_characters_get_their_own_files():
-    from jaxcontracts._snapshot_file import file_name
+    from jaxcontracts._testing.snapshot_file import file_name
 
     a, b = file_name("test_m", ["test_x[a b]"]), file_name("test_m", ["test_x[a_b]"])
     assert a != b and b == "test_m.test_x[a_b].jcsnap"  # a plain id keeps its plain name
@@ -654,7 +654,7 @@ def test_test_ids_that_differ_only_in_unsafe_characters_get_their_own_files():
 
 def test_two_sessions_writing_one_file_keep_both_sections(pytester):
     # Two backends (or xdist workers) updating one file: each merges under a lock.
-    from jaxcontracts._snapshot_file import parse, read, write
+    from jaxcontracts._testing.snapshot_file import parse, read, write
 
     text = _recorded(pytester)
     folder = pytester.path / "__jc_snapshots__"

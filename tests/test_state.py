@@ -210,7 +210,7 @@ def test_sharding_mapping_names_only_data_fields(mesh2):
 
 @pytest.mark.parametrize("form", ["decorator", "base class"])
 def test_subclass_runs_the_base_post_init_like_a_dataclass(form, monkeypatch):
-    from jaxcontracts import _state
+    from jaxcontracts._state import classes as _state
 
     ran = []
 
@@ -425,7 +425,7 @@ def test_nested_state_and_pytree_fields():
 
 
 def test_no_validation_inside_a_trace_or_on_unflatten(monkeypatch):
-    from jaxcontracts import _state
+    from jaxcontracts._state import classes as _state
 
     calls = []
     original = _state.validate

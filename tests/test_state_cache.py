@@ -15,7 +15,7 @@ import pytest
 from jaxtyping import Array, Float32, Float64, PyTree
 
 import jaxcontracts as jc
-from jaxcontracts._validate import clear_validation_cache, validation_cache_size
+from jaxcontracts._state.validate import clear_validation_cache, validation_cache_size
 
 
 class Pair(jc.State):

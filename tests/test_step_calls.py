@@ -223,7 +223,7 @@ def test_a_step_is_copied_like_a_function_and_a_bound_one_follows_its_instance()
 @pytest.mark.parametrize("level", ["off", "fast", "full"])
 def test_keyword_calls_take_the_call_path_not_the_slow_path(level, monkeypatch):
     # PPO's update(runner_state, config=config): keywords bound without inspect.
-    from jaxcontracts import _hot_step
+    from jaxcontracts._step import hot_step as _hot_step
 
     class Config(typing.NamedTuple):
         lr: float
@@ -263,7 +263,7 @@ def test_omitted_defaults_take_the_call_path_not_the_slow_path(level, monkeypatc
     # wrapper for it.
     import inspect
 
-    from jaxcontracts import _hot_step
+    from jaxcontracts._step import hot_step as _hot_step
 
     class Config(typing.NamedTuple):
         lr: float = 0.5
@@ -338,7 +338,8 @@ def test_without_the_guarded_call_one_closure_checks_every_call_in_python(level,
     # On a jax whose pjit C++ call cannot be built around an AOT executable,
     # the full closure runs the per-signature checks on every call and calls
     # the executable itself, at both levels: same contracts, same messages.
-    from jaxcontracts import _callctx, _callpath
+    from jaxcontracts._step import callctx as _callctx
+    from jaxcontracts._step import callpath as _callpath
 
     asked: list[int] = []
     monkeypatch.setattr(_callpath, "guarded_call", lambda *a, **k: asked.append(1))  # None: missing

@@ -1037,7 +1037,7 @@ def test_at_off_a_python_flattened_state_is_flattened_once_by_the_cpp_call(monke
     # the step at off takes the arguments as they come: JAX's C++ call
     # flattens them once, as jax.jit does, where the call path flattened them
     # in Python and the executable flattened the tuple of leaves again.
-    from jaxcontracts import _callpath
+    from jaxcontracts._step import callpath as _callpath
 
     step = jc.hot_step(_registered_step, state="s")
     s = _Registered(w=jnp.ones(3), b=jnp.zeros(3))

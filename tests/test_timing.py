@@ -8,7 +8,7 @@ import pytest
 from jaxtyping import Array, Float32, Int32
 
 import jaxcontracts as jc
-from jaxcontracts import _timing
+from jaxcontracts._report import timing as _timing
 
 
 class Clock(jc.State):

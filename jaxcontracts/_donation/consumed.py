@@ -1,0 +1,117 @@
+"""Consumed states: what a donating hot step leaves behind.
+
+A ``jc.state`` passed to a hot step that donated its buffers changes class to
+a *consumed* subclass, made once per (state class, step), so the change is
+one ``__class__`` store per call. The class names the step
+(``_marks.CONSUMED_BY``), so every message about the state (a field read,
+its repr, passing it again, ``jc.fetch``) names the step, in loops and out.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+
+from .._errors import DonationError
+from .._format import fmt_aval
+from .._marks import CONSUMED_BY, consumer_of
+from .._runtime import local
+from .._state.fields import info_of, register_pytree
+from .._tracebacks import trim
+from .hazards import holds_deleted
+
+__all__ = ["consumed_class", "consumer_of"]
+
+
+_consumed: dict[tuple[type, str], type] = {}
+
+
+def consumed_class(cls: type, step: str) -> type:
+    """The class a ``cls`` instance takes once ``step`` donated its buffers.
+
+    A subclass with the same name and layout (so ``obj.__class__ = ...`` is
+    one store per call), registered as a pytree like ``cls`` (a tree_map over
+    it rebuilds a plain ``cls``). Reading a field whose arrays were donated
+    raises a DonationError naming the step and the field, instead of JAX's
+    bare ``RuntimeError: Array has been deleted`` at first use; fields whose
+    buffers survived (not donated, or donation not honoured) read as before.
+    """
+    key = (cls, step)
+    made = _consumed.get(key)
+    if made is None:
+        made = _consumed[key] = _make_consumed(cls, step)
+    return made
+
+
+def _make_consumed(cls: type, step: str) -> type:
+    info = info_of(cls)
+    data = frozenset(info.data_names)
+    get = object.__getattribute__
+
+    def __getattribute__(self: Any, name: str) -> Any:
+        value = get(self, name)
+        if name in data and holds_deleted(value):
+            __tracebackhide__ = True
+            summary, fix = _consumed_read(cls, step, name, value)
+            loop = local.loop
+            if loop is None or local.allow:
+                try:
+                    raise DonationError(
+                        summary, fix=fix, contract="no-donated-use", step=step, leaves=[f".{name}"]
+                    )
+                except DonationError as err:  # the traceback ends at the user's line
+                    trim(err)
+                    raise
+            # In a hot loop: its violation, at the user's line (recorded, in
+            # record mode, and the deleted value returned as JAX would).
+            try:
+                loop.violation("donation", summary, fix)
+            except DonationError as err:
+                trim(err)
+                raise
+        return value
+
+    def __reduce_ex__(self: Any, protocol: Any) -> Any:
+        raise DonationError(
+            f"this {cls.__name__} was donated to {step}: its arrays no longer exist, "
+            "so it cannot be pickled or copied.",
+            fix=f"save or copy the state {step} returned (s = {step}(s)).",
+            contract="no-donated-use",
+            step=step,
+        )
+
+    def __new__(klass: type, *args: Any, **kwargs: Any) -> Any:
+        # type(s)(...) and replace() on a consumed state build a plain, validated
+        # one (replace() reads, and so refuses, the fields it does not change).
+        return cls(*args, **kwargs)
+
+    made = type(cls)(
+        cls.__name__,
+        (cls,),
+        {
+            "__new__": __new__,
+            "__slots__": (),
+            "__module__": cls.__module__,
+            "__qualname__": cls.__qualname__,
+            "__doc__": cls.__doc__,
+            "__getattribute__": __getattribute__,
+            "__reduce_ex__": __reduce_ex__,
+            CONSUMED_BY: step,
+        },
+    )
+    register_pytree(made, info, via_dict=True, rebuild=cls)
+    return made
+
+
+def _consumed_read(cls: type, step: str, name: str, value: Any) -> tuple[str, str]:
+    """(summary, fix) for reading a donated field of a consumed state."""
+    what = fmt_aval(value.shape, value.dtype) if isinstance(value, jax.Array) else "its arrays"
+    return (
+        f"{cls.__name__}.{name}: {what} was donated to {step} and no longer exists "
+        f"(this {cls.__name__} was passed to {step}, which reused its buffers).",
+        f"read the state {step} returned (s = {step}(s); s.{name}). To keep the "
+        f"old value as well, copy it before the call (old = jnp.copy(s.{name})), "
+        "or leave the field out of donate=.",
+    )
+

@@ -1,0 +1,46 @@
+"""A read of a deleted array outside a hot loop's interceptors, worded as a donation.
+
+JAX checks ``ArrayImpl._check_if_deleted`` before any use of an array; once a
+hot step has donated, that check is hooked (``_compat.arrays``), so the use of
+a consumed array says what happened instead of "Array has been deleted".
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .. import _steps
+from .._compat import frames
+from .._errors import DonatedArrayError
+from .._format import fmt_aval
+from .._runtime import arrays_named, donated, local, use_returned
+from .._userline import user_frame
+
+__all__ = ["deleted_read"]
+
+
+def deleted_read(x: Any) -> Exception | None:
+    """The error for a use of ``x``, a deleted array, outside a hot loop's
+    interceptors (``ArrayImpl._check_if_deleted``, see ``_compat.arrays``).
+
+    Names the leaf by its path in what the user's frame holds (``old.x`` of a
+    NamedTuple, ``samples[3]``) where that frame's locals can be read without
+    writing to them (``_compat.frames.locals_of``), and says it was deleted,
+    listing the hot steps that donate (``_runtime.donated``); None (JAX's own
+    ``RuntimeError``) when nothing names it and no step donates. Reads no
+    device memory. Inside a loop it is the loop's donation
+    violation.
+    """
+    __tracebackhide__ = True
+    frame = user_frame(frames.caller_frame(1))
+    found = arrays_named(frame, frame.f_lineno, only=x, limit=1) if frame is not None else []
+    if not found and not _steps.donating():
+        return None  # nothing named, no step that donates: JAX's own error says as much
+    path = found[0][0] if found else None
+    summary = f"{f'`{path}`' if path else 'an array'} ({fmt_aval(x.shape, x.dtype)}) {donated(None)}."
+    fix = use_returned(None)
+    loop = local.loop
+    if loop is not None and not local.allow:
+        loop.violation("donation", summary, fix)  # raises, or records (then JAX's error)
+        return None
+    return DonatedArrayError(summary, fix=fix, contract="no-donated-use", leaves=[path] if path else [])

@@ -1,0 +1,595 @@
+"""``jc.hot_loop``: critical sections that catch transfers and compiles.
+
+A hot loop's entry engages, on the thread that entered it, the interceptors
+of ``_intercept`` (array reads, the buffer protocol, compile events: they
+catch device-to-host reads on every backend, CPU included, where JAX's own
+guard never fires) and JAX's native transfer guards (host-to-device on every
+backend, device-to-host off CPU); its exit restores what that entry changed,
+in whatever order loops end and on whatever thread. A violation is raised
+(or, in record mode, recorded) at the user's line (``_userline``); a JAX
+runtime error leaving the loop becomes the contract error it is
+(``_translate``). Explicit transfers stay allowed: ``jc.fetch`` (``_fetch``),
+``jax.device_get``, ``jax.device_put``.
+
+What each piece costs and how loop timing is estimated is in the
+performance guide (``docs/guides/performance.md``).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+import sys
+import threading
+import types
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Literal, TypeVar, overload
+
+import jax
+
+from .._compat import arrays, guardlog, threadguard
+from .._config import get_checks
+from .._errors import VIOLATIONS, ContractError, DefinitionError, compose, violation_summary
+from .._format import fmt_logged_aval, fmt_object
+from .._records import Violation, WarmupCompile
+from .._report import timing as _timing
+from .._report.render import Report, loop_report
+from .._report.timing import LoopTiming
+from .._runtime import held_outputs, local, observers
+from .._tracebacks import boundary, trim
+from .._userline import user_frame, where
+from .fetch import fetch
+from .intercept import acquire, pending, release
+from .interrupts import MAIN_THREAD, interrupts
+from .loopstack import Entry, enter_native, relink, repair, restore_elsewhere, stacks_lock
+from .translate import translate
+
+__all__ = ["HotLoop", "Violation", "fetch", "hot_loop"]
+
+F = TypeVar("F", bound=Callable[..., Any])
+T = TypeVar("T")
+
+
+_LOGGED_FIX = (
+    "rerun with on_violation=\"raise\" to stop at the line; the usual cause is an "
+    "eager op or a jax.jit call given a Python scalar or a numpy array (x * 2.0 "
+    "on an array, f(np_array)): make constants device arrays before the loop "
+    "(two = jnp.float32(2.0)) or move the arithmetic into the step."
+)
+
+
+class _WarmUp:
+    """What a ``compiles="warmup"`` loop let compile: once per key, any thread."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._seen: set[Any] = set()
+        self.compiles: list[WarmupCompile] = []
+
+    def admit(self, key: Any, record: WarmupCompile) -> bool:
+        with self._lock:
+            if key in self._seen:
+                return False
+            self._seen.add(key)
+            self.compiles.append(record)
+            return True
+
+    def seen(self, key: Any) -> bool:
+        return key in self._seen
+
+
+_OPTIONS = {
+    "transfers": ("disallow", "allow_host_to_device", "allow"),
+    "compiles": ("disallow", "warmup", "allow"),
+    "on_violation": ("raise", "record"),
+}
+
+
+class HotLoop:
+    """A critical section: see :func:`hot_loop`.
+
+    Attributes:
+        violations: in record mode, every violation seen (one per kind and
+            source line, with a count).
+        warmup_compiles: with ``compiles="warmup"``, the compiles let
+            through: the first of each function at each line, and each hot
+            step's first signature (a :class:`jc.WarmupCompile` each).
+        iterations: how many items :meth:`iterate` has yielded.
+        sampler_calls: eager ``jax.random`` sampler calls whose Python-number
+            parameters (``minval=0.0``, ``p=0.5``, the defaults) were copied
+            to the device: let through and counted, a few bytes each.
+        timing: a :class:`jc.LoopTiming`: steps per second, host time per
+            step call, time blocked on the device, and whether the loop is
+            dispatch-bound or device-bound (see :meth:`report`).
+    """
+
+    def __init__(
+        self,
+        *,
+        transfers: str = "disallow",
+        compiles: str = "disallow",
+        on_violation: str = "raise",
+    ) -> None:
+        for option, value in (
+            ("transfers", transfers),
+            ("compiles", compiles),
+            ("on_violation", on_violation),
+        ):
+            if value not in _OPTIONS[option]:
+                raise DefinitionError(
+                    f"jc.hot_loop({option}={value!r}): valid values are "
+                    + ", ".join(repr(v) for v in _OPTIONS[option])
+                    + "."
+                )
+        self._options = {"transfers": transfers, "compiles": compiles, "on_violation": on_violation}
+        self.on_violation = on_violation
+        # Device-to-host reads are refused unless every transfer is allowed;
+        # implicit host-to-device copies only with transfers="disallow".
+        self.checks_transfers = transfers != "allow"
+        self.checks_host_to_device = transfers == "disallow"
+        self.checks_compiles = compiles in ("disallow", "warmup")
+        self.warmup = compiles == "warmup"
+        self._warm = _WarmUp()
+        self.iterations = 0
+        self.sampler_calls = 0
+        self._iteration: int | None = None  # inside iterate(): the current item's index
+        self._violations: dict[tuple[str, str, str], Violation] = {}
+        self._entries: list[Entry] = []  # active entries (re-entrant, any thread)
+        self._clock = _timing.LoopClock()
+
+    @property
+    def violations(self) -> list[Violation]:
+        return list(self._violations.values())
+
+    @property
+    def options(self) -> dict[str, str]:
+        """The loop's options (``transfers``, ``compiles``, ``on_violation``)."""
+        return dict(self._options)
+
+    @property
+    def warmup_compiles(self) -> list[WarmupCompile]:
+        return list(self._warm.compiles)
+
+    def iterate(self, iterable: Iterable[T]) -> Iterator[T]:
+        """Yield ``iterable``'s items, counting iterations (``for b in loop.iterate(loader)``).
+
+        Messages then name the iteration, and the report gives iterations
+        per second. With ``compiles="warmup"`` only the first iteration may
+        compile: a first compile in a later one is refused too.
+        """
+        try:
+            for i, item in enumerate(iterable):
+                self._iteration = i
+                self.iterations += 1
+                yield item
+        finally:
+            self._iteration = None
+
+    def admit_compile(self, key: Any, what: str, frame: Any = None) -> bool:
+        """With ``compiles="warmup"``: let this compile through (and record it) if
+        it is the first of its kind, in the first pass."""
+        if not self.warmup or (self._iteration is not None and self._iteration > 0):
+            return False
+        return self._warm.admit(key, WarmupCompile(what, where(user_frame(frame))[0], self._iteration))
+
+    def seen_compile(self, key: Any) -> bool:
+        return self._warm.seen(key)
+
+    def compiles_admitted(self) -> bool:
+        """Whether a first compile would be let through now (see ``LoopHandle``)."""
+        if not self.checks_compiles:
+            return True
+        return self.warmup and (self._iteration is None or self._iteration == 0)
+
+    def violation(self, kind: str, what: str, fix: str, frame: Any = None) -> None:
+        """Raise (or, in record mode, record) one violation at the user's line.
+
+        ``kind`` is a key of ``_errors.VIOLATIONS``, which gives the title,
+        the contract and the error class.
+        """
+        __tracebackhide__ = True
+        at, text = where(user_frame(frame))
+        summary = violation_summary(kind, what, at, text)
+        if self._iteration is not None:
+            summary += f"\n  in iteration {self._iteration} of loop.iterate()"
+        if self.on_violation == "raise":
+            info = VIOLATIONS[kind]
+            raise info.error(summary, fix=fix, contract=info.contract)
+        self._record(kind, what, at, compose(summary, fix=fix), text, fix, self._iteration)
+
+    def _record(
+        self,
+        kind: str,
+        what: str,
+        where: str,
+        message: str,
+        source: str = "",
+        fix: str = "",
+        iteration: int | None = None,
+    ) -> None:
+        key = (kind, where, what)
+        if kind == "donation" and key not in self._violations and any(
+            k[0] == "donation" and k[1] == where for k in self._violations
+        ):
+            return  # the same stale value's use at this line, already recorded
+        found = self._violations.get(key)
+        if found is None:
+            self._violations[key] = Violation(kind, what, where, 1, message, source, fix, iteration)  # type: ignore[arg-type]
+        else:
+            found.count += 1
+
+    @property
+    def timing(self) -> LoopTiming:
+        """Where the loop's time went so far: see :meth:`report`."""
+        return self._clock.timing()
+
+    def _record_logged(self, logged: list[guardlog.GuardEvent], unparsed: int) -> None:
+        """Record the transfers JAX's guard logged on this entry's thread."""
+        at = "(jaxlib's log)"
+        for event in logged:
+            what = f"implicit {event.direction} transfer of {fmt_logged_aval(event.aval)}"
+            summary = violation_summary("transfer", what, at, "JAX logs it from C++, with no Python line")
+            self._record("transfer", what, at, compose(summary, fix=_LOGGED_FIX), "", _LOGGED_FIX)
+        if unparsed:
+            what = (
+                f"{unparsed} transfer-guard log line(s) from jaxlib that this version "
+                "of jaxcontracts cannot read (left on stderr)"
+            )
+            self._record("transfer", what, at, violation_summary("transfer", what, at), "", _LOGGED_FIX)
+
+    def report(self) -> Report:
+        """A :class:`jc.Report` of the violations and of where the time went.
+
+        ``str()`` of it is text; in a notebook it renders as HTML. Besides the
+        contracts, it has a timing section (``report.timing``, a
+        :class:`jc.LoopTiming`) that says whether the loop is dispatch-bound
+        or device-bound, with the figures. How they are measured, and what
+        they cannot see, is in the performance guide ("How loop timing
+        works"); at checks level ``off`` nothing is timed.
+        """
+        report = loop_report(
+            self.violations, self.on_violation, self.warmup_compiles, self.iterations, self.sampler_calls
+        )
+        report.timing = self._clock.timing()
+        wall = report.timing.wall_seconds
+        if self.iterations and wall > 0:
+            report.facts = [
+                (k, f"{v} ({self.iterations / wall:,.0f}/s)" if k == "iterations" else v)
+                for k, v in report.facts
+            ]
+        return report
+
+    def __enter__(self) -> HotLoop:
+        """Enter the loop; a Ctrl-C during the entry is held until it is whole
+        (then the entry is undone and the interrupt delivered: never half entered)."""
+        counted = interrupts.entering()
+        try:
+            entry = self._enter(counted)
+        except BaseException as err:  # the entry undid itself
+            interrupts.finish()
+            if isinstance(err, ContractError):  # the traceback ends at the user's line
+                trim(err)
+            raise
+        try:
+            if counted and interrupts.noted:  # Ctrl-C during the entry: undo it, deliver it
+                self._exit(None, None, None)
+                interrupts.finish()
+                interrupts.deliver()
+                return self.__enter__()  # the handler did not raise: entered after all
+            return self
+        except BaseException:
+            if entry in self._entries:  # a signal as the entry ended: not entered after all
+                self._exit(None, None, None)
+                interrupts.finish()
+            raise
+
+    def _enter(self, counted: bool) -> Entry:
+        modes: dict[str, str] = {}
+        if self.checks_transfers:
+            if self.checks_host_to_device:
+                modes["host_to_device"] = "disallow" if self.on_violation == "raise" else "log"
+            else:  # allow_host_to_device: even inside an outer loop that refuses them
+                modes["host_to_device"] = "allow"
+            if jax.default_backend() != "cpu":
+                modes["device_to_host"] = "disallow" if self.on_violation == "raise" else "allow"
+            if self.on_violation == "raise" and jax.local_device_count() > 1:
+                # An implicit copy between devices (a committed array passed to a
+                # computation placed elsewhere): JAX's own guard, which it enforces
+                # on GPU and TPU (its CPU backend copies without asking).
+                modes["device_to_device"] = "disallow"
+        stack = local.stack
+        if not self.checks_transfers and stack.entries:
+            # transfers="allow" inside an outer loop that refuses them: lift JAX's
+            # own guards too (a user's own jax.transfer_guard outside any loop stays)
+            modes["host_to_device"] = "allow"
+            if jax.default_backend() != "cpu":
+                modes["device_to_host"] = "allow"
+            if jax.local_device_count() > 1:
+                modes["device_to_device"] = "allow"
+        # At checks level off only JAX's native guards: no class patches, no
+        # compile listener, no active loop for the call path to report to.
+        checked = get_checks() != "off"
+        entry = Entry(self, stack, modes, checked=checked)
+        entry.counted = counted
+        if checked:
+            acquire()
+        try:
+            with stacks_lock:
+                repair(stack)
+                if not stack.entries and modes:
+                    state = threadguard.current()
+                    stack.saved = None if state is None else (state, threadguard.levels(state))
+                entry.native = enter_native(modes)
+                if checked and modes.get("host_to_device") == "log" and guardlog.start():
+                    entry.capture_tid = threading.get_native_id()
+                stack.entries.append(entry)
+                relink(stack)
+                self._entries.append(entry)
+            if checked:
+                entry.timing = _timing.enter(self._clock)
+        except BaseException:
+            if entry in self._entries:  # pushed: a whole exit undoes it
+                self._exit(None, None, None)
+            else:
+                if entry.native is not None:  # the innermost contexts: they close in order
+                    entry.native.close()
+                if checked:
+                    release()
+                if counted:
+                    interrupts.leaving()
+            raise
+        if observers.recorders:
+            observers.loop(self, True)
+        return entry
+
+    def _take_entry(self) -> Entry:
+        """This exit's entry: the latest one made on this thread, else the latest."""
+        mine = local.stack
+        for i in range(len(self._entries) - 1, -1, -1):
+            if self._entries[i].stack is mine:
+                return self._entries.pop(i)
+        if not self._entries:
+            raise RuntimeError("jc.hot_loop: __exit__ without a matching __enter__")
+        return self._entries.pop()
+
+    def __exit__(
+        self, exc_type: Any, exc: BaseException | None, tb: Any, _finalizing: Any = sys.is_finalizing
+    ) -> bool:
+        """End this entry, whatever the order: out-of-order exits (generators,
+        asyncio tasks) and exits on another thread restore what it changed.
+
+        At interpreter exit (a suspended generator holding a loop is closed
+        while modules are being torn down) there is nothing left to restore:
+        it returns at once, reading no module global (``_finalizing`` is bound
+        when the class is made).
+        """
+        if _finalizing():
+            return False
+        __tracebackhide__ = True
+        try:
+            return self._exit(exc_type, exc, tb)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
+        finally:
+            if threading.current_thread() is MAIN_THREAD:
+                interrupts.finish()  # SIGINT given back after the last loop, as the last thing
+                interrupts.deliver()  # a Ctrl-C held during the exit, now it is whole
+
+    def _exit(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+        __tracebackhide__ = True
+        if isinstance(exc, ContractError):  # raised in the body: it ends at the user's line
+            trim(exc)
+        # Translated before the last loop's exit forgets the steps' last calls
+        # (they name the step that consumed a donated array).
+        translated = translate(exc, tb) if isinstance(exc, Exception) else None
+        with stacks_lock:
+            entry = self._take_entry()
+            stack = entry.stack
+            entry.ended = True
+            if entry.timing is not None:
+                _timing.leave(entry.timing, lambda: held_outputs(_timing.in_use()))
+            relink(stack)
+            try:
+                if stack is local.stack:
+                    repair(stack)
+                else:
+                    restore_elsewhere(stack)
+            finally:
+                if entry.checked:
+                    release()
+                if entry.counted:
+                    interrupts.leaving()
+        if entry.capture_tid is not None:
+            self._record_logged(*guardlog.stop(entry.capture_tid))
+        if observers.recorders:
+            observers.loop(self, False)
+        refused, pending.error = getattr(pending, "error", None), None
+        if exc is not None and not isinstance(exc, Exception):
+            return False
+        if refused is not None and exc is not None and arrays.is_unset_error(exc):
+            raise refused.with_traceback(None) from None  # a refused buffer export (3.11)
+        if refused is not None and exc is None and sys.version_info < (3, 12):
+            # 3.11: the refusal reached the code as a SystemError it caught:
+            # the read was still refused, so the loop says so as it ends.
+            refused.add_note(
+                "Raised as the loop ended: on Python 3.11 this refusal reached your "
+                "code as `SystemError: ... returned NULL without setting an "
+                "exception`, which was caught inside the loop."
+            )
+            raise refused.with_traceback(None) from None
+        if translated is not None:
+            raise translated from None
+        return False
+
+    def __call__(self, fn: F) -> F:
+        """Use as a decorator: every call of ``fn`` runs in a fresh loop.
+
+        On a generator function or an ``async def`` the call returns a
+        generator or coroutine whose every resumption (each ``next``/``send``
+        and each step between two ``await`` s) runs inside that call's loop;
+        the caller's code between resumptions and the event loop are not
+        guarded. An async generator function is refused.
+        """
+        options = self.options
+        if inspect.isasyncgenfunction(fn):
+            name = getattr(fn, "__qualname__", repr(fn))
+            raise DefinitionError(
+                f"@jc.hot_loop() on the async generator function {name}: its body "
+                "runs in pieces between the caller's awaits, which the decorator "
+                "cannot guard.",
+                fix="decorate the `async def` that consumes it (`async for ...` "
+                "inside), or put `with jc.hot_loop():` around the code between two "
+                "awaits in its body.",
+            )
+        if inspect.isgeneratorfunction(fn):
+
+            @functools.wraps(fn)
+            def generator(*args: Any, **kwargs: Any) -> Any:
+                return (yield from _resumed_inside(fn(*args, **kwargs), HotLoop(**options)))
+
+            return generator  # type: ignore[return-value]
+        if inspect.iscoroutinefunction(fn):
+
+            @functools.wraps(fn)
+            async def coroutine(*args: Any, **kwargs: Any) -> Any:
+                return await _coroutine_resumed_inside(fn(*args, **kwargs), HotLoop(**options))
+
+            return coroutine  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        def wrapper(*args: Any, **kwargs: Any) -> Any:
+            with HotLoop(**options):
+                return fn(*args, **kwargs)
+
+        return wrapper  # type: ignore[return-value]
+
+
+# The frames in which a SIGINT is held (their callees' included).
+interrupts.codes = frozenset({HotLoop.__enter__.__code__, HotLoop.__exit__.__code__})
+
+
+def _resumed_inside(inner: Any, loop: HotLoop) -> Any:
+    """Drive a generator or coroutine, each resumption inside ``loop``."""
+    __tracebackhide__ = True
+    sent: Any = None
+    thrown: BaseException | None = None
+    while True:
+        with loop:
+            try:
+                out = inner.send(sent) if thrown is None else inner.throw(thrown)
+            except StopIteration as stop:
+                return stop.value
+            finally:
+                sent, thrown = None, None
+        try:
+            sent = yield out
+        except GeneratorExit:
+            with loop:
+                inner.close()
+            raise
+        except BaseException as e:  # noqa: BLE001 - passed on into the body
+            thrown = e
+
+
+@types.coroutine
+def _coroutine_resumed_inside(inner: Any, loop: HotLoop) -> Any:
+    return (yield from _resumed_inside(inner, loop))
+
+
+@overload
+def hot_loop(fn: F, /) -> F: ...
+@overload
+def hot_loop(
+    *,
+    transfers: Literal["disallow", "allow_host_to_device", "allow"] = ...,
+    compiles: Literal["disallow", "warmup", "allow"] = ...,
+    on_violation: Literal["raise", "record"] = ...,
+) -> HotLoop: ...
+@boundary
+def hot_loop(
+    fn: Any = None,
+    /,
+    *,
+    transfers: Literal["disallow", "allow_host_to_device", "allow"] = "disallow",
+    compiles: Literal["disallow", "warmup", "allow"] = "disallow",
+    on_violation: Literal["raise", "record"] = "raise",
+) -> Any:
+    """A critical section where transfers and compiles are contract violations.
+
+    On the thread that enters it, for its duration, on every backend (CPU
+    included): an implicit device-to-host read of a ``jax.Array`` raises
+    :class:`TransferError`; an implicit host-to-device transfer raises
+    :class:`TransferError`; any trace or compile raises
+    :class:`RecompileError`; reading an array a hot step consumed raises
+    :class:`DonationError`. ``jc.fetch``, ``jax.device_get`` and
+    ``jax.device_put`` stay allowed. Other threads are unaffected; nesting
+    works; each exit restores what its own entry changed, so loops may end
+    in any order (generators, asyncio tasks) and on another thread (a
+    generator closed there): once every loop has ended nothing is guarded.
+
+    Args:
+        transfers: ``"disallow"`` (default): every implicit transfer is a
+            violation. ``"allow_host_to_device"``: implicit host-to-device
+            copies are let through (JAX's own guard set to ``"allow"`` for
+            the loop), device-to-host reads are still refused. That is for
+            host glue with Python constants in eager ops (``flag & 1``,
+            ``loss * 0.5``, ``x[idx]``, whose index normalisation makes
+            constants): each such op then copies a few bytes to the device
+            per call, which is cheap, but JAX's guard has no size threshold,
+            so a large numpy array sent to an eager op or a plain
+            ``jax.jit`` is let through too, silently. Hot steps still refuse
+            host arguments themselves (a ``TransferError`` at the call),
+            loop or not. Prefer doing the glue inside a step or a
+            ``jax.jit`` helper (constants are compiled in) and keep
+            ``"disallow"``. ``"allow"``: no transfer checks.
+        compiles: ``"disallow"`` (default): every trace or compile is a
+            violation. ``"warmup"``: the loop's first pass may compile, once
+            per thing: the first compile of each function at each line (a
+            ``jax.jit`` helper, the eager glue JAX compiles on first use,
+            such as ``unstack`` when iterating an array) and each hot step's
+            first signature are let through and listed in
+            ``loop.warmup_compiles`` and the report; a second compile of the
+            same thing (a new shape, a weak-typed retrace, a fresh
+            ``jax.jit`` each iteration) is refused. With
+            ``for x in loop.iterate(data):`` only the first iteration may
+            compile. ``"allow"``: no compile checks.
+        on_violation: ``"raise"`` (default), or ``"record"`` to collect the
+            violations in ``loop.violations`` / ``loop.report()`` instead.
+            In record mode implicit host-to-device transfers in eager ops are
+            left to JAX's guard in ``"log"`` mode (JAX offers no hook to
+            record them and go on), and a read of a donated array is
+            recorded but still fails, since its buffer is gone (a
+            ``DonationError`` when it leaves the loop).
+
+    At checks level ``off`` (``jc.set_checks("off")``,
+    ``JAXCONTRACTS_CHECKS=off``) a loop engages only JAX's native transfer
+    guards (host-to-device on every backend, device-to-host off CPU): no
+    interception of reads or compiles, so annotated loops cost nothing. The
+    level is read when the loop is entered.
+
+    Returns:
+        A context manager, also usable as a decorator (``@jc.hot_loop()``,
+        or ``@jc.hot_loop`` bare for the defaults).
+
+    Examples:
+        >>> import jax.numpy as jnp, jaxcontracts as jc
+        >>> x = jnp.arange(3.0)
+        >>> with jc.hot_loop(on_violation="record") as loop:
+        ...     _ = float(x[0])
+        >>> [v.kind for v in loop.violations]
+        ['transfer']
+    """
+    loop = HotLoop(transfers=transfers, compiles=compiles, on_violation=on_violation)
+    if fn is None:
+        return loop
+    if callable(fn) and not isinstance(fn, (str, type)):  # @jc.hot_loop, bare: the defaults
+        return loop(fn)
+    option = {"warmup": "compiles", "raise": "on_violation", "record": "on_violation"}.get(
+        fn if isinstance(fn, str) else "", "transfers"
+    )
+    raise DefinitionError(
+        f"jc.hot_loop({fmt_object(fn)}): its options are keywords.",
+        fix=f"jc.hot_loop({option}={fn!r})" if isinstance(fn, str) else 'jc.hot_loop(transfers="allow")',
+    )
+

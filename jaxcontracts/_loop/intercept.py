@@ -1,0 +1,483 @@
+"""The interceptors a hot loop installs: array reads, the buffer protocol, compiles.
+
+JAX's device-to-host transfer guard never fires on CPU: a CPU ``jax.Array``
+lends its buffer to numpy without copying, so no "transfer" happens. A hot loop
+therefore intercepts the *reads* themselves, on every backend:
+
+* **Python-level reads.** ``ArrayImpl`` is a C++ type whose read methods
+  (every entry of ``_compat.arrays.READS``: ``__float__``, ``__repr__``,
+  ``__array__``, ``tolist``, the ``_value`` property...) are Python functions
+  on a mutable heap type. While at least one loop is active anywhere, they
+  are replaced on the class (which updates the C slots, so existing arrays
+  are covered) by wrappers that check a thread-local flag. The last loop to
+  exit puts the originals back, the same objects, so nothing stays patched
+  and nothing costs anything outside a loop. Iterating or unpacking a
+  single-device or fully replicated array slices it on the device
+  (``k, sub = jax.random.split(k)``) and is let through; a sharded array's
+  iteration reads ``_value`` and is caught there.
+* **The buffer protocol.** On one CPU device ``np.asarray(x)``, ``np.array``,
+  ufuncs such as ``np.add(x, 1)`` and ``memoryview`` read the buffer through
+  the C buffer protocol and never call ``__array__``. On Python >= 3.12 the
+  class's ``__buffer__`` (PEP 688) is replaced; on 3.11 the type's
+  ``bf_getbuffer`` slot is swapped, through ctypes, for a callback that
+  refuses the export on a guarded thread and calls the original otherwise.
+  When the export is refused numpy falls back to ``__array__``, which raises
+  the contract error with the array named. Other consumers (``memoryview``,
+  ``np.frombuffer``, ``hashlib``) see that error on 3.12; on 3.11 a ctypes
+  callback cannot raise through C, so they raise ``SystemError`` and the
+  refusal's error replaces it when it leaves the loop. ``__dlpack__``
+  (``np.from_dlpack``) of a CPU array is guarded like the read methods.
+* **Compiles.** ``jax.monitoring`` reports the start of every trace, MLIR
+  lowering and backend compile on the calling thread; a listener turns them
+  into violations, naming the true cause when the stack shows it (a donated
+  array, a host read on the user's line). A hot step meeting a new signature
+  reports itself first, by name. Warm calls emit nothing, and
+  ``jax.debug.print`` callbacks (which read arrays on the host) are
+  recognised and allowed.
+
+:func:`acquire` and :func:`release` install and remove them, reference
+counted across every loop of every thread.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+import jax
+
+from .._compat import arrays, callbacks, capability, events, frames, hostcopy
+from .._compat.tracing import trace_state_clean
+from .._donation.hazards import is_deleted_array
+from .._dtypes import is_key
+from .._errors import ContractError
+from .._format import fmt_aval
+from .._report.timing import in_use
+from .._runtime import arrays_named, donated, local, produced_by, tracking, use_returned
+from .._steps import clear_last_outputs
+from .._tracebacks import trim
+from .._userline import host_read_on_line, user_frame
+from . import rng as _rng
+
+__all__ = ["acquire", "on_monitoring_event", "pending", "release"]
+
+_lock = threading.Lock()
+
+
+def _violation(kind: str, what: str, fix: str, frame: Any = None) -> None:
+    """Raise or record one violation for the current thread's loop."""
+    __tracebackhide__ = True
+    loop = local.loop
+    if loop is not None:
+        loop.violation(kind, what, fix, frame)
+
+
+
+# --------------------------------------------------------------------------
+# Naming arrays and the read interceptors
+
+
+def _describe(x: Any, frame: Any = None) -> str:
+    try:
+        text = fmt_aval(x.shape, x.dtype, x.aval.weak_type)
+    except Exception:  # noqa: BLE001
+        return type(x).__name__
+    key = _key_owner()
+    if key is not None:  # the key data of a typed key being printed or converted
+        text = f"a typed PRNG key {fmt_aval(key.shape, key.dtype)} (its key data, {text})"
+        x = key
+    produced = produced_by(x)
+    return f"{text} ({produced})" if produced else text
+
+
+def _key_owner() -> Any:
+    """The typed PRNG key whose method is reading its key data, if any.
+
+    A key's ``repr``/``print`` reads its ``uint32`` key data; the message
+    names the key. Only library frames below the user's line are looked at
+    (their locals are read; the user's never are), and only when a violation
+    is being reported.
+    """
+    if arrays.KeyArray is None:
+        return None
+    frame = frames.caller_frame(2)
+    user = user_frame(frame)
+    for _ in range(20):
+        if frame is None or frame is user:
+            return None
+        owner = frames.library_locals(frame).get("self")
+        if isinstance(owner, arrays.KeyArray):
+            return owner
+        frame = frame.f_back
+    return None
+
+
+def _named(x: Any, user: Any) -> str:
+    """``"`old.x`, "`` when the user's frame names the array (see ``arrays_named``)."""
+    found = arrays_named(user, user.f_lineno, only=x, limit=1) if user is not None else []
+    return f"`{found[0][0]}`, " if found else ""
+
+
+def _on_read(x: Any, name: str, frame: Any = None) -> None:
+    __tracebackhide__ = True
+    # A read that raises normally supersedes a refused buffer export kept for
+    # 3.11 (numpy falls back from the refused export to the guarded __array__).
+    pending.error = None
+    user = user_frame(frame or frames.caller_frame(1))
+    if x.is_deleted():
+        _violation(
+            "donation",
+            f"{arrays.READS[name]} of {_named(x, user)}an array ({fmt_aval(x.shape, x.dtype)}) that {donated(None)}",
+            use_returned(None),
+            frame,
+        )
+        return
+    loop = local.loop
+    if loop is not None and not trace_state_clean() and loop.compiles_admitted():
+        # A concrete array read while a compile the loop admits traces (an `if`
+        # on a global flag: jax-md's neighbor lists): once per compile, as the
+        # compile is; in a later pass the compile itself is refused.
+        return
+    _violation(
+        "transfer",
+        f"device-to-host read: {arrays.READS[name]} of {_describe(x, user)}",
+        "read it deliberately and rarely with jc.fetch(x) (e.g. every 1000 "
+        "steps), or move the read after the loop; an `if` on an array belongs "
+        "in the step (jnp.where / lax.cond).",
+        frame,
+    )
+
+
+def _iterates_on_device(x: Any) -> bool:
+    """Whether iterating ``x`` slices it on the device, without a read.
+
+    JAX iterates (and unpacks) a single-device or fully replicated array with
+    device slices; any other layout goes through ``_value``, which is guarded
+    on its own. A 0-d array raises numpy's TypeError without a read. A
+    donated array still goes to ``_on_read`` (DonationError).
+    """
+    try:
+        return not x.is_deleted() and (
+            x.ndim == 0 or x.sharding.num_devices == 1 or x.is_fully_replicated
+        )
+    except Exception:  # noqa: BLE001 - unknown layout: treat as a read
+        return False
+
+
+def _on_cpu(x: Any) -> bool:
+    try:
+        return all(d.platform == "cpu" for d in x.devices())
+    except Exception:  # noqa: BLE001 - unknown placement: treat as a read
+        return True
+
+
+def _guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def guarded(self: Any, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        loc = local
+        loop = loc.loop
+        if loop is None or loc.allow or not loop.checks_transfers:
+            return original(self, *args, **kwargs)
+        if name == "__iter__" and _iterates_on_device(self):
+            # Slices on the device (k, sub = jax.random.split(k)): no read.
+            return original(self, *args, **kwargs)
+        if name == "__dlpack__" and not _on_cpu(self):
+            return original(self, *args, **kwargs)  # device to device: no host read
+        if not frames.allowed_reader(frames.caller_frame(1)) and not (
+            name in ("__repr__", "__str__") and not self.is_fully_addressable
+        ):  # jax prints an array spanning other processes without reading it
+            try:
+                _on_read(self, name)
+            except ContractError as err:  # called from the user's line: it ends there
+                trim(err)
+                raise
+        loc.allow += 1
+        try:
+            return original(self, *args, **kwargs)
+        finally:
+            loc.allow -= 1
+
+    guarded.__name__ = getattr(original, "__name__", name)
+    guarded.__qualname__ = getattr(original, "__qualname__", name)
+    guarded.__doc__ = getattr(original, "__doc__", None)
+    return guarded
+
+
+def _must_refuse_buffer(x: Any) -> bool:
+    """For the buffer hooks: refuse the export (numpy then calls __array__)?
+
+    In raise mode the refusal makes numpy fall back to the guarded
+    ``__array__``, which raises the contract error; in record mode the read is
+    recorded here and the export goes on.
+    """
+    loop = local.loop
+    if loop is None or local.allow or not loop.checks_transfers:
+        return False
+    if frames.allowed_reader(frames.caller_frame(1)):
+        return False
+    if loop.on_violation == "raise":
+        return True
+    _on_read(x, "buffer", frames.caller_frame(1))
+    return False
+
+
+pending = threading.local()  # 3.11: the error of a refused buffer export
+
+
+def _buffer_refused(x: Any) -> None:
+    # Python >= 3.12: memoryview() sees this error; numpy falls back to the
+    # guarded __array__, which raises the same. On 3.11 the slot cannot raise
+    # it: it is kept here and replaces the consumer's SystemError ("returned
+    # NULL without setting an exception") when that leaves the loop.
+    __tracebackhide__ = True
+    try:
+        _on_read(x, "buffer")
+    except Exception as e:
+        pending.error = e
+        raise
+
+
+def _value_without_pin(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``_value`` for a jaxlib that pins a CPU buffer after a host read.
+
+    Reads a hot loop lets through (record mode, host callbacks, jc.fetch's
+    own) then copy instead of leaving a cached view that would make the next
+    donated call copy the whole buffer.
+    """
+
+    inside = threading.local()
+
+    def _value(self: Any) -> Any:
+        if (
+            self.is_deleted()
+            or jax.dtypes.issubdtype(self.dtype, jax.dtypes.extended)
+            or getattr(inside, "copying", False)  # host_copy's own jax.device_get (int4): JAX's read
+        ):
+            return original(self)
+        inside.copying = True
+        try:
+            out = hostcopy.host_copy(self)
+        finally:
+            inside.copying = False
+        out.flags.writeable = False  # as JAX's own _value
+        return out
+
+    return _value
+
+
+def _copying_device_get(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
+    """``jax.device_get`` inside a loop: CPU arrays come back as copies.
+
+    On CPU, JAX's ``device_get`` returns a view of the device buffer and
+    caches it on the array, which pins the buffer: a step that donates it
+    next (``kept.append(jax.device_get(s.clock))``, then ``s = step(s)``)
+    makes XLA copy instead, and the consumed-input check refuses the call.
+    An explicit read must never make the next step fail, so inside a loop a
+    CPU array is copied without a view (as ``jc.fetch`` does). Other leaves
+    (typed keys, arrays on an accelerator, where JAX copies anyway, deleted
+    arrays) go to JAX's own ``device_get``.
+    """
+
+    def device_get(x: Any) -> Any:
+        __tracebackhide__ = True
+        if local.loop is None or local.allow:  # no loop, or a copy's own device_get (int4)
+            return original(x)
+        leaves, treedef = jax.tree_util.tree_flatten(x)
+        local.allow += 1  # an explicit transfer
+        try:
+            out = [
+                hostcopy.host_copy(leaf)
+                if type(leaf) is arrays.ArrayImpl
+                and not leaf.is_deleted()
+                and not is_key(leaf.dtype)
+                and leaf.is_fully_addressable
+                and all(d.platform == "cpu" for d in leaf.devices())
+                else original(leaf)
+                for leaf in leaves
+            ]
+        finally:
+            local.allow -= 1
+        return jax.tree_util.tree_unflatten(treedef, out)
+
+    device_get.__wrapped__ = original  # type: ignore[attr-defined]
+    return device_get
+
+
+class _Patches:
+    """Install and remove the class-level interceptors (reference counted)."""
+
+    def __init__(self) -> None:
+        self.originals = arrays.read_methods()
+        self.guarded: dict[str, Any] = {}
+        for name, original in self.originals.items():
+            if isinstance(original, property):
+                assert original.fget is not None
+                fget = original.fget
+                if name == "_value" and hostcopy.pins_host_views():
+                    fget = _value_without_pin(fget)
+                self.guarded[name] = property(_guarded(name, fget))
+            else:
+                self.guarded[name] = _guarded(name, original)
+        self.depth = 0
+        self._buffer_on, self._buffer_off = arrays.buffer_hooks(_must_refuse_buffer, _buffer_refused)
+        self.listening = False
+        self.device_get = jax.device_get
+        self.copying_device_get = _copying_device_get(self.device_get)
+
+    def install(self) -> None:
+        callbacks.hook_host_callbacks(_in_host_callback)  # once, for good: a no-op outside loops
+        if jax.device_get is self.device_get:  # `jax.device_get(x)` in a loop: pin-free copies
+            jax.device_get = self.copying_device_get
+        _rng.install()  # jax.random samplers: their Python-number parameters pass
+        for name, fn in self.guarded.items():
+            arrays.set_class_attr(name, fn)
+        self._buffer_on()
+        if capability("compile-events").available:
+            events.listen(on_monitoring_event)
+            self.listening = True
+
+    def uninstall(self) -> None:
+        if jax.device_get is self.copying_device_get:
+            jax.device_get = self.device_get
+        _rng.uninstall()
+        for name, fn in self.originals.items():
+            arrays.set_class_attr(name, fn)
+        self._buffer_off()
+        if self.listening:
+            events.unlisten(on_monitoring_event)
+            self.listening = False
+        clear_last_outputs(in_use())  # only steps called in loops lately recorded an output
+
+
+def _in_host_callback(runner: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    """A host callback an executable runs (``jax.debug.callback``): inside a
+    loop, with its guards lifted. The callback is the user's deliberate host
+    code, run by the device program on this thread (CPU); refusing its eager
+    ops would fail the step after XLA took the donated state."""
+    if local.loop is None:
+        return runner(*args, **kwargs)
+    local.allow += 1
+    try:
+        with jax.transfer_guard("allow"):
+            return runner(*args, **kwargs)
+    finally:
+        local.allow -= 1
+
+
+def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
+    __tracebackhide__ = True
+    if event not in events.COMPILE_EVENTS:
+        return
+    loop = local.loop
+    if loop is None or local.allow or not loop.checks_compiles:
+        return
+    name = str(kwargs.get("fun_name") or "a function")
+    if name.startswith("jit(") and name.endswith(")"):
+        name = name[4:-1]
+    user = user_frame(frames.caller_frame(1))
+    again = False
+    if loop.warmup:
+        # The first compile of each (function, line) is let through, decided at
+        # its lowering (every compile lowers); a trace or lowering of one seen
+        # before is a second compile of the same thing. The backend compile
+        # that follows a lowering was decided there.
+        if event == events.BACKEND_EVENT:
+            return
+        key = (name, user.f_code.co_filename if user else None, user.f_lineno if user else None)
+        again = loop.seen_compile(key)
+        if not again and (event != events.LOWERING_EVENT or loop.admit_compile(key, name, user)):
+            return
+    # Raise at the first phase; record each compile once (every compile lowers
+    # to MLIR, while a cold eager op may skip the trace event).
+    if loop.on_violation != "raise" and event != events.LOWERING_EVENT:
+        return
+    # The compile is often a symptom: say the cause when the stack shows it.
+    stale = _deleted_in_stack(user)
+    if stale is not None:
+        _violation(
+            "donation",
+            f"`{name}` on {_named(stale, user)}an array ({fmt_aval(stale.shape, stale.dtype)}) that "
+            f"{donated(None)} (jax would compile it, then fail on the deleted buffer)",
+            use_returned(None),
+            user,
+        )
+        return
+    read = host_read_on_line(user)
+    if read is not None:
+        _violation(
+            "transfer",
+            f"device-to-host read: {read} reads the result of an eager `{name}` "
+            "on the host (the op compiles here, then its result is copied to "
+            "the host)",
+            "decide on the device (jnp.where / lax.cond in the step, returning a "
+            "flag), or read deliberately and rarely: `if jc.fetch(x) < 1e-3:` "
+            "every N steps.",
+            user,
+        )
+        return
+    if again:
+        _violation(
+            "compile",
+            f"jax compiles `{name}` again (it compiled once in this loop's warm-up: "
+            "a new input signature, a weak-typed retrace, or a fresh jax.jit each time)",
+            "keep its inputs on one signature (the same shapes, dtypes and weak types "
+            "every time: a smaller last batch, a Python scalar that is sometimes an "
+            "int, a jax.jit made inside the loop), or move it into a hot_step, whose "
+            "refusal shows the differing leaf.",
+            user,
+        )
+        return
+    _violation(
+        "compile",
+        f"jax compiles `{name}` (a fresh jax.jit, a new input signature, or a "
+        "cold eager op)",
+        "run it once before the loop so it is compiled and cached, or move the "
+        "eager op into a hot_step. Warm it on what the loop will pass: a jax.jit "
+        "warmed on arrays made outside any step (jnp.zeros, jax.random.key: "
+        "uncommitted) compiles again for a hot step's outputs, which are committed "
+        "to their device; warm it on a step's outputs, or on jc.device_tree(x) "
+        "(committed).",
+    )
+
+
+def _deleted_in_stack(user: FrameType | None, limit: int = 80) -> Any | None:
+    """A deleted array among the arguments of the JAX calls below ``user``.
+
+    The frames between the compile event and the user's line are JAX's own
+    dispatch of the op; a deleted (donated) array among their locals is the
+    op's argument, and the real error.
+    """
+    frame = frames.caller_frame(2)
+    while frame is not None and frame is not user and limit:
+        for value in frames.library_locals(frame).values():
+            for x in value if isinstance(value, (tuple, list)) else (value,):
+                if is_deleted_array(x):
+                    return x
+        frame, limit = frame.f_back, limit - 1
+    return None
+
+
+_patches: _Patches | None = None
+
+
+def acquire() -> None:
+    global _patches
+    with _lock:
+        if _patches is None:
+            _patches = _Patches()
+        if _patches.depth == 0:
+            _patches.install()
+        _patches.depth += 1
+        tracking.count += 1
+
+
+def release() -> None:
+    with _lock:
+        assert _patches is not None
+        _patches.depth -= 1
+        tracking.count -= 1
+        if _patches.depth == 0:
+            _patches.uninstall()
+

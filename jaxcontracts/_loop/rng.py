@@ -1,0 +1,119 @@
+"""``jax.random`` samplers inside a hot loop: their Python-number parameters.
+
+``jax.random.uniform(key, shape, minval=0.0, maxval=1.0)`` called eagerly
+copies its bounds to the device on every call: a sampler's parameters
+(``minval``, ``p``, ``lam``, ``df``...) and their defaults are Python numbers
+passed to JAX's jitted implementation, so JAX's own host-to-device guard
+refuses even ``jax.random.uniform(key)``. These are the documented idioms of
+``jax.random``, a few bytes each, and no data of the user's: inside a loop
+they are let through and counted (``loop.sampler_calls``).
+
+While loops are active, the public samplers of ``jax.random`` are replaced
+by wrappers (as ``jax.device_get`` is) that lift the host-to-device guard for
+the call, and only when no argument is host data: a numpy array or scalar
+(a key or ``p`` built with numpy) is still refused by JAX's guard. A key made
+from a seed (``jax.random.key(i)``) and ``fold_in(key, i)`` are not samplers:
+their Python int is the loop's data and stays refused. A sampler imported by
+name before the loop (``from jax.random import uniform``) is JAX's own and
+is refused as before; the message says so.
+"""
+
+from __future__ import annotations
+
+import operator
+from collections.abc import Callable
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._runtime import local
+
+__all__ = ["SAMPLERS", "install", "uninstall"]
+
+# The public samplers: every function of jax.random that draws from a
+# distribution. Key constructors and key operations are not listed: their
+# Python numbers are the loop's data (a seed, a fold_in counter).
+SAMPLERS = (
+    "ball", "bernoulli", "beta", "binomial", "categorical", "cauchy",
+    "chisquare", "choice", "dirichlet", "double_sided_maxwell", "exponential",
+    "f", "gamma", "generalized_normal", "geometric", "gumbel", "laplace",
+    "loggamma", "logistic", "lognormal", "maxwell", "multinomial",
+    "multivariate_normal", "normal", "orthogonal", "pareto", "permutation",
+    "poisson", "rademacher", "randint", "rayleigh", "t", "triangular",
+    "truncated_normal", "uniform", "wald", "weibull_min",
+)  # fmt: skip
+
+
+def _host_data(values: Any) -> bool:
+    """Whether any argument is host data (numpy), which stays refused."""
+    for v in values:
+        if isinstance(v, (np.ndarray, np.generic)):
+            return True
+        if isinstance(v, (list, tuple)) and any(isinstance(x, (np.ndarray, np.generic)) for x in v):
+            return True
+    return False
+
+
+def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
+    def sampler(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        loop = local.loop
+        if loop is None or not loop.checks_host_to_device or _host_data(args) or _host_data(kwargs.values()):
+            return original(*args, **kwargs)
+        with jax.transfer_guard_host_to_device("allow"):
+            out = original(*args, **kwargs)
+        loop.sampler_calls += 1
+        return out
+
+    sampler.__wrapped__ = original  # type: ignore[attr-defined]
+    sampler.__name__ = sampler.__qualname__ = name
+    sampler.__doc__ = original.__doc__
+    return sampler
+
+
+class _Samplers:
+    def __init__(self) -> None:
+        self.originals = {n: getattr(jax.random, n) for n in SAMPLERS if hasattr(jax.random, n)}
+        self.wrapped = {n: _wrap(n, f) for n, f in self.originals.items()}
+        self._get = operator.itemgetter(*self.originals)  # the names' values, in C
+        self._originals = tuple(self.originals.values())
+        self._wrapped = tuple(self.wrapped.values())
+
+    def _now(self, names: dict[str, Any]) -> tuple[Any, ...] | None:
+        try:
+            return self._get(names)  # type: ignore[no-any-return]
+        except KeyError:
+            return None
+
+    def install(self) -> None:
+        names = vars(jax.random)
+        if self._now(names) == self._originals:  # identity: functions have no __eq__
+            names.update(self.wrapped)
+        else:  # never over a user's own patch
+            originals = self.originals
+            names.update({n: w for n, w in self.wrapped.items() if names.get(n) is originals[n]})
+
+    def uninstall(self) -> None:
+        names = vars(jax.random)
+        if self._now(names) == self._wrapped:
+            names.update(self.originals)
+        else:
+            wrapped = self.wrapped
+            names.update({n: f for n, f in self.originals.items() if names.get(n) is wrapped[n]})
+
+
+_samplers: _Samplers | None = None
+
+
+def install() -> None:
+    """Called with the interceptors' lock held, when the first loop starts."""
+    global _samplers
+    if _samplers is None:
+        _samplers = _Samplers()
+    _samplers.install()
+
+
+def uninstall() -> None:
+    if _samplers is not None:
+        _samplers.uninstall()

@@ -1,0 +1,1 @@
+"""Reports: rendering (text and HTML) and a loop's clock."""

@@ -1,0 +1,548 @@
+"""Reports: what a step compiled, donated and aliased, and which contracts hold.
+
+A :class:`Report` is plain data with two renderings: ``str()`` gives an
+aligned text table for terminals, ``_repr_html_()`` a self-contained HTML table
+for notebooks. ``jc.check(step, *args)`` builds one without raising;
+``HotStep.report()`` describes what a step has compiled so far;
+``HotLoop.report()`` lists a recording loop's violations.
+
+Reports are built from records (``step.describe()``, a loop's violations),
+never from a step's private attributes, and every report lists the
+capabilities in force (see ``_compat``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import textwrap
+from collections.abc import Sequence
+
+from .._compat import capabilities
+from .._errors import CONTRACTS, VIOLATIONS, ContractError
+from .._format import fmt_aval, fmt_bytes, fmt_sharding
+from .._records import StepDescription, Violation, WarmupCompile
+from .timing import LoopTiming
+
+__all__ = ["Contract", "LeafRow", "Report", "error_contract", "format_violations", "loop_report", "step_report"]
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafRow:
+    """One flat argument leaf of a compiled step."""
+
+    path: str
+    spec: str
+    sharding: str
+    donated: bool
+    aliased: bool | None  # None: not verified
+    nbytes: int
+
+
+@dataclasses.dataclass(frozen=True)
+class Contract:
+    """One contract and whether it holds."""
+
+    name: str
+    ok: bool
+    detail: str = ""
+    error: type[ContractError] = ContractError
+    key: str = ""  # the contract's key in ``_errors.CONTRACTS``
+
+
+@dataclasses.dataclass
+class Report:
+    """A step's or a loop's contracts, in a form for terminals and notebooks.
+
+    Attributes:
+        title: what the report is about (``module.step`` or ``jc.hot_loop``).
+        rows: per-leaf rows (steps only).
+        totals: byte totals from the compiled executable's memory analysis.
+        facts: other figures, as (label, value) pairs.
+        contracts: each contract with pass/fail and its message.
+        violations: a recording loop's violations.
+        timing: a loop's :class:`jc.LoopTiming` (None for a step, or a loop
+            at checks level ``off``): steps per second, host time per call,
+            time blocked on the device, and the verdict.
+        capabilities: each private mechanism (see ``python -m jaxcontracts
+            info``) and whether it is in force on the installed versions.
+    """
+
+    title: str
+    rows: list[LeafRow] = dataclasses.field(default_factory=list)
+    totals: dict[str, int | None] = dataclasses.field(default_factory=dict)
+    facts: list[tuple[str, str]] = dataclasses.field(default_factory=list)
+    contracts: list[Contract] = dataclasses.field(default_factory=list)
+    violations: list[Violation] = dataclasses.field(default_factory=list)
+    capabilities: list[tuple[str, bool]] = dataclasses.field(
+        default_factory=lambda: [(c.name, c.available) for c in capabilities()]
+    )
+    # A loop's timing section (``HotLoop.report``): where the time went.
+    timing: LoopTiming | None = None
+    # A compiles="warmup" loop's warm-up compiles (the first of each kind).
+    warmup: list[WarmupCompile] = dataclasses.field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        """Whether every contract holds (and a loop saw no violation)."""
+        return all(c.ok for c in self.contracts) and not self.violations
+
+    def raise_for_failures(self) -> None:
+        """Raise the failing contracts' error (their messages joined).
+
+        Raises:
+            ContractError: the subclass of the first failing contract.
+        """
+        __tracebackhide__ = True
+        failed = [c for c in self.contracts if not c.ok]
+        if not failed and not self.violations:
+            return
+        lines = [f"{self.title}: {len(failed) + len(self.violations)} contract failure(s)"]
+        lines += [f"- {c.name}: {c.detail}" for c in failed]
+        if self.violations:
+            lines += format_violations(self.violations, "- violations inside the loop:")
+        error = failed[0].error if failed else VIOLATIONS[self.violations[0].kind].error
+        raise error("\n".join(lines))
+
+    # -- text ------------------------------------------------------------
+
+    def __str__(self) -> str:
+        out = [f"{self.title}  [{'OK' if self.ok else 'FAILED'}]"]
+        if self.rows:
+            header = ("leaf", "spec", "sharding", "donated", "aliased", "bytes")
+            table = [header] + [
+                (
+                    r.path,
+                    r.spec,
+                    r.sharding,
+                    "yes" if r.donated else "no",
+                    "-" if r.aliased is None else ("yes" if r.aliased else "NO"),
+                    fmt_bytes(r.nbytes),
+                )
+                for r in self.rows
+            ]
+            out += _align(table, right={5})
+        if self.totals:
+            out += _pack(
+                [f"{k} {fmt_bytes(v) if v is not None else 'n/a'}" for k, v in self.totals.items()],
+                ", ",
+                first="memory (per device): ",
+            )
+        if self.facts:
+            out += _pack([f"{k}: {v}" for k, v in self.facts], " | ")
+        if self.violations:
+            table = [("kind", "where", "count", "what")] + [
+                (v.kind, v.where, str(v.count), v.what) for v in self.violations
+            ]
+            out += _align(table, right={2})
+        if self.warmup:
+            out.append("warm-up compiles (let through once each):")
+            out += [
+                f"  {w.what} at {w.where}" + (f" (iteration {w.iteration})" if w.iteration is not None else "")
+                for w in self.warmup
+            ]
+        if self.timing is not None and self.timing.calls:
+            out += self.timing.lines()
+        for c in self.contracts:
+            mark = "pass" if c.ok else "FAIL"
+            out.append(f"  [{mark}] {c.name}" + (f": {c.detail}" if c.detail and c.ok else ""))
+            if not c.ok and c.detail:
+                out += ["         " + line for line in c.detail.splitlines()]
+        out += textwrap.wrap(
+            self.capabilities_line(),
+            width=TEXT_WIDTH,
+            initial_indent="  ",
+            subsequent_indent="    ",
+            break_on_hyphens=False,
+        )
+        return "\n".join(out)
+
+    def capabilities_line(self) -> str:
+        """``capabilities in force (12/12): a, b, ...; missing: ...``."""
+        on = [n for n, ok in self.capabilities if ok]
+        off = [n for n, ok in self.capabilities if not ok]
+        text = f"capabilities in force ({len(on)}/{len(self.capabilities)}): " + ", ".join(on)
+        return text + (f"; MISSING: {', '.join(off)}" if off else "")
+
+    def __repr__(self) -> str:
+        state = "ok" if self.ok else "FAILED"
+        return f"<jc.Report {self.title} ({state}, {len(self.contracts)} contracts)>"
+
+    # -- HTML ------------------------------------------------------------
+
+    def _repr_html_(self) -> str:
+        e = html.escape
+        status = "ok" if self.ok else "failed"
+        parts = [
+            f'<div class="jc-report jc-{status}" style="{_CSS_BOX}">',
+            f'<div style="{_CSS_TITLE}"><code style="{_CSS_CODE}">{e(self.title)}</code> '
+            f'<span style="{_badge(self.ok)}">{"OK" if self.ok else "FAILED"}</span></div>',
+        ]
+        if self.rows:
+            parts += _html_leaves(self.rows)
+        if self.violations:
+            parts += _html_violations(self.violations)
+        memory = [(k, fmt_bytes(v)) for k, v in self.totals.items()]
+        for label, facts in (("memory (per device)", memory), ("", self.facts)):
+            if facts:
+                parts += _html_facts(label, facts)
+        if self.warmup:
+            lines = [f"{w.what} at {w.where}" for w in self.warmup]
+            parts.append(
+                f'<pre class="jc-warmup" style="{_CSS_PRE_INFO}">warm-up compiles (let through once each):\n'
+                f"{e(chr(10).join(lines))}</pre>"
+            )
+        if self.timing is not None and self.timing.calls:
+            parts.append(f'<pre class="jc-timing" style="{_CSS_PRE_INFO}">'
+                         f'{e(chr(10).join(self.timing.lines()))}</pre>')
+        if self.contracts:
+            parts += _html_contracts(self.contracts)
+        color = _MUTED if all(ok for _, ok in self.capabilities) else _RED
+        parts.append(
+            f'<div class="jc-capabilities" style="{_CSS_FACTS}font-size:11px;color:{color};">'
+            f"{e(self.capabilities_line())}</div>"
+        )
+        parts.append("</div>")
+        return "".join(parts)
+
+
+def _html_leaves(rows: Sequence[LeafRow]) -> list[str]:
+    e = html.escape
+    total = sum(r.nbytes for r in rows)
+    donated = sum(r.nbytes for r in rows if r.donated)
+    parts = [f'<table class="jc-leaves" style="{_CSS_TABLE}"><thead><tr style="{_CSS_TR}">']
+    for h in ("leaf", "spec", "sharding", "donated", "aliased", "bytes"):
+        parts.append(f'<th style="{_th(h == "bytes")}">{h}</th>')
+    parts.append("</tr></thead><tbody>")
+    for i, r in enumerate(rows):
+        aliased = "&ndash;" if r.aliased is None else ("yes" if r.aliased else "<b>NO</b>")
+        bad = r.aliased is False and r.donated
+        parts.append(
+            f'<tr style="{_tr(i)}"><td style="{_td()}"><code style="{_CSS_CODE}">{e(r.path)}</code></td>'
+            f'<td style="{_td()}"><code style="{_CSS_CODE}">{e(r.spec)}</code></td>'
+            f'<td style="{_td()}">{e(r.sharding)}</td>'
+            f'<td style="{_td()}">{"yes" if r.donated else "no"}</td>'
+            f'<td style="{_td(color=_RED if bad else _FG)}">{aliased}</td>'
+            f'<td style="{_td(right=True)}">{e(fmt_bytes(r.nbytes))}</td></tr>'
+        )
+    parts.append(
+        f'</tbody><tfoot><tr style="{_CSS_TR}"><td style="{_foot()}" colspan="5">'
+        f"{len(rows)} leaves, {e(fmt_bytes(donated))} donated</td>"
+        f'<td style="{_foot(right=True)}">{e(fmt_bytes(total))}</td></tr></tfoot></table>'
+    )
+    return parts
+
+
+def _html_violations(violations: Sequence[Violation]) -> list[str]:
+    e = html.escape
+    parts = [f'<table class="jc-violations" style="{_CSS_TABLE}"><thead><tr style="{_CSS_TR}">']
+    for h in ("kind", "where", "count", "what"):
+        parts.append(f'<th style="{_th(h == "count")}">{h}</th>')
+    parts.append("</tr></thead><tbody>")
+    for i, v in enumerate(violations):
+        # `where` stays on one line (the theme's code style may wrap it: nowrap
+        # on the chip itself); `what` wraps inside the box, so a row reads
+        # within the report's width, with no scroll bar.
+        parts.append(
+            f'<tr style="{_tr(i)}"><td style="{_td()}">{e(v.kind)}</td>'
+            f'<td style="{_td()}"><code style="{_CSS_CODE}white-space:nowrap;">{e(v.where)}</code></td>'
+            f'<td style="{_td(right=True)}">{v.count}</td>'
+            f'<td style="{_td(wrap=True)}min-width:24em;">{e(v.what)}</td></tr>'
+        )
+    parts.append("</tbody></table>")
+    return parts
+
+
+def _html_facts(label: str, facts: Sequence[tuple[str, str]]) -> list[str]:
+    e = html.escape
+    parts = [f'<div class="jc-facts" style="{_CSS_FACTS}">']
+    if label:
+        parts.append(f'<span style="{_CSS_FACT}color:{_MUTED};">{label}:</span>')
+    parts += [
+        f'<span style="{_CSS_FACT}"><span style="color:{_MUTED};">{e(k)}</span> '
+        f"<b>{e(str(v))}</b></span>"
+        for k, v in facts
+    ]
+    parts.append("</div>")
+    return parts
+
+
+def _html_contracts(contracts: Sequence[Contract]) -> list[str]:
+    e = html.escape
+    parts = [f'<ul class="jc-contracts" style="{_CSS_LIST}">']
+    for c in contracts:
+        if not c.detail:
+            detail = ""
+        elif not c.ok and "\n" in c.detail:
+            detail = f'<pre style="{_CSS_PRE}">{e(c.detail)}</pre>'
+        else:
+            color = _MUTED if c.ok else _RED
+            detail = f' <span style="color:{color};">&mdash; {e(c.detail)}</span>'
+        parts.append(
+            f'<li style="{_CSS_ITEM}"><span style="{_badge(c.ok)}">'
+            f'{"pass" if c.ok else "FAIL"}</span> {e(c.name)}{detail}</li>'
+        )
+    parts.append("</ul>")
+    return parts
+
+
+# The HTML must read in any notebook theme. JupyterLab's stylesheet right-aligns
+# table cells and paints every other row (black stripes in its dark theme), and
+# a light background with the theme's light text hides whole rows. So every
+# box, row and cell below sets its own color, background and alignment (inline
+# styles win over the theme's selectors and survive sanitizers that drop
+# <style>), with colors taken from the notebook's theme variables (JupyterLab's
+# --jp-*) and light fallbacks used as a pair elsewhere; stripes, borders and
+# code chips are translucent grays, which read on light and dark backgrounds.
+# tests/test_report.py pins these properties; screenshots of the light and
+# dark JupyterLab themes are how they were checked.
+_FG = "var(--jp-content-font-color1, #1f2328)"
+_MUTED = "var(--jp-content-font-color2, #57606a)"
+_BG = "var(--jp-layout-color0, #ffffff)"
+_RED = "var(--jp-error-color1, #b00020)"
+_STRIPE = "rgba(128, 128, 128, 0.10)"
+_CHIP = "rgba(128, 128, 128, 0.16)"
+_LINE = "rgba(128, 128, 128, 0.35)"
+_HAIR = "rgba(128, 128, 128, 0.20)"
+
+_CSS_CODE = (
+    f"font-size:12px;color:{_FG};background:{_CHIP};padding:0 4px;border-radius:3px;"
+    "font-family:var(--jp-code-font-family, ui-monospace, SFMono-Regular, Menlo, Consolas, monospace);"
+)
+_CSS_BOX = (
+    "font-family:var(--jp-ui-font-family, -apple-system, BlinkMacSystemFont, 'Segoe UI', Roboto, sans-serif);"
+    f"font-size:13px;border:1px solid {_LINE};border-radius:6px;padding:10px 12px;"
+    f"max-width:960px;width:fit-content;background:{_BG};color:{_FG};text-align:left;"
+)
+_CSS_TITLE = "font-size:14px;margin-bottom:8px;"
+_CSS_TABLE = "border-collapse:collapse;margin:4px 0 8px 0;border:none;table-layout:auto;"
+_CSS_TR = "background:transparent;"
+_CSS_FACT = "display:inline-block;white-space:nowrap;margin-right:1.2em;"
+_CSS_FACTS = "margin:2px 0;"
+_CSS_LIST = "list-style:none;padding:0;margin:6px 0 0 0;"
+_CSS_ITEM = f"margin:2px 0;padding:0;color:{_FG};background:transparent;"
+_CSS_PRE = (
+    "white-space:pre-wrap;word-break:normal;overflow-wrap:anywhere;margin:4px 0 6px 0;"
+    f"padding:6px 8px;color:{_FG};background:rgba(176, 0, 32, 0.08);"
+    f"border:none;border-left:3px solid {_RED};font-size:12px;"
+)
+
+# The same block for information (a loop's timing), not a failure.
+_CSS_PRE_INFO = (
+    _CSS_PRE.replace("rgba(176, 0, 32, 0.08)", _STRIPE).replace(f"solid {_RED}", f"solid {_LINE}")
+)
+
+
+def _cell(right: bool, color: str, wrap: bool = False) -> str:
+    """Alignment, colors and padding of one cell: nothing left to the theme.
+    ``wrap``: a prose cell, wrapped at the box's width (others stay on one line)."""
+    align = "right;font-variant-numeric:tabular-nums" if right else "left"
+    space = "white-space:normal;overflow-wrap:anywhere;" if wrap else "white-space:nowrap;"
+    return (
+        f"text-align:{align};vertical-align:top;color:{color};background:transparent;"
+        f"padding:3px 10px;line-height:1.4;{space}border:none;"
+    )
+
+
+def _th(right: bool = False) -> str:
+    return _cell(right, _MUTED) + f"border-bottom:2px solid {_LINE};font-weight:600;font-size:12px;"
+
+
+def _td(right: bool = False, color: str = _FG, wrap: bool = False) -> str:
+    return _cell(right, color, wrap) + f"border-bottom:1px solid {_HAIR};font-size:13px;"
+
+
+def _foot(right: bool = False) -> str:
+    return _cell(right, _MUTED) + "font-weight:600;font-size:12px;"
+
+
+def _tr(i: int) -> str:
+    """Every row sets its background (the theme's stripes would show otherwise)."""
+    return f"background:{_STRIPE if i % 2 else 'transparent'};"
+
+
+def _badge(ok: bool) -> str:
+    color = "#1a7f37" if ok else "#b00020"
+    return (
+        f"display:inline-block;min-width:3.2em;text-align:center;border-radius:10px;"
+        f"padding:0 6px;font-size:11px;font-weight:600;color:#fff;background:{color};"
+    )
+
+
+#: The text report's lines fit an 80-column terminal (the leaf table's rows
+#: excepted when a leaf's path or sharding is longer).
+TEXT_WIDTH = 80
+
+
+def _pack(items: Sequence[str], sep: str, first: str = "", width: int = TEXT_WIDTH) -> list[str]:
+    """``first + items`` joined by ``sep``, in lines of at most ``width``: items stay whole."""
+    lines = [first]
+    for item in items:
+        line = lines[-1]
+        if line.strip() and len(line) + len(sep) + len(item) + len(sep.rstrip()) > width:
+            lines[-1] = line + sep.rstrip()
+            lines.append("    " + item)
+        else:
+            lines[-1] = line + (sep if line.strip() and line != first else "") + item
+    return lines
+
+
+def _align(rows: Sequence[Sequence[str]], right: set[int] = frozenset()) -> list[str]:  # type: ignore[assignment]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    lines = []
+    for k, r in enumerate(rows):
+        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        lines.append("  " + "  ".join(cells).rstrip())
+        if k == 0:
+            lines.append("  " + "  ".join("-" * w for w in widths))
+    return lines
+
+
+# --------------------------------------------------------------------------
+# Builders
+
+
+
+def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report:
+    """The report of a hot step's current signature (see ``HotStep.report``)."""
+    cs = desc.current
+    stats = desc.stats
+    report = Report(title=desc.name)
+    report.facts = [
+        ("compiles", str(stats.compiles)),
+        ("compile time", f"{stats.compile_seconds * 1e3:.0f} ms"),
+        *(
+            [("compiled", _compiled_from(cs.cache, cs.compile_seconds))]
+            if cs is not None
+            else []
+        ),
+        ("calls", str(stats.calls)),
+        ("refused", str(stats.refused)),
+        ("not consumed", str(stats.not_consumed)),
+        ("donate", repr(desc.donate)),
+        *(
+            [("host transfers", f"{stats.host_calls} call(s), {fmt_bytes(stats.host_bytes)}")]
+            if cs is not None and cs.host
+            else []
+        ),
+    ]
+    if cs is None:
+        report.contracts = list(extra) or [
+            Contract("compiled", False, "not compiled yet: call it or use .compile(specs)")
+        ]
+        return report
+    for leaf in cs.leaves:
+        report.rows.append(
+            LeafRow(
+                path=leaf.path,
+                spec=fmt_aval(leaf.spec.shape, leaf.spec.dtype, leaf.spec.weak_type),
+                sharding=fmt_sharding(leaf.spec.sharding),
+                donated=leaf.donated,
+                aliased=leaf.aliased,
+                nbytes=leaf.nbytes,
+            )
+        )
+    report.totals = {
+        "arguments": cs.memory.arguments,
+        "outputs": cs.memory.outputs,
+        "aliased": cs.memory.aliased,
+        "temporaries": cs.memory.temporaries,
+    }
+    missing = [leaf.path for leaf in cs.leaves if leaf.donated and leaf.aliased is False]
+    unverified = cs.donated and cs.aliased is None
+    rows = {
+        # A signature is compiled only once carry invariance held for it.
+        "carry": (True, "", ""),
+        "aliasing": (
+            not missing and not unverified,
+            "not aliased: " + ", ".join(missing)
+            if missing
+            else ("not verified: the executable's alias table could not be read" if unverified else ""),
+            f" ({len(cs.donated)} leaves donated)",
+        ),
+        "signature": (
+            stats.refused == 0,
+            f"{stats.refused} call(s) refused" if stats.refused else "",
+            "",
+        ),
+        "consumed": (
+            stats.not_consumed == 0,
+            f"{stats.not_consumed} call(s) where XLA copied instead" if stats.not_consumed else "",
+            "",
+        ),
+    }
+    failed_now = {c.key for c in extra if not c.ok}  # jc.check: this compile's failure
+    report.contracts = [
+        Contract(_STEP_ROW_NAMES.get(key, CONTRACTS[key].sentence) + suffix, ok, detail, CONTRACTS[key].error, key)
+        for key, (ok, detail, suffix) in rows.items()
+        if key not in failed_now
+    ] + list(extra)
+    return report
+
+
+# A step's row for the "signature" contract counts every refused call.
+_STEP_ROW_NAMES = {"signature": "no call refused (recompile, transfer or donation)"}
+
+
+def _compiled_from(cache: str | None, seconds: float) -> str:
+    """Where the current signature's executable came from, and how long it took."""
+    ms = f"{seconds * 1e3:.0f} ms"
+    return {
+        "hit": f"from the persistent compilation cache ({ms}, contracts verified)",
+        "miss": f"by XLA, stored in the persistent compilation cache ({ms})",
+        "off": f"by XLA ({ms}; persistent compilation cache not used)",
+    }.get(cache or "", f"by XLA ({ms}; cache use unknown)")
+
+
+def error_contract(err: ContractError) -> Contract:
+    """A failed contract from a contract error, read from its fields."""
+    return Contract(err.contract_name, False, str(err), type(err), err.contract)
+
+
+def loop_report(
+    violations: Sequence[Violation],
+    mode: str,
+    warmup: Sequence[WarmupCompile] = (),
+    iterations: int = 0,
+    sampler_calls: int = 0,
+) -> Report:
+    """The report of a (recording) hot loop: one contract per kind of violation,
+    the warm-up compiles it let through, the iterations of ``loop.iterate``,
+    the ``jax.random`` calls whose Python-number parameters it let through."""
+    violations = list(violations)
+    report = Report(title="jc.hot_loop", violations=violations)
+    report.facts = [
+        ("violations", str(len(violations))),
+        ("events", str(sum(v.count for v in violations))),
+        ("mode", mode),
+        *([("iterations", str(iterations))] if iterations else []),
+        *([("warm-up compiles", str(len(warmup)))] if warmup else []),
+        *([("jax.random parameter copies", f"{sampler_calls} calls")] if sampler_calls else []),
+    ]
+    report.warmup = list(warmup)
+    for kind, info in VIOLATIONS.items():
+        count = sum(v.count for v in violations if v.kind == kind)
+        report.contracts.append(Contract(info.contract_name, count == 0, _n(count), info.error))
+    return report
+
+
+def format_violations(violations: Sequence[Violation], header: str) -> list[str]:
+    """The lines that list violations: ``header``, then per violation
+    ``kind  file:line  xCOUNT  what``, the source line and the fix, indented."""
+    kind_w = max(len(v.kind) for v in violations)
+    where_w = max(len(v.where) for v in violations)
+    count_w = max(len(str(v.count)) for v in violations) + 1
+    lines = [header]
+    for v in violations:
+        lines.append(
+            f"  {v.kind:<{kind_w}}  {v.where:<{where_w}}  {'x' + str(v.count):<{count_w}}  {v.what}"
+        )
+        if v.source:
+            lines.append(f"      > {v.source}")
+        if v.fix:
+            lines.append(f"      Fix: {v.fix}")
+    return lines
+
+
+def _n(count: int) -> str:
+    return f"{count} event(s)" if count else ""

@@ -1,0 +1,451 @@
+"""Where a hot loop's time goes: host time in steps, time blocked on the device.
+
+A ``jc.hot_loop`` (checks level ``fast`` or ``full``) owns a :class:`LoopClock`.
+While any such loop is active, a hot step's calls are sampled (:func:`timed`):
+its first ``FIRST`` calls inside loops, then one call in ``SAMPLE``, go
+through a thin wrapper that reads ``perf_counter`` before and after the call
+(argument checks, dispatch, the after-call tail) and adds the difference to
+the step's cumulative counters; the other calls run bare. A clock takes the
+counters' difference between a loop's entry and exit. ``jc.fetch`` and
+``block_until_ready`` add the time they blocked. Outside loops nothing is
+wrapped. How the estimate is made, and what it cannot see, is in the
+performance guide (``docs/guides/performance.md``, "How loop timing works").
+
+``LoopClock.timing()`` turns the sums into a frozen :class:`LoopTiming`,
+with a verdict: ``dispatch-bound`` (the host never waited on the device, and
+the device had finished by the loop's exit: it was starved by the host) or
+``device-bound`` (the host spent a large share of the loop waiting, or work
+was still queued at exit).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import textwrap
+import threading
+import time
+import weakref
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from .. import _steps
+from .._compat import blocking
+from .._errors import ContractError
+from .._steps import HOOK_EVERY
+from .._tracebacks import trim
+
+__all__ = [
+    "LoopClock", "LoopTiming", "StepTiming", "active", "blocked", "enter", "in_use", "leave", "timed",
+]  # fmt: skip
+
+# Shares of the loop's wall time that decide the verdict.
+DEVICE_BOUND_SHARE = 0.25  # blocked at least this share: the host waited on the device
+DISPATCH_BOUND_SHARE = 0.05  # blocked under this share, nothing pending: the device waited
+USER_BOUND_SHARE = 0.5  # the caller's own code between calls took at least this share
+
+perf = time.perf_counter
+
+
+class _Local(threading.local):
+    clocks: tuple[LoopClock, ...] = ()
+
+
+_local = _Local()
+_lock = threading.Lock()
+_active = 0  # clocks entered, all threads
+
+
+# --------------------------------------------------------------------------
+# Records
+
+
+@dataclasses.dataclass(frozen=True)
+class StepTiming:
+    """One hot step's calls inside a loop.
+
+    Attributes:
+        name: the step's qualified name.
+        calls: calls that returned (a refused call is not counted).
+        host_seconds: their total host time, dispatch included, estimated
+            from the timed calls: a step's first 64 calls in timing loops as
+            timed, the others at the mean of one call in 64. Where noise
+            in the samples makes the steps' sum exceed the loop's wall time
+            less its blocked time, all are scaled down to fit (so calls made
+            on other threads never show more host time than the loop had).
+        timed_calls: how many calls were timed.
+    """
+
+    name: str
+    calls: int
+    host_seconds: float
+    timed_calls: int = 0
+
+    @property
+    def host_us_per_call(self) -> float:
+        """Mean host time per call, in microseconds."""
+        return self.host_seconds / self.calls * 1e6 if self.calls else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class LoopTiming:
+    """Where a hot loop's wall time went (see ``HotLoop.report``).
+
+    Attributes:
+        wall_seconds: time inside the loop (every entry, outermost on its thread).
+        steps: per hot step, calls and host time.
+        blocked: seconds blocked waiting for the device, by where
+            (``jc.fetch``, ``block_until_ready``).
+        pending_at_exit: of the step outputs seen at the last exit (the
+            states the exiting frame holds, and the recorded last output of
+            each step taking or returning more than the one state), how
+            many were still being computed (``is_ready()`` false).
+        outputs_at_exit: how many outputs were looked at.
+        verdict: ``"dispatch-bound"``, ``"device-bound"``, ``"mixed"``,
+            ``"user-code-bound"`` (the caller's own code between step calls
+            took at least half the loop) or ``"no steps"``.
+    """
+
+    wall_seconds: float
+    steps: tuple[StepTiming, ...]
+    blocked: dict[str, float]
+    pending_at_exit: int
+    outputs_at_exit: int
+    verdict: str
+
+    @property
+    def calls(self) -> int:
+        """Hot step calls in the loop, all steps."""
+        return sum(s.calls for s in self.steps)
+
+    @property
+    def steps_per_second(self) -> float:
+        """Hot step calls per second of the loop's wall time."""
+        return self.calls / self.wall_seconds if self.wall_seconds > 0 else 0.0
+
+    @property
+    def host_seconds(self) -> float:
+        """Host time inside hot step calls."""
+        return sum(s.host_seconds for s in self.steps)
+
+    @property
+    def blocked_seconds(self) -> float:
+        """Time blocked waiting for the device, everywhere it was measured."""
+        return sum(self.blocked.values())
+
+    @property
+    def other_seconds(self) -> float:
+        """The rest of the wall time: the caller's own Python between calls."""
+        return max(0.0, self.wall_seconds - self.host_seconds - self.blocked_seconds)
+
+    def advice(self) -> str:
+        """One sentence: what the verdict means and what to do."""
+        wall = self.wall_seconds or 1.0
+        share = self.blocked_seconds / wall
+        if self.verdict == "no steps":
+            return "no hot step was called inside the loop."
+        if self.verdict == "device-bound":
+            why = f"the host waited on the device for {share:.0%} of the loop"
+            if self.pending_at_exit:
+                why += (f"{' and' if self.blocked_seconds else ';'} {self.pending_at_exit} of "
+                        f"{self.outputs_at_exit} outputs were still being computed at exit")
+            return (f"device-bound: {why}. The device is the bottleneck: a cheaper step "
+                    "(or more work per byte) helps; fusing steps or cutting host "
+                    "overhead does not.")
+        if self.verdict == "user-code-bound":
+            return (f"user-code-bound: your own code between step calls took "
+                    f"{self.other_seconds / wall:.0%} of the loop, the hot steps "
+                    f"{self.host_seconds / wall:.0%}: speed up that code first (the "
+                    "loop's recorded violations, transfers and compiles, are the usual "
+                    "cause); fusing steps would not help.")
+        if self.verdict == "dispatch-bound":
+            return (f"dispatch-bound: the host never waited long on the device ({share:.0%} "
+                    "of the loop) and the device had finished by the exit, so it idled "
+                    "while the host prepared calls. Fuse steps into one hot_step, or run "
+                    "several iterations per call with lax.scan / lax.fori_loop.")
+        return (f"mixed: the host waited on the device for {share:.0%} of the loop; "
+                "neither side clearly dominates.")
+
+    def lines(self) -> list[str]:
+        """The timing section of a loop report, as text lines."""
+        wall = self.wall_seconds
+        out = [
+            f"timing: {self.calls} step calls in {wall * 1e3:.1f} ms "
+            f"({self.steps_per_second:,.0f} steps/s); verdict: {self.verdict}"
+        ]
+        pct = (lambda s: f"{s / wall:.0%}") if wall > 0 else (lambda s: "-")
+        for s in self.steps:
+            out.append(f"  {s.name.rsplit('.', 1)[-1]}: {s.calls} calls, {s.host_us_per_call:,.1f} us host/call "
+                       f"({pct(s.host_seconds)} of the loop)")
+        blocked = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(self.blocked.items()))
+        out.append(f"  blocked on the device: {self.blocked_seconds * 1e3:.2f} ms "
+                   f"({pct(self.blocked_seconds)})" + (f": {blocked}" if blocked else ""))
+        out.append(f"  other host time (your code between calls): {self.other_seconds * 1e3:.2f} ms "
+                   f"({pct(self.other_seconds)})")
+        out.append(f"  at exit: {self.pending_at_exit} of {self.outputs_at_exit} step outputs "
+                   "still computing")
+        out.append("  " + self.advice())
+        # Within 80 columns, as the rest of a report (a terminal's width).
+        return [part for line in out for part in textwrap.wrap(
+            line, width=80, subsequent_indent="    " if line.startswith("  ") else "  ",
+            break_on_hyphens=False, drop_whitespace=True) or [""]]
+
+
+def _host_seconds(calls: int, seconds: float, timed: int, first_seconds: float, first_timed: int) -> float:
+    """A step's host time: its first-phase calls as timed, the other calls
+    at the mean of the sampled ones (a stratified estimate: the first calls,
+    often slower, do not stand for the rest)."""
+    if not timed:
+        return 0.0
+    sampled = timed - first_timed
+    if sampled <= 0 or calls <= first_timed:
+        return seconds / timed * calls
+    return first_seconds + (seconds - first_seconds) / sampled * (calls - first_timed)
+
+
+def _verdict(wall: float, calls: int, blocked: float, pending: int, host: float = 0.0) -> str:
+    if not calls:
+        return "no steps"
+    share = blocked / wall if wall > 0 else 0.0
+    if pending or share >= DEVICE_BOUND_SHARE:
+        return "device-bound"
+    if wall > 0 and (wall - host - blocked) / wall >= USER_BOUND_SHARE:
+        return "user-code-bound"
+    if share < DISPATCH_BOUND_SHARE:
+        return "dispatch-bound"
+    return "mixed"
+
+
+# --------------------------------------------------------------------------
+# The clock
+
+
+class LoopClock:
+    """A loop's running sums (one per ``HotLoop``).
+
+    Each timed step keeps cumulative counters (host seconds, calls); the
+    clock snapshots them when the loop is entered and adds the difference
+    when it exits, so a step call costs two clock reads and two additions.
+    """
+
+    def __init__(self) -> None:
+        self.wall = 0.0
+        # name -> [calls, seconds timed, calls timed, the same two for the first
+        # phase, calls and seconds of entries that timed none (at the step's mean)]
+        self.steps: dict[str, list[float]] = {}
+        self.blocked: dict[str, float] = {}
+        self.pending = 0
+        self.outputs = 0
+        self._open: dict[int, tuple[int, float, dict[Any, tuple[float, ...]]]] = {}  # per thread
+
+    def timing(self) -> LoopTiming:
+        """The figures so far (entries that have exited), as a frozen record."""
+        blocked = sum(self.blocked.values())
+        calls = int(sum(r[0] for r in self.steps.values()))
+        hosts = [min(self.wall, _host_seconds(r[0] - r[5], *r[1:5]) + r[6]) for r in self.steps.values()]
+        # Sampled estimates: one slow sampled call (the OS took the CPU) can
+        # push their sum past the time the loop had; scaled back to fit.
+        room, total = max(0.0, self.wall - blocked), sum(hosts)
+        if total > room:
+            hosts = [h * room / total for h in hosts]
+        return LoopTiming(
+            wall_seconds=self.wall,
+            steps=tuple(
+                StepTiming(n, int(r[0]), h, int(r[2])) for (n, r), h in zip(self.steps.items(), hosts)
+            ),
+            blocked=dict(self.blocked),
+            pending_at_exit=self.pending,
+            outputs_at_exit=self.outputs,
+            verdict=_verdict(self.wall, calls, blocked, self.pending, sum(hosts)),
+        )
+
+    def _close(self, start: float, snapshot: dict[Any, tuple[float, ...]], held: Sequence[Any] = ()) -> None:
+        self.wall += perf() - start
+        looked: dict[int, Any] = {id(x): x for x in held}
+        for step, (calls0, *acc0) in snapshot.items():
+            calls = step.stats.calls
+            if calls == calls0:
+                _idle(step)
+                continue
+            rec = self.steps.setdefault(step.name, [0, 0.0, 0, 0.0, 0, 0, 0.0])
+            rec[0] += calls - calls0
+            counters = step.timing_counters
+            if counters[1] == acc0[1] and counters[1]:  # none of these calls was sampled
+                rec[5] += calls - calls0
+                rec[6] += counters[0] / counters[1] * (calls - calls0)  # at the step's mean
+                continue
+            for i, (now, then) in enumerate(zip(counters, acc0), 1):
+                rec[i] += now - then
+        # Are the step outputs still being computed? (never blocks)
+        pending = outputs = 0
+        for leaf in looked.values():
+            is_ready = getattr(leaf, "is_ready", None)
+            if is_ready is None:
+                continue
+            try:
+                pending += not is_ready()
+            except Exception:  # noqa: BLE001 - deleted (donated since): done
+                continue
+            outputs += 1
+        self.pending, self.outputs = pending, outputs
+
+
+# The steps in use: those called inside a timing loop since the last loop that
+# did not call them. A loop's entry snapshots their counters, and only theirs,
+# so entering costs nothing per live step. A step not in use keeps its timing
+# wrapper armed: its next call inside a loop is timed, and joins it (and the
+# open snapshots of its thread) with the counters it had before that call.
+# id -> weak reference. Every operation on it is one atomic dict operation
+# (no lock: a Ctrl-C in a loop's body may interrupt ``_join`` anywhere).
+_in_use: dict[int, weakref.ref[Any]] = {}
+
+
+def _forget(key: int) -> Callable[[Any], None]:
+    def forget(ref: Any) -> None:
+        if _in_use.get(key) is ref:  # not a later step that has the id now
+            _in_use.pop(key, None)
+
+    return forget
+
+
+def _snapshot() -> dict[Any, tuple[float, ...]]:
+    return {step: (step.stats.calls, *step.timing_counters) for step in in_use()}
+
+
+def _join(step: Any, acc: Sequence[float]) -> None:
+    """``step`` is called inside a loop, for the first time since it was in use."""
+    key = id(step)
+    _in_use[key] = weakref.ref(step, _forget(key))
+    baseline = (step.stats.calls, *acc)
+    tid = threading.get_ident()
+    for clock in _local.clocks:
+        opened = clock._open.get(tid)
+        if opened is not None:
+            opened[2].setdefault(step, baseline)
+
+
+def _idle(step: Any) -> None:
+    """``step`` was not called in a loop that had it in use: it leaves, armed."""
+    _in_use.pop(id(step), None)
+    hook = step.timing_hook
+    if hook is not None:
+        hook(force=True)
+    step.last_output[0] = None  # what a loop recorded of it: nothing to keep alive
+
+
+def in_use() -> list[Any]:
+    """The steps called inside timing loops lately (a copy)."""
+    return [step for step in (r() for r in list(_in_use.values())) if step is not None]
+
+
+def enter(clock: LoopClock) -> Any:
+    """Start timing ``clock`` on this thread; returns the token for :func:`leave`."""
+    global _active
+    with _lock:
+        _active += 1
+        if _active == 1:
+            blocking.install(blocked)
+            _steps.timing_changed(True)
+    tid = threading.get_ident()
+    depth, start, snapshot = clock._open.get(tid, (0, 0.0, {}))
+    if depth == 0:
+        snapshot, start = _snapshot(), perf()
+    clock._open[tid] = (depth + 1, start, snapshot)
+    _local.clocks = (*_local.clocks, clock)
+    return (clock, tid, _local)
+
+
+def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
+    """Stop timing (from any thread: the token names the entering thread).
+
+    ``held``: returns the leaves of the step outputs the loop can see at exit
+    (``_runtime.held_outputs``), looked at for work still queued; called
+    only when the outermost entry on the thread closes.
+    """
+    global _active
+    clock, tid, local = token
+    depth, start, snapshot = clock._open.get(tid, (1, perf(), {}))
+    if depth <= 1:
+        clock._open.pop(tid, None)
+        clock._close(start, snapshot, held())
+    else:
+        clock._open[tid] = (depth - 1, start, snapshot)
+    if local is _local:  # this thread: drop the clock from its list
+        clocks = list(_local.clocks)
+        if clock in clocks:
+            clocks.reverse()
+            clocks.remove(clock)
+            clocks.reverse()
+        _local.clocks = tuple(clocks)
+    with _lock:
+        _active -= 1
+        if _active == 0:
+            blocking.uninstall()
+            _steps.timing_changed(False)
+
+
+def active() -> bool:
+    """Whether any timing loop is active (on any thread)."""
+    return _active > 0
+
+
+def blocked(where: str, seconds: float) -> None:
+    """Add time blocked on the device to this thread's active clocks."""
+    for clock in _local.clocks:
+        clock.blocked[where] = clock.blocked.get(where, 0.0) + seconds
+
+
+SAMPLE = HOOK_EVERY  # past the first FIRST calls, one call in SAMPLE is timed (two clock reads)
+FIRST = 64  # a step's first calls inside timing loops are all timed
+
+
+def timed(
+    fn: Callable[..., Any],
+    acc: list[float],
+    install: Callable[[Callable[..., Any]], None],
+    owner: Any,
+) -> tuple[Callable[..., Any], Callable[..., None]]:
+    """``(call, rearm)``: a timing wrapper of ``fn`` (a step's call path), and
+    the hook that puts it back.
+
+    A step's first ``FIRST`` calls inside timing loops are timed, then one
+    in ``SAMPLE``. Past the first ones the wrapper takes itself out as it is
+    entered (``install(fn)``: the step's calls go to ``fn`` with no frame of
+    ours), and the call path, after every ``SAMPLE``-th call of the step
+    (``stats.calls``) while a loop is active, runs ``rearm`` from
+    the step's ``timing_hook``, which puts the wrapper back for the next call.
+    So a long loop pays one counter test per call. Calls are counted by the
+    step's ``stats.calls``, read when a loop is entered and left.
+
+    ``acc`` is [seconds of the timed calls, timed calls, the same two for
+    the calls of the first phase], cumulative: the first calls (cold caches,
+    a first call's checks) are counted exactly, and only the sampled ones
+    stand for the calls that were not timed.
+    """
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            __tracebackhide__ = True
+            if id(owner) not in _in_use:
+                _join(owner, acc)
+            first = acc[1] < FIRST
+            if not first:
+                install(fn)  # the next calls run bare until `rearm`
+            t0 = perf()
+            out = fn(*args, **kwargs)
+            seconds = perf() - t0
+            acc[0] += seconds
+            acc[1] += 1
+            if first:
+                acc[2] += seconds
+                acc[3] += 1
+            return out
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
+
+    def rearm(force: bool = False) -> None:
+        if force or acc[1] >= FIRST:
+            install(call)
+
+    call.__wrapped__ = fn  # type: ignore[attr-defined]
+    return call, rearm

@@ -1,0 +1,1 @@
+"""States: fields and annotations, specs, validation, construction, foreign pytrees, equinox filtering."""

@@ -1,0 +1,335 @@
+"""``jc.device_tree``: bring any pytree into contract.
+
+States built elsewhere (flax ``TrainState``, ``flax.struct`` classes, equinox
+Modules, NamedTuples, optax states, dicts) carry leaves a hot step would
+compile for and then be handed something else: a Python ``0`` for a step
+count, a weakly typed array made by ``jnp.asarray(0.1)``, a float64 numpy
+array JAX turns into float32, an uncommitted array where the step's outputs
+are committed. ``device_tree`` turns every leaf into what the step will see,
+once, and says what it changed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator, Sequence
+from typing import Any, Literal, TypeVar, overload
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._compat.tracing import Tracer
+from .._dtypes import is_key
+from .._errors import DefinitionError, SpecError
+from .._format import fmt_aval, fmt_object, fmt_path, n_leaves
+from .._tracebacks import boundary
+
+__all__ = ["Change", "Changes", "device_tree", "holds_module", "host_leaves_on_device", "scalar_to_host", "to_device"]
+
+T = TypeVar("T")
+
+_SCALARS = (bool, int, float, complex)
+
+
+@dataclasses.dataclass(frozen=True)
+class Change:
+    """One leaf ``jc.device_tree`` changed.
+
+    Attributes:
+        path: the leaf path, as ``jax.tree_util.keystr`` prints it.
+        before: what the leaf was (``Python int 0``, ``~f32[] jax array``).
+        after: what it is now (``i32[]``).
+        why: the reason, in a few words.
+    """
+
+    path: str
+    before: str
+    after: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.before} -> {self.after} ({self.why})"
+
+
+class Changes(Sequence[Change]):
+    """What ``jc.device_tree`` changed, leaf by leaf; ``str()`` lists it."""
+
+    def __init__(self, changes: Sequence[Change] = ()) -> None:
+        self._changes = tuple(changes)
+
+    @overload
+    def __getitem__(self, i: int) -> Change: ...
+    @overload
+    def __getitem__(self, i: slice) -> Sequence[Change]: ...
+    def __getitem__(self, i: int | slice) -> Change | Sequence[Change]:
+        return self._changes[i]
+
+    def __len__(self) -> int:
+        return len(self._changes)
+
+    def __iter__(self) -> Iterator[Change]:
+        return iter(self._changes)
+
+    @property
+    def paths(self) -> tuple[str, ...]:
+        """The paths of the changed leaves."""
+        return tuple(c.path for c in self._changes)
+
+    def __str__(self) -> str:
+        if not self._changes:
+            return "jc.device_tree: nothing to change (every leaf already in contract)"
+        lines = [f"jc.device_tree changed {n_leaves(len(self._changes))}:"]
+        lines += [f"  {c}" for c in self._changes]
+        return "\n".join(lines)
+
+    def __repr__(self) -> str:
+        return f"Changes({list(self._changes)!r})"
+
+
+def scalar_to_host(x: bool | int | float | complex) -> tuple[np.ndarray | None, str]:
+    """A Python scalar as a 0-d host array of the dtype JAX gives it, strongly.
+
+    That is JAX's default type for its kind (``bool``, ``int32``/``int64``,
+    ``float32``/``float64``, ``complex64``/``complex128`` as
+    ``jax_enable_x64`` says). Returns ``(array, "")`` or ``(None, why)``.
+    """
+    dtype = np.dtype(jnp.result_type(x))  # canonical (x64-aware), weak type dropped
+    if isinstance(x, int) and not isinstance(x, bool):
+        info = np.iinfo(dtype)
+        if not int(info.min) <= x <= int(info.max):
+            return None, (
+                f"{x} does not fit in {np.dtype(dtype).name}, JAX's integer type "
+                + ("(jax_enable_x64 is off)" if np.dtype(dtype).itemsize < 8 else "")
+            ).strip()
+    return np.asarray(x, dtype=dtype), ""
+
+
+def to_device(value: Any, where: Any = None) -> jax.Array:
+    """One fresh device buffer that owns its memory (donatable).
+
+    On CPU ``jax.device_put`` may borrow an aligned numpy buffer instead of
+    copying it; XLA cannot donate a borrowed buffer, so the first step would
+    silently copy the state. Such a buffer is copied on the device once here.
+    """
+    host = np.asarray(value)
+    x = jax.device_put(host, where)
+    try:
+        borrowed = host.size > 0 and x.unsafe_buffer_pointer() == host.ctypes.data
+    except Exception:  # noqa: BLE001 - no single buffer (sharded) or no pointer
+        borrowed = False
+    return jnp.copy(x) if borrowed else x
+
+
+def host_leaves_on_device(tree: Any, dtypes: Sequence[Any] | None = None) -> Any:
+    """``tree`` with its host leaves (numpy arrays, Python scalars) put on the
+    device, each in ``dtypes[i]`` (the compiled signature's, when it fits)."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    put = [
+        x
+        if isinstance(x, jax.Array)
+        else jax.device_put(np.asarray(x, dtypes[i] if dtypes is not None else None))
+        for i, x in enumerate(leaves)
+    ]
+    return jax.tree_util.tree_unflatten(treedef, put)
+
+
+def _committed(x: jax.Array) -> bool:
+    return bool(getattr(x, "committed", getattr(x, "_committed", True)))
+
+
+def _kind(x: Any) -> str:
+    if isinstance(x, _SCALARS):
+        return f"Python {type(x).__name__} {x!r}"[:60]
+    if isinstance(x, np.generic):
+        return f"numpy {np.dtype(x.dtype).name} scalar"
+    if isinstance(x, np.ndarray):
+        return f"{fmt_aval(x.shape, x.dtype)} numpy array"
+    if isinstance(x, jax.Array):
+        return f"{fmt_aval(x.shape, x.dtype, x.aval.weak_type)} jax array"
+    return fmt_object(x)
+
+
+@overload
+def device_tree(tree: T, *, sharding: Any = ..., changes: Literal[False] = ...) -> T: ...
+@overload
+def device_tree(tree: T, *, sharding: Any = ..., changes: Literal[True]) -> tuple[T, Changes]: ...
+def _is_module_class(kind: Any) -> bool:
+    return isinstance(kind, type) and any(
+        c.__name__ == "Module" and c.__module__.startswith("equinox") for c in kind.__mro__
+    )
+
+
+def holds_module(value: Any) -> bool:
+    """Whether ``value``'s tree has an equinox Module node (a model, a layer)."""
+    pending = [jax.tree_util.tree_structure(value)]
+    while pending:
+        node = pending.pop()
+        data = node.node_data()
+        if data is not None and _is_module_class(data[0]):
+            return True
+        pending.extend(node.children())
+    return False
+
+
+@boundary
+def device_tree(tree: Any, *, sharding: Any = None, changes: bool = False) -> Any:
+    """Return ``tree`` with every leaf the exact device array a step will see.
+
+    Brings state made by other libraries (flax ``TrainState`` and
+    ``flax.struct`` classes, equinox Modules, NamedTuples, optax states,
+    dicts, ``jc.state`` instances) into contract in one call, so a hot step
+    compiled for it neither recompiles nor transfers on the next call. For
+    each leaf:
+
+    * a Python ``bool``/``int``/``float``/``complex`` becomes a strongly
+      typed 0-d array of JAX's default dtype for its kind (``int32``,
+      ``float32``; ``int64``/``float64`` with ``jax_enable_x64``), as
+      ``TrainState.create(step=0)`` or a config constant needs;
+    * a weakly typed jax array (``jnp.asarray(0.1)``, a scalar made under
+      ``jit`` from a Python number) becomes strongly typed, same dtype;
+    * a numpy array or scalar is copied to the device once, in the dtype JAX
+      gives it (float64 becomes float32 while x64 is off);
+    * an uncommitted jax array is committed to its device (hot-step outputs
+      are committed, so an uncommitted input would not match them); like
+      ``jax.device_put`` this shares the buffer, so donating the result
+      consumes the original array too (use the returned tree from then on);
+    * a strongly typed, committed jax array (typed PRNG keys included) is
+      returned as is: no copy.
+
+    Anything else as a leaf (a string, a function, an arbitrary object) is
+    refused: a hot step cannot take it as an argument.
+
+    Args:
+        tree: any pytree.
+        sharding: optional ``jax.sharding.Sharding`` or ``jax.Device`` to put
+            every leaf on (a committed array elsewhere is moved). ``None``
+            keeps committed arrays where they are and commits the rest to
+            the default device. For per-leaf shardings ``jax.device_put`` the
+            tree with them first.
+        changes: also return a :class:`Changes` record of what was changed
+            (leaf path, before, after, why); ``str()`` of it lists them.
+
+    Returns:
+        The converted tree (same structure), or ``(tree, changes)`` when
+        ``changes=True``.
+
+    Raises:
+        SpecError: listing every leaf that cannot be a device array, with
+            its path (a string, an object, an int too large for JAX's
+            integer type).
+
+    Examples:
+        >>> import jaxcontracts as jc
+        >>> state, what = jc.device_tree({"step": 0, "lr": 0.1}, changes=True)
+        >>> state["step"].dtype, state["step"].weak_type
+        (dtype('int32'), False)
+        >>> what.paths
+        ("['lr']", "['step']")
+    """
+    __tracebackhide__ = True
+    if sharding is not None and not isinstance(sharding, (jax.sharding.Sharding, jax.Device)):
+        example = (
+            f'jax.devices("{sharding}")[0]' if isinstance(sharding, str) else "jax.devices()[0]"
+        )
+        raise DefinitionError(
+            f"jc.device_tree(sharding={fmt_object(sharding)}): sharding= takes a "
+            "jax.sharding.Sharding or a jax.Device.",
+            fix=f"sharding={example}, or a NamedSharding(mesh, P(...)); None (the "
+            "default) keeps committed arrays where they are.",
+        )
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    where = sharding if sharding is not None else jax.devices()[0]
+    out: list[Any] = []
+    done: list[Change] = []
+    bad: list[str] = []
+    module = holds_module(tree)  # equinox: its non-array leaves are static, left as they are
+    for path, x in leaves:
+        p = fmt_path(path)
+        if module and not isinstance(x, (jax.Array, np.ndarray, np.generic)):
+            out.append(x)
+            continue
+        if isinstance(x, Tracer):
+            out.append(x)  # under a trace: the step's own business
+            continue
+        if isinstance(x, jax.Array):
+            y, why = _jax_leaf(x, sharding)
+        elif isinstance(x, (np.ndarray, np.generic)):
+            if not _jax_can_hold(x.dtype):
+                bad.append(f"  {p}: {_kind(x)}: JAX has no {np.dtype(x.dtype).name} arrays")
+                out.append(x)
+                continue
+            y, why = _numpy_leaf(x, where)
+        elif isinstance(x, _SCALARS):
+            host, problem = scalar_to_host(x)
+            if host is None:
+                bad.append(f"  {p}: {_kind(x)}: {problem}")
+                out.append(x)
+                continue
+            y, why = to_device(host, where), "a Python scalar: JAX's default dtype, strongly typed"
+        else:
+            bad.append(f"  {p}: {_kind(x)}")
+            out.append(x)
+            continue
+        if why:
+            done.append(Change(p, _kind(x), fmt_aval(y.shape, y.dtype, y.aval.weak_type), why))
+        out.append(y)
+    if bad:
+        raise SpecError(
+            f"jc.device_tree(): {n_leaves(len(bad))} cannot become device arrays:",
+            bad,
+            fix="make such a field part of the tree structure, not a leaf: "
+            "jc.static(...) in a jc.state, flax.struct.field(pytree_node=False), "
+            "eqx.field(static=True); or split the arrays out first "
+            "(params, rest = eqx.partition(model, eqx.is_array)) and pass those.",
+            leaves=[b.split(":", 1)[0].strip() for b in bad],
+        )
+    result = jax.tree_util.tree_unflatten(treedef, out)
+    return (result, Changes(done)) if changes else result
+
+
+def _jax_leaf(x: jax.Array, sharding: Any) -> tuple[jax.Array, str]:
+    whys = []
+    y = x
+    if x.aval.weak_type and not is_key(x.dtype):
+        y = jax.lax.convert_element_type(y, y.dtype)  # same dtype, strong
+        whys.append("weakly typed: made strongly typed")
+    if sharding is not None:
+        if not _same_place(y, sharding):
+            y = jax.device_put(y, sharding)
+            whys.append("moved to the requested sharding")
+        elif not _committed(y):
+            y = jax.device_put(y, sharding)
+            whys.append("uncommitted: committed to its device")
+    elif not _committed(y):
+        (device,) = y.devices() if len(y.devices()) == 1 else (None,)
+        y = jax.device_put(y, device if device is not None else y.sharding)
+        whys.append("uncommitted: committed to its device")
+    return y, "; ".join(whys)
+
+
+def _same_place(x: jax.Array, sharding: Any) -> bool:
+    if isinstance(sharding, jax.Device):
+        return x.devices() == {sharding}
+    try:
+        return bool(x.sharding.is_equivalent_to(sharding, x.ndim))
+    except Exception:  # noqa: BLE001 - other sharding kinds
+        return x.sharding == sharding
+
+
+def _jax_can_hold(dtype: Any) -> bool:
+    # Numbers and bools, ml_dtypes (bfloat16, float8...) included; not
+    # strings, objects, datetimes or structured records.
+    try:
+        return bool(jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_))
+    except TypeError:
+        return False
+
+
+def _numpy_leaf(x: np.ndarray | np.generic, where: Any) -> tuple[jax.Array, str]:
+    want = np.dtype(jax.dtypes.canonicalize_dtype(x.dtype))
+    host = np.asarray(x, dtype=want)
+    why = "a numpy array: copied to the device once"
+    if want != np.dtype(x.dtype):
+        why += f" as {want.name} ({np.dtype(x.dtype).name} needs jax_enable_x64, which is off)"
+    return to_device(host, where), why

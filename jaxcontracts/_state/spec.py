@@ -1,0 +1,180 @@
+"""Specs: leaves -> ``jax.ShapeDtypeStruct``, ``spec_of``, static values.
+
+A *spec* is a pytree whose leaves are :class:`jax.ShapeDtypeStruct` s carrying
+shape, dtype, weak type and (when known) sharding. Everything that compiles or
+compares in this package goes through the functions here, so "the same spec"
+means one thing everywhere. How two specs differ is ``_diffs``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._compat.tracing import Tracer
+from .._dtypes import array_nbytes
+from .._errors import SpecError
+from .._format import fmt_aval, fmt_object, fmt_path
+from .._tracebacks import boundary
+
+__all__ = ["StaticArg", "eq_answers_bool", "fmt_value", "leaf_spec", "spec_nbytes", "spec_of", "static_equal"]
+
+
+# --------------------------------------------------------------------------
+# Leaves -> specs
+
+
+def leaf_spec(x: Any) -> jax.ShapeDtypeStruct | None:
+    """The exact spec of one leaf, or ``None`` when it is not array-like."""
+    if isinstance(x, jax.ShapeDtypeStruct):
+        return x
+    if isinstance(x, jax.Array):
+        aval = x.aval
+        sharding = x.sharding if not isinstance(x, Tracer) else None
+        return jax.ShapeDtypeStruct(
+            aval.shape, aval.dtype, sharding=sharding, weak_type=aval.weak_type
+        )
+    if isinstance(x, (np.ndarray, np.generic)):
+        return jax.ShapeDtypeStruct(np.shape(x), x.dtype)
+    if isinstance(x, (bool, int, float, complex)):
+        # What jax would make of it, worked out without touching a device: a
+        # scalar of the default type, weakly typed unless it is a bool.
+        return jax.ShapeDtypeStruct(
+            (), jax.numpy.result_type(x), weak_type=not isinstance(x, bool)
+        )
+    return None
+
+
+def fmt_value(value: Any) -> str:
+    """Describe a leaf of any kind in a few characters (never reads the device)."""
+    if value is None:
+        return "None"
+    spec = leaf_spec(value)
+    if spec is None:
+        return fmt_object(value)
+    return f"{fmt_aval(spec.shape, spec.dtype, spec.weak_type)} ({_kind(value)})"
+
+
+def _kind(value: Any) -> str:
+    if isinstance(value, jax.Array):
+        return "jax array"
+    if isinstance(value, jax.ShapeDtypeStruct):
+        return "spec"
+    if isinstance(value, np.ndarray):
+        return "numpy array"
+    if isinstance(value, np.generic):
+        return "numpy scalar"
+    return f"Python {type(value).__name__}"
+
+
+def spec_nbytes(spec: Any) -> int:
+    """Bytes of an array with this spec (all shards together)."""
+    return array_nbytes(spec.shape, spec.dtype)
+
+
+@boundary
+def spec_of(tree: Any) -> Any:
+    """Return the exact spec of a pytree: shape, dtype, weak type, sharding.
+
+    Args:
+        tree: any pytree of jax arrays, numpy arrays, Python scalars or
+            ``jax.ShapeDtypeStruct`` s (a ``jc.state`` instance included).
+
+    Returns:
+        The same tree with every leaf replaced by a ``jax.ShapeDtypeStruct``.
+
+    Raises:
+        SpecError: when a leaf is not array-like, naming its path.
+
+    Examples:
+        >>> import jax.numpy as jnp, jaxcontracts as jc
+        >>> jc.spec_of({"x": jnp.zeros((2, 3))})["x"].shape
+        (2, 3)
+    """
+    leaves, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    specs, bad = [], []
+    for path, leaf in leaves:
+        spec = leaf_spec(leaf)
+        if spec is None:
+            bad.append(f"  {fmt_path(path)}: {fmt_object(leaf)}")
+        specs.append(spec)
+    if bad:
+        raise SpecError(
+            "jc.spec_of(): these leaves are not arrays, so they have no spec:",
+            bad,
+            fix="make them jax arrays, or mark them jc.static(...) in a "
+            "jc.state class so they become part of the tree structure.",
+        )
+    return jax.tree_util.tree_unflatten(treedef, specs)
+
+
+# --------------------------------------------------------------------------
+# Spec diffs
+
+
+# --------------------------------------------------------------------------
+# Static arguments
+
+
+class StaticArg:
+    """A static argument's value, carried in the tree structure (no leaves).
+
+    A pytree node with no children whose aux data is ``(type, value)``: two
+    calls with equal values of one type share a tree structure (and a
+    compiled signature); a new value is a new structure, so it is a new
+    signature. The type is in the aux data because tree structures compare
+    aux data with ``==``: ``1 == True == 1.0`` would otherwise share a
+    signature (and run the program traced for another type), where
+    ``jax.jit``'s static arguments would not.
+    """
+
+    __slots__ = ("aux", "value")
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+        self.aux = (type(value), value)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, StaticArg) and static_equal(self.value, other.value)
+
+    def __hash__(self) -> int:
+        return hash(self.value)
+
+    def __repr__(self) -> str:
+        return f"static {self.value!r}"
+
+
+def static_equal(a: Any, b: Any) -> bool:
+    """Whether two static values are equal: their ``==``, when it answers a bool.
+
+    An ``__eq__`` that returns anything else (an array: ``bool()`` of it would
+    read the device) or raises is "not equal".
+    """
+    if a is b:
+        return True
+    if type(a) is not type(b):
+        return False
+    try:
+        result = a == b
+    except Exception:  # noqa: BLE001 - an __eq__ that cannot answer: not equal
+        return False
+    return bool(result) if isinstance(result, (bool, np.bool_)) else False
+
+
+def eq_answers_bool(value: Any) -> str | None:
+    """``None`` when ``value == value`` is a bool; else what it returned (a
+    static value JAX compares with ``==`` to pick a compiled signature)."""
+    try:
+        result = value == value
+    except Exception as e:  # noqa: BLE001
+        return f"raised {type(e).__name__}"
+    if isinstance(result, (bool, np.bool_)):
+        return None
+    return f"returned {fmt_object(result)}"
+
+
+jax.tree_util.register_pytree_node(
+    StaticArg, lambda s: ((), s.aux), lambda aux, _: StaticArg(aux[1])
+)

@@ -1,0 +1,521 @@
+"""What every per-call closure of a compiled signature shares.
+
+The step protocol the closures read (:class:`DispatchingStep`), the context
+they are built from (:class:`CallContext`, read once, at build), the one
+after-dispatch tail (:func:`make_tail`: check consumption, mark the donated
+states, count, record the output inside loops), the kept-leaf
+check (:class:`KeptPlan`), the leaf readers, and the call that takes static
+arguments in C++ (:func:`static_native`). The closures are in ``_callpath``
+(by checks level)."""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import operator
+import types
+from collections.abc import Callable, Sequence
+from typing import Any, Protocol
+
+import jax
+import numpy as np
+
+from .._compat import refcount
+from .._compat.arrays import ArrayImpl, KeyArray
+from .._compat.guarded import REFUSED, guarded_call, tree_in_tree
+from .._compat.tracing import flatten, top_level_refs
+from .._dtypes import is_key
+from .._errors import ContractError
+from .._records import CompiledSignature, StepStats
+from .._runtime import tracking
+from .._state.fields import dict_getter, flat_field_names
+from .._state.filter import Filtered
+from .._steps import HOOK_EVERY, LiveStep
+from .._tracebacks import trim
+from .signature import StepSignature
+
+__all__ = [
+    "CallContext", "DispatchingStep", "KeptPlan", "LeafKinds", "first_leaf_of",
+    "is_deleted_for", "kept_plan", "binder", "leaf_kinds", "leaf_reader", "leaf_readers",
+    "leaves_of", "make_tail", "picker", "stale_reader", "static_native",
+]
+
+
+class DispatchingStep(LiveStep, Protocol):
+    """What a call path needs of its step (``jc.HotStep`` is one)."""
+
+    @property
+    def definition(self) -> StepSignature:
+        """What the decorator learnt of the function (``_signature.analyse``)."""
+        ...
+
+    def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
+        """Everything a closure does not handle (diagnosis, a new compile, traces)."""
+
+    def not_consumed(self, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> BaseException | None:
+        """The error for donated buffers XLA copied (``None``: a recording loop took it)."""
+
+    def defaults_omitted(self) -> None:
+        """A call left out parameters with defaults: the call path puts them in from now on."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CallContext:
+    """What every closure of one compiled signature needs (read once, at build)."""
+
+    cs: CompiledSignature
+    compiled: Callable[..., Any]  # the executable's C++ call
+    full: bool
+    step: DispatchingStep
+    name: str
+    n_params: int
+    slow_call: Callable[[tuple[Any, ...], dict[str, Any], BaseException | None], Any]
+    stats: StepStats
+    not_consumed: Callable[[CompiledSignature, Sequence[Any], Any], BaseException | None]
+    marks: tuple[tuple[int, type, type], ...]  # (state parameter, its class, consumed class)
+    normalize: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
+    # At full (with the kept-references capability): refuse a donated leaf
+    # held elsewhere. None: not checked.
+    kept: Callable[[Sequence[int]], BaseException] | None = None
+    # Keyword arguments bound to positions without inspect (None: not this call's shape).
+    bind: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None] = lambda args, kwargs: None
+
+
+def make_tail(
+    ctx: CallContext, consumed: Callable[[Any], bool], flat_src: bool = False
+) -> Callable[[tuple[Any, ...], Any, Any], Any]:
+    """The one after-dispatch tail: check consumption, mark, count, tell loops.
+
+    ``consumed`` tells, from the closure's own view of the arguments (flat
+    leaves or the arguments), whether every donated buffer was used;
+    ``flat_src``: that view is the flat leaves wherever consumption is checked
+    (the arguments may hold static values as they came, not as ``StaticArg``
+    nodes, so they are not flattened again); where every leaf is donated,
+    consumption is then tested inline over them (one call less).
+
+    Inside a loop the output is recorded (``LiveStep.last_output``: the loop
+    clock and ``advance -> .t`` read it); no argument is ever recorded, so a
+    consumed state goes when the caller rebinds it, as in a plain loop."""
+    all_donated = tuple(ctx.cs.donated) == tuple(range(len(ctx.cs.leaves)))
+    every_deleted = is_deleted_for(ctx.cs) if flat_src and all_donated else None
+    full, stats, cs, not_consumed = ctx.full, ctx.stats, ctx.cs, ctx.not_consumed
+    step, record = ctx.step, ctx.step.last_output
+    marks = ctx.marks
+    mark_one = marks[0] if len(marks) == 1 else None
+    set_class = object.__setattr__  # the states are frozen dataclasses
+    every = HOOK_EVERY
+
+    def tail(args: tuple[Any, ...], src: Any, out: Any) -> Any:
+        if full and not (all(map(every_deleted, src)) if every_deleted is not None else consumed(src)):
+            err = not_consumed(cs, src if flat_src else flatten(args)[0], out)
+            if err is not None:  # None: a recording loop took it as a violation
+                raise err
+        if mark_one is not None:  # the donated state names its consumer
+            i, cls, consumed_cls = mark_one
+            if type(args[i]) is cls:
+                set_class(args[i], "__class__", consumed_cls)
+        elif marks:
+            for i, cls, consumed_cls in marks:
+                if type(args[i]) is cls:
+                    set_class(args[i], "__class__", consumed_cls)
+        n = stats.calls = stats.calls + 1
+        if tracking.count:  # a hot_loop is active somewhere: its clock and messages read the output
+            record[0] = out
+            if not n % every:  # a timing loop's sampling hook, one call in `every`
+                hook = step.timing_hook
+                if hook is not None:
+                    hook()
+        return out
+
+    return tail
+
+
+@dataclasses.dataclass(frozen=True)
+class KeptPlan:
+    """At ``full``: how a closure tells, before dispatch, that a donated leaf is
+    held by something besides its state (a kept sample, a variable, a numpy
+    view), and the refusal then. :meth:`refused` counts references in one C
+    loop, ``max(map(getrefcount, pick(leaves))) > limit``, over a fresh
+    sequence of the watched leaves (``pick`` None: the flat leaves, all
+    watched); on a hit it collects garbage and counts again, and refuses
+    whatever else holds a leaf (the one rule: see ``refcount.kept_after_collecting``),
+    with an error the slow path raises once it has ruled out a wrong
+    signature. No closure holds its flat leaves while it calls the slow path,
+    so a call the slow path dispatches again is counted as any other. The ``s = step(s)`` path counts
+    inline and calls :meth:`refuse` on a hit. A donated argument that is an
+    array itself is not watched: the caller's variable holds it, as it should."""
+
+    watched: tuple[int, ...]  # flat leaf indices
+    pick: Callable[[Sequence[Any]], Sequence[Any]] | None
+    limit: int
+    error: Callable[[Sequence[int]], BaseException]
+
+    def refused(self, leaves: Sequence[Any]) -> BaseException | None:
+        """The refusal for these flat leaves (a fresh sequence), or None."""
+        seq = leaves if self.pick is None else self.pick(leaves)
+        if max(map(refcount.count, seq)) <= self.limit:
+            return None
+        return self.refuse(seq, self.limit - refcount.BASELINE + 1)
+
+    def refuse(self, seq: Sequence[Any], sequences: int) -> BaseException | None:
+        """After a hit: the error, unless collecting garbage dropped every extra reference."""
+        kept = refcount.kept_after_collecting(seq, sequences)
+        return self.error(list(dict.fromkeys(self.watched[i] for i in kept))) if kept else None
+
+
+def kept_plan(ctx: CallContext) -> KeptPlan | None:
+    """The kept-leaf check of a closure over the flat leaves (None: not checked)."""
+    if ctx.kept is None:
+        return None
+    cs = ctx.cs
+    whole: set[int] = set()
+    filtered: set[int] = set()  # the leaves of an equinox Module's Filtered node (_filter)
+    start = 0
+    for spec in cs.spec_args:
+        n = len(jax.tree_util.tree_leaves(spec))
+        if jax.tree_util.tree_structure(spec).num_nodes == 1:  # the argument is one array
+            whole.update(range(start, start + n))
+        elif type(spec) is Filtered:
+            filtered.update(range(start, start + n))
+        start += n
+    watched = tuple(i for i in cs.donated if i not in whole)
+    if not watched:
+        return None
+    if filtered:
+        # A Filtered node's leaves tuple is one more reference to each of its
+        # leaves: the others appear twice in the sequence, so that one limit
+        # holds for all (and the error names each leaf once).
+        others = tuple(i for i in watched if i not in filtered)
+        watched = (*(i for i in watched if i in filtered), *others, *others)
+        pick, sequences = operator.itemgetter(*watched) if len(watched) > 1 else (lambda leaves: (leaves[watched[0]],)), 3
+    elif len(watched) == len(cs.leaves):  # all of them: the flat leaves themselves
+        pick, sequences = None, 1
+    elif len(watched) == 1:
+        only = watched[0]
+        pick, sequences = (lambda leaves: (leaves[only],)), 2
+    else:
+        pick, sequences = operator.itemgetter(*watched), 2
+    return KeptPlan(watched, pick, refcount.BASELINE + sequences - 1, ctx.kept)
+
+
+def is_deleted_for(cs: CompiledSignature) -> Callable[[Any], bool]:
+    """``ArrayImpl.is_deleted`` unbound (``map()`` runs it in C); a method call for typed PRNG keys."""
+    if any(is_key(leaf.spec.dtype) for leaf in cs.leaves):
+        return operator.methodcaller("is_deleted")
+    return ArrayImpl.is_deleted  # type: ignore[no-any-return]
+
+
+def binder(sig: StepSignature) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None]:
+    """The one keyword binder of the call path: ``bind(args, kwargs)`` gives
+    every argument by position (keywords in any order, the defaults of those
+    left out put in), as ``inspect.Signature.bind`` and ``apply_defaults``
+    would, without them; None where the call does not bind so (a wrong name,
+    a required one missing, ``*args``/``**kwargs`` parameters):
+    ``StepSignature.normalize`` binds and explains those."""
+    params = list(sig.signature.parameters.values())
+    empty, kinds = inspect.Parameter.empty, (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return lambda args, kwargs: None
+    # per number of positional arguments: the rest, as (name, default, may be a keyword)
+    rests = {k: tuple((p.name, p.default, p.kind in kinds) for p in params[k:]) for k in range(len(params) + 1)}
+
+    def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+        rest = rests.get(len(args))
+        if rest is None:
+            return None
+        items, used = list(args), 0
+        for name, default, keyword in rest:
+            if keyword and name in kwargs:
+                items.append(kwargs[name])
+                used += 1
+            elif default is not empty:
+                items.append(default)
+            else:
+                return None
+        return tuple(items) if used == len(kwargs) else None
+
+    return bind
+
+
+def picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
+    """A C-level ``lambda leaves: tuple(leaves[i] for i in indices)``."""
+    if not indices:
+        return lambda leaves: ()
+    if len(indices) == 1:
+        only = indices[0]
+        return lambda leaves: (leaves[only],)
+    return operator.itemgetter(*indices)  # type: ignore[return-value]
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafKinds:
+    """What the checked closures compare each call in C (``map`` over the
+    flat leaves): the exact type of every leaf, and the weak type of every
+    device leaf. A mismatch falls back to the leaf-by-leaf loop (which tells
+    the accepted variants, a device array for declared host data, apart)."""
+
+    types: tuple[type, ...]  # per flat leaf: ArrayImpl, the key class, or np.ndarray (host=)
+    # The device leaves that are not typed PRNG keys (a key's `aval` is built
+    # anew on each read, about 9 us; a key is never weakly typed), and their
+    # weak types.
+    unkeyed: Callable[[Sequence[Any]], tuple[Any, ...]]
+    weak: tuple[bool, ...]
+    weak_of: Callable[[Any], bool] = operator.attrgetter("aval.weak_type")
+
+
+def leaf_kinds(cs: CompiledSignature) -> LeafKinds | None:
+    """The :class:`LeafKinds` of a signature (None: a class is missing here)."""
+    if ArrayImpl is None:
+        return None
+    host = frozenset(cs.host)
+    types: list[type] = []
+    for i, leaf in enumerate(cs.leaves):
+        if i in host:
+            types.append(np.ndarray)
+        elif is_key(leaf.spec.dtype):
+            if KeyArray is None:
+                return None
+            types.append(KeyArray)
+        else:
+            types.append(ArrayImpl)
+    device = [i for i in range(len(cs.leaves)) if i not in host]
+    unkeyed = [i for i in device if types[i] is not KeyArray]
+    return LeafKinds(tuple(types), picker(unkeyed), tuple(bool(cs.weak[i]) for i in unkeyed))
+
+
+def leaves_of(cls: type) -> Callable[[Any], Sequence[Any]]:
+    """The leaves of a state instance: ``__dict__`` reads for a flat class
+    (never attribute reads: a consumed state's fields raise when read)."""
+    names = flat_field_names(cls)
+    if not names:
+        return lambda x: flatten(x)[0]
+    return dict_getter(names)
+
+
+def first_leaf_of(cls: type) -> Callable[[Any], Any]:
+    """The first leaf of a state instance: one ``__dict__`` read for a flat class."""
+    names = flat_field_names(cls)
+    if names:
+        first = names[0]
+        return lambda x: x.__dict__[first]
+    return lambda x: flatten(x)[0][0]
+
+
+def leaf_reader(cs: CompiledSignature, index: int) -> Callable[[tuple[Any, ...]], Any]:
+    """Reads flat leaf ``index`` from a call's arguments by its path (items,
+    attributes; ``__dict__`` first, as a consumed state's fields raise when
+    read), without flattening them. An attribute that is not plain data (a
+    property: flax's deprecated ``Variable.value`` warns on every read) is
+    read by flattening that one node; a node without keys, likewise. It may
+    raise on arguments of another structure."""
+    return leaf_readers(cs, (index,))[0]
+
+
+def leaf_readers(cs: CompiledSignature, indices: Sequence[int]) -> list[Callable[[tuple[Any, ...]], Any]]:
+    """:func:`leaf_reader` for each of ``indices`` (the specs flattened once)."""
+    with_path, treedef = jax.tree_util.tree_flatten_with_path(cs.spec_args)
+    firsts: dict[tuple[Any, ...], int] = {}  # a path prefix -> its first flat leaf
+    for i, (p, _) in enumerate(with_path):
+        for depth in range(len(p) + 1):
+            firsts.setdefault(_prefix_key(p[:depth]), i)
+    # A reader is proven on a tree of the same structure whose leaves are
+    # their own flat positions (leaves may share one spec object, so reading
+    # the specs could not tell two leaves apart); None: such a tree cannot be
+    # built (a node that refuses other leaves), and every reader flattens.
+    try:
+        markers = jax.tree_util.tree_unflatten(treedef, [_Marker(i) for i in range(len(with_path))])
+    except Exception:  # noqa: BLE001
+        markers = None
+    return [_reader(with_path, firsts, i, markers) for i in indices]
+
+
+class _Marker:
+    """A flat position, as the leaf of :func:`leaf_readers`' proof tree."""
+
+    __slots__ = ("index",)
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+
+_WALKED_KEYS = (jax.tree_util.SequenceKey, jax.tree_util.DictKey, jax.tree_util.GetAttrKey)
+
+
+def _prefix_key(prefix: tuple[Any, ...]) -> tuple[Any, ...]:
+    # A reader walks only these keys, so only prefixes of them are looked up;
+    # any other key (_filter's _LeafKey has no __eq__; a user's may be
+    # unhashable) stands for itself.
+    return tuple(k if isinstance(k, _WALKED_KEYS) else id(k) for k in prefix)
+
+
+def _reader(
+    with_path: Sequence[Any], firsts: dict[tuple[Any, ...], int], index: int, markers: Any
+) -> Callable[[tuple[Any, ...]], Any]:
+    path = with_path[index][0]
+    steps: list[tuple[int, Any]] = []  # (0: item, 1: attribute, 2: leaf k of a one-node flatten)
+    node: Any = markers
+    costly = False  # a step runs Python: a container's own __getitem__ (nnx.State), a flatten
+    for depth, key in enumerate(path if markers is not None else ()):
+        if isinstance(key, (jax.tree_util.SequenceKey, jax.tree_util.DictKey)):
+            costly = costly or getattr(type(node), "__getitem__", None) not in _BUILTIN_ITEMS
+        if isinstance(key, jax.tree_util.SequenceKey):
+            steps.append((0, key.idx))
+        elif isinstance(key, jax.tree_util.DictKey):
+            steps.append((0, key.key))
+        elif isinstance(key, jax.tree_util.GetAttrKey) and _plain_attribute(node, key.name):
+            steps.append((1, key.name))
+        else:  # the rest of the path, read by flattening this node
+            # its leaves are a run of the flat leaves: those under the same prefix
+            steps.append((2, index - firsts[_prefix_key(path[:depth])]))
+            break
+        try:
+            node = _step(node, *steps[-1])
+        except Exception:  # noqa: BLE001 - not its items or attributes: proven wrong below
+            break
+
+    def read(args: tuple[Any, ...]) -> Any:
+        obj: Any = args
+        for kind, key in steps:  # _step, inline
+            if kind == 0:
+                obj = obj[key]
+            elif kind == 1:
+                d = getattr(obj, "__dict__", None)
+                obj = d[key] if d is not None and key in d else getattr(obj, key)
+            else:
+                obj = flatten(obj)[0][key]
+        return obj
+
+    try:
+        found = read(markers) if markers is not None else None
+        same = type(found) is _Marker and found.index == index
+    except Exception:  # noqa: BLE001 - a node whose children are not its items or attributes
+        same = False
+    if not same:
+        read = lambda args: flatten(args)[0][index]  # noqa: E731
+    read.costly = costly or not same or any(kind == 2 for kind, _ in steps)  # type: ignore[attr-defined]
+    return read
+
+
+_BUILTIN_ITEMS = (tuple.__getitem__, list.__getitem__, dict.__getitem__)
+
+
+def _step(obj: Any, kind: int, key: Any) -> Any:
+    if kind == 0:
+        return obj[key]
+    if kind == 1:
+        d = getattr(obj, "__dict__", None)
+        return d[key] if d is not None and key in d else getattr(obj, key)
+    return flatten(obj)[0][key]
+
+
+def _plain_attribute(obj: Any, name: str) -> bool:
+    """Whether ``obj.name`` is stored data (the instance ``__dict__``, a slot, a
+    NamedTuple field), not a property or another computed attribute."""
+    d = getattr(obj, "__dict__", None)
+    if d is not None and name in d:
+        return True
+    attr = inspect.getattr_static(type(obj), name, None)
+    return isinstance(attr, types.MemberDescriptorType) or type(attr).__name__ == "_tuplegetter"
+
+
+def stale_reader(cs: CompiledSignature) -> Callable[[tuple[Any, ...]], bool] | None:
+    """``stale(args)``: whether the first donated leaf of a call's arguments is
+    deleted (a stale state: a donated buffer would reach ``Execute``, which logs
+    its refusal on stderr), read by its path; True where it cannot be read (a
+    tracer, a numpy array, another structure: the slow path tells). None:
+    nothing is donated."""
+    if not cs.donated:
+        return None
+    read = leaf_reader(cs, cs.donated[0])
+
+    def stale(args: tuple[Any, ...]) -> bool:
+        try:
+            return bool(read(args).is_deleted())
+        except Exception:  # noqa: BLE001
+            return True
+
+    stale.costly = read.costly  # type: ignore[attr-defined]  # see _reader
+    return stale
+
+def static_native(
+    ctx: CallContext,
+    approve: Callable[[tuple[Any, ...]], bool] | None,
+    fallback: Callable[..., Any],
+    tail: Callable[[tuple[Any, ...], Any, Any], Any] | None,
+) -> Callable[..., Any] | None:
+    """A step's call with static parameters, static in the C++ call itself.
+
+    ``update(state, config=config)`` then costs what ``update(state)`` does:
+    the C++ call leaves the static values out of the flat arguments and hashes
+    them into its signature, as ``jax.jit``'s ``static_argnames`` does, so
+    no Python wrapper binds the keywords, wraps the values in ``StaticArg``
+    nodes or flattens them per call. On a signature it has not seen, the
+    arguments are bound to positions and normalized (a value that is not
+    hashable, or whose ``==`` is not a bool, is refused), then
+    ``approve`` judges them as the closure's own checks would (None, at
+    ``off``: the top level and the compiled tree structure, the compiled
+    static values included: ``StaticArg`` equality is type-strict). Refused
+    shapes (a keyword for a parameter that is not static, defaults left out)
+    and signatures go to ``fallback`` (the Python wrapper and its closure),
+    which explains them. ``tail``: the after-dispatch tail (None at ``off``).
+    None where the guarded call is missing.
+    """
+    sig, cs = ctx.step.definition, ctx.cs
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    params = list(sig.signature.parameters.values())
+    static = sig.static_params
+    names = tuple(sig.param_names[i] for i in static if params[i].kind in kinds)
+    allowed = frozenset(names)
+    bind, normalize, n_params = ctx.bind, ctx.normalize, ctx.n_params
+
+    def bind_static(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+        try:
+            if kwargs:
+                if not allowed.issuperset(kwargs):
+                    return None
+                bound = bind(args, kwargs)
+                if bound is None:
+                    return None
+                args = bound
+            elif len(args) != n_params:
+                return None
+            return normalize(args, {})
+        except Exception:  # noqa: BLE001 - unhashable, odd ==...: the fallback explains
+            return None
+
+    if approve is None:
+        tref, ev, aref, top = top_level_refs()
+        in_treedef = cs.in_treedef
+
+        def top_and_tree(args: tuple[Any, ...]) -> bool:
+            try:
+                return tref.value is ev and aref.value is top and flatten(args)[1] == in_treedef
+            except Exception:  # noqa: BLE001
+                return False
+
+        approve = top_and_tree
+
+    in_tree = tree_in_tree(cs.spec_args) if cs.flat_style else None
+    call = guarded_call(cs.compiled, approve, in_tree, (static, names, bind_static))
+    if call is None:
+        return None
+    slow_call, refused_mark = ctx.slow_call, REFUSED
+    stale = stale_reader(cs) if tail is not None else None  # checks fast: see _callpath._guarded
+
+    def static_call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            if stale is not None and stale(args):  # or the state by keyword: the fallback binds it
+                return fallback(*args, **kwargs)
+            try:
+                out = call(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
+                return slow_call(args, kwargs, e)
+            if out is refused_mark:
+                return fallback(*args, **kwargs)
+            return out if tail is None else tail(args, None, out)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
+
+    static_call.takes_static = True  # type: ignore[attr-defined]  # make_dispatch: no wrapper
+    return static_call

@@ -1,0 +1,520 @@
+"""The per-call closures of a compiled signature, one per checks level.
+
+The call path is a closure picked when the step compiles or the checks level
+changes, so a call never reads configuration:
+
+* ``off``:  the compiled executable's own C++ fast path, nothing else;
+* ``fast``: flatten the arguments (C++), compare the tree structure, check
+  that every leaf is a strongly typed device array (and, on a multi-device
+  executable, its sharding), then call. Shape, dtype and committed shardings
+  are checked by the executable itself before it runs;
+* ``full``: ``fast`` plus, after dispatch, that every donated input was
+  consumed. Nothing blocks on the device.
+
+Every checked path ends in the after-dispatch tail (:func:`make_tail`: check
+consumption, mark the donated states with the step's name, count, record the
+output inside loops). Anything unusual falls to
+the step's slow path, which diagnoses it. Under an active trace (an outer
+``jax.jit``, ``vmap``, ``lax.cond``..., even over concrete arrays it closed
+over) every closure goes to the slow path, which traces the function and
+donates nothing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._compat import refcount
+from .._compat.arrays import ArrayImpl, KeyArray
+from .._compat.effects import effect_tokens
+from .._compat.guarded import REFUSED, flat_in_tree, guarded_call, tree_in_tree
+from .._compat.threadguard import allow_host_to_device
+from .._compat.tracing import cpp_call, flatten, top_level_refs
+from .._donation.consumed import consumed_class
+from .._donation.hazards import find_hazards
+from .._errors import ContractError
+from .._records import CompiledSignature
+from .._state.fields import is_state
+from .._state.spec import StaticArg, static_equal
+from .._tracebacks import trim
+from .callctx import (
+    CallContext,
+    DispatchingStep,
+    KeptPlan,
+    binder,
+    is_deleted_for,
+    kept_plan,
+    leaf_kinds,
+    make_tail,
+    picker,
+    stale_reader,
+    static_native,
+)
+from .callwrap import host_call, with_defaults, with_effect_tokens, with_filtered, with_static
+from .diagnose import kept_leaves_error
+from .diffs import same_placement
+
+__all__ = ["DispatchingStep", "make_dispatch"]
+
+
+def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> Callable[..., Any]:
+    """Build the call path of ``step`` for one compiled signature and checks level.
+
+    Failures go to ``step.slow_call((args, kwargs, exception_or_None))``;
+    after a call, each ``jc.state`` argument whose leaves were donated takes
+    its consumed class, which names the step (one store). Static parameters
+    are wrapped into tree nodes first (:func:`_with_static`).
+    """
+    sig = step.definition
+    ctx = CallContext(
+        cs=cs,
+        compiled=cpp_call(cs.compiled),  # skips Compiled.__call__'s Python frame
+        full=level == "full",
+        step=step,
+        name=step.short_name,
+        n_params=len(sig.param_names),
+        slow_call=step.slow_call,
+        stats=step.stats,
+        not_consumed=step.not_consumed,
+        marks=_consumed_marks(cs, sig.state_params, step.short_name),
+        normalize=sig.normalize,
+        bind=binder(sig),
+        kept=(lambda kept: kept_leaves_error(sig, cs, kept))
+        if level == "full" and cs.donated and refcount.available()
+        else None,
+    )
+    # static values taken by the C++ call itself (static_native), where the
+    # closure is the guarded or bare call
+    native = bool(sig.static_params) and not sig.filtered_params and not cs.host
+    if level == "off":
+        dispatch = _off(ctx, native)
+    else:
+        dispatch = _checked(ctx, native)
+    if getattr(dispatch, "takes_static", False):
+        pass
+    elif sig.filtered_params:
+        dispatch = with_filtered(sig, with_static(sig, dispatch) if sig.static_params else dispatch, step)
+    elif sig.static_params:
+        dispatch = with_static(sig, dispatch)
+    if sig.omits_defaults and not (sig.filtered_params or sig.static_params):  # (those wrappers put them in)
+        dispatch = with_defaults(sig, dispatch)  # update(grads, state) of update(grads, state, params=None)
+    ensure = effect_tokens(cs.compiled)  # an ordered effect: JAX's token made outside the guard
+    return dispatch if ensure is None else with_effect_tokens(dispatch, ensure)
+
+
+def _consumed_marks(
+    cs: CompiledSignature, state_params: tuple[int, ...], step: str
+) -> tuple[tuple[int, type, type], ...]:
+    """The jc.state parameters with donated leaves: (index, class, consumed class)."""
+    if not cs.donated:
+        return ()
+    ends, n = [], 0
+    for spec in cs.spec_args:
+        n += len(jax.tree_util.tree_leaves(spec))
+        ends.append(n)
+    marks = []
+    for i in state_params:
+        start = ends[i - 1] if i else 0
+        if is_state(cs.spec_args[i]) and any(start <= d < ends[i] for d in cs.donated):
+            cls = type(cs.spec_args[i])
+            marks.append((i, cls, consumed_class(cls, step)))
+    return tuple(marks)
+
+
+def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
+    """Checks ``off``: the bare compiled call; failures go to the slow path.
+
+    Keyword arguments and omitted defaults are bound to positions (the
+    executable takes positional arguments only) once the executable has
+    refused the call, so a call with every argument by position pays nothing.
+    Declared host data (``host=``) is a declared transfer at every level: the
+    call runs with the thread's host-to-device guard at ``allow``, and its
+    C++ call refuses host data at any other leaf (:func:`_off_guarded`).
+    """
+    compiled, slow_call, in_treedef = ctx.compiled, ctx.slow_call, ctx.cs.in_treedef
+    refusable, refused_mark = bool(ctx.cs.host), REFUSED
+    tree_call = _off_guarded(ctx) if ctx.cs.host or (ctx.cs.flat_style and not native) else None
+    if tree_call is not None:  # the arguments as they come: JAX's C++ call flattens them
+        compiled, refusable = tree_call, True
+        if ctx.cs.host:
+            compiled = allow_host_to_device(tree_call)
+    elif ctx.cs.host:  # no guarded call: the bare one (numpy anywhere passes JAX's guard at allow)
+        compiled = allow_host_to_device(compiled)
+    # "no trace is active": JAX's is_top_level() read inline (see top_level_refs)
+    tref, ev, aref, top = top_level_refs()
+    n_params, normalize, bind, omitted = ctx.n_params, ctx.normalize, ctx.bind, ctx.step.defaults_omitted
+
+    def bound_here(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        if len(args) + len(kwargs) < n_params:  # from now on with_defaults puts them in
+            omitted()
+        return normalize(args, kwargs)
+
+    if ctx.cs.flat_style and tree_call is None:
+
+        def off_flat(*args: Any, **kwargs: Any) -> Any:
+            try:
+                if kwargs:
+                    bound = bind(args, kwargs)
+                    if bound is not None:
+                        return off_flat(*bound)
+                leaves, treedef = flatten(args)
+                if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
+                    if normalize is not None and (kwargs or len(args) != n_params) and tref.value is ev:
+                        return off_flat(*bound_here(args, kwargs))
+                    return slow_call(args, kwargs, None)
+                try:
+                    out = compiled(*leaves)
+                except Exception as e:  # noqa: BLE001
+                    return slow_call(args, kwargs, e)
+                return slow_call(args, kwargs, None) if refusable and out is refused_mark else out
+            except ContractError as err:  # the traceback ends at the user's line
+                trim(err)
+                raise
+
+        return _off_native(ctx, off_flat) if native else off_flat
+
+    def off(*args: Any, **kwargs: Any) -> Any:
+        try:
+            if tref.value is not ev or aref.value is not top:  # under a transformation: trace
+                return slow_call(args, kwargs, None)
+            if kwargs:
+                bound = bind(args, kwargs)
+                if bound is not None:
+                    args, kwargs = bound, {}
+            try:
+                out = compiled(*args, **kwargs)
+            except Exception as e:  # noqa: BLE001
+                if normalize is not None and (kwargs or len(args) != n_params):
+                    return off(*bound_here(args, kwargs))
+                return slow_call(args, kwargs, e)
+            if refusable and out is refused_mark:  # host=: a signature its C++ call refused
+                if normalize is not None and (kwargs or len(args) != n_params):
+                    return off(*bound_here(args, kwargs))
+                return slow_call(args, kwargs, None)
+            return out
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
+
+    return _off_native(ctx, off) if native else off
+
+
+def _off_guarded(ctx: CallContext) -> Callable[..., Any] | None:
+    """The executable's call at ``off`` on a guarded C++ call that takes the
+    arguments in their own structure (None: the mechanism is missing).
+
+    * An executable compiled over flat leaves (``flat_style``: a state of
+      flax Variables, a flax struct): JAX's C++ call flattens the arguments
+      once, as ``jax.jit`` does, where the closure would flatten them in
+      Python and the executable flatten the tuple of leaves again.
+    * Declared host data (``host=``): the call runs with the thread's guard
+      at ``allow``, so JAX's own guard would not see numpy (or a Python
+      number) at a leaf that is not declared: each new signature is refused
+      unless every other leaf is a JAX array.
+
+    A new signature is approved, once, where no trace is active and the
+    tree structure is the compiled one; a refused one returns ``REFUSED``,
+    and the slow path explains it.
+    """
+    cs = ctx.cs
+    undeclared = picker([i for i in range(len(cs.leaves)) if i not in frozenset(cs.host)]) if cs.host else None
+    tref, ev, aref, top = top_level_refs()
+    in_treedef, array = cs.in_treedef, jax.Array
+
+    def approve(args: tuple[Any, ...]) -> bool:
+        try:
+            if tref.value is not ev or aref.value is not top:  # traced: the slow path traces
+                return False
+            leaves, treedef = flatten(args)
+            if treedef != in_treedef:
+                return False
+            return undeclared is None or all(isinstance(x, array) for x in undeclared(leaves))
+        except Exception:  # noqa: BLE001 - anything odd: the slow path explains it
+            return False
+
+    return guarded_call(cs.compiled, approve, tree_in_tree(cs.spec_args) if cs.flat_style else None)
+
+
+def _off_native(ctx: CallContext, off: Callable[..., Any]) -> Callable[..., Any]:
+    """``off`` with static values static in the C++ call (``static_native``)."""
+    return static_native(ctx, None, with_static(ctx.step.definition, off), None) or off
+
+
+def _placement_probe(cs: CompiledSignature, first_donated: int | None) -> Any:
+    """The compiled sharding of the first donated leaf, to compare per call where
+    this process has several devices (None: one device, or nothing donated).
+
+    An uncommitted array on another device (made under another
+    ``jax.default_device``) is moved by JAX to the executable's device without
+    a word: the copy is donated, the input is not consumed, and the output
+    lands elsewhere. One leaf's placement, compared per call, catches a state
+    built for the wrong device; the slow path names every leaf that differs.
+    """
+    if first_donated is None or cs.multi_device or jax.device_count() < 2:
+        return None
+    return cs.leaves[first_donated].spec.sharding
+
+
+def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
+    """Checks ``fast``/``full``: what a signature fixes (``signature_ok``), the
+    tail and the kept-leaf plan; the closure is :func:`_guarded`'s."""
+    cs = ctx.cs
+    donated, weak = cs.donated, cs.weak
+    host = frozenset(cs.host)  # declared host data (host=): numpy accepted there
+    kinds = tuple((i in host, w) for i, w in enumerate(weak))
+    shardings = [None if i in host else leaf.spec.sharding for i, leaf in enumerate(cs.leaves)] if cs.multi_device else None
+    ndims = [len(leaf.spec.shape) for leaf in cs.leaves]
+    # Shardings that differ as objects but place the data alike (P('x', None)
+    # vs P('x'), a renamed mesh axis): the executable accepts them, and so does
+    # the slow path's diff, so refusing them here would loop. Checked once per
+    # (leaf, sharding), on the path that used to fall back.
+    equivalent: set[tuple[int, Any]] = set()
+
+    def placed_alike(i: int, got: Any, want: Any) -> bool:
+        if (i, got) in equivalent:
+            return True
+        ok = same_placement(got, want, ndims[i])
+        if ok and len(equivalent) < 256:
+            equivalent.add((i, got))
+        return ok
+
+    array_impl, ndarray = ArrayImpl, np.ndarray
+    key_array: Any = KeyArray  # typed PRNG keys: checked only when a leaf is not an ArrayImpl
+    # One is_deleted() per call catches the usual stale state (all of it was
+    # donated) before XLA refuses it with an error line on stderr.
+    first_donated = donated[0] if donated else None
+    is_deleted, n_leaves = is_deleted_for(cs), len(cs.leaves)
+    placed = _placement_probe(cs, first_donated) if shardings is None else None
+
+    donated_of = picker(donated)
+
+    def leaves_consumed(leaves: Sequence[Any]) -> bool:
+        return all(map(is_deleted, donated_of(leaves)))
+
+    tail = make_tail(ctx, leaves_consumed, flat_src=True)
+    kept = kept_plan(ctx)
+    fast = leaf_kinds(cs)
+    types, unkeyed, unkeyed_weak, weak_of = (
+        (fast.types, fast.unkeyed, fast.weak, fast.weak_of) if fast is not None else ((), None, (), None)
+    )
+    device_of = picker([i for i in range(n_leaves) if i not in host]) if host else None
+
+    def signature_ok(leaves: Sequence[Any]) -> bool:
+        """What a signature fixes: each leaf's type and weak type (compared in
+        C, one map each), its sharding, the first donated leaf's device."""
+        if tuple(map(type, leaves)) != types or tuple(map(weak_of, unkeyed(leaves))) != unkeyed_weak:  # type: ignore[arg-type,misc]
+            for x, (is_host, w) in zip(leaves, kinds):  # a key is never weak: its costly aval is not read
+                t = type(x)
+                if is_host and issubclass(t, ndarray):  # np.memmap from a loader too
+                    continue
+                if t is not key_array and (t is not array_impl or x.aval.weak_type is not w):
+                    return False
+        if shardings is not None:
+            for i, (x, s) in enumerate(zip(leaves, shardings)):
+                if s is not None and x.sharding != s and not placed_alike(i, x.sharding, s):
+                    return False
+        # on another device: JAX would move it, undonated
+        return placed is None or leaves[first_donated].sharding == placed
+
+    return _guarded(ctx, signature_ok, tail, kept, device_of, native)
+
+
+def _guarded(
+    ctx: CallContext,
+    signature_ok: Callable[[Sequence[Any]], bool],
+    tail: Any,
+    kept: KeptPlan | None,
+    device_of: Callable[[Sequence[Any]], tuple[Any, ...]] | None,
+    native: bool = False,
+) -> Callable[..., Any]:
+    """Checks ``fast``/``full`` on a guarded C++ call (``_compat.guarded``).
+
+    The per-leaf checks of ``signature_ok`` (types, weak types, shardings,
+    device) run once per new signature, in the C++ call's cache miss, with
+    the tree structure and the trace state; a call of a signature seen before
+    is checked by the flatten JAX does anyway. Where the mechanism or the
+    executable's C++ path is missing (capability ``guarded-call``), the
+    ``full`` closure below runs ``signature_ok`` on every call, at both
+    levels, and calls the executable itself.
+
+    * ``fast`` does not flatten: it reads the first donated leaf by its path
+      and asks ``is_deleted()`` (a stale state goes to the slow path, before
+      XLA refuses it with an error line on stderr: a donated buffer reaches
+      ``Execute``, which logs its refusal). Where that read would run Python
+      code of the state's (an ``nnx.State`` builds a ``State`` for each level
+      it returns, a flax ``Variable``'s value is a property), it takes
+      ``full``'s closure with that one leaf looked at instead;
+    * ``full`` flattens once, for the checks over every leaf (deleted, kept
+      references, repeated buffers, consumption), and calls the executable
+      with the flat leaves (JAX then flattens a tuple, not the state again).
+      Static values (``native``) are compared by identity and left out of
+      the flatten, as a C++ call with ``static_argnames`` does; another
+      value goes through :func:`with_static`.
+    """
+    cs, slow_call, bind, full = ctx.cs, ctx.slow_call, ctx.bind, ctx.full
+    tref, ev, aref, top = top_level_refs()
+    in_treedef, donated, n_leaves = cs.in_treedef, cs.donated, len(cs.leaves)
+
+    def approve_tree(args: tuple[Any, ...]) -> bool:
+        try:
+            if tref.value is not ev or aref.value is not top:  # traced: the slow path traces
+                return False
+            leaves, treedef = flatten(args)
+            return treedef == in_treedef and signature_ok(leaves)
+        except Exception:  # noqa: BLE001 - anything odd: the slow path explains it
+            return False
+
+    def approve_flat(leaves: tuple[Any, ...]) -> bool:
+        try:
+            return tref.value is ev and aref.value is top and signature_ok(leaves)
+        except Exception:  # noqa: BLE001
+            return False
+
+    first = None if full else stale_reader(cs)
+    # At fast, reading the first donated leaf by its path may run Python at
+    # every step (an nnx.State wraps each level it returns): then the closure
+    # below flattens once, as full does, and looks at that leaf only.
+    if not full and (first is None or not first.costly):  # type: ignore[attr-defined]
+        call = guarded_call(cs.compiled, approve_tree, tree_in_tree(cs.spec_args) if cs.flat_style else None)
+        if call is not None:
+            fast = _guarded_fast(ctx, host_call(ctx, call, False) if cs.host else call, tail, first)
+            if native:  # static values static in the C++ call too (static_native)
+                return static_native(ctx, approve_tree, with_static(ctx.step.definition, fast), tail) or fast
+            return fast
+    call = guarded_call(cs.compiled, approve_flat, None if cs.flat_style else flat_in_tree(n_leaves))
+    per_call = call is None  # no guarded call here: the closure checks each call's signature
+    if per_call:
+        native, compiled = False, ctx.compiled
+        if cs.flat_style:
+            call = compiled
+        else:  # the executable takes the arguments in their structure
+
+            def call(*leaves: Any) -> Any:
+                return compiled(*jax.tree_util.tree_unflatten(in_treedef, leaves))
+
+    if cs.host:
+        call = host_call(ctx, call, True)
+    is_deleted, refused_mark = is_deleted_for(cs), REFUSED
+    if not full:  # the first donated leaf only (a declared host leaf is never donated)
+        device_of = picker(donated[:1])
+    # A buffer passed twice raises the count of a watched leaf: where every
+    # donated leaf is watched, the ids are compared only on a kept-reference hit.
+    ids_always = full and (kept is None or len(set(kept.watched)) != len(donated))
+    count = refcount.count
+    kept_pick, kept_limit = (kept.pick, kept.limit) if kept is not None else (None, 0)
+    kept_sequences = kept_limit - refcount.BASELINE + 1
+
+    def repeated(leaves: Sequence[Any]) -> bool:
+        return len(set(map(id, leaves))) != n_leaves and bool(find_hazards(leaves, donated)[1])
+
+    def make_full(static: tuple[int, ...]) -> Callable[..., Any]:
+        """The closure; ``static``: the static parameters it takes as they come
+        (their values compared by identity, then type and ``==``, and left out
+        of the one flatten), or () where they arrive as ``StaticArg`` nodes."""
+        want, dynamic_of, fallback = in_treedef, None, None
+        if static:
+            children = in_treedef.children()
+            dynamic = tuple(j for j in range(ctx.n_params) if j not in static)
+            want = jax.tree_util.treedef_tuple([children[j] for j in dynamic])
+            dynamic_of = picker(dynamic)
+            fallback = with_static(ctx.step.definition, make_full(()))
+            compiled_values = [cs.spec_args[i].value for i in static]
+            seen = list(compiled_values)  # the objects last accepted, per static parameter
+            pairs = tuple(enumerate(static))
+            n_params = ctx.n_params
+    
+        def guarded_full(*args: Any, **kwargs: Any) -> Any:
+            try:
+                if kwargs:
+                    bound = bind(args, kwargs)
+                    if bound is None:
+                        return slow_call(args, kwargs, None)
+                    args = bound
+                if dynamic_of is None:
+                    leaves, treedef = flatten(args)
+                else:  # update(state, config=config): the config is not flattened
+                    if len(args) != n_params:
+                        return fallback(*args)  # type: ignore[misc]
+                    for k, i in pairs:
+                        value = args[i]
+                        if value is not seen[k]:
+                            if not static_equal(value, compiled_values[k]):
+                                return fallback(*args)  # type: ignore[misc]  # another value: a new signature
+                            seen[k] = value
+                    leaves, treedef = flatten(dynamic_of(args))
+                exc: BaseException | None = None
+                try:
+                    # a deleted buffer: before XLA refuses it with an error line on stderr
+                    stop = (
+                        treedef != want
+                        or tref.value is not ev
+                        or aref.value is not top
+                        or (per_call and not signature_ok(leaves))
+                        or any(map(is_deleted, leaves if device_of is None else device_of(leaves)))
+                        or (ids_always and repeated(leaves))
+                    )
+                except (TypeError, AttributeError):  # not a device array: the slow path says what it is
+                    stop = True
+                if not stop and kept is not None:  # KeptPlan.refused, its count inline
+                    seq = leaves if kept_pick is None else kept_pick(leaves)
+                    if max(map(count, seq)) > kept_limit:
+                        exc = kept.refuse(seq, kept_sequences)
+                        if exc is not None:
+                            stop = True
+                            if repeated(leaves):
+                                exc = None
+                    del seq
+                if not stop:
+                    try:
+                        out = call(*leaves)
+                    except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
+                        exc = e
+                    else:
+                        if out is not refused_mark:
+                            return tail(args, leaves, out)
+                del leaves  # the slow path may dispatch again: its kept-leaf count sees none of ours
+                return slow_call(args, {}, exc)
+            except ContractError as err:  # the traceback ends at the user's line
+                trim(err)
+                raise
+
+        return guarded_full
+
+    sig = ctx.step.definition
+    if native and all(type(cs.spec_args[i]) is StaticArg for i in sig.static_params):
+        guarded_full = make_full(sig.static_params)
+        guarded_full.takes_static = True  # type: ignore[attr-defined]  # make_dispatch: no wrapper
+        return guarded_full
+    return make_full(())
+
+
+def _guarded_fast(ctx: CallContext, call: Callable[..., Any], tail: Any, first: Any) -> Callable[..., Any]:
+    """Checks ``fast`` on a guarded C++ call (see :func:`_guarded`); ``first``:
+    the :func:`stale_reader` of the first donated leaf (None: none)."""
+    slow_call, bind, refused_mark = ctx.slow_call, ctx.bind, REFUSED
+
+    def guarded_fast(*args: Any, **kwargs: Any) -> Any:
+        try:
+            if kwargs:
+                bound = bind(args, kwargs)
+                if bound is None:
+                    return slow_call(args, kwargs, None)
+                args = bound
+            if first is not None and first(args):  # a stale state: explain, quietly
+                return slow_call(args, {}, None)
+            try:
+                out = call(*args)
+            except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
+                return slow_call(args, {}, e)
+            if out is refused_mark:  # a new signature the checks refused, or a trace
+                return slow_call(args, {}, None)
+            return tail(args, None, out)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
+
+    return guarded_fast

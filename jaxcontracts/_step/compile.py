@@ -1,0 +1,555 @@
+"""Compiling one signature of a step, and the contracts proven at compile.
+
+``compile_signature`` lowers and compiles the step for a spec (no data
+needed), then proves, once per signature and at every checks level:
+
+* carry invariance: each returned state has exactly its input's spec
+  (structure with static values, shape, dtype, weak type, sharding), else a
+  :class:`RecompileError` naming every differing leaf;
+* donation in effect: every donated leaf aliases an output in the compiled
+  executable, else a :class:`DonationError` naming the leaves.
+
+What it returns is a frozen :class:`CompiledSignature`: what was compiled and
+what was proven about it.
+"""
+
+from __future__ import annotations
+
+import time
+import warnings
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from .._compat import events
+from .._compat.arrays import hook_deleted_reads
+from .._compat.executable import alias_bytes, aliased_parameters, requested_aliases
+from .._compat.tracing import flatten
+from .._donation.reads import deleted_read
+from .._dtypes import canonical
+from .._errors import NOTHING_RAN, DonationError, RecompileError, TransferError
+from .._format import fmt_aval, fmt_object
+from .._records import CompiledSignature, LeafRecord
+from .._runtime import compiling
+from .._state.fields import is_sealed_state
+from .._state.spec import leaf_spec, spec_nbytes
+from .diffs import LeafDiff, diff_leaves, diff_lines, diff_specs
+from .signature import StepSignature
+
+__all__ = [
+    "compile_signature",
+    "jit_for",
+    "quiet_donation_warning",
+    "signature_diffs",
+]
+
+def _spec_key(treedef: Any, leaves: Sequence[Any], shardings: Sequence[Any]) -> tuple[Any, ...]:
+    """What makes two specs the same: their structure and each leaf's exact spec."""
+    return (
+        treedef,
+        tuple(
+            (tuple(x.shape), canonical(x.dtype), bool(x.weak_type), sh)
+            for x, sh in zip(leaves, shardings)
+        ),
+    )
+
+
+class quiet_donation_warning(warnings.catch_warnings):
+    """Silence JAX's lowering-time donation warning: we verify and report it."""
+
+    def __enter__(self) -> Any:
+        out = super().__enter__()
+        warnings.filterwarnings("ignore", message="Some donated buffers were not usable")
+        return out
+
+
+def jit_for(
+    sig: StepSignature, positional: tuple[Any, ...]
+) -> tuple[Any, tuple[Any, ...], Any, tuple[int, ...], bool, StepSignature]:
+    """The jitted function, its spec arguments, treedef, donated leaves, style,
+    and the signature with what the step returns resolved (``sig.carried``:
+    read from the output's structure when the decorator could not tell)."""
+    with_path, treedef = jax.tree_util.tree_flatten_with_path(positional)
+    paths = [p for p, _ in with_path]
+    specs = []
+    for p, x in with_path:
+        spec = leaf_spec(x)
+        if spec is None:
+            raise TransferError(
+                f"{sig.name}: argument {sig.param_path(p)} is {fmt_object(x)}, not an array.",
+                fix="pass arrays (or specs); make configuration a jc.static field "
+                "or close over it.",
+                contract="device-arguments",
+                step=sig.name,
+                leaves=[sig.param_path(p)],
+            )
+        specs.append(spec)
+    if sig.carried is None:  # state= named, or no return annotation: read the output
+        per_param = tuple(jax.tree_util.tree_unflatten(treedef, specs))
+        with quiet_donation_warning():
+            out = jax.eval_shape(_fresh(sig.positional, sig.fn), *per_param)
+        sig = sig.resolve_carried(out, per_param)
+    donated = sig.donated_leaves(paths)
+    per_arg: dict[int, list[bool]] = {}
+    donated_set = set(donated)
+    for i, p in enumerate(paths):
+        per_arg.setdefault(p[0].idx, []).append(i in donated_set)
+    flat_style = any(any(v) and not all(v) for v in per_arg.values()) or _flatten_in_python(
+        positional, treedef
+    )
+    positional_fn = derive_out_shardings(sig, sig.positional, paths, specs)
+    if flat_style:
+
+        def flat_fn(*leaves: Any) -> Any:
+            return positional_fn(*jax.tree_util.tree_unflatten(treedef, leaves))
+
+        flat_fn.__name__ = getattr(sig.fn, "__name__", "step")
+        jitted = jax.jit(flat_fn, donate_argnums=donated, keep_unused=True)
+        spec_args: tuple[Any, ...] = tuple(specs)
+    else:
+        argnums = tuple(a for a, v in per_arg.items() if v and all(v))
+        jitted = jax.jit(_fresh(positional_fn, sig.fn), donate_argnums=argnums, keep_unused=True)
+        spec_args = tuple(jax.tree_util.tree_unflatten(treedef, specs))
+    return jitted, spec_args, treedef, donated, flat_style, sig
+
+
+def _fresh(fn: Callable[..., Any], named: Any) -> Callable[..., Any]:
+    """A new function calling ``fn``, made for one compile.
+
+    JAX caches a jitted function's trace and lowering weakly by the function
+    traced: the step's own function lives as long as the step, so its caches
+    (the jaxpr and the lowered module: about six times the executable's
+    memory) would too, for every signature. A function made for the compile
+    dies with it, and so do they (the executable is what the step keeps).
+    """
+
+    def step(*args: Any) -> Any:
+        return fn(*args)
+
+    step.__name__ = getattr(named, "__name__", "step")
+    step.__qualname__ = getattr(named, "__qualname__", step.__name__)
+    step.__wrapped__ = fn  # type: ignore[attr-defined]  # JAX reads fn's signature and source, as before
+    return step
+
+
+_BUILTIN_NODES = (dict, list, tuple, type(None))
+
+
+def _flatten_in_python(positional: tuple[Any, ...], treedef: Any) -> bool:
+    """Whether the arguments hold pytree nodes flattened by Python callbacks
+    (flax's nnx.Variable and struct dataclasses, equinox Modules...) and no
+    jc.state (whose fields a C-level getter reads: the structured call
+    flattens it once, and ``fast`` reads its first donated leaf from its
+    ``__dict__`` without a flatten).
+
+    Such arguments cost a Python call per node each time they are flattened:
+    the call path flattens them once to check them, and a structured call
+    would make the executable flatten them again. Compiled over the flat
+    leaves, the call passes those leaves (flattening a tuple of arrays is free).
+    """
+    if any(is_sealed_state(arg) for arg in positional):
+        return False
+    pending = [treedef]
+    while pending:
+        node = pending.pop()
+        data = node.node_data()
+        if data is not None:
+            kind = data[0]
+            if kind not in _BUILTIN_NODES and not (issubclass(kind, tuple) and hasattr(kind, "_fields")):
+                return True
+        pending.extend(node.children())
+    return False
+
+
+def _spread(sharding: Any) -> bool:
+    try:
+        return len(sharding.device_set) > 1
+    except Exception:  # noqa: BLE001 - no sharding, or not a Sharding
+        return False
+
+
+def derive_out_shardings(
+    sig: StepSignature, fn: Any, paths: Sequence[Any], specs: Sequence[Any]
+) -> Any:
+    """``fn`` with each returned state's leaves constrained to its input shardings.
+
+    Like donation, the output shardings of a carried state are derived from
+    the signature: a returned state leaves the step placed exactly as it came
+    in, so XLA's sharding propagation cannot reshard a carry (a replicated
+    LayerNorm scale coming back ``P('data')``). Only leaves placed on more than
+    one device are constrained; other outputs are left to propagation (the
+    step may constrain them with ``jax.lax.with_sharding_constraint``).
+    """
+    per_param: dict[int, list[Any]] = {}
+    for p, spec in zip(paths, specs):
+        per_param.setdefault(p[0].idx, []).append(getattr(spec, "sharding", None))
+    plan = []
+    for arg, pos in sig.carried or ():
+        shardings = per_param.get(arg, [])
+        if len(pos) <= 1 and any(_spread(s) for s in shardings):
+            plan.append((pos, [s if _spread(s) else None for s in shardings]))
+    if not plan:
+        return fn
+
+    def constrained(*args: Any) -> Any:
+        out = fn(*args)
+        for pos, shardings in plan:
+            try:
+                sub = out[pos[0]] if pos else out
+            except (TypeError, IndexError, KeyError):
+                continue  # the carry check explains it
+            leaves, treedef = jax.tree_util.tree_flatten(sub)
+            if len(leaves) != len(shardings):
+                continue  # the carry check explains it
+            leaves = [
+                x if s is None else jax.lax.with_sharding_constraint(x, s)
+                for x, s in zip(leaves, shardings)
+            ]
+            sub = jax.tree_util.tree_unflatten(treedef, leaves)
+            if not pos:
+                out = sub
+            else:
+                items = list(out)
+                items[pos[0]] = sub
+                out = type(out)(*items) if hasattr(out, "_fields") else type(out)(items)
+        return out
+
+    return constrained
+
+
+def compile_signature(
+    sig: StepSignature, positional: tuple[Any, ...]
+) -> tuple[CompiledSignature, StepSignature]:
+    """Compile ``sig``'s step for these arguments or specs and prove its contracts.
+
+    Returns the compiled signature, and ``sig`` with what the step returns
+    resolved (``carried``), for the step to keep.
+
+    Raises:
+        RecompileError: carry invariance fails.
+        DonationError: a donated leaf aliases no output.
+    """
+    __tracebackhide__ = True
+    t = sig.state_type
+    spec = f"{t.__name__}.spec(...)" if isinstance(t, type) and callable(getattr(t, "spec", None)) else None
+    with compiling(sig.name, *(spec,) if spec else ()):  # in a hot_loop, a violation (before any trace)
+        jitted, spec_args, treedef, donated, flat_style, sig = jit_for(sig, positional)
+        t0 = time.perf_counter()
+        with quiet_donation_warning():
+            traced = jitted.trace(*spec_args)
+            lowered = traced.lower()
+        outcome = events.watch_cache()  # did JAX's persistent cache serve it?
+        try:
+            compiled = lowered.compile()
+        finally:
+            events.unwatch_cache(outcome)
+        seconds = time.perf_counter() - t0
+
+    in_shardings = jax.tree_util.tree_leaves(compiled.input_shardings[0])
+    flat_paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(positional)[0]]
+    exact = _exact_specs(jax.tree_util.tree_leaves(spec_args), in_shardings)
+    paths = [sig.param_path(p) for p in flat_paths]
+    per_param = tuple(jax.tree_util.tree_unflatten(treedef, exact))
+    out_avals, out_tree = _outputs(traced)
+    _check_carry(sig, per_param, out_avals, out_tree, compiled.output_shardings)
+    cached = outcome is not None and outcome.verdict == "hit"
+    aliased = _check_aliasing(
+        sig, lowered, compiled, flat_paths, paths, exact, donated, out_avals, cached
+    )
+    donated_set = set(donated)
+    if donated:
+        hook_deleted_reads(deleted_read)  # later reads of what it consumes name the leaf and the step
+    host = tuple(i for i, p in enumerate(flat_paths) if p[0].idx in sig.host_params)
+    nbytes = {k: spec_nbytes(x) for k, x in {id(x): x for x in exact}.items()}  # once per distinct spec (_exact_specs)
+    return CompiledSignature(
+        spec_args=per_param,
+        in_treedef=treedef,
+        leaves=tuple(
+            LeafRecord(
+                path=path,
+                spec=spec,
+                donated=i in donated_set,
+                aliased=None if aliased is None or i not in donated_set else i in aliased,
+                nbytes=nbytes[id(spec)],
+            )
+            for i, (path, spec) in enumerate(zip(paths, exact))
+        ),
+        compiled=compiled,
+        flat_style=flat_style,
+        donated=donated,
+        aliased=aliased,
+        weak=tuple(bool(s.weak_type) for s in exact),
+        multi_device=any(len(x.sharding.device_set) > 1 for x in exact),
+        compile_seconds=seconds,
+        cache=None if outcome is None else outcome.verdict,
+        host=host,
+        host_nbytes=sum(nbytes[id(exact[i])] for i in host),
+    ), sig
+
+
+def _exact_specs(specs: Sequence[Any], shardings: Sequence[Any]) -> list[Any]:
+    """Each leaf's exact spec (its compiled sharding), one object per distinct
+    spec: the leaves of a state mostly repeat a few (an optimizer's moments
+    mirror the parameters), and a ``ShapeDtypeStruct`` costs microseconds to
+    build. They are immutable, so leaves may share one."""
+    made: dict[tuple[Any, ...], Any] = {}
+    exact = []
+    for s, sh in zip(specs, shardings):
+        key = (tuple(s.shape), s.dtype, bool(s.weak_type), sh)
+        spec = made.get(key)
+        if spec is None:
+            spec = made[key] = jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh, weak_type=s.weak_type)
+        exact.append(spec)
+    return exact
+
+
+def signature_diffs(cs: CompiledSignature, leaves: Sequence[Any], treedef: Any) -> list[LeafDiff]:
+    """How flat arguments differ from a compiled signature (empty: they match)."""
+    if treedef != cs.in_treedef:
+        return [LeafDiff("(structure)", "", "")]
+    expected = [(leaf.path, leaf.spec) for leaf in cs.leaves]
+    got = [(leaf.path, leaf_spec(x)) for leaf, x in zip(cs.leaves, leaves)]
+    return diff_leaves(expected, got)
+
+
+def _outputs(traced: Any) -> tuple[list[Any], Any]:
+    """The step's flat output avals and their tree (``Traced.out_info`` builds
+    a spec per leaf on every read: 2 ms at 1,000 leaves)."""
+    try:
+        return list(traced.jaxpr.out_avals), traced.out_tree
+    except AttributeError:  # another jax.stages.Traced: the public tree of specs
+        leaves, tree = flatten(traced.out_info)
+        return leaves, tree
+
+
+def _returned(out_tree: Any, pos: tuple[int, ...]) -> tuple[int, Any] | None:
+    """Where a state's leaves sit in the flat output: (first leaf, its tree),
+    for element ``pos`` of a returned tuple or list (None: there is none)."""
+    start, tree = 0, out_tree
+    for k in pos:
+        kind = tree.node_data()
+        children = tree.children()
+        if kind is None or not issubclass(kind[0], (tuple, list)) or not 0 <= k < len(children):
+            return None
+        start += sum(c.num_leaves for c in children[:k])
+        tree = children[k]
+    return start, tree
+
+
+def _check_carry(
+    sig: StepSignature,
+    spec_args: tuple[Any, ...],
+    out_avals: Sequence[Any],
+    out_tree: Any,
+    out_shardings: Any,
+) -> None:
+    """Each state parameter's spec is the spec returned for it.
+
+    Compared as exact-spec keys (structure, and shape, dtype, weak type and
+    placement per leaf), from the flat output avals and shardings; the
+    returned specs are built only to explain a difference.
+    """
+    __tracebackhide__ = True
+    blocks: list[str] = []
+    leaves: list[str] = []
+    kinds: list[str] = []
+    weak_params: list[str] = []
+    misplaced: list[tuple[tuple[int, ...], str]] = []  # where the signature says a state is returned, and none is
+    shard_flat = jax.tree_util.tree_leaves(out_shardings)
+    if len(shard_flat) != len(out_avals):
+        shard_flat = [None] * len(out_avals)
+    for arg, pos in sig.carried or ():
+        name = sig.param_names[arg]
+        found = _returned(out_tree, pos)
+        if found is None:
+            kind = out_tree.node_data()
+            blocks.append(
+                f"  parameter `{name}`: the step returns "
+                f"{kind[0].__name__ if kind else 'one array'}, with no state at return value {list(pos)}"
+            )
+            misplaced.append((pos, type(spec_args[arg]).__name__))
+            continue
+        start, tree = found
+        end = start + tree.num_leaves
+        spec_leaves, spec_tree = jax.tree_util.tree_flatten(spec_args[arg])
+        key = _spec_key(spec_tree, spec_leaves, [x.sharding for x in spec_leaves])
+        if _spec_key(tree, out_avals[start:end], shard_flat[start:end]) == key:
+            continue  # the same exact spec: nothing to explain
+        returned = jax.tree_util.tree_unflatten(
+            tree,
+            [
+                jax.ShapeDtypeStruct(o.shape, o.dtype, sharding=sh, weak_type=o.weak_type)
+                for o, sh in zip(out_avals[start:end], shard_flat[start:end])
+            ],
+        )
+        diffs = diff_specs(spec_args[arg], returned)
+        if diffs:
+            where = f"return value {list(pos)}" if pos else "the return value"
+            lines, named = diff_lines(
+                diffs, name, words=("takes", "returns"), cause=_carry_cause, full_paths=False
+            )
+            blocks += [f"  parameter `{name}` -> {where}:", *lines]
+            kinds += [d.kind for d in diffs]
+            leaves += named
+            weak_params += [name] if all(d.kind == "weak_type" for d in diffs) else []
+    if blocks and kinds and all(k == "sharding" for k in kinds):
+        raise RecompileError(
+            f"{sig.name} does not return its state placed as it takes it, so "
+            "its own output would not match the compiled signature on the next "
+            "call (jax.jit would reshard or recompile there; a compiled step would reject it).",
+            blocks,
+            fix="the step makes these leaves, so place them in the step: "
+            "jax.lax.with_sharding_constraint(new_leaf, <input sharding>) before "
+            "returning (jaxcontracts constrains a returned state to its input "
+            "shardings when those are given, so give the spec its sharding: "
+            "State.spec(..., sharding=...) or compile from the placed arrays).",
+            note=NOTHING_RAN,
+            contract="carry",
+            step=sig.name,
+            leaves=leaves,
+        )
+    if blocks and not kinds:
+        raise RecompileError(
+            f"{sig.name} does not return what its signature says: its return "
+            "annotation (or state=) puts the new state in a returned tuple, and "
+            "the step returns no tuple there.",
+            blocks,
+            fix="return the tuple the annotation declares (the new state at return value "
+            f"{list(misplaced[0][0])}), or make the return annotation what the step "
+            f"returns (-> {misplaced[0][1]} for the state alone).",
+            note=NOTHING_RAN,
+            contract="carry",
+            step=sig.name,
+        )
+    if blocks:
+        raise RecompileError(
+            f"{sig.name} does not return its state with the spec it takes, so "
+            "its own output would not match the compiled signature on the next "
+            "call (jax.jit would recompile there; a compiled step would reject it).",
+            blocks,
+            fix="make every returned leaf keep its input's dtype, shape and "
+            "weak type: either initialise the leaf with the dtype the step "
+            "produces (e.g. jnp.float32(0) instead of 0 for a float counter), or "
+            "cast in the step (t=(s.t + 1).astype(s.t.dtype))."
+            + "".join(
+                f" For a state another library builds (its init makes weak scalars): "
+                f"{p} = jc.device_tree({p}) before the first call makes every leaf "
+                "strongly typed."
+                for p in weak_params[:1]
+            ),
+            note=NOTHING_RAN,
+            contract="carry",
+            step=sig.name,
+            leaves=leaves,
+        )
+
+
+def _carry_cause(d: LeafDiff) -> str:
+    if d.kind == "sharding":
+        return "XLA's sharding propagation placed the step's output differently"
+    return d.cause
+
+
+def _aliasing_fix(sig: StepSignature, params: Sequence[int]) -> str:
+    args = sorted({sig.param_names[i] for i in params if i in sig.donated_params})
+    if args and len(args) == len(set(params)):
+        names = ", ".join(map(repr, args))
+        return (
+            f"XLA can reuse a donated buffer only for an output of the same shape and "
+            f"dtype; remove {names} from donate_argnames (it stays alive until the "
+            "caller drops it), or return an output it can become."
+        )
+    return (
+        "1. return that leaf in the new state with the same spec (the "
+        "carry contract); 2. if it is a read-only input, leave it out of the "
+        "return annotation (a state parameter the step does not return is "
+        'read-only, never donated); 3. donate only the other fields, e.g. donate=("pos", "vel"); '
+        "4. drop a non-state argument from donate_argnames; or "
+        '5. opt out with donate="none".'
+    )
+
+
+def _check_aliasing(
+    sig: StepSignature,
+    lowered: Any,
+    compiled: Any,
+    flat_paths: Sequence[Any],
+    paths: Sequence[str],
+    specs: Sequence[Any],
+    donated: tuple[int, ...],
+    out_avals: Sequence[Any],
+    cached: bool = False,
+) -> frozenset[int] | None:
+    """The donated leaves XLA aliases (``None``: not verifiable here).
+
+    ``cached``: JAX's persistent compilation cache served the executable, so
+    an output that could alias a leaf and does not is the cache entry's doing.
+
+    Where JAX paired every donated leaf with an output in this lowering, XLA
+    was asked for each alias and keeps it (``_compat.executable``), so the
+    executable's program is not printed; it is where XLA chose, or where the
+    executable came from the cache.
+    """
+    __tracebackhide__ = True
+    if not donated:
+        return frozenset()
+    if not cached:
+        requested = requested_aliases(lowered, len(specs))
+        if requested is not None and requested.issuperset(donated):
+            return requested
+    aliased = aliased_parameters(compiled, len(specs))
+    if aliased is None:  # HLO unreadable: fall back on the byte count
+        got = alias_bytes(compiled)
+        want = sum(spec_nbytes(specs[i]) for i in donated)
+        if got is None:
+            return None  # not verified: reports say so, never a pass
+        return frozenset(donated) if got >= want else frozenset()
+    missing = [i for i in donated if i not in aliased]
+    if missing:
+        flat_params = [p[0].idx for p in flat_paths]
+        outs = [(o.shape, canonical(o.dtype)) for o in out_avals]
+        lines = []
+        for i in missing:
+            spec = specs[i]
+            key = (spec.shape, canonical(spec.dtype))
+            why = (
+                f"no output is {fmt_aval(spec.shape, spec.dtype)}"
+                if key not in outs
+                else "an output of this shape and dtype exists, but the executable from "
+                "JAX's persistent compilation cache does not reuse the buffer for it"
+                if cached
+                else "every output of this shape and dtype already reuses another buffer"
+            )
+            lines.append(f"    {paths[i]}: {fmt_aval(spec.shape, spec.dtype)}: {why}")
+        from_cache = cached and any(
+            (specs[i].shape, canonical(specs[i].dtype)) in outs for i in missing
+        )
+        fix = _aliasing_fix(sig, [flat_params[i] for i in missing])
+        if from_cache:
+            fix = (
+                "the executable was loaded from JAX's persistent compilation cache "
+                f"({jax.config.jax_compilation_cache_dir or 'jax_compilation_cache_dir'}) "
+                "and its aliasing does not match this program (an entry written by "
+                "other code, or altered): delete that cache entry, or the folder, and "
+                "compile again."
+            )
+        raise DonationError(
+            f"{sig.name}: {len(missing)} donated {'leaf' if len(missing) == 1 else 'leaves'} cannot be donated: "
+            + (
+                "the executable JAX's persistent compilation cache served does not "
+                "reuse their buffers, so they would stay alive and the step would need "
+                "more memory than its state."
+                if from_cache
+                else "XLA found no output to reuse the buffer for, so it would stay alive "
+                "and the step would need more memory than its state."
+            ),
+            lines,
+            fix=fix,
+            note=NOTHING_RAN,
+            contract="aliasing",
+            step=sig.name,
+            leaves=[paths[i] for i in missing],
+        )
+    return frozenset(aliased)
+

@@ -1,0 +1,366 @@
+"""What went wrong with a refused call, in the library's own words.
+
+The call path sends anything unusual to the step's slow path; these functions
+build the error it raises. They read specs and buffer states only, never the
+values on the device.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._compat.hostcopy import pins_host_views
+from .._donation.hazards import is_deleted_array
+from .._errors import INPUTS_INTACT, DefinitionError, DonationError, RecompileError, TransferError
+from .._format import fmt_aval
+from .._records import CompiledSignature
+from .._runtime import deleted_because, in_hot_loop
+from .._runtime import donated as donated_words
+from .._state.spec import fmt_value
+from .diffs import diff_lines, diff_specs
+from .signature import StepSignature
+
+__all__ = [
+    "api_misuse_error",
+    "hazard_error",
+    "invalid_values_error",
+    "host_leaves_error",
+    "kept_leaves_error",
+    "not_consumed_error",
+    "run_failed_note",
+    "signature_error",
+]
+
+
+def api_misuse_error(sig: StepSignature, positional: tuple[Any, ...], *, compiling: bool) -> DefinitionError | None:
+    """A class passed where an instance or spec belongs, or specs in a call.
+
+    ``step.compile(S)`` (the class, not ``S.spec(...)``) and ``step(S.spec(...))``
+    (specs, which hold no data) are API misuse, not host transfers.
+    """
+    classes, specs = [], []
+    for i, (name, arg) in enumerate(zip(sig.param_names, positional)):
+        for path, x in jax.tree_util.tree_flatten_with_path(arg)[0]:
+            where = sig.param_path((_Idx(i), *path))
+            if isinstance(x, type):
+                classes.append((name, where, x))
+            elif not compiling and isinstance(x, jax.ShapeDtypeStruct):
+                specs.append((name, where, x))
+    short = sig.short_name
+    if classes:
+        name, where, cls = classes[0]
+        cls_name = getattr(cls, "__name__", repr(cls))
+        has_spec = callable(getattr(cls, "spec", None))
+        if compiling:
+            fix = (
+                f"{short}.compile({cls_name}.spec(...)), giving its dimension sizes "
+                "by name; or pass real arguments."
+                if has_spec
+                else "pass a spec (jax.ShapeDtypeStruct(shape, dtype)) or an array."
+            )
+            summary = (
+                f"{short}.compile() was given the class {cls_name} itself for `{where}`: "
+                "compile takes the arguments' specs (or the arguments), not their types."
+            )
+        else:
+            fix = (
+                f"call it with an instance: {cls_name}.zeros(...) or {cls_name}(...) of arrays."
+                if has_spec
+                else "call it with arrays."
+            )
+            summary = f"{sig.name} was called with the class {cls_name} itself for `{where}`, not an instance."
+        return DefinitionError(
+            summary,
+            [f"  {w}: the class {getattr(c, '__name__', c)}" for _, w, c in classes],
+            fix=fix,
+            note="" if compiling else INPUTS_INTACT,
+            contract="definition",
+            step=sig.name,
+            leaves=[w for _, w, _ in classes],
+        )
+    if specs:
+        state = next((a for a in positional if hasattr(type(a), "zeros")), None)
+        make = f"{type(state).__name__}.zeros(...)" if state is not None else "jnp.zeros(shape, dtype)"
+        return DefinitionError(
+            f"{sig.name} was called with specs (jax.ShapeDtypeStruct), which hold "
+            "no data: a call needs arrays.",
+            [f"  {w}: {fmt_value(x)}" for _, w, x in specs],
+            fix=f"call it with arrays ({make}, or real data). To compile ahead of "
+            f"time without data, use {short}.compile(...) with the specs.",
+            note=INPUTS_INTACT,
+            contract="definition",
+            step=sig.name,
+            leaves=[w for _, w, _ in specs],
+        )
+    return None
+
+
+class _Idx:
+    """The argument-index key that ``StepSignature.param_path`` reads."""
+
+    def __init__(self, idx: int) -> None:
+        self.idx = idx
+
+
+def _device_put_lines(paths: Sequence[str]) -> str:
+    """``params = jc.device_tree(params)`` for each parameter the paths are in
+    (``x = jax.device_put(x)`` where the parameter is the leaf itself)."""
+    lines: dict[str, str] = {}
+    for path in paths:
+        name = re.match(r"\w*", path).group()  # type: ignore[union-attr]
+        if name:
+            tree = path != name
+            lines.setdefault(name, f"{name} = jc.device_tree({name})" if tree else f"{name} = jax.device_put({name})")
+    return "; ".join(lines.values()) or "x = jax.device_put(x)"
+
+
+def _host_candidates(sig: StepSignature, host: Sequence[tuple[str, Any]]) -> list[str]:
+    """The parameters that could be declared ``host=``: not state, static or
+    donated, and every host leaf in them a numpy array (a loader's batch; not
+    Python numbers)."""
+    taken = {sig.param_names[i] for i in (*sig.state_params, *sig.static_params, *sig.donated_params)}
+    names: dict[str, bool] = {}
+    for path, x in host:
+        name = re.match(r"\w*", path).group()  # type: ignore[union-attr]
+        names[name] = names.get(name, True) and isinstance(x, np.ndarray)
+    return [n for n, ok in names.items() if ok and n and n not in taken and n in sig.param_names]
+
+
+def host_leaves_error(sig: StepSignature, host: Sequence[tuple[str, Any]]) -> TransferError:
+    batch = _host_candidates(sig, host)
+    if batch:  # with the parameters already declared: the option replaces them
+        names = [sig.param_names[i] for i in sig.host_params] + batch
+        declared = (
+            "for data that is new each call (a loader's batch), declare it: "
+            f"@jc.hot_step(..., host={names[0] if len(names) == 1 else tuple(names)!r}) (the call "
+            "transfers it, allowed inside jc.hot_loop); for data that stays, put it"
+        )
+    else:
+        declared = "put " + ("it" if len(host) == 1 else "them")
+    return TransferError(
+        f"{sig.name}: {len(host)} argument {'leaf is' if len(host) == 1 else 'leaves are'} on the host, "
+        f"so every call would copy {'it' if len(host) == 1 else 'them'} to the device (an implicit "
+        "host-to-device transfer, and a sync):",
+        [f"  {p}: {fmt_value(x)}" for p, x in host],
+        fix=f"{declared} on the device once, before the loop, in the dtype the step "
+        f"will see: {_device_put_lines([p for p, _ in host])} (jc.device_tree takes any "
+        "pytree: a TrainState, an equinox Module, a dict; a jc.state class does it when "
+        "built). Configuration belongs in a jc.static field or a closure.",
+        note=INPUTS_INTACT,
+        contract="device-arguments",
+        step=sig.name,
+        leaves=[p for p, _ in host],
+    )
+
+
+def hazard_error(
+    sig: StepSignature,
+    paths: Sequence[str],
+    leaves: Sequence[Any],
+    deleted: Sequence[int],
+    duplicates: Sequence[tuple[int, int]],
+    donated: Sequence[int],
+    consumers: Sequence[str | None] = (),
+) -> DonationError:
+    """``consumers``: per leaf, the step its state was donated to, where the
+    consumed class of a ``jc.state`` proves it (``_runtime.donated``)."""
+    lines, unknown = [], False
+    for i in deleted:
+        by = consumers[i] if consumers else None
+        unknown = unknown or by is None
+        lines.append(f"  {paths[i]}: {fmt_aval(leaves[i].shape, leaves[i].dtype)} {donated_words(by, already=True, brief=True)}")
+    if unknown:
+        lines.insert(0, f"  (deleted: {deleted_because()})")  # first: long lists are cut
+    for a, b in duplicates:
+        lines.append(
+            f"  {paths[a]} and {paths[b]} are the same buffer, and "
+            f"{paths[a] if a in donated else paths[b]} is donated"
+        )
+    fix = (
+        "use the state the previous call returned (s = step(s)), not the "
+        "one you passed to it; pass a copy (jnp.copy(x)) where one array must "
+        "appear twice."
+    )
+    donated_args = {sig.param_names[i] for i in sig.donated_params}
+    if any(re.split(r"[.\[]", paths[i], maxsplit=1)[0] in donated_args for i in deleted):
+        fix += (
+            f" An argument in donate_argnames ({', '.join(sorted(donated_args))}) is "
+            "consumed by every call: pass a fresh array each call (or the one the step "
+            "returned in its place), or drop it from donate_argnames."
+        )
+    return DonationError(
+        f"{sig.name}: "
+        + (
+            "the call would donate a buffer that cannot be donated:"
+            if all(i in donated for i in deleted)
+            else "the call passes a buffer that no longer exists (deleted or donated):"
+        ),
+        lines,
+        fix=fix,
+        note="The call did not run; your other inputs are intact.",
+        contract="donation-hazard",
+        step=sig.name,
+        leaves=[paths[i] for i in deleted] + [paths[a] for a, _ in duplicates],
+    )
+
+
+def run_failed_note(
+    sig: StepSignature, paths: Sequence[str], leaves: Sequence[Any], donated: Sequence[int]
+) -> str:
+    """What a failed compiled call did to the donated inputs, from their buffers.
+
+    Added to JAX's own error (``exc.add_note``), which is re-raised: its text
+    holds the real cause (a callback's exception and traceback included).
+    """
+    consumed = [i for i in donated if is_deleted_array(leaves[i])]
+    if not consumed:
+        return (
+            f"jaxcontracts: {sig.name}'s compiled call raised this error; its donated "
+            "inputs were not consumed: they are intact."
+        )
+    intact = [i for i in donated if i not in consumed]
+    note = (
+        f"jaxcontracts: {sig.name} failed while its executable ran. The call did run: "
+        f"it consumed (deleted) {len(consumed)} donated input(s) and produced no outputs, "
+        "so that state is gone; rebuild it (from a checkpoint, or from scratch):\n"
+        + "\n".join(f"  {paths[i]}: {fmt_aval(leaves[i].shape, leaves[i].dtype)} deleted" for i in consumed)
+    )
+    if intact:
+        note += "\n" + "\n".join(f"  {paths[i]}: intact" for i in intact)
+    return note
+
+
+def kept_leaves_error(sig: StepSignature, cs: CompiledSignature, kept: Sequence[int]) -> DonationError:
+    """Donated leaves that something besides their state still references."""
+    paths = [cs.leaves[i].path for i in kept]
+    first = paths[0] if paths else "the leaf"
+    return DonationError(
+        f"{sig.name} would delete {len(kept)} array(s) you still hold elsewhere: donating "
+        "a leaf deletes its buffer, and another reference to it (a sample kept in a list, "
+        "a variable, a numpy view from np.asarray, a second container sharing the leaf, "
+        "a caught exception you kept, whose traceback holds the frames that saw it, or "
+        "pytest's record of an `assert` that built it) would then hold a deleted array.",
+        [f"  {cs.leaves[i].path}: {fmt_aval(cs.leaves[i].spec.shape, cs.leaves[i].spec.dtype)}" for i in kept],
+        fix=f"keep a copy instead of the array itself (samples.append(jnp.copy({first})), or "
+        f"jc.fetch({first}) for a host copy), return what you keep as an output of its own, "
+        "or drop the other reference (del x; del err for a kept exception; build the state on "
+        "a line of its own, not inside an assert); to donate nothing, @jc.hot_step(donate=\"none\").",
+        note=INPUTS_INTACT,
+        contract="donation-hazard",
+        step=sig.name,
+        leaves=paths,
+    )
+
+
+def not_consumed_error(sig: StepSignature, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> DonationError:
+    missing = [i for i in cs.donated if not leaves[i].is_deleted()]
+    return DonationError(
+        f"{sig.name}: {len(missing)} donated input buffer(s) were not consumed: "
+        "XLA copied instead of reusing them, so this step held its state twice.",
+        [f"  {cs.leaves[i].path}: {fmt_aval(leaves[i].shape, leaves[i].dtype)}" for i in missing]
+        + [_VIEW_CAUSE]
+        + ([_PINNING_CAUSE] if pins_host_views() else []),
+        fix="drop the view (del it), or take a copy with np.array(x) or "
+        "jc.fetch(x) (which copies).",
+        note="The call's outputs are in this error's .result: nothing was lost.",
+        result=out,
+        contract="consumed",
+        step=sig.name,
+        leaves=[cs.leaves[i].path for i in missing],
+    )
+
+
+_VIEW_CAUSE = (
+    "Likely cause: on CPU, a numpy view of the array is alive (np.asarray(x) "
+    "shares its buffer, so XLA must copy); elsewhere another live reference pins the buffer."
+)
+_PINNING_CAUSE = (
+    "Or: this jaxlib keeps a host view of a CPU array after any read "
+    "of it (float(x), print(x), np.asarray(x), jax.device_get(x)) for the array's "
+    "whole life, so XLA must copy it (jaxlib 0.11.2; 0.11.1 and 0.12 do not). "
+    "jc.fetch does not pin; so reads done with jc.fetch, or an upgrade of jaxlib, avoid it."
+)
+
+
+def signature_error(
+    sig: StepSignature, current: CompiledSignature, n_compiled: int, positional: tuple[Any, ...]
+) -> RecompileError | TransferError:
+    """A call whose arguments match no compiled signature, with no compile left."""
+    blocks: list[str] = []
+    all_diffs = []
+    leaves: list[str] = []
+    for i, name in enumerate(sig.param_names):
+        diffs = diff_specs(current.spec_args[i], positional[i])
+        all_diffs += diffs
+        if diffs:
+            lines, named = diff_lines(
+                diffs, name, words=("compiled with", "called with"), cause_prefix="likely cause: "
+            )
+            blocks += [f"  parameter `{name}`:", *lines]
+            leaves += named
+    if all_diffs and all(d.kind == "sharding" for d in all_diffs) and in_hot_loop():
+        # Inside a loop, an array on other devices is a device-to-device
+        # transfer waiting to happen (jax.jit would move it every call).
+        return TransferError(
+            f"implicit device-to-device transfer inside jc.hot_loop: {sig.name} "
+            "was called with arrays placed differently from its compiled signature.",
+            blocks,
+            fix="place them once, before the loop, with jax.device_put(x, sharding) "
+            f"using the compiled sharding (see {sig.short_name}.signature).",
+            note=INPUTS_INTACT,
+            contract="no-transfer",
+            step=sig.name,
+            leaves=leaves,
+        )
+    return RecompileError(
+        f"{sig.name} was called with a signature it was not compiled for "
+        f"(max_compiles={sig.max_compiles}, {n_compiled} used).",
+        blocks or ["  (the pytree structure differs)"],
+        fix="pass arguments with the compiled spec (see the likely cause above), "
+        f"or allow more signatures with @jc.hot_step(max_compiles={sig.max_compiles + 1}).",
+        note=INPUTS_INTACT,
+        contract="signature",
+        step=sig.name,
+        leaves=leaves,
+    )
+
+
+def invalid_values_error(
+    sig: StepSignature,
+    current: CompiledSignature | None,
+    positional: tuple[Any, ...],
+    leaves: list[Any],
+    paths: list[str],
+    kind: str,
+) -> FloatingPointError:
+    """JAX's ``FloatingPointError`` for a compiled call that produced a nan/inf.
+
+    ``jax.jit`` re-runs its function op by op to name the operation; so does
+    this, when the call consumed none of its donated inputs (``donate="none"``,
+    or XLA copied). Otherwise the inputs are gone, and the error says so.
+    """
+    donated = current.donated if current is not None else ()
+    consumed = [i for i in donated if is_deleted_array(leaves[i])]
+    if not consumed:
+        try:
+            with jax.disable_jit():
+                sig.positional(*positional)
+        except FloatingPointError as e:
+            e.add_note(f"jaxcontracts: found by re-running {sig.name} without jit (jax_debug_{kind}s is set).")
+            return e
+    err = FloatingPointError(
+        f"invalid value ({kind}) encountered in the output of {sig.name} (jax_debug_{kind}s is set)."
+    )
+    err.add_note(run_failed_note(sig, paths, leaves, donated))
+    if consumed:
+        err.add_note(
+            "jaxcontracts: the step cannot be re-run without jit to name the operation, as "
+            "jax.jit does: its donated inputs are gone. To find it, run the step on a copy of "
+            "the state with jax.disable_jit(), or with @jc.hot_step(donate=\"none\")."
+        )
+    return err

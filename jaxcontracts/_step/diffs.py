@@ -1,0 +1,498 @@
+"""Spec diffs: how an argument differs from what a step was compiled for.
+
+Leaf by leaf (shape, dtype, weak type, sharding, with the likely cause) and
+structure by structure (a static value, a dataclass field, a container's aux
+data, a class defined again), written for messages: every text comes from
+specs and reprs of static values, never from device memory.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._dtypes import is_key, same_dtype
+from .._format import fmt_aval, fmt_path, fmt_sharding
+from .._state.annotations import STATIC
+from .._state.filter import Filtered, join
+from .._state.filter import short as short_static
+from .._state.spec import StaticArg, leaf_spec, static_equal
+
+__all__ = [
+    "LeafDiff",
+    "describe_leaf",
+    "diff_leaves",
+    "diff_lines",
+    "diff_specs",
+    "differences",
+    "leaf_name",
+    "same_placement",
+    "structure_diffs",
+]
+
+
+@dataclasses.dataclass(frozen=True)
+class LeafDiff:
+    """One difference between an expected and an actual spec."""
+
+    path: str
+    expected: str
+    got: str
+    cause: str = ""
+    kind: str = "structure"  # structure, dtype, shape, weak_type or sharding
+
+
+def leaf_name(param: str, path: str) -> str:
+    """``s.pos`` for parameter ``s`` and leaf path ``.pos`` (a structural
+    path such as ``(structure)`` names the parameter alone)."""
+    return param if path.startswith("(") else f"{param}{path}"
+
+
+def diff_lines(
+    diffs: Sequence[LeafDiff],
+    param: str,
+    *,
+    words: tuple[str, str],
+    cause_prefix: str = "",
+    cause: Callable[[LeafDiff], str] | None = None,
+    full_paths: bool = True,
+) -> tuple[list[str], list[str]]:
+    """The detail lines of a message about leaf diffs, and the leaves they name.
+
+    One line per leaf, ``    s.pos: <words[0]> f32[4], <words[1]> i32[4]``,
+    then its cause, indented, when there is one (``cause(d)``, else
+    ``d.cause``). ``full_paths``: write ``s.pos`` (else ``.pos``, under a
+    header naming the parameter).
+    """
+    lines: list[str] = []
+    leaves: list[str] = []
+    for d in diffs:
+        name = leaf_name(param, d.path)
+        lines.append(f"    {name if full_paths else d.path}: {words[0]} {d.expected}, {words[1]} {d.got}")
+        why = cause(d) if cause is not None else d.cause
+        if why:
+            lines.append(f"      ({why})" if not cause_prefix else f"      {cause_prefix}{why}")
+        leaves.append(name)
+    return lines, leaves
+
+
+def describe_leaf(spec: Any, with_sharding: bool) -> str:
+    if spec is None:
+        return "no array"
+    text = fmt_aval(spec.shape, spec.dtype, getattr(spec, "weak_type", False))
+    if with_sharding:
+        text += f" sharded {fmt_sharding(getattr(spec, 'sharding', None))}"
+    return text
+
+
+def same_placement(a: Any, b: Any, ndim: int) -> bool:
+    """Whether two shardings place an ``ndim`` array alike (``None``: unknown, alike).
+
+    Shardings that differ as objects may place the data alike (``P('x',
+    None)`` vs ``P('x')``, a renamed mesh axis); the executable accepts them.
+    """
+    if a is None or b is None:
+        return True
+    if a == b:
+        return True
+    try:
+        return bool(a.is_equivalent_to(b, ndim))
+    except Exception:  # noqa: BLE001 - different sharding kinds
+        return False
+
+
+def _placement(sharding: Any) -> str:
+    """Devices and memory kind of a sharding, for shardings that read alike."""
+    try:
+        ids = sorted(d.id for d in sharding.device_set)
+    except Exception:  # noqa: BLE001
+        return repr(sharding)
+    return f"(devices {ids}, memory {getattr(sharding, 'memory_kind', None)})"
+
+
+def diff_kind(exp: Any, got: Any) -> str:
+    """What differs first between two leaf specs: dtype, shape, weak_type, sharding."""
+    if not same_dtype(exp.dtype, got.dtype):
+        return "dtype"
+    if tuple(exp.shape) != tuple(got.shape):
+        return "shape"
+    if bool(getattr(exp, "weak_type", False)) != bool(getattr(got, "weak_type", False)):
+        return "weak_type"
+    return "sharding"
+
+
+def leaf_cause(exp: Any, got: Any) -> str:
+    """A likely cause for one leaf's difference, in a few words."""
+    kind = diff_kind(exp, got)
+    if kind == "dtype":
+        if is_key(exp.dtype) or is_key(got.dtype):
+            return (
+                "a typed PRNG key of another implementation, or a raw uint32 key "
+                "(jax.random.PRNGKey) where a typed key (jax.random.key) is expected"
+                if is_key(exp.dtype)
+                else "a typed PRNG key where an array of numbers is expected"
+            )
+        if np.issubdtype(exp.dtype, np.floating) and np.issubdtype(got.dtype, np.integer):
+            return "an integer where a float is expected: was it initialised from an int?"
+        if np.issubdtype(exp.dtype, np.integer) and np.issubdtype(got.dtype, np.floating):
+            return "a float where an integer is expected: integer arithmetic with a float promotes"
+        return "dtype changed: cast it with .astype() where it is made"
+    if kind == "shape":
+        if len(exp.shape) == len(got.shape):
+            return "shape changed: a smaller last batch? pad it, or drop it"
+        return "rank changed: a missing or extra axis?"
+    if kind == "weak_type":
+        if getattr(got, "weak_type", False):
+            return "weakly typed: made from a Python scalar; use jnp.float32(x) / jnp.asarray(x, dtype)"
+        return "strongly typed where a weak type was compiled"
+    return "sharding changed: device_put it with the compiled sharding"
+
+
+def diff_leaves(
+    expected: Sequence[tuple[str, Any]],
+    got: Sequence[tuple[str, Any]],
+    *,
+    sharding: bool = True,
+) -> list[LeafDiff]:
+    """Differences between two flat lists of ``(path, spec)`` with equal paths."""
+    diffs = []
+    for (path, e), (_, g) in zip(expected, got):
+        if e is None or g is None:
+            if e is not g:
+                diffs.append(LeafDiff(path, describe_leaf(e, False), describe_leaf(g, False)))
+            continue
+        same = (
+            tuple(e.shape) == tuple(g.shape)
+            and same_dtype(e.dtype, g.dtype)
+            and bool(getattr(e, "weak_type", False)) == bool(getattr(g, "weak_type", False))
+        )
+        shard_same = not sharding or same_placement(
+            getattr(e, "sharding", None), getattr(g, "sharding", None), len(e.shape)
+        )
+        if not (same and shard_same):
+            show_sharding = same and not shard_same
+            expected, got_text = describe_leaf(e, show_sharding), describe_leaf(g, show_sharding)
+            if expected == got_text:  # the short forms hide the difference
+                expected += f" {_placement(e.sharding)}"
+                got_text += f" {_placement(g.sharding)}"
+            diffs.append(
+                LeafDiff(
+                    path,
+                    expected,
+                    got_text,
+                    leaf_cause(e, g),
+                    diff_kind(e, g),
+                )
+            )
+    return diffs
+
+
+def diff_specs(expected: Any, got: Any, *, sharding: bool = True) -> list[LeafDiff]:
+    """Every difference between two spec trees: structure first, then leaves.
+
+    Structure differences (a static field's value, a missing field, another
+    class) are reported by path; leaves by shape, dtype, weak type, sharding.
+    """
+    structural = structure_diffs(expected, got, "")
+    if structural:
+        return structural
+    exp = [(fmt_path(p), leaf_spec(x)) for p, x in jax.tree_util.tree_leaves_with_path(expected)]
+    act = [(fmt_path(p), leaf_spec(x)) for p, x in jax.tree_util.tree_leaves_with_path(got)]
+    return diff_leaves(exp, act, sharding=sharding)
+
+
+def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
+    """Structural differences between two pytrees, by path."""
+    here = path or "(the value itself)"
+    if jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b):
+        return []
+    if type(a) is not type(b) and _same_name(type(a), type(b)):
+        return [
+            LeafDiff(
+                here,
+                _class_id(type(a)),
+                _class_id(type(b)),
+                "a different class object with the same name: the class was defined "
+                "again (a re-run notebook cell, a re-imported or reloaded module), and "
+                "instances of the old and the new class never match; build the state "
+                "from one definition (re-run the cells that make it, or define the "
+                "class once, outside the re-run code)",
+            )
+        ]
+    if isinstance(a, StaticArg) and isinstance(b, StaticArg):
+        sa, sb = _pair(a.value, b.value)
+        return [
+            LeafDiff(
+                here,
+                f"static {sa}",
+                f"static {sb}",
+                "a static argument is part of the compiled signature; a new value "
+                "means a new compile" + _inside(a.value, b.value),
+            )
+        ]
+    if dataclasses.is_dataclass(a) and not isinstance(a, type) and type(a) is type(b):
+        found = _dataclass_diffs(a, b, path)
+        if found:
+            return found
+    if isinstance(a, Mapping) and isinstance(b, Mapping) and type(a) is type(b):
+        out = []
+        for k in sorted(set(a) | set(b), key=repr):
+            if k not in b:
+                out.append(LeafDiff(f"{path}[{k!r}]", "present", "missing", "a key was dropped"))
+            elif k not in a:
+                out.append(LeafDiff(f"{path}[{k!r}]", "absent", "present", "a key was added"))
+            else:
+                out.extend(structure_diffs(a[k], b[k], f"{path}[{k!r}]"))
+        return out
+    if (
+        isinstance(a, (list, tuple))
+        and isinstance(b, (list, tuple))
+        and type(a) is type(b)
+        and len(a) == len(b)
+    ):
+        out = []
+        for i, (x, y) in enumerate(zip(a, b)):
+            out.extend(structure_diffs(x, y, f"{path}[{i}]"))
+        return out
+    if type(a) is type(b):
+        node = _node_diffs(a, b, path, here)
+        if node:
+            return node
+    return [
+        LeafDiff(
+            here,
+            _struct_name(a),
+            _struct_name(b),
+            "the tree structure differs",
+        )
+    ]
+
+
+def _dataclass_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
+    """Field by field, for two instances of one dataclass (a jc.state, a flax
+    struct): static fields that differ, and differences inside the others."""
+    out: list[LeafDiff] = []
+    unequal: list[tuple[str, Any, Any]] = []
+    for f in dataclasses.fields(a):
+        if not hasattr(a, f.name) or not hasattr(b, f.name):
+            continue
+        va, vb = getattr(a, f.name), getattr(b, f.name)
+        if _is_static_field(f):
+            if not static_equal(va, vb):
+                sa, sb = _pair(va, vb)
+                out.append(
+                    LeafDiff(
+                        f"{path}.{f.name}",
+                        f"static {sa}",
+                        f"static {sb}",
+                        "a static field is part of the compiled signature; "
+                        "changing it means a new compile" + _closure_hint(va, vb),
+                    )
+                )
+        else:
+            found = structure_diffs(va, vb, f"{path}.{f.name}")
+            out.extend(found)
+            if not found and not _has_arrays(va) and not static_equal(va, vb):
+                unequal.append((f"{path}.{f.name}", va, vb))
+    if out:
+        return out
+    # A field held as aux data by a foreign container.
+    return [
+        LeafDiff(
+            p,
+            _pair(va, vb)[0],
+            f"another {type(vb).__name__}, not equal: {_pair(va, vb)[1]}",
+            f"{type(a).__name__} keeps this field in its tree structure (pytree "
+            "aux data, not a leaf), so a new value means a new compile" + _closure_hint(va, vb),
+        )
+        for p, va, vb in unequal
+    ]
+
+
+def _node_diffs(a: Any, b: Any, path: str, here: str) -> list[LeafDiff]:
+    """Two containers of one registered type: their aux data, else their children."""
+    try:
+        da = jax.tree_util.tree_structure(a).node_data()
+        db = jax.tree_util.tree_structure(b).node_data()
+    except Exception:  # noqa: BLE001 - a leaf, or no node data to read
+        return []
+    if da is None or db is None:
+        return []
+    if da[0] is Filtered and db[0] is Filtered and not static_equal(da[1], db[1]):
+        return _filtered_diffs(a, b, path, here)
+    if not static_equal(da[1], db[1]):
+        sa, sb = _pair(da[1], db[1])
+        name = type(a).__name__
+        return [
+            LeafDiff(
+                here,
+                f"{name} with static data {sa}",
+                f"{name} with static data {sb}",
+                f"{name} keeps that data in its tree structure (pytree aux data, not "
+                "leaves), so a new value means a new compile"
+                + _inside(da[1], db[1])
+                + _closure_hint(da[1], db[1]),
+            )
+        ]
+    children_a = jax.tree_util.tree_flatten_with_path(a, is_leaf=lambda x: x is not a)[0]
+    children_b = jax.tree_util.tree_flatten_with_path(b, is_leaf=lambda x: x is not b)[0]
+    if len(children_a) != len(children_b):
+        return []
+    out: list[LeafDiff] = []
+    for (ka, va), (_, vb) in zip(children_a, children_b):
+        out.extend(structure_diffs(va, vb, f"{path}{fmt_path(ka)}"))
+    return out
+
+
+def _filtered_diffs(a: Any, b: Any, path: str, here: str) -> list[LeafDiff]:
+    """Two filtered equinox Modules (``_filter``): the static leaves that differ,
+    by their paths, else the rebuilt Modules' own differences."""
+    ka, kb = a.key, b.key
+    if ka.treedef != kb.treedef or ka.static != kb.static:
+        return structure_diffs(join(a), join(b), path) or [
+            LeafDiff(here, f"{type(join(a)).__name__} {ka!r}", f"{type(join(b)).__name__} {kb!r}")
+        ]
+    return [
+        LeafDiff(
+            f"{path}{p}",
+            short_static(x),
+            short_static(y),
+            "a non-array leaf of an equinox Module (a function, a Python number) is part of "
+            "the signature, as eqx.filter_jit has it: a new value means a new compile",
+        )
+        for p, x, y in zip(ka.static_paths(), ka.values, kb.values)
+        if not static_equal(x, y)
+    ]
+
+
+def _is_static_field(f: Any) -> bool:
+    """A dataclass field held in the tree structure: jc.static, flax
+    ``pytree_node=False``, equinox ``static=True``."""
+    md = f.metadata
+    return bool(md.get(STATIC)) or md.get("pytree_node", True) is False or md.get("static") is True
+
+
+def _same_name(ta: type, tb: type) -> bool:
+    return ta.__qualname__ == tb.__qualname__ and ta.__module__ == tb.__module__
+
+
+def _class_id(t: type) -> str:
+    return f"class {t.__module__}.{t.__qualname__} (class object id {id(t):#x})"
+
+
+def _short(value: Any, limit: int = 80) -> str:
+    try:
+        text = repr(value)
+    except Exception:  # noqa: BLE001 - a repr that fails: name the type
+        text = f"<{type(value).__name__}>"
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _pair(a: Any, b: Any) -> tuple[str, str]:
+    """Two unequal values, told apart: by repr, else by type and id."""
+    sa, sb = _short(a), _short(b)
+    if sa == sb or sa.endswith("...") or sb.endswith("..."):
+        return f"{type(a).__name__} (object id {id(a):#x})", f"{type(b).__name__} (object id {id(b):#x})"
+    return sa, sb
+
+
+def _inside(a: Any, b: Any) -> str:
+    """``; it differs at .x: 1 vs 2`` for two unequal objects, attribute by attribute."""
+    found = differences(a, b)
+    if not found:
+        return ""
+    return "; it differs at " + "; ".join(found)
+
+
+def differences(a: Any, b: Any, limit: int = 5) -> list[str]:
+    """Where two unequal values differ, as ``path: a vs b`` (at most ``limit``).
+
+    Walks dataclass fields, NamedTuples, tuples, lists, dicts and object
+    attributes (``vars()``) to the first unequal values, as a static
+    object's diff (an ``nnx.GraphDef`` after ``model.eval()``) needs. Arrays
+    are shown by their spec, never read.
+    """
+    out: list[str] = []
+    _walk(a, b, "", 8, out, limit)
+    return out
+
+
+def _walk(a: Any, b: Any, path: str, depth: int, out: list[str], limit: int) -> None:
+    if len(out) >= limit or a is b:
+        return
+    here = path or "(the value)"
+    arrays = (jax.Array, np.ndarray)
+    if isinstance(a, arrays) or isinstance(b, arrays):  # never compared by value: that reads them
+        out.append(f"{here}: {_shown(a)} vs {_shown(b)} (another array object)")
+        return
+    if static_equal(a, b):
+        return
+    if depth == 0 or type(a) is not type(b):
+        out.append(f"{here}: {_shown(a)} vs {_shown(b)}")
+        return
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        items = [(f".{f.name}", getattr(a, f.name, None), getattr(b, f.name, None)) for f in dataclasses.fields(a)]
+    elif isinstance(a, tuple) and hasattr(a, "_fields"):  # a NamedTuple
+        items = [(f".{n}", x, y) for n, x, y in zip(a._fields, a, b)]
+    elif isinstance(a, (tuple, list)):
+        if len(a) != len(b):
+            out.append(f"{here}: {len(a)} items vs {len(b)}")
+            return
+        items = [(f"[{i}]", x, y) for i, (x, y) in enumerate(zip(a, b))]
+    elif isinstance(a, Mapping):
+        if set(a) != set(b):
+            out.append(f"{here}: keys {sorted(map(str, a))} vs {sorted(map(str, b))}")
+            return
+        items = [(f"[{k!r}]", a[k], b[k]) for k in a]
+    elif isinstance(getattr(a, "__dict__", None), dict) and not callable(a):
+        keys = sorted(set(vars(a)) | set(vars(b)))
+        items = [(f".{k}", vars(a).get(k), vars(b).get(k)) for k in keys]
+    else:
+        out.append(f"{here}: {_shown(a)} vs {_shown(b)}")
+        return
+    for sub, x, y in items:
+        _walk(x, y, path + sub, depth - 1, out, limit)
+
+
+def _shown(value: Any) -> str:
+    """A short text for a value in a diff: arrays by spec (never read), else repr."""
+    spec = leaf_spec(value) if isinstance(value, (jax.Array, np.ndarray)) else None
+    if spec is not None:
+        return fmt_aval(spec.shape, spec.dtype)
+    if callable(value) and not isinstance(value, type):
+        return f"{getattr(value, '__qualname__', type(value).__name__)} (object id {id(value):#x})"
+    return _short(value, 40)
+
+
+def _has_arrays(x: Any) -> bool:
+    return any(leaf_spec(v) is not None for v in jax.tree_util.tree_leaves(x))
+
+
+def _closure_hint(a: Any, b: Any) -> str:
+    """Functions compare by identity: new closures (a second optax.adam(...))
+    are unequal though they do the same."""
+    fa = [v for v in jax.tree_util.tree_leaves(a) if callable(v)]
+    fb = [v for v in jax.tree_util.tree_leaves(b) if callable(v)]
+    if fa and fb and any(x is not y for x, y in zip(fa, fb)):
+        return (
+            "; it holds functions, which compare by identity: new closures (an "
+            "optimizer built again, e.g. a second optax.adam(...)) are a new value "
+            "even if they do the same: build it once and reuse it"
+        )
+    return ""
+
+
+def _struct_name(x: Any) -> str:
+    if leaf_spec(x) is not None:
+        return "an array leaf"
+    if isinstance(x, (list, tuple)):
+        return f"{type(x).__name__} of {len(x)}"
+    if isinstance(x, Mapping):
+        return f"{type(x).__name__} with keys {sorted(map(str, x))}"
+    if x is None:
+        return "None"
+    return type(x).__name__

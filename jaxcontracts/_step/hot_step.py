@@ -1,0 +1,588 @@
+"""``jc.HotStep``: an AOT-compiled step with derived, verified donation.
+
+Made by the decorator (``_decorator``). Flow, one way: the function's
+signature (``_analyse`` -> ``_signature``: state parameters,
+donated leaves) -> specs -> a compiled signature with its contracts proven
+(``_compile``) -> a call path chosen for the checks level (``_callpath``).
+:class:`HotStep` ties them together and keeps the slow path, which diagnoses
+anything the call path does not handle (``_diagnose``) or compiles a new
+signature when ``max_compiles`` allows it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import operator
+import threading
+import typing
+from collections.abc import Callable, Sequence
+from typing import Any, Generic, ParamSpec, TypeVar
+
+import jax
+
+from .. import _config, _steps
+from .._compat.runtime_errors import debug_nans_kind, is_runtime_error
+from .._compat.tracing import Tracer, flatten, jit_disabled, trace_state_clean
+from .._donation.hazards import find_hazards
+from .._errors import INPUTS_INTACT, ContractError, DefinitionError, DonationError, RecompileError
+from .._marks import consumer_of
+from .._records import CompiledSignature, StepDescription, StepStats
+from .._report import timing as _timing
+from .._report.render import Report, step_report
+from .._runtime import observers, recording_loop
+from .._state.filter import join_out
+from .._state.foreign import host_leaves_on_device
+from .._state.spec import fmt_value
+from .._tracebacks import boundary, trim
+from .callpath import make_dispatch
+from .callwrap import module_params
+from .compile import compile_signature, jit_for, quiet_donation_warning, signature_diffs
+from .diagnose import (
+    api_misuse_error,
+    hazard_error,
+    host_leaves_error,
+    invalid_values_error,
+    not_consumed_error,
+    run_failed_note,
+    signature_error,
+)
+from .signature import StepSignature
+
+__all__ = ["HotStep", "StepStats"]
+
+P = ParamSpec("P")
+R = TypeVar("R")
+
+
+_PLAIN_CALL = property(
+    operator.attrgetter("_call"),
+    doc="Call the step like the function it wraps (compiles on first use).",
+)
+_TIMED_CALL = property(operator.attrgetter("_timed_call"), doc=_PLAIN_CALL.__doc__)
+
+
+def _switch_timing(on: bool) -> None:
+    """The first timing loop started (or the last one ended): every step's
+    calls now go through its timing wrapper (or not), by one class attribute."""
+    HotStep.__call__ = _TIMED_CALL if on else _PLAIN_CALL  # type: ignore[assignment,method-assign]
+
+
+class HotStep(Generic[P, R]):
+    """An AOT-compiled step whose contracts are checked on every call.
+
+    Made by :func:`jc.hot_step`; call it like the function it wraps.
+
+    Attributes:
+        signature: the compiled signature (a tuple with one spec tree per
+            parameter), or ``None`` before the first compile.
+        compiled: the ``jax.stages.Compiled`` of that signature.
+        lowered: its ``jax.stages.Lowered``.
+        stats: a :class:`StepStats`.
+
+    Its other public attributes are the protocol the library's own modules
+    read (``_steps.LiveStep``, ``_callpath.DispatchingStep``), not user API.
+    """
+
+    def __init__(self, signature: StepSignature) -> None:
+        functools.update_wrapper(self, signature.fn)
+        self._sig = signature
+        self._signatures: list[CompiledSignature] = []
+        self._current: CompiledSignature | None = None
+        self._paths: dict[tuple[int, str], tuple[StepSignature, Callable[..., Any]]] = {}  # see _use
+        self.stats = StepStats()
+        self._level = _config.get_checks()
+        self.timing_counters = [0.0, 0, 0.0, 0]  # see _steps.LiveStep
+        self.last_output: list[Any] = [None]
+        self.timing_hook: Callable[..., None] | None = None
+        self._set_dispatch(self._call_unbound if signature.is_method else self._slow)
+        self._attr: str | None = None  # the class attribute of a method step
+        self._bound_to: tuple[HotStep[Any, Any], Any] | None = None  # (method step, instance)
+        # The slow path's: held while it decides on (and makes) a compile, so
+        # threads meeting new signatures at once respect max_compiles; and,
+        # per thread, set while it re-dispatches a call.
+        self._compile_lock = threading.RLock()
+        self._redispatch = threading.local()
+        _steps.register(self)  # the checks level, loop timing, messages, snapshots
+
+    # -- public API --------------------------------------------------------
+
+    @property
+    def signature(self) -> tuple[Any, ...] | None:
+        """The current compiled signature (one spec tree per parameter), or None."""
+        return None if self._current is None else self._current.spec_args
+
+    @property
+    def compiled(self) -> Any:
+        """The current signature's ``jax.stages.Compiled``, or None."""
+        return None if self._current is None else self._current.compiled
+
+    @property
+    def lowered(self) -> Any:
+        """The current signature's ``jax.stages.Lowered``, or None.
+
+        Lowered again from the signature's specs each time it is read (a
+        trace and a lowering, no compile): a compiled signature does not keep
+        its ``Lowered``, which would hold about six times the memory of the
+        executable itself (the module text and its trace).
+        """
+        if self._current is None:
+            return None
+        return self._lower(self._current.spec_args)
+
+    @property
+    def signatures(self) -> list[tuple[Any, ...]]:
+        """Every compiled signature, oldest first."""
+        return [cs.spec_args for cs in self._signatures]
+
+    @property
+    def state_type(self) -> Any:
+        """The state type (the ``signature=`` option, or the first annotation)."""
+        return self._sig.state_type
+
+    def describe(self) -> StepDescription:
+        """A frozen record of the step: options, compiled signatures (what was
+        compiled and proven: leaves, memory, compile time), counters (a copy)."""
+        sig = self._sig
+        return StepDescription(
+            name=sig.name,
+            donate=sig.donate,
+            max_compiles=sig.max_compiles,
+            params=sig.param_names,
+            state_params=tuple(sig.param_names[i] for i in sig.state_params),
+            signatures=tuple(self._signatures),
+            current=self._current,
+            stats=dataclasses.replace(self.stats),
+        )
+
+    @boundary
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        """Lower for these arguments or specs, without compiling or checking."""
+        return self._lower(self._to_compile("lower", args, kwargs))
+
+    def _lower(self, positional: tuple[Any, ...]) -> Any:
+        jitted, spec_args, *_, self._sig = jit_for(self._sig, positional)
+        with quiet_donation_warning():
+            return jitted.trace(*spec_args).lower()
+
+    @boundary
+    def compile(self, *args: Any, **kwargs: Any) -> Any:
+        """Compile for these arguments or specs (no data needed) and check it.
+
+        Returns:
+            The ``jax.stages.Compiled``.
+
+        Raises:
+            RecompileError: the step does not return its state with the spec
+                it takes, or ``max_compiles`` signatures exist already.
+            DonationError: a donated leaf cannot alias any output.
+        """
+        __tracebackhide__ = True
+        positional = self._to_compile("compile", args, kwargs)
+        leaves, treedef = flatten(positional)
+        with self._compile_lock:
+            for cs in self._signatures:
+                if not signature_diffs(cs, leaves, treedef):
+                    self._use(cs)
+                    return cs.compiled
+            return self._new_signature(positional).compiled
+
+    def report(self) -> Report:
+        """A :class:`jc.Report` of the current signature: leaves, memory, contracts.
+
+        ``str()`` of it is a text table; in a notebook it renders as HTML. Its
+        ``compiled`` fact says where the executable came from (JAX's persistent
+        compilation cache: see the performance guide) and how long it took.
+        """
+        return step_report(self.describe())
+
+    def __repr__(self) -> str:
+        state = "not compiled" if self._current is None else f"{len(self._signatures)} signature(s)"
+        return f"<jc.hot_step {self._sig.name} ({state}, donate={self._sig.donate!r})>"
+
+    if typing.TYPE_CHECKING:
+
+        def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
+
+    else:  # no Python frame of ours: the call slot reads `_call` (in C) and calls it
+        __call__ = _PLAIN_CALL  # _TIMED_CALL while a timing loop is active (_switch_timing)
+
+    # -- methods -------------------------------------------------------------
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self._attr = name
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        """``obj.step``: this method's step with ``obj`` closed over.
+
+        ``self`` is configuration, not a traced argument: the step compiles
+        once per instance, reading the instance's attributes at that compile
+        (later changes to them are not seen). The bound step is kept in the
+        instance's ``__dict__``, so ``obj.step`` stays one attribute read.
+        """
+        if obj is None or not self._sig.is_method:
+            return self
+        bound: HotStep[Any, Any] = HotStep(self._sig.bind(obj))
+        bound._bound_to = (self, obj)
+        if self._attr is not None and isinstance(getattr(obj, "__dict__", None), dict):
+            obj.__dict__[self._attr] = bound
+        return bound
+
+    def __copy__(self) -> HotStep[P, R]:
+        return self  # like a function: one step, one compiled executable
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> HotStep[P, R]:
+        """A step is copied like a function, by reference; a method step
+        bound to an instance being copied is bound anew to the copy."""
+        if self._bound_to is not None:
+            method, obj = self._bound_to
+            copy = memo.get(id(obj))
+            if copy is not None and copy is not obj:
+                return method.__get__(copy, type(copy))  # type: ignore[no-any-return]
+        return self
+
+    def __reduce__(self) -> str:
+        """Pickled by reference (module and qualified name), like a function."""
+        return str(getattr(self, "__qualname__", type(self).__qualname__))
+
+    def _call_unbound(self, *args: Any, **kwargs: Any) -> Any:
+        """``Class.step(obj, s)``: bind ``obj``, then call."""
+        __tracebackhide__ = True
+        if not args:
+            raise TypeError(
+                f"{self._sig.name}() is a method: call it on an instance (obj.{self._sig.short_name}(...))."
+            )
+        try:
+            return self.__get__(args[0], type(args[0]))(*args[1:], **kwargs)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
+
+    def _to_compile(self, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """The arguments of ``lower``/``compile`` by position, refused on misuse."""
+        if self._sig.is_method:
+            raise DefinitionError(
+                f"{self._sig.name} is a method: {what} it through an instance, "
+                f"whose attributes the step closes over.",
+                fix=f"obj.{self._sig.short_name}.{what}(...)",
+                contract="definition",
+                step=self._sig.name,
+            )
+        positional = self._sig.normalize(args, kwargs)
+        misuse = api_misuse_error(self._sig, positional, compiling=True)
+        if misuse is not None:
+            raise misuse
+        return positional
+
+    # -- the protocol the library's modules read (_steps, _callpath) -------
+
+    @property
+    def name(self) -> str:
+        """``module.qualname`` of the step's function."""
+        return self._sig.name
+
+    @property
+    def short_name(self) -> str:
+        """The step's own name, as messages write it (``advance``)."""
+        return self._sig.short_name
+
+    @property
+    def donates(self) -> bool:
+        """Whether one of its compiled signatures donates buffers (see ``_steps.LiveStep``)."""
+        return any(cs.donated for cs in self._signatures)
+
+    @property
+    def definition(self) -> StepSignature:
+        """What the decorator learnt of the function: parameters, state, donation."""
+        return self._sig
+
+    def checks_changed(self, level: str) -> None:
+        """The checks level changed: rebuild the call path for it."""
+        self._level = level
+        if self._current is not None:
+            self._use(self._current)
+
+    def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
+        """Everything the call path does not handle; raises before dispatch.
+
+        ``exc``: the executable's error when its call failed (our diagnosis
+        replaces it, unchained), or the call path's own refusal.
+        """
+        __tracebackhide__ = True
+        if exc is None:
+            return _decide(self, args, kwargs, None)
+        try:
+            return _decide(self, args, kwargs, exc)
+        except ContractError as err:
+            if err.__context__ is exc:
+                raise err.with_traceback(err.__traceback__) from None
+            raise
+
+    def not_consumed(self, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> DonationError | None:
+        """The error for donated buffers XLA copied; ``None`` once a recording loop took it."""
+        self.stats.not_consumed += 1
+        err = not_consumed_error(self._sig, cs, leaves, out)
+        loop = recording_loop()
+        if loop is None:
+            return err
+        loop.violation(
+            "donation",
+            f"{self._sig.name}: donated input buffer(s) not consumed (XLA copied "
+            f"them): {', '.join(err.leaves)}",
+            err.fix or "",
+        )
+        return None
+
+    # -- compiling and choosing the call path ------------------------------
+
+    def _new_signature(self, positional: tuple[Any, ...]) -> CompiledSignature:
+        __tracebackhide__ = True
+        if len(self._signatures) >= self._sig.max_compiles:
+            raise self._refuse(positional)
+        cs, self._sig = compile_signature(self._sig, positional)  # what it returns, now known
+        self._signatures.append(cs)
+        self.stats.compiles += 1
+        self.stats.compile_seconds += cs.compile_seconds
+        self.stats.cache_hits += cs.cache == "hit"
+        self._use(cs)
+        if observers.recorders:
+            observers.compiled(self)
+        return cs
+
+    def _set_dispatch(self, fn: Callable[..., Any]) -> None:
+        """Make ``fn`` the call path: ``_call``, and ``_timed_call`` (its timing
+        wrapper, or ``fn`` itself between samples), which the class's call
+        slot reads while a timing loop is active."""
+        self._raw_dispatch = fn
+        self._call = fn
+        self._timed_call, self.timing_hook = _timing.timed(fn, self.timing_counters, self._install_call, self)
+
+    def _install_call(self, fn: Callable[..., Any]) -> None:
+        self._timed_call = fn
+
+    def _filter(self, params: tuple[int, ...]) -> None:
+        """Filter these parameters' equinox Modules from now on (``_filter``)."""
+        with self._compile_lock:
+            self._sig = self._sig.with_filtered(params)
+
+    def defaults_omitted(self) -> None:
+        """A call left out parameters with defaults: from now on the call path
+        puts them in itself (``_callwrap.with_defaults``), not the slow path
+        or ``inspect``'s bind; a step whose calls pass every argument has no
+        wrapper for it."""
+        with self._compile_lock:
+            if self._sig.omits_defaults:
+                return
+            self._sig = dataclasses.replace(self._sig, omits_defaults=True)
+        if self._current is not None:
+            self._use(self._current)
+
+    def _use(self, cs: CompiledSignature) -> None:
+        """Make ``cs``'s call path at the current level the step's. Each one is
+        built once per definition and kept: a checks level set back (a
+        ``jc.checks_level`` block, a notebook toggling it) takes its closure
+        again, and its C++ call's cache, which rebuilding would empty."""
+        self._current = cs
+        key = (id(cs), self._level)  # cs lives in self._signatures: its id is not reused
+        kept = self._paths.get(key)
+        self._set_dispatch(self._build_at_call(cs, key) if kept is None or kept[0] is not self._sig else kept[1])
+
+    def _build_at_call(self, cs: CompiledSignature, key: tuple[int, str]) -> Callable[..., Any]:
+        """A call path that builds ``cs``'s closure for this level at its first
+        call, as ``jax.stages.Compiled`` builds its C++ call at its first call:
+        a compile (and a checks level change) builds none it does not use."""
+        sig, level = self._sig, self._level
+
+        def first_call(*args: Any, **kwargs: Any) -> Any:
+            __tracebackhide__ = True
+            kept = self._paths.get(key)
+            if kept is None or kept[0] is not sig:
+                kept = self._paths[key] = (sig, make_dispatch(cs, level, self))
+            if self._current is cs and self._level == level and self._sig is sig:
+                self._set_dispatch(kept[1])
+            try:
+                return kept[1](*args, **kwargs)
+            except ContractError as err:  # the traceback ends at the user's line
+                trim(err)
+                raise
+
+        return first_call
+
+    def _refuse(self, positional: tuple[Any, ...]) -> Exception:
+        self.stats.refused += 1
+        assert self._current is not None
+        return signature_error(self._sig, self._current, len(self._signatures), positional)
+
+    def _slow(self, *args: Any, **kwargs: Any) -> Any:
+        """The call path before the first compile."""
+        __tracebackhide__ = True
+        try:
+            return self.slow_call(args, kwargs, None)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
+
+
+# --------------------------------------------------------------------------
+# The slow path: diagnose a call the call path refused, or compile for it
+
+
+def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
+    __tracebackhide__ = True
+    sig = step._sig
+    if (
+        not trace_state_clean()
+        or jit_disabled()
+        or any(isinstance(x, Tracer) for x in jax.tree_util.tree_leaves((args, kwargs)))
+    ):
+        # Under an outer transformation (jit, vmap, grad, cond...), even on
+        # concrete arrays it closed over: trace the function, donate nothing.
+        # Under jax.disable_jit(): run it op by op, as jax.jit does.
+        step.stats.traced_calls += 1
+        if sig.filtered_params:
+            return join_out(sig.positional(*sig.normalize(args, kwargs)))
+        if sig.static_params:
+            return sig.positional(*sig.normalize(args, kwargs))
+        return sig.fn(*args, **kwargs)
+    positional = sig.normalize(args, kwargs)
+    if len(args) + len(kwargs) < len(sig.param_names) and not sig.omits_defaults:
+        step.defaults_omitted()
+    with_path, treedef = jax.tree_util.tree_flatten_with_path(positional)
+    leaves = [x for _, x in with_path]
+    paths = [sig.param_path(p) for p, _ in with_path]
+    declared = sig.host_params
+    host = [
+        (p, x)
+        for (path, x), p in zip(with_path, paths)
+        if not isinstance(x, jax.Array) and path[0].idx not in declared
+    ]
+    if host:
+        modules = module_params(sig, positional, with_path, host)
+        if modules:  # equinox Modules: their non-array leaves are static (_filter)
+            step._filter(modules)
+            del with_path, leaves, host, positional  # the kept-leaf check counts references
+            return _decide(step, args, kwargs, exc)
+        del leaves, with_path  # the kept-leaf check of the call made on the device counts references
+        return _host_arguments(step, positional, host, exc)
+    current = step._current
+    donated = current.donated if current is not None else sig.donated_leaves([p for p, _ in with_path])
+    if exc is not None:
+        nans = debug_nans_kind(exc)
+        if nans is not None:  # jax_debug_nans / jax_debug_infs: the output held a nan
+            raise invalid_values_error(sig, step._current, positional, leaves, paths, nans) from None
+    ran = exc is not None and is_runtime_error(exc)
+    if ran and any(leaves[i].is_deleted() for i in donated):
+        # The executable failed while running (a callback raised, out of
+        # memory...) after XLA took the donated buffers: JAX's error is the
+        # real one; say what it cost instead of diagnosing the deleted inputs.
+        assert exc is not None
+        exc.add_note(run_failed_note(sig, paths, leaves, donated))
+        raise exc
+    deleted, duplicates = find_hazards(leaves, donated)
+    if deleted or duplicates:
+        step.stats.refused += 1
+        consumers = [consumer_of(positional[p[0].idx]) for p, _ in with_path]
+        raise hazard_error(sig, paths, leaves, deleted, duplicates, donated, consumers)
+    dispatch = _signature_for(step, positional, leaves, treedef, exc, ran, paths, donated)
+    # Hold no leaf while the call path runs: its kept-leaf check counts references
+    # (a first call refuses a kept sample as any other does). An exception not
+    # raised goes without its traceback, whose frames (JAX's) hold the leaves.
+    del leaves, with_path, host
+    if exc is not None:
+        exc.__traceback__ = None
+    return _redispatch(step, dispatch, positional, paths)
+
+
+def _host_arguments(
+    step: HotStep[Any, Any], positional: tuple[Any, ...], host: list[tuple[str, Any]], exc: BaseException | None
+) -> Any:
+    """Host leaves: refused, or (a recording loop) recorded and put on the device."""
+    __tracebackhide__ = True
+    sig = step._sig
+    misuse = api_misuse_error(sig, positional, compiling=False)
+    loop = None if misuse else recording_loop()
+    if loop is None or not loop.checks_transfers:
+        step.stats.refused += 1
+        raise misuse or host_leaves_error(sig, host)
+    # Record mode: the violation, then the call JAX would have made
+    # (the host leaves copied to the device), so the run goes on.
+    loop.violation(
+        "transfer",
+        f"{sig.name}: host argument {'leaf' if len(host) == 1 else 'leaves'} copied to the device "
+        f"on every call: {', '.join(f'{p} ({fmt_value(x)})' for p, x in host)}",
+        host_leaves_error(sig, host).fix or "",
+    )
+    current = step._current
+    fits = current is not None and jax.tree_util.tree_structure(positional) == current.in_treedef
+    dtypes = [leaf.spec.dtype for leaf in current.leaves] if fits else None  # type: ignore[union-attr]
+    # Only the arguments that hold host leaves are rebuilt: a state passed as
+    # it came is still its leaves' one container, as the kept-leaf check expects.
+    moved, start = [], 0
+    with jax.transfer_guard_host_to_device("allow"):  # recorded already, as the call's
+        for arg in positional:
+            n = len(jax.tree_util.tree_leaves(arg))
+            if any(not isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(arg)):
+                arg = host_leaves_on_device(arg, dtypes[start : start + n] if dtypes is not None else None)
+            moved.append(arg)
+            start += n
+        return _decide(step, tuple(moved), {}, exc)
+
+
+def _signature_for(
+    step: HotStep[Any, Any],
+    positional: tuple[Any, ...],
+    leaves: list[Any],
+    treedef: Any,
+    exc: BaseException | None,
+    ran: bool,
+    paths: list[str],
+    donated: tuple[int, ...],
+) -> Callable[..., Any]:
+    """The call path for arguments that match a compiled signature (compiled now if
+    ``max_compiles`` allows); re-raises ``exc`` when they match the current one."""
+    __tracebackhide__ = True
+    sig, current = step._sig, step._current
+    with step._compile_lock:  # another thread may be compiling a signature
+        for cs in step._signatures:
+            if not signature_diffs(cs, leaves, treedef):
+                if exc is not None and cs is current:
+                    if isinstance(exc, ContractError):  # the call path's own refusal
+                        step.stats.refused += 1
+                    elif ran and donated:
+                        exc.add_note(run_failed_note(sig, paths, leaves, donated))
+                    raise exc  # the signature is right: a genuine runtime error
+                step._use(cs)
+                break
+        else:
+            if step._current is not None and len(step._signatures) >= sig.max_compiles:
+                raise step._refuse(positional)
+            step._new_signature(positional)
+        return step._raw_dispatch
+
+
+def _redispatch(
+    step: HotStep[Any, Any], dispatch: Callable[..., Any], positional: tuple[Any, ...], paths: list[str]
+) -> Any:
+    """Call the chosen call path, once: a refusal of matching arguments is a bug."""
+    __tracebackhide__ = True
+    sig, redispatch = step._sig, step._redispatch
+    if getattr(redispatch, "active", False):
+        # The call path sent back arguments this path found matching: a
+        # disagreement between the two would recurse without end.
+        raise RecompileError(
+            f"{sig.name}: the call path refused arguments that match its compiled "
+            "signature (an internal disagreement; please report it).",
+            [f"  {p}: {fmt_value(x)}" for p, x in zip(paths, jax.tree_util.tree_leaves(positional))],
+            fix="as a workaround, set jc.set_checks(\"off\") around this call.",
+            note=INPUTS_INTACT,
+            contract="signature",
+            step=sig.name,
+        )
+    redispatch.active = True
+    try:
+        return dispatch(*positional)
+    finally:
+        redispatch.active = False
+
+
+_steps.on_timing_changed(_switch_timing)

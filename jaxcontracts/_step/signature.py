@@ -1,0 +1,264 @@
+"""A step function's signature: state parameters, returned states, donation.
+
+:class:`StepSignature` is what ``@jc.hot_step`` learns at decoration
+(``_analyse``): which parameters are state, static, host data or donated
+whole, where the returned states stand, and which leaves are donated
+(derived from the state type, so no rename or reordering of parameters can
+desync it). It also binds calls to positions and wraps static values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import inspect
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from .._donation.hazards import field_of
+from .._errors import DefinitionError
+from .._format import fmt_object, fmt_path
+from .._state.filter import Filtered, join, split, split_out
+from .._state.spec import StaticArg, eq_answers_bool
+
+__all__ = ["DONATE_WORDS", "StaticArg", "StepSignature", "check_donated_names", "positional_call"]
+
+DONATE_WORDS = ("all", "none")
+
+
+@dataclasses.dataclass(frozen=True)
+class StepSignature:
+    """What ``@jc.hot_step`` learned from the function and its options."""
+
+    fn: Callable[..., Any]
+    name: str  # module.qualname
+    state_type: Any
+    param_names: tuple[str, ...]
+    state_params: tuple[int, ...]
+    # (state parameter, where the step returns its new value: () for the
+    # whole output, (k,) for element k of a returned tuple), one per carried
+    # state; a state parameter not in it is read-only. None: not known yet,
+    # read from the compiled output at the first compile (resolve_carried).
+    carried: tuple[tuple[int, tuple[int, ...]], ...] | None
+    donate: str | tuple[str, ...]
+    max_compiles: int
+    signature: inspect.Signature
+    positional: Callable[..., Any]  # fn called with every parameter positionally
+    static_fields: tuple[str, ...] = ()
+    data_fields: tuple[str, ...] | None = None  # None: known only from instances
+    # A method (first parameter `self`): param_names and signature leave `self`
+    # out; bind() closes over an instance.
+    is_method: bool = False
+    # Parameters passed by value as part of the signature (hashable, no leaves).
+    static_params: tuple[int, ...] = ()
+    # Parameters other than states whose every leaf is donated.
+    donated_params: tuple[int, ...] = ()
+    # Parameters that take host data (a loader's numpy batch): the executable
+    # call transfers them, a declared transfer inside loops.
+    host_params: tuple[int, ...] = ()
+    # Parameters whose arguments are equinox Modules with non-array leaves:
+    # those leaves are static (``_filter``), the arrays carried. Set at the
+    # first call that passes one (:meth:`with_filtered`).
+    filtered_params: tuple[int, ...] = ()
+    # A call has left out parameters with defaults: the call path puts them
+    # in (``_callwrap.with_defaults``). Set at the first such call.
+    omits_defaults: bool = False
+
+    @property
+    def read_only_params(self) -> tuple[int, ...]:
+        """State parameters the step does not return: never donated."""
+        returned = {i for i, _ in self.carried or ()}
+        return tuple(i for i in self.state_params if i not in returned)
+
+    def resolve_carried(self, out: Any, spec_args: Sequence[Any]) -> StepSignature:
+        """This signature with ``carried`` read from an output's structure.
+
+        ``out``: the step's output for ``spec_args`` (``jax.eval_shape``). A
+        state parameter is carried when the output, or an element of a
+        returned tuple, has its exact tree structure (the first such element,
+        in parameter order); the others are read-only.
+        """
+        if self.carried is not None:
+            return self
+        carried: list[tuple[int, tuple[int, ...]]] = []
+        whole = jax.tree_util.tree_structure(out)
+        used: set[int] = set()
+        for i in self.state_params:
+            want = jax.tree_util.tree_structure(spec_args[i])
+            if not carried and want == whole and len(self.state_params) >= 1:
+                carried.append((i, ()))
+                break
+            if isinstance(out, (tuple, list)):
+                for k, element in enumerate(out):
+                    if k not in used and jax.tree_util.tree_structure(element) == want:
+                        carried.append((i, (k,)))
+                        used.add(k)
+                        break
+        if not carried and isinstance(self.donate, tuple):
+            names = ", ".join(self.param_names[i] for i in self.state_params)
+            raise DefinitionError(
+                f"@jc.hot_step on {self.name}: donate={self.donate!r} names state fields, "
+                f"but the step returns no new value of its state ({names}): nothing it "
+                "returns has the state's structure, so the state is read-only.",
+                fix="return the new state (alone, or first in a tuple) to carry and "
+                "donate it, or drop donate=.",
+                step=self.name,
+            )
+        return dataclasses.replace(self, carried=tuple(carried))
+
+    def bind(self, obj: Any) -> StepSignature:
+        """This method's signature with ``self`` closed over (configuration)."""
+        fn = functools.partial(self.fn, obj)
+        params = list(self.signature.parameters.values())
+        return dataclasses.replace(
+            self,
+            fn=fn,
+            positional=positional_call(fn, params, self.static_params, self.filtered_params),
+            is_method=False,
+        )
+
+    @property
+    def short_name(self) -> str:
+        return self.name.rsplit(".", 1)[-1]
+
+    def normalize(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+        """Every argument by position, defaults applied, static ones wrapped."""
+        if not kwargs and len(args) == len(self.param_names):
+            return self.wrap_static(args) if self.static_params or self.filtered_params else args
+        try:
+            bound = self.signature.bind(*args, **kwargs)
+        except TypeError as e:
+            params = ", ".join(self.param_names)
+            given = ", ".join([*("<arg>" for _ in args), *(f"{k}=" for k in kwargs)])
+            raise DefinitionError(
+                f"{self.short_name}({given}) does not match the step's parameters: {e}.",
+                [f"  parameters: {self.short_name}({params})"],
+                fix=f"call it as {self.short_name}({params}).",
+                contract="definition",
+                step=self.name,
+            ) from None
+        bound.apply_defaults()
+        positional = tuple(bound.arguments[n] for n in self.param_names)
+        return self.wrap_static(positional) if self.static_params or self.filtered_params else positional
+
+    def with_filtered(self, params: tuple[int, ...]) -> StepSignature:
+        """This signature with the arguments of ``params`` filtered (``_filter``)."""
+        filtered = tuple(sorted({*self.filtered_params, *params}))
+        call = positional_call(self.fn, list(self.signature.parameters.values()), self.static_params, filtered)
+        return dataclasses.replace(self, filtered_params=filtered, positional=call)
+
+    def wrap_static(self, positional: tuple[Any, ...]) -> tuple[Any, ...]:
+        """Static arguments as :class:`StaticArg` nodes (hashable, checked here)."""
+        out = list(positional)
+        for i in self.static_params:
+            value = out[i]
+            if isinstance(value, StaticArg):
+                continue
+            try:
+                hash(value)
+            except TypeError as e:
+                raise DefinitionError(
+                    f"{self.name}: static argument `{self.param_names[i]}` is "
+                    f"{type(value).__name__}, which is not hashable ({e}).",
+                    [
+                        "  a static argument is part of the compiled signature: it is "
+                        "compared by hash and == to find its executable"
+                    ],
+                    fix="pass a hashable value: a frozen dataclass, a NamedTuple, a "
+                    "tuple instead of a list, or a functools.partial/function; or close "
+                    "over it instead of passing it.",
+                    contract="definition",
+                    step=self.name,
+                    leaves=[self.param_names[i]],
+                ) from None
+            eq = eq_answers_bool(value)
+            if eq is not None:
+                raise DefinitionError(
+                    f"{self.name}: static argument `{self.param_names[i]}` is "
+                    f"{fmt_object(value)}, whose __eq__ {eq}, not True or False.",
+                    [
+                        "  a static argument is part of the compiled signature: it is "
+                        "compared by hash and == to find its executable"
+                    ],
+                    fix=f"make {type(value).__name__}.__eq__ return a bool (compare Python "
+                    "values, not arrays), or pass the arrays it holds as arguments.",
+                    contract="definition",
+                    step=self.name,
+                    leaves=[self.param_names[i]],
+                )
+            out[i] = StaticArg(value)
+        for i in self.filtered_params:
+            if type(out[i]) is not Filtered:
+                out[i] = split(out[i])
+        return tuple(out)
+
+    def param_path(self, path: Sequence[Any]) -> str:
+        """``s.pos`` for a flat path ``(SequenceKey(0), GetAttrKey('pos'))``."""
+        return f"{self.param_names[path[0].idx]}{fmt_path(path[1:]) if len(path) > 1 else ''}"
+
+    def donated_leaves(self, flat_paths: Sequence[Any]) -> tuple[int, ...]:
+        """Indices of the flat leaves to donate, from their paths."""
+        donated = []
+        fields_seen: set[str] = set()
+        read_only = self.read_only_params
+        for i, path in enumerate(flat_paths):
+            if path[0].idx in self.donated_params:
+                donated.append(i)
+                continue
+            if self.donate == "none" or path[0].idx not in self.state_params or path[0].idx in read_only:
+                continue
+            if self.donate == "all":
+                donated.append(i)
+                continue
+            name = field_of(path[1]) if len(path) > 1 else None
+            if name is not None:
+                fields_seen.add(name)
+            if name in self.donate:
+                donated.append(i)
+        if self.data_fields is None and self.donate != "none":  # a dict state: its fields are known now
+            check_donated_names(self, tuple(sorted(fields_seen)), ())
+        return tuple(donated)
+
+
+def check_donated_names(sig: StepSignature, valid: Sequence[str], static: Sequence[str]) -> None:
+    if not isinstance(sig.donate, (tuple, list)):
+        return
+    bad = [n for n in sig.donate if n not in valid]
+    if bad:
+        type_name = getattr(sig.state_type, "__name__", repr(sig.state_type))
+        raise DefinitionError(
+            f"@jc.hot_step on {sig.name}: donate names unknown field(s) "
+            f"{', '.join(map(repr, bad))} of {type_name}.",
+            [f"  array fields: {', '.join(valid) or '(none)'}"]
+            + ([f"  static fields (not donatable, not arrays): {', '.join(static)}"] if static else []),
+            fix='use those names, or donate="all".',
+        )
+
+
+def positional_call(
+    fn: Callable[..., Any],
+    params: Sequence[inspect.Parameter],
+    static: tuple[int, ...] = (),
+    filtered: tuple[int, ...] = (),
+) -> Callable[..., Any]:
+    """``fn`` called with every parameter by position (keyword-only ones too),
+    static arguments unwrapped from their :class:`StaticArg` nodes, filtered
+    ones rebuilt (and what it returns filtered: see ``_filter``)."""
+    kwonly = tuple(p.name for p in params if p.kind == p.KEYWORD_ONLY)
+    n_pos = len(params) - len(kwonly)
+    if not kwonly and not static and not filtered:
+        return fn
+
+    def positional(*a: Any) -> Any:
+        if static:
+            a = tuple(x.value if isinstance(x, StaticArg) else x for x in a)
+        if filtered:
+            a = tuple(map(join, a))
+            return split_out(fn(*a[:n_pos], **dict(zip(kwonly, a[n_pos:]))))
+        return fn(*a[:n_pos], **dict(zip(kwonly, a[n_pos:])))
+
+    return positional
+
+

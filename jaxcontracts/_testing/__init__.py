@@ -1,0 +1,1 @@
+"""Testing: snapshots, snapshot files, the recorder and the pytest plugin."""
