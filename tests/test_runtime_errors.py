@@ -100,7 +100,10 @@ def test_a_donated_array_in_a_warm_jit_is_a_donation_error_naming_it_and_the_ste
         d = step(d)  # fast: not looked at, so x is deleted by the donation
         double(x)  # x was pulled out of the state before it was donated
     text = str(e.value)
-    assert ("`x` (f32[3]) " if NAMES else "an array that ") + DELETED in text, text
+    # JAX refuses it in C++ (translated at the loop's exit: "an array that ...") or, on some
+    # versions, in Python's deletion check (our hook: "an array (f32[3]) ...").
+    heads = ("`x` (f32[3]) ",) if NAMES else ("an array that ", "an array (f32[3]) ")
+    assert any(h + DELETED in text for h in heads), text
     assert e.value.contract == "no-donated-use"
     assert "test_runtime_errors.py" in text
 
@@ -141,8 +144,8 @@ def test_a_donated_leaf_of_a_foreign_state_is_named_by_its_path_and_step():
         state, _ = step(key, state)
         double(old.position)
     text = str(e.value)
-    head = ("`old.position` (f32[2]) " if NAMES else "an array that ") + DELETED
-    assert text.startswith("use of a donated array inside jc.hot_loop: " + head), text
+    heads = ("`old.position` (f32[2]) ",) if NAMES else ("an array that ", "an array (f32[2]) ")  # as above
+    assert any(text.startswith("use of a donated array inside jc.hot_loop: " + h + DELETED) for h in heads), text
     assert _listed() in text
 
 
