@@ -288,7 +288,7 @@ class State:
 
 
 def _getstate(self: Any) -> dict[str, Any]:
-    # Pickles and copies carry fields only: never a mark (a provenance token...).
+    # Pickles and copies carry fields only: never a mark.
     return without_marks(self.__dict__)
 
 

@@ -517,14 +517,16 @@ def _host_arguments(
     dtypes = [leaf.spec.dtype for leaf in current.leaves] if fits else None  # type: ignore[union-attr]
     # Only the arguments that hold host leaves are rebuilt: a state passed as
     # it came is still its leaves' one container, as the kept-leaf check expects.
-    moved, start = [], 0
+    moved, start, leaves = [], 0, []
     with jax.transfer_guard_host_to_device("allow"):  # recorded already, as the call's
         for arg in positional:
-            n = len(jax.tree_util.tree_leaves(arg))
-            if any(not isinstance(x, jax.Array) for x in jax.tree_util.tree_leaves(arg)):
+            leaves = jax.tree_util.tree_leaves(arg)
+            n = len(leaves)
+            if any(not isinstance(x, jax.Array) for x in leaves):
                 arg = host_leaves_on_device(arg, dtypes[start : start + n] if dtypes is not None else None)
             moved.append(arg)
             start += n
+        del leaves  # the call on the device counts references to the donated leaves
         return _decide(step, tuple(moved), {}, exc)
 
 
