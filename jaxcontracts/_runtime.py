@@ -28,12 +28,14 @@ from ._donation.hazards import is_deleted_array
 
 __all__ = [
     "LoopHandle",
+    "DONATION_FIXES",
     "LoopStack",
     "arrays_named",
     "compiling",
     "consumer",
     "deleted_because",
     "donated",
+    "donation_fix",
     "held_outputs",
     "in_hot_loop",
     "local",
@@ -173,12 +175,41 @@ def consumer(by: str | None) -> str:
     return "the state the step returned (s = step(s)"
 
 
+# Every fix for a use of a donated array, in one table: each message that says
+# "donated" (see donated()) ends with one of these. {returned} is consumer(by).
+_KEEP = (
+    "To keep a value across a donating call, copy it before the call "
+    "(kept = jnp.copy({value})), or return it as an output of its own."
+)
+DONATION_FIXES = {
+    # an array of a donated state was used, read or pickled
+    "use": "use {returned}). " + _KEEP,
+    # a field of a consumed jc.state was read
+    "read": "read {returned}; s.{value}). " + _KEEP.replace("{value}", "s.{value}")
+    + " Or leave the field out of donate=.",
+    # jc.fetch of a donated array
+    "fetch": "fetch from {returned}; jc.fetch(s.{value})).",
+    # a call was passed a donated array, or one buffer twice
+    "pass": "pass {returned}), not the one you passed to it. "
+    + _KEEP
+    + " Where one array must appear twice, pass a copy (jnp.copy(x)).",
+    # a donated leaf is still referenced besides its state
+    "kept": "keep a copy instead of the array itself (samples.append(jnp.copy({value})), or "
+    "jc.fetch({value}) for a host copy), return what you keep as an output of its own, "
+    "or drop the other reference (del x; del err for a kept exception; build the state on "
+    'a line of its own, not inside an assert); to donate nothing, @jc.hot_step(donate="none").',
+}
+
+
+def donation_fix(kind: str, by: str | None = None, value: str = "value") -> str:
+    """The fix of :data:`DONATION_FIXES` for ``kind``, naming ``by`` (the
+    consumer, where known: :func:`consumer`) and ``value``."""
+    return DONATION_FIXES[kind].format(returned=consumer(by), value=value)
+
+
 def use_returned(by: str | None) -> str:
     """The one fix for a use of a donated array (see :func:`donated`)."""
-    return (
-        f"use {consumer(by)}). To keep a value across a donating "
-        "call, copy it before the call (kept = jnp.copy(value)), or return it as an output of its own."
-    )
+    return donation_fix("use", by)
 
 
 def held_outputs(steps: Sequence[Any]) -> list[Any]:

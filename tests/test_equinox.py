@@ -144,7 +144,7 @@ def test_a_consumed_module_goes_at_the_rebinding_and_a_held_one_is_worded_on_rea
 
 @pytest.mark.parametrize("level", ["fast", "full"])
 def test_a_module_steps_record_from_another_signature_is_read_safely(level):
-    # As test_consumed's case, through the per-call nodes of a Module.
+    # As test_consumed_state's case, through the per-call nodes of a Module.
     def inc(t):
         return jax.tree_util.tree_map(lambda x: x + 1, t)
 

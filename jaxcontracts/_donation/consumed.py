@@ -16,7 +16,7 @@ import jax
 from .._errors import DonationError
 from .._format import fmt_aval
 from .._marks import CONSUMED_BY, consumer_of
-from .._runtime import local
+from .._runtime import donation_fix, local
 from .._state.fields import info_of, register_pytree
 from .._tracebacks import trim
 from .hazards import holds_deleted
@@ -76,7 +76,7 @@ def _make_consumed(cls: type, step: str) -> type:
         raise DonationError(
             f"this {cls.__name__} was donated to {step}: its arrays no longer exist, "
             "so it cannot be pickled or copied.",
-            fix=f"save or copy the state {step} returned (s = {step}(s)).",
+            fix=donation_fix("use", step),
             contract="no-donated-use",
             step=step,
         )
@@ -110,8 +110,6 @@ def _consumed_read(cls: type, step: str, name: str, value: Any) -> tuple[str, st
     return (
         f"{cls.__name__}.{name}: {what} was donated to {step} and no longer exists "
         f"(this {cls.__name__} was passed to {step}, which reused its buffers).",
-        f"read the state {step} returned (s = {step}(s); s.{name}). To keep the "
-        f"old value as well, copy it before the call (old = jnp.copy(s.{name})), "
-        "or leave the field out of donate=.",
+        donation_fix("read", step, value=name),
     )
 

@@ -20,7 +20,7 @@ from .._errors import DonationError, TransferError
 from .._format import fmt_aval
 from .._marks import consumer_of
 from .._report import timing as _timing
-from .._runtime import consumer, donated, local, observers
+from .._runtime import donated, donation_fix, local, observers
 from .._tracebacks import boundary
 
 __all__ = ["fetch"]
@@ -89,7 +89,7 @@ def fetch(tree: Any) -> Any:
             raise DonationError(
                 f"jc.fetch(): {path + ': ' if path else ''}{fmt_aval(x.shape, x.dtype)} {donated(by)} "
                 "and no longer exists.",
-                fix=f"fetch from {consumer(by)}; jc.fetch(s.t)).",
+                fix=donation_fix("fetch", by, value="t"),
                 contract="no-donated-use",
                 step=by,
             )

@@ -409,6 +409,20 @@ def _check_carry(
             step=sig.name,
             leaves=leaves,
         )
+    if blocks and kinds and all(k == "memory_kind" for k in kinds):
+        raise RecompileError(
+            f"{sig.name} returns its state in another memory than it takes it in, "
+            "so its own output would not match the compiled signature on the next "
+            "call (jax.jit would recompile there; a compiled step would reject it).",
+            blocks,
+            fix="return each carried leaf in the memory it comes in: move it back in the "
+            "step before returning (jax.device_put(new_leaf, <input sharding>)), or "
+            "return the moved copy as an output of its own, outside the state.",
+            note=NOTHING_RAN,
+            contract="carry",
+            step=sig.name,
+            leaves=leaves,
+        )
     if blocks and not kinds:
         raise RecompileError(
             f"{sig.name} does not return what its signature says: its return "

@@ -19,7 +19,7 @@ from .._donation.hazards import is_deleted_array
 from .._errors import INPUTS_INTACT, DefinitionError, DonationError, RecompileError, TransferError
 from .._format import fmt_aval
 from .._records import CompiledSignature
-from .._runtime import deleted_because, in_hot_loop
+from .._runtime import deleted_because, donation_fix, in_hot_loop
 from .._runtime import donated as donated_words
 from .._state.spec import fmt_value
 from .diffs import diff_lines, diff_specs
@@ -181,11 +181,8 @@ def hazard_error(
             f"  {paths[a]} and {paths[b]} are the same buffer, and "
             f"{paths[a] if a in donated else paths[b]} is donated"
         )
-    fix = (
-        "use the state the previous call returned (s = step(s)), not the "
-        "one you passed to it; pass a copy (jnp.copy(x)) where one array must "
-        "appear twice."
-    )
+    by = {consumers[i] if consumers else None for i in deleted}
+    fix = donation_fix("pass", by.pop() if len(by) == 1 else None)  # the consumer, where one is proven
     donated_args = {sig.param_names[i] for i in sig.donated_params}
     if any(re.split(r"[.\[]", paths[i], maxsplit=1)[0] in donated_args for i in deleted):
         fix += (
@@ -246,10 +243,7 @@ def kept_leaves_error(sig: StepSignature, cs: CompiledSignature, kept: Sequence[
         "a caught exception you kept, whose traceback holds the frames that saw it, or "
         "pytest's record of an `assert` that built it) would then hold a deleted array.",
         [f"  {cs.leaves[i].path}: {fmt_aval(cs.leaves[i].spec.shape, cs.leaves[i].spec.dtype)}" for i in kept],
-        fix=f"keep a copy instead of the array itself (samples.append(jnp.copy({first})), or "
-        f"jc.fetch({first}) for a host copy), return what you keep as an output of its own, "
-        "or drop the other reference (del x; del err for a kept exception; build the state on "
-        "a line of its own, not inside an assert); to donate nothing, @jc.hot_step(donate=\"none\").",
+        fix=donation_fix("kept", value=first),
         note=INPUTS_INTACT,
         contract="donation-hazard",
         step=sig.name,

@@ -43,7 +43,7 @@ class LeafDiff:
     expected: str
     got: str
     cause: str = ""
-    kind: str = "structure"  # structure, dtype, shape, weak_type or sharding
+    kind: str = "structure"  # structure, dtype, shape, weak_type, memory_kind or sharding
 
 
 def leaf_name(param: str, path: str) -> str:
@@ -115,14 +115,22 @@ def _placement(sharding: Any) -> str:
 
 
 def diff_kind(exp: Any, got: Any) -> str:
-    """What differs first between two leaf specs: dtype, shape, weak_type, sharding."""
+    """What differs first between two leaf specs: dtype, shape, weak_type,
+    memory_kind, sharding."""
     if not same_dtype(exp.dtype, got.dtype):
         return "dtype"
     if tuple(exp.shape) != tuple(got.shape):
         return "shape"
     if bool(getattr(exp, "weak_type", False)) != bool(getattr(got, "weak_type", False)):
         return "weak_type"
+    if memory_kind(exp) != memory_kind(got):
+        return "memory_kind"
     return "sharding"
+
+
+def memory_kind(spec: Any) -> str | None:
+    """The memory a leaf spec's sharding puts it in (``device``, ``pinned_host``...), or None."""
+    return getattr(getattr(spec, "sharding", None), "memory_kind", None)
 
 
 def leaf_cause(exp: Any, got: Any) -> str:
@@ -149,6 +157,8 @@ def leaf_cause(exp: Any, got: Any) -> str:
         if getattr(got, "weak_type", False):
             return "weakly typed: made from a Python scalar; use jnp.float32(x) / jnp.asarray(x, dtype)"
         return "strongly typed where a weak type was compiled"
+    if kind == "memory_kind":
+        return f"moved from {memory_kind(exp)} memory to {memory_kind(got)} memory"
     return "sharding changed: device_put it with the compiled sharding"
 
 

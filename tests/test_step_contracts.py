@@ -1,4 +1,8 @@
-"""jc.hot_step: derived donation, compile-time contracts, call-time checks."""
+"""A hot step's contracts: derived donation and its proof, the compile-time
+contracts, the call-time checks at each checks level, and what a call keeps.
+
+How steps of other shapes are defined is in test_step_shapes; how a step may
+be called (keywords, methods, partials) in test_step_calls."""
 
 from __future__ import annotations
 
@@ -271,7 +275,7 @@ def test_a_closed_over_state_under_an_outer_transformation_is_traced_not_run(lev
         return S1(x=s.x + 1)
 
     with jc.checks_level(level):
-        s = st(S1(x=jnp.zeros(3)))  # compiled; s carries a token
+        s = st(S1(x=jnp.zeros(3)))  # compiled
         outer = jax.jit(lambda: st(s).x * 2)
         assert outer().tolist() == [4.0] * 3
         assert outer().tolist() == [4.0] * 3
@@ -279,7 +283,7 @@ def test_a_closed_over_state_under_an_outer_transformation_is_traced_not_run(lev
         pick = jax.jit(lambda c: jax.lax.cond(c, lambda: st(s).x, lambda: s.x))
         assert pick(True).tolist() == [2.0] * 3 and pick(False).tolist() == [1.0] * 3
         assert alive(s)
-        fresh = S1(x=jnp.zeros(3))  # no token: the checked path
+        fresh = S1(x=jnp.zeros(3))  # a state no step returned
         assert jax.jit(lambda: st(fresh).x)().tolist() == [1.0] * 3 and alive(fresh)
         assert st.stats.traced_calls == 3 and st.stats.compiles == 1
         # Outside any trace it still donates. A fresh state: one that a jax.jit
@@ -347,7 +351,7 @@ def test_a_donated_state_names_the_step_that_consumed_it_outside_loops(level):
     with jc.checks_level(level):
         s0 = S1(x=jnp.zeros(3))
         s = st(s0)  # the checked path
-        s2 = st(s)  # the token path
+        s2 = st(s)  # a warm call
         assert repr(s0) == repr(s) == "S1(x=f32[3] (deleted: donated to st))"
         assert repr(s2) == "S1(x=f32[3])"
         for stale in (s0, s):
@@ -661,7 +665,7 @@ def test_the_state_path_catches_every_hazard():
     advance = make_advance()
     other = make_advance()
     q = advance(make_particles())
-    r = other(q)  # a second step with the same spec accepts the token
+    r = other(q)  # a second step with the same spec accepts it
     assert all_deleted(q)
     with pytest.raises(jc.DonationError, match="already"):
         advance(q)  # stamped, but its buffers were donated to `other`
@@ -670,7 +674,7 @@ def test_the_state_path_catches_every_hazard():
         advance(r.replace(dt=0.5))
     view = np.asarray(r.pos)
     with pytest.raises(jc.DonationError, match="still hold elsewhere"):
-        advance(r)  # held by a view: refused before dispatch on the token path too
+        advance(r)  # held by a view: refused before dispatch on a warm call too
     assert alive(r)
     del view
 
@@ -711,7 +715,7 @@ def test_a_state_with_an_editable_container_is_checked_on_every_call(level):
         assert float(s.x[0]) == 3.0 and step.stats.calls == 3
 
 
-def test_nested_sealed_states_keep_the_token_path():
+def test_a_state_is_sealed_only_when_no_field_can_be_edited_in_place():
     from jaxcontracts._state.fields import is_sealed_state
 
     @jc.state
@@ -727,7 +731,7 @@ def test_nested_sealed_states_keep_the_token_path():
     assert not is_sealed_state(WithParams) and not is_sealed_state(Loose)
 
 
-def test_token_path_checks_the_other_arguments():
+def test_a_warm_call_with_a_returned_state_checks_the_other_arguments():
     @jc.hot_step(signature=Particles)
     def push(force: Float32[Array, "3"], p: Particles) -> Particles:
         return Particles(pos=p.pos + force * p.dt, vel=p.vel, t=p.t + p.dt, dt=p.dt)
@@ -754,12 +758,12 @@ def _bump(s: _One) -> _One:
 
 
 @pytest.mark.parametrize("level", ["fast", "full"])
-def test_a_token_state_deleted_by_plain_jax_is_explained_without_an_xla_error_line(capfd, level):
-    """A state a hot step returned keeps its class and token when a plain
-    ``jax.jit(donate_argnums=0)`` consumes it; the provenance path still looks
-    at its first buffer before calling, so XLA prints nothing."""
+def test_a_returned_state_deleted_by_plain_jax_is_explained_without_an_xla_error_line(capfd, level):
+    """A state a hot step returned keeps its class when a plain
+    ``jax.jit(donate_argnums=0)`` consumes it; the warm call still looks at
+    its donated buffers before calling, so XLA prints nothing."""
     with jc.checks_level(level):
-        s = _bump(_bump(_One(x=jnp.zeros(3))))  # a warm call's output: the provenance path
+        s = _bump(_bump(_One(x=jnp.zeros(3))))  # a warm call's output
         t = jax.jit(lambda s: s, donate_argnums=0)(s)  # its buffer passes to t
         assert type(s) is _One  # not marked: no hot step consumed it
         capfd.readouterr()
@@ -809,6 +813,41 @@ def test_a_returned_state_keeps_its_input_shardings_even_if_the_step_reshards(me
     out = gather(Particles.zeros(n=8, sharding=shard))
     assert out.pos.sharding.is_equivalent_to(rows, 2)
     gather(out)
+
+
+def _memory(kind: str) -> jax.sharding.Sharding:
+    device = jax.devices()[0]
+    if kind not in [m.kind for m in device.addressable_memories()]:
+        pytest.skip(f"this backend has no {kind} memory")
+    return jax.sharding.SingleDeviceSharding(device, memory_kind=kind)
+
+
+def test_a_step_that_moves_its_carried_state_to_another_memory_is_refused_at_compile():
+    """ARCHITECTURE.md's recipe for a compile-time contract, walked through: a
+    carried leaf offloaded to host memory by the step would not match the
+    compiled signature on the next call. The carry check (_step/compile.py)
+    names the leaf and both memories (_step/diffs.py: the diff kind
+    ``memory_kind``); nothing runs."""
+    device, host = _memory("device"), _memory("pinned_host")
+
+    @jc.hot_step(signature=S1)
+    def offload(s: S1) -> S1:
+        return S1(x=jax.device_put(s.x * 2, host))  # moved to host memory
+
+    s = S1(x=jax.device_put(jnp.ones(3), device))
+    with pytest.raises(jc.RecompileError) as info:
+        offload(s)
+    err = info.value
+    assert ".offload returns its state in another memory than it takes it in" in str(err)
+    assert "(moved from device memory to pinned_host memory)" in str(err)
+    assert err.contract == "carry" and list(err.leaves) == ["s.x"] and "jax.device_put(new_leaf" in err.fix
+    assert alive(s)
+
+    @jc.hot_step(signature=S1)
+    def round_trip(s: S1) -> S1:  # the fix: moved back before returning
+        return S1(x=jax.device_put(jax.device_put(s.x * 2, host), device))
+
+    assert round_trip(s).x.tolist() == [2.0] * 3
 
 
 def test_output_resharded_by_propagation_says_to_constrain_it_in_the_step(mesh2, monkeypatch):

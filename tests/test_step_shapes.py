@@ -1,5 +1,9 @@
 """Steps in the shapes real programs have: read-only and stateless steps,
-donated non-state arguments, static arguments, derived output shardings."""
+donated non-state arguments, static arguments, derived output shardings,
+steps you did not write (state=) and host data (host=).
+
+A hot step's own contracts are in test_step_contracts; how a step may be
+called in test_step_calls."""
 
 from __future__ import annotations
 

@@ -1,0 +1,188 @@
+"""How a consumed array is named: a consumed state goes at the caller's
+rebinding at any size; a jc.state names its consumer; anything else is worded
+through one helper; nothing of the user's (locals, frames) is changed to do it."""
+
+
+import contextlib
+import typing
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jaxtyping import Array, Float32
+
+import jaxcontracts as jc
+
+
+@jc.state
+class S:
+    x: Float32[Array, "n"]
+    y: Float32[Array, "n"]
+    scale: float = jc.static(default=2.0)
+
+
+@jc.hot_step(signature=S)
+def step(s: S) -> S:
+    return S(x=s.x + 1, y=s.y * s.scale, scale=s.scale)
+
+
+
+# -- a consumed state goes at the rebinding; how a consumed array is named ----
+#
+# No call records its arguments: a consumed state goes when the caller rebinds
+# it, as in a plain `s = f(s)` loop, at any size, in loops or out. A
+# consumed array is named by the consumed class of a jc.state; anything else
+# is worded by one helper (_runtime.donated) that lists the steps that donate.
+
+
+class _Pair(typing.NamedTuple):
+    w: jax.Array
+    b: jax.Array
+
+
+class _Slotted:
+    """A pytree node with no weak reference to itself and its leaves behind a
+    property (as an equinox Module's per-call node)."""
+
+    __slots__ = ("_params",)
+
+    def __init__(self, params):
+        self._params = params
+
+    @property
+    def params(self):
+        return self._params
+
+
+jax.tree_util.register_pytree_with_keys(
+    _Slotted, lambda h: (((jax.tree_util.GetAttrKey("params"), h.params),), None), lambda _, c: _Slotted(c[0])
+)
+
+
+def _made(kind, n):
+    """A state of ``kind`` whose leaves are ``w`` (f32[3]), ``b`` and ``n - 2`` more."""
+    extra = {f"z{i:04}": jnp.zeros(1) for i in range(n - 2)}
+    if kind == "dict":
+        return {"b": jnp.ones(2), "w": jnp.zeros(3), **extra}
+    if kind == "NamedTuple":
+        return _Pair(w=jnp.zeros(3), b=[jnp.ones(2), extra])
+    if kind == "TrainState":
+        import optax
+        from flax.training.train_state import TrainState
+
+        return TrainState.create(apply_fn=None, params={"w": jnp.zeros(3), "b": jnp.ones(2), **extra}, tx=optax.identity())
+    return _Slotted({"b": jnp.ones(2), "w": jnp.zeros(3), **extra})
+
+
+def _state_of(kind, n):
+    return jc.device_tree(_made(kind, n))
+
+
+_KINDS = ["dict", "NamedTuple", "TrainState", "node"]
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+@pytest.mark.parametrize("where", ["outside loops", "in a hot_loop"])
+@pytest.mark.parametrize("kind", _KINDS)
+@pytest.mark.parametrize("n", [3, 300])
+def test_a_consumed_state_goes_at_the_callers_rebinding_at_any_size(level, where, kind, n):
+    import weakref
+
+    f = jc.hot_step(lambda s, batch: jax.tree_util.tree_map(lambda x: x + batch[0].astype(x.dtype), s), state="s")
+    batch, last = jnp.ones(4), jnp.ones(4)
+    with jc.checks_level(level):
+        s = f(f(_state_of(kind, n), batch), batch)
+    with jc.checks_level(level), jc.hot_loop() if where == "in a hot_loop" else contextlib.nullcontext():
+        consumed = [weakref.ref(x) for x in jax.tree_util.tree_leaves(s)]
+        s = f(s, batch)
+        assert [r() for r in consumed] == [None] * len(consumed)  # gone at the rebinding
+        given = weakref.ref(batch)
+        del batch  # the step consumed nothing of it: nothing holds it after the call
+        assert given() is None
+        s = f(s, last)
+    assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(s))
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+@pytest.mark.parametrize("kind", ["dict", "NamedTuple", "TrainState"])
+def test_a_held_foreign_state_is_worded_through_one_helper_naming_the_steps_that_donate(level, kind):
+    f = jc.hot_step(lambda s: jax.tree_util.tree_map(lambda x: x + jnp.ones((), x.dtype), s), state="s")
+    with jc.checks_level(level):
+        s = f(f(_state_of(kind, 3)))
+        old, s = s, f(s)
+        w = (old["w"] if kind == "dict" else old.w if kind == "NamedTuple" else old.params["w"])
+        worded = r"deleted: most likely donated to an earlier call \(hot steps that donate: [^)]*<lambda>"
+        with pytest.raises(jc.DonationError, match=r"(?s)\(" + worded + r".*f32\[3\] was already deleted\n"):
+            f(old)  # re-passed
+        with pytest.raises(jc.DonationError, match=r"\(f32\[3\]\) was " + worded):
+            np.asarray(w)  # read
+        with pytest.raises(jc.DonationError, match=worded):
+            jc.fetch(old)
+        with jc.hot_loop(), pytest.raises(jc.DonationError, match=worded):
+            w.tolist()
+        s = f(s)
+    assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(s))
+
+
+def test_a_re_passed_large_state_lists_every_deleted_leaf_at_once():
+    n = 3000
+    f = jc.hot_step(lambda s: jax.tree_util.tree_map(lambda x: x + 1, s), state="s")
+    with jc.checks_level("fast"):
+        s = f(f({f"z{i:04}": jnp.zeros(1) for i in range(n)}))
+        old, s = s, f(s)
+        with pytest.raises(jc.DonationError) as err:
+            f(old)
+    assert sum(line.endswith("f32[1] was already deleted") for line in err.value.details) == n
+    assert str(err.value).count("most likely donated") == 1  # said once, above the leaves
+    assert str(err.value).count("was already deleted") == 19  # the first lines; the rest in .details
+
+
+class _LazyProxy:
+    """A lazy object whose every attribute, ``__class__`` included, raises
+    (werkzeug's LocalProxy outside a request, Django's unconfigured settings)."""
+
+    def __getattribute__(self, name):
+        raise RuntimeError("working outside of request context")
+
+
+def test_a_lazy_proxy_in_the_reading_frame_never_replaces_the_message_nor_breaks_the_exit():
+    # Module-level code (its frame's locals are its namespace, read on every
+    # Python): a read in a loop is the loop's TransferError; the exit restores
+    # everything.
+    from jaxcontracts._compat import arrays
+
+    original = arrays.ArrayImpl.__float__
+    namespace = {"jc": jc, "jnp": jnp, "step": step, "S": S, "request": _LazyProxy()}
+    code = compile(
+        "s = step(S(x=jnp.zeros(3), y=jnp.ones(3)))\n"
+        "with jc.hot_loop():\n"
+        "    s = step(s)\n"
+        "    s.x.tolist()\n",
+        "<training script>",
+        "exec",
+    )
+    with pytest.raises(jc.TransferError, match="tolist"):
+        exec(code, namespace)
+    assert arrays.ArrayImpl.__float__ is original
+    assert namespace["s"].x.tolist() == [2.0] * 3  # and the guard is off again
+
+
+def test_a_callers_locals_dict_is_left_as_it_was_by_loops_and_messages():
+    # Before Python 3.13, reading a function frame's f_locals syncs the dict
+    # that locals() returned: hparams below would gain, lose or be emptied of
+    # variables. Nothing of the library reads a function frame's locals there.
+    lr, hparams = 0.1, None
+    hparams = locals()
+    before = dict(hparams)
+    s = step(S(x=jnp.zeros(3), y=jnp.ones(3)))
+    with jc.hot_loop():
+        s = step(s)
+    old, s = s, step(s)
+    with pytest.raises(jc.DonationError):
+        step(old)
+    with pytest.raises(jc.DonationError):
+        np.asarray(old.x)
+    with jc.hot_loop(), pytest.raises(jc.TransferError):
+        s.x.tolist()
+    assert hparams == before and hparams["lr"] == lr

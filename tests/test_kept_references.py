@@ -1,0 +1,376 @@
+"""The kept-reference check, one rule: once garbage is collected, a donated
+leaf that anything besides its state still references is refused before
+dispatch, with the inputs intact, whoever holds it."""
+
+
+import dataclasses
+import gc
+import typing
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jaxtyping import Array, Float32
+
+import jaxcontracts as jc
+
+
+@jc.state
+class S:
+    x: Float32[Array, "n"]
+    y: Float32[Array, "n"]
+    scale: float = jc.static(default=2.0)
+
+
+@jc.hot_step(signature=S)
+def step(s: S) -> S:
+    return S(x=s.x + 1, y=s.y * s.scale, scale=s.scale)
+
+
+
+
+# -- kept outputs: a donated leaf held elsewhere is refused before dispatch ---
+
+
+def _sampler():
+    class Sample(typing.NamedTuple):  # blackjax's state shape: a NamedTuple of arrays
+        position: jax.Array
+        logdensity: jax.Array
+
+    def kernel(key, state):
+        position = state.position + 0.1 * jax.random.normal(key, state.position.shape)
+        return Sample(position, -0.5 * jnp.sum(position**2)), {"accepted": jnp.bool_(True)}
+
+    return Sample, jc.hot_step(kernel, state="state")
+
+
+def test_a_kept_sample_is_refused_naming_the_leaf_and_the_step_inputs_intact():
+    Sample, step = _sampler()
+    state = Sample(jnp.zeros(3), jnp.float32(0))
+    key = jax.random.key(0)
+    state, _ = step(key, state)
+    samples = []
+    with pytest.raises(jc.DonationError) as info:  # noqa: PT012
+        for _ in range(3):
+            state, _ = step(key, state)
+            samples.append(state.position)  # BlackJAX's quickstart keeps each position
+    err = info.value
+    assert err.leaves == ("state.position",) and err.step.endswith("kernel")
+    assert "still hold elsewhere" in str(err) and "jnp.copy(state.position)" in err.fix
+    assert len(samples) == 1 and not samples[0].is_deleted()  # nothing was lost
+    assert not state.position.is_deleted()  # the refused call's inputs are intact
+    samples = [jnp.copy(s) for s in samples]  # the fix: keep copies
+    for _ in range(3):
+        state, _ = step(key, state)
+        samples.append(jnp.copy(state.position))
+    assert len(samples) == 4 and not any(s.is_deleted() for s in samples)
+
+
+@pytest.mark.parametrize(
+    "keep",
+    [
+        lambda s: s.x,  # a variable
+        lambda s: [s.x],  # a list of samples
+        lambda s: {"saved": s.x},  # another container
+        lambda s: s.replace(y=s.y + 1),  # another state sharing .x
+    ],
+    ids=["variable", "list", "dict", "shared-leaf"],
+)
+def test_every_kind_of_kept_reference_is_refused(keep):
+    s = step(S(x=jnp.zeros(3), y=jnp.ones(3)))
+    held = keep(s)
+    with pytest.raises(jc.DonationError, match=r"s\.x: f32\[3\]"):
+        step(s)
+    del held
+    try:
+        step(s)  # dropped: it runs
+    except jc.DonationError as err:  # say who holds it, so that a failure tells its cause
+        held_by = [type(r).__name__ for leaf in (s.x, s.y) for r in gc.get_referrers(leaf)]
+        raise AssertionError(f"refused after del: referrers {held_by}") from err
+
+
+def test_a_leaf_held_only_by_uncollected_garbage_is_not_a_kept_reference():
+    # An unreachable cycle the collector has not reached yet (here an object
+    # that refers to itself; in a suite, a caught error and its frames) still
+    # counts as a reference: it must not refuse the call.
+    class Logger:
+        pass
+
+    s = step(S(x=jnp.zeros(3), y=jnp.ones(3)))
+    gc.disable()
+    try:
+        logger = Logger()
+        logger.me, logger.last = logger, s.y
+        del logger  # garbage now, collected only by the cyclic collector
+        s = step(s)
+    finally:
+        gc.enable()
+    np.testing.assert_array_equal(jc.fetch(s.y), [4.0, 4.0, 4.0])
+
+
+def test_a_kept_reference_is_not_looked_at_below_full_nor_when_nothing_is_kept():
+    s = step(S(x=jnp.zeros(3), y=jnp.ones(3)))
+    with jc.checks_level("fast"):
+        kept = s.x
+        s = step(s)  # not looked at: the kept array is deleted by the donation
+    assert kept.is_deleted()
+    t = S(x=jnp.zeros(3), y=jnp.ones(3))
+    for _ in range(5):
+        t = step(t)  # nothing kept: every call runs
+    assert step.stats.calls >= 6
+
+
+def test_a_saved_traceback_that_saw_the_array_is_a_kept_reference_like_any_other():
+    # The one rule: the check cannot prove that losing an array held by a
+    # caught error's frames loses nothing (a notebook's sys.last_traceback, a
+    # debugger's post-mortem read them), so it refuses with the inputs intact
+    # and says how to let go of it.
+    d = jc.device_tree({"x": jnp.zeros(3)})
+    dict_step = jc.hot_step(lambda d: {"x": d["x"] + 1}, state="d")
+    d = dict_step(d)
+
+    def check_finite(x):
+        raise FloatingPointError("not finite")  # a helper of the user's that fails holding x
+
+    try:
+        check_finite(d["x"])
+    except FloatingPointError as e:
+        saved = e  # its traceback's frame holds d["x"]
+    with pytest.raises(jc.DonationError, match="a caught exception you kept") as refused:
+        dict_step(d)
+    assert "del err for a kept exception" in refused.value.fix
+    assert not d["x"].is_deleted()  # the inputs are intact
+    del saved, refused
+    d = dict_step(d)  # let go of: runs
+    assert not d["x"].is_deleted()
+
+
+def test_a_loop_exit_leaves_no_local_alive():
+    # Loop exit reads the caller's locals (which step outputs are still
+    # computing); before 3.13 that snapshot kept every local alive until the
+    # function returned, and a donated leaf dropped after the loop still
+    # counted as held.
+    import weakref
+
+    s = step(S(x=jnp.zeros(3), y=jnp.ones(3)))
+    x = jnp.ones(5)
+    gone = weakref.ref(x)
+    with jc.hot_loop():
+        s = step(s)
+    del x
+    assert gone() is None
+    old = s
+    with jc.hot_loop():  # the exit reads this frame's locals: `old` among them
+        pass
+    shared = old.replace(y=old.y * 2)  # a new state sharing .x with `old`
+    del old, s  # before the fix, the exit's snapshot still held the old state
+    step(shared)  # nothing holds .x besides `shared`: runs
+
+
+def test_pytests_assertion_temporaries_are_a_kept_reference_like_any_other():
+    # pytest's rewritten assert keeps each subexpression's value for its
+    # message: the inline jnp.zeros(3) + s.scale below is held by an
+    # `@py_assert` local of this frame as well as by the state. The rule
+    # refuses it, with the inputs intact; building the state on a line of
+    # its own is the fix the message gives.
+    s = step(S(x=jnp.zeros(3), y=jnp.ones(3)))
+    with pytest.raises(jc.DonationError, match="pytest's record of an `assert`") as refused:
+        assert step(S(x=jnp.zeros(3) + s.scale, y=jnp.ones(3))).x.shape == (3,)
+    assert "not inside an assert" in refused.value.fix
+    fresh = S(x=jnp.zeros(3) + s.scale, y=jnp.ones(3))
+    assert step(fresh).x.shape == (3,)
+
+
+def _fails_holding(value):
+    raise FloatingPointError("not finite")  # a user's check that fails, its frame holding value
+
+
+class _Trainer:
+    def __init__(self):
+        self.samples = []
+
+    def log(self, x):
+        self.samples.append(x)
+        _fails_holding(self)  # the saved frame's `value` is this live trainer
+
+
+def _holding(kind, s):
+    """A live holder of s.x that a saved exception's frame also sees; the
+    list, the trainer or the generator stays alive after the exception."""
+    saved = None
+    if kind == "list":
+        holder = [s.x]
+        try:
+            _fails_holding(holder)
+        except FloatingPointError as e:
+            saved = e
+        return holder, saved, lambda: holder[0]
+    if kind == "trainer":
+        holder = _Trainer()
+        try:
+            holder.log(s.x)
+        except FloatingPointError as e:
+            saved = e
+        return holder, saved, lambda: holder.samples[0]
+
+    def gen(x):
+        yield x  # suspended: its frame holds x, and only the generator holds the frame
+        yield None
+
+    holder = gen(s.x)
+    first = next(holder)
+    return holder, saved, lambda: first
+
+
+@pytest.mark.parametrize("kind", ["list", "trainer", "generator"])
+def test_a_live_holder_that_a_saved_or_suspended_frame_also_sees_is_refused(kind):
+    # Every reference the collector can see from a finished frame was once
+    # taken as harmless: a list the test still holds, a trainer's samples,
+    # a suspended generator's local. Now any reference besides the state is
+    # refused, and the kept array is intact after the refusal.
+    s = step(S(x=jnp.zeros(3), y=jnp.ones(3)))
+    holder, saved, kept = _holding(kind, s)
+    with pytest.raises(jc.DonationError, match="you still hold elsewhere"):
+        step(s)
+    assert not kept().is_deleted() and not s.x.is_deleted()
+    np.testing.assert_array_equal(jc.fetch(kept()), jc.fetch(s.x))
+    del holder, saved, kept
+    s = step(s)  # every holder dropped: runs
+    assert not s.x.is_deleted()
+
+
+def test_a_call_the_slow_path_dispatches_again_is_counted_like_any_other():
+    # A call the closure hands to the slow path (a keyword, a default left
+    # out) is dispatched again by it: the closure holds none of its flat
+    # leaves then, so a kept sample is refused there too (it was let through,
+    # and deleted).
+    one = jnp.float32(1.0)
+
+    @jc.hot_step(signature=S)
+    def scaled(s: S, k: jax.Array = one) -> S:
+        return s.replace(x=s.x * k)
+
+    s = scaled(scaled(S(x=jnp.zeros(3), y=jnp.ones(3)), jnp.float32(1.0)), jnp.float32(1.0))
+    kept = [s.x]
+    for call in (lambda s: scaled(s, k=jnp.float32(2.0)), lambda s: scaled(s=s), lambda s: scaled(s)):
+        with pytest.raises(jc.DonationError, match="you still hold elsewhere"):
+            call(s)
+        assert not kept[0].is_deleted() and not s.x.is_deleted()
+    kept.clear()
+    s = scaled(s=s)
+    assert not s.x.is_deleted()
+
+
+class _Wrapping:
+    """A Mapping pytree node whose item access runs Python and wraps nested
+    dicts (as flax's nnx.State does): reading one leaf by its path is costly."""
+
+    def __init__(self, mapping):
+        self._mapping = mapping
+
+    def __getitem__(self, key):
+        value = self._mapping[key]
+        return _Wrapping(value) if isinstance(value, dict) else value
+
+
+jax.tree_util.register_pytree_with_keys(
+    _Wrapping,
+    lambda w: (tuple((jax.tree_util.DictKey(k), w._mapping[k]) for k in sorted(w._mapping)), tuple(sorted(w._mapping))),
+    lambda keys, children: _Wrapping(dict(zip(keys, children))),
+)
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_a_state_whose_items_run_python_is_flattened_once_and_checked_quietly(capfd, monkeypatch, level):
+    # At fast the first donated leaf of such a state is looked at in its flat
+    # leaves (one flatten, as full does), not read level by level through
+    # the container's own __getitem__; a stale state is still explained
+    # before XLA sees it.
+    def step(s):
+        return jax.tree_util.tree_map(lambda x: x + 1, s)
+
+    with jc.checks_level(level):
+        f = jc.hot_step(step, state="s")
+        s = _Wrapping({"params": {"w": jnp.zeros(3), "b": jnp.ones(2)}, "count": jnp.int32(0)})
+        old = f(s)
+        new = f(old)
+        wrapped = []
+        real = _Wrapping.__getitem__
+        monkeypatch.setattr(_Wrapping, "__getitem__", lambda self, k: wrapped.append(k) or real(self, k))
+        new = f(new)
+        assert wrapped == []  # no item read of the state's per call
+        capfd.readouterr()
+        for stale in (s, old):
+            with pytest.raises(jc.DonationError, match=r"s\['params'\]\['w'\]: f32\[3\] was already"):
+                f(stale)
+        assert "ExecutePrepare" not in capfd.readouterr().err
+        with pytest.raises(jc.TransferError, match=r"\['count'\]"):
+            f(_Wrapping({"params": {"w": jnp.zeros(3), "b": jnp.ones(2)}, "count": np.int32(0)}))
+        traced = jax.jit(lambda s: f(s))(new)  # under an outer trace: traced, not run
+        assert not new._mapping["count"].is_deleted()
+        assert int(traced._mapping["count"]) == 4
+        new = f(s=new)
+    assert int(new._mapping["count"]) == 4
+    np.testing.assert_allclose(new._mapping["params"]["w"], 4.0)
+    assert f.stats.compiles == 1
+
+
+def test_at_fast_a_dict_or_attribute_path_is_read_without_a_flatten(monkeypatch):
+    # Item access of dicts, lists and tuples and plain attributes cost no
+    # Python frame: the first donated leaf is read by its path, and the
+    # state is flattened only by the executable's C++ call.
+    from jaxcontracts._step import callctx as _callctx
+    from jaxcontracts._step import callpath as _callpath
+
+    @dataclasses.dataclass
+    class Box:
+        params: dict
+
+    jax.tree_util.register_dataclass(Box, data_fields=["params"], meta_fields=[])
+    with jc.checks_level("fast"):
+        f = jc.hot_step(lambda s: jax.tree_util.tree_map(lambda x: x * 2, s), state="s")
+        s = (Box(params={"w": jnp.ones(3)}), [jnp.ones(2)])
+        s = f(f(s))
+        calls = []
+        for module in (_callpath, _callctx):
+            real = module.flatten
+            monkeypatch.setattr(module, "flatten", lambda x, real=real: calls.append(1) or real(x))
+        s = f(s)
+        assert calls == []
+    np.testing.assert_allclose(s[0].params["w"], 8.0)
+
+
+class _Reversed(list):
+    """A list node whose flatten lists its items last to first, keyed by flat
+    position: a key that does not index the node's own items."""
+
+
+jax.tree_util.register_pytree_with_keys(
+    _Reversed,
+    lambda r: (tuple((jax.tree_util.SequenceKey(i), x) for i, x in enumerate(reversed(r))), None),
+    lambda _, children: _Reversed(reversed(list(children))),
+)
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_a_leaf_reader_is_proven_on_positions_not_on_shared_specs(capfd, level):
+    # Leaves of one shape share one spec object: a reader that reached the
+    # other leaf would have passed a check by identity on the specs.
+    from jaxcontracts._step import callctx as _callctx
+
+    with jc.checks_level(level):
+        f = jc.hot_step(lambda s: jax.tree_util.tree_map(lambda x: x + 1, s), state="s")
+        old = f(_Reversed([jnp.zeros(3), jnp.ones(3)]))
+        s = f(old)
+        cs = f._current
+        assert cs.leaves[0].spec is cs.leaves[1].spec  # one spec object for both
+        t = _Reversed([jnp.zeros(3), old[1]])  # old[1] is flat leaf 0, the first donated: consumed
+        assert _callctx.leaf_reader(cs, 0)((t,)) is jax.tree_util.tree_leaves(t)[0]
+        assert _callctx.stale_reader(cs)((t,)) is True
+        capfd.readouterr()
+        with pytest.raises(jc.DonationError, match=r"s\[0\]: f32\[3\] was already"):
+            f(t)
+        assert "ExecutePrepare" not in capfd.readouterr().err
+        s = f(s)
+    np.testing.assert_allclose(s[0], 3.0)
