@@ -71,9 +71,9 @@ LAYERS: dict[str, int] = {
     "_state.construct": 8,
     "_state.classes": 9,
     # the compiled signature -> the call path -> the step
-    "_step.signature": 10,
+    "_step.definition": 10,
     "_step.misuse": 10,  # what @jc.hot_step was given that is not a step function
-    "_step.analyse": 11,  # the decorator's options and the function -> StepSignature
+    "_step.analyse": 11,  # the decorator's options and the function -> StepDefinition
     "_step.compile": 11,
     "_step.callctx": 12,  # what the per-call closures share: context, tail, kept check
     "_step.diagnose": 12,

@@ -1,4 +1,4 @@
-"""``@jc.hot_step``'s decoration: a function and the options -> ``StepSignature``.
+"""``@jc.hot_step``'s decoration: a function and the options -> ``StepDefinition``.
 
 Worked out once, when the decorator runs: which parameters are state (named
 by ``state=``, or annotated with the state type wherever they stand, never a
@@ -23,8 +23,8 @@ import jax
 from .._errors import DefinitionError
 from .._format import qualname
 from .._state.fields import data_field_names, is_state, static_field_names
+from .definition import DONATE_WORDS, StepDefinition, check_donated_names, positional_call
 from .misuse import refuse_non_step
-from .signature import DONATE_WORDS, StepSignature, check_donated_names, positional_call
 
 __all__ = ["Unresolved", "analyse", "check_options", "return_positions", "state_type_matches"]
 
@@ -175,7 +175,7 @@ def analyse(
     stateless: bool = False,
     state: Any = None,
     host: Any = (),
-) -> StepSignature:
+) -> StepDefinition:
     """Read ``fn``'s signature and the decorator's options.
 
     ``state``: names of the state parameters (no annotation needed); what the
@@ -218,7 +218,7 @@ def analyse(
         carried = _returned_states(name, params, hints, signature, donate, state_params, donated_params)
     fields = _state_fields(signature)
     host_params = _host_params(name, params, host_params, state_params, static_params, donated_params)
-    result = StepSignature(
+    result = StepDefinition(
         fn=fn,
         name=name,
         state_type=signature,
@@ -227,7 +227,7 @@ def analyse(
         carried=carried,
         donate=tuple(donate) if isinstance(donate, list) else donate,
         max_compiles=max_compiles,
-        signature=sig,
+        python_signature=sig,
         positional=positional_call(fn, params, static_params),
         static_fields=fields[1] if fields else (),
         data_fields=fields[0] if fields else None,
@@ -552,7 +552,7 @@ def _stateless(
     method: bool,
     static_params: tuple[int, ...],
     donated_params: tuple[int, ...],
-) -> StepSignature:
+) -> StepDefinition:
     """A step with no state: its signature is its arguments' specs."""
     if isinstance(donate, (tuple, list)):
         raise DefinitionError(
@@ -560,7 +560,7 @@ def _stateless(
             "but the step is stateless.",
             fix='donate whole arguments by name: donate_argnames=("rewards",).',
         )
-    return StepSignature(
+    return StepDefinition(
         fn=fn,
         name=name,
         state_type=None,
@@ -569,7 +569,7 @@ def _stateless(
         carried=(),
         donate=donate,
         max_compiles=max_compiles,
-        signature=sig,
+        python_signature=sig,
         positional=positional_call(fn, params, static_params),
         is_method=method,
         static_params=static_params,

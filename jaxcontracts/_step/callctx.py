@@ -32,7 +32,7 @@ from .._state.fields import dict_getter, flat_field_names
 from .._state.filter import Filtered
 from .._steps import HOOK_EVERY, LiveStep
 from .._tracebacks import trim
-from .signature import StepSignature
+from .definition import StepDefinition
 
 __all__ = [
     "CallContext", "DispatchingStep", "KeptPlan", "LeafKinds", "first_leaf_of",
@@ -45,7 +45,7 @@ class DispatchingStep(LiveStep, Protocol):
     """What a call path needs of its step (``jc.HotStep`` is one)."""
 
     @property
-    def definition(self) -> StepSignature:
+    def definition(self) -> StepDefinition:
         """What the decorator learnt of the function (``_signature.analyse``)."""
         ...
 
@@ -54,9 +54,6 @@ class DispatchingStep(LiveStep, Protocol):
 
     def not_consumed(self, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> BaseException | None:
         """The error for donated buffers XLA copied (``None``: a recording loop took it)."""
-
-    def defaults_omitted(self) -> None:
-        """A call left out parameters with defaults: the call path puts them in from now on."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -79,6 +76,9 @@ class CallContext:
     kept: Callable[[Sequence[int]], BaseException] | None = None
     # Keyword arguments bound to positions without inspect (None: not this call's shape).
     bind: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None] = lambda args, kwargs: None
+    # Some parameter has a default: a call with fewer positional arguments and
+    # no keywords is bound too (update(grads, state) of update(grads, state, params=None)).
+    defaults: bool = False
 
 
 def make_tail(
@@ -205,14 +205,14 @@ def is_deleted_for(cs: CompiledSignature) -> Callable[[Any], bool]:
     return ArrayImpl.is_deleted  # type: ignore[no-any-return]
 
 
-def binder(sig: StepSignature) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None]:
+def binder(sig: StepDefinition) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None]:
     """The one keyword binder of the call path: ``bind(args, kwargs)`` gives
     every argument by position (keywords in any order, the defaults of those
     left out put in), as ``inspect.Signature.bind`` and ``apply_defaults``
     would, without them; None where the call does not bind so (a wrong name,
     a required one missing, ``*args``/``**kwargs`` parameters):
-    ``StepSignature.normalize`` binds and explains those."""
-    params = list(sig.signature.parameters.values())
+    ``StepDefinition.normalize`` binds and explains those."""
+    params = list(sig.python_signature.parameters.values())
     empty, kinds = inspect.Parameter.empty, (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
         return lambda args, kwargs: None
@@ -462,7 +462,7 @@ def static_native(
     """
     sig, cs = ctx.step.definition, ctx.cs
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    params = list(sig.signature.parameters.values())
+    params = list(sig.python_signature.parameters.values())
     static = sig.static_params
     names = tuple(sig.param_names[i] for i in static if params[i].kind in kinds)
     allowed = frozenset(names)

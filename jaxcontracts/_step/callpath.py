@@ -54,7 +54,7 @@ from .callctx import (
     stale_reader,
     static_native,
 )
-from .callwrap import host_call, with_defaults, with_effect_tokens, with_filtered, with_static
+from .callwrap import host_call, with_effect_tokens, with_filtered, with_static
 from .diagnose import kept_leaves_error
 from .diffs import same_placement
 
@@ -83,6 +83,7 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
         marks=_consumed_marks(cs, sig.state_params, step.short_name),
         normalize=sig.normalize,
         bind=binder(sig),
+        defaults=any(p.default is not p.empty for p in sig.python_signature.parameters.values()),
         kept=(lambda kept: kept_leaves_error(sig, cs, kept))
         if level == "full" and cs.donated and refcount.available()
         else None,
@@ -100,8 +101,6 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
         dispatch = with_filtered(sig, with_static(sig, dispatch) if sig.static_params else dispatch, step)
     elif sig.static_params:
         dispatch = with_static(sig, dispatch)
-    if sig.omits_defaults and not (sig.filtered_params or sig.static_params):  # (those wrappers put them in)
-        dispatch = with_defaults(sig, dispatch)  # update(grads, state) of update(grads, state, params=None)
     ensure = effect_tokens(cs.compiled)  # an ordered effect: JAX's token made outside the guard
     return dispatch if ensure is None else with_effect_tokens(dispatch, ensure)
 
@@ -146,25 +145,20 @@ def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
         compiled = allow_host_to_device(compiled)
     # "no trace is active": JAX's is_top_level() read inline (see top_level_refs)
     tref, ev, aref, top = top_level_refs()
-    n_params, normalize, bind, omitted = ctx.n_params, ctx.normalize, ctx.bind, ctx.step.defaults_omitted
-
-    def bound_here(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        if len(args) + len(kwargs) < n_params:  # from now on with_defaults puts them in
-            omitted()
-        return normalize(args, kwargs)
+    n_params, normalize, bind, short = ctx.n_params, ctx.normalize, ctx.bind, ctx.defaults
 
     if ctx.cs.flat_style and tree_call is None:
 
         def off_flat(*args: Any, **kwargs: Any) -> Any:
             try:
-                if kwargs:
+                if kwargs or (short and len(args) != n_params):  # keywords, or defaults left out
                     bound = bind(args, kwargs)
                     if bound is not None:
                         return off_flat(*bound)
                 leaves, treedef = flatten(args)
                 if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
                     if normalize is not None and (kwargs or len(args) != n_params) and tref.value is ev:
-                        return off_flat(*bound_here(args, kwargs))
+                        return off_flat(*normalize(args, kwargs))
                     return slow_call(args, kwargs, None)
                 try:
                     out = compiled(*leaves)
@@ -181,7 +175,7 @@ def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
         try:
             if tref.value is not ev or aref.value is not top:  # under a transformation: trace
                 return slow_call(args, kwargs, None)
-            if kwargs:
+            if kwargs or (short and len(args) != n_params):  # keywords, or defaults left out
                 bound = bind(args, kwargs)
                 if bound is not None:
                     args, kwargs = bound, {}
@@ -189,11 +183,11 @@ def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
                 out = compiled(*args, **kwargs)
             except Exception as e:  # noqa: BLE001
                 if normalize is not None and (kwargs or len(args) != n_params):
-                    return off(*bound_here(args, kwargs))
+                    return off(*normalize(args, kwargs))
                 return slow_call(args, kwargs, e)
             if refusable and out is refused_mark:  # host=: a signature its C++ call refused
                 if normalize is not None and (kwargs or len(args) != n_params):
-                    return off(*bound_here(args, kwargs))
+                    return off(*normalize(args, kwargs))
                 return slow_call(args, kwargs, None)
             return out
         except ContractError as err:  # the traceback ends at the user's line
@@ -356,6 +350,7 @@ def _guarded(
       value goes through :func:`with_static`.
     """
     cs, slow_call, bind, full = ctx.cs, ctx.slow_call, ctx.bind, ctx.full
+    short, n_args = ctx.defaults, ctx.n_params
     tref, ev, aref, top = top_level_refs()
     in_treedef, donated, n_leaves = cs.in_treedef, cs.donated, len(cs.leaves)
 
@@ -429,7 +424,7 @@ def _guarded(
     
         def guarded_full(*args: Any, **kwargs: Any) -> Any:
             try:
-                if kwargs:
+                if kwargs or (short and len(args) != n_args):  # keywords, or defaults left out
                     bound = bind(args, kwargs)
                     if bound is None:
                         return slow_call(args, kwargs, None)
@@ -496,10 +491,11 @@ def _guarded_fast(ctx: CallContext, call: Callable[..., Any], tail: Any, first: 
     """Checks ``fast`` on a guarded C++ call (see :func:`_guarded`); ``first``:
     the :func:`stale_reader` of the first donated leaf (None: none)."""
     slow_call, bind, refused_mark = ctx.slow_call, ctx.bind, REFUSED
+    short, n_params = ctx.defaults, ctx.n_params
 
     def guarded_fast(*args: Any, **kwargs: Any) -> Any:
         try:
-            if kwargs:
+            if kwargs or (short and len(args) != n_params):  # keywords, or defaults left out
                 bound = bind(args, kwargs)
                 if bound is None:
                     return slow_call(args, kwargs, None)

@@ -2,7 +2,6 @@
 of arrays: static values (:func:`with_static`) and equinox Modules
 (:func:`with_filtered`). Each turns its arguments into tree nodes the compiled
 signature knows, then calls the closure of :mod:`._callpath`. And
-:func:`with_defaults`, for calls that leave out parameters with defaults,
 :func:`with_effect_tokens`, for an executable with ordered effects, and
 :func:`host_call`, around the executable's call of a step with declared
 host data.
@@ -10,7 +9,6 @@ host data.
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -23,12 +21,12 @@ from .._state.filter import Filtered, join_out, split
 from .._state.foreign import holds_module
 from .._tracebacks import trim
 from .callctx import CallContext, DispatchingStep, binder, leaf_readers, picker
-from .signature import StepSignature
+from .definition import StepDefinition
 
-__all__ = ["host_call", "module_params", "with_defaults", "with_effect_tokens", "with_filtered", "with_static"]
+__all__ = ["host_call", "module_params", "with_effect_tokens", "with_filtered", "with_static"]
 
 
-def with_filtered(sig: StepSignature, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
+def with_filtered(sig: StepDefinition, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
     """The call path behind a wrapper that filters equinox Modules (``_filter``).
 
     Each filtered argument becomes a :class:`Filtered` node (its array leaves;
@@ -66,7 +64,7 @@ def with_filtered(sig: StepSignature, dispatch: Callable[..., Any], step: Dispat
     return filtered_call
 
 
-def with_static(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[..., Any]:
+def with_static(sig: StepDefinition, dispatch: Callable[..., Any]) -> Callable[..., Any]:
     """The call path behind a wrapper that turns static values into tree nodes.
 
     Static values travel as :class:`StaticArg` nodes of the tree structure
@@ -104,34 +102,6 @@ def with_static(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[..
     return static_call
 
 
-def with_defaults(sig: StepSignature, dispatch: Callable[..., Any]) -> Callable[..., Any]:
-    """The call path of a step called with parameters that have defaults left
-    out (``update(grads, state)`` of an ``update(grads, state,
-    params=None)``): the defaults are put in by position, so the call takes
-    the closure's own path, not the slow path that binds and explains (+50 us
-    a call). Installed once a call has left one out
-    (``HotStep.defaults_omitted``): a step whose calls pass every argument
-    pays no frame for it. A call that gives every parameter is passed on as
-    it is."""
-    fill, n_params = binder(sig), len(sig.param_names)
-    if all(p.default is inspect.Parameter.empty for p in sig.signature.parameters.values()):
-        return dispatch
-
-    def defaults_call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            if len(args) + len(kwargs) < n_params:
-                positional = fill(args, kwargs)
-                if positional is not None:
-                    return dispatch(*positional)
-            return dispatch(*args, **kwargs)  # all given, or a wrong call: the closure explains
-        except ContractError as err:  # the traceback ends at the user's line
-            trim(err)
-            raise
-
-    defaults_call.takes_static = getattr(dispatch, "takes_static", False)  # type: ignore[attr-defined]
-    return defaults_call
-
-
 def with_effect_tokens(dispatch: Callable[..., Any], ensure: Callable[[], None]) -> Callable[..., Any]:
     """The call path of an executable with ordered effects: JAX's runtime
     token of each is made first where this thread has none
@@ -151,7 +121,7 @@ def with_effect_tokens(dispatch: Callable[..., Any], ensure: Callable[[], None])
 
 
 def module_params(
-    sig: StepSignature, positional: tuple[Any, ...], with_path: list[tuple[Any, Any]], host: list[tuple[str, Any]]
+    sig: StepDefinition, positional: tuple[Any, ...], with_path: list[tuple[Any, Any]], host: list[tuple[str, Any]]
 ) -> tuple[int, ...]:
     """The parameters to filter: every host leaf is a non-array leaf of an
     argument holding an equinox Module (a function, a Python number), never a

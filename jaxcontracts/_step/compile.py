@@ -34,8 +34,8 @@ from .._records import CompiledSignature, LeafRecord
 from .._runtime import compiling
 from .._state.fields import is_sealed_state
 from .._state.spec import leaf_spec, spec_nbytes
+from .definition import StepDefinition
 from .diffs import LeafDiff, diff_leaves, diff_lines, diff_specs
-from .signature import StepSignature
 
 __all__ = [
     "compile_signature",
@@ -65,8 +65,8 @@ class quiet_donation_warning(warnings.catch_warnings):
 
 
 def jit_for(
-    sig: StepSignature, positional: tuple[Any, ...]
-) -> tuple[Any, tuple[Any, ...], Any, tuple[int, ...], bool, StepSignature]:
+    sig: StepDefinition, positional: tuple[Any, ...]
+) -> tuple[Any, tuple[Any, ...], Any, tuple[int, ...], bool, StepDefinition]:
     """The jitted function, its spec arguments, treedef, donated leaves, style,
     and the signature with what the step returns resolved (``sig.carried``:
     read from the output's structure when the decorator could not tell)."""
@@ -170,7 +170,7 @@ def _spread(sharding: Any) -> bool:
 
 
 def derive_out_shardings(
-    sig: StepSignature, fn: Any, paths: Sequence[Any], specs: Sequence[Any]
+    sig: StepDefinition, fn: Any, paths: Sequence[Any], specs: Sequence[Any]
 ) -> Any:
     """``fn`` with each returned state's leaves constrained to its input shardings.
 
@@ -219,8 +219,8 @@ def derive_out_shardings(
 
 
 def compile_signature(
-    sig: StepSignature, positional: tuple[Any, ...]
-) -> tuple[CompiledSignature, StepSignature]:
+    sig: StepDefinition, positional: tuple[Any, ...]
+) -> tuple[CompiledSignature, StepDefinition]:
     """Compile ``sig``'s step for these arguments or specs and prove its contracts.
 
     Returns the compiled signature, and ``sig`` with what the step returns
@@ -338,7 +338,7 @@ def _returned(out_tree: Any, pos: tuple[int, ...]) -> tuple[int, Any] | None:
 
 
 def _check_carry(
-    sig: StepSignature,
+    sig: StepDefinition,
     spec_args: tuple[Any, ...],
     out_avals: Sequence[Any],
     out_tree: Any,
@@ -465,7 +465,7 @@ def _carry_cause(d: LeafDiff) -> str:
     return d.cause
 
 
-def _aliasing_fix(sig: StepSignature, params: Sequence[int]) -> str:
+def _aliasing_fix(sig: StepDefinition, params: Sequence[int]) -> str:
     args = sorted({sig.param_names[i] for i in params if i in sig.donated_params})
     if args and len(args) == len(set(params)):
         names = ", ".join(map(repr, args))
@@ -485,7 +485,7 @@ def _aliasing_fix(sig: StepSignature, params: Sequence[int]) -> str:
 
 
 def _check_aliasing(
-    sig: StepSignature,
+    sig: StepDefinition,
     lowered: Any,
     compiled: Any,
     flat_paths: Sequence[Any],

@@ -22,8 +22,8 @@ from .._records import CompiledSignature
 from .._runtime import deleted_because, donation_fix, in_hot_loop
 from .._runtime import donated as donated_words
 from .._state.spec import fmt_value
+from .definition import StepDefinition
 from .diffs import diff_lines, diff_specs
-from .signature import StepSignature
 
 __all__ = [
     "api_misuse_error",
@@ -37,7 +37,7 @@ __all__ = [
 ]
 
 
-def api_misuse_error(sig: StepSignature, positional: tuple[Any, ...], *, compiling: bool) -> DefinitionError | None:
+def api_misuse_error(sig: StepDefinition, positional: tuple[Any, ...], *, compiling: bool) -> DefinitionError | None:
     """A class passed where an instance or spec belongs, or specs in a call.
 
     ``step.compile(S)`` (the class, not ``S.spec(...)``) and ``step(S.spec(...))``
@@ -101,7 +101,7 @@ def api_misuse_error(sig: StepSignature, positional: tuple[Any, ...], *, compili
 
 
 class _Idx:
-    """The argument-index key that ``StepSignature.param_path`` reads."""
+    """The argument-index key that ``StepDefinition.param_path`` reads."""
 
     def __init__(self, idx: int) -> None:
         self.idx = idx
@@ -119,7 +119,7 @@ def _device_put_lines(paths: Sequence[str]) -> str:
     return "; ".join(lines.values()) or "x = jax.device_put(x)"
 
 
-def _host_candidates(sig: StepSignature, host: Sequence[tuple[str, Any]]) -> list[str]:
+def _host_candidates(sig: StepDefinition, host: Sequence[tuple[str, Any]]) -> list[str]:
     """The parameters that could be declared ``host=``: not state, static or
     donated, and every host leaf in them a numpy array (a loader's batch; not
     Python numbers)."""
@@ -131,7 +131,7 @@ def _host_candidates(sig: StepSignature, host: Sequence[tuple[str, Any]]) -> lis
     return [n for n, ok in names.items() if ok and n and n not in taken and n in sig.param_names]
 
 
-def host_leaves_error(sig: StepSignature, host: Sequence[tuple[str, Any]]) -> TransferError:
+def host_leaves_error(sig: StepDefinition, host: Sequence[tuple[str, Any]]) -> TransferError:
     batch = _host_candidates(sig, host)
     if batch:  # with the parameters already declared: the option replaces them
         names = [sig.param_names[i] for i in sig.host_params] + batch
@@ -159,7 +159,7 @@ def host_leaves_error(sig: StepSignature, host: Sequence[tuple[str, Any]]) -> Tr
 
 
 def hazard_error(
-    sig: StepSignature,
+    sig: StepDefinition,
     paths: Sequence[str],
     leaves: Sequence[Any],
     deleted: Sequence[int],
@@ -207,7 +207,7 @@ def hazard_error(
 
 
 def run_failed_note(
-    sig: StepSignature, paths: Sequence[str], leaves: Sequence[Any], donated: Sequence[int]
+    sig: StepDefinition, paths: Sequence[str], leaves: Sequence[Any], donated: Sequence[int]
 ) -> str:
     """What a failed compiled call did to the donated inputs, from their buffers.
 
@@ -232,7 +232,7 @@ def run_failed_note(
     return note
 
 
-def kept_leaves_error(sig: StepSignature, cs: CompiledSignature, kept: Sequence[int]) -> DonationError:
+def kept_leaves_error(sig: StepDefinition, cs: CompiledSignature, kept: Sequence[int]) -> DonationError:
     """Donated leaves that something besides their state still references."""
     paths = [cs.leaves[i].path for i in kept]
     first = paths[0] if paths else "the leaf"
@@ -251,7 +251,7 @@ def kept_leaves_error(sig: StepSignature, cs: CompiledSignature, kept: Sequence[
     )
 
 
-def not_consumed_error(sig: StepSignature, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> DonationError:
+def not_consumed_error(sig: StepDefinition, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> DonationError:
     missing = [i for i in cs.donated if not leaves[i].is_deleted()]
     return DonationError(
         f"{sig.name}: {len(missing)} donated input buffer(s) were not consumed: "
@@ -282,7 +282,7 @@ _PINNING_CAUSE = (
 
 
 def signature_error(
-    sig: StepSignature, current: CompiledSignature, n_compiled: int, positional: tuple[Any, ...]
+    sig: StepDefinition, current: CompiledSignature, n_compiled: int, positional: tuple[Any, ...]
 ) -> RecompileError | TransferError:
     """A call whose arguments match no compiled signature, with no compile left."""
     blocks: list[str] = []
@@ -325,7 +325,7 @@ def signature_error(
 
 
 def invalid_values_error(
-    sig: StepSignature,
+    sig: StepDefinition,
     current: CompiledSignature | None,
     positional: tuple[Any, ...],
     leaves: list[Any],

@@ -38,6 +38,7 @@ from .._tracebacks import boundary, trim
 from .callpath import make_dispatch
 from .callwrap import module_params
 from .compile import compile_signature, jit_for, quiet_donation_warning, signature_diffs
+from .definition import StepDefinition
 from .diagnose import (
     api_misuse_error,
     hazard_error,
@@ -47,7 +48,6 @@ from .diagnose import (
     run_failed_note,
     signature_error,
 )
-from .signature import StepSignature
 
 __all__ = ["HotStep", "StepStats"]
 
@@ -84,12 +84,12 @@ class HotStep(Generic[P, R]):
     read (``_steps.LiveStep``, ``_callpath.DispatchingStep``), not user API.
     """
 
-    def __init__(self, signature: StepSignature) -> None:
+    def __init__(self, signature: StepDefinition) -> None:
         functools.update_wrapper(self, signature.fn)
         self._sig = signature
         self._signatures: list[CompiledSignature] = []
         self._current: CompiledSignature | None = None
-        self._paths: dict[tuple[int, str], tuple[StepSignature, Callable[..., Any]]] = {}  # see _use
+        self._paths: dict[tuple[int, str], tuple[StepDefinition, Callable[..., Any]]] = {}  # see _use
         self.stats = StepStats()
         self._level = _config.get_checks()
         self.timing_counters = [0.0, 0, 0.0, 0]  # see _steps.LiveStep
@@ -292,7 +292,7 @@ class HotStep(Generic[P, R]):
         return any(cs.donated for cs in self._signatures)
 
     @property
-    def definition(self) -> StepSignature:
+    def definition(self) -> StepDefinition:
         """What the decorator learnt of the function: parameters, state, donation."""
         return self._sig
 
@@ -365,18 +365,6 @@ class HotStep(Generic[P, R]):
         with self._compile_lock:
             self._sig = self._sig.with_filtered(params)
 
-    def defaults_omitted(self) -> None:
-        """A call left out parameters with defaults: from now on the call path
-        puts them in itself (``_callwrap.with_defaults``), not the slow path
-        or ``inspect``'s bind; a step whose calls pass every argument has no
-        wrapper for it."""
-        with self._compile_lock:
-            if self._sig.omits_defaults:
-                return
-            self._sig = dataclasses.replace(self._sig, omits_defaults=True)
-        if self._current is not None:
-            self._use(self._current)
-
     def _use(self, cs: CompiledSignature) -> None:
         """Make ``cs``'s call path at the current level the step's. Each one is
         built once per definition and kept: a checks level set back (a
@@ -445,8 +433,6 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
             return sig.positional(*sig.normalize(args, kwargs))
         return sig.fn(*args, **kwargs)
     positional = sig.normalize(args, kwargs)
-    if len(args) + len(kwargs) < len(sig.param_names) and not sig.omits_defaults:
-        step.defaults_omitted()
     with_path, treedef = jax.tree_util.tree_flatten_with_path(positional)
     leaves = [x for _, x in with_path]
     paths = [sig.param_path(p) for p, _ in with_path]

@@ -1,6 +1,6 @@
-"""A step function's signature: state parameters, returned states, donation.
+"""A step's definition: state parameters, returned states, donation.
 
-:class:`StepSignature` is what ``@jc.hot_step`` learns at decoration
+:class:`StepDefinition` is what ``@jc.hot_step`` learns at decoration
 (``_analyse``): which parameters are state, static, host data or donated
 whole, where the returned states stand, and which leaves are donated
 (derived from the state type, so no rename or reordering of parameters can
@@ -23,13 +23,13 @@ from .._format import fmt_object, fmt_path
 from .._state.filter import Filtered, join, split, split_out
 from .._state.spec import StaticArg, eq_answers_bool
 
-__all__ = ["DONATE_WORDS", "StaticArg", "StepSignature", "check_donated_names", "positional_call"]
+__all__ = ["DONATE_WORDS", "StaticArg", "StepDefinition", "check_donated_names", "positional_call"]
 
 DONATE_WORDS = ("all", "none")
 
 
 @dataclasses.dataclass(frozen=True)
-class StepSignature:
+class StepDefinition:
     """What ``@jc.hot_step`` learned from the function and its options."""
 
     fn: Callable[..., Any]
@@ -44,7 +44,7 @@ class StepSignature:
     carried: tuple[tuple[int, tuple[int, ...]], ...] | None
     donate: str | tuple[str, ...]
     max_compiles: int
-    signature: inspect.Signature
+    python_signature: inspect.Signature
     positional: Callable[..., Any]  # fn called with every parameter positionally
     static_fields: tuple[str, ...] = ()
     data_fields: tuple[str, ...] | None = None  # None: known only from instances
@@ -62,9 +62,6 @@ class StepSignature:
     # those leaves are static (``_filter``), the arrays carried. Set at the
     # first call that passes one (:meth:`with_filtered`).
     filtered_params: tuple[int, ...] = ()
-    # A call has left out parameters with defaults: the call path puts them
-    # in (``_callwrap.with_defaults``). Set at the first such call.
-    omits_defaults: bool = False
 
     @property
     def read_only_params(self) -> tuple[int, ...]:
@@ -72,7 +69,7 @@ class StepSignature:
         returned = {i for i, _ in self.carried or ()}
         return tuple(i for i in self.state_params if i not in returned)
 
-    def resolve_carried(self, out: Any, spec_args: Sequence[Any]) -> StepSignature:
+    def resolve_carried(self, out: Any, spec_args: Sequence[Any]) -> StepDefinition:
         """This signature with ``carried`` read from an output's structure.
 
         ``out``: the step's output for ``spec_args`` (``jax.eval_shape``). A
@@ -108,10 +105,10 @@ class StepSignature:
             )
         return dataclasses.replace(self, carried=tuple(carried))
 
-    def bind(self, obj: Any) -> StepSignature:
+    def bind(self, obj: Any) -> StepDefinition:
         """This method's signature with ``self`` closed over (configuration)."""
         fn = functools.partial(self.fn, obj)
-        params = list(self.signature.parameters.values())
+        params = list(self.python_signature.parameters.values())
         return dataclasses.replace(
             self,
             fn=fn,
@@ -128,7 +125,7 @@ class StepSignature:
         if not kwargs and len(args) == len(self.param_names):
             return self.wrap_static(args) if self.static_params or self.filtered_params else args
         try:
-            bound = self.signature.bind(*args, **kwargs)
+            bound = self.python_signature.bind(*args, **kwargs)
         except TypeError as e:
             params = ", ".join(self.param_names)
             given = ", ".join([*("<arg>" for _ in args), *(f"{k}=" for k in kwargs)])
@@ -143,10 +140,10 @@ class StepSignature:
         positional = tuple(bound.arguments[n] for n in self.param_names)
         return self.wrap_static(positional) if self.static_params or self.filtered_params else positional
 
-    def with_filtered(self, params: tuple[int, ...]) -> StepSignature:
+    def with_filtered(self, params: tuple[int, ...]) -> StepDefinition:
         """This signature with the arguments of ``params`` filtered (``_filter``)."""
         filtered = tuple(sorted({*self.filtered_params, *params}))
-        call = positional_call(self.fn, list(self.signature.parameters.values()), self.static_params, filtered)
+        call = positional_call(self.fn, list(self.python_signature.parameters.values()), self.static_params, filtered)
         return dataclasses.replace(self, filtered_params=filtered, positional=call)
 
     def wrap_static(self, positional: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -222,7 +219,7 @@ class StepSignature:
         return tuple(donated)
 
 
-def check_donated_names(sig: StepSignature, valid: Sequence[str], static: Sequence[str]) -> None:
+def check_donated_names(sig: StepDefinition, valid: Sequence[str], static: Sequence[str]) -> None:
     if not isinstance(sig.donate, (tuple, list)):
         return
     bad = [n for n in sig.donate if n not in valid]
