@@ -151,7 +151,7 @@ PROGRAMS: dict[str, tuple[tuple[str, ...], list[str]]] = {
         [
             "import jaxcontracts as jc",
             '@jc.hot_step(state="state", host="batch")',  # was: @jax.jit
-            '@jc.hot_step(state="params", host="batch")',  # was: @jax.jit (eval_step)
+            '@jc.hot_step(stateless=True, host="batch")',  # was: @jax.jit (eval_step: it reads the params)
             "state = jc.device_tree(state)",  # needed: TrainState.create(step=0), a Python int
             'with jc.hot_loop(compiles="warmup") as loop:',
             "for epoch in loop.iterate(range(1, 4)):",
@@ -198,7 +198,7 @@ PROGRAMS: dict[str, tuple[tuple[str, ...], list[str]]] = {
             # needed: donate="none" (the loop rolls back to the old state on overflow);
             # max_compiles=2 (a reallocated list has a new static max_occupancy)
             '@jc.hot_step(state=("state", "nbrs"), donate="none", max_compiles=2)',
-            '@jc.hot_step(state=("state", "nbrs"), max_compiles=2)',
+            '@jc.hot_step(stateless=True, max_compiles=2)',  # total_energy reads the state
             # needed: transfers= (nbrs.did_buffer_overflow is an eager `code & <Python int>`)
             'with jc.hot_loop(compiles="warmup", transfers="allow_host_to_device") as loop:',
             "for _ in loop.iterate(range(20)):",

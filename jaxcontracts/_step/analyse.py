@@ -235,6 +235,7 @@ def analyse(
         static_params=static_params,
         donated_params=donated_params,
         host_params=host_params,
+        state_named=state is not None,
     )
     if fields is not None and (carried is None or carried):
         check_donated_names(result, fields[0], fields[1])

@@ -54,7 +54,7 @@ from .callctx import (
     stale_reader,
     static_native,
 )
-from .callwrap import host_call, with_effect_tokens, with_filtered, with_static
+from .callwrap import host_call, with_effect_tokens, with_filtered, with_inplace, with_static
 from .diagnose import kept_leaves_error
 from .diffs import same_placement
 
@@ -102,7 +102,9 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
     elif sig.static_params:
         dispatch = with_static(sig, dispatch)
     ensure = effect_tokens(cs.compiled)  # an ordered effect: JAX's token made outside the guard
-    return dispatch if ensure is None else with_effect_tokens(dispatch, ensure)
+    if ensure is not None:
+        dispatch = with_effect_tokens(dispatch, ensure)
+    return with_inplace(sig, dispatch, step) if sig.inplace_params else dispatch
 
 
 def _consumed_marks(

@@ -2,6 +2,7 @@
 of arrays: static values (:func:`with_static`) and equinox Modules
 (:func:`with_filtered`). Each turns its arguments into tree nodes the compiled
 signature knows, then calls the closure of :mod:`._callpath`. And
+:func:`with_inplace`, which writes back the objects a step updates in place,
 :func:`with_effect_tokens`, for an executable with ordered effects, and
 :func:`host_call`, around the executable's call of a step with declared
 host data.
@@ -19,11 +20,12 @@ from .._compat.threadguard import allow_host_to_device
 from .._errors import ContractError
 from .._state.filter import Filtered, join_out, split
 from .._state.foreign import holds_module
+from .._state.inplace import write_back
 from .._tracebacks import trim
 from .callctx import CallContext, DispatchingStep, binder, leaf_readers, picker
 from .definition import StepDefinition
 
-__all__ = ["host_call", "module_params", "with_effect_tokens", "with_filtered", "with_static"]
+__all__ = ["host_call", "module_params", "with_effect_tokens", "with_inplace", "with_filtered", "with_static"]
 
 
 def with_filtered(sig: StepDefinition, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
@@ -100,6 +102,33 @@ def with_static(sig: StepDefinition, dispatch: Callable[..., Any]) -> Callable[.
             raise
 
     return static_call
+
+
+def with_inplace(sig: StepDefinition, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
+    """The call path of a step that updates state objects in place (flax NNX:
+    ``_state.inplace``). The executable returns (the step's output, each such
+    object after the step); their new arrays are written back into the
+    caller's own objects, whose old arrays the call donated, and the step's
+    own output is returned."""
+    normalize, n_params, inplace = sig.normalize, len(sig.param_names), sig.inplace_params
+    bind, record = binder(sig), step.last_output
+
+    def inplace_call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            if kwargs or len(args) != n_params:
+                args = bind(args, kwargs) or normalize(args, kwargs)
+            full = dispatch(*args)
+            out, updated = full
+            for i, new in zip(inplace, updated):
+                write_back(args[i], new)
+            if record[0] is full:  # the loops' record holds the step's own output, not the
+                record[0] = out  # returned objects (whose arrays the caller's objects now hold)
+            return out
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
+
+    return inplace_call
 
 
 def with_effect_tokens(dispatch: Callable[..., Any], ensure: Callable[[], None]) -> Callable[..., Any]:

@@ -15,9 +15,11 @@ what was proven about it.
 
 from __future__ import annotations
 
+import contextlib
+import threading
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
@@ -28,11 +30,12 @@ from .._compat.executable import alias_bytes, aliased_parameters, requested_alia
 from .._compat.tracing import flatten
 from .._donation.reads import deleted_read
 from .._dtypes import canonical
-from .._errors import NOTHING_RAN, DonationError, RecompileError, TransferError
+from .._errors import NOTHING_RAN, DefinitionError, DonationError, RecompileError, TransferError
 from .._format import fmt_aval, fmt_object
 from .._records import CompiledSignature, LeafRecord
 from .._runtime import compiling
 from .._state.fields import is_sealed_state
+from .._state.inplace import is_inplace_object, mutated
 from .._state.spec import leaf_spec, spec_nbytes
 from .definition import StepDefinition
 from .diffs import LeafDiff, diff_leaves, diff_lines, diff_specs
@@ -85,11 +88,18 @@ def jit_for(
                 leaves=[sig.param_path(p)],
             )
         specs.append(spec)
+    candidates = tuple(
+        i for i in sig.state_params if i not in {a for a, _ in sig.carried or ()} and is_inplace_object(positional[i])
+    )
     if sig.carried is None:  # state= named, or no return annotation: read the output
         per_param = tuple(jax.tree_util.tree_unflatten(treedef, specs))
-        with quiet_donation_warning():
-            out = jax.eval_shape(_fresh(sig.positional, sig.fn), *per_param)
+        with quiet_donation_warning(), _tracing():
+            out = jax.eval_shape(_fresh(_in_place(sig, sig.positional, candidates), sig.fn), *per_param)
         sig = sig.resolve_carried(out, per_param)
+    inplace = tuple(i for i in candidates if i not in {a for a, _ in sig.carried or ()})
+    if inplace:
+        sig = sig.with_inplace(inplace)
+    _refuse_uncarried(sig)
     donated = sig.donated_leaves(paths)
     per_arg: dict[int, list[bool]] = {}
     donated_set = set(donated)
@@ -98,7 +108,7 @@ def jit_for(
     flat_style = any(any(v) and not all(v) for v in per_arg.values()) or _flatten_in_python(
         positional, treedef
     )
-    positional_fn = derive_out_shardings(sig, sig.positional, paths, specs)
+    positional_fn = derive_out_shardings(sig, _in_place(sig, sig.positional, candidates), paths, specs)
     if flat_style:
 
         def flat_fn(*leaves: Any) -> Any:
@@ -112,6 +122,92 @@ def jit_for(
         jitted = jax.jit(_fresh(positional_fn, sig.fn), donate_argnums=argnums, keep_unused=True)
         spec_args = tuple(jax.tree_util.tree_unflatten(treedef, specs))
     return jitted, spec_args, treedef, donated, flat_style, sig
+
+
+def _in_place(sig: StepDefinition, fn: Callable[..., Any], candidates: tuple[int, ...]) -> Callable[..., Any]:
+    """``fn`` as traced: it returns (its output, the objects of
+    ``sig.inplace_params`` after it ran) where the step updates some in place,
+    and it refuses an argument updated in place that nothing would carry back
+    (its leaves, read again after the step, are not the ones it was given):
+    a compiled function's changes to an object outside it are lost."""
+    inplace, skip = sig.inplace_params, {*candidates, *sig.static_params, *sig.filtered_params}
+    checked = tuple(i for i in range(len(sig.param_names)) if i not in skip)
+
+    def traced(*args: Any) -> Any:
+        before = [jax.tree_util.tree_leaves(args[i]) for i in checked]
+        out = fn(*args)
+        lost = [i for i, was in zip(checked, before) if mutated(was, jax.tree_util.tree_leaves(args[i]))]
+        if lost:  # a returned state may be updated in place too: its new value is carried
+            returned = {a for a, _ in sig.resolve_carried(out, args).carried or ()}
+            lost = [i for i in lost if i not in returned]
+            if lost:  # raised once the trace is over (JAX would add its own note to it)
+                _lost.error = _lost_update_error(sig, lost, args)
+        return (out, tuple(args[i] for i in inplace)) if inplace else out
+
+    return traced
+
+
+_lost = threading.local()  # the error of a trace that found a lost update (see _in_place)
+
+
+@contextlib.contextmanager
+def _tracing() -> Iterator[None]:
+    """Around a trace of :func:`_in_place`'s function: raise what it found."""
+    __tracebackhide__ = True
+    _lost.error = None
+    try:
+        yield
+    except BaseException:
+        _lost.error = None
+        raise
+    err, _lost.error = _lost.error, None
+    if err is not None:
+        raise err
+
+
+def _lost_update_error(sig: StepDefinition, lost: Sequence[int], args: Sequence[Any]) -> DefinitionError:
+    names = [sig.param_names[i] for i in lost]
+    objects = [n for i, n in zip(lost, names) if is_inplace_object(args[i])]
+    state = [sig.param_names[i] for i in (*sig.state_params, *lost) if i in sig.state_params or is_inplace_object(args[i])]
+    state = list(dict.fromkeys(state))
+    listed = f'"{state[0]}"' if len(state) == 1 else "(" + ", ".join(f'"{n}"' for n in state) + ")"
+    return DefinitionError(
+        f"{sig.name} updates {', '.join(f'`{n}`' for n in names)} in place, and nothing carries "
+        "the new value out of the compiled step: the update would be lost (the object "
+        "would keep its old arrays).",
+        fix=(
+            f"name the objects it updates as state: @jc.hot_step(state={listed}); their "
+            "new arrays are written back into them after each call, as nnx.jit does."
+            if objects
+            else "return the new value and rebind it (s = step(s)), with the parameter "
+            "named in state=: a container passed to a compiled step is a copy inside it."
+        ),
+        note=NOTHING_RAN,
+        contract="carry",
+        step=sig.name,
+        leaves=names,
+    )
+
+
+def _refuse_uncarried(sig: StepDefinition) -> None:
+    """A state parameter named in ``state=`` that the step neither returns nor
+    updates in place would never change: refused, naming it."""
+    __tracebackhide__ = True
+    carried = {a for a, _ in sig.carried or ()}
+    idle = [sig.param_names[i] for i in sig.state_params if i not in carried]
+    if sig.state_named and idle:
+        raise DefinitionError(
+            f"{sig.name}: state parameter {', '.join(f'`{n}`' for n in idle)} is neither "
+            "returned by the step nor updated in place, so no call would carry a new "
+            "value of it (and nothing of it would be donated).",
+            fix="return its new value (alone, or in a returned tuple); or, where the step "
+            "only reads it, leave it out of state= (a step that carries no state is "
+            "@jc.hot_step(stateless=True)).",
+            note=NOTHING_RAN,
+            contract="definition",
+            step=sig.name,
+            leaves=idle,
+        )
 
 
 def _fresh(fn: Callable[..., Any], named: Any) -> Callable[..., Any]:
@@ -236,7 +332,7 @@ def compile_signature(
     with compiling(sig.name, *(spec,) if spec else ()):  # in a hot_loop, a violation (before any trace)
         jitted, spec_args, treedef, donated, flat_style, sig = jit_for(sig, positional)
         t0 = time.perf_counter()
-        with quiet_donation_warning():
+        with quiet_donation_warning(), _tracing():
             traced = jitted.trace(*spec_args)
             lowered = traced.lower()
         outcome = events.watch_cache()  # did JAX's persistent cache serve it?

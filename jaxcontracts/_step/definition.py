@@ -62,6 +62,22 @@ class StepDefinition:
     # those leaves are static (``_filter``), the arrays carried. Set at the
     # first call that passes one (:meth:`with_filtered`).
     filtered_params: tuple[int, ...] = ()
+    # State parameters the step updates in place (flax NNX objects, ``_state.inplace``):
+    # the compiled function returns them after the step, at ``carried``
+    # positions (1, k) of its output (the step's own output is at (0,)), and
+    # the call path writes their new arrays back into the caller's objects.
+    # Known at the first compile.
+    inplace_params: tuple[int, ...] = ()
+    # The state parameters were named (state=): each must be returned or updated in place.
+    state_named: bool = False
+
+    def with_inplace(self, params: tuple[int, ...]) -> StepDefinition:
+        """This definition with ``params`` updated in place: the compiled
+        function's output is (the step's output, those objects after it ran),
+        and every carried position moves under element 0."""
+        carried = tuple((i, (0, *pos)) for i, pos in self.carried or ())
+        carried += tuple((i, (1, k)) for k, i in enumerate(params))
+        return dataclasses.replace(self, carried=carried, inplace_params=params)
 
     @property
     def read_only_params(self) -> tuple[int, ...]:

@@ -73,7 +73,7 @@ def train_step(state, batch):
     return state, metrics
 
 
-@jc.hot_step(state="params", host="batch")
+@jc.hot_step(stateless=True, host="batch")
 def eval_step(params, batch):
     logits = CNN().apply({"params": params}, batch["image"])
     return compute_metrics(logits=logits, labels=batch["label"])

@@ -40,7 +40,7 @@ def simulation_step(state, nbrs):
     return lax.fori_loop(0, 50, body_fn, (state, nbrs))
 
 
-@jc.hot_step(state=("state", "nbrs"), max_compiles=2)  # needed: max_compiles=2 (the reallocated list)
+@jc.hot_step(stateless=True, max_compiles=2)  # needed: max_compiles=2 (the reallocated list)
 def total_energy(state, nbrs):
     return energy_fn(state.position, neighbor=nbrs) + quantity.kinetic_energy(
         momentum=state.momentum, mass=state.mass

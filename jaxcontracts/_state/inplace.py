@@ -1,0 +1,60 @@
+"""States updated in place: flax NNX objects (Modules, Optimizers, Metrics, Rngs).
+
+An NNX step mutates its objects (``optimizer.update(model, grads)``,
+``metrics.update(...)``) and returns nothing, as ``nnx.jit`` lets it. A
+compiled function cannot change objects outside it, so a hot step carries
+them: the compiled function returns each such state object after the step
+ran (the traced copy it mutated), its arrays donated and aliased like any
+carried state, and :func:`write_back` puts the new arrays into the user's
+own objects' Variables after the call. Every object sharing those Variables
+(``nnx.view``, an eval copy made by ``nnx.merge`` of the same state) sees
+them, as after ``nnx.jit``.
+
+flax is not imported here: an object is NNX's only if ``flax.nnx`` is
+already loaded (no NNX object exists otherwise).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+
+__all__ = ["is_inplace_object", "mutated", "write_back"]
+
+
+def _nnx() -> Any:
+    return sys.modules.get("flax.nnx")
+
+
+def is_inplace_object(x: Any) -> bool:
+    """Whether ``x`` is an NNX object a step may update in place: a pytree
+    (flax >= 0.11) whose arrays live in Variables."""
+    nnx = _nnx()
+    base = getattr(nnx, "Pytree", None) or getattr(nnx, "Object", None)
+    return base is not None and isinstance(x, base)
+
+
+def _is_variable(x: Any) -> bool:
+    nnx = _nnx()
+    return nnx is not None and isinstance(x, nnx.Variable)
+
+
+def variables(obj: Any) -> list[Any]:
+    """The Variables of an NNX object, in its flatten order."""
+    return [v for v in jax.tree_util.tree_leaves(obj, is_leaf=_is_variable) if _is_variable(v)]
+
+
+def write_back(obj: Any, new: Any) -> None:
+    """Put the arrays of ``new`` (the object the compiled step returned for
+    ``obj``: the same structure) into ``obj``'s own Variables."""
+    for old, fresh in zip(variables(obj), variables(new), strict=True):
+        old.set_raw_value(fresh.get_raw_value())
+
+
+def mutated(before: Sequence[Any], after: Sequence[Any]) -> bool:
+    """Whether an argument's leaves, read again after the traced step ran,
+    are not the ones it was given (an in-place update)."""
+    return len(before) != len(after) or any(a is not b for a, b in zip(before, after))

@@ -1,0 +1,183 @@
+"""States updated in place: a flax NNX step that mutates its objects and
+returns nothing, as flax's docs write it first (issue 38, item 1).
+
+Before, such a step compiled, ran and trained nothing (0 leaves donated, every
+contract passing). Now the objects named in ``state=`` are carried as
+``nnx.jit`` carries them: their arrays donated and proven, the new arrays
+written back into the caller's objects; an argument updated in place that
+nothing carries, and a named state that is never carried, are refused at
+compile, naming the parameter.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+nnx = pytest.importorskip("flax.nnx")
+optax = pytest.importorskip("optax")
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+
+import jaxcontracts as jc  # noqa: E402
+
+
+class MLP(nnx.Module):
+    def __init__(self, rngs):
+        self.l1 = nnx.Linear(3, 16, rngs=rngs)
+        self.bn = nnx.BatchNorm(16, rngs=rngs)
+        self.do = nnx.Dropout(0.2, rngs=rngs)
+        self.l2 = nnx.Linear(16, 1, rngs=rngs)
+
+    def __call__(self, x):
+        return self.l2(self.do(nnx.relu(self.bn(self.l1(x)))))
+
+
+def _objects():
+    model = MLP(nnx.Rngs(0))
+    optimizer = nnx.Optimizer(model, optax.adam(1e-2), wrt=nnx.Param)
+    metrics = nnx.MultiMetric(loss=nnx.metrics.Average("loss"))
+    return model, optimizer, metrics
+
+
+def train_step(model, optimizer, metrics, batch):  # the NNX tutorial's shape: returns nothing
+    def loss_fn(model):
+        return jnp.mean((model(batch["x"]) - batch["y"]) ** 2)
+
+    loss, grads = nnx.value_and_grad(loss_fn)(model)
+    metrics.update(loss=loss)
+    optimizer.update(model, grads)
+
+
+def _batches(n):
+    rng = np.random.default_rng(0)
+    for _ in range(n):
+        x = rng.normal(size=(32, 3)).astype(np.float32)
+        yield {"x": x, "y": x.sum(axis=1, keepdims=True)}
+
+
+def _read(model, optimizer, metrics):
+    return (
+        np.array(jc.fetch(model.l1.kernel[...])),
+        int(jc.fetch(optimizer.step[...])),
+        float(jc.fetch(metrics.compute()["loss"])),
+    )
+
+
+@pytest.mark.parametrize("level", ["off", "fast", "full"])
+def test_an_nnx_step_that_mutates_its_objects_trains_them_as_nnx_jit_does(level):
+    expected = _objects()
+    reference = nnx.jit(train_step)
+    for batch in _batches(5):
+        reference(*expected, batch)
+
+    objects = _objects()
+    model = objects[0]
+    step = jc.hot_step(train_step, state=("model", "optimizer", "metrics"), host="batch")
+    with jc.checks_level(level), jc.hot_loop(compiles="warmup") as loop:
+        for batch in loop.iterate(_batches(5)):
+            step(*objects, batch)
+    got, want = _read(*objects), _read(*expected)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-6)  # the weights changed as nnx.jit's did
+    assert got[1:] == want[1:] == (5, got[2]) and got[2] > 0
+    assert not model.l1.kernel[...].is_deleted()  # the objects hold the new arrays
+    described = step.describe().current  # every leaf of the three objects donated, and proven
+    assert len(described.donated) == 26 and set(described.aliased) == set(described.donated)
+    assert "(26 leaves donated)" in str(step.report())
+    assert "outputs 0 B" not in str(step.report())
+
+
+def test_an_eval_view_sharing_the_variables_sees_the_new_arrays():
+    model, optimizer, metrics = _objects()
+    view = nnx.view(model, deterministic=True, use_running_average=True) if hasattr(nnx, "view") else None
+    if view is None:
+        pytest.skip("this flax has no nnx.view")
+    step = jc.hot_step(train_step, state=("model", "optimizer", "metrics"), host="batch")
+    evaluate = jc.hot_step(lambda m, x: m(x), stateless=True)
+    x = jnp.ones((4, 3))
+    before = np.array(evaluate(view, x))
+    for batch in _batches(3):
+        step(model, optimizer, metrics, batch)
+    assert view.l1.kernel[...] is model.l1.kernel[...]  # the same Variable, written back
+    after = np.array(evaluate(view, x))
+    assert not np.allclose(before, after)
+    np.testing.assert_allclose(after, np.array(nnx.view(model, deterministic=True, use_running_average=True)(x)), rtol=1e-5)
+
+
+def test_an_object_updated_in_place_but_not_named_is_refused_at_compile_naming_it():
+    model, optimizer, metrics = _objects()
+    kernel = model.l1.kernel[...]
+    step = jc.hot_step(train_step, state=("model", "optimizer"), host="batch")
+    with pytest.raises(jc.DefinitionError) as info:
+        step(model, optimizer, metrics, next(_batches(1)))
+    err = info.value
+    assert "updates `metrics` in place, and nothing carries the new value out of the compiled step" in str(err)
+    assert '@jc.hot_step(state=("model", "optimizer", "metrics"))' in err.fix
+    assert err.leaves == ("metrics",)
+    assert not kernel.is_deleted() and int(jc.fetch(optimizer.step[...])) == 0  # nothing ran
+
+
+def test_a_dict_changed_inside_the_step_is_refused_with_the_return_fix():
+    def bump(s, extra):
+        s["w"] = s["w"] + 1  # a container passed to a compiled step is a copy inside it
+        extra["n"] = extra["n"] + 1
+        return s
+
+    s, extra = {"w": jnp.zeros(2)}, {"n": jnp.zeros(())}
+    with pytest.raises(jc.DefinitionError, match=r"updates `extra` in place") as info:
+        jc.hot_step(bump, state="s")(s, extra)
+    assert info.value.fix.startswith("return the new value and rebind it")
+    assert not s["w"].is_deleted()
+
+
+def test_a_rng_count_advanced_in_a_module_merged_from_an_unreturned_state_is_refused():
+    # Dropout inside nnx.merge(graphdef, state): the merged module shares the
+    # state's Variables, so each call advances the rng count in `state`; not
+    # returned, the count would never advance (the same mask on every call).
+    model = MLP(nnx.Rngs(0))
+    graphdef, state = nnx.split(model)
+
+    def forward(state, x):
+        return nnx.merge(graphdef, state)(x)
+
+    with pytest.raises(jc.DefinitionError, match=r"updates `state` in place"):
+        jc.hot_step(forward, stateless=True)(state, jnp.ones((4, 3)))
+
+    def forward_returning(state, x):
+        m = nnx.merge(graphdef, state)
+        return m(x), nnx.state(m)
+
+    step = jc.hot_step(forward_returning, state="state")
+    _, state = step(state, jnp.ones((4, 3)))
+    _, state = step(state, jnp.ones((4, 3)))
+    assert int(jc.fetch(state["do"]["rngs"]["count"][...])) == 2
+
+
+def test_a_kept_array_of_an_object_is_refused_before_dispatch_with_the_objects_intact():
+    model, optimizer, metrics = _objects()
+    step = jc.hot_step(train_step, state=("model", "optimizer", "metrics"), host="batch")
+    batches = _batches(3)
+    with jc.checks_level("full"):
+        step(model, optimizer, metrics, next(batches))
+        kept = model.l1.kernel[...]  # a sample of the weights, kept
+        with pytest.raises(jc.DonationError, match=r"model\.l1\.kernel"):
+            step(model, optimizer, metrics, next(batches))
+        assert not kept.is_deleted() and int(jc.fetch(optimizer.step[...])) == 1
+        del kept
+        step(model, optimizer, metrics=metrics, batch=next(batches))  # by keyword too
+    assert int(jc.fetch(optimizer.step[...])) == 2
+
+
+def test_under_an_outer_jit_the_step_mutates_the_traced_objects_as_nnx_does():
+    model, optimizer, metrics = _objects()
+    step = jc.hot_step(train_step, state=("model", "optimizer", "metrics"), host="batch")
+    batch = next(_batches(1))
+
+    @nnx.jit
+    def twice(model, optimizer, metrics, batch):
+        step(model, optimizer, metrics, batch)
+        step(model, optimizer, metrics, batch)
+
+    twice(model, optimizer, metrics, jax.tree.map(jnp.asarray, batch))
+    assert int(jc.fetch(optimizer.step[...])) == 2 and step.stats.traced_calls == 2
