@@ -178,6 +178,70 @@ def _nnx_case(steps: int) -> Case:
 
 
 # --------------------------------------------------------------------------
+# NNX in place: the tutorial's @nnx.jit step that mutates its objects
+
+
+def _inplace_program() -> tuple[Any, Any]:
+    """(train_step that returns nothing, objects maker), as NNX's MNIST tutorial writes it."""
+    import optax
+    from flax import nnx
+
+    class MLP(nnx.Module):
+        def __init__(self, *, rngs: Any) -> None:
+            self.l1 = nnx.Linear(8, 32, rngs=rngs)
+            self.bn = nnx.BatchNorm(32, rngs=rngs)
+            self.l2 = nnx.Linear(32, 1, rngs=rngs)
+
+        def __call__(self, x: Any) -> Any:
+            return self.l2(jax.nn.relu(self.bn(self.l1(x))))
+
+    tx = optax.adam(1e-2)  # one transformation: the variants' optimizers share its functions
+
+    def make() -> Any:
+        model = MLP(rngs=nnx.Rngs(0))
+        optimizer = nnx.Optimizer(model, tx, wrt=nnx.Param)
+        return model, optimizer, nnx.MultiMetric(loss=nnx.metrics.Average("loss"))
+
+    def train_step(model: Any, optimizer: Any, metrics: Any, batch: Any) -> None:
+        def loss_fn(model: Any) -> Any:
+            return optax.sigmoid_binary_cross_entropy(model(batch["x"]), batch["y"]).mean()
+
+        loss, grads = nnx.value_and_grad(loss_fn)(model)
+        metrics.update(loss=loss)
+        optimizer.update(model, grads)
+
+    return train_step, make
+
+
+def _inplace_case(steps: int) -> Case:
+    from flax import nnx
+
+    case = Case("NNX in place", f"NNX in place: {steps} steps, numpy batches")
+    train_step, make = _inplace_program()
+    original = nnx.jit(train_step)
+    port = jc.hot_step(train_step, state=("model", "optimizer", "metrics"), host="batch")
+    batches = _batches(steps)
+    states = {v: make() for v in VARIANTS}
+
+    def loop(variant: str) -> float:
+        def body(objects: Any) -> tuple[Any, Any]:
+            if variant == "original":
+                for batch in batches:
+                    original(*objects, batch)
+            else:
+                with jc.hot_loop(compiles="warmup") as hl:
+                    for batch in hl.iterate(batches):
+                        port(*objects, batch)
+            return objects, nnx.state(objects)
+
+        return _timed(states, variant, body)
+
+    case.loop = loop
+    case.ports = {"NNX in-place train_step": port}
+    return case
+
+
+# --------------------------------------------------------------------------
 # gymnax PPO: a jitted update with a keyword, static config
 
 
@@ -429,6 +493,7 @@ def _cmaes_case(steps: int, population_size: int = 8, num_dims: int = 4) -> Case
 CASES: dict[str, tuple[Callable[[int], Case], int, int]] = {
     # name -> (builder, steps, steps with --quick)
     "nnx": (_nnx_case, 200, 20),
+    "nnx_inplace": (_inplace_case, 200, 20),
     "ppo": (_ppo_case, 200, 20),
     "cmaes": (_cmaes_case, 100, 10),
 }

@@ -181,3 +181,21 @@ def test_under_an_outer_jit_the_step_mutates_the_traced_objects_as_nnx_does():
 
     twice(model, optimizer, metrics, jax.tree.map(jnp.asarray, batch))
     assert int(jc.fetch(optimizer.step[...])) == 2 and step.stats.traced_calls == 2
+
+
+def test_a_static_attribute_that_differs_inside_a_module_is_named_by_its_attribute():
+    model, _, metrics = _objects()
+
+    @jc.hot_step(state="metrics")
+    def evaluate(model, metrics, x):
+        metrics.update(loss=model(x).mean())
+
+    model.eval()
+    evaluate(model, metrics, jnp.ones((4, 3)))
+    model.train()  # flips use_running_average and deterministic: a new signature
+    with pytest.raises(jc.RecompileError) as info:
+        evaluate(model, metrics, jnp.ones((4, 3)))
+    text = str(info.value)
+    assert "model.bn: compiled with BatchNorm" in text
+    assert "it differs at .use_running_average: True vs False" in text
+    assert "model.do: compiled with Dropout" in text and ".deterministic: True vs False" in text

@@ -63,6 +63,7 @@ LAYERS: dict[str, int] = {
     "_loop.loopstack": 5,  # a thread's loop entries and JAX's guard contexts on them
     # states: fields -> validation / consumed classes -> spec()/zeros() -> the decorator
     "_state.fields": 6,
+    "_state.inplace": 4,  # flax NNX objects a step updates in place
     "_state.filter": 6,  # equinox Modules: non-array leaves static, as eqx.filter_jit has them
     "_step.diffs": 7,  # how specs differ, for messages
     "_state.validate": 7,

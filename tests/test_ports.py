@@ -101,6 +101,32 @@ PROGRAMS: dict[str, tuple[tuple[str, ...], list[str]]] = {
             "losses.append(float(jc.fetch(loss)))",  # the one read, made explicit
         ],
     ),
+    "nnx_mnist": (
+        ("flax.nnx", "optax"),
+        [
+            "import jaxcontracts as jc",
+            # was: @nnx.jit (the step updates the three objects in place, returns nothing)
+            '@jc.hot_step(state=("model", "optimizer", "metrics"), host="batch")',
+            '@jc.hot_step(state="metrics", host="batch")',  # was: @nnx.jit (eval_step)
+            'with jc.hot_loop(compiles="warmup") as loop:',
+            "for step, batch in enumerate(loop.iterate(train_ds * 3)):",
+            "model.train()",  # re-indented
+            "train_step(model, optimizer, metrics, batch)",  # re-indented
+            "if step > 0 and step % eval_every == 0:",  # re-indented
+            # needed: the evaluation every eval_every steps is a cold branch (its first
+            # compiles come after the loop's first pass; metrics.reset() makes arrays)
+            'with jc.hot_loop(transfers="allow", compiles="allow"):',
+            "for metric, value in metrics.compute().items():",  # re-indented
+            'history[f"train_{metric}"].append(float(value))',  # re-indented
+            "metrics.reset()",  # re-indented
+            "model.eval()",  # re-indented
+            "for test_batch in test_ds:",  # re-indented
+            "eval_step(model, metrics, test_batch)",  # re-indented
+            "for metric, value in metrics.compute().items():",  # re-indented
+            'history[f"test_{metric}"].append(float(value))',  # re-indented
+            "metrics.reset()",  # re-indented
+        ],
+    ),
     "equinox_mnist": (
         ("equinox", "optax"),
         [

@@ -258,7 +258,7 @@ def test_a_read_only_step_that_saw_a_leaf_is_never_named_as_its_donor():
         return s["x"].sum()
 
     advance = jc.hot_step(rollout, state="s")
-    measure = jc.hot_step(energy, state="s")
+    measure = jc.hot_step(energy, stateless=True)
     s = {"x": jnp.zeros((2, 9))}
     with pytest.raises(jc.DonationError) as e:
         with jc.hot_loop(compiles="warmup") as loop:

@@ -22,7 +22,7 @@ from typing import Any
 
 import jax
 
-__all__ = ["is_inplace_object", "mutated", "write_back"]
+__all__ = ["is_inplace_object", "mutated", "static_attributes", "write_back"]
 
 
 def _nnx() -> Any:
@@ -58,3 +58,19 @@ def mutated(before: Sequence[Any], after: Sequence[Any]) -> bool:
     """Whether an argument's leaves, read again after the traced step ran,
     are not the ones it was given (an in-place update)."""
     return len(before) != len(after) or any(a is not b for a, b in zip(before, after))
+
+
+def static_attributes(kind: type, aux: Any) -> dict[str, Any] | None:
+    """An NNX object's static attributes by name, from its pytree aux data
+    (node names, static names, static values), so that a message names
+    ``use_running_average``, not a tuple index; None for any other node."""
+    nnx = _nnx()
+    base = getattr(nnx, "Pytree", None)
+    if base is None or not isinstance(kind, type) or not issubclass(kind, base):
+        return None
+    if not (isinstance(aux, tuple) and len(aux) == 3 and isinstance(aux[1], tuple) and isinstance(aux[2], tuple)):
+        return None
+    names, values = aux[1], aux[2]
+    if len(names) != len(values) or not all(isinstance(n, str) for n in names):
+        return None
+    return {n: v for n, v in zip(names, values) if not n.startswith("_pytree__")}

@@ -9,6 +9,7 @@ specs and reprs of static values, never from device memory.
 from __future__ import annotations
 
 import dataclasses
+import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
@@ -20,6 +21,7 @@ from .._format import fmt_aval, fmt_path, fmt_sharding
 from .._state.annotations import STATIC
 from .._state.filter import Filtered, join
 from .._state.filter import short as short_static
+from .._state.inplace import static_attributes
 from .._state.spec import StaticArg, leaf_spec, static_equal
 
 __all__ = [
@@ -335,6 +337,11 @@ def _node_diffs(a: Any, b: Any, path: str, here: str) -> list[LeafDiff]:
     if da[0] is Filtered and db[0] is Filtered and not static_equal(da[1], db[1]):
         return _filtered_diffs(a, b, path, here)
     if not static_equal(da[1], db[1]):
+        named_a, named_b = static_attributes(da[0], da[1]), static_attributes(db[0], db[1])
+        if named_a is not None and named_b is not None:  # an NNX object: its attributes by name
+            aux_a, aux_b = types.SimpleNamespace(**named_a), types.SimpleNamespace(**named_b)
+        else:
+            aux_a, aux_b = da[1], db[1]
         sa, sb = _pair(da[1], db[1])
         name = type(a).__name__
         return [
@@ -344,7 +351,7 @@ def _node_diffs(a: Any, b: Any, path: str, here: str) -> list[LeafDiff]:
                 f"{name} with static data {sb}",
                 f"{name} keeps that data in its tree structure (pytree aux data, not "
                 "leaves), so a new value means a new compile"
-                + _inside(da[1], db[1])
+                + _inside(aux_a, aux_b)
                 + _closure_hint(da[1], db[1]),
             )
         ]
