@@ -59,7 +59,7 @@ def test_everything_is_restored_after_an_exception(exc):
 def test_nesting_and_restoration():
     x = jnp.float32(3.0)
     with jc.hot_loop(on_violation="record") as outer:
-        with jc.hot_loop():
+        with jc.hot_loop(on_violation="raise"):  # set: not taken from the outer loop
             with pytest.raises(jc.TransferError):
                 float(x)
         float(x)  # back in the outer, recording loop
@@ -387,3 +387,22 @@ def test_a_nested_allow_loop_lifts_the_outer_loops_native_guard_and_restores_it(
                 jnp.asarray(np.ones(3, np.float32))
             x * 2.0  # the outer loop refuses it again
     assert "x * 2.0  # the outer loop refuses it again" in str(e.value)
+
+
+def test_a_nested_loop_takes_the_options_it_does_not_set_from_the_loop_it_is_in():
+    # issue 38 item 6: a metric helper compiled first in a nested
+    # transfers="allow" block inside a warm-up loop was a RecompileError
+    x = jnp.ones(3)
+    inner = jc.hot_loop(transfers="allow")
+    with jc.hot_loop(compiles="warmup", on_violation="record") as outer:
+        for i in outer.iterate(range(3)):
+            if i == 2:
+                with inner:
+                    assert float(jax.jit(lambda a: a.sum() * 3)(x)) == 9.0  # a first compile: warm-up
+    assert inner.options == {"transfers": "allow", "compiles": "warmup", "on_violation": "record"}
+    assert outer.violations == [] and [c.what for c in inner.warmup_compiles] == ["<lambda>"]
+    with inner:  # in no loop: the defaults for what it does not set
+        assert inner.options == {"transfers": "allow", "compiles": "disallow", "on_violation": "raise"}
+    with jc.hot_loop(compiles="warmup"):
+        with jc.hot_loop(compiles="disallow") as strict:  # what a loop sets, it keeps
+            assert strict.options["compiles"] == "disallow"

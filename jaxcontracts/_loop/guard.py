@@ -106,29 +106,20 @@ class HotLoop:
     def __init__(
         self,
         *,
-        transfers: str = "disallow",
-        compiles: str = "disallow",
-        on_violation: str = "raise",
+        transfers: str | None = None,
+        compiles: str | None = None,
+        on_violation: str | None = None,
     ) -> None:
-        for option, value in (
-            ("transfers", transfers),
-            ("compiles", compiles),
-            ("on_violation", on_violation),
-        ):
-            if value not in _OPTIONS[option]:
+        given = {"transfers": transfers, "compiles": compiles, "on_violation": on_violation}
+        for option, value in given.items():
+            if value is not None and value not in _OPTIONS[option]:
                 raise DefinitionError(
                     f"jc.hot_loop({option}={value!r}): valid values are "
                     + ", ".join(repr(v) for v in _OPTIONS[option])
                     + "."
                 )
-        self._options = {"transfers": transfers, "compiles": compiles, "on_violation": on_violation}
-        self.on_violation = on_violation
-        # Device-to-host reads are refused unless every transfer is allowed;
-        # implicit host-to-device copies only with transfers="disallow".
-        self.checks_transfers = transfers != "allow"
-        self.checks_host_to_device = transfers == "disallow"
-        self.checks_compiles = compiles in ("disallow", "warmup")
-        self.warmup = compiles == "warmup"
+        self._given = given  # None: inherited from the enclosing loop at entry (else the default)
+        self._apply({k: v if v is not None else _OPTIONS[k][0] for k, v in given.items()})
         self._warm = _WarmUp()
         self.iterations = 0
         self.sampler_calls = 0
@@ -136,6 +127,18 @@ class HotLoop:
         self._violations: dict[tuple[str, str, str], Violation] = {}
         self._entries: list[Entry] = []  # active entries (re-entrant, any thread)
         self._clock = _timing.LoopClock()
+
+    def _apply(self, options: dict[str, str]) -> None:
+        """Set the options and what follows from them."""
+        transfers, compiles = options["transfers"], options["compiles"]
+        self._options = dict(options)
+        self.on_violation = options["on_violation"]
+        # Device-to-host reads are refused unless every transfer is allowed;
+        # implicit host-to-device copies only with transfers="disallow".
+        self.checks_transfers = transfers != "allow"
+        self.checks_host_to_device = transfers == "disallow"
+        self.checks_compiles = compiles in ("disallow", "warmup")
+        self.warmup = compiles == "warmup"
 
     @property
     def violations(self) -> list[Violation]:
@@ -284,6 +287,11 @@ class HotLoop:
             raise
 
     def _enter(self, counted: bool) -> Entry:
+        outer = local.loop
+        if None in self._given.values() and not self._entries:
+            # what this loop does not set, it takes from the loop it is in (else the defaults)
+            base = outer._options if isinstance(outer, HotLoop) else {k: v[0] for k, v in _OPTIONS.items()}
+            self._apply({k: v if v is not None else base[k] for k, v in self._given.items()})
         modes: dict[str, str] = {}
         if self.checks_transfers:
             if self.checks_host_to_device:
@@ -502,18 +510,18 @@ def hot_loop(fn: F, /) -> F: ...
 @overload
 def hot_loop(
     *,
-    transfers: Literal["disallow", "allow_host_to_device", "allow"] = ...,
-    compiles: Literal["disallow", "warmup", "allow"] = ...,
-    on_violation: Literal["raise", "record"] = ...,
+    transfers: Literal["disallow", "allow_host_to_device", "allow"] | None = ...,
+    compiles: Literal["disallow", "warmup", "allow"] | None = ...,
+    on_violation: Literal["raise", "record"] | None = ...,
 ) -> HotLoop: ...
 @boundary
 def hot_loop(
     fn: Any = None,
     /,
     *,
-    transfers: Literal["disallow", "allow_host_to_device", "allow"] = "disallow",
-    compiles: Literal["disallow", "warmup", "allow"] = "disallow",
-    on_violation: Literal["raise", "record"] = "raise",
+    transfers: Literal["disallow", "allow_host_to_device", "allow"] | None = None,
+    compiles: Literal["disallow", "warmup", "allow"] | None = None,
+    on_violation: Literal["raise", "record"] | None = None,
 ) -> Any:
     """A critical section where transfers and compiles are contract violations.
 
@@ -527,6 +535,11 @@ def hot_loop(
     works; each exit restores what its own entry changed, so loops may end
     in any order (generators, asyncio tasks) and on another thread (a
     generator closed there): once every loop has ended nothing is guarded.
+
+    A loop inside another on the same thread takes the options it does not
+    set from the loop it is in (``jc.hot_loop(transfers="allow")`` inside a
+    ``compiles="warmup"`` loop warms up too); a loop in no other takes the
+    defaults.
 
     Args:
         transfers: ``"disallow"`` (default): every implicit transfer is a
