@@ -34,7 +34,10 @@ from ._errors import TransferError as TransferError
 if TYPE_CHECKING:
     from ._compat import Capability as Capability
     from ._compat import capabilities as capabilities
+    from ._loop.fetch import Pending as Pending
     from ._loop.fetch import fetch as fetch
+    from ._loop.fetch import fetch_async as fetch_async
+    from ._loop.fetch import to_host as to_host
     from ._loop.guard import HotLoop as HotLoop
     from ._loop.guard import hot_loop as hot_loop
     from ._records import CompiledSignature as CompiledSignature
@@ -69,6 +72,9 @@ _EXPORTS = {
     "device_tree": "_state.foreign",
     "HotLoop": "_loop.guard",
     "fetch": "_loop.fetch",
+    "fetch_async": "_loop.fetch",
+    "to_host": "_loop.fetch",
+    "Pending": "_loop.fetch",
     "hot_loop": "_loop.guard",
     "HotStep": "_step.hot_step",
     "hot_step": "_step.decorator",

@@ -281,11 +281,11 @@ def compiling(name: str, spec: str = "jc.spec_of(<its arguments>)") -> Iterator[
     """
     __tracebackhide__ = True
     loop = local.loop
-    if loop is None or not loop.checks_compiles or local.allow:
+    if loop is None:
         yield
         return
     short = name.rsplit(".", 1)[-1]
-    if not loop.admit_compile(("hot_step", name), short):
+    if loop.checks_compiles and not local.allow and not loop.admit_compile(("hot_step", name), short):
         again = loop.seen_compile(("hot_step", name))
         loop.violation(
             "compile",
@@ -297,9 +297,13 @@ def compiling(name: str, spec: str = "jc.spec_of(<its arguments>)") -> Iterator[
             f"{short}.compile(<the new arguments>) inside "
             'with jc.hot_loop(compiles="allow"), in the branch that makes them.',
         )
-    local.allow += 1  # record mode: compile without reporting its phases again
+    # A permitted compile (or one record mode goes on with) is not reported
+    # again phase by phase, and what its trace runs eagerly (equinox's enums,
+    # diffrax's checks under jax.ensure_compile_time_eval) is part of it.
+    local.allow += 1
     try:
-        yield
+        with jax.transfer_guard("allow"):
+            yield
     finally:
         local.allow -= 1
 

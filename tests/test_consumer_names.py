@@ -119,7 +119,7 @@ def test_a_held_foreign_state_is_worded_through_one_helper_naming_the_steps_that
             np.asarray(w)  # read
         with pytest.raises(jc.DonationError, match=worded):
             jc.fetch(old)
-        with jc.hot_loop(), pytest.raises(jc.DonationError, match=worded):
+        with pytest.raises(jc.DonationError, match=worded), jc.hot_loop():
             w.tolist()
         s = f(s)
     assert not any(x.is_deleted() for x in jax.tree_util.tree_leaves(s))
@@ -183,6 +183,6 @@ def test_a_callers_locals_dict_is_left_as_it_was_by_loops_and_messages():
         step(old)
     with pytest.raises(jc.DonationError):
         np.asarray(old.x)
-    with jc.hot_loop(), pytest.raises(jc.TransferError):
+    with pytest.raises(jc.TransferError), jc.hot_loop():
         s.x.tolist()
     assert hparams == before and hparams["lr"] == lr

@@ -158,3 +158,47 @@ def test_a_module_steps_record_from_another_signature_is_read_safely(level):
         model, carry = f(model, carry)
         model, none = f(model, None)
     assert carry["h"].tolist() == [2.0] * 2 and none is None and model.layers[2] is jax.nn.relu
+
+
+class _Named(eqx.Module):
+    """A layer with non-array fields a call accepts (eqx.nn.BatchNorm's axis_name,
+    diffrax's vector field): compile takes them too (issue 38 item 5)."""
+
+    lin: eqx.nn.Linear
+    axis_name: str
+    act: object
+
+    def __init__(self, key):
+        self.lin = eqx.nn.Linear(3, 3, key=key)
+        self.axis_name = "batch"
+        self.act = jax.nn.relu
+
+
+def test_compile_takes_the_module_leaves_a_call_takes_and_the_call_reuses_it():
+    @jc.hot_step(state="m")
+    def step(m, x):
+        return eqx.tree_at(lambda t: t.lin.bias, m, m.lin.bias + x.sum())
+
+    m = _Named(jax.random.key(0))
+    compiled = step.compile(m, jax.ShapeDtypeStruct((3,), jnp.float32))
+    assert compiled is step.compiled
+    m = step(m, jnp.ones(3))
+    assert step.stats.compiles == 1 and m.axis_name == "batch" and m.act is jax.nn.relu
+
+
+def test_what_a_permitted_compile_runs_eagerly_while_it_traces_is_part_of_the_compile():
+    # equinox's enums and diffrax's checks run eager ops under
+    # jax.ensure_compile_time_eval while the step traces (a first call in warm-up)
+    def step(s):
+        with jax.ensure_compile_time_eval():
+            c = jnp.asarray(2.0) * 3
+        return {"x": s["x"] * c}
+
+    f = jc.hot_step(step, state="s")
+    s = {"x": jnp.ones(3)}
+    with jc.hot_loop(compiles="warmup") as loop:
+        for _ in loop.iterate(range(3)):
+            s = f(s)
+    assert s["x"].tolist() == [216.0] * 3 and f.stats.compiles == 1
+    with pytest.raises(jc.TransferError), jc.hot_loop(compiles="allow"):  # outside a compile, refused
+        jnp.asarray(2.0) * 3

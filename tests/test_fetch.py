@@ -88,3 +88,53 @@ def test_device_get_kept_in_a_loop_never_makes_the_next_step_fail():
     assert kept[1]["n"] == 3 and kept[1]["x"].tolist() == [2.0, 2.0, 2.0]
     assert kept[2].tolist() == [0, 1, 2, 3]
     assert jax.device_get is original  # restored outside the loop
+
+
+# -- jc.fetch_async: a lagged read that never stalls the loop (issue 38 item 4)
+
+
+def _counter_step():
+    @jc.hot_step(state="s")
+    def step(s):
+        return {"x": s["x"] + 1, "n": s["n"] + 1}, {"loss": s["x"].sum()}
+
+    return step
+
+
+@pytest.mark.parametrize("level", ["off", "fast", "full"])
+def test_a_lagged_read_gives_each_steps_values_after_the_state_was_donated(level):
+    step = _counter_step()
+    s = {"x": jnp.zeros(3), "n": jnp.int32(0)}
+    pending, seen = None, []
+    with jc.checks_level(level), jc.hot_loop(compiles="warmup") as loop:
+        for _ in loop.iterate(range(5)):
+            s, metrics = step(s)
+            if pending is not None:
+                seen.append(pending.result())  # the previous step's values
+            # a state leaf too: the next call donates it, the copy is the fetch's own
+            pending = jc.fetch_async({"loss": metrics["loss"], "n": s["n"]})
+    seen.append(pending.result())
+    assert [int(v["n"]) for v in seen] == [1, 2, 3, 4, 5]
+    assert [float(v["loss"]) for v in seen] == [0.0, 3.0, 6.0, 9.0, 12.0]
+    assert all(isinstance(v["n"], np.ndarray) for v in seen)
+    if level != "off":  # (at off a loop keeps no timing)
+        assert "jc.fetch_async" in loop.timing.blocked  # counted where the loop's time went
+    assert loop.violations == [] and step.stats.calls == (0 if level == "off" else 5)  # off counts nothing
+
+
+def test_a_pending_fetch_says_whether_it_arrived_without_waiting_and_reads_once():
+    x = jnp.arange(4.0)
+    pending = jc.fetch_async({"x": x, "k": jax.random.key(0), "host": np.ones(2)})
+    assert isinstance(pending.done(), bool)
+    first = pending.result()
+    assert first["x"].tolist() == [0.0, 1.0, 2.0, 3.0] and first["k"].dtype == np.uint32
+    assert pending.done() and pending.result() is first
+    assert "done" in repr(pending)
+
+
+def test_a_lagged_read_of_a_donated_array_is_refused_at_once_naming_it():
+    step = _counter_step()
+    s = {"x": jnp.zeros(3), "n": jnp.int32(0)}
+    new, _ = step(s)
+    with pytest.raises(jc.DonationError, match=r"jc\.fetch_async\(\): \['n'\]: i32\[\] was deleted"):
+        jc.fetch_async(s)

@@ -59,9 +59,8 @@ def test_everything_is_restored_after_an_exception(exc):
 def test_nesting_and_restoration():
     x = jnp.float32(3.0)
     with jc.hot_loop(on_violation="record") as outer:
-        with jc.hot_loop(on_violation="raise"):  # set: not taken from the outer loop
-            with pytest.raises(jc.TransferError):
-                float(x)
+        with pytest.raises(jc.TransferError), jc.hot_loop(on_violation="raise"):  # set: not inherited
+            float(x)
         float(x)  # back in the outer, recording loop
         assert _intercept._patches.depth == 1
     assert [v.count for v in outer.violations] == [1]
@@ -127,9 +126,8 @@ def test_generator_closed_on_another_thread_leaves_nothing_guarded():
     closer.start()
     closer.join(30)
     _nothing_left_guarded(x)
-    with jc.hot_loop():  # the next loop on this thread unwinds JAX's contexts
-        with pytest.raises(jc.TransferError):
-            float(x)
+    with pytest.raises(jc.TransferError), jc.hot_loop():  # the next loop unwinds JAX's contexts
+        float(x)
     _nothing_left_guarded(x)
     assert not _runtime.local.stack.entries
     with jax.transfer_guard_host_to_device("allow"):  # restores what it saw: none
@@ -258,13 +256,16 @@ def test_two_threads_each_with_their_own_loop():
     out: dict[str, object] = {}
 
     def raising():
-        with jc.hot_loop():
-            barrier.wait()
-            try:
-                np.asarray(x)
-            except jc.TransferError:
-                out["raising"] = "raised"
-            barrier.wait()
+        try:
+            with jc.hot_loop():
+                barrier.wait()
+                try:
+                    np.asarray(x)
+                except jc.TransferError:
+                    out["raising"] = "raised"
+                barrier.wait()
+        except jc.TransferError:  # caught inside, it fails the loop at its exit
+            out["exit"] = "raised again"
 
     def recording():
         with jc.hot_loop(on_violation="record") as loop:
@@ -279,7 +280,7 @@ def test_two_threads_each_with_their_own_loop():
         t.start()
     for t in threads:
         t.join(30)
-    assert out == {"raising": "raised", "recording": [("transfer", 2)]}
+    assert out == {"raising": "raised", "exit": "raised again", "recording": [("transfer", 2)]}
 
 
 # -- the decorator form: functions, generators, coroutines --------------------
@@ -406,3 +407,32 @@ def test_a_nested_loop_takes_the_options_it_does_not_set_from_the_loop_it_is_in(
     with jc.hot_loop(compiles="warmup"):
         with jc.hot_loop(compiles="disallow") as strict:  # what a loop sets, it keeps
             assert strict.options["compiles"] == "disallow"
+
+
+def test_a_violation_swallowed_by_a_logging_call_fails_the_loop_at_its_exit(capsys):
+    # logging catches what a handler raises (it prints "--- Logging error ---"
+    # and goes on): the read must not be lost for it (issues 38 item 4, 39)
+    import logging
+
+    logger = logging.getLogger("jc-test-swallowed")
+    handler = logging.StreamHandler()
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    logger.propagate = False  # pytest's own capture handler re-raises what a handler raises
+    x = jnp.float32(3.0)
+    ran = 0
+    try:
+        with pytest.raises(jc.TransferError) as info, jc.hot_loop():
+            for _ in range(3):
+                logger.info("loss %s", x)  # str() of the array, inside logging
+                ran += 1
+    finally:
+        logger.removeHandler(handler)
+    assert ran == 3  # logging went on, as it does
+    err = info.value
+    assert "str() / print() of f32[]" in str(err) and "logger.info(" in str(err)  # the user's line
+    assert "caught it" in "".join(err.__notes__)
+    assert "--- Logging error ---" in capsys.readouterr().err
+    with jc.hot_loop(on_violation="record") as loop:  # recorded, reported: not lost either
+        logging.getLogger("jc-test-swallowed").warning("loss %s", x)
+    assert [v.kind for v in loop.violations] == ["transfer"]

@@ -144,9 +144,9 @@ def test_buffer_and_dlpack_reads_in_a_loop_are_transfer_errors(read, words):
 
 def test_a_refused_buffer_read_caught_inside_the_loop_is_still_reported():
     """On 3.11 the refusal reaches user code as a SystemError (the slot cannot
-    raise ours); one caught there must not make the loop end clean. On 3.12
-    the code sees the TransferError itself: catching it is its choice, as for
-    every other violation."""
+    raise ours), on 3.12 as the TransferError itself; caught there, either
+    way, it fails the loop as it ends (a violation is not lost because the
+    code caught it)."""
     x = jnp.arange(3.0)
     # What memoryview raises there: the TransferError on 3.12, a SystemError on 3.11.
     raised = jc.TransferError if sys.version_info >= (3, 12) else SystemError
@@ -158,12 +158,9 @@ def test_a_refused_buffer_read_caught_inside_the_loop_is_still_reported():
             except raised:  # what a careless caller does
                 pass
 
-    if sys.version_info >= (3, 12):
-        careless()
-        return
     with pytest.raises(jc.TransferError, match=r"the buffer protocol.* of f32\[3\]") as info:
         careless()
-    assert "caught inside the loop" in "".join(getattr(info.value, "__notes__", []))
+    assert "caught" in "".join(getattr(info.value, "__notes__", []))
 
 
 # -- what the message names: the state path, the line, the step a donated array went to ---

@@ -204,13 +204,14 @@ def test_a_read_caught_inside_the_loop_is_trimmed_there_too():
     (A compile refused from inside JAX keeps JAX's frames above it until the
     error leaves the loop, whose exit trims them.)"""
     s = advance(S(x=jnp.zeros(3)))
-    with jc.hot_loop(on_violation="raise"):
-        s = advance(s)
-        try:
-            s.x.tolist()
-        except jc.TransferError as e:
-            caught = e
-    frames = traceback.extract_tb(caught.__traceback__)
+    with pytest.raises(jc.TransferError):  # caught inside, it fails the loop at its exit
+        with jc.hot_loop(on_violation="raise"):
+            s = advance(s)
+            try:
+                s.x.tolist()
+            except jc.TransferError as e:
+                caught = e
+                frames = traceback.extract_tb(caught.__traceback__)
     assert [f.filename for f in frames] == [__file__]
 
 

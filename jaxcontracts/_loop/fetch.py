@@ -8,7 +8,7 @@ its time counts as time blocked on the device in the loop's timing.
 from __future__ import annotations
 
 import time
-from typing import Any, TypeVar, overload
+from typing import Any, Generic, TypeVar, overload
 
 import jax
 import numpy as np
@@ -23,7 +23,7 @@ from .._report import timing as _timing
 from .._runtime import donated, donation_fix, local, observers
 from .._tracebacks import boundary
 
-__all__ = ["fetch"]
+__all__ = ["Pending", "fetch", "fetch_async", "to_host"]
 
 T = TypeVar("T")
 
@@ -69,6 +69,30 @@ def fetch(tree: Any) -> Any:
     """
     __tracebackhide__ = True
     observers.fetches += 1  # counted by contract snapshots
+    leaves, treedef = _readable(tree, "jc.fetch")
+    local.allow += 1
+    t0 = time.perf_counter()
+    try:
+        copies = _each(leaves, hostcopy.host_copy)
+    finally:
+        local.allow -= 1
+        _timing.blocked("jc.fetch", time.perf_counter() - t0)
+    return jax.tree_util.tree_unflatten(treedef, copies)
+
+
+def _each(leaves: list[Any], copy: Any, keys: bool = True) -> list[Any]:
+    """``copy`` of each device leaf (a typed key's data, with ``keys``), a copy of each numpy one."""
+    return [
+        copy(jax.random.key_data(x) if keys and is_key(x.dtype) else x)
+        if isinstance(x, jax.Array)
+        else (np.array(x, copy=True) if isinstance(x, np.ndarray) else x)
+        for x in leaves
+    ]
+
+
+def _readable(tree: Any, what: str) -> tuple[list[Any], Any]:
+    """``tree``'s leaves and structure, refused where a leaf cannot be read here."""
+    __tracebackhide__ = True
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     for n, x in enumerate(leaves):
         if (
@@ -77,7 +101,7 @@ def fetch(tree: Any) -> Any:
             and not x.is_fully_replicated
         ):
             raise TransferError(
-                f"jc.fetch(): a {fmt_aval(x.shape, x.dtype)} leaf spans devices of "
+                f"{what}(): a {fmt_aval(x.shape, x.dtype)} leaf spans devices of "
                 "other processes, so this process cannot read all of it.",
                 fix="fetch a replicated value (reduce it in the step), this process's "
                 "shards (jc.fetch([s.data for s in x.addressable_shards])), or gather "
@@ -87,23 +111,133 @@ def fetch(tree: Any) -> Any:
             by = consumer_of(tree)
             path = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(tree)[0][n][0])
             raise DonationError(
-                f"jc.fetch(): {path + ': ' if path else ''}{fmt_aval(x.shape, x.dtype)} {donated(by)} "
+                f"{what}(): {path + ': ' if path else ''}{fmt_aval(x.shape, x.dtype)} {donated(by)} "
                 "and no longer exists.",
                 fix=donation_fix("fetch", by, value="t"),
                 contract="no-donated-use",
                 step=by,
             )
+    return leaves, treedef
+
+
+class Pending(Generic[T]):
+    """Values on their way to the host, from :func:`fetch_async`.
+
+    :meth:`result` gives them as :func:`fetch` would, waiting only for what
+    has not arrived yet; :meth:`done` asks without waiting. The copies are
+    arrays of their own (in the device's host memory), so a step may donate
+    the arrays they were taken from at once.
+    """
+
+    __slots__ = ("_copies", "_treedef", "_value")
+
+    def __init__(self, copies: list[Any], treedef: Any) -> None:
+        self._copies, self._treedef, self._value = copies, treedef, None
+
+    def done(self) -> bool:
+        """Whether every value has arrived (never blocks)."""
+        return self._value is not None or all(
+            not isinstance(x, jax.Array) or x.is_ready() for x in self._copies
+        )
+
+    @boundary
+    def result(self) -> T:
+        """The values, as numpy arrays (blocks until they have arrived; the
+        time blocked counts in a loop's timing, under ``jc.fetch_async``)."""
+        __tracebackhide__ = True
+        if self._value is None:
+            local.allow += 1
+            t0 = time.perf_counter()
+            try:
+                values = [hostcopy.host_copy(x) if isinstance(x, jax.Array) else x for x in self._copies]
+            finally:
+                local.allow -= 1
+                _timing.blocked("jc.fetch_async", time.perf_counter() - t0)
+            self._value = (jax.tree_util.tree_unflatten(self._treedef, values),)
+            self._copies = []
+        return self._value[0]  # type: ignore[no-any-return]
+
+    def __repr__(self) -> str:
+        return f"<jc.Pending {'done' if self.done() else 'in flight'}>"
+
+
+@boundary
+def fetch_async(tree: T) -> Pending[T]:
+    """Start copying a pytree of device arrays to the host, deliberately, and
+    return at once: a lagged read that never stalls the loop.
+
+    The host copies are made by the device in the order of its work (after
+    the step that computes the values, before a later step that donates
+    them), into arrays of their own in the device's host memory; a donating
+    step need not wait for them. Read them with ``.result()`` when you need
+    them, typically one iteration later, when they have long arrived::
+
+        pending = None
+        with jc.hot_loop() as loop:
+            for batch in loop.iterate(loader):
+                state, metrics = train_step(state, batch)
+                if pending is not None:
+                    log(pending.result())        # the previous step's metrics
+                pending = jc.fetch_async(metrics)
+
+    Works the same outside a loop. Each call counts as a fetch.
+
+    Raises:
+        DonationError: a leaf was donated to (consumed by) a hot step already.
+    """
+    __tracebackhide__ = True
+    observers.fetches += 1
+    leaves, treedef = _readable(tree, "jc.fetch_async")
     local.allow += 1
-    t0 = time.perf_counter()
     try:
-        copies = [
-            hostcopy.host_copy(jax.random.key_data(x) if is_key(x.dtype) else x)
-            if isinstance(x, jax.Array)
-            else (np.array(x, copy=True) if isinstance(x, np.ndarray) else x)
-            for x in leaves
-        ]
+        copies = _each(leaves, _to_host_memory)
     finally:
         local.allow -= 1
-        _timing.blocked("jc.fetch", time.perf_counter() - t0)
-    return jax.tree_util.tree_unflatten(treedef, copies)
+    return Pending(copies, treedef)
+
+
+@boundary
+def to_host(tree: T) -> T:
+    """A copy of a pytree of device arrays in host memory, made asynchronously:
+    ``jax.Array`` s of their own, for what must keep the values while steps go
+    on (an orbax checkpoint saved in the background). Returns at once.
+
+    The device makes the copies after the step that computes the values and
+    before a later step that donates them, so donation neither waits for nor
+    destroys them. Reading them inside a :func:`hot_loop` is no transfer
+    (they are in host memory already)::
+
+        with jc.hot_loop(compiles="warmup") as loop:
+            for step in loop.iterate(range(steps)):
+                state = train_step(state, next(batches))
+                if step % 1000 == 0:  # orbax writes it while the loop goes on
+                    manager.save(step, args=ocp.args.StandardSave(jc.to_host(state)))
+
+    On a backend without a host memory kind, each array is copied on the
+    device instead, and its transfer to the host started at once.
+
+    Raises:
+        DonationError: a leaf was donated to (consumed by) a hot step already.
+    """
+    __tracebackhide__ = True
+    observers.fetches += 1
+    leaves, treedef = _readable(tree, "jc.to_host")
+    local.allow += 1
+    try:
+        return jax.tree_util.tree_unflatten(treedef, _each(leaves, _to_host_memory, keys=False))
+    finally:
+        local.allow -= 1
+
+
+def _to_host_memory(x: Any) -> Any:
+    """A copy of ``x`` in its device's host memory (``pinned_host``), made
+    asynchronously; where that memory is missing, an eager copy on the
+    device, whose transfer to the host starts at once (donating ``x`` does
+    not touch it)."""
+    try:
+        return jax.device_put(x, x.sharding.with_memory_kind("pinned_host"))
+    except Exception:  # noqa: BLE001 - no host memory kind here
+        copy = x.copy()
+        copy.copy_to_host_async()
+        return copy
 

@@ -121,6 +121,7 @@ class HotLoop:
         self._given = given  # None: inherited from the enclosing loop at entry (else the default)
         self._apply({k: v if v is not None else _OPTIONS[k][0] for k, v in given.items()})
         self._warm = _WarmUp()
+        self._raised: dict[int, ContractError] = {}  # per thread: the first violation raised
         self.iterations = 0
         self.sampler_calls = 0
         self._iteration: int | None = None  # inside iterate(): the current item's index
@@ -197,7 +198,10 @@ class HotLoop:
             summary += f"\n  in iteration {self._iteration} of loop.iterate()"
         if self.on_violation == "raise":
             info = VIOLATIONS[kind]
-            raise info.error(summary, fix=fix, contract=info.contract)
+            err = info.error(summary, fix=fix, contract=info.contract)
+            # kept until this thread's exit: caught in the body, it fails the loop there
+            self._raised.setdefault(threading.get_ident(), err)
+            raise err
         self._record(kind, what, at, compose(summary, fix=fix), text, fix, self._iteration)
 
     def _record(
@@ -413,6 +417,9 @@ class HotLoop:
         if observers.recorders:
             observers.loop(self, False)
         refused, pending.error = getattr(pending, "error", None), None
+        # the first violation raised on this thread, once its last entry of this loop ends
+        outer_entry = any(e.stack is local.stack for e in self._entries)
+        swallowed = None if outer_entry else self._raised.pop(threading.get_ident(), None)
         if exc is not None and not isinstance(exc, Exception):
             return False
         if refused is not None and exc is not None and arrays.is_unset_error(exc):
@@ -426,6 +433,13 @@ class HotLoop:
                 "exception`, which was caught inside the loop."
             )
             raise refused.with_traceback(None) from None
+        if swallowed is not None and exc is None:
+            swallowed.add_note(
+                "Raised again as the loop ended: it was raised inside the loop, and code "
+                "there caught it (a logging call's handler prints '--- Logging error ---' "
+                "and goes on). A violation fails its loop, caught or not."
+            )
+            raise swallowed.with_traceback(None) from None
         if translated is not None:
             raise translated from None
         return False

@@ -143,7 +143,11 @@ def _on_read(x: Any, name: str, frame: Any = None) -> None:
     _violation(
         "transfer",
         f"device-to-host read: {arrays.READS[name]} of {_describe(x, user)}",
-        "read it deliberately and rarely with jc.fetch(x) (e.g. every 1000 "
+        "save a copy the loop need not wait for: pass jc.to_host(state) to the "
+        "saver (an orbax CheckpointManager.save), an asynchronous copy in host "
+        "memory that later steps may donate past."
+        if name == "copy_to_host_async"
+        else "read it deliberately and rarely with jc.fetch(x) (e.g. every 1000 "
         "steps), or move the read after the loop; an `if` on an array belongs "
         "in the step (jnp.where / lax.cond).",
         frame,
@@ -166,6 +170,18 @@ def _iterates_on_device(x: Any) -> bool:
         return False
 
 
+_HOST_MEMORY = ("pinned_host", "unpinned_host")
+
+
+def _in_host_memory(x: Any) -> bool:
+    """Whether ``x`` lives in a device's host memory (``jc.to_host``): reading
+    it copies host memory to host memory, no transfer from the device."""
+    try:
+        return x.sharding.memory_kind in _HOST_MEMORY
+    except Exception:  # noqa: BLE001 - unknown placement: treat as a read
+        return False
+
+
 def _on_cpu(x: Any) -> bool:
     try:
         return all(d.platform == "cpu" for d in x.devices())
@@ -179,6 +195,8 @@ def _guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         loc = local
         loop = loc.loop
         if loop is None or loc.allow or not loop.checks_transfers:
+            return original(self, *args, **kwargs)
+        if _in_host_memory(self):  # already in host memory (jc.to_host): not a device read
             return original(self, *args, **kwargs)
         if name == "__iter__" and _iterates_on_device(self):
             # Slices on the device (k, sub = jax.random.split(k)): no read.
@@ -213,7 +231,7 @@ def _must_refuse_buffer(x: Any) -> bool:
     recorded here and the export goes on.
     """
     loop = local.loop
-    if loop is None or local.allow or not loop.checks_transfers:
+    if loop is None or local.allow or not loop.checks_transfers or _in_host_memory(x):
         return False
     if frames.allowed_reader(frames.caller_frame(1)):
         return False

@@ -33,7 +33,7 @@ from .._report.render import Report, step_report
 from .._runtime import observers, recording_loop
 from .._state.filter import join_out
 from .._state.foreign import host_leaves_on_device
-from .._state.spec import fmt_value
+from .._state.spec import fmt_value, leaf_spec
 from .._tracebacks import boundary, trim
 from .callpath import make_dispatch
 from .callwrap import module_params
@@ -272,6 +272,18 @@ class HotStep(Generic[P, R]):
         misuse = api_misuse_error(self._sig, positional, compiling=True)
         if misuse is not None:
             raise misuse
+        # What a call takes, compile takes: the non-array leaves of equinox
+        # Modules (a layer's axis_name, diffrax's vector field) are static (_filter).
+        with_path = jax.tree_util.tree_flatten_with_path(positional)[0]
+        odd = [
+            (self._sig.param_path(p), x)
+            for p, x in with_path
+            if leaf_spec(x) is None and p[0].idx not in self._sig.host_params
+        ]
+        modules = module_params(self._sig, positional, with_path, odd) if odd else ()
+        if modules:
+            self._filter(modules)
+            positional = self._sig.normalize(args, kwargs)
         return positional
 
     # -- the protocol the library's modules read (_steps, _callpath) -------
