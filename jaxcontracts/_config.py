@@ -9,6 +9,7 @@ never reads the level: ``set_checks`` tells every live step (``_steps``).
 from __future__ import annotations
 
 import os
+import threading
 from typing import Literal
 
 from . import _steps
@@ -61,8 +62,27 @@ def get_checks() -> CheckLevel:
     return _level
 
 
+# Active checks_level blocks, any thread, in entry order: the level is the
+# latest one's, else the one set_checks (or the environment) gave. A block's
+# exit removes its own entry, so blocks on two threads ending in any order
+# leave the level they found (restoring a saved value would not).
+_lock = threading.Lock()
+_base: CheckLevel = _level
+_blocks: list[list[CheckLevel]] = []
+
+
+def _apply() -> None:
+    """Make the level the latest block's (else the base) and tell the live steps."""
+    global _level
+    level = _blocks[-1][0] if _blocks else _base
+    if level != _level:
+        _level = level
+        _steps.checks_changed(level)
+
+
 def set_checks(level: CheckLevel) -> None:
-    """Set the checks level for the whole process.
+    """Set the checks level for the whole process (inside a ``checks_level``
+    block: until that block ends).
 
     Args:
         level: ``"full"``, ``"fast"`` or ``"off"``.
@@ -76,14 +96,22 @@ def set_checks(level: CheckLevel) -> None:
         'fast'
         >>> jc.set_checks("full")
     """
-    global _level
+    global _base
     require_valid_env()
-    _level = _validate(level, "jc.set_checks()")
-    _steps.checks_changed(_level)
+    level = _validate(level, "jc.set_checks()")
+    with _lock:
+        if _blocks:
+            _blocks[-1][0] = level
+        else:
+            _base = level
+        _apply()
 
 
 class checks_level:
-    """Context manager that sets the checks level and restores it on exit.
+    """Context manager that sets the checks level until it exits.
+
+    Blocks may overlap on several threads and end in any order: the level is
+    the latest active block's, else the one ``set_checks`` gave.
 
     Examples:
         >>> import jaxcontracts as jc
@@ -95,12 +123,21 @@ class checks_level:
     def __init__(self, level: CheckLevel):
         require_valid_env()
         self._level = _validate(level, "jc.checks_level()")
-        self._saved: list[CheckLevel] = []
+        self._entries: list[list[CheckLevel]] = []
 
     def __enter__(self) -> checks_level:
-        self._saved.append(get_checks())
-        set_checks(self._level)
+        entry = [self._level]
+        with _lock:
+            self._entries.append(entry)
+            _blocks.append(entry)
+            _apply()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        set_checks(self._saved.pop())
+        with _lock:
+            entry = self._entries.pop()
+            for i in range(len(_blocks) - 1, -1, -1):
+                if _blocks[i] is entry:
+                    del _blocks[i]
+                    break
+            _apply()

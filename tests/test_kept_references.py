@@ -374,3 +374,23 @@ def test_a_leaf_reader_is_proven_on_positions_not_on_shared_specs(capfd, level):
         assert "ExecutePrepare" not in capfd.readouterr().err
         s = f(s)
     np.testing.assert_allclose(s[0], 3.0)
+
+
+def test_an_output_taken_apart_and_written_back_is_not_kept_by_the_loops_own_record():
+    # issue 39 (flax's Gemma trainer at full): the loop's record of the last
+    # output held out["w"], and the second call was refused as a kept reference
+    @jc.hot_step(stateless=True, donate_argnames=("p",))
+    def update(p, g):
+        return {"w": p["w"] - g}
+
+    p, g = {"w": jnp.zeros(3)}, jnp.ones(3)
+    with jc.checks_level("full"), jc.hot_loop(compiles="warmup") as loop:
+        for _ in loop.iterate(range(4)):
+            out = update(p, g)
+            p["w"] = out["w"]
+            del out
+        kept = p["w"]  # a real second reference is still refused
+        with pytest.raises(jc.DonationError, match=r"p\['w'\]"):
+            update(p, g)
+        del kept
+    assert p["w"].tolist() == [-4.0] * 3 and update.stats.calls == 4

@@ -166,3 +166,16 @@ def test_a_state_built_under_another_default_device_is_refused_before_dispatch(l
         with pytest.raises(jc.RecompileError, match=r"d\['x'\]: compiled with f32\[3\] sharded single device cpu:1, called with f32\[3\] sharded single device cpu:0"):
             step(s0)
     assert not s0["x"].is_deleted()
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_a_state_on_a_one_device_named_sharding_of_the_compiled_device_is_no_move(level):
+    # issue 39: "the call path refused arguments that match its compiled
+    # signature (an internal disagreement)": the placement probe compared the
+    # sharding objects, the slow path their placement
+    step = jc.hot_step(lambda s: {"w": s["w"] + 1}, state="s")
+    named = NamedSharding(Mesh(np.array(jax.devices()[:1]), ("x",)), P())
+    with jc.checks_level(level):
+        s = step({"w": jax.device_put(jnp.zeros(3), jax.devices()[0])})
+        s = step(step({"w": jax.device_put(s["w"] + 0, named)}))
+    assert s["w"].tolist() == [3.0] * 3 and step.stats.compiles == 1

@@ -1040,3 +1040,37 @@ def test_a_redefined_cell_leaves_nothing_of_the_old_one_alive():
         del notebook[name]
     gc.collect()
     assert [tuple(r() is not None for r in triple) for triple in notebook["refs"]] == [(False, False, False)] * 5
+
+
+def test_checks_level_blocks_overlapping_on_two_threads_leave_the_level_they_found():
+    # issue 39: T1 enters off, T2 enters fast, T1 exits, T2 exits: the process
+    # was left at off (each block restored the level it had saved)
+    import threading
+
+    assert jc.get_checks() == "full"
+    t1_in, t2_in, t1_out = threading.Event(), threading.Event(), threading.Event()
+    seen = []
+
+    def first():
+        with jc.checks_level("off"):
+            t1_in.set()
+            t2_in.wait(30)
+        t1_out.set()
+
+    def second():
+        t1_in.wait(30)
+        with jc.checks_level("fast"):
+            t2_in.set()
+            t1_out.wait(30)
+            seen.append(jc.get_checks())  # the latest block's, whichever ended first
+
+    threads = [threading.Thread(target=first), threading.Thread(target=second)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert seen == ["fast"] and jc.get_checks() == "full"
+    with jc.checks_level("off"):
+        jc.set_checks("fast")  # inside a block: until the block ends
+        assert jc.get_checks() == "fast"
+    assert jc.get_checks() == "full"

@@ -1083,3 +1083,20 @@ def test_at_off_a_python_flattened_state_is_flattened_once_by_the_cpp_call(monke
             with pytest.raises(jc.TransferError, match=r"s\.w"):
                 step(_Registered(w=np.ones(3, np.float32), b=np.zeros(3, np.float32)), two)
     assert step.stats.compiles == 1
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_numpy_scalars_and_python_numbers_at_a_host_parameter_are_host_data(level):
+    # issue 39: a loader batch holding an np.float32 (what numpy reductions
+    # return) and a Python float at host= were "an internal disagreement"
+    @jc.hot_step(state="s", host=("batch", "lr"))
+    def step(s, batch, lr):
+        return {"w": s["w"] + batch["x"].sum() * batch["scale"] * lr}
+
+    s = {"w": jnp.zeros(3)}
+    with jc.checks_level(level):
+        for _ in range(3):
+            x = np.ones(4, np.float32)
+            s = step(s, {"x": x, "scale": np.float32(x.mean())}, 0.5)
+    assert s["w"].tolist() == [6.0] * 3 and step.stats.compiles == 1
+    assert step.stats.host_calls == 3

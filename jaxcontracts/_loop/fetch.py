@@ -21,6 +21,7 @@ from .._format import fmt_aval
 from .._marks import consumer_of
 from .._report import timing as _timing
 from .._runtime import donated, donation_fix, local, observers
+from .._state.inplace import is_ref
 from .._tracebacks import boundary
 
 __all__ = ["Pending", "fetch", "fetch_async", "to_host"]
@@ -81,7 +82,9 @@ def fetch(tree: Any) -> Any:
 
 
 def _each(leaves: list[Any], copy: Any, keys: bool = True) -> list[Any]:
-    """``copy`` of each device leaf (a typed key's data, with ``keys``), a copy of each numpy one."""
+    """``copy`` of each device leaf (a typed key's data, with ``keys``; a ref's
+    value), a copy of each numpy one."""
+    leaves = [x[...] if is_ref(x) else x for x in leaves]
     return [
         copy(jax.random.key_data(x) if keys and is_key(x.dtype) else x)
         if isinstance(x, jax.Array)

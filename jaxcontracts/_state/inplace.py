@@ -22,7 +22,9 @@ from typing import Any
 
 import jax
 
-__all__ = ["is_inplace_object", "mutated", "static_attributes", "write_back"]
+from .._errors import DefinitionError
+
+__all__ = ["is_inplace_object", "is_ref", "mutated", "refs_error", "static_attributes", "write_back"]
 
 
 def _nnx() -> Any:
@@ -74,3 +76,27 @@ def static_attributes(kind: type, aux: Any) -> dict[str, Any] | None:
     if len(names) != len(values) or not all(isinstance(n, str) for n in names):
         return None
     return {n: v for n, v in zip(names, values) if not n.startswith("_pytree__")}
+
+
+_REF = getattr(getattr(jax, "ref", None), "Ref", None)
+
+
+def is_ref(x: Any) -> bool:
+    """Whether ``x`` is a JAX ref (``jax.new_ref``), which a step updates in place."""
+    return _REF is not None and isinstance(x, _REF)
+
+
+def refs_error(name: str, paths: Sequence[str]) -> DefinitionError:
+    """A hot step given JAX refs: not taken yet, said as it is (they are not host data)."""
+    return DefinitionError(
+        f"{name}: {', '.join(paths[:3])}{', ...' if len(paths) > 3 else ''} "
+        f"{'is a JAX ref' if len(paths) == 1 else f'are JAX refs ({len(paths)})'} "
+        "(jax.new_ref), which hot steps do not take yet: they update their arrays "
+        "in place, and a hot step's call path, signature and donation checks are "
+        "built for arrays.",
+        fix="carry arrays instead (state = jax.tree.map(lambda r: r[...], refs) once, "
+        "then state = step(state) with the step returning its new state), or keep "
+        "this step a plain jax.jit (jc.hot_loop still guards the loop around it).",
+        contract="definition",
+        leaves=list(paths),
+    )

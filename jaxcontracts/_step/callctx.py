@@ -30,7 +30,7 @@ from .._records import CompiledSignature, StepStats
 from .._runtime import tracking
 from .._state.fields import dict_getter, flat_field_names
 from .._state.filter import Filtered
-from .._steps import HOOK_EVERY, LiveStep
+from .._steps import HOOK_EVERY, LiveStep, clear_last_outputs
 from .._tracebacks import trim
 from .definition import StepDefinition
 
@@ -158,7 +158,11 @@ class KeptPlan:
         return self.refuse(seq, self.limit - refcount.BASELINE + 1)
 
     def refuse(self, seq: Sequence[Any], sequences: int) -> BaseException | None:
-        """After a hit: the error, unless collecting garbage dropped every extra reference."""
+        """After a hit: the error, unless collecting garbage dropped every
+        extra reference. The steps' records of their last outputs inside
+        loops are the library's own: dropped first (an output the caller took
+        apart, ``p["w"] = out["w"]``, is held there too)."""
+        clear_last_outputs()
         kept = refcount.kept_after_collecting(seq, sequences)
         return self.error(list(dict.fromkeys(self.watched[i] for i in kept))) if kept else None
 

@@ -278,7 +278,8 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
             equivalent.add((i, got))
         return ok
 
-    array_impl, ndarray = ArrayImpl, np.ndarray
+    array_impl = ArrayImpl
+    host_types = (np.ndarray, np.generic, bool, int, float, complex)  # what a declared host leaf may be
     key_array: Any = KeyArray  # typed PRNG keys: checked only when a leaf is not an ArrayImpl
     # One is_deleted() per call catches the usual stale state (all of it was
     # donated) before XLA refuses it with an error line on stderr.
@@ -305,7 +306,7 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
         if tuple(map(type, leaves)) != types or tuple(map(weak_of, unkeyed(leaves))) != unkeyed_weak:  # type: ignore[arg-type,misc]
             for x, (is_host, w) in zip(leaves, kinds):  # a key is never weak: its costly aval is not read
                 t = type(x)
-                if is_host and issubclass(t, ndarray):  # np.memmap from a loader too
+                if is_host and issubclass(t, host_types):  # np.memmap, np.float32, a Python float
                     continue
                 if t is not key_array and (t is not array_impl or x.aval.weak_type is not w):
                     return False
@@ -313,8 +314,12 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
             for i, (x, s) in enumerate(zip(leaves, shardings)):
                 if s is not None and x.sharding != s and not placed_alike(i, x.sharding, s):
                     return False
-        # on another device: JAX would move it, undonated
-        return placed is None or leaves[first_donated].sharding == placed
+        # on another device: JAX would move it, undonated (a sharding placing it
+        # alike, a one-device NamedSharding on the compiled device, is no move)
+        if placed is None:
+            return True
+        got = leaves[first_donated].sharding
+        return got == placed or placed_alike(first_donated, got, placed)
 
     return _guarded(ctx, signature_ok, tail, kept, device_of, native)
 

@@ -186,14 +186,14 @@ def host_call(ctx: CallContext, call: Callable[..., Any], flat: bool) -> Callabl
         def host_of(args: Sequence[Any]) -> tuple[Any, ...]:
             return tuple([read(args) for read in readers])  # type: ignore[arg-type]
 
-    ndarray, nbytes, refused_mark = np.ndarray, cs.host_nbytes, REFUSED
+    host_kinds, nbytes, refused_mark = (np.ndarray, np.generic, bool, int, float, complex), cs.host_nbytes, REFUSED
 
     def call_host(*args: Any) -> Any:
         out = allowing(*args)
         if out is not refused_mark:
             try:
                 hosted = host_of(args)
-                transferred = ndarray in map(type, hosted) or any(isinstance(x, ndarray) for x in hosted)
+                transferred = any(isinstance(x, host_kinds) for x in hosted)  # host data, not a device array
             except Exception:  # noqa: BLE001 - arguments of another structure: nothing counted
                 transferred = False
             if transferred:

@@ -33,6 +33,7 @@ from .._report.render import Report, step_report
 from .._runtime import observers, recording_loop
 from .._state.filter import join_out
 from .._state.foreign import host_leaves_on_device
+from .._state.inplace import is_ref, refs_error
 from .._state.spec import fmt_value, leaf_spec
 from .._tracebacks import boundary, trim
 from .callpath import make_dispatch
@@ -280,6 +281,9 @@ class HotStep(Generic[P, R]):
             for p, x in with_path
             if leaf_spec(x) is None and p[0].idx not in self._sig.host_params
         ]
+        refs = [p for p, x in odd if is_ref(x)]
+        if refs:
+            raise refs_error(self._sig.name, refs)
         modules = module_params(self._sig, positional, with_path, odd) if odd else ()
         if modules:
             self._filter(modules)
@@ -454,6 +458,10 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         for (path, x), p in zip(with_path, paths)
         if not isinstance(x, jax.Array) and path[0].idx not in declared
     ]
+    refs = [p for p, x in host if is_ref(x)]
+    if refs:
+        step.stats.refused += 1
+        raise refs_error(sig.name, refs)
     if host:
         modules = module_params(sig, positional, with_path, host)
         if modules:  # equinox Modules: their non-array leaves are static (_filter)
