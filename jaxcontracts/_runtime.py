@@ -17,6 +17,7 @@ import linecache
 import re
 import threading
 import types
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any, Protocol
 
@@ -273,11 +274,13 @@ def _arrays_in(value: Any) -> list[tuple[str, Any]]:
 
 
 @contextlib.contextmanager
-def compiling(name: str, spec: str = "jc.spec_of(<its arguments>)") -> Iterator[None]:
+def compiling(name: str, spec: str = "jc.spec_of(<its arguments>)", fn: Any = None) -> Iterator[None]:
     """Wrap a hot step's compile: a violation inside a loop (recorded once).
 
     ``spec``: how the fix writes the step's arguments as specs (``S.spec(...)``
-    for the user's state class ``S``).
+    for the user's state class ``S``). ``fn``: the step's function, which a
+    loop's warm-up tells steps apart by (two instances' method steps, two
+    lambdas of one factory share a name; a weak reference, nothing kept alive).
     """
     __tracebackhide__ = True
     loop = local.loop
@@ -285,8 +288,12 @@ def compiling(name: str, spec: str = "jc.spec_of(<its arguments>)") -> Iterator[
         yield
         return
     short = name.rsplit(".", 1)[-1]
-    if loop.checks_compiles and not local.allow and not loop.admit_compile(("hot_step", name), short):
-        again = loop.seen_compile(("hot_step", name))
+    try:
+        key: Any = ("hot_step", weakref.ref(fn) if fn is not None else name)
+    except TypeError:  # not weakly referenceable: by name
+        key = ("hot_step", name)
+    if loop.checks_compiles and not local.allow and not loop.admit_compile(key, short):
+        again = loop.seen_compile(key)
         loop.violation(
             "compile",
             f"hot_step {short} would compile a new signature"

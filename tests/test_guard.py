@@ -436,3 +436,46 @@ def test_a_violation_swallowed_by_a_logging_call_fails_the_loop_at_its_exit(caps
     with jc.hot_loop(on_violation="record") as loop:  # recorded, reported: not lost either
         logging.getLogger("jc-test-swallowed").warning("loss %s", x)
     assert [v.kind for v in loop.violations] == ["transfer"]
+
+
+def test_warm_up_counts_nested_iterates_and_forgets_an_abandoned_one():
+    # issue 39: a first compile in epoch 1, after the inner loop, ran; an
+    # abandoned iterate made a re-entered loop refuse "in iteration 4"
+    x = jnp.ones(3)
+    inc, scale = jax.jit(lambda a: a + 1), jax.jit(lambda a: a * 7)
+    with pytest.raises(jc.RecompileError, match=r"in iteration 1 of loop\.iterate\(\)"):
+        with jc.hot_loop(compiles="warmup") as loop:
+            for epoch in loop.iterate(range(2)):
+                for _ in loop.iterate(range(3)):
+                    x = inc(x)
+                if epoch == 1:
+                    scale(x)  # a first compile, in the second epoch
+    loop = jc.hot_loop(compiles="warmup")
+    with loop:
+        for i in loop.iterate(range(10)):
+            if i == 4:
+                break  # the generator is abandoned, not closed
+    with loop:  # entered again, no iterate: a first pass
+        jax.jit(lambda a: a - 3)(x)
+    assert [c.what for c in loop.warmup_compiles] == ["<lambda>"]
+
+
+def test_warm_up_tells_steps_of_one_name_apart():
+    # two instances' method steps, two lambdas from one factory: one name each
+    class Agent:
+        def __init__(self, k):
+            self.k = k
+
+        @jc.hot_step(state="s")
+        def act(self, s):
+            return {"x": s["x"] * self.k}
+
+    def factory(c):
+        return jc.hot_step(lambda s: {"x": s["x"] + c}, state="s")
+
+    a, b, f, g = Agent(2.0), Agent(3.0), factory(1.0), factory(2.0)
+    s = {"x": jnp.ones(3)}
+    with jc.hot_loop(compiles="warmup") as loop:
+        for _ in loop.iterate(range(2)):
+            s = g(f(b.act(a.act(s))))
+    assert s["x"].tolist() == [57.0] * 3 and len(loop.warmup_compiles) == 4

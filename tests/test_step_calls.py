@@ -365,3 +365,46 @@ def test_without_the_guarded_call_one_closure_checks_every_call_in_python(level,
     assert jax.jit(lambda s: step(s, jnp.float32(1)).u)(s).shape == (3,)  # traced: the slow path
     d = dstep(d)
     assert not d["w"].is_deleted() and asked  # the call paths were built without it
+
+
+def test_a_method_step_on_a_slotted_instance_is_bound_once_and_keeps_nothing_alive():
+    # issue 39: on a __slots__ instance each access made a new step, and every
+    # call compiled again (silently outside loops)
+    import gc
+
+    class Agent:
+        __slots__ = ("k", "__weakref__")
+
+        def __init__(self, k):
+            self.k = k
+
+        def __eq__(self, other):  # unhashable instances too
+            return True
+
+        __hash__ = None  # type: ignore[assignment]
+
+        @jc.hot_step(state="s")
+        def act(self, s):
+            return {"x": s["x"] * self.k}
+
+    agent, s = Agent(2.0), {"x": jnp.ones(3)}
+    for _ in range(3):
+        s = agent.act(s)
+    assert agent.act is agent.act and agent.act.stats.compiles == 1 and s["x"].tolist() == [8.0] * 3
+    method = Agent.__dict__["act"]
+    del agent
+    gc.collect()
+    assert method._bound_steps == {}  # the instance went, and its bound step with it
+
+    class Bare:
+        __slots__ = ("k",)
+
+        def __init__(self, k):
+            self.k = k
+
+        @jc.hot_step(state="s")
+        def act(self, s):
+            return {"x": s["x"] * self.k}
+
+    with pytest.raises(jc.DefinitionError, match=r'add "__weakref__" to Bare.__slots__'):
+        Bare(2.0).act  # noqa: B018

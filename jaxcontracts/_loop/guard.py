@@ -124,7 +124,7 @@ class HotLoop:
         self._raised: dict[int, ContractError] = {}  # per thread: the first violation raised
         self.iterations = 0
         self.sampler_calls = 0
-        self._iteration: int | None = None  # inside iterate(): the current item's index
+        self._iterating: list[list[int]] = []  # the active iterate()s' current indices, outermost first
         self._violations: dict[tuple[str, str, str], Violation] = {}
         self._entries: list[Entry] = []  # active entries (re-entrant, any thread)
         self._clock = _timing.LoopClock()
@@ -161,18 +161,32 @@ class HotLoop:
         per second. With ``compiles="warmup"`` only the first iteration may
         compile: a first compile in a later one is refused too.
         """
+        cell = [0]  # this iterate's current index; nested ones (epochs x batches) stack
+        self._iterating.append(cell)
         try:
             for i, item in enumerate(iterable):
-                self._iteration = i
+                cell[0] = i
                 self.iterations += 1
                 yield item
         finally:
-            self._iteration = None
+            for k in range(len(self._iterating) - 1, -1, -1):
+                if self._iterating[k] is cell:
+                    del self._iterating[k]
+                    break
+
+    @property
+    def _iteration(self) -> int | None:
+        """The innermost active iterate's index (None: none is active)."""
+        return self._iterating[-1][0] if self._iterating else None
+
+    def _first_pass(self) -> bool:
+        """Whether every active iterate is in its first iteration (the warm-up)."""
+        return all(cell[0] == 0 for cell in self._iterating)
 
     def admit_compile(self, key: Any, what: str, frame: Any = None) -> bool:
         """With ``compiles="warmup"``: let this compile through (and record it) if
-        it is the first of its kind, in the first pass."""
-        if not self.warmup or (self._iteration is not None and self._iteration > 0):
+        it is the first of its kind, in the first pass (of every nested iterate)."""
+        if not self.warmup or not self._first_pass():
             return False
         return self._warm.admit(key, WarmupCompile(what, where(user_frame(frame))[0], self._iteration))
 
@@ -183,7 +197,7 @@ class HotLoop:
         """Whether a first compile would be let through now (see ``LoopHandle``)."""
         if not self.checks_compiles:
             return True
-        return self.warmup and (self._iteration is None or self._iteration == 0)
+        return self.warmup and self._first_pass()
 
     def violation(self, kind: str, what: str, fix: str, frame: Any = None) -> None:
         """Raise (or, in record mode, record) one violation at the user's line.
@@ -292,6 +306,8 @@ class HotLoop:
 
     def _enter(self, counted: bool) -> Entry:
         outer = local.loop
+        if not self._entries:  # an iterate() abandoned in an earlier entry counts no more
+            self._iterating.clear()
         if None in self._given.values() and not self._entries:
             # what this loop does not set, it takes from the loop it is in (else the defaults)
             base = outer._options if isinstance(outer, HotLoop) else {k: v[0] for k, v in _OPTIONS.items()}

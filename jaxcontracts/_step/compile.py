@@ -329,7 +329,7 @@ def compile_signature(
     __tracebackhide__ = True
     t = sig.state_type
     spec = f"{t.__name__}.spec(...)" if isinstance(t, type) and callable(getattr(t, "spec", None)) else None
-    with compiling(sig.name, *(spec,) if spec else ()):  # in a hot_loop, a violation (before any trace)
+    with compiling(sig.name, spec or "jc.spec_of(<its arguments>)", sig.fn):  # in a hot_loop, a violation (before any trace)
         jitted, spec_args, treedef, donated, flat_style, sig = jit_for(sig, positional)
         t0 = time.perf_counter()
         with quiet_donation_warning(), _tracing():

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -121,9 +122,11 @@ class StepDefinition:
             )
         return dataclasses.replace(self, carried=tuple(carried))
 
-    def bind(self, obj: Any) -> StepDefinition:
-        """This method's signature with ``self`` closed over (configuration)."""
-        fn = functools.partial(self.fn, obj)
+    def bind(self, obj: Any, weak: bool = False) -> StepDefinition:
+        """This method's signature with ``self`` closed over (configuration);
+        ``weak``: by a weak reference (an instance with ``__slots__``, whose
+        bound step the method step keeps: it must not keep the instance)."""
+        fn = functools.partial(_call_with, weakref.ref(obj), self.fn) if weak else functools.partial(self.fn, obj)
         params = list(self.python_signature.parameters.values())
         return dataclasses.replace(
             self,
@@ -233,6 +236,11 @@ class StepDefinition:
         if self.data_fields is None and self.donate != "none":  # a dict state: its fields are known now
             check_donated_names(self, tuple(sorted(fields_seen)), ())
         return tuple(donated)
+
+
+def _call_with(ref: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+    """``fn(instance, ...)`` for a weakly bound method step (see ``StepDefinition.bind``)."""
+    return fn(ref(), *args, **kwargs)
 
 
 def check_donated_names(sig: StepDefinition, valid: Sequence[str], static: Sequence[str]) -> None:

@@ -16,6 +16,7 @@ import functools
 import operator
 import threading
 import typing
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar
 
@@ -99,6 +100,8 @@ class HotStep(Generic[P, R]):
         self._set_dispatch(self._call_unbound if signature.is_method else self._slow)
         self._attr: str | None = None  # the class attribute of a method step
         self._bound_to: tuple[HotStep[Any, Any], Any] | None = None  # (method step, instance)
+        # A method step's bound steps for instances without a __dict__ (__slots__)
+        self._bound_steps: dict[int, tuple[weakref.ref[Any], HotStep[Any, Any]]] = {}
         # The slow path's: held while it decides on (and makes) a compile, so
         # threads meeting new signatures at once respect max_compiles; and,
         # per thread, set while it re-dispatches a call.
@@ -223,10 +226,28 @@ class HotStep(Generic[P, R]):
         """
         if obj is None or not self._sig.is_method:
             return self
-        bound: HotStep[Any, Any] = HotStep(self._sig.bind(obj))
-        bound._bound_to = (self, obj)
-        if self._attr is not None and isinstance(getattr(obj, "__dict__", None), dict):
+        has_dict = self._attr is not None and isinstance(getattr(obj, "__dict__", None), dict)
+        if not has_dict:  # __slots__: kept here, by a weak reference to the instance
+            kept = self._bound_steps.get(id(obj))
+            if kept is not None and kept[0]() is obj:
+                return kept[1]
+            try:
+                ref = weakref.ref(obj, functools.partial(_forget_bound, self._bound_steps, id(obj)))
+            except TypeError:  # neither a __dict__ nor a __weakref__ slot
+                raise DefinitionError(
+                    f"{self._sig.name} is a method step of a {type(obj).__name__}, whose instances "
+                    "have neither a __dict__ nor weak references (__slots__): its bound step "
+                    "cannot be kept, so every access would make (and compile) a new one.",
+                    fix=f'add "__weakref__" to {type(obj).__name__}.__slots__ (or drop __slots__).',
+                    contract="definition",
+                    step=self._sig.name,
+                ) from None
+        bound: HotStep[Any, Any] = HotStep(self._sig.bind(obj, weak=not has_dict))
+        bound._bound_to = (self, obj if has_dict else ref)
+        if has_dict:
             obj.__dict__[self._attr] = bound
+        else:
+            self._bound_steps[id(obj)] = (ref, bound)
         return bound
 
     def __copy__(self) -> HotStep[P, R]:
@@ -237,6 +258,8 @@ class HotStep(Generic[P, R]):
         bound to an instance being copied is bound anew to the copy."""
         if self._bound_to is not None:
             method, obj = self._bound_to
+            if isinstance(obj, weakref.ref):  # bound to an instance with __slots__
+                obj = obj()
             copy = memo.get(id(obj))
             if copy is not None and copy is not obj:
                 return method.__get__(copy, type(copy))  # type: ignore[no-any-return]
@@ -425,6 +448,14 @@ class HotStep(Generic[P, R]):
         except ContractError as err:  # the traceback ends at the user's line
             trim(err)
             raise
+
+
+def _forget_bound(bound: dict[int, Any], key: int, ref: Any) -> None:
+    """An instance a method step was bound to is gone: forget its bound step
+    (unless the id is another instance's already)."""
+    entry = bound.get(key)
+    if entry is not None and entry[0] is ref:
+        del bound[key]
 
 
 # --------------------------------------------------------------------------
