@@ -291,3 +291,19 @@ def test_a_nan_under_debug_nans_is_jaxs_floating_point_error_not_a_donation_stor
         keep({"x": jnp.zeros(3, jnp.float32)})  # inputs intact: re-run op by op, as jax.jit does
     assert any("re-running" in n for n in e.value.__notes__)
     assert s["x"].shape == (3,)
+
+
+def test_an_error_tracing_a_step_says_which_step_was_compiling():
+    # issue 39: a TypeError from tracing (a scan carry changing dtype) left
+    # .compile() raw, naming no step
+    def rollout(s):
+        def body(c, _):
+            return c.astype(jnp.float16), None  # the carry changes dtype
+
+        c, _ = jax.lax.scan(body, s["x"], None, length=3)
+        return {"x": c.astype(jnp.float32)}
+
+    step = jc.hot_step(rollout, state="s")
+    with pytest.raises(TypeError, match="scan body function carry") as info:
+        step.compile({"x": jax.ShapeDtypeStruct((3,), jnp.float32)})
+    assert any("raised while tracing the hot step" in n and "rollout" in n for n in info.value.__notes__)

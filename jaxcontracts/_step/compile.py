@@ -30,7 +30,14 @@ from .._compat.executable import alias_bytes, aliased_parameters, requested_alia
 from .._compat.tracing import flatten
 from .._donation.reads import deleted_read
 from .._dtypes import canonical
-from .._errors import NOTHING_RAN, DefinitionError, DonationError, RecompileError, TransferError
+from .._errors import (
+    NOTHING_RAN,
+    ContractError,
+    DefinitionError,
+    DonationError,
+    RecompileError,
+    TransferError,
+)
 from .._format import fmt_aval, fmt_object
 from .._records import CompiledSignature, LeafRecord
 from .._runtime import compiling
@@ -93,7 +100,7 @@ def jit_for(
     )
     if sig.carried is None:  # state= named, or no return annotation: read the output
         per_param = tuple(jax.tree_util.tree_unflatten(treedef, specs))
-        with quiet_donation_warning(), _tracing():
+        with quiet_donation_warning(), _tracing(), _naming(sig):
             out = jax.eval_shape(_fresh(_in_place(sig, sig.positional, candidates), sig.fn), *per_param)
         sig = sig.resolve_carried(out, per_param)
     inplace = tuple(i for i in candidates if i not in {a for a, _ in sig.carried or ()})
@@ -145,6 +152,21 @@ def _in_place(sig: StepDefinition, fn: Callable[..., Any], candidates: tuple[int
         return (out, tuple(args[i] for i in inplace)) if inplace else out
 
     return traced
+
+
+@contextlib.contextmanager
+def _naming(sig: StepDefinition) -> Iterator[None]:
+    """An error of the user's function while it traces says which step was compiling."""
+    try:
+        yield
+    except ContractError:
+        raise
+    except Exception as err:
+        err.add_note(
+            f"jaxcontracts: raised while tracing the hot step {sig.name} to compile it "
+            "(at its first call with these shapes, or its .compile())."
+        )
+        raise
 
 
 _lost = threading.local()  # the error of a trace that found a lost update (see _in_place)
@@ -332,7 +354,7 @@ def compile_signature(
     with compiling(sig.name, spec or "jc.spec_of(<its arguments>)", sig.fn):  # in a hot_loop, a violation (before any trace)
         jitted, spec_args, treedef, donated, flat_style, sig = jit_for(sig, positional)
         t0 = time.perf_counter()
-        with quiet_donation_warning(), _tracing():
+        with quiet_donation_warning(), _tracing(), _naming(sig):
             traced = jitted.trace(*spec_args)
             lowered = traced.lower()
         outcome = events.watch_cache()  # did JAX's persistent cache serve it?
