@@ -127,6 +127,35 @@ PROGRAMS: dict[str, tuple[tuple[str, ...], list[str]]] = {
             "metrics.reset()",  # re-indented
         ],
     ),
+    "nnx_trainer": (
+        ("flax.nnx", "optax", "orbax.checkpoint", "absl"),
+        [
+            "import jaxcontracts as jc",
+            # was: functools.partial(jax.jit, donate_argnames=("model", "optimizer"))
+            '@jc.hot_step(state=("model", "optimizer"), host="batch")',
+            'with jc.hot_loop(compiles="warmup") as loop:',
+            "for step in loop.iterate(range(60)):",
+            "batch = next(data)",  # re-indented
+            "model, optimizer, loss = train_step(model, optimizer, batch)",  # re-indented
+            "if step % 10 == 0:",  # re-indented
+            "losses.append(round(float(jc.fetch(loss)), 5))",  # the logged read, made explicit
+            'logging.info("step %d: loss %.5f", step, losses[-1])',  # re-indented
+            "if step % 20 == 0:",  # re-indented
+            # needed: orbax keeps what it saves while the loop goes on: a copy of its own
+            # in host memory, made asynchronously (the save stays asynchronous)
+            "manager.save(step, args=ocp.args.StandardSave(jc.to_host(nnx.state(model))))",
+        ],
+    ),
+    "equinox_stateful": (
+        ("equinox", "optax"),
+        [
+            "import jaxcontracts as jc",
+            '@jc.hot_step(state=("model", "state", "opt_state"))',  # was: @eqx.filter_jit
+            'with jc.hot_loop(compiles="warmup") as loop:',
+            "for _ in loop.iterate(range(steps)):",
+            "model, state, opt_state = make_step(model, state, opt_state, xs, ys)",  # re-indented
+        ],
+    ),
     "equinox_mnist": (
         ("equinox", "optax"),
         [
