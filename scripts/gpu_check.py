@@ -1,7 +1,7 @@
 #!/usr/bin/env python
-"""The GPU-only checks of jaxcontracts, in one script.
+"""The accelerator-only checks of jaxcontracts (GPU or TPU), in one script.
 
-    python scripts/gpu_check.py               # on a GPU machine; "no GPU: skipped" elsewhere
+    python scripts/gpu_check.py               # on a GPU or TPU machine; "skipped" elsewhere
     python scripts/gpu_check.py --force-cpu   # the same checks on CPU, small state (a dry run)
 
 Checks:
@@ -21,6 +21,10 @@ Checks:
 3. Sharding on one device: a state with a 1-device-mesh ``NamedSharding``
    compiles from its spec, donates in place, and a state on another device
    or in another memory kind is refused.
+4. This round's loops under JAX's native guard: ``jc.fetch_async`` past a
+   donation, ``jc.to_host`` copies read in the loop, an orbax save every N
+   steps (if orbax is installed), a read swallowed by ``logging``, an NNX
+   step updating its objects in place (if flax is installed).
 
 Prints one line per check and a summary; exits 1 if any check fails, 0 when
 all pass or when there is no GPU (without --force-cpu). Imports jax, numpy,
@@ -187,6 +191,8 @@ def check_hot_loop(r: Results, jax: Any, np: Any, jc: Any, on_gpu: bool) -> None
     ]
     for name, read, good in paths:
         try:
+            with contextlib.suppress(Exception):
+                read()  # warm: an eager op it runs compiles here, not in the loop
             try:
                 with jc.hot_loop():
                     read()
@@ -200,7 +206,9 @@ def check_hot_loop(r: Results, jax: Any, np: Any, jc: Any, on_gpu: bool) -> None
                 outside = "works" if good(value) else f"wrong value {value!r:.40}"
             except Exception as e:  # noqa: BLE001
                 outside = first_line(e)
-            r.check(name, inside == "TransferError" and outside == "works",
+            # iterating a one-device array slices it on the device: no read
+            expected = "no error" if name.startswith("iteration") and len(v.devices()) == 1 else "TransferError"
+            r.check(name, inside == expected and outside == "works",
                     f"inside the loop: {inside}; outside: {outside}")
         except Exception as e:  # noqa: BLE001
             r.crashed(name, e)
@@ -256,19 +264,24 @@ def check_hot_loop(r: Results, jax: Any, np: Any, jc: Any, on_gpu: bool) -> None
 def native_guard_read(jc: Any, np: Any, x: Any) -> BaseException | None:
     """Read ``x`` (never read before) where only JAX's native guard can see it.
 
-    The outer ``jc.hot_loop()`` engages JAX's device-to-host guard (on GPU/TPU).
-    The inner ``jc.hot_loop(transfers="allow")`` makes jaxcontracts' own read
-    interceptors stand aside and engages no native guard of its own, so the
-    outer loop's native guard is all that is left to refuse ``np.asarray(x)``.
-    Returns the error that reached the outer loop (None: the read went through).
+    The ``jc.hot_loop()`` engages JAX's device-to-host guard (on GPU/TPU).
+    jaxcontracts' own read interceptors are told to stand aside (as they do
+    for its own deliberate reads), so the loop's native guard is all that is
+    left to refuse ``np.asarray(x)``. Returns the error (None: the read went
+    through). (A nested ``transfers="allow"`` loop lifts the native guard too:
+    it cannot serve here.)
     """
+    from jaxcontracts._runtime import local
+
     error = None
     with jc.hot_loop():
+        local.allow += 1
         try:
-            with jc.hot_loop(transfers="allow"):
-                np.asarray(x)
+            np.asarray(x)
         except Exception as e:  # noqa: BLE001 - which error it is is the result
             error = e
+        finally:
+            local.allow -= 1
     return error
 
 
@@ -517,6 +530,111 @@ def _other_memory_kinds(dev: Any) -> list[str]:
 # --------------------------------------------------------------------------
 
 
+# --------------------------------------------------------------------------
+# 4. This round: lagged reads, host-memory copies, orbax, NNX in place
+
+
+def check_round(r: Results, jax: Any, np: Any, jc: Any) -> None:
+    import logging
+    import tempfile
+
+    import jax.numpy as jnp
+
+    r.section("[4] lagged reads, host-memory copies, an orbax save and an NNX step in place, in a raising loop")
+
+    @jc.hot_step(state="s")
+    def step(s):
+        return {"w": s["w"] * 1.0001 + 1, "n": s["n"] + 1}, {"loss": s["w"].sum()}
+
+    s = {"w": jnp.zeros((512, 512)), "n": jnp.int32(0)}
+    pending, seen, kept = None, [], []
+    try:
+        with jc.hot_loop(compiles="warmup") as loop:
+            for _ in loop.iterate(range(6)):
+                s, metrics = step(s)
+                if pending is not None:
+                    seen.append(int(pending.result()["n"]))
+                pending = jc.fetch_async({"loss": metrics["loss"], "n": s["n"]})  # s["n"] is donated next
+                kept.append(jc.to_host(s["w"]))
+                _ = np.asarray(kept[-1])  # host memory: no transfer
+        seen.append(int(pending.result()["n"]))
+        r.check("jc.fetch_async: each step's values after the state was donated", seen == [1, 2, 3, 4, 5, 6], str(seen))
+        kinds = {x.sharding.memory_kind for x in kept}
+        r.check("jc.to_host: copies in host memory, read in the loop without a transfer",
+                float(np.asarray(kept[0])[0, 0]) == 1.0, f"memory kinds {sorted(map(str, kinds))}")
+    except Exception as e:  # noqa: BLE001
+        r.crashed("lagged reads and host copies", e)
+
+    logger = logging.getLogger("jc-accel-check")
+    logger.propagate = False
+    logger.addHandler(logging.StreamHandler(io.StringIO()))  # formats the message: the read
+    try:
+        with jc.hot_loop():
+            logger.warning("loss %s", metrics["loss"])  # logging catches the refusal...
+        r.check("a read swallowed by logging fails the loop at its exit", False, "the loop ended clean")
+    except jc.TransferError as e:  # ...and the loop raises it as it ends
+        r.check("a read swallowed by logging fails the loop at its exit", "caught it" in "".join(e.__notes__))
+
+    try:
+        import orbax.checkpoint as ocp
+    except ImportError:
+        r.line("N/A", "an orbax save every N steps inside the loop", "orbax-checkpoint not installed")
+    else:
+        try:
+            manager = ocp.CheckpointManager(tempfile.mkdtemp())
+            with jc.hot_loop(compiles="warmup") as loop:
+                for i in loop.iterate(range(1, 5)):
+                    s, _ = step(s)
+                    if i % 2 == 0:
+                        manager.save(i, args=ocp.args.StandardSave(jc.to_host(s)))
+            manager.wait_until_finished()
+            target = jax.tree_util.tree_map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding), s)
+            restored = manager.restore(4, args=ocp.args.StandardRestore(target))
+            r.check("an orbax save every N steps inside a raising loop, asynchronous",
+                    int(restored["n"]) == int(jc.fetch(s["n"])) and list(manager.all_steps()) == [2, 4],
+                    f"steps {list(manager.all_steps())}, restored on {restored['w'].sharding.memory_kind}")
+            manager.close()
+        except Exception as e:  # noqa: BLE001
+            r.crashed("orbax", e)
+
+    try:
+        import optax
+        from flax import nnx
+    except ImportError:
+        r.line("N/A", "an NNX step updating its objects in place", "flax/optax not installed")
+        return
+    try:
+        class MLP(nnx.Module):
+            def __init__(self, rngs):
+                self.l1 = nnx.Linear(256, 1024, rngs=rngs)
+                self.bn = nnx.BatchNorm(1024, rngs=rngs)
+                self.l2 = nnx.Linear(1024, 1, rngs=rngs)
+
+            def __call__(self, x):
+                return self.l2(jax.nn.relu(self.bn(self.l1(x))))
+
+        model = MLP(nnx.Rngs(0))
+        optimizer = nnx.Optimizer(model, optax.adam(1e-3), wrt=nnx.Param)
+
+        @jc.hot_step(state=("model", "optimizer"))
+        def train_step(model, optimizer, x, y):
+            loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x) - y) ** 2))(model)
+            optimizer.update(model, grads)
+
+        x, y = jax.random.normal(jax.random.key(0), (64, 256)), jnp.zeros((64, 1))
+        w0 = jc.fetch(model.l1.kernel[...])
+        with jc.hot_loop(compiles="warmup") as loop:
+            for _ in loop.iterate(range(5)):
+                train_step(model, optimizer, x, y)
+        d = train_step.describe().current
+        r.check("an NNX step updating its objects in place trains them, donated and proven",
+                int(jc.fetch(optimizer.step[...])) == 5 and not np.allclose(w0, jc.fetch(model.l1.kernel[...]))
+                and len(d.donated) > 0 and set(d.aliased) == set(d.donated),
+                f"{len(d.donated)} leaves donated, {sum(leaf.nbytes for leaf in d.leaves if leaf.donated) / 2**20:.1f} MiB")
+    except Exception as e:  # noqa: BLE001
+        r.crashed("NNX in place", e)
+
+
 def main() -> int:
     args = parse_args()
     if args.force_cpu:
@@ -542,14 +660,11 @@ def main() -> int:
         return 2
     print(f"  python {sys.version.split()[0]} | jax {jax.__version__} | jaxcontracts {jc.__version__} "
           f"({Path(jc.__file__).parent})")
-    try:
-        gpus = jax.devices("gpu")
-    except RuntimeError:
-        gpus = []
+    gpus = [d for d in jax.devices() if d.platform in ("gpu", "tpu")]  # an accelerator: GPU or TPU
     on_gpu = bool(gpus) and not args.force_cpu
     if not on_gpu and not args.force_cpu:
         print(f"  devices: {', '.join(str(d) for d in jax.devices())}")
-        print("no GPU: skipped")
+        print("no GPU or TPU: skipped")
         print(RULE)
         return 0
     devices = jax.devices()
@@ -565,6 +680,7 @@ def main() -> int:
         ("hot_loop", lambda: check_hot_loop(r, jax, np, jc, on_gpu)),
         ("donation", lambda: check_donation(r, jax, np, jc, on_gpu, int(state_gib * 2**30), args.steps)),
         ("sharding", lambda: check_sharding(r, jax, np, jc, on_gpu)),
+        ("this round", lambda: check_round(r, jax, np, jc)),
     ]:
         try:
             run()

@@ -196,8 +196,9 @@ def _guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         loop = loc.loop
         if loop is None or loc.allow or not loop.checks_transfers:
             return original(self, *args, **kwargs)
-        if _in_host_memory(self):  # already in host memory (jc.to_host): not a device read
-            return original(self, *args, **kwargs)
+        if _in_host_memory(self):  # already in host memory (jc.to_host): not a device read,
+            with jax.transfer_guard_device_to_host("allow"):  # though JAX's own guard counts it one
+                return original(self, *args, **kwargs)
         if name == "__iter__" and _iterates_on_device(self):
             # Slices on the device (k, sub = jax.random.split(k)): no read.
             return original(self, *args, **kwargs)
