@@ -2,6 +2,7 @@
 rebinding at any size; a jc.state names its consumer; anything else is worded
 through one helper; nothing of the user's (locals, frames) is changed to do it."""
 
+from __future__ import annotations
 
 import contextlib
 import typing
@@ -10,23 +11,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jaxtyping import Array, Float32
+from test_consumed_state import S, step  # the consumed-state tests' state and step
 
 import jaxcontracts as jc
-
-
-@jc.state
-class S:
-    x: Float32[Array, "n"]
-    y: Float32[Array, "n"]
-    scale: float = jc.static(default=2.0)
-
-
-@jc.hot_step(signature=S)
-def step(s: S) -> S:
-    return S(x=s.x + 1, y=s.y * s.scale, scale=s.scale)
-
-
 
 # -- a consumed state goes at the rebinding; how a consumed array is named ----
 #

@@ -1,6 +1,7 @@
 """A call given a buffer that no longer exists, or one buffer twice, is refused
 before dispatch, naming the leaf, and before XLA prints an error line."""
 
+from __future__ import annotations
 
 import dataclasses
 
@@ -8,22 +9,9 @@ import jax.numpy as jnp
 import pytest
 from helpers import Particles, advance_fn, make_particles
 from jaxtyping import Array, Float32
+from test_consumed_state import S, step  # the consumed-state tests' state and step
 
 import jaxcontracts as jc
-
-
-@jc.state
-class S:
-    x: Float32[Array, "n"]
-    y: Float32[Array, "n"]
-    scale: float = jc.static(default=2.0)
-
-
-@jc.hot_step(signature=S)
-def step(s: S) -> S:
-    return S(x=s.x + 1, y=s.y * s.scale, scale=s.scale)
-
-
 
 
 @jc.hot_step(signature=S)

@@ -2,6 +2,7 @@
 leaf that anything besides its state still references is refused before
 dispatch, with the inputs intact, whoever holds it."""
 
+from __future__ import annotations
 
 import dataclasses
 import gc
@@ -11,24 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from jaxtyping import Array, Float32
+from test_consumed_state import S, step  # the consumed-state tests' state and step
 
 import jaxcontracts as jc
-
-
-@jc.state
-class S:
-    x: Float32[Array, "n"]
-    y: Float32[Array, "n"]
-    scale: float = jc.static(default=2.0)
-
-
-@jc.hot_step(signature=S)
-def step(s: S) -> S:
-    return S(x=s.x + 1, y=s.y * s.scale, scale=s.scale)
-
-
-
 
 # -- kept outputs: a donated leaf held elsewhere is refused before dispatch ---
 

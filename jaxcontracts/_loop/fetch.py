@@ -189,14 +189,7 @@ def fetch_async(tree: T) -> Pending[T]:
         DonationError: a leaf was donated to (consumed by) a hot step already.
     """
     __tracebackhide__ = True
-    observers.fetches += 1
-    leaves, treedef = _readable(tree, "jc.fetch_async")
-    local.allow += 1
-    try:
-        copies = _each(leaves, _to_host_memory)
-    finally:
-        local.allow -= 1
-    return Pending(copies, treedef)
+    return Pending(*_host_memory_copies(tree, "jc.fetch_async", keys=True))
 
 
 @boundary
@@ -223,11 +216,19 @@ def to_host(tree: T) -> T:
         DonationError: a leaf was donated to (consumed by) a hot step already.
     """
     __tracebackhide__ = True
+    copies, treedef = _host_memory_copies(tree, "jc.to_host", keys=False)
+    return jax.tree_util.tree_unflatten(treedef, copies)  # type: ignore[no-any-return]
+
+
+def _host_memory_copies(tree: Any, what: str, keys: bool) -> tuple[list[Any], Any]:
+    """Each leaf's asynchronous copy in host memory (a typed key's data, with
+    ``keys``), and the tree's structure; counted as a fetch."""
+    __tracebackhide__ = True
     observers.fetches += 1
-    leaves, treedef = _readable(tree, "jc.to_host")
+    leaves, treedef = _readable(tree, what)
     local.allow += 1
     try:
-        return jax.tree_util.tree_unflatten(treedef, _each(leaves, _to_host_memory, keys=False))
+        return _each(leaves, _to_host_memory, keys=keys), treedef
     finally:
         local.allow -= 1
 

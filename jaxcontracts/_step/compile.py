@@ -511,36 +511,18 @@ def _check_carry(
             kinds += [d.kind for d in diffs]
             leaves += named
             weak_params += [name] if all(d.kind == "weak_type" for d in diffs) else []
-    if blocks and kinds and all(k == "sharding" for k in kinds):
-        raise RecompileError(
-            f"{sig.name} does not return its state placed as it takes it, so "
-            "its own output would not match the compiled signature on the next "
-            "call (jax.jit would reshard or recompile there; a compiled step would reject it).",
-            blocks,
-            fix="the step makes these leaves, so place them in the step: "
-            "jax.lax.with_sharding_constraint(new_leaf, <input sharding>) before "
-            "returning (jaxcontracts constrains a returned state to its input "
-            "shardings when those are given, so give the spec its sharding: "
-            "State.spec(..., sharding=...) or compile from the placed arrays).",
-            note=NOTHING_RAN,
-            contract="carry",
-            step=sig.name,
-            leaves=leaves,
-        )
-    if blocks and kinds and all(k == "memory_kind" for k in kinds):
-        raise RecompileError(
-            f"{sig.name} returns its state in another memory than it takes it in, "
-            "so its own output would not match the compiled signature on the next "
-            "call (jax.jit would recompile there; a compiled step would reject it).",
-            blocks,
-            fix="return each carried leaf in the memory it comes in: move it back in the "
-            "step before returning (jax.device_put(new_leaf, <input sharding>)), or "
-            "return the moved copy as an output of its own, outside the state.",
-            note=NOTHING_RAN,
-            contract="carry",
-            step=sig.name,
-            leaves=leaves,
-        )
+    for kind, (what, fix) in _PLACEMENT_CAUSES.items():  # every difference of one placement kind
+        if blocks and kinds and all(k == kind for k in kinds):
+            raise RecompileError(
+                f"{sig.name} {what}, so its own output would not match the compiled signature "
+                "on the next call (jax.jit would recompile there; a compiled step would reject it).",
+                blocks,
+                fix=fix,
+                note=NOTHING_RAN,
+                contract="carry",
+                step=sig.name,
+                leaves=leaves,
+            )
     if blocks and not kinds:
         raise RecompileError(
             f"{sig.name} does not return what its signature says: its return "
@@ -575,6 +557,25 @@ def _check_carry(
             step=sig.name,
             leaves=leaves,
         )
+
+
+# A carried state that comes back placed otherwise: what the message says and its fix.
+_PLACEMENT_CAUSES = {
+    "sharding": (
+        "does not return its state placed as it takes it",
+        "the step makes these leaves, so place them in the step: "
+        "jax.lax.with_sharding_constraint(new_leaf, <input sharding>) before "
+        "returning (jaxcontracts constrains a returned state to its input "
+        "shardings when those are given, so give the spec its sharding: "
+        "State.spec(..., sharding=...) or compile from the placed arrays).",
+    ),
+    "memory_kind": (
+        "returns its state in another memory than it takes it in",
+        "return each carried leaf in the memory it comes in: move it back in the "
+        "step before returning (jax.device_put(new_leaf, <input sharding>)), or "
+        "return the moved copy as an output of its own, outside the state.",
+    ),
+}
 
 
 def _carry_cause(d: LeafDiff) -> str:
