@@ -829,6 +829,9 @@ def test_a_step_that_moves_its_carried_state_to_another_memory_is_refused_at_com
     names the leaf and both memories (_step/diffs.py: the diff kind
     ``memory_kind``); nothing runs."""
     device, host = _memory("device"), _memory("pinned_host")
+    placed = jax.jit(lambda x: jax.device_put(x * 2, host))(jax.device_put(jnp.ones(3), device))
+    if placed.sharding.memory_kind != "pinned_host":  # jax 0.10.0 on CPU keeps it in device memory
+        pytest.skip("this jax does not place a jitted device_put in host memory on this backend")
 
     @jc.hot_step(signature=S1)
     def offload(s: S1) -> S1:
