@@ -199,3 +199,27 @@ def test_a_static_attribute_that_differs_inside_a_module_is_named_by_its_attribu
     assert "model.bn: compiled with BatchNorm" in text
     assert "it differs at .use_running_average: True vs False" in text
     assert "model.do: compiled with Dropout" in text and ".deterministic: True vs False" in text
+
+
+def test_a_second_instance_holding_its_own_partial_is_told_to_share_the_partial():
+    import functools
+
+    class Pooled(nnx.Module):
+        def __init__(self, rngs):
+            self.lin = nnx.Linear(4, 4, rngs=rngs)
+            self.pool = functools.partial(nnx.avg_pool, window_shape=(2,), strides=(2,))
+
+        def __call__(self, x):
+            return self.pool(self.lin(x)[..., None])[..., 0]
+
+    metrics = nnx.MultiMetric(loss=nnx.metrics.Average("loss"))
+
+    @jc.hot_step(state="metrics")
+    def evaluate(model, metrics, x):
+        metrics.update(loss=model(x).mean())
+
+    evaluate(Pooled(nnx.Rngs(0)), metrics, jnp.ones((2, 4)))
+    with pytest.raises(jc.RecompileError) as info:
+        evaluate(Pooled(nnx.Rngs(1)), metrics, jnp.ones((2, 4)))
+    text = str(info.value)
+    assert "it differs at .pool: partial" in text and "make the partial once, at module level" in text

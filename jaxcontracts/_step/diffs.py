@@ -9,6 +9,7 @@ specs and reprs of static values, never from device memory.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -492,9 +493,18 @@ def _has_arrays(x: Any) -> bool:
 def _closure_hint(a: Any, b: Any) -> str:
     """Functions compare by identity: new closures (a second optax.adam(...))
     are unequal though they do the same."""
-    fa = [v for v in jax.tree_util.tree_leaves(a) if callable(v)]
-    fb = [v for v in jax.tree_util.tree_leaves(b) if callable(v)]
-    if fa and fb and any(x is not y for x, y in zip(fa, fb)):
+    whole = lambda v: isinstance(v, functools.partial)  # noqa: E731 - jax flattens a partial
+    fa = [v for v in jax.tree_util.tree_leaves(a, is_leaf=whole) if callable(v)]
+    fb = [v for v in jax.tree_util.tree_leaves(b, is_leaf=whole) if callable(v)]
+    pairs = [(x, y) for x, y in zip(fa, fb) if x is not y]
+    if any(isinstance(x, functools.partial) and isinstance(y, functools.partial) for x, y in pairs):
+        return (
+            "; it holds functools.partial objects, which compare by identity: two "
+            "partials of the same function and arguments (one per model instance, "
+            "made in __init__) are a new value: make the partial once, at module "
+            "level, and share it"
+        )
+    if fa and fb and pairs:
         return (
             "; it holds functions, which compare by identity: new closures (an "
             "optimizer built again, e.g. a second optax.adam(...)) are a new value "
