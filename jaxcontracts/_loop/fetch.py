@@ -152,7 +152,7 @@ class Pending(Generic[T]):
             local.allow += 1
             t0 = time.perf_counter()
             try:
-                values = [hostcopy.host_copy(x) if isinstance(x, jax.Array) else x for x in self._copies]
+                values = _each(self._copies, hostcopy.host_copy, keys=False)
             finally:
                 local.allow -= 1
                 _timing.blocked("jc.fetch_async", time.perf_counter() - t0)

@@ -434,8 +434,8 @@ class HotLoop:
             observers.loop(self, False)
         refused, pending.error = getattr(pending, "error", None), None
         # the first violation raised on this thread, once its last entry of this loop ends
-        outer_entry = any(e.stack is local.stack for e in self._entries)
-        swallowed = None if outer_entry else self._raised.pop(threading.get_ident(), None)
+        still_entered = any(e.stack is local.stack for e in self._entries)
+        swallowed = None if still_entered else self._raised.pop(threading.get_ident(), None)
         if exc is not None and not isinstance(exc, Exception):
             return False
         if refused is not None and exc is not None and arrays.is_unset_error(exc):

@@ -39,20 +39,14 @@ def is_inplace_object(x: Any) -> bool:
     return base is not None and isinstance(x, base)
 
 
-def _is_variable(x: Any) -> bool:
-    nnx = _nnx()
-    return nnx is not None and isinstance(x, nnx.Variable)
-
-
-def variables(obj: Any) -> list[Any]:
-    """The Variables of an NNX object, in its flatten order."""
-    return [v for v in jax.tree_util.tree_leaves(obj, is_leaf=_is_variable) if _is_variable(v)]
-
-
 def write_back(obj: Any, new: Any) -> None:
     """Put the arrays of ``new`` (the object the compiled step returned for
     ``obj``: the same structure) into ``obj``'s own Variables."""
-    for old, fresh in zip(variables(obj), variables(new), strict=True):
+    variable = _nnx().Variable
+    is_variable = lambda v: isinstance(v, variable)  # noqa: E731
+    old_vars = [v for v in jax.tree_util.tree_leaves(obj, is_leaf=is_variable) if is_variable(v)]
+    new_vars = [v for v in jax.tree_util.tree_leaves(new, is_leaf=is_variable) if is_variable(v)]
+    for old, fresh in zip(old_vars, new_vars, strict=True):
         old.set_raw_value(fresh.get_raw_value())
 
 

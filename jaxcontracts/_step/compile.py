@@ -96,14 +96,14 @@ def jit_for(
             )
         specs.append(spec)
     candidates = tuple(
-        i for i in sig.state_params if i not in {a for a, _ in sig.carried or ()} and is_inplace_object(positional[i])
+        i for i in sig.state_params if i not in sig.carried_params and is_inplace_object(positional[i])
     )
     if sig.carried is None:  # state= named, or no return annotation: read the output
         per_param = tuple(jax.tree_util.tree_unflatten(treedef, specs))
-        with quiet_donation_warning(), _tracing(), _naming(sig):
+        with quiet_donation_warning(), _tracing(sig):
             out = jax.eval_shape(_fresh(_in_place(sig, sig.positional, candidates), sig.fn), *per_param)
         sig = sig.resolve_carried(out, per_param)
-    inplace = tuple(i for i in candidates if i not in {a for a, _ in sig.carried or ()})
+    inplace = tuple(i for i in candidates if i not in sig.carried_params)
     if inplace:
         sig = sig.with_inplace(inplace)
     _refuse_uncarried(sig)
@@ -145,7 +145,7 @@ def _in_place(sig: StepDefinition, fn: Callable[..., Any], candidates: tuple[int
         out = fn(*args)
         lost = [i for i, was in zip(checked, before) if mutated(was, jax.tree_util.tree_leaves(args[i]))]
         if lost:  # a returned state may be updated in place too: its new value is carried
-            returned = {a for a, _ in sig.resolve_carried(out, args).carried or ()}
+            returned = sig.resolve_carried(out, args).carried_params
             lost = [i for i in lost if i not in returned]
             if lost:  # raised once the trace is over (JAX would add its own note to it)
                 _lost.error = _lost_update_error(sig, lost, args)
@@ -154,33 +154,27 @@ def _in_place(sig: StepDefinition, fn: Callable[..., Any], candidates: tuple[int
     return traced
 
 
-@contextlib.contextmanager
-def _naming(sig: StepDefinition) -> Iterator[None]:
-    """An error of the user's function while it traces says which step was compiling."""
-    try:
-        yield
-    except ContractError:
-        raise
-    except Exception as err:
-        err.add_note(
-            f"jaxcontracts: raised while tracing the hot step {sig.name} to compile it "
-            "(at its first call with these shapes, or its .compile())."
-        )
-        raise
-
-
 _lost = threading.local()  # the error of a trace that found a lost update (see _in_place)
 
 
 @contextlib.contextmanager
-def _tracing() -> Iterator[None]:
-    """Around a trace of :func:`_in_place`'s function: raise what it found."""
+def _tracing(sig: StepDefinition) -> Iterator[None]:
+    """Around a trace of ``sig``'s function for a compile: an error of the
+    user's function says which step was compiling, and a lost update found
+    by :func:`_in_place` is raised once the trace is over."""
     __tracebackhide__ = True
     _lost.error = None
     try:
         yield
-    except BaseException:
+    except ContractError:
         _lost.error = None
+        raise
+    except Exception as err:
+        _lost.error = None
+        err.add_note(
+            f"jaxcontracts: raised while tracing the hot step {sig.name} to compile it "
+            "(at its first call with these shapes, or its .compile())."
+        )
         raise
     err, _lost.error = _lost.error, None
     if err is not None:
@@ -215,8 +209,7 @@ def _refuse_uncarried(sig: StepDefinition) -> None:
     """A state parameter named in ``state=`` that the step neither returns nor
     updates in place would never change: refused, naming it."""
     __tracebackhide__ = True
-    carried = {a for a, _ in sig.carried or ()}
-    idle = [sig.param_names[i] for i in sig.state_params if i not in carried]
+    idle = [sig.param_names[i] for i in sig.state_params if i not in sig.carried_params]
     if sig.state_named and idle:
         raise DefinitionError(
             f"{sig.name}: state parameter {', '.join(f'`{n}`' for n in idle)} is neither "
@@ -354,7 +347,7 @@ def compile_signature(
     with compiling(sig.name, spec or "jc.spec_of(<its arguments>)", sig.fn):  # in a hot_loop, a violation (before any trace)
         jitted, spec_args, treedef, donated, flat_style, sig = jit_for(sig, positional)
         t0 = time.perf_counter()
-        with quiet_donation_warning(), _tracing(), _naming(sig):
+        with quiet_donation_warning(), _tracing(sig):
             traced = jitted.trace(*spec_args)
             lowered = traced.lower()
         outcome = events.watch_cache()  # did JAX's persistent cache serve it?

@@ -81,9 +81,14 @@ class StepDefinition:
         return dataclasses.replace(self, carried=carried, inplace_params=params)
 
     @property
+    def carried_params(self) -> frozenset[int]:
+        """The parameters whose new value the compiled step returns."""
+        return frozenset(i for i, _ in self.carried or ())
+
+    @property
     def read_only_params(self) -> tuple[int, ...]:
         """State parameters the step does not return: never donated."""
-        returned = {i for i, _ in self.carried or ()}
+        returned = self.carried_params
         return tuple(i for i in self.state_params if i not in returned)
 
     def resolve_carried(self, out: Any, spec_args: Sequence[Any]) -> StepDefinition:

@@ -304,12 +304,7 @@ class HotStep(Generic[P, R]):
             for p, x in with_path
             if leaf_spec(x) is None and p[0].idx not in self._sig.host_params
         ]
-        refs = [p for p, x in odd if is_ref(x)]
-        if refs:
-            raise refs_error(self._sig.name, refs)
-        modules = module_params(self._sig, positional, with_path, odd) if odd else ()
-        if modules:
-            self._filter(modules)
+        if odd and _learn_modules(self, positional, with_path, odd):
             positional = self._sig.normalize(args, kwargs)
         return positional
 
@@ -489,14 +484,13 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         for (path, x), p in zip(with_path, paths)
         if not isinstance(x, jax.Array) and path[0].idx not in declared
     ]
-    refs = [p for p, x in host if is_ref(x)]
-    if refs:
-        step.stats.refused += 1
-        raise refs_error(sig.name, refs)
     if host:
-        modules = module_params(sig, positional, with_path, host)
-        if modules:  # equinox Modules: their non-array leaves are static (_filter)
-            step._filter(modules)
+        try:
+            filtered = _learn_modules(step, positional, with_path, host)
+        except DefinitionError:  # refs: a refused call
+            step.stats.refused += 1
+            raise
+        if filtered:  # equinox Modules: their non-array leaves are static (_filter)
             del with_path, leaves, host, positional  # the kept-leaf check counts references
             return _decide(step, args, kwargs, exc)
         del leaves, with_path  # the kept-leaf check of the call made on the device counts references
@@ -528,6 +522,23 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
     if exc is not None:
         exc.__traceback__ = None
     return _redispatch(step, dispatch, positional, paths)
+
+
+def _learn_modules(
+    step: HotStep[Any, Any], positional: tuple[Any, ...], with_path: list[Any], odd: list[tuple[str, Any]]
+) -> bool:
+    """The non-array leaves a call or a compile was given (``odd``: path, leaf):
+    JAX refs are refused, not taken for host data; where they are the
+    non-array leaves of equinox Modules, those Modules are filtered from now
+    on (``_filter``) and True is returned: bind the arguments again."""
+    __tracebackhide__ = True
+    refs = [p for p, x in odd if is_ref(x)]
+    if refs:
+        raise refs_error(step._sig.name, refs)
+    modules = module_params(step._sig, positional, with_path, odd)
+    if modules:
+        step._filter(modules)
+    return bool(modules)
 
 
 def _host_arguments(
