@@ -76,6 +76,10 @@ def main() -> float:
     model = MLP()
     params = model.init(jax.random.PRNGKey(0), jnp.zeros((1, FEATURES), jnp.float32))["params"]
     state = TrainState.create(apply_fn=model.apply, params=params, tx=optax.adam(1e-2))
+    # The state holds that params dict itself: train_step donates its arrays,
+    # so a variable still naming it would hold deleted arrays (refused at the
+    # first call). Let go of it.
+    del params
     # TrainState.create makes `step` a Python int: make it a device int32,
     # the dtype the step returns, so the carry keeps one signature.
     state = state.replace(step=jnp.int32(0))

@@ -199,6 +199,11 @@ DONATION_FIXES = {
     "jc.fetch({value}) for a host copy), return what you keep as an output of its own, "
     "or drop the other reference (del x; del err for a kept exception; build the state on "
     'a line of its own, not inside an assert); to donate nothing, @jc.hot_step(donate="none").',
+    # a container of donated leaves inside a state is still referenced besides its state
+    "kept_node": "keep a copy instead of the container itself (samples.append(jax.tree.map(jnp.copy, "
+    "{value})), or jc.fetch({value}) for a host copy), return what you keep as an output of its "
+    "own, or drop the other reference (a variable that still names it, such as the params you "
+    'built a TrainState from: del params); to donate nothing, @jc.hot_step(donate="none").',
 }
 
 

@@ -380,3 +380,119 @@ def test_an_output_taken_apart_and_written_back_is_not_kept_by_the_loops_own_rec
             update(p, g)
         del kept
     assert p["w"].tolist() == [-4.0] * 3 and update.stats.calls == 4
+
+
+# -- kept containers: a dict, list or tuple inside a state, kept elsewhere ----
+
+
+def _dict_sampler():
+    class RWState(typing.NamedTuple):  # BlackJAX's random-walk state: the position is a dict
+        position: dict
+        logdensity: jax.Array
+
+    def kernel(key, state):
+        pos = {k: v + 0.1 * jax.random.normal(key, v.shape) for k, v in state.position.items()}
+        return RWState(pos, -0.5 * sum(jnp.sum(v**2) for v in pos.values()))
+
+    return RWState, jc.hot_step(kernel, state="state")
+
+
+def test_a_kept_container_of_the_state_is_refused_before_dispatch_inputs_intact():
+    # issue 39 (BlackJAX's quickstart: samples.append(state.position), the
+    # position a dict): no leaf count sees the dict held by the list; the
+    # donation deleted every kept sample and the error came only at
+    # jnp.stack(samples), after the loop.
+    RWState, kernel = _dict_sampler()
+    state = RWState({"mu": jnp.zeros(3), "sigma": jnp.ones(2)}, jnp.float32(0))
+    key = jax.random.key(0)
+    state = kernel(key, state)
+    samples = []
+    with pytest.raises(jc.DonationError) as info:  # noqa: PT012
+        for _ in range(3):
+            state = kernel(key, state)
+            samples.append(state.position)
+    err = info.value
+    assert err.leaves == ("state.position",) and err.step.endswith("kernel")
+    assert "state.position: a container of 2 donated array(s) (20 B)" in str(err)
+    assert "jax.tree.map(jnp.copy, state.position)" in err.fix
+    assert len(samples) == 1 and not any(v.is_deleted() for v in samples[0].values())  # nothing lost
+    assert not state.position["mu"].is_deleted()  # the refused call's inputs are intact
+    samples = [jax.tree.map(jnp.copy, s) for s in samples]  # the fix
+    for _ in range(3):
+        state = kernel(key, state)
+        samples.append(jax.tree.map(jnp.copy, state.position))
+    assert jnp.stack([s["mu"] for s in samples]).shape == (4, 3)
+
+
+@pytest.mark.parametrize(
+    "keep",
+    [
+        lambda s: [s.position],  # a list of samples
+        lambda s: {"saved": s.position},  # another container
+        lambda s: s.position,  # a variable
+        lambda s: type(s)(s.position, s.logdensity + 1),  # another state sharing the dict
+    ],
+    ids=["list", "dict", "variable", "shared-container"],
+)
+def test_every_kind_of_kept_container_is_refused_and_dropping_it_lets_the_call_run(keep):
+    RWState, kernel = _dict_sampler()
+    key = jax.random.key(0)
+    state = kernel(key, RWState({"mu": jnp.zeros(3)}, jnp.float32(0)))
+    held = keep(state)
+    with pytest.raises(jc.DonationError, match=r"state\.position: a container"):
+        kernel(key, state)
+    del held
+    state = kernel(key, state)  # dropped: it runs
+    assert kernel.stats.calls == 2
+
+
+def test_kept_containers_at_any_depth_are_named_by_their_path():
+    # an optax-like nested state: {"params": {"w":...}, "opt": (mu_dict, nu_dict)}
+    step = jc.hot_step(lambda s: jax.tree.map(lambda x: x + 1, s), state="s")
+    s = step({"params": {"w": jnp.zeros(2)}, "opt": ({"w": jnp.zeros(2)}, {"w": jnp.ones(2)})})
+    for keep, path in [
+        (lambda s: s["opt"][1], r"s\['opt'\]\[1\]: a container"),
+        (lambda s: s["opt"], r"s\['opt'\]: a container of 2"),
+        (lambda s: s["params"], r"s\['params'\]: a container of 1"),
+    ]:
+        held = keep(s)
+        with pytest.raises(jc.DonationError, match=path):
+            step(s)
+        del held
+    s = step(s)
+    assert step.stats.calls == 2
+
+
+def test_containers_with_nothing_donated_inside_and_shared_empty_nodes_are_not_kept_references():
+    # None, (), optax's EmptyState: shared by every state (singletons), no leaf
+    # to lose; a container whose leaves are not donated loses nothing either.
+    class Empty(typing.NamedTuple):
+        pass
+
+    @jc.hot_step(state="s")
+    def step(s, cfg):  # cfg is read, not donated
+        return {"a": {"x": s["a"]["x"] + cfg["inner"]["y"]}, "e": (), "n": None, "o": Empty()}
+
+    s = {"a": {"x": jnp.zeros(2)}, "e": (), "n": None, "o": Empty()}
+    cfg = {"inner": {"y": jnp.ones(2)}}
+    inner = cfg["inner"]  # not donated: holding it loses nothing
+    for _ in range(3):
+        s = step(s, cfg)
+    assert step.stats.calls == 3 and not inner["y"].is_deleted()
+
+
+def test_a_bare_array_state_is_not_kept_checked_and_the_report_says_so():
+    # issue 39: a state that is one bare array (state="theta") kept in a
+    # trajectory list loses every kept entry at full. The caller's own
+    # variable holds the array too, and so do the frames of any function it
+    # passes through: no count tells a kept copy from them, so the check does
+    # not claim to watch it, and the report says how to have it watched.
+    step = jc.hot_step(lambda theta: theta * 0.5, state="theta")
+    theta = step(jnp.ones(3))
+    report = step.report()
+    assert ("kept references", "not checked for theta (a bare array: keep it in a dict or a jc.state "
+            "to have kept copies refused)") in report.facts
+    dict_step = jc.hot_step(lambda s: {"theta": s["theta"] * 0.5}, state="s")
+    dict_step({"theta": jnp.ones(3)})
+    assert not any(k == "kept references" for k, _ in dict_step.report().facts)
+    del theta

@@ -35,7 +35,7 @@ from .._tracebacks import trim
 from .definition import StepDefinition
 
 __all__ = [
-    "CallContext", "DispatchingStep", "KeptPlan", "LeafKinds", "first_leaf_of",
+    "CallContext", "DispatchingStep", "InnerNodes", "KeptPlan", "LeafKinds", "first_leaf_of",
     "is_deleted_for", "kept_plan", "binder", "leaf_kinds", "leaf_reader", "leaf_readers",
     "leaves_of", "make_tail", "picker", "stale_reader", "static_native",
 ]
@@ -73,7 +73,7 @@ class CallContext:
     normalize: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
     # At full (with the kept-references capability): refuse a donated leaf
     # held elsewhere. None: not checked.
-    kept: Callable[[Sequence[int]], BaseException] | None = None
+    kept: Callable[[Sequence[int], Sequence[str]], BaseException] | None = None
     # Keyword arguments bound to positions without inspect (None: not this call's shape).
     bind: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None] = lambda args, kwargs: None
     # Some parameter has a default: a call with fewer positional arguments and
@@ -142,18 +142,28 @@ class KeptPlan:
     with an error the slow path raises once it has ruled out a wrong
     signature. No closure holds its flat leaves while it calls the slow path,
     so a call the slow path dispatches again is counted as any other. The ``s = step(s)`` path counts
-    inline and calls :meth:`refuse` on a hit. A donated argument that is an
-    array itself is not watched: the caller's variable holds it, as it should."""
+    inline and calls :meth:`refuse` on a hit.
+
+    The same rule holds for the containers inside a state that hold donated
+    leaves (BlackJAX's ``samples.append(state.position)`` keeps a dict whose
+    arrays the donation deletes): :attr:`nodes` gives them, each held once by
+    its parent (Python's dicts, lists and tuples, NamedTuples included; a
+    library's own nodes, such as NNX's Variables, are held by the library
+    by design, and not watched). An argument itself (a bare array, or the state's own
+    container) is not watched: the caller's variable holds it, as it should,
+    and a kept copy of it cannot be told from that variable (the step's
+    report says so)."""
 
     watched: tuple[int, ...]  # flat leaf indices
     pick: Callable[[Sequence[Any]], Sequence[Any]] | None
     limit: int
-    error: Callable[[Sequence[int]], BaseException]
+    error: Callable[[Sequence[int], Sequence[str]], BaseException]
+    nodes: InnerNodes | None = None
 
     def refused(self, leaves: Sequence[Any]) -> BaseException | None:
         """The refusal for these flat leaves (a fresh sequence), or None."""
         seq = leaves if self.pick is None else self.pick(leaves)
-        if max(map(refcount.count, seq)) <= self.limit:
+        if max(map(refcount.count, seq), default=0) <= self.limit:
             return None
         return self.refuse(seq, self.limit - refcount.BASELINE + 1)
 
@@ -164,7 +174,83 @@ class KeptPlan:
         apart, ``p["w"] = out["w"]``, is held there too)."""
         clear_last_outputs()
         kept = refcount.kept_after_collecting(seq, sequences)
-        return self.error(list(dict.fromkeys(self.watched[i] for i in kept))) if kept else None
+        return self.error(list(dict.fromkeys(self.watched[i] for i in kept)), ()) if kept else None
+
+    def refuse_nodes(self, nodes: list[Any]) -> BaseException | None:
+        """After a hit on :attr:`nodes`: the error naming the kept containers."""
+        clear_last_outputs()
+        kept = refcount.kept_after_collecting(nodes, 1)
+        assert self.nodes is not None
+        return self.error((), [self.nodes.paths[i] for i in kept]) if kept else None
+
+
+@dataclasses.dataclass(frozen=True)
+class InnerNodes:
+    """The containers inside the arguments that hold donated leaves, below the
+    arguments themselves: ``plans`` are (parameter, treedef whose leaves are
+    the nodes of one depth, their positions in its flat list), one C
+    ``flatten_up_to`` per depth; ``paths`` name them, in :meth:`of` order."""
+
+    plans: tuple[tuple[int, Any, tuple[int, ...]], ...]
+    paths: tuple[str, ...]
+
+    def of(self, args: Sequence[Any]) -> list[Any]:
+        """A fresh list of the containers (each then held by its parent and this list)."""
+        out: list[Any] = []
+        for i, treedef, positions in self.plans:
+            flat = treedef.flatten_up_to(args[i])
+            out += [flat[j] for j in positions]
+            del flat
+        return out
+
+
+# The containers watched: Python's own, whose only holder inside a state is
+# their parent. A library's nodes (an NNX Variable, an nnx.State level) are
+# held by the library too, by design (the Module graph), so they are not.
+_PLAIN_CONTAINERS = (dict, list, tuple)
+
+
+def _inner_nodes(cs: CompiledSignature, sig: StepDefinition, skip: set[int]) -> InnerNodes | None:
+    """The :class:`InnerNodes` of the donated arguments (``skip``: parameters
+    not watched), or None where no container below an argument holds a
+    donated leaf. Found on the compiled example (``cs.spec_args``), whose
+    containers are the call's: each node's leaves are a contiguous run of
+    the flat leaves."""
+    donated = set(cs.donated)
+    plans: list[tuple[int, Any, tuple[int, ...]]] = []
+    paths: list[str] = []
+    start = 0
+    for i, spec in enumerate(cs.spec_args):
+        n = len(jax.tree_util.tree_leaves(spec))
+        if i in skip or not donated.intersection(range(start, start + n)):
+            start += n
+            continue
+        by_depth: dict[int, list[tuple[Any, tuple[Any, ...]]]] = {}
+        # walk the nodes: (node, its key path, depth, index of its first leaf)
+        stack = [(spec, (), 0, start)]
+        while stack:
+            node, path, depth, first = stack.pop()
+            kids = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x, node=node: x is not node)[0]
+            if not kids or (len(kids) == 1 and kids[0][1] is node):  # a leaf
+                continue
+            if depth and isinstance(node, _PLAIN_CONTAINERS):
+                n_node = len(jax.tree_util.tree_leaves(node))
+                if donated.intersection(range(first, first + n_node)):
+                    by_depth.setdefault(depth, []).append((node, path))
+            at = first
+            for key, kid in kids:
+                stack.append((kid, (*path, *key), depth + 1, at))
+                at += len(jax.tree_util.tree_leaves(kid))
+        for depth in sorted(by_depth):
+            nodes = by_depth[depth]
+            ids = {id(node) for node, _ in nodes}
+            flat, treedef = jax.tree_util.tree_flatten(spec, is_leaf=lambda x, ids=ids: id(x) in ids)
+            positions = tuple(j for j, x in enumerate(flat) if id(x) in ids)
+            plans.append((i, treedef, positions))
+            where = {id(node): path for node, path in nodes}
+            paths += [sig.param_path((jax.tree_util.SequenceKey(i), *where[id(flat[j])])) for j in positions]
+        start += n
+    return InnerNodes(tuple(plans), tuple(paths)) if plans else None
 
 
 def kept_plan(ctx: CallContext) -> KeptPlan | None:
@@ -174,17 +260,21 @@ def kept_plan(ctx: CallContext) -> KeptPlan | None:
     cs = ctx.cs
     whole: set[int] = set()
     filtered: set[int] = set()  # the leaves of an equinox Module's Filtered node (_filter)
+    unwatched: set[int] = set()  # parameters whose containers are not watched
     start = 0
-    for spec in cs.spec_args:
+    for i, spec in enumerate(cs.spec_args):
         n = len(jax.tree_util.tree_leaves(spec))
         if jax.tree_util.tree_structure(spec).num_nodes == 1:  # the argument is one array
             whole.update(range(start, start + n))
+            unwatched.add(i)
         elif type(spec) is Filtered:
             filtered.update(range(start, start + n))
+            unwatched.add(i)
         start += n
     watched = tuple(i for i in cs.donated if i not in whole)
     if not watched:
         return None
+    nodes = _inner_nodes(cs, ctx.step.definition, unwatched)
     if filtered:
         # A Filtered node's leaves tuple is one more reference to each of its
         # leaves: the others appear twice in the sequence, so that one limit
@@ -199,7 +289,7 @@ def kept_plan(ctx: CallContext) -> KeptPlan | None:
         pick, sequences = (lambda leaves: (leaves[only],)), 2
     else:
         pick, sequences = operator.itemgetter(*watched), 2
-    return KeptPlan(watched, pick, refcount.BASELINE + sequences - 1, ctx.kept)
+    return KeptPlan(watched, pick, refcount.BASELINE + sequences - 1, ctx.kept, nodes)
 
 
 def is_deleted_for(cs: CompiledSignature) -> Callable[[Any], bool]:

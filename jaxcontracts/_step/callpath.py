@@ -84,7 +84,7 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
         normalize=sig.normalize,
         bind=binder(sig),
         defaults=any(p.default is not p.empty for p in sig.python_signature.parameters.values()),
-        kept=(lambda kept: kept_leaves_error(sig, cs, kept))
+        kept=(lambda kept, nodes: kept_leaves_error(sig, cs, kept, nodes))
         if level == "full" and cs.donated and refcount.available()
         else None,
     )
@@ -409,6 +409,8 @@ def _guarded(
     count = refcount.count
     kept_pick, kept_limit = (kept.pick, kept.limit) if kept is not None else (None, 0)
     kept_sequences = kept_limit - refcount.BASELINE + 1
+    nodes_of = kept.nodes.of if kept is not None and kept.nodes is not None else None
+    node_limit = refcount.BASELINE  # a container: its parent, the fresh list, the count's argument
 
     def repeated(leaves: Sequence[Any]) -> bool:
         return len(set(map(id, leaves))) != n_leaves and bool(find_hazards(leaves, donated)[1])
@@ -465,11 +467,16 @@ def _guarded(
                     seq = leaves if kept_pick is None else kept_pick(leaves)
                     if max(map(count, seq)) > kept_limit:
                         exc = kept.refuse(seq, kept_sequences)
-                        if exc is not None:
-                            stop = True
-                            if repeated(leaves):
-                                exc = None
                     del seq
+                    if exc is None and nodes_of is not None:  # the containers inside the state
+                        seq = nodes_of(args)
+                        if max(map(count, seq)) > node_limit:
+                            exc = kept.refuse_nodes(seq)
+                        del seq
+                    if exc is not None:
+                        stop = True
+                        if repeated(leaves):
+                            exc = None
                 if not stop:
                     try:
                         out = call(*leaves)

@@ -17,7 +17,7 @@ import numpy as np
 from .._compat.hostcopy import pins_host_views
 from .._donation.hazards import is_deleted_array
 from .._errors import INPUTS_INTACT, DefinitionError, DonationError, RecompileError, TransferError
-from .._format import fmt_aval
+from .._format import fmt_aval, fmt_bytes
 from .._records import CompiledSignature
 from .._runtime import deleted_because, donation_fix, in_hot_loop
 from .._runtime import donated as donated_words
@@ -232,22 +232,30 @@ def run_failed_note(
     return note
 
 
-def kept_leaves_error(sig: StepDefinition, cs: CompiledSignature, kept: Sequence[int]) -> DonationError:
-    """Donated leaves that something besides their state still references."""
+def kept_leaves_error(
+    sig: StepDefinition, cs: CompiledSignature, kept: Sequence[int], nodes: Sequence[str] = ()
+) -> DonationError:
+    """Donated leaves, or containers of donated leaves inside a state
+    (``nodes``: their paths), that something besides their state still references."""
     paths = [cs.leaves[i].path for i in kept]
-    first = paths[0] if paths else "the leaf"
+    lines = [f"  {cs.leaves[i].path}: {fmt_aval(cs.leaves[i].spec.shape, cs.leaves[i].spec.dtype)}" for i in kept]
+    for path in nodes:  # a kept container: its donated leaves would be deleted in it
+        inside = [leaf for leaf in cs.leaves if leaf.donated and leaf.path.startswith(path)]
+        lines.append(f"  {path}: a container of {len(inside)} donated array(s) ({fmt_bytes(sum(x.nbytes for x in inside))})")
+    first = (paths or list(nodes) or ["the leaf"])[0]
+    what = f"{len(kept)} array(s)" if kept else f"the arrays of {len(nodes)} container(s)"
     return DonationError(
-        f"{sig.name} would delete {len(kept)} array(s) you still hold elsewhere: donating "
+        f"{sig.name} would delete {what} you still hold elsewhere: donating "
         "a leaf deletes its buffer, and another reference to it (a sample kept in a list, "
         "a variable, a numpy view from np.asarray, a second container sharing the leaf, "
         "a caught exception you kept, whose traceback holds the frames that saw it, or "
         "pytest's record of an `assert` that built it) would then hold a deleted array.",
-        [f"  {cs.leaves[i].path}: {fmt_aval(cs.leaves[i].spec.shape, cs.leaves[i].spec.dtype)}" for i in kept],
-        fix=donation_fix("kept", value=first),
+        lines,
+        fix=donation_fix("kept" if kept else "kept_node", value=first),
         note=INPUTS_INTACT,
         contract="donation-hazard",
         step=sig.name,
-        leaves=paths,
+        leaves=paths or list(nodes),
     )
 
 
