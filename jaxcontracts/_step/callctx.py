@@ -187,27 +187,52 @@ class KeptPlan:
 @dataclasses.dataclass(frozen=True)
 class InnerNodes:
     """The containers inside the arguments that hold donated leaves, below the
-    arguments themselves: ``plans`` are (parameter, treedef whose leaves are
-    the nodes of one depth, their positions in its flat list), one C
-    ``flatten_up_to`` per depth; ``paths`` name them, in :meth:`of` order."""
+    arguments themselves. Per parameter: ``(i, top, watched, below)``: the
+    ``top`` treedef's flat list is the argument's children (one flatten of
+    its own node type, which may run Python); ``watched`` picks those that
+    are watched; ``below``: (child position, treedef of one depth inside
+    that child, its picker): C-only flattens, since every node down
+    to there is Python's own. ``paths`` name them, in :meth:`of` order."""
 
-    plans: tuple[tuple[int, Any, tuple[int, ...]], ...]
+    plans: tuple[tuple[int, Any, Any, tuple[tuple[int, Any, Any], ...]], ...]  # pickers: _pick
     paths: tuple[str, ...]
 
     def of(self, args: Sequence[Any]) -> list[Any]:
         """A fresh list of the containers (each then held by its parent and this list)."""
         out: list[Any] = []
-        for i, treedef, positions in self.plans:
-            flat = treedef.flatten_up_to(args[i])
-            out += [flat[j] for j in positions]
-            del flat
+        extend = out.extend
+        for i, top, watched, below in self.plans:
+            kids = top.flatten_up_to(args[i])
+            extend(watched(kids))
+            for j, treedef, pick in below:
+                extend(pick(treedef.flatten_up_to(kids[j])))
+            del kids
         return out
+
+
+def _pick(positions: tuple[int, ...]) -> Callable[[Sequence[Any]], Sequence[Any]]:
+    """``operator.itemgetter`` that always gives a tuple."""
+    return operator.itemgetter(*positions) if len(positions) > 1 else lambda xs, j=positions[0]: (xs[j],)
 
 
 # The containers watched: Python's own, whose only holder inside a state is
 # their parent. A library's nodes (an NNX Variable, an nnx.State level) are
 # held by the library too, by design (the Module graph), so they are not.
 _PLAIN_CONTAINERS = (dict, list, tuple)
+
+
+def _children(node: Any) -> list[tuple[tuple[Any, ...], Any]]:
+    """A node's children with their keys (a leaf: [])."""
+    kids = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)[0]
+    return [] if len(kids) == 1 and kids[0][1] is node else kids
+
+
+def _stored(node: Any) -> list[bool]:
+    """Per child of ``node``: whether the node holds that object (a second
+    flatten gives the same one), not one its flatten makes afresh (an
+    nnx.State's levels): a fresh child is held by no one, so not watched."""
+    first, again = _children(node), _children(node)
+    return [a[1] is b[1] for a, b in zip(first, again)]
 
 
 def _inner_nodes(cs: CompiledSignature, sig: StepDefinition, skip: set[int]) -> InnerNodes | None:
@@ -217,7 +242,7 @@ def _inner_nodes(cs: CompiledSignature, sig: StepDefinition, skip: set[int]) -> 
     containers are the call's: each node's leaves are a contiguous run of
     the flat leaves."""
     donated = set(cs.donated)
-    plans: list[tuple[int, Any, tuple[int, ...]]] = []
+    plans: list[Any] = []
     paths: list[str] = []
     start = 0
     for i, spec in enumerate(cs.spec_args):
@@ -225,32 +250,58 @@ def _inner_nodes(cs: CompiledSignature, sig: StepDefinition, skip: set[int]) -> 
         if i in skip or not donated.intersection(range(start, start + n)):
             start += n
             continue
-        by_depth: dict[int, list[tuple[Any, tuple[Any, ...]]]] = {}
-        # walk the nodes: (node, its key path, depth, index of its first leaf)
-        stack = [(spec, (), 0, start)]
-        while stack:
-            node, path, depth, first = stack.pop()
-            kids = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x, node=node: x is not node)[0]
-            if not kids or (len(kids) == 1 and kids[0][1] is node):  # a leaf
-                continue
-            if depth and isinstance(node, _PLAIN_CONTAINERS):
-                n_node = len(jax.tree_util.tree_leaves(node))
-                if donated.intersection(range(first, first + n_node)):
-                    by_depth.setdefault(depth, []).append((node, path))
-            at = first
-            for key, kid in kids:
-                stack.append((kid, (*path, *key), depth + 1, at))
-                at += len(jax.tree_util.tree_leaves(kid))
-        for depth in sorted(by_depth):
-            nodes = by_depth[depth]
-            ids = {id(node) for node, _ in nodes}
-            flat, treedef = jax.tree_util.tree_flatten(spec, is_leaf=lambda x, ids=ids: id(x) in ids)
-            positions = tuple(j for j, x in enumerate(flat) if id(x) in ids)
-            plans.append((i, treedef, positions))
-            where = {id(node): path for node, path in nodes}
-            paths += [sig.param_path((jax.tree_util.SequenceKey(i), *where[id(flat[j])])) for j in positions]
+        kids, stored = _children(spec), _stored(spec)
+        top = jax.tree_util.tree_structure(spec, is_leaf=lambda x, spec=spec: x is not spec)
+        watched: list[int] = []
+        below: list[tuple[int, Any, Callable[[Sequence[Any]], Sequence[Any]]]] = []
+        below_paths: list[str] = []  # of() lists the children first, then what is below them
+        at = start
+        for j, ((key, kid), held) in enumerate(zip(kids, stored)):
+            m = len(jax.tree_util.tree_leaves(kid))
+            holds = donated.intersection(range(at, at + m))
+            if held and holds and isinstance(kid, _PLAIN_CONTAINERS):
+                watched.append(j)
+                paths.append(sig.param_path((jax.tree_util.SequenceKey(i), *key)))
+                for treedef, positions, keys in _depths(kid, at, donated):
+                    below.append((j, treedef, _pick(positions)))
+                    below_paths += [sig.param_path((jax.tree_util.SequenceKey(i), *key, *k)) for k in keys]
+            at += m
+        paths += below_paths
+        if watched:
+            plans.append((i, top, _pick(tuple(watched)), tuple(below)))
         start += n
     return InnerNodes(tuple(plans), tuple(paths)) if plans else None
+
+
+def _depths(root: Any, first: int, donated: set[int]) -> list[tuple[Any, tuple[int, ...], list[tuple[Any, ...]]]]:
+    """Inside a watched container ``root`` (its first leaf at flat index
+    ``first``): per depth, the treedef whose leaves are that depth's watched
+    containers, their positions in its flat list, and their key paths. Only
+    Python's own containers, reached through Python's own containers."""
+    by_depth: dict[int, list[tuple[Any, tuple[Any, ...]]]] = {}
+    stack = [(root, (), 0, first)]
+    while stack:
+        node, path, depth, at = stack.pop()
+        if depth:
+            n = len(jax.tree_util.tree_leaves(node))
+            if not donated.intersection(range(at, at + n)):
+                continue
+            by_depth.setdefault(depth, []).append((node, path))
+        for key, kid in _children(node):
+            if isinstance(kid, _PLAIN_CONTAINERS):
+                stack.append((kid, (*path, *key), depth + 1, at))
+            at += len(jax.tree_util.tree_leaves(kid))
+    out = []
+    for depth in sorted(by_depth):
+        nodes = by_depth[depth]
+        ids = {id(node): path for node, path in nodes}
+        # a library's node is a leaf of these treedefs: their flatten stays in C
+        flat, treedef = jax.tree_util.tree_flatten(
+            root, is_leaf=lambda x, ids=ids: id(x) in ids or not isinstance(x, _PLAIN_CONTAINERS)
+        )
+        positions = tuple(j for j, x in enumerate(flat) if id(x) in ids)
+        out.append((treedef, positions, [ids[id(flat[j])] for j in positions]))
+    return out
 
 
 def kept_plan(ctx: CallContext) -> KeptPlan | None:
