@@ -48,6 +48,7 @@ LAYERS: dict[str, int] = {
     "_compat.guardlog": 3,
     "_compat.guarded": 3,
     "_compat.tracing": 3,
+    "_compat.jitwatch": 3,  # jax.jit replaced while jc.watch() is open; a jitted function's options
     "_compat": 4,
     # annotations -> specs; what the loop guard is built from
     "_state.annotations": 4,
@@ -57,6 +58,8 @@ LAYERS: dict[str, int] = {
     "_report.render": 5,  # renders records; below everything that returns a report
     "_state.spec": 5,
     "_loop.fetch": 5,  # jc.fetch
+    "_audit.watch": 5,  # jc.watch(): plain jax.jit code observed
+    "_audit.cli": 6,  # python -m jaxcontracts audit
     "_loop.rng": 5,  # jax.random samplers inside loops: their Python-number parameters pass
     "_loop.intercept": 6,  # read, buffer and compile interceptors
     "_loop.translate": 6,  # JAX runtime errors leaving a loop -> contract errors
@@ -103,6 +106,7 @@ LAYERS: dict[str, int] = {
     "_loop": 0,
     "_report": 0,
     "_testing": 0,
+    "_audit": 0,
 }
 PUBLIC_API_USERS = 18  # from this layer up, `import jaxcontracts` is allowed
 

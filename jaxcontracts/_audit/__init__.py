@@ -1,0 +1,1 @@
+"""Observing code that is never decorated: ``jc.watch()`` and ``python -m jaxcontracts audit``."""

@@ -1,0 +1,605 @@
+"""``jc.watch()``: the three contracts, observed in plain ``jax.jit`` code.
+
+While a watch is open, every function ``jax.jit`` makes (``@jax.jit``,
+``jax.jit(f, donate_argnums=...)``, and those ``eqx.filter_jit`` and
+``nnx.jit`` make through it) comes back wrapped (``_compat.jitwatch``). A
+wrapped call looks at its arguments and, where its cache grew, at what it
+compiled; it never changes an argument, an output or a donation. What it
+finds, with the user's line:
+
+* ``recompile``: a second signature of one function, leaf by leaf (dtype,
+  shape, weak type, placement, a static value, the tree's structure), with
+  the compile time spent;
+* ``missed_donation``: an argument not donated whose buffers an output of
+  the same shape and dtype could reuse, and that the caller dropped after
+  the call (its arrays were gone by the function's next call, and no other
+  watched call was given them in between), with the bytes per call;
+* ``wrong_donation``: a donated parameter JAX cannot donate (a Python
+  scalar, a numpy array: JAX skips those without a word), or whose buffers
+  no output can reuse while another parameter's could (an index that
+  drifted when a parameter was inserted);
+* ``host_transfer``: a numpy array or Python scalar passed to a jitted
+  function at every call after the first (each is a host-to-device copy);
+* ``compile_in_loop``: ``jax.jit`` called again and again at one line, each
+  new function compiling afresh.
+
+The first call of each function (its warm-up compile, and the setup code
+before it) is not a loop finding. Not observed: functions jitted before the
+watch opened (their calls are JAX's C++ alone), device-to-host reads (a
+``jc.hot_loop`` finds those), and a use of a dropped array by an eager op.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import functools
+import html
+import itertools
+import json
+import textwrap
+import threading
+import time
+import weakref
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._compat import jitwatch
+from .._compat.arrays import ArrayImpl
+from .._compat.tracing import top_level_refs
+from .._format import fmt_bytes
+from .._userline import user_frame, where
+
+__all__ = ["Finding", "Watch", "WatchReport", "watch"]
+
+#: Calls after each compile in which a function's undonated arguments are
+#: followed (weak references): enough to see a loop's pattern, and bounded,
+#: so that a long loop pays nothing more after them.
+DONATION_WINDOW = 4
+#: A line that makes this many jitted functions that each compile is a jit made in a loop.
+COMPILES_AT_ONE_LINE = 3
+_KIND_ORDER = ("wrong_donation", "missed_donation", "recompile", "compile_in_loop", "host_transfer")
+_WIDTH = 100
+
+
+@dataclasses.dataclass
+class Finding:
+    """One thing to fix, at one line (see the module's docstring for the kinds)."""
+
+    kind: str
+    function: str
+    file: str
+    line: int
+    count: int
+    fix: str
+    message: str
+    param: str | None = None
+    bytes_per_call: int | None = None
+    diff: list[str] | None = None
+    jit_line: str | None = None  # where jax.jit(...) set the donation (wrong_donation)
+    seconds: float | None = None  # compile time spent (recompile)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+@dataclasses.dataclass
+class _Signature:
+    treedef: Any
+    leaves: tuple[tuple[Any, ...], ...]  # per dynamic leaf: (shape, dtype, weak, placement)
+    statics: tuple[tuple[str, str], ...]  # (parameter, repr of its value)
+    paths: tuple[str, ...]
+
+
+@dataclasses.dataclass
+class _Function:
+    """What a watch knows of one jitted function."""
+
+    name: str
+    site: tuple[str, int]  # where jax.jit made it
+    options: jitwatch.JitOptions
+    calls: int = 0
+    signatures: list[_Signature] = dataclasses.field(default_factory=list)
+    window: int = 0  # calls left in which undonated arguments are followed
+    candidates: tuple[int, ...] = ()  # dynamic leaf indices an output could reuse
+    candidate_paths: tuple[str, ...] = ()
+    pending: list[tuple[int, Any]] = dataclasses.field(default_factory=list)  # (candidate, weakref)
+    follow_site: tuple[str, int] = ("<unknown>", 0)  # the user's line of the last followed call
+
+
+class Watch:
+    """An open ``jc.watch()``: its findings so far, and its report."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._functions: list[_Function] = []
+        self._findings: dict[tuple[Any, ...], Finding] = {}
+        self._given_elsewhere: dict[int, tuple[_Function, int]] = {}  # id(array) -> pending candidate
+        self._sites: dict[tuple[str, int], int] = {}  # jit line -> functions made there that compiled
+        self.calls = 0
+        self.active = False
+        self._t0 = 0.0
+        self.seconds = 0.0
+
+    # -- the wrapper ---------------------------------------------------------
+
+    def wrap(self, jitted: Any, fun: Any) -> Any:
+        """``jitted`` wrapped for this watch (what the replaced ``jax.jit`` returns)."""
+        if not callable(getattr(jitted, "_cache_size", None)):
+            return jitted
+        frame = user_frame()
+        site = (where(frame)[0].rsplit(":", 1)[0], frame.f_lineno) if frame is not None else ("<unknown>", 0)
+        name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None) or repr(fun)
+        state = _Function(name, site, jitwatch.options_of(jitted))
+        with self._lock:
+            self._functions.append(state)
+        return _Watched(jitted, fun, state, self)
+
+    def observe(self, fn: _Function, jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        fn.calls += 1
+        self.calls += 1
+        opts = fn.options
+        dyn_args = tuple(a for i, a in enumerate(args) if i not in opts.static_argnums) if opts.static_argnums else args
+        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in opts.static_argnames} if kwargs else kwargs
+        leaves = jax.tree_util.tree_leaves((dyn_args, dyn_kwargs))
+        given = self._given_elsewhere
+        if given:  # a followed array given to another function: not dropped, used
+            for x in leaves:
+                hit = given.get(id(x))
+                if hit is not None and hit[0] is not fn:
+                    del given[id(x)]
+                    hit[0].pending = [(i, r) for i, r in hit[0].pending if i != hit[1]]
+        if fn.pending:
+            self._settle(fn)
+        if fn.calls > 1 and not all(map(isinstance, leaves, itertools.repeat(jax.Array))):
+            self._host_leaves(fn, args, kwargs, dyn_args, dyn_kwargs)
+        before = jitwatch.cache_size(jitted)
+        t0 = time.perf_counter()
+        out = jitted(*args, **kwargs)
+        if jitwatch.cache_size(jitted) != before:
+            self._compiled(fn, args, kwargs, dyn_args, dyn_kwargs, leaves, out, time.perf_counter() - t0)
+        if fn.window:
+            fn.window -= 1
+            self._follow(fn, leaves)
+        return out
+
+    # -- donation ------------------------------------------------------------
+
+    def _follow(self, fn: _Function, leaves: Sequence[Any]) -> None:
+        """Weak references to this call's undonated candidates, settled at the next call."""
+        frame = user_frame()
+        if frame is not None:
+            fn.follow_site = (where(frame)[0].rsplit(":", 1)[0], frame.f_lineno)
+        for i in fn.candidates:
+            x = leaves[i]
+            if isinstance(x, ArrayImpl):
+                try:
+                    fn.pending.append((i, weakref.ref(x)))
+                except TypeError:
+                    continue
+                self._given_elsewhere[id(x)] = (fn, i)
+
+    def _settle(self, fn: _Function) -> None:
+        """At the function's next call (or the watch's end): a followed
+        argument whose arrays are gone was dropped by the caller."""
+        dropped: dict[str, list[int]] = {}
+        for i, ref in fn.pending:
+            x = ref()
+            if x is None:
+                dropped.setdefault(_param_of(fn.candidate_paths[fn.candidates.index(i)]), []).append(i)
+            else:
+                self._given_elsewhere.pop(id(x), None)
+        fn.pending = []
+        sig = fn.signatures[-1]
+        for param, idx in dropped.items():
+            nbytes = sum(_nbytes(sig.leaves[i]) for i in idx)
+            key = ("missed_donation", fn.name, param)
+            found = self._findings.get(key)
+            if found is not None:
+                found.count += 1
+                found.bytes_per_call = max(found.bytes_per_call or 0, nbytes)
+                continue
+            self._findings[key] = Finding(
+                "missed_donation", fn.name, *fn.follow_site, count=1, param=param, bytes_per_call=nbytes,
+                message=f"{param} is not donated, and the caller drops it after each call: its "
+                f"{len(idx)} array(s) ({fmt_bytes(nbytes)}) could hold the outputs of the same shape and "
+                "dtype; without donation the function holds them twice",
+                fix=f"jax.jit({_short(fn.name)}, donate_argnames=({param!r},)) (names do not drift "
+                'when parameters move); or @jc.hot_step(state=..., donate="all")',
+            )
+
+    def _wrong(self, fn: _Function, sig: _Signature, donated: set[str], out_avals: set[tuple[Any, ...]], where_: tuple[str, int]) -> None:
+        """Donated parameters JAX cannot donate, or whose buffers nothing reuses."""
+        by_param: dict[str, list[int]] = {}
+        for j, path in enumerate(sig.paths):
+            by_param.setdefault(_param_of(path), []).append(j)
+        reusable = {p for p, js in by_param.items() if any(sig.leaves[j][:2] in out_avals and sig.leaves[j][3] != "host" for j in js)}
+        for param in sorted(donated):
+            js = by_param.get(param, [])
+            host = [sig.paths[j] for j in js if sig.leaves[j][3] == "host"]
+            others = sorted(reusable - donated)
+            if host:
+                why = (f"{param} is donated, but it is a {sig.leaves[js[0]][1]} on the host: JAX does "
+                       "not donate it (silently)")
+                if others:
+                    why += f"; {', '.join(others)} could be donated instead (the index likely drifted)"
+            elif js and param not in reusable and others:
+                why = (f"{param} is donated, but no output has the shape and dtype of its buffers, "
+                       f"while {', '.join(others)} could be reused: the index likely drifted when a "
+                       "parameter was inserted")
+            else:
+                continue
+            key = ("wrong_donation", fn.name, param)
+            if key in self._findings:
+                continue
+            fix_names = tuple(others) if others else ()
+            self._findings[key] = Finding(
+                "wrong_donation", fn.name, *where_, count=1, param=param,
+                message=why, jit_line=f"{fn.site[0]}:{fn.site[1]}",
+                fix=f"donate by name, which cannot drift: jax.jit({_short(fn.name)}, "
+                f"donate_argnames={fix_names!r})" if fix_names else
+                f"leave {param} out of donate_argnums/donate_argnames",
+            )
+
+    # -- compiles ------------------------------------------------------------
+
+    def _compiled(
+        self, fn: _Function, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...],
+        dyn_kwargs: dict[str, Any], leaves: Sequence[Any], out: Any, seconds: float,
+    ) -> None:
+        sig = _signature(fn, args, kwargs, dyn_args, dyn_kwargs)
+        frame = user_frame()
+        here = (where(frame)[0].rsplit(":", 1)[0], frame.f_lineno) if frame is not None else fn.site
+        previous = fn.signatures[-1] if fn.signatures else None
+        known = any(s.leaves == sig.leaves and s.statics == sig.statics and s.treedef == sig.treedef for s in fn.signatures)
+        fn.signatures.append(sig)
+        if previous is not None and not known:
+            diff = _diff(previous, sig)
+            key = ("recompile", fn.name, here)
+            found = self._findings.get(key)
+            if found is not None:
+                found.count += 1
+                found.seconds = (found.seconds or 0) + seconds
+            else:
+                self._findings[key] = Finding(
+                    "recompile", fn.name, *here, count=1, diff=diff, seconds=seconds,
+                    message=f"{_short(fn.name)} compiled again ({len(fn.signatures)} signatures "
+                    "so far), because:",
+                    fix=_recompile_fix(diff),
+                )
+        elif previous is None:
+            self._sites[fn.site] = self._sites.get(fn.site, 0) + 1
+            if self._sites[fn.site] >= COMPILES_AT_ONE_LINE:
+                key = ("compile_in_loop", fn.site)
+                found = self._findings.get(key)
+                if found is None:
+                    self._findings[key] = Finding(
+                        "compile_in_loop", fn.name, *fn.site, count=self._sites[fn.site],
+                        message=f"jax.jit is called again and again at this line: each new function "
+                        f"({_short(fn.name)}) compiles afresh",
+                        fix="make the jax.jit once, outside the loop (at module level, or before the loop)",
+                    )
+                else:
+                    found.count = self._sites[fn.site]
+        out_leaves = [x for x in jax.tree_util.tree_leaves(out) if isinstance(x, jax.Array)]
+        out_avals = {(tuple(x.shape), str(x.dtype)) for x in out_leaves}
+        donated = _donated_params(fn.options)
+        self._wrong(fn, sig, donated, out_avals, here)
+        fn.candidates = _reusable(fn, sig, dyn_args, dyn_kwargs, out, out_leaves, donated)
+        fn.candidate_paths = tuple(sig.paths[j] for j in fn.candidates)
+        fn.window = DONATION_WINDOW if fn.candidates else 0
+
+    # -- host data -----------------------------------------------------------
+
+    def _host_leaves(self, fn: _Function, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> None:
+        """Numpy arrays and Python numbers given to the function (after its first call)."""
+        host: dict[str, tuple[str, Any, int]] = {}  # param -> (first path, value, bytes this call)
+        for path, x in _paths(fn, args, kwargs, dyn_args, dyn_kwargs):
+            if not isinstance(x, jax.Array):
+                param = _param_of(path)
+                first, value, n = host.get(param, (path, x, 0))
+                host[param] = (first, value, n + int(np.asarray(x).nbytes))
+        for param, (path, x, nbytes) in host.items():
+            key = ("host_transfer", fn.name, param)
+            found = self._findings.get(key)
+            if found is not None:
+                found.count += 1
+                continue
+            frame = user_frame()
+            here = (where(frame)[0].rsplit(":", 1)[0], frame.f_lineno) if frame is not None else fn.site
+            what = f"a Python {type(x).__name__}" if isinstance(x, (bool, int, float, complex)) else f"a numpy {type(x).__name__}"
+            self._findings[key] = Finding(
+                "host_transfer", fn.name, *here, count=1, param=param, bytes_per_call=nbytes,
+                message=f"{param} of {_short(fn.name)} is {what} at each call ({path}): a host-to-device "
+                "copy every time",
+                fix=(f"a constant: make {param} static (static_argnames=({param!r},)) or close over it; "
+                     "data that changes: put it on the device once, before the loop (jax.device_put), "
+                     "or declare it: @jc.hot_step(host=...)"),
+            )
+
+    # -- the report ----------------------------------------------------------
+
+    def findings(self) -> list[Finding]:
+        """The findings so far, ranked: donation first, then recompiles, by count."""
+        found = [f for f in self._findings.values() if f.kind != "compile_in_loop" or f.count >= COMPILES_AT_ONE_LINE]
+        return sorted(found, key=lambda f: (_KIND_ORDER.index(f.kind), -(f.count * (f.bytes_per_call or 1))))
+
+    def report(self) -> WatchReport:
+        return WatchReport(self.findings(), self.calls, len(self._functions), self.seconds)
+
+    def __enter__(self) -> Watch:
+        global _ACTIVE
+        if not jitwatch.available():
+            raise RuntimeError("jc.watch() cannot observe jax.jit on this JAX: see `python -m jaxcontracts info`")
+        with _INSTALL_LOCK:
+            if _ACTIVE is not None:
+                raise RuntimeError("a jc.watch() is already open: one at a time")
+            _ACTIVE = self
+            jitwatch.install(self.wrap)
+        self.active = True
+        self._t0 = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        global _ACTIVE
+        with _INSTALL_LOCK:
+            jitwatch.uninstall()
+            _ACTIVE = None
+        self.active = False
+        self.seconds = time.perf_counter() - self._t0
+        for fn in self._functions:  # what was still followed at the end: dropped?
+            if fn.pending:
+                self._settle(fn)
+
+
+_ACTIVE: Watch | None = None
+_INSTALL_LOCK = threading.Lock()
+
+
+class _Watched:
+    """A jitted function made while a watch is open: every attribute is the
+    jitted function's; a call outside traces goes through :meth:`Watch.observe`."""
+
+    def __init__(self, jitted: Any, fun: Any, state: _Function, owner: Watch) -> None:
+        self._jitted, self._state, self._owner = jitted, state, owner
+        functools.update_wrapper(self, fun)  # type: ignore[arg-type]
+        self._trace = top_level_refs()
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        tref, ev, aref, top = self._trace
+        if not self._owner.active or tref.value is not ev or aref.value is not top:
+            return self._jitted(*args, **kwargs)
+        return self._owner.observe(self._state, self._jitted, args, kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._jitted, name)
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        return self if obj is None else functools.partial(self, obj)
+
+    def __repr__(self) -> str:
+        return f"<watched {self._jitted!r}>"
+
+
+@dataclasses.dataclass
+class WatchReport:
+    """The findings of a ``jc.watch()`` or an audit: text (``str()``), HTML in a notebook, JSON."""
+
+    findings: list[Finding]
+    calls: int
+    functions: int
+    seconds: float = 0.0
+
+    @property
+    def ok(self) -> bool:
+        return not self.findings
+
+    def to_json(self) -> str:
+        return json.dumps([f.as_dict() for f in self.findings], indent=2)
+
+    def lines(self) -> Iterator[str]:
+        head = (f"jaxcontracts audit: {len(self.findings)} finding(s) in {self.functions} jitted "
+                f"function(s), {self.calls} call(s) observed")
+        yield head
+        if not self.findings:
+            yield "  nothing to fix: no recompile, no missed or wrong donation, no host transfer seen"
+        for n, f in enumerate(self.findings, 1):
+            extra = []
+            if f.bytes_per_call:
+                extra.append(f"{fmt_bytes(f.bytes_per_call)}/call")
+            if f.seconds is not None:
+                extra.append(f"{f.seconds * 1e3:.0f} ms compiling")
+            head = f"{n:>2}. {f.kind:<16} {_short(f.function)}  {f.file}:{f.line}  x{f.count}"
+            if extra:
+                head += "  (" + ", ".join(extra) + ")"
+            yield head if len(head) <= _WIDTH else head[: _WIDTH - 4] + " ..."
+            yield from textwrap.wrap(f.message, _WIDTH, initial_indent="    ", subsequent_indent="    ")
+            for d in (f.diff or [])[:8]:
+                yield "      " + textwrap.shorten(d, _WIDTH - 6, placeholder=" ...")
+            if f.jit_line:
+                yield f"    donation set at {f.jit_line}"
+            yield from textwrap.wrap("fix: " + f.fix, _WIDTH, initial_indent="    ", subsequent_indent="      ")
+
+    def __str__(self) -> str:
+        return "\n".join(self.lines())
+
+    def _repr_html_(self) -> str:
+        rows = "".join(
+            f"<tr><td>{html.escape(f.kind)}</td><td><code>{html.escape(_short(f.function))}</code></td>"
+            f"<td>{html.escape(f.file)}:{f.line}</td><td>{f.count}</td>"
+            f"<td>{html.escape(f.message)}<br><b>fix:</b> {html.escape(f.fix)}</td></tr>"
+            for f in self.findings
+        )
+        head = html.escape(next(iter(self.lines())))
+        return (f"<div class='jc-watch'><p>{head}</p><table><tr><th>kind</th><th>function</th>"
+                f"<th>line</th><th>count</th><th>what and fix</th></tr>{rows}</table></div>")
+
+
+def watch() -> Watch:
+    """Observe every function ``jax.jit`` makes inside the ``with``::
+
+        with jc.watch() as w:
+            run_training()
+        print(w.report())
+
+    See ``python -m jaxcontracts audit`` for a script run unchanged."""
+    return Watch()
+
+
+# -- helpers ---------------------------------------------------------------
+
+
+def _short(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def _param_of(path: str) -> str:
+    return path.split("[", 1)[0].split(".", 1)[0]
+
+
+def _nbytes(leaf: tuple[Any, ...]) -> int:
+    shape, dtype = leaf[0], leaf[1]
+    try:
+        return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    except TypeError:
+        return 0
+
+
+def _names(fn: _Function, n_args: int) -> list[str]:
+    """The parameter names of the dynamic positional arguments of a call."""
+    sig = fn.options.signature
+    params = list(sig.parameters.values()) if sig is not None else []
+    out = []
+    for i in range(n_args):
+        if i in fn.options.static_argnums:
+            continue
+        if i < len(params) and params[i].kind in (params[i].POSITIONAL_ONLY, params[i].POSITIONAL_OR_KEYWORD):
+            out.append(params[i].name)
+        else:
+            out.append(f"args[{i}]")
+    return out
+
+
+def _paths(fn: _Function, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(path, leaf) of the dynamic leaves, in the order ``tree_leaves((dyn_args,
+    dyn_kwargs))`` gives them, named by parameter."""
+    names = _names(fn, len(args))
+    out = []
+    for p, x in jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))[0]:
+        head = names[p[1].idx] if p[0].idx == 0 else str(p[1].key)  # type: ignore[union-attr]
+        out.append((head + jax.tree_util.keystr(tuple(p[2:])), x))
+    return out
+
+
+def _leaf(x: Any) -> tuple[Any, ...]:
+    if isinstance(x, jax.Array):
+        try:
+            placement = repr(x.sharding) if x.committed else "uncommitted"  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - a tracer or an odd array: no placement
+            placement = ""
+        return (tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False)), placement)
+    if isinstance(x, (bool, int, float, complex)):
+        return ((), type(x).__name__, True, "host")
+    a = np.asarray(x)
+    return (tuple(a.shape), str(a.dtype), False, "host")
+
+
+def _signature(fn: _Function, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> _Signature:
+    paths = _paths(fn, args, kwargs, dyn_args, dyn_kwargs)
+    sig = fn.options.signature
+    params = list(sig.parameters) if sig is not None else []
+    statics = tuple(
+        (params[i] if i < len(params) else f"args[{i}]", repr(args[i])) for i in fn.options.static_argnums if i < len(args)
+    ) + tuple((k, repr(v)) for k, v in sorted(kwargs.items()) if k in fn.options.static_argnames)
+    return _Signature(
+        jax.tree_util.tree_structure((dyn_args, dyn_kwargs)),
+        tuple(_leaf(x) for _, x in paths),
+        statics,
+        tuple(p for p, _ in paths),
+    )
+
+
+def _reusable(
+    fn: _Function, sig: _Signature, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any],
+    out: Any, out_leaves: Sequence[Any], donated: set[str],
+) -> tuple[int, ...]:
+    """The undonated dynamic leaves whose buffers an output could take, each
+    output taken once: first by the donated parameters, then by those whose
+    structure an output (or a top-level part of it) has (``state = f(state)``),
+    then by the others in order. A fresh batch whose shape happens to match
+    a carried leaf is not a candidate while the carried leaf takes it."""
+    free = collections.Counter((tuple(x.shape), str(x.dtype)) for x in out_leaves)
+    parts = [out, *(out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ())]
+    shapes = {jax.tree_util.tree_structure(p) for p in parts}
+    by_param: dict[str, list[int]] = {}
+    for j, path in enumerate(sig.paths):
+        by_param.setdefault(_param_of(path), []).append(j)
+    values = dict(zip(_names(fn, len(dyn_args) + len(fn.options.static_argnums)), dyn_args))
+    values.update(dyn_kwargs)
+
+    def carried(param: str) -> bool:
+        return param in values and jax.tree_util.tree_structure(values[param]) in shapes
+
+    order = sorted(by_param, key=lambda p: (p not in donated, not carried(p)))
+    found = []
+    for param in order:
+        for j in by_param[param]:
+            aval = sig.leaves[j][:2]
+            if sig.leaves[j][3] != "host" and free[aval] > 0:
+                free[aval] -= 1
+                if param not in donated:
+                    found.append(j)
+    return tuple(sorted(found))
+
+
+def _fmt(leaf: tuple[Any, ...]) -> str:
+    shape, dtype, weak, placement = leaf
+    if placement == "host" and dtype in ("bool", "int", "float", "complex"):
+        return f"a Python {dtype}"
+    return f"{dtype}[{','.join(map(str, shape))}]" + (" (weak type)" if weak and dtype not in ("int", "float", "bool", "complex") else "")
+
+
+def _diff(old: _Signature, new: _Signature) -> list[str]:
+    """What changed between two signatures, one line per leaf or static value."""
+    out = [f"static {k}: {a} -> {b}" for (k, a), (_, b) in zip(old.statics, new.statics) if a != b]
+    if old.treedef != new.treedef:
+        gone = sorted(set(old.paths) - set(new.paths))
+        added = sorted(set(new.paths) - set(old.paths))
+        out.append("the arguments' structure changed" + (f": {len(gone)} leaves gone ({', '.join(gone[:3])})" if gone else "")
+                   + (f"; {len(added)} new ({', '.join(added[:3])})" if added else ""))
+        return out
+    for path, a, b in zip(new.paths, old.leaves, new.leaves):
+        if a == b:
+            continue
+        if a[:3] != b[:3]:
+            what = "weak type" if a[:2] == b[:2] else ("dtype" if a[0] == b[0] else "shape")
+            if what == "weak type":
+                out.append(f"{path}: weak type {a[2]} -> {b[2]} ({_fmt(a)})")
+            else:
+                out.append(f"{path}: {what} {_fmt(a)} -> {_fmt(b)}")
+        else:
+            out.append(f"{path}: placement {a[3]} -> {b[3]}")
+    return out or ["the same leaves (another device or trace context)"]
+
+
+def _recompile_fix(diff: Sequence[str]) -> str:
+    text = " ".join(diff)
+    if "static " in text:
+        return "a static argument that changes value compiles anew each time: pass it as an array (traced), or keep it fixed"
+    if "weak type" in text:
+        return "pass the same kind of value each call: jnp.asarray(x, jnp.float32) once, not a Python number one call and an array the next"
+    if "dtype" in text:
+        return "fix the dtype before the loop (jnp.asarray(x, dtype)) and return it unchanged from the step"
+    if "shape" in text:
+        return "keep shapes fixed across calls (pad batches to one size; drop or pad the last one)"
+    return "keep the arguments' structure, shapes, dtypes and placement fixed across calls"
+
+
+def _donated_params(opts: jitwatch.JitOptions) -> set[str]:
+    names = [p for p in (opts.signature.parameters if opts.signature is not None else ())]
+    donated = set(opts.donate_argnames)
+    donated |= {names[i] for i in opts.donate_argnums if i < len(names)}
+    return donated
