@@ -108,6 +108,8 @@ class _Function:
     candidate_paths: tuple[str, ...] = ()
     pending: list[tuple[int, Any]] = dataclasses.field(default_factory=list)  # (candidate, weakref)
     follow_site: tuple[str, int] = ("<unknown>", 0)  # the user's line of the last followed call
+    # positions of the host leaves of a call -> the host_transfer findings they count for
+    host_findings: dict[tuple[int, ...], list[Finding]] = dataclasses.field(default_factory=dict)
 
 
 class Watch:
@@ -155,7 +157,13 @@ class Watch:
         if fn.pending:
             self._settle(fn)
         if fn.calls > 1 and not all(map(isinstance, leaves, itertools.repeat(jax.Array))):
-            self._host_leaves(fn, args, kwargs, dyn_args, dyn_kwargs)
+            where_host = tuple(i for i, x in enumerate(leaves) if not isinstance(x, jax.Array))
+            seen = fn.host_findings.get(where_host)
+            if seen is None:  # these positions for the first time: name them (paths, the line)
+                seen = fn.host_findings[where_host] = self._host_leaves(fn, args, kwargs, dyn_args, dyn_kwargs)
+            else:
+                for found in seen:
+                    found.count += 1
         before = jitwatch.cache_size(jitted)
         t0 = time.perf_counter()
         out = jitted(*args, **kwargs)
@@ -294,8 +302,14 @@ class Watch:
 
     # -- host data -----------------------------------------------------------
 
-    def _host_leaves(self, fn: _Function, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> None:
-        """Numpy arrays and Python numbers given to the function (after its first call)."""
+    def _host_leaves(
+        self, fn: _Function, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...],
+        dyn_kwargs: dict[str, Any],
+    ) -> list[Finding]:
+        """Numpy arrays and Python numbers given to the function (after its
+        first call), counted: the findings they count for (their bytes are
+        those of the first call that had them)."""
+        touched = []
         host: dict[str, tuple[str, Any, int]] = {}  # param -> (first path, value, bytes this call)
         for path, x in _paths(fn, args, kwargs, dyn_args, dyn_kwargs):
             if not isinstance(x, jax.Array):
@@ -307,6 +321,7 @@ class Watch:
             found = self._findings.get(key)
             if found is not None:
                 found.count += 1
+                touched.append(found)
                 continue
             frame = user_frame()
             here = (where(frame)[0].rsplit(":", 1)[0], frame.f_lineno) if frame is not None else fn.site
@@ -319,6 +334,8 @@ class Watch:
                      "data that changes: put it on the device once, before the loop (jax.device_put), "
                      "or declare it: @jc.hot_step(host=...)"),
             )
+            touched.append(self._findings[key])
+        return touched
 
     # -- the report ----------------------------------------------------------
 

@@ -1,0 +1,77 @@
+"""audit: what ``jc.watch()`` (and so ``python -m jaxcontracts audit``) costs a loop.
+
+The issue's budget: the audit costs at most 2x the plain run on a
+dispatch-bound loop. Two dispatch-bound loops of plain ``jax.jit`` code, each
+timed plain and inside a watch, interleaved, in one process:
+
+* ``dict state``: ``state = step(state, batch)``, a dict of ``--leaves``
+  small arrays, device batches (the wrapper's flatten and its type check on
+  every call; the donation window's weak references after the compile);
+* ``numpy batches``: the same step given a numpy batch each call (the host
+  transfer finding counted at every call).
+
+Printed: the median us per call of each form and the ratio watch / plain
+(paired by block). Run: ``python -m benchmarks.audit [--leaves 10 100] [--repeats 20]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import jaxcontracts as jc
+
+
+def _loop(step, state, batches) -> tuple[float, object]:
+    t0 = time.perf_counter()
+    for b in batches:
+        state = step(state, b)
+    jax.block_until_ready(state)
+    return (time.perf_counter() - t0) / len(batches) * 1e6, state
+
+
+def _case(n: int, host: bool, repeats: int, calls: int) -> tuple[float, float, float]:
+    def body(state, b):
+        return {k: v + b.sum() for k, v in state.items()}
+
+    plain = jax.jit(body, donate_argnums=0)
+    with jc.watch() as w:
+        watched = jax.jit(body, donate_argnums=0)
+        make = (lambda: np.ones(4, np.float32)) if host else (lambda: jnp.ones(4))
+        batches = [make() for _ in range(calls)]
+        s1 = {f"x{i}": jnp.zeros(4) for i in range(n)}
+        s2 = {f"x{i}": jnp.zeros(4) for i in range(n)}
+        _, s1 = _loop(plain, s1, batches[:3])
+        _, s2 = _loop(watched, s2, batches[:3])
+        ratios, tp, tw = [], [], []
+        for _ in range(repeats):
+            a, s1 = _loop(plain, s1, batches)
+            b, s2 = _loop(watched, s2, batches)
+            tp.append(a)
+            tw.append(b)
+            ratios.append(b / a)
+    assert w.calls >= calls * repeats
+    return statistics.median(tp), statistics.median(tw), statistics.median(ratios)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.audit")
+    p.add_argument("--leaves", type=int, nargs="+", default=[10, 100])
+    p.add_argument("--repeats", type=int, default=20)
+    p.add_argument("--calls", type=int, default=200)
+    args = p.parse_args()
+    print(f"{'case':<40}{'plain us/call':>14}{'watch us/call':>15}{'watch/plain':>13}  (budget <= 2.00)")
+    for n in args.leaves:
+        for host in (False, True):
+            name = f"dict state, {n} leaves" + (", numpy batches" if host else "")
+            plain, watched, ratio = _case(n, host, args.repeats, args.calls)
+            print(f"{name:<40}{plain:>14.1f}{watched:>15.1f}{ratio:>13.3f}")
+
+
+if __name__ == "__main__":
+    main()
