@@ -31,7 +31,6 @@ watch opened (their calls are JAX's C++ alone), device-to-host reads (a
 
 from __future__ import annotations
 
-import collections
 import dataclasses
 import functools
 import html
@@ -52,6 +51,7 @@ from .._compat.arrays import ArrayImpl
 from .._compat.tracing import top_level_refs
 from .._format import fmt_bytes
 from .._userline import user_frame, where
+from . import signatures as sigs
 
 __all__ = ["Finding", "Watch", "WatchReport", "watch"]
 
@@ -87,14 +87,6 @@ class Finding:
 
 
 @dataclasses.dataclass
-class _Signature:
-    treedef: Any
-    leaves: tuple[tuple[Any, ...], ...]  # per dynamic leaf: (shape, dtype, weak, placement)
-    statics: tuple[tuple[str, str], ...]  # (parameter, repr of its value)
-    paths: tuple[str, ...]
-
-
-@dataclasses.dataclass
 class _Function:
     """What a watch knows of one jitted function."""
 
@@ -102,7 +94,7 @@ class _Function:
     site: tuple[str, int]  # where jax.jit made it
     options: jitwatch.JitOptions
     calls: int = 0
-    signatures: list[_Signature] = dataclasses.field(default_factory=list)
+    signatures: list[sigs.Signature] = dataclasses.field(default_factory=list)
     window: int = 0  # calls left in which undonated arguments are followed
     candidates: tuple[int, ...] = ()  # dynamic leaf indices an output could reuse
     candidate_paths: tuple[str, ...] = ()
@@ -197,13 +189,13 @@ class Watch:
         for i, ref in fn.pending:
             x = ref()
             if x is None:
-                dropped.setdefault(_param_of(fn.candidate_paths[fn.candidates.index(i)]), []).append(i)
+                dropped.setdefault(sigs.param_of(fn.candidate_paths[fn.candidates.index(i)]), []).append(i)
             else:
                 self._given_elsewhere.pop(id(x), None)
         fn.pending = []
         sig = fn.signatures[-1]
         for param, idx in dropped.items():
-            nbytes = sum(_nbytes(sig.leaves[i]) for i in idx)
+            nbytes = sum(sigs.nbytes(sig.leaves[i]) for i in idx)
             key = ("missed_donation", fn.name, param)
             found = self._findings.get(key)
             if found is not None:
@@ -215,15 +207,15 @@ class Watch:
                 message=f"{param} is not donated, and the caller drops it after each call: its "
                 f"{len(idx)} array(s) ({fmt_bytes(nbytes)}) could hold the outputs of the same shape and "
                 "dtype; without donation the function holds them twice",
-                fix=f"jax.jit({_short(fn.name)}, donate_argnames=({param!r},)) (names do not drift "
+                fix=f"jax.jit({sigs.short(fn.name)}, donate_argnames=({param!r},)) (names do not drift "
                 'when parameters move); or @jc.hot_step(state=..., donate="all")',
             )
 
-    def _wrong(self, fn: _Function, sig: _Signature, donated: set[str], out_avals: set[tuple[Any, ...]], where_: tuple[str, int]) -> None:
+    def _wrong(self, fn: _Function, sig: sigs.Signature, donated: set[str], out_avals: set[tuple[Any, ...]], where_: tuple[str, int]) -> None:
         """Donated parameters JAX cannot donate, or whose buffers nothing reuses."""
         by_param: dict[str, list[int]] = {}
         for j, path in enumerate(sig.paths):
-            by_param.setdefault(_param_of(path), []).append(j)
+            by_param.setdefault(sigs.param_of(path), []).append(j)
         reusable = {p for p, js in by_param.items() if any(sig.leaves[j][:2] in out_avals and sig.leaves[j][3] != "host" for j in js)}
         for param in sorted(donated):
             js = by_param.get(param, [])
@@ -247,7 +239,7 @@ class Watch:
             self._findings[key] = Finding(
                 "wrong_donation", fn.name, *where_, count=1, param=param,
                 message=why, jit_line=f"{fn.site[0]}:{fn.site[1]}",
-                fix=f"donate by name, which cannot drift: jax.jit({_short(fn.name)}, "
+                fix=f"donate by name, which cannot drift: jax.jit({sigs.short(fn.name)}, "
                 f"donate_argnames={fix_names!r})" if fix_names else
                 f"leave {param} out of donate_argnums/donate_argnames",
             )
@@ -258,14 +250,14 @@ class Watch:
         self, fn: _Function, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...],
         dyn_kwargs: dict[str, Any], leaves: Sequence[Any], out: Any, seconds: float,
     ) -> None:
-        sig = _signature(fn, args, kwargs, dyn_args, dyn_kwargs)
+        sig = sigs.signature(fn.options, args, kwargs, dyn_args, dyn_kwargs)
         frame = user_frame()
         here = (where(frame)[0].rsplit(":", 1)[0], frame.f_lineno) if frame is not None else fn.site
         previous = fn.signatures[-1] if fn.signatures else None
         known = any(s.leaves == sig.leaves and s.statics == sig.statics and s.treedef == sig.treedef for s in fn.signatures)
         fn.signatures.append(sig)
         if previous is not None and not known:
-            diff = _diff(previous, sig)
+            diff = sigs.diff(previous, sig)
             key = ("recompile", fn.name, here)
             found = self._findings.get(key)
             if found is not None:
@@ -274,9 +266,9 @@ class Watch:
             else:
                 self._findings[key] = Finding(
                     "recompile", fn.name, *here, count=1, diff=diff, seconds=seconds,
-                    message=f"{_short(fn.name)} compiled again ({len(fn.signatures)} signatures "
+                    message=f"{sigs.short(fn.name)} compiled again ({len(fn.signatures)} signatures "
                     "so far), because:",
-                    fix=_recompile_fix(diff),
+                    fix=sigs.recompile_fix(diff),
                 )
         elif previous is None:
             self._sites[fn.site] = self._sites.get(fn.site, 0) + 1
@@ -287,16 +279,16 @@ class Watch:
                     self._findings[key] = Finding(
                         "compile_in_loop", fn.name, *fn.site, count=self._sites[fn.site],
                         message=f"jax.jit is called again and again at this line: each new function "
-                        f"({_short(fn.name)}) compiles afresh",
+                        f"({sigs.short(fn.name)}) compiles afresh",
                         fix="make the jax.jit once, outside the loop (at module level, or before the loop)",
                     )
                 else:
                     found.count = self._sites[fn.site]
         out_leaves = [x for x in jax.tree_util.tree_leaves(out) if isinstance(x, jax.Array)]
         out_avals = {(tuple(x.shape), str(x.dtype)) for x in out_leaves}
-        donated = _donated_params(fn.options)
+        donated = sigs.donated_params(fn.options)
         self._wrong(fn, sig, donated, out_avals, here)
-        fn.candidates = _reusable(fn, sig, dyn_args, dyn_kwargs, out, out_leaves, donated)
+        fn.candidates = sigs.reusable(fn.options, sig, dyn_args, dyn_kwargs, out, out_leaves, donated)
         fn.candidate_paths = tuple(sig.paths[j] for j in fn.candidates)
         fn.window = DONATION_WINDOW if fn.candidates else 0
 
@@ -311,9 +303,9 @@ class Watch:
         those of the first call that had them)."""
         touched = []
         host: dict[str, tuple[str, Any, int]] = {}  # param -> (first path, value, bytes this call)
-        for path, x in _paths(fn, args, kwargs, dyn_args, dyn_kwargs):
+        for path, x in sigs.paths(fn.options, args, kwargs, dyn_args, dyn_kwargs):
             if not isinstance(x, jax.Array):
-                param = _param_of(path)
+                param = sigs.param_of(path)
                 first, value, n = host.get(param, (path, x, 0))
                 host[param] = (first, value, n + int(np.asarray(x).nbytes))
         for param, (path, x, nbytes) in host.items():
@@ -328,7 +320,7 @@ class Watch:
             what = f"a Python {type(x).__name__}" if isinstance(x, (bool, int, float, complex)) else f"a numpy {type(x).__name__}"
             self._findings[key] = Finding(
                 "host_transfer", fn.name, *here, count=1, param=param, bytes_per_call=nbytes,
-                message=f"{param} of {_short(fn.name)} is {what} at each call ({path}): a host-to-device "
+                message=f"{param} of {sigs.short(fn.name)} is {what} at each call ({path}): a host-to-device "
                 "copy every time",
                 fix=(f"a constant: make {param} static (static_argnames=({param!r},)) or close over it; "
                      "data that changes: put it on the device once, before the loop (jax.device_put), "
@@ -429,7 +421,7 @@ class WatchReport:
                 extra.append(f"{fmt_bytes(f.bytes_per_call)}/call")
             if f.seconds is not None:
                 extra.append(f"{f.seconds * 1e3:.0f} ms compiling")
-            head = f"{n:>2}. {f.kind:<16} {_short(f.function)}  {f.file}:{f.line}  x{f.count}"
+            head = f"{n:>2}. {f.kind:<16} {sigs.short(f.function)}  {f.file}:{f.line}  x{f.count}"
             if extra:
                 head += "  (" + ", ".join(extra) + ")"
             yield head if len(head) <= _WIDTH else head[: _WIDTH - 4] + " ..."
@@ -445,7 +437,7 @@ class WatchReport:
 
     def _repr_html_(self) -> str:
         rows = "".join(
-            f"<tr><td>{html.escape(f.kind)}</td><td><code>{html.escape(_short(f.function))}</code></td>"
+            f"<tr><td>{html.escape(f.kind)}</td><td><code>{html.escape(sigs.short(f.function))}</code></td>"
             f"<td>{html.escape(f.file)}:{f.line}</td><td>{f.count}</td>"
             f"<td>{html.escape(f.message)}<br><b>fix:</b> {html.escape(f.fix)}</td></tr>"
             for f in self.findings
@@ -469,154 +461,3 @@ def watch() -> Watch:
 # -- helpers ---------------------------------------------------------------
 
 
-def _short(name: str) -> str:
-    return name.rsplit(".", 1)[-1]
-
-
-def _param_of(path: str) -> str:
-    return path.split("[", 1)[0].split(".", 1)[0]
-
-
-def _nbytes(leaf: tuple[Any, ...]) -> int:
-    shape, dtype = leaf[0], leaf[1]
-    try:
-        return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    except TypeError:
-        return 0
-
-
-def _names(fn: _Function, n_args: int) -> list[str]:
-    """The parameter names of the dynamic positional arguments of a call."""
-    sig = fn.options.signature
-    params = list(sig.parameters.values()) if sig is not None else []
-    out = []
-    for i in range(n_args):
-        if i in fn.options.static_argnums:
-            continue
-        if i < len(params) and params[i].kind in (params[i].POSITIONAL_ONLY, params[i].POSITIONAL_OR_KEYWORD):
-            out.append(params[i].name)
-        else:
-            out.append(f"args[{i}]")
-    return out
-
-
-def _paths(fn: _Function, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
-    """(path, leaf) of the dynamic leaves, in the order ``tree_leaves((dyn_args,
-    dyn_kwargs))`` gives them, named by parameter."""
-    names = _names(fn, len(args))
-    out = []
-    for p, x in jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))[0]:
-        head = names[p[1].idx] if p[0].idx == 0 else str(p[1].key)  # type: ignore[union-attr]
-        out.append((head + jax.tree_util.keystr(tuple(p[2:])), x))
-    return out
-
-
-def _leaf(x: Any) -> tuple[Any, ...]:
-    if isinstance(x, jax.Array):
-        try:
-            placement = repr(x.sharding) if x.committed else "uncommitted"  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001 - a tracer or an odd array: no placement
-            placement = ""
-        return (tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False)), placement)
-    if isinstance(x, (bool, int, float, complex)):
-        return ((), type(x).__name__, True, "host")
-    a = np.asarray(x)
-    return (tuple(a.shape), str(a.dtype), False, "host")
-
-
-def _signature(fn: _Function, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> _Signature:
-    paths = _paths(fn, args, kwargs, dyn_args, dyn_kwargs)
-    sig = fn.options.signature
-    params = list(sig.parameters) if sig is not None else []
-    statics = tuple(
-        (params[i] if i < len(params) else f"args[{i}]", repr(args[i])) for i in fn.options.static_argnums if i < len(args)
-    ) + tuple((k, repr(v)) for k, v in sorted(kwargs.items()) if k in fn.options.static_argnames)
-    return _Signature(
-        jax.tree_util.tree_structure((dyn_args, dyn_kwargs)),
-        tuple(_leaf(x) for _, x in paths),
-        statics,
-        tuple(p for p, _ in paths),
-    )
-
-
-def _reusable(
-    fn: _Function, sig: _Signature, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any],
-    out: Any, out_leaves: Sequence[Any], donated: set[str],
-) -> tuple[int, ...]:
-    """The undonated dynamic leaves whose buffers an output could take, each
-    output taken once: first by the donated parameters, then by those whose
-    structure an output (or a top-level part of it) has (``state = f(state)``),
-    then by the others in order. A fresh batch whose shape happens to match
-    a carried leaf is not a candidate while the carried leaf takes it."""
-    free = collections.Counter((tuple(x.shape), str(x.dtype)) for x in out_leaves)
-    parts = [out, *(out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ())]
-    shapes = {jax.tree_util.tree_structure(p) for p in parts}
-    by_param: dict[str, list[int]] = {}
-    for j, path in enumerate(sig.paths):
-        by_param.setdefault(_param_of(path), []).append(j)
-    values = dict(zip(_names(fn, len(dyn_args) + len(fn.options.static_argnums)), dyn_args))
-    values.update(dyn_kwargs)
-
-    def carried(param: str) -> bool:
-        return param in values and jax.tree_util.tree_structure(values[param]) in shapes
-
-    order = sorted(by_param, key=lambda p: (p not in donated, not carried(p)))
-    found = []
-    for param in order:
-        for j in by_param[param]:
-            aval = sig.leaves[j][:2]
-            if sig.leaves[j][3] != "host" and free[aval] > 0:
-                free[aval] -= 1
-                if param not in donated:
-                    found.append(j)
-    return tuple(sorted(found))
-
-
-def _fmt(leaf: tuple[Any, ...]) -> str:
-    shape, dtype, weak, placement = leaf
-    if placement == "host" and dtype in ("bool", "int", "float", "complex"):
-        return f"a Python {dtype}"
-    return f"{dtype}[{','.join(map(str, shape))}]" + (" (weak type)" if weak and dtype not in ("int", "float", "bool", "complex") else "")
-
-
-def _diff(old: _Signature, new: _Signature) -> list[str]:
-    """What changed between two signatures, one line per leaf or static value."""
-    out = [f"static {k}: {a} -> {b}" for (k, a), (_, b) in zip(old.statics, new.statics) if a != b]
-    if old.treedef != new.treedef:
-        gone = sorted(set(old.paths) - set(new.paths))
-        added = sorted(set(new.paths) - set(old.paths))
-        out.append("the arguments' structure changed" + (f": {len(gone)} leaves gone ({', '.join(gone[:3])})" if gone else "")
-                   + (f"; {len(added)} new ({', '.join(added[:3])})" if added else ""))
-        return out
-    for path, a, b in zip(new.paths, old.leaves, new.leaves):
-        if a == b:
-            continue
-        if a[:3] != b[:3]:
-            what = "weak type" if a[:2] == b[:2] else ("dtype" if a[0] == b[0] else "shape")
-            if what == "weak type":
-                out.append(f"{path}: weak type {a[2]} -> {b[2]} ({_fmt(a)})")
-            else:
-                out.append(f"{path}: {what} {_fmt(a)} -> {_fmt(b)}")
-        else:
-            out.append(f"{path}: placement {a[3]} -> {b[3]}")
-    return out or ["the same leaves (another device or trace context)"]
-
-
-def _recompile_fix(diff: Sequence[str]) -> str:
-    text = " ".join(diff)
-    if "static " in text:
-        return "a static argument that changes value compiles anew each time: pass it as an array (traced), or keep it fixed"
-    if "weak type" in text:
-        return "pass the same kind of value each call: jnp.asarray(x, jnp.float32) once, not a Python number one call and an array the next"
-    if "dtype" in text:
-        return "fix the dtype before the loop (jnp.asarray(x, dtype)) and return it unchanged from the step"
-    if "shape" in text:
-        return "keep shapes fixed across calls (pad batches to one size; drop or pad the last one)"
-    return "keep the arguments' structure, shapes, dtypes and placement fixed across calls"
-
-
-def _donated_params(opts: jitwatch.JitOptions) -> set[str]:
-    names = [p for p in (opts.signature.parameters if opts.signature is not None else ())]
-    donated = set(opts.donate_argnames)
-    donated |= {names[i] for i in opts.donate_argnums if i < len(names)}
-    return donated

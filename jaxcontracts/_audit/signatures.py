@@ -1,0 +1,182 @@
+"""Signatures of plain ``jax.jit`` calls, how two differ, and which
+arguments an output could reuse: what ``jc.watch()`` and ``jc.hot_loop()``
+say of code that is never decorated."""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._compat import jitwatch
+
+__all__ = [
+    "Signature", "diff", "donated_params", "fmt", "names", "nbytes", "param_of", "paths",
+    "recompile_fix", "reusable", "short", "signature",
+]
+
+
+@dataclasses.dataclass
+class Signature:
+    treedef: Any
+    leaves: tuple[tuple[Any, ...], ...]  # per dynamic leaf: (shape, dtype, weak, placement)
+    statics: tuple[tuple[str, str], ...]  # (parameter, repr of its value)
+    paths: tuple[str, ...]
+
+
+
+def short(name: str) -> str:
+    return name.rsplit(".", 1)[-1]
+
+
+def param_of(path: str) -> str:
+    return path.split("[", 1)[0].split(".", 1)[0]
+
+
+def nbytes(leaf: tuple[Any, ...]) -> int:
+    shape, dtype = leaf[0], leaf[1]
+    try:
+        return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
+    except TypeError:
+        return 0
+
+
+def names(opts: jitwatch.JitOptions, n_args: int) -> list[str]:
+    """The parameter names of the dynamic positional arguments of a call."""
+    sig = opts.signature
+    params = list(sig.parameters.values()) if sig is not None else []
+    out = []
+    for i in range(n_args):
+        if i in opts.static_argnums:
+            continue
+        if i < len(params) and params[i].kind in (params[i].POSITIONAL_ONLY, params[i].POSITIONAL_OR_KEYWORD):
+            out.append(params[i].name)
+        else:
+            out.append(f"args[{i}]")
+    return out
+
+
+def paths(opts: jitwatch.JitOptions, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+    """(path, leaf) of the dynamic leaves, in the order ``tree_leaves((dyn_args,
+    dyn_kwargs))`` gives them, named by parameter."""
+    named = names(opts, len(args))
+    out = []
+    for p, x in jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))[0]:
+        head = named[p[1].idx] if p[0].idx == 0 else str(p[1].key)  # type: ignore[union-attr]
+        out.append((head + jax.tree_util.keystr(tuple(p[2:])), x))
+    return out
+
+
+def leaf(x: Any) -> tuple[Any, ...]:
+    if isinstance(x, jax.Array):
+        try:
+            placement = repr(x.sharding) if x.committed else "uncommitted"  # type: ignore[attr-defined]
+        except Exception:  # noqa: BLE001 - a tracer or an odd array: no placement
+            placement = ""
+        return (tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False)), placement)
+    if isinstance(x, (bool, int, float, complex)):
+        return ((), type(x).__name__, True, "host")
+    a = np.asarray(x)
+    return (tuple(a.shape), str(a.dtype), False, "host")
+
+
+def signature(opts: jitwatch.JitOptions, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> Signature:
+    found = paths(opts, args, kwargs, dyn_args, dyn_kwargs)
+    sig = opts.signature
+    params = list(sig.parameters) if sig is not None else []
+    statics = tuple(
+        (params[i] if i < len(params) else f"args[{i}]", repr(args[i])) for i in opts.static_argnums if i < len(args)
+    ) + tuple((k, repr(v)) for k, v in sorted(kwargs.items()) if k in opts.static_argnames)
+    return Signature(
+        jax.tree_util.tree_structure((dyn_args, dyn_kwargs)),
+        tuple(leaf(x) for _, x in found),
+        statics,
+        tuple(p for p, _ in found),
+    )
+
+
+def reusable(
+    opts: jitwatch.JitOptions, sig: Signature, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any],
+    out: Any, out_leaves: Sequence[Any], donated: set[str],
+) -> tuple[int, ...]:
+    """The undonated dynamic leaves whose buffers an output could take, each
+    output taken once: first by the donated parameters, then by those whose
+    structure an output (or a top-level part of it) has (``state = f(state)``),
+    then by the others in order. A fresh batch whose shape happens to match
+    a carried leaf is not a candidate while the carried leaf takes it."""
+    free = collections.Counter((tuple(x.shape), str(x.dtype)) for x in out_leaves)
+    parts = [out, *(out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ())]
+    shapes = {jax.tree_util.tree_structure(p) for p in parts}
+    by_param: dict[str, list[int]] = {}
+    for j, path in enumerate(sig.paths):
+        by_param.setdefault(param_of(path), []).append(j)
+    values = dict(zip(names(opts, len(dyn_args) + len(opts.static_argnums)), dyn_args))
+    values.update(dyn_kwargs)
+
+    def carried(param: str) -> bool:
+        return param in values and jax.tree_util.tree_structure(values[param]) in shapes
+
+    order = sorted(by_param, key=lambda p: (p not in donated, not carried(p)))
+    found = []
+    for param in order:
+        for j in by_param[param]:
+            aval = sig.leaves[j][:2]
+            if sig.leaves[j][3] != "host" and free[aval] > 0:
+                free[aval] -= 1
+                if param not in donated:
+                    found.append(j)
+    return tuple(sorted(found))
+
+
+def fmt(leaf: tuple[Any, ...]) -> str:
+    shape, dtype, weak, placement = leaf
+    if placement == "host" and dtype in ("bool", "int", "float", "complex"):
+        return f"a Python {dtype}"
+    return f"{dtype}[{','.join(map(str, shape))}]" + (" (weak type)" if weak and dtype not in ("int", "float", "bool", "complex") else "")
+
+
+def diff(old: Signature, new: Signature) -> list[str]:
+    """What changed between two signatures, one line per leaf or static value."""
+    out = [f"static {k}: {a} -> {b}" for (k, a), (_, b) in zip(old.statics, new.statics) if a != b]
+    if old.treedef != new.treedef:
+        gone = sorted(set(old.paths) - set(new.paths))
+        added = sorted(set(new.paths) - set(old.paths))
+        out.append("the arguments' structure changed" + (f": {len(gone)} leaves gone ({', '.join(gone[:3])})" if gone else "")
+                   + (f"; {len(added)} new ({', '.join(added[:3])})" if added else ""))
+        return out
+    for path, a, b in zip(new.paths, old.leaves, new.leaves):
+        if a == b:
+            continue
+        if a[:3] != b[:3]:
+            what = "weak type" if a[:2] == b[:2] else ("dtype" if a[0] == b[0] else "shape")
+            if what == "weak type":
+                out.append(f"{path}: weak type {a[2]} -> {b[2]} ({fmt(a)})")
+            else:
+                out.append(f"{path}: {what} {fmt(a)} -> {fmt(b)}")
+        else:
+            out.append(f"{path}: placement {a[3]} -> {b[3]}")
+    return out or ["the same leaves (another device or trace context)"]
+
+
+def recompile_fix(diff: Sequence[str]) -> str:
+    text = " ".join(diff)
+    if "static " in text:
+        return "a static argument that changes value compiles anew each time: pass it as an array (traced), or keep it fixed"
+    if "weak type" in text:
+        return "pass the same kind of value each call: jnp.asarray(x, jnp.float32) once, not a Python number one call and an array the next"
+    if "dtype" in text:
+        return "fix the dtype before the loop (jnp.asarray(x, dtype)) and return it unchanged from the step"
+    if "shape" in text:
+        return "keep shapes fixed across calls (pad batches to one size; drop or pad the last one)"
+    return "keep the arguments' structure, shapes, dtypes and placement fixed across calls"
+
+
+def donated_params(opts: jitwatch.JitOptions) -> set[str]:
+    names = [p for p in (opts.signature.parameters if opts.signature is not None else ())]
+    donated = set(opts.donate_argnames)
+    donated |= {names[i] for i in opts.donate_argnums if i < len(names)}
+    return donated
