@@ -95,6 +95,8 @@ class LoopStack:
 
 class _Local(threading.local):
     allow: int = 0  # > 0 inside an explicit transfer (jc.fetch) or a re-entry
+    # a plain jax.jit's cache miss compiling now, with what changed: (name, diff, fix) (_loop.plainjit)
+    plain_recompile: tuple[str, list[str], str] | None = None
 
     def __init__(self) -> None:
         self.stack = LoopStack()

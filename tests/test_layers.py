@@ -58,6 +58,7 @@ LAYERS: dict[str, int] = {
     "_report.render": 5,  # renders records; below everything that returns a report
     "_state.spec": 5,
     "_loop.fetch": 5,  # jc.fetch
+    "_loop.plainjit": 5,  # plain jax.jit cache misses inside a loop: diffs, transfers, donations
     "_audit.signatures": 4,  # plain jax.jit calls: signatures, diffs, reusable arguments
     "_audit.watch": 5,  # jc.watch(): plain jax.jit code observed
     "_audit.cli": 6,  # python -m jaxcontracts audit

@@ -16,7 +16,7 @@ from .._compat import jitwatch
 
 __all__ = [
     "Signature", "diff", "donated_params", "fmt", "names", "nbytes", "param_of", "paths",
-    "recompile_fix", "reusable", "short", "signature",
+    "recompile_fix", "reusable", "short", "signature", "wrong_donations",
 ]
 
 
@@ -180,3 +180,39 @@ def donated_params(opts: jitwatch.JitOptions) -> set[str]:
     donated = set(opts.donate_argnames)
     donated |= {names[i] for i in opts.donate_argnums if i < len(names)}
     return donated
+
+
+def wrong_donations(
+    sig: Signature, donated: set[str], out_avals: set[tuple[Any, ...]], name: str
+) -> list[tuple[str, str, str]]:
+    """(parameter, why, fix) for each donated parameter JAX cannot donate (a
+    host value: JAX skips it silently) or whose buffers no output can reuse
+    while another parameter's could (an index that drifted)."""
+    by_param: dict[str, list[int]] = {}
+    for j, path in enumerate(sig.paths):
+        by_param.setdefault(param_of(path), []).append(j)
+    can = {p for p, js in by_param.items() if any(sig.leaves[j][:2] in out_avals and sig.leaves[j][3] != "host" for j in js)}
+    others = sorted(can - donated)
+    out = []
+    for param in sorted(donated):
+        js = by_param.get(param, [])
+        if any(sig.leaves[j][3] == "host" for j in js):
+            why = (f"{param} is donated, but it is {_host_kind(sig.leaves[js[0]])}: JAX does "
+                   "not donate it (silently)")
+            if others:
+                why += f"; {', '.join(others)} could be donated instead (the index likely drifted)"
+        elif js and param not in can and others:
+            why = (f"{param} is donated, but no output has the shape and dtype of its buffers, "
+                   f"while {', '.join(others)} could be reused: the index likely drifted when a "
+                   "parameter was inserted")
+        else:
+            continue
+        fix = (f"donate by name, which cannot drift: jax.jit({name}, donate_argnames={tuple(others)!r})"
+               if others else f"leave {param} out of donate_argnums/donate_argnames")
+        out.append((param, why, fix))
+    return out
+
+
+def _host_kind(leaf: tuple[Any, ...]) -> str:
+    text = fmt(leaf)
+    return text if text.startswith("a Python") else f"a numpy array ({text})"

@@ -213,36 +213,13 @@ class Watch:
 
     def _wrong(self, fn: _Function, sig: sigs.Signature, donated: set[str], out_avals: set[tuple[Any, ...]], where_: tuple[str, int]) -> None:
         """Donated parameters JAX cannot donate, or whose buffers nothing reuses."""
-        by_param: dict[str, list[int]] = {}
-        for j, path in enumerate(sig.paths):
-            by_param.setdefault(sigs.param_of(path), []).append(j)
-        reusable = {p for p, js in by_param.items() if any(sig.leaves[j][:2] in out_avals and sig.leaves[j][3] != "host" for j in js)}
-        for param in sorted(donated):
-            js = by_param.get(param, [])
-            host = [sig.paths[j] for j in js if sig.leaves[j][3] == "host"]
-            others = sorted(reusable - donated)
-            if host:
-                why = (f"{param} is donated, but it is a {sig.leaves[js[0]][1]} on the host: JAX does "
-                       "not donate it (silently)")
-                if others:
-                    why += f"; {', '.join(others)} could be donated instead (the index likely drifted)"
-            elif js and param not in reusable and others:
-                why = (f"{param} is donated, but no output has the shape and dtype of its buffers, "
-                       f"while {', '.join(others)} could be reused: the index likely drifted when a "
-                       "parameter was inserted")
-            else:
-                continue
+        for param, why, fix in sigs.wrong_donations(sig, donated, out_avals, sigs.short(fn.name)):
             key = ("wrong_donation", fn.name, param)
-            if key in self._findings:
-                continue
-            fix_names = tuple(others) if others else ()
-            self._findings[key] = Finding(
-                "wrong_donation", fn.name, *where_, count=1, param=param,
-                message=why, jit_line=f"{fn.site[0]}:{fn.site[1]}",
-                fix=f"donate by name, which cannot drift: jax.jit({sigs.short(fn.name)}, "
-                f"donate_argnames={fix_names!r})" if fix_names else
-                f"leave {param} out of donate_argnums/donate_argnames",
-            )
+            if key not in self._findings:
+                self._findings[key] = Finding(
+                    "wrong_donation", fn.name, *where_, count=1, param=param,
+                    message=why, jit_line=f"{fn.site[0]}:{fn.site[1]}", fix=fix,
+                )
 
     # -- compiles ------------------------------------------------------------
 

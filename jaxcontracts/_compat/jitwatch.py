@@ -22,7 +22,10 @@ import jax
 
 from .registry import capability, define
 
-__all__ = ["JitOptions", "available", "cache_size", "install", "options_of", "uninstall"]
+__all__ = [
+    "JitOptions", "add_miss_observer", "available", "cache_size", "install", "options_from_info",
+    "options_of", "outputs_of", "remove_miss_observer", "uninstall",
+]
 
 _ORIGINAL = jax.jit
 
@@ -106,3 +109,89 @@ def uninstall() -> None:
 
 
 _NOT_GIVEN = object()
+
+
+# --------------------------------------------------------------------------
+# A jitted function's cache miss: what jc.hot_loop() sees of plain jax.jit
+
+
+@define(
+    "jit-cache-miss",
+    "jax._src.pjit._infer_params (private), called by a jax.jit function's cache miss "
+    "with the function, its PjitInfo and the call's arguments; PjitParams.params['jaxpr'].out_avals",
+    "inside jc.hot_loop: a plain jax.jit's recompile named leaf by leaf, a wrong donation "
+    "refused before the call, a host argument named by its function and parameter",
+)
+def _probe_miss() -> str | None:
+    try:
+        from jax._src import pjit
+    except ImportError as err:  # pragma: no cover
+        return f"jax._src.pjit: {err}"
+    infer = getattr(pjit, "_infer_params", None)
+    if not callable(infer):
+        return "jax._src.pjit._infer_params is missing"
+    if list(inspect.signature(infer).parameters) != ["fun", "ji", "args", "kwargs"]:
+        return f"_infer_params takes {list(inspect.signature(infer).parameters)}"
+    try:
+        source = inspect.getsource(pjit._cpp_pjit)
+    except (OSError, TypeError, AttributeError):
+        return "jax._src.pjit._cpp_pjit's source cannot be read"
+    if "_infer_params(fun, jit_info, args, kwargs)" not in source:
+        return "a jax.jit cache miss no longer calls _infer_params"
+    if "params" not in getattr(pjit.PjitParams, "_fields", ()):
+        return "PjitParams has no params"
+    return None
+
+
+#: Observers of cache misses, innermost last: ``obs(fun, ji, args, kwargs, run)``
+#: must return ``run(fun, ji, args, kwargs)`` (or raise before or after it).
+_observers: list[Callable[..., Any]] = []
+_original_infer: Any = None
+
+
+def add_miss_observer(observer: Callable[..., Any]) -> bool:
+    """Install an observer of jax.jit cache misses (False: not on this JAX)."""
+    global _original_infer
+    if not capability("jit-cache-miss").available:
+        return False
+    from jax._src import pjit
+
+    if not _observers:
+        _original_infer = pjit._infer_params
+        pjit._infer_params = _observed
+    _observers.append(observer)
+    return True
+
+
+def remove_miss_observer(observer: Callable[..., Any]) -> None:
+    from jax._src import pjit
+
+    if observer in _observers:
+        _observers.remove(observer)
+    if not _observers and _original_infer is not None:
+        pjit._infer_params = _original_infer
+
+
+def _observed(fun: Any, ji: Any, args: Any, kwargs: Any) -> Any:
+    run = _original_infer
+    observer = _observers[-1] if _observers else None
+    if observer is None:
+        return run(fun, ji, args, kwargs)
+    return observer(fun, ji, args, kwargs, run)
+
+
+def options_from_info(ji: Any) -> JitOptions:
+    """:class:`JitOptions` from a cache miss's ``PjitInfo``."""
+    sig = getattr(ji, "fun_signature", None)
+    return JitOptions(
+        tuple(ji.static_argnums),
+        tuple(ji.static_argnames),
+        tuple(ji.donate_argnums),
+        tuple(ji.donate_argnames),
+        sig if isinstance(sig, inspect.Signature) else None,
+    )
+
+
+def outputs_of(params: Any) -> tuple[Any, list[Any]]:
+    """(output treedef, output avals) of a cache miss's ``PjitParams``."""
+    return params.out_tree, list(params.params["jaxpr"].out_avals)

@@ -17,6 +17,7 @@ performance guide (``docs/guides/performance.md``).
 
 from __future__ import annotations
 
+import collections
 import functools
 import inspect
 import sys
@@ -126,6 +127,11 @@ class HotLoop:
         self.sampler_calls = 0
         self._iterating: list[list[int]] = []  # the active iterate()s' current indices, outermost first
         self._violations: dict[tuple[str, str, str], Violation] = {}
+        # plain jax.jit functions' signatures compiled in this loop (_loop.plainjit), by PjitInfo
+        self.plain_signatures: dict[int, tuple[Any, list[Any]]] = {}
+        # host arguments of plain jax.jit calls already named at the user's line, by the aval
+        # text JAX's guard log gives them: those log lines are not recorded a second time
+        self.named_transfers: collections.Counter[str] = collections.Counter()
         self._entries: list[Entry] = []  # active entries (re-entrant, any thread)
         self._clock = _timing.LoopClock()
 
@@ -248,6 +254,9 @@ class HotLoop:
         """Record the transfers JAX's guard logged on this entry's thread."""
         at = "(jaxlib's log)"
         for event in logged:
+            if self.named_transfers[event.aval] > 0:  # named at its line by _loop.plainjit
+                self.named_transfers[event.aval] -= 1
+                continue
             what = f"implicit {event.direction} transfer of {fmt_logged_aval(event.aval)}"
             summary = violation_summary("transfer", what, at, "JAX logs it from C++, with no Python line")
             self._record("transfer", what, at, compose(summary, fix=_LOGGED_FIX), "", _LOGGED_FIX)

@@ -48,7 +48,7 @@ from typing import Any
 
 import jax
 
-from .._compat import arrays, callbacks, capability, events, frames, hostcopy
+from .._compat import arrays, callbacks, capability, events, frames, hostcopy, jitwatch
 from .._compat.tracing import trace_state_clean
 from .._donation.hazards import is_deleted_array
 from .._dtypes import is_key
@@ -59,6 +59,7 @@ from .._runtime import arrays_named, donated, local, produced_by, tracking, use_
 from .._steps import clear_last_outputs
 from .._tracebacks import trim
 from .._userline import host_read_on_line, user_frame
+from . import plainjit
 from . import rng as _rng
 
 __all__ = ["acquire", "on_monitoring_event", "pending", "release"]
@@ -350,6 +351,7 @@ class _Patches:
         if jax.device_get is self.device_get:  # `jax.device_get(x)` in a loop: pin-free copies
             jax.device_get = self.copying_device_get
         _rng.install()  # jax.random samplers: their Python-number parameters pass
+        jitwatch.add_miss_observer(plainjit.observe)  # plain jax.jit cache misses (where JAX has them)
         for name, fn in self.guarded.items():
             arrays.set_class_attr(name, fn)
         self._buffer_on()
@@ -361,6 +363,7 @@ class _Patches:
         if jax.device_get is self.copying_device_get:
             jax.device_get = self.device_get
         _rng.uninstall()
+        jitwatch.remove_miss_observer(plainjit.observe)
         for name, fn in self.originals.items():
             arrays.set_class_attr(name, fn)
         self._buffer_off()
@@ -433,6 +436,16 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
             "decide on the device (jnp.where / lax.cond in the step, returning a "
             "flag), or read deliberately and rarely: `if jc.fetch(x) < 1e-3:` "
             "every N steps.",
+            user,
+        )
+        return
+    changed = plainjit.take_recompile(name)
+    if changed is not None:  # a plain jax.jit that compiled another signature in this loop
+        diff, fix = changed
+        _violation(
+            "compile",
+            f"jax compiles `{name}` again, because:\n    " + "\n    ".join(diff[:8]),
+            fix + ", or move it into a hot step, whose contract keeps one signature.",
             user,
         )
         return

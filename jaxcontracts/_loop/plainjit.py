@@ -1,0 +1,118 @@
+"""Plain ``jax.jit`` functions inside a hot loop: their cache misses, observed.
+
+A ``jax.jit`` function that misses its cache inside a loop goes through
+``_compat.jitwatch``'s observer with the function, its options and the
+call's arguments, before JAX traces it. There the loop learns, for each
+function, the signatures it compiled (so that a second compile's message
+names the leaf that changed, as a hot step's ``RecompileError`` does), and
+checks what can be known before the call runs:
+
+* a numpy array or Python number given to it is an implicit transfer at
+  every call: a ``TransferError`` naming the function and the parameter at
+  the user's line (not JAX's log line with no Python line);
+* a donated parameter that JAX cannot donate (a host value, skipped without
+  a word) or whose buffers no output can reuse while another parameter's
+  could (a ``donate_argnums`` index that drifted) is a ``DonationError``,
+  raised before the call runs (nothing is donated: the inputs are intact).
+
+Functions of JAX's own modules (the jits behind eager ops) are left to the
+compile listener. A miss under a trace, or where the loop allows transfers
+(``jc.fetch``, a hot step's own compile), is not looked at.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import numpy as np
+
+from .._audit import signatures as sigs
+from .._compat import jitwatch
+from .._compat.tracing import trace_state_clean
+from .._runtime import local
+from .._userline import user_frame
+
+__all__ = ["observe", "take_recompile"]
+
+
+def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], run: Any) -> Any:
+    """The cache-miss observer (``jitwatch.add_miss_observer``)."""
+    __tracebackhide__ = True
+    loop = local.loop
+    if (
+        loop is None
+        or local.allow
+        or str(getattr(fun, "__module__", "") or "").startswith("jax")
+        or not trace_state_clean()
+    ):
+        return run(fun, ji, args, kwargs)
+    try:
+        opts = jitwatch.options_from_info(ji)
+        dyn_args = tuple(a for i, a in enumerate(args) if i not in opts.static_argnums)
+        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in opts.static_argnames}
+        sig = sigs.signature(opts, args, kwargs, dyn_args, dyn_kwargs)
+    except Exception:  # noqa: BLE001 - an argument we cannot describe: JAX's own path explains it
+        return run(fun, ji, args, kwargs)
+    name = sigs.short(getattr(fun, "__qualname__", None) or getattr(fun, "__name__", "") or "a function")
+    user = user_frame()
+    memory: dict[int, tuple[Any, list[sigs.Signature]]] = loop.plain_signatures
+    _, seen = memory.setdefault(id(ji), (ji, []))  # the PjitInfo kept: its id stays its own
+    if seen and not any(s.leaves == sig.leaves and s.statics == sig.statics and s.treedef == sig.treedef for s in seen):
+        diff = sigs.diff(seen[-1], sig)
+        local.plain_recompile = (name, diff, sigs.recompile_fix(diff))
+    else:
+        local.plain_recompile = None
+    seen.append(sig)
+    if loop.checks_transfers:
+        for path, leaf in zip(sig.paths, sig.leaves):
+            if leaf[3] == "host":
+                # JAX's guard logs this transfer too (record mode): the loop drops that line
+                loop.named_transfers[_logged_aval(leaf)] += 1
+                param = sigs.param_of(path)
+                what = sigs.fmt(leaf) if sigs.fmt(leaf).startswith("a Python") else f"a numpy array ({sigs.fmt(leaf)})"
+                loop.violation(
+                    "transfer",
+                    f"`{name}` is given {what} at `{path}`: an implicit host-to-device copy at "
+                    "every call",
+                    f"a constant: make it static (jax.jit(..., static_argnames=({param!r},))) or close "
+                    "over it; data that changes: put it on the device once, before the loop "
+                    "(jax.device_put), or move the function into a hot step that declares it "
+                    f"(@jc.hot_step(host={param!r})).",
+                    user,
+                )
+                break  # record mode: one per function and line
+    p, flat = run(fun, ji, args, kwargs)
+    try:
+        _, out_avals = jitwatch.outputs_of(p)
+        avals = {(tuple(a.shape), str(a.dtype)) for a in out_avals}
+    except Exception:  # noqa: BLE001 - no outputs to read on this JAX: nothing more to say
+        return p, flat
+    donated = sigs.donated_params(opts)
+    for _param, why, fix in sigs.wrong_donations(sig, donated, avals, name):
+        loop.violation("donation", f"`{name}`: {why}", fix + ". The call did not run.", user)
+    return p, flat
+
+
+def _logged_aval(leaf: tuple[Any, ...]) -> str:
+    """The aval text JAX's transfer-guard log gives a host leaf (``float32[], weak_type=True``)."""
+    shape, dtype, weak, _ = leaf
+    if dtype in _PYTHON_DTYPES:
+        dtype, weak = str(jax.dtypes.canonicalize_dtype(_PYTHON_DTYPES[dtype])), True
+    else:  # numpy: in the dtype JAX will give it (float64 is float32 without x64)
+        dtype = str(jax.dtypes.canonicalize_dtype(np.dtype(dtype)))
+    return f"{dtype}[{','.join(map(str, shape))}]" + (", weak_type=True" if weak else "")
+
+
+_PYTHON_DTYPES = {"bool": np.bool_, "int": np.int64, "float": np.float64, "complex": np.complex128}
+
+
+def take_recompile(name: str) -> tuple[list[str], str] | None:
+    """The leaf-by-leaf diff and fix of the cache miss of ``name`` that is
+    compiling now, if it had compiled another signature in this loop."""
+    found = getattr(local, "plain_recompile", None)
+    if found is None or found[0] != name:
+        return None
+    local.plain_recompile = None
+    return found[1], found[2]
+

@@ -1,0 +1,102 @@
+"""Plain jax.jit functions inside jc.hot_loop (issue 40, item 1): a cache
+miss in the loop is seen with its function, options and arguments
+(capability jit-cache-miss), so a host argument is named by function and
+parameter at the user's line, a wrong donation is refused before the call
+runs, and a second compile says which leaf changed."""
+
+from __future__ import annotations
+
+import functools
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import pytest
+
+import jaxcontracts as jc
+from jaxcontracts._compat import capability
+
+pytestmark = pytest.mark.skipif(
+    not capability("jit-cache-miss").available, reason="jax.jit cache misses cannot be observed on this JAX"
+)
+
+
+def _fn1():
+    @functools.partial(jax.jit, donate_argnums=(0,))  # lr inserted before state: the index drifted
+    def fn1(lr, state):
+        return {"w": state["w"] - lr * state["w"], "t": state["t"] + 1}
+
+    return fn1
+
+
+def _state():
+    return {"w": jnp.ones((4,)), "t": jnp.int32(0)}
+
+
+def test_the_requests_loop_in_record_mode_names_the_scalar_and_the_drifted_donation():
+    fn1, state = _fn1(), _state()
+    with jc.hot_loop(compiles="warmup", on_violation="record") as loop:
+        for _ in range(10):
+            state = fn1(0.5, state)  # the line every finding names
+    by_kind = {v.kind: v for v in loop.violations if v.where.endswith(".py:" + str(_line("state = fn1(0.5, state)")))}
+    assert "`fn1` is given a Python float at `lr`" in by_kind["transfer"].what
+    assert "static_argnames=('lr',)" in by_kind["transfer"].fix
+    assert "lr is donated, but it is a Python float" in by_kind["donation"].what
+    assert "state could be donated instead" in by_kind["donation"].what
+    assert "donate_argnames=('state',)" in by_kind["donation"].fix
+    # JAX's own log line for the first call's scalar is not listed a second time
+    assert not [v for v in loop.violations if "weakly typed: a Python scalar" in v.what]
+    assert int(state["t"]) == 10
+
+
+def test_a_drifted_donation_is_refused_before_the_call_with_the_inputs_intact():
+    fn1, state = _fn1(), _state()
+    lr = jax.device_put(jnp.float32(0.5))  # on the device: no transfer, only the donation is wrong
+    with pytest.raises(jc.DonationError, match=r"lr is donated, but no output has the shape and dtype") as info:
+        with jc.hot_loop(compiles="warmup"):
+            state = fn1(lr, state)
+    assert "donate_argnames=('state',)" in info.value.fix and "The call did not run" in info.value.fix
+    assert not lr.is_deleted() and not state["w"].is_deleted()  # nothing ran, nothing donated
+
+
+def test_a_second_compile_of_a_plain_jit_names_the_leaf_that_changed():
+    @jax.jit
+    def accumulate(state, x):
+        return {"result": state["result"] + x, "n": state["n"] + 1}
+
+    s, one = {"result": jnp.int32(0), "n": jnp.int32(0)}, jnp.float32(1)
+    with pytest.raises(jc.RecompileError) as info:  # noqa: PT012
+        with jc.hot_loop(compiles="warmup") as loop:
+            for _ in loop.iterate(range(3)):
+                s = accumulate(s, one)
+    text = str(info.value)
+    assert "jax compiles `accumulate` again, because:" in text
+    assert "state['result']: dtype int32[] -> float32[]" in text
+    assert "in iteration 1 of loop.iterate()" in text
+
+
+def test_record_mode_lists_the_recompile_diff_once_per_line():
+    @functools.partial(jax.jit, static_argnames=("k",))
+    def top(x, k):
+        return jax.lax.top_k(x, k)[0]
+
+    x = jnp.arange(8.0)
+    with jc.hot_loop(compiles="warmup", on_violation="record") as loop:
+        for i in loop.iterate(range(3)):
+            top(x, k=i + 1)
+    compiles = [v for v in loop.violations if v.kind == "compile"]
+    assert compiles and "static k: 1 -> 2" in compiles[0].what
+
+
+def test_jax_own_jits_and_allowed_sections_are_not_looked_at():
+    x = jnp.ones(3)
+    with jc.hot_loop(compiles="allow") as loop:
+        jc.fetch(jax.jit(lambda v: v + 1)(x))  # a fresh jit, device arguments: nothing to say
+    assert loop.violations == []
+
+
+def _line(text: str) -> int:
+    for n, line in enumerate(pathlib.Path(__file__).read_text().splitlines(), 1):
+        if text in line and "_line(" not in line:
+            return n
+    raise AssertionError(text)
