@@ -32,10 +32,10 @@ from ._errors import SpecError as SpecError
 from ._errors import TransferError as TransferError
 
 if TYPE_CHECKING:
+    from ._audit.session import watch as watch
     from ._audit.watch import Finding as Finding
     from ._audit.watch import Watch as Watch
     from ._audit.watch import WatchReport as WatchReport
-    from ._audit.watch import watch as watch
     from ._compat import Capability as Capability
     from ._compat import capabilities as capabilities
     from ._loop.fetch import Pending as Pending
@@ -72,7 +72,7 @@ _EXPORTS = {
     "Finding": "_audit.watch",
     "Watch": "_audit.watch",
     "WatchReport": "_audit.watch",
-    "watch": "_audit.watch",
+    "watch": "_audit.session",
     "Capability": "_compat",
     "capabilities": "_compat",
     "Change": "_state.foreign",

@@ -1,17 +1,13 @@
-"""``python -m jaxcontracts demo|info|audit``: the command line (the demo is
-``jaxcontracts.demo``, the audit ``jaxcontracts._audit.cli``)."""
+"""``python -m jaxcontracts demo|info|audit``: the command line (``jaxcontracts.demo``, ``_audit.cli``)."""
 
 import argparse
 from collections.abc import Sequence
 
-_HELP = (
-    "demo: a simulation with planted regressions; info: versions and capabilities; "
-    "audit SCRIPT.py: run a script unchanged and list what its jax.jit code should fix"
-)
+_HELP = "demo: planted regressions; info: versions, capabilities; audit SCRIPT.py: what its jax.jit code should fix"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jaxcontracts", epilog="demo --help: its options")
+    parser = argparse.ArgumentParser(prog="python -m jaxcontracts", epilog="demo|audit --help: their options")
     parser.add_argument("command", nargs="?", choices=["demo", "info", "audit"], metavar="COMMAND", help=_HELP)
     parser.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
@@ -20,14 +16,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         print(report := info())
         return 0 if report.ok else 1
-    if ns.command == "audit":
+    if ns.command in ("demo", "audit"):
         from ._audit.cli import main as audit
-
-        return audit(ns.args)
-    if ns.command == "demo":
         from .demo import main as demo
 
-        return demo(ns.args)
+        return (demo if ns.command == "demo" else audit)(ns.args)
     parser.print_help()
     return 2
 

@@ -61,7 +61,6 @@ LAYERS: dict[str, int] = {
     "_loop.plainjit": 5,  # plain jax.jit cache misses inside a loop: diffs, transfers, donations
     "_audit.signatures": 4,  # plain jax.jit calls: signatures, diffs, reusable arguments
     "_audit.watch": 5,  # jc.watch(): plain jax.jit code observed
-    "_audit.cli": 6,  # python -m jaxcontracts audit
     "_loop.rng": 5,  # jax.random samplers inside loops: their Python-number parameters pass
     "_loop.intercept": 6,  # read, buffer and compile interceptors
     "_loop.translate": 6,  # JAX runtime errors leaving a loop -> contract errors
@@ -90,6 +89,8 @@ LAYERS: dict[str, int] = {
     # the loop guard, then what uses everything
     "_loop.guard": 16,
     "_step.check": 17,
+    "_audit.session": 17,  # jc.watch(): the jit watch and a recording loop for reads
+    "_audit.cli": 18,  # python -m jaxcontracts audit
     "_info": 17,
     "_testing.recorder": 17,  # jc.snapshot and the plugin's Recorder
     "_testing.snapshot": 5,  # a snapshot record, its text and its diff

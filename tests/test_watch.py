@@ -46,7 +46,7 @@ def _audit(tmp_path, name: str, *extra: str) -> tuple[subprocess.CompletedProces
     return proc, json.loads(out.read_text())
 
 
-@pytest.mark.parametrize("name", ["request_loop", "optax_numpy", "recompiles", "clean"])
+@pytest.mark.parametrize("name", ["request_loop", "optax_numpy", "recompiles", "host_sync", "clean"])
 def test_every_planted_problem_is_found_at_its_line_and_nothing_else(tmp_path, name):
     if name == "optax_numpy":
         pytest.importorskip("optax")
@@ -166,3 +166,29 @@ def test_the_docs_page_shows_what_the_audit_prints_today(tmp_path):
     assert page == proc.stderr.replace(str(PROGRAMS.relative_to(pathlib.Path.cwd())) + "/", ""), (
         "regenerate docs/guides/audit_request_loop.txt from the audit of tests/audit_programs/request_loop.py"
     )
+
+
+def test_a_loop_inside_the_watched_code_keeps_its_own_defaults():
+    # the watch's recording loop passes nothing on: the user's loop still raises
+    @jax.jit
+    def step(x):
+        return x + 1
+
+    x = step(jnp.ones(2))
+    with jc.watch(), pytest.raises(jc.TransferError):  # noqa: PT012
+        with jc.hot_loop():
+            x = step(x)
+            float(x[0])
+
+
+def test_watch_reports_a_host_read_repeated_between_calls_but_not_one_after_them():
+    with jc.watch() as w:
+        step = jax.jit(lambda x: x * 0.5)  # made inside the watch: observed
+        x = jnp.ones(3)
+        for _ in range(4):
+            x = step(x)
+            float(x[0])  # a sync each step
+        for _ in range(3):
+            float(x[1])  # reads after the last call: not a loop finding
+    syncs = [f for f in w.findings() if f.kind == "host_sync"]
+    assert len(syncs) == 1 and syncs[0].count == 3  # the three reads followed by another call

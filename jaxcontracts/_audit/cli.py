@@ -17,7 +17,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from .watch import watch
+from .session import watch
 
 __all__ = ["main"]
 

@@ -53,7 +53,7 @@ from .._format import fmt_bytes
 from .._userline import user_frame, where
 from . import signatures as sigs
 
-__all__ = ["Finding", "Watch", "WatchReport", "watch"]
+__all__ = ["Finding", "Watch", "WatchReport"]
 
 #: Calls after each compile in which a function's undonated arguments are
 #: followed (weak references): enough to see a loop's pattern, and bounded,
@@ -61,7 +61,7 @@ __all__ = ["Finding", "Watch", "WatchReport", "watch"]
 DONATION_WINDOW = 4
 #: A line that makes this many jitted functions that each compile is a jit made in a loop.
 COMPILES_AT_ONE_LINE = 3
-_KIND_ORDER = ("wrong_donation", "missed_donation", "recompile", "compile_in_loop", "host_transfer")
+_KIND_ORDER = ("wrong_donation", "missed_donation", "recompile", "host_sync", "compile_in_loop", "host_transfer")
 _WIDTH = 100
 
 
@@ -107,7 +107,13 @@ class _Function:
 class Watch:
     """An open ``jc.watch()``: its findings so far, and its report."""
 
-    def __init__(self) -> None:
+    def __init__(self, reads: Any = None) -> None:
+        # a context that records device-to-host reads with their lines (a
+        # recording jc.hot_loop, made by jc.watch()); its violations give host_sync
+        self._make_reads = reads
+        self._reads: Any = None
+        self.read_stamps: dict[str, list[int]] = {}  # line -> self.calls at each read there
+        self._read_text: dict[str, tuple[str, str]] = {}  # line -> (what, fix)
         self._lock = threading.Lock()
         self._functions: list[_Function] = []
         self._findings: dict[tuple[Any, ...], Finding] = {}
@@ -306,6 +312,22 @@ class Watch:
             touched.append(self._findings[key])
         return touched
 
+    def _host_syncs(self) -> None:
+        """A line whose reads were followed by more jitted calls, at least twice:
+        a sync inside a repeated section (a read after the last call is not)."""
+        for at, stamps in self.read_stamps.items():
+            followed = sum(1 for n in stamps if n < self.calls)
+            if followed < 2:
+                continue
+            file, _, line = at.rpartition(":")
+            what, fix = self._read_text[at]
+            self._findings[("host_sync", at)] = Finding(
+                "host_sync", "(a host read)", file, int(line) if line.isdigit() else 0, count=followed,
+                message=f"{what}: the host waits for the device here, and the next call cannot be "
+                "queued before it (the loop runs at the device's pace, one step at a time)",
+                fix=fix,
+            )
+
     # -- the report ----------------------------------------------------------
 
     def findings(self) -> list[Finding]:
@@ -327,10 +349,21 @@ class Watch:
             jitwatch.install(self.wrap)
         self.active = True
         self._t0 = time.perf_counter()
+        if self._make_reads is not None:
+            self._reads = self._make_reads(self)
+            self._reads.__enter__()
         return self
+
+    def read(self, where: str, what: str, fix: str) -> None:
+        """A device-to-host read at ``where`` (file:line), from the reads context."""
+        self.read_stamps.setdefault(where, []).append(self.calls)
+        self._read_text.setdefault(where, (what, fix))
 
     def __exit__(self, *exc: Any) -> None:
         global _ACTIVE
+        if self._reads is not None:
+            self._reads.__exit__(*exc)
+            self._host_syncs()
         with _INSTALL_LOCK:
             jitwatch.uninstall()
             _ACTIVE = None
@@ -422,17 +455,6 @@ class WatchReport:
         head = html.escape(next(iter(self.lines())))
         return (f"<div class='jc-watch'><p>{head}</p><table><tr><th>kind</th><th>function</th>"
                 f"<th>line</th><th>count</th><th>what and fix</th></tr>{rows}</table></div>")
-
-
-def watch() -> Watch:
-    """Observe every function ``jax.jit`` makes inside the ``with``::
-
-        with jc.watch() as w:
-            run_training()
-        print(w.report())
-
-    See ``python -m jaxcontracts audit`` for a script run unchanged."""
-    return Watch()
 
 
 # -- helpers ---------------------------------------------------------------

@@ -129,6 +129,7 @@ class HotLoop:
         self._violations: dict[tuple[str, str, str], Violation] = {}
         # plain jax.jit functions' signatures compiled in this loop (_loop.plainjit), by PjitInfo
         self.plain_signatures: dict[int, tuple[Any, list[Any]]] = {}
+        self.audit = False  # jc.watch()'s recording loop (loops inside it inherit nothing from it)
         # host arguments of plain jax.jit calls already named at the user's line, by the aval
         # text JAX's guard log gives them: those log lines are not recorded a second time
         self.named_transfers: collections.Counter[str] = collections.Counter()
@@ -319,7 +320,9 @@ class HotLoop:
             self._iterating.clear()
         if None in self._given.values() and not self._entries:
             # what this loop does not set, it takes from the loop it is in (else the defaults)
-            base = outer._options if isinstance(outer, HotLoop) else {k: v[0] for k, v in _OPTIONS.items()}
+            # (an audit's recording loop is not the user's: it passes nothing on)
+            inherits = isinstance(outer, HotLoop) and not outer.audit
+            base = outer._options if inherits else {k: v[0] for k, v in _OPTIONS.items()}
             self._apply({k: v if v is not None else base[k] for k, v in self._given.items()})
         modes: dict[str, str] = {}
         if self.checks_transfers:

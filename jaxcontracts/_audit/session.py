@@ -1,0 +1,50 @@
+"""``jc.watch()``: a :class:`~jaxcontracts._audit.watch.Watch` of the jitted
+functions, and a recording hot loop around the same code for its
+device-to-host reads (``host_sync``).
+
+The loop records, never raises, lets compiles through, and passes none of
+its options on to the loops the code opens itself (their defaults stay
+theirs); of what it records, only the device-to-host reads at the user's
+lines are kept (a jitted function's host arguments are the watch's own
+``host_transfer`` findings; an explicit ``jax.device_get`` or ``jc.fetch``
+is not a read it records).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from .._loop.guard import HotLoop
+from .._userline import user_frame, where
+from .watch import Watch
+
+__all__ = ["watch"]
+
+
+class _Reads(HotLoop):
+    """A recording loop that hands each device-to-host read to its watch."""
+
+    def __init__(self, owner: Watch) -> None:
+        super().__init__(on_violation="record", compiles="allow", transfers="disallow")
+        self.audit = True
+        self._owner = owner
+
+    def violation(self, kind: str, what: str, fix: str, frame: Any = None) -> None:
+        if kind == "transfer" and what.startswith("device-to-host"):
+            self._owner.read(where(user_frame(frame))[0], what, fix)
+
+
+def watch() -> Watch:
+    """Observe, inside the ``with``, every function ``jax.jit`` makes, and the
+    device-to-host reads between their calls::
+
+        with jc.watch() as w:
+            train()
+        print(w.report())      # a table in a notebook
+
+    The findings are those of ``python -m jaxcontracts audit`` (its page in
+    the guides: "Audit a loop you already have"): ``recompile``,
+    ``missed_donation``, ``wrong_donation``, ``host_sync``,
+    ``host_transfer``, ``compile_in_loop``. Functions jitted before the
+    ``with`` are not observed. One watch at a time."""
+    return Watch(reads=_Reads)
