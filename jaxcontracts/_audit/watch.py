@@ -100,6 +100,7 @@ class _Function:
     candidate_paths: tuple[str, ...] = ()
     pending: list[tuple[int, Any]] = dataclasses.field(default_factory=list)  # (candidate, weakref)
     follow_site: tuple[str, int] = ("<unknown>", 0)  # the user's line of the last followed call
+    equinox: bool = False  # made by eqx.filter_jit
     # positions of the host leaves of a call -> the host_transfer findings they count for
     host_findings: dict[tuple[int, ...], list[Finding]] = dataclasses.field(default_factory=dict)
 
@@ -134,6 +135,9 @@ class Watch:
         site = (where(frame)[0].rsplit(":", 1)[0], frame.f_lineno) if frame is not None else ("<unknown>", 0)
         name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None) or repr(fun)
         state = _Function(name, site, jitwatch.options_of(jitted))
+        # eqx.filter_jit calls jax.jit on its own wrapper, whose parameters
+        # group the arguments (dynamic_donate, dynamic_nodonate): its fixes are equinox's
+        state.equinox = str(getattr(fun, "__module__", "") or "").startswith("equinox")
         with self._lock:
             self._functions.append(state)
         return _Watched(jitted, fun, state, self)
@@ -208,13 +212,19 @@ class Watch:
                 found.count += 1
                 found.bytes_per_call = max(found.bytes_per_call or 0, nbytes)
                 continue
+            what = "its arguments (eqx.filter_jit passes them as one group)" if fn.equinox else param
+            fix = (
+                f'@eqx.filter_jit(donate="all") on {sigs.short(fn.name)} (or "all-except-first" where the '
+                'first argument is kept)' if fn.equinox else
+                f"jax.jit({sigs.short(fn.name)}, donate_argnames=({param!r},)) (names do not drift "
+                "when parameters move)"
+            )
             self._findings[key] = Finding(
                 "missed_donation", fn.name, *fn.follow_site, count=1, param=param, bytes_per_call=nbytes,
-                message=f"{param} is not donated, and the caller drops it after each call: its "
+                message=f"{what}: not donated, yet the caller drops them after each call; their "
                 f"{len(idx)} array(s) ({fmt_bytes(nbytes)}) could hold the outputs of the same shape and "
                 "dtype; without donation the function holds them twice",
-                fix=f"jax.jit({sigs.short(fn.name)}, donate_argnames=({param!r},)) (names do not drift "
-                'when parameters move); or @jc.hot_step(state=..., donate="all")',
+                fix=fix + '; or @jc.hot_step(state=..., donate="all")',
             )
 
     def _wrong(self, fn: _Function, sig: sigs.Signature, donated: set[str], out_avals: set[tuple[Any, ...]], where_: tuple[str, int]) -> None:
@@ -301,11 +311,15 @@ class Watch:
             frame = user_frame()
             here = (where(frame)[0].rsplit(":", 1)[0], frame.f_lineno) if frame is not None else fn.site
             what = f"a Python {type(x).__name__}" if isinstance(x, (bool, int, float, complex)) else f"a numpy {type(x).__name__}"
+            if fn.equinox:  # equinox's grouped parameters: no name of the user's to give
+                param = "an argument"
             self._findings[key] = Finding(
                 "host_transfer", fn.name, *here, count=1, param=param, bytes_per_call=nbytes,
                 message=f"{param} of {sigs.short(fn.name)} is {what} at each call ({path}): a host-to-device "
                 "copy every time",
-                fix=(f"a constant: make {param} static (static_argnames=({param!r},)) or close over it; "
+                fix=("put it on the device once, before the loop (jax.device_put), or declare it: "
+                     "@jc.hot_step(host=...)" if fn.equinox else
+                     f"a constant: make {param} static (static_argnames=({param!r},)) or close over it; "
                      "data that changes: put it on the device once, before the loop (jax.device_put), "
                      "or declare it: @jc.hot_step(host=...)"),
             )
