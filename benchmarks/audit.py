@@ -11,13 +11,22 @@ timed plain and inside a watch, interleaved, in one process:
   transfer finding counted at every call).
 
 Printed: the median us per call of each form and the ratio watch / plain
-(paired by block). Run: ``python -m benchmarks.audit [--leaves 10 100] [--repeats 20]``.
+(paired by block). With ``--programs``, each program of
+``tests/audit_programs`` is also run as ``python P.py`` and as ``python -m
+jaxcontracts audit P.py`` (alternating, ``--runs`` times each; whole
+processes, so imports and compiles are in both), with the median wall time
+of each and their ratio.
+
+Run: ``python -m benchmarks.audit [--leaves 10 100] [--repeats 20] [--programs [--runs 3]]``.
 """
 
 from __future__ import annotations
 
 import argparse
+import pathlib
 import statistics
+import subprocess
+import sys
 import time
 
 import jax
@@ -59,11 +68,30 @@ def _case(n: int, host: bool, repeats: int, calls: int) -> tuple[float, float, f
     return statistics.median(tp), statistics.median(tw), statistics.median(ratios)
 
 
+def _programs(runs: int) -> None:
+    here = pathlib.Path(__file__).resolve().parent.parent / "tests" / "audit_programs"
+    print(f"\n{'program':<24}{'plain s':>10}{'audit s':>10}{'audit/plain':>13}  (whole processes, median of {runs})")
+    for path in sorted(here.glob("*.py")):
+        plain, audited = [], []
+        for _ in range(runs):
+            for cmd, out in (([sys.executable, str(path)], plain),
+                             ([sys.executable, "-m", "jaxcontracts", "audit", str(path)], audited)):
+                t0 = time.perf_counter()
+                done = subprocess.run(cmd, capture_output=True, timeout=600)
+                out.append(time.perf_counter() - t0)
+                if done.returncode:
+                    print(f"  {path.name}: exit {done.returncode}")
+        p, a = statistics.median(plain), statistics.median(audited)
+        print(f"{path.stem:<24}{p:>10.2f}{a:>10.2f}{a / p:>13.3f}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="python -m benchmarks.audit")
     p.add_argument("--leaves", type=int, nargs="+", default=[10, 100])
     p.add_argument("--repeats", type=int, default=20)
     p.add_argument("--calls", type=int, default=200)
+    p.add_argument("--programs", action="store_true", help="also time tests/audit_programs, plain and audited")
+    p.add_argument("--runs", type=int, default=3)
     args = p.parse_args()
     print(f"{'case':<40}{'plain us/call':>14}{'watch us/call':>15}{'watch/plain':>13}  (budget <= 2.00)")
     for n in args.leaves:
@@ -71,6 +99,8 @@ def main() -> None:
             name = f"dict state, {n} leaves" + (", numpy batches" if host else "")
             plain, watched, ratio = _case(n, host, args.repeats, args.calls)
             print(f"{name:<40}{plain:>14.1f}{watched:>15.1f}{ratio:>13.3f}")
+    if args.programs:
+        _programs(args.runs)
 
 
 if __name__ == "__main__":

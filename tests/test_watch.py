@@ -198,3 +198,18 @@ def test_watch_reports_a_host_read_repeated_between_calls_but_not_one_after_them
             float(x[1])  # reads after the last call: not a loop finding
     syncs = [f for f in w.findings() if f.kind == "host_sync"]
     assert len(syncs) == 1 and syncs[0].count == 3  # the three reads followed by another call
+
+
+def test_without_the_jit_mechanism_the_report_says_what_it_cannot_find(monkeypatch):
+    from jaxcontracts._compat import jitwatch
+
+    monkeypatch.setattr(jitwatch, "available", lambda: False)
+    original = jax.jit
+    with jc.watch() as w:
+        assert jax.jit is original  # nothing replaced
+        f = jax.jit(lambda x: x + 1)
+        f(np.ones(2))
+        f(np.ones(2))
+    report = w.report()
+    assert not report.ok and report.findings == []
+    assert "NOT CHECKED: recompile, missed_donation" in str(report)

@@ -121,6 +121,7 @@ class Watch:
         self._given_elsewhere: dict[int, tuple[_Function, int]] = {}  # id(array) -> pending candidate
         self._sites: dict[tuple[str, int], int] = {}  # jit line -> functions made there that compiled
         self.calls = 0
+        self.blind: list[str] = []  # findings this watch cannot make here, and why
         self.active = False
         self._t0 = 0.0
         self.seconds = 0.0
@@ -350,17 +351,22 @@ class Watch:
         return sorted(found, key=lambda f: (_KIND_ORDER.index(f.kind), -(f.count * (f.bytes_per_call or 1))))
 
     def report(self) -> WatchReport:
-        return WatchReport(self.findings(), self.calls, len(self._functions), self.seconds)
+        return WatchReport(self.findings(), self.calls, len(self._functions), self.seconds, list(self.blind))
 
     def __enter__(self) -> Watch:
         global _ACTIVE
-        if not jitwatch.available():
-            raise RuntimeError("jc.watch() cannot observe jax.jit on this JAX: see `python -m jaxcontracts info`")
         with _INSTALL_LOCK:
             if _ACTIVE is not None:
                 raise RuntimeError("a jc.watch() is already open: one at a time")
             _ACTIVE = self
-            jitwatch.install(self.wrap)
+            if jitwatch.available():
+                jitwatch.install(self.wrap)
+            else:  # said in the report: which findings cannot be made here
+                self.blind = [
+                    "recompile, missed_donation, wrong_donation, host_transfer and compile_in_loop: "
+                    "jax.jit cannot be observed on this JAX (capability jit-observation missing; "
+                    "see `python -m jaxcontracts info`)"
+                ]
         self.active = True
         self._t0 = time.perf_counter()
         if self._make_reads is not None:
@@ -425,10 +431,12 @@ class WatchReport:
     calls: int
     functions: int
     seconds: float = 0.0
+    blind: list[str] = dataclasses.field(default_factory=list)  # findings not made here, and why
 
     @property
     def ok(self) -> bool:
-        return not self.findings
+        """No finding, and every kind of finding could be looked for."""
+        return not self.findings and not self.blind
 
     def to_json(self) -> str:
         return json.dumps([f.as_dict() for f in self.findings], indent=2)
@@ -437,7 +445,9 @@ class WatchReport:
         head = (f"jaxcontracts audit: {len(self.findings)} finding(s) in {self.functions} jitted "
                 f"function(s), {self.calls} call(s) observed")
         yield head
-        if not self.findings:
+        for why in self.blind:
+            yield from textwrap.wrap("NOT CHECKED: " + why, _WIDTH, initial_indent="  ", subsequent_indent="    ")
+        if not self.findings and not self.blind:
             yield "  nothing to fix: no recompile, no missed or wrong donation, no host transfer seen"
         for n, f in enumerate(self.findings, 1):
             extra = []
