@@ -73,15 +73,7 @@ def available() -> bool:
 
 def options_of(jitted: Any) -> JitOptions:
     """The static and donated parameters of a ``jax.jit`` function."""
-    info = jitted._jit_info
-    sig = getattr(info, "fun_signature", None)
-    return JitOptions(
-        tuple(info.static_argnums),
-        tuple(info.static_argnames),
-        tuple(info.donate_argnums),
-        tuple(info.donate_argnames),
-        sig if isinstance(sig, inspect.Signature) else None,
-    )
+    return options_from_info(jitted._jit_info)
 
 
 def cache_size(jitted: Any) -> int:
