@@ -213,3 +213,19 @@ def test_without_the_jit_mechanism_the_report_says_what_it_cannot_find(monkeypat
     report = w.report()
     assert not report.ok and report.findings == []
     assert "NOT CHECKED: recompile, missed_donation" in str(report)
+
+
+def test_the_watch_never_fails_the_users_call_and_says_what_it_could_not_look_at(monkeypatch):
+    from jaxcontracts._audit import signatures
+
+    def broken(*args, **kwargs):
+        raise ValueError("an argument the watch cannot describe")
+
+    monkeypatch.setattr(signatures, "signature", broken)
+    with jc.watch() as w:
+        f = jax.jit(lambda x: x + 1)
+        y = f(jnp.ones(2))
+        y = f(y)
+    assert y.tolist() == [3.0, 3.0]  # the calls ran
+    assert any("some calls were not looked at (ValueError" in b for b in w.blind)
+    assert "NOT CHECKED" in str(w.report())

@@ -144,12 +144,36 @@ class Watch:
         return _Watched(jitted, fun, state, self)
 
     def observe(self, fn: _Function, jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """One call of a watched function: looked at before and after, never
+        changed; the watch's own bookkeeping never fails the user's call."""
         fn.calls += 1
         self.calls += 1
-        opts = fn.options
-        dyn_args = tuple(a for i, a in enumerate(args) if i not in opts.static_argnums) if opts.static_argnums else args
-        dyn_kwargs = {k: v for k, v in kwargs.items() if k not in opts.static_argnames} if kwargs else kwargs
-        leaves = jax.tree_util.tree_leaves((dyn_args, dyn_kwargs))
+        try:
+            opts = fn.options
+            dyn_args = tuple(a for i, a in enumerate(args) if i not in opts.static_argnums) if opts.static_argnums else args
+            dyn_kwargs = {k: v for k, v in kwargs.items() if k not in opts.static_argnames} if kwargs else kwargs
+            leaves = jax.tree_util.tree_leaves((dyn_args, dyn_kwargs))
+            self._before(fn, args, kwargs, dyn_args, dyn_kwargs, leaves)
+            before = jitwatch.cache_size(jitted)
+        except Exception as err:  # noqa: BLE001 - said in the report, the call goes on
+            self._trouble(fn, err)
+            return jitted(*args, **kwargs)
+        t0 = time.perf_counter()
+        out = jitted(*args, **kwargs)
+        try:
+            if jitwatch.cache_size(jitted) != before:
+                self._compiled(fn, args, kwargs, dyn_args, dyn_kwargs, leaves, out, time.perf_counter() - t0)
+            if fn.window:
+                fn.window -= 1
+                self._follow(fn, leaves)
+        except Exception as err:  # noqa: BLE001
+            self._trouble(fn, err)
+        return out
+
+    def _before(
+        self, fn: _Function, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...],
+        dyn_kwargs: dict[str, Any], leaves: list[Any],
+    ) -> None:
         given = self._given_elsewhere
         if given:  # a followed array given to another function: not dropped, used
             for x in leaves:
@@ -167,15 +191,12 @@ class Watch:
             else:
                 for found in seen:
                     found.count += 1
-        before = jitwatch.cache_size(jitted)
-        t0 = time.perf_counter()
-        out = jitted(*args, **kwargs)
-        if jitwatch.cache_size(jitted) != before:
-            self._compiled(fn, args, kwargs, dyn_args, dyn_kwargs, leaves, out, time.perf_counter() - t0)
-        if fn.window:
-            fn.window -= 1
-            self._follow(fn, leaves)
-        return out
+
+    def _trouble(self, fn: _Function, err: Exception) -> None:
+        """The watch could not look at a call: said once per function in the report."""
+        note = f"{sigs.short(fn.name)}: some calls were not looked at ({type(err).__name__}: {err})"
+        if not any(b.startswith(f"{sigs.short(fn.name)}: ") for b in self.blind):
+            self.blind.append(note)
 
     # -- donation ------------------------------------------------------------
 

@@ -86,10 +86,10 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
     try:
         _, out_avals = jitwatch.outputs_of(p)
         avals = {(tuple(a.shape), str(a.dtype)) for a in out_avals}
+        wrong = sigs.wrong_donations(sig, sigs.donated_params(opts), avals, name)
     except Exception:  # noqa: BLE001 - no outputs to read on this JAX: nothing more to say
         return p, flat
-    donated = sigs.donated_params(opts)
-    for _param, why, fix in sigs.wrong_donations(sig, donated, avals, name):
+    for _param, why, fix in wrong:
         loop.violation("donation", f"`{name}`: {why}", fix + ". The call did not run.", user)
     return p, flat
 
