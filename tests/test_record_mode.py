@@ -23,6 +23,7 @@ from helpers import Particles, advance_fn, make_particles
 from jaxtyping import Array, Float32
 
 import jaxcontracts as jc
+from jaxcontracts._compat import capability
 from jaxcontracts._compat import guardlog
 
 # -- what is recorded ---------------------------------------------------------
@@ -124,7 +125,12 @@ def test_logged_host_to_device_transfers_are_recorded_and_kept_off_stderr(capfd)
     err = capfd.readouterr().err
     assert "guard_lib" not in err and "through" in err  # other output passes through
     logged = [v for v in loop.violations if v.where == "(jaxlib's log)"]
-    assert len(logged) >= 2, loop.violations
+    assert len(logged) >= 1, loop.violations  # the eager op's scalar: JAX's log, no Python line
+    # the jitted function's numpy argument compiled here: named at its line (issue 40), and
+    # JAX's log line for it not listed again
+    named = [v for v in loop.violations if v.where != "(jaxlib's log)"]
+    if capability("jit-cache-miss").available:
+        assert [v.what.split(":")[0] for v in named] == ["`<lambda>` is given a numpy array (float32[]) at `b`"]
     # jaxlib names the aval on its slow path only (a warm op logs no shape)
     assert all(v.what.startswith("implicit host-to-device transfer of ") for v in logged)
     assert all(v.kind == "transfer" and "on_violation=\"raise\"" in v.fix for v in logged)
