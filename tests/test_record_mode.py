@@ -23,8 +23,7 @@ from helpers import Particles, advance_fn, make_particles
 from jaxtyping import Array, Float32
 
 import jaxcontracts as jc
-from jaxcontracts._compat import capability
-from jaxcontracts._compat import guardlog
+from jaxcontracts._compat import capability, guardlog
 
 # -- what is recorded ---------------------------------------------------------
 
