@@ -149,6 +149,14 @@ class ContractError(Exception):
         self.leaves = tuple(leaves)
         self.fix = fix
 
+    def add_note(self, note: str, /) -> None:
+        """A note, except JAX's "removed its internal frames" one: raised from
+        inside a jitted call (a loop's refusal of its arguments), the error
+        already ends at the user's line, and that note would only add noise."""
+        if note.startswith("--------------------\nFor simplicity, JAX has removed"):
+            return
+        super().add_note(note)
+
     @property
     def contract_name(self) -> str:
         """The sentence a report shows for this error's contract."""

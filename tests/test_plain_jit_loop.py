@@ -100,3 +100,12 @@ def _line(text: str) -> int:
         if text in line and "_line(" not in line:
             return n
     raise AssertionError(text)
+
+
+def test_a_refusal_from_inside_a_jitted_call_ends_at_the_users_line_without_jaxs_note():
+    fn1, state = _fn1(), _state()
+    with pytest.raises(jc.TransferError) as info:  # noqa: PT012
+        with jc.hot_loop(compiles="warmup"):
+            state = fn1(0.5, state)
+    assert not getattr(info.value, "__notes__", None)  # JAX's "removed its internal frames" note
+    assert "is given a Python float at `lr`" in str(info.value)
