@@ -179,3 +179,24 @@ def test_a_state_on_a_one_device_named_sharding_of_the_compiled_device_is_no_mov
         s = step({"w": jax.device_put(jnp.zeros(3), jax.devices()[0])})
         s = step(step({"w": jax.device_put(s["w"] + 0, named)}))
     assert s["w"].tolist() == [3.0] * 3 and step.stats.compiles == 1
+
+
+def test_an_uncommitted_leaf_on_another_device_is_refused_at_full_and_copied_at_fast():
+    # issue 39: at fast the placement is checked in the cache miss only, so
+    # JAX copies an uncommitted leaf made on another device (the documented
+    # limit of fast: nothing is lost, the leaf is not donated); full refuses
+    # the call, naming the leaf and both devices, with the inputs intact.
+    devices = jax.devices()
+    if len(devices) < 2:
+        pytest.skip("needs two devices")
+    step = jc.hot_step(lambda s: {"a": s["a"] + 1, "b": s["b"] + 1}, state="s")
+    s = step({"a": jax.device_put(jnp.zeros(3), devices[0]), "b": jax.device_put(jnp.zeros(3), devices[0])})
+    with jax.default_device(devices[1]):
+        b = jnp.ones(3)
+    assert not b.committed
+    with jc.checks_level("full"), pytest.raises(jc.RecompileError, match=r"s\['b'\]: compiled with .* cpu:0, called with .* cpu:1"):
+        step({"a": s["a"], "b": b})
+    assert not b.is_deleted() and not s["a"].is_deleted()
+    with jc.checks_level("fast"):
+        out = step({"a": s["a"], "b": b})
+    assert not b.is_deleted() and out["b"].devices() == {devices[0]}  # copied, not donated
