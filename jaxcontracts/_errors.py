@@ -229,6 +229,7 @@ CONTRACTS: dict[str, ContractInfo] = {
     "no-transfer": ContractInfo("no implicit transfers", TransferError),
     "no-compile": ContractInfo("no compiles", RecompileError),
     "no-donated-use": ContractInfo("no use of donated arrays", DonationError),
+    "donation-config": ContractInfo("every donation a jax.jit asks for can happen", DonationError),
 }
 
 
@@ -255,6 +256,7 @@ VIOLATIONS: dict[str, ViolationKind] = {
     "transfer": ViolationKind("implicit transfer inside jc.hot_loop", "no-transfer"),
     "compile": ViolationKind("compile inside jc.hot_loop", "no-compile"),
     "donation": ViolationKind("use of a donated array inside jc.hot_loop", "no-donated-use"),
+    "wrong_donation": ViolationKind("a donation that cannot happen, inside jc.hot_loop", "donation-config"),
 }
 
 

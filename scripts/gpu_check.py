@@ -25,6 +25,10 @@ Checks:
    donation, ``jc.to_host`` copies read in the loop, an orbax save every N
    steps (if orbax is installed), a read swallowed by ``logging``, an NNX
    step updating its objects in place (if flax is installed).
+5. Plain ``jax.jit`` in a raising loop (a Python float named by function and
+   parameter, a drifted ``donate_argnums`` refused before the call), a kept
+   container of a state refused before its donation, and ``jc.watch()``'s
+   missed donation (with its bytes) and host batch on the device.
 
 Prints one line per check and a summary; exits 1 if any check fails, 0 when
 all pass or when there is no GPU (without --force-cpu). Imports jax, numpy,
@@ -635,6 +639,63 @@ def check_round(r: Results, jax: Any, np: Any, jc: Any) -> None:
         r.crashed("NNX in place", e)
 
 
+def check_plain_jit(r: Results, jax: Any, np: Any, jc: Any) -> None:
+    import functools
+
+    import jax.numpy as jnp
+
+    r.section("[5] plain jax.jit in a raising loop, a kept container, and jc.watch() on the device")
+    state = {"w": jnp.ones((1024, 1024)), "t": jnp.int32(0)}
+
+    @functools.partial(jax.jit, donate_argnums=(0,))  # the request's drifted index
+    def fn1(lr, state):
+        return {"w": state["w"] - lr * state["w"], "t": state["t"] + 1}
+
+    try:
+        with jc.hot_loop(compiles="warmup"):
+            state = fn1(0.5, state)
+        r.check("a Python float to a plain jax.jit in a loop is named", False, "nothing raised")
+    except jc.TransferError as e:
+        r.check("a Python float to a plain jax.jit in a loop is named (before JAX's native guard)",
+                "`fn1` is given a Python float at `lr`" in str(e), first_line(e))
+    except Exception as e:  # noqa: BLE001
+        r.check("a Python float to a plain jax.jit in a loop is named", False, first_line(e))
+    lr = jax.device_put(jnp.float32(0.5))
+    try:
+        with jc.hot_loop(compiles="warmup"):
+            state = fn1(lr, state)
+        r.check("a drifted donate_argnums is refused before the call", False, "nothing raised")
+    except jc.DonationError as e:
+        r.check("a drifted donate_argnums is refused before the call, inputs intact",
+                "lr is donated, but no output" in str(e) and not state["w"].is_deleted() and not lr.is_deleted(),
+                first_line(e))
+
+    class RW(tuple):  # a NamedTuple-like state: (position dict, logdensity)
+        pass
+
+    kernel = jc.hot_step(lambda s: ({k: v * 0.5 for k, v in s[0].items()}, s[1] + 1), state="s")
+    s = kernel(({"mu": jnp.ones((256, 256))}, jnp.float32(0)))
+    samples = [s[0]]  # BlackJAX's samples.append(state.position)
+    try:
+        kernel(s)
+        r.check("a kept container of the state is refused before the donation", False, "nothing raised")
+    except jc.DonationError as e:
+        r.check("a kept container of the state is refused before the donation, nothing lost",
+                "a container of 1 donated array" in str(e) and not samples[0]["mu"].is_deleted(), first_line(e))
+    del samples
+
+    with jc.watch() as w:
+        step = jax.jit(lambda st, b: {"w": st["w"] + b.sum(), "t": st["t"] + 1})
+        st = {"w": jnp.ones((1024, 1024)), "t": jnp.int32(0)}
+        for _ in range(6):
+            st = step(st, np.ones(8, np.float32))
+    kinds = sorted(f.kind for f in w.findings())
+    missed = [f for f in w.findings() if f.kind == "missed_donation"]
+    r.check("jc.watch() on the device: the missed donation (with its bytes) and the host batch",
+            kinds == ["host_transfer", "missed_donation"] and missed[0].bytes_per_call == 4 * 2**20 + 4,
+            f"{kinds}, {missed[0].bytes_per_call if missed else 0} B/call")
+
+
 def main() -> int:
     args = parse_args()
     if args.force_cpu:
@@ -681,6 +742,7 @@ def main() -> int:
         ("donation", lambda: check_donation(r, jax, np, jc, on_gpu, int(state_gib * 2**30), args.steps)),
         ("sharding", lambda: check_sharding(r, jax, np, jc, on_gpu)),
         ("this round", lambda: check_round(r, jax, np, jc)),
+        ("plain jit", lambda: check_plain_jit(r, jax, np, jc)),
     ]:
         try:
             run()

@@ -90,7 +90,7 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
     except Exception:  # noqa: BLE001 - no outputs to read on this JAX: nothing more to say
         return p, flat
     for _param, why, fix in wrong:
-        loop.violation("donation", f"`{name}`: {why}", fix + ". The call did not run.", user)
+        loop.violation("wrong_donation", f"`{name}`: {why}", fix + ". The call did not run.", user)
     return p, flat
 
 
