@@ -60,7 +60,7 @@ LAYERS: dict[str, int] = {
     "_loop.fetch": 5,  # jc.fetch
     "_loop.plainjit": 5,  # plain jax.jit cache misses inside a loop: diffs, transfers, donations
     "_audit.signatures": 4,  # plain jax.jit calls: signatures, diffs, reusable arguments
-    "_audit.watch": 5,  # jc.watch(): plain jax.jit code observed
+    "_audit.watch": 6,  # jc.watch(): plain jax.jit code observed (its HTML from _report.render)
     "_loop.rng": 5,  # jax.random samplers inside loops: their Python-number parameters pass
     "_loop.intercept": 6,  # read, buffer and compile interceptors
     "_loop.translate": 6,  # JAX runtime errors leaving a loop -> contract errors

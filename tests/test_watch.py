@@ -123,7 +123,8 @@ def test_watch_in_python_restores_jax_jit_and_reports(tmp_path):
     assert jax.jit is original
     report = w.report()
     assert [f.kind for f in report.findings] == ["missed_donation"]
-    assert "missed_donation" in str(report) and "<table>" in report._repr_html_()
+    page = report._repr_html_()
+    assert "missed_donation" in str(report) and 'class="jc-findings"' in page and "var(--jp-" in page
     assert step(s)["w"].shape == (4,)  # after the watch: a plain call
 
 

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import html
 import itertools
 import json
 import textwrap
@@ -50,6 +49,7 @@ from .._compat import jitwatch
 from .._compat.arrays import ArrayImpl
 from .._compat.tracing import top_level_refs
 from .._format import fmt_bytes
+from .._report.render import findings_html
 from .._userline import user_frame, where
 from . import signatures as sigs
 
@@ -491,15 +491,11 @@ class WatchReport:
         return "\n".join(self.lines())
 
     def _repr_html_(self) -> str:
-        rows = "".join(
-            f"<tr><td>{html.escape(f.kind)}</td><td><code>{html.escape(sigs.short(f.function))}</code></td>"
-            f"<td>{html.escape(f.file)}:{f.line}</td><td>{f.count}</td>"
-            f"<td>{html.escape(f.message)}<br><b>fix:</b> {html.escape(f.fix)}</td></tr>"
+        rows = [
+            (f.kind, sigs.short(f.function), f"{f.file}:{f.line}", f.count, f.message, f.fix)
             for f in self.findings
-        )
-        head = html.escape(next(iter(self.lines())))
-        return (f"<div class='jc-watch'><p>{head}</p><table><tr><th>kind</th><th>function</th>"
-                f"<th>line</th><th>count</th><th>what and fix</th></tr>{rows}</table></div>")
+        ]
+        return findings_html(next(iter(self.lines())), self.ok, rows, self.blind)
 
 
 # -- helpers ---------------------------------------------------------------

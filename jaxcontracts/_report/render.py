@@ -26,7 +26,10 @@ from .._format import fmt_aval, fmt_bytes, fmt_sharding
 from .._records import CompiledSignature, StepDescription, Violation, WarmupCompile
 from .timing import LoopTiming
 
-__all__ = ["Contract", "LeafRow", "Report", "error_contract", "format_violations", "loop_report", "step_report"]
+__all__ = [
+    "Contract", "LeafRow", "Report", "error_contract", "findings_html", "format_violations", "loop_report",
+    "step_report",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -253,6 +256,36 @@ def _html_violations(violations: Sequence[Violation]) -> list[str]:
         )
     parts.append("</tbody></table>")
     return parts
+
+
+def findings_html(
+    head: str, ok: bool, rows: Sequence[tuple[str, str, str, int, str, str]], notes: Sequence[str] = ()
+) -> str:
+    """A ``jc.watch()`` or audit report as HTML, styled as the other reports
+    (any notebook theme): ``rows`` are (kind, function, where, count, what, fix)."""
+    e = html.escape
+    parts = [
+        f'<div class="jc-report jc-findings jc-{"ok" if ok else "failed"}" style="{_CSS_BOX}">',
+        f'<div style="{_CSS_TITLE}">{e(head)} <span style="{_badge(ok)}">{"OK" if ok else "TO FIX"}</span></div>',
+    ]
+    for note in notes:
+        parts.append(f'<pre class="jc-blind" style="{_CSS_PRE}">NOT CHECKED: {e(note)}</pre>')
+    if rows:
+        parts.append(f'<table class="jc-findings" style="{_CSS_TABLE}"><thead><tr style="{_CSS_TR}">')
+        for h in ("kind", "function", "where", "count", "what, and the fix"):
+            parts.append(f'<th style="{_th(h == "count")}">{h}</th>')
+        parts.append("</tr></thead><tbody>")
+        for i, (kind, function, where, count, what, fix) in enumerate(rows):
+            parts.append(
+                f'<tr style="{_tr(i)}"><td style="{_td()}">{e(kind)}</td>'
+                f'<td style="{_td()}"><code style="{_CSS_CODE}">{e(function)}</code></td>'
+                f'<td style="{_td()}"><code style="{_CSS_CODE}white-space:nowrap;">{e(where)}</code></td>'
+                f'<td style="{_td(right=True)}">{count}</td>'
+                f'<td style="{_td(wrap=True)}min-width:24em;">{e(what)}<br><b>fix:</b> {e(fix)}</td></tr>'
+            )
+        parts.append("</tbody></table>")
+    parts.append("</div>")
+    return "".join(parts)
 
 
 def _html_facts(label: str, facts: Sequence[tuple[str, str]]) -> list[str]:
