@@ -229,7 +229,9 @@ CONTRACTS: dict[str, ContractInfo] = {
     "no-transfer": ContractInfo("no implicit transfers", TransferError),
     "no-compile": ContractInfo("no compiles", RecompileError),
     "no-donated-use": ContractInfo("no use of donated arrays", DonationError),
-    "donation-config": ContractInfo("every donation a jax.jit asks for can happen", DonationError),
+    "donation-config": ContractInfo(
+        "jax.jit donations: each one possible, none missed where the caller drops the buffer", DonationError
+    ),
 }
 
 
@@ -257,6 +259,7 @@ VIOLATIONS: dict[str, ViolationKind] = {
     "compile": ViolationKind("compile inside jc.hot_loop", "no-compile"),
     "donation": ViolationKind("use of a donated array inside jc.hot_loop", "no-donated-use"),
     "wrong_donation": ViolationKind("a donation that cannot happen, inside jc.hot_loop", "donation-config"),
+    "missed_donation": ViolationKind("a missed donation, inside jc.hot_loop", "donation-config"),
 }
 
 

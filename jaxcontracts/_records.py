@@ -148,7 +148,7 @@ class StepDescription:
 class Violation:
     """One kind of violation at one source line, with how often it happened."""
 
-    kind: Literal["transfer", "compile", "donation", "wrong_donation"]
+    kind: Literal["transfer", "compile", "donation", "wrong_donation", "missed_donation"]
     what: str
     where: str
     count: int

@@ -109,3 +109,28 @@ def test_a_refusal_from_inside_a_jitted_call_ends_at_the_users_line_without_jaxs
             state = fn1(0.5, state)
     assert not getattr(info.value, "__notes__", None)  # JAX's "removed its internal frames" note
     assert "is given a Python float at `lr`" in str(info.value)
+
+
+def test_inside_a_watch_a_missed_donation_in_a_raising_loop_is_refused_before_the_next_call():
+    with jc.watch():
+        step = jax.jit(lambda s: {"w": s["w"] * 0.5})  # state not donated
+        s = {"w": jnp.ones(8)}
+        s = step(s)  # the compile: warm-up
+        with pytest.raises(jc.DonationError, match=r"a missed donation, inside jc.hot_loop: `<lambda>`: s: not donated") as info:  # noqa: PT012,E501
+            with jc.hot_loop(compiles="warmup"):
+                for _ in range(3):
+                    s = step(s)
+    assert "donate_argnames=('s',)" in info.value.fix and "The call did not run" in info.value.fix
+    assert not s["w"].is_deleted()
+
+
+def test_inside_a_watch_a_recording_loop_lists_the_missed_donation_once_per_line():
+    with jc.watch():
+        step = jax.jit(lambda s: {"w": s["w"] * 0.5})
+        s = step({"w": jnp.ones(8)})
+        with jc.hot_loop(compiles="warmup", on_violation="record") as loop:
+            for _ in range(5):
+                s = step(s)
+    missed = [v for v in loop.violations if v.kind == "missed_donation"]
+    assert len(missed) == 1 and missed[0].count >= 2
+    assert any(c.key == "donation-config" and not c.ok for c in loop.report().contracts)

@@ -291,7 +291,9 @@ def test_loop_report_rows_come_from_the_violation_table():
     with jc.hot_loop(on_violation="record") as loop:
         float(x[0])
     rows = {c.name: c for c in loop.report().contracts}
-    assert [c.name for c in loop.report().contracts] == [k.contract_name for k in VIOLATIONS.values()]
+    # one row per contract, in the table's order (two kinds may share a contract)
+    names = list(dict.fromkeys(k.contract_name for k in VIOLATIONS.values()))
+    assert [c.name for c in loop.report().contracts] == names
     for kind in VIOLATIONS.values():
         assert rows[kind.contract_name].error is kind.error
     assert not rows[VIOLATIONS["transfer"].contract_name].ok

@@ -40,7 +40,7 @@ def main(argv: Sequence[str]) -> int:
     sys.argv = [ns.script, *ns.args]
     sys.path.insert(0, os.path.dirname(script))
     status = 0
-    w = watch()
+    w = watch(loops=False)  # the script's own loops behave as they would alone
     try:
         with w:
             try:

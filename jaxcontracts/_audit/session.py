@@ -34,7 +34,7 @@ class _Reads(HotLoop):
             self._owner.read(where(user_frame(frame))[0], what, fix)
 
 
-def watch() -> Watch:
+def watch(*, loops: bool = True) -> Watch:
     """Observe, inside the ``with``, every function ``jax.jit`` makes, and the
     device-to-host reads between their calls::
 
@@ -46,5 +46,11 @@ def watch() -> Watch:
     the guides: "Audit a loop you already have"): ``recompile``,
     ``missed_donation``, ``wrong_donation``, ``host_sync``,
     ``host_transfer``, ``compile_in_loop``. Functions jitted before the
-    ``with`` are not observed. One watch at a time."""
-    return Watch(reads=_Reads)
+    ``with`` are not observed. One watch at a time.
+
+    Inside a ``jc.hot_loop()`` in the watched code, a missed donation the
+    watch proves (the caller dropped the argument by the function's next
+    call) is also that loop's violation: in raise mode a ``DonationError``
+    before that next call runs; ``loops=False`` leaves the loops alone (the
+    audit's choice: a script runs as it would without it)."""
+    return Watch(reads=_Reads, loops=loops)

@@ -48,8 +48,10 @@ import numpy as np
 from .._compat import jitwatch
 from .._compat.arrays import ArrayImpl
 from .._compat.tracing import top_level_refs
+from .._errors import ContractError
 from .._format import fmt_bytes
 from .._report.render import findings_html
+from .._runtime import local
 from .._userline import user_frame, where
 from . import signatures as sigs
 
@@ -108,10 +110,14 @@ class _Function:
 class Watch:
     """An open ``jc.watch()``: its findings so far, and its report."""
 
-    def __init__(self, reads: Any = None) -> None:
+    def __init__(self, reads: Any = None, loops: bool = True) -> None:
         # a context that records device-to-host reads with their lines (a
         # recording jc.hot_loop, made by jc.watch()); its violations give host_sync
         self._make_reads = reads
+        # a missed donation proven inside the user's own jc.hot_loop is that
+        # loop's violation too (raised before the call in raise mode); the
+        # audit's watch says False: the script must run as it would alone
+        self._loops = loops
         self._reads: Any = None
         self.read_stamps: dict[str, list[int]] = {}  # line -> self.calls at each read there
         self._read_text: dict[str, tuple[str, str]] = {}  # line -> (what, fix)
@@ -155,6 +161,8 @@ class Watch:
             leaves = jax.tree_util.tree_leaves((dyn_args, dyn_kwargs))
             self._before(fn, args, kwargs, dyn_args, dyn_kwargs, leaves)
             before = jitwatch.cache_size(jitted)
+        except ContractError:  # the user's loop refusing a missed donation, before the call
+            raise
         except Exception as err:  # noqa: BLE001 - said in the report, the call goes on
             self._trouble(fn, err)
             return jitted(*args, **kwargs)
@@ -182,7 +190,7 @@ class Watch:
                     del given[id(x)]
                     hit[0].pending = [(i, r) for i, r in hit[0].pending if i != hit[1]]
         if fn.pending:
-            self._settle(fn)
+            self._settle(fn, at_call=True)
         if fn.calls > 1 and not all(map(isinstance, leaves, itertools.repeat(jax.Array))):
             where_host = tuple(i for i, x in enumerate(leaves) if not isinstance(x, jax.Array))
             seen = fn.host_findings.get(where_host)
@@ -214,7 +222,7 @@ class Watch:
                     continue
                 self._given_elsewhere[id(x)] = (fn, i)
 
-    def _settle(self, fn: _Function) -> None:
+    def _settle(self, fn: _Function, at_call: bool = False) -> None:
         """At the function's next call (or the watch's end): a followed
         argument whose arrays are gone was dropped by the caller."""
         dropped: dict[str, list[int]] = {}
@@ -233,6 +241,8 @@ class Watch:
             if found is not None:
                 found.count += 1
                 found.bytes_per_call = max(found.bytes_per_call or 0, nbytes)
+                if at_call:
+                    self._tell_loop(found)
                 continue
             what = "its arguments (eqx.filter_jit passes them as one group)" if fn.equinox else param
             fix = (
@@ -248,6 +258,21 @@ class Watch:
                 "dtype; without donation the function holds them twice",
                 fix=fix + '; or @jc.hot_step(state=..., donate="all")',
             )
+            if at_call:
+                self._tell_loop(self._findings[key])
+
+    def _tell_loop(self, found: Finding) -> None:
+        """A missed donation proven inside the user's own hot loop: its
+        violation (raised there, before this call runs, in raise mode)."""
+        loop = local.loop
+        if not self._loops or loop is None or getattr(loop, "audit", False) or local.allow:
+            return
+        loop.violation(
+            "missed_donation",
+            f"`{sigs.short(found.function)}`: {found.message}",
+            found.fix + ". The call did not run.",
+            user_frame(),
+        )
 
     def _wrong(self, fn: _Function, sig: sigs.Signature, donated: set[str], out_avals: set[tuple[Any, ...]], where_: tuple[str, int]) -> None:
         """Donated parameters JAX cannot donate, or whose buffers nothing reuses."""

@@ -574,9 +574,13 @@ def loop_report(
         *([("jax.random parameter copies", f"{sampler_calls} calls")] if sampler_calls else []),
     ]
     report.warmup = list(warmup)
+    by_contract: dict[str, list[str]] = {}  # one row per contract (two kinds may share one)
     for kind, info in VIOLATIONS.items():
-        count = sum(v.count for v in violations if v.kind == kind)
-        report.contracts.append(Contract(info.contract_name, count == 0, _n(count), info.error))
+        by_contract.setdefault(info.contract, []).append(kind)
+    for contract, kinds in by_contract.items():
+        info = VIOLATIONS[kinds[0]]
+        count = sum(v.count for v in violations if v.kind in kinds)
+        report.contracts.append(Contract(info.contract_name, count == 0, _n(count), info.error, contract))
     return report
 
 
