@@ -12,13 +12,14 @@ proves it, else the steps that donate).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import linecache
 import re
 import threading
 import types
 import weakref
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import jax
@@ -57,6 +58,10 @@ class LoopHandle(Protocol):
     warmup: bool  # compiles="warmup": the first compile of each thing is let through
     checks_host_to_device: bool  # transfers="disallow"
     sampler_calls: int  # jax.random samplers whose Python-number parameters were copied
+    audit: bool  # jc.watch()'s own recording loop
+    read_timer: Callable[[float], None] | None  # told how long each recorded read blocked
+    plain_signatures: dict[int, tuple[Any, list[Any]]]  # plain jax.jit signatures (_loop.plainjit)
+    named_transfers: collections.Counter[str]  # host arguments named at their line (_loop.plainjit)
 
     def admit_compile(self, key: Any, what: str, frame: Any = None) -> bool:
         """Whether a compile is a warm-up compile the loop lets through (recorded)."""

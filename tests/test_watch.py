@@ -234,3 +234,15 @@ def test_the_watch_never_fails_the_users_call_and_says_what_it_could_not_look_at
     assert y.tolist() == [3.0, 3.0]  # the calls ran
     assert any("some calls were not looked at (ValueError" in b for b in w.blind)
     assert "NOT CHECKED" in str(w.report())
+
+
+def test_a_host_sync_says_how_long_its_reads_blocked():
+    with jc.watch() as w:
+        step = jax.jit(lambda x: jnp.tanh(x @ x))
+        x = jnp.ones((64, 64)) * 0.01
+        for _ in range(4):
+            x = step(x)
+            float(x[0, 0])
+    (sync,) = [f for f in w.findings() if f.kind == "host_sync"]
+    assert sync.seconds is not None and sync.seconds > 0
+    assert "ms blocked" in str(w.report())

@@ -28,10 +28,20 @@ class _Reads(HotLoop):
         super().__init__(on_violation="record", compiles="allow", transfers="disallow")
         self.audit = True
         self._owner = owner
+        self._last: str | None = None  # the line of the read being made
+        self.read_timer = self._blocked
 
     def violation(self, kind: str, what: str, fix: str, frame: Any = None) -> None:
+        self._last = None
         if kind == "transfer" and what.startswith("device-to-host"):
-            self._owner.read(where(user_frame(frame))[0], what, fix)
+            self._last = where(user_frame(frame))[0]
+            self._owner.read(self._last, what, fix)
+
+    def _blocked(self, seconds: float) -> None:
+        """A recorded read finished: the time it waited on the device and copied."""
+        if self._last is not None:
+            self._owner.read_seconds[self._last] = self._owner.read_seconds.get(self._last, 0.0) + seconds
+            self._last = None
 
 
 def watch(*, loops: bool = True) -> Watch:

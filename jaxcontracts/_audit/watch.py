@@ -82,7 +82,7 @@ class Finding:
     bytes_per_call: int | None = None
     diff: list[str] | None = None
     jit_line: str | None = None  # where jax.jit(...) set the donation (wrong_donation)
-    seconds: float | None = None  # compile time spent (recompile)
+    seconds: float | None = None  # recompile: the compile time spent; host_sync: the time its reads blocked
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
@@ -120,6 +120,7 @@ class Watch:
         self._loops = loops
         self._reads: Any = None
         self.read_stamps: dict[str, list[int]] = {}  # line -> self.calls at each read there
+        self.read_seconds: dict[str, float] = {}  # line -> seconds its reads blocked, in all
         self._read_text: dict[str, tuple[str, str]] = {}  # line -> (what, fix)
         self._lock = threading.Lock()
         self._functions: list[_Function] = []
@@ -298,7 +299,7 @@ class Watch:
         fn.signatures.append(sig)
         if previous is not None and not known:
             diff = sigs.diff(previous, sig)
-            key = ("recompile", fn.name, here)
+            key: tuple[Any, ...] = ("recompile", fn.name, here)
             found = self._findings.get(key)
             if found is not None:
                 found.count += 1
@@ -384,6 +385,7 @@ class Watch:
             what, fix = self._read_text[at]
             self._findings[("host_sync", at)] = Finding(
                 "host_sync", "(a host read)", file, int(line) if line.isdigit() else 0, count=followed,
+                seconds=self.read_seconds.get(at),
                 message=f"{what}: the host waits for the device here, and the next call cannot be "
                 "queued before it (the loop runs at the device's pace, one step at a time)",
                 fix=fix,
@@ -500,7 +502,7 @@ class WatchReport:
             if f.bytes_per_call:
                 extra.append(f"{fmt_bytes(f.bytes_per_call)}/call")
             if f.seconds is not None:
-                extra.append(f"{f.seconds * 1e3:.0f} ms compiling")
+                extra.append(f"{f.seconds * 1e3:.1f} ms blocked" if f.kind == "host_sync" else f"{f.seconds * 1e3:.0f} ms compiling")
             head = f"{n:>2}. {f.kind:<16} {sigs.short(f.function)}  {f.file}:{f.line}  x{f.count}"
             if extra:
                 head += "  (" + ", ".join(extra) + ")"

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
+from time import perf_counter
 from types import FrameType
 from typing import Any
 
@@ -213,11 +214,15 @@ def _guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             except ContractError as err:  # called from the user's line: it ends there
                 trim(err)
                 raise
+        timer = loop.read_timer  # jc.watch()'s loop: how long each read blocked
         loc.allow += 1
+        t0 = perf_counter() if timer is not None else 0.0
         try:
             return original(self, *args, **kwargs)
         finally:
             loc.allow -= 1
+            if timer is not None:
+                timer(perf_counter() - t0)
 
     guarded.__name__ = getattr(original, "__name__", name)
     guarded.__qualname__ = getattr(original, "__qualname__", name)

@@ -56,7 +56,7 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
         return run(fun, ji, args, kwargs)
     name = sigs.short(getattr(fun, "__qualname__", None) or getattr(fun, "__name__", "") or "a function")
     user = user_frame()
-    memory: dict[int, tuple[Any, list[sigs.Signature]]] = loop.plain_signatures
+    memory = loop.plain_signatures
     _, seen = memory.setdefault(id(ji), (ji, []))  # the PjitInfo kept: its id stays its own
     if seen and not any(s.leaves == sig.leaves and s.statics == sig.statics and s.treedef == sig.treedef for s in seen):
         diff = sigs.diff(seen[-1], sig)

@@ -212,7 +212,14 @@ class InnerNodes:
 
 def _pick(positions: tuple[int, ...]) -> Callable[[Sequence[Any]], Sequence[Any]]:
     """``operator.itemgetter`` that always gives a tuple."""
-    return operator.itemgetter(*positions) if len(positions) > 1 else lambda xs, j=positions[0]: (xs[j],)
+    if len(positions) > 1:
+        return operator.itemgetter(*positions)
+    only = positions[0]
+
+    def one(xs: Sequence[Any]) -> Sequence[Any]:
+        return (xs[only],)
+
+    return one
 
 
 # The containers watched: Python's own, whose only holder inside a state is
@@ -221,9 +228,18 @@ def _pick(positions: tuple[int, ...]) -> Callable[[Sequence[Any]], Sequence[Any]
 _PLAIN_CONTAINERS = (dict, list, tuple)
 
 
+def _not(node: Any) -> Callable[[Any], bool]:
+    """``is_leaf`` that flattens ``node`` one level: its children are leaves."""
+
+    def is_leaf(x: Any) -> bool:
+        return x is not node
+
+    return is_leaf
+
+
 def _children(node: Any) -> list[tuple[tuple[Any, ...], Any]]:
     """A node's children with their keys (a leaf: [])."""
-    kids = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)[0]
+    kids = jax.tree_util.tree_flatten_with_path(node, is_leaf=_not(node))[0]
     return [] if len(kids) == 1 and kids[0][1] is node else kids
 
 
@@ -251,7 +267,7 @@ def _inner_nodes(cs: CompiledSignature, sig: StepDefinition, skip: set[int]) -> 
             start += n
             continue
         kids, stored = _children(spec), _stored(spec)
-        top = jax.tree_util.tree_structure(spec, is_leaf=lambda x, spec=spec: x is not spec)
+        top = jax.tree_util.tree_structure(spec, is_leaf=_not(spec))
         watched: list[int] = []
         below: list[tuple[int, Any, Callable[[Sequence[Any]], Sequence[Any]]]] = []
         below_paths: list[str] = []  # of() lists the children first, then what is below them
