@@ -44,6 +44,7 @@ __all__ = [
     "observers",
     "produced_by",
     "recording_loop",
+    "take_recompile",
     "tracking",
     "use_returned",
 ]
@@ -113,6 +114,17 @@ class _Local(threading.local):
 
 
 local = _Local()
+
+
+def take_recompile(name: str) -> tuple[list[str], str] | None:
+    """The leaf-by-leaf diff and fix of the plain jax.jit ``name`` whose cache
+    miss is compiling now, if it compiled another signature in this loop
+    (set by ``_loop.plainjit``, read once by the compile listener)."""
+    found = local.plain_recompile
+    if found is None or found[0] != name:
+        return None
+    local.plain_recompile = None
+    return found[1], found[2]
 
 
 class _Tracking:

@@ -58,9 +58,9 @@ LAYERS: dict[str, int] = {
     "_report.render": 5,  # renders records; below everything that returns a report
     "_state.spec": 5,
     "_loop.fetch": 5,  # jc.fetch
-    "_loop.plainjit": 5,  # plain jax.jit cache misses inside a loop: diffs, transfers, donations
-    "_audit.signatures": 4,  # plain jax.jit calls: signatures, diffs, reusable arguments
-    "_audit.watch": 6,  # jc.watch(): plain jax.jit code observed (its HTML from _report.render)
+    "_loop.plainjit": 9,  # plain jax.jit cache misses inside a loop (installed by the guard)
+    "_audit.signatures": 8,  # plain jax.jit calls: signatures, diffs (_step.diffs), reusable arguments
+    "_audit.watch": 9,  # jc.watch(): plain jax.jit code observed (its HTML from _report.render)
     "_loop.rng": 5,  # jax.random samplers inside loops: their Python-number parameters pass
     "_loop.intercept": 6,  # read, buffer and compile interceptors
     "_loop.translate": 6,  # JAX runtime errors leaving a loop -> contract errors

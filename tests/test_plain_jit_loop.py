@@ -71,7 +71,8 @@ def test_a_second_compile_of_a_plain_jit_names_the_leaf_that_changed():
                 s = accumulate(s, one)
     text = str(info.value)
     assert "jax compiles `accumulate` again, because:" in text
-    assert "state['result']: dtype int32[] -> float32[]" in text
+    assert "state['result']: i32[] -> f32[]" in text  # worded as a hot step's RecompileError
+    assert "a float where an integer is expected" in text  # its cause, as the fix
     assert "in iteration 1 of loop.iterate()" in text
 
 

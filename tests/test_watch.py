@@ -88,10 +88,14 @@ def test_the_requests_loop_names_the_drifted_index_and_the_parameter_to_donate(t
 
 def test_the_recompile_diff_names_each_leaf_and_static_value(tmp_path):
     _, findings = _audit(tmp_path, "recompiles")
-    diffs = {f["function"]: f["diff"] for f in findings if f["kind"] == "recompile"}
-    assert diffs["accumulate"] == ["state['result']: dtype int32[] -> float32[]"]
+    recompiles = {f["function"]: f for f in findings if f["kind"] == "recompile"}
+    diffs = {name: f["diff"] for name, f in recompiles.items()}
+    # the leaves worded as a hot step's RecompileError words them (_step.diffs), the cause as the fix
+    assert diffs["accumulate"] == ["state['result']: i32[] -> f32[]"]
+    assert "a float where an integer is expected" in recompiles["accumulate"]["fix"]
     assert diffs["top"] == ["static k: 1 -> 2"]
-    assert diffs["scale"] == ["lr: dtype a Python float -> float32[]"]
+    assert diffs["scale"] == ["lr: ~f32[] -> f32[]"]  # a Python float (weakly typed), then an array
+    assert "strongly typed where a weak type was compiled" in recompiles["scale"]["fix"]
 
 
 def test_the_scripts_exit_status_and_strict(tmp_path):

@@ -13,10 +13,12 @@ import jax
 import numpy as np
 
 from .._compat import jitwatch
+from .._state.spec import leaf_spec
+from .._step.diffs import diff_leaves
 
 __all__ = [
     "Signature", "diff", "donated_params", "fmt", "names", "nbytes", "param_of", "paths",
-    "recompile_fix", "reusable", "short", "signature", "wrong_donations",
+    "reusable", "short", "signature", "wrong_donations",
 ]
 
 
@@ -24,6 +26,7 @@ __all__ = [
 class Signature:
     treedef: Any
     leaves: tuple[tuple[Any, ...], ...]  # per dynamic leaf: (shape, dtype, weak, placement)
+    specs: tuple[Any, ...]  # per dynamic leaf: its spec (_state.spec.leaf_spec), for the diff
     statics: tuple[tuple[str, str], ...]  # (parameter, repr of its value)
     paths: tuple[str, ...]
 
@@ -94,6 +97,7 @@ def signature(opts: jitwatch.JitOptions, args: tuple[Any, ...], kwargs: dict[str
     return Signature(
         jax.tree_util.tree_structure((dyn_args, dyn_kwargs)),
         tuple(leaf(x) for _, x in found),
+        tuple(leaf_spec(x) for _, x in found),
         statics,
         tuple(p for p, _ in found),
     )
@@ -139,40 +143,24 @@ def fmt(leaf: tuple[Any, ...]) -> str:
     return f"{dtype}[{','.join(map(str, shape))}]" + (" (weak type)" if weak and dtype not in ("int", "float", "bool", "complex") else "")
 
 
-def diff(old: Signature, new: Signature) -> list[str]:
-    """What changed between two signatures, one line per leaf or static value."""
+def diff(old: Signature, new: Signature) -> tuple[list[str], str]:
+    """What changed between two signatures, one line per static value or leaf
+    (the leaves as a hot step's RecompileError words them: ``_step.diffs``),
+    and the fix for the first change."""
     out = [f"static {k}: {a} -> {b}" for (k, a), (_, b) in zip(old.statics, new.statics) if a != b]
+    if out:
+        return out, "a static argument that changes value compiles anew each time: pass it traced, or keep it fixed"
     if old.treedef != new.treedef:
         gone = sorted(set(old.paths) - set(new.paths))
         added = sorted(set(new.paths) - set(old.paths))
         out.append("the arguments' structure changed" + (f": {len(gone)} leaves gone ({', '.join(gone[:3])})" if gone else "")
                    + (f"; {len(added)} new ({', '.join(added[:3])})" if added else ""))
-        return out
-    for path, a, b in zip(new.paths, old.leaves, new.leaves):
-        if a == b:
-            continue
-        if a[:3] != b[:3]:
-            what = "weak type" if a[:2] == b[:2] else ("dtype" if a[0] == b[0] else "shape")
-            if what == "weak type":
-                out.append(f"{path}: weak type {a[2]} -> {b[2]} ({fmt(a)})")
-            else:
-                out.append(f"{path}: {what} {fmt(a)} -> {fmt(b)}")
-        else:
-            out.append(f"{path}: placement {a[3]} -> {b[3]}")
-    return out or ["the same leaves (another device or trace context)"]
-
-
-def recompile_fix(diff: Sequence[str]) -> str:
-    text = " ".join(diff)
-    if "static " in text:
-        return "a static argument that changes value compiles anew each time: pass it as an array (traced), or keep it fixed"
-    if "weak type" in text:
-        return "pass the same kind of value each call: jnp.asarray(x, jnp.float32) once, not a Python number one call and an array the next"
-    if "dtype" in text:
-        return "fix the dtype before the loop (jnp.asarray(x, dtype)) and return it unchanged from the step"
-    if "shape" in text:
-        return "keep shapes fixed across calls (pad batches to one size; drop or pad the last one)"
-    return "keep the arguments' structure, shapes, dtypes and placement fixed across calls"
+        return out, "keep the arguments' structure fixed across calls"
+    diffs = diff_leaves(list(zip(old.paths, old.specs)), list(zip(new.paths, new.specs)))
+    out = [f"{d.path}: {d.expected} -> {d.got}" for d in diffs]
+    if not diffs:
+        return ["the same leaves (another device or trace context)"], "call it on the device and in the context it was compiled for"
+    return out, diffs[0].cause
 
 
 def donated_params(opts: jitwatch.JitOptions) -> set[str]:

@@ -298,7 +298,7 @@ class Watch:
         known = any(s.leaves == sig.leaves and s.statics == sig.statics and s.treedef == sig.treedef for s in fn.signatures)
         fn.signatures.append(sig)
         if previous is not None and not known:
-            diff = sigs.diff(previous, sig)
+            diff, fix = sigs.diff(previous, sig)
             key: tuple[Any, ...] = ("recompile", fn.name, here)
             found = self._findings.get(key)
             if found is not None:
@@ -309,7 +309,7 @@ class Watch:
                     "recompile", fn.name, *here, count=1, diff=diff, seconds=seconds,
                     message=f"{sigs.short(fn.name)} compiled again ({len(fn.signatures)} signatures "
                     "so far), because:",
-                    fix=sigs.recompile_fix(diff),
+                    fix=fix,
                 )
         elif previous is None:
             self._sites[fn.site] = self._sites.get(fn.site, 0) + 1

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import threading
 from collections.abc import Callable
 from typing import Any
 
@@ -138,30 +139,35 @@ def _probe_miss() -> str | None:
 #: Observers of cache misses, innermost last: ``obs(fun, ji, args, kwargs, run)``
 #: must return ``run(fun, ji, args, kwargs)`` (or raise before or after it).
 _observers: list[Callable[..., Any]] = []
+_observers_lock = threading.Lock()
 _original_infer: Any = None
 
 
 def add_miss_observer(observer: Callable[..., Any]) -> bool:
-    """Install an observer of jax.jit cache misses (False: not on this JAX)."""
+    """Install an observer of jax.jit cache misses (False: not on this JAX).
+    Added once per user (a loop entry): each ``remove`` takes one away, and
+    the last puts JAX's function back."""
     global _original_infer
     if not capability("jit-cache-miss").available:
         return False
     from jax._src import pjit
 
-    if not _observers:
-        _original_infer = pjit._infer_params
-        pjit._infer_params = _observed
-    _observers.append(observer)
+    with _observers_lock:
+        if not _observers:
+            _original_infer = pjit._infer_params
+            pjit._infer_params = _observed
+        _observers.append(observer)
     return True
 
 
 def remove_miss_observer(observer: Callable[..., Any]) -> None:
     from jax._src import pjit
 
-    if observer in _observers:
-        _observers.remove(observer)
-    if not _observers and _original_infer is not None:
-        pjit._infer_params = _original_infer
+    with _observers_lock:
+        if observer in _observers:
+            _observers.remove(observer)
+        if not _observers and _original_infer is not None:
+            pjit._infer_params = _original_infer
 
 
 def _observed(fun: Any, ji: Any, args: Any, kwargs: Any) -> Any:

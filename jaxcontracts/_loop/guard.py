@@ -28,7 +28,7 @@ from typing import Any, Literal, TypeVar, overload
 
 import jax
 
-from .._compat import arrays, guardlog, threadguard
+from .._compat import arrays, guardlog, jitwatch, threadguard
 from .._config import get_checks
 from .._errors import VIOLATIONS, ContractError, DefinitionError, compose, violation_summary
 from .._format import fmt_logged_aval, fmt_object
@@ -39,8 +39,9 @@ from .._report.timing import LoopTiming
 from .._runtime import held_outputs, local, observers
 from .._tracebacks import boundary, trim
 from .._userline import user_frame, where
+from . import intercept, plainjit
 from .fetch import fetch
-from .intercept import acquire, pending, release
+from .intercept import pending
 from .interrupts import MAIN_THREAD, interrupts
 from .loopstack import Entry, enter_native, relink, repair, restore_elsewhere, stacks_lock
 from .translate import translate
@@ -78,6 +79,18 @@ class _WarmUp:
     def seen(self, key: Any) -> bool:
         return key in self._seen
 
+
+
+def acquire() -> None:
+    """The interceptors, and the observer of plain jax.jit cache misses (where
+    JAX has the mechanism), installed for one more loop entry."""
+    intercept.acquire()
+    jitwatch.add_miss_observer(plainjit.observe)
+
+
+def release() -> None:
+    jitwatch.remove_miss_observer(plainjit.observe)
+    intercept.release()
 
 _OPTIONS = {
     "transfers": ("disallow", "allow_host_to_device", "allow"),

@@ -49,18 +49,25 @@ from typing import Any
 
 import jax
 
-from .._compat import arrays, callbacks, capability, events, frames, hostcopy, jitwatch
+from .._compat import arrays, callbacks, capability, events, frames, hostcopy
 from .._compat.tracing import trace_state_clean
 from .._donation.hazards import is_deleted_array
 from .._dtypes import is_key
 from .._errors import ContractError
 from .._format import fmt_aval
 from .._report.timing import in_use
-from .._runtime import arrays_named, donated, local, produced_by, tracking, use_returned
+from .._runtime import (
+    arrays_named,
+    donated,
+    local,
+    produced_by,
+    take_recompile,
+    tracking,
+    use_returned,
+)
 from .._steps import clear_last_outputs
 from .._tracebacks import trim
 from .._userline import host_read_on_line, user_frame
-from . import plainjit
 from . import rng as _rng
 
 __all__ = ["acquire", "on_monitoring_event", "pending", "release"]
@@ -356,7 +363,6 @@ class _Patches:
         if jax.device_get is self.device_get:  # `jax.device_get(x)` in a loop: pin-free copies
             jax.device_get = self.copying_device_get
         _rng.install()  # jax.random samplers: their Python-number parameters pass
-        jitwatch.add_miss_observer(plainjit.observe)  # plain jax.jit cache misses (where JAX has them)
         for name, fn in self.guarded.items():
             arrays.set_class_attr(name, fn)
         self._buffer_on()
@@ -368,7 +374,6 @@ class _Patches:
         if jax.device_get is self.copying_device_get:
             jax.device_get = self.device_get
         _rng.uninstall()
-        jitwatch.remove_miss_observer(plainjit.observe)
         for name, fn in self.originals.items():
             arrays.set_class_attr(name, fn)
         self._buffer_off()
@@ -444,7 +449,7 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
             user,
         )
         return
-    changed = plainjit.take_recompile(name)
+    changed = take_recompile(name)
     if changed is not None:  # a plain jax.jit that compiled another signature in this loop
         diff, fix = changed
         _violation(

@@ -33,7 +33,7 @@ from .._compat.tracing import trace_state_clean
 from .._runtime import local
 from .._userline import user_frame
 
-__all__ = ["observe", "take_recompile"]
+__all__ = ["observe"]
 
 
 def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], run: Any) -> Any:
@@ -59,8 +59,8 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
     memory = loop.plain_signatures
     _, seen = memory.setdefault(id(ji), (ji, []))  # the PjitInfo kept: its id stays its own
     if seen and not any(s.leaves == sig.leaves and s.statics == sig.statics and s.treedef == sig.treedef for s in seen):
-        diff = sigs.diff(seen[-1], sig)
-        local.plain_recompile = (name, diff, sigs.recompile_fix(diff))
+        diff, fix = sigs.diff(seen[-1], sig)
+        local.plain_recompile = (name, diff, fix)
     else:
         local.plain_recompile = None
     seen.append(sig)
@@ -105,14 +105,3 @@ def _logged_aval(leaf: tuple[Any, ...]) -> str:
 
 
 _PYTHON_DTYPES = {"bool": np.bool_, "int": np.int64, "float": np.float64, "complex": np.complex128}
-
-
-def take_recompile(name: str) -> tuple[list[str], str] | None:
-    """The leaf-by-leaf diff and fix of the cache miss of ``name`` that is
-    compiling now, if it had compiled another signature in this loop."""
-    found = getattr(local, "plain_recompile", None)
-    if found is None or found[0] != name:
-        return None
-    local.plain_recompile = None
-    return found[1], found[2]
-
