@@ -129,7 +129,7 @@ def test_logged_host_to_device_transfers_are_recorded_and_kept_off_stderr(capfd)
     # JAX's log line for it not listed again
     named = [v for v in loop.violations if v.where != "(jaxlib's log)"]
     if capability("jit-cache-miss").available:
-        assert [v.what.split(":")[0] for v in named] == ["`<lambda>` is given a numpy array (float32[]) at `b`"]
+        assert [v.what.split(":")[0] for v in named] == ["`<lambda>` is given a numpy scalar (f32[]) at `b`"]
     # jaxlib names the aval on its slow path only (a warm op logs no shape)
     assert all(v.what.startswith("implicit host-to-device transfer of ") for v in logged)
     assert all(v.kind == "transfer" and "on_violation=\"raise\"" in v.fix for v in logged)

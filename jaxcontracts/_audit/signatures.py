@@ -10,25 +10,41 @@ from collections.abc import Sequence
 from typing import Any
 
 import jax
-import numpy as np
 
 from .._compat import jitwatch
-from .._state.spec import leaf_spec
+from .._format import fmt_aval
+from .._state.spec import leaf_spec, spec_nbytes, value_kind
 from .._step.diffs import diff_leaves
 
 __all__ = [
-    "Signature", "diff", "donated_params", "fmt", "names", "nbytes", "param_of", "paths",
+    "Signature", "diff", "donated_params", "names", "param_of", "paths",
     "reusable", "short", "signature", "wrong_donations",
 ]
 
 
 @dataclasses.dataclass
 class Signature:
+    """What a call of a plain jitted function compiled for (equal: the same)."""
+
     treedef: Any
-    leaves: tuple[tuple[Any, ...], ...]  # per dynamic leaf: (shape, dtype, weak, placement)
-    specs: tuple[Any, ...]  # per dynamic leaf: its spec (_state.spec.leaf_spec), for the diff
+    specs: tuple[Any, ...]  # per dynamic leaf: its spec (_state.spec.leaf_spec)
+    host: tuple[str, ...]  # per dynamic leaf: "" on the device, else what it is ("a Python float")
     statics: tuple[tuple[str, str], ...]  # (parameter, repr of its value)
     paths: tuple[str, ...]
+
+    def aval(self, j: int) -> tuple[tuple[int, ...], str]:
+        """Leaf ``j``'s shape and dtype, as outputs are matched by."""
+        return tuple(self.specs[j].shape), str(self.specs[j].dtype)
+
+    def nbytes(self, j: int) -> int:
+        return spec_nbytes(self.specs[j])
+
+    def text(self, j: int) -> str:
+        """Leaf ``j`` in a message: ``a Python float`` / ``a numpy array (f32[8])`` / ``f32[8]``."""
+        aval = fmt_aval(self.specs[j].shape, self.specs[j].dtype, self.specs[j].weak_type)
+        if self.host[j].startswith("a Python"):
+            return self.host[j]
+        return f"{self.host[j]} ({aval})" if self.host[j] else aval
 
 
 
@@ -38,14 +54,6 @@ def short(name: str) -> str:
 
 def param_of(path: str) -> str:
     return path.split("[", 1)[0].split(".", 1)[0]
-
-
-def nbytes(leaf: tuple[Any, ...]) -> int:
-    shape, dtype = leaf[0], leaf[1]
-    try:
-        return int(np.prod(shape, dtype=np.int64)) * np.dtype(dtype).itemsize
-    except TypeError:
-        return 0
 
 
 def names(opts: jitwatch.JitOptions, n_args: int) -> list[str]:
@@ -74,19 +82,6 @@ def paths(opts: jitwatch.JitOptions, args: tuple[Any, ...], kwargs: dict[str, An
     return out
 
 
-def leaf(x: Any) -> tuple[Any, ...]:
-    if isinstance(x, jax.Array):
-        try:
-            placement = repr(x.sharding) if x.committed else "uncommitted"  # type: ignore[attr-defined]
-        except Exception:  # noqa: BLE001 - a tracer or an odd array: no placement
-            placement = ""
-        return (tuple(x.shape), str(x.dtype), bool(getattr(x, "weak_type", False)), placement)
-    if isinstance(x, (bool, int, float, complex)):
-        return ((), type(x).__name__, True, "host")
-    a = np.asarray(x)
-    return (tuple(a.shape), str(a.dtype), False, "host")
-
-
 def signature(opts: jitwatch.JitOptions, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> Signature:
     found = paths(opts, args, kwargs, dyn_args, dyn_kwargs)
     sig = opts.signature
@@ -96,8 +91,8 @@ def signature(opts: jitwatch.JitOptions, args: tuple[Any, ...], kwargs: dict[str
     ) + tuple((k, repr(v)) for k, v in sorted(kwargs.items()) if k in opts.static_argnames)
     return Signature(
         jax.tree_util.tree_structure((dyn_args, dyn_kwargs)),
-        tuple(leaf(x) for _, x in found),
         tuple(leaf_spec(x) for _, x in found),
+        tuple("" if isinstance(x, jax.Array) else f"a {value_kind(x)}" for _, x in found),
         statics,
         tuple(p for p, _ in found),
     )
@@ -128,19 +123,12 @@ def reusable(
     found = []
     for param in order:
         for j in by_param[param]:
-            aval = sig.leaves[j][:2]
-            if sig.leaves[j][3] != "host" and free[aval] > 0:
+            aval = sig.aval(j)
+            if not sig.host[j] and free[aval] > 0:
                 free[aval] -= 1
                 if param not in donated:
                     found.append(j)
     return tuple(sorted(found))
-
-
-def fmt(leaf: tuple[Any, ...]) -> str:
-    shape, dtype, weak, placement = leaf
-    if placement == "host" and dtype in ("bool", "int", "float", "complex"):
-        return f"a Python {dtype}"
-    return f"{dtype}[{','.join(map(str, shape))}]" + (" (weak type)" if weak and dtype not in ("int", "float", "bool", "complex") else "")
 
 
 def diff(old: Signature, new: Signature) -> tuple[list[str], str]:
@@ -179,13 +167,14 @@ def wrong_donations(
     by_param: dict[str, list[int]] = {}
     for j, path in enumerate(sig.paths):
         by_param.setdefault(param_of(path), []).append(j)
-    can = {p for p, js in by_param.items() if any(sig.leaves[j][:2] in out_avals and sig.leaves[j][3] != "host" for j in js)}
+    can = {p for p, js in by_param.items() if any(sig.aval(j) in out_avals and not sig.host[j] for j in js)}
     others = sorted(can - donated)
     out = []
     for param in sorted(donated):
         js = by_param.get(param, [])
-        if any(sig.leaves[j][3] == "host" for j in js):
-            why = (f"{param} is donated, but it is {_host_kind(sig.leaves[js[0]])}: JAX does "
+        host = [j for j in js if sig.host[j]]
+        if host:
+            why = (f"{param} is donated, but it is {sig.text(host[0])}: JAX does "
                    "not donate it (silently)")
             if others:
                 why += f"; {', '.join(others)} could be donated instead (the index likely drifted)"
@@ -199,8 +188,3 @@ def wrong_donations(
                if others else f"leave {param} out of donate_argnums/donate_argnames")
         out.append((param, why, fix))
     return out
-
-
-def _host_kind(leaf: tuple[Any, ...]) -> str:
-    text = fmt(leaf)
-    return text if text.startswith("a Python") else f"a numpy array ({text})"

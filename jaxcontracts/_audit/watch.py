@@ -52,6 +52,7 @@ from .._errors import ContractError
 from .._format import fmt_bytes
 from .._report.render import findings_html
 from .._runtime import local
+from .._state.spec import value_kind
 from .._userline import user_frame, where
 from . import signatures as sigs
 
@@ -236,7 +237,7 @@ class Watch:
         fn.pending = []
         sig = fn.signatures[-1]
         for param, idx in dropped.items():
-            nbytes = sum(sigs.nbytes(sig.leaves[i]) for i in idx)
+            nbytes = sum(sig.nbytes(i) for i in idx)
             key = ("missed_donation", fn.name, param)
             found = self._findings.get(key)
             if found is not None:
@@ -295,7 +296,7 @@ class Watch:
         frame = user_frame()
         here = (where(frame)[0].rsplit(":", 1)[0], frame.f_lineno) if frame is not None else fn.site
         previous = fn.signatures[-1] if fn.signatures else None
-        known = any(s.leaves == sig.leaves and s.statics == sig.statics and s.treedef == sig.treedef for s in fn.signatures)
+        known = sig in fn.signatures
         fn.signatures.append(sig)
         if previous is not None and not known:
             diff, fix = sigs.diff(previous, sig)
@@ -358,7 +359,7 @@ class Watch:
                 continue
             frame = user_frame()
             here = (where(frame)[0].rsplit(":", 1)[0], frame.f_lineno) if frame is not None else fn.site
-            what = f"a Python {type(x).__name__}" if isinstance(x, (bool, int, float, complex)) else f"a numpy {type(x).__name__}"
+            what = f"a {value_kind(x)}"
             if fn.equinox:  # equinox's grouped parameters: no name of the user's to give
                 param = "an argument"
             self._findings[key] = Finding(

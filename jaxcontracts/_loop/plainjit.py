@@ -25,7 +25,6 @@ from __future__ import annotations
 from typing import Any
 
 import jax
-import numpy as np
 
 from .._audit import signatures as sigs
 from .._compat import jitwatch
@@ -58,19 +57,19 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
     user = user_frame()
     memory = loop.plain_signatures
     _, seen = memory.setdefault(id(ji), (ji, []))  # the PjitInfo kept: its id stays its own
-    if seen and not any(s.leaves == sig.leaves and s.statics == sig.statics and s.treedef == sig.treedef for s in seen):
+    if seen and sig not in seen:
         diff, fix = sigs.diff(seen[-1], sig)
         local.plain_recompile = (name, diff, fix)
     else:
         local.plain_recompile = None
     seen.append(sig)
     if loop.checks_transfers:
-        for path, leaf in zip(sig.paths, sig.leaves):
-            if leaf[3] == "host":
+        for j, path in enumerate(sig.paths):
+            if sig.host[j]:
                 # JAX's guard logs this transfer too (record mode): the loop drops that line
-                loop.named_transfers[_logged_aval(leaf)] += 1
+                loop.named_transfers[_logged_aval(sig.specs[j])] += 1
                 param = sigs.param_of(path)
-                what = sigs.fmt(leaf) if sigs.fmt(leaf).startswith("a Python") else f"a numpy array ({sigs.fmt(leaf)})"
+                what = sig.text(j)
                 loop.violation(
                     "transfer",
                     f"`{name}` is given {what} at `{path}`: an implicit host-to-device copy at "
@@ -94,14 +93,8 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
     return p, flat
 
 
-def _logged_aval(leaf: tuple[Any, ...]) -> str:
-    """The aval text JAX's transfer-guard log gives a host leaf (``float32[], weak_type=True``)."""
-    shape, dtype, weak, _ = leaf
-    if dtype in _PYTHON_DTYPES:
-        dtype, weak = str(jax.dtypes.canonicalize_dtype(_PYTHON_DTYPES[dtype])), True
-    else:  # numpy: in the dtype JAX will give it (float64 is float32 without x64)
-        dtype = str(jax.dtypes.canonicalize_dtype(np.dtype(dtype)))
-    return f"{dtype}[{','.join(map(str, shape))}]" + (", weak_type=True" if weak else "")
-
-
-_PYTHON_DTYPES = {"bool": np.bool_, "int": np.int64, "float": np.float64, "complex": np.complex128}
+def _logged_aval(spec: Any) -> str:
+    """The aval text JAX's transfer-guard log gives a host leaf (``float32[], weak_type=True``):
+    its dtype as JAX will make it (float64 is float32 without x64)."""
+    dtype = jax.dtypes.canonicalize_dtype(spec.dtype)
+    return f"{dtype}[{','.join(map(str, spec.shape))}]" + (", weak_type=True" if spec.weak_type else "")

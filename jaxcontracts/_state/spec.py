@@ -19,7 +19,9 @@ from .._errors import SpecError
 from .._format import fmt_aval, fmt_object, fmt_path
 from .._tracebacks import boundary
 
-__all__ = ["StaticArg", "eq_answers_bool", "fmt_value", "leaf_spec", "spec_nbytes", "spec_of", "static_equal"]
+__all__ = [
+    "StaticArg", "eq_answers_bool", "fmt_value", "leaf_spec", "spec_nbytes", "spec_of", "static_equal", "value_kind",
+]
 
 
 # --------------------------------------------------------------------------
@@ -54,10 +56,11 @@ def fmt_value(value: Any) -> str:
     spec = leaf_spec(value)
     if spec is None:
         return fmt_object(value)
-    return f"{fmt_aval(spec.shape, spec.dtype, spec.weak_type)} ({_kind(value)})"
+    return f"{fmt_aval(spec.shape, spec.dtype, spec.weak_type)} ({value_kind(value)})"
 
 
-def _kind(value: Any) -> str:
+def value_kind(value: Any) -> str:
+    """What a leaf is, in words: ``jax array``, ``numpy array``, ``Python float``..."""
     if isinstance(value, jax.Array):
         return "jax array"
     if isinstance(value, jax.ShapeDtypeStruct):
