@@ -100,7 +100,6 @@ class _Function:
     signatures: list[sigs.Signature] = dataclasses.field(default_factory=list)
     window: int = 0  # calls left in which undonated arguments are followed
     candidates: tuple[int, ...] = ()  # dynamic leaf indices an output could reuse
-    candidate_paths: tuple[str, ...] = ()
     pending: list[tuple[int, Any]] = dataclasses.field(default_factory=list)  # (candidate, weakref)
     follow_site: tuple[str, int] = ("<unknown>", 0)  # the user's line of the last followed call
     equinox: bool = False  # made by eqx.filter_jit
@@ -131,8 +130,6 @@ class Watch:
         self.calls = 0
         self.blind: list[str] = []  # findings this watch cannot make here, and why
         self.active = False
-        self._t0 = 0.0
-        self.seconds = 0.0
 
     # -- the wrapper ---------------------------------------------------------
 
@@ -140,8 +137,7 @@ class Watch:
         """``jitted`` wrapped for this watch (what the replaced ``jax.jit`` returns)."""
         if not callable(getattr(jitted, "_cache_size", None)):
             return jitted
-        frame = user_frame()
-        site = (where(frame)[0].rsplit(":", 1)[0], frame.f_lineno) if frame is not None else ("<unknown>", 0)
+        site = _user_line(("<unknown>", 0))
         name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None) or repr(fun)
         state = _Function(name, site, jitwatch.options_of(jitted))
         # eqx.filter_jit calls jax.jit on its own wrapper, whose parameters
@@ -212,9 +208,7 @@ class Watch:
 
     def _follow(self, fn: _Function, leaves: Sequence[Any]) -> None:
         """Weak references to this call's undonated candidates, settled at the next call."""
-        frame = user_frame()
-        if frame is not None:
-            fn.follow_site = (where(frame)[0].rsplit(":", 1)[0], frame.f_lineno)
+        fn.follow_site = _user_line(fn.follow_site)
         for i in fn.candidates:
             x = leaves[i]
             if isinstance(x, ArrayImpl):
@@ -231,7 +225,7 @@ class Watch:
         for i, ref in fn.pending:
             x = ref()
             if x is None:
-                dropped.setdefault(sigs.param_of(fn.candidate_paths[fn.candidates.index(i)]), []).append(i)
+                dropped.setdefault(sigs.param_of(fn.signatures[-1].paths[i]), []).append(i)
             else:
                 self._given_elsewhere.pop(id(x), None)
         fn.pending = []
@@ -293,8 +287,7 @@ class Watch:
         dyn_kwargs: dict[str, Any], leaves: Sequence[Any], out: Any, seconds: float,
     ) -> None:
         sig = sigs.signature(fn.options, args, kwargs, dyn_args, dyn_kwargs)
-        frame = user_frame()
-        here = (where(frame)[0].rsplit(":", 1)[0], frame.f_lineno) if frame is not None else fn.site
+        here = _user_line(fn.site)
         previous = fn.signatures[-1] if fn.signatures else None
         known = sig in fn.signatures
         fn.signatures.append(sig)
@@ -331,7 +324,6 @@ class Watch:
         donated = sigs.donated_params(fn.options)
         self._wrong(fn, sig, donated, out_avals, here)
         fn.candidates = sigs.reusable(fn.options, sig, dyn_args, dyn_kwargs, out, out_leaves, donated)
-        fn.candidate_paths = tuple(sig.paths[j] for j in fn.candidates)
         fn.window = DONATION_WINDOW if fn.candidates else 0
 
     # -- host data -----------------------------------------------------------
@@ -357,8 +349,7 @@ class Watch:
                 found.count += 1
                 touched.append(found)
                 continue
-            frame = user_frame()
-            here = (where(frame)[0].rsplit(":", 1)[0], frame.f_lineno) if frame is not None else fn.site
+            here = _user_line(fn.site)
             what = f"a {value_kind(x)}"
             if fn.equinox:  # equinox's grouped parameters: no name of the user's to give
                 param = "an argument"
@@ -400,7 +391,7 @@ class Watch:
         return sorted(found, key=lambda f: (_KIND_ORDER.index(f.kind), -(f.count * (f.bytes_per_call or 1))))
 
     def report(self) -> WatchReport:
-        return WatchReport(self.findings(), self.calls, len(self._functions), self.seconds, list(self.blind))
+        return WatchReport(self.findings(), self.calls, len(self._functions), list(self.blind))
 
     def __enter__(self) -> Watch:
         global _ACTIVE
@@ -417,7 +408,6 @@ class Watch:
                     "see `python -m jaxcontracts info`)"
                 ]
         self.active = True
-        self._t0 = time.perf_counter()
         if self._make_reads is not None:
             self._reads = self._make_reads(self)
             self._reads.__enter__()
@@ -437,10 +427,15 @@ class Watch:
             jitwatch.uninstall()
             _ACTIVE = None
         self.active = False
-        self.seconds = time.perf_counter() - self._t0
         for fn in self._functions:  # what was still followed at the end: dropped?
             if fn.pending:
                 self._settle(fn)
+
+
+def _user_line(default: tuple[str, int]) -> tuple[str, int]:
+    """(file, line) of the user's code calling now (``default`` where none is found)."""
+    frame = user_frame()
+    return (where(frame)[0].rsplit(":", 1)[0], frame.f_lineno) if frame is not None else default
 
 
 _ACTIVE: Watch | None = None
@@ -479,7 +474,6 @@ class WatchReport:
     findings: list[Finding]
     calls: int
     functions: int
-    seconds: float = 0.0
     blind: list[str] = dataclasses.field(default_factory=list)  # findings not made here, and why
 
     @property
