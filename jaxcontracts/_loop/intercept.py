@@ -213,6 +213,7 @@ def _guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             return original(self, *args, **kwargs)
         if name == "__dlpack__" and not _on_cpu(self):
             return original(self, *args, **kwargs)  # device to device: no host read
+        timer = None
         if not frames.allowed_reader(frames.caller_frame(1)) and not (
             name in ("__repr__", "__str__") and not self.is_fully_addressable
         ):  # jax prints an array spanning other processes without reading it
@@ -221,7 +222,7 @@ def _guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
             except ContractError as err:  # called from the user's line: it ends there
                 trim(err)
                 raise
-        timer = loop.read_timer  # jc.watch()'s loop: how long each read blocked
+            timer = loop.read_timer  # jc.watch()'s loop: how long the read it recorded blocked
         loc.allow += 1
         t0 = perf_counter() if timer is not None else 0.0
         try:
