@@ -56,3 +56,16 @@ def test_a_hot_step_given_refs_says_it_does_not_take_them_with_the_refs_intact()
         assert "state['n'], state['w'] are JAX refs (2)" in text and "on the host" not in text
         assert "jax.jit" in info.value.fix
     assert jc.fetch(state["w"]).tolist() == [0.0] * 3  # nothing ran
+
+
+def test_a_jitted_ref_step_in_a_loop_and_a_watch_is_not_taken_for_host_data():
+    # the loop's cache-miss observer and jc.watch() see refs among a jitted
+    # function's arguments: they are not host data (no transfer, no read of them)
+    state, x = _refs(), jnp.ones(3)
+    with jc.watch() as w:
+        step = jax.jit(train_step.__wrapped__)
+        with jc.hot_loop(compiles="warmup") as loop:
+            for _ in loop.iterate(range(4)):
+                step(state, x)
+    assert [f.kind for f in w.findings() if f.kind == "host_transfer"] == []
+    assert int(jc.fetch(state["n"])) == 4

@@ -32,12 +32,13 @@ class Signature:
     statics: tuple[tuple[str, str], ...]  # (parameter, repr of its value)
     paths: tuple[str, ...]
 
-    def aval(self, j: int) -> tuple[tuple[int, ...], str]:
-        """Leaf ``j``'s shape and dtype, as outputs are matched by."""
-        return tuple(self.specs[j].shape), str(self.specs[j].dtype)
+    def aval(self, j: int) -> tuple[tuple[int, ...], str] | None:
+        """Leaf ``j``'s shape and dtype, as outputs are matched by (None: no spec)."""
+        spec = self.specs[j]
+        return None if spec is None else (tuple(spec.shape), str(spec.dtype))
 
     def nbytes(self, j: int) -> int:
-        return spec_nbytes(self.specs[j])
+        return 0 if self.specs[j] is None else spec_nbytes(self.specs[j])
 
     def text(self, j: int) -> str:
         """Leaf ``j`` in a message: ``a Python float`` / ``a numpy array (f32[8])`` / ``f32[8]``."""
@@ -91,8 +92,8 @@ def signature(opts: jitwatch.JitOptions, args: tuple[Any, ...], kwargs: dict[str
     ) + tuple((k, repr(v)) for k, v in sorted(kwargs.items()) if k in opts.static_argnames)
     return Signature(
         jax.tree_util.tree_structure((dyn_args, dyn_kwargs)),
-        tuple(leaf_spec(x) for _, x in found),
-        tuple("" if isinstance(x, jax.Array) else f"a {value_kind(x)}" for _, x in found),
+        tuple(leaf_spec(x) for _, x in found),  # None: not array-like (a JAX ref)
+        tuple("" if isinstance(x, jax.Array) or leaf_spec(x) is None else f"a {value_kind(x)}" for _, x in found),
         statics,
         tuple(p for p, _ in found),
     )
@@ -124,7 +125,7 @@ def reusable(
     for param in order:
         for j in by_param[param]:
             aval = sig.aval(j)
-            if not sig.host[j] and free[aval] > 0:
+            if aval is not None and not sig.host[j] and free[aval] > 0:
                 free[aval] -= 1
                 if param not in donated:
                     found.append(j)

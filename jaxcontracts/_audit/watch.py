@@ -43,7 +43,6 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
-import numpy as np
 
 from .._compat import jitwatch
 from .._compat.arrays import ArrayImpl
@@ -52,7 +51,7 @@ from .._errors import ContractError
 from .._format import fmt_bytes
 from .._report.render import findings_html
 from .._runtime import local
-from .._state.spec import value_kind
+from .._state.spec import leaf_spec, spec_nbytes, value_kind
 from .._userline import user_frame, where
 from . import signatures as sigs
 
@@ -338,10 +337,11 @@ class Watch:
         touched = []
         host: dict[str, tuple[str, Any, int]] = {}  # param -> (first path, value, bytes this call)
         for path, x in sigs.paths(fn.options, args, kwargs, dyn_args, dyn_kwargs):
-            if not isinstance(x, jax.Array):
+            spec = None if isinstance(x, jax.Array) else leaf_spec(x)
+            if spec is not None:  # host data (a JAX ref, with no spec, is not)
                 param = sigs.param_of(path)
                 first, value, n = host.get(param, (path, x, 0))
-                host[param] = (first, value, n + int(np.asarray(x).nbytes))
+                host[param] = (first, value, n + spec_nbytes(spec))
         for param, (path, x, nbytes) in host.items():
             key = ("host_transfer", fn.name, param)
             found = self._findings.get(key)

@@ -46,41 +46,34 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
         or not trace_state_clean()
     ):
         return run(fun, ji, args, kwargs)
-    try:
+    try:  # what the loop has to say, worked out before the call; never fails the call itself
         opts = jitwatch.options_from_info(ji)
         dyn_args = tuple(a for i, a in enumerate(args) if i not in opts.static_argnums)
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in opts.static_argnames}
         sig = sigs.signature(opts, args, kwargs, dyn_args, dyn_kwargs)
+        name = sigs.short(getattr(fun, "__qualname__", None) or getattr(fun, "__name__", "") or "a function")
+        _, seen = loop.plain_signatures.setdefault(id(ji), (ji, []))  # the PjitInfo kept: its id stays its own
+        recompile = (name, *sigs.diff(seen[-1], sig)) if seen and sig not in seen else None
+        host = [(j, path) for j, path in enumerate(sig.paths) if sig.host[j]] if loop.checks_transfers else []
+        logged = [_logged_aval(sig.specs[j]) for j, _ in host[:1]]
     except Exception:  # noqa: BLE001 - an argument we cannot describe: JAX's own path explains it
         return run(fun, ji, args, kwargs)
-    name = sigs.short(getattr(fun, "__qualname__", None) or getattr(fun, "__name__", "") or "a function")
-    user = user_frame()
-    memory = loop.plain_signatures
-    _, seen = memory.setdefault(id(ji), (ji, []))  # the PjitInfo kept: its id stays its own
-    if seen and sig not in seen:
-        diff, fix = sigs.diff(seen[-1], sig)
-        local.plain_recompile = (name, diff, fix)
-    else:
-        local.plain_recompile = None
+    local.plain_recompile = recompile
     seen.append(sig)
-    if loop.checks_transfers:
-        for j, path in enumerate(sig.paths):
-            if sig.host[j]:
-                # JAX's guard logs this transfer too (record mode): the loop drops that line
-                loop.named_transfers[_logged_aval(sig.specs[j])] += 1
-                param = sigs.param_of(path)
-                what = sig.text(j)
-                loop.violation(
-                    "transfer",
-                    f"`{name}` is given {what} at `{path}`: an implicit host-to-device copy at "
-                    "every call",
-                    f"a constant: make it static (jax.jit(..., static_argnames=({param!r},))) or close "
-                    "over it; data that changes: put it on the device once, before the loop "
-                    "(jax.device_put), or move the function into a hot step that declares it "
-                    f"(@jc.hot_step(host={param!r})).",
-                    user,
-                )
-                break  # record mode: one per function and line
+    user = user_frame()
+    for j, path in host[:1]:  # record mode: one per function and line
+        # JAX's guard logs this transfer too (record mode): the loop drops that line
+        loop.named_transfers[logged[0]] += 1
+        param = sigs.param_of(path)
+        loop.violation(
+            "transfer",
+            f"`{name}` is given {sig.text(j)} at `{path}`: an implicit host-to-device copy at every call",
+            f"a constant: make it static (jax.jit(..., static_argnames=({param!r},))) or close "
+            "over it; data that changes: put it on the device once, before the loop "
+            "(jax.device_put), or move the function into a hot step that declares it "
+            f"(@jc.hot_step(host={param!r})).",
+            user,
+        )
     p, flat = run(fun, ji, args, kwargs)
     try:
         _, out_avals = jitwatch.outputs_of(p)
