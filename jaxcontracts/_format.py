@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import sys
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -19,9 +20,33 @@ __all__ = [
     "fmt_path",
     "fmt_sharding",
     "fmt_bytes",
+    "flatten_with_path",
     "n_leaves",
     "qualname",
 ]
+
+def flatten_with_path(tree: Any) -> tuple[list[tuple[tuple[Any, ...], Any]], Any]:
+    """``jax.tree_util.tree_flatten_with_path``, with the leaves of an
+    ``equinox.nn.State`` named by their state index (``state['M.norm.batch_state_index'][0]``,
+    the layer's path equinox keeps as the index's marker) instead of
+    ``[<flat index 1>]``: State registers no keys, only its markers as aux data."""
+    with_path, treedef = jax.tree_util.tree_flatten_with_path(tree)
+    state_cls = getattr(sys.modules.get("equinox.nn"), "State", None)
+    flat = jax.tree_util.FlattenedIndexKey
+    if not isinstance(state_cls, type) or not any(isinstance(k, flat) for p, _ in with_path for k in p):
+        return with_path, treedef
+    nodes = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, state_cls))[0]
+    names = {tuple(p): node.tree_flatten()[1] for p, node in nodes if isinstance(node, state_cls)}
+    renamed = []
+    for path, leaf in with_path:
+        for n in range(len(path)):
+            keys = names.get(tuple(path[:n]))
+            key = path[n]
+            if isinstance(keys, tuple) and isinstance(key, flat) and key.key < len(keys) and isinstance(keys[key.key], str):
+                path = (*path[:n], jax.tree_util.DictKey(keys[key.key]), *path[n + 1 :])
+        renamed.append((path, leaf))
+    return renamed, treedef
+
 
 def fmt_dtype(dtype: Any) -> str:
     """``float32`` -> ``f32``, as JAX prints avals (``key<fry>`` for PRNG keys)."""

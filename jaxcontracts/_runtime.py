@@ -27,6 +27,7 @@ import jax
 from . import _steps
 from ._compat.frames import locals_of
 from ._donation.hazards import is_deleted_array
+from ._format import flatten_with_path
 
 __all__ = [
     "LoopHandle",
@@ -287,7 +288,7 @@ def _arrays_in(value: Any) -> list[tuple[str, Any]]:
     ):
         return []
     try:
-        leaves = jax.tree_util.tree_flatten_with_path(value)[0]
+        leaves = flatten_with_path(value)[0]
     except Exception:  # noqa: BLE001 - not a pytree we can flatten: nothing to name
         return []
     return [

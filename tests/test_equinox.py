@@ -202,3 +202,36 @@ def test_what_a_permitted_compile_runs_eagerly_while_it_traces_is_part_of_the_co
     assert s["x"].tolist() == [216.0] * 3 and f.stats.compiles == 1
     with pytest.raises(jc.TransferError), jc.hot_loop(compiles="allow"):  # outside a compile, refused
         jnp.asarray(2.0) * 3
+
+
+def test_a_changed_eqx_state_leaf_is_named_by_its_state_index():
+    # eqx.nn.State registers no keys: JAX names its leaves [<flat index 1>];
+    # the message names them by the index's marker (the layer's path)
+    class Net(eqx.Module):
+        lin: eqx.nn.Linear
+        norm: eqx.nn.BatchNorm
+
+        def __init__(self, key):
+            self.lin = eqx.nn.Linear(3, 4, key=key)
+            self.norm = eqx.nn.BatchNorm(4, axis_name="batch", mode="batch")
+
+        def __call__(self, x, state):
+            return self.norm(self.lin(x), state)
+
+    model, state = eqx.nn.make_with_state(Net)(jax.random.key(0))
+
+    @jc.hot_step(state="state")
+    def step(model, state, xs):
+        batched = jax.vmap(model, axis_name="batch", in_axes=(0, None), out_axes=(0, None))
+        ys, state = batched(xs, state)
+        return state, ys.sum()
+
+    xs = jnp.ones((5, 3))
+    state, _ = step(model, state, xs)
+    half = jax.tree.map(lambda x: x.astype(jnp.float16) if x.dtype == jnp.float32 else x, state)
+    with pytest.raises(jc.RecompileError) as info:
+        step(model, half, xs)
+    text = str(info.value)
+    assert "state['Net.norm.batch_state_index'][0]: compiled with f32[4], called with f16[4]" in text
+    assert "flat index" not in text
+    assert "state['Net.norm.batch_state_index'][1]" in str(step.report())

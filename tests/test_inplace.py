@@ -183,6 +183,21 @@ def test_under_an_outer_jit_the_step_mutates_the_traced_objects_as_nnx_does():
     assert int(jc.fetch(optimizer.step[...])) == 2 and step.stats.traced_calls == 2
 
 
+def test_a_second_signature_and_a_checks_level_change_keep_writing_back():
+    # a new batch shape compiles a second signature from inside the call path:
+    # its slow path must hand back what the executable returns, not the output
+    # (it did: "iteration over a 0-d array"); and the step after a level change
+    objects = _objects()
+    step = jc.hot_step(train_step, state=("model", "optimizer", "metrics"), host="batch", max_compiles=2)
+    small = {k: v[:8] for k, v in next(_batches(1)).items()}
+    step(*objects, next(_batches(1)))
+    step(*objects, small)  # compiles its second signature
+    with jc.checks_level("off"):
+        step(*objects, small)
+    step(*objects, next(_batches(1)))
+    assert _read(*objects)[1] == 4 and step.stats.compiles == 2
+
+
 def test_a_static_attribute_that_differs_inside_a_module_is_named_by_its_attribute():
     model, _, metrics = _objects()
 

@@ -43,6 +43,7 @@ LAYERS: dict[str, int] = {
     "_compat.hostcopy": 3,
     "_compat.jaxtyping": 3,
     "_compat.refcount": 3,
+    "_compat.refs": 3,  # the array a JAX ref holds, read and replaced
     "_compat.runtime_errors": 3,
     "_compat.threadguard": 3,
     "_compat.guardlog": 3,
@@ -67,7 +68,7 @@ LAYERS: dict[str, int] = {
     "_loop.loopstack": 5,  # a thread's loop entries and JAX's guard contexts on them
     # states: fields -> validation / consumed classes -> spec()/zeros() -> the decorator
     "_state.fields": 6,
-    "_state.inplace": 4,  # flax NNX objects a step updates in place
+    "_state.inplace": 4,  # flax NNX objects and JAX refs a step updates in place
     "_state.filter": 6,  # equinox Modules: non-array leaves static, as eqx.filter_jit has them
     "_step.diffs": 7,  # how specs differ, for messages
     "_state.validate": 7,

@@ -146,6 +146,21 @@ PROGRAMS: dict[str, tuple[tuple[str, ...], list[str]]] = {
             "manager.save(step, args=ocp.args.StandardSave(jc.to_host(nnx.state(model))))",
         ],
     ),
+    "cookbook_refs": (
+        (),
+        [
+            "import jaxcontracts as jc",
+            # was: functools.partial(jax.jit, static_argnums=0); the refs are the state,
+            # updated in place (their arrays donated and put back into them)
+            '@jc.hot_step(state="train_state", static="config", host="batch")',
+            'with jc.hot_loop(compiles="warmup") as loop:',
+            "for step in loop.iterate(range(config.steps)):",
+            "batch = next(data)",  # re-indented
+            "metrics = train_step(config, train_state, batch)",  # re-indented
+            "if step % 20 == 0:",  # re-indented
+            'history.append(round(float(jc.fetch(metrics["loss"])), 5))',  # the logged read, made explicit
+        ],
+    ),
     "equinox_stateful": (
         ("equinox", "optax"),
         [

@@ -12,7 +12,7 @@ from typing import Any
 import jax
 
 from .._compat import jitwatch
-from .._format import fmt_aval
+from .._format import flatten_with_path, fmt_aval
 from .._state.spec import leaf_spec, spec_nbytes, value_kind
 from .._step.diffs import diff_leaves
 
@@ -77,7 +77,7 @@ def paths(opts: jitwatch.JitOptions, args: tuple[Any, ...], kwargs: dict[str, An
     dyn_kwargs))`` gives them, named by parameter."""
     named = names(opts, len(args))
     out = []
-    for p, x in jax.tree_util.tree_flatten_with_path((dyn_args, dyn_kwargs))[0]:
+    for p, x in flatten_with_path((dyn_args, dyn_kwargs))[0]:
         head = named[p[1].idx] if p[0].idx == 0 else str(p[1].key)  # type: ignore[union-attr]
         out.append((head + jax.tree_util.keystr(tuple(p[2:])), x))
     return out

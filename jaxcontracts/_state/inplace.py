@@ -1,4 +1,5 @@
-"""States updated in place: flax NNX objects (Modules, Optimizers, Metrics, Rngs).
+"""States updated in place: flax NNX objects (Modules, Optimizers, Metrics,
+Rngs) and JAX refs (``jax.new_ref``).
 
 An NNX step mutates its objects (``optimizer.update(model, grads)``,
 ``metrics.update(...)``) and returns nothing, as ``nnx.jit`` lets it. A
@@ -9,6 +10,12 @@ carried state, and :func:`write_back` puts the new arrays into the user's
 own objects' Variables after the call. Every object sharing those Variables
 (``nnx.view``, an eval copy made by ``nnx.merge`` of the same state) sees
 them, as after ``nnx.jit``.
+
+A pytree of refs (JAX's training cookbook: ``jax.tree.map(jax.new_ref,
+train_state)``) is carried the same way: the call passes the arrays the refs
+hold (:func:`ref_arrays`, donated), the traced step gets fresh refs of them
+and returns what they hold after it ran, and :func:`write_back` puts those
+arrays into the caller's refs.
 
 flax is not imported here: an object is NNX's only if ``flax.nnx`` is
 already loaded (no NNX object exists otherwise).
@@ -22,9 +29,22 @@ from typing import Any
 
 import jax
 
+from .._compat import refs as _refs
 from .._errors import DefinitionError
 
-__all__ = ["is_inplace_object", "is_ref", "mutated", "refs_error", "static_attributes", "write_back"]
+__all__ = [
+    "is_inplace_object",
+    "is_ref",
+    "mutated",
+    "new_refs",
+    "ref_arrays",
+    "ref_params",
+    "ref_values",
+    "repeated_refs_error",
+    "replace_all",
+    "static_attributes",
+    "write_back",
+]
 
 
 def _nnx() -> Any:
@@ -40,8 +60,10 @@ def is_inplace_object(x: Any) -> bool:
 
 
 def write_back(obj: Any, new: Any) -> None:
-    """Put the arrays of ``new`` (the object the compiled step returned for
-    ``obj``: the same structure) into ``obj``'s own Variables."""
+    """Put the arrays of ``new`` (what the compiled step returned for ``obj``:
+    the same structure) into ``obj``'s own Variables (refs: :func:`replace_all`)."""
+    if not is_inplace_object(obj):  # a pytree of refs the step wrote itself (under a trace)
+        return
     variable = _nnx().Variable
     is_variable = lambda v: isinstance(v, variable)  # noqa: E731
     old_vars = [v for v in jax.tree_util.tree_leaves(obj, is_leaf=is_variable) if is_variable(v)]
@@ -80,17 +102,82 @@ def is_ref(x: Any) -> bool:
     return _REF is not None and isinstance(x, _REF)
 
 
-def refs_error(name: str, paths: Sequence[str]) -> DefinitionError:
-    """A hot step given JAX refs: not taken yet, said as it is (they are not host data)."""
+def ref_params(name: str, param_names: Sequence[str], positional: Sequence[Any], paths: Sequence[str]) -> tuple[int, ...]:
+    """The parameters whose arguments are pytrees of refs (``paths``: where
+    refs were found), each carried as a state updated in place; refused
+    where a parameter mixes refs with other leaves, or where the installed
+    JAX's refs cannot be carried."""
+    params = tuple(i for i, n in enumerate(param_names) if any(p == n or p.startswith((f"{n}[", f"{n}.")) for p in paths))
+    if not _refs.usable():
+        raise _refs_error(name, paths, "on the installed JAX a hot step cannot read the array a ref holds "
+                          "(capability 'ref-buffers' is missing)")
+    for i in params:
+        leaves = jax.tree_util.tree_leaves(positional[i])
+        mixed = [x for x in leaves if not is_ref(x)]
+        if mixed:
+            raise _refs_error(name, paths, f"`{param_names[i]}` mixes refs with {len(mixed)} other leaves "
+                              "(a hot step carries a parameter of refs, or of arrays, not both)")
+        if any(_refs.buffer(x) is None for x in leaves):
+            raise _refs_error(name, paths, f"`{param_names[i]}` holds a ref of a pytree (not of one array)")
+    return params
+
+
+def ref_arrays(tree: Any) -> tuple[Any, list[Any], list[Any]]:
+    """``tree`` (a pytree of refs) with each ref replaced by the array it
+    holds, those arrays, and the refs (flat); ``tree`` itself and ``[]``
+    where a ref is traced (the step then runs on the refs under the outer
+    trace)."""
+    leaves, treedef = jax.tree_util.tree_flatten(tree)
+    arrays = [_refs.buffer(r) for r in leaves]
+    if any(a is None for a in arrays):
+        return tree, [], leaves
+    return jax.tree_util.tree_unflatten(treedef, arrays), arrays, leaves
+
+
+def replace_all(refs: Sequence[Any], arrays: Sequence[Any]) -> None:
+    """Put each array the executable returned into its ref (a ref that came
+    back itself was written by the step, run op by op under disable_jit)."""
+    for ref, new in zip(refs, arrays, strict=True):
+        if new is not ref:
+            _refs.replace(ref, new)
+
+
+def new_refs(tree: Any) -> Any:
+    """Inside the traced step: fresh refs of a ref parameter's arrays."""
+    return jax.tree_util.tree_map(jax.new_ref, tree)
+
+
+def ref_values(tree: Any) -> Any:
+    """Inside the traced step: what its refs hold after it ran."""
+    return jax.tree_util.tree_map(lambda r: r[...], tree)
+
+
+def repeated_refs_error(name: str, named: Sequence[tuple[str, Any]]) -> DefinitionError:
+    """``named``: (path, the array a ref holds) of every ref passed, one array twice."""
+    seen: dict[int, str] = {}
+    pairs = []
+    for where, array in named:
+        if id(array) in seen:
+            pairs.append(f"{seen[id(array)]} and {where}")
+        seen.setdefault(id(array), where)
+    return DefinitionError(
+        f"{name}: the same JAX ref is passed twice ({'; '.join(pairs[:3])}): a compiled step "
+        "would update two copies of it, and keep only one of the updates.",
+        fix="pass each ref once (read its value twice inside the step instead).",
+        contract="definition",
+        step=name,
+        leaves=pairs,
+        note="Nothing was dispatched; the refs are intact.",
+    )
+
+
+def _refs_error(name: str, paths: Sequence[str], why: str) -> DefinitionError:
     return DefinitionError(
         f"{name}: {', '.join(paths[:3])}{', ...' if len(paths) > 3 else ''} "
         f"{'is a JAX ref' if len(paths) == 1 else f'are JAX refs ({len(paths)})'} "
-        "(jax.new_ref), which hot steps do not take yet: they update their arrays "
-        "in place, and a hot step's call path, signature and donation checks are "
-        "built for arrays.",
-        fix="carry arrays instead (state = jax.tree.map(lambda r: r[...], refs) once, "
-        "then state = step(state) with the step returning its new state), or keep "
-        "this step a plain jax.jit (jc.hot_loop still guards the loop around it).",
+        f"(jax.new_ref), which this step cannot carry: {why}.",
+        fix="pass a pytree whose every leaf is a ref of one array (jax.tree.map(jax.new_ref, "
+        "state)), or carry arrays (state = step(state), the step returning its new state).",
         contract="definition",
         leaves=list(paths),
     )

@@ -329,9 +329,13 @@ def kept_plan(ctx: CallContext) -> KeptPlan | None:
     filtered: set[int] = set()  # the leaves of an equinox Module's Filtered node (_filter)
     unwatched: set[int] = set()  # parameters whose containers are not watched
     start = 0
+    refs = ctx.step.definition.ref_params
     for i, spec in enumerate(cs.spec_args):
         n = len(jax.tree_util.tree_leaves(spec))
-        if jax.tree_util.tree_structure(spec).num_nodes == 1:  # the argument is one array
+        if i in refs:  # the arrays JAX refs hold: no one else can (new_ref and reads copy)
+            whole.update(range(start, start + n))
+            unwatched.add(i)
+        elif jax.tree_util.tree_structure(spec).num_nodes == 1:  # the argument is one array
             whole.update(range(start, start + n))
             unwatched.add(i)
         elif type(spec) is Filtered:

@@ -10,22 +10,35 @@ host data.
 
 from __future__ import annotations
 
+import threading
+import weakref
 from collections.abc import Callable, Sequence
 from typing import Any
 
+import jax
 import numpy as np
 
+from .. import _runtime
 from .._compat.guarded import REFUSED
 from .._compat.threadguard import allow_host_to_device
-from .._errors import ContractError
+from .._errors import ContractError, DefinitionError
 from .._state.filter import Filtered, join_out, split
 from .._state.foreign import holds_module
-from .._state.inplace import write_back
+from .._state.inplace import ref_arrays, repeated_refs_error, replace_all, write_back
 from .._tracebacks import trim
 from .callctx import CallContext, DispatchingStep, binder, leaf_readers, picker
 from .definition import StepDefinition
 
-__all__ = ["host_call", "module_params", "with_effect_tokens", "with_inplace", "with_filtered", "with_static"]
+__all__ = [
+    "host_call",
+    "in_place_call",
+    "inside_in_place_call",
+    "module_params",
+    "with_effect_tokens",
+    "with_filtered",
+    "with_inplace",
+    "with_static",
+]
 
 
 def with_filtered(sig: StepDefinition, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
@@ -105,30 +118,111 @@ def with_static(sig: StepDefinition, dispatch: Callable[..., Any]) -> Callable[.
 
 
 def with_inplace(sig: StepDefinition, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
-    """The call path of a step that updates state objects in place (flax NNX:
-    ``_state.inplace``). The executable returns (the step's output, each such
-    object after the step); their new arrays are written back into the
-    caller's own objects, whose old arrays the call donated, and the step's
-    own output is returned."""
-    normalize, n_params, inplace = sig.normalize, len(sig.param_names), sig.inplace_params
-    bind, record = binder(sig), step.last_output
+    """The call path of a step that updates state in place (flax NNX objects,
+    pytrees of JAX refs: ``_state.inplace``): :func:`in_place_call` around
+    ``dispatch``. Inside another in-place call of the same step (the slow
+    path calling the new call path after a compile), it is ``dispatch``."""
+    n_params, bind, normalize = len(sig.param_names), binder(sig), sig.normalize
 
     def inplace_call(*args: Any, **kwargs: Any) -> Any:
         try:
             if kwargs or len(args) != n_params:
                 args = bind(args, kwargs) or normalize(args, kwargs)
-            full = dispatch(*args)
-            out, updated = full
-            for i, new in zip(inplace, updated):
-                write_back(args[i], new)
-            if record[0] is full:  # the loops' record holds the step's own output, not the
-                record[0] = out  # returned objects (whose arrays the caller's objects now hold)
-            return out
+            if getattr(_inside, "call", None) is not None and _inside.call[0] is step:
+                return dispatch(*args)
+            return in_place_call(sig, step, dispatch, args)
         except ContractError as err:  # the traceback ends at the user's line
             trim(err)
             raise
 
     return inplace_call
+
+
+# per step: (its loop, its first ref) at its last call inside a loop (_same_refs_in_loop)
+_last_refs: weakref.WeakKeyDictionary[Any, tuple[weakref.ref[Any], weakref.ref[Any]]] = weakref.WeakKeyDictionary()
+
+
+class _Inside(threading.local):
+    call: tuple[Any, tuple[Any, ...]] | None = None  # (step, the caller's arguments)
+
+
+_inside = _Inside()
+
+
+def inside_in_place_call(step: Any) -> tuple[Any, ...] | None:
+    """The caller's arguments (refs and objects as given) when ``step``'s
+    slow path runs inside its own in-place call, which expects the
+    executable's form back: (the step's output, the updated states)."""
+    call = _inside.call
+    return call[1] if call is not None and call[0] is step else None
+
+
+def in_place_call(sig: StepDefinition, step: DispatchingStep, inner: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+    """Call ``inner`` (the executable's call path, or the slow path) with the
+    refs of ``sig.ref_params`` replaced by their arrays; put the states it
+    returns back into the caller's objects and refs; return the step's output."""
+    items = list(args)
+    taken: dict[int, list[Any]] = {}  # per ref parameter: its refs, flat (passed as their arrays)
+    if sig.ref_params:
+        held: list[Any] = []
+        for i in sig.ref_params:
+            items[i], arrays, refs = ref_arrays(args[i])
+            if arrays:
+                taken[i] = refs
+            held += arrays
+        if len({id(a) for a in held}) != len(held):  # one ref twice: one update would be lost
+            raise repeated_refs_error(sig.name, _ref_paths(sig, args))
+        del held, arrays
+        if _runtime.local.loop is not None:
+            _same_refs_in_loop(sig, step, args)
+    previous, _inside.call = _inside.call, (step, args)
+    try:
+        full = inner(*items)
+    finally:
+        _inside.call = previous
+    del items
+    out, updated = full
+    for i, new in zip(step.definition.inplace_params, updated, strict=True):  # known once compiled
+        refs = taken.get(i)
+        if refs is None:
+            write_back(args[i], new)
+        else:
+            replace_all(refs, jax.tree_util.tree_leaves(new))
+    record = step.last_output
+    if record[0] is full:  # the loops' record holds the step's own output, not the
+        record[0] = out  # returned states (whose arrays the caller's objects now hold)
+    return out
+
+
+def _ref_paths(sig: StepDefinition, args: tuple[Any, ...]) -> list[tuple[str, Any]]:
+    return [
+        (sig.param_path((jax.tree_util.SequenceKey(i), *path)), ref_arrays(ref)[0])
+        for i in sig.ref_params
+        for path, ref in jax.tree_util.tree_flatten_with_path(args[i])[0]
+    ]
+
+
+def _same_refs_in_loop(sig: StepDefinition, step: Any, args: tuple[Any, ...]) -> None:
+    """Inside a hot loop, refuse refs made anew while the ones the last call
+    updated are gone: that update was lost (a ref tree made each iteration)."""
+    loop = _runtime.local.loop
+    first = jax.tree_util.tree_leaves(args[sig.ref_params[0]])
+    if not first:
+        return
+    last = _last_refs.get(step)
+    _last_refs[step] = (weakref.ref(loop), weakref.ref(first[0]))
+    if last is not None and last[0]() is loop and last[1]() is None:
+        name = sig.param_names[sig.ref_params[0]]
+        raise DefinitionError(
+            f"{sig.name}: `{name}` holds new refs, and the refs its last call updated "
+            "are gone: that update was lost (the refs are made anew each iteration).",
+            fix=f"make the refs once, before the loop ({name} = jax.tree.map(jax.new_ref, "
+            f"{name})), and pass the same ones at each call; read values with jc.fetch.",
+            contract="definition",
+            step=sig.name,
+            leaves=[name],
+            note="Nothing was dispatched; the refs are intact.",
+        )
 
 
 def with_effect_tokens(dispatch: Callable[..., Any], ensure: Callable[[], None]) -> Callable[..., Any]:

@@ -38,11 +38,11 @@ from .._errors import (
     RecompileError,
     TransferError,
 )
-from .._format import fmt_aval, fmt_object
+from .._format import flatten_with_path, fmt_aval, fmt_object
 from .._records import CompiledSignature, LeafRecord
 from .._runtime import compiling
 from .._state.fields import is_sealed_state
-from .._state.inplace import is_inplace_object, mutated
+from .._state.inplace import is_inplace_object, mutated, new_refs, ref_values
 from .._state.spec import leaf_spec, spec_nbytes
 from .definition import StepDefinition
 from .diffs import LeafDiff, diff_leaves, diff_lines, diff_specs
@@ -96,7 +96,9 @@ def jit_for(
             )
         specs.append(spec)
     candidates = tuple(
-        i for i in sig.state_params if i not in sig.carried_params and is_inplace_object(positional[i])
+        i
+        for i in sig.state_params
+        if i not in sig.carried_params and (i in sig.ref_params or is_inplace_object(positional[i]))
     )
     if sig.carried is None:  # state= named, or no return annotation: read the output
         per_param = tuple(jax.tree_util.tree_unflatten(treedef, specs))
@@ -139,8 +141,11 @@ def _in_place(sig: StepDefinition, fn: Callable[..., Any], candidates: tuple[int
     a compiled function's changes to an object outside it are lost."""
     inplace, skip = sig.inplace_params, {*candidates, *sig.static_params, *sig.filtered_params}
     checked = tuple(i for i in range(len(sig.param_names)) if i not in skip)
+    refs = sig.ref_params
 
     def traced(*args: Any) -> Any:
+        if refs:  # the refs' arrays: the step gets refs of them, and they come back out
+            args = tuple(new_refs(a) if i in refs else a for i, a in enumerate(args))
         before = [jax.tree_util.tree_leaves(args[i]) for i in checked]
         out = fn(*args)
         lost = [i for i, was in zip(checked, before) if mutated(was, jax.tree_util.tree_leaves(args[i]))]
@@ -149,7 +154,9 @@ def _in_place(sig: StepDefinition, fn: Callable[..., Any], candidates: tuple[int
             lost = [i for i in lost if i not in returned]
             if lost:  # raised once the trace is over (JAX would add its own note to it)
                 _lost.error = _lost_update_error(sig, lost, args)
-        return (out, tuple(args[i] for i in inplace)) if inplace else out
+        if not inplace:
+            return out
+        return out, tuple(ref_values(args[i]) if i in refs else args[i] for i in inplace)
 
     return traced
 
@@ -358,7 +365,7 @@ def compile_signature(
         seconds = time.perf_counter() - t0
 
     in_shardings = jax.tree_util.tree_leaves(compiled.input_shardings[0])
-    flat_paths = [p for p, _ in jax.tree_util.tree_flatten_with_path(positional)[0]]
+    flat_paths = [p for p, _ in flatten_with_path(positional)[0]]  # equinox State leaves named
     exact = _exact_specs(jax.tree_util.tree_leaves(spec_args), in_shardings)
     paths = [sig.param_path(p) for p in flat_paths]
     per_param = tuple(jax.tree_util.tree_unflatten(treedef, exact))

@@ -69,6 +69,10 @@ class StepDefinition:
     # the call path writes their new arrays back into the caller's objects.
     # Known at the first compile.
     inplace_params: tuple[int, ...] = ()
+    # Parameters whose arguments are pytrees of JAX refs (``_state.inplace``):
+    # state updated in place, passed as the arrays the refs hold. Set at the
+    # first call that passes refs (:meth:`with_refs`).
+    ref_params: tuple[int, ...] = ()
     # The state parameters were named (state=): each must be returned or updated in place.
     state_named: bool = False
 
@@ -79,6 +83,13 @@ class StepDefinition:
         carried = tuple((i, (0, *pos)) for i, pos in self.carried or ())
         carried += tuple((i, (1, k)) for k, i in enumerate(params))
         return dataclasses.replace(self, carried=carried, inplace_params=params)
+
+    def with_refs(self, params: tuple[int, ...]) -> StepDefinition:
+        """This definition with the arguments of ``params`` pytrees of refs:
+        state, updated in place (never returned)."""
+        refs = tuple(sorted({*self.ref_params, *params}))
+        state = tuple(sorted({*self.state_params, *refs}))
+        return dataclasses.replace(self, ref_params=refs, state_params=state)
 
     @property
     def carried_params(self) -> frozenset[int]:
@@ -105,6 +116,8 @@ class StepDefinition:
         whole = jax.tree_util.tree_structure(out)
         used: set[int] = set()
         for i in self.state_params:
+            if i in self.ref_params:  # updated in place: its refs are not returned
+                continue
             want = jax.tree_util.tree_structure(spec_args[i])
             if not carried and want == whole and len(self.state_params) >= 1:
                 carried.append((i, ()))

@@ -17,7 +17,7 @@ import numpy as np
 from .._compat.hostcopy import pins_host_views
 from .._donation.hazards import is_deleted_array
 from .._errors import INPUTS_INTACT, DefinitionError, DonationError, RecompileError, TransferError
-from .._format import fmt_aval, fmt_bytes
+from .._format import flatten_with_path, fmt_aval, fmt_bytes
 from .._records import CompiledSignature
 from .._runtime import deleted_because, donation_fix, in_hot_loop
 from .._runtime import donated as donated_words
@@ -45,7 +45,7 @@ def api_misuse_error(sig: StepDefinition, positional: tuple[Any, ...], *, compil
     """
     classes, specs = [], []
     for i, (name, arg) in enumerate(zip(sig.param_names, positional)):
-        for path, x in jax.tree_util.tree_flatten_with_path(arg)[0]:
+        for path, x in flatten_with_path(arg)[0]:
             where = sig.param_path((_Idx(i), *path))
             if isinstance(x, type):
                 classes.append((name, where, x))

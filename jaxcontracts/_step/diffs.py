@@ -18,7 +18,7 @@ import jax
 import numpy as np
 
 from .._dtypes import is_key, same_dtype
-from .._format import fmt_aval, fmt_path, fmt_sharding
+from .._format import flatten_with_path, fmt_aval, fmt_path, fmt_sharding
 from .._state.annotations import STATIC
 from .._state.filter import Filtered, join
 from .._state.filter import short as short_static
@@ -213,8 +213,8 @@ def diff_specs(expected: Any, got: Any, *, sharding: bool = True) -> list[LeafDi
     structural = structure_diffs(expected, got, "")
     if structural:
         return structural
-    exp = [(fmt_path(p), leaf_spec(x)) for p, x in jax.tree_util.tree_leaves_with_path(expected)]
-    act = [(fmt_path(p), leaf_spec(x)) for p, x in jax.tree_util.tree_leaves_with_path(got)]
+    exp = [(fmt_path(p), leaf_spec(x)) for p, x in flatten_with_path(expected)[0]]
+    act = [(fmt_path(p), leaf_spec(x)) for p, x in flatten_with_path(got)[0]]
     return diff_leaves(exp, act, sharding=sharding)
 
 

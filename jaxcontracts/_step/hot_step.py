@@ -27,6 +27,7 @@ from .._compat.runtime_errors import debug_nans_kind, is_runtime_error
 from .._compat.tracing import Tracer, flatten, jit_disabled, trace_state_clean
 from .._donation.hazards import find_hazards
 from .._errors import INPUTS_INTACT, ContractError, DefinitionError, DonationError, RecompileError
+from .._format import flatten_with_path
 from .._marks import consumer_of
 from .._records import CompiledSignature, StepDescription, StepStats
 from .._report import timing as _timing
@@ -34,11 +35,11 @@ from .._report.render import Report, step_report
 from .._runtime import observers, recording_loop
 from .._state.filter import join_out
 from .._state.foreign import host_leaves_on_device
-from .._state.inplace import is_ref, refs_error
+from .._state.inplace import is_ref, ref_arrays, ref_params
 from .._state.spec import fmt_value, leaf_spec
 from .._tracebacks import boundary, trim
 from .callpath import make_dispatch
-from .callwrap import module_params
+from .callwrap import in_place_call, inside_in_place_call, module_params
 from .compile import compile_signature, jit_for, quiet_donation_warning, signature_diffs
 from .definition import StepDefinition
 from .diagnose import (
@@ -306,7 +307,8 @@ class HotStep(Generic[P, R]):
         ]
         if odd and _learn_modules(self, positional, with_path, odd):
             positional = self._sig.normalize(args, kwargs)
-        return positional
+        refs = self._sig.ref_params  # compiled for the arrays the refs hold
+        return tuple(ref_arrays(x)[0] if i in refs else x for i, x in enumerate(positional)) if refs else positional
 
     # -- the protocol the library's modules read (_steps, _callpath) -------
 
@@ -460,6 +462,7 @@ def _forget_bound(bound: dict[int, Any], key: int, ref: Any) -> None:
 def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
     __tracebackhide__ = True
     sig = step._sig
+    given = inside_in_place_call(step)  # the caller's refs and objects, as given
     if (
         not trace_state_clean()
         or jit_disabled()
@@ -469,13 +472,21 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         # concrete arrays it closed over: trace the function, donate nothing.
         # Under jax.disable_jit(): run it op by op, as jax.jit does.
         step.stats.traced_calls += 1
+        if given is not None:  # the step updates its refs and objects itself
+            out = sig.positional(*given)
+            out = join_out(out) if sig.filtered_params else out
+            return out, tuple(given[i] for i in sig.inplace_params)
         if sig.filtered_params:
             return join_out(sig.positional(*sig.normalize(args, kwargs)))
         if sig.static_params:
             return sig.positional(*sig.normalize(args, kwargs))
         return sig.fn(*args, **kwargs)
+    if given is None and (sig.inplace_params or sig.ref_params):
+        # Called directly (a first call, jc.check): around the call, what the
+        # in-place call path does (refs passed as their arrays, written back)
+        return in_place_call(sig, step, lambda *items: _decide(step, items, {}, exc), sig.normalize(args, kwargs))
     positional = sig.normalize(args, kwargs)
-    with_path, treedef = jax.tree_util.tree_flatten_with_path(positional)
+    with_path, treedef = flatten_with_path(positional)
     leaves = [x for _, x in with_path]
     paths = [sig.param_path(p) for p, _ in with_path]
     declared = sig.host_params
@@ -533,8 +544,12 @@ def _learn_modules(
     on (``_filter``) and True is returned: bind the arguments again."""
     __tracebackhide__ = True
     refs = [p for p, x in odd if is_ref(x)]
-    if refs:
-        raise refs_error(step._sig.name, refs)
+    if refs:  # pytrees of refs: state updated in place from now on
+        sig = step._sig
+        params = ref_params(sig.name, sig.param_names, positional, refs)
+        with step._compile_lock:
+            step._sig = step._sig.with_refs(params)
+        return True
     modules = module_params(step._sig, positional, with_path, odd)
     if modules:
         step._filter(modules)
