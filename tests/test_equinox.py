@@ -235,3 +235,24 @@ def test_a_changed_eqx_state_leaf_is_named_by_its_state_index():
     assert "state['Net.norm.batch_state_index'][0]: compiled with f32[4], called with f16[4]" in text
     assert "flat index" not in text
     assert "state['Net.norm.batch_state_index'][1]" in str(step.report())
+
+
+def test_a_python_number_returned_where_the_state_held_an_array_is_carried_as_that_array():
+    # diffrax's solver.step returns (False, f) where solver.init gave
+    # (jnp.array(True), f): eqx.filter_jit hands back the bool (a second
+    # compile); a hot step returns the array, as jax.jit does, and compiles once
+    class Scale(eqx.Module):
+        fn: object  # a function: the Module is filtered
+        k: jax.Array
+
+    @jc.hot_step(state="state")
+    def advance(module, state):
+        first, y = state
+        return (False, module.fn(y) * module.k), jnp.sum(y), 7
+
+    module, state = Scale(jnp.negative, jnp.array(2.0)), (jnp.array(True), jnp.ones(3))
+    for _ in range(3):
+        state, total, seven = advance(module, state)
+    assert isinstance(state[0], jax.Array) and state[0].dtype == jnp.bool_ and not bool(state[0])
+    assert jc.fetch(state[1]).tolist() == [-8.0] * 3 and advance.stats.compiles == 1
+    assert type(seven) is int and seven == 7  # a number elsewhere: as eqx.filter_jit returns it

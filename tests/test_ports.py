@@ -161,6 +161,21 @@ PROGRAMS: dict[str, tuple[tuple[str, ...], list[str]]] = {
             'history.append(round(float(jc.fetch(metrics["loss"])), 5))',  # the logged read, made explicit
         ],
     ),
+    "diffrax_manual": (
+        ("diffrax",),
+        [
+            "import jaxcontracts as jc",
+            # was: eqx.filter_jit(solver.step); the solution and the solver state carried,
+            # the loop's Python-float times declared host data, made_jump a static flag
+            'step = jc.hot_step(solver.step, state=("y0", "solver_state"), host=("t0", "t1"), static="made_jump")',
+            'with jc.hot_loop(compiles="warmup"):',
+            "while tprev < t1:",  # re-indented
+            "y, _, _, state, _ = step(term, tprev, tnext, y, args, state, made_jump=False)",  # re-indented
+            "values.append(round(float(jc.fetch(y)[0]), 6))",  # the read, made explicit
+            "tprev = tnext",  # re-indented
+            "tnext = min(tprev + dt0, t1)",  # re-indented
+        ],
+    ),
     "equinox_stateful": (
         ("equinox", "optax"),
         [

@@ -20,7 +20,7 @@ import jax
 
 from .spec import static_equal
 
-__all__ = ["FilterKey", "Filtered", "join", "join_out", "short", "split", "split_out"]
+__all__ = ["FilterKey", "Filtered", "join", "join_out", "short", "split", "split_if_needed", "split_out"]
 
 
 class FilterKey:
@@ -151,11 +151,11 @@ def split_out(out: Any) -> Any:
     """A step's output with each element that holds non-array leaves filtered
     (a returned tuple element by element, so a returned state keeps its node)."""
     if type(out) is tuple:
-        return tuple(_split_if_needed(x) for x in out)
-    return _split_if_needed(out)
+        return tuple(split_if_needed(x) for x in out)
+    return split_if_needed(out)
 
 
-def _split_if_needed(x: Any) -> Any:
+def split_if_needed(x: Any) -> Any:
     leaves = jax.tree_util.tree_leaves(x)
     return split(x) if any(not _is_array(v) for v in leaves) else x
 

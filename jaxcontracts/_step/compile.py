@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 
 from .._compat import events
 from .._compat.arrays import hook_deleted_reads
@@ -42,6 +43,7 @@ from .._format import flatten_with_path, fmt_aval, fmt_object
 from .._records import CompiledSignature, LeafRecord
 from .._runtime import compiling
 from .._state.fields import is_sealed_state
+from .._state.filter import Filtered, join, split_if_needed
 from .._state.inplace import is_inplace_object, mutated, new_refs, ref_values
 from .._state.spec import leaf_spec, spec_nbytes
 from .definition import StepDefinition
@@ -148,6 +150,8 @@ def _in_place(sig: StepDefinition, fn: Callable[..., Any], candidates: tuple[int
             args = tuple(new_refs(a) if i in refs else a for i, a in enumerate(args))
         before = [jax.tree_util.tree_leaves(args[i]) for i in checked]
         out = fn(*args)
+        if sig.filtered_params and sig.carried:
+            out = _returned_numbers_as_arrays(sig, out, args)
         lost = [i for i, was in zip(checked, before) if mutated(was, jax.tree_util.tree_leaves(args[i]))]
         if lost:  # a returned state may be updated in place too: its new value is carried
             returned = sig.resolve_carried(out, args).carried_params
@@ -159,6 +163,34 @@ def _in_place(sig: StepDefinition, fn: Callable[..., Any], candidates: tuple[int
         return out, tuple(ref_values(args[i]) if i in refs else args[i] for i in inplace)
 
     return traced
+
+
+def _returned_numbers_as_arrays(sig: StepDefinition, out: Any, args: tuple[Any, ...]) -> Any:
+    """A filtered (equinox) step's returned states with each Python number
+    standing where the state it was given held an array made that array's
+    dtype, as jax.jit returns it: diffrax's ``solver.step`` returns ``False``
+    where ``solver.init`` gave ``jnp.array(True)``; eqx.filter_jit would hand
+    back the bool (a new static value: a second compile), a hot step carries
+    the array. Numbers elsewhere in the output stay as eqx.filter_jit has them."""
+    shift = 1 if sig.inplace_params else 0  # with in-place states, the output is element 0
+    for i, pos in sig.carried or ():
+        pos = pos[shift:]
+        if i in sig.inplace_params or len(pos) > 1:
+            continue
+        element = out[pos[0]] if pos else out
+        if type(element) is not Filtered:
+            continue
+        got, treedef = jax.tree_util.tree_flatten(join(element))
+        given, given_def = jax.tree_util.tree_flatten(join(args[i]))
+        if treedef != given_def:
+            continue
+        fixed = [
+            jnp.asarray(x, dtype=g.dtype) if isinstance(x, (bool, int, float, complex)) and hasattr(g, "dtype") else x
+            for x, g in zip(got, given)
+        ]
+        new = split_if_needed(jax.tree_util.tree_unflatten(treedef, fixed))
+        out = (*out[: pos[0]], new, *out[pos[0] + 1 :]) if pos else new
+    return out
 
 
 _lost = threading.local()  # the error of a trace that found a lost update (see _in_place)

@@ -21,7 +21,7 @@ import jax
 from .._donation.hazards import field_of
 from .._errors import DefinitionError
 from .._format import fmt_object, fmt_path
-from .._state.filter import Filtered, join, split, split_out
+from .._state.filter import Filtered, join, join_out, split, split_out
 from .._state.spec import StaticArg, eq_answers_bool
 
 __all__ = ["DONATE_WORDS", "StaticArg", "StepDefinition", "check_donated_names", "positional_call"]
@@ -113,12 +113,13 @@ class StepDefinition:
         if self.carried is not None:
             return self
         carried: list[tuple[int, tuple[int, ...]]] = []
+        out = join_out(out)  # an equinox step's filtered elements, as the caller gets them
         whole = jax.tree_util.tree_structure(out)
         used: set[int] = set()
         for i in self.state_params:
             if i in self.ref_params:  # updated in place: its refs are not returned
                 continue
-            want = jax.tree_util.tree_structure(spec_args[i])
+            want = jax.tree_util.tree_structure(join(spec_args[i]))
             if not carried and want == whole and len(self.state_params) >= 1:
                 carried.append((i, ()))
                 break
