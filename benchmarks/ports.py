@@ -38,11 +38,21 @@ installed (gymnax, evosax) is skipped with a note and its budget is "not
 run". A warning note says if any step compiled more than once or refused a
 call.
 
+- **cookbook refs**: a step that updates its train state's refs in place
+  and returns the loss (numpy batches): ``jax.jit`` against
+  ``jc.hot_step(train_step, state="state", host="batch")``, which passes the
+  arrays the refs hold, donated.
+- **diffrax**: ``solver.step`` of Dopri5 from a Python loop with Python-float
+  times: ``eqx.filter_jit(solver.step)`` against ``jc.hot_step(solver.step,
+  state=("y0", "solver_state"), host=("t0", "t1"), static="made_jump")``.
+- **MJX**: ``jax.jit(mjx.step)`` on a double pendulum's ``mjx.Data`` against
+  ``jc.hot_step(mjx.step, state="d")`` (donated).
+
 Budgets: per case, the port at ``full`` <= 1.05x the original (ratio of
 medians; the bootstrap interval of the paired ratio marks it uncertain).
 
 Run: ``python -m benchmarks.ports`` (``--quick`` for a smoke run,
-``--cases nnx ppo cmaes`` to choose).
+``--cases nnx ppo cmaes refs diffrax mjx`` to choose).
 """
 
 from __future__ import annotations
@@ -488,6 +498,140 @@ def _cmaes_case(steps: int, population_size: int = 8, num_dims: int = 4) -> Case
 
 
 # --------------------------------------------------------------------------
+# The cookbook's refs: a step that updates its train state's refs in place
+
+
+def _refs_case(steps: int) -> Case:
+    case = Case("cookbook refs", f"cookbook refs: {steps} steps, numpy batches")
+    if not hasattr(jax, "new_ref"):
+        case.skipped = "this jax has no jax.new_ref"
+        return case
+    import jax.numpy as jnp
+
+    def train_step(state: Any, batch: Any) -> Any:  # the refs written in place, the loss returned
+        params = {k: r[...] for k, r in state.items()}
+        loss, grads = jax.value_and_grad(
+            lambda p: jnp.mean((jax.nn.gelu(batch["x"] @ p["w1"]) @ p["w2"] - batch["y"]) ** 2)
+        )(params)
+        for k, r in state.items():
+            r[...] = r[...] - 1e-2 * grads[k]
+        return loss
+
+    def make() -> Any:
+        k1, k2 = jax.random.split(jax.random.key(0))
+        return {"w1": jax.new_ref(jax.random.normal(k1, (8, 32))), "w2": jax.new_ref(jax.random.normal(k2, (32, 1)))}
+
+    original = jax.jit(train_step)
+    port = jc.hot_step(train_step, state="state", host="batch")
+    batches = [{"x": b["x"], "y": b["y"]} for b in _batches(steps)]
+    states = {v: make() for v in VARIANTS}
+
+    def loop(variant: str) -> float:
+        def body(state: Any) -> tuple[Any, Any]:
+            if variant == "original":
+                for batch in batches:
+                    loss = original(state, batch)
+            else:
+                with jc.hot_loop(compiles="warmup") as hl:
+                    for batch in hl.iterate(batches):
+                        loss = port(state, batch)
+            return state, loss
+
+        return _timed(states, variant, body)
+
+    case.loop = loop
+    case.ports = {"refs train_step": port}  # (jax.jit with refs keeps no C++ cache to count)
+    return case
+
+
+# --------------------------------------------------------------------------
+# diffrax: solver.step from a Python loop (eqx.filter_jit in the original)
+
+
+def _diffrax_case(steps: int) -> Case:
+    case = Case("diffrax", f"diffrax manual stepping: {steps} Dopri5 steps")
+    try:
+        import diffrax
+        import equinox as eqx
+    except ImportError as e:
+        case.skipped = f"{(e.name or 'diffrax').split('.')[0]} not installed"
+        return case
+    import jax.numpy as jnp
+
+    term = diffrax.ODETerm(lambda t, y, args: -args * y)
+    solver, args, dt = diffrax.Dopri5(), jnp.array(0.5), 0.01
+    original = eqx.filter_jit(solver.step)
+    port = jc.hot_step(solver.step, state=("y0", "solver_state"), host=("t0", "t1"), static="made_jump")
+
+    def make() -> Any:
+        y = jnp.array([1.0, 2.0, 3.0])
+        return y, solver.init(term, 0.0, dt, y, args)
+
+    states = {v: make() for v in VARIANTS}
+
+    def loop(variant: str) -> float:
+        def body(carry: Any) -> tuple[Any, Any]:
+            y, state = carry
+            step = original if variant == "original" else port
+            if variant == "original":
+                for i in range(steps):
+                    y, _, _, state, _ = step(term, i * dt, (i + 1) * dt, y, args, state, made_jump=False)
+            else:
+                with jc.hot_loop(compiles="warmup") as hl:
+                    for i in hl.iterate(range(steps)):
+                        y, _, _, state, _ = step(term, i * dt, (i + 1) * dt, y, args, state, made_jump=False)
+            return (y, state), (y, state)
+
+        return _timed(states, variant, body)
+
+    case.loop = loop
+    case.ports = {"diffrax solver.step": port}
+    return case
+
+
+# --------------------------------------------------------------------------
+# MJX: jax.jit(mjx.step) on an 84-leaf mjx.Data
+
+
+def _mjx_case(steps: int) -> Case:
+    case = Case("MJX", f"MJX rollout: {steps} steps of a double pendulum")
+    try:
+        import mujoco
+        from mujoco import mjx
+    except ImportError as e:
+        case.skipped = f"{(e.name or 'mujoco').split('.')[0]} not installed"
+        return case
+    xml = (
+        '<mujoco><worldbody><body pos="0 0 1"><joint type="hinge" axis="0 1 0"/>'
+        '<geom type="capsule" fromto="0 0 0 0 0 -0.5" size="0.05"/><body pos="0 0 -0.5">'
+        '<joint type="hinge" axis="0 1 0"/><geom type="capsule" fromto="0 0 0 0 0 -0.5" size="0.04"/>'
+        "</body></body></worldbody></mujoco>"
+    )
+    model = mjx.put_model(mujoco.MjModel.from_xml_string(xml))
+    original = jax.jit(mjx.step)
+    port = jc.hot_step(mjx.step, state="d")
+    states = {v: mjx.make_data(model) for v in VARIANTS}
+
+    def loop(variant: str) -> float:
+        def body(data: Any) -> tuple[Any, Any]:
+            if variant == "original":
+                for _ in range(steps):
+                    data = original(model, data)
+            else:
+                with jc.hot_loop(compiles="warmup") as hl:
+                    for _ in hl.iterate(range(steps)):
+                        data = port(model, data)
+            return data, data
+
+        return _timed(states, variant, body)
+
+    case.loop = loop
+    case.ports = {"mjx.step": port}
+    case.originals = {"mjx.step": original}
+    return case
+
+
+# --------------------------------------------------------------------------
 
 
 CASES: dict[str, tuple[Callable[[int], Case], int, int]] = {
@@ -496,6 +640,9 @@ CASES: dict[str, tuple[Callable[[int], Case], int, int]] = {
     "nnx_inplace": (_inplace_case, 200, 20),
     "ppo": (_ppo_case, 200, 20),
     "cmaes": (_cmaes_case, 100, 10),
+    "refs": (_refs_case, 200, 20),
+    "diffrax": (_diffrax_case, 100, 10),
+    "mjx": (_mjx_case, 100, 10),
 }
 
 

@@ -176,6 +176,18 @@ PROGRAMS: dict[str, tuple[tuple[str, ...], list[str]]] = {
             "tnext = min(tprev + dt0, t1)",  # re-indented
         ],
     ),
+    "mjx_rollout": (
+        ("mujoco.mjx",),
+        [
+            "import jaxcontracts as jc",
+            'jit_step = jc.hot_step(mjx.step, state="d")',  # was: jax.jit(mjx.step)
+            'with jc.hot_loop(compiles="warmup") as loop:',
+            "for i in loop.iterate(range(100)):",
+            "mjx_data = jit_step(mjx_model, mjx_data)",  # re-indented
+            "if i % 25 == 0:",  # re-indented
+            "trajectory.append([round(float(q), 5) for q in jc.fetch(mjx_data.qpos)])",  # the read
+        ],
+    ),
     "equinox_stateful": (
         ("equinox", "optax"),
         [

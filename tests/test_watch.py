@@ -10,6 +10,7 @@ found, nothing else (no false finding)."""
 from __future__ import annotations
 
 import collections
+import io
 import json
 import pathlib
 import re
@@ -22,6 +23,7 @@ import numpy as np
 import pytest
 
 import jaxcontracts as jc
+from jaxcontracts._audit import cli
 
 PROGRAMS = pathlib.Path(__file__).parent / "audit_programs"
 
@@ -250,3 +252,30 @@ def test_a_host_sync_says_how_long_its_reads_blocked():
     (sync,) = [f for f in w.findings() if f.kind == "host_sync"]
     assert sync.seconds is not None and sync.seconds > 0
     assert "ms blocked" in str(w.report())
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_the_audit_shows_a_progress_line_on_a_terminal_only(tmp_path, monkeypatch):
+    # in process: main() with a fake terminal as stderr, a script slow enough
+    # for two progress lines; a pipe (not a terminal) gets none
+    script = tmp_path / "slow.py"
+    script.write_text(
+        "import time, jax, jax.numpy as jnp\n"
+        "f = jax.jit(lambda x: x + 1)\n"
+        "x = jnp.zeros(3)\n"
+        "for _ in range(30):\n"
+        "    x = f(x)\n"
+        "    time.sleep(0.01)\n"
+    )
+    for stream, shown in ((_Terminal(), True), (io.StringIO(), False)):
+        monkeypatch.setattr(sys, "stderr", stream)
+        assert cli.main([str(script)], progress_every=0.05) == 0
+        text = stream.getvalue()
+        assert ("calls of 1 jitted function" in text) is shown, text
+        assert ("\x1b[K" in text) is shown
+        if shown:  # the line is cleared before the report is printed after it
+            assert "calls of" not in text.rsplit("\r\x1b[K", 1)[1]

@@ -14,15 +14,56 @@ import argparse
 import os
 import runpy
 import sys
+import threading
+import time
 import traceback
 from collections.abc import Sequence
+from typing import Any
 
 from .session import watch
 
 __all__ = ["main"]
 
 
-def main(argv: Sequence[str]) -> int:
+class _Progress:
+    """One line on a terminal's stderr while the script runs, rewritten in
+    place every ``interval`` seconds (calls seen, jitted functions), cleared
+    at the end; nothing where stderr is not a terminal (a log, CI, a pipe).
+    It reads two counters of the watch: it never touches the device."""
+
+    def __init__(self, w: Any, stream: Any, interval: float = 2.0) -> None:
+        self.w, self.stream, self.interval = w, stream, interval
+        self.stop = threading.Event()
+        self.shown = False
+        self.thread = threading.Thread(target=self._run, name="jaxcontracts-audit-progress", daemon=True)
+
+    def __enter__(self) -> _Progress:
+        isatty = getattr(self.stream, "isatty", None)
+        if callable(isatty) and isatty():
+            self.thread.start()
+        return self
+
+    def _run(self) -> None:
+        start = time.monotonic()
+        while not self.stop.wait(self.interval):
+            calls, functions = self.w.calls, self.w.function_count
+            self.stream.write(
+                f"\r\x1b[Kjaxcontracts audit: {time.monotonic() - start:.0f} s, {calls:,} calls "
+                f"of {functions} jitted function{'s' if functions != 1 else ''}"
+            )
+            self.stream.flush()
+            self.shown = True
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop.set()
+        if self.thread.is_alive():
+            self.thread.join()
+        if self.shown:
+            self.stream.write("\r\x1b[K")
+            self.stream.flush()
+
+
+def main(argv: Sequence[str], progress_every: float = 2.0) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m jaxcontracts audit",
         description="Run a script unchanged and list what its jax.jit code recompiles, "
@@ -42,7 +83,7 @@ def main(argv: Sequence[str]) -> int:
     status = 0
     w = watch(loops=False)  # the script's own loops behave as they would alone
     try:
-        with w:
+        with w, _Progress(w, sys.stderr, progress_every):
             try:
                 runpy.run_path(script, run_name="__main__")
             except SystemExit as exc:

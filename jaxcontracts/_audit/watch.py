@@ -390,8 +390,13 @@ class Watch:
         found = [f for f in self._findings.values() if f.kind != "compile_in_loop" or f.count >= COMPILES_AT_ONE_LINE]
         return sorted(found, key=lambda f: (_KIND_ORDER.index(f.kind), -(f.count * (f.bytes_per_call or 1))))
 
+    @property
+    def function_count(self) -> int:
+        """How many jitted functions the watch has seen called."""
+        return len(self._functions)
+
     def report(self) -> WatchReport:
-        return WatchReport(self.findings(), self.calls, len(self._functions), list(self.blind))
+        return WatchReport(self.findings(), self.calls, self.function_count, list(self.blind))
 
     def __enter__(self) -> Watch:
         global _ACTIVE
