@@ -3,7 +3,6 @@ replaced by jc.hot_step naming the carried solution and solver state (the
 times are Python floats: host data), the loop put in jc.hot_loop, the read
 made explicit."""
 import diffrax
-import equinox as eqx
 import jax.numpy as jnp
 
 import jaxcontracts as jc

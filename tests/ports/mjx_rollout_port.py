@@ -1,7 +1,6 @@
 """MuJoCo MJX's rollout ported to jaxcontracts: jax.jit(mjx.step) replaced
 by jc.hot_step naming the data as the carried state (donated), the loop put in
 jc.hot_loop, the reads made explicit."""
-import jax
 import jax.numpy as jnp
 import mujoco
 from mujoco import mjx
