@@ -696,6 +696,68 @@ def check_plain_jit(r: Results, jax: Any, np: Any, jc: Any) -> None:
             f"{kinds}, {missed[0].bytes_per_call if missed else 0} B/call")
 
 
+def check_refs(r: Results, jax: Any, np: Any, jc: Any) -> None:
+    import jax.numpy as jnp
+
+    r.section("[6] JAX refs as a hot step's state on the device, and an NNX step's second signature")
+    if not hasattr(jax, "new_ref"):
+        r.line("N/A", "refs", f"jax {jax.__version__} has no jax.new_ref")
+        return
+    n = 8 * 2**20  # 32 MiB per leaf
+
+    def train_step(state, x):
+        state["w"][...] = state["w"][...] * 0.5 + x
+        state["n"][...] += 1
+        return state["w"][...].sum()
+
+    state = jax.tree.map(jax.new_ref, {"w": jnp.ones(n), "n": jnp.int32(0)})
+    twin = jax.tree.map(jax.new_ref, {"w": jnp.ones(n), "n": jnp.int32(0)})
+    x = jnp.full(n, 0.25)
+    step, plain = jc.hot_step(train_step, state="state"), jax.jit(train_step)
+    with jc.hot_loop(compiles="warmup") as loop:
+        for _ in loop.iterate(range(5)):
+            before = jc._compat.refs.buffer(state["w"])
+            loss = step(state, x)
+            plain(twin, x)
+    got, want = jc.fetch(state), jc.fetch(twin)
+    cs = step.describe().current
+    r.check("a hot step on refs updates them as jax.jit does, its donation proven, nothing refused",
+            np.array_equal(got["w"], want["w"]) and int(got["n"]) == 5 and len(cs.aliased) == 2
+            and step.stats.compiles == 1 and step.stats.refused == 0 and before.is_deleted(),
+            f"n={int(got['n'])}, aliased {len(cs.aliased)}/2, old buffer deleted: {before.is_deleted()}, "
+            f"loss {float(jc.fetch(loss)):.4g}")
+    w = state["w"]
+    try:
+        step({"w": w, "n": w}, x)
+        r.check("the same ref passed twice is refused", False, "nothing raised")
+    except jc.DefinitionError as e:
+        r.check("the same ref passed twice is refused, the ref intact",
+                "the same JAX ref is passed twice" in str(e) and float(jc.fetch(w[...])[0]) == float(got["w"][0]),
+                first_line(e))
+    try:
+        import optax
+        from flax import nnx
+    except ImportError as e:
+        r.line("N/A", "an NNX step's second signature", f"not installed: {e.name}")
+        return
+    model = nnx.Linear(16, 4, rngs=nnx.Rngs(0))
+    opt = nnx.Optimizer(model, optax.sgd(0.1), wrt=nnx.Param)
+
+    def nnx_step(model, optimizer, x):
+        loss, grads = nnx.value_and_grad(lambda m: jnp.mean(m(x) ** 2))(model)
+        optimizer.update(model, grads)
+        return loss
+
+    hot = jc.hot_step(nnx_step, state=("model", "optimizer"), max_compiles=2)
+    try:
+        hot(model, opt, jnp.ones((8, 16)))
+        hot(model, opt, jnp.ones((4, 16)))  # a smaller last batch: a second signature
+        r.check("an NNX step in place compiles a second signature and keeps writing back",
+                int(jc.fetch(opt.step[...])) == 2 and hot.stats.compiles == 2, f"optimizer.step = {int(jc.fetch(opt.step[...]))}")
+    except Exception as e:  # noqa: BLE001
+        r.check("an NNX step in place compiles a second signature", False, first_line(e))
+
+
 def main() -> int:
     args = parse_args()
     if args.force_cpu:
@@ -743,6 +805,7 @@ def main() -> int:
         ("sharding", lambda: check_sharding(r, jax, np, jc, on_gpu)),
         ("this round", lambda: check_round(r, jax, np, jc)),
         ("plain jit", lambda: check_plain_jit(r, jax, np, jc)),
+        ("refs", lambda: check_refs(r, jax, np, jc)),
     ]:
         try:
             run()
