@@ -12,6 +12,7 @@ jc.fetch in test_fetch.py.
 
 from __future__ import annotations
 
+import functools
 import threading
 
 import jax
@@ -363,7 +364,7 @@ def test_a_concrete_flag_read_while_a_warm_up_compile_traces_is_part_of_the_comp
     def step(x):
         return x if flag else x + 1
 
-    for make in (jax.jit, lambda f: jc.hot_step(f, state="x")):
+    for make in (functools.partial(jax.jit, donate_argnums=0), lambda f: jc.hot_step(f, state="x")):
         f, x = make(step), jnp.zeros(3)
         with jc.hot_loop(compiles="warmup") as loop:
             for _ in loop.iterate(range(3)):
@@ -442,7 +443,7 @@ def test_warm_up_counts_nested_iterates_and_forgets_an_abandoned_one():
     # issue 39: a first compile in epoch 1, after the inner loop, ran; an
     # abandoned iterate made a re-entered loop refuse "in iteration 4"
     x = jnp.ones(3)
-    inc, scale = jax.jit(lambda a: a + 1), jax.jit(lambda a: a * 7)
+    inc, scale = jax.jit(lambda a: a + 1, donate_argnums=0), jax.jit(lambda a: a * 7)
     with pytest.raises(jc.RecompileError, match=r"in iteration 1 of loop\.iterate\(\)"):
         with jc.hot_loop(compiles="warmup") as loop:
             for epoch in loop.iterate(range(2)):

@@ -11,6 +11,7 @@ import pathlib
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import pytest
 
 import jaxcontracts as jc
@@ -60,7 +61,7 @@ def test_a_drifted_donation_is_refused_before_the_call_with_the_inputs_intact():
 
 
 def test_a_second_compile_of_a_plain_jit_names_the_leaf_that_changed():
-    @jax.jit
+    @functools.partial(jax.jit, donate_argnums=0)
     def accumulate(state, x):
         return {"result": state["result"] + x, "n": state["n"] + 1}
 
@@ -135,3 +136,77 @@ def test_inside_a_watch_a_recording_loop_lists_the_missed_donation_once_per_line
     missed = [v for v in loop.violations if v.kind == "missed_donation"]
     assert len(missed) == 1 and missed[0].count >= 2
     assert any(c.key == "donation-config" and not c.ok for c in loop.report().contracts)
+
+
+def _step():
+    @jax.jit  # not donated: state = step(state, x) holds the state twice at each call
+    def step(state, x):
+        return {"w": state["w"] + x, "t": state["t"] + 1}
+
+    return step
+
+
+def test_a_missed_donation_in_a_loop_without_a_watch_is_raised_at_the_next_iteration():
+    step, state, x = _step(), _state(), jnp.ones(4)
+    with pytest.raises(jc.DonationError) as info:
+        with jc.hot_loop(compiles="warmup") as loop:
+            for _ in loop.iterate(range(5)):
+                state = step(state, x)  # the call the message names
+    text = str(info.value)
+    assert f"`step` (called at {__file__}:{_line('state = step(state, x)  # the call')})" in text
+    assert "`state` is not donated, yet the call's own statement dropped its 2 array(s) (20 B)" in text
+    assert "in iteration 1 of loop.iterate()" in text
+    assert "donate_argnames=('state',)" in info.value.fix
+    assert int(state["t"]) == 1  # raised before the second iteration's call
+
+
+def test_a_missed_donation_is_recorded_and_a_kept_or_donated_state_is_not_one():
+    step, state, x = _step(), _state(), jnp.ones(4)
+    with jc.hot_loop(compiles="warmup", on_violation="record") as loop:
+        for _ in range(3):  # no iterate(): settled at the loop's end
+            state = step(state, x)
+    assert [v.kind for v in loop.violations] == ["missed_donation"]
+    assert not loop.report().ok
+    kept, step2, state = [], _step(), _state()
+    with jc.hot_loop(compiles="warmup") as loop:  # a trajectory keeps every state: nothing missed
+        for _ in loop.iterate(range(3)):
+            kept.append(state)
+            state = step2(state, x)
+    donating = jax.jit(_step().__wrapped__, donate_argnums=0)
+    with jc.hot_loop(compiles="warmup") as loop:
+        for _ in loop.iterate(range(3)):
+            state = donating(state, x)
+    assert int(state["t"]) == 6 and len(kept) == 3
+
+
+def test_a_batch_an_output_could_also_take_is_not_a_missed_donation_while_the_state_takes_it():
+    @jax.jit  # the state donated; the batch matches the output too, but the state's buffers take it
+    def update(w, batch):
+        return w + batch
+
+    update = jax.jit(update.__wrapped__, donate_argnums=0)
+    w = jnp.zeros(4)
+    batches = (jax.device_put(np.ones(4, np.float32)) for _ in range(4))  # each dropped after its call
+    with jc.hot_loop(compiles="warmup") as loop:
+        for batch in loop.iterate(batches):
+            w = update(w, batch)
+    assert float(w[0]) == 4.0 and not loop.violations
+
+
+def test_an_argument_dropped_later_by_another_statement_is_not_a_missed_donation():
+    # the notebook's shape: the norm reads s, then the next step consumes it;
+    # it dies at the step's line, not at the norm's: donating it to the norm
+    # would have deleted what the step needed
+    step = jc.hot_step(lambda s: {"w": s["w"] * 0.5, "b": s["b"] + 1}, state="s")
+    norm = jax.jit(lambda p: {"w": p["w"] / jnp.sum(p["w"]), "b": p["b"]})  # outputs s's shapes
+    s, norms = step({"w": jnp.ones(4), "b": jnp.float32(0)}), []
+    with jc.hot_loop(compiles="warmup", on_violation="record") as loop:
+        for _ in loop.iterate(range(4)):
+            norms.append(norm(s))
+            s = step(s)
+    assert loop.violations == [] and len(norms) == 4
+    bump = jax.jit(lambda p: {"w": p["w"] + 1, "b": p["b"]})
+    with jc.hot_loop(compiles="warmup", on_violation="record") as loop:
+        for _ in loop.iterate(range(3)):
+            s = bump(s)  # rebound by the call's own statement: a missed donation
+    assert [v.kind for v in loop.violations] == ["missed_donation"]

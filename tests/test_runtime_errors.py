@@ -71,7 +71,9 @@ def test_implicit_host_to_device_transfers_raise():
 def test_python_constants_in_eager_ops_name_the_idiomatic_fix(glue):
     args = (jnp.arange(10.0), jnp.array([1, 2, 3]), jnp.int32(5))
     glue(*args)
-    with pytest.raises(jc.TransferError) as e, jc.hot_loop():
+    # compiles allowed: in a long session JAX can compile the eager op again (its
+    # cache is JAX's); what is checked here is the transfer's message
+    with pytest.raises(jc.TransferError) as e, jc.hot_loop(compiles="allow"):
         glue(*args)
     text = str(e.value)
     assert "host-to-device, a Python constant in an eager op" in text

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import weakref
 from collections.abc import Sequence
+from types import FrameType
 from typing import Any
 
 import jax
@@ -15,8 +17,10 @@ from .._compat import jitwatch
 from .._format import flatten_with_path, fmt_aval
 from .._state.spec import leaf_spec, spec_nbytes, value_kind
 from .._step.diffs import diff_leaves
+from .._userline import user_frame
 
 __all__ = [
+    "Dropped",
     "Signature", "diff", "donated_params", "names", "param_of", "paths",
     "reusable", "short", "signature", "wrong_donations",
 ]
@@ -189,3 +193,44 @@ def wrong_donations(
                if others else f"leave {param} out of donate_argnums/donate_argnames")
         out.append((param, why, fix))
     return out
+
+
+class Dropped:
+    """Whether the statement that made a call dropped its arguments.
+
+    A weak reference to each array, whose callback notes whether the array
+    died while the user's frame that made the call was still on the call's
+    line: ``state = f(state, x)`` rebinds ``state`` as that statement ends,
+    so nothing after the call used the old value, and donating it would
+    have been safe. An array that dies later (the next step consumed it, a
+    later line dropped it after reading it, JAX still held it) is not
+    counted: ``jax.jit(norm)(s.params)`` followed by ``s = step(s)`` drops
+    the params at the step's line, and donating them to ``norm`` would have
+    deleted what the step needed. No frame is kept (only its id and line).
+    """
+
+    __slots__ = ("_frame", "_line", "at_call", "refs", "__weakref__")
+
+    def __init__(self, arrays: Sequence[Any], frame: FrameType) -> None:
+        self._frame, self._line = id(frame), frame.f_lineno
+        self.at_call = 0
+        self.refs = [weakref.ref(a, self._died) for a in arrays]
+
+    def _died(self, _ref: Any) -> None:
+        f = user_frame()
+        if f is not None and id(f) == self._frame and f.f_lineno == self._line:
+            self.at_call += 1
+
+    @property
+    def count(self) -> int:
+        return len(self.refs)
+
+    @property
+    def alive(self) -> bool:
+        """Whether any of the arrays is still held."""
+        return any(r() is not None for r in self.refs)
+
+    @property
+    def dropped(self) -> bool:
+        """Whether every array died at the call's own statement."""
+        return self.at_call == len(self.refs) and not self.alive

@@ -38,7 +38,6 @@ import json
 import textwrap
 import threading
 import time
-import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -99,7 +98,7 @@ class _Function:
     signatures: list[sigs.Signature] = dataclasses.field(default_factory=list)
     window: int = 0  # calls left in which undonated arguments are followed
     candidates: tuple[int, ...] = ()  # dynamic leaf indices an output could reuse
-    pending: list[tuple[int, Any]] = dataclasses.field(default_factory=list)  # (candidate, weakref)
+    pending: list[tuple[int, Any]] = dataclasses.field(default_factory=list)  # (candidate, signatures.Dropped)
     follow_site: tuple[str, int] = ("<unknown>", 0)  # the user's line of the last followed call
     equinox: bool = False  # made by eqx.filter_jit
     # positions of the host leaves of a call -> the host_transfer findings they count for
@@ -206,27 +205,33 @@ class Watch:
     # -- donation ------------------------------------------------------------
 
     def _follow(self, fn: _Function, leaves: Sequence[Any]) -> None:
-        """Weak references to this call's undonated candidates, settled at the next call."""
+        """This call's undonated candidates followed (``signatures.Dropped``),
+        settled at the next call."""
         fn.follow_site = _user_line(fn.follow_site)
+        frame = user_frame()
+        if frame is None:
+            return
         for i in fn.candidates:
             x = leaves[i]
             if isinstance(x, ArrayImpl):
                 try:
-                    fn.pending.append((i, weakref.ref(x)))
+                    fn.pending.append((i, sigs.Dropped([x], frame)))
                 except TypeError:
                     continue
                 self._given_elsewhere[id(x)] = (fn, i)
 
     def _settle(self, fn: _Function, at_call: bool = False) -> None:
         """At the function's next call (or the watch's end): a followed
-        argument whose arrays are gone was dropped by the caller."""
+        argument whose arrays died at the statement that made the call
+        (``state = f(state)``) was dropped by the caller, unused after it."""
         dropped: dict[str, list[int]] = {}
-        for i, ref in fn.pending:
-            x = ref()
-            if x is None:
+        for i, d in fn.pending:
+            if d.dropped:
                 dropped.setdefault(sigs.param_of(fn.signatures[-1].paths[i]), []).append(i)
-            else:
-                self._given_elsewhere.pop(id(x), None)
+            for ref in d.refs:
+                x = ref()
+                if x is not None:
+                    self._given_elsewhere.pop(id(x), None)
         fn.pending = []
         sig = fn.signatures[-1]
         for param, idx in dropped.items():

@@ -24,7 +24,7 @@ import jax
 from .registry import capability, define
 
 __all__ = [
-    "JitOptions", "add_miss_observer", "available", "cache_size", "install", "options_from_info",
+    "JitOptions", "add_miss_observer", "available", "cache_size", "install", "installed", "options_from_info",
     "options_of", "outputs_of", "remove_miss_observer", "uninstall",
 ]
 
@@ -99,6 +99,11 @@ def install(wrap: Callable[[Any, Any], Any]) -> None:
 
 def uninstall() -> None:
     jax.jit = _ORIGINAL
+
+
+def installed() -> bool:
+    """Whether ``jax.jit`` is replaced now (a ``jc.watch()`` is open)."""
+    return jax.jit is not _ORIGINAL
 
 
 _NOT_GIVEN = object()

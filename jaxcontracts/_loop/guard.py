@@ -142,6 +142,8 @@ class HotLoop:
         self._violations: dict[tuple[str, str, str], Violation] = {}
         # plain jax.jit functions' signatures compiled in this loop (_loop.plainjit), by PjitInfo
         self.plain_signatures: dict[int, tuple[Any, list[Any]]] = {}
+        # their undonated arguments an output could have taken, followed until settled (_loop.plainjit)
+        self.plain_followed: list[plainjit.Followed] = []
         self.audit = False  # jc.watch()'s recording loop (loops inside it inherit nothing from it)
         # called with the seconds each device-to-host read it recorded blocked (jc.watch()'s loop)
         self.read_timer: Callable[[float], None] | None = None
@@ -189,6 +191,8 @@ class HotLoop:
             for i, item in enumerate(iterable):
                 cell[0] = i
                 self.iterations += 1
+                if self.plain_followed:  # the last iteration's calls: what they dropped
+                    plainjit.settle(self)
                 yield item
         finally:
             for k in range(len(self._iterating) - 1, -1, -1):
@@ -485,6 +489,8 @@ class HotLoop:
             raise swallowed.with_traceback(None) from None
         if translated is not None:
             raise translated from None
+        if exc is None and not still_entered and self.plain_followed:
+            plainjit.settle(self)  # what the last calls dropped
         return False
 
     def __call__(self, fn: F) -> F:

@@ -13,7 +13,15 @@ checks what can be known before the call runs:
 * a donated parameter that JAX cannot donate (a host value, skipped without
   a word) or whose buffers no output can reuse while another parameter's
   could (a ``donate_argnums`` index that drifted) is a ``DonationError``,
-  raised before the call runs (nothing is donated: the inputs are intact).
+  raised before the call runs (nothing is donated: the inputs are intact);
+* a parameter that is not donated while an output could take its buffers
+  is followed (``signatures.Dropped``: a weak reference to each of its
+  arrays): when all of them died at the call's own statement (``state =
+  f(state)``), nothing after the call used them, and the donation was
+  missed: a ``missed_donation`` violation naming the function, the
+  parameter, the bytes per call and the line of the call, raised at the
+  next iteration of ``loop.iterate``, the loop's next compile or its end
+  (:func:`settle`). Only what one call shows is claimed.
 
 Functions of JAX's own modules (the jits behind eager ops) are left to the
 compile listener. A miss under a trace, or where the loop allows transfers
@@ -22,6 +30,7 @@ compile listener. A miss under a trace, or where the loop allows transfers
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import jax
@@ -29,10 +38,22 @@ import jax
 from .._audit import signatures as sigs
 from .._compat import jitwatch
 from .._compat.tracing import trace_state_clean
+from .._format import fmt_bytes
 from .._runtime import local
 from .._userline import user_frame
 
-__all__ = ["observe"]
+__all__ = ["Followed", "observe", "settle"]
+
+
+@dataclasses.dataclass
+class Followed:
+    """An undonated parameter of one call whose buffers an output could take."""
+
+    name: str  # the function
+    param: str
+    nbytes: int
+    dropped: sigs.Dropped
+    at: str  # the call's line, file:line (no frame is kept: it would keep the arrays)
 
 
 def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], run: Any) -> Any:
@@ -46,6 +67,7 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
         or not trace_state_clean()
     ):
         return run(fun, ji, args, kwargs)
+    settle(loop)  # what the calls before this miss dropped
     try:  # what the loop has to say, worked out before the call; never fails the call itself
         opts = jitwatch.options_from_info(ji)
         dyn_args = tuple(a for i, a in enumerate(args) if i not in opts.static_argnums)
@@ -76,14 +98,57 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
         )
     p, flat = run(fun, ji, args, kwargs)
     try:
-        _, out_avals = jitwatch.outputs_of(p)
+        out_tree, out_avals = jitwatch.outputs_of(p)
         avals = {(tuple(a.shape), str(a.dtype)) for a in out_avals}
-        wrong = sigs.wrong_donations(sig, sigs.donated_params(opts), avals, name)
+        donated = sigs.donated_params(opts)
+        wrong = sigs.wrong_donations(sig, donated, avals, name)
+        out = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals]
+        candidates = sigs.reusable(
+            opts, sig, dyn_args, dyn_kwargs, jax.tree_util.tree_unflatten(out_tree, out), out, donated
+        )
+        followed = _follow(name, sig, jax.tree_util.tree_leaves((dyn_args, dyn_kwargs)), candidates, user)
     except Exception:  # noqa: BLE001 - no outputs to read on this JAX: nothing more to say
         return p, flat
     for _param, why, fix in wrong:
         loop.violation("wrong_donation", f"`{name}`: {why}", fix + ". The call did not run.", user)
+    if not wrong and not jitwatch.installed():  # (an open jc.watch() follows every call itself)
+        loop.plain_followed.extend(followed)
     return p, flat
+
+
+def _follow(name: str, sig: Any, leaves: list[Any], candidates: tuple[int, ...], user: Any) -> list[Followed]:
+    """Each candidate parameter's arrays, followed (``signatures.Dropped``)."""
+    if user is None:
+        return []
+    by_param: dict[str, list[int]] = {}
+    for j in candidates:
+        by_param.setdefault(sigs.param_of(sig.paths[j]), []).append(j)
+    at = f"{user.f_code.co_filename}:{user.f_lineno}"
+    out = []
+    for param, idx in by_param.items():
+        arrays = [leaves[j] for j in idx]
+        if all(isinstance(x, jax.Array) for x in arrays):
+            out.append(Followed(name, param, sum(sig.nbytes(j) for j in idx), sigs.Dropped(arrays, user), at))
+    return out
+
+
+def settle(loop: Any) -> None:
+    """The followed parameters whose arrays all died at their call's
+    statement: missed donations (raised in raise mode, recorded otherwise);
+    the others are let go."""
+    __tracebackhide__ = True
+    followed, loop.plain_followed = loop.plain_followed, []
+    for f in followed:
+        if not f.dropped.dropped:
+            continue
+        loop.violation(
+            "missed_donation",
+            f"`{f.name}` (called at {f.at}): `{f.param}` is not donated, yet the call's own statement "
+            f"dropped its {f.dropped.count} array(s) ({fmt_bytes(f.nbytes)}), while an output could "
+            "have taken their buffers: each call holds them twice",
+            f"jax.jit({f.name}, donate_argnames=({f.param!r},)) (names do not drift when "
+            f'parameters move), or @jc.hot_step(state={f.param!r}, donate="all")',
+        )
 
 
 def _logged_aval(spec: Any) -> str:
