@@ -253,7 +253,7 @@ class Watch:
             )
             self._findings[key] = Finding(
                 "missed_donation", fn.name, *fn.follow_site, count=1, param=param, bytes_per_call=nbytes,
-                message=f"{what}: not donated, yet the caller drops them after each call; their "
+                message=f"{what}: not donated, yet the statement of each call drops them; their "
                 f"{len(idx)} array(s) ({fmt_bytes(nbytes)}) could hold the outputs of the same shape and "
                 "dtype; without donation the function holds them twice",
                 fix=fix + '; or @jc.hot_step(state=..., donate="all")',
@@ -393,7 +393,7 @@ class Watch:
     def findings(self) -> list[Finding]:
         """The findings so far, ranked: donation first, then recompiles, by count."""
         found = [f for f in self._findings.values() if f.kind != "compile_in_loop" or f.count >= COMPILES_AT_ONE_LINE]
-        return sorted(found, key=lambda f: (_KIND_ORDER.index(f.kind), -(f.count * (f.bytes_per_call or 1))))
+        return sorted(found, key=lambda f: (_KIND_ORDER.index(f.kind), -(f.count * (f.bytes_per_call or 1)), f.file, f.line))
 
     @property
     def function_count(self) -> int:
