@@ -45,6 +45,9 @@ call.
 - **diffrax**: ``solver.step`` of Dopri5 from a Python loop with Python-float
   times: ``eqx.filter_jit(solver.step)`` against ``jc.hot_step(solver.step,
   state=("y0", "solver_state"), host=("t0", "t1"), static="made_jump")``.
+- **equinox stateful**: equinox's stateful example (``eqx.nn.State``
+  through a BatchNorm, adam): ``eqx.filter_jit(make_step)`` against
+  ``jc.hot_step(make_step, state=("model", "state", "opt_state"))``.
 - **MJX**: ``jax.jit(mjx.step)`` on a double pendulum's ``mjx.Data`` against
   ``jc.hot_step(mjx.step, state="d")`` (donated).
 
@@ -52,7 +55,7 @@ Budgets: per case, the port at ``full`` <= 1.05x the original (ratio of
 medians; the bootstrap interval of the paired ratio marks it uncertain).
 
 Run: ``python -m benchmarks.ports`` (``--quick`` for a smoke run,
-``--cases nnx ppo cmaes refs diffrax mjx`` to choose).
+``--cases nnx ppo cmaes refs diffrax mjx eqx_stateful`` to choose).
 """
 
 from __future__ import annotations
@@ -590,6 +593,79 @@ def _diffrax_case(steps: int) -> Case:
 
 
 # --------------------------------------------------------------------------
+# equinox stateful: eqx.nn.State through a BatchNorm, an eqx.filter_jit step
+
+
+def _eqx_stateful_case(steps: int) -> Case:
+    case = Case("equinox stateful", f"equinox stateful: {steps} steps, BatchNorm + eqx.nn.State")
+    try:
+        import equinox as eqx
+        import optax
+    except ImportError as e:
+        case.skipped = f"{(e.name or 'equinox').split('.')[0]} not installed"
+        return case
+    import jax.numpy as jnp
+    import jax.random as jr
+
+    class Model(eqx.Module):
+        linear1: Any
+        norm: Any
+        linear2: Any
+
+        def __init__(self, key: Any) -> None:
+            k1, k2 = jr.split(key)
+            self.linear1 = eqx.nn.Linear(2, 32, key=k1)
+            self.norm = eqx.nn.BatchNorm(32, axis_name="batch", mode="batch")
+            self.linear2 = eqx.nn.Linear(32, 1, key=k2)
+
+        def __call__(self, x: Any, state: Any) -> Any:
+            x, state = self.norm(self.linear1(x), state)
+            return self.linear2(jax.nn.relu(x)), state
+
+    optim = optax.adam(3e-4)
+
+    def make_step(model: Any, state: Any, opt_state: Any, xs: Any, ys: Any) -> Any:
+        def loss(model: Any, state: Any) -> Any:
+            batched = jax.vmap(model, axis_name="batch", in_axes=(0, None), out_axes=(0, None))
+            pred, state = batched(xs, state)
+            return jnp.mean((pred - ys) ** 2), state
+
+        grads, state = eqx.filter_grad(loss, has_aux=True)(model, state)
+        updates, opt_state = optim.update(grads, opt_state)
+        return eqx.apply_updates(model, updates), state, opt_state
+
+    original = eqx.filter_jit(make_step)
+    port = jc.hot_step(make_step, state=("model", "state", "opt_state"))
+    xs = jr.normal(jr.key(1), (10, 2))
+    ys = jnp.sin(xs).mean(axis=1, keepdims=True)
+
+    def make() -> Any:
+        model, state = eqx.nn.make_with_state(Model)(jr.key(0))
+        return model, state, optim.init(eqx.filter(model, eqx.is_inexact_array))
+
+    states = {v: make() for v in VARIANTS}
+
+    def loop(variant: str) -> float:
+        def body(carry: Any) -> tuple[Any, Any]:
+            model, state, opt_state = carry
+            if variant == "original":
+                for _ in range(steps):
+                    model, state, opt_state = original(model, state, opt_state, xs, ys)
+            else:
+                with jc.hot_loop(compiles="warmup") as hl:
+                    for _ in hl.iterate(range(steps)):
+                        model, state, opt_state = port(model, state, opt_state, xs, ys)
+            carry = (model, state, opt_state)
+            return carry, eqx.filter(carry, eqx.is_array)
+
+        return _timed(states, variant, body)
+
+    case.loop = loop
+    case.ports = {"equinox make_step": port}
+    return case
+
+
+# --------------------------------------------------------------------------
 # MJX: jax.jit(mjx.step) on an 84-leaf mjx.Data
 
 
@@ -643,6 +719,7 @@ CASES: dict[str, tuple[Callable[[int], Case], int, int]] = {
     "refs": (_refs_case, 200, 20),
     "diffrax": (_diffrax_case, 100, 10),
     "mjx": (_mjx_case, 100, 10),
+    "eqx_stateful": (_eqx_stateful_case, 100, 10),
 }
 
 

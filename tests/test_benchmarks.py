@@ -27,7 +27,7 @@ EXPECTED = {
     "memory": ("hot_step compile", 2),  # the peak on a big state; memory per signature
     "compile": ("hot_step.compile(spec)", 1),
     "state": ("s.replace(x0=...)", 2),  # --quick: 10 fields only (100 in a full run)
-    "ports": ("port full", 7),  # NNX, NNX in place, PPO, CMA-ES, refs, diffrax, MJX (a case skipped: "not run")
+    "ports": ("port full", 8),  # NNX, NNX in place, PPO, CMA-ES, refs, diffrax, MJX, equinox stateful
     "floor": ("floor full", 0),  # rows and notes only: each level's checks written inline
 }
 PEERS = ("eqx.filter_jit(donate=all)", "jax.jit(chex.assert_max_traces)", "jaxtyped(beartype)(jax.jit)")
