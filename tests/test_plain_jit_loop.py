@@ -153,7 +153,7 @@ def test_a_missed_donation_in_a_loop_without_a_watch_is_raised_at_the_next_itera
             for _ in loop.iterate(range(5)):
                 state = step(state, x)  # the call the message names
     text = str(info.value)
-    assert f"`step` (called at {__file__}:{_line('state = step(state, x)  # the call')})" in text
+    assert f"test_plain_jit_loop.py:{_line('state = step(state, x)  # the call')})" in text and "`step` (called at " in text
     assert "`state` is not donated, yet the call's own statement dropped its 2 array(s) (20 B)" in text
     assert "in iteration 1 of loop.iterate()" in text
     assert "donate_argnames=('state',)" in info.value.fix

@@ -40,7 +40,7 @@ from .._compat import jitwatch
 from .._compat.tracing import trace_state_clean
 from .._format import fmt_bytes
 from .._runtime import local
-from .._userline import user_frame
+from .._userline import user_frame, where
 
 __all__ = ["Followed", "observe", "settle"]
 
@@ -123,7 +123,7 @@ def _follow(name: str, sig: Any, leaves: list[Any], candidates: tuple[int, ...],
     by_param: dict[str, list[int]] = {}
     for j in candidates:
         by_param.setdefault(sigs.param_of(sig.paths[j]), []).append(j)
-    at = f"{user.f_code.co_filename}:{user.f_lineno}"
+    at = where(user)[0]  # file:line as every message names it
     out = []
     for param, idx in by_param.items():
         arrays = [leaves[j] for j in idx]
