@@ -793,3 +793,30 @@ def test_effect_tokens_see_an_executables_ordered_effects_and_make_the_missing_t
     with jax.transfer_guard_host_to_device("disallow"):
         ensure()  # JAX's own bool[0] transfer, made with the guard lifted
     assert len(dispatch.runtime_tokens.current_tokens) == 1
+
+
+def test_ref_buffers_are_the_refs_alone_and_replaced_in_place():
+    # what a hot step over refs relies on: jax.new_ref(x) copies x, ref[...]
+    # returns a copy, so the array a ref holds is no one else's to keep; and
+    # replacing it is what the ref reads afterwards
+    if not hasattr(jax, "new_ref"):
+        pytest.skip("this jax has no jax.new_ref")
+    from jaxcontracts._compat import refs
+
+    x = jnp.arange(3.0)
+    r = jax.new_ref(x)
+    held = refs.buffer(r)
+    assert isinstance(held, jax.Array) and held is not x
+    assert r[...] is not held
+    # committed and strongly typed, as a step's outputs for it are (jax 0.11.2 refuses at the ref's next use
+    # an array whose committedness or weak type differ from what its own dispatch returns)
+    refs.replace(r, jax.device_put(jnp.full(3, 7.0, jnp.float32), jax.devices()[0]))
+    assert r[...].tolist() == [7.0] * 3 and held.tolist() == [0.0, 1.0, 2.0]
+
+    @jax.jit
+    def traced(r):
+        assert refs.buffer(r) is None  # a traced ref holds no array: the step writes it itself
+        r[...] += 1
+
+    traced(r)
+    assert r[...].tolist() == [8.0] * 3
