@@ -21,7 +21,7 @@ from .._userline import user_frame
 
 __all__ = [
     "Dropped",
-    "Signature", "diff", "donated_params", "names", "param_of", "paths",
+    "Signature", "diff", "donated_params", "missed_donation_fix", "names", "param_of", "paths",
     "reusable", "short", "signature", "wrong_donations",
 ]
 
@@ -154,6 +154,15 @@ def diff(old: Signature, new: Signature) -> tuple[list[str], str]:
     if not diffs:
         return ["the same leaves (another device or trace context)"], "call it on the device and in the context it was compiled for"
     return out, diffs[0].cause
+
+
+def missed_donation_fix(name: str, param: str) -> str:
+    """The fix of a missed donation of ``param`` to the jitted function ``name``
+    (the watch's finding and the loop's violation say it alike)."""
+    return (
+        f"jax.jit({short(name)}, donate_argnames=({param!r},)) (names do not drift when parameters "
+        f'move); or @jc.hot_step(state={param!r}, donate="all")'
+    )
 
 
 def donated_params(opts: jitwatch.JitOptions) -> set[str]:

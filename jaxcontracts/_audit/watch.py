@@ -247,16 +247,15 @@ class Watch:
             what = "its arguments (eqx.filter_jit passes them as one group)" if fn.equinox else param
             fix = (
                 f'@eqx.filter_jit(donate="all") on {sigs.short(fn.name)} (or "all-except-first" where the '
-                'first argument is kept)' if fn.equinox else
-                f"jax.jit({sigs.short(fn.name)}, donate_argnames=({param!r},)) (names do not drift "
-                "when parameters move)"
+                'first argument is kept); or @jc.hot_step(state=..., donate="all")' if fn.equinox else
+                sigs.missed_donation_fix(fn.name, param)
             )
             self._findings[key] = Finding(
                 "missed_donation", fn.name, *fn.follow_site, count=1, param=param, bytes_per_call=nbytes,
                 message=f"{what}: not donated, yet the statement of each call drops them; their "
                 f"{len(idx)} array(s) ({fmt_bytes(nbytes)}) could hold the outputs of the same shape and "
                 "dtype; without donation the function holds them twice",
-                fix=fix + '; or @jc.hot_step(state=..., donate="all")',
+                fix=fix,
             )
             if at_call:
                 self._tell_loop(self._findings[key])

@@ -146,8 +146,7 @@ def settle(loop: Any) -> None:
             f"`{f.name}` (called at {f.at}): `{f.param}` is not donated, yet the call's own statement "
             f"dropped its {f.dropped.count} array(s) ({fmt_bytes(f.nbytes)}), while an output could "
             "have taken their buffers: each call holds them twice",
-            f"jax.jit({f.name}, donate_argnames=({f.param!r},)) (names do not drift when "
-            f'parameters move), or @jc.hot_step(state={f.param!r}, donate="all")',
+            sigs.missed_donation_fix(f.name, f.param),
         )
 
 

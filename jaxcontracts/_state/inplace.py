@@ -153,13 +153,13 @@ def ref_values(tree: Any) -> Any:
 
 
 def repeated_refs_error(name: str, named: Sequence[tuple[str, Any]]) -> DefinitionError:
-    """``named``: (path, the array a ref holds) of every ref passed, one array twice."""
+    """``named``: (path, ref) of every ref passed, one ref twice."""
     seen: dict[int, str] = {}
     pairs = []
-    for where, array in named:
-        if id(array) in seen:
-            pairs.append(f"{seen[id(array)]} and {where}")
-        seen.setdefault(id(array), where)
+    for where, ref in named:
+        if id(ref) in seen:
+            pairs.append(f"{seen[id(ref)]} and {where}")
+        seen.setdefault(id(ref), where)
     return DefinitionError(
         f"{name}: the same JAX ref is passed twice ({'; '.join(pairs[:3])}): a compiled step "
         "would update two copies of it, and keep only one of the updates.",

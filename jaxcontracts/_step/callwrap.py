@@ -128,7 +128,7 @@ def with_inplace(sig: StepDefinition, dispatch: Callable[..., Any], step: Dispat
         try:
             if kwargs or len(args) != n_params:
                 args = bind(args, kwargs) or normalize(args, kwargs)
-            if getattr(_inside, "call", None) is not None and _inside.call[0] is step:
+            if inside_in_place_call(step) is not None:
                 return dispatch(*args)
             return in_place_call(sig, step, dispatch, args)
         except ContractError as err:  # the traceback ends at the user's line
@@ -163,18 +163,16 @@ def in_place_call(sig: StepDefinition, step: DispatchingStep, inner: Callable[..
     returns back into the caller's objects and refs; return the step's output."""
     items = list(args)
     taken: dict[int, list[Any]] = {}  # per ref parameter: its refs, flat (passed as their arrays)
-    if sig.ref_params:
-        held: list[Any] = []
-        for i in sig.ref_params:
-            items[i], arrays, refs = ref_arrays(args[i])
-            if arrays:
-                taken[i] = refs
-            held += arrays
-        if len({id(a) for a in held}) != len(held):  # one ref twice: one update would be lost
+    for i in sig.ref_params:
+        items[i], arrays, refs = ref_arrays(args[i])
+        if arrays:
+            taken[i] = refs
+    if taken:
+        held = [r for refs in taken.values() for r in refs]
+        if len({id(r) for r in held}) != len(held):  # one ref twice: one update would be lost
             raise repeated_refs_error(sig.name, _ref_paths(sig, args))
-        del held, arrays
         if _runtime.local.loop is not None:
-            _same_refs_in_loop(sig, step, args)
+            _same_refs_in_loop(sig, step, held[0])
     previous, _inside.call = _inside.call, (step, args)
     try:
         full = inner(*items)
@@ -196,21 +194,19 @@ def in_place_call(sig: StepDefinition, step: DispatchingStep, inner: Callable[..
 
 def _ref_paths(sig: StepDefinition, args: tuple[Any, ...]) -> list[tuple[str, Any]]:
     return [
-        (sig.param_path((jax.tree_util.SequenceKey(i), *path)), ref_arrays(ref)[0])
+        (sig.param_path((jax.tree_util.SequenceKey(i), *path)), ref)
         for i in sig.ref_params
         for path, ref in jax.tree_util.tree_flatten_with_path(args[i])[0]
     ]
 
 
-def _same_refs_in_loop(sig: StepDefinition, step: Any, args: tuple[Any, ...]) -> None:
+def _same_refs_in_loop(sig: StepDefinition, step: Any, first: Any) -> None:
     """Inside a hot loop, refuse refs made anew while the ones the last call
-    updated are gone: that update was lost (a ref tree made each iteration)."""
+    updated are gone: that update was lost (a ref tree made each iteration).
+    ``first``: the first ref passed."""
     loop = _runtime.local.loop
-    first = jax.tree_util.tree_leaves(args[sig.ref_params[0]])
-    if not first:
-        return
     last = _last_refs.get(step)
-    _last_refs[step] = (weakref.ref(loop), weakref.ref(first[0]))
+    _last_refs[step] = (weakref.ref(loop), weakref.ref(first))
     if last is not None and last[0]() is loop and last[1]() is None:
         name = sig.param_names[sig.ref_params[0]]
         raise DefinitionError(
