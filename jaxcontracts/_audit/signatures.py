@@ -235,11 +235,6 @@ class Dropped:
         return len(self.refs)
 
     @property
-    def alive(self) -> bool:
-        """Whether any of the arrays is still held."""
-        return any(r() is not None for r in self.refs)
-
-    @property
     def dropped(self) -> bool:
         """Whether every array died at the call's own statement."""
-        return self.at_call == len(self.refs) and not self.alive
+        return self.at_call == len(self.refs)
