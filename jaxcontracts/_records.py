@@ -99,6 +99,11 @@ class CompiledSignature:
     # executable's call transfers, and their bytes per call.
     host: tuple[int, ...] = ()
     host_nbytes: int = 0
+    # Another compiled signature's executable, taken by arguments whose tree
+    # structure differs from its only by functools.partial statics equal by
+    # value (a second model instance's own partial): the C++ call takes the
+    # arguments in this structure (HotStep's aliases; not a compile).
+    alias: bool = False
 
     @functools.cached_property
     def memory(self) -> MemoryRecord:

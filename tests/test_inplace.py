@@ -216,25 +216,85 @@ def test_a_static_attribute_that_differs_inside_a_module_is_named_by_its_attribu
     assert "model.do: compiled with Dropout" in text and ".deterministic: True vs False" in text
 
 
-def test_a_second_instance_holding_its_own_partial_is_told_to_share_the_partial():
-    import functools
+class _Pooled(nnx.Module):
+    """A model that makes its own partial in __init__, as flax's examples do."""
 
-    class Pooled(nnx.Module):
-        def __init__(self, rngs):
-            self.lin = nnx.Linear(4, 4, rngs=rngs)
-            self.pool = functools.partial(nnx.avg_pool, window_shape=(2,), strides=(2,))
+    def __init__(self, rngs, window=2):
+        import functools
 
-        def __call__(self, x):
-            return self.pool(self.lin(x)[..., None])[..., 0]
+        self.lin = nnx.Linear(4, 4, rngs=rngs)
+        self.pool = functools.partial(nnx.avg_pool, window_shape=(window,), strides=(window,))
 
+    def __call__(self, x):
+        return self.pool(self.lin(x)[..., None])[..., 0]
+
+
+def _pooled_eval():
     metrics = nnx.MultiMetric(loss=nnx.metrics.Average("loss"))
 
     @jc.hot_step(state="metrics")
     def evaluate(model, metrics, x):
         metrics.update(loss=model(x).mean())
 
-    evaluate(Pooled(nnx.Rngs(0)), metrics, jnp.ones((2, 4)))
+    return evaluate, metrics
+
+
+def test_a_second_instance_holding_its_own_partial_takes_the_same_executable():
+    # Each instance's partial is a new object (partials compare by identity):
+    # before, the second instance was a new signature, refused at max_compiles=1.
+    evaluate, metrics = _pooled_eval()
+    first, second = _Pooled(nnx.Rngs(0)), _Pooled(nnx.Rngs(1))
+    x = jnp.ones((2, 4))
+    evaluate(first, metrics, x)  # compiles, before the loop
+    with jc.hot_loop():
+        for model in (second, first, second):
+            evaluate(model, metrics, x)
+    assert evaluate.stats.compiles == 1 and len(evaluate.signatures) == 1
+    losses = {id(m): float(jnp.mean(m(x))) for m in (first, second)}
+    assert losses[id(first)] != losses[id(second)]  # each instance's own weights were used
+    expected = np.mean([losses[id(m)] for m in (first, second, first, second)])
+    np.testing.assert_allclose(float(metrics.compute()["loss"]), expected, rtol=1e-6)
+
+
+@pytest.mark.parametrize("level", ["off", "fast", "full"])
+def test_partials_equal_by_value_share_the_executable_at_every_level(level):
+    evaluate, metrics = _pooled_eval()
+    x = jnp.ones((2, 4))
+    with jc.checks_level(level):
+        for seed in range(12):  # more instances than aliases kept: the oldest ones go
+            evaluate(_Pooled(nnx.Rngs(seed)), metrics, x)
+    assert evaluate.stats.compiles == 1
+
+
+def test_a_partial_with_other_arguments_is_a_new_signature_and_says_what_differs():
+    evaluate, metrics = _pooled_eval()
+    evaluate(_Pooled(nnx.Rngs(0)), metrics, jnp.ones((2, 4)))
     with pytest.raises(jc.RecompileError) as info:
-        evaluate(Pooled(nnx.Rngs(1)), metrics, jnp.ones((2, 4)))
+        evaluate(_Pooled(nnx.Rngs(1), window=4), metrics, jnp.ones((2, 4)))
     text = str(info.value)
-    assert "it differs at .pool: partial" in text and "make the partial once, at module level" in text
+    assert "it differs at .pool.keywords['window_shape'][0]: 2 vs 4" in text
+    assert "compare by identity" not in text
+
+
+def test_two_models_trained_in_place_by_one_step_each_keep_their_own_updates():
+    # An ensemble (or a model and its copy) trained alternately: each instance
+    # holds its own partial; the one executable updates whichever it is given.
+    @jc.hot_step(state=("model", "optimizer"))
+    def train(model, optimizer, x):
+        loss, grads = nnx.value_and_grad(lambda m: (m(x) ** 2).mean())(model)
+        optimizer.update(model, grads)
+        return loss
+
+    models = [_Pooled(nnx.Rngs(i)) for i in range(2)]
+    tx = optax.sgd(0.1)  # one optimizer definition: its functions are shared
+    optimizers = [nnx.Optimizer(m, tx, wrt=nnx.Param) for m in models]
+    before = [np.array(m.lin.kernel[...]) for m in models]  # copies (np.asarray would be a view)
+    x = jnp.ones((2, 4))
+    with jc.checks_level("full"), jc.hot_loop(compiles="warmup") as loop:
+        for _ in loop.iterate(range(3)):
+            for model, optimizer in zip(models, optimizers):
+                train(model, optimizer, x)
+    assert train.stats.compiles == 1 and train.stats.not_consumed == 0
+    assert [int(o.step[...]) for o in optimizers] == [3, 3]
+    for model, w in zip(models, before):  # each one's own weights moved
+        assert not np.allclose(np.asarray(model.lin.kernel[...]), w)

@@ -332,6 +332,32 @@ def test_functions_and_partials_as_static_arguments():
     assert jc.fetch(y).tolist() == [0.25, 0.25, 0.25]
 
 
+@pytest.mark.parametrize("level", ["off", "fast", "full"])
+def test_static_partials_compare_by_function_arguments_and_keywords(level):
+    # functools.partial has no __eq__: each new partial was a new signature.
+    def leaky(x, slope):
+        return jnp.where(x > 0, x, slope * x)
+
+    @jc.hot_step(state="s", static="act")
+    def step(act, s):
+        return {"w": act(s["w"]) - 1.0}
+
+    s = {"w": jnp.ones(3)}
+    with jc.checks_level(level):
+        s = step(functools.partial(leaky, slope=0.1), s)
+        with jc.hot_loop():
+            for _ in range(3):
+                s = step(functools.partial(leaky, slope=0.1), s)  # a new object each call
+                s = step(act=functools.partial(leaky, slope=0.1), s=s)
+        with pytest.raises(jc.RecompileError, match=r"it differs at .keywords\['slope'\]: 0.1 vs 0.2"):
+            step(functools.partial(leaky, slope=0.2), s)
+    assert step.stats.compiles == 1
+    w = 1.0
+    for _ in range(7):
+        w = (w if w > 0 else 0.1 * w) - 1.0
+    np.testing.assert_allclose(jc.fetch(s["w"]), [w] * 3, rtol=1e-5)
+
+
 def test_a_static_step_under_an_outer_jit_is_traced():
     step = jc.hot_step(sgd, signature=Particles, static=("config",))
     p = make_particles()

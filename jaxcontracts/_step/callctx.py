@@ -35,7 +35,7 @@ from .._tracebacks import trim
 from .definition import StepDefinition
 
 __all__ = [
-    "CallContext", "DispatchingStep", "InnerNodes", "KeptPlan", "LeafKinds", "first_leaf_of",
+    "CallContext", "DispatchingStep", "InnerNodes", "KeptPlan", "LeafKinds", "call_tree", "first_leaf_of",
     "is_deleted_for", "kept_plan", "binder", "leaf_kinds", "leaf_reader", "leaf_readers",
     "leaves_of", "make_tail", "picker", "stale_reader", "static_native",
 ]
@@ -363,6 +363,13 @@ def kept_plan(ctx: CallContext) -> KeptPlan | None:
     return KeptPlan(watched, pick, refcount.BASELINE + sequences - 1, ctx.kept, nodes)
 
 
+def call_tree(cs: CompiledSignature) -> Any:
+    """The call tree an executable's guarded C++ call takes its arguments in:
+    ``cs``'s own structure where the executable was compiled over flat leaves
+    or for another structure (``cs.alias``); None: the executable's own."""
+    return tree_in_tree(cs.spec_args) if cs.flat_style or cs.alias else None
+
+
 def is_deleted_for(cs: CompiledSignature) -> Callable[[Any], bool]:
     """``ArrayImpl.is_deleted`` unbound (``map()`` runs it in C); a method call for typed PRNG keys."""
     if any(is_key(leaf.spec.dtype) for leaf in cs.leaves):
@@ -660,7 +667,7 @@ def static_native(
 
         approve = top_and_tree
 
-    in_tree = tree_in_tree(cs.spec_args) if cs.flat_style else None
+    in_tree = call_tree(cs)
     call = guarded_call(cs.compiled, approve, in_tree, (static, names, bind_static))
     if call is None:
         return None

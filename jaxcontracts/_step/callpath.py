@@ -31,7 +31,7 @@ import numpy as np
 from .._compat import refcount
 from .._compat.arrays import ArrayImpl, KeyArray
 from .._compat.effects import effect_tokens
-from .._compat.guarded import REFUSED, flat_in_tree, guarded_call, tree_in_tree
+from .._compat.guarded import REFUSED, flat_in_tree, guarded_call
 from .._compat.threadguard import allow_host_to_device
 from .._compat.tracing import cpp_call, flatten, top_level_refs
 from .._donation.consumed import consumed_class
@@ -46,6 +46,7 @@ from .callctx import (
     DispatchingStep,
     KeptPlan,
     binder,
+    call_tree,
     is_deleted_for,
     kept_plan,
     leaf_kinds,
@@ -138,7 +139,7 @@ def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
     """
     compiled, slow_call, in_treedef = ctx.compiled, ctx.slow_call, ctx.cs.in_treedef
     refusable, refused_mark = bool(ctx.cs.host), REFUSED
-    tree_call = _off_guarded(ctx) if ctx.cs.host or (ctx.cs.flat_style and not native) else None
+    tree_call = _off_guarded(ctx) if ctx.cs.host or ctx.cs.alias or (ctx.cs.flat_style and not native) else None
     if tree_call is not None:  # the arguments as they come: JAX's C++ call flattens them
         compiled, refusable = tree_call, True
         if ctx.cs.host:
@@ -232,7 +233,7 @@ def _off_guarded(ctx: CallContext) -> Callable[..., Any] | None:
         except Exception:  # noqa: BLE001 - anything odd: the slow path explains it
             return False
 
-    return guarded_call(cs.compiled, approve, tree_in_tree(cs.spec_args) if cs.flat_style else None)
+    return guarded_call(cs.compiled, approve, call_tree(cs))
 
 
 def _off_native(ctx: CallContext, off: Callable[..., Any]) -> Callable[..., Any]:
@@ -381,7 +382,7 @@ def _guarded(
     # every step (an nnx.State wraps each level it returns): then the closure
     # below flattens once, as full does, and looks at that leaf only.
     if not full and (first is None or not first.costly):  # type: ignore[attr-defined]
-        call = guarded_call(cs.compiled, approve_tree, tree_in_tree(cs.spec_args) if cs.flat_style else None)
+        call = guarded_call(cs.compiled, approve_tree, call_tree(cs))
         if call is not None:
             fast = _guarded_fast(ctx, host_call(ctx, call, False) if cs.host else call, tail, first)
             if native:  # static values static in the C++ call too (static_native)

@@ -34,6 +34,7 @@ __all__ = [
     "differences",
     "leaf_name",
     "same_placement",
+    "same_structure",
     "structure_diffs",
 ]
 
@@ -221,7 +222,7 @@ def diff_specs(expected: Any, got: Any, *, sharding: bool = True) -> list[LeafDi
 def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
     """Structural differences between two pytrees, by path."""
     here = path or "(the value itself)"
-    if jax.tree_util.tree_structure(a) == jax.tree_util.tree_structure(b):
+    if same_structure(jax.tree_util.tree_structure(a), jax.tree_util.tree_structure(b)):
         return []
     if type(a) is not type(b) and _same_name(type(a), type(b)):
         return [
@@ -337,7 +338,7 @@ def _node_diffs(a: Any, b: Any, path: str, here: str) -> list[LeafDiff]:
         return []
     if da[0] is Filtered and db[0] is Filtered and not static_equal(da[1], db[1]):
         return _filtered_diffs(a, b, path, here)
-    if not static_equal(da[1], db[1]):
+    if not _same_value(da[1], db[1]):
         named_a, named_b = static_attributes(da[0], da[1]), static_attributes(db[0], db[1])
         if named_a is not None and named_b is not None:  # an NNX object: its attributes by name
             aux_a, aux_b = types.SimpleNamespace(**named_a), types.SimpleNamespace(**named_b)
@@ -447,12 +448,14 @@ def _walk(a: Any, b: Any, path: str, depth: int, out: list[str], limit: int) -> 
     if isinstance(a, arrays) or isinstance(b, arrays):  # never compared by value: that reads them
         out.append(f"{here}: {_shown(a)} vs {_shown(b)} (another array object)")
         return
-    if static_equal(a, b):
+    if _same_value(a, b):
         return
     if depth == 0 or type(a) is not type(b):
         out.append(f"{here}: {_shown(a)} vs {_shown(b)}")
         return
-    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+    if type(a) is functools.partial:  # compared by value: say which part differs
+        items = [(".func", a.func, b.func), (".args", a.args, b.args), (".keywords", a.keywords, b.keywords)]
+    elif dataclasses.is_dataclass(a) and not isinstance(a, type):
         items = [(f".{f.name}", getattr(a, f.name, None), getattr(b, f.name, None)) for f in dataclasses.fields(a)]
     elif isinstance(a, tuple) and hasattr(a, "_fields"):  # a NamedTuple
         items = [(f".{n}", x, y) for n, x, y in zip(a._fields, a, b)]
@@ -490,21 +493,53 @@ def _has_arrays(x: Any) -> bool:
     return any(leaf_spec(v) is not None for v in jax.tree_util.tree_leaves(x))
 
 
+def same_structure(a: Any, b: Any) -> bool:
+    """Whether two tree structures are equal once the ``functools.partial``
+    objects in their aux data (static values, an NNX Module's static
+    attributes) are compared by function, arguments and keywords rather than
+    by identity: a second model instance that made its own
+    ``partial(nnx.avg_pool, ...)`` traces to the same program. Every other
+    aux value compares as JAX compares it, by ``==``."""
+    if a == b:
+        return True
+    if a.num_leaves != b.num_leaves or a.num_nodes != b.num_nodes:
+        return False
+    da, db = a.node_data(), b.node_data()
+    if da is None or db is None:
+        return da is db
+    ca, cb = a.children(), b.children()
+    return (
+        da[0] is db[0]
+        and _same_value(da[1], db[1])
+        and len(ca) == len(cb)
+        and all(same_structure(x, y) for x, y in zip(ca, cb))
+    )
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """``static_equal``, with partials compared by value inside Python's own containers."""
+    if a is b:
+        return True
+    t = type(a)
+    if t is not type(b):
+        return False
+    if t is functools.partial:
+        return _same_value(a.func, b.func) and _same_value(a.args, b.args) and _same_value(a.keywords, b.keywords)
+    if t in (tuple, list):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+    if t is dict:
+        return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+    return static_equal(a, b)
+
+
 def _closure_hint(a: Any, b: Any) -> str:
     """Functions compare by identity: new closures (a second optax.adam(...))
     are unequal though they do the same."""
     whole = lambda v: isinstance(v, functools.partial)  # noqa: E731 - jax flattens a partial
     fa = [v for v in jax.tree_util.tree_leaves(a, is_leaf=whole) if callable(v)]
     fb = [v for v in jax.tree_util.tree_leaves(b, is_leaf=whole) if callable(v)]
-    pairs = [(x, y) for x, y in zip(fa, fb) if x is not y]
-    if any(isinstance(x, functools.partial) and isinstance(y, functools.partial) for x, y in pairs):
-        return (
-            "; it holds functools.partial objects, which compare by identity: two "
-            "partials of the same function and arguments (one per model instance, "
-            "made in __init__) are a new value: make the partial once, at module "
-            "level, and share it"
-        )
-    if fa and fb and pairs:
+    pairs = [(x, y) for x, y in zip(fa, fb) if x is not y and type(x) is not functools.partial]
+    if fa and fb and pairs:  # partials compare by value (same_structure): their diff says what differs
         return (
             "; it holds functions, which compare by identity: new closures (an "
             "optimizer built again, e.g. a second optax.adam(...)) are a new value "

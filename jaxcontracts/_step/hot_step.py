@@ -23,6 +23,7 @@ from typing import Any, Generic, ParamSpec, TypeVar
 import jax
 
 from .. import _config, _steps
+from .._compat.guarded import guarded_call
 from .._compat.runtime_errors import debug_nans_kind, is_runtime_error
 from .._compat.tracing import Tracer, flatten, jit_disabled, trace_state_clean
 from .._donation.hazards import find_hazards
@@ -38,6 +39,7 @@ from .._state.foreign import host_leaves_on_device
 from .._state.inplace import is_ref, ref_arrays, ref_params
 from .._state.spec import fmt_value, leaf_spec
 from .._tracebacks import boundary, trim
+from .callctx import call_tree
 from .callpath import make_dispatch
 from .callwrap import in_place_call, inside_in_place_call, module_params
 from .compile import compile_signature, jit_for, quiet_donation_warning, signature_diffs
@@ -51,6 +53,7 @@ from .diagnose import (
     run_failed_note,
     signature_error,
 )
+from .diffs import same_structure
 
 __all__ = ["HotStep", "StepStats"]
 
@@ -91,6 +94,7 @@ class HotStep(Generic[P, R]):
         functools.update_wrapper(self, signature.fn)
         self._sig = signature
         self._signatures: list[CompiledSignature] = []
+        self._aliases: list[CompiledSignature] = []  # see _alias_for
         self._current: CompiledSignature | None = None
         self._paths: dict[tuple[int, str], tuple[StepDefinition, Callable[..., Any]]] = {}  # see _use
         self.stats = StepStats()
@@ -608,7 +612,7 @@ def _signature_for(
     __tracebackhide__ = True
     sig, current = step._sig, step._current
     with step._compile_lock:  # another thread may be compiling a signature
-        for cs in step._signatures:
+        for cs in (*step._signatures, *step._aliases):
             if not signature_diffs(cs, leaves, treedef):
                 if exc is not None and cs is current:
                     if isinstance(exc, ContractError):  # the call path's own refusal
@@ -619,10 +623,41 @@ def _signature_for(
                 step._use(cs)
                 break
         else:
-            if step._current is not None and len(step._signatures) >= sig.max_compiles:
+            alias = _alias_for(step, leaves, treedef)
+            if alias is not None:
+                step._use(alias)
+            elif step._current is not None and len(step._signatures) >= sig.max_compiles:
                 raise step._refuse(positional)
-            step._new_signature(positional)
+            else:
+                step._new_signature(positional)
         return step._raw_dispatch
+
+
+_MAX_ALIASES = 8
+
+
+def _alias_for(step: HotStep[Any, Any], leaves: list[Any], treedef: Any) -> CompiledSignature | None:
+    """A compiled signature's executable for arguments whose tree structure
+    differs from its only by ``functools.partial`` statics equal by value
+    (``diffs.same_structure``): a second instance of a model that made its
+    own ``partial(nnx.avg_pool, ...)`` traces to the same program, so it
+    takes the same executable, its C++ call built for this structure. Not a
+    compile; the last few are kept. None: no such signature, or no C++ call
+    can take another structure here (the call is then a new signature)."""
+    for cs in step._signatures:
+        if not same_structure(cs.in_treedef, treedef) or signature_diffs(cs, leaves, cs.in_treedef):
+            continue
+        specs = jax.tree_util.tree_unflatten(treedef, [leaf.spec for leaf in cs.leaves])
+        alias = dataclasses.replace(cs, spec_args=tuple(specs), in_treedef=treedef, alias=True)
+        if guarded_call(cs.compiled, lambda args: False, call_tree(alias)) is None:
+            return None
+        step._aliases.append(alias)
+        if len(step._aliases) > _MAX_ALIASES:  # the oldest goes, with its call paths
+            gone = id(step._aliases.pop(0))
+            for key in [k for k in step._paths if k[0] == gone]:
+                del step._paths[key]
+        return alias
+    return None
 
 
 def _redispatch(
