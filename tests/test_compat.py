@@ -734,6 +734,36 @@ def test_refcount_counts_every_holder_once_garbage_is_collected():
         gc.enable()
 
 
+def test_the_locals_snapshot_capability_reads_a_frames_snapshot_without_syncing_it():
+    import sys
+
+    from jaxcontracts._compat import frames
+    from jaxcontracts._compat.registry import capability
+
+    assert capability("locals-snapshot").available  # 3.11/3.12 read it; 3.13 keeps none
+
+    def body():
+        x = object()
+        assert frames.unobserved_locals_snapshot(sys._getframe()) is None  # no snapshot yet
+        mine = locals()
+        assert frames.unobserved_locals_snapshot(sys._getframe()) is None  # the user holds it
+        del mine
+        y = 1  # bound after the snapshot: a sync would add it
+        seen = frames.unobserved_locals_snapshot(sys._getframe())
+        if sys.version_info >= (3, 13):
+            assert seen is None
+        else:
+            assert seen is not None and seen["x"] is x and "y" not in seen  # as locals() left it: not synced
+        del seen
+        return y
+
+    body()
+    assert frames.unobserved_locals_snapshot(None) is None
+    namespace = {"frames": frames, "sys": sys}
+    exec("seen = frames.unobserved_locals_snapshot(sys._getframe())", namespace)
+    assert namespace["seen"] is None  # a module's namespace is no snapshot
+
+
 def test_locals_of_reads_a_frame_without_writing_to_it():
     import sys
     import weakref

@@ -496,3 +496,76 @@ def test_a_bare_array_state_is_not_kept_checked_and_the_report_says_so():
     dict_step({"theta": jnp.ones(3)})
     assert not any(k == "kept references" for k, _ in dict_step.report().facts)
     del theta
+
+
+# -- a stale locals() snapshot (Python 3.11/3.12) -------------------------------
+# Before 3.13 a function frame keeps the dict locals() returned and syncs it
+# with its variables at every later locals() or f_locals read. After
+# `x = s['x']; locals(); del x` that dict still holds the array, but no one
+# can read it without the sync that drops it: it is not a holder. Held by
+# the user (`hparams = locals()`), it is one.
+
+
+def _dict_step():
+    @jc.hot_step(state="s")
+    def update(s):
+        return {"x": s["x"] + 1.0, "y": s["y"] * 2.0}
+
+    return update
+
+
+def test_a_deleted_variable_left_in_a_stale_locals_snapshot_is_not_a_kept_reference():
+    update = _dict_step()
+    s = {"x": jnp.ones(3), "y": jnp.ones(3)}
+    with jc.checks_level("full"):
+        s = update(s)
+        x = s["x"]
+        assert len(locals()) >= 3  # the snapshot now holds x (before 3.13)
+        del x
+        s = update(s)  # was: DonationError "would delete 1 array(s) you still hold elsewhere" (3.11, 3.12)
+        assert jc.fetch(s["x"]).tolist() == [3.0] * 3
+        assert "x" not in locals()  # the next read syncs it, as always
+
+
+def test_a_locals_snapshot_the_user_holds_is_a_kept_reference():
+    update = _dict_step()
+    s = {"x": jnp.ones(3), "y": jnp.ones(3)}
+    with jc.checks_level("full"):
+        s = update(s)
+        x = s["x"]
+        hparams = locals()  # before 3.13, this is the frame's snapshot itself
+        del x
+        if "x" in hparams:  # it holds the array: donating would delete hparams['x']
+            with pytest.raises(jc.DonationError, match=r"s\['x'\]"):
+                update(s)
+            assert jc.fetch(hparams["x"]).tolist() == [2.0] * 3  # intact (jc.fetch: no host view pins it)
+            del hparams
+        s = update(s)
+    assert jc.fetch(s["x"]).tolist() == [3.0] * 3
+
+
+def test_a_variable_still_bound_is_a_kept_reference_though_a_snapshot_also_holds_it():
+    update = _dict_step()
+    s = {"x": jnp.ones(3), "y": jnp.ones(3)}
+    with jc.checks_level("full"):
+        s = update(s)
+        x = s["x"]
+        assert "x" in locals()
+        with pytest.raises(jc.DonationError, match=r"s\['x'\]"):
+            update(s)
+        assert jc.fetch(x).tolist() == [2.0] * 3
+
+
+def test_a_container_left_in_a_stale_locals_snapshot_is_not_kept():
+    @jc.hot_step(state="s")
+    def update(s):
+        return {"pos": {"q": s["pos"]["q"] + 1.0}, "t": s["t"] + 1}
+
+    s = {"pos": {"q": jnp.ones(2)}, "t": jnp.zeros(())}
+    with jc.checks_level("full"):
+        s = update(s)
+        position = s["pos"]
+        assert len(locals()) >= 2
+        del position
+        s = update(s)
+    assert jc.fetch(s["pos"]["q"]).tolist() == [3.0] * 2

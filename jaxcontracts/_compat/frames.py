@@ -14,7 +14,15 @@ from typing import Any
 
 from .registry import capability, define
 
-__all__ = ["allowed_reader", "caller_frame", "caller_locals", "library_locals", "locals_of", "notebook_cell"]
+__all__ = [
+    "allowed_reader",
+    "caller_frame",
+    "caller_locals",
+    "library_locals",
+    "locals_of",
+    "notebook_cell",
+    "unobserved_locals_snapshot",
+]
 
 _OPTIMIZED = 0x0001  # CO_OPTIMIZED: a function's frame (fast locals)
 
@@ -74,6 +82,74 @@ def library_locals(frame: Any) -> dict[str, Any]:
     if sys.version_info < (3, 13) and type(snapshot) is dict and frame.f_code.co_flags & _OPTIMIZED:
         snapshot.clear()
     return out
+
+
+# Before Python 3.13, a function frame's locals snapshot (the dict locals()
+# returned, kept by the frame and synced from its variables at every
+# locals() or f_locals read) sits in the frame's _PyInterpreterFrame. Offsets
+# (64-bit CPython): PyFrameObject.f_frame; in _PyInterpreterFrame, f_code,
+# f_locals and frame_obj. f_code and frame_obj are compared with the frame's
+# own at every read: a layout that differs reads as "unknown".
+_LAYOUT = {(3, 11): (24, 32, 24, 40), (3, 12): (24, 0, 40, 48)}.get(sys.version_info[:2])
+
+
+@define(
+    "locals-snapshot",
+    "CPython 3.11/3.12's frame layout: the locals snapshot a function frame keeps (read "
+    "without syncing it); nothing to read on 3.13, which keeps none",
+    "a donated leaf still held by a stale locals() snapshot nobody holds "
+    "(`x = s['x']; locals(); del x`) is refused as kept",
+)
+def _probe_snapshot() -> str | None:
+    if sys.version_info >= (3, 13):
+        return None
+    if _LAYOUT is None or sys.maxsize < 2**32 or not hasattr(sys, "getrefcount"):
+        return f"no known frame layout for Python {sys.version_info[:2]} on this build"
+
+    def probe() -> bool:  # read while the frame runs
+        x = object()  # noqa: F841 - a local for the snapshot to hold
+        seen = locals()
+        return _snapshot_address(sys._getframe()) == id(seen)
+
+    return None if probe() else "the frame layout read does not match this interpreter's"
+
+
+def _snapshot_address(frame: FrameType) -> int | None:
+    """The address of ``frame``'s locals snapshot (0: none yet), read from
+    the interpreter's frame without syncing it; None where the layout read
+    does not check out against the frame's own code and frame object."""
+    if _LAYOUT is None:
+        return None
+    import ctypes
+
+    f_frame, f_code, f_locals, frame_obj = _LAYOUT
+    word = ctypes.c_void_p.from_address
+    data = word(id(frame) + f_frame).value
+    if not data or word(data + f_code).value != id(frame.f_code) or word(data + frame_obj).value != id(frame):
+        return None
+    return word(data + f_locals).value or 0
+
+
+def unobserved_locals_snapshot(frame: FrameType | None) -> dict[str, Any] | None:
+    """The locals snapshot of a running function's ``frame`` where nothing
+    but the frame holds it (no ``hparams = locals()``, no debugger): what it
+    holds is stale and unobservable, since every read of it (``locals()``,
+    ``f_locals``, a tracer's) syncs it with the frame's variables first.
+    Read without syncing it (which would change a dict the user may hold);
+    None: no such snapshot, someone else holds it, Python 3.13 (which keeps
+    none), or the layout cannot be read here."""
+    if frame is None or sys.version_info >= (3, 13) or not frame.f_code.co_flags & _OPTIMIZED:
+        return None
+    if not capability("locals-snapshot").available:
+        return None
+    address = _snapshot_address(frame)
+    if not address:
+        return None
+    import ctypes
+
+    snapshot = ctypes.cast(address, ctypes.py_object).value  # the frame holds it: alive
+    # the frame's reference, this variable, getrefcount's argument
+    return snapshot if type(snapshot) is dict and sys.getrefcount(snapshot) == 3 else None
 
 
 def caller_locals(depth: int) -> dict[str, Any]:

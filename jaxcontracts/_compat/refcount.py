@@ -59,9 +59,13 @@ def held_elsewhere(leaves: Sequence[Any], sequences: int = 1) -> bool:
     return max(map(_count, leaves), default=0) > BASELINE + sequences - 1
 
 
-def kept_positions(leaves: Sequence[Any], sequences: int = 1) -> list[int]:
-    """The positions in ``leaves`` of those held elsewhere (for the message)."""
+def kept_positions(leaves: Sequence[Any], sequences: int = 1, stale: dict[int, int] | None = None) -> list[int]:
+    """The positions in ``leaves`` of those held elsewhere (for the message).
+    ``stale``: per ``id``, references that are known not to be holders (a
+    locals snapshot nobody can read unsynced: ``frames.unobserved_locals_snapshot``)."""
     limit = BASELINE + sequences - 1
+    if stale:
+        return [i for i, n in enumerate(map(_count, leaves)) if n - stale.get(id(leaves[i]), 0) > limit]
     return [i for i, n in enumerate(map(_count, leaves)) if n > limit]
 
 
@@ -70,13 +74,14 @@ def available() -> bool:
     return capability("kept-references").available
 
 
-def kept_after_collecting(leaves: Sequence[Any], sequences: int = 1) -> list[int]:
+def kept_after_collecting(leaves: Sequence[Any], sequences: int = 1, stale: dict[int, int] | None = None) -> list[int]:
     """:func:`kept_positions` once garbage is collected: an unreachable cycle
     the collector has not reached yet holds nothing anyone can read, and
     collecting it makes the count exact. Every other reference counts,
     whoever holds it (a variable, a list, a saved exception's traceback,
     pytest's assertion temporaries): the check cannot prove that losing the
     array there loses nothing, so it refuses. Only called when
-    :func:`held_elsewhere` found something (a collection costs milliseconds)."""
+    :func:`held_elsewhere` found something (a collection costs milliseconds).
+    ``stale``: as for :func:`kept_positions`."""
     gc.collect()
-    return kept_positions(leaves, sequences)
+    return kept_positions(leaves, sequences, stale)

@@ -20,7 +20,8 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from .._compat import refcount
+from .. import _userline
+from .._compat import frames, refcount
 from .._compat.arrays import ArrayImpl, KeyArray
 from .._compat.guarded import REFUSED, guarded_call, tree_in_tree
 from .._compat.tracing import flatten, top_level_refs
@@ -173,13 +174,13 @@ class KeptPlan:
         loops are the library's own: dropped first (an output the caller took
         apart, ``p["w"] = out["w"]``, is held there too)."""
         clear_last_outputs()
-        kept = refcount.kept_after_collecting(seq, sequences)
+        kept = refcount.kept_after_collecting(seq, sequences, _stale_in_snapshot())
         return self.error(list(dict.fromkeys(self.watched[i] for i in kept)), ()) if kept else None
 
     def refuse_nodes(self, nodes: list[Any]) -> BaseException | None:
         """After a hit on :attr:`nodes`: the error naming the kept containers."""
         clear_last_outputs()
-        kept = refcount.kept_after_collecting(nodes, 1)
+        kept = refcount.kept_after_collecting(nodes, 1, _stale_in_snapshot())
         assert self.nodes is not None
         return self.error((), [self.nodes.paths[i] for i in kept]) if kept else None
 
@@ -368,6 +369,20 @@ def call_tree(cs: CompiledSignature) -> Any:
     ``cs``'s own structure where the executable was compiled over flat leaves
     or for another structure (``cs.alias``); None: the executable's own."""
     return tree_in_tree(cs.spec_args) if cs.flat_style or cs.alias else None
+
+
+def _stale_in_snapshot() -> dict[int, int] | None:
+    """Per ``id``, the references the user's frame's locals snapshot holds
+    where nothing else holds that snapshot (Python 3.11/3.12: ``x = s['x'];
+    locals(); del x`` leaves it holding ``x``, until the next ``locals()``
+    syncs it): not a holder, since no one can read it unsynced."""
+    snapshot = frames.unobserved_locals_snapshot(_userline.user_frame())
+    if snapshot is None:
+        return None
+    stale: dict[int, int] = {}
+    for value in snapshot.values():
+        stale[id(value)] = stale.get(id(value), 0) + 1
+    return stale
 
 
 def is_deleted_for(cs: CompiledSignature) -> Callable[[Any], bool]:
