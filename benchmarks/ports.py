@@ -54,6 +54,14 @@ call.
 Budgets: per case, the port at ``full`` <= 1.05x the original (ratio of
 medians; the bootstrap interval of the paired ratio marks it uncertain).
 
+Whole programs (``--programs``, no budget): each ``tests/ports/`` pair run as a
+script (``runpy``, output discarded), the original against the port at
+``full`` and at ``off``, interleaved as above, 5 runs each by default. A run
+includes everything the script does: building the model, compiling, the
+loop, evaluation, checkpoints. ``--programs`` alone runs the six of issue 38
+(``nnx_mnist nnx_trainer diffrax_manual mjx_rollout equinox_stateful
+cookbook_refs``); name others after it.
+
 Run: ``python -m benchmarks.ports`` (``--quick`` for a smoke run,
 ``--cases nnx ppo cmaes refs diffrax mjx eqx_stateful`` to choose).
 """
@@ -63,10 +71,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import gc
+import io
 import random
+import runpy
 import statistics
 import time
 from collections.abc import Callable
+from contextlib import redirect_stdout
+from pathlib import Path
 from typing import Any, NamedTuple
 
 import jax
@@ -90,6 +102,7 @@ class Case:
     originals: dict[str, Any] = dataclasses.field(default_factory=dict)  # label -> jax.jit
     notes: list[Callable[[dict[str, list[float]]], str]] = dataclasses.field(default_factory=list)
     skipped: str = ""  # why it was not measured
+    budgeted: bool = True  # False: a whole program, timed without a budget
 
 
 def _timed(states: dict[str, Any], variant: str, body: Callable[[Any], tuple[Any, Any]]) -> float:
@@ -710,6 +723,35 @@ def _mjx_case(steps: int) -> Case:
 # --------------------------------------------------------------------------
 
 
+PROGRAMS = Path(__file__).resolve().parent.parent / "tests" / "ports"
+ISSUE_38 = ("nnx_mnist", "nnx_trainer", "diffrax_manual", "mjx_rollout", "equinox_stateful", "cookbook_refs")
+
+
+def _program_case(name: str) -> Case:
+    """A whole ported program run as a script: the original, or the port at a checks level."""
+    paths = {"original": PROGRAMS / f"{name}_original.py", "port": PROGRAMS / f"{name}_port.py"}
+    case = Case(name, f"program {name}: the whole script", budgeted=False)
+    if not all(p.exists() for p in paths.values()):
+        case.skipped = f"no tests/ports/{name}_original.py and _port.py"
+        return case
+
+    def loop(variant: str) -> float:
+        path = paths["original" if variant == "original" else "port"]
+        out = io.StringIO()
+        with jc.checks_level("full" if variant == "original" else variant), redirect_stdout(out):
+            t0 = time.perf_counter()
+            runpy.run_path(str(path), run_name="__main__")
+            return time.perf_counter() - t0
+
+    try:
+        loop("original")
+    except ImportError as e:  # the program's library is not installed
+        case.skipped = f"{type(e).__name__}: {e}"
+        return case
+    case.loop = loop
+    return case
+
+
 CASES: dict[str, tuple[Callable[[int], Case], int, int]] = {
     # name -> (builder, steps, steps with --quick)
     "nnx": (_nnx_case, 200, 20),
@@ -727,7 +769,7 @@ def _measure(case: Case, repeats: int, seed: int) -> dict[str, list[float]]:
     """Per variant, ``repeats`` loop times in ms, interleaved in shuffled order."""
     assert case.loop is not None
     samples: dict[str, list[float]] = {v: [] for v in VARIANTS}
-    for _ in range(2):  # warm-up: compiles, caches
+    for _ in range(2 if case.budgeted else 1):  # warm-up: compiles, caches (a program: its imports)
         for variant in VARIANTS:
             case.loop(variant)
     rng = random.Random(seed)
@@ -743,15 +785,25 @@ def _measure(case: Case, repeats: int, seed: int) -> dict[str, list[float]]:
 def _report(res: Result, case: Case, samples: dict[str, list[float]] | None, steps: int,
             repeats: int, seed: int) -> None:
     line = f"{case.name} port at full <= {LIMIT:.2f}x the original jax.jit loop"
+    unit = "ms/loop" if case.budgeted else "ms/run"
+    if samples is None and not case.budgeted:
+        res.rows.append(row(case.case, "original", None, unit, note=case.skipped))
+        res.notes.append(f"{case.name}: skipped, {case.skipped}")
+        return
     if samples is None:
         res.rows.append(row(case.case, "jax.jit (original)", None, "ms/loop", note=case.skipped))
         res.budget(line, None, LIMIT, why=f"skipped: {case.skipped}")
         res.notes.append(f"{case.name}: skipped, {case.skipped}")
         return
     base = samples["original"]
-    res.rows.append(row(case.case, "jax.jit (original)", base, "ms/loop", base=base, note="base"))
-    res.rows.append(row(case.case, "port full", samples["full"], "ms/loop", base=base))
-    res.rows.append(row(case.case, "port off", samples["off"], "ms/loop", base=base))
+    res.rows.append(row(case.case, "jax.jit (original)", base, unit, base=base, note="base"))
+    res.rows.append(row(case.case, "port full", samples["full"], unit, base=base))
+    res.rows.append(row(case.case, "port off", samples["off"], unit, base=base))
+    if not case.budgeted:
+        full, off = (statistics.median(samples[v]) / statistics.median(base) for v in ("full", "off"))
+        res.notes.append(f"{case.name} (whole program): port at full {full:.3f}x, at off {off:.3f}x; "
+                         f"{repeats} runs each")
+        return
     ratio = statistics.median(samples["full"]) / statistics.median(base)
     res.budget(line, ratio, LIMIT, paired=[a / b for a, b in zip(samples["full"], base)], seed=seed)
     off = statistics.median(samples["off"]) / statistics.median(base)
@@ -773,19 +825,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--steps", type=int,
                    help="loop iterations per sample, every case (default NNX 200, PPO 200, CMA-ES 100)")
     p.add_argument("--repeats", type=int, help="loops per variant (default 31)")
-    p.add_argument("--cases", nargs="+", choices=list(CASES), help="measure only these")
+    p.add_argument("--cases", nargs="*", choices=list(CASES), help="measure only these")
+    p.add_argument("--programs", nargs="*", help="whole tests/ports programs to time (none named: issue 38's six)")
     args = p.parse_args(argv)
     repeats = args.repeats or (3 if args.quick else 31)
     start = time.perf_counter()
     res = Result("ports", "real programs' loops (NNX, gymnax PPO, evosax CMA-ES): port vs original")
     res.meta = machine()
     with jc.checks_level("full"):  # the variants set theirs (_timed); the caller's comes back
-        for name in args.cases or list(CASES):
+        cases = args.cases if args.cases is not None else ([] if args.programs is not None else list(CASES))
+        for name in cases:
             build, full_steps, quick_steps = CASES[name]
             steps = args.steps or (quick_steps if args.quick else full_steps)
             case = build(steps)
             samples = None if case.skipped else _measure(case, repeats, args.seed)
             _report(res, case, samples, steps, repeats, args.seed)
+        runs = args.repeats or (1 if args.quick else 5)
+        for name in args.programs or (ISSUE_38 if args.programs is not None else ()):
+            case = _program_case(name)
+            samples = None if case.skipped else _measure(case, runs, args.seed)
+            _report(res, case, samples, 1, runs, args.seed)
     res.seconds = time.perf_counter() - start
     res.emit(args)
     return 0

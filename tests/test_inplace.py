@@ -298,3 +298,11 @@ def test_two_models_trained_in_place_by_one_step_each_keep_their_own_updates():
     assert [int(o.step[...]) for o in optimizers] == [3, 3]
     for model, w in zip(models, before):  # each one's own weights moved
         assert not np.allclose(np.asarray(model.lin.kernel[...]), w)
+
+
+def test_compiling_for_a_second_instance_with_its_own_partial_compiles_nothing():
+    evaluate, metrics = _pooled_eval()
+    x = jnp.ones((2, 4))
+    first = evaluate.compile(_Pooled(nnx.Rngs(0)), metrics, x)
+    assert evaluate.compile(_Pooled(nnx.Rngs(1)), metrics, x) is first  # was: RecompileError (max_compiles=1)
+    assert evaluate.stats.compiles == 1

@@ -190,10 +190,10 @@ class HotStep(Generic[P, R]):
         positional = self._to_compile("compile", args, kwargs)
         leaves, treedef = flatten(positional)
         with self._compile_lock:
-            for cs in self._signatures:
-                if not signature_diffs(cs, leaves, treedef):
-                    self._use(cs)
-                    return cs.compiled
+            cs = _matching(self, leaves, treedef)
+            if cs is not None:
+                self._use(cs)
+                return cs.compiled
             return self._new_signature(positional).compiled
 
     def report(self) -> Report:
@@ -612,31 +612,34 @@ def _signature_for(
     __tracebackhide__ = True
     sig, current = step._sig, step._current
     with step._compile_lock:  # another thread may be compiling a signature
-        for cs in (*step._signatures, *step._aliases):
-            if not signature_diffs(cs, leaves, treedef):
-                if exc is not None and cs is current:
-                    if isinstance(exc, ContractError):  # the call path's own refusal
-                        step.stats.refused += 1
-                    elif ran and donated:
-                        exc.add_note(run_failed_note(sig, paths, leaves, donated))
-                    raise exc  # the signature is right: a genuine runtime error
-                step._use(cs)
-                break
+        cs = _matching(step, leaves, treedef)
+        if cs is not None:
+            if exc is not None and cs is current:
+                if isinstance(exc, ContractError):  # the call path's own refusal
+                    step.stats.refused += 1
+                elif ran and donated:
+                    exc.add_note(run_failed_note(sig, paths, leaves, donated))
+                raise exc  # the signature is right: a genuine runtime error
+            step._use(cs)
+        elif step._current is not None and len(step._signatures) >= sig.max_compiles:
+            raise step._refuse(positional)
         else:
-            alias = _alias_for(step, leaves, treedef)
-            if alias is not None:
-                step._use(alias)
-            elif step._current is not None and len(step._signatures) >= sig.max_compiles:
-                raise step._refuse(positional)
-            else:
-                step._new_signature(positional)
+            step._new_signature(positional)
         return step._raw_dispatch
+
+
+def _matching(step: HotStep[Any, Any], leaves: Sequence[Any], treedef: Any) -> CompiledSignature | None:
+    """The compiled signature (or alias of one, :func:`_alias_for`) these flat arguments match."""
+    for cs in (*step._signatures, *step._aliases):
+        if not signature_diffs(cs, leaves, treedef):
+            return cs
+    return _alias_for(step, leaves, treedef)
 
 
 _MAX_ALIASES = 8
 
 
-def _alias_for(step: HotStep[Any, Any], leaves: list[Any], treedef: Any) -> CompiledSignature | None:
+def _alias_for(step: HotStep[Any, Any], leaves: Sequence[Any], treedef: Any) -> CompiledSignature | None:
     """A compiled signature's executable for arguments whose tree structure
     differs from its only by ``functools.partial`` statics equal by value
     (``diffs.same_structure``): a second instance of a model that made its
