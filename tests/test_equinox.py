@@ -186,9 +186,12 @@ def test_compile_takes_the_module_leaves_a_call_takes_and_the_call_reuses_it():
     assert step.stats.compiles == 1 and m.axis_name == "batch" and m.act is jax.nn.relu
 
 
-def test_what_a_permitted_compile_runs_eagerly_while_it_traces_is_part_of_the_compile():
+@pytest.mark.parametrize("level", ["off", "fast", "full"])
+def test_what_a_permitted_compile_runs_eagerly_while_it_traces_is_part_of_the_compile(level):
     # equinox's enums and diffrax's checks run eager ops under
-    # jax.ensure_compile_time_eval while the step traces (a first call in warm-up)
+    # jax.ensure_compile_time_eval while the step traces (a first call in warm-up).
+    # At off a loop engages only JAX's own guard, and compiles are not checked:
+    # such a compile was refused there (the diffrax port failed at off).
     def step(s):
         with jax.ensure_compile_time_eval():
             c = jnp.asarray(2.0) * 3
@@ -196,12 +199,13 @@ def test_what_a_permitted_compile_runs_eagerly_while_it_traces_is_part_of_the_co
 
     f = jc.hot_step(step, state="s")
     s = {"x": jnp.ones(3)}
-    with jc.hot_loop(compiles="warmup") as loop:
-        for _ in loop.iterate(range(3)):
-            s = f(s)
-    assert s["x"].tolist() == [216.0] * 3 and f.stats.compiles == 1
-    with pytest.raises(jc.TransferError), jc.hot_loop(compiles="allow"):  # outside a compile, refused
-        jnp.asarray(2.0) * 3
+    with jc.checks_level(level):
+        with jc.hot_loop(compiles="warmup") as loop:
+            for _ in loop.iterate(range(3)):
+                s = f(s)
+        assert jc.fetch(s["x"]).tolist() == [216.0] * 3 and f.stats.compiles == 1
+        with pytest.raises(jc.TransferError), jc.hot_loop(compiles="allow"):  # outside a compile, refused
+            jnp.asarray(2.0) * 3
 
 
 def test_a_changed_eqx_state_leaf_is_named_by_its_state_index():
