@@ -57,8 +57,9 @@ medians; the bootstrap interval of the paired ratio marks it uncertain).
 Whole programs (``--programs``, no budget): each ``tests/ports/`` pair run as a
 script (``runpy``, output discarded), the original against the port at
 ``full`` and at ``off``, interleaved as above, 5 runs each by default. A run
-includes everything the script does: building the model, compiling, the
-loop, evaluation, checkpoints. ``--programs`` alone runs the six of issue 38
+includes everything the script does but its imports: building the model,
+tracing and compiling (JAX's caches are cleared before each run, as in a new
+process), the loop, evaluation, checkpoints. ``--programs`` alone runs the six of issue 38
 (``nnx_mnist nnx_trainer diffrax_manual mjx_rollout equinox_stateful
 cookbook_refs``); name others after it.
 
@@ -738,6 +739,7 @@ def _program_case(name: str) -> Case:
     def loop(variant: str) -> float:
         path = paths["original" if variant == "original" else "port"]
         out = io.StringIO()
+        jax.clear_caches()  # each run traces and compiles, as in a new process (imports aside)
         with jc.checks_level("full" if variant == "original" else variant), redirect_stdout(out):
             t0 = time.perf_counter()
             runpy.run_path(str(path), run_name="__main__")

@@ -648,7 +648,9 @@ def _alias_for(step: HotStep[Any, Any], leaves: Sequence[Any], treedef: Any) -> 
     compile; the last few are kept. None: no such signature, or no C++ call
     can take another structure here (the call is then a new signature)."""
     for cs in step._signatures:
-        if not same_structure(cs.in_treedef, treedef) or signature_diffs(cs, leaves, cs.in_treedef):
+        if cs.in_treedef == treedef or not same_structure(cs.in_treedef, treedef):
+            continue  # the same structure (its leaves differ: _matching said so), or another one
+        if signature_diffs(cs, leaves, cs.in_treedef):
             continue
         specs = jax.tree_util.tree_unflatten(treedef, [leaf.spec for leaf in cs.leaves])
         alias = dataclasses.replace(cs, spec_args=tuple(specs), in_treedef=treedef, alias=True)
