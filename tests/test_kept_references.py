@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import sys
 import typing
 
 import jax
@@ -569,3 +570,21 @@ def test_a_container_left_in_a_stale_locals_snapshot_is_not_kept():
         del position
         s = update(s)
     assert jc.fetch(s["pos"]["q"]).tolist() == [3.0] * 2
+
+
+def test_a_key_the_user_put_into_the_locals_snapshot_is_a_kept_reference():
+    # No sync drops a key that names no variable: it is read back later.
+    # (From 3.13, locals() is a new dict at each call: the key goes with it.)
+    if sys.version_info >= (3, 13):
+        pytest.skip("Python 3.13 keeps no locals snapshot")
+    update = _dict_step()
+    s = {"x": jnp.ones(3), "y": jnp.ones(3)}
+    with jc.checks_level("full"):
+        s = update(s)
+        locals()["keep"] = s["x"]
+        with pytest.raises(jc.DonationError, match=r"s\['x'\]"):
+            update(s)
+        exec("kept_too = s['y']")
+        with pytest.raises(jc.DonationError, match=r"s\['y'\]"):
+            update(s)
+        assert jc.fetch(locals()["keep"]).tolist() == [2.0] * 3  # the frame's own snapshot holds it, intact

@@ -358,6 +358,39 @@ def test_static_partials_compare_by_function_arguments_and_keywords(level):
     np.testing.assert_allclose(jc.fetch(s["w"]), [w] * 3, rtol=1e-5)
 
 
+class _Scale(typing.NamedTuple):
+    c: typing.Any
+
+
+@pytest.mark.parametrize(
+    ("first", "second", "differs"),
+    [
+        (np.array(2, np.int32), np.array(2, np.float32), "i32[] vs f32[] (another array object)"),
+        (_Scale(2), _Scale(2.0), ".c: 2 vs 2.0"),
+        (0.0, -0.0, "0.0 vs -0.0"),
+        (jnp.float32(2.0), jnp.float32(2.0), "another array object"),
+    ],
+    ids=["0-d numpy dtypes", "NamedTuple int vs float", "signed zero", "two jax arrays"],
+)
+def test_partials_whose_arguments_trace_otherwise_are_a_new_signature(first, second, differs):
+    # Values that == calls equal but that trace to another program (another
+    # dtype, another sign) never share an executable; arrays are never
+    # compared by value (a jax.Array's == is a device op).
+    def scale(x, c):
+        c = c.c if isinstance(c, _Scale) else c
+        return x * c
+
+    @jc.hot_step(state="s", static="act")
+    def step(act, s):
+        return {"w": act(s["w"]).astype(s["w"].dtype)}
+
+    s = step(functools.partial(scale, c=first), {"w": jnp.arange(3, dtype=jnp.int32)})
+    s = step(functools.partial(scale, c=first), s)  # the same values again: one executable
+    with pytest.raises(jc.RecompileError) as info:
+        step(functools.partial(scale, c=second), s)
+    assert differs in str(info.value) and step.stats.compiles == 1
+
+
 def test_a_static_step_under_an_outer_jit_is_traced():
     step = jc.hot_step(sgd, signature=Particles, static=("config",))
     p = make_particles()

@@ -376,12 +376,19 @@ def _stale_in_snapshot() -> dict[int, int] | None:
     where nothing else holds that snapshot (Python 3.11/3.12: ``x = s['x'];
     locals(); del x`` leaves it holding ``x``, until the next ``locals()``
     syncs it): not a holder, since no one can read it unsynced."""
-    snapshot = frames.unobserved_locals_snapshot(_userline.user_frame())
-    if snapshot is None:
+    frame = _userline.user_frame()
+    snapshot = frames.unobserved_locals_snapshot(frame)
+    if snapshot is None or frame is None:
         return None
+    # Only the frame's variables: a sync rewrites or drops those; a key the
+    # user put there (locals()["keep"] = x, exec("keep = x")) survives every
+    # sync and is read back later: a holder like any other.
+    code = frame.f_code
+    names = {*code.co_varnames, *code.co_cellvars, *code.co_freevars}
     stale: dict[int, int] = {}
-    for value in snapshot.values():
-        stale[id(value)] = stale.get(id(value), 0) + 1
+    for name, value in snapshot.items():
+        if name in names:
+            stale[id(value)] = stale.get(id(value), 0) + 1
     return stale
 
 

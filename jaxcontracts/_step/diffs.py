@@ -517,7 +517,13 @@ def same_structure(a: Any, b: Any) -> bool:
 
 
 def _same_value(a: Any, b: Any) -> bool:
-    """``static_equal``, with partials compared by value inside Python's own containers."""
+    """Whether two static values trace alike: partials by function, arguments
+    and keywords; containers (tuples, NamedTuples, lists, dicts, dataclasses)
+    item by item; numbers by type and bits (``2`` is not ``2.0``, ``0.0`` is
+    not ``-0.0``); arrays only as the same object (``==`` of two arrays is
+    elementwise, of a jax.Array a device op, and ``np.array(2) ==
+    np.array(2.0)`` though they trace to other dtypes); anything else by
+    ``static_equal``. Never equal where unsure: the cost is a new signature."""
     if a is b:
         return True
     t = type(a)
@@ -525,10 +531,20 @@ def _same_value(a: Any, b: Any) -> bool:
         return False
     if t is functools.partial:
         return _same_value(a.func, b.func) and _same_value(a.args, b.args) and _same_value(a.keywords, b.keywords)
-    if t in (tuple, list):
+    if isinstance(a, (np.ndarray, jax.Array)):
+        return False
+    if isinstance(a, np.generic):
+        return a.tobytes() == b.tobytes()
+    if t is float:
+        return a.hex() == b.hex()  # type: ignore[no-any-return]
+    if t is complex:
+        return a.real.hex() == b.real.hex() and a.imag.hex() == b.imag.hex()  # type: ignore[no-any-return]
+    if isinstance(a, (tuple, list)):
         return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
     if t is dict:
         return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+    if dataclasses.is_dataclass(a) and not isinstance(a, type):
+        return all(_same_value(getattr(a, f.name, None), getattr(b, f.name, None)) for f in dataclasses.fields(a))
     return static_equal(a, b)
 
 

@@ -425,7 +425,9 @@ class HotStep(Generic[P, R]):
             __tracebackhide__ = True
             kept = self._paths.get(key)
             if kept is None or kept[0] is not sig:
-                kept = self._paths[key] = (sig, make_dispatch(cs, level, self))
+                kept = (sig, make_dispatch(cs, level, self))
+                if any(c is cs for c in (*self._signatures, *self._aliases)):  # not an alias evicted meanwhile
+                    self._paths[key] = kept
             if self._current is cs and self._level == level and self._sig is sig:
                 self._set_dispatch(kept[1])
             try:
