@@ -758,6 +758,51 @@ def check_refs(r: Results, jax: Any, np: Any, jc: Any) -> None:
         r.check("an NNX step in place compiles a second signature", False, first_line(e))
 
 
+def check_partials(r: Results, jax: Any, np: Any, jc: Any) -> None:
+    """Two model instances, each holding its own functools.partial: one executable."""
+    import functools
+
+    import jax.numpy as jnp
+
+    r.section("[7] functools.partial statics compared by value: model instances share an executable")
+    try:
+        import optax
+        from flax import nnx
+    except ImportError as e:
+        r.line("N/A", "two NNX instances with their own partial", f"not installed: {e.name}")
+        return
+
+    class Pooled(nnx.Module):
+        def __init__(self, rngs: Any) -> None:
+            self.lin = nnx.Linear(8, 8, rngs=rngs)
+            self.pool = functools.partial(nnx.avg_pool, window_shape=(2,), strides=(2,))
+
+        def __call__(self, x: Any) -> Any:
+            return self.pool(self.lin(x)[..., None])[..., 0]
+
+    def train(model: Any, optimizer: Any, x: Any) -> Any:
+        loss, grads = nnx.value_and_grad(lambda m: jnp.mean(m(x) ** 2))(model)
+        optimizer.update(model, grads)
+        return loss
+
+    hot = jc.hot_step(train, state=("model", "optimizer"))
+    tx = optax.sgd(0.1)
+    models = [Pooled(nnx.Rngs(i)) for i in range(3)]
+    optimizers = [nnx.Optimizer(m, tx, wrt=nnx.Param) for m in models]
+    x = jnp.ones((4, 8))
+    try:
+        with jc.hot_loop(compiles="warmup") as loop:
+            for _ in loop.iterate(range(3)):
+                for m, o in zip(models, optimizers):
+                    hot(m, o, x)
+        steps = [int(jc.fetch(o.step[...])) for o in optimizers]
+        r.check("three instances, each with its own partial, train on one executable",
+                steps == [3, 3, 3] and hot.stats.compiles == 1 and hot.stats.not_consumed == 0,
+                f"steps {steps}, compiles {hot.stats.compiles}")
+    except Exception as e:  # noqa: BLE001
+        r.check("three instances, each with its own partial, train on one executable", False, first_line(e))
+
+
 def main() -> int:
     args = parse_args()
     if args.force_cpu:
@@ -806,6 +851,7 @@ def main() -> int:
         ("this round", lambda: check_round(r, jax, np, jc)),
         ("plain jit", lambda: check_plain_jit(r, jax, np, jc)),
         ("refs", lambda: check_refs(r, jax, np, jc)),
+        ("partials", lambda: check_partials(r, jax, np, jc)),
     ]:
         try:
             run()
