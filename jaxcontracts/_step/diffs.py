@@ -499,7 +499,7 @@ def same_structure(a: Any, b: Any) -> bool:
     attributes) are compared by function, arguments and keywords rather than
     by identity: a second model instance that made its own
     ``partial(nnx.avg_pool, ...)`` traces to the same program. Every other
-    aux value compares as JAX compares it, by ``==``."""
+    aux value compares at least as strictly as JAX's ``==`` (:func:`_same_value`)."""
     if a == b:
         return True
     if a.num_leaves != b.num_leaves or a.num_nodes != b.num_nodes:

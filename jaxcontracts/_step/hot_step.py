@@ -411,7 +411,7 @@ class HotStep(Generic[P, R]):
         ``jc.checks_level`` block, a notebook toggling it) takes its closure
         again, and its C++ call's cache, which rebuilding would empty."""
         self._current = cs
-        key = (id(cs), self._level)  # cs lives in self._signatures: its id is not reused
+        key = (id(cs), self._level)  # cs lives in _signatures (or _aliases, its paths dropped with it): no id reused
         kept = self._paths.get(key)
         self._set_dispatch(self._build_at_call(cs, key) if kept is None or kept[0] is not self._sig else kept[1])
 
