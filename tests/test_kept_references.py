@@ -508,18 +508,18 @@ def test_a_bare_array_state_is_not_kept_checked_and_the_report_says_so():
 
 
 def _dict_step():
+    """A step, and its state after one call (x = 2, y = 2)."""
+
     @jc.hot_step(state="s")
     def update(s):
         return {"x": s["x"] + 1.0, "y": s["y"] * 2.0}
 
-    return update
+    return update, update({"x": jnp.ones(3), "y": jnp.ones(3)})
 
 
 def test_a_deleted_variable_left_in_a_stale_locals_snapshot_is_not_a_kept_reference():
-    update = _dict_step()
-    s = {"x": jnp.ones(3), "y": jnp.ones(3)}
+    update, s = _dict_step()
     with jc.checks_level("full"):
-        s = update(s)
         x = s["x"]
         assert len(locals()) >= 3  # the snapshot now holds x (before 3.13)
         del x
@@ -529,10 +529,8 @@ def test_a_deleted_variable_left_in_a_stale_locals_snapshot_is_not_a_kept_refere
 
 
 def test_a_locals_snapshot_the_user_holds_is_a_kept_reference():
-    update = _dict_step()
-    s = {"x": jnp.ones(3), "y": jnp.ones(3)}
+    update, s = _dict_step()
     with jc.checks_level("full"):
-        s = update(s)
         x = s["x"]
         hparams = locals()  # before 3.13, this is the frame's snapshot itself
         del x
@@ -546,10 +544,8 @@ def test_a_locals_snapshot_the_user_holds_is_a_kept_reference():
 
 
 def test_a_variable_still_bound_is_a_kept_reference_though_a_snapshot_also_holds_it():
-    update = _dict_step()
-    s = {"x": jnp.ones(3), "y": jnp.ones(3)}
+    update, s = _dict_step()
     with jc.checks_level("full"):
-        s = update(s)
         x = s["x"]
         assert "x" in locals()
         with pytest.raises(jc.DonationError, match=r"s\['x'\]"):
@@ -577,10 +573,8 @@ def test_a_key_the_user_put_into_the_locals_snapshot_is_a_kept_reference():
     # (From 3.13, locals() is a new dict at each call: the key goes with it.)
     if sys.version_info >= (3, 13):
         pytest.skip("Python 3.13 keeps no locals snapshot")
-    update = _dict_step()
-    s = {"x": jnp.ones(3), "y": jnp.ones(3)}
+    update, s = _dict_step()
     with jc.checks_level("full"):
-        s = update(s)
         locals()["keep"] = s["x"]
         with pytest.raises(jc.DonationError, match=r"s\['x'\]"):
             update(s)
