@@ -12,6 +12,24 @@ import pytest  # noqa: E402
 import jaxcontracts as jc  # noqa: E402
 
 
+def _import_the_package() -> None:
+    """pytester's in-process runs (test_pytest_plugin) take out of sys.modules
+    every module first imported inside them: a module of the package that
+    was not imported yet would be imported again later, a second copy with
+    state of its own (ArrayImpl's patch records, the guard's), and the tests
+    after it would depend on their order. So the whole package is imported
+    once, first (the demo aside: its modules define steps)."""
+    import importlib
+    import pkgutil
+
+    for info in pkgutil.walk_packages(jc.__path__, "jaxcontracts."):
+        if not info.name.startswith("jaxcontracts.demo") and not info.name.endswith("__main__"):
+            importlib.import_module(info.name)
+
+
+_import_the_package()
+
+
 @pytest.fixture(autouse=True)
 def _full_checks():
     """Every test starts at the default checks level and leaves it there."""
