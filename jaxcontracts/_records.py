@@ -39,6 +39,9 @@ class StepStats:
     not_consumed: int = 0  # calls after which a donated input was still alive
     host_calls: int = 0  # calls that transferred declared host data (host=...)
     host_bytes: int = 0  # the bytes they transferred
+    # argument structures new to the step that took a compiled executable
+    # (functools.partial statics equal by value: a second model instance)
+    shared: int = 0
 
 
 @dataclasses.dataclass(frozen=True)

@@ -250,6 +250,8 @@ def test_a_second_instance_holding_its_own_partial_takes_the_same_executable():
         for model in (second, first, second):
             evaluate(model, metrics, x)
     assert evaluate.stats.compiles == 1 and len(evaluate.signatures) == 1
+    assert evaluate.stats.shared == 1  # the second instance's structure, matched once
+    assert "shared executable: 1 new argument structure(s) took a compiled signature" in str(evaluate.report())
     losses = {id(m): float(jnp.mean(m(x))) for m in (first, second)}
     assert losses[id(first)] != losses[id(second)]  # each instance's own weights were used
     expected = np.mean([losses[id(m)] for m in (first, second, first, second)])

@@ -461,6 +461,13 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
             else []
         ),
     ]
+    if stats.shared:
+        report.facts.append((
+            "shared executable",
+            f"{stats.shared} new argument structure(s) took a compiled signature (functools.partial "
+            "statics equal by value); each is matched on the slow path, so a partial made at every "
+            "call pays that at every call: make it once",
+        ))
     bare = _bare_donated(desc.params, cs) if cs is not None else []
     if bare:
         report.facts.append((

@@ -659,6 +659,7 @@ def _alias_for(step: HotStep[Any, Any], leaves: Sequence[Any], treedef: Any) -> 
         if guarded_call(cs.compiled, lambda args: False, call_tree(alias)) is None:
             return None
         step._aliases.append(alias)
+        step.stats.shared += 1
         if len(step._aliases) > _MAX_ALIASES:  # the oldest goes, with its call paths
             gone = id(step._aliases.pop(0))
             for key in [k for k in step._paths if k[0] == gone]:
