@@ -106,6 +106,12 @@ class Case:
     budgeted: bool = True  # False: a whole program, timed without a budget
 
 
+def _skipped(case: Case, e: ImportError, library: str) -> Case:
+    """``case``, skipped for the library it could not import."""
+    case.skipped = f"{(e.name or library).split('.')[0]} not installed"
+    return case
+
+
 def _timed(states: dict[str, Any], variant: str, body: Callable[[Any], tuple[Any, Any]]) -> float:
     """Run ``body(carry) -> (carry, to_block)`` once for ``variant``, timed, gc off.
 
@@ -420,8 +426,7 @@ def _ppo_case(steps: int) -> Case:
     try:
         update, initial = _ppo_program(config)
     except ImportError as e:
-        case.skipped = f"{(e.name or 'gymnax').split('.')[0]} not installed"
-        return case
+        return _skipped(case, e, "gymnax")
     original = jax.jit(update, static_argnames="config", donate_argnums=0)
     port = jc.hot_step(update, state="runner_state", static="config")
     states = {v: initial() for v in VARIANTS}
@@ -478,8 +483,7 @@ def _cmaes_case(steps: int, population_size: int = 8, num_dims: int = 4) -> Case
     try:
         es, rosenbrock, params, initial = _cmaes_program(population_size, num_dims)
     except ImportError as e:
-        case.skipped = f"{(e.name or 'evosax').split('.')[0]} not installed"
-        return case
+        return _skipped(case, e, "evosax")
     ask0 = jax.jit(es.ask)
     evaluate0 = jax.jit(jax.vmap(rosenbrock))
     tell0 = jax.jit(es.tell)
@@ -571,8 +575,7 @@ def _diffrax_case(steps: int) -> Case:
         import diffrax
         import equinox as eqx
     except ImportError as e:
-        case.skipped = f"{(e.name or 'diffrax').split('.')[0]} not installed"
-        return case
+        return _skipped(case, e, "diffrax")
     import jax.numpy as jnp
 
     term = diffrax.ODETerm(lambda t, y, args: -args * y)
@@ -616,8 +619,7 @@ def _eqx_stateful_case(steps: int) -> Case:
         import equinox as eqx
         import optax
     except ImportError as e:
-        case.skipped = f"{(e.name or 'equinox').split('.')[0]} not installed"
-        return case
+        return _skipped(case, e, "equinox")
     import jax.numpy as jnp
     import jax.random as jr
 
@@ -689,8 +691,7 @@ def _mjx_case(steps: int) -> Case:
         import mujoco
         from mujoco import mjx
     except ImportError as e:
-        case.skipped = f"{(e.name or 'mujoco').split('.')[0]} not installed"
-        return case
+        return _skipped(case, e, "mujoco")
     xml = (
         '<mujoco><worldbody><body pos="0 0 1"><joint type="hinge" axis="0 1 0"/>'
         '<geom type="capsule" fromto="0 0 0 0 0 -0.5" size="0.05"/><body pos="0 0 -0.5">'
@@ -748,8 +749,7 @@ def _program_case(name: str) -> Case:
     try:
         loop("original")
     except ImportError as e:  # the program's library is not installed
-        case.skipped = f"{type(e).__name__}: {e}"
-        return case
+        return _skipped(case, e, name)
     case.loop = loop
     return case
 
