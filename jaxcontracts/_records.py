@@ -108,6 +108,12 @@ class CompiledSignature:
     # arguments in this structure (HotStep's aliases; not a compile).
     alias: bool = False
 
+    def donated_arrays(self, params: tuple[str, ...]) -> tuple[int, ...]:
+        """The positions in ``params`` (the step's parameter names) whose
+        argument is one donated array: its leaf's path is the parameter's name."""
+        whole = {leaf.path for leaf in self.leaves if leaf.donated}
+        return tuple(i for i, name in enumerate(params) if name in whole)
+
     @functools.cached_property
     def memory(self) -> MemoryRecord:
         """The executable's memory analysis, read on first use (it costs ms)."""

@@ -764,6 +764,24 @@ def test_the_locals_snapshot_capability_reads_a_frames_snapshot_without_syncing_
     assert namespace["seen"] is None  # a module's namespace is no snapshot
 
 
+def test_the_kept_arguments_capability_measures_one_name_and_tells_unpacking_calls():
+    from jaxcontracts._compat import refcount
+    from jaxcontracts._compat.registry import capability
+
+    assert capability("kept-arguments").available
+    plain, unpacked = refcount.argument_counts()
+    # an unpacking call counts one fewer (its tuple or dict is the call's own), never more
+    assert all(p - u == 1 for p, u in zip(plain, unpacked)), (plain, unpacked)
+    seen = []
+
+    def spy(*args, **kwargs):
+        seen.append(refcount.unpacks(1))
+
+    x, rest = object(), ()
+    spy(x), spy(x, *rest), spy(**{"x": x}), spy(x=x), list(map(spy, [x]))
+    assert seen == [False, True, True, False, False]  # map calls from C: its caller's CALL
+
+
 def test_locals_of_reads_a_frame_without_writing_to_it():
     import sys
     import weakref

@@ -81,7 +81,8 @@ LAYERS: dict[str, int] = {
     "_step.misuse": 10,  # what @jc.hot_step was given that is not a step function
     "_step.analyse": 11,  # the decorator's options and the function -> StepDefinition
     "_step.compile": 11,
-    "_step.callctx": 12,  # what the per-call closures share: context, tail, kept check
+    "_step.callctx": 12,  # what the per-call closures share: context, tail, leaf readers
+    "_step.kept": 13,  # the kept-reference check: leaves, containers, arguments that are one array
     "_step.diagnose": 12,
     "_step.callwrap": 13,  # the static-value and equinox-Module wrappers in front of a call path
     "_step.callpath": 14,

@@ -88,17 +88,18 @@ def test_both_spellings_of_block_until_ready_are_counted_once_and_restored(tick)
 
 
 def test_steps_are_wrapped_only_while_a_loop_is_active(tick):
-    """``step.__call__`` is what the class's call slot calls: the bare call
-    path outside loops, the timing wrapper inside (one class attribute
+    """``step.__call__`` is what the class's call slot calls: the call path
+    outside loops (at ``full``, behind the check of an argument that is one
+    array: ``_call``), the timing wrapper inside (one class attribute
     switches every live step at once)."""
     s = tick(fresh())
-    assert tick.__call__ is tick._raw_dispatch
+    assert tick.__call__ is tick._call
     with jc.hot_loop():
-        assert tick.__call__ is not tick._raw_dispatch
+        assert tick.__call__ is not tick._call
         made = make_step("made_inside")  # a step made inside the loop is timed too
-        assert made.__call__ is not made._raw_dispatch
+        assert made.__call__ is not made._call
         s = tick(s)
-    assert tick.__call__ is tick._raw_dispatch and made.__call__ is made._raw_dispatch
+    assert tick.__call__ is tick._call and made.__call__ is made._call
 
 
 def test_past_the_first_calls_one_in_sixteen_runs_through_the_wrapper(tick):

@@ -12,14 +12,25 @@ argument), and more when anything else holds it.
 
 from __future__ import annotations
 
+import dis
 import gc
+import operator
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from .registry import capability, define
 
-__all__ = ["BASELINE", "available", "count", "held_elsewhere", "kept_after_collecting", "kept_positions"]
+__all__ = [
+    "BASELINE",
+    "argument_counts",
+    "available",
+    "count",
+    "held_elsewhere",
+    "kept_after_collecting",
+    "kept_positions",
+    "unpacks",
+]
 
 #: References of a leaf held by one container, read through map() over a sequence.
 BASELINE = 3
@@ -85,3 +96,86 @@ def kept_after_collecting(leaves: Sequence[Any], sequences: int = 1, stale: dict
     ``stale``: as for :func:`kept_positions`."""
     gc.collect()
     return kept_positions(leaves, sequences, stale)
+
+
+@define(
+    "kept-arguments",
+    "CPython's reference counts of a call's arguments at the call's outermost "
+    "frame, and the calling instruction (CALL_FUNCTION_EX) of the caller's frame",
+    "refusing, before dispatch, a donated argument that is one array (state=\"theta\") "
+    "held by more than the name it is passed from (a list of samples, a second variable)",
+)
+def _probe_arguments() -> str | None:
+    if not available() or not hasattr(sys, "_getframe"):
+        return "sys.getrefcount or sys._getframe does not work as the check expects"
+    _arguments[:] = [_measure_arguments()]
+    if _arguments[0] is None:
+        return "an argument held by one name counts otherwise from a function and from a module"
+    return None
+
+
+#: (without unpacking, with): per kind of argument (by position, by position
+#: beside keywords, by keyword), the references of one held by one name.
+Counts = tuple[tuple[int, int, int], tuple[int, int, int]]
+_arguments: list[Counts | None] = [None]  # the probe's measure
+
+
+def argument_counts() -> Counts | None:
+    """The references a hot step's argument check (``_step.kept.argument_check``)
+    counts for an argument held by one name (a variable, an attribute, a
+    dict value), per kind of argument (by position, by position beside
+    keywords, by keyword), for a call that does not unpack its arguments
+    and for one that does (``f(x, *rest)``: one reference fewer, since the
+    tuple unpacked is the call's own). Measured once, in the shape of that
+    check: a property call slot (``HotStep.__call__``), a closure taking
+    ``*args, **kwargs``, the tuple and dict passed on as they are; from a
+    function's frame and from a module's, which must agree, and with the
+    unpacking told by ``unpacks``. None: not measurable here (the
+    capability's warning says so, and the check is not made)."""
+    return _arguments[0] if capability("kept-arguments").available else None
+
+
+_FORMS = (
+    "probe(x)", "probe(x, y=None)", "probe(x=x)",  # a plain call
+    "probe(*[x])", "probe(*[x], y=None)", "probe(**{'x': x})",  # one that unpacks
+)  # fmt: skip
+
+
+def _measure_arguments() -> Counts | None:
+    seen: list[tuple[int, bool]] = []
+
+    def check(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+        n = _count(args[0]) if args else _count(kwargs["x"])
+        seen.append((n, unpacks(2)))
+
+    def entry(*args: Any, **kwargs: Any) -> None:
+        return check(None, args, kwargs)
+
+    probe = type("_Probe", (), {"__call__": property(operator.attrgetter("_call"))})()
+    probe._call = entry  # type: ignore[attr-defined]
+    source = "".join(form + "\n" for form in _FORMS)
+    exec(compile(source, "<kept-arguments>", "exec"), {"probe": probe, "x": object()})  # noqa: S102
+    module = list(seen)
+    seen.clear()
+    body = "".join("    " + form + "\n" for form in _FORMS)
+    scope: dict[str, Any] = {}
+    exec(compile("def calls(probe, x):\n" + body, "<kept-arguments>", "exec"), scope)  # noqa: S102
+    scope["calls"](probe, object())
+    if len(seen) != len(_FORMS) or seen != module or [u for _, u in seen] != [False] * 3 + [True] * 3:
+        return None
+    plain, unpacked = tuple(n for n, _ in seen[:3]), tuple(n for n, _ in seen[3:])
+    if min(unpacked) < 2 or any(u > p for u, p in zip(unpacked, plain)):
+        return None
+    return plain, unpacked  # type: ignore[return-value]
+
+
+_CALL_EX = dis.opmap["CALL_FUNCTION_EX"]
+
+
+def unpacks(depth: int) -> bool:
+    """Whether the frame ``depth`` levels above the caller of this function
+    is inside a call that unpacks its arguments (``f(*args)``, ``f(x,
+    *rest)``, ``f(**kw)``): its current instruction is ``CALL_FUNCTION_EX``
+    (the ``kept-arguments`` capability's probe checks it on every form)."""
+    frame = sys._getframe(depth + 1)
+    return frame.f_code.co_code[frame.f_lasti] == _CALL_EX

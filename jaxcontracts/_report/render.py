@@ -18,12 +18,10 @@ import html
 import textwrap
 from collections.abc import Sequence
 
-import jax
-
-from .._compat import capabilities
+from .._compat import capabilities, refcount
 from .._errors import CONTRACTS, VIOLATIONS, ContractError
 from .._format import fmt_aval, fmt_bytes, fmt_sharding
-from .._records import CompiledSignature, StepDescription, Violation, WarmupCompile
+from .._records import StepDescription, Violation, WarmupCompile
 from .timing import LoopTiming
 
 __all__ = [
@@ -468,12 +466,12 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
             "statics equal by value); each is matched on the slow path, so a partial made at every "
             "call pays that at every call: make it once",
         ))
-    bare = _bare_donated(desc.params, cs) if cs is not None else []
+    bare = [desc.params[i] for i in cs.donated_arrays(desc.params)] if cs is not None and refcount.argument_counts() is None else []
     if bare:
         report.facts.append((
             "kept references",
-            f"not checked for {', '.join(bare)} (a bare array: keep it in a dict or a jc.state "
-            "to have kept copies refused)",
+            f"not checked for {', '.join(bare)} (an argument that is one array: capability "
+            "kept-arguments is missing here; keep it in a dict or a jc.state to have kept copies refused)",
         ))
     if cs is None:
         report.contracts = list(extra) or [
@@ -527,18 +525,6 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
         if key not in failed_now
     ] + list(extra)
     return report
-
-
-def _bare_donated(params: Sequence[str], cs: CompiledSignature) -> list[str]:
-    """The donated parameters that are one array each: the kept-reference
-    check cannot tell a kept copy of one from the caller's own variable."""
-    out, start = [], 0
-    for name, spec in zip(params, cs.spec_args):
-        n = len(jax.tree_util.tree_leaves(spec))
-        if n == 1 and jax.tree_util.tree_structure(spec).num_nodes == 1 and cs.leaves[start].donated:
-            out.append(name)
-        start += n
-    return out
 
 
 # A step's row for the "signature" contract counts every refused call.

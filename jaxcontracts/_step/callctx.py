@@ -3,10 +3,9 @@
 The step protocol the closures read (:class:`DispatchingStep`), the context
 they are built from (:class:`CallContext`, read once, at build), the one
 after-dispatch tail (:func:`make_tail`: check consumption, mark the donated
-states, count, record the output inside loops), the kept-leaf
-check (:class:`KeptPlan`), the leaf readers, and the call that takes static
+states, count, record the output inside loops), the leaf readers, and the call that takes static
 arguments in C++ (:func:`static_native`). The closures are in ``_callpath``
-(by checks level)."""
+(by checks level); the kept-reference check is ``_step.kept``."""
 
 from __future__ import annotations
 
@@ -20,8 +19,6 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
-from .. import _userline
-from .._compat import frames, refcount
 from .._compat.arrays import ArrayImpl, KeyArray
 from .._compat.guarded import REFUSED, guarded_call, tree_in_tree
 from .._compat.tracing import flatten, top_level_refs
@@ -30,14 +27,13 @@ from .._errors import ContractError
 from .._records import CompiledSignature, StepStats
 from .._runtime import tracking
 from .._state.fields import dict_getter, flat_field_names
-from .._state.filter import Filtered
-from .._steps import HOOK_EVERY, LiveStep, clear_last_outputs
+from .._steps import HOOK_EVERY, LiveStep
 from .._tracebacks import trim
 from .definition import StepDefinition
 
 __all__ = [
-    "CallContext", "DispatchingStep", "InnerNodes", "KeptPlan", "LeafKinds", "call_tree", "first_leaf_of",
-    "is_deleted_for", "kept_plan", "binder", "leaf_kinds", "leaf_reader", "leaf_readers",
+    "CallContext", "DispatchingStep", "LeafKinds", "call_tree", "first_leaf_of",
+    "is_deleted_for", "binder", "leaf_kinds", "leaf_reader", "leaf_readers",
     "leaves_of", "make_tail", "picker", "stale_reader", "static_native",
 ]
 
@@ -131,265 +127,11 @@ def make_tail(
     return tail
 
 
-@dataclasses.dataclass(frozen=True)
-class KeptPlan:
-    """At ``full``: how a closure tells, before dispatch, that a donated leaf is
-    held by something besides its state (a kept sample, a variable, a numpy
-    view), and the refusal then. :meth:`refused` counts references in one C
-    loop, ``max(map(getrefcount, pick(leaves))) > limit``, over a fresh
-    sequence of the watched leaves (``pick`` None: the flat leaves, all
-    watched); on a hit it collects garbage and counts again, and refuses
-    whatever else holds a leaf (the one rule: see ``refcount.kept_after_collecting``),
-    with an error the slow path raises once it has ruled out a wrong
-    signature. No closure holds its flat leaves while it calls the slow path,
-    so a call the slow path dispatches again is counted as any other. The ``s = step(s)`` path counts
-    inline and calls :meth:`refuse` on a hit.
-
-    The same rule holds for the containers inside a state that hold donated
-    leaves (BlackJAX's ``samples.append(state.position)`` keeps a dict whose
-    arrays the donation deletes): :attr:`nodes` gives them, each held once by
-    its parent (Python's dicts, lists and tuples, NamedTuples included; a
-    library's own nodes, such as NNX's Variables, are held by the library
-    by design, and not watched). An argument itself (a bare array, or the state's own
-    container) is not watched: the caller's variable holds it, as it should,
-    and a kept copy of it cannot be told from that variable (the step's
-    report says so)."""
-
-    watched: tuple[int, ...]  # flat leaf indices
-    pick: Callable[[Sequence[Any]], Sequence[Any]] | None
-    limit: int
-    error: Callable[[Sequence[int], Sequence[str]], BaseException]
-    nodes: InnerNodes | None = None
-
-    def refused(self, leaves: Sequence[Any]) -> BaseException | None:
-        """The refusal for these flat leaves (a fresh sequence), or None."""
-        seq = leaves if self.pick is None else self.pick(leaves)
-        if max(map(refcount.count, seq), default=0) <= self.limit:
-            return None
-        return self.refuse(seq, self.limit - refcount.BASELINE + 1)
-
-    def refuse(self, seq: Sequence[Any], sequences: int) -> BaseException | None:
-        """After a hit: the error, unless collecting garbage dropped every
-        extra reference. The steps' records of their last outputs inside
-        loops are the library's own: dropped first (an output the caller took
-        apart, ``p["w"] = out["w"]``, is held there too)."""
-        clear_last_outputs()
-        kept = refcount.kept_after_collecting(seq, sequences, _stale_in_snapshot())
-        return self.error(list(dict.fromkeys(self.watched[i] for i in kept)), ()) if kept else None
-
-    def refuse_nodes(self, nodes: list[Any]) -> BaseException | None:
-        """After a hit on :attr:`nodes`: the error naming the kept containers."""
-        clear_last_outputs()
-        kept = refcount.kept_after_collecting(nodes, 1, _stale_in_snapshot())
-        assert self.nodes is not None
-        return self.error((), [self.nodes.paths[i] for i in kept]) if kept else None
-
-
-@dataclasses.dataclass(frozen=True)
-class InnerNodes:
-    """The containers inside the arguments that hold donated leaves, below the
-    arguments themselves. Per parameter: ``(i, top, watched, below)``: the
-    ``top`` treedef's flat list is the argument's children (one flatten of
-    its own node type, which may run Python); ``watched`` picks those that
-    are watched; ``below``: (child position, treedef of one depth inside
-    that child, its picker): C-only flattens, since every node down
-    to there is Python's own. ``paths`` name them, in :meth:`of` order."""
-
-    plans: tuple[tuple[int, Any, Any, tuple[tuple[int, Any, Any], ...]], ...]  # pickers: _pick
-    paths: tuple[str, ...]
-
-    def of(self, args: Sequence[Any]) -> list[Any]:
-        """A fresh list of the containers (each then held by its parent and this list)."""
-        out: list[Any] = []
-        extend = out.extend
-        for i, top, watched, below in self.plans:
-            kids = top.flatten_up_to(args[i])
-            extend(watched(kids))
-            for j, treedef, pick in below:
-                extend(pick(treedef.flatten_up_to(kids[j])))
-            del kids
-        return out
-
-
-def _pick(positions: tuple[int, ...]) -> Callable[[Sequence[Any]], Sequence[Any]]:
-    """``operator.itemgetter`` that always gives a tuple."""
-    if len(positions) > 1:
-        return operator.itemgetter(*positions)
-    only = positions[0]
-
-    def one(xs: Sequence[Any]) -> Sequence[Any]:
-        return (xs[only],)
-
-    return one
-
-
-# The containers watched: Python's own, whose only holder inside a state is
-# their parent. A library's nodes (an NNX Variable, an nnx.State level) are
-# held by the library too, by design (the Module graph), so they are not.
-_PLAIN_CONTAINERS = (dict, list, tuple)
-
-
-def _not(node: Any) -> Callable[[Any], bool]:
-    """``is_leaf`` that flattens ``node`` one level: its children are leaves."""
-
-    def is_leaf(x: Any) -> bool:
-        return x is not node
-
-    return is_leaf
-
-
-def _children(node: Any) -> list[tuple[tuple[Any, ...], Any]]:
-    """A node's children with their keys (a leaf: [])."""
-    kids = jax.tree_util.tree_flatten_with_path(node, is_leaf=_not(node))[0]
-    return [] if len(kids) == 1 and kids[0][1] is node else kids
-
-
-def _stored(node: Any) -> list[bool]:
-    """Per child of ``node``: whether the node holds that object (a second
-    flatten gives the same one), not one its flatten makes afresh (an
-    nnx.State's levels): a fresh child is held by no one, so not watched."""
-    first, again = _children(node), _children(node)
-    return [a[1] is b[1] for a, b in zip(first, again)]
-
-
-def _inner_nodes(cs: CompiledSignature, sig: StepDefinition, skip: set[int]) -> InnerNodes | None:
-    """The :class:`InnerNodes` of the donated arguments (``skip``: parameters
-    not watched), or None where no container below an argument holds a
-    donated leaf. Found on the compiled example (``cs.spec_args``), whose
-    containers are the call's: each node's leaves are a contiguous run of
-    the flat leaves."""
-    donated = set(cs.donated)
-    plans: list[Any] = []
-    paths: list[str] = []
-    start = 0
-    for i, spec in enumerate(cs.spec_args):
-        n = len(jax.tree_util.tree_leaves(spec))
-        if i in skip or not donated.intersection(range(start, start + n)):
-            start += n
-            continue
-        kids, stored = _children(spec), _stored(spec)
-        top = jax.tree_util.tree_structure(spec, is_leaf=_not(spec))
-        watched: list[int] = []
-        below: list[tuple[int, Any, Callable[[Sequence[Any]], Sequence[Any]]]] = []
-        below_paths: list[str] = []  # of() lists the children first, then what is below them
-        at = start
-        for j, ((key, kid), held) in enumerate(zip(kids, stored)):
-            m = len(jax.tree_util.tree_leaves(kid))
-            holds = donated.intersection(range(at, at + m))
-            if held and holds and isinstance(kid, _PLAIN_CONTAINERS):
-                watched.append(j)
-                paths.append(sig.param_path((jax.tree_util.SequenceKey(i), *key)))
-                for treedef, positions, keys in _depths(kid, at, donated):
-                    below.append((j, treedef, _pick(positions)))
-                    below_paths += [sig.param_path((jax.tree_util.SequenceKey(i), *key, *k)) for k in keys]
-            at += m
-        paths += below_paths
-        if watched:
-            plans.append((i, top, _pick(tuple(watched)), tuple(below)))
-        start += n
-    return InnerNodes(tuple(plans), tuple(paths)) if plans else None
-
-
-def _depths(root: Any, first: int, donated: set[int]) -> list[tuple[Any, tuple[int, ...], list[tuple[Any, ...]]]]:
-    """Inside a watched container ``root`` (its first leaf at flat index
-    ``first``): per depth, the treedef whose leaves are that depth's watched
-    containers, their positions in its flat list, and their key paths. Only
-    Python's own containers, reached through Python's own containers."""
-    by_depth: dict[int, list[tuple[Any, tuple[Any, ...]]]] = {}
-    stack = [(root, (), 0, first)]
-    while stack:
-        node, path, depth, at = stack.pop()
-        if depth:
-            n = len(jax.tree_util.tree_leaves(node))
-            if not donated.intersection(range(at, at + n)):
-                continue
-            by_depth.setdefault(depth, []).append((node, path))
-        for key, kid in _children(node):
-            if isinstance(kid, _PLAIN_CONTAINERS):
-                stack.append((kid, (*path, *key), depth + 1, at))
-            at += len(jax.tree_util.tree_leaves(kid))
-    out = []
-    for depth in sorted(by_depth):
-        nodes = by_depth[depth]
-        ids = {id(node): path for node, path in nodes}
-        # a library's node is a leaf of these treedefs: their flatten stays in C
-        flat, treedef = jax.tree_util.tree_flatten(
-            root, is_leaf=lambda x, ids=ids: id(x) in ids or not isinstance(x, _PLAIN_CONTAINERS)
-        )
-        positions = tuple(j for j, x in enumerate(flat) if id(x) in ids)
-        out.append((treedef, positions, [ids[id(flat[j])] for j in positions]))
-    return out
-
-
-def kept_plan(ctx: CallContext) -> KeptPlan | None:
-    """The kept-leaf check of a closure over the flat leaves (None: not checked)."""
-    if ctx.kept is None:
-        return None
-    cs = ctx.cs
-    whole: set[int] = set()
-    filtered: set[int] = set()  # the leaves of an equinox Module's Filtered node (_filter)
-    unwatched: set[int] = set()  # parameters whose containers are not watched
-    start = 0
-    refs = ctx.step.definition.ref_params
-    for i, spec in enumerate(cs.spec_args):
-        n = len(jax.tree_util.tree_leaves(spec))
-        if i in refs:  # the arrays JAX refs hold: no one else can (new_ref and reads copy)
-            whole.update(range(start, start + n))
-            unwatched.add(i)
-        elif jax.tree_util.tree_structure(spec).num_nodes == 1:  # the argument is one array
-            whole.update(range(start, start + n))
-            unwatched.add(i)
-        elif type(spec) is Filtered:
-            filtered.update(range(start, start + n))
-            unwatched.add(i)
-        start += n
-    watched = tuple(i for i in cs.donated if i not in whole)
-    if not watched:
-        return None
-    nodes = _inner_nodes(cs, ctx.step.definition, unwatched)
-    if filtered:
-        # A Filtered node's leaves tuple is one more reference to each of its
-        # leaves: the others appear twice in the sequence, so that one limit
-        # holds for all (and the error names each leaf once).
-        others = tuple(i for i in watched if i not in filtered)
-        watched = (*(i for i in watched if i in filtered), *others, *others)
-        pick, sequences = operator.itemgetter(*watched) if len(watched) > 1 else (lambda leaves: (leaves[watched[0]],)), 3
-    elif len(watched) == len(cs.leaves):  # all of them: the flat leaves themselves
-        pick, sequences = None, 1
-    elif len(watched) == 1:
-        only = watched[0]
-        pick, sequences = (lambda leaves: (leaves[only],)), 2
-    else:
-        pick, sequences = operator.itemgetter(*watched), 2
-    return KeptPlan(watched, pick, refcount.BASELINE + sequences - 1, ctx.kept, nodes)
-
-
 def call_tree(cs: CompiledSignature) -> Any:
     """The call tree an executable's guarded C++ call takes its arguments in:
     ``cs``'s own structure where the executable was compiled over flat leaves
     or for another structure (``cs.alias``); None: the executable's own."""
     return tree_in_tree(cs.spec_args) if cs.flat_style or cs.alias else None
-
-
-def _stale_in_snapshot() -> dict[int, int] | None:
-    """Per ``id``, the references the user's frame's locals snapshot holds
-    where nothing else holds that snapshot (Python 3.11/3.12: ``x = s['x'];
-    locals(); del x`` leaves it holding ``x``, until the next ``locals()``
-    syncs it): not a holder, since no one can read it unsynced."""
-    frame = _userline.user_frame()
-    snapshot = frames.unobserved_locals_snapshot(frame)
-    if snapshot is None or frame is None:
-        return None
-    # Only the frame's variables: a sync rewrites or drops those; a key the
-    # user put there (locals()["keep"] = x, exec("keep = x")) survives every
-    # sync and is read back later: a holder like any other.
-    code = frame.f_code
-    names = {*code.co_varnames, *code.co_cellvars, *code.co_freevars}
-    stale: dict[int, int] = {}
-    for name, value in snapshot.items():
-        if name in names:
-            stale[id(value)] = stale.get(id(value), 0) + 1
-    return stale
 
 
 def is_deleted_for(cs: CompiledSignature) -> Callable[[Any], bool]:

@@ -44,11 +44,9 @@ from .._tracebacks import trim
 from .callctx import (
     CallContext,
     DispatchingStep,
-    KeptPlan,
     binder,
     call_tree,
     is_deleted_for,
-    kept_plan,
     leaf_kinds,
     make_tail,
     picker,
@@ -58,6 +56,7 @@ from .callctx import (
 from .callwrap import host_call, with_effect_tokens, with_filtered, with_inplace, with_static
 from .diagnose import kept_leaves_error
 from .diffs import same_placement
+from .kept import KeptPlan, kept_plan
 
 __all__ = ["DispatchingStep", "make_dispatch"]
 

@@ -49,11 +49,13 @@ from .diagnose import (
     hazard_error,
     host_leaves_error,
     invalid_values_error,
+    kept_leaves_error,
     not_consumed_error,
     run_failed_note,
     signature_error,
 )
 from .diffs import same_structure
+from .kept import argument_check, argument_entry, argument_params
 
 __all__ = ["HotStep", "StepStats"]
 
@@ -232,7 +234,11 @@ class HotStep(Generic[P, R]):
         if obj is None or not self._sig.is_method:
             return self
         has_dict = self._attr is not None and isinstance(getattr(obj, "__dict__", None), dict)
-        if not has_dict:  # __slots__: kept here, by a weak reference to the instance
+        if has_dict:  # `Class.step(obj, s)` comes here at every call: the bound step made before
+            kept = obj.__dict__.get(self._attr)
+            if type(kept) is HotStep and kept._bound_to is not None and kept._bound_to[0] is self and kept._bound_to[1] is obj:
+                return kept
+        else:  # __slots__: kept here, by a weak reference to the instance
             kept = self._bound_steps.get(id(obj))
             if kept is not None and kept[0]() is obj:
                 return kept[1]
@@ -281,8 +287,11 @@ class HotStep(Generic[P, R]):
             raise TypeError(
                 f"{self._sig.name}() is a method: call it on an instance (obj.{self._sig.short_name}(...))."
             )
+        obj, args = args[0], args[1:]  # the tuple of the call's own arguments, as an entry takes them
         try:
-            return self.__get__(args[0], type(args[0]))(*args[1:], **kwargs)
+            bound = self.__get__(obj, type(obj))
+            check = bound._check  # this frame is the outermost: the bound step's check runs here
+            return bound._call(*args, **kwargs) if check is None else check(bound._raw_dispatch, args, kwargs)
         except ContractError as err:  # the traceback ends at the user's line
             trim(err)
             raise
@@ -341,6 +350,8 @@ class HotStep(Generic[P, R]):
         self._level = level
         if self._current is not None:
             self._use(self._current)
+        elif not self._sig.is_method:
+            self._set_dispatch(self._slow)
 
     def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
         """Everything the call path does not handle; raises before dispatch.
@@ -394,11 +405,41 @@ class HotStep(Generic[P, R]):
         wrapper, or ``fn`` itself between samples), which the class's call
         slot reads while a timing loop is active."""
         self._raw_dispatch = fn
-        self._call = fn
-        self._timed_call, self.timing_hook = _timing.timed(fn, self.timing_counters, self._install_call, self)
+        # At full, the kept-reference check of the arguments that are one
+        # array (``_step.kept.argument_check``), in the outermost frame of every call.
+        sig = self._sig
+        params = () if self._level != "full" or sig.is_method else argument_params(sig, self._current)
+        self._check = argument_check(params, self.last_output, self._kept_arguments) if params else None
+        self._call = self._entered(fn)
+        timed, self.timing_hook = _timing.timed(fn, self.timing_counters, self._install_call, self)
+        self._timed_call = self._entered(timed)
 
     def _install_call(self, fn: Callable[..., Any]) -> None:
-        self._timed_call = fn
+        self._timed_call = self._entered(fn)
+
+    def _entered(self, fn: Callable[..., Any]) -> Callable[..., Any]:
+        return fn if self._check is None else argument_entry(fn, self._check)
+
+    def _kept_arguments(
+        self, held: list[tuple[int, str, Any]], fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """Arguments that are one array, held by more than their one name
+        (``argument_entry``): refused before dispatch. Before the first
+        compile, whether the step donates such a parameter (returns it) is
+        known once compiled: the call compiles, and ``_redispatch`` refuses
+        it then, before its dispatch."""
+        if self._current is None:
+            self._redispatch.held = [(i, name) for i, name, _ in held]
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self._redispatch.held = None
+        raise self._kept_arguments_error([(name, x) for _, name, x in held])
+
+    def _kept_arguments_error(self, kept: list[tuple[str, Any]]) -> BaseException:
+        self.stats.refused += 1
+        return kept_leaves_error(self._sig, self._current, (), (), kept)
+
 
     def _filter(self, params: tuple[int, ...]) -> None:
         """Filter these parameters' equinox Modules from now on (``_filter``)."""
@@ -686,6 +727,14 @@ def _redispatch(
             contract="signature",
             step=sig.name,
         )
+    held = getattr(redispatch, "held", None)  # see HotStep._kept_arguments
+    if held:
+        redispatch.held = None
+        donated = {i for i, _ in argument_params(sig, step._current)}
+        kept = [(name, positional[i]) for i, name in held if i in donated]
+        if kept:
+            raise step._kept_arguments_error(kept)
+        del kept
     redispatch.active = True
     try:
         return dispatch(*positional)

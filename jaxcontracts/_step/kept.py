@@ -1,0 +1,460 @@
+"""The kept-reference check: a donated array that something besides its state still holds.
+
+A donating call deletes its donated buffers; any other reference to one of
+those arrays (a sample kept in a list, a variable, a second container) is
+then a deleted array, and its data is lost. At ``full`` the call is refused
+before dispatch, with the inputs intact, wherever the check cannot prove a
+donated array is held by its state alone (``_compat.refcount``: reference
+counts, exact once garbage is collected). Three views of one rule:
+
+* the leaves inside a state (:class:`KeptPlan`, counted by the closures of
+  ``_callpath`` over the flat leaves): each held once, by its container;
+* the containers inside a state (:class:`InnerNodes`), each held once, by
+  its parent (BlackJAX's ``samples.append(state.position)``);
+* an argument that is one array (``state="theta"``, :func:`argument_entry`):
+  held by the one name the caller passes it from and by the call itself,
+  counted at the outermost frame of the call path, where that count does not
+  depend on what runs inside it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import gc
+import operator
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import jax
+
+from .. import _steps, _userline
+from .._compat import frames, refcount
+from .._compat.tracing import Tracer
+from .._errors import ContractError
+from .._records import CompiledSignature
+from .._state.filter import Filtered
+from .._steps import clear_last_outputs
+from .._tracebacks import trim
+from .callctx import CallContext
+from .definition import StepDefinition
+
+__all__ = ["Check", "InnerNodes", "KeptPlan", "argument_check", "argument_entry", "argument_params", "kept_plan"]
+
+
+@dataclasses.dataclass(frozen=True)
+class KeptPlan:
+    """At ``full``: how a closure tells, before dispatch, that a donated leaf is
+    held by something besides its state (a kept sample, a variable, a numpy
+    view), and the refusal then. :meth:`refused` counts references in one C
+    loop, ``max(map(getrefcount, pick(leaves))) > limit``, over a fresh
+    sequence of the watched leaves (``pick`` None: the flat leaves, all
+    watched); on a hit it collects garbage and counts again, and refuses
+    whatever else holds a leaf (the one rule: see ``refcount.kept_after_collecting``),
+    with an error the slow path raises once it has ruled out a wrong
+    signature. No closure holds its flat leaves while it calls the slow path,
+    so a call the slow path dispatches again is counted as any other. The ``s = step(s)`` path counts
+    inline and calls :meth:`refuse` on a hit.
+
+    The same rule holds for the containers inside a state that hold donated
+    leaves (BlackJAX's ``samples.append(state.position)`` keeps a dict whose
+    arrays the donation deletes): :attr:`nodes` gives them, each held once by
+    its parent (Python's dicts, lists and tuples, NamedTuples included; a
+    library's own nodes, such as NNX's Variables, are held by the library
+    by design, and not watched). An argument itself (a bare array, or the state's own
+    container) is not watched: the caller's variable holds it, as it should,
+    and a kept copy of it cannot be told from that variable (the step's
+    report says so)."""
+
+    watched: tuple[int, ...]  # flat leaf indices
+    pick: Callable[[Sequence[Any]], Sequence[Any]] | None
+    limit: int
+    error: Callable[[Sequence[int], Sequence[str]], BaseException]
+    nodes: InnerNodes | None = None
+
+    def refused(self, leaves: Sequence[Any]) -> BaseException | None:
+        """The refusal for these flat leaves (a fresh sequence), or None."""
+        seq = leaves if self.pick is None else self.pick(leaves)
+        if max(map(refcount.count, seq), default=0) <= self.limit:
+            return None
+        return self.refuse(seq, self.limit - refcount.BASELINE + 1)
+
+    def refuse(self, seq: Sequence[Any], sequences: int) -> BaseException | None:
+        """After a hit: the error, unless collecting garbage dropped every
+        extra reference. The steps' records of their last outputs inside
+        loops are the library's own: dropped first (an output the caller took
+        apart, ``p["w"] = out["w"]``, is held there too)."""
+        clear_last_outputs()
+        kept = refcount.kept_after_collecting(seq, sequences, _stale_in_snapshot())
+        return self.error(list(dict.fromkeys(self.watched[i] for i in kept)), ()) if kept else None
+
+    def refuse_nodes(self, nodes: list[Any]) -> BaseException | None:
+        """After a hit on :attr:`nodes`: the error naming the kept containers."""
+        clear_last_outputs()
+        kept = refcount.kept_after_collecting(nodes, 1, _stale_in_snapshot())
+        assert self.nodes is not None
+        return self.error((), [self.nodes.paths[i] for i in kept]) if kept else None
+
+
+@dataclasses.dataclass(frozen=True)
+class InnerNodes:
+    """The containers inside the arguments that hold donated leaves, below the
+    arguments themselves. Per parameter: ``(i, top, watched, below)``: the
+    ``top`` treedef's flat list is the argument's children (one flatten of
+    its own node type, which may run Python); ``watched`` picks those that
+    are watched; ``below``: (child position, treedef of one depth inside
+    that child, its picker): C-only flattens, since every node down
+    to there is Python's own. ``paths`` name them, in :meth:`of` order."""
+
+    plans: tuple[tuple[int, Any, Any, tuple[tuple[int, Any, Any], ...]], ...]  # pickers: _pick
+    paths: tuple[str, ...]
+
+    def of(self, args: Sequence[Any]) -> list[Any]:
+        """A fresh list of the containers (each then held by its parent and this list)."""
+        out: list[Any] = []
+        extend = out.extend
+        for i, top, watched, below in self.plans:
+            kids = top.flatten_up_to(args[i])
+            extend(watched(kids))
+            for j, treedef, pick in below:
+                extend(pick(treedef.flatten_up_to(kids[j])))
+            del kids
+        return out
+
+
+def _pick(positions: tuple[int, ...]) -> Callable[[Sequence[Any]], Sequence[Any]]:
+    """``operator.itemgetter`` that always gives a tuple."""
+    if len(positions) > 1:
+        return operator.itemgetter(*positions)
+    only = positions[0]
+
+    def one(xs: Sequence[Any]) -> Sequence[Any]:
+        return (xs[only],)
+
+    return one
+
+
+# The containers watched: Python's own, whose only holder inside a state is
+# their parent. A library's nodes (an NNX Variable, an nnx.State level) are
+# held by the library too, by design (the Module graph), so they are not.
+_PLAIN_CONTAINERS = (dict, list, tuple)
+
+
+def _not(node: Any) -> Callable[[Any], bool]:
+    """``is_leaf`` that flattens ``node`` one level: its children are leaves."""
+
+    def is_leaf(x: Any) -> bool:
+        return x is not node
+
+    return is_leaf
+
+
+def _children(node: Any) -> list[tuple[tuple[Any, ...], Any]]:
+    """A node's children with their keys (a leaf: [])."""
+    kids = jax.tree_util.tree_flatten_with_path(node, is_leaf=_not(node))[0]
+    return [] if len(kids) == 1 and kids[0][1] is node else kids
+
+
+def _stored(node: Any) -> list[bool]:
+    """Per child of ``node``: whether the node holds that object (a second
+    flatten gives the same one), not one its flatten makes afresh (an
+    nnx.State's levels): a fresh child is held by no one, so not watched."""
+    first, again = _children(node), _children(node)
+    return [a[1] is b[1] for a, b in zip(first, again)]
+
+
+def _inner_nodes(cs: CompiledSignature, sig: StepDefinition, skip: set[int]) -> InnerNodes | None:
+    """The :class:`InnerNodes` of the donated arguments (``skip``: parameters
+    not watched), or None where no container below an argument holds a
+    donated leaf. Found on the compiled example (``cs.spec_args``), whose
+    containers are the call's: each node's leaves are a contiguous run of
+    the flat leaves."""
+    donated = set(cs.donated)
+    plans: list[Any] = []
+    paths: list[str] = []
+    start = 0
+    for i, spec in enumerate(cs.spec_args):
+        n = len(jax.tree_util.tree_leaves(spec))
+        if i in skip or not donated.intersection(range(start, start + n)):
+            start += n
+            continue
+        kids, stored = _children(spec), _stored(spec)
+        top = jax.tree_util.tree_structure(spec, is_leaf=_not(spec))
+        watched: list[int] = []
+        below: list[tuple[int, Any, Callable[[Sequence[Any]], Sequence[Any]]]] = []
+        below_paths: list[str] = []  # of() lists the children first, then what is below them
+        at = start
+        for j, ((key, kid), held) in enumerate(zip(kids, stored)):
+            m = len(jax.tree_util.tree_leaves(kid))
+            holds = donated.intersection(range(at, at + m))
+            if held and holds and isinstance(kid, _PLAIN_CONTAINERS):
+                watched.append(j)
+                paths.append(sig.param_path((jax.tree_util.SequenceKey(i), *key)))
+                for treedef, positions, keys in _depths(kid, at, donated):
+                    below.append((j, treedef, _pick(positions)))
+                    below_paths += [sig.param_path((jax.tree_util.SequenceKey(i), *key, *k)) for k in keys]
+            at += m
+        paths += below_paths
+        if watched:
+            plans.append((i, top, _pick(tuple(watched)), tuple(below)))
+        start += n
+    return InnerNodes(tuple(plans), tuple(paths)) if plans else None
+
+
+def _depths(root: Any, first: int, donated: set[int]) -> list[tuple[Any, tuple[int, ...], list[tuple[Any, ...]]]]:
+    """Inside a watched container ``root`` (its first leaf at flat index
+    ``first``): per depth, the treedef whose leaves are that depth's watched
+    containers, their positions in its flat list, and their key paths. Only
+    Python's own containers, reached through Python's own containers."""
+    by_depth: dict[int, list[tuple[Any, tuple[Any, ...]]]] = {}
+    stack = [(root, (), 0, first)]
+    while stack:
+        node, path, depth, at = stack.pop()
+        if depth:
+            n = len(jax.tree_util.tree_leaves(node))
+            if not donated.intersection(range(at, at + n)):
+                continue
+            by_depth.setdefault(depth, []).append((node, path))
+        for key, kid in _children(node):
+            if isinstance(kid, _PLAIN_CONTAINERS):
+                stack.append((kid, (*path, *key), depth + 1, at))
+            at += len(jax.tree_util.tree_leaves(kid))
+    out = []
+    for depth in sorted(by_depth):
+        nodes = by_depth[depth]
+        ids = {id(node): path for node, path in nodes}
+        # a library's node is a leaf of these treedefs: their flatten stays in C
+        flat, treedef = jax.tree_util.tree_flatten(
+            root, is_leaf=lambda x, ids=ids: id(x) in ids or not isinstance(x, _PLAIN_CONTAINERS)
+        )
+        positions = tuple(j for j, x in enumerate(flat) if id(x) in ids)
+        out.append((treedef, positions, [ids[id(flat[j])] for j in positions]))
+    return out
+
+
+def kept_plan(ctx: CallContext) -> KeptPlan | None:
+    """The kept-leaf check of a closure over the flat leaves (None: not checked)."""
+    if ctx.kept is None:
+        return None
+    cs = ctx.cs
+    whole: set[int] = set()
+    filtered: set[int] = set()  # the leaves of an equinox Module's Filtered node (_filter)
+    unwatched: set[int] = set()  # parameters whose containers are not watched
+    start = 0
+    refs = ctx.step.definition.ref_params
+    for i, spec in enumerate(cs.spec_args):
+        n = len(jax.tree_util.tree_leaves(spec))
+        if i in refs:  # the arrays JAX refs hold: no one else can (new_ref and reads copy)
+            whole.update(range(start, start + n))
+            unwatched.add(i)
+        elif jax.tree_util.tree_structure(spec).num_nodes == 1:  # the argument is one array
+            whole.update(range(start, start + n))
+            unwatched.add(i)
+        elif type(spec) is Filtered:
+            filtered.update(range(start, start + n))
+            unwatched.add(i)
+        start += n
+    watched = tuple(i for i in cs.donated if i not in whole)
+    if not watched:
+        return None
+    nodes = _inner_nodes(cs, ctx.step.definition, unwatched)
+    if filtered:
+        # A Filtered node's leaves tuple is one more reference to each of its
+        # leaves: the others appear twice in the sequence, so that one limit
+        # holds for all (and the error names each leaf once).
+        others = tuple(i for i in watched if i not in filtered)
+        watched = (*(i for i in watched if i in filtered), *others, *others)
+        pick, sequences = operator.itemgetter(*watched) if len(watched) > 1 else (lambda leaves: (leaves[watched[0]],)), 3
+    elif len(watched) == len(cs.leaves):  # all of them: the flat leaves themselves
+        pick, sequences = None, 1
+    elif len(watched) == 1:
+        only = watched[0]
+        pick, sequences = (lambda leaves: (leaves[only],)), 2
+    else:
+        pick, sequences = operator.itemgetter(*watched), 2
+    return KeptPlan(watched, pick, refcount.BASELINE + sequences - 1, ctx.kept, nodes)
+
+
+
+def _stale_in_snapshot() -> dict[int, int] | None:
+    """Per ``id``, the references the user's frame's locals snapshot holds
+    where nothing else holds that snapshot (Python 3.11/3.12: ``x = s['x'];
+    locals(); del x`` leaves it holding ``x``, until the next ``locals()``
+    syncs it): not a holder, since no one can read it unsynced."""
+    frame = _userline.user_frame()
+    snapshot = frames.unobserved_locals_snapshot(frame)
+    if snapshot is None or frame is None:
+        return None
+    # Only the frame's variables: a sync rewrites or drops those; a key the
+    # user put there (locals()["keep"] = x, exec("keep = x")) survives every
+    # sync and is read back later: a holder like any other.
+    code = frame.f_code
+    names = {*code.co_varnames, *code.co_cellvars, *code.co_freevars}
+    stale: dict[int, int] = {}
+    for name, value in snapshot.items():
+        if name in names:
+            stale[id(value)] = stale.get(id(value), 0) + 1
+    return stale
+
+
+# -- an argument that is one array ---------------------------------------------
+
+
+def argument_params(sig: StepDefinition, cs: CompiledSignature | None) -> tuple[tuple[int, str], ...]:
+    """(index, name) of the donated parameters whose argument is one array
+    (``cs``), or, before the first compile, that may be one (every donated
+    parameter: :func:`argument_entry` then looks at what each holds). A
+    pytree of JAX refs is not one: its arrays are the refs' own."""
+    if cs is None:  # as StepDefinition.donated_leaves donates a leaf that is a whole argument
+        # (what the step returns, and so which state it does not, may be known only once compiled)
+        read_only = sig.read_only_params if sig.carried is not None else ()
+        params = [
+            i
+            for i in range(len(sig.param_names))
+            if i not in sig.ref_params
+            and (i in sig.donated_params or sig.donate == "all" and i in sig.state_params and i not in read_only)
+        ]
+    else:
+        params = [i for i in cs.donated_arrays(sig.param_names) if i not in sig.ref_params]
+    return tuple((i, sig.param_names[i]) for i in params)
+
+
+Check = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
+
+
+def argument_check(
+    params: tuple[tuple[int, str], ...],
+    record: list[Any],
+    kept: Callable[[list[tuple[int, str, Any]], Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any],
+) -> Check | None:
+    """The kept-reference check of the arguments that are one array
+    (``params``: :func:`argument_params`): ``check(fn, args, kwargs)``
+    calls ``fn`` unless one is held by more than its one name; None where
+    the check cannot be made here (``refcount.argument_counts``).
+
+    It must see the arguments as the outermost frame of the call took them
+    (:func:`argument_entry`; a method step called on its class passes its
+    own ``*args`` tuple), so that what it counts is the caller's: the one
+    name the array is passed from, and the call. Anything more is a second
+    holder (a list of samples, a second variable, an outer function's
+    parameter), unless it is the library's own: the step's ``record`` of
+    its last output inside loops (the array, or the output tuple it came
+    in) is dropped, as this call's output replaces it at its end; any
+    other step's is discounted by the slow check (:func:`_kept_arguments`),
+    which also collects garbage. Where a holder
+    remains, ``kept(held, fn, args, kwargs)`` decides (the step refuses the
+    call before dispatch; ``held``: index, name, array). A frame that calls
+    ``fn`` again (the slow path) calls the call path inside, never this."""
+    counts = refcount.argument_counts()
+    if counts is None:
+        return None
+    (pos, pos_kw, by_kw), (pos_ex, pos_kw_ex, by_kw_ex) = counts
+    count, unpacks = refcount.count, refcount.unpacks
+
+    def check(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        # One count per parameter, inline, no name bound to the argument. A
+        # call that unpacks its arguments (step(x, *rest)) counts one fewer:
+        # the caller's frame is read only when the count is above that.
+        for i, name in params:
+            if i < len(args):
+                n, low = count(args[i]), pos_kw_ex if kwargs else pos_ex
+                if n <= low:
+                    continue
+                limit = low if unpacks(2) else pos_kw if kwargs else pos  # check <- entry <- caller
+                if n <= limit:
+                    continue
+                if record[0] is not None:  # inside a loop: replaced by this call's output at its end
+                    record[0] = None
+                    if count(args[i]) <= limit:
+                        continue
+            elif name in kwargs:
+                n = count(kwargs[name])
+                if n <= by_kw_ex:
+                    continue
+                limit = by_kw_ex if unpacks(2) else by_kw
+                if n <= limit:
+                    continue
+                if record[0] is not None:
+                    record[0] = None
+                    if count(kwargs[name]) <= limit:
+                        continue
+            else:
+                continue
+            held = _kept_arguments(params, args, kwargs, unpacks(2))
+            if held:
+                return kept(held, fn, args, kwargs)
+            del held
+            break
+        return fn(*args, **kwargs)
+
+    return check
+
+
+def argument_entry(fn: Callable[..., Any], check: Check) -> Callable[..., Any]:
+    """``fn`` (a step's call path) behind ``check`` (:func:`argument_check`),
+    as the outermost frame of every call (the call slot reads it)."""
+
+    def entry(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return check(fn, args, kwargs)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
+
+    return entry
+
+
+def _kept_arguments(
+    params: tuple[tuple[int, str], ...], args: tuple[Any, ...], kwargs: dict[str, Any], unpacked: bool
+) -> list[tuple[int, str, Any]]:
+    """The arguments (index, name, array) held by more than their one name,
+    once the loops' records of step outputs (the library's own) are
+    discounted, garbage collected, and a stale ``locals()`` snapshot
+    discounted (``_stale_in_snapshot``). ``args`` and ``kwargs`` are the
+    entry's own objects, so each count here is the entry's, plus the name
+    bound below; ``unpacked``: the call unpacked its arguments."""
+    counts = refcount.argument_counts()
+    assert counts is not None
+    pos, pos_kw, by_kw = counts[unpacked]
+    kept: list[tuple[int, str, Any]] = []
+    collected, x = False, None
+    for i, name in params:
+        if i < len(args):
+            x, limit = args[i], pos_kw if kwargs else pos
+        elif name in kwargs:
+            x, limit = kwargs[name], by_kw
+        else:
+            continue
+        if not isinstance(x, jax.Array) or isinstance(x, Tracer):
+            continue  # before the first compile: a parameter that is not one array
+        limit += 1 + _in_records(x, [step.last_output for step in _steps.live()])  # `x`; the records
+        if refcount.count(x) <= limit:
+            continue
+        if not collected:
+            gc.collect()  # an unreachable cycle holds nothing anyone can read
+            collected = True
+        stale = _stale_in_snapshot() or {}
+        if refcount.count(x) - stale.get(id(x), 0) > limit:
+            kept.append((i, name, x))
+    del x
+    return kept
+
+
+def _in_records(x: Any, records: Sequence[list[Any]]) -> int:
+    """The references to ``x`` that ``records`` (``LiveStep.last_output``:
+    a step's output, recorded inside loops) hold, directly or through
+    Python's own containers that nothing but the record holds (``(state,
+    forces)``, unpacked by the caller). A container someone else holds too
+    (the caller kept the whole output) is theirs: not counted."""
+    n, node = 0, None
+    stack = [record[0] for record in records]
+    while stack:
+        # held by its parent (the record, or a container), `node` and the
+        # count's argument: BASELINE, as a leaf held by one container
+        node = stack.pop()
+        if node is x:
+            n += 1
+        elif type(node) in (tuple, list, dict) or isinstance(node, tuple) and hasattr(node, "_fields"):
+            if refcount.count(node) == refcount.BASELINE:
+                stack.extend(node.values() if type(node) is dict else node)
+    del node
+    return n
