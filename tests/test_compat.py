@@ -782,6 +782,78 @@ def test_the_kept_arguments_capability_measures_one_name_and_tells_unpacking_cal
     assert seen == [False, True, True, False, False]  # map calls from C: its caller's CALL
 
 
+def test_decorators_applied_inside_a_function_leave_its_locals_as_they_were():
+    # Before Python 3.13, resolving annotations by reading the caller's
+    # f_locals synced the dict locals() returned: a @jc.hot_step or @jc.state
+    # applied in main() changed its `hparams = locals()`. The caller's locals
+    # are read only for a name that is one of its variables (a local class).
+    lr, hparams = 0.1, None
+    hparams = locals()
+    before = dict(hparams)
+
+    @jc.state
+    class Point:
+        x: Float32[Array, " n"]
+
+    @jc.hot_step(state="t")
+    def bump(t: jax.Array) -> jax.Array:
+        return t + 1
+
+    t = bump(jnp.zeros(2))
+    assert hparams == before  # nothing read: jax.Array, Float32 and Array are globals
+
+    @jc.hot_step
+    def move(p: Point) -> Point:  # a local class: its name is one of this frame's variables
+        return Point(x=p.x + 1)
+
+    p = move(Point(x=jnp.zeros(2)))
+    assert float(p.x[0]) == 1.0 and float(t[0]) == 1.0
+    if sys.version_info >= (3, 13):  # f_locals is a proxy: reading it writes nothing
+        assert hparams == before
+
+
+def test_the_caller_namespace_reads_nothing_for_a_name_the_frame_has_no_variable_for():
+    from jaxcontracts._compat import frames
+
+    def body():
+        local_thing = 1
+        return frames.caller_locals(0), local_thing
+
+    namespace, _ = body()
+    assert "jnp" not in namespace and "nothing_here" not in namespace  # no read needed
+    assert namespace._read is None
+    assert namespace["local_thing"] == 1 and namespace._read is not None
+
+
+def test_a_refused_call_typed_at_a_pdb_prompt_leaves_the_debugged_functions_locals():
+    # issue 39 (3.11/3.12): pdb writes its frame's locals dict back into the
+    # frame on `continue`; a refusal built by reading that frame's f_locals
+    # emptied the dict, so the debugged function lost its variables
+    # (UnboundLocalError on 3.11, None on 3.12). Two refusals typed at the
+    # prompt: a consumed state passed again, a bare array kept in a list.
+    import io
+    import pdb
+
+    step = jc.hot_step(lambda s: {"x": s["x"] + 1}, state="s")
+    halve = jc.hot_step(lambda theta: theta * 0.5, state="theta")
+
+    def debugged():
+        s = step({"x": jnp.zeros(3)})
+        old, s = s, step(s)  # noqa: F841 - read by the commands typed at the prompt
+        theta = halve(jnp.ones(3))
+        lr = 0.1
+        out = io.StringIO()
+        commands = "!step(old)\n!trajectory = [theta]; halve(theta)\ncontinue\n"
+        debugger = pdb.Pdb(stdin=io.StringIO(commands), stdout=out, nosigint=True, readrc=False)
+        debugger.use_rawinput = False
+        debugger.set_trace()
+        return lr, s, theta, out.getvalue()
+
+    lr, s, theta, text = debugged()
+    assert text.count("jaxcontracts.DonationError") == 2, text
+    assert lr == 0.1 and float(s["x"][0]) == 2.0 and not theta.is_deleted()
+
+
 def test_locals_of_reads_a_frame_without_writing_to_it():
     import sys
     import weakref

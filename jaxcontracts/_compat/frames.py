@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Iterator, Mapping
 from types import FrameType
 from typing import Any
 
@@ -152,10 +153,47 @@ def unobserved_locals_snapshot(frame: FrameType | None) -> dict[str, Any] | None
     return snapshot if type(snapshot) is dict and sys.getrefcount(snapshot) == 3 else None
 
 
-def caller_locals(depth: int) -> dict[str, Any]:
-    """A copy of the locals of the frame ``depth`` levels above the caller."""
+def caller_locals(depth: int) -> Mapping[str, Any]:
+    """The local namespace of the frame ``depth`` levels above the caller,
+    for resolving names in annotations (a class local to the caller's
+    function), read only for a name that is one of that frame's variables.
+
+    Before Python 3.13 reading a function frame's ``f_locals`` syncs the dict
+    ``locals()`` returned to it (see :func:`locals_of`): a decorator applied
+    inside a function must not change its ``hparams = locals()``. A name the
+    frame's code has no variable for cannot be among its locals: for it the
+    mapping says "absent" without reading anything, so annotations naming
+    global classes (and no annotations at all) read nothing. Only one that
+    names a function's own local (a class defined in ``main()``) reads them."""
     frame = caller_frame(depth + 1)
-    return dict(frame.f_locals) if frame is not None else {}
+    return {} if frame is None else _Namespace(frame)
+
+
+class _Namespace(Mapping[str, Any]):
+    def __init__(self, frame: FrameType) -> None:
+        code = frame.f_code
+        self._frame: FrameType | None = frame
+        self._names = (
+            {*code.co_varnames, *code.co_cellvars, *code.co_freevars} if code.co_flags & _OPTIMIZED else None
+        )
+        self._read: dict[str, Any] | None = None
+
+    def _locals(self) -> dict[str, Any]:
+        if self._read is None:
+            assert self._frame is not None
+            self._read, self._frame = dict(self._frame.f_locals), None  # keeps no frame alive
+        return self._read
+
+    def __getitem__(self, name: str) -> Any:
+        if self._names is not None and name not in self._names:
+            raise KeyError(name)
+        return self._locals()[name]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._locals())
+
+    def __len__(self) -> int:
+        return len(self._locals())
 
 
 # Host callbacks (jax.debug.print, pure_callback) and an explicit device_get
