@@ -626,6 +626,77 @@ def test_a_bare_array_in_an_output_tuple_is_not_kept_by_the_loops_records():
     assert len(kept) == 1 and not kept[0].is_deleted()
 
 
+def test_a_method_step_called_on_its_class_in_a_timed_loop_is_counted_at_the_callers_frame():
+    # the loop's timing wrapper once sat between the caller and the check:
+    # every Class.step(obj, x) in a loop was refused
+    chain = _Chain()
+    theta = _Chain.step(chain, jnp.ones(3))
+    with jc.hot_loop():
+        for _ in range(300):
+            theta = _Chain.step(chain, theta)
+    assert chain.step.stats.calls == 301 and chain.step.stats.refused == 0
+    kept = [theta]
+    with pytest.raises(jc.DonationError, match="theta is passed as one array"), jc.hot_loop():
+        theta = _Chain.step(chain, theta)
+    assert not kept[0].is_deleted()
+
+
+def test_a_call_that_changes_signature_is_checked_before_its_dispatch():
+    # the call path of the current signature (a dict) does not know the other
+    # (one array): a step that may compile two checks every parameter that may be one
+    step = jc.hot_step(lambda theta: jax.tree.map(lambda x: x * 0.5, theta), state="theta", max_compiles=2)
+    d = step({"w": jnp.ones(3)})
+    theta = jnp.ones(3)
+    kept = [theta]
+    with pytest.raises(jc.DonationError, match="theta is passed as one array"):
+        theta = step(theta)  # compiles the second signature, then refused before its dispatch
+    theta = step(jnp.ones(3))
+    d = step(d)  # back to the first signature
+    again = [theta]
+    with pytest.raises(jc.DonationError, match="theta is passed as one array"):
+        step(theta)  # both compiled: alternating
+    assert not kept[0].is_deleted() and not again[0].is_deleted() and step.stats.compiles == 2
+
+
+def test_a_call_from_c_with_no_python_frame_above_counts_as_unpacked():
+    import _thread
+
+    from jaxcontracts._compat import refcount
+
+    seen, done = [], threading.Event()
+
+    def target():  # a new thread's first frame: nothing above it
+        seen.append(refcount.unpacks(5))
+        done.set()
+
+    _thread.start_new_thread(target, ())
+    assert done.wait(10) and seen == [True]  # not ValueError: call stack is not deep enough
+
+
+def test_after_a_debugger_stopped_in_the_function_a_bare_array_runs_and_a_kept_one_is_refused():
+    # 3.11/3.12: the debugger holds the frame's locals() dict, whose entry
+    # for theta holds what theta holds: that variable seen twice, not a holder
+    import io
+    import pdb
+
+    step = _halve()
+
+    def run():
+        theta = step(jnp.ones(3))
+        debugger = pdb.Pdb(stdin=io.StringIO("continue\n"), stdout=io.StringIO(), nosigint=True, readrc=False)
+        debugger.use_rawinput = False
+        debugger.set_trace()
+        for _ in range(3):
+            theta = step(theta)
+        kept = [theta]
+        with pytest.raises(jc.DonationError, match="theta is passed as one array"):
+            theta = step(theta)
+        return theta, kept
+
+    theta, kept = run()
+    assert float(theta[0]) == 0.0625 and not kept[0].is_deleted() and step.stats.calls == 4
+
+
 def _second_holder(kind, step, theta):
     """Call ``step`` with ``theta`` held by a second holder of ``kind``."""
     if kind == "a list":

@@ -22,6 +22,7 @@ __all__ = [
     "library_locals",
     "locals_of",
     "notebook_cell",
+    "locals_snapshot_mirrors",
     "unobserved_locals_snapshot",
 ]
 
@@ -98,8 +99,9 @@ _LAYOUT = {(3, 11): (24, 32, 24, 40), (3, 12): (24, 0, 40, 48)}.get(sys.version_
     "locals-snapshot",
     "CPython 3.11/3.12's frame layout: the locals snapshot a function frame keeps (read "
     "without syncing it); nothing to read on 3.13, which keeps none",
-    "a donated leaf still held by a stale locals() snapshot nobody holds "
-    "(`x = s['x']; locals(); del x`) is refused as kept",
+    "a donated array still held by a stale locals() snapshot nobody holds "
+    "(`x = s['x']; locals(); del x`), or by a debugger's snapshot entry that "
+    "mirrors the variable passed, is refused as kept",
 )
 def _probe_snapshot() -> str | None:
     if sys.version_info >= (3, 13):
@@ -112,7 +114,12 @@ def _probe_snapshot() -> str | None:
         seen = locals()
         return _snapshot_address(sys._getframe()) == id(seen)
 
-    return None if probe() else "the frame layout read does not match this interpreter's"
+    def variables(a: object) -> bool:  # the variables, read where the frame keeps them
+        b = object()
+        return _variable_holds(sys._getframe(), "a", a) and _variable_holds(sys._getframe(), "b", b)
+
+    ok = probe() and variables(object())
+    return None if ok else "the frame layout read does not match this interpreter's"
 
 
 def _snapshot_address(frame: FrameType) -> int | None:
@@ -129,6 +136,59 @@ def _snapshot_address(frame: FrameType) -> int | None:
     if not data or word(data + f_code).value != id(frame.f_code) or word(data + frame_obj).value != id(frame):
         return None
     return word(data + f_locals).value or 0
+
+
+# Where _PyInterpreterFrame's localsplus array starts (3.11 and 3.12, 64-bit):
+# a function's variables, co_varnames first, in that order.
+_LOCALSPLUS = 72
+
+
+def _variable_holds(frame: FrameType, name: str, obj: Any) -> bool:
+    """Whether the running function ``frame``'s variable ``name`` (one of
+    ``co_varnames``) holds ``obj`` now, read from the interpreter frame
+    without syncing its locals; False where that cannot be read."""
+    code = frame.f_code
+    if name not in code.co_varnames or name in code.co_cellvars or _LAYOUT is None:
+        return False
+    import ctypes
+
+    f_frame, f_code, _, frame_obj = _LAYOUT
+    word = ctypes.c_void_p.from_address
+    data = word(id(frame) + f_frame).value
+    if not data or word(data + f_code).value != id(code) or word(data + frame_obj).value != id(frame):
+        return False
+    return word(data + _LOCALSPLUS + 8 * code.co_varnames.index(name)).value == id(obj)
+
+
+def locals_snapshot_mirrors(frame: FrameType | None) -> dict[int, int] | None:
+    """Per ``id``, the entries of a running function ``frame``'s locals
+    snapshot (3.11/3.12) that are not holders of their own: all of those
+    under the frame's variable names where nothing but the frame holds the
+    snapshot (:func:`unobserved_locals_snapshot`: no one reads it unsynced);
+    where something else holds it too (a debugger stopped there, ``hparams =
+    locals()``), only those that mirror a variable, holding the very object
+    that variable holds now (the one name, seen twice). None: nothing to
+    discount (3.13, no snapshot, the layout unknown)."""
+    if frame is None or sys.version_info >= (3, 13) or not frame.f_code.co_flags & _OPTIMIZED:
+        return None
+    if not capability("locals-snapshot").available:
+        return None
+    address = _snapshot_address(frame)
+    if not address:
+        return None
+    import ctypes
+
+    snapshot = ctypes.cast(address, ctypes.py_object).value  # the frame holds it: alive
+    if type(snapshot) is not dict:
+        return None
+    alone = sys.getrefcount(snapshot) == 3  # the frame's reference, this variable, the argument
+    code = frame.f_code
+    names = {*code.co_varnames, *code.co_cellvars, *code.co_freevars}
+    out: dict[int, int] = {}
+    for name, value in snapshot.items():
+        if name in names and (alone or _variable_holds(frame, name, value)):
+            out[id(value)] = out.get(id(value), 0) + 1
+    return out
 
 
 def unobserved_locals_snapshot(frame: FrameType | None) -> dict[str, Any] | None:

@@ -177,5 +177,8 @@ def unpacks(depth: int) -> bool:
     is inside a call that unpacks its arguments (``f(*args)``, ``f(x,
     *rest)``, ``f(**kw)``): its current instruction is ``CALL_FUNCTION_EX``
     (the ``kept-arguments`` capability's probe checks it on every form)."""
-    frame = sys._getframe(depth + 1)
+    try:
+        frame = sys._getframe(depth + 1)
+    except ValueError:  # called from C with no Python frame above (a new thread's target):
+        return True  # its arguments come in a tuple of the caller's own, as unpacked ones do
     return frame.f_code.co_code[frame.f_lasti] == _CALL_EX

@@ -291,7 +291,10 @@ class HotStep(Generic[P, R]):
         try:
             bound = self.__get__(obj, type(obj))
             check = bound._check  # this frame is the outermost: the bound step's check runs here
-            return bound._call(*args, **kwargs) if check is None else check(bound._raw_dispatch, args, kwargs)
+            if check is None:
+                return bound(*args, **kwargs)
+            timed = type(bound).__dict__["__call__"] is _TIMED_CALL
+            return check(bound._timed_inner if timed else bound._raw_dispatch, args, kwargs)
         except ContractError as err:  # the traceback ends at the user's line
             trim(err)
             raise
@@ -406,15 +409,23 @@ class HotStep(Generic[P, R]):
         slot reads while a timing loop is active."""
         self._raw_dispatch = fn
         # At full, the kept-reference check of the arguments that are one
-        # array (``_step.kept.argument_check``), in the outermost frame of every call.
+        # array (``_step.kept.argument_check``), in the outermost frame of
+        # every call. A step that may compile another signature checks every
+        # parameter that may be one (a call that changes signature passes
+        # through the current signature's path first).
         sig = self._sig
-        params = () if self._level != "full" or sig.is_method else argument_params(sig, self._current)
+        current = None if sig.max_compiles > 1 else self._current
+        params = () if self._level != "full" or sig.is_method else argument_params(sig, current)
         self._check = argument_check(params, self.last_output, self._kept_arguments) if params else None
         self._call = self._entered(fn)
+        if sig.is_method:  # Class.step(obj, x): timed as the bound step's call
+            self._timed_inner = self._timed_call = fn
+            return
         timed, self.timing_hook = _timing.timed(fn, self.timing_counters, self._install_call, self)
-        self._timed_call = self._entered(timed)
+        self._install_call(timed)
 
     def _install_call(self, fn: Callable[..., Any]) -> None:
+        self._timed_inner = fn  # what a timed call runs, behind the check
         self._timed_call = self._entered(fn)
 
     def _entered(self, fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -424,11 +435,11 @@ class HotStep(Generic[P, R]):
         self, held: list[tuple[int, str, Any]], fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         """Arguments that are one array, held by more than their one name
-        (``argument_entry``): refused before dispatch. Before the first
-        compile, whether the step donates such a parameter (returns it) is
-        known once compiled: the call compiles, and ``_redispatch`` refuses
-        it then, before its dispatch."""
-        if self._current is None:
+        (``argument_entry``): refused before dispatch. Until a step's
+        returned state is known (its first compile, for ``state=``), whether
+        it donates such a parameter is known once compiled: the call
+        compiles, and ``_redispatch`` refuses it then, before its dispatch."""
+        if self._sig.carried is None:  # which state it returns (donates) is known once compiled
             self._redispatch.held = [(i, name) for i, name, _ in held]
             try:
                 return fn(*args, **kwargs)

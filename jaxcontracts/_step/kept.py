@@ -277,23 +277,13 @@ def kept_plan(ctx: CallContext) -> KeptPlan | None:
 
 def _stale_in_snapshot() -> dict[int, int] | None:
     """Per ``id``, the references the user's frame's locals snapshot holds
-    where nothing else holds that snapshot (Python 3.11/3.12: ``x = s['x'];
-    locals(); del x`` leaves it holding ``x``, until the next ``locals()``
-    syncs it): not a holder, since no one can read it unsynced."""
-    frame = _userline.user_frame()
-    snapshot = frames.unobserved_locals_snapshot(frame)
-    if snapshot is None or frame is None:
-        return None
-    # Only the frame's variables: a sync rewrites or drops those; a key the
-    # user put there (locals()["keep"] = x, exec("keep = x")) survives every
-    # sync and is read back later: a holder like any other.
-    code = frame.f_code
-    names = {*code.co_varnames, *code.co_cellvars, *code.co_freevars}
-    stale: dict[int, int] = {}
-    for name, value in snapshot.items():
-        if name in names:
-            stale[id(value)] = stale.get(id(value), 0) + 1
-    return stale
+    that are not holders (Python 3.11/3.12: ``frames.locals_snapshot_mirrors``):
+    after ``x = s['x']; locals(); del x`` it holds ``x`` until the next
+    ``locals()`` syncs it, but no one can read it unsynced; and where a
+    debugger stopped there holds it, an entry holding what its variable holds
+    now is that variable, seen twice. A key the user put there
+    (``locals()["keep"] = x``) survives every sync: a holder like any other."""
+    return frames.locals_snapshot_mirrors(_userline.user_frame())
 
 
 # -- an argument that is one array ---------------------------------------------
