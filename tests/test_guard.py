@@ -379,6 +379,66 @@ def test_a_concrete_flag_read_while_a_warm_up_compile_traces_is_part_of_the_comp
             bool(flag)
 
 
+def _flag_reader(flag, seen=None):
+    """A fresh jax.jit whose trace reads a device flag made once (jax-md, diffrax)."""
+
+    @jax.jit
+    def late(x):
+        if seen is not None:  # JAX's own device-to-host guard, as the trace sees it
+            seen.append(jax.config.jax_transfer_guard_device_to_host)
+        return x if flag else x + 1
+
+    return late
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_a_jit_first_traced_after_the_warm_up_is_refused_as_a_compile_not_as_its_flag_read(level):
+    # issue 39 N6: its trace ran, and the `if flag:` in it was the TransferError (a symptom)
+    flag, x = jnp.float32(0.5) == 0, jnp.zeros(3)
+    with jc.checks_level(level):
+        late = _flag_reader(flag)
+        with pytest.raises(jc.RecompileError) as e:  # noqa: PT012
+            with jc.hot_loop(compiles="warmup") as loop:
+                for i in loop.iterate(range(3)):
+                    if i == 1:
+                        late(x)
+        text = str(e.value)
+        assert "compile inside jc.hot_loop: jax compiles `late` after the warm-up" in text, text
+        assert "in iteration 1 of loop.iterate()" in text and "late(x)" in text
+        assert "if flag" not in text  # the call's line, not the read's
+        with pytest.raises(jc.RecompileError, match="jax compiles `late`"):  # noqa: PT012
+            with jc.hot_loop():  # no warm-up: refused before its trace as well
+                late = _flag_reader(flag)
+                late(x)
+        for compiles in ("warmup", "disallow"):  # record mode traces on: the compile is recorded
+            late = _flag_reader(flag)
+            with jc.hot_loop(compiles=compiles, on_violation="record") as loop:
+                for i in loop.iterate(range(2)):
+                    if i == 1:
+                        late(x)
+            found = [(v.kind, v.iteration) for v in loop.violations]
+            assert found == [("compile", 1)], loop.violations
+            assert "`late`" in loop.violations[0].what
+
+
+@pytest.mark.parametrize(("level", "first"), [("fast", 0), ("full", 0), ("off", 1)])
+def test_a_compile_the_loop_lets_through_traces_with_jaxs_own_read_guard_lifted(level, first):
+    # Off CPU a loop sets JAX's device-to-host guard to disallow, and the flag read of a
+    # plain jax.jit's trace was JAX's TransferError there (seen on a TPU v5e): in the
+    # warm-up pass, and in any pass at level off, which checks no compile. A hot step's
+    # compile lifts it (_runtime.compiling); a plain jit's trace now too. On CPU JAX's
+    # guard never fires: what the trace sees of it is the test.
+    flag, x, seen = jnp.float32(0.5) == 0, jnp.zeros(3), []
+    late = _flag_reader(flag, seen)
+    with jc.checks_level(level), jax.transfer_guard_device_to_host("disallow"):  # as off CPU
+        with jc.hot_loop(compiles="warmup") as loop:
+            for i in loop.iterate(range(3)):
+                if i == first:
+                    y = late(x)
+    assert seen == ["allow"] and loop.violations == []
+    assert jc.fetch(y).tolist() == [1.0, 1.0, 1.0]
+
+
 def test_a_nested_allow_loop_lifts_the_outer_loops_native_guard_and_restores_it():
     x = jnp.arange(3.0)
     x * 2.0  # warm

@@ -276,6 +276,61 @@ def test_a_read_only_step_that_saw_a_leaf_is_never_named_as_its_donor():
     assert measure.stats.calls == 2 and advance.stats.calls == 2
 
 
+class _Sim(typing.NamedTuple):
+    position: jax.Array
+    energy: jax.Array
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_a_plain_jit_given_a_consumed_array_in_a_nested_allowing_loop_names_it_and_its_step(level):
+    # issue 39 R2a, jax-md's overflow rollback with donate="all": the state the step
+    # consumed, given to a plain jax.jit inside a nested transfers="allow" loop, was a
+    # raw `ValueError: ... Buffer has been deleted or donated`.
+    def simulate(s):
+        return _Sim(s.position + 1, s.energy + 1)
+
+    def drift(p):
+        return Particles(pos=p.pos + 1, vel=p.vel, t=p.t, dt=p.dt)
+
+    advance = jc.hot_step(simulate, state="s", donate="all")
+    move = jc.hot_step(drift, state="p", donate="all")
+    measure = jax.jit(lambda a: (a * a).sum())
+    s, p = advance(_Sim(jnp.zeros((6, 3)), jnp.zeros(()))), move(make_particles(6))
+    measure(s.position)  # warm: the loop refuses no compile
+    with jc.checks_level(level):
+        with pytest.raises(jc.DonationError) as e:  # noqa: PT012
+            with jc.hot_loop(compiles="warmup") as loop:
+                for i in loop.iterate(range(3)):
+                    old = s
+                    s = advance(s)
+                    if i == 1:
+                        with jc.hot_loop(transfers="allow"):  # the rollback branch
+                            measure(old.position)
+        text = str(e.value)
+        # a foreign state records no consumer: the steps that donate are listed
+        spec = "(f32[6,3]) "
+        heads = (f"`old.position` {spec}",) if NAMES else ("an array that ", f"an array {spec}")
+        title = "use of a donated array inside jc.hot_loop: "
+        assert any(text.startswith(title + h + DELETED) for h in heads), text
+        names = re.search(r"hot steps that donate: ([^;]*);", text)[1].split(", ")
+        # sorted, three at most (other tests' steps may still be live): simulate, or three before it
+        assert "simulate" in names or (names[-1] == "..." and names[2] < "simulate"), names
+        assert "measure(old.position)" in text
+        assert e.value.contract == "no-donated-use"
+        with pytest.raises(jc.DonationError) as e:  # noqa: PT012
+            with jc.hot_loop(compiles="warmup") as loop:
+                for i in loop.iterate(range(3)):
+                    old = p
+                    p = move(p)
+                    if i == 1:
+                        with jc.hot_loop(transfers="allow"):
+                            measure(old.pos)
+        text = str(e.value)
+        # a jc.state's consumed class proves which step consumed it: that one is named
+        assert "Particles.pos: f32[6,3] was donated to drift" in text, text
+        assert "measure(old.pos)" in text and e.value.contract == "no-donated-use"
+
+
 def test_a_nan_under_debug_nans_is_jaxs_floating_point_error_not_a_donation_story():
     # It used to say "s['x'] was already deleted ... your inputs are intact": false.
     def step_fn(s):

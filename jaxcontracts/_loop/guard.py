@@ -81,16 +81,21 @@ class _WarmUp:
 
 
 
-def acquire() -> None:
-    """The interceptors, and the observer of plain jax.jit cache misses (where
-    JAX has the mechanism), installed for one more loop entry."""
-    intercept.acquire()
+def acquire(checked: bool) -> None:
+    """The interceptors (a checking entry's), and the observer of plain jax.jit
+    cache misses (where JAX has the mechanism), installed for one more loop
+    entry. At checks level ``off`` the observer only lifts JAX's own
+    device-to-host guard while a plain jax.jit traces (``plainjit._traced``),
+    as a hot step's compile does: a cache miss's cost, none on a warm call."""
+    if checked:
+        intercept.acquire()
     jitwatch.add_miss_observer(plainjit.observe)
 
 
-def release() -> None:
+def release(checked: bool) -> None:
     jitwatch.remove_miss_observer(plainjit.observe)
-    intercept.release()
+    if checked:
+        intercept.release()
 
 _OPTIONS = {
     "transfers": ("disallow", "allow_host_to_device", "allow"),
@@ -366,12 +371,12 @@ class HotLoop:
             if jax.local_device_count() > 1:
                 modes["device_to_device"] = "allow"
         # At checks level off only JAX's native guards: no class patches, no
-        # compile listener, no active loop for the call path to report to.
+        # compile listener, no active loop for the call path to report to (the
+        # cache-miss observer only lifts JAX's guard while a plain jax.jit traces).
         checked = get_checks() != "off"
         entry = Entry(self, stack, modes, checked=checked)
         entry.counted = counted
-        if checked:
-            acquire()
+        acquire(checked)
         try:
             with stacks_lock:
                 repair(stack)
@@ -392,8 +397,7 @@ class HotLoop:
             else:
                 if entry.native is not None:  # the innermost contexts: they close in order
                     entry.native.close()
-                if checked:
-                    release()
+                release(checked)
                 if counted:
                     interrupts.leaving()
             raise
@@ -455,8 +459,7 @@ class HotLoop:
                 else:
                     restore_elsewhere(stack)
             finally:
-                if entry.checked:
-                    release()
+                release(entry.checked)
                 if entry.counted:
                     interrupts.leaving()
         if entry.capture_tid is not None:
@@ -641,8 +644,10 @@ def hot_loop(
     At checks level ``off`` (``jc.set_checks("off")``,
     ``JAXCONTRACTS_CHECKS=off``) a loop engages only JAX's native transfer
     guards (host-to-device on every backend, device-to-host off CPU): no
-    interception of reads or compiles, so annotated loops cost nothing. The
-    level is read when the loop is entered.
+    interception of reads or compiles, so annotated loops cost nothing; as
+    no compile is checked, JAX's guard is lifted while a hot step or a plain
+    ``jax.jit`` traces (the concrete reads of a trace are part of its
+    compile). The level is read when the loop is entered.
 
     Returns:
         A context manager, also usable as a decorator (``@jc.hot_loop()``,

@@ -41,8 +41,9 @@ counted across every loop of every thread.
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from time import perf_counter
 from types import FrameType
 from typing import Any
@@ -70,9 +71,17 @@ from .._tracebacks import trim
 from .._userline import host_read_on_line, user_frame
 from . import rng as _rng
 
-__all__ = ["acquire", "on_monitoring_event", "pending", "release"]
+__all__ = [
+    "acquire",
+    "in_recorded_compile",
+    "on_monitoring_event",
+    "pending",
+    "plain_trace",
+    "release",
+]
 
 _lock = threading.Lock()
+_TRACE_EVENT = events.COMPILE_EVENTS[0]
 
 
 def _violation(kind: str, what: str, fix: str, frame: Any = None) -> None:
@@ -144,10 +153,16 @@ def _on_read(x: Any, name: str, frame: Any = None) -> None:
         )
         return
     loop = local.loop
-    if loop is not None and not trace_state_clean() and loop.compiles_admitted():
-        # A concrete array read while a compile the loop admits traces (an `if`
-        # on a global flag: jax-md's neighbor lists): once per compile, as the
-        # compile is; in a later pass the compile itself is refused.
+    if (
+        loop is not None
+        and not trace_state_clean()
+        and (loop.compiles_admitted() or in_recorded_compile())
+    ):
+        # A concrete array read while a compile traces (an `if` on a global flag:
+        # jax-md's neighbor lists) is part of that compile: once per compile, as
+        # the compile is, where the loop admits it; where it refuses it, the
+        # compile is the violation (raised before the trace; recorded at its
+        # lowering in record mode, which traces on), never its reads.
         return
     _violation(
         "transfer",
@@ -420,11 +435,19 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
             return
         key = (name, user.f_code.co_filename if user else None, user.f_lineno if user else None)
         again = loop.seen_compile(key)
-        if not again and (event != events.LOWERING_EVENT or loop.admit_compile(key, name, user)):
+        # After the warm-up pass no first compile is admitted either: refused at
+        # its first phase, before its trace runs what reads concrete arrays.
+        if (
+            not again
+            and loop.compiles_admitted()
+            and (event != events.LOWERING_EVENT or loop.admit_compile(key, name, user))
+        ):
             return
     # Raise at the first phase; record each compile once (every compile lowers
     # to MLIR, while a cold eager op may skip the trace event).
     if loop.on_violation != "raise" and event != events.LOWERING_EVENT:
+        if event == _TRACE_EVENT:
+            _recording_compile()
         return
     # The compile is often a symptom: say the cause when the stack shows it.
     stale = _deleted_in_stack(user)
@@ -472,6 +495,18 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
             user,
         )
         return
+    if loop.warmup and not loop.compiles_admitted():
+        _violation(
+            "compile",
+            f"jax compiles `{name}` after the warm-up (with loop.iterate(), only its "
+            "first iteration may compile: a jax.jit first called here, a new input "
+            "signature, or a cold eager op)",
+            "call it in the first iteration too, or warm it before the loop on what the "
+            "loop will pass; where a compile is expected here (a rare branch), mark it "
+            'with jc.hot_loop(compiles="allow") around that branch.',
+            user,
+        )
+        return
     _violation(
         "compile",
         f"jax compiles `{name}` (a fresh jax.jit, a new input signature, or a "
@@ -483,6 +518,39 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
         "to their device; warm it on a step's outputs, or on jc.device_tree(x) "
         "(committed).",
     )
+
+
+class _PlainTrace(threading.local):
+    # the plain jax.jit traces running on this thread (``plain_trace``), the
+    # innermost's cell: [whether the loop recorded its compile]
+    cell: list[bool] | None = None
+
+
+_plain_trace = _PlainTrace()
+
+
+@contextlib.contextmanager
+def plain_trace() -> Iterator[None]:
+    """Around a plain ``jax.jit``'s trace (``_loop.plainjit``): a compile the
+    loop records as it starts (record mode, which traces on) makes the
+    concrete reads of that trace part of it (``in_recorded_compile``)."""
+    outer, _plain_trace.cell = _plain_trace.cell, [False]
+    try:
+        yield
+    finally:
+        _plain_trace.cell = outer
+
+
+def _recording_compile() -> None:
+    cell = _plain_trace.cell
+    if cell is not None:
+        cell[0] = True
+
+
+def in_recorded_compile() -> bool:
+    """Whether the plain ``jax.jit`` trace running now is a compile the loop records."""
+    cell = _plain_trace.cell
+    return cell is not None and cell[0]
 
 
 def _deleted_in_stack(user: FrameType | None, limit: int = 80) -> Any | None:

@@ -23,6 +23,13 @@ checks what can be known before the call runs:
   next iteration of ``loop.iterate``, the loop's next compile or its end
   (:func:`settle`). Only what one call shows is claimed.
 
+The concrete arrays a trace reads (an ``if`` on a device flag made once) are
+part of its compile, never reads of their own (``_traced``): let through
+where the loop lets the compile through, JAX's own device-to-host guard
+lifted for the trace, and, where the loop refuses the compile, that compile
+is the violation (raised before the trace; recorded in record mode). At
+checks level ``off`` only that lift is done: nothing is checked.
+
 Functions of JAX's own modules (the jits behind eager ops) are left to the
 compile listener. A miss under a trace, or where the loop allows transfers
 (``jc.fetch``, a hot step's own compile), is not looked at.
@@ -30,6 +37,7 @@ compile listener. A miss under a trace, or where the loop allows transfers
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from typing import Any
 
@@ -41,6 +49,7 @@ from .._compat.tracing import trace_state_clean
 from .._format import fmt_bytes
 from .._runtime import local
 from .._userline import user_frame, where
+from .intercept import plain_trace
 
 __all__ = ["Followed", "observe", "settle"]
 
@@ -61,12 +70,14 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
     __tracebackhide__ = True
     loop = local.loop
     if (
-        loop is None
+        (loop is None and not local.stack.entries)
         or local.allow
         or str(getattr(fun, "__module__", "") or "").startswith("jax")
         or not trace_state_clean()
     ):
         return run(fun, ji, args, kwargs)
+    if loop is None:  # a loop at checks level off: compiles are not checked, nor what they read
+        return _traced(None, run, fun, ji, args, kwargs)
     settle(loop)  # what the calls before this miss dropped
     try:  # what the loop has to say, worked out before the call; never fails the call itself
         opts = jitwatch.options_from_info(ji)
@@ -79,7 +90,7 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
         host = [(j, path) for j, path in enumerate(sig.paths) if sig.host[j]] if loop.checks_transfers else []
         logged = [_logged_aval(sig.specs[j]) for j, _ in host[:1]]
     except Exception:  # noqa: BLE001 - an argument we cannot describe: JAX's own path explains it
-        return run(fun, ji, args, kwargs)
+        return _traced(loop, run, fun, ji, args, kwargs)
     local.plain_recompile = recompile
     seen.append(sig)
     user = user_frame()
@@ -96,7 +107,7 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
             f"(@jc.hot_step(host={param!r})).",
             user,
         )
-    p, flat = run(fun, ji, args, kwargs)
+    p, flat = _traced(loop, run, fun, ji, args, kwargs)
     try:
         out_tree, out_avals = jitwatch.outputs_of(p)
         avals = {(tuple(a.shape), str(a.dtype)) for a in out_avals}
@@ -114,6 +125,28 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
     if not wrong and not jitwatch.installed():  # (an open jc.watch() follows every call itself)
         loop.plain_followed.extend(followed)
     return p, flat
+
+
+def _traced(loop: Any, run: Any, fun: Any, ji: Any, args: Any, kwargs: Any) -> Any:
+    """Trace the function (``run``), its concrete reads part of its compile.
+
+    Where the loop lets the compile through (its warm-up pass,
+    ``compiles="allow"``, or a loop at checks level ``off``, which checks no
+    compile), JAX's own device-to-host guard, which the loop set to
+    ``disallow`` off CPU, is lifted for the trace, as it is for a hot step's
+    compile (``_runtime.compiling``): an ``if`` on a device flag made once
+    reads it once, at trace time. Where the loop refuses the compile, the
+    compile listener raises before the trace runs, or, in record mode, records
+    the compile, and ``intercept.plain_trace`` tells the read interceptor
+    that the trace's reads are part of it.
+    """
+    __tracebackhide__ = True
+    lifted = loop is None or loop.compiles_admitted()
+    with (
+        plain_trace(),
+        jax.transfer_guard_device_to_host("allow") if lifted else contextlib.nullcontext(),
+    ):
+        return run(fun, ji, args, kwargs)
 
 
 def _follow(name: str, sig: Any, leaves: list[Any], candidates: tuple[int, ...], user: Any) -> list[Followed]:
