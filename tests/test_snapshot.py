@@ -477,6 +477,21 @@ def test_snapshot_files_are_never_collected_as_doctests(pytester):
     pytester.runpytest().assert_outcomes(passed=1)  # a stray binary file is never read
 
 
+def test_nothing_in_a_snapshot_folder_is_ever_collected(pytester):
+    """Issue 39: a legacy `test_sim.test_sim.txt` matches pytest's default
+    doctest glob `test*.txt`; plain `pytest` collected it and ran its `>>>`
+    line. The plugin refuses the whole folder, a planted module included."""
+    text = _recorded(pytester)
+    folder = pytester.path / "__jc_snapshots__"
+    (folder / "test_sim.test_sim.jcsnap").unlink()
+    (folder / "test_sim.test_sim.txt").write_text(text + '>>> open("PWNED", "w").close()\n')
+    (folder / "test_planted.py").write_text('open("PWNED", "w").close()\n')
+    result = pytester.runpytest()  # pytest's default doctest glob
+    result.stdout.fnmatch_lines(["collected 1 item"])  # the test, no doctest, no module
+    result.assert_outcomes(failed=1)  # the `>>>` line is a contract change, read as data
+    assert not (pytester.path / "PWNED").exists()
+
+
 @pytest.mark.parametrize(
     "content, message",
     [
@@ -666,6 +681,47 @@ def test_two_sessions_writing_one_file_keep_both_sections(pytester):
     write(folder, path, lambda now: {**now, **gpu}, "test_sim.py::test_sim")
     write(folder, path, lambda now: {**now, **stale}, "test_sim.py::test_sim")
     assert sorted(read(folder, path)) == sorted([*cpu, *gpu])
+
+
+def test_with_xdist_the_summary_lists_every_file_the_workers_wrote(pytester):
+    """Issue 39: under pytest-xdist the workers write the files and the
+    controller, which prints the summary, listed none of them."""
+    pytest.importorskip("xdist")
+    pytester.makeini(INI)
+    pytester.makepyfile(
+        test_many=textwrap.dedent(
+            """
+            import pytest
+            from jaxtyping import Array, Float32
+
+            import jaxcontracts as jc
+
+
+            @jc.state
+            class Sim:
+                x: Float32[Array, "n"]
+
+
+            @jc.hot_step(signature=Sim, donate="all", max_compiles=4)
+            def advance(s: Sim) -> Sim:
+                return Sim(x=s.x + 1)
+
+
+            @pytest.mark.parametrize("n", [1, 2, 3, 4])
+            @pytest.mark.jc_snapshot
+            def test_n(n):
+                advance(Sim.zeros(n=n))
+            """
+        )
+    )
+    # pytest-benchmark, where installed, warns that xdist disables it (an error here).
+    args = ("-p", "xdist", "-n", "2", "-p", "no:benchmark", "--jc-snapshot-update")
+    result = pytester.runpytest(*args)
+    result.assert_outcomes(passed=4)
+    written = sorted(p.name for p in (pytester.path / "__jc_snapshots__").glob("*.jcsnap"))
+    assert written == [f"test_many.test_n[{n}].jcsnap" for n in (1, 2, 3, 4)]
+    listed = [line for line in result.outlines if line.startswith("written: ")]
+    assert listed == [f"written: {pytester.path / '__jc_snapshots__' / name}" for name in written]
 
 
 def test_a_legacy_txt_snapshot_is_read_and_an_update_replaces_it(pytester):

@@ -54,6 +54,9 @@ test, one section per backend and device count); a plain run compares and
 fails with a table (field, before, after, rule). Sizes and costs may grow by
 a tolerance: ``@pytest.mark.jc_snapshot(temporaries="25%", flops="any")``,
 or ``jc_snapshot_tolerance`` lines in the ini file (``temporaries = 10%``).
+Nothing under a ``__jc_snapshots__`` folder is ever collected (pytest's
+doctest collector would run a ``>>>`` line in a snapshot). The session's
+summary lists the files written, those pytest-xdist workers wrote included.
 See ``docs/snapshots.md``.
 
 Like ``jc.hot_loop``, the loop watches the thread that runs the test only, and
@@ -81,11 +84,14 @@ __all__ = [
     "jc_hot_loop",
     "pytest_addoption",
     "pytest_configure",
+    "pytest_ignore_collect",
     "pytest_pyfunc_call",
     "pytest_runtest_call",
     "pytest_runtest_setup",
     "pytest_runtest_teardown",
+    "pytest_sessionfinish",
     "pytest_terminal_summary",
+    "pytest_testnodedown",
     "pytest_unconfigure",
 ]
 
@@ -98,6 +104,8 @@ SNAPSHOT_DIR = "__jc_snapshots__"
 _RECORDER = pytest.StashKey["Recorder"]()
 _TOLERANCES = pytest.StashKey[dict[str, Any]]()
 _SUMMARY = pytest.StashKey[dict[str, list[str]]]()
+#: The key of a pytest-xdist worker's summary in ``config.workeroutput``.
+_WORKER_SUMMARY = "jaxcontracts_snapshots"
 
 
 # --------------------------------------------------------------------------
@@ -258,6 +266,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
         jc.set_checks(saved)  # type: ignore[arg-type]
         del config.stash[_SAVED_LEVEL]
+
+
+def pytest_ignore_collect(collection_path: pathlib.Path) -> bool | None:
+    """Never collect a snapshot folder or anything in it.
+
+    Snapshot files are data: a ``>>>`` line in one, or in a legacy
+    ``test_x.test_y.txt`` (pytest's default doctest glob ``test*.txt``), must
+    never run as a doctest, nor a file planted there as a test module.
+    ``None`` elsewhere, so that other plugins still decide.
+    """
+    return True if SNAPSHOT_DIR in collection_path.parts else None
 
 
 @pytest.hookimpl(wrapper=True)
@@ -441,13 +460,39 @@ def _check_snapshot(item: pytest.Item, recorder: Recorder) -> None:
         )
 
 
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """On a pytest-xdist worker, hand the summary to the controller.
+
+    xdist sends ``config.workeroutput`` after every ``pytest_sessionfinish``
+    ran; the controller reads it in :func:`pytest_testnodedown`.
+    """
+    workeroutput = getattr(session.config, "workeroutput", None)
+    summary = session.config.stash.get(_SUMMARY, None)
+    if workeroutput is not None and summary is not None:
+        workeroutput[_WORKER_SUMMARY] = summary
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """On the pytest-xdist controller, merge a finished worker's summary.
+
+    An xdist hook: ``optionalhook`` lets pytest load this plugin without xdist.
+    A worker that crashed sent nothing.
+    """
+    theirs = getattr(node, "workeroutput", {}).get(_WORKER_SUMMARY)
+    summary = node.config.stash.get(_SUMMARY, None)
+    if theirs and summary is not None:
+        for kind, lines in summary.items():
+            lines.extend(theirs.get(kind, ()))
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     """List the snapshot files written and the comparisons made across versions."""
     summary = config.stash.get(_SUMMARY, None)
     if not summary or not (summary["written"] or summary["unstable"]):
         return
     terminalreporter.section("jaxcontracts snapshots")
-    for path in summary["written"]:
+    for path in sorted(summary["written"]):  # xdist workers finish in any order
         terminalreporter.write_line(f"written: {path}")
     for line in summary["unstable"]:
         terminalreporter.write_line(f"compared without memory/cost: {line}")
