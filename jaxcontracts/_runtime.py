@@ -28,6 +28,7 @@ from . import _steps
 from ._compat.frames import locals_of
 from ._donation.hazards import is_deleted_array
 from ._format import flatten_with_path
+from ._tracebacks import is_library
 
 __all__ = [
     "LoopHandle",
@@ -214,6 +215,10 @@ DONATION_FIXES = {
     "pass": "pass {returned}), not the one you passed to it. "
     + _KEEP
     + " Where one array must appear twice, pass a copy (jnp.copy(x)).",
+    # a call was passed a deleted array that this step does not donate (a batch a jax.jit donated)
+    "pass_other": "pass an array that still exists: {value} was deleted before this call (donated to an "
+    "earlier call, such as a jax.jit with donate_argnums, or x.delete()); pass what that call returned "
+    "in its place. " + _KEEP,
     # a donated leaf is still referenced besides its state
     "kept": "keep a copy instead of the array itself (samples.append(jnp.copy({value})), or "
     "jc.fetch({value}) for a host copy), return what you keep as an output of its own, "
@@ -261,8 +266,37 @@ def arrays_named(
 
     The user's frame holds the array directly (``x``) or inside a state it
     holds (``old.position`` of a NamedTuple, ``state.params['w']``,
-    ``samples[3]``). Only called to word a message; reads no device memory.
+    ``samples[3]``). ``only`` read inside the user's own method (an equinox
+    or NNX Module's ``__call__``), where ``frame`` names it by ``self`` or not
+    at all: the callers' name for it (``model.l1.kernel.value``) where one of
+    theirs names it. Only called to word a message; reads no device memory.
     """
+    found = _named_in(frame, lineno, only, limit)
+    caller, searched = frame.f_back, 0
+    while (
+        only is not None
+        and caller is not None
+        and searched < _CALLERS
+        and (not found or _by_self(found))
+    ):
+        if not is_library(caller.f_code.co_filename, True, caller.f_code.co_name):
+            searched += 1
+            outer = _named_in(caller, caller.f_lineno, only, limit)
+            if outer and not (found and _by_self(outer)):
+                found = outer
+        caller = caller.f_back
+    return found
+
+
+_CALLERS = 8  # the user's frames searched outwards for a name of one array
+
+
+def _by_self(found: list[tuple[str, Any]]) -> bool:
+    return found[0][0].startswith(("self.", "self["))
+
+
+def _named_in(frame: Any, lineno: int, only: Any, limit: int) -> list[tuple[str, Any]]:
+    """:func:`arrays_named` in ``frame`` alone."""
     found: list[tuple[str, Any]] = []
     code = frame.f_code
     scope = {**frame.f_globals, **locals_of(frame)}
@@ -282,15 +316,26 @@ def arrays_named(
     return found
 
 
+_NOT_CONTAINERS = (  # a callable pytree (an equinox or NNX Module) is a container
+    str,
+    bytes,
+    int,
+    float,
+    complex,
+    bool,
+    type,
+    types.ModuleType,
+    types.FunctionType,
+    types.BuiltinFunctionType,
+    types.MethodType,
+)
+
+
 def _arrays_in(value: Any) -> list[tuple[str, Any]]:
     """(path, array) for an array, or the arrays of a container (a state), bounded."""
     if isinstance(value, jax.Array):
         return [] if isinstance(value, jax.core.Tracer) else [("", value)]
-    if (
-        value is None
-        or isinstance(value, (str, bytes, int, float, complex, bool, type, types.ModuleType))
-        or callable(value)
-    ):
+    if value is None or isinstance(value, _NOT_CONTAINERS):
         return []
     try:
         leaves = flatten_with_path(value)[0]

@@ -173,3 +173,172 @@ def test_a_callers_locals_dict_is_left_as_it_was_by_loops_and_messages():
     with pytest.raises(jc.TransferError), jc.hot_loop():
         s.x.tolist()
     assert hparams == before and hparams["lr"] == lr
+
+
+# -- issue 39, "Names": each message names only what is proven ----------------
+#
+# No call records what it consumed: a "donated" message names the consumer
+# only where a jc.state's consumed class proves it, else lists the live steps
+# that donate and says "or a jax.jit" (_runtime.donated). Each case below
+# once named a wrong step, or none where one was proven.
+
+
+def _listed() -> str:
+    """The steps a message lists: every live donating step (other tests' too), sorted, three at most."""
+    from jaxcontracts import _steps
+
+    live = _steps.donating()
+    return (
+        "hot steps that donate: " + ", ".join(live[:3]) + (", ..." if len(live) > 3 else "") + ";"
+    )
+
+
+def _summary(err: BaseException) -> str:
+    return str(err).split("\nFix:")[0]
+
+
+def _as_a_script(source: str, **names):
+    """Run ``source`` as module-level code (a training script): its variables
+    are the module's namespace, which messages read on every Python, where a
+    function's locals are read from 3.13 only (``_compat.frames.locals_of``)."""
+    namespace = {"__name__": "training_script", "jc": jc, "jax": jax, "jnp": jnp, "np": np, **names}
+    exec(compile(source, "<training script>", "exec"), namespace)
+    return namespace
+
+
+_CHECKPOINTS = """
+@jc.hot_step(state="s")
+def train_ckpt(s, batch):
+    return {k: v + batch.sum() for k, v in s.items()}
+
+@jc.hot_step(stateless=True)
+def evaluate(s, batch):
+    return s["w"].sum() + batch.sum()
+
+batch = jnp.ones(4)
+s = train_ckpt({"w": jnp.zeros(3), "b": jnp.ones(2)}, batch)
+evaluate(s, batch)  # reads the state, donates nothing: never its consumer
+ckpts = HOLD(s)
+s = train_ckpt(s, batch)
+errors = []
+for use in (lambda: np.asarray(TAKE(ckpts)["w"]), lambda: train_ckpt(TAKE(ckpts), batch)):
+    try:
+        use()
+    except jc.DonationError as err:
+        errors.append(err)
+"""
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+@pytest.mark.parametrize("holder", ["OrderedDict", "NamedTuple"])
+def test_a_consumed_dict_kept_in_a_checkpoint_lists_the_steps_that_donate_and_names_its_path(
+    level, holder
+):
+    # It named no step. A dict is no jc.state: which step consumed it is not
+    # proven, so the message lists the steps that donate, and names the leaf
+    # by its path in the checkpoint.
+    import collections
+
+    class Checkpoint(typing.NamedTuple):
+        step: int
+        state: dict
+
+    if holder == "OrderedDict":
+        hold, take, path = (
+            (lambda s: collections.OrderedDict(epoch0=s)),
+            (lambda c: c["epoch0"]),
+            "ckpts['epoch0']['w']",
+        )
+    else:
+        hold, take, path = (lambda s: Checkpoint(1, s)), (lambda c: c.state), "ckpts.state['w']"
+    with jc.checks_level(level):
+        ns = _as_a_script(_CHECKPOINTS, HOLD=hold, TAKE=take)
+    read, passed = ns["errors"]
+    assert isinstance(read, RuntimeError)  # as JAX's "Array has been deleted" is
+    assert _summary(read).startswith(
+        f"`{path}` (f32[3]) was deleted: most likely donated to an earlier call ("
+    ), read
+    # train_ckpt among the steps listed (the first three, sorted, of every test's)
+    assert _listed() in str(read) and _listed() in str(passed)
+    assert "s['w']: f32[3] was already deleted" in str(passed)
+    for err in (read, passed):
+        assert "donated to train_ckpt" not in str(err) and "evaluate" not in _summary(err)
+    # the read names no step (none is proven); the re-pass names the step it calls
+    assert (read.step, passed.step) == (None, "training_script.train_ckpt")
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_a_new_tuple_at_a_consumed_tuples_address_is_said_deleted_not_donated_to_the_step(level):
+    # A record of consumed arguments by id() once said "donated to <lambda>"
+    # of a new tuple the user built at the consumed tuple's address, whose
+    # array the user deleted. Nothing is recorded by address now.
+    f = jc.hot_step(lambda s: (s[0] + 1, s[1] * 2), state="s")
+    with jc.checks_level(level):
+        s = f((jnp.zeros(3), jnp.ones(3)))
+        old = s
+        s = f(s)
+        address = id(old)
+        a, b = jnp.arange(3.0), jnp.arange(3.0)
+        del old
+        t = (a, b)
+        assert id(t) == address  # CPython's tuple free list: the consumed tuple's address
+        a.delete()
+        with pytest.raises(jc.DonationError) as passed:
+            f(t)
+        with pytest.raises(jc.DonationError) as read:
+            np.asarray(t[1] + t[0])
+        s = f(s)
+    assert "s[0]: f32[3] was already deleted\n" in str(passed.value)
+    assert "s[1]" not in _summary(passed.value)  # the live one is not said deleted
+    assert "f32[3]) was deleted: most likely donated to an earlier call" in str(read.value)
+    for err in (passed.value, read.value):
+        assert "donated to <lambda>" not in str(err) and "or x.delete()" in str(err)
+    assert not any(x.is_deleted() for x in s)
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+@pytest.mark.parametrize("where", ["outside loops", "in a hot_loop"])
+def test_a_batch_a_plain_jit_donated_is_never_said_donated_to_the_step_it_is_passed_to(
+    level, where
+):
+    # It said "donated to train". The step does not donate its batch: the fix
+    # does not send the user to the state the step returned either.
+    @jc.hot_step(state="params")
+    def train_batch(params, batch):
+        return {"w": params["w"] - 0.1 * batch.mean()}
+
+    normalize = jax.jit(lambda b: b / 2, donate_argnums=0)
+    with jc.checks_level(level):
+        params = train_batch({"w": jnp.zeros(3)}, jnp.ones(4))
+        batch = jnp.ones(4)
+        normalize(batch)
+        with pytest.raises(jc.DonationError) as info:
+            with jc.hot_loop() if where == "in a hot_loop" else contextlib.nullcontext():
+                train_batch(params, batch)
+        params = train_batch(params, jnp.ones(4))
+    err = info.value
+    text = str(err)
+    assert "the call passes a buffer that no longer exists" in text
+    assert (
+        "  batch: f32[4] was already deleted\n" in text
+        and "or a jax.jit with donate_argnums" in text
+    )
+    assert "donated to train_batch" not in text
+    assert err.fix.startswith(
+        "pass an array that still exists: batch was deleted before this call ("
+    ), err.fix
+    assert "train_batch returned" not in err.fix and "jnp.copy(batch)" in err.fix
+    assert err.step.endswith(".train_batch") and list(err.leaves) == ["batch"]
+    assert not params["w"].is_deleted()
+
+
+def test_a_deleted_state_leaf_still_says_pass_the_state_the_step_returned():
+    # The fix above is for arguments the step does not donate; a re-passed
+    # state keeps the fix that names the step's own returned state.
+    f = jc.hot_step(lambda s: {"w": s["w"] + 1}, state="s")
+    s = f({"w": jnp.zeros(3)})
+    old, s = s, f(s)
+    with pytest.raises(jc.DonationError) as info:
+        f(old)
+    assert info.value.fix.startswith("pass the state")
+    assert "not the one you passed to it" in info.value.fix

@@ -260,3 +260,132 @@ def test_a_python_number_returned_where_the_state_held_an_array_is_carried_as_th
     assert isinstance(state[0], jax.Array) and state[0].dtype == jnp.bool_ and not bool(state[0])
     assert jc.fetch(state[1]).tolist() == [-8.0] * 3 and advance.stats.compiles == 1
     assert type(seven) is int and seven == 7  # a number elsewhere: as eqx.filter_jit returns it
+
+
+# -- issue 39, "Names": a consumed Module's leaf, a learning rate per step ----
+
+
+_CONSUMED_MODULE = """
+class Model(eqx.Module):
+    lin: eqx.nn.Linear
+
+    def __init__(self, key):
+        self.lin = eqx.nn.Linear(3, 2, key=key)
+
+    def __call__(self, x):
+        return self.lin(x)
+
+
+@jc.hot_step(state="model")
+def fit(model, x):
+    grads = eqx.filter_grad(lambda m: jnp.sum(jax.vmap(m)(x) ** 2))(model)
+    return eqx.apply_updates(model, jax.tree.map(lambda g: -0.1 * g, grads))
+
+
+x = jnp.ones((4, 3))
+model = fit(Model(jax.random.key(0)), x)
+old = model
+model = fit(model, x)
+errors = []
+for use in (lambda: old.lin.weight + 1, lambda: old(x[0])):  # a read; a call of the Module
+    try:
+        use()
+    except jc.DonationError as err:
+        errors.append(err)
+"""
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+@pytest.mark.parametrize("where", ["a script", "a function"])
+def test_a_consumed_modules_weight_is_named_by_its_path_read_or_called(level, where):
+    # A Module is callable, and callables were skipped when the user's frame
+    # was searched for the array: it said "an array (f32[2,3])". A read inside
+    # the Module's own __call__ is named by the caller's name for it.
+    import sys
+
+    if where == "a function" and sys.version_info < (3, 13):
+        pytest.skip("a function's locals are read from Python 3.13 on (_compat.frames.locals_of)")
+    source = _CONSUMED_MODULE
+    if where == "a function":
+        body = source.split("x = jnp.ones", 1)[1]
+        source = (
+            source.split("x = jnp.ones", 1)[0]
+            + "def main():\n    x = jnp.ones"
+            + body.replace("\n", "\n    ")
+        )
+        source += "\n    return errors\nerrors = main()\n"
+    namespace = {"__name__": "training_script", "jc": jc, "jax": jax, "jnp": jnp, "eqx": eqx}
+    with jc.checks_level(level):
+        exec(compile(source, "<training script>", "exec"), namespace)
+    read, called = namespace["errors"]
+    for err in (read, called):
+        assert str(err).startswith(
+            "`old.lin.weight` (f32[2,3]) was deleted: most likely donated to an earlier call ("
+        ), str(err)
+        assert "donated to fit" not in str(err)  # a Module is no jc.state: not proven
+
+
+def _lr_model():
+    class Model(eqx.Module):
+        lin: eqx.nn.Linear
+
+        def __call__(self, x):
+            return self.lin(x)
+
+    return Model(eqx.nn.Linear(3, 2, key=jax.random.key(0)))
+
+
+def _lr_loss(model, x):
+    return jnp.sum(jax.vmap(model)(x) ** 2)
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_a_learning_rate_changed_per_step_is_named_in_the_recompile_diff(level):
+    # equinox's examples pass the optimizer to the step; one rebuilt per step
+    # with a new learning rate is a new static value. The diff named two
+    # functions `chain.<locals>.update_fn` alike: it names the number they
+    # close over now, and says how to change it without a compile.
+    optax = pytest.importorskip("optax")
+
+    @jc.hot_step(state=("model", "opt_state"), static="optim")
+    def make_step(model, opt_state, optim, x):
+        grads = eqx.filter_grad(_lr_loss)(model, x)
+        updates, opt_state = optim.update(grads, opt_state, eqx.filter(model, eqx.is_array))
+        return eqx.apply_updates(model, updates), opt_state
+
+    class Trainer(eqx.Module):  # the optimizer inside a Module: its functions static leaves
+        model: eqx.Module
+        opt_state: object
+        optim: object
+
+    @jc.hot_step(state="t")
+    def trainer_step(t, x):
+        grads = eqx.filter_grad(_lr_loss)(t.model, x)
+        updates, opt_state = t.optim.update(grads, t.opt_state, eqx.filter(t.model, eqx.is_array))
+        return Trainer(eqx.apply_updates(t.model, updates), opt_state, t.optim)
+
+    x = jnp.ones((4, 3))
+    with jc.checks_level(level):
+        model = _lr_model()
+        opt_state = optax.adam(0.1).init(eqx.filter(model, eqx.is_array))
+        model, opt_state = make_step(model, opt_state, optax.adam(0.1), x)
+        with pytest.raises(jc.RecompileError) as static:
+            make_step(model, opt_state, optax.adam(0.05), x)
+        with pytest.raises(jc.RecompileError) as same:  # a new optimizer, the same numbers
+            make_step(model, opt_state, optax.adam(0.1), x)
+        t = trainer_step(Trainer(model, opt_state, optax.adam(0.1)), x)
+        with pytest.raises(jc.RecompileError) as field:
+            trainer_step(Trainer(t.model, t.opt_state, optax.adam(0.05)), x)
+    for err in (static.value, field.value):
+        text = str(err)
+        assert (
+            "-> step_size: -0.1 vs -0.05 (f -> name: a value f closes over, "
+            "such as an optimizer's learning rate" in text
+        ), text
+        assert "optax.inject_hyperparams(optax.adam)(learning_rate=lr)" in text
+    assert ".update -> update_fns[1] -> tx.update -> step_size: -0.1 vs -0.05" in str(static.value)
+    assert "t.optim.update: compiled with chain.<locals>.update_fn" in str(field.value)
+    assert "update_fn -> update_fns[1] -> tx.update -> step_size" in str(field.value)
+    # what the two functions hold is equal: the objects alone differ, and nothing else is named
+    assert "step_size" not in str(same.value) and "learning rate" not in str(same.value)
+    assert ".update: chain.<locals>.update_fn (object id" in str(same.value)

@@ -308,3 +308,80 @@ def test_compiling_for_a_second_instance_with_its_own_partial_compiles_nothing()
     first = evaluate.compile(_Pooled(nnx.Rngs(0)), metrics, x)
     assert evaluate.compile(_Pooled(nnx.Rngs(1)), metrics, x) is first  # was: RecompileError (max_compiles=1)
     assert evaluate.stats.compiles == 1
+
+
+# -- issue 39, "Names": a model updated with a consumed state, then used ------
+
+_UPDATED_WITH_CONSUMED = """
+class Net(nnx.Module):
+    def __init__(self, rngs):
+        # shapes no other test uses: where JAX's C++ dispatch has run dot_general on these
+        # shapes before, the use is XLA's own "Buffer has been deleted or donated" ValueError
+        self.l1 = nnx.Linear(7, 11, rngs=rngs)
+
+    def __call__(self, x):
+        return self.l1(x)
+
+
+model = Net(nnx.Rngs(0))
+graphdef, state = nnx.split(model)
+
+
+@jc.hot_step(state="state")
+def fit(state, x):
+    m = nnx.merge(graphdef, state)
+    grads = nnx.grad(lambda m: (m(x) ** 2).mean())(m)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, state, nnx.state(grads))
+
+
+x = jnp.ones((13, 7))
+new_state = fit(state, x)
+nnx.update(model, state)  # the state fit consumed, not new_state
+errors = []
+for use in (lambda: model(x), lambda: np.asarray(model.l1.kernel.get_value())):
+    try:
+        use()
+    except jc.DonationError as err:
+        errors.append(err)
+nnx.update(model, new_state)
+y = model(x)
+"""
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+@pytest.mark.parametrize("where", ["a script", "a function"])
+def test_a_model_updated_with_a_consumed_state_then_used_is_named_by_its_path(level, where):
+    # It said "an array (f32[7,11]) was deleted": an NNX Module is callable,
+    # and callables were not searched; the read inside the model's own
+    # __call__ is named by the caller's name for it.
+    import sys
+
+    if where == "a function" and sys.version_info < (3, 13):
+        pytest.skip("a function's locals are read from Python 3.13 on (_compat.frames.locals_of)")
+    source = _UPDATED_WITH_CONSUMED
+    if where == "a function":
+        head, body = source.split("model = Net", 1)
+        source = (
+            head
+            + "def main():\n    model = Net"
+            + body.replace("\n", "\n    ")
+            + "\n    return errors, y\n"
+        )
+        source += "errors, y = main()\n"
+    namespace = {
+        "__name__": "training_script",
+        "jc": jc,
+        "jax": jax,
+        "jnp": jnp,
+        "np": np,
+        "nnx": nnx,
+    }
+    with jc.checks_level(level):
+        exec(compile(source, "<training script>", "exec"), namespace)
+    called, read = namespace["errors"]
+    for err in (called, read):
+        assert str(err).startswith(
+            "`model.l1.kernel.value` (f32[7,11]) was deleted: most likely donated to an earlier call ("
+        ), str(err)
+        assert "donated to fit" not in str(err)  # an nnx.State is no jc.state: not proven
+    assert namespace["y"].shape == (13, 11)  # updated with what fit returned, the model runs

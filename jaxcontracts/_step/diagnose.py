@@ -182,7 +182,11 @@ def hazard_error(
             f"{paths[a] if a in donated else paths[b]} is donated"
         )
     by = {consumers[i] if consumers else None for i in deleted}
-    fix = donation_fix("pass", by.pop() if len(by) == 1 else None)  # the consumer, where one is proven
+    if deleted and by == {None} and not any(i in donated for i in deleted):
+        # none of them is a state this step donates: nothing says a step consumed them
+        fix = donation_fix("pass_other", value=paths[deleted[0]])
+    else:  # the consumer, where one is proven
+        fix = donation_fix("pass", by.pop() if len(by) == 1 else None)
     donated_args = {sig.param_names[i] for i in sig.donated_params}
     if any(re.split(r"[.\[]", paths[i], maxsplit=1)[0] in donated_args for i in deleted):
         fix += (

@@ -381,7 +381,8 @@ def _filtered_diffs(a: Any, b: Any, path: str, here: str) -> list[LeafDiff]:
             short_static(x),
             short_static(y),
             "a non-array leaf of an equinox Module (a function, a Python number) is part of "
-            "the signature, as eqx.filter_jit has it: a new value means a new compile",
+            "the signature, as eqx.filter_jit has it: a new value means a new compile"
+            + _closed_inside(x, y),
         )
         for p, x, y in zip(ka.static_paths(), ka.values, kb.values)
         if not static_equal(x, y)
@@ -420,11 +421,33 @@ def _pair(a: Any, b: Any) -> tuple[str, str]:
 
 
 def _inside(a: Any, b: Any) -> str:
-    """``; it differs at .x: 1 vs 2`` for two unequal objects, attribute by attribute."""
+    """``; it differs at .x: 1 vs 2`` for two unequal objects, attribute by
+    attribute; where that is a value a function closes over (optax.adam(lr)'s
+    learning rate), what to do instead."""
     found = differences(a, b)
     if not found:
         return ""
-    return "; it differs at " + "; ".join(found)
+    return (
+        "; it differs at "
+        + "; ".join(found)
+        + (_CLOSED_OVER if any(_CLOSURE in d for d in found) else "")
+    )
+
+
+def _closed_inside(a: Any, b: Any) -> str:
+    """:func:`_inside` for two functions, where a value they close over differs."""
+    if not isinstance(a, types.FunctionType):
+        return ""
+    text = _inside(a, b)
+    return text if _CLOSURE in text else ""
+
+
+_CLOSURE = " -> "  # a path step from a function into a variable it closes over
+_CLOSED_OVER = (
+    " (f -> name: a value f closes over, such as an optimizer's learning rate; to change it "
+    "between calls without a compile, pass it as an array: "
+    "optax.inject_hyperparams(optax.adam)(learning_rate=lr), or a schedule)"
+)
 
 
 def differences(a: Any, b: Any, limit: int = 5) -> list[str]:
@@ -440,7 +463,11 @@ def differences(a: Any, b: Any, limit: int = 5) -> list[str]:
     return out
 
 
-def _walk(a: Any, b: Any, path: str, depth: int, out: list[str], limit: int) -> None:
+def _walk(
+    a: Any, b: Any, path: str, depth: int, out: list[str], limit: int, closed: bool = False
+) -> None:
+    """``closed``: inside what a function closes over, where two functions of
+    one code that hold equal values are no difference of their own."""
     if len(out) >= limit or a is b:
         return
     here = path or "(the value)"
@@ -455,6 +482,14 @@ def _walk(a: Any, b: Any, path: str, depth: int, out: list[str], limit: int) -> 
         return
     if type(a) is functools.partial:  # compared by value: say which part differs
         items = [(".func", a.func, b.func), (".args", a.args, b.args), (".keywords", a.keywords, b.keywords)]
+    elif isinstance(a, types.FunctionType) and a.__code__ is b.__code__:  # one def, made twice
+        found: list[str] = []
+        for sub, x, y in _closed_over(a, b):
+            _walk(x, y, (path or a.__name__) + sub, depth - 1, found, limit - len(out), True)
+        if not found and not closed:  # nothing it holds differs: the objects alone do
+            found.append(f"{here}: {_shown(a)} vs {_shown(b)}")
+        out.extend(found)
+        return
     elif dataclasses.is_dataclass(a) and not isinstance(a, type):
         items = [(f".{f.name}", getattr(a, f.name, None), getattr(b, f.name, None)) for f in dataclasses.fields(a)]
     elif isinstance(a, tuple) and hasattr(a, "_fields"):  # a NamedTuple
@@ -476,7 +511,21 @@ def _walk(a: Any, b: Any, path: str, depth: int, out: list[str], limit: int) -> 
         out.append(f"{here}: {_shown(a)} vs {_shown(b)}")
         return
     for sub, x, y in items:
-        _walk(x, y, path + sub, depth - 1, out, limit)
+        _walk(x, y, path + sub, depth - 1, out, limit, closed)
+
+
+def _closed_over(a: types.FunctionType, b: types.FunctionType) -> list[tuple[str, Any, Any]]:
+    """(`` -> name``, a's value, b's value) for each variable two functions of
+    one code close over, then their defaults."""
+    items: list[tuple[str, Any, Any]] = []
+    for name, ca, cb in zip(a.__code__.co_freevars, a.__closure__ or (), b.__closure__ or ()):
+        try:
+            items.append((f"{_CLOSURE}{name}", ca.cell_contents, cb.cell_contents))
+        except ValueError:  # a cell not filled yet: nothing to compare
+            continue
+    items.append((".__defaults__", a.__defaults__, b.__defaults__))
+    items.append((".__kwdefaults__", a.__kwdefaults__, b.__kwdefaults__))
+    return items
 
 
 def _shown(value: Any) -> str:
