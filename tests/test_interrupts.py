@@ -1,16 +1,20 @@
-"""Ctrl-C during a loop's entry or exit leaves nothing engaged (issue 20).
+"""Ctrl-C, or an alarm whose handler raises, during a loop's entry or exit
+leaves nothing engaged (issues 20 and 39).
 
 About one signal in ten landed between a change and its record (ArrayImpl
 patched, a loop entry pushed, JAX's guard at ``disallow``), so that
 ``jnp.zeros(3) + 1.0`` outside any loop then raised. Here a tracer delivers
-SIGINT (``_thread.interrupt_main``) at every line, one after another, of the
-library's code that a loop's entry and exit run; after each, nothing may be
-left: no patched method, no loop entry, no guard, no listener.
+SIGINT (``_thread.interrupt_main``), or SIGALRM to a handler that raises
+KeyboardInterrupt, at every line, one after another, of the library's code
+that a loop's entry and exit run; after each, nothing may be left: no patched
+method or buffer export, no loop entry, no guard, no listener, no handler of
+the library's in front of the user's.
 """
 
 from __future__ import annotations
 
 import _thread
+import functools
 import os
 import signal
 import sys
@@ -23,7 +27,7 @@ from jaxtyping import Array, Float32
 
 import jaxcontracts as jc
 from jaxcontracts import _runtime
-from jaxcontracts._compat import arrays
+from jaxcontracts._compat import arrays, threadguard
 from jaxcontracts._loop import intercept as _intercept
 
 PRIVATE = os.path.dirname(jc.__file__) + os.sep
@@ -39,31 +43,93 @@ def advance(s: S) -> S:
     return S(x=s.x + 1)
 
 
-def _tracer_interrupting_at(n: int, counter: list[int]):
-    def local(frame, event, arg):
-        if event == "line":
-            counter[0] += 1
-            if counter[0] == n:
-                _thread.interrupt_main()  # SIGINT's handler runs at the next bytecode
+def _tracer_interrupting_at(
+    n: int, counter: list[int], interrupt=_thread.interrupt_main, reruns: bool = True
+):
+    """Runs ``interrupt`` (the signal's handler runs at the next bytecode) at
+    the ``n``-th line the library runs; with ``reruns=False`` a line run again
+    in the same call is not counted again."""
+
+    def local_for():
+        ran: set[int] = set()
+
+        def local(frame, event, arg):
+            if event == "line" and (reruns or frame.f_lineno not in ran):
+                ran.add(frame.f_lineno)
+                counter[0] += 1
+                if counter[0] == n:
+                    interrupt()
+            return local
+
         return local
 
     def calls(frame, event, arg):
         name = frame.f_code.co_filename
         if name.startswith(PRIVATE) and os.sep + "_" in name[len(PRIVATE) - 1 :]:
-            return local
+            return local_for()
         return None
 
     return calls
 
 
+def _class_state() -> dict:
+    """ArrayImpl's read methods and its buffer export (3.11: the C slot's address)."""
+    state = arrays.read_methods()
+    if sys.version_info >= (3, 12):
+        state["buffer"] = type(jnp.zeros(())).__dict__["__buffer__"]
+    else:
+        state["buffer"] = arrays._buffer_slot().value
+    state["guard"] = threadguard.levels(threadguard.current())  # JAX's guard levels, this thread
+    return state
+
+
 def _nothing_engaged(originals: dict) -> None:
     assert _runtime.local.stack.entries == []
     assert _runtime.local.loop is None
-    assert arrays.read_methods() == originals  # every read method the original
+    assert _class_state() == originals  # every read method, the buffer export, JAX's guard levels
     assert _intercept._patches is None or _intercept._patches.depth == 0
     assert _runtime.tracking.count == 0
     assert float(jnp.zeros(()) + 1.0) == 1.0  # no guard of ours or JAX's
     jnp.zeros(3) + 1.0
+
+
+def _interrupt_each_line(body: str, interrupt=_thread.interrupt_main, reruns: bool = True) -> None:
+    """Run a loop (empty, or with one step call) once per line of the library's
+    code its entry and exit run, interrupted at that line; after each, nothing
+    may be engaged."""
+    s = advance(jc.device_tree(S(x=jnp.zeros(3))))
+    jax.block_until_ready(s)
+    originals = _class_state()
+    handlers = {sig: signal.getsignal(sig) for sig in signal.valid_signals()}
+    interrupted = 0
+    n = 0
+    while True:
+        n += 1
+        counter = [0]
+        # interrupted inside the call, after dispatch (not this test's matter)
+        if s.__dict__["x"].is_deleted():
+            s = advance(jc.device_tree(S(x=jnp.zeros(3))))
+        try:
+            sys.settrace(_tracer_interrupting_at(n, counter, interrupt, reruns))
+            try:
+                with jc.hot_loop():
+                    if body == "step":
+                        s = advance(s)
+            finally:
+                sys.settrace(None)
+            # a late signal (delivered as the last line ran) arrives here
+            for _ in range(3):
+                pass
+        except KeyboardInterrupt:
+            interrupted += 1
+        _nothing_engaged(originals)
+        # every signal's handler the user's again, none of the library's left
+        assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
+        if counter[0] < n:  # the entry and exit ran fewer lines: every one was tried
+            break
+        assert n < 5000, "the loop's entry and exit should not run this many lines"
+    assert interrupted >= n - 2, (interrupted, n)  # nearly every line was interrupted
+    assert n > 20  # the tracer saw the entry's and exit's code
 
 
 @pytest.fixture
@@ -79,35 +145,38 @@ def ctrl_c_raises():
         yield
 
 
-@pytest.mark.skipif(threading.current_thread() is not threading.main_thread(), reason="SIGINT: main thread")
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="SIGINT: main thread"
+)
 @pytest.mark.parametrize("body", ["empty", "step"])
 def test_an_interrupt_at_any_line_of_entry_or_exit_leaves_nothing_engaged(body, ctrl_c_raises):
-    s = advance(jc.device_tree(S(x=jnp.zeros(3))))
-    jax.block_until_ready(s)
-    originals = arrays.read_methods()
-    interrupted = 0
-    n = 0
-    while True:
-        n += 1
-        counter = [0]
-        if s.__dict__["x"].is_deleted():  # interrupted inside the call, after dispatch (not this test's matter)
-            s = advance(jc.device_tree(S(x=jnp.zeros(3))))
-        try:
-            sys.settrace(_tracer_interrupting_at(n, counter))
-            try:
-                with jc.hot_loop():
-                    if body == "step":
-                        s = advance(s)
-            finally:
-                sys.settrace(None)
-            # a late signal (delivered as the last line ran) arrives here
-            for _ in range(3):
-                pass
-        except KeyboardInterrupt:
-            interrupted += 1
-        _nothing_engaged(originals)
-        if counter[0] < n:  # the entry and exit ran fewer lines: every one was tried
-            break
-        assert n < 5000, "the loop's entry and exit should not run this many lines"
-    assert interrupted >= n - 2, (interrupted, n)  # nearly every line was interrupted
-    assert n > 20  # the tracer saw the entry's and exit's code
+    _interrupt_each_line(body)
+
+
+@pytest.fixture
+def alarm_raises():
+    """SIGALRM's handler raises KeyboardInterrupt, as a timeout's alarm does."""
+
+    def alarm(signum, frame):
+        raise KeyboardInterrupt("alarm")
+
+    previous = signal.signal(signal.SIGALRM, alarm)
+    yield
+    signal.signal(signal.SIGALRM, previous)
+
+
+@pytest.mark.skipif(not hasattr(signal, "SIGALRM"), reason="no SIGALRM")
+@pytest.mark.skipif(
+    threading.current_thread() is not threading.main_thread(), reason="signals: main thread"
+)
+@pytest.mark.parametrize("body", ["empty", "step"])
+def test_an_alarm_raising_at_any_line_of_entry_or_exit_leaves_nothing_engaged(body, alarm_raises):
+    """Issue 39: a KeyboardInterrupt raised by another signal's handler than
+    SIGINT's (an alarm) left ArrayImpl patched, the buffer export swapped
+    and JAX's guard at ``disallow``. Every Python handler is held during an
+    entry or exit, then called once the entry is undone (or the exit whole).
+
+    Each line counts at its first run in a call: a `with` block's exit runs
+    at the line of its `with`, where a tracer's exception (not a signal's,
+    which runs after the `__exit__` call) would leave a lock held: a hang."""
+    _interrupt_each_line(body, functools.partial(signal.raise_signal, signal.SIGALRM), reruns=False)

@@ -396,3 +396,27 @@ def test_a_short_loop_with_no_sampled_call_uses_the_step_mean(tick):
         host.append(loop.timing.steps[0])
     assert all(t.host_seconds > 0 for t in host)
     assert any(t.timed_calls == 0 for t in host)  # such loops were there, and they say so
+
+
+@pytest.mark.parametrize("in_use_at_entry", [False, True])
+def test_a_step_dropped_inside_a_loop_is_freed_there_and_its_calls_still_count(in_use_at_entry):
+    """Issue 39: a step dropped while a loop is open was kept alive by the
+    loop's timing snapshot (a dict key) until the loop's exit."""
+    import gc
+    import weakref
+
+    step = jc.hot_step(lambda s: {"x": s["x"] + 1}, state="s")
+    s = step(jc.device_tree({"x": jnp.zeros(3)}))
+    if in_use_at_entry:  # in the entry's snapshot; else it joins the loop at its first call
+        with jc.hot_loop():
+            s = step(s)
+        assert step in _timing.in_use()
+    with jc.hot_loop() as loop:
+        for _ in range(3):
+            s = step(s)
+        dropped = weakref.ref(step)
+        del step
+        gc.collect()
+        assert dropped() is None  # freed inside the loop
+    assert [(t.name.rsplit(".", 1)[-1], t.calls) for t in loop.timing.steps] == [("<lambda>", 3)]
+    assert loop.timing.steps[0].host_seconds > 0

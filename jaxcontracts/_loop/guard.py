@@ -315,8 +315,8 @@ class HotLoop:
         return report
 
     def __enter__(self) -> HotLoop:
-        """Enter the loop; a Ctrl-C during the entry is held until it is whole
-        (then the entry is undone and the interrupt delivered: never half entered)."""
+        """Enter the loop; a signal (Ctrl-C, an alarm) during the entry is held until it
+        is whole (then the entry is undone and the signal delivered: never half entered)."""
         counted = interrupts.entering()
         try:
             entry = self._enter(counted)
@@ -326,7 +326,7 @@ class HotLoop:
                 trim(err)
             raise
         try:
-            if counted and interrupts.noted:  # Ctrl-C during the entry: undo it, deliver it
+            if counted and interrupts.noted:  # a signal during the entry: undo it, deliver it
                 self._exit(None, None, None)
                 interrupts.finish()
                 interrupts.deliver()
@@ -436,8 +436,8 @@ class HotLoop:
             raise
         finally:
             if threading.current_thread() is MAIN_THREAD:
-                interrupts.finish()  # SIGINT given back after the last loop, as the last thing
-                interrupts.deliver()  # a Ctrl-C held during the exit, now it is whole
+                interrupts.finish()  # the handlers given back after the last loop, last of all
+                interrupts.deliver()  # a signal held during the exit, now it is whole
 
     def _exit(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
         __tracebackhide__ = True
@@ -539,7 +539,7 @@ class HotLoop:
         return wrapper  # type: ignore[return-value]
 
 
-# The frames in which a SIGINT is held (their callees' included).
+# The frames in which a signal is held (their callees' included).
 interrupts.codes = frozenset({HotLoop.__enter__.__code__, HotLoop.__exit__.__code__})
 
 

@@ -235,7 +235,7 @@ class LoopClock:
         self.blocked: dict[str, float] = {}
         self.pending = 0
         self.outputs = 0
-        self._open: dict[int, tuple[int, float, dict[Any, tuple[float, ...]]]] = {}  # per thread
+        self._open: dict[int, tuple[int, float, dict[int, _Joined]]] = {}  # per thread
 
     def timing(self) -> LoopTiming:
         """The figures so far (entries that have exited), as a frozen record."""
@@ -258,17 +258,20 @@ class LoopClock:
             verdict=_verdict(self.wall, calls, blocked, self.pending, sum(hosts)),
         )
 
-    def _close(self, start: float, snapshot: dict[Any, tuple[float, ...]], held: Sequence[Any] = ()) -> None:
+    def _close(self, start: float, snapshot: dict[int, _Joined], held: Sequence[Any] = ()) -> None:
         self.wall += perf() - start
         looked: dict[int, Any] = {id(x): x for x in held}
-        for step, (calls0, *acc0) in snapshot.items():
-            calls = step.stats.calls
+        for joined in snapshot.values():
+            calls0, *acc0 = joined.baseline
+            calls = joined.stats.calls
             if calls == calls0:
-                _idle(step)
+                step = joined.step()
+                if step is not None:  # (a freed step has left use already)
+                    _idle(step)
                 continue
-            rec = self.steps.setdefault(step.name, [0, 0.0, 0, 0.0, 0, 0, 0.0])
+            rec = self.steps.setdefault(joined.name, [0, 0.0, 0, 0.0, 0, 0, 0.0])
             rec[0] += calls - calls0
-            counters = step.timing_counters
+            counters = joined.counters
             if counters[1] == acc0[1] and counters[1]:  # none of these calls was sampled
                 rec[5] += calls - calls0
                 rec[6] += counters[0] / counters[1] * (calls - calls0)  # at the step's mean
@@ -289,6 +292,27 @@ class LoopClock:
         self.pending, self.outputs = pending, outputs
 
 
+class _Joined:
+    """A step in an open entry's snapshot: its counters as the entry began
+    (or as the step joined it), and the objects that hold them.
+
+    The step itself is held weakly, so one the user drops inside a loop is
+    freed there; its calls still count, read from its counters. A snapshot
+    is keyed by the id of the step's counters list, which this record
+    holds: no other object takes that id while the entry is open, even
+    once the step is freed.
+    """
+
+    __slots__ = ("baseline", "counters", "name", "stats", "step")
+
+    def __init__(self, step: Any, counters: list[float]) -> None:
+        self.step = weakref.ref(step)
+        self.name: str = step.name
+        self.stats = step.stats
+        self.counters = counters
+        self.baseline = (step.stats.calls, *counters)
+
+
 # The steps in use: those called inside a timing loop since the last loop that
 # did not call them. A loop's entry snapshots their counters, and only theirs,
 # so entering costs nothing per live step. A step not in use keeps its timing
@@ -307,20 +331,21 @@ def _forget(key: int) -> Callable[[Any], None]:
     return forget
 
 
-def _snapshot() -> dict[Any, tuple[float, ...]]:
-    return {step: (step.stats.calls, *step.timing_counters) for step in in_use()}
+def _snapshot() -> dict[int, _Joined]:
+    return {id(step.timing_counters): _Joined(step, step.timing_counters) for step in in_use()}
 
 
-def _join(step: Any, acc: Sequence[float]) -> None:
-    """``step`` is called inside a loop, for the first time since it was in use."""
+def _join(step: Any, acc: list[float]) -> None:
+    """``step`` is called inside a loop, for the first time since it was in use
+    (``acc``: its counters)."""
     key = id(step)
     _in_use[key] = weakref.ref(step, _forget(key))
-    baseline = (step.stats.calls, *acc)
+    joined = _Joined(step, acc)
     tid = threading.get_ident()
     for clock in _local.clocks:
         opened = clock._open.get(tid)
         if opened is not None:
-            opened[2].setdefault(step, baseline)
+            opened[2].setdefault(id(acc), joined)
 
 
 def _idle(step: Any) -> None:
