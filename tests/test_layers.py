@@ -30,7 +30,7 @@ LAYERS: dict[str, int] = {
     # 2: configuration, the loop/step meeting point
     "_config": 2,
     "_tracebacks": 2,  # contract errors trimmed to the user's frames; which frames are library code
-    "_loop.interrupts": 2,  # Ctrl-C held while a loop is entered or exited
+    "_loop.interrupts": 2,  # signals held while a loop is entered or exited
     "_runtime": 4,  # below the guard and the call path; reads frames
     # 3: each private mechanism, behind a named capability
     "_compat.arrays": 3,
