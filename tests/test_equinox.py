@@ -301,22 +301,10 @@ def test_a_consumed_modules_weight_is_named_by_its_path_read_or_called(level, wh
     # A Module is callable, and callables were skipped when the user's frame
     # was searched for the array: it said "an array (f32[2,3])". A read inside
     # the Module's own __call__ is named by the caller's name for it.
-    import sys
+    from _program import run_program
 
-    if where == "a function" and sys.version_info < (3, 13):
-        pytest.skip("a function's locals are read from Python 3.13 on (_compat.frames.locals_of)")
-    source = _CONSUMED_MODULE
-    if where == "a function":
-        body = source.split("x = jnp.ones", 1)[1]
-        source = (
-            source.split("x = jnp.ones", 1)[0]
-            + "def main():\n    x = jnp.ones"
-            + body.replace("\n", "\n    ")
-        )
-        source += "\n    return errors\nerrors = main()\n"
-    namespace = {"__name__": "training_script", "jc": jc, "jax": jax, "jnp": jnp, "eqx": eqx}
     with jc.checks_level(level):
-        exec(compile(source, "<training script>", "exec"), namespace)
+        namespace = run_program(_CONSUMED_MODULE, "x = jnp.ones", where, {"jc": jc, "jax": jax, "jnp": jnp, "eqx": eqx}, "errors")
     read, called = namespace["errors"]
     for err in (read, called):
         assert str(err).startswith(

@@ -354,30 +354,11 @@ def test_a_model_updated_with_a_consumed_state_then_used_is_named_by_its_path(le
     # It said "an array (f32[7,11]) was deleted": an NNX Module is callable,
     # and callables were not searched; the read inside the model's own
     # __call__ is named by the caller's name for it.
-    import sys
+    from _program import run_program
 
-    if where == "a function" and sys.version_info < (3, 13):
-        pytest.skip("a function's locals are read from Python 3.13 on (_compat.frames.locals_of)")
-    source = _UPDATED_WITH_CONSUMED
-    if where == "a function":
-        head, body = source.split("model = Net", 1)
-        source = (
-            head
-            + "def main():\n    model = Net"
-            + body.replace("\n", "\n    ")
-            + "\n    return errors, y\n"
-        )
-        source += "errors, y = main()\n"
-    namespace = {
-        "__name__": "training_script",
-        "jc": jc,
-        "jax": jax,
-        "jnp": jnp,
-        "np": np,
-        "nnx": nnx,
-    }
+    names = {"jc": jc, "jax": jax, "jnp": jnp, "np": np, "nnx": nnx}
     with jc.checks_level(level):
-        exec(compile(source, "<training script>", "exec"), namespace)
+        namespace = run_program(_UPDATED_WITH_CONSUMED, "model = Net", where, names, "errors, y")
     called, read = namespace["errors"]
     for err in (called, read):
         assert str(err).startswith(

@@ -160,15 +160,10 @@ def _variable_holds(frame: FrameType, name: str, obj: Any) -> bool:
     return word(data + _LOCALSPLUS + 8 * code.co_varnames.index(name)).value == id(obj)
 
 
-def locals_snapshot_mirrors(frame: FrameType | None) -> dict[int, int] | None:
-    """Per ``id``, the entries of a running function ``frame``'s locals
-    snapshot (3.11/3.12) that are not holders of their own: all of those
-    under the frame's variable names where nothing but the frame holds the
-    snapshot (:func:`unobserved_locals_snapshot`: no one reads it unsynced);
-    where something else holds it too (a debugger stopped there, ``hparams =
-    locals()``), only those that mirror a variable, holding the very object
-    that variable holds now (the one name, seen twice). None: nothing to
-    discount (3.13, no snapshot, the layout unknown)."""
+def _locals_snapshot(frame: FrameType | None) -> tuple[dict[str, Any], bool] | None:
+    """A running function ``frame``'s locals snapshot (3.11/3.12), read
+    without syncing it, and whether nothing but the frame holds it; None: no
+    snapshot, Python 3.13 (which keeps none), or the layout cannot be read."""
     if frame is None or sys.version_info >= (3, 13) or not frame.f_code.co_flags & _OPTIMIZED:
         return None
     if not capability("locals-snapshot").available:
@@ -182,6 +177,23 @@ def locals_snapshot_mirrors(frame: FrameType | None) -> dict[int, int] | None:
     if type(snapshot) is not dict:
         return None
     alone = sys.getrefcount(snapshot) == 3  # the frame's reference, this variable, the argument
+    return snapshot, alone
+
+
+def locals_snapshot_mirrors(frame: FrameType | None) -> dict[int, int] | None:
+    """Per ``id``, the entries of a running function ``frame``'s locals
+    snapshot (3.11/3.12) that are not holders of their own: all of those
+    under the frame's variable names where nothing but the frame holds the
+    snapshot (:func:`unobserved_locals_snapshot`: no one reads it unsynced);
+    where something else holds it too (a debugger stopped there, ``hparams =
+    locals()``), only those that mirror a variable, holding the very object
+    that variable holds now (the one name, seen twice). None: nothing to
+    discount (3.13, no snapshot, the layout unknown)."""
+    found = _locals_snapshot(frame)
+    if found is None:
+        return None
+    snapshot, alone = found
+    assert frame is not None
     code = frame.f_code
     names = {*code.co_varnames, *code.co_cellvars, *code.co_freevars}
     out: dict[int, int] = {}
@@ -199,18 +211,8 @@ def unobserved_locals_snapshot(frame: FrameType | None) -> dict[str, Any] | None
     Read without syncing it (which would change a dict the user may hold);
     None: no such snapshot, someone else holds it, Python 3.13 (which keeps
     none), or the layout cannot be read here."""
-    if frame is None or sys.version_info >= (3, 13) or not frame.f_code.co_flags & _OPTIMIZED:
-        return None
-    if not capability("locals-snapshot").available:
-        return None
-    address = _snapshot_address(frame)
-    if not address:
-        return None
-    import ctypes
-
-    snapshot = ctypes.cast(address, ctypes.py_object).value  # the frame holds it: alive
-    # the frame's reference, this variable, getrefcount's argument
-    return snapshot if type(snapshot) is dict and sys.getrefcount(snapshot) == 3 else None
+    found = _locals_snapshot(frame)
+    return found[0] if found is not None and found[1] else None
 
 
 def caller_locals(depth: int) -> Mapping[str, Any]:
