@@ -51,14 +51,31 @@ def mesh2():
     return Mesh(np.array(devices[:2]), ("x",))
 
 
+def _a_view_blocks_donation() -> bool:
+    """Whether a live numpy view of a CPU array makes XLA copy instead of
+    donating it (jaxlib up to 0.12.0; 0.12.1 donates past it)."""
+    import jax.numpy as jnp
+    import numpy as np
+
+    x = jnp.ones(3) + 1
+    view = np.asarray(x)
+    jax.jit(lambda a: a * 2, donate_argnums=0)(x)
+    del view
+    return not x.is_deleted()
+
+
 @pytest.fixture
 def without_kept_check(monkeypatch):
     """As if the kept-references capability were missing (a reference the
     refcount cannot see, such as jaxlib 0.11.2's pinned host view): a
     donated leaf held elsewhere reaches XLA, which copies instead of donating,
-    and the after-call consumption check is what catches it."""
+    and the after-call consumption check is what catches it. The tests make
+    XLA copy with a numpy view: where the installed jaxlib donates past one,
+    nothing here can make it copy, and they are skipped."""
     from jaxcontracts._compat import refcount
 
+    if not _a_view_blocks_donation():
+        pytest.skip(f"jaxlib {jax.__version__} donates past a live numpy view: no undonated call to check")
     monkeypatch.setattr(refcount, "available", lambda: False)
 
 
