@@ -122,20 +122,25 @@ def _probe_snapshot() -> str | None:
     return None if ok else "the frame layout read does not match this interpreter's"
 
 
-def _snapshot_address(frame: FrameType) -> int | None:
-    """The address of ``frame``'s locals snapshot (0: none yet), read from
-    the interpreter's frame without syncing it; None where the layout read
-    does not check out against the frame's own code and frame object."""
+def _word(frame: FrameType, offset: int) -> int | None:
+    """The pointer at ``offset`` in ``frame``'s interpreter frame (0: NULL),
+    read without syncing anything; None where the layout read does not check
+    out against the frame's own code and frame object."""
     if _LAYOUT is None:
         return None
     import ctypes
 
-    f_frame, f_code, f_locals, frame_obj = _LAYOUT
+    f_frame, f_code, _, frame_obj = _LAYOUT
     word = ctypes.c_void_p.from_address
     data = word(id(frame) + f_frame).value
     if not data or word(data + f_code).value != id(frame.f_code) or word(data + frame_obj).value != id(frame):
         return None
-    return word(data + f_locals).value or 0
+    return word(data + offset).value or 0
+
+
+def _snapshot_address(frame: FrameType) -> int | None:
+    """The address of ``frame``'s locals snapshot (0: none yet); None: unreadable."""
+    return None if _LAYOUT is None else _word(frame, _LAYOUT[2])
 
 
 # Where _PyInterpreterFrame's localsplus array starts (3.11 and 3.12, 64-bit):
@@ -148,16 +153,9 @@ def _variable_holds(frame: FrameType, name: str, obj: Any) -> bool:
     ``co_varnames``) holds ``obj`` now, read from the interpreter frame
     without syncing its locals; False where that cannot be read."""
     code = frame.f_code
-    if name not in code.co_varnames or name in code.co_cellvars or _LAYOUT is None:
+    if name not in code.co_varnames or name in code.co_cellvars:
         return False
-    import ctypes
-
-    f_frame, f_code, _, frame_obj = _LAYOUT
-    word = ctypes.c_void_p.from_address
-    data = word(id(frame) + f_frame).value
-    if not data or word(data + f_code).value != id(code) or word(data + frame_obj).value != id(frame):
-        return False
-    return word(data + _LOCALSPLUS + 8 * code.co_varnames.index(name)).value == id(obj)
+    return _word(frame, _LOCALSPLUS + 8 * code.co_varnames.index(name)) == id(obj)
 
 
 def _locals_snapshot(frame: FrameType | None) -> tuple[dict[str, Any], bool] | None:

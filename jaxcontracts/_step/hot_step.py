@@ -451,7 +451,6 @@ class HotStep(Generic[P, R]):
         self.stats.refused += 1
         return kept_leaves_error(self._sig, self._current, (), (), kept)
 
-
     def _filter(self, params: tuple[int, ...]) -> None:
         """Filter these parameters' equinox Modules from now on (``_filter``)."""
         with self._compile_lock:

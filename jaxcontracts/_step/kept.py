@@ -338,37 +338,32 @@ def argument_check(
     if counts is None:
         return None
     (pos, pos_kw, by_kw), (pos_ex, pos_kw_ex, by_kw_ex) = counts
+    # (low, high) per kind of argument: a call that unpacks its arguments
+    # (step(x, *rest)) counts one fewer than one that does not
+    plain, beside_keywords, keyword = (pos_ex, pos), (pos_kw_ex, pos_kw), (by_kw_ex, by_kw)
     count, unpacks = refcount.count, refcount.unpacks
 
     def check(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        # One count per parameter, inline, no name bound to the argument. A
-        # call that unpacks its arguments (step(x, *rest)) counts one fewer:
-        # the caller's frame is read only when the count is above that.
+        # One count per parameter, inline, no name bound to the argument;
+        # the caller's frame is read only when the count is above the lower limit.
         for i, name in params:
             if i < len(args):
-                n, low = count(args[i]), pos_kw_ex if kwargs else pos_ex
-                if n <= low:
-                    continue
-                limit = low if unpacks(2) else pos_kw if kwargs else pos  # check <- entry <- caller
-                if n <= limit:
-                    continue
-                if record[0] is not None:  # inside a loop: replaced by this call's output at its end
-                    record[0] = None
-                    if count(args[i]) <= limit:
-                        continue
+                n = count(args[i])
+                low, high = beside_keywords if kwargs else plain
             elif name in kwargs:
                 n = count(kwargs[name])
-                if n <= by_kw_ex:
-                    continue
-                limit = by_kw_ex if unpacks(2) else by_kw
-                if n <= limit:
-                    continue
-                if record[0] is not None:
-                    record[0] = None
-                    if count(kwargs[name]) <= limit:
-                        continue
+                low, high = keyword
             else:
                 continue
+            if n <= low:
+                continue
+            limit = low if unpacks(2) else high  # check <- entry <- caller
+            if n <= limit:
+                continue
+            if record[0] is not None:  # inside a loop: replaced by this call's output at its end
+                record[0] = None
+                if (count(args[i]) if i < len(args) else count(kwargs[name])) <= limit:
+                    continue
             held = _kept_arguments(params, args, kwargs, unpacks(2))
             if held:
                 return kept(held, fn, args, kwargs)
