@@ -279,9 +279,15 @@ def test_a_new_tuple_at_a_consumed_tuples_address_is_said_deleted_not_donated_to
         s = f(s)
         address = id(old)
         a, b = jnp.arange(3.0), jnp.arange(3.0)
+        # CPython keeps at most 2,000 freed 2-tuples for reuse; after a long
+        # run that list may be full, and `old` would then go back to the
+        # allocator. Empty it first, so `old` is the one freed 2-tuple and the
+        # next 2-tuple built takes its address.
+        emptied = [(i, -i) for i in range(5_000)]
         del old
         t = (a, b)
         assert id(t) == address  # CPython's tuple free list: the consumed tuple's address
+        del emptied
         a.delete()
         with pytest.raises(jc.DonationError) as passed:
             f(t)
