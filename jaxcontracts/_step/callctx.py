@@ -141,14 +141,14 @@ def is_deleted_for(cs: CompiledSignature) -> Callable[[Any], bool]:
     return ArrayImpl.is_deleted  # type: ignore[no-any-return]
 
 
-def binder(sig: StepDefinition) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None]:
+def binder(definition: StepDefinition) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None]:
     """The one keyword binder of the call path: ``bind(args, kwargs)`` gives
     every argument by position (keywords in any order, the defaults of those
     left out put in), as ``inspect.Signature.bind`` and ``apply_defaults``
     would, without them; None where the call does not bind so (a wrong name,
     a required one missing, ``*args``/``**kwargs`` parameters):
     ``StepDefinition.normalize`` binds and explains those."""
-    params = list(sig.python_signature.parameters.values())
+    params = list(definition.python_signature.parameters.values())
     empty, kinds = inspect.Parameter.empty, (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
         return lambda args, kwargs: None
@@ -396,11 +396,11 @@ def static_native(
     which explains them. ``tail``: the after-dispatch tail (None at ``off``).
     None where the guarded call is missing.
     """
-    sig, cs = ctx.step.definition, ctx.cs
+    definition, cs = ctx.step.definition, ctx.cs
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    params = list(sig.python_signature.parameters.values())
-    static = sig.static_params
-    names = tuple(sig.param_names[i] for i in static if params[i].kind in kinds)
+    params = list(definition.python_signature.parameters.values())
+    static = definition.static_params
+    names = tuple(definition.param_names[i] for i in static if params[i].kind in kinds)
     allowed = frozenset(names)
     bind, normalize, n_params = ctx.bind, ctx.normalize, ctx.n_params
 

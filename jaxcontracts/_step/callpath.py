@@ -69,42 +69,42 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
     its consumed class, which names the step (one store). Static parameters
     are wrapped into tree nodes first (:func:`_with_static`).
     """
-    sig = step.definition
+    definition = step.definition
     ctx = CallContext(
         cs=cs,
         compiled=cpp_call(cs.compiled),  # skips Compiled.__call__'s Python frame
         full=level == "full",
         step=step,
         name=step.short_name,
-        n_params=len(sig.param_names),
+        n_params=len(definition.param_names),
         slow_call=step.slow_call,
         stats=step.stats,
         not_consumed=step.not_consumed,
-        marks=_consumed_marks(cs, sig.state_params, step.short_name),
-        normalize=sig.normalize,
-        bind=binder(sig),
-        defaults=any(p.default is not p.empty for p in sig.python_signature.parameters.values()),
-        kept=(lambda kept, nodes: kept_leaves_error(sig, cs, kept, nodes))
+        marks=_consumed_marks(cs, definition.state_params, step.short_name),
+        normalize=definition.normalize,
+        bind=binder(definition),
+        defaults=any(p.default is not p.empty for p in definition.python_signature.parameters.values()),
+        kept=(lambda kept, nodes: kept_leaves_error(definition, cs, kept, nodes))
         if level == "full" and cs.donated and refcount.available()
         else None,
     )
     # static values taken by the C++ call itself (static_native), where the
     # closure is the guarded or bare call
-    native = bool(sig.static_params) and not sig.filtered_params and not cs.host
+    native = bool(definition.static_params) and not definition.filtered_params and not cs.host
     if level == "off":
         dispatch = _off(ctx, native)
     else:
         dispatch = _checked(ctx, native)
     if getattr(dispatch, "takes_static", False):
         pass
-    elif sig.filtered_params:
-        dispatch = with_filtered(sig, with_static(sig, dispatch) if sig.static_params else dispatch, step)
-    elif sig.static_params:
-        dispatch = with_static(sig, dispatch)
+    elif definition.filtered_params:
+        dispatch = with_filtered(definition, with_static(definition, dispatch) if definition.static_params else dispatch, step)
+    elif definition.static_params:
+        dispatch = with_static(definition, dispatch)
     ensure = effect_tokens(cs.compiled)  # an ordered effect: JAX's token made outside the guard
     if ensure is not None:
         dispatch = with_effect_tokens(dispatch, ensure)
-    return with_inplace(sig, dispatch, step) if sig.inplace_params else dispatch
+    return with_inplace(definition, dispatch, step) if definition.inplace_params else dispatch
 
 
 def _consumed_marks(
@@ -493,9 +493,9 @@ def _guarded(
 
         return guarded_full
 
-    sig = ctx.step.definition
-    if native and all(type(cs.spec_args[i]) is StaticArg for i in sig.static_params):
-        guarded_full = make_full(sig.static_params)
+    definition = ctx.step.definition
+    if native and all(type(cs.spec_args[i]) is StaticArg for i in definition.static_params):
+        guarded_full = make_full(definition.static_params)
         guarded_full.takes_static = True  # type: ignore[attr-defined]  # make_dispatch: no wrapper
         return guarded_full
     return make_full(())

@@ -41,7 +41,7 @@ __all__ = [
 ]
 
 
-def with_filtered(sig: StepDefinition, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
+def with_filtered(definition: StepDefinition, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
     """The call path behind a wrapper that filters equinox Modules (``_filter``).
 
     Each filtered argument becomes a :class:`Filtered` node (its array leaves;
@@ -50,11 +50,11 @@ def with_filtered(sig: StepDefinition, dispatch: Callable[..., Any], step: Dispa
     rebuilt. The cost of ``eqx.filter_jit``: one flatten and one unflatten of
     the Module per call.
     """
-    normalize, n_params, filtered = sig.normalize, len(sig.param_names), sig.filtered_params
+    normalize, n_params, filtered = definition.normalize, len(definition.param_names), definition.filtered_params
     last: dict[int, Any] = {}
     record = step.last_output
 
-    bind = binder(sig)
+    bind = binder(definition)
 
     def filtered_call(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -79,7 +79,7 @@ def with_filtered(sig: StepDefinition, dispatch: Callable[..., Any], step: Dispa
     return filtered_call
 
 
-def with_static(sig: StepDefinition, dispatch: Callable[..., Any]) -> Callable[..., Any]:
+def with_static(definition: StepDefinition, dispatch: Callable[..., Any]) -> Callable[..., Any]:
     """The call path behind a wrapper that turns static values into tree nodes.
 
     Static values travel as :class:`StaticArg` nodes of the tree structure
@@ -87,10 +87,10 @@ def with_static(sig: StepDefinition, dispatch: Callable[..., Any]) -> Callable[.
     value of each static parameter is reused while the same object comes
     back, so the usual call (one config object) neither hashes nor compares.
     """
-    normalize, n_params, static = sig.normalize, len(sig.param_names), sig.static_params
+    normalize, n_params, static = definition.normalize, len(definition.param_names), definition.static_params
     last: dict[int, tuple[Any, Any]] = {}
 
-    bind = binder(sig)
+    bind = binder(definition)
 
     def static_call(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -117,12 +117,12 @@ def with_static(sig: StepDefinition, dispatch: Callable[..., Any]) -> Callable[.
     return static_call
 
 
-def with_inplace(sig: StepDefinition, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
+def with_inplace(definition: StepDefinition, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
     """The call path of a step that updates state in place (flax NNX objects,
     pytrees of JAX refs: ``_state.inplace``): :func:`in_place_call` around
     ``dispatch``. Inside another in-place call of the same step (the slow
     path calling the new call path after a compile), it is ``dispatch``."""
-    n_params, bind, normalize = len(sig.param_names), binder(sig), sig.normalize
+    n_params, bind, normalize = len(definition.param_names), binder(definition), definition.normalize
 
     def inplace_call(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -130,7 +130,7 @@ def with_inplace(sig: StepDefinition, dispatch: Callable[..., Any], step: Dispat
                 args = bind(args, kwargs) or normalize(args, kwargs)
             if inside_in_place_call(step) is not None:
                 return dispatch(*args)
-            return in_place_call(sig, step, dispatch, args)
+            return in_place_call(definition, step, dispatch, args)
         except ContractError as err:  # the traceback ends at the user's line
             trim(err)
             raise
@@ -157,22 +157,22 @@ def inside_in_place_call(step: Any) -> tuple[Any, ...] | None:
     return call[1] if call is not None and call[0] is step else None
 
 
-def in_place_call(sig: StepDefinition, step: DispatchingStep, inner: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+def in_place_call(definition: StepDefinition, step: DispatchingStep, inner: Callable[..., Any], args: tuple[Any, ...]) -> Any:
     """Call ``inner`` (the executable's call path, or the slow path) with the
-    refs of ``sig.ref_params`` replaced by their arrays; put the states it
+    refs of ``definition.ref_params`` replaced by their arrays; put the states it
     returns back into the caller's objects and refs; return the step's output."""
     items = list(args)
     taken: dict[int, list[Any]] = {}  # per ref parameter: its refs, flat (passed as their arrays)
-    for i in sig.ref_params:
+    for i in definition.ref_params:
         items[i], arrays, refs = ref_arrays(args[i])
         if arrays:
             taken[i] = refs
     if taken:
         held = [r for refs in taken.values() for r in refs]
         if len({id(r) for r in held}) != len(held):  # one ref twice: one update would be lost
-            raise repeated_refs_error(sig.name, _ref_paths(sig, args))
+            raise repeated_refs_error(definition.name, _ref_paths(definition, args))
         if _runtime.local.loop is not None:
-            _same_refs_in_loop(sig, step, held[0])
+            _same_refs_in_loop(definition, step, held[0])
     previous, _inside.call = _inside.call, (step, args)
     try:
         full = inner(*items)
@@ -192,15 +192,15 @@ def in_place_call(sig: StepDefinition, step: DispatchingStep, inner: Callable[..
     return out
 
 
-def _ref_paths(sig: StepDefinition, args: tuple[Any, ...]) -> list[tuple[str, Any]]:
+def _ref_paths(definition: StepDefinition, args: tuple[Any, ...]) -> list[tuple[str, Any]]:
     return [
-        (sig.param_path((jax.tree_util.SequenceKey(i), *path)), ref)
-        for i in sig.ref_params
+        (definition.param_path((jax.tree_util.SequenceKey(i), *path)), ref)
+        for i in definition.ref_params
         for path, ref in jax.tree_util.tree_flatten_with_path(args[i])[0]
     ]
 
 
-def _same_refs_in_loop(sig: StepDefinition, step: Any, first: Any) -> None:
+def _same_refs_in_loop(definition: StepDefinition, step: Any, first: Any) -> None:
     """Inside a hot loop, refuse refs made anew while the ones the last call
     updated are gone: that update was lost (a ref tree made each iteration).
     ``first``: the first ref passed."""
@@ -208,14 +208,14 @@ def _same_refs_in_loop(sig: StepDefinition, step: Any, first: Any) -> None:
     last = _last_refs.get(step)
     _last_refs[step] = (weakref.ref(loop), weakref.ref(first))
     if last is not None and last[0]() is loop and last[1]() is None:
-        name = sig.param_names[sig.ref_params[0]]
+        name = definition.param_names[definition.ref_params[0]]
         raise DefinitionError(
-            f"{sig.name}: `{name}` holds new refs, and the refs its last call updated "
+            f"{definition.name}: `{name}` holds new refs, and the refs its last call updated "
             "are gone: that update was lost (the refs are made anew each iteration).",
             fix=f"make the refs once, before the loop ({name} = jax.tree.map(jax.new_ref, "
             f"{name})), and pass the same ones at each call; read values with jc.fetch.",
             contract="definition",
-            step=sig.name,
+            step=definition.name,
             leaves=[name],
             note="Nothing was dispatched; the refs are intact.",
         )
@@ -240,16 +240,16 @@ def with_effect_tokens(dispatch: Callable[..., Any], ensure: Callable[[], None])
 
 
 def module_params(
-    sig: StepDefinition, positional: tuple[Any, ...], with_path: list[tuple[Any, Any]], host: list[tuple[str, Any]]
+    definition: StepDefinition, positional: tuple[Any, ...], with_path: list[tuple[Any, Any]], host: list[tuple[str, Any]]
 ) -> tuple[int, ...]:
     """The parameters to filter: every host leaf is a non-array leaf of an
     argument holding an equinox Module (a function, a Python number), never a
     numpy array (host data), in a parameter neither static nor declared host."""
     params: set[int] = set()
-    by_path = {sig.param_path(p): p[0].idx for p, _ in with_path}
+    by_path = {definition.param_path(p): p[0].idx for p, _ in with_path}
     for path, x in host:
         i = by_path.get(path)
-        if i is None or isinstance(x, np.ndarray) or i in sig.filtered_params or not holds_module(positional[i]):
+        if i is None or isinstance(x, np.ndarray) or i in definition.filtered_params or not holds_module(positional[i]):
             return ()
         params.add(i)
     return tuple(sorted(params))

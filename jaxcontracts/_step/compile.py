@@ -77,10 +77,10 @@ class quiet_donation_warning(warnings.catch_warnings):
 
 
 def jit_for(
-    sig: StepDefinition, positional: tuple[Any, ...]
+    definition: StepDefinition, positional: tuple[Any, ...]
 ) -> tuple[Any, tuple[Any, ...], Any, tuple[int, ...], bool, StepDefinition]:
     """The jitted function, its spec arguments, treedef, donated leaves, style,
-    and the signature with what the step returns resolved (``sig.carried``:
+    and the signature with what the step returns resolved (``definition.carried``:
     read from the output's structure when the decorator could not tell)."""
     with_path, treedef = jax.tree_util.tree_flatten_with_path(positional)
     paths = [p for p, _ in with_path]
@@ -89,29 +89,29 @@ def jit_for(
         spec = leaf_spec(x)
         if spec is None:
             raise TransferError(
-                f"{sig.name}: argument {sig.param_path(p)} is {fmt_object(x)}, not an array.",
+                f"{definition.name}: argument {definition.param_path(p)} is {fmt_object(x)}, not an array.",
                 fix="pass arrays (or specs); make configuration a jc.static field "
                 "or close over it.",
                 contract="device-arguments",
-                step=sig.name,
-                leaves=[sig.param_path(p)],
+                step=definition.name,
+                leaves=[definition.param_path(p)],
             )
         specs.append(spec)
     candidates = tuple(
         i
-        for i in sig.state_params
-        if i not in sig.carried_params and (i in sig.ref_params or is_inplace_object(positional[i]))
+        for i in definition.state_params
+        if i not in definition.carried_params and (i in definition.ref_params or is_inplace_object(positional[i]))
     )
-    if sig.carried is None:  # state= named, or no return annotation: read the output
+    if definition.carried is None:  # state= named, or no return annotation: read the output
         per_param = tuple(jax.tree_util.tree_unflatten(treedef, specs))
-        with quiet_donation_warning(), _tracing(sig):
-            out = jax.eval_shape(_fresh(_in_place(sig, sig.positional, candidates), sig.fn), *per_param)
-        sig = sig.resolve_carried(out, per_param)
-    inplace = tuple(i for i in candidates if i not in sig.carried_params)
+        with quiet_donation_warning(), _tracing(definition):
+            out = jax.eval_shape(_fresh(_in_place(definition, definition.positional, candidates), definition.fn), *per_param)
+        definition = definition.resolve_carried(out, per_param)
+    inplace = tuple(i for i in candidates if i not in definition.carried_params)
     if inplace:
-        sig = sig.with_inplace(inplace)
-    _refuse_uncarried(sig)
-    donated = sig.donated_leaves(paths)
+        definition = definition.with_inplace(inplace)
+    _refuse_uncarried(definition)
+    donated = definition.donated_leaves(paths)
     per_arg: dict[int, list[bool]] = {}
     donated_set = set(donated)
     for i, p in enumerate(paths):
@@ -119,45 +119,45 @@ def jit_for(
     flat_style = any(any(v) and not all(v) for v in per_arg.values()) or _flatten_in_python(
         positional, treedef
     )
-    positional_fn = derive_out_shardings(sig, _in_place(sig, sig.positional, candidates), paths, specs)
+    positional_fn = derive_out_shardings(definition, _in_place(definition, definition.positional, candidates), paths, specs)
     if flat_style:
 
         def flat_fn(*leaves: Any) -> Any:
             return positional_fn(*jax.tree_util.tree_unflatten(treedef, leaves))
 
-        flat_fn.__name__ = getattr(sig.fn, "__name__", "step")
+        flat_fn.__name__ = getattr(definition.fn, "__name__", "step")
         jitted = jax.jit(flat_fn, donate_argnums=donated, keep_unused=True)
         spec_args: tuple[Any, ...] = tuple(specs)
     else:
         argnums = tuple(a for a, v in per_arg.items() if v and all(v))
-        jitted = jax.jit(_fresh(positional_fn, sig.fn), donate_argnums=argnums, keep_unused=True)
+        jitted = jax.jit(_fresh(positional_fn, definition.fn), donate_argnums=argnums, keep_unused=True)
         spec_args = tuple(jax.tree_util.tree_unflatten(treedef, specs))
-    return jitted, spec_args, treedef, donated, flat_style, sig
+    return jitted, spec_args, treedef, donated, flat_style, definition
 
 
-def _in_place(sig: StepDefinition, fn: Callable[..., Any], candidates: tuple[int, ...]) -> Callable[..., Any]:
+def _in_place(definition: StepDefinition, fn: Callable[..., Any], candidates: tuple[int, ...]) -> Callable[..., Any]:
     """``fn`` as traced: it returns (its output, the objects of
-    ``sig.inplace_params`` after it ran) where the step updates some in place,
+    ``definition.inplace_params`` after it ran) where the step updates some in place,
     and it refuses an argument updated in place that nothing would carry back
     (its leaves, read again after the step, are not the ones it was given):
     a compiled function's changes to an object outside it are lost."""
-    inplace, skip = sig.inplace_params, {*candidates, *sig.static_params, *sig.filtered_params}
-    checked = tuple(i for i in range(len(sig.param_names)) if i not in skip)
-    refs = sig.ref_params
+    inplace, skip = definition.inplace_params, {*candidates, *definition.static_params, *definition.filtered_params}
+    checked = tuple(i for i in range(len(definition.param_names)) if i not in skip)
+    refs = definition.ref_params
 
     def traced(*args: Any) -> Any:
         if refs:  # the refs' arrays: the step gets refs of them, and they come back out
             args = tuple(new_refs(a) if i in refs else a for i, a in enumerate(args))
         before = [jax.tree_util.tree_leaves(args[i]) for i in checked]
         out = fn(*args)
-        if sig.filtered_params and sig.carried:
-            out = _returned_numbers_as_arrays(sig, out, args)
+        if definition.filtered_params and definition.carried:
+            out = _returned_numbers_as_arrays(definition, out, args)
         lost = [i for i, was in zip(checked, before) if mutated(was, jax.tree_util.tree_leaves(args[i]))]
         if lost:  # a returned state may be updated in place too: its new value is carried
-            returned = sig.resolve_carried(out, args).carried_params
+            returned = definition.resolve_carried(out, args).carried_params
             lost = [i for i in lost if i not in returned]
             if lost:  # raised once the trace is over (JAX would add its own note to it)
-                _lost.error = _lost_update_error(sig, lost, args)
+                _lost.error = _lost_update_error(definition, lost, args)
         if not inplace:
             return out
         return out, tuple(ref_values(args[i]) if i in refs else args[i] for i in inplace)
@@ -165,17 +165,17 @@ def _in_place(sig: StepDefinition, fn: Callable[..., Any], candidates: tuple[int
     return traced
 
 
-def _returned_numbers_as_arrays(sig: StepDefinition, out: Any, args: tuple[Any, ...]) -> Any:
+def _returned_numbers_as_arrays(definition: StepDefinition, out: Any, args: tuple[Any, ...]) -> Any:
     """A filtered (equinox) step's returned states with each Python number
     standing where the state it was given held an array made that array's
     dtype, as jax.jit returns it: diffrax's ``solver.step`` returns ``False``
     where ``solver.init`` gave ``jnp.array(True)``; eqx.filter_jit would hand
     back the bool (a new static value: a second compile), a hot step carries
     the array. Numbers elsewhere in the output stay as eqx.filter_jit has them."""
-    shift = 1 if sig.inplace_params else 0  # with in-place states, the output is element 0
-    for i, pos in sig.carried or ():
+    shift = 1 if definition.inplace_params else 0  # with in-place states, the output is element 0
+    for i, pos in definition.carried or ():
         pos = pos[shift:]
-        if i in sig.inplace_params or len(pos) > 1:
+        if i in definition.inplace_params or len(pos) > 1:
             continue
         element = out[pos[0]] if pos else out
         if type(element) is not Filtered:
@@ -197,8 +197,8 @@ _lost = threading.local()  # the error of a trace that found a lost update (see 
 
 
 @contextlib.contextmanager
-def _tracing(sig: StepDefinition) -> Iterator[None]:
-    """Around a trace of ``sig``'s function for a compile: an error of the
+def _tracing(definition: StepDefinition) -> Iterator[None]:
+    """Around a trace of ``definition``'s function for a compile: an error of the
     user's function says which step was compiling, and a lost update found
     by :func:`_in_place` is raised once the trace is over."""
     __tracebackhide__ = True
@@ -211,7 +211,7 @@ def _tracing(sig: StepDefinition) -> Iterator[None]:
     except Exception as err:
         _lost.error = None
         err.add_note(
-            f"jaxcontracts: raised while tracing the hot step {sig.name} to compile it "
+            f"jaxcontracts: raised while tracing the hot step {definition.name} to compile it "
             "(at its first call with these shapes, or its .compile())."
         )
         raise
@@ -220,14 +220,14 @@ def _tracing(sig: StepDefinition) -> Iterator[None]:
         raise err
 
 
-def _lost_update_error(sig: StepDefinition, lost: Sequence[int], args: Sequence[Any]) -> DefinitionError:
-    names = [sig.param_names[i] for i in lost]
+def _lost_update_error(definition: StepDefinition, lost: Sequence[int], args: Sequence[Any]) -> DefinitionError:
+    names = [definition.param_names[i] for i in lost]
     objects = [n for i, n in zip(lost, names) if is_inplace_object(args[i])]
-    state = [sig.param_names[i] for i in (*sig.state_params, *lost) if i in sig.state_params or is_inplace_object(args[i])]
+    state = [definition.param_names[i] for i in (*definition.state_params, *lost) if i in definition.state_params or is_inplace_object(args[i])]
     state = list(dict.fromkeys(state))
     listed = f'"{state[0]}"' if len(state) == 1 else "(" + ", ".join(f'"{n}"' for n in state) + ")"
     return DefinitionError(
-        f"{sig.name} updates {', '.join(f'`{n}`' for n in names)} in place, and nothing carries "
+        f"{definition.name} updates {', '.join(f'`{n}`' for n in names)} in place, and nothing carries "
         "the new value out of the compiled step: the update would be lost (the object "
         "would keep its old arrays).",
         fix=(
@@ -239,19 +239,19 @@ def _lost_update_error(sig: StepDefinition, lost: Sequence[int], args: Sequence[
         ),
         note=NOTHING_RAN,
         contract="carry",
-        step=sig.name,
+        step=definition.name,
         leaves=names,
     )
 
 
-def _refuse_uncarried(sig: StepDefinition) -> None:
+def _refuse_uncarried(definition: StepDefinition) -> None:
     """A state parameter named in ``state=`` that the step neither returns nor
     updates in place would never change: refused, naming it."""
     __tracebackhide__ = True
-    idle = [sig.param_names[i] for i in sig.state_params if i not in sig.carried_params]
-    if sig.state_named and idle:
+    idle = [definition.param_names[i] for i in definition.state_params if i not in definition.carried_params]
+    if definition.state_named and idle:
         raise DefinitionError(
-            f"{sig.name}: state parameter {', '.join(f'`{n}`' for n in idle)} is neither "
+            f"{definition.name}: state parameter {', '.join(f'`{n}`' for n in idle)} is neither "
             "returned by the step nor updated in place, so no call would carry a new "
             "value of it (and nothing of it would be donated).",
             fix="return its new value (alone, or in a returned tuple); or, where the step "
@@ -259,7 +259,7 @@ def _refuse_uncarried(sig: StepDefinition) -> None:
             "@jc.hot_step(stateless=True)).",
             note=NOTHING_RAN,
             contract="definition",
-            step=sig.name,
+            step=definition.name,
             leaves=idle,
         )
 
@@ -320,7 +320,7 @@ def _spread(sharding: Any) -> bool:
 
 
 def derive_out_shardings(
-    sig: StepDefinition, fn: Any, paths: Sequence[Any], specs: Sequence[Any]
+    definition: StepDefinition, fn: Any, paths: Sequence[Any], specs: Sequence[Any]
 ) -> Any:
     """``fn`` with each returned state's leaves constrained to its input shardings.
 
@@ -335,7 +335,7 @@ def derive_out_shardings(
     for p, spec in zip(paths, specs):
         per_param.setdefault(p[0].idx, []).append(getattr(spec, "sharding", None))
     plan = []
-    for arg, pos in sig.carried or ():
+    for arg, pos in definition.carried or ():
         shardings = per_param.get(arg, [])
         if len(pos) <= 1 and any(_spread(s) for s in shardings):
             plan.append((pos, [s if _spread(s) else None for s in shardings]))
@@ -369,11 +369,11 @@ def derive_out_shardings(
 
 
 def compile_signature(
-    sig: StepDefinition, positional: tuple[Any, ...]
+    definition: StepDefinition, positional: tuple[Any, ...]
 ) -> tuple[CompiledSignature, StepDefinition]:
-    """Compile ``sig``'s step for these arguments or specs and prove its contracts.
+    """Compile ``definition``'s step for these arguments or specs and prove its contracts.
 
-    Returns the compiled signature, and ``sig`` with what the step returns
+    Returns the compiled signature, and ``definition`` with what the step returns
     resolved (``carried``), for the step to keep.
 
     Raises:
@@ -381,12 +381,12 @@ def compile_signature(
         DonationError: a donated leaf aliases no output.
     """
     __tracebackhide__ = True
-    t = sig.state_type
+    t = definition.state_type
     spec = f"{t.__name__}.spec(...)" if isinstance(t, type) and callable(getattr(t, "spec", None)) else None
-    with compiling(sig.name, spec or "jc.spec_of(<its arguments>)", sig.fn):  # in a hot_loop, a violation (before any trace)
-        jitted, spec_args, treedef, donated, flat_style, sig = jit_for(sig, positional)
+    with compiling(definition.name, spec or "jc.spec_of(<its arguments>)", definition.fn):  # in a hot_loop, a violation (before any trace)
+        jitted, spec_args, treedef, donated, flat_style, definition = jit_for(definition, positional)
         t0 = time.perf_counter()
-        with quiet_donation_warning(), _tracing(sig):
+        with quiet_donation_warning(), _tracing(definition):
             traced = jitted.trace(*spec_args)
             lowered = traced.lower()
         outcome = events.watch_cache()  # did JAX's persistent cache serve it?
@@ -399,18 +399,18 @@ def compile_signature(
     in_shardings = jax.tree_util.tree_leaves(compiled.input_shardings[0])
     flat_paths = [p for p, _ in flatten_with_path(positional)[0]]  # equinox State leaves named
     exact = _exact_specs(jax.tree_util.tree_leaves(spec_args), in_shardings)
-    paths = [sig.param_path(p) for p in flat_paths]
+    paths = [definition.param_path(p) for p in flat_paths]
     per_param = tuple(jax.tree_util.tree_unflatten(treedef, exact))
     out_avals, out_tree = _outputs(traced)
-    _check_carry(sig, per_param, out_avals, out_tree, compiled.output_shardings)
+    _check_carry(definition, per_param, out_avals, out_tree, compiled.output_shardings)
     cached = outcome is not None and outcome.verdict == "hit"
     aliased = _check_aliasing(
-        sig, lowered, compiled, flat_paths, paths, exact, donated, out_avals, cached
+        definition, lowered, compiled, flat_paths, paths, exact, donated, out_avals, cached
     )
     donated_set = set(donated)
     if donated:
         hook_deleted_reads(deleted_read)  # later reads of what it consumes name the leaf and the step
-    host = tuple(i for i, p in enumerate(flat_paths) if p[0].idx in sig.host_params)
+    host = tuple(i for i, p in enumerate(flat_paths) if p[0].idx in definition.host_params)
     nbytes = {k: spec_nbytes(x) for k, x in {id(x): x for x in exact}.items()}  # once per distinct spec (_exact_specs)
     return CompiledSignature(
         spec_args=per_param,
@@ -435,7 +435,7 @@ def compile_signature(
         cache=None if outcome is None else outcome.verdict,
         host=host,
         host_nbytes=sum(nbytes[id(exact[i])] for i in host),
-    ), sig
+    ), definition
 
 
 def _exact_specs(specs: Sequence[Any], shardings: Sequence[Any]) -> list[Any]:
@@ -488,7 +488,7 @@ def _returned(out_tree: Any, pos: tuple[int, ...]) -> tuple[int, Any] | None:
 
 
 def _check_carry(
-    sig: StepDefinition,
+    definition: StepDefinition,
     spec_args: tuple[Any, ...],
     out_avals: Sequence[Any],
     out_tree: Any,
@@ -509,8 +509,8 @@ def _check_carry(
     shard_flat = jax.tree_util.tree_leaves(out_shardings)
     if len(shard_flat) != len(out_avals):
         shard_flat = [None] * len(out_avals)
-    for arg, pos in sig.carried or ():
-        name = sig.param_names[arg]
+    for arg, pos in definition.carried or ():
+        name = definition.param_names[arg]
         found = _returned(out_tree, pos)
         if found is None:
             kind = out_tree.node_data()
@@ -546,18 +546,18 @@ def _check_carry(
     for kind, (what, fix) in _PLACEMENT_CAUSES.items():  # every difference of one placement kind
         if blocks and kinds and all(k == kind for k in kinds):
             raise RecompileError(
-                f"{sig.name} {what}, so its own output would not match the compiled signature "
+                f"{definition.name} {what}, so its own output would not match the compiled signature "
                 "on the next call (jax.jit would recompile there; a compiled step would reject it).",
                 blocks,
                 fix=fix,
                 note=NOTHING_RAN,
                 contract="carry",
-                step=sig.name,
+                step=definition.name,
                 leaves=leaves,
             )
     if blocks and not kinds:
         raise RecompileError(
-            f"{sig.name} does not return what its signature says: its return "
+            f"{definition.name} does not return what its signature says: its return "
             "annotation (or state=) puts the new state in a returned tuple, and "
             "the step returns no tuple there.",
             blocks,
@@ -566,11 +566,11 @@ def _check_carry(
             f"returns (-> {misplaced[0][1]} for the state alone).",
             note=NOTHING_RAN,
             contract="carry",
-            step=sig.name,
+            step=definition.name,
         )
     if blocks:
         raise RecompileError(
-            f"{sig.name} does not return its state with the spec it takes, so "
+            f"{definition.name} does not return its state with the spec it takes, so "
             "its own output would not match the compiled signature on the next "
             "call (jax.jit would recompile there; a compiled step would reject it).",
             blocks,
@@ -586,7 +586,7 @@ def _check_carry(
             ),
             note=NOTHING_RAN,
             contract="carry",
-            step=sig.name,
+            step=definition.name,
             leaves=leaves,
         )
 
@@ -616,8 +616,8 @@ def _carry_cause(d: LeafDiff) -> str:
     return d.cause
 
 
-def _aliasing_fix(sig: StepDefinition, params: Sequence[int]) -> str:
-    args = sorted({sig.param_names[i] for i in params if i in sig.donated_params})
+def _aliasing_fix(definition: StepDefinition, params: Sequence[int]) -> str:
+    args = sorted({definition.param_names[i] for i in params if i in definition.donated_params})
     if args and len(args) == len(set(params)):
         names = ", ".join(map(repr, args))
         return (
@@ -636,7 +636,7 @@ def _aliasing_fix(sig: StepDefinition, params: Sequence[int]) -> str:
 
 
 def _check_aliasing(
-    sig: StepDefinition,
+    definition: StepDefinition,
     lowered: Any,
     compiled: Any,
     flat_paths: Sequence[Any],
@@ -690,7 +690,7 @@ def _check_aliasing(
         from_cache = cached and any(
             (specs[i].shape, canonical(specs[i].dtype)) in outs for i in missing
         )
-        fix = _aliasing_fix(sig, [flat_params[i] for i in missing])
+        fix = _aliasing_fix(definition, [flat_params[i] for i in missing])
         if from_cache:
             fix = (
                 "the executable was loaded from JAX's persistent compilation cache "
@@ -700,7 +700,7 @@ def _check_aliasing(
                 "compile again."
             )
         raise DonationError(
-            f"{sig.name}: {len(missing)} donated {'leaf' if len(missing) == 1 else 'leaves'} cannot be donated: "
+            f"{definition.name}: {len(missing)} donated {'leaf' if len(missing) == 1 else 'leaves'} cannot be donated: "
             + (
                 "the executable JAX's persistent compilation cache served does not "
                 "reuse their buffers, so they would stay alive and the step would need "
@@ -713,7 +713,7 @@ def _check_aliasing(
             fix=fix,
             note=NOTHING_RAN,
             contract="aliasing",
-            step=sig.name,
+            step=definition.name,
             leaves=[paths[i] for i in missing],
         )
     return frozenset(aliased)

@@ -262,14 +262,14 @@ def _call_with(ref: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> A
     return fn(ref(), *args, **kwargs)
 
 
-def check_donated_names(sig: StepDefinition, valid: Sequence[str], static: Sequence[str]) -> None:
-    if not isinstance(sig.donate, (tuple, list)):
+def check_donated_names(definition: StepDefinition, valid: Sequence[str], static: Sequence[str]) -> None:
+    if not isinstance(definition.donate, (tuple, list)):
         return
-    bad = [n for n in sig.donate if n not in valid]
+    bad = [n for n in definition.donate if n not in valid]
     if bad:
-        type_name = getattr(sig.state_type, "__name__", repr(sig.state_type))
+        type_name = getattr(definition.state_type, "__name__", repr(definition.state_type))
         raise DefinitionError(
-            f"@jc.hot_step on {sig.name}: donate names unknown field(s) "
+            f"@jc.hot_step on {definition.name}: donate names unknown field(s) "
             f"{', '.join(map(repr, bad))} of {type_name}.",
             [f"  array fields: {', '.join(valid) or '(none)'}"]
             + ([f"  static fields (not donatable, not arrays): {', '.join(static)}"] if static else []),

@@ -37,21 +37,21 @@ __all__ = [
 ]
 
 
-def api_misuse_error(sig: StepDefinition, positional: tuple[Any, ...], *, compiling: bool) -> DefinitionError | None:
+def api_misuse_error(definition: StepDefinition, positional: tuple[Any, ...], *, compiling: bool) -> DefinitionError | None:
     """A class passed where an instance or spec belongs, or specs in a call.
 
     ``step.compile(S)`` (the class, not ``S.spec(...)``) and ``step(S.spec(...))``
     (specs, which hold no data) are API misuse, not host transfers.
     """
     classes, specs = [], []
-    for i, (name, arg) in enumerate(zip(sig.param_names, positional)):
+    for i, (name, arg) in enumerate(zip(definition.param_names, positional)):
         for path, x in flatten_with_path(arg)[0]:
-            where = sig.param_path((_Idx(i), *path))
+            where = definition.param_path((_Idx(i), *path))
             if isinstance(x, type):
                 classes.append((name, where, x))
             elif not compiling and isinstance(x, jax.ShapeDtypeStruct):
                 specs.append((name, where, x))
-    short = sig.short_name
+    short = definition.short_name
     if classes:
         name, where, cls = classes[0]
         cls_name = getattr(cls, "__name__", repr(cls))
@@ -73,28 +73,28 @@ def api_misuse_error(sig: StepDefinition, positional: tuple[Any, ...], *, compil
                 if has_spec
                 else "call it with arrays."
             )
-            summary = f"{sig.name} was called with the class {cls_name} itself for `{where}`, not an instance."
+            summary = f"{definition.name} was called with the class {cls_name} itself for `{where}`, not an instance."
         return DefinitionError(
             summary,
             [f"  {w}: the class {getattr(c, '__name__', c)}" for _, w, c in classes],
             fix=fix,
             note="" if compiling else INPUTS_INTACT,
             contract="definition",
-            step=sig.name,
+            step=definition.name,
             leaves=[w for _, w, _ in classes],
         )
     if specs:
         state = next((a for a in positional if hasattr(type(a), "zeros")), None)
         make = f"{type(state).__name__}.zeros(...)" if state is not None else "jnp.zeros(shape, dtype)"
         return DefinitionError(
-            f"{sig.name} was called with specs (jax.ShapeDtypeStruct), which hold "
+            f"{definition.name} was called with specs (jax.ShapeDtypeStruct), which hold "
             "no data: a call needs arrays.",
             [f"  {w}: {fmt_value(x)}" for _, w, x in specs],
             fix=f"call it with arrays ({make}, or real data). To compile ahead of "
             f"time without data, use {short}.compile(...) with the specs.",
             note=INPUTS_INTACT,
             contract="definition",
-            step=sig.name,
+            step=definition.name,
             leaves=[w for _, w, _ in specs],
         )
     return None
@@ -119,22 +119,22 @@ def _device_put_lines(paths: Sequence[str]) -> str:
     return "; ".join(lines.values()) or "x = jax.device_put(x)"
 
 
-def _host_candidates(sig: StepDefinition, host: Sequence[tuple[str, Any]]) -> list[str]:
+def _host_candidates(definition: StepDefinition, host: Sequence[tuple[str, Any]]) -> list[str]:
     """The parameters that could be declared ``host=``: not state, static or
     donated, and every host leaf in them a numpy array (a loader's batch; not
     Python numbers)."""
-    taken = {sig.param_names[i] for i in (*sig.state_params, *sig.static_params, *sig.donated_params)}
+    taken = {definition.param_names[i] for i in (*definition.state_params, *definition.static_params, *definition.donated_params)}
     names: dict[str, bool] = {}
     for path, x in host:
         name = re.match(r"\w*", path).group()  # type: ignore[union-attr]
         names[name] = names.get(name, True) and isinstance(x, np.ndarray)
-    return [n for n, ok in names.items() if ok and n and n not in taken and n in sig.param_names]
+    return [n for n, ok in names.items() if ok and n and n not in taken and n in definition.param_names]
 
 
-def host_leaves_error(sig: StepDefinition, host: Sequence[tuple[str, Any]]) -> TransferError:
-    batch = _host_candidates(sig, host)
+def host_leaves_error(definition: StepDefinition, host: Sequence[tuple[str, Any]]) -> TransferError:
+    batch = _host_candidates(definition, host)
     if batch:  # with the parameters already declared: the option replaces them
-        names = [sig.param_names[i] for i in sig.host_params] + batch
+        names = [definition.param_names[i] for i in definition.host_params] + batch
         declared = (
             "for data that is new each call (a loader's batch), declare it: "
             f"@jc.hot_step(..., host={names[0] if len(names) == 1 else tuple(names)!r}) (the call "
@@ -143,7 +143,7 @@ def host_leaves_error(sig: StepDefinition, host: Sequence[tuple[str, Any]]) -> T
     else:
         declared = "put " + ("it" if len(host) == 1 else "them")
     return TransferError(
-        f"{sig.name}: {len(host)} argument {'leaf is' if len(host) == 1 else 'leaves are'} on the host, "
+        f"{definition.name}: {len(host)} argument {'leaf is' if len(host) == 1 else 'leaves are'} on the host, "
         f"so every call would copy {'it' if len(host) == 1 else 'them'} to the device (an implicit "
         "host-to-device transfer, and a sync):",
         [f"  {p}: {fmt_value(x)}" for p, x in host],
@@ -153,13 +153,13 @@ def host_leaves_error(sig: StepDefinition, host: Sequence[tuple[str, Any]]) -> T
         "built). Configuration belongs in a jc.static field or a closure.",
         note=INPUTS_INTACT,
         contract="device-arguments",
-        step=sig.name,
+        step=definition.name,
         leaves=[p for p, _ in host],
     )
 
 
 def hazard_error(
-    sig: StepDefinition,
+    definition: StepDefinition,
     paths: Sequence[str],
     leaves: Sequence[Any],
     deleted: Sequence[int],
@@ -187,7 +187,7 @@ def hazard_error(
         fix = donation_fix("pass_other", value=paths[deleted[0]])
     else:  # the consumer, where one is proven
         fix = donation_fix("pass", by.pop() if len(by) == 1 else None)
-    donated_args = {sig.param_names[i] for i in sig.donated_params}
+    donated_args = {definition.param_names[i] for i in definition.donated_params}
     if any(re.split(r"[.\[]", paths[i], maxsplit=1)[0] in donated_args for i in deleted):
         fix += (
             f" An argument in donate_argnames ({', '.join(sorted(donated_args))}) is "
@@ -195,7 +195,7 @@ def hazard_error(
             "returned in its place), or drop it from donate_argnames."
         )
     return DonationError(
-        f"{sig.name}: "
+        f"{definition.name}: "
         + (
             "the call would donate a buffer that cannot be donated:"
             if all(i in donated for i in deleted)
@@ -205,13 +205,13 @@ def hazard_error(
         fix=fix,
         note="The call did not run; your other inputs are intact.",
         contract="donation-hazard",
-        step=sig.name,
+        step=definition.name,
         leaves=[paths[i] for i in deleted] + [paths[a] for a, _ in duplicates],
     )
 
 
 def run_failed_note(
-    sig: StepDefinition, paths: Sequence[str], leaves: Sequence[Any], donated: Sequence[int]
+    definition: StepDefinition, paths: Sequence[str], leaves: Sequence[Any], donated: Sequence[int]
 ) -> str:
     """What a failed compiled call did to the donated inputs, from their buffers.
 
@@ -221,12 +221,12 @@ def run_failed_note(
     consumed = [i for i in donated if is_deleted_array(leaves[i])]
     if not consumed:
         return (
-            f"jaxcontracts: {sig.name}'s compiled call raised this error; its donated "
+            f"jaxcontracts: {definition.name}'s compiled call raised this error; its donated "
             "inputs were not consumed: they are intact."
         )
     intact = [i for i in donated if i not in consumed]
     note = (
-        f"jaxcontracts: {sig.name} failed while its executable ran. The call did run: "
+        f"jaxcontracts: {definition.name} failed while its executable ran. The call did run: "
         f"it consumed (deleted) {len(consumed)} donated input(s) and produced no outputs, "
         "so that state is gone; rebuild it (from a checkpoint, or from scratch):\n"
         + "\n".join(f"  {paths[i]}: {fmt_aval(leaves[i].shape, leaves[i].dtype)} deleted" for i in consumed)
@@ -237,7 +237,7 @@ def run_failed_note(
 
 
 def kept_leaves_error(
-    sig: StepDefinition,
+    definition: StepDefinition,
     cs: CompiledSignature | None,
     kept: Sequence[int],
     nodes: Sequence[str] = (),
@@ -264,7 +264,7 @@ def kept_leaves_error(
     what = f"{len(leaves)} array(s)" if leaves else f"the arrays of {len(nodes)} container(s)"
     kind = "kept_argument" if arrays and not kept else "kept" if leaves else "kept_node"
     return DonationError(
-        f"{sig.name} would delete {what} you still hold elsewhere: donating "
+        f"{definition.name} would delete {what} you still hold elsewhere: donating "
         "a leaf deletes its buffer, and another reference to it (a sample kept in a list, "
         "a variable, a numpy view from np.asarray, a second container sharing the leaf, "
         "a caught exception you kept, whose traceback holds the frames that saw it, or "
@@ -273,15 +273,15 @@ def kept_leaves_error(
         fix=donation_fix(kind, value=first),
         note=INPUTS_INTACT,
         contract="donation-hazard",
-        step=sig.name,
+        step=definition.name,
         leaves=paths or list(nodes),
     )
 
 
-def not_consumed_error(sig: StepDefinition, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> DonationError:
+def not_consumed_error(definition: StepDefinition, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> DonationError:
     missing = [i for i in cs.donated if not leaves[i].is_deleted()]
     return DonationError(
-        f"{sig.name}: {len(missing)} donated input buffer(s) were not consumed: "
+        f"{definition.name}: {len(missing)} donated input buffer(s) were not consumed: "
         "XLA copied instead of reusing them, so this step held its state twice.",
         [f"  {cs.leaves[i].path}: {fmt_aval(leaves[i].shape, leaves[i].dtype)}" for i in missing]
         + [_VIEW_CAUSE]
@@ -291,7 +291,7 @@ def not_consumed_error(sig: StepDefinition, cs: CompiledSignature, leaves: Seque
         note="The call's outputs are in this error's .result: nothing was lost.",
         result=out,
         contract="consumed",
-        step=sig.name,
+        step=definition.name,
         leaves=[cs.leaves[i].path for i in missing],
     )
 
@@ -309,13 +309,13 @@ _PINNING_CAUSE = (
 
 
 def signature_error(
-    sig: StepDefinition, current: CompiledSignature, n_compiled: int, positional: tuple[Any, ...]
+    definition: StepDefinition, current: CompiledSignature, n_compiled: int, positional: tuple[Any, ...]
 ) -> RecompileError | TransferError:
     """A call whose arguments match no compiled signature, with no compile left."""
     blocks: list[str] = []
     all_diffs = []
     leaves: list[str] = []
-    for i, name in enumerate(sig.param_names):
+    for i, name in enumerate(definition.param_names):
         diffs = diff_specs(current.spec_args[i], positional[i])
         all_diffs += diffs
         if diffs:
@@ -328,31 +328,31 @@ def signature_error(
         # Inside a loop, an array on other devices is a device-to-device
         # transfer waiting to happen (jax.jit would move it every call).
         return TransferError(
-            f"implicit device-to-device transfer inside jc.hot_loop: {sig.name} "
+            f"implicit device-to-device transfer inside jc.hot_loop: {definition.name} "
             "was called with arrays placed differently from its compiled signature.",
             blocks,
             fix="place them once, before the loop, with jax.device_put(x, sharding) "
-            f"using the compiled sharding (see {sig.short_name}.signature).",
+            f"using the compiled sharding (see {definition.short_name}.signature).",
             note=INPUTS_INTACT,
             contract="no-transfer",
-            step=sig.name,
+            step=definition.name,
             leaves=leaves,
         )
     return RecompileError(
-        f"{sig.name} was called with a signature it was not compiled for "
-        f"(max_compiles={sig.max_compiles}, {n_compiled} used).",
+        f"{definition.name} was called with a signature it was not compiled for "
+        f"(max_compiles={definition.max_compiles}, {n_compiled} used).",
         blocks or ["  (the pytree structure differs)"],
         fix="pass arguments with the compiled spec (see the likely cause above), "
-        f"or allow more signatures with @jc.hot_step(max_compiles={sig.max_compiles + 1}).",
+        f"or allow more signatures with @jc.hot_step(max_compiles={definition.max_compiles + 1}).",
         note=INPUTS_INTACT,
         contract="signature",
-        step=sig.name,
+        step=definition.name,
         leaves=leaves,
     )
 
 
 def invalid_values_error(
-    sig: StepDefinition,
+    definition: StepDefinition,
     current: CompiledSignature | None,
     positional: tuple[Any, ...],
     leaves: list[Any],
@@ -370,14 +370,14 @@ def invalid_values_error(
     if not consumed:
         try:
             with jax.disable_jit():
-                sig.positional(*positional)
+                definition.positional(*positional)
         except FloatingPointError as e:
-            e.add_note(f"jaxcontracts: found by re-running {sig.name} without jit (jax_debug_{kind}s is set).")
+            e.add_note(f"jaxcontracts: found by re-running {definition.name} without jit (jax_debug_{kind}s is set).")
             return e
     err = FloatingPointError(
-        f"invalid value ({kind}) encountered in the output of {sig.name} (jax_debug_{kind}s is set)."
+        f"invalid value ({kind}) encountered in the output of {definition.name} (jax_debug_{kind}s is set)."
     )
-    err.add_note(run_failed_note(sig, paths, leaves, donated))
+    err.add_note(run_failed_note(definition, paths, leaves, donated))
     if consumed:
         err.add_note(
             "jaxcontracts: the step cannot be re-run without jit to name the operation, as "

@@ -94,7 +94,7 @@ class HotStep(Generic[P, R]):
 
     def __init__(self, signature: StepDefinition) -> None:
         functools.update_wrapper(self, signature.fn)
-        self._sig = signature
+        self._definition = signature
         self._signatures: list[CompiledSignature] = []
         self._aliases: list[CompiledSignature] = []  # see _alias_for
         self._current: CompiledSignature | None = None
@@ -149,18 +149,18 @@ class HotStep(Generic[P, R]):
     @property
     def state_type(self) -> Any:
         """The state type (the ``signature=`` option, or the first annotation)."""
-        return self._sig.state_type
+        return self._definition.state_type
 
     def describe(self) -> StepDescription:
         """A frozen record of the step: options, compiled signatures (what was
         compiled and proven: leaves, memory, compile time), counters (a copy)."""
-        sig = self._sig
+        definition = self._definition
         return StepDescription(
-            name=sig.name,
-            donate=sig.donate,
-            max_compiles=sig.max_compiles,
-            params=sig.param_names,
-            state_params=tuple(sig.param_names[i] for i in sig.state_params),
+            name=definition.name,
+            donate=definition.donate,
+            max_compiles=definition.max_compiles,
+            params=definition.param_names,
+            state_params=tuple(definition.param_names[i] for i in definition.state_params),
             signatures=tuple(self._signatures),
             current=self._current,
             stats=dataclasses.replace(self.stats),
@@ -172,7 +172,7 @@ class HotStep(Generic[P, R]):
         return self._lower(self._to_compile("lower", args, kwargs))
 
     def _lower(self, positional: tuple[Any, ...]) -> Any:
-        jitted, spec_args, *_, self._sig = jit_for(self._sig, positional)
+        jitted, spec_args, *_, self._definition = jit_for(self._definition, positional)
         with quiet_donation_warning():
             return jitted.trace(*spec_args).lower()
 
@@ -209,7 +209,7 @@ class HotStep(Generic[P, R]):
 
     def __repr__(self) -> str:
         state = "not compiled" if self._current is None else f"{len(self._signatures)} signature(s)"
-        return f"<jc.hot_step {self._sig.name} ({state}, donate={self._sig.donate!r})>"
+        return f"<jc.hot_step {self._definition.name} ({state}, donate={self._definition.donate!r})>"
 
     if typing.TYPE_CHECKING:
 
@@ -231,7 +231,7 @@ class HotStep(Generic[P, R]):
         (later changes to them are not seen). The bound step is kept in the
         instance's ``__dict__``, so ``obj.step`` stays one attribute read.
         """
-        if obj is None or not self._sig.is_method:
+        if obj is None or not self._definition.is_method:
             return self
         has_dict = self._attr is not None and isinstance(getattr(obj, "__dict__", None), dict)
         if has_dict:  # `Class.step(obj, s)` comes here at every call: the bound step made before
@@ -246,14 +246,14 @@ class HotStep(Generic[P, R]):
                 ref = weakref.ref(obj, functools.partial(_forget_bound, self._bound_steps, id(obj)))
             except TypeError:  # neither a __dict__ nor a __weakref__ slot
                 raise DefinitionError(
-                    f"{self._sig.name} is a method step of a {type(obj).__name__}, whose instances "
+                    f"{self._definition.name} is a method step of a {type(obj).__name__}, whose instances "
                     "have neither a __dict__ nor weak references (__slots__): its bound step "
                     "cannot be kept, so every access would make (and compile) a new one.",
                     fix=f'add "__weakref__" to {type(obj).__name__}.__slots__ (or drop __slots__).',
                     contract="definition",
-                    step=self._sig.name,
+                    step=self._definition.name,
                 ) from None
-        bound: HotStep[Any, Any] = HotStep(self._sig.bind(obj, weak=not has_dict))
+        bound: HotStep[Any, Any] = HotStep(self._definition.bind(obj, weak=not has_dict))
         bound._bound_to = (self, obj if has_dict else ref)
         if has_dict:
             obj.__dict__[self._attr] = bound
@@ -285,7 +285,7 @@ class HotStep(Generic[P, R]):
         __tracebackhide__ = True
         if not args:
             raise TypeError(
-                f"{self._sig.name}() is a method: call it on an instance (obj.{self._sig.short_name}(...))."
+                f"{self._definition.name}() is a method: call it on an instance (obj.{self._definition.short_name}(...))."
             )
         obj, args = args[0], args[1:]  # the tuple of the call's own arguments, as an entry takes them
         try:
@@ -301,29 +301,29 @@ class HotStep(Generic[P, R]):
 
     def _to_compile(self, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """The arguments of ``lower``/``compile`` by position, refused on misuse."""
-        if self._sig.is_method:
+        if self._definition.is_method:
             raise DefinitionError(
-                f"{self._sig.name} is a method: {what} it through an instance, "
+                f"{self._definition.name} is a method: {what} it through an instance, "
                 f"whose attributes the step closes over.",
-                fix=f"obj.{self._sig.short_name}.{what}(...)",
+                fix=f"obj.{self._definition.short_name}.{what}(...)",
                 contract="definition",
-                step=self._sig.name,
+                step=self._definition.name,
             )
-        positional = self._sig.normalize(args, kwargs)
-        misuse = api_misuse_error(self._sig, positional, compiling=True)
+        positional = self._definition.normalize(args, kwargs)
+        misuse = api_misuse_error(self._definition, positional, compiling=True)
         if misuse is not None:
             raise misuse
         # What a call takes, compile takes: the non-array leaves of equinox
         # Modules (a layer's axis_name, diffrax's vector field) are static (_filter).
         with_path = jax.tree_util.tree_flatten_with_path(positional)[0]
         odd = [
-            (self._sig.param_path(p), x)
+            (self._definition.param_path(p), x)
             for p, x in with_path
-            if leaf_spec(x) is None and p[0].idx not in self._sig.host_params
+            if leaf_spec(x) is None and p[0].idx not in self._definition.host_params
         ]
         if odd and _learn_modules(self, positional, with_path, odd):
-            positional = self._sig.normalize(args, kwargs)
-        refs = self._sig.ref_params  # compiled for the arrays the refs hold
+            positional = self._definition.normalize(args, kwargs)
+        refs = self._definition.ref_params  # compiled for the arrays the refs hold
         return tuple(ref_arrays(x)[0] if i in refs else x for i, x in enumerate(positional)) if refs else positional
 
     # -- the protocol the library's modules read (_steps, _callpath) -------
@@ -331,12 +331,12 @@ class HotStep(Generic[P, R]):
     @property
     def name(self) -> str:
         """``module.qualname`` of the step's function."""
-        return self._sig.name
+        return self._definition.name
 
     @property
     def short_name(self) -> str:
         """The step's own name, as messages write it (``advance``)."""
-        return self._sig.short_name
+        return self._definition.short_name
 
     @property
     def donates(self) -> bool:
@@ -346,14 +346,14 @@ class HotStep(Generic[P, R]):
     @property
     def definition(self) -> StepDefinition:
         """What the decorator learnt of the function: parameters, state, donation."""
-        return self._sig
+        return self._definition
 
     def checks_changed(self, level: str) -> None:
         """The checks level changed: rebuild the call path for it."""
         self._level = level
         if self._current is not None:
             self._use(self._current)
-        elif not self._sig.is_method:
+        elif not self._definition.is_method:
             self._set_dispatch(self._slow)
 
     def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
@@ -375,13 +375,13 @@ class HotStep(Generic[P, R]):
     def not_consumed(self, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> DonationError | None:
         """The error for donated buffers XLA copied; ``None`` once a recording loop took it."""
         self.stats.not_consumed += 1
-        err = not_consumed_error(self._sig, cs, leaves, out)
+        err = not_consumed_error(self._definition, cs, leaves, out)
         loop = recording_loop()
         if loop is None:
             return err
         loop.violation(
             "donation",
-            f"{self._sig.name}: donated input buffer(s) not consumed (XLA copied "
+            f"{self._definition.name}: donated input buffer(s) not consumed (XLA copied "
             f"them): {', '.join(err.leaves)}",
             err.fix or "",
         )
@@ -391,9 +391,9 @@ class HotStep(Generic[P, R]):
 
     def _new_signature(self, positional: tuple[Any, ...]) -> CompiledSignature:
         __tracebackhide__ = True
-        if len(self._signatures) >= self._sig.max_compiles:
+        if len(self._signatures) >= self._definition.max_compiles:
             raise self._refuse(positional)
-        cs, self._sig = compile_signature(self._sig, positional)  # what it returns, now known
+        cs, self._definition = compile_signature(self._definition, positional)  # what it returns, now known
         self._signatures.append(cs)
         self.stats.compiles += 1
         self.stats.compile_seconds += cs.compile_seconds
@@ -413,12 +413,12 @@ class HotStep(Generic[P, R]):
         # every call. A step that may compile another signature checks every
         # parameter that may be one (a call that changes signature passes
         # through the current signature's path first).
-        sig = self._sig
-        current = None if sig.max_compiles > 1 else self._current
-        params = () if self._level != "full" or sig.is_method else argument_params(sig, current)
+        definition = self._definition
+        current = None if definition.max_compiles > 1 else self._current
+        params = () if self._level != "full" or definition.is_method else argument_params(definition, current)
         self._check = argument_check(params, self.last_output, self._kept_arguments) if params else None
         self._call = self._entered(fn)
-        if sig.is_method:  # Class.step(obj, x): timed as the bound step's call
+        if definition.is_method:  # Class.step(obj, x): timed as the bound step's call
             self._timed_inner = self._timed_call = fn
             return
         timed, self.timing_hook = _timing.timed(fn, self.timing_counters, self._install_call, self)
@@ -439,7 +439,7 @@ class HotStep(Generic[P, R]):
         returned state is known (its first compile, for ``state=``), whether
         it donates such a parameter is known once compiled: the call
         compiles, and ``_redispatch`` refuses it then, before its dispatch."""
-        if self._sig.carried is None:  # which state it returns (donates) is known once compiled
+        if self._definition.carried is None:  # which state it returns (donates) is known once compiled
             self._redispatch.held = [(i, name) for i, name, _ in held]
             try:
                 return fn(*args, **kwargs)
@@ -449,12 +449,12 @@ class HotStep(Generic[P, R]):
 
     def _kept_arguments_error(self, kept: list[tuple[str, Any]]) -> BaseException:
         self.stats.refused += 1
-        return kept_leaves_error(self._sig, self._current, (), (), kept)
+        return kept_leaves_error(self._definition, self._current, (), (), kept)
 
     def _filter(self, params: tuple[int, ...]) -> None:
         """Filter these parameters' equinox Modules from now on (``_filter``)."""
         with self._compile_lock:
-            self._sig = self._sig.with_filtered(params)
+            self._definition = self._definition.with_filtered(params)
 
     def _use(self, cs: CompiledSignature) -> None:
         """Make ``cs``'s call path at the current level the step's. Each one is
@@ -464,22 +464,22 @@ class HotStep(Generic[P, R]):
         self._current = cs
         key = (id(cs), self._level)  # cs lives in _signatures (or _aliases, its paths dropped with it): no id reused
         kept = self._paths.get(key)
-        self._set_dispatch(self._build_at_call(cs, key) if kept is None or kept[0] is not self._sig else kept[1])
+        self._set_dispatch(self._build_at_call(cs, key) if kept is None or kept[0] is not self._definition else kept[1])
 
     def _build_at_call(self, cs: CompiledSignature, key: tuple[int, str]) -> Callable[..., Any]:
         """A call path that builds ``cs``'s closure for this level at its first
         call, as ``jax.stages.Compiled`` builds its C++ call at its first call:
         a compile (and a checks level change) builds none it does not use."""
-        sig, level = self._sig, self._level
+        definition, level = self._definition, self._level
 
         def first_call(*args: Any, **kwargs: Any) -> Any:
             __tracebackhide__ = True
             kept = self._paths.get(key)
-            if kept is None or kept[0] is not sig:
-                kept = (sig, make_dispatch(cs, level, self))
+            if kept is None or kept[0] is not definition:
+                kept = (definition, make_dispatch(cs, level, self))
                 if any(c is cs for c in (*self._signatures, *self._aliases)):  # not an alias evicted meanwhile
                     self._paths[key] = kept
-            if self._current is cs and self._level == level and self._sig is sig:
+            if self._current is cs and self._level == level and self._definition is definition:
                 self._set_dispatch(kept[1])
             try:
                 return kept[1](*args, **kwargs)
@@ -492,7 +492,7 @@ class HotStep(Generic[P, R]):
     def _refuse(self, positional: tuple[Any, ...]) -> Exception:
         self.stats.refused += 1
         assert self._current is not None
-        return signature_error(self._sig, self._current, len(self._signatures), positional)
+        return signature_error(self._definition, self._current, len(self._signatures), positional)
 
     def _slow(self, *args: Any, **kwargs: Any) -> Any:
         """The call path before the first compile."""
@@ -518,7 +518,7 @@ def _forget_bound(bound: dict[int, Any], key: int, ref: Any) -> None:
 
 def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
     __tracebackhide__ = True
-    sig = step._sig
+    definition = step._definition
     given = inside_in_place_call(step)  # the caller's refs and objects, as given
     if (
         not trace_state_clean()
@@ -530,23 +530,23 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         # Under jax.disable_jit(): run it op by op, as jax.jit does.
         step.stats.traced_calls += 1
         if given is not None:  # the step updates its refs and objects itself
-            out = sig.positional(*given)
-            out = join_out(out) if sig.filtered_params else out
-            return out, tuple(given[i] for i in sig.inplace_params)
-        if sig.filtered_params:
-            return join_out(sig.positional(*sig.normalize(args, kwargs)))
-        if sig.static_params:
-            return sig.positional(*sig.normalize(args, kwargs))
-        return sig.fn(*args, **kwargs)
-    if given is None and (sig.inplace_params or sig.ref_params):
+            out = definition.positional(*given)
+            out = join_out(out) if definition.filtered_params else out
+            return out, tuple(given[i] for i in definition.inplace_params)
+        if definition.filtered_params:
+            return join_out(definition.positional(*definition.normalize(args, kwargs)))
+        if definition.static_params:
+            return definition.positional(*definition.normalize(args, kwargs))
+        return definition.fn(*args, **kwargs)
+    if given is None and (definition.inplace_params or definition.ref_params):
         # Called directly (a first call, jc.check): around the call, what the
         # in-place call path does (refs passed as their arrays, written back)
-        return in_place_call(sig, step, lambda *items: _decide(step, items, {}, exc), sig.normalize(args, kwargs))
-    positional = sig.normalize(args, kwargs)
+        return in_place_call(definition, step, lambda *items: _decide(step, items, {}, exc), definition.normalize(args, kwargs))
+    positional = definition.normalize(args, kwargs)
     with_path, treedef = flatten_with_path(positional)
     leaves = [x for _, x in with_path]
-    paths = [sig.param_path(p) for p, _ in with_path]
-    declared = sig.host_params
+    paths = [definition.param_path(p) for p, _ in with_path]
+    declared = definition.host_params
     host = [
         (p, x)
         for (path, x), p in zip(with_path, paths)
@@ -564,24 +564,24 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         del leaves, with_path  # the kept-leaf check of the call made on the device counts references
         return _host_arguments(step, positional, host, exc)
     current = step._current
-    donated = current.donated if current is not None else sig.donated_leaves([p for p, _ in with_path])
+    donated = current.donated if current is not None else definition.donated_leaves([p for p, _ in with_path])
     if exc is not None:
         nans = debug_nans_kind(exc)
         if nans is not None:  # jax_debug_nans / jax_debug_infs: the output held a nan
-            raise invalid_values_error(sig, step._current, positional, leaves, paths, nans) from None
+            raise invalid_values_error(definition, step._current, positional, leaves, paths, nans) from None
     ran = exc is not None and is_runtime_error(exc)
     if ran and any(leaves[i].is_deleted() for i in donated):
         # The executable failed while running (a callback raised, out of
         # memory...) after XLA took the donated buffers: JAX's error is the
         # real one; say what it cost instead of diagnosing the deleted inputs.
         assert exc is not None
-        exc.add_note(run_failed_note(sig, paths, leaves, donated))
+        exc.add_note(run_failed_note(definition, paths, leaves, donated))
         raise exc
     deleted, duplicates = find_hazards(leaves, donated)
     if deleted or duplicates:
         step.stats.refused += 1
         consumers = [consumer_of(positional[p[0].idx]) for p, _ in with_path]
-        raise hazard_error(sig, paths, leaves, deleted, duplicates, donated, consumers)
+        raise hazard_error(definition, paths, leaves, deleted, duplicates, donated, consumers)
     dispatch = _signature_for(step, positional, leaves, treedef, exc, ran, paths, donated)
     # Hold no leaf while the call path runs: its kept-leaf check counts references
     # (a first call refuses a kept sample as any other does). An exception not
@@ -602,12 +602,12 @@ def _learn_modules(
     __tracebackhide__ = True
     refs = [p for p, x in odd if is_ref(x)]
     if refs:  # pytrees of refs: state updated in place from now on
-        sig = step._sig
-        params = ref_params(sig.name, sig.param_names, positional, refs)
+        definition = step._definition
+        params = ref_params(definition.name, definition.param_names, positional, refs)
         with step._compile_lock:
-            step._sig = step._sig.with_refs(params)
+            step._definition = step._definition.with_refs(params)
         return True
-    modules = module_params(step._sig, positional, with_path, odd)
+    modules = module_params(step._definition, positional, with_path, odd)
     if modules:
         step._filter(modules)
     return bool(modules)
@@ -618,19 +618,19 @@ def _host_arguments(
 ) -> Any:
     """Host leaves: refused, or (a recording loop) recorded and put on the device."""
     __tracebackhide__ = True
-    sig = step._sig
-    misuse = api_misuse_error(sig, positional, compiling=False)
+    definition = step._definition
+    misuse = api_misuse_error(definition, positional, compiling=False)
     loop = None if misuse else recording_loop()
     if loop is None or not loop.checks_transfers:
         step.stats.refused += 1
-        raise misuse or host_leaves_error(sig, host)
+        raise misuse or host_leaves_error(definition, host)
     # Record mode: the violation, then the call JAX would have made
     # (the host leaves copied to the device), so the run goes on.
     loop.violation(
         "transfer",
-        f"{sig.name}: host argument {'leaf' if len(host) == 1 else 'leaves'} copied to the device "
+        f"{definition.name}: host argument {'leaf' if len(host) == 1 else 'leaves'} copied to the device "
         f"on every call: {', '.join(f'{p} ({fmt_value(x)})' for p, x in host)}",
-        host_leaves_error(sig, host).fix or "",
+        host_leaves_error(definition, host).fix or "",
     )
     current = step._current
     fits = current is not None and jax.tree_util.tree_structure(positional) == current.in_treedef
@@ -663,7 +663,7 @@ def _signature_for(
     """The call path for arguments that match a compiled signature (compiled now if
     ``max_compiles`` allows); re-raises ``exc`` when they match the current one."""
     __tracebackhide__ = True
-    sig, current = step._sig, step._current
+    definition, current = step._definition, step._current
     with step._compile_lock:  # another thread may be compiling a signature
         cs = _matching(step, leaves, treedef)
         if cs is not None:
@@ -671,10 +671,10 @@ def _signature_for(
                 if isinstance(exc, ContractError):  # the call path's own refusal
                     step.stats.refused += 1
                 elif ran and donated:
-                    exc.add_note(run_failed_note(sig, paths, leaves, donated))
+                    exc.add_note(run_failed_note(definition, paths, leaves, donated))
                 raise exc  # the signature is right: a genuine runtime error
             step._use(cs)
-        elif step._current is not None and len(step._signatures) >= sig.max_compiles:
+        elif step._current is not None and len(step._signatures) >= definition.max_compiles:
             raise step._refuse(positional)
         else:
             step._new_signature(positional)
@@ -724,23 +724,23 @@ def _redispatch(
 ) -> Any:
     """Call the chosen call path, once: a refusal of matching arguments is a bug."""
     __tracebackhide__ = True
-    sig, redispatch = step._sig, step._redispatch
+    definition, redispatch = step._definition, step._redispatch
     if getattr(redispatch, "active", False):
         # The call path sent back arguments this path found matching: a
         # disagreement between the two would recurse without end.
         raise RecompileError(
-            f"{sig.name}: the call path refused arguments that match its compiled "
+            f"{definition.name}: the call path refused arguments that match its compiled "
             "signature (an internal disagreement; please report it).",
             [f"  {p}: {fmt_value(x)}" for p, x in zip(paths, jax.tree_util.tree_leaves(positional))],
             fix="as a workaround, set jc.set_checks(\"off\") around this call.",
             note=INPUTS_INTACT,
             contract="signature",
-            step=sig.name,
+            step=definition.name,
         )
     held = getattr(redispatch, "held", None)  # see HotStep._kept_arguments
     if held:
         redispatch.held = None
-        donated = {i for i, _ in argument_params(sig, step._current)}
+        donated = {i for i, _ in argument_params(definition, step._current)}
         kept = [(name, positional[i]) for i, name in held if i in donated]
         if kept:
             raise step._kept_arguments_error(kept)

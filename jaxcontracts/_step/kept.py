@@ -162,7 +162,7 @@ def _stored(node: Any) -> list[bool]:
     return [a[1] is b[1] for a, b in zip(first, again)]
 
 
-def _inner_nodes(cs: CompiledSignature, sig: StepDefinition, skip: set[int]) -> InnerNodes | None:
+def _inner_nodes(cs: CompiledSignature, definition: StepDefinition, skip: set[int]) -> InnerNodes | None:
     """The :class:`InnerNodes` of the donated arguments (``skip``: parameters
     not watched), or None where no container below an argument holds a
     donated leaf. Found on the compiled example (``cs.spec_args``), whose
@@ -188,10 +188,10 @@ def _inner_nodes(cs: CompiledSignature, sig: StepDefinition, skip: set[int]) -> 
             holds = donated.intersection(range(at, at + m))
             if held and holds and isinstance(kid, _PLAIN_CONTAINERS):
                 watched.append(j)
-                paths.append(sig.param_path((jax.tree_util.SequenceKey(i), *key)))
+                paths.append(definition.param_path((jax.tree_util.SequenceKey(i), *key)))
                 for treedef, positions, keys in _depths(kid, at, donated):
                     below.append((j, treedef, _pick(positions)))
-                    below_paths += [sig.param_path((jax.tree_util.SequenceKey(i), *key, *k)) for k in keys]
+                    below_paths += [definition.param_path((jax.tree_util.SequenceKey(i), *key, *k)) for k in keys]
             at += m
         paths += below_paths
         if watched:
@@ -289,23 +289,23 @@ def _stale_in_snapshot() -> dict[int, int] | None:
 # -- an argument that is one array ---------------------------------------------
 
 
-def argument_params(sig: StepDefinition, cs: CompiledSignature | None) -> tuple[tuple[int, str], ...]:
+def argument_params(definition: StepDefinition, cs: CompiledSignature | None) -> tuple[tuple[int, str], ...]:
     """(index, name) of the donated parameters whose argument is one array
     (``cs``), or, before the first compile, that may be one (every donated
     parameter: :func:`argument_entry` then looks at what each holds). A
     pytree of JAX refs is not one: its arrays are the refs' own."""
     if cs is None:  # as StepDefinition.donated_leaves donates a leaf that is a whole argument
         # (what the step returns, and so which state it does not, may be known only once compiled)
-        read_only = sig.read_only_params if sig.carried is not None else ()
+        read_only = definition.read_only_params if definition.carried is not None else ()
         params = [
             i
-            for i in range(len(sig.param_names))
-            if i not in sig.ref_params
-            and (i in sig.donated_params or sig.donate == "all" and i in sig.state_params and i not in read_only)
+            for i in range(len(definition.param_names))
+            if i not in definition.ref_params
+            and (i in definition.donated_params or definition.donate == "all" and i in definition.state_params and i not in read_only)
         ]
     else:
-        params = [i for i in cs.donated_arrays(sig.param_names) if i not in sig.ref_params]
-    return tuple((i, sig.param_names[i]) for i in params)
+        params = [i for i in cs.donated_arrays(definition.param_names) if i not in definition.ref_params]
+    return tuple((i, definition.param_names[i]) for i in params)
 
 
 Check = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
