@@ -17,6 +17,7 @@ import pytest
 from test_consumed_state import S, step  # the consumed-state tests' state and step
 
 import jaxcontracts as jc
+from jaxcontracts._step.kept import _children, _children_reader
 
 # -- kept outputs: a donated leaf held elsewhere is refused before dispatch ---
 
@@ -463,6 +464,60 @@ def test_kept_containers_at_any_depth_are_named_by_their_path():
         del held
     s = step(s)
     assert step.stats.calls == 2
+
+
+class _Stored:
+    """A keyed pytree node whose child is the attribute its key names."""
+
+    def __init__(self, params):
+        self.params = params
+
+
+class _Computed:
+    """A keyed pytree node whose key names a property over what it stores."""
+
+    def __init__(self, params):
+        self._params = params
+
+    @property
+    def params(self):
+        return self._params
+
+
+class _Lying:
+    """A keyed pytree node whose key names one attribute and whose child is another."""
+
+    def __init__(self, params, decoy=None):
+        self._params, self.params = params, {"decoy": 0} if decoy is None else decoy
+
+
+for _cls, _read in ((_Stored, lambda n: n.params), (_Computed, lambda n: n._params), (_Lying, lambda n: n._params)):
+    jax.tree_util.register_pytree_with_keys(
+        _cls,
+        lambda n, read=_read: (((jax.tree_util.GetAttrKey("params"), read(n)),), None),
+        lambda _, kids, cls=_cls: cls(*kids),
+    )
+
+
+@pytest.mark.parametrize("node", [_Stored, _Computed, _Lying], ids=["stored", "property", "lying-key"])
+def test_a_kept_container_is_refused_whether_its_node_is_read_by_key_or_flattened(node):
+    # The containers inside a state are read per call by their keys where that
+    # is proven, on the compiled example, to give what the node's flatten gives
+    # (a stored attribute: a flax struct's costs a Python flatten otherwise),
+    # and by the flatten where it is not (a property; a key naming another
+    # attribute than the child's). Either way a kept one is refused.
+    step = jc.hot_step(lambda s: jax.tree.map(lambda x: x + 1, s), state="s")
+    example = node({"w": jnp.zeros(2)})
+    read = _children_reader(example, _children(example))
+    assert (read is not None) == (node is _Stored)  # never a read the flatten would not give
+    s = step(example)
+    held = s._params if node is not _Stored else s.params
+    with pytest.raises(jc.DonationError, match=r"s\.params: a container of 1"):
+        step(s)
+    assert not held["w"].is_deleted()  # the inputs are intact
+    del held
+    s = step(s)
+    assert step.stats.calls == 2 and not jax.tree.leaves(s)[0].is_deleted()
 
 
 def test_containers_with_nothing_donated_inside_and_shared_empty_nodes_are_not_kept_references():
