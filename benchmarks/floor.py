@@ -19,7 +19,9 @@ read next to the hot step's own figure:
 * ``floor full``: what ``full`` checks on every call: one flatten, the tree
   structure compared with the compiled one, every leaf asked
   ``is_deleted()``, every leaf's reference count read (a donated leaf held
-  elsewhere is refused before the call), the executable's C++ call on the
+  elsewhere is refused before the call), and the count of each container
+  inside the state that holds donated leaves (a ``TrainState``'s
+  ``params``: a kept ``state.params`` is refused too), the executable's C++ call on the
   flat leaves (``_compat.guarded``, as ``full`` calls it), and every donated
   leaf asked ``is_deleted()`` after it (the donation really happened);
 * ``flat call``: the flatten and the flat call alone, no check: what calling
@@ -106,10 +108,15 @@ def floor_fast(compiled: Any, first: Callable[[Any], Any]) -> Callable[..., Any]
     return call
 
 
-def floor_full(compiled: Any, spec: tuple[Any, ...], host: int = 0) -> Callable[..., Any]:
+def floor_full(
+    compiled: Any, spec: tuple[Any, ...], host: int = 0, nodes: Callable[[Any], list[Any]] | None = None
+) -> Callable[..., Any]:
     """``full``'s checks inline around the flat C++ call; ``host``: the last
     ``host`` leaves are declared host data (numpy; not checked, transferred
-    with the host-to-device guard lifted, as a hot step's ``host=``)."""
+    with the host-to-device guard lifted, as a hot step's ``host=``);
+    ``nodes``: the containers inside the state that hold donated leaves (a
+    ``TrainState``'s ``params``), read by hand, whose reference counts
+    ``full`` reads too (a kept ``state.params`` is refused)."""
     leaves0, want = flatten(spec)
     n, device = len(leaves0), len(leaves0) - host
     call = guarded_call(compiled, lambda args: True, flat_in_tree(n))
@@ -127,6 +134,8 @@ def floor_full(compiled: Any, spec: tuple[Any, ...], host: int = 0) -> Callable[
             _refused()
         dev = leaves if not host else leaves[:device]
         if any(map(is_deleted, dev)) or max(map(count, dev)) > limit:
+            _refused()
+        if nodes is not None and max(map(count, nodes(args[0]))) > refcount.BASELINE:
             _refused()
         out = call(*leaves)
         if not all(map(is_deleted, dev)):
@@ -185,6 +194,11 @@ def _step(s: Any) -> Any:
     return jax.tree_util.tree_map(lambda x: x + 1, s)
 
 
+# The containers inside each kind that hold donated leaves: a TrainState's
+# params dict (its sgd opt_state holds none).
+_nodes: dict[str, Callable[[Any], list[Any]]] = {"TrainState": lambda s: [s.params]}
+
+
 def state_variants(name: str, n: int) -> list[Variant] | str:
     kind = _kind(name, n)
     if isinstance(kind, str):
@@ -197,7 +211,7 @@ def state_variants(name: str, n: int) -> list[Variant] | str:
         Variant(case, RAW, compiled, make()),
         Variant(case, FLAT, flat_only(compiled, (make(),)), make()),
         Variant(case, FLOOR_FAST, floor_fast(compiled, first), make()),
-        Variant(case, FLOOR_FULL, floor_full(compiled, (make(),)), make()),
+        Variant(case, FLOOR_FULL, floor_full(compiled, (make(),), nodes=_nodes.get(name)), make()),
         Variant(case, "hot_step fast", step, make(), level="fast"),
         Variant(case, "hot_step full", step, make(), level="full"),
     ]
