@@ -6,7 +6,7 @@ a ``violation`` method, set by the guard), a counter that tells a step after
 each call whether any loop is active anywhere, and the questions messages
 ask: which step returned an array inside a loop (``advance -> .t``, from the
 steps' recorded outputs), and how a donated array is worded (:func:`donated`,
-:func:`use_returned`: the consumer where the consumed class of a ``jc.state``
+:func:`donation_fix`: the consumer where the consumed class of a ``jc.state``
 proves it, else the steps that donate).
 """
 
@@ -48,7 +48,6 @@ __all__ = [
     "recording_loop",
     "take_recompile",
     "tracking",
-    "use_returned",
 ]
 
 
@@ -241,11 +240,6 @@ def donation_fix(kind: str, by: str | None = None, value: str = "value") -> str:
     """The fix of :data:`DONATION_FIXES` for ``kind``, naming ``by`` (the
     consumer, where known: :func:`consumer`) and ``value``."""
     return DONATION_FIXES[kind].format(returned=consumer(by), value=value)
-
-
-def use_returned(by: str | None) -> str:
-    """The one fix for a use of a donated array (see :func:`donated`)."""
-    return donation_fix("use", by)
 
 
 def held_outputs(steps: Sequence[Any]) -> list[Any]:

@@ -84,19 +84,18 @@ def _probe_cache_events() -> str | None:
 class CacheOutcome:
     """What JAX's persistent compilation cache did for the compiles in a block.
 
-    ``hits`` and ``misses`` count lookups in the cache; ``used`` counts
-    compile requests JAX considered for it (recorded even with no cache
-    directory, so it decides nothing). Events are counted on the compiling
-    thread only.
+    ``hits`` and ``misses`` count lookups in the cache (JAX's event for a
+    compile request it considered for the cache is recorded even with no
+    cache directory, so it decides nothing and is not counted). Events are
+    counted on the compiling thread only.
     """
 
-    __slots__ = ("hits", "misses", "thread", "used")
+    __slots__ = ("hits", "misses", "thread")
 
     def __init__(self) -> None:
         import threading
 
         self.thread = threading.get_ident()
-        self.used = 0
         self.hits = 0
         self.misses = 0
 
@@ -105,9 +104,7 @@ class CacheOutcome:
 
         if threading.get_ident() != self.thread:
             return
-        if event == CACHE_USE_EVENT:
-            self.used += 1
-        elif event == CACHE_HIT_EVENT:
+        if event == CACHE_HIT_EVENT:
             self.hits += 1
         elif event == CACHE_MISS_EVENT:
             self.misses += 1

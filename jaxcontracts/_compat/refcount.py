@@ -26,9 +26,7 @@ __all__ = [
     "argument_counts",
     "available",
     "count",
-    "held_elsewhere",
     "kept_after_collecting",
-    "kept_positions",
     "unpacks",
 ]
 
@@ -63,39 +61,26 @@ def _probe() -> str | None:
     return None
 
 
-def held_elsewhere(leaves: Sequence[Any], sequences: int = 1) -> bool:
-    """Whether any of ``leaves`` (the call's donated leaves, each held by its
-    state's container and by ``sequences`` sequences of leaves, this one
-    included) has any other reference (one C loop)."""
-    return max(map(_count, leaves), default=0) > BASELINE + sequences - 1
-
-
-def kept_positions(leaves: Sequence[Any], sequences: int = 1, stale: dict[int, int] | None = None) -> list[int]:
-    """The positions in ``leaves`` of those held elsewhere (for the message).
-    ``stale``: per ``id``, references that are known not to be holders (a
-    locals snapshot nobody can read unsynced: ``frames.unobserved_locals_snapshot``)."""
-    limit = BASELINE + sequences - 1
-    if stale:
-        return [i for i, n in enumerate(map(_count, leaves)) if n - stale.get(id(leaves[i]), 0) > limit]
-    return [i for i, n in enumerate(map(_count, leaves)) if n > limit]
-
-
 def available() -> bool:
     """Whether the check can run here (the capability's probe passed)."""
     return capability("kept-references").available
 
 
 def kept_after_collecting(leaves: Sequence[Any], sequences: int = 1, stale: dict[int, int] | None = None) -> list[int]:
-    """:func:`kept_positions` once garbage is collected: an unreachable cycle
+    """The leaves held elsewhere, once garbage is collected: an unreachable cycle
     the collector has not reached yet holds nothing anyone can read, and
     collecting it makes the count exact. Every other reference counts,
     whoever holds it (a variable, a list, a saved exception's traceback,
     pytest's assertion temporaries): the check cannot prove that losing the
-    array there loses nothing, so it refuses. Only called when
-    :func:`held_elsewhere` found something (a collection costs milliseconds).
-    ``stale``: as for :func:`kept_positions`."""
+    array there loses nothing, so it refuses. Only called when a count
+    found something (a collection costs milliseconds). ``stale``: per
+    ``id``, references known not to be holders (a locals snapshot nobody
+    can read unsynced: ``frames.locals_snapshot_mirrors``). Returns the
+    positions in ``leaves`` (a sequence held ``sequences`` times, each
+    leaf once by its container) of the leaves held elsewhere."""
     gc.collect()
-    return kept_positions(leaves, sequences, stale)
+    limit, stale = BASELINE + sequences - 1, stale or {}
+    return [i for i, n in enumerate(map(_count, leaves)) if n - stale.get(id(leaves[i]), 0) > limit]
 
 
 @define(

@@ -13,7 +13,7 @@ from .. import _steps
 from .._compat import frames
 from .._errors import DonatedArrayError
 from .._format import fmt_aval
-from .._runtime import arrays_named, donated, local, use_returned
+from .._runtime import arrays_named, donated, donation_fix, local
 from .._userline import user_frame
 
 __all__ = ["deleted_read"]
@@ -38,7 +38,7 @@ def deleted_read(x: Any) -> Exception | None:
         return None  # nothing named, no step that donates: JAX's own error says as much
     path = found[0][0] if found else None
     summary = f"{f'`{path}`' if path else 'an array'} ({fmt_aval(x.shape, x.dtype)}) {donated(None)}."
-    fix = use_returned(None)
+    fix = donation_fix("use")
     loop = local.loop
     if loop is not None and not local.allow:
         loop.violation("donation", summary, fix)  # raises, or records (then JAX's error)

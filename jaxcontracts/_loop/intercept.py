@@ -60,11 +60,11 @@ from .._report.timing import in_use
 from .._runtime import (
     arrays_named,
     donated,
+    donation_fix,
     local,
     produced_by,
     take_recompile,
     tracking,
-    use_returned,
 )
 from .._steps import clear_last_outputs
 from .._tracebacks import trim
@@ -148,7 +148,7 @@ def _on_read(x: Any, name: str, frame: Any = None) -> None:
         _violation(
             "donation",
             f"{arrays.READS[name]} of {_named(x, user)}an array ({fmt_aval(x.shape, x.dtype)}) that {donated(None)}",
-            use_returned(None),
+            donation_fix("use"),
             frame,
         )
         return
@@ -456,7 +456,7 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
             "donation",
             f"`{name}` on {_named(stale, user)}an array ({fmt_aval(stale.shape, stale.dtype)}) that "
             f"{donated(None)} (jax would compile it, then fail on the deleted buffer)",
-            use_returned(None),
+            donation_fix("use"),
             user,
         )
         return

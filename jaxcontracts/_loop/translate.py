@@ -14,7 +14,7 @@ from typing import Any
 from .._compat import runtime_errors
 from .._errors import DonationError, TransferError
 from .._format import fmt_aval
-from .._runtime import arrays_named, donated, use_returned
+from .._runtime import arrays_named, donated, donation_fix
 from .._userline import is_library, traceback_where
 from . import rng as _rng
 
@@ -190,7 +190,7 @@ def translate(exc: BaseException, tb: Any) -> Exception | None:
     if kind == "deleted":
         named = _donated_names(tb)
         title = f"use of a donated array inside jc.hot_loop: {named or 'an array that ' + donated(None)}"
-        fix = use_returned(None)
+        fix = donation_fix("use")
     return error(
         f"{title}{f' ({detail})' if detail else ''}\n  at {where}" + (f":  {source}" if source else ""),
         fix=fix,

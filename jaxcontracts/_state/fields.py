@@ -40,7 +40,6 @@ __all__ = [
     "classify",
     "data_field_names",
     "dict_getter",
-    "flat_field_names",
     "hint_name",
     "info_of",
     "is_sealed_state",
@@ -354,18 +353,6 @@ def dict_getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
     if len(names) == 1:
         return lambda x: (get(x.__dict__),)
     return lambda x: get(x.__dict__)
-
-
-def flat_field_names(cls: Any) -> tuple[str, ...] | None:
-    """The data field names of a state class whose fields are all arrays (or
-    static): its leaves are those fields' values, in order. ``None`` for any
-    other class (a nested state or a ``PyTree`` field, or not a state)."""
-    if not (isinstance(cls, type) and is_state(cls)):
-        return None
-    info = info_of(cls)
-    if not all(isinstance(f, (ArrayField, StaticField)) for f in info.fields):
-        return None
-    return info.data_names
 
 
 def is_sealed_state(x: Any) -> bool:

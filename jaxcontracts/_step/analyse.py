@@ -229,7 +229,6 @@ def analyse(
         max_compiles=max_compiles,
         python_signature=sig,
         positional=positional_call(fn, params, static_params),
-        static_fields=fields[1] if fields else (),
         data_fields=fields[0] if fields else None,
         is_method=method,
         static_params=static_params,

@@ -26,15 +26,14 @@ from .._dtypes import is_key
 from .._errors import ContractError
 from .._records import CompiledSignature, StepStats
 from .._runtime import tracking
-from .._state.fields import dict_getter, flat_field_names
 from .._steps import HOOK_EVERY, LiveStep
 from .._tracebacks import trim
 from .definition import StepDefinition
 
 __all__ = [
-    "CallContext", "DispatchingStep", "LeafKinds", "call_tree", "first_leaf_of",
-    "is_deleted_for", "binder", "leaf_kinds", "leaf_reader", "leaf_readers",
-    "leaves_of", "make_tail", "cheap_key", "key_step", "picker", "stale_reader", "take", "static_native",
+    "CallContext", "DispatchingStep", "LeafKinds", "call_tree",
+    "is_deleted_for", "leaf_kinds", "leaf_reader", "leaf_readers",
+    "make_tail", "cheap_key", "key_step", "picker", "stale_reader", "take", "static_native",
 ]
 
 
@@ -61,7 +60,6 @@ class CallContext:
     compiled: Callable[..., Any]  # the executable's C++ call
     full: bool
     step: DispatchingStep
-    name: str
     n_params: int
     slow_call: Callable[[tuple[Any, ...], dict[str, Any], BaseException | None], Any]
     stats: StepStats
@@ -78,33 +76,30 @@ class CallContext:
     defaults: bool = False
 
 
-def make_tail(
-    ctx: CallContext, consumed: Callable[[Any], bool], flat_src: bool = False
-) -> Callable[[tuple[Any, ...], Any, Any], Any]:
+def make_tail(ctx: CallContext) -> Callable[[tuple[Any, ...], Any, Any], Any]:
     """The one after-dispatch tail: check consumption, mark, count, tell loops.
 
-    ``consumed`` tells, from the closure's own view of the arguments (flat
-    leaves or the arguments), whether every donated buffer was used;
-    ``flat_src``: that view is the flat leaves wherever consumption is checked
-    (the arguments may hold static values as they came, not as ``StaticArg``
-    nodes, so they are not flattened again); where every leaf is donated,
-    consumption is then tested inline over them (one call less).
+    ``tail(args, leaves, out)``: at ``full`` the closure passes the call's
+    flat leaves, over which consumption (every donated buffer deleted) is
+    tested in one C loop (the arguments may hold static values as they
+    came, not as ``StaticArg`` nodes, so they are not flattened again); at
+    ``fast``, None.
 
     Inside a loop the output is recorded (``LiveStep.last_output``: the loop
     clock and ``advance -> .t`` read it); no argument is ever recorded, so a
     consumed state goes when the caller rebinds it, as in a plain loop."""
-    all_donated = tuple(ctx.cs.donated) == tuple(range(len(ctx.cs.leaves)))
-    every_deleted = is_deleted_for(ctx.cs) if flat_src and all_donated else None
     full, stats, cs, not_consumed = ctx.full, ctx.stats, ctx.cs, ctx.not_consumed
+    is_deleted = is_deleted_for(cs)
+    donated_of = None if tuple(cs.donated) == tuple(range(len(cs.leaves))) else picker(cs.donated)
     step, record = ctx.step, ctx.step.last_output
     marks = ctx.marks
     mark_one = marks[0] if len(marks) == 1 else None
     set_class = object.__setattr__  # the states are frozen dataclasses
     every = HOOK_EVERY
 
-    def tail(args: tuple[Any, ...], src: Any, out: Any) -> Any:
-        if full and not (all(map(every_deleted, src)) if every_deleted is not None else consumed(src)):
-            err = not_consumed(cs, src if flat_src else flatten(args)[0], out)
+    def tail(args: tuple[Any, ...], leaves: Any, out: Any) -> Any:
+        if full and not all(map(is_deleted, leaves if donated_of is None else donated_of(leaves))):
+            err = not_consumed(cs, leaves, out)
             if err is not None:  # None: a recording loop took it as a violation
                 raise err
         if mark_one is not None:  # the donated state names its consumer
@@ -139,38 +134,6 @@ def is_deleted_for(cs: CompiledSignature) -> Callable[[Any], bool]:
     if any(is_key(leaf.spec.dtype) for leaf in cs.leaves):
         return operator.methodcaller("is_deleted")
     return ArrayImpl.is_deleted  # type: ignore[no-any-return]
-
-
-def binder(definition: StepDefinition) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None]:
-    """The one keyword binder of the call path: ``bind(args, kwargs)`` gives
-    every argument by position (keywords in any order, the defaults of those
-    left out put in), as ``inspect.Signature.bind`` and ``apply_defaults``
-    would, without them; None where the call does not bind so (a wrong name,
-    a required one missing, ``*args``/``**kwargs`` parameters):
-    ``StepDefinition.normalize`` binds and explains those."""
-    params = list(definition.python_signature.parameters.values())
-    empty, kinds = inspect.Parameter.empty, (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    if any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
-        return lambda args, kwargs: None
-    # per number of positional arguments: the rest, as (name, default, may be a keyword)
-    rests = {k: tuple((p.name, p.default, p.kind in kinds) for p in params[k:]) for k in range(len(params) + 1)}
-
-    def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
-        rest = rests.get(len(args))
-        if rest is None:
-            return None
-        items, used = list(args), 0
-        for name, default, keyword in rest:
-            if keyword and name in kwargs:
-                items.append(kwargs[name])
-                used += 1
-            elif default is not empty:
-                items.append(default)
-            else:
-                return None
-        return tuple(items) if used == len(kwargs) else None
-
-    return bind
 
 
 def picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
@@ -217,24 +180,6 @@ def leaf_kinds(cs: CompiledSignature) -> LeafKinds | None:
     device = [i for i in range(len(cs.leaves)) if i not in host]
     unkeyed = [i for i in device if types[i] is not KeyArray]
     return LeafKinds(tuple(types), picker(unkeyed), tuple(bool(cs.weak[i]) for i in unkeyed))
-
-
-def leaves_of(cls: type) -> Callable[[Any], Sequence[Any]]:
-    """The leaves of a state instance: ``__dict__`` reads for a flat class
-    (never attribute reads: a consumed state's fields raise when read)."""
-    names = flat_field_names(cls)
-    if not names:
-        return lambda x: flatten(x)[0]
-    return dict_getter(names)
-
-
-def first_leaf_of(cls: type) -> Callable[[Any], Any]:
-    """The first leaf of a state instance: one ``__dict__`` read for a flat class."""
-    names = flat_field_names(cls)
-    if names:
-        first = names[0]
-        return lambda x: x.__dict__[first]
-    return lambda x: flatten(x)[0][0]
 
 
 def leaf_reader(cs: CompiledSignature, index: int) -> Callable[[tuple[Any, ...]], Any]:

@@ -44,7 +44,6 @@ from .._tracebacks import trim
 from .callctx import (
     CallContext,
     DispatchingStep,
-    binder,
     call_tree,
     is_deleted_for,
     leaf_kinds,
@@ -75,14 +74,13 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
         compiled=cpp_call(cs.compiled),  # skips Compiled.__call__'s Python frame
         full=level == "full",
         step=step,
-        name=step.short_name,
         n_params=len(definition.param_names),
         slow_call=step.slow_call,
         stats=step.stats,
         not_consumed=step.not_consumed,
         marks=_consumed_marks(cs, definition.state_params, step.short_name),
         normalize=definition.normalize,
-        bind=binder(definition),
+        bind=definition.bind_positional,
         defaults=any(p.default is not p.empty for p in definition.python_signature.parameters.values()),
         kept=(lambda kept, nodes: kept_leaves_error(definition, cs, kept, nodes))
         if level == "full" and cs.donated and refcount.available()
@@ -281,18 +279,11 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
     array_impl = ArrayImpl
     host_types = (np.ndarray, np.generic, bool, int, float, complex)  # what a declared host leaf may be
     key_array: Any = KeyArray  # typed PRNG keys: checked only when a leaf is not an ArrayImpl
-    # One is_deleted() per call catches the usual stale state (all of it was
-    # donated) before XLA refuses it with an error line on stderr.
     first_donated = donated[0] if donated else None
-    is_deleted, n_leaves = is_deleted_for(cs), len(cs.leaves)
+    n_leaves = len(cs.leaves)
     placed = _placement_probe(cs, first_donated) if shardings is None else None
 
-    donated_of = picker(donated)
-
-    def leaves_consumed(leaves: Sequence[Any]) -> bool:
-        return all(map(is_deleted, donated_of(leaves)))
-
-    tail = make_tail(ctx, leaves_consumed, flat_src=True)
+    tail = make_tail(ctx)
     kept = kept_plan(ctx)
     fast = leaf_kinds(cs)
     types, unkeyed, unkeyed_weak, weak_of = (

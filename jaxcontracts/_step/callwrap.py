@@ -26,7 +26,7 @@ from .._state.filter import Filtered, join_out, split
 from .._state.foreign import holds_module
 from .._state.inplace import ref_arrays, repeated_refs_error, replace_all, write_back
 from .._tracebacks import trim
-from .callctx import CallContext, DispatchingStep, binder, leaf_readers, picker
+from .callctx import CallContext, DispatchingStep, leaf_readers, picker
 from .definition import StepDefinition
 
 __all__ = [
@@ -54,7 +54,7 @@ def with_filtered(definition: StepDefinition, dispatch: Callable[..., Any], step
     last: dict[int, Any] = {}
     record = step.last_output
 
-    bind = binder(definition)
+    bind = definition.bind_positional
 
     def filtered_call(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -90,7 +90,7 @@ def with_static(definition: StepDefinition, dispatch: Callable[..., Any]) -> Cal
     normalize, n_params, static = definition.normalize, len(definition.param_names), definition.static_params
     last: dict[int, tuple[Any, Any]] = {}
 
-    bind = binder(definition)
+    bind = definition.bind_positional
 
     def static_call(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -122,7 +122,7 @@ def with_inplace(definition: StepDefinition, dispatch: Callable[..., Any], step:
     pytrees of JAX refs: ``_state.inplace``): :func:`in_place_call` around
     ``dispatch``. Inside another in-place call of the same step (the slow
     path calling the new call path after a compile), it is ``dispatch``."""
-    n_params, bind, normalize = len(definition.param_names), binder(definition), definition.normalize
+    n_params, bind, normalize = len(definition.param_names), definition.bind_positional, definition.normalize
 
     def inplace_call(*args: Any, **kwargs: Any) -> Any:
         try:

@@ -47,7 +47,6 @@ class StepDefinition:
     max_compiles: int
     python_signature: inspect.Signature
     positional: Callable[..., Any]  # fn called with every parameter positionally
-    static_fields: tuple[str, ...] = ()
     data_fields: tuple[str, ...] | None = None  # None: known only from instances
     # A method (first parameter `self`): param_names and signature leave `self`
     # out; bind() closes over an instance.
@@ -158,10 +157,46 @@ class StepDefinition:
     def short_name(self) -> str:
         return self.name.rsplit(".", 1)[-1]
 
+    @functools.cached_property
+    def bind_positional(self) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None]:
+        """The one keyword binder: ``bind(args, kwargs)`` gives every argument
+        by position (keywords in any order, the defaults of those left out put
+        in), as ``inspect.Signature.bind`` and ``apply_defaults`` would,
+        without them; None where the call does not bind (a wrong name, a
+        required one missing): :meth:`normalize` explains those. (A step has
+        no ``*args``/``**kwargs`` parameter: ``_step.analyse`` refuses or
+        drops them.)"""
+        params = list(self.python_signature.parameters.values())
+        empty, kinds = inspect.Parameter.empty, (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        # per number of positional arguments: the rest, as (name, default, may be a keyword)
+        rests = {k: tuple((p.name, p.default, p.kind in kinds) for p in params[k:]) for k in range(len(params) + 1)}
+
+        def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+            rest = rests.get(len(args))
+            if rest is None:
+                return None
+            items, used = list(args), 0
+            for name, default, keyword in rest:
+                if keyword and name in kwargs:
+                    items.append(kwargs[name])
+                    used += 1
+                elif default is not empty:
+                    items.append(default)
+                else:
+                    return None
+            return tuple(items) if used == len(kwargs) else None
+
+        return bind
+
     def normalize(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
-        """Every argument by position, defaults applied, static ones wrapped."""
-        if not kwargs and len(args) == len(self.param_names):
-            return self.wrap_static(args) if self.static_params or self.filtered_params else args
+        """Every argument by position, defaults applied, static ones wrapped;
+        a call that does not bind is refused with the step's parameters."""
+        positional = args if not kwargs and len(args) == len(self.param_names) else self.bind_positional(args, kwargs)
+        if positional is None:  # inspect binds what the binder does not, or explains
+            positional = self._bind_or_explain(args, kwargs)
+        return self.wrap_static(positional) if self.static_params or self.filtered_params else positional
+
+    def _bind_or_explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         try:
             bound = self.python_signature.bind(*args, **kwargs)
         except TypeError as e:
@@ -175,8 +210,7 @@ class StepDefinition:
                 step=self.name,
             ) from None
         bound.apply_defaults()
-        positional = tuple(bound.arguments[n] for n in self.param_names)
-        return self.wrap_static(positional) if self.static_params or self.filtered_params else positional
+        return tuple(bound.arguments[n] for n in self.param_names)
 
     def with_filtered(self, params: tuple[int, ...]) -> StepDefinition:
         """This signature with the arguments of ``params`` filtered (``_filter``)."""

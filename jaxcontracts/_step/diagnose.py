@@ -46,7 +46,7 @@ def api_misuse_error(definition: StepDefinition, positional: tuple[Any, ...], *,
     classes, specs = [], []
     for i, (name, arg) in enumerate(zip(definition.param_names, positional)):
         for path, x in flatten_with_path(arg)[0]:
-            where = definition.param_path((_Idx(i), *path))
+            where = definition.param_path((jax.tree_util.SequenceKey(i), *path))
             if isinstance(x, type):
                 classes.append((name, where, x))
             elif not compiling and isinstance(x, jax.ShapeDtypeStruct):
@@ -98,13 +98,6 @@ def api_misuse_error(definition: StepDefinition, positional: tuple[Any, ...], *,
             leaves=[w for _, w, _ in specs],
         )
     return None
-
-
-class _Idx:
-    """The argument-index key that ``StepDefinition.param_path`` reads."""
-
-    def __init__(self, idx: int) -> None:
-        self.idx = idx
 
 
 def _device_put_lines(paths: Sequence[str]) -> str:

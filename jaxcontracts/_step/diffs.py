@@ -169,8 +169,6 @@ def leaf_cause(exp: Any, got: Any) -> str:
 def diff_leaves(
     expected: Sequence[tuple[str, Any]],
     got: Sequence[tuple[str, Any]],
-    *,
-    sharding: bool = True,
 ) -> list[LeafDiff]:
     """Differences between two flat lists of ``(path, spec)`` with equal paths."""
     diffs = []
@@ -184,7 +182,7 @@ def diff_leaves(
             and same_dtype(e.dtype, g.dtype)
             and bool(getattr(e, "weak_type", False)) == bool(getattr(g, "weak_type", False))
         )
-        shard_same = not sharding or same_placement(
+        shard_same = same_placement(
             getattr(e, "sharding", None), getattr(g, "sharding", None), len(e.shape)
         )
         if not (same and shard_same):
@@ -205,7 +203,7 @@ def diff_leaves(
     return diffs
 
 
-def diff_specs(expected: Any, got: Any, *, sharding: bool = True) -> list[LeafDiff]:
+def diff_specs(expected: Any, got: Any) -> list[LeafDiff]:
     """Every difference between two spec trees: structure first, then leaves.
 
     Structure differences (a static field's value, a missing field, another
@@ -216,7 +214,7 @@ def diff_specs(expected: Any, got: Any, *, sharding: bool = True) -> list[LeafDi
         return structural
     exp = [(fmt_path(p), leaf_spec(x)) for p, x in flatten_with_path(expected)[0]]
     act = [(fmt_path(p), leaf_spec(x)) for p, x in flatten_with_path(got)[0]]
-    return diff_leaves(exp, act, sharding=sharding)
+    return diff_leaves(exp, act)
 
 
 def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import dataclasses
 import gc
-import operator
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -35,7 +34,7 @@ from .._records import CompiledSignature
 from .._state.filter import Filtered
 from .._steps import clear_last_outputs
 from .._tracebacks import trim
-from .callctx import CallContext, cheap_key, key_step, take
+from .callctx import CallContext, cheap_key, key_step, picker, take
 from .definition import StepDefinition
 
 __all__ = ["Check", "InnerNodes", "KeptPlan", "argument_check", "argument_entry", "argument_params", "kept_plan"]
@@ -45,15 +44,15 @@ __all__ = ["Check", "InnerNodes", "KeptPlan", "argument_check", "argument_entry"
 class KeptPlan:
     """At ``full``: how a closure tells, before dispatch, that a donated leaf is
     held by something besides its state (a kept sample, a variable, a numpy
-    view), and the refusal then. :meth:`refused` counts references in one C
-    loop, ``max(map(getrefcount, pick(leaves))) > limit``, over a fresh
+    view), and the refusal then. The ``full`` closure counts references in
+    one C loop, ``max(map(getrefcount, pick(leaves))) > limit``, over a fresh
     sequence of the watched leaves (``pick`` None: the flat leaves, all
-    watched); on a hit it collects garbage and counts again, and refuses
-    whatever else holds a leaf (the one rule: see ``refcount.kept_after_collecting``),
-    with an error the slow path raises once it has ruled out a wrong
-    signature. No closure holds its flat leaves while it calls the slow path,
-    so a call the slow path dispatches again is counted as any other. The ``s = step(s)`` path counts
-    inline and calls :meth:`refuse` on a hit.
+    watched), and on a hit calls :meth:`refuse`, which collects garbage and
+    counts again, and refuses whatever else holds a leaf (the one rule: see
+    ``refcount.kept_after_collecting``), with an error the slow path raises
+    once it has ruled out a wrong signature. No closure holds its flat
+    leaves while it calls the slow path, so a call the slow path dispatches
+    again is counted as any other.
 
     The same rule holds for the containers inside a state that hold donated
     leaves (BlackJAX's ``samples.append(state.position)`` keeps a dict whose
@@ -70,13 +69,6 @@ class KeptPlan:
     limit: int
     error: Callable[[Sequence[int], Sequence[str]], BaseException]
     nodes: InnerNodes | None = None
-
-    def refused(self, leaves: Sequence[Any]) -> BaseException | None:
-        """The refusal for these flat leaves (a fresh sequence), or None."""
-        seq = leaves if self.pick is None else self.pick(leaves)
-        if max(map(refcount.count, seq), default=0) <= self.limit:
-            return None
-        return self.refuse(seq, self.limit - refcount.BASELINE + 1)
 
     def refuse(self, seq: Sequence[Any], sequences: int) -> BaseException | None:
         """After a hit: the error, unless collecting garbage dropped every
@@ -121,18 +113,6 @@ class InnerNodes:
                 extend(pick(treedef.flatten_up_to(kids[k])))
             del kids
         return out
-
-
-def _pick(positions: tuple[int, ...]) -> Callable[[Sequence[Any]], Sequence[Any]]:
-    """``operator.itemgetter`` that always gives a tuple."""
-    if len(positions) > 1:
-        return operator.itemgetter(*positions)
-    only = positions[0]
-
-    def one(xs: Sequence[Any]) -> Sequence[Any]:
-        return (xs[only],)
-
-    return one
 
 
 # The containers watched: Python's own, whose only holder inside a state is
@@ -192,14 +172,14 @@ def _inner_nodes(cs: CompiledSignature, definition: StepDefinition, skip: set[in
                 watched.append(j)
                 paths.append(definition.param_path((jax.tree_util.SequenceKey(i), *key)))
                 for treedef, positions, keys in _depths(kid, at, donated):
-                    below.append((len(watched) - 1, treedef, _pick(positions)))
+                    below.append((len(watched) - 1, treedef, picker(positions)))
                     below_paths += [definition.param_path((jax.tree_util.SequenceKey(i), *key, *k)) for k in keys]
             at += m
         paths += below_paths
         if watched:
             read = _children_reader(spec, [kids[j] for j in watched])
             if read is None:
-                pick = _pick(tuple(watched))
+                pick = picker(watched)
                 read = lambda arg, top=top, pick=pick: pick(top.flatten_up_to(arg))  # noqa: E731
             plans.append((i, read, tuple(below)))
         start += n
@@ -295,16 +275,12 @@ def kept_plan(ctx: CallContext) -> KeptPlan | None:
         # holds for all (and the error names each leaf once).
         others = tuple(i for i in watched if i not in filtered)
         watched = (*(i for i in watched if i in filtered), *others, *others)
-        pick, sequences = operator.itemgetter(*watched) if len(watched) > 1 else (lambda leaves: (leaves[watched[0]],)), 3
+        pick, sequences = picker(watched), 3
     elif len(watched) == len(cs.leaves):  # all of them: the flat leaves themselves
         pick, sequences = None, 1
-    elif len(watched) == 1:
-        only = watched[0]
-        pick, sequences = (lambda leaves: (leaves[only],)), 2
     else:
-        pick, sequences = operator.itemgetter(*watched), 2
+        pick, sequences = picker(watched), 2
     return KeptPlan(watched, pick, refcount.BASELINE + sequences - 1, ctx.kept, nodes)
-
 
 
 def _stale_in_snapshot() -> dict[int, int] | None:
