@@ -11,7 +11,6 @@ data or donated whole, and every option checked, each misuse a
 from __future__ import annotations
 
 import builtins
-import dataclasses
 import functools
 import inspect
 import typing
@@ -199,12 +198,15 @@ def analyse(
     donated_params = _param_indices(name, "donate_argnames", donate_argnames, params)
     host_params = _param_indices(name, "host", host, params)
     _refuse_contradictions(name, params, static_params, donated_params, signature, stateless, state)
-    if stateless:
-        return dataclasses.replace(
-            _stateless(fn, name, sig, params, donate, max_compiles, method, static_params, donated_params),
-            host_params=_host_params(name, params, host_params, (), static_params, donated_params),
-        )
-    if state is not None:
+    if stateless:  # its signature is its arguments' specs
+        if isinstance(donate, (tuple, list)):
+            raise DefinitionError(
+                f"@jc.hot_step on {name}: donate={tuple(donate)!r} names state fields, "
+                "but the step is stateless.",
+                fix='donate whole arguments by name: donate_argnames=("rewards",).',
+            )
+        state_params, carried, signature = (), (), None
+    elif state is not None:
         state_params = _named_state_params(name, params, state, static_params, donated_params)
         if signature is None:  # the type, where annotated, for its field names
             signature = hints.get(params[state_params[0]].name)
@@ -540,38 +542,3 @@ def _returned_states(
             "returned are read-only inputs).",
         )
     return tuple(zip(state_params, positions))
-
-
-def _stateless(
-    fn: Callable[..., Any],
-    name: str,
-    sig: inspect.Signature,
-    params: Sequence[inspect.Parameter],
-    donate: Any,
-    max_compiles: int,
-    method: bool,
-    static_params: tuple[int, ...],
-    donated_params: tuple[int, ...],
-) -> StepDefinition:
-    """A step with no state: its signature is its arguments' specs."""
-    if isinstance(donate, (tuple, list)):
-        raise DefinitionError(
-            f"@jc.hot_step on {name}: donate={tuple(donate)!r} names state fields, "
-            "but the step is stateless.",
-            fix='donate whole arguments by name: donate_argnames=("rewards",).',
-        )
-    return StepDefinition(
-        fn=fn,
-        name=name,
-        state_type=None,
-        param_names=tuple(p.name for p in params),
-        state_params=(),
-        carried=(),
-        donate=donate,
-        max_compiles=max_compiles,
-        python_signature=sig,
-        positional=positional_call(fn, params, static_params),
-        is_method=method,
-        static_params=static_params,
-        donated_params=donated_params,
-    )
