@@ -21,7 +21,7 @@ from .._userline import user_frame
 
 __all__ = [
     "Dropped",
-    "Signature", "diff", "donated_params", "missed_donation_fix", "names", "param_of", "paths",
+    "Signature", "by_param", "diff", "donated_params", "missed_donation_fix", "names", "param_of", "paths",
     "reusable", "short", "signature", "wrong_donations",
 ]
 
@@ -59,6 +59,14 @@ def short(name: str) -> str:
 
 def param_of(path: str) -> str:
     return path.split("[", 1)[0].split(".", 1)[0]
+
+
+def by_param(sig: Signature, leaves: Sequence[int] | None = None) -> dict[str, list[int]]:
+    """Parameter name -> the indices of its leaves (of ``leaves``: all of them)."""
+    out: dict[str, list[int]] = {}
+    for j in range(len(sig.paths)) if leaves is None else leaves:
+        out.setdefault(param_of(sig.paths[j]), []).append(j)
+    return out
 
 
 def names(opts: jitwatch.JitOptions, n_args: int) -> list[str]:
@@ -115,19 +123,17 @@ def reusable(
     free = collections.Counter((tuple(x.shape), str(x.dtype)) for x in out_leaves)
     parts = [out, *(out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ())]
     shapes = {jax.tree_util.tree_structure(p) for p in parts}
-    by_param: dict[str, list[int]] = {}
-    for j, path in enumerate(sig.paths):
-        by_param.setdefault(param_of(path), []).append(j)
+    params = by_param(sig)
     values = dict(zip(names(opts, len(dyn_args) + len(opts.static_argnums)), dyn_args))
     values.update(dyn_kwargs)
 
     def carried(param: str) -> bool:
         return param in values and jax.tree_util.tree_structure(values[param]) in shapes
 
-    order = sorted(by_param, key=lambda p: (p not in donated, not carried(p)))
+    order = sorted(params, key=lambda p: (p not in donated, not carried(p)))
     found = []
     for param in order:
-        for j in by_param[param]:
+        for j in params[param]:
             aval = sig.aval(j)
             if aval is not None and not sig.host[j] and free[aval] > 0:
                 free[aval] -= 1
@@ -178,14 +184,12 @@ def wrong_donations(
     """(parameter, why, fix) for each donated parameter JAX cannot donate (a
     host value: JAX skips it silently) or whose buffers no output can reuse
     while another parameter's could (an index that drifted)."""
-    by_param: dict[str, list[int]] = {}
-    for j, path in enumerate(sig.paths):
-        by_param.setdefault(param_of(path), []).append(j)
-    can = {p for p, js in by_param.items() if any(sig.aval(j) in out_avals and not sig.host[j] for j in js)}
+    params = by_param(sig)
+    can = {p for p, js in params.items() if any(sig.aval(j) in out_avals and not sig.host[j] for j in js)}
     others = sorted(can - donated)
     out = []
     for param in sorted(donated):
-        js = by_param.get(param, [])
+        js = params.get(param, [])
         host = [j for j in js if sig.host[j]]
         if host:
             why = (f"{param} is donated, but it is {sig.text(host[0])}: JAX does "

@@ -153,12 +153,9 @@ def _follow(name: str, sig: Any, leaves: list[Any], candidates: tuple[int, ...],
     """Each candidate parameter's arrays, followed (``signatures.Dropped``)."""
     if user is None:
         return []
-    by_param: dict[str, list[int]] = {}
-    for j in candidates:
-        by_param.setdefault(sigs.param_of(sig.paths[j]), []).append(j)
     at = where(user)[0]  # file:line as every message names it
     out = []
-    for param, idx in by_param.items():
+    for param, idx in sigs.by_param(sig, candidates).items():
         arrays = [leaves[j] for j in idx]
         if all(isinstance(x, jax.Array) for x in arrays):
             out.append(Followed(name, param, sum(sig.nbytes(j) for j in idx), sigs.Dropped(arrays, user), at))
