@@ -33,7 +33,7 @@ from .definition import StepDefinition
 __all__ = [
     "CallContext", "DispatchingStep", "LeafKinds", "call_tree",
     "is_deleted_for", "leaf_kinds", "leaf_reader", "leaf_readers",
-    "make_tail", "cheap_key", "key_step", "picker", "stale_reader", "take", "static_native",
+    "make_tail", "picker", "stale_reader", "static_native",
 ]
 
 
@@ -237,22 +237,26 @@ def _reader(
     node: Any = markers
     costly = False  # a step runs Python: a container's own __getitem__ (nnx.State), a flatten
     for depth, key in enumerate(path if markers is not None else ()):
-        costly = costly or not cheap_key(node, key)
-        step = key_step(node, key)
-        if step is not None:
-            steps.append(step)
+        if isinstance(key, (jax.tree_util.SequenceKey, jax.tree_util.DictKey)):
+            costly = costly or getattr(type(node), "__getitem__", None) not in _BUILTIN_ITEMS
+        if isinstance(key, jax.tree_util.SequenceKey):
+            steps.append((0, key.idx))
+        elif isinstance(key, jax.tree_util.DictKey):
+            steps.append((0, key.key))
+        elif isinstance(key, jax.tree_util.GetAttrKey) and _plain_attribute(node, key.name):
+            steps.append((1, key.name))
         else:  # the rest of the path, read by flattening this node
             # its leaves are a run of the flat leaves: those under the same prefix
             steps.append((2, index - firsts[_prefix_key(path[:depth])]))
             break
         try:
-            node = take(node, *steps[-1])
+            node = _step(node, *steps[-1])
         except Exception:  # noqa: BLE001 - not its items or attributes: proven wrong below
             break
 
     def read(args: tuple[Any, ...]) -> Any:
         obj: Any = args
-        for kind, key in steps:  # take(), inline
+        for kind, key in steps:  # _step, inline
             if kind == 0:
                 obj = obj[key]
             elif kind == 1:
@@ -276,32 +280,7 @@ def _reader(
 _BUILTIN_ITEMS = (tuple.__getitem__, list.__getitem__, dict.__getitem__)
 
 
-def key_step(node: Any, key: Any) -> tuple[int, Any] | None:
-    """How a reader takes ``node``'s child at ``key`` (one key of a path):
-    ``(0, item)`` by its item, ``(1, name)`` as a stored attribute (see
-    :func:`take`); None: only a flatten of ``node`` gives it."""
-    if isinstance(key, jax.tree_util.SequenceKey):
-        return (0, key.idx)
-    if isinstance(key, jax.tree_util.DictKey):
-        return (0, key.key)
-    if isinstance(key, jax.tree_util.GetAttrKey) and _plain_attribute(node, key.name):
-        return (1, key.name)
-    return None
-
-
-def cheap_key(node: Any, key: Any) -> bool:
-    """Whether taking ``node``'s child at ``key`` by :func:`key_step` runs no
-    Python of the node's: an attribute, or an item of a dict, list or tuple
-    (an ``nnx.State``'s ``__getitem__`` builds a ``State`` for each level)."""
-    if isinstance(key, (jax.tree_util.SequenceKey, jax.tree_util.DictKey)):
-        return getattr(type(node), "__getitem__", None) in _BUILTIN_ITEMS
-    return True
-
-
-def take(obj: Any, kind: int, key: Any) -> Any:
-    """One step of a reader: an item (0), a stored attribute, read from the
-    instance ``__dict__`` first, as a consumed state's fields raise when read
-    as attributes (1), or leaf ``key`` of a one-node flatten (2)."""
+def _step(obj: Any, kind: int, key: Any) -> Any:
     if kind == 0:
         return obj[key]
     if kind == 1:

@@ -34,7 +34,7 @@ from .._records import CompiledSignature
 from .._state.filter import Filtered
 from .._steps import clear_last_outputs
 from .._tracebacks import trim
-from .callctx import CallContext, cheap_key, key_step, picker, take
+from .callctx import CallContext, picker
 from .definition import StepDefinition
 
 __all__ = ["Check", "InnerNodes", "KeptPlan", "argument_check", "argument_entry", "argument_params", "kept_plan"]
@@ -90,27 +90,25 @@ class KeptPlan:
 @dataclasses.dataclass(frozen=True)
 class InnerNodes:
     """The containers inside the arguments that hold donated leaves, below the
-    arguments themselves. Per parameter: ``(i, watched, below)``:
-    ``watched(argument)`` gives its watched children (read by their keys
-    where that is proven to give the children its flatten gives, else one
-    flatten of its own node type, which may run Python: a flax struct's
-    costs more than the call's other checks); ``below``: (position in that
-    sequence, treedef of one depth inside that child, its picker): C-only
-    flattens, since every node down to there is Python's own. ``paths``
-    name them, in :meth:`of` order."""
+    arguments themselves. Per parameter: ``(i, top, watched, below)``: the
+    ``top`` treedef's flat list is the argument's children (one flatten of
+    its own node type, which may run Python); ``watched`` picks those that
+    are watched; ``below``: (child position, treedef of one depth inside
+    that child, its picker): C-only flattens, since every node down
+    to there is Python's own. ``paths`` name them, in :meth:`of` order."""
 
-    plans: tuple[tuple[int, Callable[[Any], Sequence[Any]], tuple[tuple[int, Any, Any], ...]], ...]
+    plans: tuple[tuple[int, Any, Any, tuple[tuple[int, Any, Any], ...]], ...]  # pickers: callctx.picker
     paths: tuple[str, ...]
 
     def of(self, args: Sequence[Any]) -> list[Any]:
         """A fresh list of the containers (each then held by its parent and this list)."""
         out: list[Any] = []
         extend = out.extend
-        for i, watched, below in self.plans:
-            kids = watched(args[i])
-            extend(kids)
-            for k, treedef, pick in below:
-                extend(pick(treedef.flatten_up_to(kids[k])))
+        for i, top, watched, below in self.plans:
+            kids = top.flatten_up_to(args[i])
+            extend(watched(kids))
+            for j, treedef, pick in below:
+                extend(pick(treedef.flatten_up_to(kids[j])))
             del kids
         return out
 
@@ -172,44 +170,14 @@ def _inner_nodes(cs: CompiledSignature, definition: StepDefinition, skip: set[in
                 watched.append(j)
                 paths.append(definition.param_path((jax.tree_util.SequenceKey(i), *key)))
                 for treedef, positions, keys in _depths(kid, at, donated):
-                    below.append((len(watched) - 1, treedef, picker(positions)))
+                    below.append((j, treedef, picker(positions)))
                     below_paths += [definition.param_path((jax.tree_util.SequenceKey(i), *key, *k)) for k in keys]
             at += m
         paths += below_paths
         if watched:
-            read = _children_reader(spec, [kids[j] for j in watched])
-            if read is None:
-                pick = picker(watched)
-                read = lambda arg, top=top, pick=pick: pick(top.flatten_up_to(arg))  # noqa: E731
-            plans.append((i, read, tuple(below)))
+            plans.append((i, top, picker(watched), tuple(below)))
         start += n
     return InnerNodes(tuple(plans), tuple(paths)) if plans else None
-
-
-def _children_reader(
-    node: Any, kids: list[tuple[tuple[Any, ...], Any]]
-) -> Callable[[Any], Sequence[Any]] | None:
-    """``read(argument)``: these children of ``node`` (``(key path, child)``,
-    from :func:`_children`), each taken by its one key as a leaf reader takes
-    a step (``callctx.key_step``: an item of a dict, list or tuple, a stored
-    attribute), proven on ``node``, the compiled example, whose children the
-    read must give (the same objects). None where a key needs the node's
-    flatten or runs its Python, or the proof fails: the caller flattens."""
-    steps = []
-    for path, _ in kids:
-        step = key_step(node, path[0]) if len(path) == 1 and cheap_key(node, path[0]) else None
-        if step is None:
-            return None
-        steps.append(step)
-
-    def read(arg: Any) -> list[Any]:
-        return [take(arg, kind, key) for kind, key in steps]
-
-    try:
-        proven = all(a is b for a, (_, b) in zip(read(node), kids, strict=True))
-    except Exception:  # noqa: BLE001 - not its items or attributes
-        proven = False
-    return read if proven else None
 
 
 def _depths(root: Any, first: int, donated: set[int]) -> list[tuple[Any, tuple[int, ...], list[tuple[Any, ...]]]]:
