@@ -331,17 +331,44 @@ def test_under_disable_jit_a_step_runs_its_python_function_as_jax_jit_does():
 # -- without the guarded C++ call (capability guarded-call missing) -----------
 
 
+class _PyBox:
+    """A pytree node flattened by Python callbacks: compiled over flat leaves."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+
+jax.tree_util.register_pytree_node(_PyBox, lambda b: ((b.x, b.y), None), lambda _, kids: _PyBox(*kids))
+
+
+def test_at_off_without_the_guarded_call_a_state_compiled_over_flat_leaves_is_checked_for_its_tree(monkeypatch):
+    # Without the guarded C++ call, `off` flattens such a state itself, and a
+    # call whose tree differs (the same number of leaves in another structure)
+    # goes to the slow path instead of running the executable on those leaves.
+    from jaxcontracts._step import callpath as _callpath
+
+    monkeypatch.setattr(_callpath, "guarded_call", lambda *a, **k: None)  # missing
+    with jc.checks_level("off"):
+        step = jc.hot_step(lambda b: _PyBox(b.x + 1, b.y * 2), state="b", max_compiles=1)
+        b = step(_PyBox(jnp.zeros(2), jnp.ones(2)))
+        b = step(b)
+        b = step(b=b)  # a keyword: bound, then the same closure
+        assert step.compiled is not None and step._current.flat_style
+        assert step.stats.compiles == 1  # (off counts no calls)
+        assert b.x.tolist() == [3.0, 3.0] and b.y.tolist() == [8.0, 8.0]
+        with pytest.raises(jc.RecompileError):
+            step((jnp.zeros(2), jnp.ones(2)))  # two leaves, another tree
+
+
 @pytest.mark.parametrize("level", ["fast", "full"])
 def test_without_the_guarded_call_one_closure_checks_every_call_in_python(level, monkeypatch):
     # On a jax whose pjit C++ call cannot be built around an AOT executable,
     # the full closure runs the per-signature checks on every call and calls
     # the executable itself, at both levels: same contracts, same messages.
-    from jaxcontracts._step import callctx as _callctx
     from jaxcontracts._step import callpath as _callpath
 
     asked: list[int] = []
     monkeypatch.setattr(_callpath, "guarded_call", lambda *a, **k: asked.append(1))  # None: missing
-    monkeypatch.setattr(_callctx, "guarded_call", lambda *a, **k: asked.append(1))
     jc.set_checks(level)
     dstep = jc.hot_step(lambda d: {"w": d["w"] + 1, "n": d["n"] + 1}, state="d", max_compiles=1)
     d = dstep({"w": jnp.zeros(3), "n": jnp.int32(0)})

@@ -3,9 +3,9 @@
 The step protocol the closures read (:class:`DispatchingStep`), the context
 they are built from (:class:`CallContext`, read once, at build), the one
 after-dispatch tail (:func:`make_tail`: check consumption, mark the donated
-states, count, record the output inside loops), the leaf readers, and the call that takes static
-arguments in C++ (:func:`static_native`). The closures are in ``_callpath``
-(by checks level); the kept-reference check is ``_step.kept``."""
+states, count, record the output inside loops) and the leaf readers. The
+closures are in ``_step.callpath`` (one per checks level); the
+kept-reference check is ``_step.kept``."""
 
 from __future__ import annotations
 
@@ -20,20 +20,18 @@ import jax
 import numpy as np
 
 from .._compat.arrays import ArrayImpl, KeyArray
-from .._compat.guarded import REFUSED, guarded_call, tree_in_tree
-from .._compat.tracing import flatten, top_level_refs
+from .._compat.guarded import tree_in_tree
+from .._compat.tracing import flatten
 from .._dtypes import is_key
-from .._errors import ContractError
 from .._records import CompiledSignature, StepStats
 from .._runtime import tracking
 from .._steps import HOOK_EVERY, LiveStep
-from .._tracebacks import trim
 from .definition import StepDefinition
 
 __all__ = [
     "CallContext", "DispatchingStep", "LeafKinds", "call_tree",
     "is_deleted_for", "leaf_kinds", "leaf_reader", "leaf_readers",
-    "make_tail", "picker", "stale_reader", "static_native",
+    "make_tail", "picker", "stale_reader",
 ]
 
 
@@ -317,86 +315,3 @@ def stale_reader(cs: CompiledSignature) -> Callable[[tuple[Any, ...]], bool] | N
 
     stale.costly = read.costly  # type: ignore[attr-defined]  # see _reader
     return stale
-
-def static_native(
-    ctx: CallContext,
-    approve: Callable[[tuple[Any, ...]], bool] | None,
-    fallback: Callable[..., Any],
-    tail: Callable[[tuple[Any, ...], Any, Any], Any] | None,
-) -> Callable[..., Any] | None:
-    """A step's call with static parameters, static in the C++ call itself.
-
-    ``update(state, config=config)`` then costs what ``update(state)`` does:
-    the C++ call leaves the static values out of the flat arguments and hashes
-    them into its signature, as ``jax.jit``'s ``static_argnames`` does, so
-    no Python wrapper binds the keywords, wraps the values in ``StaticArg``
-    nodes or flattens them per call. On a signature it has not seen, the
-    arguments are bound to positions and normalized (a value that is not
-    hashable, or whose ``==`` is not a bool, is refused), then
-    ``approve`` judges them as the closure's own checks would (None, at
-    ``off``: the top level and the compiled tree structure, the compiled
-    static values included: ``StaticArg`` equality is type-strict). Refused
-    shapes (a keyword for a parameter that is not static, defaults left out)
-    and signatures go to ``fallback`` (the Python wrapper and its closure),
-    which explains them. ``tail``: the after-dispatch tail (None at ``off``).
-    None where the guarded call is missing.
-    """
-    definition, cs = ctx.step.definition, ctx.cs
-    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
-    params = list(definition.python_signature.parameters.values())
-    static = definition.static_params
-    names = tuple(definition.param_names[i] for i in static if params[i].kind in kinds)
-    allowed = frozenset(names)
-    bind, normalize, n_params = ctx.bind, ctx.normalize, ctx.n_params
-
-    def bind_static(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
-        try:
-            if kwargs:
-                if not allowed.issuperset(kwargs):
-                    return None
-                bound = bind(args, kwargs)
-                if bound is None:
-                    return None
-                args = bound
-            elif len(args) != n_params:
-                return None
-            return normalize(args, {})
-        except Exception:  # noqa: BLE001 - unhashable, odd ==...: the fallback explains
-            return None
-
-    if approve is None:
-        tref, ev, aref, top = top_level_refs()
-        in_treedef = cs.in_treedef
-
-        def top_and_tree(args: tuple[Any, ...]) -> bool:
-            try:
-                return tref.value is ev and aref.value is top and flatten(args)[1] == in_treedef
-            except Exception:  # noqa: BLE001
-                return False
-
-        approve = top_and_tree
-
-    in_tree = call_tree(cs)
-    call = guarded_call(cs.compiled, approve, in_tree, (static, names, bind_static))
-    if call is None:
-        return None
-    slow_call, refused_mark = ctx.slow_call, REFUSED
-    stale = stale_reader(cs) if tail is not None else None  # checks fast: see _callpath._guarded
-
-    def static_call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            if stale is not None and stale(args):  # or the state by keyword: the fallback binds it
-                return fallback(*args, **kwargs)
-            try:
-                out = call(*args, **kwargs)
-            except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
-                return slow_call(args, kwargs, e)
-            if out is refused_mark:
-                return fallback(*args, **kwargs)
-            return out if tail is None else tail(args, None, out)
-        except ContractError as err:  # the traceback ends at the user's line
-            trim(err)
-            raise
-
-    static_call.takes_static = True  # type: ignore[attr-defined]  # make_dispatch: no wrapper
-    return static_call

@@ -1,27 +1,32 @@
 """The per-call closures of a compiled signature, one per checks level.
 
 The call path is a closure picked when the step compiles or the checks level
-changes, so a call never reads configuration:
+changes, so a call never reads configuration. Three closures, each with one
+Python fallback, the step's slow path:
 
-* ``off``:  the compiled executable's own C++ fast path, nothing else;
-* ``fast``: flatten the arguments (C++), compare the tree structure, check
-  that every leaf is a strongly typed device array (and, on a multi-device
-  executable, its sharding), then call. Shape, dtype and committed shardings
-  are checked by the executable itself before it runs;
-* ``full``: ``fast`` plus, after dispatch, that every donated input was
-  consumed. Nothing blocks on the device.
+* ``off`` (:func:`_off`): the compiled executable's own C++ call, after the
+  trace-state test; keywords bound once the executable refused them;
+* ``guarded`` (:func:`_guarded_closure`), ``fast``: a guarded C++ call
+  (``_compat.guarded``) whose cache miss runs the per-signature checks once
+  (tree structure, leaf types and weak types, shardings, the device); per
+  call, the first donated leaf asked ``is_deleted()``. The same closure
+  serves a step whose static values are static in the C++ call itself, at
+  ``off`` too (:func:`_static_native`);
+* ``guarded_full`` (:func:`_guarded`), ``full``: one flatten per call, the
+  pre-check over every leaf (deleted, kept references, repeated buffers),
+  the flat call, and consumption checked after it. Nothing blocks on the
+  device.
 
 Every checked path ends in the after-dispatch tail (:func:`make_tail`: check
 consumption, mark the donated states with the step's name, count, record the
-output inside loops). Anything unusual falls to
-the step's slow path, which diagnoses it. Under an active trace (an outer
-``jax.jit``, ``vmap``, ``lax.cond``..., even over concrete arrays it closed
-over) every closure goes to the slow path, which traces the function and
-donates nothing.
+output inside loops). Anything unusual falls to the slow path, which
+diagnoses it. Under an active trace (an outer ``jax.jit``, ``vmap``,
+``lax.cond``..., even over concrete arrays it closed over) every closure
+goes to the slow path, which traces the function and donates nothing.
 """
-
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -50,7 +55,6 @@ from .callctx import (
     make_tail,
     picker,
     stale_reader,
-    static_native,
 )
 from .callwrap import host_call, with_effect_tokens, with_filtered, with_inplace, with_static
 from .diagnose import kept_leaves_error
@@ -86,7 +90,7 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
         if level == "full" and cs.donated and refcount.available()
         else None,
     )
-    # static values taken by the C++ call itself (static_native), where the
+    # static values taken by the C++ call itself (_static_native), where the
     # closure is the guarded or bare call
     native = bool(definition.static_params) and not definition.filtered_params and not cs.host
     if level == "off":
@@ -134,7 +138,8 @@ def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
     call runs with the thread's host-to-device guard at ``allow``, and its
     C++ call refuses host data at any other leaf (:func:`_off_guarded`).
     """
-    compiled, slow_call, in_treedef = ctx.compiled, ctx.slow_call, ctx.cs.in_treedef
+    compiled: Callable[..., Any] = ctx.compiled
+    slow_call, in_treedef = ctx.slow_call, ctx.cs.in_treedef
     refusable, refused_mark = bool(ctx.cs.host), REFUSED
     tree_call = _off_guarded(ctx) if ctx.cs.host or ctx.cs.alias or (ctx.cs.flat_style and not native) else None
     if tree_call is not None:  # the arguments as they come: JAX's C++ call flattens them
@@ -147,29 +152,14 @@ def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
     tref, ev, aref, top = top_level_refs()
     n_params, normalize, bind, short = ctx.n_params, ctx.normalize, ctx.bind, ctx.defaults
 
-    if ctx.cs.flat_style and tree_call is None:
+    if ctx.cs.flat_style and tree_call is None:  # no guarded call: the tree checked here
+        flat_call = compiled
 
-        def off_flat(*args: Any, **kwargs: Any) -> Any:
-            try:
-                if kwargs or (short and len(args) != n_params):  # keywords, or defaults left out
-                    bound = bind(args, kwargs)
-                    if bound is not None:
-                        return off_flat(*bound)
-                leaves, treedef = flatten(args)
-                if kwargs or treedef != in_treedef or tref.value is not ev or aref.value is not top:
-                    if normalize is not None and (kwargs or len(args) != n_params) and tref.value is ev:
-                        return off_flat(*normalize(args, kwargs))
-                    return slow_call(args, kwargs, None)
-                try:
-                    out = compiled(*leaves)
-                except Exception as e:  # noqa: BLE001
-                    return slow_call(args, kwargs, e)
-                return slow_call(args, kwargs, None) if refusable and out is refused_mark else out
-            except ContractError as err:  # the traceback ends at the user's line
-                trim(err)
-                raise
+        def compiled(*args: Any) -> Any:
+            leaves, treedef = flatten(args)
+            return flat_call(*leaves) if treedef == in_treedef else refused_mark
 
-        return _off_native(ctx, off_flat) if native else off_flat
+        refusable = True
 
     def off(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -182,11 +172,11 @@ def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
             try:
                 out = compiled(*args, **kwargs)
             except Exception as e:  # noqa: BLE001
-                if normalize is not None and (kwargs or len(args) != n_params):
+                if kwargs or len(args) != n_params:
                     return off(*normalize(args, kwargs))
                 return slow_call(args, kwargs, e)
             if refusable and out is refused_mark:  # host=: a signature its C++ call refused
-                if normalize is not None and (kwargs or len(args) != n_params):
+                if kwargs or len(args) != n_params:
                     return off(*normalize(args, kwargs))
                 return slow_call(args, kwargs, None)
             return out
@@ -234,8 +224,8 @@ def _off_guarded(ctx: CallContext) -> Callable[..., Any] | None:
 
 
 def _off_native(ctx: CallContext, off: Callable[..., Any]) -> Callable[..., Any]:
-    """``off`` with static values static in the C++ call (``static_native``)."""
-    return static_native(ctx, None, with_static(ctx.step.definition, off), None) or off
+    """``off`` with static values static in the C++ call (:func:`_static_native`)."""
+    return _static_native(ctx, None, with_static(ctx.step.definition, off), None) or off
 
 
 def _placement_probe(cs: CompiledSignature, first_donated: int | None) -> Any:
@@ -374,9 +364,9 @@ def _guarded(
     if not full and (first is None or not first.costly):  # type: ignore[attr-defined]
         call = guarded_call(cs.compiled, approve_tree, call_tree(cs))
         if call is not None:
-            fast = _guarded_fast(ctx, host_call(ctx, call, False) if cs.host else call, tail, first)
-            if native:  # static values static in the C++ call too (static_native)
-                return static_native(ctx, approve_tree, with_static(ctx.step.definition, fast), tail) or fast
+            fast = _guarded_closure(ctx, host_call(ctx, call, False) if cs.host else call, tail, first)
+            if native:  # static values static in the C++ call too (_static_native)
+                return _static_native(ctx, approve_tree, with_static(ctx.step.definition, fast), tail) or fast
             return fast
     call = guarded_call(cs.compiled, approve_flat, None if cs.flat_style else flat_in_tree(n_leaves))
     per_call = call is None  # no guarded call here: the closure checks each call's signature
@@ -492,30 +482,113 @@ def _guarded(
     return make_full(())
 
 
-def _guarded_fast(ctx: CallContext, call: Callable[..., Any], tail: Any, first: Any) -> Callable[..., Any]:
-    """Checks ``fast`` on a guarded C++ call (see :func:`_guarded`); ``first``:
-    the :func:`stale_reader` of the first donated leaf (None: none)."""
-    slow_call, bind, refused_mark = ctx.slow_call, ctx.bind, REFUSED
-    short, n_params = ctx.defaults, ctx.n_params
+def _guarded_closure(
+    ctx: CallContext,
+    call: Callable[..., Any],
+    tail: Any,
+    stale: Callable[[tuple[Any, ...]], bool] | None,
+    fallback: Callable[..., Any] | None = None,
+) -> Callable[..., Any]:
+    """The closure around a guarded C++ call: ``fast`` (see :func:`_guarded`),
+    and a step whose static values are static in the C++ call at ``off`` and
+    ``fast`` (:func:`_static_native`). ``stale``: the :func:`stale_reader`
+    of the first donated leaf (None: not read); ``tail``: None at ``off``.
 
-    def guarded_fast(*args: Any, **kwargs: Any) -> Any:
+    Without ``fallback`` the C++ call takes positional arguments only:
+    keywords and left-out defaults are bound here, and a stale state, a
+    refused signature or an error go to the slow path. With ``fallback``
+    (the Python wrapper that turns static values into tree nodes, over the
+    closure that explains) the C++ call binds the static keywords itself,
+    and what it refuses goes there."""
+    slow_call, bind, refused_mark = ctx.slow_call, ctx.bind, REFUSED
+    short, n_params, binds = ctx.defaults, ctx.n_params, fallback is None
+    refused = fallback if fallback is not None else (lambda *args, **kwargs: slow_call(args, kwargs, None))
+
+    def guarded(*args: Any, **kwargs: Any) -> Any:
         try:
-            if kwargs or (short and len(args) != n_params):  # keywords, or defaults left out
+            if binds and (kwargs or (short and len(args) != n_params)):  # keywords, or defaults left out
                 bound = bind(args, kwargs)
                 if bound is None:
                     return slow_call(args, kwargs, None)
-                args = bound
-            if first is not None and first(args):  # a stale state: explain, quietly
-                return slow_call(args, {}, None)
+                args, kwargs = bound, {}
+            if stale is not None and stale(args):  # a stale state: explain, quietly
+                return refused(*args, **kwargs)
             try:
-                out = call(*args)
+                out = call(*args, **kwargs) if kwargs else call(*args)
             except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
-                return slow_call(args, {}, e)
+                return slow_call(args, kwargs, e)
             if out is refused_mark:  # a new signature the checks refused, or a trace
-                return slow_call(args, {}, None)
-            return tail(args, None, out)
+                return refused(*args, **kwargs)
+            return out if tail is None else tail(args, None, out)
         except ContractError as err:  # the traceback ends at the user's line
             trim(err)
             raise
 
-    return guarded_fast
+    return guarded
+
+
+def _static_native(
+    ctx: CallContext,
+    approve: Callable[[tuple[Any, ...]], bool] | None,
+    fallback: Callable[..., Any],
+    tail: Callable[[tuple[Any, ...], Any, Any], Any] | None,
+) -> Callable[..., Any] | None:
+    """A step's call with static parameters, static in the C++ call itself.
+
+    ``update(state, config=config)`` then costs what ``update(state)`` does:
+    the C++ call leaves the static values out of the flat arguments and hashes
+    them into its signature, as ``jax.jit``'s ``static_argnames`` does, so
+    no Python wrapper binds the keywords, wraps the values in ``StaticArg``
+    nodes or flattens them per call. On a signature it has not seen, the
+    arguments are bound to positions and normalized (a value that is not
+    hashable, or whose ``==`` is not a bool, is refused), then
+    ``approve`` judges them as the closure's own checks would (None, at
+    ``off``: the top level and the compiled tree structure, the compiled
+    static values included: ``StaticArg`` equality is type-strict). Refused
+    shapes (a keyword for a parameter that is not static, defaults left out)
+    and signatures go to ``fallback`` (the Python wrapper and its closure),
+    which explains them. ``tail``: the after-dispatch tail (None at ``off``).
+    None where the guarded call is missing.
+    """
+    definition, cs = ctx.step.definition, ctx.cs
+    kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+    params = list(definition.python_signature.parameters.values())
+    static = definition.static_params
+    names = tuple(definition.param_names[i] for i in static if params[i].kind in kinds)
+    allowed = frozenset(names)
+    bind, normalize, n_params = ctx.bind, ctx.normalize, ctx.n_params
+
+    def bind_static(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
+        try:
+            if kwargs:
+                if not allowed.issuperset(kwargs):
+                    return None
+                bound = bind(args, kwargs)
+                if bound is None:
+                    return None
+                args = bound
+            elif len(args) != n_params:
+                return None
+            return normalize(args, {})
+        except Exception:  # noqa: BLE001 - unhashable, odd ==...: the fallback explains
+            return None
+
+    if approve is None:
+        tref, ev, aref, top = top_level_refs()
+        in_treedef = cs.in_treedef
+
+        def top_and_tree(args: tuple[Any, ...]) -> bool:
+            try:
+                return tref.value is ev and aref.value is top and flatten(args)[1] == in_treedef
+            except Exception:  # noqa: BLE001
+                return False
+
+        approve = top_and_tree
+
+    call = guarded_call(cs.compiled, approve, call_tree(cs), (static, names, bind_static))
+    if call is None:
+        return None
+    stale = stale_reader(cs) if tail is not None else None  # checks fast: see _guarded
+    closure = _guarded_closure(ctx, call, tail, stale, fallback)
+    closure.takes_static = True  # type: ignore[attr-defined]  # make_dispatch: no wrapper
+    return closure
