@@ -12,7 +12,7 @@ once, and says what it changed.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Literal, TypeVar, overload
 
 import jax
@@ -25,7 +25,7 @@ from .._errors import DefinitionError, SpecError
 from .._format import fmt_aval, fmt_object, fmt_path, n_leaves
 from .._tracebacks import boundary
 
-__all__ = ["Change", "Changes", "device_tree", "holds_module", "host_leaves_on_device", "scalar_to_host", "to_device"]
+__all__ = ["Change", "Changes", "any_node", "device_tree", "holds_module", "host_leaves_on_device", "scalar_to_host", "to_device"]
 
 T = TypeVar("T")
 
@@ -162,11 +162,16 @@ def _is_module_class(kind: Any) -> bool:
 
 def holds_module(value: Any) -> bool:
     """Whether ``value``'s tree has an equinox Module node (a model, a layer)."""
-    pending = [jax.tree_util.tree_structure(value)]
+    return any_node(jax.tree_util.tree_structure(value), _is_module_class)
+
+
+def any_node(treedef: Any, test: Callable[[type], bool]) -> bool:
+    """Whether any node of ``treedef`` (a leaf is none) is of a type ``test`` accepts."""
+    pending = [treedef]
     while pending:
         node = pending.pop()
         data = node.node_data()
-        if data is not None and _is_module_class(data[0]):
+        if data is not None and test(data[0]):
             return True
         pending.extend(node.children())
     return False

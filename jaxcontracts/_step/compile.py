@@ -44,6 +44,7 @@ from .._records import CompiledSignature, LeafRecord
 from .._runtime import compiling
 from .._state.fields import is_sealed_state
 from .._state.filter import Filtered, join, split_if_needed
+from .._state.foreign import any_node
 from .._state.inplace import is_inplace_object, mutated, new_refs, ref_values
 from .._state.spec import leaf_spec, spec_nbytes
 from .definition import StepDefinition
@@ -300,16 +301,9 @@ def _flatten_in_python(positional: tuple[Any, ...], treedef: Any) -> bool:
     """
     if any(is_sealed_state(arg) for arg in positional):
         return False
-    pending = [treedef]
-    while pending:
-        node = pending.pop()
-        data = node.node_data()
-        if data is not None:
-            kind = data[0]
-            if kind not in _BUILTIN_NODES and not (issubclass(kind, tuple) and hasattr(kind, "_fields")):
-                return True
-        pending.extend(node.children())
-    return False
+    return any_node(
+        treedef, lambda kind: kind not in _BUILTIN_NODES and not (issubclass(kind, tuple) and hasattr(kind, "_fields"))
+    )
 
 
 def _spread(sharding: Any) -> bool:
