@@ -164,7 +164,7 @@ def test_unreadable_guard_log_lines_are_counted_in_the_report():
     loop = jc.hot_loop(on_violation="record")
     with loop:
         pass
-    loop._record_logged([guardlog.GuardEvent("host-to-device", "float32[3]", "")], unparsed=2)
+    loop._record_logged([guardlog.GuardEvent("host-to-device", "float32[3]")], unparsed=2)
     whats = [v.what for v in loop.violations]
     assert "implicit host-to-device transfer of f32[3]" in whats
     assert any(w.startswith("2 transfer-guard log line(s) from jaxlib that this version") for w in whats)

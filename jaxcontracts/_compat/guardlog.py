@@ -35,7 +35,6 @@ _LINE = re.compile(
     r"(?P<direction>host-to-device|device-to-host|device-to-device) transfer:\s*(?P<detail>.*)$"
 )
 _AVAL = re.compile(r"aval=ShapedArray\((?P<aval>[^)]*)\)")
-_DST = re.compile(r"dst_sharding=(?P<dst>.*)$")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -44,7 +43,6 @@ class GuardEvent:
 
     direction: str  # "host-to-device", ...
     aval: str  # "float32[], weak_type=True" ("" when jaxlib gave none)
-    destination: str  # the destination sharding's text ("" when none)
 
 
 def parse(line: str) -> tuple[int, GuardEvent] | None:
@@ -52,10 +50,8 @@ def parse(line: str) -> tuple[int, GuardEvent] | None:
     m = _LINE.match(line.rstrip("\r\n"))
     if m is None:
         return None
-    detail = m["detail"]
-    aval = _AVAL.search(detail)
-    dst = _DST.search(detail)
-    return int(m["tid"]), GuardEvent(m["direction"], aval["aval"] if aval else "", dst["dst"] if dst else "")
+    aval = _AVAL.search(m["detail"])
+    return int(m["tid"]), GuardEvent(m["direction"], aval["aval"] if aval else "")
 
 
 @define(
