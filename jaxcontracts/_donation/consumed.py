@@ -55,19 +55,15 @@ def _make_consumed(cls: type, step: str) -> type:
             __tracebackhide__ = True
             summary, fix = _consumed_read(cls, step, name, value)
             loop = local.loop
-            if loop is None or local.allow:
-                try:
+            try:
+                if loop is None or local.allow:
                     raise DonationError(
                         summary, fix=fix, contract="no-donated-use", step=step, leaves=[f".{name}"]
                     )
-                except DonationError as err:  # the traceback ends at the user's line
-                    trim(err)
-                    raise
-            # In a hot loop: its violation, at the user's line (recorded, in
-            # record mode, and the deleted value returned as JAX would).
-            try:
+                # In a hot loop: its violation, at the user's line (recorded, in
+                # record mode, and the deleted value returned as JAX would).
                 loop.violation("donation", summary, fix)
-            except DonationError as err:
+            except DonationError as err:  # the traceback ends at the user's line
                 trim(err)
                 raise
         return value
