@@ -435,3 +435,62 @@ def test_a_method_step_on_a_slotted_instance_is_bound_once_and_keeps_nothing_ali
 
     with pytest.raises(jc.DefinitionError, match=r'add "__weakref__" to Bare.__slots__'):
         Bare(2.0).act  # noqa: B018
+
+
+@pytest.mark.parametrize("level", ["off", "fast", "full"])
+def test_a_keyword_only_parameter_given_by_position_is_refused_at_every_call(level):
+    # As Python refuses f(s, k, lr) for `def f(s, k, *, lr)`: at the first call,
+    # and at every call after the compile (the one binder never fills a
+    # keyword-only parameter from a positional argument).
+    zero = jnp.float32(0)
+
+    def f(s, k, *, lr, mom=zero):
+        return {"w": s["w"] * k + lr + mom}
+
+    with jc.checks_level(level):
+        step = jc.hot_step(f, state="s")
+        with pytest.raises(jc.DefinitionError, match="too many positional arguments"):
+            step({"w": jnp.ones(3)}, jnp.float32(2), jnp.float32(1))
+        s = step({"w": jnp.ones(3)}, jnp.float32(2), lr=jnp.float32(1))  # compiles
+        with pytest.raises(jc.DefinitionError, match="too many positional arguments"):
+            step(s, jnp.float32(2), jnp.float32(1))
+        assert not s["w"].is_deleted()  # the inputs are intact
+        s = step(s, jnp.float32(2), lr=jnp.float32(1))
+    assert s["w"].tolist() == [7.0, 7.0, 7.0] and step.stats.compiles == 1
+
+
+@pytest.mark.parametrize("level", ["off", "fast", "full"])
+def test_a_step_with_keyword_only_parameters_traces_under_an_outer_jit(level):
+    # The call path binds every parameter by position; traced, the function
+    # takes each by its kind (a keyword-only one by keyword).
+    one, zero = jnp.float32(1), jnp.float32(0)
+
+    def f(s, k=one, *, b=zero):
+        return {"w": s["w"] * k + b}
+
+    with jc.checks_level(level):
+        step = jc.hot_step(f, state="s")
+        s = step({"w": jnp.ones(3)})
+        out = jax.jit(lambda s: step(s, b=jnp.float32(2))["w"])(s)
+    assert out.tolist() == [3.0, 3.0, 3.0] and not s["w"].is_deleted()
+
+
+@pytest.mark.parametrize("level", ["off", "fast", "full"])
+def test_a_static_keyword_with_a_default_left_out_runs_with_each_new_equal_value(level):
+    # update(s, cfg=Config(...)) with a new, equal config each call and a
+    # defaulted parameter left out: the C++ call that takes the static keyword
+    # itself once ran the executable without the default (XLA's raw "Execution
+    # supplied 1 arguments but compiled program expected 2").
+    import dataclasses
+
+    @dataclasses.dataclass(frozen=True)
+    class Cfg:
+        scale: float
+
+    zero = jnp.float32(0)
+    with jc.checks_level(level):
+        step = jc.hot_step(lambda s, cfg, x=zero: {"w": s["w"] * cfg.scale + x}, state="s", static=("cfg",))
+        s = {"w": jnp.ones(2)}
+        for _ in range(4):
+            s = step(s, cfg=Cfg(2.0))
+    assert s["w"].tolist() == [16.0, 16.0] and step.stats.compiles == 1

@@ -561,8 +561,8 @@ def _static_native(
     def bind_static(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
         try:
             if kwargs:
-                if not allowed.issuperset(kwargs):
-                    return None
+                if not allowed.issuperset(kwargs) or len(args) + len(kwargs) != n_params:
+                    return None  # a keyword that is not static, or defaults left out: the fallback binds
                 bound = bind(args, kwargs)
                 if bound is None:
                     return None

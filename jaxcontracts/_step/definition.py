@@ -163,13 +163,14 @@ class StepDefinition:
         by position (keywords in any order, the defaults of those left out put
         in), as ``inspect.Signature.bind`` and ``apply_defaults`` would,
         without them; None where the call does not bind (a wrong name, a
-        required one missing): :meth:`normalize` explains those. (A step has
-        no ``*args``/``**kwargs`` parameter: ``_step.analyse`` refuses or
-        drops them.)"""
+        required one missing, a keyword-only parameter given by position):
+        :meth:`normalize` explains those. (A step has no ``*args``/``**kwargs``
+        parameter: ``_step.analyse`` refuses or drops them.)"""
         params = list(self.python_signature.parameters.values())
         empty, kinds = inspect.Parameter.empty, (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        n_pos = sum(p.kind != p.KEYWORD_ONLY for p in params)  # what positional arguments may fill
         # per number of positional arguments: the rest, as (name, default, may be a keyword)
-        rests = {k: tuple((p.name, p.default, p.kind in kinds) for p in params[k:]) for k in range(len(params) + 1)}
+        rests = {k: tuple((p.name, p.default, p.kind in kinds) for p in params[k:]) for k in range(n_pos + 1)}
 
         def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
             rest = rests.get(len(args))

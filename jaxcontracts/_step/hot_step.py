@@ -533,11 +533,10 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
             out = definition.positional(*given)
             out = join_out(out) if definition.filtered_params else out
             return out, tuple(given[i] for i in definition.inplace_params)
-        if definition.filtered_params:
-            return join_out(definition.positional(*definition.normalize(args, kwargs)))
-        if definition.static_params:
-            return definition.positional(*definition.normalize(args, kwargs))
-        return definition.fn(*args, **kwargs)
+        # (the call path may pass its arguments bound by position, keyword-only
+        # ones included: the function takes each by its kind)
+        out = definition.positional(*definition.normalize(args, kwargs))
+        return join_out(out) if definition.filtered_params else out
     if given is None and (definition.inplace_params or definition.ref_params):
         # Called directly (a first call, jc.check): around the call, what the
         # in-place call path does (refs passed as their arrays, written back)
