@@ -13,7 +13,7 @@ attribute.
 from __future__ import annotations
 
 import weakref
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -27,13 +27,17 @@ __all__ = [
     "donating",
     "last_outputs",
     "live",
-    "on_timing_changed",
     "register",
-    "timing_changed",
+    "timing_on",
 ]
 
-#: Calls between two runs of a step's ``timing_hook`` (``_timing.SAMPLE``).
+#: Past a step's first calls inside loops, one call in this many is timed
+#: (``_report.timing.SAMPLE``).
 HOOK_EVERY = 64
+
+#: One slot, true while any timing loop is active (any thread): the checked
+#: closures read the clock around a call only then (``_report.timing``).
+timing_on: list[bool] = [False]
 
 
 class LiveStep(Protocol):
@@ -56,15 +60,16 @@ class LiveStep(Protocol):
 
     stats: StepStats
     #: Cumulative host time of the timed calls inside loops: [seconds, calls,
-    #: first-phase seconds, first-phase calls] (see ``_timing.timed``).
+    #: first-phase seconds, first-phase calls] (see ``_report.timing.timed``).
     timing_counters: list[float]
+    #: One slot: whether the step's next call inside a loop is timed (its
+    #: first calls, one in ``HOOK_EVERY`` after them, and the first call after
+    #: it left use); the call path reads it, ``_report.timing`` sets it.
+    timing_due: list[bool]
     #: One slot: the output of the last call made while any loop was active
     #: (``None`` when unknown). No argument is ever recorded: a consumed state
     #: goes when the caller rebinds it, as in a plain ``s = f(s)`` loop.
     last_output: list[Any]
-    #: The call path runs it after every ``HOOK_EVERY``-th call made while a
-    #: loop is active (``None``: nothing to run): it re-arms the timing wrapper.
-    timing_hook: Callable[..., None] | None
 
     def checks_changed(self, level: str) -> None:
         """The checks level changed: build the call path for ``level``."""
@@ -96,24 +101,6 @@ def checks_changed(level: str) -> None:
     """Tell every live step that the checks level is now ``level``."""
     for step in live():
         step.checks_changed(level)
-
-
-# Called with True when the first timing loop starts, False when the last
-# one ends: each switches a class's call slot (O(1), whatever the number of
-# live steps: the class's ``__call__`` reads either the plain or the timed
-# call path of each instance).
-_timing_switches: list[Callable[[bool], None]] = []
-
-
-def on_timing_changed(switch: Callable[[bool], None]) -> None:
-    """Register a class-level switch for :func:`timing_changed`."""
-    _timing_switches.append(switch)
-
-
-def timing_changed(on: bool) -> None:
-    """Timing is now ``on`` (or off): flip every registered class's call slot."""
-    for switch in _timing_switches:
-        switch(on)
 
 
 def last_outputs(steps: Iterable[LiveStep] | None = None) -> Iterator[tuple[str, Any]]:

@@ -87,41 +87,44 @@ def test_both_spellings_of_block_until_ready_are_counted_once_and_restored(tick)
     assert counted == ["block_until_ready"] * 3
 
 
-def test_steps_are_wrapped_only_while_a_loop_is_active(tick):
-    """``step.__call__`` is what the class's call slot calls: the call path
-    outside loops (at ``full``, behind the check of an argument that is one
-    array: ``_call``), the timing wrapper inside (one class attribute
-    switches every live step at once)."""
+def test_the_call_slot_is_one_call_path_and_the_clock_is_read_only_inside_loops(tick):
+    """No class-level switch and no wrapper: a step's call slot is its one
+    call path inside and outside loops; the checked closures read the clock
+    only while a timing loop is active (``_steps.timing_on``)."""
+    from jaxcontracts import _steps
+
     s = tick(fresh())
-    assert tick.__call__ is tick._call
-    with jc.hot_loop():
-        assert tick.__call__ is not tick._call
-        made = make_step("made_inside")  # a step made inside the loop is timed too
-        assert made.__call__ is not made._call
+    other = make_step("other")
+    other.compile(Clock.spec(n=8))
+    m = fresh()
+    assert tick.__call__ is tick._call and not _steps.timing_on[0]
+    assert tick.timing_counters[1] == 0  # the call outside loops was not timed
+    with jc.hot_loop() as loop:
+        assert tick.__call__ is tick._call and _steps.timing_on[0]
         s = tick(s)
-    assert tick.__call__ is tick._call and made.__call__ is made._call
+        m = other(m)
+        m = other(m)
+    assert not _steps.timing_on[0]
+    assert {t.name.rsplit(".", 1)[-1]: t.timed_calls for t in loop.timing.steps} == {"tick": 1, "other": 2}
+    assert all(t.host_seconds > 0 for t in loop.timing.steps)
 
 
-def test_past_the_first_calls_one_in_sixteen_runs_through_the_wrapper(tick):
-    """The wrapper takes itself out past the first FIRST calls; the call
-    path runs the step's hook after every SAMPLE-th call (by stats.calls),
-    which puts it back for one call, so a long loop's calls run with no
-    timing frame."""
+def test_past_the_first_calls_one_in_sample_is_timed(tick):
+    """A step's first FIRST calls inside loops are timed; then the tail marks
+    the call after every SAMPLE-th call (by stats.calls) due, so a long loop
+    reads the clock for one call in SAMPLE."""
     s = tick(fresh())  # one call before the loop: stats.calls == 1
-    bare = 0
     n = _timing.FIRST + 10 * _timing.SAMPLE
     with jc.hot_loop() as loop:
         for _ in range(n):
-            bare += tick.__call__ is tick._raw_dispatch  # what the next call goes to
             s = tick(s)
     seconds, timed, first_seconds, first_timed = tick.timing_counters
     assert first_timed == _timing.FIRST and 0 < first_seconds < seconds
     assert tick.stats.calls == n + 1 and loop.timing.calls == n
-    # The first FIRST, then the one whose entry takes the wrapper out; then
-    # one after each multiple of SAMPLE in stats.calls (80, 96, ..., 224).
-    assert timed == _timing.FIRST + 1 + 10
-    assert bare == n - timed
-    assert tick.__call__ is tick._raw_dispatch  # after the loop: bare
+    # The first FIRST; then the call after each multiple of SAMPLE in
+    # stats.calls past them (128, 192, ..., 704).
+    assert timed == _timing.FIRST + 10
+    assert not tick.timing_due[0]  # after the loop: the next call is not due
     assert seconds > 0 and loop.timing.steps[0].calls == n
 
 
@@ -171,7 +174,7 @@ def test_the_report_has_a_timing_section_in_text_and_html(tick):
     assert 'class="jc-timing"' in report._repr_html_()
 
 
-def test_errors_pass_through_the_timing_wrapper_unchanged(tick):
+def test_errors_of_a_timed_call_pass_unchanged(tick):
     s = tick(fresh())
     with jc.hot_loop():
         s2 = tick(s)
@@ -338,9 +341,9 @@ def test_a_loop_whose_own_code_dominates_is_told_so_not_to_fuse_steps(tick):
 
 def test_loop_entry_and_exit_never_visit_every_live_step(tick, monkeypatch):
     """Issue 22 goal 4: a loop's entry and exit cost the same with 2 or 1,000
-    live steps. One class attribute switches every step's call slot to its
-    timing wrapper; the clock snapshots only the steps in use (called in
-    loops lately); nothing on the way in or out iterates the live steps."""
+    live steps. One flag turns timing on for every step (``_steps.timing_on``,
+    read by the closures); the clock snapshots only the steps in use (called
+    in loops lately); nothing on the way in or out iterates the live steps."""
     others = [make_step(f"idle_{i}") for i in range(200)]  # live, never called in a loop
     s = tick(fresh())
     from jaxcontracts import _steps
@@ -359,17 +362,17 @@ def test_loop_entry_and_exit_never_visit_every_live_step(tick, monkeypatch):
 
 
 def test_a_step_idle_for_a_loop_leaves_use_and_is_counted_exactly_when_it_returns(tick):
-    """A step not called in a loop that had it in use leaves (armed again);
-    its next call inside a loop joins with the counters it had, so its calls
-    are counted exactly, even though its wrapper was bare between samples."""
+    """A step not called in a loop that had it in use leaves (its next loop
+    call due); that call joins with the counters it had, so its calls are
+    counted exactly, even though most calls between samples are not timed."""
     s = tick(fresh())
     with jc.hot_loop():
-        for _ in range(_timing.FIRST + 5):  # past the first phase: the wrapper is bare
+        for _ in range(_timing.FIRST + 5):  # past the first phase: one call in SAMPLE timed
             s = tick(s)
     with jc.hot_loop():
         pass  # tick idle: it leaves use
     assert tick not in _timing.in_use()
-    assert tick._timed_call is not tick._raw_dispatch  # armed: its next loop call is timed
+    assert tick.timing_due[0]  # its next call in a loop is timed, and joins it
     for _ in range(7):  # calls outside loops are not the next loop's
         s = tick(s)
     with jc.hot_loop() as loop:
@@ -377,7 +380,7 @@ def test_a_step_idle_for_a_loop_leaves_use_and_is_counted_exactly_when_it_return
             s = tick(s)
     assert tick in _timing.in_use()
     assert loop.timing.calls == 5
-    assert loop.timing.steps[0].timed_calls == 1  # the re-armed wrapper timed one, then went bare
+    assert loop.timing.steps[0].timed_calls == 1  # the due call, then none till the next sample
 
 
 def test_a_short_loop_with_no_sampled_call_uses_the_step_mean(tick):

@@ -193,10 +193,13 @@ def test_with_filtering_off_every_frame_is_kept(scenario, filtering_off):
 
 
 def test_the_issue_s_compile_refusal_lost_its_ten_library_frames(filtering_off):
-    """Before: ten frames of ours (_timing.call ... _guard.violation) above the message."""
+    """Before: ten frames of ours (_timing.call ... _guard.violation) above the
+    message. With filtering off they are there (four since timing moved into
+    the closure: guarded_full, slow_call, _decide, _signature_for); the
+    trimmed tests above show they go."""
     with pytest.raises(jc.RecompileError) as info:
         compile_refused_in_loop()
-    assert len(_ours(_frames(info.value))) >= 5
+    assert len(_ours(_frames(info.value))) >= 4
 
 
 def test_a_read_caught_inside_the_loop_is_trimmed_there_too():

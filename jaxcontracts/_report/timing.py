@@ -1,15 +1,17 @@
 """Where a hot loop's time goes: host time in steps, time blocked on the device.
 
 A ``jc.hot_loop`` (checks level ``fast`` or ``full``) owns a :class:`LoopClock`.
-While any such loop is active, a hot step's calls are sampled (:func:`timed`):
-its first ``FIRST`` calls inside loops, then one call in ``SAMPLE``, go
-through a thin wrapper that reads ``perf_counter`` before and after the call
-(argument checks, dispatch, the after-call tail) and adds the difference to
-the step's cumulative counters; the other calls run bare. A clock takes the
-counters' difference between a loop's entry and exit. ``jc.fetch`` and
-``block_until_ready`` add the time they blocked. Outside loops nothing is
-wrapped. How the estimate is made, and what it cannot see, is in the
-performance guide (``docs/guides/performance.md``, "How loop timing works").
+While any such loop is active (``_steps.timing_on``), a hot step's calls are
+sampled: its first ``FIRST`` calls inside loops, then one call in
+``SAMPLE``, read ``perf_counter`` as the checked closure is entered and
+again in its after-call tail (argument checks, dispatch, the tail), which
+adds the difference to the step's cumulative counters (:func:`timed`); the
+step's ``timing_due`` slot says which calls. A clock takes the counters'
+difference between a loop's entry and exit. ``jc.fetch`` and
+``block_until_ready`` add the time they blocked. Outside loops a call pays
+one test of ``timing_on``. How the estimate is made, and what it cannot
+see, is in the performance guide (``docs/guides/performance.md``, "How loop
+timing works").
 
 ``LoopClock.timing()`` turns the sums into a frozen :class:`LoopTiming`,
 with a verdict: ``dispatch-bound`` (the host never waited on the device, and
@@ -30,9 +32,7 @@ from typing import Any
 
 from .. import _steps
 from .._compat import blocking
-from .._errors import ContractError
 from .._steps import HOOK_EVERY
-from .._tracebacks import trim
 
 __all__ = [
     "LoopClock", "LoopTiming", "StepTiming", "active", "blocked", "enter", "in_use", "leave", "timed",
@@ -315,9 +315,9 @@ class _Joined:
 
 # The steps in use: those called inside a timing loop since the last loop that
 # did not call them. A loop's entry snapshots their counters, and only theirs,
-# so entering costs nothing per live step. A step not in use keeps its timing
-# wrapper armed: its next call inside a loop is timed, and joins it (and the
-# open snapshots of its thread) with the counters it had before that call.
+# so entering costs nothing per live step. A step not in use has its next
+# call timed (``timing_due``), which joins it to the open snapshots of its
+# thread with the counters it had before that call.
 # id -> weak reference. Every operation on it is one atomic dict operation
 # (no lock: a Ctrl-C in a loop's body may interrupt ``_join`` anywhere).
 _in_use: dict[int, weakref.ref[Any]] = {}
@@ -349,11 +349,10 @@ def _join(step: Any, acc: list[float]) -> None:
 
 
 def _idle(step: Any) -> None:
-    """``step`` was not called in a loop that had it in use: it leaves, armed."""
+    """``step`` was not called in a loop that had it in use: it leaves, its
+    next call in a loop due (timed, which joins it)."""
     _in_use.pop(id(step), None)
-    hook = step.timing_hook
-    if hook is not None:
-        hook(force=True)
+    step.timing_due[0] = True
     step.last_output[0] = None  # what a loop recorded of it: nothing to keep alive
 
 
@@ -369,7 +368,7 @@ def enter(clock: LoopClock) -> Any:
         _active += 1
         if _active == 1:
             blocking.install(blocked)
-            _steps.timing_changed(True)
+            _steps.timing_on[0] = True
     tid = threading.get_ident()
     depth, start, snapshot = clock._open.get(tid, (0, 0.0, {}))
     if depth == 0:
@@ -405,7 +404,7 @@ def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
         _active -= 1
         if _active == 0:
             blocking.uninstall()
-            _steps.timing_changed(False)
+            _steps.timing_on[0] = False
 
 
 def active() -> bool:
@@ -423,54 +422,18 @@ SAMPLE = HOOK_EVERY  # past the first FIRST calls, one call in SAMPLE is timed (
 FIRST = 64  # a step's first calls inside timing loops are all timed
 
 
-def timed(
-    fn: Callable[..., Any],
-    acc: list[float],
-    install: Callable[[Callable[..., Any]], None],
-    owner: Any,
-) -> tuple[Callable[..., Any], Callable[..., None]]:
-    """``(call, rearm)``: a timing wrapper of ``fn`` (a step's call path), and
-    the hook that puts it back.
-
-    A step's first ``FIRST`` calls inside timing loops are timed, then one
-    in ``SAMPLE``. Past the first ones the wrapper takes itself out as it is
-    entered (``install(fn)``: the step's calls go to ``fn`` with no frame of
-    ours), and the call path, after every ``SAMPLE``-th call of the step
-    (``stats.calls``) while a loop is active, runs ``rearm`` from
-    the step's ``timing_hook``, which puts the wrapper back for the next call.
-    So a long loop pays one counter test per call. Calls are counted by the
-    step's ``stats.calls``, read when a loop is entered and left.
-
-    ``acc`` is [seconds of the timed calls, timed calls, the same two for
-    the calls of the first phase], cumulative: the first calls (cold caches,
-    a first call's checks) are counted exactly, and only the sampled ones
-    stand for the calls that were not timed.
-    """
-
-    def call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            __tracebackhide__ = True
-            if id(owner) not in _in_use:
-                _join(owner, acc)
-            first = acc[1] < FIRST
-            if not first:
-                install(fn)  # the next calls run bare until `rearm`
-            t0 = perf()
-            out = fn(*args, **kwargs)
-            seconds = perf() - t0
-            acc[0] += seconds
-            acc[1] += 1
-            if first:
-                acc[2] += seconds
-                acc[3] += 1
-            return out
-        except ContractError as err:  # the traceback ends at the user's line
-            trim(err)
-            raise
-
-    def rearm(force: bool = False) -> None:
-        if force or acc[1] >= FIRST:
-            install(call)
-
-    call.__wrapped__ = fn  # type: ignore[attr-defined]
-    return call, rearm
+def timed(step: Any, acc: list[float], seconds: float) -> None:
+    """A sampled call of ``step`` took ``seconds`` of host time (``acc``: its
+    counters): add it, after joining the open loops if the step is not in use
+    (so the call is theirs). Called by the call path's tail, which read the
+    clock around the call because ``step.timing_due`` said so; the next call
+    is due while the step is in its first phase."""
+    if id(step) not in _in_use:
+        _join(step, acc)
+    first = acc[1] < FIRST
+    acc[0] += seconds
+    acc[1] += 1
+    if first:
+        acc[2] += seconds
+        acc[3] += 1
+    step.timing_due[0] = acc[1] < FIRST

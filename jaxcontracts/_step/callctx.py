@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import operator
+import time
 import types
 from collections.abc import Callable, Sequence
 from typing import Any, Protocol
@@ -24,6 +25,7 @@ from .._compat.guarded import tree_in_tree
 from .._compat.tracing import flatten
 from .._dtypes import is_key
 from .._records import CompiledSignature, StepStats
+from .._report import timing as _timing
 from .._runtime import tracking
 from .._steps import HOOK_EVERY, LiveStep
 from .definition import StepDefinition
@@ -74,14 +76,16 @@ class CallContext:
     defaults: bool = False
 
 
-def make_tail(ctx: CallContext) -> Callable[[tuple[Any, ...], Any, Any], Any]:
+def make_tail(ctx: CallContext) -> Callable[[tuple[Any, ...], Any, Any, float], Any]:
     """The one after-dispatch tail: check consumption, mark, count, tell loops.
 
-    ``tail(args, leaves, out)``: at ``full`` the closure passes the call's
-    flat leaves, over which consumption (every donated buffer deleted) is
-    tested in one C loop (the arguments may hold static values as they
-    came, not as ``StaticArg`` nodes, so they are not flattened again); at
-    ``fast``, None.
+    ``tail(args, leaves, out, t0)``: at ``full`` the closure passes the
+    call's flat leaves, over which consumption (every donated buffer
+    deleted) is tested in one C loop (the arguments may hold static values
+    as they came, not as ``StaticArg`` nodes, so they are not flattened
+    again); at ``fast``, None. ``t0``: the clock as the closure was entered,
+    where the call is timed (``step.timing_due`` while a timing loop is
+    active), else 0: the host time is added here (``_report.timing.timed``).
 
     Inside a loop the output is recorded (``LiveStep.last_output``: the loop
     clock and ``advance -> .t`` read it); no argument is ever recorded, so a
@@ -93,9 +97,9 @@ def make_tail(ctx: CallContext) -> Callable[[tuple[Any, ...], Any, Any], Any]:
     marks = ctx.marks
     mark_one = marks[0] if len(marks) == 1 else None
     set_class = object.__setattr__  # the states are frozen dataclasses
-    every = HOOK_EVERY
+    every, acc, due, timed, perf = HOOK_EVERY, step.timing_counters, step.timing_due, _timing.timed, time.perf_counter
 
-    def tail(args: tuple[Any, ...], leaves: Any, out: Any) -> Any:
+    def tail(args: tuple[Any, ...], leaves: Any, out: Any, t0: float) -> Any:
         if full and not all(map(is_deleted, leaves if donated_of is None else donated_of(leaves))):
             err = not_consumed(cs, leaves, out)
             if err is not None:  # None: a recording loop took it as a violation
@@ -108,13 +112,13 @@ def make_tail(ctx: CallContext) -> Callable[[tuple[Any, ...], Any, Any], Any]:
             for i, cls, consumed_cls in marks:
                 if type(args[i]) is cls:
                     set_class(args[i], "__class__", consumed_cls)
+        if t0:  # a timed call (before it is counted: it may join the open loops)
+            timed(step, acc, perf() - t0)
         n = stats.calls = stats.calls + 1
         if tracking.count:  # a hot_loop is active somewhere: its clock and messages read the output
             record[0] = out
-            if not n % every:  # a timing loop's sampling hook, one call in `every`
-                hook = step.timing_hook
-                if hook is not None:
-                    hook()
+            if not n % every:  # one call in `every` is timed
+                due[0] = True
         return out
 
     return tail

@@ -27,12 +27,14 @@ goes to the slow path, which traces the function and donates nothing.
 from __future__ import annotations
 
 import inspect
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 import numpy as np
 
+from .. import _steps
 from .._compat import refcount
 from .._compat.arrays import ArrayImpl, KeyArray
 from .._compat.effects import effect_tokens
@@ -391,6 +393,7 @@ def _guarded(
     kept_pick, kept_limit = (kept.pick, kept.limit) if kept is not None else (None, 0)
     kept_sequences = kept_limit - refcount.BASELINE + 1
     nodes_of = kept.nodes.of if kept is not None and kept.nodes is not None else None
+    timing_on, due, perf = _steps.timing_on, ctx.step.timing_due, time.perf_counter
     node_limit = refcount.BASELINE  # a container: its parent, the fresh list, the count's argument
 
     def repeated(leaves: Sequence[Any]) -> bool:
@@ -414,6 +417,7 @@ def _guarded(
     
         def guarded_full(*args: Any, **kwargs: Any) -> Any:
             try:
+                t0 = perf() if timing_on[0] and due[0] else 0.0  # a timed call (inside loops)
                 if kwargs or (short and len(args) != n_args):  # keywords, or defaults left out
                     bound = bind(args, kwargs)
                     if bound is None:
@@ -465,7 +469,7 @@ def _guarded(
                         exc = e
                     else:
                         if out is not refused_mark:
-                            return tail(args, leaves, out)
+                            return tail(args, leaves, out, t0)
                 del leaves  # the slow path may dispatch again: its kept-leaf count sees none of ours
                 return slow_call(args, {}, exc)
             except ContractError as err:  # the traceback ends at the user's line
@@ -503,9 +507,13 @@ def _guarded_closure(
     slow_call, bind, refused_mark = ctx.slow_call, ctx.bind, REFUSED
     short, n_params, binds = ctx.defaults, ctx.n_params, fallback is None
     refused = fallback if fallback is not None else (lambda *args, **kwargs: slow_call(args, kwargs, None))
+    # timed inside loops (``_report.timing``); at ``off`` (no tail) never
+    timing_on = _steps.timing_on if tail is not None else [False]
+    due, perf = ctx.step.timing_due, time.perf_counter
 
     def guarded(*args: Any, **kwargs: Any) -> Any:
         try:
+            t0 = perf() if timing_on[0] and due[0] else 0.0  # a timed call (inside loops)
             if binds and (kwargs or (short and len(args) != n_params)):  # keywords, or defaults left out
                 bound = bind(args, kwargs)
                 if bound is None:
@@ -519,7 +527,7 @@ def _guarded_closure(
                 return slow_call(args, kwargs, e)
             if out is refused_mark:  # a new signature the checks refused, or a trace
                 return refused(*args, **kwargs)
-            return out if tail is None else tail(args, None, out)
+            return out if tail is None else tail(args, None, out, t0)
         except ContractError as err:  # the traceback ends at the user's line
             trim(err)
             raise
@@ -531,7 +539,7 @@ def _static_native(
     ctx: CallContext,
     approve: Callable[[tuple[Any, ...]], bool] | None,
     fallback: Callable[..., Any],
-    tail: Callable[[tuple[Any, ...], Any, Any], Any] | None,
+    tail: Callable[[tuple[Any, ...], Any, Any, float], Any] | None,
 ) -> Callable[..., Any] | None:
     """A step's call with static parameters, static in the C++ call itself.
 

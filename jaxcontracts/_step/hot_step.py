@@ -31,7 +31,6 @@ from .._errors import INPUTS_INTACT, ContractError, DefinitionError, DonationErr
 from .._format import flatten_with_path
 from .._marks import consumer_of
 from .._records import CompiledSignature, StepDescription, StepStats
-from .._report import timing as _timing
 from .._report.render import Report, step_report
 from .._runtime import observers, recording_loop
 from .._state.filter import join_out
@@ -63,17 +62,11 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-_PLAIN_CALL = property(
+# The call slot reads the instance's one call path (no Python frame of its own).
+_CALL = property(
     operator.attrgetter("_call"),
     doc="Call the step like the function it wraps (compiles on first use).",
 )
-_TIMED_CALL = property(operator.attrgetter("_timed_call"), doc=_PLAIN_CALL.__doc__)
-
-
-def _switch_timing(on: bool) -> None:
-    """The first timing loop started (or the last one ended): every step's
-    calls now go through its timing wrapper (or not), by one class attribute."""
-    HotStep.__call__ = _TIMED_CALL if on else _PLAIN_CALL  # type: ignore[assignment,method-assign]
 
 
 class HotStep(Generic[P, R]):
@@ -102,8 +95,8 @@ class HotStep(Generic[P, R]):
         self.stats = StepStats()
         self._level = _config.get_checks()
         self.timing_counters = [0.0, 0, 0.0, 0]  # see _steps.LiveStep
+        self.timing_due = [True]
         self.last_output: list[Any] = [None]
-        self.timing_hook: Callable[..., None] | None = None
         self._set_dispatch(self._call_unbound if signature.is_method else self._slow)
         self._attr: str | None = None  # the class attribute of a method step
         self._bound_to: tuple[HotStep[Any, Any], Any] | None = None  # (method step, instance)
@@ -216,7 +209,7 @@ class HotStep(Generic[P, R]):
         def __call__(self, *args: P.args, **kwargs: P.kwargs) -> R: ...
 
     else:  # no Python frame of ours: the call slot reads `_call` (in C) and calls it
-        __call__ = _PLAIN_CALL  # _TIMED_CALL while a timing loop is active (_switch_timing)
+        __call__ = _CALL
 
     # -- methods -------------------------------------------------------------
 
@@ -293,8 +286,7 @@ class HotStep(Generic[P, R]):
             check = bound._check  # this frame is the outermost: the bound step's check runs here
             if check is None:
                 return bound(*args, **kwargs)
-            timed = type(bound).__dict__["__call__"] is _TIMED_CALL
-            return check(bound._timed_inner if timed else bound._raw_dispatch, args, kwargs)
+            return check(bound._raw_dispatch, args, kwargs)
         except ContractError as err:  # the traceback ends at the user's line
             trim(err)
             raise
@@ -404,9 +396,8 @@ class HotStep(Generic[P, R]):
         return cs
 
     def _set_dispatch(self, fn: Callable[..., Any]) -> None:
-        """Make ``fn`` the call path: ``_call``, and ``_timed_call`` (its timing
-        wrapper, or ``fn`` itself between samples), which the class's call
-        slot reads while a timing loop is active."""
+        """Make ``fn`` the call path: ``_call``, which the class's call slot
+        reads (``fn``, behind the check of an argument that is one array)."""
         self._raw_dispatch = fn
         # At full, the kept-reference check of the arguments that are one
         # array (``_step.kept.argument_check``), in the outermost frame of
@@ -416,20 +407,8 @@ class HotStep(Generic[P, R]):
         definition = self._definition
         current = None if definition.max_compiles > 1 else self._current
         params = () if self._level != "full" or definition.is_method else argument_params(definition, current)
-        self._check = argument_check(params, self.last_output, self._kept_arguments) if params else None
-        self._call = self._entered(fn)
-        if definition.is_method:  # Class.step(obj, x): timed as the bound step's call
-            self._timed_inner = self._timed_call = fn
-            return
-        timed, self.timing_hook = _timing.timed(fn, self.timing_counters, self._install_call, self)
-        self._install_call(timed)
-
-    def _install_call(self, fn: Callable[..., Any]) -> None:
-        self._timed_inner = fn  # what a timed call runs, behind the check
-        self._timed_call = self._entered(fn)
-
-    def _entered(self, fn: Callable[..., Any]) -> Callable[..., Any]:
-        return fn if self._check is None else argument_entry(fn, self._check)
+        check = self._check = argument_check(params, self.last_output, self._kept_arguments) if params else None
+        self._call = fn if check is None else argument_entry(fn, check)
 
     def _kept_arguments(
         self, held: list[tuple[int, str, Any]], fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -751,4 +730,3 @@ def _redispatch(
         redispatch.active = False
 
 
-_steps.on_timing_changed(_switch_timing)
