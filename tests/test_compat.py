@@ -803,8 +803,12 @@ def test_decorators_applied_inside_a_function_leave_its_locals_as_they_were():
     def bump(t: jax.Array) -> jax.Array:
         return t + 1
 
+    class Velocity(jc.State):  # a State subclass resolves its annotations the same way
+        v: Float32[Array, " n"]
+
     t = bump(jnp.zeros(2))
     assert hparams == before  # nothing read: jax.Array, Float32 and Array are globals
+    assert Velocity(v=jnp.zeros(2)).v.shape == (2,)
 
     @jc.hot_step
     def move(p: Point) -> Point:  # a local class: its name is one of this frame's variables

@@ -21,6 +21,7 @@ __all__ = [
     "caller_locals",
     "library_locals",
     "locals_of",
+    "namespace_of",
     "notebook_cell",
     "locals_snapshot_mirrors",
     "unobserved_locals_snapshot",
@@ -226,7 +227,12 @@ def caller_locals(depth: int) -> Mapping[str, Any]:
     global classes (and no annotations at all) read nothing. Only one that
     names a function's own local (a class defined in ``main()``) reads them."""
     frame = caller_frame(depth + 1)
-    return {} if frame is None else _Namespace(frame)
+    return {} if frame is None else namespace_of(frame)
+
+
+def namespace_of(frame: FrameType) -> Mapping[str, Any]:
+    """:func:`caller_locals` of ``frame`` itself."""
+    return _Namespace(frame)
 
 
 class _Namespace(Mapping[str, Any]):

@@ -19,13 +19,13 @@ from __future__ import annotations
 
 import dataclasses
 import typing
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, Self, TypeVar
 
 import jax
 import numpy as np
 
-from .._compat.frames import caller_frame, caller_locals
+from .._compat.frames import caller_frame, caller_locals, namespace_of
 from .._compat.tracing import Tracer as _Tracer
 from .._errors import ContractError, DefinitionError
 from .._format import fmt_aval
@@ -112,7 +112,7 @@ def state(cls: Any = None, /, *, eq: bool = False) -> Any:
         raise
 
 
-def _make_state(cls: Any, eq: bool, localns: dict[str, Any]) -> Any:
+def _make_state(cls: Any, eq: bool, localns: Mapping[str, Any]) -> Any:
     if not isinstance(cls, type):
         raise DefinitionError(
             f"@jc.state decorates a class, got {type(cls).__name__} {cls!r}."
@@ -235,21 +235,20 @@ class State:
         Counter(x=f32[3], dt=0.2)
     """
 
+    @boundary  # the traceback ends at the user's class statement
     def __init_subclass__(cls, *, eq: bool = False, **kwargs: Any) -> None:
         """Make the subclass a state, as ``@jc.state(eq=eq)`` does."""
         super().__init_subclass__(**kwargs)
         if CONSUMED_BY in cls.__dict__:  # consumed_class(): the base's own form
             return
-        # Frame 1 runs the class statement (below any cooperative
-        # __init_subclass__ of a subclass): resolve annotations there.
-        frame = caller_frame(1)
+        # Frame 2 runs the class statement (above this boundary's frame and
+        # below any cooperative __init_subclass__ of a subclass): resolve
+        # annotations there, reading its locals only for a name that is one
+        # of its variables (a function's locals() must not change).
+        frame = caller_frame(2)
         while frame is not None and frame.f_code.co_name == "__init_subclass__" and frame.f_back is not None:
             frame = frame.f_back
-        try:
-            _make_state(cls, eq, dict(frame.f_locals) if frame is not None else {})
-        except ContractError as err:  # the traceback ends at the user's class statement
-            trim(err)
-            raise
+        _make_state(cls, eq, namespace_of(frame) if frame is not None else {})
 
     @classmethod
     @boundary
