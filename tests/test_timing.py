@@ -423,3 +423,44 @@ def test_a_step_dropped_inside_a_loop_is_freed_there_and_its_calls_still_count(i
         assert dropped() is None  # freed inside the loop
     assert [(t.name.rsplit(".", 1)[-1], t.calls) for t in loop.timing.steps] == [("<lambda>", 3)]
     assert loop.timing.steps[0].host_seconds > 0
+
+
+@pytest.mark.parametrize("b_in_a_loop", [False, True])
+def test_a_step_first_called_on_another_thread_is_counted_in_every_open_loop(b_in_a_loop):
+    """A step joins the open loops when a timed call of it starts: every open
+    loop, on any thread (its counters count its calls on every thread). It
+    joined only the calling thread's loops: a loop another thread had open
+    then never counted the step, its own calls included."""
+    import threading
+
+    shared = make_step("shared")
+    shared.compile(Clock.spec(n=8))
+    a_in, b_done, out = threading.Event(), threading.Event(), {}
+    s_a, s_b = fresh(), fresh()  # made before any loop
+
+    def a():
+        s = s_a
+        with jc.hot_loop() as loop:
+            a_in.set()
+            b_done.wait(30)
+            for _ in range(5):
+                s = shared(s)
+        out["a"] = loop.timing
+
+    def b():
+        a_in.wait(30)
+        if b_in_a_loop:
+            with jc.hot_loop():
+                shared(s_b)
+        else:
+            shared(s_b)  # no loop here, while a's is open
+        b_done.set()
+
+    threads = [threading.Thread(target=a), threading.Thread(target=b)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    timing = out["a"]
+    assert [t.name.rsplit(".", 1)[-1] for t in timing.steps] == ["shared"]
+    assert timing.calls >= 5 and timing.steps[0].host_seconds > 0  # its own 5 (b's one may count too)

@@ -35,7 +35,7 @@ from .._compat import blocking
 from .._steps import HOOK_EVERY
 
 __all__ = [
-    "LoopClock", "LoopTiming", "StepTiming", "active", "blocked", "enter", "in_use", "leave", "timed",
+    "LoopClock", "LoopTiming", "StepTiming", "active", "blocked", "enter", "in_use", "leave", "start", "timed",
 ]  # fmt: skip
 
 # Shares of the loop's wall time that decide the verdict.
@@ -335,16 +335,21 @@ def _snapshot() -> dict[int, _Joined]:
     return {id(step.timing_counters): _Joined(step, step.timing_counters) for step in in_use()}
 
 
+# The clocks with an open entry on some thread (id -> clock): a step that
+# joins is added to every open entry's snapshot, whichever thread opened it
+# (a step's counters count its calls on every thread).
+_open_clocks: dict[int, LoopClock] = {}
+
+
 def _join(step: Any, acc: list[float]) -> None:
     """``step`` is called inside a loop, for the first time since it was in use
-    (``acc``: its counters)."""
+    (``acc``: its counters): every open entry, on any thread, counts it from
+    here (an entry that already has it keeps its own baseline)."""
     key = id(step)
     _in_use[key] = weakref.ref(step, _forget(key))
     joined = _Joined(step, acc)
-    tid = threading.get_ident()
-    for clock in _local.clocks:
-        opened = clock._open.get(tid)
-        if opened is not None:
+    for clock in list(_open_clocks.values()):
+        for opened in list(clock._open.values()):
             opened[2].setdefault(id(acc), joined)
 
 
@@ -374,6 +379,7 @@ def enter(clock: LoopClock) -> Any:
     if depth == 0:
         snapshot, start = _snapshot(), perf()
     clock._open[tid] = (depth + 1, start, snapshot)
+    _open_clocks[id(clock)] = clock
     _local.clocks = (*_local.clocks, clock)
     return (clock, tid, _local)
 
@@ -390,6 +396,8 @@ def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
     depth, start, snapshot = clock._open.get(tid, (1, perf(), {}))
     if depth <= 1:
         clock._open.pop(tid, None)
+        if not clock._open:
+            _open_clocks.pop(id(clock), None)
         clock._close(start, snapshot, held())
     else:
         clock._open[tid] = (depth - 1, start, snapshot)
@@ -422,14 +430,20 @@ SAMPLE = HOOK_EVERY  # past the first FIRST calls, one call in SAMPLE is timed (
 FIRST = 64  # a step's first calls inside timing loops are all timed
 
 
-def timed(step: Any, acc: list[float], seconds: float) -> None:
-    """A sampled call of ``step`` took ``seconds`` of host time (``acc``: its
-    counters): add it, after joining the open loops if the step is not in use
-    (so the call is theirs). Called by the call path's tail, which read the
-    clock around the call because ``step.timing_due`` said so; the next call
-    is due while the step is in its first phase."""
+def start(step: Any, acc: list[float]) -> float:
+    """A due call of ``step`` (``step.timing_due``) is entered: the clock, after
+    joining the open loops if the step is not in use, before anything runs
+    (another thread entering a loop meanwhile then finds it in use). ``acc``:
+    its counters. Called by the checked closures."""
     if id(step) not in _in_use:
         _join(step, acc)
+    return perf()
+
+
+def timed(step: Any, acc: list[float], seconds: float) -> None:
+    """A due call of ``step`` took ``seconds`` of host time: add it (``acc``:
+    its counters). Called by the call path's tail; the next call is due
+    while the step is in its first phase."""
     first = acc[1] < FIRST
     acc[0] += seconds
     acc[1] += 1

@@ -27,7 +27,6 @@ goes to the slow path, which traces the function and donates nothing.
 from __future__ import annotations
 
 import inspect
-import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -45,6 +44,7 @@ from .._donation.consumed import consumed_class
 from .._donation.hazards import find_hazards
 from .._errors import ContractError
 from .._records import CompiledSignature
+from .._report import timing as _timing
 from .._state.fields import is_state
 from .._state.spec import StaticArg, static_equal
 from .._tracebacks import trim
@@ -393,7 +393,8 @@ def _guarded(
     kept_pick, kept_limit = (kept.pick, kept.limit) if kept is not None else (None, 0)
     kept_sequences = kept_limit - refcount.BASELINE + 1
     nodes_of = kept.nodes.of if kept is not None and kept.nodes is not None else None
-    timing_on, due, perf = _steps.timing_on, ctx.step.timing_due, time.perf_counter
+    timing_on, due, start, acc = _steps.timing_on, ctx.step.timing_due, _timing.start, ctx.step.timing_counters
+    step = ctx.step
     node_limit = refcount.BASELINE  # a container: its parent, the fresh list, the count's argument
 
     def repeated(leaves: Sequence[Any]) -> bool:
@@ -417,7 +418,7 @@ def _guarded(
     
         def guarded_full(*args: Any, **kwargs: Any) -> Any:
             try:
-                t0 = perf() if timing_on[0] and due[0] else 0.0  # a timed call (inside loops)
+                t0 = start(step, acc) if timing_on[0] and due[0] else 0.0  # a timed call (inside loops)
                 if kwargs or (short and len(args) != n_args):  # keywords, or defaults left out
                     bound = bind(args, kwargs)
                     if bound is None:
@@ -509,11 +510,11 @@ def _guarded_closure(
     refused = fallback if fallback is not None else (lambda *args, **kwargs: slow_call(args, kwargs, None))
     # timed inside loops (``_report.timing``); at ``off`` (no tail) never
     timing_on = _steps.timing_on if tail is not None else [False]
-    due, perf = ctx.step.timing_due, time.perf_counter
+    step, due, start, acc = ctx.step, ctx.step.timing_due, _timing.start, ctx.step.timing_counters
 
     def guarded(*args: Any, **kwargs: Any) -> Any:
         try:
-            t0 = perf() if timing_on[0] and due[0] else 0.0  # a timed call (inside loops)
+            t0 = start(step, acc) if timing_on[0] and due[0] else 0.0  # a timed call (inside loops)
             if binds and (kwargs or (short and len(args) != n_params)):  # keywords, or defaults left out
                 bound = bind(args, kwargs)
                 if bound is None:
