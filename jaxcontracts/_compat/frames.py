@@ -24,7 +24,6 @@ __all__ = [
     "namespace_of",
     "notebook_cell",
     "locals_snapshot_mirrors",
-    "unobserved_locals_snapshot",
 ]
 
 _OPTIMIZED = 0x0001  # CO_OPTIMIZED: a function's frame (fast locals)
@@ -98,11 +97,12 @@ _LAYOUT = {(3, 11): (24, 32, 24, 40), (3, 12): (24, 0, 40, 48)}.get(sys.version_
 
 @define(
     "locals-snapshot",
-    "CPython 3.11/3.12's frame layout: the locals snapshot a function frame keeps (read "
-    "without syncing it); nothing to read on 3.13, which keeps none",
+    "CPython 3.11/3.12's frame layout: the locals snapshot a function frame keeps and its "
+    "variables' slots (read without syncing them); nothing to read on 3.13, which keeps none",
     "a donated array still held by a stale locals() snapshot nobody holds "
     "(`x = s['x']; locals(); del x`), or by a debugger's snapshot entry that "
-    "mirrors the variable passed, is refused as kept",
+    "mirrors the variable passed, is refused as kept; a class local to a function, named "
+    "in an annotation, is read without changing that function's locals()",
 )
 def _probe_snapshot() -> str | None:
     if sys.version_info >= (3, 13):
@@ -116,8 +116,13 @@ def _probe_snapshot() -> str | None:
         return _snapshot_address(sys._getframe()) == id(seen)
 
     def variables(a: object) -> bool:  # the variables, read where the frame keeps them
-        b = object()
-        return _variable_holds(sys._getframe(), "a", a) and _variable_holds(sys._getframe(), "b", b)
+        b, c = object(), object()
+
+        def inner() -> object:  # makes c a cell variable
+            return c
+
+        frame = sys._getframe()
+        return all(_variable_holds(frame, n, v) for n, v in (("a", a), ("b", b), ("c", inner())))
 
     ok = probe() and variables(object())
     return None if ok else "the frame layout read does not match this interpreter's"
@@ -150,13 +155,37 @@ _LOCALSPLUS = 72
 
 
 def _variable_holds(frame: FrameType, name: str, obj: Any) -> bool:
-    """Whether the running function ``frame``'s variable ``name`` (one of
-    ``co_varnames``) holds ``obj`` now, read from the interpreter frame
-    without syncing its locals; False where that cannot be read."""
+    """Whether the running function ``frame``'s variable ``name`` holds
+    ``obj`` now, read from the interpreter frame without syncing its
+    locals; False where that cannot be read."""
+    found = _read_variable(frame, name)
+    return found is not None and found[0] and found[1] is obj
+
+
+def _read_variable(frame: FrameType, name: str) -> tuple[bool, Any] | None:
+    """``(bound, value)`` of the running function ``frame``'s variable
+    ``name`` (a local, a cell or a free variable), read from its slot in the
+    interpreter frame without syncing its locals (3.11/3.12); None where
+    the layout cannot be read here."""
     code = frame.f_code
-    if name not in code.co_varnames or name in code.co_cellvars:
-        return False
-    return _word(frame, _LOCALSPLUS + 8 * code.co_varnames.index(name)) == id(obj)
+    cells = [c for c in code.co_cellvars if c not in code.co_varnames]
+    order = (*code.co_varnames, *cells, *code.co_freevars)  # the slots, in localsplus order
+    if name not in order:
+        return (False, None)
+    address = _word(frame, _LOCALSPLUS + 8 * order.index(name))
+    if address is None:
+        return None
+    if not address:
+        return (False, None)  # unbound
+    import ctypes
+
+    value = ctypes.cast(address, ctypes.py_object).value  # the frame holds it: alive
+    if name in code.co_cellvars or name in code.co_freevars:  # the slot holds its cell
+        try:
+            return (True, value.cell_contents)
+        except ValueError:  # an empty cell
+            return (False, None)
+    return (True, value)
 
 
 def _locals_snapshot(frame: FrameType | None) -> tuple[dict[str, Any], bool] | None:
@@ -183,7 +212,9 @@ def locals_snapshot_mirrors(frame: FrameType | None) -> dict[int, int] | None:
     """Per ``id``, the entries of a running function ``frame``'s locals
     snapshot (3.11/3.12) that are not holders of their own: all of those
     under the frame's variable names where nothing but the frame holds the
-    snapshot (:func:`unobserved_locals_snapshot`: no one reads it unsynced);
+    snapshot (no ``hparams = locals()``, no debugger: what it holds is stale
+    and no one reads it unsynced, since every read of it, ``locals()``,
+    ``f_locals`` or a tracer's, syncs it with the frame's variables first);
     where something else holds it too (a debugger stopped there, ``hparams =
     locals()``), only those that mirror a variable, holding the very object
     that variable holds now (the one name, seen twice). None: nothing to
@@ -202,18 +233,6 @@ def locals_snapshot_mirrors(frame: FrameType | None) -> dict[int, int] | None:
     return out
 
 
-def unobserved_locals_snapshot(frame: FrameType | None) -> dict[str, Any] | None:
-    """The locals snapshot of a running function's ``frame`` where nothing
-    but the frame holds it (no ``hparams = locals()``, no debugger): what it
-    holds is stale and unobservable, since every read of it (``locals()``,
-    ``f_locals``, a tracer's) syncs it with the frame's variables first.
-    Read without syncing it (which would change a dict the user may hold);
-    None: no such snapshot, someone else holds it, Python 3.13 (which keeps
-    none), or the layout cannot be read here."""
-    found = _locals_snapshot(frame)
-    return found[0] if found is not None and found[1] else None
-
-
 def caller_locals(depth: int) -> Mapping[str, Any]:
     """The local namespace of the frame ``depth`` levels above the caller,
     for resolving names in annotations (a class local to the caller's
@@ -224,8 +243,10 @@ def caller_locals(depth: int) -> Mapping[str, Any]:
     inside a function must not change its ``hparams = locals()``. A name the
     frame's code has no variable for cannot be among its locals: for it the
     mapping says "absent" without reading anything, so annotations naming
-    global classes (and no annotations at all) read nothing. Only one that
-    names a function's own local (a class defined in ``main()``) reads them."""
+    global classes (and no annotations at all) read nothing. One that names
+    a function's own local (a class defined in ``main()``) is read from its
+    slot in the frame, without syncing (3.11/3.12; 3.13's ``f_locals`` writes
+    nothing). Only iterating the mapping reads ``f_locals`` whole."""
     frame = caller_frame(depth + 1)
     return {} if frame is None else namespace_of(frame)
 
@@ -253,6 +274,13 @@ class _Namespace(Mapping[str, Any]):
     def __getitem__(self, name: str) -> Any:
         if self._names is not None and name not in self._names:
             raise KeyError(name)
+        if self._names is not None and self._read is None and sys.version_info < (3, 13):
+            assert self._frame is not None
+            found = _read_variable(self._frame, name) if capability("locals-snapshot").available else None
+            if found is not None:
+                if not found[0]:
+                    raise KeyError(name)
+                return found[1]
         return self._locals()[name]
 
     def __iter__(self) -> Iterator[str]:

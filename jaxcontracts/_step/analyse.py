@@ -78,7 +78,8 @@ class _Names(dict):  # type: ignore[type-arg]
 
     def __init__(self, localns: dict[str, Any] | None, globalns: dict[str, Any]) -> None:
         super().__init__()
-        self.localns, self.globalns = localns or {}, globalns
+        # no truth test: `localns or {}` would make a lazy namespace read the frame
+        self.localns, self.globalns = {} if localns is None else localns, globalns
 
     def __missing__(self, name: str) -> Any:
         for ns in (self.localns, self.globalns, vars(builtins)):
