@@ -202,6 +202,11 @@ _KEEP = (
     "To keep a value across a donating call, copy it before the call "
     "(kept = jnp.copy({value})), or return it as an output of its own."
 )
+# the first advice for a donated array something else still holds
+_KEEP_COPY = (
+    "keep a copy instead of the array itself (samples.append(jnp.copy({value})), or "
+    "jc.fetch({value}) for a host copy)"
+)
 DONATION_FIXES = {
     # an array of a donated state was used, read or pickled
     "use": "use {returned}). " + _KEEP,
@@ -219,13 +224,11 @@ DONATION_FIXES = {
     "earlier call, such as a jax.jit with donate_argnums, or x.delete()); pass what that call returned "
     "in its place. " + _KEEP,
     # a donated leaf is still referenced besides its state
-    "kept": "keep a copy instead of the array itself (samples.append(jnp.copy({value})), or "
-    "jc.fetch({value}) for a host copy), return what you keep as an output of its own, "
+    "kept": _KEEP_COPY + ", return what you keep as an output of its own, "
     "or drop the other reference (del x; del err for a kept exception; build the state on "
     'a line of its own, not inside an assert); to donate nothing, @jc.hot_step(donate="none").',
     # an argument that is one array is held by more than the name it is passed from
-    "kept_argument": "keep a copy instead of the array itself (samples.append(jnp.copy({value})), or "
-    "jc.fetch({value}) for a host copy), and pass it from one name, the one the result is bound to "
+    "kept_argument": _KEEP_COPY + ", and pass it from one name, the one the result is bound to "
     "({value} = step({value}); not new = step({value}) then {value} = new; an outer function's "
     "{value}: del it there, or pass jnp.copy({value})); to donate nothing, @jc.hot_step(donate=\"none\").",
     # a container of donated leaves inside a state is still referenced besides its state
