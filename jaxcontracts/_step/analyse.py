@@ -25,7 +25,7 @@ from .._state.fields import data_field_names, is_state, static_field_names
 from .definition import DONATE_WORDS, StepDefinition, check_donated_names, positional_call
 from .misuse import refuse_non_step
 
-__all__ = ["Unresolved", "analyse", "check_options", "return_positions", "state_type_matches"]
+__all__ = ["analyse"]
 
 
 def check_options(name: str, donate: Any, max_compiles: Any) -> None:
@@ -86,20 +86,6 @@ class _Names(dict):  # type: ignore[type-arg]
             if name in ns:
                 return ns[name]
         return Unresolved(name)
-
-
-def resolve_each(fn: Any, annotations: dict[str, Any], localns: dict[str, Any] | None) -> dict[str, Any]:
-    """Resolve each annotation string on its own; unresolvable names stay names."""
-    globalns = getattr(inspect.unwrap(fn), "__globals__", {})
-    out = {}
-    for key, ann in annotations.items():
-        if isinstance(ann, str):
-            try:
-                ann = eval(ann, {}, _Names(localns, globalns))  # noqa: S307 - annotation text
-            except Exception:  # noqa: BLE001 - not an expression we can read: keep the text
-                pass
-        out[key] = ann
-    return out
 
 
 def _type_name(x: Any) -> str | None:
@@ -189,8 +175,7 @@ def analyse(
     if isinstance(fn, staticmethod):  # @jc.hot_step over @staticmethod: the function it holds
         fn = fn.__func__
     refuse_non_step(fn, signature)
-    partial = fn if isinstance(fn, functools.partial) else None
-    name = qualname(partial.func) + "(partial)" if partial is not None else qualname(fn)
+    name = qualname(fn.func) + "(partial)" if isinstance(fn, functools.partial) else qualname(fn)
     check_options(name, donate, max_compiles)
     explicit = signature is not None  # given by the user: never offered back as the fix
     sig, params, method = _parameters(fn, name)
@@ -219,8 +204,10 @@ def analyse(
             signature = _first_annotation(name, params, hints, static_params)
         state_params = _state_params(name, params, hints, signature, static_params, explicit)
         carried = _returned_states(name, params, hints, signature, donate, state_params, donated_params)
-    fields = _state_fields(signature)
-    host_params = _host_params(name, params, host_params, state_params, static_params, donated_params)
+    # a jc.state class's field names are known now; other types' only from instances
+    state_class = isinstance(signature, type) and is_state(signature)
+    data_fields = data_field_names(signature) if state_class else None
+    _check_host(name, params, host_params, state_params, static_params, donated_params)
     result = StepDefinition(
         fn=fn,
         name=name,
@@ -232,24 +219,16 @@ def analyse(
         max_compiles=max_compiles,
         python_signature=sig,
         positional=positional_call(fn, params, static_params),
-        data_fields=fields[0] if fields else None,
+        data_fields=data_fields,
         is_method=method,
         static_params=static_params,
         donated_params=donated_params,
         host_params=host_params,
         state_named=state is not None,
     )
-    if fields is not None and (carried is None or carried):
-        check_donated_names(result, fields[0], fields[1])
+    if data_fields is not None and (carried is None or carried):
+        check_donated_names(result, data_fields, static_field_names(signature))
     return result
-
-
-def _state_fields(state_type: Any) -> tuple[tuple[str, ...], tuple[str, ...]] | None:
-    """A ``jc.state`` type's (data, static) field names; ``None`` for any other
-    type, whose fields are known only from instances."""
-    if isinstance(state_type, type) and is_state(state_type):
-        return data_field_names(state_type), static_field_names(state_type)
-    return None
 
 
 def _parameters(
@@ -289,15 +268,24 @@ def _hints(
     params: Sequence[inspect.Parameter],
     localns: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """The resolved annotations (those that cannot be resolved, one by one)."""
+    """The resolved annotations; where some cannot be resolved, each string on
+    its own, an unresolvable name kept as a name (:class:`Unresolved`)."""
     target = fn.func if isinstance(fn, functools.partial) else fn
     try:
         return typing.get_type_hints(target, localns=localns)
     except Exception:  # noqa: BLE001 - unresolvable forward refs: one by one
-        raw = {p.name: p.annotation for p in params if p.annotation is not p.empty}
-        if sig.return_annotation is not sig.empty:
-            raw["return"] = sig.return_annotation
-        return resolve_each(target, raw, localns)
+        pass
+    hints = {p.name: p.annotation for p in params if p.annotation is not p.empty}
+    if sig.return_annotation is not sig.empty:
+        hints["return"] = sig.return_annotation
+    globalns = getattr(inspect.unwrap(target), "__globals__", {})
+    for key, ann in hints.items():
+        if isinstance(ann, str):
+            try:  # the annotation's text, as typing.get_type_hints evaluates it
+                hints[key] = eval(ann, {}, _Names(localns, globalns))  # noqa: S307
+            except Exception:  # noqa: BLE001 - not an expression we can read: keep the text
+                pass
+    return hints
 
 
 def _refuse_contradictions(
@@ -417,16 +405,16 @@ def _is_class_annotation(t: Any) -> bool:
     )
 
 
-def _host_params(
+def _check_host(
     name: str,
     params: Sequence[inspect.Parameter],
     host: tuple[int, ...],
     state_params: tuple[int, ...],
     static_params: tuple[int, ...],
     donated_params: tuple[int, ...],
-) -> tuple[int, ...]:
-    """The parameters ``host=`` names, checked: host data is neither state,
-    static nor donated (a transferred batch has no device buffer to reuse)."""
+) -> None:
+    """Host data is neither state, static nor donated (a transferred batch has
+    no device buffer to reuse)."""
     for option, taken in (("state", state_params), ("static", static_params), ("donate_argnames", donated_params)):
         both = [params[i].name for i in host if i in taken]
         if both:
@@ -436,7 +424,6 @@ def _host_params(
                 fix="host= is for data that arrives on the host each call (a loader's "
                 "numpy batch): the executable's call transfers it. Name it in one option.",
             )
-    return host
 
 
 def _named_state_params(
@@ -474,10 +461,8 @@ def _state_params(
     static_params: tuple[int, ...],
     explicit: bool = False,
 ) -> tuple[int, ...]:
-    """The parameters annotated with the state type (never a static one).
-
-    ``explicit``: ``signature=`` was given (so the fix never offers it).
-    """
+    """The parameters annotated with the state type (never a static one);
+    ``explicit``: ``signature=`` was given, so the fix never offers it."""
     state_params = tuple(
         i
         for i, p in enumerate(params)

@@ -1,7 +1,7 @@
 """``@jc.hot_step``: the decorator, bare or with options.
 
-It reads the function and the options once (``_analyse``) and returns a
-:class:`HotStep` (``_hot_step``), which compiles, checks and calls.
+It reads the function and the options once (``_step.analyse``) and returns
+a :class:`HotStep` (``_step.hot_step``), which compiles, checks and calls.
 """
 
 from __future__ import annotations

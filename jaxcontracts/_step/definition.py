@@ -1,8 +1,8 @@
 """A step's definition: state parameters, returned states, donation.
 
 :class:`StepDefinition` is what ``@jc.hot_step`` learns at decoration
-(``_analyse``): which parameters are state, static, host data or donated
-whole, where the returned states stand, and which leaves are donated
+(``_step.analyse``): which parameters are state, static, host data or
+donated whole, where the returned states stand, and which leaves are donated
 (derived from the state type, so no rename or reordering of parameters can
 desync it). It also binds calls to positions and wraps static values.
 """
@@ -24,7 +24,7 @@ from .._format import fmt_object, fmt_path
 from .._state.filter import Filtered, join, join_out, split, split_out
 from .._state.spec import StaticArg, eq_answers_bool
 
-__all__ = ["DONATE_WORDS", "StaticArg", "StepDefinition", "check_donated_names", "positional_call"]
+__all__ = ["DONATE_WORDS", "StepDefinition", "check_donated_names", "positional_call"]
 
 DONATE_WORDS = ("all", "none")
 
@@ -119,7 +119,7 @@ class StepDefinition:
             if i in self.ref_params:  # updated in place: its refs are not returned
                 continue
             want = jax.tree_util.tree_structure(join(spec_args[i]))
-            if not carried and want == whole and len(self.state_params) >= 1:
+            if not carried and want == whole:
                 carried.append((i, ()))
                 break
             if isinstance(out, (tuple, list)):
@@ -159,13 +159,10 @@ class StepDefinition:
 
     @functools.cached_property
     def bind_positional(self) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None]:
-        """The one keyword binder: ``bind(args, kwargs)`` gives every argument
-        by position (keywords in any order, the defaults of those left out put
-        in), as ``inspect.Signature.bind`` and ``apply_defaults`` would,
-        without them; None where the call does not bind (a wrong name, a
-        required one missing, a keyword-only parameter given by position):
-        :meth:`normalize` explains those. (A step has no ``*args``/``**kwargs``
-        parameter: ``_step.analyse`` refuses or drops them.)"""
+        """``bind(args, kwargs)``: every argument by position, defaults put in, as
+        ``Signature.bind`` and ``apply_defaults`` would, without their cost; None
+        where the call does not bind (:meth:`normalize` explains those). A step has
+        no ``*args``/``**kwargs`` (``_step.analyse`` refuses or drops them)."""
         params = list(self.python_signature.parameters.values())
         empty, kinds = inspect.Parameter.empty, (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         n_pos = sum(p.kind != p.KEYWORD_ONLY for p in params)  # what positional arguments may fill
@@ -232,10 +229,7 @@ class StepDefinition:
                 raise DefinitionError(
                     f"{self.name}: static argument `{self.param_names[i]}` is "
                     f"{type(value).__name__}, which is not hashable ({e}).",
-                    [
-                        "  a static argument is part of the compiled signature: it is "
-                        "compared by hash and == to find its executable"
-                    ],
+                    [_STATIC_DETAIL],
                     fix="pass a hashable value: a frozen dataclass, a NamedTuple, a "
                     "tuple instead of a list, or a functools.partial/function; or close "
                     "over it instead of passing it.",
@@ -248,10 +242,7 @@ class StepDefinition:
                 raise DefinitionError(
                     f"{self.name}: static argument `{self.param_names[i]}` is "
                     f"{fmt_object(value)}, whose __eq__ {eq}, not True or False.",
-                    [
-                        "  a static argument is part of the compiled signature: it is "
-                        "compared by hash and == to find its executable"
-                    ],
+                    [_STATIC_DETAIL],
                     fix=f"make {type(value).__name__}.__eq__ return a bool (compare Python "
                     "values, not arrays), or pass the arrays it holds as arguments.",
                     contract="definition",
@@ -290,6 +281,12 @@ class StepDefinition:
         if self.data_fields is None and self.donate != "none":  # a dict state: its fields are known now
             check_donated_names(self, tuple(sorted(fields_seen)), ())
         return tuple(donated)
+
+
+_STATIC_DETAIL = (
+    "  a static argument is part of the compiled signature: it is "
+    "compared by hash and == to find its executable"
+)
 
 
 def _call_with(ref: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -27,15 +27,11 @@ from .._state.spec import StaticArg, leaf_spec, static_equal
 
 __all__ = [
     "LeafDiff",
-    "describe_leaf",
     "diff_leaves",
     "diff_lines",
     "diff_specs",
-    "differences",
-    "leaf_name",
     "same_placement",
     "same_structure",
-    "structure_diffs",
 ]
 
 
@@ -48,12 +44,6 @@ class LeafDiff:
     got: str
     cause: str = ""
     kind: str = "structure"  # structure, dtype, shape, weak_type, memory_kind or sharding
-
-
-def leaf_name(param: str, path: str) -> str:
-    """``s.pos`` for parameter ``s`` and leaf path ``.pos`` (a structural
-    path such as ``(structure)`` names the parameter alone)."""
-    return param if path.startswith("(") else f"{param}{path}"
 
 
 def diff_lines(
@@ -75,7 +65,9 @@ def diff_lines(
     lines: list[str] = []
     leaves: list[str] = []
     for d in diffs:
-        name = leaf_name(param, d.path)
+        # ``s.pos`` for parameter ``s`` and leaf path ``.pos``; a structural path
+        # such as ``(structure)`` names the parameter alone
+        name = param if d.path.startswith("(") else f"{param}{d.path}"
         lines.append(f"    {name if full_paths else d.path}: {words[0]} {d.expected}, {words[1]} {d.got}")
         why = cause(d) if cause is not None else d.cause
         if why:
@@ -99,9 +91,7 @@ def same_placement(a: Any, b: Any, ndim: int) -> bool:
     Shardings that differ as objects may place the data alike (``P('x',
     None)`` vs ``P('x')``, a renamed mesh axis); the executable accepts them.
     """
-    if a is None or b is None:
-        return True
-    if a == b:
+    if a is None or b is None or a == b:
         return True
     try:
         return bool(a.is_equivalent_to(b, ndim))
@@ -177,38 +167,23 @@ def diff_leaves(
             if e is not g:
                 diffs.append(LeafDiff(path, describe_leaf(e, False), describe_leaf(g, False)))
             continue
-        same = (
-            tuple(e.shape) == tuple(g.shape)
-            and same_dtype(e.dtype, g.dtype)
-            and bool(getattr(e, "weak_type", False)) == bool(getattr(g, "weak_type", False))
-        )
+        kind = diff_kind(e, g)
+        same = kind in ("memory_kind", "sharding")  # shape, dtype and weak type agree
         shard_same = same_placement(
             getattr(e, "sharding", None), getattr(g, "sharding", None), len(e.shape)
         )
         if not (same and shard_same):
             show_sharding = same and not shard_same
-            expected, got_text = describe_leaf(e, show_sharding), describe_leaf(g, show_sharding)
-            if expected == got_text:  # the short forms hide the difference
-                expected += f" {_placement(e.sharding)}"
+            exp_text, got_text = describe_leaf(e, show_sharding), describe_leaf(g, show_sharding)
+            if exp_text == got_text:  # the short forms hide the difference
+                exp_text += f" {_placement(e.sharding)}"
                 got_text += f" {_placement(g.sharding)}"
-            diffs.append(
-                LeafDiff(
-                    path,
-                    expected,
-                    got_text,
-                    leaf_cause(e, g),
-                    diff_kind(e, g),
-                )
-            )
+            diffs.append(LeafDiff(path, exp_text, got_text, leaf_cause(e, g), kind))
     return diffs
 
 
 def diff_specs(expected: Any, got: Any) -> list[LeafDiff]:
-    """Every difference between two spec trees: structure first, then leaves.
-
-    Structure differences (a static field's value, a missing field, another
-    class) are reported by path; leaves by shape, dtype, weak type, sharding.
-    """
+    """Every difference between two spec trees: the structure's, else the leaves'."""
     structural = structure_diffs(expected, got, "")
     if structural:
         return structural
@@ -541,12 +516,10 @@ def _has_arrays(x: Any) -> bool:
 
 
 def same_structure(a: Any, b: Any) -> bool:
-    """Whether two tree structures are equal once the ``functools.partial``
-    objects in their aux data (static values, an NNX Module's static
-    attributes) are compared by function, arguments and keywords rather than
-    by identity: a second model instance that made its own
-    ``partial(nnx.avg_pool, ...)`` traces to the same program. Every other
-    aux value compares at least as strictly as JAX's ``==`` (:func:`_same_value`)."""
+    """Whether two tree structures are equal, their aux data compared by
+    :func:`_same_value`: as strictly as JAX's ``==``, except that partials
+    compare by function, arguments and keywords, not identity (a second model
+    instance's own ``partial(nnx.avg_pool, ...)`` traces to the same program)."""
     if a == b:
         return True
     if a.num_leaves != b.num_leaves or a.num_nodes != b.num_nodes:
