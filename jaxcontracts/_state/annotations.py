@@ -23,8 +23,6 @@ from .._format import fmt_aval
 
 __all__ = [
     "STATIC",
-    "X64_DTYPES",
-    "X64_ON",
     "ArrayAnnotation",
     "parse_array_annotation",
     "x64_field_fix",

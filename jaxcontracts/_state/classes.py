@@ -2,14 +2,8 @@
 
 A ``@jc.state`` class (or a ``jc.State`` subclass) is a frozen dataclass
 registered as a pytree whose leaf paths read as field names (``.pos``). This
-module is the decorator and the base class; the pieces they assemble live
-in their own modules:
-
-* ``_fields``: the field kinds, ``jc.static``, the class's field table and
-  its pytree registration;
-* ``validate``: validation at construction (and its cache);
-* ``_construct``: ``spec()`` and ``zeros()``;
-* ``_consumed``: the class a state takes once a hot step donated it.
+module is the decorator and the base class; what they assemble lives in
+``fields``, ``validate`` and ``construct`` (ARCHITECTURE.md, "States").
 
 Inside a trace, and when jax rebuilds a state from its leaves
 (``tree_unflatten``), nothing is checked, so compiled steps pay nothing.
@@ -170,9 +164,8 @@ def _make_state(cls: Any, eq: bool, localns: Mapping[str, Any]) -> Any:
 
     dc.__repr__ = _state_repr
     dc.__getstate__ = _getstate
-    dc.spec = State.__dict__["spec"]
-    dc.zeros = State.__dict__["zeros"]
-    dc.replace = State.__dict__["replace"]
+    for name in _METHODS:
+        setattr(dc, name, State.__dict__[name])
     return dc
 
 

@@ -28,7 +28,6 @@ from .validate import check_static, spec_error
 __all__ = ["make", "to_spec", "to_zeros", "undecorated_error"]
 
 
-
 def _shown(value: Any) -> str:
     """``-3 (int)``; an array or an object by its spec or type (no repr runs)."""
     plain = (str, bool, int, float, type(None))
@@ -38,13 +37,6 @@ def _shown(value: Any) -> str:
     ) and len(repr(value)) < 60:
         return f"{value!r} ({type(value).__name__})"
     return fmt_object(value)
-
-def _split_kwargs(cls: type, kwargs: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
-    info = info_of(cls)
-    field_names = {f.name for f in info.fields}
-    values = {k: v for k, v in kwargs.items() if k in field_names}
-    dims = {k: v for k, v in kwargs.items() if k not in field_names}
-    return dims, values
 
 
 def _check_dims(cls: type, dims: Mapping[str, Any], what: str) -> dict[str, Any]:
@@ -108,12 +100,6 @@ def _is_size(value: Any) -> bool:
     )
 
 
-def _field_sharding(sharding: Any, name: str) -> Any:
-    if isinstance(sharding, Mapping):
-        return sharding.get(name)
-    return sharding
-
-
 def undecorated_error(cls: type) -> DefinitionError:
     """The error for a plain subclass of a state class (not a state itself)."""
     base = next(k for k in cls.__mro__ if STATE_INFO in k.__dict__)
@@ -133,14 +119,16 @@ def make(cls: type, kwargs: dict[str, Any], sharding: Any, leaf_fn: Callable, wh
         cls = cls.__mro__[1]
     if STATE_INFO not in cls.__dict__:  # Plain(Base) undecorated: Base's fields only, no pytree
         raise undecorated_error(cls)
-    dims, given = _split_kwargs(cls, kwargs)
-    dims = _check_dims(cls, dims, what)
-    if isinstance(sharding, Mapping):
+    field_names = {f.name for f in info_of(cls).fields}
+    given = {k: v for k, v in kwargs.items() if k in field_names}
+    dims = _check_dims(cls, {k: v for k, v in kwargs.items() if k not in field_names}, what)
+    per_field = isinstance(sharding, Mapping)
+    if per_field:
         _check_sharding_names(cls, sharding, what)
     values: dict[str, Any] = {}
     for f in info_of(cls).fields:
         where = f"{cls.__qualname__}.{what}(): field .{f.name}"
-        shard = _field_sharding(sharding, f.name)
+        shard = sharding.get(f.name) if per_field else sharding
         if f.name in given and not isinstance(f, StaticField):
             values[f.name] = jax.tree_util.tree_map_with_path(
                 lambda path, x, s=shard, w=where: leaf_fn(
@@ -156,8 +144,7 @@ def make(cls: type, kwargs: dict[str, Any], sharding: Any, leaf_fn: Callable, wh
             values[f.name] = leaf_fn(spec, shard)
         elif isinstance(f, StateField):
             sub_dims = {k: v for k, v in dims.items() if k in info_of(f.cls).dim_names}
-            inner = make(f.cls, sub_dims, shard, leaf_fn, what)
-            values[f.name] = inner
+            values[f.name] = make(f.cls, sub_dims, shard, leaf_fn, what)
         elif isinstance(f, PyTreeField):
             raise SpecError(
                 f"{where} is a PyTree ({hint_name(f.annotation)}), so its spec "
@@ -167,19 +154,18 @@ def make(cls: type, kwargs: dict[str, Any], sharding: Any, leaf_fn: Callable, wh
                 contract="dims",
                 leaves=[f".{f.name}"],
             )
+        elif f.name in given:  # a static field
+            values[f.name] = given[f.name]
         else:
-            if f.name in given:
-                values[f.name] = given[f.name]
-            else:
-                default = _static_default(cls, f.name)
-                if default is dataclasses.MISSING:
-                    raise SpecError(
-                        f"{where} is static and has no default.",
-                        fix=f"pass it, e.g. {cls.__qualname__}.{what}(..., {f.name}=...).",
-                        contract="dims",
-                        leaves=[f".{f.name}"],
-                    )
-                values[f.name] = default
+            default = _static_default(cls, f.name)
+            if default is dataclasses.MISSING:
+                raise SpecError(
+                    f"{where} is static and has no default.",
+                    fix=f"pass it, e.g. {cls.__qualname__}.{what}(..., {f.name}=...).",
+                    contract="dims",
+                    leaves=[f".{f.name}"],
+                )
+            values[f.name] = default
     problems = [p for f in info_of(cls).fields if isinstance(f, StaticField)
                 for p in check_static(f, values[f.name])]
     if problems:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import builtins
 import dataclasses
+import functools
 import operator
 import typing
 from collections.abc import Callable, Mapping
@@ -30,16 +31,13 @@ from .spec import leaf_spec
 
 __all__ = [
     "ArrayField",
-    "Field",
     "PyTreeField",
     "StateField",
     "StateInfo",
     "StaticField",
-    "attr_getter",
     "build",
     "classify",
     "data_field_names",
-    "dict_getter",
     "hint_name",
     "info_of",
     "is_sealed_state",
@@ -152,7 +150,6 @@ def static(
     )
 
 
-
 # --------------------------------------------------------------------------
 # Field kinds
 
@@ -195,9 +192,11 @@ class StateInfo:
     valid: set[tuple[Any, ...]] = dataclasses.field(
         default_factory=set, compare=False, hash=False, repr=False
     )
-    plan: list[Any] = dataclasses.field(
-        default_factory=list, compare=False, hash=False, repr=False
-    )
+
+    @functools.cached_property
+    def kinds(self) -> tuple[tuple[str, type], ...]:
+        """(name, kind) of each field, in order: what _signature_key walks."""
+        return tuple((f.name, type(f)) for f in self.fields)
 
     @property
     def dim_names(self) -> tuple[str, ...]:
@@ -298,7 +297,6 @@ def refuse_init_vars(cls: type, hints: Mapping[str, Any]) -> None:
 
 def hint_name(hint: Any) -> str:
     return getattr(hint, "__name__", None) or repr(hint)
-
 
 
 # --------------------------------------------------------------------------

@@ -20,7 +20,7 @@ import jax
 
 from .spec import static_equal
 
-__all__ = ["FilterKey", "Filtered", "join", "join_out", "short", "split", "split_if_needed", "split_out"]
+__all__ = ["Filtered", "join", "join_out", "short", "split", "split_if_needed", "split_out"]
 
 
 class FilterKey:
@@ -64,8 +64,7 @@ class FilterKey:
 
     def leaf_paths(self) -> list[str]:
         """``.layers[0].weight`` for each array leaf (built once, from the structure)."""
-        static = set(self.static)
-        return [p for i, p in enumerate(self._all_paths()) if i not in static]
+        return [p for i, p in enumerate(self._all_paths()) if i not in self.static_set]
 
     def static_paths(self) -> list[str]:
         """``.layers[2]`` for each static leaf."""
@@ -103,8 +102,7 @@ class _LeafKey:
     def __str__(self) -> str:
         return self.path
 
-    def __repr__(self) -> str:
-        return self.path
+    __repr__ = __str__
 
 
 def _flatten_with_keys(f: Filtered) -> tuple[list[tuple[Any, Any]], FilterKey]:
@@ -139,11 +137,9 @@ def join(f: Any) -> Any:
     if type(f) is not Filtered:
         return f
     key = f.key
-    leaves: list[Any] = []
     it = iter(f.leaves)
     static = dict(zip(key.static, key.values))
-    for i in range(key.treedef.num_leaves):
-        leaves.append(static[i] if i in static else next(it))
+    leaves = [static[i] if i in static else next(it) for i in range(key.treedef.num_leaves)]
     return jax.tree_util.tree_unflatten(key.treedef, leaves)
 
 

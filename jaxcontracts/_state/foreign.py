@@ -99,8 +99,8 @@ def scalar_to_host(x: bool | int | float | complex) -> tuple[np.ndarray | None, 
         info = np.iinfo(dtype)
         if not int(info.min) <= x <= int(info.max):
             return None, (
-                f"{x} does not fit in {np.dtype(dtype).name}, JAX's integer type "
-                + ("(jax_enable_x64 is off)" if np.dtype(dtype).itemsize < 8 else "")
+                f"{x} does not fit in {dtype.name}, JAX's integer type "
+                + ("(jax_enable_x64 is off)" if dtype.itemsize < 8 else "")
             ).strip()
     return np.asarray(x, dtype=dtype), ""
 
@@ -150,10 +150,6 @@ def _kind(x: Any) -> str:
     return fmt_object(x)
 
 
-@overload
-def device_tree(tree: T, *, sharding: Any = ..., changes: Literal[False] = ...) -> T: ...
-@overload
-def device_tree(tree: T, *, sharding: Any = ..., changes: Literal[True]) -> tuple[T, Changes]: ...
 def _is_module_class(kind: Any) -> bool:
     return isinstance(kind, type) and any(
         c.__name__ == "Module" and c.__module__.startswith("equinox") for c in kind.__mro__
@@ -177,6 +173,10 @@ def any_node(treedef: Any, test: Callable[[type], bool]) -> bool:
     return False
 
 
+@overload
+def device_tree(tree: T, *, sharding: Any = ..., changes: Literal[False] = ...) -> T: ...
+@overload
+def device_tree(tree: T, *, sharding: Any = ..., changes: Literal[True]) -> tuple[T, Changes]: ...
 @boundary
 def device_tree(tree: Any, *, sharding: Any = None, changes: bool = False) -> Any:
     """Return ``tree`` with every leaf the exact device array a step will see.

@@ -3,7 +3,7 @@
 A *spec* is a pytree whose leaves are :class:`jax.ShapeDtypeStruct` s carrying
 shape, dtype, weak type and (when known) sharding. Everything that compiles or
 compares in this package goes through the functions here, so "the same spec"
-means one thing everywhere. How two specs differ is ``_diffs``.
+means one thing everywhere. How two specs differ is ``_step.diffs``.
 """
 
 from __future__ import annotations
@@ -111,10 +111,6 @@ def spec_of(tree: Any) -> Any:
             "jc.state class so they become part of the tree structure.",
         )
     return jax.tree_util.tree_unflatten(treedef, specs)
-
-
-# --------------------------------------------------------------------------
-# Spec diffs
 
 
 # --------------------------------------------------------------------------

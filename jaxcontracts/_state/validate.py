@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import cmath
 import dataclasses
-import math
 from typing import Any
 
 import jax
@@ -45,7 +44,6 @@ from .foreign import scalar_to_host, to_device
 from .spec import eq_answers_bool, fmt_value, leaf_spec
 
 __all__ = [
-    "Problem",
     "check_static",
     "clear_validation_cache",
     "spec_error",
@@ -65,56 +63,40 @@ class Problem:
 
 
 def _is_tracing(self: Any, info: StateInfo) -> bool:
-    if not _trace_state_clean():
-        return True
-    for name in info.data_names:
-        v = self.__dict__[name]
-        if isinstance(v, _Tracer):
-            return True
-    return False
-
+    return not _trace_state_clean() or any(
+        isinstance(self.__dict__[name], _Tracer) for name in info.data_names
+    )
 
 
 # --------------------------------------------------------------------------
 # The validation cache
 #
 # Validation of a field depends only on what the key below records, so a
-# signature that passed before passes again, with the same (unconverted)
-# values: it is not re-proven. What makes a key:
+# signature that passed with nothing to convert is not re-proven. A key holds:
 #
 # * an array field: its aval, for an array whose type is exactly ArrayImpl
-#   (concrete, not a tracer, a subclass or a numpy array). JAX interns avals
-#   (equal avals are one object, compared by identity), and an aval holds the
-#   shape, dtype, weak type and (abstract) sharding: everything _convert_array,
-#   the dims and jaxtyping read. Only strongly typed arrays of the field's
-#   dtype ever pass unconverted, so a hit never skips a conversion. A deleted
-#   array keeps its aval and is accepted by both paths alike.
+#   (not a tracer, a subclass or a numpy array). JAX interns avals (equal ones
+#   are one object), and an aval holds shape, dtype, weak type and (abstract)
+#   sharding: everything _convert_array, the dims and jaxtyping read. Only
+#   strongly typed arrays of the field's dtype pass unconverted, so a hit never
+#   skips a conversion. A deleted array keeps its aval and is accepted by both
+#   paths alike.
 # * a nested state: its exact class (validation checks isinstance).
 # * a PyTree field: its treedef and the avals of its leaves, each leaf exactly
 #   an ArrayImpl; a hit rebuilds the container, as validation does.
 # * a static field: (type, value) for bool, int, float, complex, str and None
-#   only; any other static value (a tuple may hold 1 or 1.0, equal but typed
-#   differently) takes the full path.
+#   only (a tuple may hold 1 or 1.0: equal, but typed differently).
 #
-# Anything else (numpy arrays, Python scalars, specs, tracers) returns no key
-# and is validated in full every time. Every field is in one key, so dims
-# bound across fields are part of it. Failures are never cached: an error is
-# always rebuilt by the full path, so messages are unchanged.
+# Anything else (numpy arrays, Python scalars, specs, tracers) has no key and
+# is validated in full. One key covers every field, so dims bound across
+# fields are part of it. Failures are never cached: errors (and their
+# messages) always come from the full path.
 
 _CACHE_LIMIT = 256  # signatures kept per class; the set is emptied when full
 
 _ATOMS = frozenset({bool, int, float, complex, str, type(None)})
 
 _MISS = object()
-
-
-
-def _key_plan(info: StateInfo) -> tuple[tuple[str, int], ...]:
-    """(field name, kind) for each field: 0 array, 1 static, 2 state, 3 pytree."""
-    if not info.plan:
-        kinds = {ArrayField: 0, StaticField: 1, StateField: 2, PyTreeField: 3}
-        info.plan.append(tuple((f.name, kinds[type(f)]) for f in info.fields))
-    return info.plan[0]  # type: ignore[no-any-return]
 
 
 def _signature_key(d: dict[str, Any], info: StateInfo) -> tuple[Any, ...] | None:
@@ -124,18 +106,18 @@ def _signature_key(d: dict[str, Any], info: StateInfo) -> tuple[Any, ...] | None
         return None
     key: list[Any] = []
     append = key.append
-    for name, kind in _key_plan(info):
+    for name, kind in info.kinds:
         v = d.get(name, _MISS)
         t = type(v)
-        if kind == 0:
+        if kind is ArrayField:
             if t is not array_impl:
                 return None
             append(v.aval)
-        elif kind == 1:
+        elif kind is StaticField:
             if t not in _ATOMS:
                 return None
             append((t, v))
-        elif kind == 2:
+        elif kind is StateField:
             append(t)
         else:
             leaves, treedef = jax.tree_util.tree_flatten(v)
@@ -280,11 +262,8 @@ class _Validation:
 
     def jaxtyping_shapes(self) -> None:
         """jaxtyping is the authority on shapes, with one dim memo for all fields."""
-        to_check = self.to_check
-        for name, ok in zip((n for n, _, _ in to_check), _jaxtyping_check(to_check)):
+        for (name, value, ann), ok in zip(self.to_check, _jaxtyping_check(self.to_check)):
             if not ok:
-                ann = next(a for n, _, a in to_check if n == name)
-                value = self.converted[name]
                 self.problems.append(
                     Problem(
                         name,
@@ -305,7 +284,6 @@ def _jaxtyping_check(items: list[tuple[str, Any, Any]]) -> list[bool]:
 def _convert_array(name: str, value: Any, ann: ArrayAnnotation) -> tuple[Any, Problem | None]:
     """The exact device form of one array field, or the problem with it."""
     want = ann.dtype
-    expected = ann.pretty()
     if is_key(want):
         return _convert_key(name, value, ann)
     if isinstance(value, jax.Array):
@@ -335,7 +313,7 @@ def _convert_array(name: str, value: Any, ann: ArrayAnnotation) -> tuple[Any, Pr
             return None, problem
         return to_device(host), None
     return None, Problem(
-        name, expected, fmt_value(value), "pass a jax array (or a numpy array of that dtype)."
+        name, ann.pretty(), fmt_value(value), "pass a jax array (or a numpy array of that dtype)."
     )
 
 
@@ -343,18 +321,17 @@ def _convert_key(name: str, value: Any, ann: ArrayAnnotation) -> tuple[Any, Prob
     """A typed PRNG key field: a key array (or spec) of the annotated key dtype."""
     if isinstance(value, (jax.Array, jax.ShapeDtypeStruct)) and same_dtype(value.dtype, ann.dtype):
         return value, None
-    got = fmt_value(value) if not isinstance(value, jax.Array) or not is_key(value.dtype) else (
-        fmt_aval(value.shape, value.dtype)
-    )
-    if isinstance(value, (jax.Array, np.ndarray)) and not is_key(value.dtype) and value.shape[-1:] in ((2,), (4,)):
-        fix = (
-            "this looks like a raw uint32 key (jax.random.PRNGKey): make a typed key with "
-            "jax.random.key(seed), or wrap this one with jax.random.wrap_key_data(k)."
-        )
-    elif isinstance(value, jax.Array) and is_key(value.dtype):
+    typed_key = isinstance(value, jax.Array) and is_key(value.dtype)
+    got = fmt_aval(value.shape, value.dtype) if typed_key else fmt_value(value)
+    if typed_key:
         fix = (
             f"the key's PRNG implementation differs from the field's ({ann.pretty()}, the "
             "default implementation when the class was defined): make it with jax.random.key(seed)."
+        )
+    elif isinstance(value, (jax.Array, np.ndarray)) and value.shape[-1:] in ((2,), (4,)):
+        fix = (
+            "this looks like a raw uint32 key (jax.random.PRNGKey): make a typed key with "
+            "jax.random.key(seed), or wrap this one with jax.random.wrap_key_data(k)."
         )
     else:
         fix = "pass a typed PRNG key: jax.random.key(seed) (split it for arrays of keys)."
@@ -370,13 +347,10 @@ def _x64_problem(name: str, value: Any, ann: ArrayAnnotation) -> Problem | None:
 
 
 def _wrong_dtype(name: str, ann: ArrayAnnotation, value: Any, kind: str) -> Problem:
-    expected = ann.pretty()
-    if is_key(ann.dtype):
-        return Problem(name, expected, fmt_value(value), "pass a typed PRNG key: jax.random.key(seed).")
     np_name = np.dtype(ann.dtype).name  # e.g. "uint16": jnp.uint16 exists
     return Problem(
         name,
-        expected,
+        ann.pretty(),
         fmt_value(value),
         f"a {kind} of the wrong dtype is never cast silently (a step would "
         f"return another dtype and recompile). Create it as {np_name}, e.g. "
@@ -458,11 +432,8 @@ def _wider(dtype: np.dtype) -> str:
 
 
 def _finite(value: int | float | complex) -> bool:
-    if isinstance(value, int):
-        return True
-    if isinstance(value, complex):
-        return cmath.isfinite(value)
-    return math.isfinite(value)
+    # An int is finite (cmath would raise OverflowError beyond float's range).
+    return isinstance(value, int) or cmath.isfinite(value)
 
 
 def _convert_pytree(f: PyTreeField, value: Any) -> tuple[Any, list[Problem]]:
@@ -521,11 +492,10 @@ def _all_specs(tree: Any) -> bool:
 
 
 def check_static(f: StaticField, value: Any) -> list[Problem]:
-    problems = []
     try:
         hash(value)
     except TypeError:
-        problems.append(
+        return [
             Problem(
                 f.name,
                 f"a hashable {hint_name(f.annotation)}",
@@ -533,10 +503,9 @@ def check_static(f: StaticField, value: Any) -> list[Problem]:
                 "static fields are part of the tree structure and must be hashable; "
                 "use a tuple instead of a list, or make it an array field.",
             )
-        )
-        return problems
+        ]
     if isinstance(value, (jax.Array, np.ndarray)):
-        problems.append(
+        return [
             Problem(
                 f.name,
                 f"a hashable {hint_name(f.annotation)}",
@@ -544,9 +513,9 @@ def check_static(f: StaticField, value: Any) -> list[Problem]:
                 "an array in a static field would be compared by identity and "
                 "recompile every time; make it an array field instead.",
             )
-        )
-    elif (eq := eq_answers_bool(value)) is not None:
-        problems.append(
+        ]
+    if (eq := eq_answers_bool(value)) is not None:
+        return [
             Problem(
                 f.name,
                 "a static value whose == answers True or False",
@@ -555,27 +524,23 @@ def check_static(f: StaticField, value: Any) -> list[Problem]:
                 f"{type(value).__name__}.__eq__ return a bool (compare Python values, not "
                 "arrays), or make the arrays it holds fields of the state.",
             )
-        )
-    elif not is_bearable(value, f.annotation, conf=_BEAR):
-        problems.append(
+        ]
+    if not is_bearable(value, f.annotation, conf=_BEAR):
+        return [
             Problem(
                 f.name,
                 hint_name(f.annotation),
                 fmt_value(value),
                 f"pass a {hint_name(f.annotation)}.",
             )
-        )
-    return problems
+        ]
+    return []
 
 
 def spec_error(
     cls: type, problems: list[Problem], bindings: dict[str, Any], bound_by: dict[str, str]
 ) -> SpecError:
-    """One SpecError listing every invalid field, each with its fix.
-
-    ``leaves`` holds the fields' paths (``.t``) and ``fix`` each one's fix
-    (``.t: ...``, one line per field).
-    """
+    """One SpecError listing every invalid field, each with its fix."""
     n = len(problems)
     details = []
     for p in problems:
