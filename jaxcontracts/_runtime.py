@@ -1,13 +1,10 @@
 """What hot steps and hot loops share at run time, below both of them.
 
-The loop guard (``_guard``) sits above the call path, so a hot step never
-imports it. Instead both meet here: the thread's active loop (an object with
-a ``violation`` method, set by the guard), a counter that tells a step after
-each call whether any loop is active anywhere, and the questions messages
-ask: which step returned an array inside a loop (``advance -> .t``, from the
-steps' recorded outputs), and how a donated array is worded (:func:`donated`,
-:func:`donation_fix`: the consumer where the consumed class of a ``jc.state``
-proves it, else the steps that donate).
+A hot step never imports the loop guard (``_loop.guard``); both meet here:
+the thread's active loop (set by the guard), a counter that tells a step
+after each call whether any loop is active anywhere, and the questions
+messages ask: which step returned an array inside a loop (``advance -> .t``),
+and how a donated array is worded (:func:`donated`, :func:`donation_fix`).
 """
 
 from __future__ import annotations
@@ -31,12 +28,10 @@ from ._format import flatten_with_path
 from ._tracebacks import is_library
 
 __all__ = [
-    "LoopHandle",
     "DONATION_FIXES",
     "LoopStack",
     "arrays_named",
     "compiling",
-    "consumer",
     "deleted_because",
     "donated",
     "donation_fix",
@@ -67,16 +62,13 @@ class LoopHandle(Protocol):
 
     def admit_compile(self, key: Any, what: str, frame: Any = None) -> bool:
         """Whether a compile is a warm-up compile the loop lets through (recorded)."""
-        ...
 
     def seen_compile(self, key: Any) -> bool:
         """Whether a compile with this key was let through already (warm-up)."""
-        ...
 
     def compiles_admitted(self) -> bool:
         """Whether a first compile would be let through now (``compiles="allow"``,
         or the warm-up pass): a trace running now may read concrete arrays."""
-        ...
 
     def violation(self, kind: str, what: str, fix: str, frame: Any = None) -> None:
         """Raise or record one violation (``kind``: a key of ``_errors.VIOLATIONS``)."""
@@ -187,17 +179,8 @@ def deleted_because() -> str:
     )
 
 
-def consumer(by: str | None) -> str:
-    """The step a fix names: "the state ``by`` returned (s = ``by``(s))", else
-    the one live step that donates, else "the step"."""
-    steps = [by] if by else _steps.donating()
-    if len(steps) == 1:
-        return f"the state {steps[0]} returned (s = {steps[0]}(s)"
-    return "the state the step returned (s = step(s)"
-
-
 # Every fix for a use of a donated array, in one table: each message that says
-# "donated" (see donated()) ends with one of these. {returned} is consumer(by).
+# "donated" (see donated()) ends with one of these. {returned}: see donation_fix().
 _KEEP = (
     "To keep a value across a donating call, copy it before the call "
     "(kept = jnp.copy({value})), or return it as an output of its own."
@@ -240,9 +223,15 @@ DONATION_FIXES = {
 
 
 def donation_fix(kind: str, by: str | None = None, value: str = "value") -> str:
-    """The fix of :data:`DONATION_FIXES` for ``kind``, naming ``by`` (the
-    consumer, where known: :func:`consumer`) and ``value``."""
-    return DONATION_FIXES[kind].format(returned=consumer(by), value=value)
+    """The fix of :data:`DONATION_FIXES` for ``kind``, naming ``value`` and the
+    step whose returned state to use: ``by`` (the consumer, where known), else
+    the one live step that donates, else "the step"."""
+    steps = [by] if by else _steps.donating()
+    if len(steps) == 1:
+        returned = f"the state {steps[0]} returned (s = {steps[0]}(s)"
+    else:
+        returned = "the state the step returned (s = step(s)"
+    return DONATION_FIXES[kind].format(returned=returned, value=value)
 
 
 def held_outputs(steps: Sequence[Any]) -> list[Any]:
@@ -356,12 +345,8 @@ def compiling(name: str, spec: str = "jc.spec_of(<its arguments>)", fn: Any = No
     """
     __tracebackhide__ = True
     loop = local.loop
-    if loop is None:
-        if not local.stack.entries:
-            yield
-            return
-        # a loop at checks level off: JAX's own guard only, compiles not checked
-        with jax.transfer_guard("allow"):
+    if loop is None:  # a loop at checks level off: JAX's own guard, lifted for the compile
+        with jax.transfer_guard("allow") if local.stack.entries else contextlib.nullcontext():
             yield
         return
     short = name.rsplit(".", 1)[-1]
@@ -393,7 +378,7 @@ def compiling(name: str, spec: str = "jc.spec_of(<its arguments>)", fn: Any = No
 
 
 # --------------------------------------------------------------------------
-# Observers: what contract snapshots (``_snapshot``) are told. Each hook costs
+# Observers: what contract snapshots (``_testing.recorder``) are told. Each hook costs
 # one attribute read when nobody records; none is on a step's call path.
 
 

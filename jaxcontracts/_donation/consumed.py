@@ -15,13 +15,13 @@ import jax
 
 from .._errors import DonationError
 from .._format import fmt_aval
-from .._marks import CONSUMED_BY, consumer_of
+from .._marks import CONSUMED_BY
 from .._runtime import donation_fix, local
 from .._state.fields import info_of, register_pytree
 from .._tracebacks import trim
 from .hazards import holds_deleted
 
-__all__ = ["consumed_class", "consumer_of"]
+__all__ = ["consumed_class"]
 
 
 _consumed: dict[tuple[type, str], type] = {}
@@ -30,12 +30,10 @@ _consumed: dict[tuple[type, str], type] = {}
 def consumed_class(cls: type, step: str) -> type:
     """The class a ``cls`` instance takes once ``step`` donated its buffers.
 
-    A subclass with the same name and layout (so ``obj.__class__ = ...`` is
-    one store per call), registered as a pytree like ``cls`` (a tree_map over
-    it rebuilds a plain ``cls``). Reading a field whose arrays were donated
-    raises a DonationError naming the step and the field, instead of JAX's
-    bare ``RuntimeError: Array has been deleted`` at first use; fields whose
-    buffers survived (not donated, or donation not honoured) read as before.
+    A subclass with the same name and layout, registered as a pytree like
+    ``cls`` (a tree_map over it rebuilds a plain ``cls``). Reading a field
+    whose arrays were donated raises a DonationError naming the step and the
+    field; fields whose buffers survived read as before.
     """
     key = (cls, step)
     made = _consumed.get(key)
@@ -53,7 +51,12 @@ def _make_consumed(cls: type, step: str) -> type:
         value = get(self, name)
         if name in data and holds_deleted(value):
             __tracebackhide__ = True
-            summary, fix = _consumed_read(cls, step, name, value)
+            what = fmt_aval(value.shape, value.dtype) if isinstance(value, jax.Array) else "its arrays"
+            summary = (
+                f"{cls.__name__}.{name}: {what} was donated to {step} and no longer exists "
+                f"(this {cls.__name__} was passed to {step}, which reused its buffers)."
+            )
+            fix = donation_fix("read", step, value=name)
             loop = local.loop
             try:
                 if loop is None or local.allow:
@@ -98,14 +101,4 @@ def _make_consumed(cls: type, step: str) -> type:
     )
     register_pytree(made, info, via_dict=True, rebuild=cls)
     return made
-
-
-def _consumed_read(cls: type, step: str, name: str, value: Any) -> tuple[str, str]:
-    """(summary, fix) for reading a donated field of a consumed state."""
-    what = fmt_aval(value.shape, value.dtype) if isinstance(value, jax.Array) else "its arrays"
-    return (
-        f"{cls.__name__}.{name}: {what} was donated to {step} and no longer exists "
-        f"(this {cls.__name__} was passed to {step}, which reused its buffers).",
-        donation_fix("read", step, value=name),
-    )
 

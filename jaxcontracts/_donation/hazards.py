@@ -1,6 +1,6 @@
 """Donation hazards at call time, and the field a leaf path selects.
 
-Donation is derived per leaf from the state type (``_signature``), never from
+Donation is derived per leaf from the state type (``_step.definition``), never from
 argument positions; what XLA really aliased is read from the executable
 (``_compat.executable``). Here: the checks that need the arguments themselves,
 a buffer already deleted or one buffer passed twice.
@@ -35,9 +35,7 @@ def find_hazards(
         and ``(first, second)`` index pairs where a donated buffer appears
         twice among the arguments.
     """
-    deleted = [
-        i for i, x in enumerate(leaves) if is_deleted_array(x)
-    ]
+    deleted = [i for i, x in enumerate(leaves) if is_deleted_array(x)]
     donated_set = set(donated)
     seen: dict[Any, int] = {}
     duplicates: list[tuple[int, int]] = []

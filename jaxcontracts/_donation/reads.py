@@ -21,16 +21,10 @@ __all__ = ["deleted_read"]
 
 def deleted_read(x: Any) -> Exception | None:
     """The error for a use of ``x``, a deleted array, outside a hot loop's
-    interceptors (``ArrayImpl._check_if_deleted``, see ``_compat.arrays``).
-
-    Names the leaf by its path in what the user's frame holds (``old.x`` of a
-    NamedTuple, ``samples[3]``) where that frame's locals can be read without
-    writing to them (``_compat.frames.locals_of``), and says it was deleted,
-    listing the hot steps that donate (``_runtime.donated``); None (JAX's own
-    ``RuntimeError``) when nothing names it and no step donates. Reads no
-    device memory. Inside a loop it is the loop's donation
-    violation.
-    """
+    interceptors: the leaf named by its path in what the user's frame holds
+    (``_runtime.arrays_named``); None (JAX's own ``RuntimeError``) when
+    nothing names it and no step donates. Inside a loop it is the loop's
+    donation violation."""
     __tracebackhide__ = True
     frame = user_frame(frames.caller_frame(1))
     found = arrays_named(frame, frame.f_lineno, only=x, limit=1) if frame is not None else []

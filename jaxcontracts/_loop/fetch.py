@@ -71,14 +71,19 @@ def fetch(tree: Any) -> Any:
     __tracebackhide__ = True
     observers.fetches += 1  # counted by contract snapshots
     leaves, treedef = _readable(tree, "jc.fetch")
+    return jax.tree_util.tree_unflatten(treedef, _host_copies(leaves, "jc.fetch"))
+
+
+def _host_copies(leaves: list[Any], what: str, keys: bool = True) -> list[Any]:
+    """The leaves copied to numpy (see :func:`_each`), an explicit transfer whose
+    time counts as blocked on the device under ``what``."""
     local.allow += 1
     t0 = time.perf_counter()
     try:
-        copies = _each(leaves, hostcopy.host_copy)
+        return _each(leaves, hostcopy.host_copy, keys)
     finally:
         local.allow -= 1
-        _timing.blocked("jc.fetch", time.perf_counter() - t0)
-    return jax.tree_util.tree_unflatten(treedef, copies)
+        _timing.blocked(what, time.perf_counter() - t0)
 
 
 def _each(leaves: list[Any], copy: Any, keys: bool = True) -> list[Any]:
@@ -149,13 +154,7 @@ class Pending(Generic[T]):
         time blocked counts in a loop's timing, under ``jc.fetch_async``)."""
         __tracebackhide__ = True
         if self._value is None:
-            local.allow += 1
-            t0 = time.perf_counter()
-            try:
-                values = _each(self._copies, hostcopy.host_copy, keys=False)
-            finally:
-                local.allow -= 1
-                _timing.blocked("jc.fetch_async", time.perf_counter() - t0)
+            values = _host_copies(self._copies, "jc.fetch_async", keys=False)
             self._value = (jax.tree_util.tree_unflatten(self._treedef, values),)
             self._copies = []
         return self._value[0]  # type: ignore[no-any-return]

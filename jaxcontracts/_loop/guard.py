@@ -1,14 +1,14 @@
 """``jc.hot_loop``: critical sections that catch transfers and compiles.
 
 A hot loop's entry engages, on the thread that entered it, the interceptors
-of ``_intercept`` (array reads, the buffer protocol, compile events: they
+of ``intercept`` (array reads, the buffer protocol, compile events: they
 catch device-to-host reads on every backend, CPU included, where JAX's own
 guard never fires) and JAX's native transfer guards (host-to-device on every
 backend, device-to-host off CPU); its exit restores what that entry changed,
 in whatever order loops end and on whatever thread. A violation is raised
 (or, in record mode, recorded) at the user's line (``_userline``); a JAX
 runtime error leaving the loop becomes the contract error it is
-(``_translate``). Explicit transfers stay allowed: ``jc.fetch`` (``_fetch``),
+(``translate``). Explicit transfers stay allowed: ``jc.fetch`` (``fetch``),
 ``jax.device_get``, ``jax.device_put``.
 
 What each piece costs and how loop timing is estimated is in the
@@ -40,13 +40,12 @@ from .._runtime import held_outputs, local, observers
 from .._tracebacks import boundary, trim
 from .._userline import user_frame, where
 from . import intercept, plainjit
-from .fetch import fetch
 from .intercept import pending
 from .interrupts import MAIN_THREAD, interrupts
 from .loopstack import Entry, enter_native, relink, repair, restore_elsewhere, stacks_lock
 from .translate import translate
 
-__all__ = ["HotLoop", "Violation", "fetch", "hot_loop"]
+__all__ = ["HotLoop", "hot_loop"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
@@ -80,13 +79,10 @@ class _WarmUp:
         return key in self._seen
 
 
-
 def acquire(checked: bool) -> None:
-    """The interceptors (a checking entry's), and the observer of plain jax.jit
-    cache misses (where JAX has the mechanism), installed for one more loop
-    entry. At checks level ``off`` the observer only lifts JAX's own
-    device-to-host guard while a plain jax.jit traces (``plainjit._traced``),
-    as a hot step's compile does: a cache miss's cost, none on a warm call."""
+    """The interceptors (a checking entry's) and the observer of plain jax.jit
+    cache misses, installed for one more loop entry (at checks level ``off``
+    the observer only lifts JAX's guard for a trace: ``plainjit._traced``)."""
     if checked:
         intercept.acquire()
     jitwatch.add_miss_observer(plainjit.observe)
@@ -200,10 +196,7 @@ class HotLoop:
                     plainjit.settle(self)
                 yield item
         finally:
-            for k in range(len(self._iterating) - 1, -1, -1):
-                if self._iterating[k] is cell:
-                    del self._iterating[k]
-                    break
+            self._iterating[:] = [c for c in self._iterating if c is not cell]
 
     @property
     def _iteration(self) -> int | None:
@@ -327,19 +320,20 @@ class HotLoop:
             raise
         try:
             if counted and interrupts.noted:  # a signal during the entry: undo it, deliver it
-                self._exit(None, None, None)
+                self._exit(None, None)
                 interrupts.finish()
                 interrupts.deliver()
                 return self.__enter__()  # the handler did not raise: entered after all
             return self
         except BaseException:
             if entry in self._entries:  # a signal as the entry ended: not entered after all
-                self._exit(None, None, None)
+                self._exit(None, None)
                 interrupts.finish()
             raise
 
     def _enter(self, counted: bool) -> Entry:
         outer = local.loop
+        stack = local.stack
         if not self._entries:  # an iterate() abandoned in an earlier entry counts no more
             self._iterating.clear()
         if None in self._given.values() and not self._entries:
@@ -361,8 +355,7 @@ class HotLoop:
                 # computation placed elsewhere): JAX's own guard, which it enforces
                 # on GPU and TPU (its CPU backend copies without asking).
                 modes["device_to_device"] = "disallow"
-        stack = local.stack
-        if not self.checks_transfers and stack.entries:
+        elif stack.entries:
             # transfers="allow" inside an outer loop that refuses them: lift JAX's
             # own guards too (a user's own jax.transfer_guard outside any loop stays)
             modes["host_to_device"] = "allow"
@@ -370,9 +363,8 @@ class HotLoop:
                 modes["device_to_host"] = "allow"
             if jax.local_device_count() > 1:
                 modes["device_to_device"] = "allow"
-        # At checks level off only JAX's native guards: no class patches, no
-        # compile listener, no active loop for the call path to report to (the
-        # cache-miss observer only lifts JAX's guard while a plain jax.jit traces).
+        # At checks level off only JAX's native guards (see acquire()): no active
+        # loop for the call path to report to.
         checked = get_checks() != "off"
         entry = Entry(self, stack, modes, checked=checked)
         entry.counted = counted
@@ -393,7 +385,7 @@ class HotLoop:
                 entry.timing = _timing.enter(self._clock)
         except BaseException:
             if entry in self._entries:  # pushed: a whole exit undoes it
-                self._exit(None, None, None)
+                self._exit(None, None)
             else:
                 if entry.native is not None:  # the innermost contexts: they close in order
                     entry.native.close()
@@ -430,7 +422,7 @@ class HotLoop:
             return False
         __tracebackhide__ = True
         try:
-            return self._exit(exc_type, exc, tb)
+            return self._exit(exc, tb)
         except ContractError as err:  # the traceback ends at the user's line
             trim(err)
             raise
@@ -439,7 +431,7 @@ class HotLoop:
                 interrupts.finish()  # the handlers given back after the last loop, last of all
                 interrupts.deliver()  # a signal held during the exit, now it is whole
 
-    def _exit(self, exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    def _exit(self, exc: BaseException | None, tb: Any) -> bool:
         __tracebackhide__ = True
         if isinstance(exc, ContractError):  # raised in the body: it ends at the user's line
             trim(exc)

@@ -73,7 +73,6 @@ from . import rng as _rng
 
 __all__ = [
     "acquire",
-    "in_recorded_compile",
     "on_monitoring_event",
     "pending",
     "plain_trace",
@@ -92,12 +91,11 @@ def _violation(kind: str, what: str, fix: str, frame: Any = None) -> None:
         loop.violation(kind, what, fix, frame)
 
 
-
 # --------------------------------------------------------------------------
 # Naming arrays and the read interceptors
 
 
-def _describe(x: Any, frame: Any = None) -> str:
+def _describe(x: Any) -> str:
     try:
         text = fmt_aval(x.shape, x.dtype, x.aval.weak_type)
     except Exception:  # noqa: BLE001
@@ -111,12 +109,10 @@ def _describe(x: Any, frame: Any = None) -> str:
 
 
 def _key_owner() -> Any:
-    """The typed PRNG key whose method is reading its key data, if any.
+    """The typed PRNG key whose method (``repr``, ``print``) is reading its key data.
 
-    A key's ``repr``/``print`` reads its ``uint32`` key data; the message
-    names the key. Only library frames below the user's line are looked at
-    (their locals are read; the user's never are), and only when a violation
-    is being reported.
+    Only library frames below the user's line are looked at (the user's
+    locals never are), and only when a violation is being reported.
     """
     if arrays.KeyArray is None:
         return None
@@ -166,7 +162,7 @@ def _on_read(x: Any, name: str, frame: Any = None) -> None:
         return
     _violation(
         "transfer",
-        f"device-to-host read: {arrays.READS[name]} of {_describe(x, user)}",
+        f"device-to-host read: {arrays.READS[name]} of {_describe(x)}",
         "save a copy the loop need not wait for: pass jc.to_host(state) to the "
         "saver (an orbax CheckpointManager.save), an asynchronous copy in host "
         "memory that later steps may donate past."
@@ -179,13 +175,8 @@ def _on_read(x: Any, name: str, frame: Any = None) -> None:
 
 
 def _iterates_on_device(x: Any) -> bool:
-    """Whether iterating ``x`` slices it on the device, without a read.
-
-    JAX iterates (and unpacks) a single-device or fully replicated array with
-    device slices; any other layout goes through ``_value``, which is guarded
-    on its own. A 0-d array raises numpy's TypeError without a read. A
-    donated array still goes to ``_on_read`` (DonationError).
-    """
+    """Whether iterating ``x`` slices it on the device, without a read (see
+    the module's docstring); a 0-d array raises numpy's TypeError unread."""
     try:
         return not x.is_deleted() and (
             x.ndim == 0 or x.sharding.num_devices == 1 or x.is_fully_replicated
@@ -194,14 +185,11 @@ def _iterates_on_device(x: Any) -> bool:
         return False
 
 
-_HOST_MEMORY = ("pinned_host", "unpinned_host")
-
-
 def _in_host_memory(x: Any) -> bool:
     """Whether ``x`` lives in a device's host memory (``jc.to_host``): reading
     it copies host memory to host memory, no transfer from the device."""
     try:
-        return x.sharding.memory_kind in _HOST_MEMORY
+        return x.sharding.memory_kind in ("pinned_host", "unpinned_host")
     except Exception:  # noqa: BLE001 - unknown placement: treat as a read
         return False
 
@@ -254,12 +242,8 @@ def _guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _must_refuse_buffer(x: Any) -> bool:
-    """For the buffer hooks: refuse the export (numpy then calls __array__)?
-
-    In raise mode the refusal makes numpy fall back to the guarded
-    ``__array__``, which raises the contract error; in record mode the read is
-    recorded here and the export goes on.
-    """
+    """For the buffer hooks: refuse the export (raise mode: numpy falls back
+    to the guarded ``__array__``)? In record mode the read is recorded here."""
     loop = local.loop
     if loop is None or local.allow or not loop.checks_transfers or _in_host_memory(x):
         return False
@@ -318,14 +302,10 @@ def _value_without_pin(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
 def _copying_device_get(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
     """``jax.device_get`` inside a loop: CPU arrays come back as copies.
 
-    On CPU, JAX's ``device_get`` returns a view of the device buffer and
-    caches it on the array, which pins the buffer: a step that donates it
-    next (``kept.append(jax.device_get(s.clock))``, then ``s = step(s)``)
-    makes XLA copy instead, and the consumed-input check refuses the call.
-    An explicit read must never make the next step fail, so inside a loop a
-    CPU array is copied without a view (as ``jc.fetch`` does). Other leaves
-    (typed keys, arrays on an accelerator, where JAX copies anyway, deleted
-    arrays) go to JAX's own ``device_get``.
+    On CPU, JAX's ``device_get`` caches a view of the buffer on the array,
+    which pins it: the next step that donates it makes XLA copy instead, and
+    the consumed-input check refuses the call. Other leaves (typed keys,
+    accelerator arrays, deleted ones) go to JAX's own ``device_get``.
     """
 
     def device_get(x: Any) -> Any:

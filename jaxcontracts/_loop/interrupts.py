@@ -1,7 +1,7 @@
 """Signals on the main thread, held while a hot loop is entered or exited.
 
-See :class:`_Interrupts`. ``_guard`` sets ``interrupts.codes`` to the code of
-``HotLoop.__enter__`` and ``__exit__`` once the class exists.
+See :class:`_Interrupts`. ``_loop.guard`` sets ``interrupts.codes`` to the code
+of ``HotLoop.__enter__`` and ``__exit__`` once the class exists.
 """
 
 from __future__ import annotations
@@ -28,18 +28,13 @@ class _Interrupts:
     """Signals on the main thread, held while a loop's entry or exit runs.
 
     A loop's entry and exit change several things (ArrayImpl's methods, the
-    thread's loop stack, JAX's guard levels) that must change together; an
-    exception raised between two of them (a KeyboardInterrupt from Ctrl-C, or
-    from an alarm's handler) left some engaged, so that ``jnp.zeros(3) + 1.0``
-    outside any loop then raised. Python runs signal handlers on the main
-    thread, between bytecodes, and hands them the frame it is running: while
-    loops are active there, every signal that has a Python handler has this
-    one in front of it, which holds a signal arriving in a
-    ``HotLoop.__enter__`` or ``__exit__`` (at any depth below it, from the
-    very first bytecode of ``__exit__``), to be delivered to the handler it
-    replaced once that entry or exit is whole, and passes any other straight
-    to that handler (a Ctrl-C or an alarm in the loop's body interrupts it as
-    ever).
+    loop stack, JAX's guard levels) that must change together; a
+    KeyboardInterrupt between two of them left some engaged. Python runs
+    signal handlers on the main thread, between bytecodes, with the frame it
+    is running: while loops are active there, every Python handler has this
+    one in front of it, which holds a signal arriving below a
+    ``HotLoop.__enter__`` or ``__exit__`` until that entry or exit is whole,
+    and passes any other straight on (Ctrl-C in the body interrupts as ever).
     """
 
     def __init__(self) -> None:

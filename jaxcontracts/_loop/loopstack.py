@@ -47,8 +47,6 @@ class Entry:
         self.capture_tid: int | None = None
 
 
-
-
 def enter_native(modes: dict[str, str]) -> contextlib.ExitStack | None:
     if not modes:
         return None
@@ -104,7 +102,7 @@ def restore_elsewhere(stack: LoopStack) -> None:
     """A loop of another thread ended here: give that thread its guard levels.
 
     Its JAX config contexts can only exit on that thread; they do at its next
-    loop entry or exit (``_repair``). Until then the levels JAX's transfers
+    loop entry or exit (:func:`repair`). Until then the levels JAX's transfers
     read are set directly.
     """
     if stack.saved is None or not stack.thread.is_alive():

@@ -24,11 +24,9 @@ checks what can be known before the call runs:
   (:func:`settle`). Only what one call shows is claimed.
 
 The concrete arrays a trace reads (an ``if`` on a device flag made once) are
-part of its compile, never reads of their own (``_traced``): let through
-where the loop lets the compile through, JAX's own device-to-host guard
-lifted for the trace, and, where the loop refuses the compile, that compile
-is the violation (raised before the trace; recorded in record mode). At
-checks level ``off`` only that lift is done: nothing is checked.
+part of its compile, never reads of their own (``_traced``): where the loop
+refuses the compile, the compile is the violation. At checks level ``off``
+nothing is checked: JAX's device-to-host guard is only lifted for the trace.
 
 Functions of JAX's own modules (the jits behind eager ops) are left to the
 compile listener. A miss under a trace, or where the loop allows transfers
@@ -130,15 +128,10 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
 def _traced(loop: Any, run: Any, fun: Any, ji: Any, args: Any, kwargs: Any) -> Any:
     """Trace the function (``run``), its concrete reads part of its compile.
 
-    Where the loop lets the compile through (its warm-up pass,
-    ``compiles="allow"``, or a loop at checks level ``off``, which checks no
-    compile), JAX's own device-to-host guard, which the loop set to
-    ``disallow`` off CPU, is lifted for the trace, as it is for a hot step's
-    compile (``_runtime.compiling``): an ``if`` on a device flag made once
-    reads it once, at trace time. Where the loop refuses the compile, the
-    compile listener raises before the trace runs, or, in record mode, records
-    the compile, and ``intercept.plain_trace`` tells the read interceptor
-    that the trace's reads are part of it.
+    Where the loop lets the compile through (``loop`` None: checks level
+    ``off``), JAX's device-to-host guard is lifted for the trace, as for a hot
+    step's compile (``_runtime.compiling``); a compile record mode lets
+    through marks its reads through ``intercept.plain_trace``.
     """
     __tracebackhide__ = True
     lifted = loop is None or loop.compiles_admitted()

@@ -1,21 +1,15 @@
 """``jax.random`` samplers inside a hot loop: their Python-number parameters.
 
-``jax.random.uniform(key, shape, minval=0.0, maxval=1.0)`` called eagerly
-copies its bounds to the device on every call: a sampler's parameters
-(``minval``, ``p``, ``lam``, ``df``...) and their defaults are Python numbers
-passed to JAX's jitted implementation, so JAX's own host-to-device guard
-refuses even ``jax.random.uniform(key)``. These are the documented idioms of
-``jax.random``, a few bytes each, and no data of the user's: inside a loop
-they are let through and counted (``loop.sampler_calls``).
-
-While loops are active, the public samplers of ``jax.random`` are replaced
-by wrappers (as ``jax.device_get`` is) that lift the host-to-device guard for
-the call, and only when no argument is host data: a numpy array or scalar
-(a key or ``p`` built with numpy) is still refused by JAX's guard. A key made
-from a seed (``jax.random.key(i)``) and ``fold_in(key, i)`` are not samplers:
-their Python int is the loop's data and stays refused. A sampler imported by
-name before the loop (``from jax.random import uniform``) is JAX's own and
-is refused as before; the message says so.
+A sampler called eagerly (``jax.random.uniform(key)``) copies its parameters
+and their defaults (``minval``, ``p``, ``lam``...), Python numbers, to the
+device on every call, which JAX's host-to-device guard refuses. They are the
+documented idioms of ``jax.random``, a few bytes each and no data of the
+user's: while loops are active the public samplers are replaced by wrappers
+(as ``jax.device_get`` is) that lift the guard for the call, unless an
+argument is host data (numpy), and count it (``loop.sampler_calls``). A key
+made from a seed and ``fold_in(key, i)`` are not samplers: their Python int is
+the loop's data and stays refused, as does a sampler imported by name before
+the loop (``from jax.random import uniform``); the message says so.
 """
 
 from __future__ import annotations
@@ -31,9 +25,7 @@ from .._runtime import local
 
 __all__ = ["SAMPLERS", "install", "uninstall"]
 
-# The public samplers: every function of jax.random that draws from a
-# distribution. Key constructors and key operations are not listed: their
-# Python numbers are the loop's data (a seed, a fold_in counter).
+# The public samplers: every function of jax.random that draws from a distribution.
 SAMPLERS = (
     "ball", "bernoulli", "beta", "binomial", "categorical", "cauchy",
     "chisquare", "choice", "dirichlet", "double_sided_maxwell", "exponential",

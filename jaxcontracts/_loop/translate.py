@@ -143,13 +143,8 @@ def _in_device_get(tb: Any) -> bool:
 
 
 def _donated_names(tb: Any) -> str:
-    """Which arrays the user's failing frame refers to were donated, and to what.
-
-    JAX refuses a deleted buffer in C++ and names only an argument number;
-    the user's frame still holds the array, directly (``x``) or inside a
-    state it holds (``old.position`` of a NamedTuple, ``state.params['w']``).
-    Reads no device memory.
-    """
+    """Which arrays the user's failing frame refers to were donated (JAX names
+    only an argument number; the frame still holds them: ``arrays_named``)."""
     frame, lineno = None, 0
     while tb is not None:
         if not is_library(tb.tb_frame.f_code.co_filename):
