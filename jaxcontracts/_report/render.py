@@ -30,6 +30,10 @@ __all__ = [
 ]
 
 
+_LEAF_COLUMNS = ("leaf", "spec", "sharding", "donated", "aliased", "bytes")
+_VIOLATION_COLUMNS = ("kind", "where", "count", "what")
+
+
 @dataclasses.dataclass(frozen=True)
 class LeafRow:
     """One flat argument leaf of a compiled step."""
@@ -112,8 +116,7 @@ class Report:
     def __str__(self) -> str:
         out = [f"{self.title}  [{'OK' if self.ok else 'FAILED'}]"]
         if self.rows:
-            header = ("leaf", "spec", "sharding", "donated", "aliased", "bytes")
-            table = [header] + [
+            table = [_LEAF_COLUMNS] + [
                 (
                     r.path,
                     r.spec,
@@ -134,7 +137,7 @@ class Report:
         if self.facts:
             out += _pack([f"{k}: {v}" for k, v in self.facts], " | ")
         if self.violations:
-            table = [("kind", "where", "count", "what")] + [
+            table = [_VIOLATION_COLUMNS] + [
                 (v.kind, v.where, str(v.count), v.what) for v in self.violations
             ]
             out += _align(table, right={2})
@@ -213,10 +216,7 @@ def _html_leaves(rows: Sequence[LeafRow]) -> list[str]:
     e = html.escape
     total = sum(r.nbytes for r in rows)
     donated = sum(r.nbytes for r in rows if r.donated)
-    parts = [f'<table class="jc-leaves" style="{_CSS_TABLE}"><thead><tr style="{_CSS_TR}">']
-    for h in ("leaf", "spec", "sharding", "donated", "aliased", "bytes"):
-        parts.append(f'<th style="{_th(h == "bytes")}">{h}</th>')
-    parts.append("</tr></thead><tbody>")
+    parts = [_table_head("jc-leaves", _LEAF_COLUMNS, "bytes")]
     for i, r in enumerate(rows):
         aliased = "&ndash;" if r.aliased is None else ("yes" if r.aliased else "<b>NO</b>")
         bad = r.aliased is False and r.donated
@@ -238,10 +238,7 @@ def _html_leaves(rows: Sequence[LeafRow]) -> list[str]:
 
 def _html_violations(violations: Sequence[Violation]) -> list[str]:
     e = html.escape
-    parts = [f'<table class="jc-violations" style="{_CSS_TABLE}"><thead><tr style="{_CSS_TR}">']
-    for h in ("kind", "where", "count", "what"):
-        parts.append(f'<th style="{_th(h == "count")}">{h}</th>')
-    parts.append("</tr></thead><tbody>")
+    parts = [_table_head("jc-violations", _VIOLATION_COLUMNS, "count")]
     for i, v in enumerate(violations):
         # `where` stays on one line (the theme's code style may wrap it: nowrap
         # on the chip itself); `what` wraps inside the box, so a row reads
@@ -269,10 +266,8 @@ def findings_html(
     for note in notes:
         parts.append(f'<pre class="jc-blind" style="{_CSS_PRE}">NOT CHECKED: {e(note)}</pre>')
     if rows:
-        parts.append(f'<table class="jc-findings" style="{_CSS_TABLE}"><thead><tr style="{_CSS_TR}">')
-        for h in ("kind", "function", "where", "count", "what, and the fix"):
-            parts.append(f'<th style="{_th(h == "count")}">{h}</th>')
-        parts.append("</tr></thead><tbody>")
+        columns = ("kind", "function", "where", "count", "what, and the fix")
+        parts.append(_table_head("jc-findings", columns, "count"))
         for i, (kind, function, where, count, what, fix) in enumerate(rows):
             parts.append(
                 f'<tr style="{_tr(i)}"><td style="{_td()}">{e(kind)}</td>'
@@ -284,6 +279,15 @@ def findings_html(
         parts.append("</tbody></table>")
     parts.append("</div>")
     return "".join(parts)
+
+
+def _table_head(cls: str, headers: Sequence[str], right: str) -> str:
+    """A table's opening tag and header row; column ``right`` is right-aligned."""
+    cells = "".join(f'<th style="{_th(h == right)}">{h}</th>' for h in headers)
+    return (
+        f'<table class="{cls}" style="{_CSS_TABLE}"><thead><tr style="{_CSS_TR}">'
+        f"{cells}</tr></thead><tbody>"
+    )
 
 
 def _html_facts(label: str, facts: Sequence[tuple[str, str]]) -> list[str]:
@@ -407,12 +411,12 @@ def _badge(ok: bool) -> str:
 TEXT_WIDTH = 80
 
 
-def _pack(items: Sequence[str], sep: str, first: str = "", width: int = TEXT_WIDTH) -> list[str]:
-    """``first + items`` joined by ``sep``, in lines of at most ``width``: items stay whole."""
+def _pack(items: Sequence[str], sep: str, first: str = "") -> list[str]:
+    """``first + items`` joined by ``sep``, in lines of at most ``TEXT_WIDTH``: items stay whole."""
     lines = [first]
     for item in items:
         line = lines[-1]
-        if line.strip() and len(line) + len(sep) + len(item) + len(sep.rstrip()) > width:
+        if line.strip() and len(line) + len(sep) + len(item) + len(sep.rstrip()) > TEXT_WIDTH:
             lines[-1] = line + sep.rstrip()
             lines.append("    " + item)
         else:
@@ -435,7 +439,6 @@ def _align(rows: Sequence[Sequence[str]], right: set[int] = frozenset()) -> list
 # Builders
 
 
-
 def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report:
     """The report of a hot step's current signature (see ``HotStep.report``)."""
     cs = desc.current
@@ -444,21 +447,18 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
     report.facts = [
         ("compiles", str(stats.compiles)),
         ("compile time", f"{stats.compile_seconds * 1e3:.0f} ms"),
-        *(
-            [("compiled", _compiled_from(cs.cache, cs.compile_seconds))]
-            if cs is not None
-            else []
-        ),
+    ]
+    if cs is not None:
+        report.facts.append(("compiled", _compiled_from(cs.cache, cs.compile_seconds)))
+    report.facts += [
         ("calls", str(stats.calls)),
         ("refused", str(stats.refused)),
         ("not consumed", str(stats.not_consumed)),
         ("donate", repr(desc.donate)),
-        *(
-            [("host transfers", f"{stats.host_calls} call(s), {fmt_bytes(stats.host_bytes)}")]
-            if cs is not None and cs.host
-            else []
-        ),
     ]
+    if cs is not None and cs.host:
+        transfers = f"{stats.host_calls} call(s), {fmt_bytes(stats.host_bytes)}"
+        report.facts.append(("host transfers", transfers))
     if stats.shared:
         report.facts.append((
             "shared executable",
@@ -489,12 +489,8 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
                 nbytes=leaf.nbytes,
             )
         )
-    report.totals = {
-        "arguments": cs.memory.arguments,
-        "outputs": cs.memory.outputs,
-        "aliased": cs.memory.aliased,
-        "temporaries": cs.memory.temporaries,
-    }
+    memory = ("arguments", "outputs", "aliased", "temporaries")
+    report.totals = {k: getattr(cs.memory, k) for k in memory}
     missing = [leaf.path for leaf in cs.leaves if leaf.donated and leaf.aliased is False]
     unverified = cs.donated and cs.aliased is None
     rows = {
@@ -573,7 +569,8 @@ def loop_report(
     for contract, kinds in by_contract.items():
         info = VIOLATIONS[kinds[0]]
         count = sum(v.count for v in violations if v.kind in kinds)
-        report.contracts.append(Contract(info.contract_name, count == 0, _n(count), info.error, contract))
+        detail = f"{count} event(s)" if count else ""
+        report.contracts.append(Contract(info.contract_name, count == 0, detail, info.error, contract))
     return report
 
 
@@ -593,7 +590,3 @@ def format_violations(violations: Sequence[Violation], header: str) -> list[str]
         if v.fix:
             lines.append(f"      Fix: {v.fix}")
     return lines
-
-
-def _n(count: int) -> str:
-    return f"{count} event(s)" if count else ""

@@ -35,7 +35,7 @@ from .._compat import blocking
 from .._steps import HOOK_EVERY
 
 __all__ = [
-    "LoopClock", "LoopTiming", "StepTiming", "active", "blocked", "enter", "in_use", "leave", "start", "timed",
+    "LoopClock", "LoopTiming", "StepTiming", "blocked", "enter", "in_use", "leave", "start", "timed",
 ]  # fmt: skip
 
 # Shares of the loop's wall time that decide the verdict.
@@ -331,10 +331,6 @@ def _forget(key: int) -> Callable[[Any], None]:
     return forget
 
 
-def _snapshot() -> dict[int, _Joined]:
-    return {id(step.timing_counters): _Joined(step, step.timing_counters) for step in in_use()}
-
-
 # The clocks with an open entry on some thread (id -> clock): a step that
 # joins is added to every open entry's snapshot, whichever thread opened it
 # (a step's counters count its calls on every thread).
@@ -376,12 +372,13 @@ def enter(clock: LoopClock) -> Any:
             _steps.timing_on[0] = True
     tid = threading.get_ident()
     depth, start, snapshot = clock._open.get(tid, (0, 0.0, {}))
-    if depth == 0:
-        snapshot, start = _snapshot(), perf()
+    if depth == 0:  # the outermost entry on this thread
+        snapshot = {id(s.timing_counters): _Joined(s, s.timing_counters) for s in in_use()}
+        start = perf()
     clock._open[tid] = (depth + 1, start, snapshot)
     _open_clocks[id(clock)] = clock
     _local.clocks = (*_local.clocks, clock)
-    return (clock, tid, _local)
+    return (clock, tid)
 
 
 def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
@@ -392,7 +389,7 @@ def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
     only when the outermost entry on the thread closes.
     """
     global _active
-    clock, tid, local = token
+    clock, tid = token
     depth, start, snapshot = clock._open.get(tid, (1, perf(), {}))
     if depth <= 1:
         clock._open.pop(tid, None)
@@ -401,23 +398,15 @@ def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
         clock._close(start, snapshot, held())
     else:
         clock._open[tid] = (depth - 1, start, snapshot)
-    if local is _local:  # this thread: drop the clock from its list
-        clocks = list(_local.clocks)
-        if clock in clocks:
-            clocks.reverse()
-            clocks.remove(clock)
-            clocks.reverse()
-        _local.clocks = tuple(clocks)
+    clocks = _local.clocks
+    if clock in clocks:  # this thread's list: drop its last entry of the clock
+        i = len(clocks) - 1 - clocks[::-1].index(clock)
+        _local.clocks = clocks[:i] + clocks[i + 1 :]
     with _lock:
         _active -= 1
         if _active == 0:
             blocking.uninstall()
             _steps.timing_on[0] = False
-
-
-def active() -> bool:
-    """Whether any timing loop is active (on any thread)."""
-    return _active > 0
 
 
 def blocked(where: str, seconds: float) -> None:

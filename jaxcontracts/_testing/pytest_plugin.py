@@ -1,69 +1,23 @@
 """pytest plugin: assert that a loop in a test is clean, in one or two lines.
 
-Installed with jaxcontracts (the ``pytest11`` entry point ``jaxcontracts``), so
-it is active in every pytest run of an environment that has jaxcontracts;
-``pytest -p no:jaxcontracts`` turns it off. Everything it adds starts with
-``jc``, like ``import jaxcontracts as jc``, so that it claims no generic name
-(a fixture called ``hot_loop`` would shadow ``from jaxcontracts import
-hot_loop`` in every test that asks for it).
+Installed with jaxcontracts (the ``pytest11`` entry point ``jaxcontracts``);
+``pytest -p no:jaxcontracts`` turns it off. It adds the fixture
+``jc_hot_loop`` (a factory of recording loops), the marker
+``@pytest.mark.jc_hot_loop`` (the test body is the loop, its fixtures stay
+outside), the session's checks level (``--jc-checks``, ini ``jc_checks``) and
+contract snapshots (``@pytest.mark.jc_snapshot``, ``--jc-snapshot-update``).
+The guides are ``docs/guides/pytest.md`` and ``docs/snapshots.md``.
 
-**The fixture** ``jc_hot_loop``: a factory of recording loops. Only the code
-inside the ``with`` block is watched::
-
-    def test_sim(jc_hot_loop):
-        s = init()
-        s = step(s)  # warm-up: the compile happens here, outside the loop
-        with jc_hot_loop():
-            for _ in range(100):
-                s = step(s)
-
-**The marker** ``@pytest.mark.jc_hot_loop``: the whole test body (the call
-phase) is the loop. Fixtures are set up and torn down outside it, so a
-fixture may compile and read arrays freely::
-
-    @pytest.mark.jc_hot_loop
-    def test_sim(warm_state):
-        s = warm_state
-        for _ in range(100):
-            s = step(s)
-
-Both run :func:`jaxcontracts.hot_loop` with ``on_violation="record"``, so the
-loop runs to its end and *every* violation is collected; then the test fails
-(``pytest.fail``, outside the user's code) with one entry per violation: its
-kind, ``file:line``, how many times it happened, what happened, the source
-line and the fix. Both take ``transfers="allow"`` and/or ``compiles="allow"``
-(``with jc_hot_loop(compiles="allow"):``,
-``@pytest.mark.jc_hot_loop(compiles="allow")``). ``with jc_hot_loop() as
-loop:`` gives the :class:`jaxcontracts.HotLoop`. An exception raised in the
-loop propagates unchanged; the violations seen before it are attached to it as
-a note (Python >= 3.11).
-
-**The checks level** for the session: ``--jc-checks=full|fast|off`` on the
-command line, or ``jc_checks = fast`` in the ini file (the command line wins).
-It is applied with :func:`jaxcontracts.set_checks` when pytest configures and
-the previous level is restored when pytest unconfigures. A fixture that sets
-the level itself (an autouse ``jc.set_checks("full")``) wins for the tests it
-covers.
-
-**Contract snapshots**: ``@pytest.mark.jc_snapshot`` records every hot step
-the test compiles (or calls) and every ``jc.hot_loop`` it runs, from the
-start of its fixtures' setup to the end of its body, as a
-:class:`jaxcontracts.Snapshot`. ``pytest --jc-snapshot-update`` writes it to
-``__jc_snapshots__/<module>.<test>.jcsnap`` beside the test file (one file per
-test, one section per backend and device count); a plain run compares and
-fails with a table (field, before, after, rule). Sizes and costs may grow by
-a tolerance: ``@pytest.mark.jc_snapshot(temporaries="25%", flops="any")``,
-or ``jc_snapshot_tolerance`` lines in the ini file (``temporaries = 10%``).
-Nothing under a ``__jc_snapshots__`` folder is ever collected (pytest's
-doctest collector would run a ``>>>`` line in a snapshot). The session's
-summary lists the files written, those pytest-xdist workers wrote included.
-See ``docs/snapshots.md``.
-
-Like ``jc.hot_loop``, the loop watches the thread that runs the test only, and
-in record mode an implicit host-to-device transfer in an eager op is logged by
-JAX, not recorded. Loading the plugin does not import jax (the package
-re-exports lazily, and this module imports jaxcontracts' internals only when a
-test uses them), so ``JAX_*`` settings made in a ``conftest.py`` still apply.
+Everything it adds starts with ``jc`` so that it claims no generic name (a
+fixture called ``hot_loop`` would shadow ``from jaxcontracts import
+hot_loop`` in every test that asks for it). Its loops record
+(``on_violation="record"``) and fail the test afterwards with
+``pytest.fail``, outside the user's code. Like ``jc.hot_loop``, they watch
+the thread that runs the test only, and an implicit host-to-device transfer
+in an eager op is logged by JAX, not recorded. Loading the plugin does not
+import jax (the package re-exports lazily, and this module imports
+jaxcontracts' internals only when a test uses them), so ``JAX_*`` settings
+made in a ``conftest.py`` still apply.
 """
 
 from __future__ import annotations
@@ -148,7 +102,7 @@ def _recording(
             yield loop
     except Exception as exc:
         # The user's own error (or a DonationError) wins; keep the record.
-        if loop.violations and hasattr(exc, "add_note"):
+        if loop.violations:
             exc.add_note(_format(loop.violations, label))
         raise
     if loop.violations:
@@ -233,8 +187,7 @@ def pytest_configure(config: pytest.Config) -> None:
         "loops it runs, and compare them with its contract snapshot (written by "
         "--jc-snapshot-update); tolerances such as temporaries='10%' or flops='any'.",
     )
-    summary: dict[str, list[str]] = {"written": [], "unstable": []}
-    config.stash[_SUMMARY] = summary
+    config.stash[_SUMMARY] = {"written": [], "unstable": []}
     level, source = config.getoption("jc_checks"), "--jc-checks"
     if level is None:
         level, source = config.getini("jc_checks"), "the ini option jc_checks"
@@ -306,7 +259,7 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Iterator[Any]:
 
 def _snapshot_file(item: pytest.Item) -> pathlib.Path:
     """``<test dir>/__jc_snapshots__/<module>.<Class>.<test[params]>.jcsnap``
-    (see ``_snapshot_file.file_name``)."""
+    (see ``snapshot_file.file_name``)."""
     from jaxcontracts._testing.snapshot_file import file_name
 
     path = pathlib.Path(item.path)

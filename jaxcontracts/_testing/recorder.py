@@ -60,8 +60,8 @@ def _costs(cs: CompiledSignature) -> dict[str, int] | None:
     return {name: int(round(float(analysis.get(key, 0.0)))) for key, name in COST_KEYS}
 
 
-def _step_fields(head: str, desc: StepDescription, compiles: int) -> list[tuple[Path, str]]:
-    out: list[tuple[Path, str]] = [((head, "compiles"), str(compiles))]
+def _step_fields(head: str, desc: StepDescription) -> list[tuple[Path, str]]:
+    out: list[tuple[Path, str]] = [((head, "compiles"), str(desc.stats.compiles))]
     for n, cs in enumerate(desc.signatures, 1):
         sig = (head, f"signature {n}")
         out += [((*sig, f"leaf {leaf.path}"), _leaf_line(leaf)) for leaf in cs.leaves]
@@ -86,20 +86,13 @@ def _names(steps: Iterable[Any]) -> dict[int, str]:
     return names
 
 
-def _environment() -> tuple[str, int, dict[str, str]]:
+def _build(steps: Sequence[Any], loops: Sequence[_LoopRun] = ()) -> Snapshot:
     import jax
 
-    versions = {"jax": version_of("jax"), "jaxlib": version_of("jaxlib")}
-    return jax.default_backend(), jax.device_count(), versions
-
-
-def _build(steps: Sequence[Any], loops: Sequence[_LoopRun] = ()) -> Snapshot:
-    backend, devices, versions = _environment()
     names = _names(steps)
     fields: list[tuple[Path, str]] = []
     for step in sorted(steps, key=lambda s: names[id(s)]):
-        desc = step.describe()
-        fields += _step_fields(f"step {names[id(step)]}", desc, desc.stats.compiles)
+        fields += _step_fields(f"step {names[id(step)]}", step.describe())
     for n, run in enumerate(loops, 1):
         head = f"loop {n}"
         fields.append(((head, "options"), run.options))
@@ -110,7 +103,8 @@ def _build(steps: Sequence[Any], loops: Sequence[_LoopRun] = ()) -> Snapshot:
         for i, (kind, what, where, count) in enumerate(run.violations, 1):
             where = where.rsplit("/", 1)[-1].rsplit("\\", 1)[-1]  # file:line, no folders
             fields.append(((head, f"violation {i}"), f"{kind}: {what} (x{count}, at {where})"))
-    return Snapshot(backend, devices, versions, tuple(fields))
+    versions = {"jax": version_of("jax"), "jaxlib": version_of("jaxlib")}
+    return Snapshot(jax.default_backend(), jax.device_count(), versions, tuple(fields))
 
 
 @boundary
@@ -212,11 +206,6 @@ class Recorder:
                 self._steps.setdefault(id(step), step)
         self._start_calls = {}
 
-    @property
-    def steps(self) -> list[Any]:
-        """The hot steps recorded so far."""
-        return list(self._steps.values())
-
     def on_compile(self, step: Any) -> None:
         self._steps.setdefault(id(step), step)
 
@@ -263,7 +252,7 @@ class Recorder:
 
     def snapshot(self) -> Snapshot:
         """The snapshot of everything recorded."""
-        steps = self.steps
+        steps = list(self._steps.values())
         names = _names(steps)
         for run in self.loops:  # name loop calls like the steps section
             run.names = {sid: names.get(sid, name) for sid, name in run.names.items()}

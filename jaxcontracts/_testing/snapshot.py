@@ -13,13 +13,13 @@ A :class:`Snapshot` is an ordered list of fields, each a path of headers
 A snapshot is keyed by backend and device count (``cpu x8``) and records the
 jax and jaxlib versions. :meth:`Snapshot.diff` compares two: the exact fields
 must be equal; the sizes and costs in :data:`TOLERANCED` may grow by their
-tolerance (a smaller value always passes); when the versions differ only the
-fields in :data:`VERSION_STABLE` are compared (the rest is XLA's output:
-fusion, scheduling and cost models change between releases).
+tolerance (a smaller value always passes); when the versions differ, the
+memory and cost fields are not compared (they are XLA's output: fusion,
+scheduling and cost models change between releases).
 
 The text form (``str()``) is what ``pytest --jc-snapshot-update`` writes, one
-file per test (``_snapshot_file``); ``jc.snapshot`` and the pytest plugin's
-:class:`Recorder` build snapshots from records (``_recorder``). Nothing here
+file per test (``snapshot_file``); ``jc.snapshot`` and the pytest plugin's
+:class:`Recorder` build snapshots from records (``recorder``). Nothing here
 touches the device.
 """
 
@@ -42,7 +42,6 @@ __all__ = [
     "Snapshot",
     "SnapshotDiff",
     "TOLERANCED",
-    "VERSION_STABLE",
     "field_name",
     "parse_tolerance",
     "version_of",
@@ -63,12 +62,6 @@ TOLERANCED: dict[str, float | None] = {
 }
 _SHORT = {k.split(".", 1)[1]: k for k in TOLERANCED}  # "temporaries" -> "memory.temporaries"
 
-#: What a jax/jaxlib upgrade leaves alone: the contract itself (every leaf's
-#: spec, donation, aliasing and sharding; compiles; loop counts; violations).
-#: Memory and cost analyses are XLA's output and are compared only between
-#: snapshots of the same jax and jaxlib.
-VERSION_STABLE = "every field except memory.* and cost.*"
-
 COST_KEYS = (("flops", "flops"), ("transcendentals", "transcendentals"), ("bytes accessed", "bytes_accessed"))
 
 
@@ -77,10 +70,6 @@ def version_of(name: str) -> str:
         return version(name)
     except PackageNotFoundError:  # pragma: no cover - jax without metadata
         return "unknown"
-
-
-def _version_dependent(key: str) -> bool:
-    return key.startswith(("memory.", "cost."))
 
 
 # --------------------------------------------------------------------------
@@ -133,8 +122,7 @@ class SnapshotDiff:
 
     def __str__(self) -> str:
         if not self.changes:
-            text = "snapshot unchanged"
-            return text + (f" ({self.note})" if self.note else "")
+            return "snapshot unchanged" + (f" ({self.note})" if self.note else "")
         shown = self.changes[:MAX_DETAIL_LINES]
         rows = [("field", "before", "after", "rule")] + [
             (c.field, c.before, c.after, c.rule) for c in shown
@@ -165,7 +153,6 @@ class SnapshotDiff:
         more = len(self.changes) - MAX_DETAIL_LINES
         if more > 0:
             body += f'<tr><td colspan="4">... and {more:,} more (the diff\'s .changes)</td></tr>'
-
         note = f"<p>{e(self.note)}</p>" if self.note else ""
         return f'<table class="jc-snapshot-diff"><tr>{head}</tr>{body}</table>{note}'
 
@@ -305,7 +292,7 @@ def _compare_field(
     where: str, key: str, old: str | None, new: str | None, rules: Mapping[str, float | None], same_versions: bool
 ) -> list[Change] | None:
     """The changes of one field (empty: none); ``None``: not compared (skipped)."""
-    if not same_versions and _version_dependent(key):
+    if not same_versions and key.startswith(("memory.", "cost.")):
         return None
     if key in rules and old is not None and new is not None:
         change = _compare_number(where, old, new, rules[key])
@@ -372,12 +359,6 @@ def parse_tolerance(value: Any) -> float | None:
     )
 
 
-def _rule(tol: float | None) -> str:
-    if tol is None:
-        return "any"
-    return "exact" if tol == 0 else f"+{tol * 100:g}%"
-
-
 def _compare_number(where: str, old: str, new: str, tol: float | None) -> Change | None:
     if tol is None:
         return None
@@ -389,7 +370,7 @@ def _compare_number(where: str, old: str, new: str, tol: float | None) -> Change
         return None if a == b else Change(where, old, _with_ratio(a, b), "exact")
     if b <= a * (1 + tol):
         return None
-    return Change(where, old, _with_ratio(a, b), _rule(tol))
+    return Change(where, old, _with_ratio(a, b), f"+{tol * 100:g}%")
 
 
 def _with_ratio(a: int, b: int) -> str:
