@@ -52,7 +52,6 @@ class Signature:
         return f"{self.host[j]} ({aval})" if self.host[j] else aval
 
 
-
 def short(name: str) -> str:
     return name.rsplit(".", 1)[-1]
 
@@ -84,7 +83,7 @@ def names(opts: jitwatch.JitOptions, n_args: int) -> list[str]:
     return out
 
 
-def paths(opts: jitwatch.JitOptions, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+def paths(opts: jitwatch.JitOptions, args: tuple[Any, ...], dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
     """(path, leaf) of the dynamic leaves, in the order ``tree_leaves((dyn_args,
     dyn_kwargs))`` gives them, named by parameter."""
     named = names(opts, len(args))
@@ -96,7 +95,7 @@ def paths(opts: jitwatch.JitOptions, args: tuple[Any, ...], kwargs: dict[str, An
 
 
 def signature(opts: jitwatch.JitOptions, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> Signature:
-    found = paths(opts, args, kwargs, dyn_args, dyn_kwargs)
+    found = paths(opts, args, dyn_args, dyn_kwargs)
     sig = opts.signature
     params = list(sig.parameters) if sig is not None else []
     statics = tuple(
@@ -172,10 +171,8 @@ def missed_donation_fix(name: str, param: str) -> str:
 
 
 def donated_params(opts: jitwatch.JitOptions) -> set[str]:
-    names = [p for p in (opts.signature.parameters if opts.signature is not None else ())]
-    donated = set(opts.donate_argnames)
-    donated |= {names[i] for i in opts.donate_argnums if i < len(names)}
-    return donated
+    params = list(opts.signature.parameters) if opts.signature is not None else []
+    return set(opts.donate_argnames) | {params[i] for i in opts.donate_argnums if i < len(params)}
 
 
 def wrong_donations(

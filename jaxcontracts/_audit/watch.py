@@ -109,13 +109,9 @@ class Watch:
     """An open ``jc.watch()``: its findings so far, and its report."""
 
     def __init__(self, reads: Any = None, loops: bool = True) -> None:
-        # a context that records device-to-host reads with their lines (a
-        # recording jc.hot_loop, made by jc.watch()); its violations give host_sync
+        # makes a recording jc.hot_loop whose device-to-host reads give host_sync
         self._make_reads = reads
-        # a missed donation proven inside the user's own jc.hot_loop is that
-        # loop's violation too (raised before the call in raise mode); the
-        # audit's watch says False: the script must run as it would alone
-        self._loops = loops
+        self._loops = loops  # a missed donation is also the user's jc.hot_loop's violation
         self._reads: Any = None
         self.read_stamps: dict[str, list[int]] = {}  # line -> self.calls at each read there
         self.read_seconds: dict[str, float] = {}  # line -> seconds its reads blocked, in all
@@ -155,7 +151,7 @@ class Watch:
             dyn_args = tuple(a for i, a in enumerate(args) if i not in opts.static_argnums) if opts.static_argnums else args
             dyn_kwargs = {k: v for k, v in kwargs.items() if k not in opts.static_argnames} if kwargs else kwargs
             leaves = jax.tree_util.tree_leaves((dyn_args, dyn_kwargs))
-            self._before(fn, args, kwargs, dyn_args, dyn_kwargs, leaves)
+            self._before(fn, args, dyn_args, dyn_kwargs, leaves)
             before = jitwatch.cache_size(jitted)
         except ContractError:  # the user's loop refusing a missed donation, before the call
             raise
@@ -166,7 +162,7 @@ class Watch:
         out = jitted(*args, **kwargs)
         try:
             if jitwatch.cache_size(jitted) != before:
-                self._compiled(fn, args, kwargs, dyn_args, dyn_kwargs, leaves, out, time.perf_counter() - t0)
+                self._compiled(fn, args, kwargs, dyn_args, dyn_kwargs, out, time.perf_counter() - t0)
             if fn.window:
                 fn.window -= 1
                 self._follow(fn, leaves)
@@ -175,7 +171,7 @@ class Watch:
         return out
 
     def _before(
-        self, fn: _Function, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...],
+        self, fn: _Function, args: tuple[Any, ...], dyn_args: tuple[Any, ...],
         dyn_kwargs: dict[str, Any], leaves: list[Any],
     ) -> None:
         given = self._given_elsewhere
@@ -191,7 +187,7 @@ class Watch:
             where_host = tuple(i for i, x in enumerate(leaves) if not isinstance(x, jax.Array))
             seen = fn.host_findings.get(where_host)
             if seen is None:  # these positions for the first time: name them (paths, the line)
-                seen = fn.host_findings[where_host] = self._host_leaves(fn, args, kwargs, dyn_args, dyn_kwargs)
+                seen = fn.host_findings[where_host] = self._host_leaves(fn, args, dyn_args, dyn_kwargs)
             else:
                 for found in seen:
                     found.count += 1
@@ -287,7 +283,7 @@ class Watch:
 
     def _compiled(
         self, fn: _Function, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...],
-        dyn_kwargs: dict[str, Any], leaves: Sequence[Any], out: Any, seconds: float,
+        dyn_kwargs: dict[str, Any], out: Any, seconds: float,
     ) -> None:
         sig = sigs.signature(fn.options, args, kwargs, dyn_args, dyn_kwargs)
         here = _user_line(fn.site)
@@ -332,7 +328,7 @@ class Watch:
     # -- host data -----------------------------------------------------------
 
     def _host_leaves(
-        self, fn: _Function, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...],
+        self, fn: _Function, args: tuple[Any, ...], dyn_args: tuple[Any, ...],
         dyn_kwargs: dict[str, Any],
     ) -> list[Finding]:
         """Numpy arrays and Python numbers given to the function (after its
@@ -340,7 +336,7 @@ class Watch:
         those of the first call that had them)."""
         touched = []
         host: dict[str, tuple[str, Any, int]] = {}  # param -> (first path, value, bytes this call)
-        for path, x in sigs.paths(fn.options, args, kwargs, dyn_args, dyn_kwargs):
+        for path, x in sigs.paths(fn.options, args, dyn_args, dyn_kwargs):
             spec = None if isinstance(x, jax.Array) else leaf_spec(x)
             if spec is not None:  # host data (a JAX ref, with no spec, is not)
                 param = sigs.param_of(path)
@@ -391,7 +387,7 @@ class Watch:
 
     def findings(self) -> list[Finding]:
         """The findings so far, ranked: donation first, then recompiles, by count."""
-        found = [f for f in self._findings.values() if f.kind != "compile_in_loop" or f.count >= COMPILES_AT_ONE_LINE]
+        found = self._findings.values()
         return sorted(found, key=lambda f: (_KIND_ORDER.index(f.kind), -(f.count * (f.bytes_per_call or 1)), f.file, f.line))
 
     @property
@@ -494,9 +490,8 @@ class WatchReport:
         return json.dumps([f.as_dict() for f in self.findings], indent=2)
 
     def lines(self) -> Iterator[str]:
-        head = (f"jaxcontracts audit: {len(self.findings)} finding(s) in {self.functions} jitted "
-                f"function(s), {self.calls} call(s) observed")
-        yield head
+        yield (f"jaxcontracts audit: {len(self.findings)} finding(s) in {self.functions} jitted "
+               f"function(s), {self.calls} call(s) observed")
         for why in self.blind:
             yield from textwrap.wrap("NOT CHECKED: " + why, _WIDTH, initial_indent="  ", subsequent_indent="    ")
         if not self.findings and not self.blind:
@@ -527,8 +522,4 @@ class WatchReport:
             for f in self.findings
         ]
         return findings_html(next(iter(self.lines())), self.ok, rows, self.blind)
-
-
-# -- helpers ---------------------------------------------------------------
-
 

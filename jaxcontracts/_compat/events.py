@@ -6,12 +6,13 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from typing import Any
 
 import jax
 
-from .registry import define
+from .registry import capability, define
 
 __all__ = ["BACKEND_EVENT", "COMPILE_EVENTS", "LOWERING_EVENT", "listen", "unlisten"]
 
@@ -93,15 +94,11 @@ class CacheOutcome:
     __slots__ = ("hits", "misses", "thread")
 
     def __init__(self) -> None:
-        import threading
-
         self.thread = threading.get_ident()
         self.hits = 0
         self.misses = 0
 
     def __call__(self, event: str, **kwargs: Any) -> None:
-        import threading
-
         if threading.get_ident() != self.thread:
             return
         if event == CACHE_HIT_EVENT:
@@ -110,8 +107,8 @@ class CacheOutcome:
             self.misses += 1
 
     @property
-    def verdict(self) -> str | None:
-        """``"hit"``, ``"miss"``, ``"off"`` (the cache was not consulted), or None (unknown)."""
+    def verdict(self) -> str:
+        """``"hit"``, ``"miss"``, or ``"off"`` (the cache was not consulted)."""
         if self.hits:
             return "hit"
         if self.misses:
@@ -121,8 +118,6 @@ class CacheOutcome:
 
 def watch_cache() -> CacheOutcome | None:
     """Start counting cache events on this thread (None: the capability is missing)."""
-    from .registry import capability
-
     if not capability("compilation-cache-events").available:
         return None
     outcome = CacheOutcome()

@@ -171,6 +171,5 @@ def memory_analysis(compiled: Any) -> Any:
 
 def alias_bytes(compiled: Any) -> int | None:
     """Bytes XLA aliases between inputs and outputs, or ``None`` if unknown."""
-    analysis = memory_analysis(compiled)
-    value = getattr(analysis, "alias_size_in_bytes", None) if analysis is not None else None
+    value = getattr(memory_analysis(compiled), "alias_size_in_bytes", None)
     return int(value) if isinstance(value, int) else None

@@ -7,6 +7,7 @@ cell pseudo-files to execution counts, are private too.
 
 from __future__ import annotations
 
+import ctypes
 import os
 import sys
 from collections.abc import Iterator, Mapping
@@ -134,8 +135,6 @@ def _word(frame: FrameType, offset: int) -> int | None:
     out against the frame's own code and frame object."""
     if _LAYOUT is None:
         return None
-    import ctypes
-
     f_frame, f_code, _, frame_obj = _LAYOUT
     word = ctypes.c_void_p.from_address
     data = word(id(frame) + f_frame).value
@@ -177,8 +176,6 @@ def _read_variable(frame: FrameType, name: str) -> tuple[bool, Any] | None:
         return None
     if not address:
         return (False, None)  # unbound
-    import ctypes
-
     value = ctypes.cast(address, ctypes.py_object).value  # the frame holds it: alive
     if name in code.co_cellvars or name in code.co_freevars:  # the slot holds its cell
         try:
@@ -199,8 +196,6 @@ def _locals_snapshot(frame: FrameType | None) -> tuple[dict[str, Any], bool] | N
     address = _snapshot_address(frame)
     if not address:
         return None
-    import ctypes
-
     snapshot = ctypes.cast(address, ctypes.py_object).value  # the frame holds it: alive
     if type(snapshot) is not dict:
         return None
@@ -210,15 +205,13 @@ def _locals_snapshot(frame: FrameType | None) -> tuple[dict[str, Any], bool] | N
 
 def locals_snapshot_mirrors(frame: FrameType | None) -> dict[int, int] | None:
     """Per ``id``, the entries of a running function ``frame``'s locals
-    snapshot (3.11/3.12) that are not holders of their own: all of those
-    under the frame's variable names where nothing but the frame holds the
-    snapshot (no ``hparams = locals()``, no debugger: what it holds is stale
-    and no one reads it unsynced, since every read of it, ``locals()``,
-    ``f_locals`` or a tracer's, syncs it with the frame's variables first);
-    where something else holds it too (a debugger stopped there, ``hparams =
-    locals()``), only those that mirror a variable, holding the very object
-    that variable holds now (the one name, seen twice). None: nothing to
-    discount (3.13, no snapshot, the layout unknown)."""
+    snapshot (3.11/3.12) that are not holders of their own. Where only the
+    frame holds the snapshot, all of those under its variable names: they
+    are stale, and every read of the snapshot (``locals()``, ``f_locals``, a
+    tracer's) syncs it first. Where something else holds it too (a debugger
+    stopped there, ``hparams = locals()``), only those holding the very
+    object their variable holds now. None: nothing to discount (3.13, no
+    snapshot, the layout unknown)."""
     found = _locals_snapshot(frame)
     if found is None:
         return None
@@ -238,15 +231,12 @@ def caller_locals(depth: int) -> Mapping[str, Any]:
     for resolving names in annotations (a class local to the caller's
     function), read only for a name that is one of that frame's variables.
 
-    Before Python 3.13 reading a function frame's ``f_locals`` syncs the dict
-    ``locals()`` returned to it (see :func:`locals_of`): a decorator applied
-    inside a function must not change its ``hparams = locals()``. A name the
-    frame's code has no variable for cannot be among its locals: for it the
-    mapping says "absent" without reading anything, so annotations naming
-    global classes (and no annotations at all) read nothing. One that names
-    a function's own local (a class defined in ``main()``) is read from its
-    slot in the frame, without syncing (3.11/3.12; 3.13's ``f_locals`` writes
-    nothing). Only iterating the mapping reads ``f_locals`` whole."""
+    A decorator applied inside a function must not change its ``hparams =
+    locals()`` (see :func:`locals_of`): a name the frame's code has no
+    variable for is "absent" without reading anything, and a function's own
+    local is read from its slot in the frame, without syncing (3.11/3.12;
+    3.13's ``f_locals`` writes nothing). Only iterating the mapping reads
+    ``f_locals`` whole."""
     frame = caller_frame(depth + 1)
     return {} if frame is None else namespace_of(frame)
 

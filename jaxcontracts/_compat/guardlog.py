@@ -60,8 +60,6 @@ def parse(line: str) -> tuple[int, GuardEvent] | None:
     "recording implicit host-to-device transfers in record mode (and keeping them off the terminal)",
 )
 def _probe() -> str | None:
-    # Never initialises a backend: checks what the capture relies on. A real
-    # line's format is checked by tests/test_compat.py on every version.
     if not hasattr(threading, "get_native_id"):
         return "threading.get_native_id() is missing"
     try:

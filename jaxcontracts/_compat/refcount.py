@@ -32,9 +32,8 @@ __all__ = [
 
 #: References of a leaf held by one container, read through map() over a sequence.
 BASELINE = 3
-_count = sys.getrefcount
 #: ``sys.getrefcount``, for the call path's inline ``max(map(count, leaves))``.
-count = _count
+count = sys.getrefcount
 
 
 @define(
@@ -48,12 +47,12 @@ def _probe() -> str | None:
         return "sys.getrefcount is missing (not CPython)"
     holder = {"x": object()}
     leaves = list(holder.values())
-    alone = max(map(_count, leaves))
+    alone = max(map(count, leaves))
     subset = (leaves[0],)  # a second sequence over the same leaves: one more
-    nested = max(map(_count, subset))
+    nested = max(map(count, subset))
     del subset
     kept = [holder["x"]]
-    held = max(map(_count, leaves))
+    held = max(map(count, leaves))
     del kept
     want = (BASELINE, BASELINE + 1, BASELINE + 1)
     if (alone, nested, held) != want:
@@ -67,20 +66,18 @@ def available() -> bool:
 
 
 def kept_after_collecting(leaves: Sequence[Any], sequences: int = 1, stale: dict[int, int] | None = None) -> list[int]:
-    """The leaves held elsewhere, once garbage is collected: an unreachable cycle
-    the collector has not reached yet holds nothing anyone can read, and
-    collecting it makes the count exact. Every other reference counts,
-    whoever holds it (a variable, a list, a saved exception's traceback,
-    pytest's assertion temporaries): the check cannot prove that losing the
-    array there loses nothing, so it refuses. Only called when a count
+    """The positions in ``leaves`` (a sequence held ``sequences`` times, each
+    leaf once by its container) of the leaves held elsewhere, counted after
+    a garbage collection (an unreachable cycle holds nothing anyone can
+    read). Every other reference counts, whoever holds it (a variable, a
+    saved traceback, pytest's assertion temporaries): the check cannot
+    prove losing the array there loses nothing. Called only when a count
     found something (a collection costs milliseconds). ``stale``: per
-    ``id``, references known not to be holders (a locals snapshot nobody
-    can read unsynced: ``frames.locals_snapshot_mirrors``). Returns the
-    positions in ``leaves`` (a sequence held ``sequences`` times, each
-    leaf once by its container) of the leaves held elsewhere."""
+    ``id``, references known not to be holders (a locals snapshot no one
+    reads unsynced: ``frames.locals_snapshot_mirrors``)."""
     gc.collect()
     limit, stale = BASELINE + sequences - 1, stale or {}
-    return [i for i, n in enumerate(map(_count, leaves)) if n - stale.get(id(leaves[i]), 0) > limit]
+    return [i for i, n in enumerate(map(count, leaves)) if n - stale.get(id(leaves[i]), 0) > limit]
 
 
 @define(
@@ -106,17 +103,15 @@ _arguments: list[Counts | None] = [None]  # the probe's measure
 
 
 def argument_counts() -> Counts | None:
-    """The references a hot step's argument check (``_step.kept.argument_check``)
-    counts for an argument held by one name (a variable, an attribute, a
-    dict value), per kind of argument (by position, by position beside
-    keywords, by keyword), for a call that does not unpack its arguments
-    and for one that does (``f(x, *rest)``: one reference fewer, since the
-    tuple unpacked is the call's own). Measured once, in the shape of that
-    check: a property call slot (``HotStep.__call__``), a closure taking
-    ``*args, **kwargs``, the tuple and dict passed on as they are; from a
-    function's frame and from a module's, which must agree, and with the
-    unpacking told by ``unpacks``. None: not measurable here (the
-    capability's warning says so, and the check is not made)."""
+    """The references ``_step.kept.argument_check`` counts for an argument held
+    by one name (a variable, an attribute, a dict value), per kind of
+    argument (by position, by position beside keywords, by keyword), for a
+    plain call and for one that unpacks (``f(x, *rest)``: one fewer, the
+    unpacked tuple being the call's own, as told by ``unpacks``). Measured
+    once in that check's shape (a property call slot such as
+    ``HotStep.__call__``, a closure taking ``*args, **kwargs``), from a
+    function's frame and a module's, which must agree. None: not measurable
+    here (the capability warns, and the check is not made)."""
     return _arguments[0] if capability("kept-arguments").available else None
 
 
@@ -130,7 +125,7 @@ def _measure_arguments() -> Counts | None:
     seen: list[tuple[int, bool]] = []
 
     def check(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        n = _count(args[0]) if args else _count(kwargs["x"])
+        n = count(args[0]) if args else count(kwargs["x"])
         seen.append((n, unpacks(2)))
 
     def entry(*args: Any, **kwargs: Any) -> None:

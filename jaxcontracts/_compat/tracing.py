@@ -8,7 +8,7 @@ from typing import Any
 
 import jax
 
-from .registry import capability, define
+from .registry import capability, define, missing
 
 __all__ = ["Tracer", "cpp_call", "flatten", "jit_disabled", "top_level_refs", "trace_state_clean"]
 
@@ -37,13 +37,6 @@ except ImportError:  # pragma: no cover - future jax
     _refs = None
 
 
-def _refs_agree() -> bool:
-    if _refs is None:
-        return False
-    trace_ref, ev, axis_ref, top = _refs
-    return (trace_ref.value is ev and axis_ref.value is top) is _trace_state_clean()
-
-
 @define(
     "trace-state",
     "jax._src.core.trace_state_clean()",
@@ -55,8 +48,10 @@ def _probe_trace_state() -> str | None:
         return "jax._src.core.trace_state_clean is gone"
     if _is_top_level is not None and _is_top_level() is not _trace_state_clean():
         return "trace_ctx.is_top_level() disagrees with trace_state_clean()"
-    if _refs is not None and not _refs_agree():
-        return "trace_state_strong_ref/axis_env_state disagree with trace_state_clean()"
+    if _refs is not None:
+        trace_ref, ev, axis_ref, top = _refs
+        if (trace_ref.value is ev and axis_ref.value is top) is not _trace_state_clean():
+            return "trace_state_strong_ref/axis_env_state disagree with trace_state_clean()"
     return None if _trace_state_clean() in (True, False) else "it returned a non-bool"
 
 
@@ -65,8 +60,6 @@ def _trace_state_unknown() -> bool:
     return True
 
 
-# Whether no JAX trace is active on this thread (``True`` if unknown). JAX's
-# own function, not a wrapper: the hot step call path calls it on every call.
 def jit_disabled() -> bool:
     """Whether ``jax.disable_jit()`` is in force on this thread (then a step runs
     its Python function, as ``jax.jit`` does: the AOT path refuses to run)."""
@@ -78,6 +71,8 @@ def jit_disabled() -> bool:
         return bool(getattr(jax.config, "jax_disable_jit", False))
 
 
+# Whether no JAX trace is active on this thread (``True`` if unknown). JAX's
+# own function, not a wrapper: the hot step call path calls it on every call.
 trace_state_clean: Callable[[], bool] = (
     _trace_state_unknown
     if _trace_state_clean is None
@@ -127,13 +122,9 @@ def _probe_flatten() -> str | None:
     return None if list(leaves) == [1, 2] else "it flattens differently"
 
 
-def _flatten_fn() -> Callable[[Any], tuple[list[Any], Any]]:
-    if _registry is not None and capability("fast-flatten").available:
-        return _registry.flatten  # type: ignore[no-any-return]
-    return jax.tree_util.tree_flatten
-
-
-flatten = _flatten_fn()
+flatten: Callable[[Any], tuple[list[Any], Any]] = jax.tree_util.tree_flatten
+if _registry is not None and capability("fast-flatten").available:
+    flatten = _registry.flatten
 
 
 @define(
@@ -165,8 +156,6 @@ def cpp_call(compiled: Any) -> Any:
         try:
             call = compiled._executable.create_cpp_call(compiled._params)
         except Exception as e:  # noqa: BLE001 - private API moved: use the public call
-            from .registry import missing
-
             missing("compiled-fast-call", f"create_cpp_call failed: {type(e).__name__}")
             return compiled
         if call is None:
