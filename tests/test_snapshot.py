@@ -155,10 +155,11 @@ def test_parse_tolerance(text, value):
     assert parse_tolerance(text) == value
 
 
-@pytest.mark.parametrize("bad", ["ten", "-5%", -1, True, "10 percent", float("nan")])
+@pytest.mark.parametrize("bad", ["ten", "-5%", "-5", -1, True, "10 percent", float("nan")])
 def test_parse_tolerance_refuses(bad):
-    with pytest.raises(jc.DefinitionError, match=r"'10%' \(or 0.1\)"):
+    with pytest.raises(jc.DefinitionError, match=r"'10%' \(or 0.1\)") as info:
         parse_tolerance(bad)
+    assert f"tolerance {bad!r}:" in str(info.value)  # as written (was None for "ten", -5.0 for "-5")
 
 
 def test_recorder_counts_calls_fetches_and_violations_per_loop_run():

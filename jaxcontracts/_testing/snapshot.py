@@ -338,6 +338,7 @@ def parse_tolerance(value: Any) -> float | None:
     """
     if value is None or (isinstance(value, str) and value.strip().lower() == "any"):
         return None
+    number = value
     if isinstance(value, str):
         text = value.strip().lower()
         if text == "exact":
@@ -346,13 +347,13 @@ def parse_tolerance(value: Any) -> float | None:
         if m:
             return float(m.group(1)) / 100
         try:
-            value = float(text)
+            number = float(text)
         except ValueError:
-            value = None
-    if isinstance(value, int | float) and not isinstance(value, bool) and value >= 0:
-        if math.isfinite(value):
-            return float(value)
-    raise DefinitionError(
+            number = None
+    if isinstance(number, int | float) and not isinstance(number, bool) and number >= 0:
+        if math.isfinite(number):
+            return float(number)
+    raise DefinitionError(  # the value as written, not as converted
         f"jc snapshot tolerance {value!r}: write a growth like '10%' (or 0.1), "
         "'exact' (or 0), or 'any' (not compared).",
         fix="e.g. @pytest.mark.jc_snapshot(temporaries='10%').",
