@@ -465,6 +465,23 @@ def test_kept_containers_at_any_depth_are_named_by_their_path():
     assert step.stats.calls == 2
 
 
+class _Pair(typing.NamedTuple):
+    a: dict
+    ab: dict  # its path s.ab starts with s.a's
+
+
+def test_a_kept_containers_size_counts_its_own_leaves_not_a_siblings_whose_name_extends_it():
+    step = jc.hot_step(lambda s: jax.tree.map(lambda x: x + 1, s), state="s")
+    s = step(_Pair({"w": jnp.zeros(2)}, {"w": jnp.zeros(3), "v": jnp.zeros(4)}))
+    held = s.a
+    with pytest.raises(jc.DonationError) as info:
+        step(s)
+    assert "s.a: a container of 1 donated array(s) (8 B)" in str(info.value)  # was 3 (36 B)
+    del held
+    s = step(s)
+    assert step.stats.calls == 2
+
+
 class _Stored:
     """A keyed pytree node whose child is the attribute its key names."""
 

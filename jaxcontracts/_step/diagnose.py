@@ -229,6 +229,12 @@ def run_failed_note(
     return note
 
 
+def _under(leaf: str, node: str) -> bool:
+    """Whether the leaf path ``leaf`` is the node ``node`` or below it (``s.a``
+    holds ``s.a['w']`` and ``s.a.w``, not ``s.ab``)."""
+    return leaf == node or leaf.startswith((node + ".", node + "["))
+
+
 def kept_leaves_error(
     definition: StepDefinition,
     cs: CompiledSignature | None,
@@ -246,7 +252,7 @@ def kept_leaves_error(
     lines = [f"  {path}: {fmt_aval(x.shape, x.dtype)}" for path, x in leaves]
     for path in nodes:  # a kept container: its donated leaves would be deleted in it
         assert cs is not None
-        inside = [leaf for leaf in cs.leaves if leaf.donated and leaf.path.startswith(path)]
+        inside = [leaf for leaf in cs.leaves if leaf.donated and _under(leaf.path, path)]
         lines.append(f"  {path}: a container of {len(inside)} donated array(s) ({fmt_bytes(sum(x.nbytes for x in inside))})")
     if arrays:  # the argument itself: its one holder is the name it is passed from
         lines.append(
