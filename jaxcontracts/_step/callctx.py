@@ -31,9 +31,9 @@ from .._steps import HOOK_EVERY, LiveStep
 from .definition import StepDefinition
 
 __all__ = [
-    "CallContext", "DispatchingStep", "LeafKinds", "call_tree",
-    "is_deleted_for", "leaf_kinds", "leaf_reader", "leaf_readers",
-    "make_tail", "picker", "stale_reader",
+    "CallContext", "DispatchingStep", "call_tree", "is_deleted_for",
+    "leaf_kinds", "leaf_reader", "leaf_readers", "make_tail", "param_leaves",
+    "picker", "stale_reader",
 ]
 
 
@@ -42,7 +42,7 @@ class DispatchingStep(LiveStep, Protocol):
 
     @property
     def definition(self) -> StepDefinition:
-        """What the decorator learnt of the function (``_signature.analyse``)."""
+        """What the decorator learnt of the function (``_step.analyse``)."""
         ...
 
     def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
@@ -68,28 +68,24 @@ class CallContext:
     normalize: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
     # At full (with the kept-references capability): refuse a donated leaf
     # held elsewhere. None: not checked.
-    kept: Callable[[Sequence[int], Sequence[str]], BaseException] | None = None
+    kept: Callable[[Sequence[int], Sequence[str]], BaseException] | None
     # Keyword arguments bound to positions without inspect (None: not this call's shape).
-    bind: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None] = lambda args, kwargs: None
+    bind: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None]
     # Some parameter has a default: a call with fewer positional arguments and
     # no keywords is bound too (update(grads, state) of update(grads, state, params=None)).
-    defaults: bool = False
+    defaults: bool
 
 
 def make_tail(ctx: CallContext) -> Callable[[tuple[Any, ...], Any, Any, float], Any]:
     """The one after-dispatch tail: check consumption, mark, count, tell loops.
 
-    ``tail(args, leaves, out, t0)``: at ``full`` the closure passes the
-    call's flat leaves, over which consumption (every donated buffer
-    deleted) is tested in one C loop (the arguments may hold static values
-    as they came, not as ``StaticArg`` nodes, so they are not flattened
-    again); at ``fast``, None. ``t0``: the clock as the closure was entered,
-    where the call is timed (``step.timing_due`` while a timing loop is
-    active), else 0: the host time is added here (``_report.timing.timed``).
-
-    Inside a loop the output is recorded (``LiveStep.last_output``: the loop
-    clock and ``advance -> .t`` read it); no argument is ever recorded, so a
-    consumed state goes when the caller rebinds it, as in a plain loop."""
+    ``tail(args, leaves, out, t0)``: ``leaves``, at ``full``, the call's flat
+    leaves, whose consumption is tested in one C loop (``args`` may hold
+    static values as they came, so they are not flattened again); None at
+    ``fast``. ``t0``: the clock as the closure was entered where the call is
+    timed, else 0 (``_report.timing.timed`` adds the host time). Inside a
+    loop the output is recorded (``LiveStep.last_output``); no argument is
+    ever recorded, so a consumed state goes when the caller rebinds it."""
     full, stats, cs, not_consumed = ctx.full, ctx.stats, ctx.cs, ctx.not_consumed
     is_deleted = is_deleted_for(cs)
     donated_of = None if tuple(cs.donated) == tuple(range(len(cs.leaves))) else picker(cs.donated)
@@ -136,6 +132,17 @@ def is_deleted_for(cs: CompiledSignature) -> Callable[[Any], bool]:
     if any(is_key(leaf.spec.dtype) for leaf in cs.leaves):
         return operator.methodcaller("is_deleted")
     return ArrayImpl.is_deleted  # type: ignore[no-any-return]
+
+
+def param_leaves(cs: CompiledSignature) -> list[range]:
+    """Per parameter, the positions of its leaves among the flat leaves."""
+    out: list[range] = []
+    start = 0
+    for spec in cs.spec_args:
+        n = len(jax.tree_util.tree_leaves(spec))
+        out.append(range(start, start + n))
+        start += n
+    return out
 
 
 def picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]:
@@ -202,23 +209,15 @@ def leaf_readers(cs: CompiledSignature, indices: Sequence[int]) -> list[Callable
         for depth in range(len(p) + 1):
             firsts.setdefault(_prefix_key(p[:depth]), i)
     # A reader is proven on a tree of the same structure whose leaves are
-    # their own flat positions (leaves may share one spec object, so reading
-    # the specs could not tell two leaves apart); None: such a tree cannot be
+    # distinct markers (leaves may share one spec object, so reading the
+    # specs could not tell two leaves apart); None: such a tree cannot be
     # built (a node that refuses other leaves), and every reader flattens.
+    marks = [object() for _ in with_path]
     try:
-        markers = jax.tree_util.tree_unflatten(treedef, [_Marker(i) for i in range(len(with_path))])
+        markers = jax.tree_util.tree_unflatten(treedef, marks)
     except Exception:  # noqa: BLE001
         markers = None
-    return [_reader(with_path, firsts, i, markers) for i in indices]
-
-
-class _Marker:
-    """A flat position, as the leaf of :func:`leaf_readers`' proof tree."""
-
-    __slots__ = ("index",)
-
-    def __init__(self, index: int) -> None:
-        self.index = index
+    return [_reader(with_path, firsts, i, markers, marks[i]) for i in indices]
 
 
 _WALKED_KEYS = (jax.tree_util.SequenceKey, jax.tree_util.DictKey, jax.tree_util.GetAttrKey)
@@ -232,10 +231,23 @@ def _prefix_key(prefix: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _reader(
-    with_path: Sequence[Any], firsts: dict[tuple[Any, ...], int], index: int, markers: Any
+    with_path: Sequence[Any], firsts: dict[tuple[Any, ...], int], index: int, markers: Any, mark: object
 ) -> Callable[[tuple[Any, ...]], Any]:
     path = with_path[index][0]
     steps: list[tuple[int, Any]] = []  # (0: item, 1: attribute, 2: leaf k of a one-node flatten)
+
+    def read(args: tuple[Any, ...]) -> Any:
+        obj: Any = args
+        for kind, key in steps:
+            if kind == 0:
+                obj = obj[key]
+            elif kind == 1:
+                d = getattr(obj, "__dict__", None)
+                obj = d[key] if d is not None and key in d else getattr(obj, key)
+            else:
+                obj = flatten(obj)[0][key]
+        return obj
+
     node: Any = markers
     costly = False  # a step runs Python: a container's own __getitem__ (nnx.State), a flatten
     for depth, key in enumerate(path if markers is not None else ()):
@@ -252,25 +264,12 @@ def _reader(
             steps.append((2, index - firsts[_prefix_key(path[:depth])]))
             break
         try:
-            node = _step(node, *steps[-1])
+            node = read(markers)  # the steps so far, on the proof tree
         except Exception:  # noqa: BLE001 - not its items or attributes: proven wrong below
             break
 
-    def read(args: tuple[Any, ...]) -> Any:
-        obj: Any = args
-        for kind, key in steps:  # _step, inline
-            if kind == 0:
-                obj = obj[key]
-            elif kind == 1:
-                d = getattr(obj, "__dict__", None)
-                obj = d[key] if d is not None and key in d else getattr(obj, key)
-            else:
-                obj = flatten(obj)[0][key]
-        return obj
-
     try:
-        found = read(markers) if markers is not None else None
-        same = type(found) is _Marker and found.index == index
+        same = markers is not None and read(markers) is mark
     except Exception:  # noqa: BLE001 - a node whose children are not its items or attributes
         same = False
     if not same:
@@ -280,15 +279,6 @@ def _reader(
 
 
 _BUILTIN_ITEMS = (tuple.__getitem__, list.__getitem__, dict.__getitem__)
-
-
-def _step(obj: Any, kind: int, key: Any) -> Any:
-    if kind == 0:
-        return obj[key]
-    if kind == 1:
-        d = getattr(obj, "__dict__", None)
-        return d[key] if d is not None and key in d else getattr(obj, key)
-    return flatten(obj)[0][key]
 
 
 def _plain_attribute(obj: Any, name: str) -> bool:

@@ -17,12 +17,11 @@ Python fallback, the step's slow path:
   the flat call, and consumption checked after it. Nothing blocks on the
   device.
 
-Every checked path ends in the after-dispatch tail (:func:`make_tail`: check
-consumption, mark the donated states with the step's name, count, record the
-output inside loops). Anything unusual falls to the slow path, which
-diagnoses it. Under an active trace (an outer ``jax.jit``, ``vmap``,
-``lax.cond``..., even over concrete arrays it closed over) every closure
-goes to the slow path, which traces the function and donates nothing.
+Every checked path ends in the after-dispatch tail (:func:`make_tail`).
+Anything unusual falls to the slow path, which diagnoses it; under an active
+trace (an outer ``jax.jit``, ``vmap``, ``lax.cond``..., even over concrete
+arrays it closed over) every closure goes there, and it traces the function
+and donates nothing.
 """
 from __future__ import annotations
 
@@ -55,6 +54,7 @@ from .callctx import (
     is_deleted_for,
     leaf_kinds,
     make_tail,
+    param_leaves,
     picker,
     stale_reader,
 )
@@ -72,7 +72,7 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
     Failures go to ``step.slow_call((args, kwargs, exception_or_None))``;
     after a call, each ``jc.state`` argument whose leaves were donated takes
     its consumed class, which names the step (one store). Static parameters
-    are wrapped into tree nodes first (:func:`_with_static`).
+    are wrapped into tree nodes first (:func:`with_static`).
     """
     definition = step.definition
     ctx = CallContext(
@@ -99,12 +99,10 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
         dispatch = _off(ctx, native)
     else:
         dispatch = _checked(ctx, native)
-    if getattr(dispatch, "takes_static", False):
-        pass
-    elif definition.filtered_params:
-        dispatch = with_filtered(definition, with_static(definition, dispatch) if definition.static_params else dispatch, step)
-    elif definition.static_params:
+    if definition.static_params and not getattr(dispatch, "takes_static", False):
         dispatch = with_static(definition, dispatch)
+    if definition.filtered_params:  # never native: its closure does not take static values
+        dispatch = with_filtered(definition, dispatch, step)
     ensure = effect_tokens(cs.compiled)  # an ordered effect: JAX's token made outside the guard
     if ensure is not None:
         dispatch = with_effect_tokens(dispatch, ensure)
@@ -117,20 +115,16 @@ def _consumed_marks(
     """The jc.state parameters with donated leaves: (index, class, consumed class)."""
     if not cs.donated:
         return ()
-    ends, n = [], 0
-    for spec in cs.spec_args:
-        n += len(jax.tree_util.tree_leaves(spec))
-        ends.append(n)
+    ranges = param_leaves(cs)
     marks = []
     for i in state_params:
-        start = ends[i - 1] if i else 0
-        if is_state(cs.spec_args[i]) and any(start <= d < ends[i] for d in cs.donated):
+        if is_state(cs.spec_args[i]) and any(d in ranges[i] for d in cs.donated):
             cls = type(cs.spec_args[i])
             marks.append((i, cls, consumed_class(cls, step)))
     return tuple(marks)
 
 
-def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
+def _off(ctx: CallContext, native: bool) -> Callable[..., Any]:
     """Checks ``off``: the bare compiled call; failures go to the slow path.
 
     Keyword arguments and omitted defaults are bound to positions (the
@@ -140,22 +134,20 @@ def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
     call runs with the thread's host-to-device guard at ``allow``, and its
     C++ call refuses host data at any other leaf (:func:`_off_guarded`).
     """
-    compiled: Callable[..., Any] = ctx.compiled
-    slow_call, in_treedef = ctx.slow_call, ctx.cs.in_treedef
-    refusable, refused_mark = bool(ctx.cs.host), REFUSED
-    tree_call = _off_guarded(ctx) if ctx.cs.host or ctx.cs.alias or (ctx.cs.flat_style and not native) else None
-    if tree_call is not None:  # the arguments as they come: JAX's C++ call flattens them
-        compiled, refusable = tree_call, True
-        if ctx.cs.host:
-            compiled = allow_host_to_device(tree_call)
-    elif ctx.cs.host:  # no guarded call: the bare one (numpy anywhere passes JAX's guard at allow)
+    cs, slow_call, refused_mark = ctx.cs, ctx.slow_call, REFUSED
+    tree_call = _off_guarded(ctx) if cs.host or cs.alias or (cs.flat_style and not native) else None
+    # the arguments as they come: JAX's C++ call flattens them; else the bare
+    # call (with host=, numpy anywhere then passes JAX's guard at allow)
+    compiled: Callable[..., Any] = ctx.compiled if tree_call is None else tree_call
+    refusable = tree_call is not None
+    if cs.host:
         compiled = allow_host_to_device(compiled)
     # "no trace is active": JAX's is_top_level() read inline (see top_level_refs)
     tref, ev, aref, top = top_level_refs()
     n_params, normalize, bind, short = ctx.n_params, ctx.normalize, ctx.bind, ctx.defaults
 
-    if ctx.cs.flat_style and tree_call is None:  # no guarded call: the tree checked here
-        flat_call = compiled
+    if cs.flat_style and tree_call is None:  # no guarded call: the tree checked here
+        flat_call, in_treedef = compiled, cs.in_treedef
 
         def compiled(*args: Any) -> Any:
             leaves, treedef = flatten(args)
@@ -186,66 +178,53 @@ def _off(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
             trim(err)
             raise
 
-    return _off_native(ctx, off) if native else off
+    if native:  # static values static in the C++ call (_static_native)
+        return _static_native(ctx, None, with_static(ctx.step.definition, off), None) or off
+    return off
 
 
 def _off_guarded(ctx: CallContext) -> Callable[..., Any] | None:
     """The executable's call at ``off`` on a guarded C++ call that takes the
-    arguments in their own structure (None: the mechanism is missing).
-
-    * An executable compiled over flat leaves (``flat_style``: a state of
-      flax Variables, a flax struct): JAX's C++ call flattens the arguments
-      once, as ``jax.jit`` does, where the closure would flatten them in
-      Python and the executable flatten the tuple of leaves again.
-    * Declared host data (``host=``): the call runs with the thread's guard
-      at ``allow``, so JAX's own guard would not see numpy (or a Python
-      number) at a leaf that is not declared: each new signature is refused
-      unless every other leaf is a JAX array.
-
-    A new signature is approved, once, where no trace is active and the
-    tree structure is the compiled one; a refused one returns ``REFUSED``,
-    and the slow path explains it.
+    arguments in their own structure (None: the mechanism is missing): an
+    executable compiled over flat leaves (``flat_style``: JAX's C++ call
+    flattens the arguments once, as ``jax.jit`` does), or a step with
+    declared host data (``host=``: the call runs with the guard at
+    ``allow``, so JAX's own guard would not see numpy at another leaf: a new
+    signature is refused unless every other leaf is a JAX array). A refused
+    call returns ``REFUSED``, and the slow path explains it.
     """
-    cs = ctx.cs
-    undeclared = picker([i for i in range(len(cs.leaves)) if i not in frozenset(cs.host)]) if cs.host else None
+    cs, host = ctx.cs, frozenset(ctx.cs.host)
+    undeclared = picker([i for i in range(len(cs.leaves)) if i not in host])
+
+    def arrays_undeclared(leaves: Sequence[Any]) -> bool:
+        return all(isinstance(x, jax.Array) for x in undeclared(leaves))
+
+    approve = _tree_approver(cs, arrays_undeclared if host else None)
+    return guarded_call(cs.compiled, approve, call_tree(cs))
+
+
+def _tree_approver(
+    cs: CompiledSignature, leaves_ok: Callable[[Sequence[Any]], bool] | None
+) -> Callable[[tuple[Any, ...]], bool]:
+    """``approve`` of a guarded C++ call that takes the arguments in their
+    structure: no trace is active, the tree structure is the compiled one, and
+    ``leaves_ok`` (None: nothing more) takes the flat leaves. It never raises."""
     tref, ev, aref, top = top_level_refs()
-    in_treedef, array = cs.in_treedef, jax.Array
+    in_treedef = cs.in_treedef
 
     def approve(args: tuple[Any, ...]) -> bool:
         try:
             if tref.value is not ev or aref.value is not top:  # traced: the slow path traces
                 return False
             leaves, treedef = flatten(args)
-            if treedef != in_treedef:
-                return False
-            return undeclared is None or all(isinstance(x, array) for x in undeclared(leaves))
+            return treedef == in_treedef and (leaves_ok is None or leaves_ok(leaves))
         except Exception:  # noqa: BLE001 - anything odd: the slow path explains it
             return False
 
-    return guarded_call(cs.compiled, approve, call_tree(cs))
+    return approve
 
 
-def _off_native(ctx: CallContext, off: Callable[..., Any]) -> Callable[..., Any]:
-    """``off`` with static values static in the C++ call (:func:`_static_native`)."""
-    return _static_native(ctx, None, with_static(ctx.step.definition, off), None) or off
-
-
-def _placement_probe(cs: CompiledSignature, first_donated: int | None) -> Any:
-    """The compiled sharding of the first donated leaf, to compare per call where
-    this process has several devices (None: one device, or nothing donated).
-
-    An uncommitted array on another device (made under another
-    ``jax.default_device``) is moved by JAX to the executable's device without
-    a word: the copy is donated, the input is not consumed, and the output
-    lands elsewhere. One leaf's placement, compared per call, catches a state
-    built for the wrong device; the slow path names every leaf that differs.
-    """
-    if first_donated is None or cs.multi_device or jax.device_count() < 2:
-        return None
-    return cs.leaves[first_donated].spec.sharding
-
-
-def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
+def _checked(ctx: CallContext, native: bool) -> Callable[..., Any]:
     """Checks ``fast``/``full``: what a signature fixes (``signature_ok``), the
     tail and the kept-leaf plan; the closure is :func:`_guarded`'s."""
     cs = ctx.cs
@@ -273,7 +252,14 @@ def _checked(ctx: CallContext, native: bool = False) -> Callable[..., Any]:
     key_array: Any = KeyArray  # typed PRNG keys: checked only when a leaf is not an ArrayImpl
     first_donated = donated[0] if donated else None
     n_leaves = len(cs.leaves)
-    placed = _placement_probe(cs, first_donated) if shardings is None else None
+    # An uncommitted array on another device (made under another
+    # jax.default_device) is moved by JAX to the executable's device without a
+    # word: the copy is donated, the input is not consumed. Where this process
+    # has several devices, signature_ok compares the first donated leaf's
+    # placement; the slow path names every leaf that differs.
+    placed = None
+    if shardings is None and first_donated is not None and jax.device_count() > 1:
+        placed = cs.leaves[first_donated].spec.sharding
 
     tail = make_tail(ctx)
     kept = kept_plan(ctx)
@@ -313,45 +299,28 @@ def _guarded(
     tail: Any,
     kept: KeptPlan | None,
     device_of: Callable[[Sequence[Any]], tuple[Any, ...]] | None,
-    native: bool = False,
+    native: bool,
 ) -> Callable[..., Any]:
     """Checks ``fast``/``full`` on a guarded C++ call (``_compat.guarded``).
 
-    The per-leaf checks of ``signature_ok`` (types, weak types, shardings,
-    device) run once per new signature, in the C++ call's cache miss, with
-    the tree structure and the trace state; a call of a signature seen before
-    is checked by the flatten JAX does anyway. Where the mechanism or the
-    executable's C++ path is missing (capability ``guarded-call``), the
-    ``full`` closure below runs ``signature_ok`` on every call, at both
-    levels, and calls the executable itself.
-
-    * ``fast`` does not flatten: it reads the first donated leaf by its path
-      and asks ``is_deleted()`` (a stale state goes to the slow path, before
-      XLA refuses it with an error line on stderr: a donated buffer reaches
-      ``Execute``, which logs its refusal). Where that read would run Python
-      code of the state's (an ``nnx.State`` builds a ``State`` for each level
-      it returns, a flax ``Variable``'s value is a property), it takes
-      ``full``'s closure with that one leaf looked at instead;
-    * ``full`` flattens once, for the checks over every leaf (deleted, kept
-      references, repeated buffers, consumption), and calls the executable
-      with the flat leaves (JAX then flattens a tuple, not the state again).
-      Static values (``native``) are compared by identity and left out of
-      the flatten, as a C++ call with ``static_argnames`` does; another
-      value goes through :func:`with_static`.
+    ``signature_ok`` runs once per new signature, in the C++ call's cache
+    miss. Where the guarded call is missing (capability ``guarded-call``),
+    the ``full`` closure below runs it on every call, at both levels, and
+    calls the executable itself. ``fast`` reads the first donated leaf by
+    its path (:func:`stale_reader`); where that read runs the state's own
+    Python (an ``nnx.State`` level, a flax ``Variable``'s value property),
+    it takes ``full``'s closure with that one leaf looked at instead.
+    ``full`` calls the executable with the flat leaves (JAX then flattens a
+    tuple, not the state again); static values (``native``) are compared by
+    identity and left out of the flatten, as a C++ call with
+    ``static_argnames`` does; another value goes through :func:`with_static`.
     """
     cs, slow_call, bind, full = ctx.cs, ctx.slow_call, ctx.bind, ctx.full
-    short, n_args = ctx.defaults, ctx.n_params
+    short, n_params = ctx.defaults, ctx.n_params
     tref, ev, aref, top = top_level_refs()
     in_treedef, donated, n_leaves = cs.in_treedef, cs.donated, len(cs.leaves)
 
-    def approve_tree(args: tuple[Any, ...]) -> bool:
-        try:
-            if tref.value is not ev or aref.value is not top:  # traced: the slow path traces
-                return False
-            leaves, treedef = flatten(args)
-            return treedef == in_treedef and signature_ok(leaves)
-        except Exception:  # noqa: BLE001 - anything odd: the slow path explains it
-            return False
+    approve_tree = _tree_approver(cs, signature_ok)
 
     def approve_flat(leaves: tuple[Any, ...]) -> bool:
         try:
@@ -407,19 +376,18 @@ def _guarded(
         want, dynamic_of, fallback = in_treedef, None, None
         if static:
             children = in_treedef.children()
-            dynamic = tuple(j for j in range(ctx.n_params) if j not in static)
+            dynamic = tuple(j for j in range(n_params) if j not in static)
             want = jax.tree_util.treedef_tuple([children[j] for j in dynamic])
             dynamic_of = picker(dynamic)
             fallback = with_static(ctx.step.definition, make_full(()))
             compiled_values = [cs.spec_args[i].value for i in static]
             seen = list(compiled_values)  # the objects last accepted, per static parameter
             pairs = tuple(enumerate(static))
-            n_params = ctx.n_params
-    
+
         def guarded_full(*args: Any, **kwargs: Any) -> Any:
             try:
                 t0 = start(step, acc) if timing_on[0] and due[0] else 0.0  # a timed call (inside loops)
-                if kwargs or (short and len(args) != n_args):  # keywords, or defaults left out
+                if kwargs or (short and len(args) != n_params):  # keywords, or defaults left out
                     bound = bind(args, kwargs)
                     if bound is None:
                         return slow_call(args, kwargs, None)
@@ -498,13 +466,10 @@ def _guarded_closure(
     and a step whose static values are static in the C++ call at ``off`` and
     ``fast`` (:func:`_static_native`). ``stale``: the :func:`stale_reader`
     of the first donated leaf (None: not read); ``tail``: None at ``off``.
-
-    Without ``fallback`` the C++ call takes positional arguments only:
-    keywords and left-out defaults are bound here, and a stale state, a
-    refused signature or an error go to the slow path. With ``fallback``
-    (the Python wrapper that turns static values into tree nodes, over the
-    closure that explains) the C++ call binds the static keywords itself,
-    and what it refuses goes there."""
+    Without ``fallback``, keywords and left-out defaults are bound here, and
+    a stale state, a refused signature or an error go to the slow path; with
+    it (the wrapper that turns static values into tree nodes), the C++ call
+    binds the static keywords itself, and what it refuses goes there."""
     slow_call, bind, refused_mark = ctx.slow_call, ctx.bind, REFUSED
     short, n_params, binds = ctx.defaults, ctx.n_params, fallback is None
     refused = fallback if fallback is not None else (lambda *args, **kwargs: slow_call(args, kwargs, None))
@@ -545,19 +510,15 @@ def _static_native(
     """A step's call with static parameters, static in the C++ call itself.
 
     ``update(state, config=config)`` then costs what ``update(state)`` does:
-    the C++ call leaves the static values out of the flat arguments and hashes
-    them into its signature, as ``jax.jit``'s ``static_argnames`` does, so
-    no Python wrapper binds the keywords, wraps the values in ``StaticArg``
-    nodes or flattens them per call. On a signature it has not seen, the
-    arguments are bound to positions and normalized (a value that is not
-    hashable, or whose ``==`` is not a bool, is refused), then
-    ``approve`` judges them as the closure's own checks would (None, at
-    ``off``: the top level and the compiled tree structure, the compiled
-    static values included: ``StaticArg`` equality is type-strict). Refused
-    shapes (a keyword for a parameter that is not static, defaults left out)
-    and signatures go to ``fallback`` (the Python wrapper and its closure),
-    which explains them. ``tail``: the after-dispatch tail (None at ``off``).
-    None where the guarded call is missing.
+    the C++ call hashes the static values into its signature, as
+    ``jax.jit``'s ``static_argnames`` does, so no Python wrapper binds,
+    wraps or flattens them per call. On a new signature the arguments are
+    bound and normalized (an unhashable value, an ``==`` that is not a bool:
+    refused), then ``approve`` judges them (None, at ``off``: the top level
+    and the compiled tree structure, static values included: ``StaticArg``
+    equality is type-strict). What it refuses goes to ``fallback`` (the
+    Python wrapper and its closure), which explains it. ``tail``: None at
+    ``off``. None where the guarded call is missing.
     """
     definition, cs = ctx.step.definition, ctx.cs
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
@@ -583,17 +544,7 @@ def _static_native(
             return None
 
     if approve is None:
-        tref, ev, aref, top = top_level_refs()
-        in_treedef = cs.in_treedef
-
-        def top_and_tree(args: tuple[Any, ...]) -> bool:
-            try:
-                return tref.value is ev and aref.value is top and flatten(args)[1] == in_treedef
-            except Exception:  # noqa: BLE001
-                return False
-
-        approve = top_and_tree
-
+        approve = _tree_approver(cs, None)
     call = guarded_call(cs.compiled, approve, call_tree(cs), (static, names, bind_static))
     if call is None:
         return None

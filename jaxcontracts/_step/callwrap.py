@@ -1,11 +1,9 @@
-"""The wrappers in front of a call path whose parameters are not all pytrees
-of arrays: static values (:func:`with_static`) and equinox Modules
-(:func:`with_filtered`). Each turns its arguments into tree nodes the compiled
-signature knows, then calls the closure of :mod:`._callpath`. And
-:func:`with_inplace`, which writes back the objects a step updates in place,
-:func:`with_effect_tokens`, for an executable with ordered effects, and
-:func:`host_call`, around the executable's call of a step with declared
-host data.
+"""The wrappers in front of a call path whose arguments change shape: static
+values (:func:`with_static`) and equinox Modules (:func:`with_filtered`)
+become tree nodes the compiled signature knows; :func:`with_inplace` writes
+back the objects a step updates in place. And :func:`with_effect_tokens`
+(ordered effects) and :func:`host_call` (declared host data), around the
+executable's call.
 """
 
 from __future__ import annotations
@@ -51,10 +49,8 @@ def with_filtered(definition: StepDefinition, dispatch: Callable[..., Any], step
     the Module per call.
     """
     normalize, n_params, filtered = definition.normalize, len(definition.param_names), definition.filtered_params
+    bind, record = definition.bind_positional, step.last_output
     last: dict[int, Any] = {}
-    record = step.last_output
-
-    bind = definition.bind_positional
 
     def filtered_call(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -88,9 +84,8 @@ def with_static(definition: StepDefinition, dispatch: Callable[..., Any]) -> Cal
     back, so the usual call (one config object) neither hashes nor compares.
     """
     normalize, n_params, static = definition.normalize, len(definition.param_names), definition.static_params
-    last: dict[int, tuple[Any, Any]] = {}
-
     bind = definition.bind_positional
+    last: dict[int, tuple[Any, Any]] = {}
 
     def static_call(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -235,7 +230,6 @@ def with_effect_tokens(dispatch: Callable[..., Any], ensure: Callable[[], None])
             trim(err)
             raise
 
-    effects_call.takes_static = getattr(dispatch, "takes_static", False)  # type: ignore[attr-defined]
     return effects_call
 
 
@@ -256,15 +250,13 @@ def module_params(
 
 
 def host_call(ctx: CallContext, call: Callable[..., Any], flat: bool) -> Callable[..., Any]:
-    """``call`` for a step with declared host data (``host=``).
-
-    The declared leaves may be numpy arrays: the executable's call transfers
-    them in JAX's C++ path (and checks their shape and dtype), and the
-    closure's own checks have refused numpy anywhere else. The call runs with
-    the thread's host-to-device guard at ``allow`` (a declared transfer, in a
-    loop or under the user's own guard); calls that passed numpy host data
-    are counted with their bytes. ``flat``: ``call`` takes the flat leaves (else the arguments, whose
-    host leaves are read by their paths).
+    """``call`` for a step with declared host data (``host=``): the declared
+    leaves may be numpy arrays, which the executable's call transfers (and
+    checks) in JAX's C++ path; the closure's own checks refused numpy
+    anywhere else. The call runs with the thread's host-to-device guard at
+    ``allow`` (a declared transfer, in a loop or under the user's own
+    guard); calls that passed numpy are counted with their bytes. ``flat``:
+    ``call`` takes the flat leaves (else the arguments, read by their paths).
     """
     cs, stats = ctx.cs, ctx.stats
     allowing = allow_host_to_device(call)  # a declared transfer, inside a loop too

@@ -206,19 +206,17 @@ def _tracing(definition: StepDefinition) -> Iterator[None]:
     _lost.error = None
     try:
         yield
-    except ContractError:
-        _lost.error = None
-        raise
     except Exception as err:
-        _lost.error = None
-        err.add_note(
-            f"jaxcontracts: raised while tracing the hot step {definition.name} to compile it "
-            "(at its first call with these shapes, or its .compile())."
-        )
+        if not isinstance(err, ContractError):
+            err.add_note(
+                f"jaxcontracts: raised while tracing the hot step {definition.name} to compile it "
+                "(at its first call with these shapes, or its .compile())."
+            )
         raise
-    err, _lost.error = _lost.error, None
-    if err is not None:
-        raise err
+    finally:
+        lost, _lost.error = _lost.error, None
+    if lost is not None:
+        raise lost
 
 
 def _lost_update_error(definition: StepDefinition, lost: Sequence[int], args: Sequence[Any]) -> DefinitionError:
@@ -266,14 +264,10 @@ def _refuse_uncarried(definition: StepDefinition) -> None:
 
 
 def _fresh(fn: Callable[..., Any], named: Any) -> Callable[..., Any]:
-    """A new function calling ``fn``, made for one compile.
-
-    JAX caches a jitted function's trace and lowering weakly by the function
-    traced: the step's own function lives as long as the step, so its caches
-    (the jaxpr and the lowered module: about six times the executable's
-    memory) would too, for every signature. A function made for the compile
-    dies with it, and so do they (the executable is what the step keeps).
-    """
+    """A new function calling ``fn``, made for one compile: JAX caches a
+    jitted function's trace and lowering (about six times the executable's
+    memory) weakly by the function traced, so they die with this one, not
+    with the step."""
 
     def step(*args: Any) -> Any:
         return fn(*args)
@@ -290,15 +284,10 @@ _BUILTIN_NODES = (dict, list, tuple, type(None))
 def _flatten_in_python(positional: tuple[Any, ...], treedef: Any) -> bool:
     """Whether the arguments hold pytree nodes flattened by Python callbacks
     (flax's nnx.Variable and struct dataclasses, equinox Modules...) and no
-    jc.state (whose fields a C-level getter reads: the structured call
-    flattens it once, and ``fast`` reads its first donated leaf from its
-    ``__dict__`` without a flatten).
-
-    Such arguments cost a Python call per node each time they are flattened:
-    the call path flattens them once to check them, and a structured call
-    would make the executable flatten them again. Compiled over the flat
-    leaves, the call passes those leaves (flattening a tuple of arrays is free).
-    """
+    jc.state (a C-level getter reads its fields; ``fast`` reads its first
+    donated leaf without a flatten). Such nodes cost a Python call each per
+    flatten: compiled over the flat leaves, the executable does not flatten
+    them again after the call path has."""
     if any(is_sealed_state(arg) for arg in positional):
         return False
     return any_node(
@@ -463,8 +452,7 @@ def _outputs(traced: Any) -> tuple[list[Any], Any]:
     try:
         return list(traced.jaxpr.out_avals), traced.out_tree
     except AttributeError:  # another jax.stages.Traced: the public tree of specs
-        leaves, tree = flatten(traced.out_info)
-        return leaves, tree
+        return flatten(traced.out_info)
 
 
 def _returned(out_tree: Any, pos: tuple[int, ...]) -> tuple[int, Any] | None:
@@ -488,12 +476,9 @@ def _check_carry(
     out_tree: Any,
     out_shardings: Any,
 ) -> None:
-    """Each state parameter's spec is the spec returned for it.
-
-    Compared as exact-spec keys (structure, and shape, dtype, weak type and
-    placement per leaf), from the flat output avals and shardings; the
-    returned specs are built only to explain a difference.
-    """
+    """Each state parameter's spec is the spec returned for it, compared as
+    exact-spec keys (:func:`_spec_key`) from the flat output avals and
+    shardings; the returned specs are built only to explain a difference."""
     __tracebackhide__ = True
     blocks: list[str] = []
     leaves: list[str] = []
@@ -638,17 +623,15 @@ def _check_aliasing(
     specs: Sequence[Any],
     donated: tuple[int, ...],
     out_avals: Sequence[Any],
-    cached: bool = False,
+    cached: bool,
 ) -> frozenset[int] | None:
     """The donated leaves XLA aliases (``None``: not verifiable here).
 
     ``cached``: JAX's persistent compilation cache served the executable, so
     an output that could alias a leaf and does not is the cache entry's doing.
-
     Where JAX paired every donated leaf with an output in this lowering, XLA
-    was asked for each alias and keeps it (``_compat.executable``), so the
-    executable's program is not printed; it is where XLA chose, or where the
-    executable came from the cache.
+    keeps each alias it was asked for (``_compat.executable``): the
+    executable's program is read only where XLA chose, or from the cache.
     """
     __tracebackhide__ = True
     if not donated:

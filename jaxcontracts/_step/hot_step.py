@@ -1,12 +1,12 @@
 """``jc.HotStep``: an AOT-compiled step with derived, verified donation.
 
-Made by the decorator (``_decorator``). Flow, one way: the function's
-signature (``_analyse`` -> ``_signature``: state parameters,
-donated leaves) -> specs -> a compiled signature with its contracts proven
-(``_compile``) -> a call path chosen for the checks level (``_callpath``).
-:class:`HotStep` ties them together and keeps the slow path, which diagnoses
-anything the call path does not handle (``_diagnose``) or compiles a new
-signature when ``max_compiles`` allows it.
+Made by the decorator (``decorator``). Flow, one way: the function's
+signature (``analyse`` -> ``definition``: state parameters, donated leaves)
+-> specs -> a compiled signature with its contracts proven (``compile``) ->
+a call path chosen for the checks level (``callpath``). :class:`HotStep`
+ties them together and keeps the slow path, which diagnoses anything the
+call path does not handle (``diagnose``) or compiles a new signature when
+``max_compiles`` allows it.
 """
 
 from __future__ import annotations
@@ -82,7 +82,7 @@ class HotStep(Generic[P, R]):
         stats: a :class:`StepStats`.
 
     Its other public attributes are the protocol the library's own modules
-    read (``_steps.LiveStep``, ``_callpath.DispatchingStep``), not user API.
+    read (``_steps.LiveStep``, ``_step.callctx.DispatchingStep``), not user API.
     """
 
     def __init__(self, signature: StepDefinition) -> None:
@@ -318,7 +318,7 @@ class HotStep(Generic[P, R]):
         refs = self._definition.ref_params  # compiled for the arrays the refs hold
         return tuple(ref_arrays(x)[0] if i in refs else x for i, x in enumerate(positional)) if refs else positional
 
-    # -- the protocol the library's modules read (_steps, _callpath) -------
+    # -- the protocol the library's modules read (_steps, callctx) --------
 
     @property
     def name(self) -> str:
@@ -355,13 +355,11 @@ class HotStep(Generic[P, R]):
         replaces it, unchained), or the call path's own refusal.
         """
         __tracebackhide__ = True
-        if exc is None:
-            return _decide(self, args, kwargs, None)
         try:
             return _decide(self, args, kwargs, exc)
         except ContractError as err:
-            if err.__context__ is exc:
-                raise err.with_traceback(err.__traceback__) from None
+            if exc is not None and err.__context__ is exc:
+                raise err from None
             raise
 
     def not_consumed(self, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> DonationError | None:
@@ -399,11 +397,9 @@ class HotStep(Generic[P, R]):
         """Make ``fn`` the call path: ``_call``, which the class's call slot
         reads (``fn``, behind the check of an argument that is one array)."""
         self._raw_dispatch = fn
-        # At full, the kept-reference check of the arguments that are one
-        # array (``_step.kept.argument_check``), in the outermost frame of
-        # every call. A step that may compile another signature checks every
-        # parameter that may be one (a call that changes signature passes
-        # through the current signature's path first).
+        # At full only (``kept.argument_check``). A step that may compile another
+        # signature checks every parameter that may be one array (a call that
+        # changes signature passes through the current signature's path first).
         definition = self._definition
         current = None if definition.max_compiles > 1 else self._current
         params = () if self._level != "full" or definition.is_method else argument_params(definition, current)
@@ -414,10 +410,9 @@ class HotStep(Generic[P, R]):
         self, held: list[tuple[int, str, Any]], fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         """Arguments that are one array, held by more than their one name
-        (``argument_entry``): refused before dispatch. Until a step's
-        returned state is known (its first compile, for ``state=``), whether
-        it donates such a parameter is known once compiled: the call
-        compiles, and ``_redispatch`` refuses it then, before its dispatch."""
+        (``argument_entry``): refused before dispatch. Until the step's
+        returned state is known (``state=``, before its first compile), the
+        call compiles, and ``_redispatch`` refuses it before its dispatch."""
         if self._definition.carried is None:  # which state it returns (donates) is known once compiled
             self._redispatch.held = [(i, name) for i, name, _ in held]
             try:
@@ -429,11 +424,6 @@ class HotStep(Generic[P, R]):
     def _kept_arguments_error(self, kept: list[tuple[str, Any]]) -> BaseException:
         self.stats.refused += 1
         return kept_leaves_error(self._definition, self._current, (), (), kept)
-
-    def _filter(self, params: tuple[int, ...]) -> None:
-        """Filter these parameters' equinox Modules from now on (``_filter``)."""
-        with self._compile_lock:
-            self._definition = self._definition.with_filtered(params)
 
     def _use(self, cs: CompiledSignature) -> None:
         """Make ``cs``'s call path at the current level the step's. Each one is
@@ -574,9 +564,10 @@ def _learn_modules(
     step: HotStep[Any, Any], positional: tuple[Any, ...], with_path: list[Any], odd: list[tuple[str, Any]]
 ) -> bool:
     """The non-array leaves a call or a compile was given (``odd``: path, leaf):
-    JAX refs are refused, not taken for host data; where they are the
-    non-array leaves of equinox Modules, those Modules are filtered from now
-    on (``_filter``) and True is returned: bind the arguments again."""
+    pytrees of JAX refs become state updated in place (``ref_params`` refuses
+    what it cannot carry); where they are the non-array leaves of equinox
+    Modules, those Modules are filtered (``_state.filter``). From now on,
+    either way; True: bind the arguments again."""
     __tracebackhide__ = True
     refs = [p for p, x in odd if is_ref(x)]
     if refs:  # pytrees of refs: state updated in place from now on
@@ -587,7 +578,8 @@ def _learn_modules(
         return True
     modules = module_params(step._definition, positional, with_path, odd)
     if modules:
-        step._filter(modules)
+        with step._compile_lock:
+            step._definition = step._definition.with_filtered(modules)
     return bool(modules)
 
 
@@ -671,11 +663,10 @@ _MAX_ALIASES = 8
 
 
 def _alias_for(step: HotStep[Any, Any], leaves: Sequence[Any], treedef: Any) -> CompiledSignature | None:
-    """A compiled signature's executable for arguments whose tree structure
-    differs from its only by ``functools.partial`` statics equal by value
-    (``diffs.same_structure``): a second instance of a model that made its
-    own ``partial(nnx.avg_pool, ...)`` traces to the same program, so it
-    takes the same executable, its C++ call built for this structure. Not a
+    """A compiled signature's executable, its C++ call built for arguments whose
+    tree structure differs only by ``functools.partial`` statics equal by
+    value (``diffs.same_structure``: a second model instance's own
+    ``partial(nnx.avg_pool, ...)`` traces to the same program). Not a
     compile; the last few are kept. None: no such signature, or no C++ call
     can take another structure here (the call is then a new signature)."""
     for cs in step._signatures:

@@ -8,7 +8,7 @@ donated array is held by its state alone (``_compat.refcount``: reference
 counts, exact once garbage is collected). Three views of one rule:
 
 * the leaves inside a state (:class:`KeptPlan`, counted by the closures of
-  ``_callpath`` over the flat leaves): each held once, by its container;
+  ``callpath`` over the flat leaves): each held once, by its container;
 * the containers inside a state (:class:`InnerNodes`), each held once, by
   its parent (BlackJAX's ``samples.append(state.position)``);
 * an argument that is one array (``state="theta"``, :func:`argument_entry`):
@@ -34,10 +34,10 @@ from .._records import CompiledSignature
 from .._state.filter import Filtered
 from .._steps import clear_last_outputs
 from .._tracebacks import trim
-from .callctx import CallContext, picker
+from .callctx import CallContext, param_leaves, picker
 from .definition import StepDefinition
 
-__all__ = ["Check", "InnerNodes", "KeptPlan", "argument_check", "argument_entry", "argument_params", "kept_plan"]
+__all__ = ["KeptPlan", "argument_check", "argument_entry", "argument_params", "kept_plan"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -47,22 +47,13 @@ class KeptPlan:
     view), and the refusal then. The ``full`` closure counts references in
     one C loop, ``max(map(getrefcount, pick(leaves))) > limit``, over a fresh
     sequence of the watched leaves (``pick`` None: the flat leaves, all
-    watched), and on a hit calls :meth:`refuse`, which collects garbage and
-    counts again, and refuses whatever else holds a leaf (the one rule: see
-    ``refcount.kept_after_collecting``), with an error the slow path raises
-    once it has ruled out a wrong signature. No closure holds its flat
-    leaves while it calls the slow path, so a call the slow path dispatches
-    again is counted as any other.
-
-    The same rule holds for the containers inside a state that hold donated
-    leaves (BlackJAX's ``samples.append(state.position)`` keeps a dict whose
-    arrays the donation deletes): :attr:`nodes` gives them, each held once by
-    its parent (Python's dicts, lists and tuples, NamedTuples included; a
-    library's own nodes, such as NNX's Variables, are held by the library
-    by design, and not watched). An argument itself (a bare array, or the state's own
-    container) is not watched: the caller's variable holds it, as it should,
-    and a kept copy of it cannot be told from that variable (the step's
-    report says so)."""
+    watched); on a hit :meth:`refuse` collects garbage, counts again
+    (``refcount.kept_after_collecting``) and gives the error the slow path
+    raises once it has ruled out a wrong signature. :attr:`nodes`: the
+    containers inside a state, under the same rule (:class:`InnerNodes`).
+    An argument itself (a bare array, the state's own container) is not
+    watched: the caller's variable holds it, and a kept copy of it cannot be
+    told from that variable (the step's report says so)."""
 
     watched: tuple[int, ...]  # flat leaf indices
     pick: Callable[[Sequence[Any]], Sequence[Any]] | None
@@ -151,18 +142,15 @@ def _inner_nodes(cs: CompiledSignature, definition: StepDefinition, skip: set[in
     donated = set(cs.donated)
     plans: list[Any] = []
     paths: list[str] = []
-    start = 0
-    for i, spec in enumerate(cs.spec_args):
-        n = len(jax.tree_util.tree_leaves(spec))
-        if i in skip or not donated.intersection(range(start, start + n)):
-            start += n
+    for i, (spec, leaves) in enumerate(zip(cs.spec_args, param_leaves(cs))):
+        if i in skip or not donated.intersection(leaves):
             continue
         kids, stored = _children(spec), _stored(spec)
         top = jax.tree_util.tree_structure(spec, is_leaf=_not(spec))
         watched: list[int] = []
         below: list[tuple[int, Any, Callable[[Sequence[Any]], Sequence[Any]]]] = []
         below_paths: list[str] = []  # of() lists the children first, then what is below them
-        at = start
+        at = leaves.start
         for j, ((key, kid), held) in enumerate(zip(kids, stored)):
             m = len(jax.tree_util.tree_leaves(kid))
             holds = donated.intersection(range(at, at + m))
@@ -176,7 +164,6 @@ def _inner_nodes(cs: CompiledSignature, definition: StepDefinition, skip: set[in
         paths += below_paths
         if watched:
             plans.append((i, top, picker(watched), tuple(below)))
-        start += n
     return InnerNodes(tuple(plans), tuple(paths)) if plans else None
 
 
@@ -219,20 +206,16 @@ def kept_plan(ctx: CallContext) -> KeptPlan | None:
     whole: set[int] = set()
     filtered: set[int] = set()  # the leaves of an equinox Module's Filtered node (_filter)
     unwatched: set[int] = set()  # parameters whose containers are not watched
-    start = 0
     refs = ctx.step.definition.ref_params
-    for i, spec in enumerate(cs.spec_args):
-        n = len(jax.tree_util.tree_leaves(spec))
-        if i in refs:  # the arrays JAX refs hold: no one else can (new_ref and reads copy)
-            whole.update(range(start, start + n))
-            unwatched.add(i)
-        elif jax.tree_util.tree_structure(spec).num_nodes == 1:  # the argument is one array
-            whole.update(range(start, start + n))
+    for i, (spec, leaves) in enumerate(zip(cs.spec_args, param_leaves(cs))):
+        # the arrays JAX refs hold (no one else can: new_ref and reads copy),
+        # or an argument that is one array
+        if i in refs or jax.tree_util.tree_structure(spec).num_nodes == 1:
+            whole.update(leaves)
             unwatched.add(i)
         elif type(spec) is Filtered:
-            filtered.update(range(start, start + n))
+            filtered.update(leaves)
             unwatched.add(i)
-        start += n
     watched = tuple(i for i in cs.donated if i not in whole)
     if not watched:
         return None
@@ -253,12 +236,9 @@ def kept_plan(ctx: CallContext) -> KeptPlan | None:
 
 def _stale_in_snapshot() -> dict[int, int] | None:
     """Per ``id``, the references the user's frame's locals snapshot holds
-    that are not holders (Python 3.11/3.12: ``frames.locals_snapshot_mirrors``):
-    after ``x = s['x']; locals(); del x`` it holds ``x`` until the next
-    ``locals()`` syncs it, but no one can read it unsynced; and where a
-    debugger stopped there holds it, an entry holding what its variable holds
-    now is that variable, seen twice. A key the user put there
-    (``locals()["keep"] = x``) survives every sync: a holder like any other."""
+    that are not holders (``frames.locals_snapshot_mirrors``: after ``x =
+    s['x']; locals(); del x`` it holds ``x``, unreadable until the next sync).
+    A key the user put there (``locals()["keep"] = x``) is a holder."""
     return frames.locals_snapshot_mirrors(_userline.user_frame())
 
 
@@ -301,15 +281,13 @@ def argument_check(
     (:func:`argument_entry`; a method step called on its class passes its
     own ``*args`` tuple), so that what it counts is the caller's: the one
     name the array is passed from, and the call. Anything more is a second
-    holder (a list of samples, a second variable, an outer function's
-    parameter), unless it is the library's own: the step's ``record`` of
-    its last output inside loops (the array, or the output tuple it came
-    in) is dropped, as this call's output replaces it at its end; any
-    other step's is discounted by the slow check (:func:`_kept_arguments`),
-    which also collects garbage. Where a holder
-    remains, ``kept(held, fn, args, kwargs)`` decides (the step refuses the
-    call before dispatch; ``held``: index, name, array). A frame that calls
-    ``fn`` again (the slow path) calls the call path inside, never this."""
+    holder (a list of samples, an outer function's parameter), unless it is
+    the library's own: the step's ``record`` of its last output inside
+    loops is dropped (this call's output replaces it); other steps' are
+    discounted by :func:`_kept_arguments`, which also collects garbage.
+    Where a holder remains, ``kept(held, fn, args, kwargs)`` decides
+    (``held``: index, name, array). A frame that calls ``fn`` again (the
+    slow path) calls the call path inside, never this."""
     counts = refcount.argument_counts()
     if counts is None:
         return None
