@@ -286,3 +286,21 @@ def test_the_audit_shows_a_progress_line_on_a_terminal_only(tmp_path, monkeypatc
         assert ("\x1b[K" in text) is shown
         if shown:  # the line is cleared before the report is printed after it
             assert "calls of" not in text.rsplit("\r\x1b[K", 1)[1]
+
+
+def test_an_interrupt_while_the_watch_enters_its_reads_loop_leaves_jax_jit_as_it_was(monkeypatch):
+    from jaxcontracts._audit import session
+
+    def interrupted(self, counted):
+        raise KeyboardInterrupt  # Ctrl-C as the recording loop enters
+
+    original = jax.jit
+    with monkeypatch.context() as patch:
+        patch.setattr(session._Reads, "_enter", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            with jc.watch():
+                pass
+    assert jax.jit is original  # was left replaced: every later jc.watch() said "already open"
+    with jc.watch() as w:
+        jax.jit(lambda x: x + 1)(jnp.zeros(2))
+    assert w.function_count == 1

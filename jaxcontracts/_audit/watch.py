@@ -392,7 +392,7 @@ class Watch:
 
     @property
     def function_count(self) -> int:
-        """How many jitted functions the watch has seen called."""
+        """How many functions ``jax.jit`` made while the watch was open (called or not)."""
         return len(self._functions)
 
     def report(self) -> WatchReport:
@@ -415,7 +415,12 @@ class Watch:
         self.active = True
         if self._make_reads is not None:
             self._reads = self._make_reads(self)
-            self._reads.__enter__()
+            try:
+                self._reads.__enter__()
+            except BaseException:  # Ctrl-C during the loop's entry: jax.jit restored, no watch open
+                self._reads = None
+                self.__exit__(None, None, None)
+                raise
         return self
 
     def read(self, where: str, what: str, fix: str) -> None:
