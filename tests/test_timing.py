@@ -464,3 +464,25 @@ def test_a_step_first_called_on_another_thread_is_counted_in_every_open_loop(b_i
     timing = out["a"]
     assert [t.name.rsplit(".", 1)[-1] for t in timing.steps] == ["shared"]
     assert timing.calls >= 5 and timing.steps[0].host_seconds > 0  # its own 5 (b's one may count too)
+
+
+def test_a_loop_left_on_another_thread_stops_counting_the_entering_threads_waits(tick):
+    # The exit drops the clock from the entering thread's list of active
+    # clocks: it dropped it from the exiting thread's (where it is not), so
+    # the time the entering thread later spent blocked, in another loop, was
+    # added to the ended loop too.
+    import threading
+
+    s = tick(fresh())
+    first = jc.hot_loop()
+    first.__enter__()
+    s = tick(s)
+    exiting = threading.Thread(target=first.__exit__, args=(None, None, None))
+    exiting.start()
+    exiting.join()
+    before = dict(first.timing.blocked)
+    with jc.hot_loop() as second:
+        s = tick(s)
+        jax.block_until_ready(s)
+    assert second.timing.blocked["block_until_ready"] > 0
+    assert first.timing.blocked == before

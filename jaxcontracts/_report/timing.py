@@ -47,7 +47,10 @@ perf = time.perf_counter
 
 
 class _Local(threading.local):
-    clocks: tuple[LoopClock, ...] = ()
+    def __init__(self) -> None:
+        # This thread's active clocks, in one cell: a loop entered here may
+        # be left on another thread, whose leave() drops the clock from it.
+        self.clocks: list[tuple[LoopClock, ...]] = [()]
 
 
 _local = _Local()
@@ -377,8 +380,10 @@ def enter(clock: LoopClock) -> Any:
         start = perf()
     clock._open[tid] = (depth + 1, start, snapshot)
     _open_clocks[id(clock)] = clock
-    _local.clocks = (*_local.clocks, clock)
-    return (clock, tid)
+    cell = _local.clocks
+    with _lock:
+        cell[0] = (*cell[0], clock)
+    return (clock, tid, cell)
 
 
 def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
@@ -389,7 +394,7 @@ def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
     only when the outermost entry on the thread closes.
     """
     global _active
-    clock, tid = token
+    clock, tid, cell = token
     depth, start, snapshot = clock._open.get(tid, (1, perf(), {}))
     if depth <= 1:
         clock._open.pop(tid, None)
@@ -398,11 +403,11 @@ def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
         clock._close(start, snapshot, held())
     else:
         clock._open[tid] = (depth - 1, start, snapshot)
-    clocks = _local.clocks
-    if clock in clocks:  # this thread's list: drop its last entry of the clock
-        i = len(clocks) - 1 - clocks[::-1].index(clock)
-        _local.clocks = clocks[:i] + clocks[i + 1 :]
     with _lock:
+        clocks = cell[0]  # the entering thread's clocks: drop its last entry of this one
+        if clock in clocks:
+            i = len(clocks) - 1 - clocks[::-1].index(clock)
+            cell[0] = clocks[:i] + clocks[i + 1 :]
         _active -= 1
         if _active == 0:
             blocking.uninstall()
@@ -411,7 +416,7 @@ def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
 
 def blocked(where: str, seconds: float) -> None:
     """Add time blocked on the device to this thread's active clocks."""
-    for clock in _local.clocks:
+    for clock in _local.clocks[0]:
         clock.blocked[where] = clock.blocked.get(where, 0.0) + seconds
 
 
