@@ -187,6 +187,20 @@ def test_a_guard_line_in_a_new_format_is_passed_through_and_counted(capfd):
     assert "something new about a transfer" in err and "an ordinary line" in err
 
 
+def test_a_capture_stopped_before_it_started_still_captures_once_started(capfd):
+    import os
+
+    cap = guardlog.Capture()
+    cap.stop()  # one stop too many: its count of users went to -1, and start() then took nothing
+    assert cap.start()
+    try:
+        os.write(2, b"W1130 00:00:00.0 1 guard_lib.cc:99] something new about a transfer\n")
+    finally:
+        events, unparsed = cap.take(0)
+        cap.stop()
+    assert unparsed == 1
+
+
 def test_raise_mode_does_not_take_stderr(capfd):
     import os
 

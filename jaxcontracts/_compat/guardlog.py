@@ -195,6 +195,8 @@ class Capture:
         """Give fd 2 back (last user). The reader drains the pipe and ends when
         no writer is left (at once, unless a subprocess inherited the pipe)."""
         with self._lock:
+            if not self._users:  # not started: nothing to give back (never below zero)
+                return
             self._users -= 1
             if self._users:
                 return
