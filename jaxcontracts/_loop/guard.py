@@ -116,6 +116,10 @@ class HotLoop:
         timing: a :class:`jc.LoopTiming`: steps per second, host time per
             step call, time blocked on the device, and whether the loop is
             dispatch-bound or device-bound (see :meth:`report`).
+
+    Its methods ``admit_compile``, ``seen_compile``, ``compiles_admitted``
+    and ``violation`` are the protocol hot steps and the library's own
+    modules call (``_runtime.LoopHandle``), not user API.
     """
 
     def __init__(
