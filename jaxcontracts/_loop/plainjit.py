@@ -128,10 +128,13 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
 def _traced(loop: Any, run: Any, fun: Any, ji: Any, args: Any, kwargs: Any) -> Any:
     """Trace the function (``run``), its concrete reads part of its compile.
 
-    Where the loop lets the compile through (``loop`` None: checks level
-    ``off``), JAX's device-to-host guard is lifted for the trace, as for a hot
-    step's compile (``_runtime.compiling``); a compile record mode lets
-    through marks its reads through ``intercept.plain_trace``.
+    Where the loop lets the compile through (its warm-up pass,
+    ``compiles="allow"``, or ``loop`` None: checks level ``off``), JAX's
+    device-to-host guard is lifted for the trace, as for a hot step's compile
+    (``_runtime.compiling``): an ``if`` on a device flag reads it once, at
+    trace time. Where the loop refuses the compile, the compile listener has
+    raised before the trace (or, in record mode, recorded it, and
+    ``intercept.plain_trace`` marks the trace's reads as part of it).
     """
     __tracebackhide__ = True
     lifted = loop is None or loop.compiles_admitted()
