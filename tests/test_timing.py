@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -486,3 +488,17 @@ def test_a_loop_left_on_another_thread_stops_counting_the_entering_threads_waits
         jax.block_until_ready(s)
     assert second.timing.blocked["block_until_ready"] > 0
     assert first.timing.blocked == before
+
+
+def test_a_loop_entered_again_inside_itself_counts_each_wait_once(tick):
+    # The clock was listed once per entry on the thread, so a wait inside the
+    # inner entry was added to it twice.
+    s = tick(fresh())
+    loop = jc.hot_loop()
+    with loop:
+        s = tick(s)
+        with loop:
+            t0 = time.perf_counter()
+            jax.block_until_ready(s)
+            waited = time.perf_counter() - t0
+    assert 0 < loop.timing.blocked["block_until_ready"] <= waited

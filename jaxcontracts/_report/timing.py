@@ -46,14 +46,6 @@ USER_BOUND_SHARE = 0.5  # the caller's own code between calls took at least this
 perf = time.perf_counter
 
 
-class _Local(threading.local):
-    def __init__(self) -> None:
-        # This thread's active clocks, in one cell: a loop entered here may
-        # be left on another thread, whose leave() drops the clock from it.
-        self.clocks: list[tuple[LoopClock, ...]] = [()]
-
-
-_local = _Local()
 _lock = threading.Lock()
 _active = 0  # clocks entered, all threads
 
@@ -380,10 +372,7 @@ def enter(clock: LoopClock) -> Any:
         start = perf()
     clock._open[tid] = (depth + 1, start, snapshot)
     _open_clocks[id(clock)] = clock
-    cell = _local.clocks
-    with _lock:
-        cell[0] = (*cell[0], clock)
-    return (clock, tid, cell)
+    return (clock, tid)
 
 
 def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
@@ -394,7 +383,7 @@ def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
     only when the outermost entry on the thread closes.
     """
     global _active
-    clock, tid, cell = token
+    clock, tid = token
     depth, start, snapshot = clock._open.get(tid, (1, perf(), {}))
     if depth <= 1:
         clock._open.pop(tid, None)
@@ -404,10 +393,6 @@ def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
     else:
         clock._open[tid] = (depth - 1, start, snapshot)
     with _lock:
-        clocks = cell[0]  # the entering thread's clocks: drop its last entry of this one
-        if clock in clocks:
-            i = len(clocks) - 1 - clocks[::-1].index(clock)
-            cell[0] = clocks[:i] + clocks[i + 1 :]
         _active -= 1
         if _active == 0:
             blocking.uninstall()
@@ -415,9 +400,12 @@ def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
 
 
 def blocked(where: str, seconds: float) -> None:
-    """Add time blocked on the device to this thread's active clocks."""
-    for clock in _local.clocks[0]:
-        clock.blocked[where] = clock.blocked.get(where, 0.0) + seconds
+    """Add time blocked on the device to every clock with an open entry on this
+    thread (once each, however deeply its loop is entered again)."""
+    tid = threading.get_ident()
+    for clock in list(_open_clocks.values()):
+        if tid in clock._open:
+            clock.blocked[where] = clock.blocked.get(where, 0.0) + seconds
 
 
 SAMPLE = HOOK_EVERY  # past the first FIRST calls, one call in SAMPLE is timed (two clock reads)
