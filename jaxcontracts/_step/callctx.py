@@ -68,7 +68,7 @@ class CallContext:
     normalize: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
     # At full (with the kept-references capability): refuse a donated leaf
     # held elsewhere. None: not checked.
-    kept: Callable[[Sequence[int], Sequence[str]], BaseException] | None
+    kept: Callable[[Sequence[int], Sequence[tuple[str, range]]], BaseException] | None
     # Keyword arguments bound to positions without inspect (None: not this call's shape).
     bind: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None]
     # Some parameter has a default: a call with fewer positional arguments and

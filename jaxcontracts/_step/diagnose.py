@@ -229,37 +229,33 @@ def run_failed_note(
     return note
 
 
-def _under(leaf: str, node: str) -> bool:
-    """Whether the leaf path ``leaf`` is the node ``node`` or below it (``s.a``
-    holds ``s.a['w']`` and ``s.a.w``, not ``s.ab``)."""
-    return leaf == node or leaf.startswith((node + ".", node + "["))
-
-
 def kept_leaves_error(
     definition: StepDefinition,
     cs: CompiledSignature | None,
     kept: Sequence[int],
-    nodes: Sequence[str] = (),
+    nodes: Sequence[tuple[str, range]] = (),
     arrays: Sequence[tuple[str, Any]] = (),
 ) -> DonationError:
     """Donated leaves, or containers of donated leaves inside a state
-    (``nodes``: their paths), or arguments that are one array (``arrays``:
-    name and array; ``_step.kept.argument_entry``), that something besides
-    their state still references."""
+    (``nodes``: each one's path and the flat positions of its leaves), or
+    arguments that are one array (``arrays``: name and array;
+    ``_step.kept.argument_entry``), that something besides their state
+    still references."""
     leaves = [(cs.leaves[i].path, cs.leaves[i].spec) for i in kept] if cs is not None else []
     leaves += [(name, x) for name, x in arrays]  # shape and dtype: metadata, no device access
     paths = [path for path, _ in leaves]
     lines = [f"  {path}: {fmt_aval(x.shape, x.dtype)}" for path, x in leaves]
-    for path in nodes:  # a kept container: its donated leaves would be deleted in it
+    for path, held in nodes:  # a kept container: its donated leaves would be deleted in it
         assert cs is not None
-        inside = [leaf for leaf in cs.leaves if leaf.donated and _under(leaf.path, path)]
+        inside = [cs.leaves[j] for j in held if cs.leaves[j].donated]
         lines.append(f"  {path}: a container of {len(inside)} donated array(s) ({fmt_bytes(sum(x.nbytes for x in inside))})")
     if arrays:  # the argument itself: its one holder is the name it is passed from
         lines.append(
             f"  ({', '.join(name for name, _ in arrays)} is passed as one array: nothing may hold it "
             "besides the name you pass it from)"
         )
-    first = (paths or list(nodes) or ["the leaf"])[0]
+    node_paths = [path for path, _ in nodes]
+    first = (paths or node_paths or ["the leaf"])[0]
     what = f"{len(leaves)} array(s)" if leaves else f"the arrays of {len(nodes)} container(s)"
     kind = "kept_argument" if arrays and not kept else "kept" if leaves else "kept_node"
     return DonationError(
@@ -273,7 +269,7 @@ def kept_leaves_error(
         note=INPUTS_INTACT,
         contract="donation-hazard",
         step=definition.name,
-        leaves=paths or list(nodes),
+        leaves=paths or node_paths,
     )
 
 

@@ -58,7 +58,7 @@ class KeptPlan:
     watched: tuple[int, ...]  # flat leaf indices
     pick: Callable[[Sequence[Any]], Sequence[Any]] | None
     limit: int
-    error: Callable[[Sequence[int], Sequence[str]], BaseException]
+    error: Callable[[Sequence[int], Sequence[tuple[str, range]]], BaseException]
     nodes: InnerNodes | None = None
 
     def refuse(self, seq: Sequence[Any], sequences: int) -> BaseException | None:
@@ -75,7 +75,7 @@ class KeptPlan:
         clear_last_outputs()
         kept = refcount.kept_after_collecting(nodes, 1, _stale_in_snapshot())
         assert self.nodes is not None
-        return self.error((), [self.nodes.paths[i] for i in kept]) if kept else None
+        return self.error((), [(self.nodes.paths[i], self.nodes.leaves[i]) for i in kept]) if kept else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,10 +86,12 @@ class InnerNodes:
     its own node type, which may run Python); ``watched`` picks those that
     are watched; ``below``: (child position, treedef of one depth inside
     that child, its picker): C-only flattens, since every node down
-    to there is Python's own. ``paths`` name them, in :meth:`of` order."""
+    to there is Python's own. ``paths`` name them, in :meth:`of` order, and
+    ``leaves`` give the flat positions of the leaves each holds."""
 
     plans: tuple[tuple[int, Any, Any, tuple[tuple[int, Any, Any], ...]], ...]  # pickers: callctx.picker
     paths: tuple[str, ...]
+    leaves: tuple[range, ...]
 
     def of(self, args: Sequence[Any]) -> list[Any]:
         """A fresh list of the containers (each then held by its parent and this list)."""
@@ -142,6 +144,7 @@ def _inner_nodes(cs: CompiledSignature, definition: StepDefinition, skip: set[in
     donated = set(cs.donated)
     plans: list[Any] = []
     paths: list[str] = []
+    ranges: list[range] = []
     for i, (spec, leaves) in enumerate(zip(cs.spec_args, param_leaves(cs))):
         if i in skip or not donated.intersection(leaves):
             continue
@@ -150,6 +153,7 @@ def _inner_nodes(cs: CompiledSignature, definition: StepDefinition, skip: set[in
         watched: list[int] = []
         below: list[tuple[int, Any, Callable[[Sequence[Any]], Sequence[Any]]]] = []
         below_paths: list[str] = []  # of() lists the children first, then what is below them
+        below_ranges: list[range] = []
         at = leaves.start
         for j, ((key, kid), held) in enumerate(zip(kids, stored)):
             m = len(jax.tree_util.tree_leaves(kid))
@@ -157,22 +161,28 @@ def _inner_nodes(cs: CompiledSignature, definition: StepDefinition, skip: set[in
             if held and holds and isinstance(kid, _PLAIN_CONTAINERS):
                 watched.append(j)
                 paths.append(definition.param_path((jax.tree_util.SequenceKey(i), *key)))
-                for treedef, positions, keys in _depths(kid, at, donated):
+                ranges.append(range(at, at + m))
+                for treedef, positions, keys, held_leaves in _depths(kid, at, donated):
                     below.append((j, treedef, picker(positions)))
                     below_paths += [definition.param_path((jax.tree_util.SequenceKey(i), *key, *k)) for k in keys]
+                    below_ranges += held_leaves
             at += m
         paths += below_paths
+        ranges += below_ranges
         if watched:
             plans.append((i, top, picker(watched), tuple(below)))
-    return InnerNodes(tuple(plans), tuple(paths)) if plans else None
+    return InnerNodes(tuple(plans), tuple(paths), tuple(ranges)) if plans else None
 
 
-def _depths(root: Any, first: int, donated: set[int]) -> list[tuple[Any, tuple[int, ...], list[tuple[Any, ...]]]]:
+def _depths(
+    root: Any, first: int, donated: set[int]
+) -> list[tuple[Any, tuple[int, ...], list[tuple[Any, ...]], list[range]]]:
     """Inside a watched container ``root`` (its first leaf at flat index
     ``first``): per depth, the treedef whose leaves are that depth's watched
-    containers, their positions in its flat list, and their key paths. Only
-    Python's own containers, reached through Python's own containers."""
-    by_depth: dict[int, list[tuple[Any, tuple[Any, ...]]]] = {}
+    containers, their positions in its flat list, their key paths and the
+    flat positions of their leaves. Only Python's own containers, reached
+    through Python's own containers."""
+    by_depth: dict[int, list[tuple[Any, tuple[Any, ...], range]]] = {}
     stack = [(root, (), 0, first)]
     while stack:
         node, path, depth, at = stack.pop()
@@ -180,7 +190,7 @@ def _depths(root: Any, first: int, donated: set[int]) -> list[tuple[Any, tuple[i
             n = len(jax.tree_util.tree_leaves(node))
             if not donated.intersection(range(at, at + n)):
                 continue
-            by_depth.setdefault(depth, []).append((node, path))
+            by_depth.setdefault(depth, []).append((node, path, range(at, at + n)))
         for key, kid in _children(node):
             if isinstance(kid, _PLAIN_CONTAINERS):
                 stack.append((kid, (*path, *key), depth + 1, at))
@@ -188,13 +198,14 @@ def _depths(root: Any, first: int, donated: set[int]) -> list[tuple[Any, tuple[i
     out = []
     for depth in sorted(by_depth):
         nodes = by_depth[depth]
-        ids = {id(node): path for node, path in nodes}
+        ids = {id(node): (path, held) for node, path, held in nodes}
         # a library's node is a leaf of these treedefs: their flatten stays in C
         flat, treedef = jax.tree_util.tree_flatten(
             root, is_leaf=lambda x, ids=ids: id(x) in ids or not isinstance(x, _PLAIN_CONTAINERS)
         )
         positions = tuple(j for j, x in enumerate(flat) if id(x) in ids)
-        out.append((treedef, positions, [ids[id(flat[j])] for j in positions]))
+        found = [ids[id(flat[j])] for j in positions]
+        out.append((treedef, positions, [path for path, _ in found], [held for _, held in found]))
     return out
 
 
