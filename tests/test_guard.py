@@ -120,19 +120,29 @@ def test_asyncio_tasks_ending_out_of_order_leave_nothing_guarded():
 
 
 def test_generator_closed_on_another_thread_leaves_nothing_guarded():
+    # It left this thread a stale entry, JAX's guard at disallow in its config
+    # (any later jax.transfer_guard block brought the refusal back, outside
+    # every loop) and the library's SIGINT handler installed.
+    import signal
+
     x = jnp.float32(3.0)
+    handler = signal.getsignal(signal.SIGINT)
+    config = jax.config.jax_transfer_guard_host_to_device
     gen = _looping_generator(x)
     next(gen)  # the loop is entered on this thread
+    with pytest.raises(jax.errors.JaxRuntimeError, match="Disallowed host-to-device"):
+        jnp.add(x, np.ones(2, np.float32))  # inside it (though not raised out of it): JAX's own guard refuses
     closer = threading.Thread(target=gen.close)
     closer.start()
     closer.join(30)
-    _nothing_left_guarded(x)
-    with pytest.raises(jc.TransferError), jc.hot_loop():  # the next loop unwinds JAX's contexts
-        float(x)
-    _nothing_left_guarded(x)
-    assert not _runtime.local.stack.entries
-    with jax.transfer_guard_host_to_device("allow"):  # restores what it saw: none
+    assert not _runtime.local.stack.entries  # no stale entry
+    assert signal.getsignal(signal.SIGINT) is handler
+    assert jax.config.jax_transfer_guard_host_to_device == config
+    with jax.transfer_guard("allow"):  # restores what it saw: the thread's own level
         pass
+    _nothing_left_guarded(x)
+    with pytest.raises(jc.TransferError), jc.hot_loop():  # and loops work as before
+        float(x)
     _nothing_left_guarded(x)
 
 

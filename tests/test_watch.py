@@ -291,7 +291,7 @@ def test_the_audit_shows_a_progress_line_on_a_terminal_only(tmp_path, monkeypatc
 def test_an_interrupt_while_the_watch_enters_its_reads_loop_leaves_jax_jit_as_it_was(monkeypatch):
     from jaxcontracts._audit import session
 
-    def interrupted(self, counted):
+    def interrupted(self, *how):
         raise KeyboardInterrupt  # Ctrl-C as the recording loop enters
 
     original = jax.jit

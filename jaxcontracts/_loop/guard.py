@@ -28,7 +28,7 @@ from typing import Any, Literal, TypeVar, overload
 
 import jax
 
-from .._compat import arrays, guardlog, jitwatch, threadguard
+from .._compat import arrays, frames, guardlog, jitwatch, threadguard
 from .._config import get_checks
 from .._errors import VIOLATIONS, ContractError, DefinitionError, compose, violation_summary
 from .._format import fmt_logged_aval, fmt_object
@@ -41,8 +41,16 @@ from .._tracebacks import boundary, trim
 from .._userline import user_frame, where
 from . import intercept, plainjit
 from .intercept import pending
-from .interrupts import MAIN_THREAD, interrupts
-from .loopstack import Entry, enter_native, relink, repair, restore_elsewhere, stacks_lock
+from .interrupts import interrupts
+from .loopstack import (
+    Entry,
+    apply_direct,
+    enter_native,
+    relink,
+    repair,
+    restore_elsewhere,
+    stacks_lock,
+)
 from .translate import translate
 
 __all__ = ["HotLoop", "hot_loop"]
@@ -314,9 +322,13 @@ class HotLoop:
     def __enter__(self) -> HotLoop:
         """Enter the loop; a signal (Ctrl-C, an alarm) during the entry is held until it
         is whole (then the entry is undone and the signal delivered: never half entered)."""
-        counted = interrupts.entering()
+        # Entered in a generator or coroutine, the loop may end on another
+        # thread (a generator closed there): nothing of its may outlive it
+        # there (see _enter and interrupts.entering).
+        suspendable = _in_generator(frames.caller_frame(1))
+        counted = interrupts.entering(keep=not suspendable)
         try:
-            entry = self._enter(counted)
+            entry = self._enter(counted and not suspendable, suspendable)
         except BaseException as err:  # the entry undid itself
             interrupts.finish()
             if isinstance(err, ContractError):  # the traceback ends at the user's line
@@ -328,14 +340,15 @@ class HotLoop:
                 interrupts.finish()
                 interrupts.deliver()
                 return self.__enter__()  # the handler did not raise: entered after all
+            interrupts.finish()
             return self
         except BaseException:
             if entry in self._entries:  # a signal as the entry ended: not entered after all
                 self._exit(None, None)
-                interrupts.finish()
+            interrupts.finish()
             raise
 
-    def _enter(self, counted: bool) -> Entry:
+    def _enter(self, counted: bool, suspendable: bool) -> Entry:
         outer = local.loop
         stack = local.stack
         if not self._entries:  # an iterate() abandoned in an earlier entry counts no more
@@ -372,6 +385,11 @@ class HotLoop:
         checked = get_checks() != "off"
         entry = Entry(self, stack, modes, checked=checked)
         entry.counted = counted
+        # Entered in a generator or coroutine (its exit may run on another
+        # thread, when it is closed there): JAX's config contexts can only be
+        # left on the thread that entered them, so the levels are set on this
+        # thread's record directly (restorable from any thread).
+        entry.direct = bool(modes) and suspendable and threadguard.current() is not None
         acquire(checked)
         try:
             with stacks_lock:
@@ -379,11 +397,12 @@ class HotLoop:
                 if not stack.entries and modes:
                     state = threadguard.current()
                     stack.saved = None if state is None else (state, threadguard.levels(state))
-                entry.native = enter_native(modes)
+                entry.native = None if entry.direct else enter_native(modes)
                 if checked and modes.get("host_to_device") == "log" and guardlog.start():
                     entry.capture_tid = threading.get_native_id()
                 stack.entries.append(entry)
                 relink(stack)
+                apply_direct(stack)
                 self._entries.append(entry)
             if checked:
                 entry.timing = _timing.enter(self._clock)
@@ -425,13 +444,14 @@ class HotLoop:
         if _finalizing():
             return False
         __tracebackhide__ = True
+        held = interrupts.entering(keep=False)  # in front already, unless the entry is a generator's
         try:
             return self._exit(exc, tb)
         except ContractError as err:  # the traceback ends at the user's line
             trim(err)
             raise
         finally:
-            if threading.current_thread() is MAIN_THREAD:
+            if held:
                 interrupts.finish()  # the handlers given back after the last loop, last of all
                 interrupts.deliver()  # a signal held during the exit, now it is whole
 
@@ -446,12 +466,15 @@ class HotLoop:
             entry = self._take_entry()
             stack = entry.stack
             entry.ended = True
+            if entry.direct:  # nothing of JAX's to unwind: it leaves its thread's stack now, from any thread
+                stack.entries.remove(entry)
             if entry.timing is not None:
                 _timing.leave(entry.timing, lambda: held_outputs(_timing.in_use()))
             relink(stack)
             try:
                 if stack is local.stack:
                     repair(stack)
+                    apply_direct(stack, entry.direct)
                 else:
                     restore_elsewhere(stack)
             finally:
@@ -533,6 +556,14 @@ class HotLoop:
                 return fn(*args, **kwargs)
 
         return wrapper  # type: ignore[return-value]
+
+
+_SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
+
+
+def _in_generator(frame: Any) -> bool:
+    """Whether ``frame`` (the one entering a loop) is a generator's or a coroutine's."""
+    return frame is not None and bool(frame.f_code.co_flags & _SUSPENDABLE)
 
 
 # The frames in which a signal is held (their callees' included).

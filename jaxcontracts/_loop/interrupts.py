@@ -35,13 +35,17 @@ class _Interrupts:
     one in front of it, which holds a signal arriving below a
     ``HotLoop.__enter__`` or ``__exit__`` until that entry or exit is whole,
     and passes any other straight on (Ctrl-C in the body interrupts as ever).
+
+    A loop entered in a generator or coroutine may end on another thread (a
+    generator closed there), where no handler can be given back: such an
+    entry holds signals only while its own entry and exit run on the main
+    thread (``keep=False``), so it leaves nothing installed behind it.
     """
 
     def __init__(self) -> None:
         self.depth = 0  # loops entered on the main thread and not yet exited
         self.originals: dict[int, Any] = {}  # signal -> the Python handler this one is in front of
         self.noted: list[tuple[int, Any]] = []  # held: (signal, the handler it was meant for)
-        self.restore_due = False
         self.codes: frozenset[Any] = frozenset()
 
     def handler(self, signum: int, frame: Any) -> None:
@@ -56,17 +60,18 @@ class _Interrupts:
         if callable(original):
             original(signum, frame)
 
-    def entering(self) -> bool:
-        """At a loop's entry: put the handler in front (the outermost entry on the
-        main thread). Whether this entry counts (it was on the main thread)."""
+    def entering(self, keep: bool = True) -> bool:
+        """At a loop's entry or exit: on the main thread, put the handler in
+        front (unless it is already). ``keep``: an entry that keeps it there
+        until its exit, which then calls :meth:`leaving`. Whether it stands in
+        front now (on the main thread); :meth:`finish` ends every such call."""
         if threading.current_thread() is not MAIN_THREAD:
             return False
-        if self.depth == 0:
-            try:
-                self._hold()
-            except (ValueError, OSError, TypeError):  # not the main interpreter
-                return False
-        self.depth += 1
+        try:
+            self._hold()
+        except (ValueError, OSError, TypeError):  # not the main interpreter
+            return False
+        self.depth += keep
         return True
 
     def _hold(self) -> None:
@@ -90,18 +95,16 @@ class _Interrupts:
             del self.originals[signum]
 
     def leaving(self) -> None:
-        """At the exit of an entry that counted: after the last one, the
-        handlers are given back by :meth:`finish`, the last thing the exit does."""
+        """At the exit of an entry that kept the handler (on any thread): after
+        the last one, the handlers are given back by :meth:`finish`, the last
+        thing an exit on the main thread does."""
         self.depth -= 1
-        if self.depth == 0:
-            self.restore_due = True
 
     def finish(self) -> None:
         """The end of an entry or exit on the main thread: give the handlers
-        back if no loop is left there."""
-        if not self.restore_due or self.depth != 0 or threading.current_thread() is not MAIN_THREAD:
+        back if no entry that keeps them is left there."""
+        if self.depth != 0 or threading.current_thread() is not MAIN_THREAD:
             return
-        self.restore_due = False
         self._give_back()
 
     def deliver(self) -> None:

@@ -17,7 +17,7 @@ import jax
 from .._compat import threadguard
 from .._runtime import LoopStack
 
-__all__ = ["Entry", "enter_native", "relink", "repair", "restore_elsewhere", "stacks_lock"]
+__all__ = ["Entry", "apply_direct", "enter_native", "relink", "repair", "restore_elsewhere", "stacks_lock"]
 
 _NATIVE_GUARDS = {
     "host_to_device": jax.transfer_guard_host_to_device,
@@ -32,7 +32,7 @@ stacks_lock = threading.Lock()
 class Entry:
     """One entry into a loop, on the thread (``stack``) that entered it."""
 
-    __slots__ = ("capture_tid", "checked", "counted", "ended", "loop", "modes", "native", "stack", "timing")
+    __slots__ = ("capture_tid", "checked", "counted", "direct", "ended", "loop", "modes", "native", "stack", "timing")
 
     def __init__(self, loop: Any, stack: LoopStack, modes: dict[str, str], checked: bool) -> None:
         self.loop = loop  # the HotLoop entered
@@ -42,7 +42,10 @@ class Entry:
         self.timing: Any = None  # the loop clock's token, while timing
         self.native: contextlib.ExitStack | None = None
         self.ended = False
-        self.counted = False  # entered on the main thread: its exit gives SIGINT back
+        self.counted = False  # entered on the main thread, keeping the signal handler until its exit
+        # Entered in a generator or coroutine, whose exit may run on another
+        # thread: its levels are set on the thread's record, not in JAX's config.
+        self.direct = False
         # Record mode: the native thread id whose guard log lines this entry takes.
         self.capture_tid: int | None = None
 
@@ -110,3 +113,18 @@ def restore_elsewhere(stack: LoopStack) -> None:
     state, saved = stack.saved
     live = [e for e in stack.entries if not e.ended]
     threadguard.set_levels(state, saved, live[-1].modes if live else None)
+
+
+def apply_direct(stack: LoopStack, left: bool = False) -> None:
+    """On the stack's own thread, after an entry or exit: where its innermost
+    live entry sets its levels directly (:attr:`Entry.direct`), set them;
+    ``left``: a direct entry just ended, so its levels give way to those of
+    the live entry below it, or to the thread's own."""
+    if stack.saved is None:
+        return
+    state, saved = stack.saved
+    live = [e for e in stack.entries if not e.ended]
+    if live and live[-1].direct:
+        threadguard.set_levels(state, saved, live[-1].modes)
+    elif left:
+        threadguard.set_levels(state, saved, live[-1].modes if live else None)
