@@ -197,7 +197,7 @@ DONATION_FIXES = {
     "read": "read {returned}; s.{value}). " + _KEEP.replace("{value}", "s.{value}")
     + " Or leave the field out of donate=.",
     # jc.fetch of a donated array
-    "fetch": "fetch from {returned}; jc.fetch(s.{value})).",
+    "fetch": "fetch from {returned}; jc.fetch({value})). " + _KEEP,
     # a call was passed a donated array, or one buffer twice
     "pass": "pass {returned}), not the one you passed to it. "
     + _KEEP
@@ -210,10 +210,6 @@ DONATION_FIXES = {
     "kept": _KEEP_COPY + ", return what you keep as an output of its own, "
     "or drop the other reference (del x; del err for a kept exception; build the state on "
     'a line of its own, not inside an assert); to donate nothing, @jc.hot_step(donate="none").',
-    # an argument that is one array is held by more than the name it is passed from
-    "kept_argument": _KEEP_COPY + ", and pass it from one name, the one the result is bound to "
-    "({value} = step({value}); not new = step({value}) then {value} = new; an outer function's "
-    "{value}: del it there, or pass jnp.copy({value})); to donate nothing, @jc.hot_step(donate=\"none\").",
     # a container of donated leaves inside a state is still referenced besides its state
     "kept_node": "keep a copy instead of the container itself (samples.append(jax.tree.map(jnp.copy, "
     "{value})), or jc.fetch({value}) for a host copy), return what you keep as an output of its "

@@ -12,8 +12,10 @@ attribute.
 
 from __future__ import annotations
 
+import functools
+import sys
 import weakref
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -24,6 +26,8 @@ __all__ = [
     "LiveStep",
     "checks_changed",
     "clear_last_outputs",
+    "consumed",
+    "consumed_by",
     "donating",
     "last_outputs",
     "live",
@@ -70,6 +74,9 @@ class LiveStep(Protocol):
     #: (``None`` when unknown). No argument is ever recorded: a consumed state
     #: goes when the caller rebinds it, as in a plain ``s = f(s)`` loop.
     last_output: list[Any]
+    #: One slot: the donated arrays of its last call at checks ``full``, all
+    #: consumed (deleted: they hold no device memory), or None; see :func:`consumed`.
+    last_consumed: list[Any]
 
     def checks_changed(self, level: str) -> None:
         """The checks level changed: build the call path for ``level``."""
@@ -118,3 +125,58 @@ def clear_last_outputs(steps: Iterable[LiveStep] | None = None) -> None:
     """Forget the recorded output of ``steps`` (default: every live step)."""
     for step in live() if steps is None else steps:
         step.last_output[0] = None
+
+
+# -- which step consumed a deleted array -----------------------------------
+# A step's call at ``full`` leaves the arrays it consumed in its
+# ``last_consumed`` slot; at its next call (:func:`consumed`) those still held
+# by anything besides that slot (the user's saved copy, a ``locals()`` dict)
+# move here, each behind a weak reference that removes it once the array is
+# freed. So a later read of such an array names its consumer however many
+# calls later it comes, for one reference count per consumed array per call.
+
+_held: dict[int, tuple[weakref.ref[Any], str]] = {}
+
+
+def _forget(key: int, ref: weakref.ref[Any]) -> None:
+    entry = _held.get(key)
+    if entry is not None and entry[0] is ref:
+        del _held[key]
+
+
+def consumed(step: LiveStep, arrays: Sequence[Any] | None) -> None:
+    """Record ``arrays`` (None: nothing) as what ``step``'s last call consumed.
+
+    The record they replace goes, except for the arrays someone else still
+    holds: a sequence holds each once, and the count's argument is one more."""
+    slot = step.last_consumed
+    previous, slot[0] = slot[0], arrays
+    if previous and max(map(sys.getrefcount, previous)) > 2:
+        keep(previous, step.short_name, held_only=True)
+
+
+def keep(arrays: Iterable[Any], step: str, held_only: bool = False) -> None:
+    """Remember that ``step`` consumed ``arrays``, for as long as each lives
+    (``held_only``: those that something besides ``arrays`` holds)."""
+    for x in arrays:
+        if held_only and sys.getrefcount(x) <= 3:  # `arrays`, `x`, the count's argument
+            continue
+        key = id(x)
+        try:
+            ref = weakref.ref(x, functools.partial(_forget, key))
+        except TypeError:  # not weakly referenceable: not remembered
+            continue
+        _held[key] = (ref, step)
+
+
+def consumed_by(x: Any) -> str | None:
+    """The short name of the step whose call consumed ``x``, where recorded
+    (at checks ``full``); None where no record says so."""
+    entry = _held.get(id(x))
+    if entry is not None and entry[0]() is x:
+        return entry[1]
+    for step in live():
+        arrays = step.last_consumed[0]
+        if arrays is not None and any(y is x for y in arrays):
+            return step.short_name
+    return None

@@ -710,7 +710,7 @@ def test_refcount_counts_every_holder_once_garbage_is_collected():
 
     assert not held_elsewhere(leaves)
     kept = [state["y"]]
-    assert held_elsewhere(leaves) and refcount.kept_after_collecting(leaves) == [1]  # a live list
+    assert held_elsewhere(leaves) and refcount.kept_after_collecting(leaves, 1, (state,)) == [1]  # a live list
     del kept
 
     def dies_holding(v):
@@ -720,9 +720,9 @@ def test_refcount_counts_every_holder_once_garbage_is_collected():
         dies_holding(state["x"])
     except ValueError as e:
         saved = e  # its traceback's frame holds state["x"]: a holder like any other
-    assert refcount.kept_after_collecting(leaves) == [0]
+    assert refcount.kept_after_collecting(leaves, 1, (state,)) == [0]
     del saved
-    assert refcount.kept_after_collecting(leaves) == []
+    assert refcount.kept_after_collecting(leaves, 1, (state,)) == []
 
     class Cycle:
         pass
@@ -733,68 +733,42 @@ def test_refcount_counts_every_holder_once_garbage_is_collected():
         garbage.me, garbage.held = garbage, state["y"]
         del garbage  # unreachable: freed only by the cyclic collector
         assert held_elsewhere(leaves)  # counted until collected ...
-        assert refcount.kept_after_collecting(leaves) == []  # ... which makes the count exact
+        assert refcount.kept_after_collecting(leaves, 1, (state,)) == []  # ... which makes the count exact
     finally:
         gc.enable()
 
 
-def test_the_locals_snapshot_capability_reads_a_frames_snapshot_without_syncing_it():
+def test_a_dict_shaped_like_a_running_functions_locals_is_no_proof_of_a_holder():
+    # 3.11/3.12: a frame keeps the dict locals() returned, synced only at the
+    # next read: what it holds tells nothing without reading the frame
     import sys
 
-    from jaxcontracts._compat import frames
-    from jaxcontracts._compat.registry import capability
+    from jaxcontracts._compat import refcount
 
-    assert capability("locals-snapshot").available  # 3.11/3.12 read it; 3.13 keeps none
+    state = {"x": object(), "y": object()}
+    leaves = list(state.values())
 
     def body():
-        x = object()
-        assert frames.locals_snapshot_mirrors(sys._getframe()) is None  # no snapshot yet
-        mine = locals()
-        # the user holds it: only an entry mirroring a variable is no holder of its own
-        mirrors = frames.locals_snapshot_mirrors(sys._getframe())
-        if sys.version_info < (3, 13):
-            assert mirrors[id(x)] == 1  # (free variables such as `frames` mirror theirs too)
-            mine["x"] = kept = object()  # the user's own entry: a holder like any other
-            mirrors = frames.locals_snapshot_mirrors(sys._getframe())
-            assert id(kept) not in mirrors and id(x) not in mirrors
-            del kept
-        del mine
-        y = 1  # bound after the snapshot: a sync would add it
-        found = frames._locals_snapshot(sys._getframe())
-        if sys.version_info >= (3, 13):
-            assert found is None and frames.locals_snapshot_mirrors(sys._getframe()) is None
-        else:
-            snapshot, alone = found
-            assert alone and "y" not in snapshot  # as locals() left it: not synced
-        del found
-        return y
+        x = state["x"]  # noqa: F841 - bound, then dropped: a stale snapshot entry
+        snapshot = locals()
+        del x
+        stale = refcount.kept_after_collecting(leaves, 1, (state,))
+        keep = {"keep": state["y"]}  # a dict whose key is no variable: a holder
+        kept = refcount.kept_after_collecting(leaves, 1, (state,))
+        del snapshot, keep
+        return stale, kept
 
-    body()
-    assert frames.locals_snapshot_mirrors(None) is None
-    namespace = {"frames": frames, "sys": sys}
-    exec("seen = frames.locals_snapshot_mirrors(sys._getframe())", namespace)
-    assert namespace["seen"] is None  # a module's namespace is no snapshot
+    stale, kept = body()
+    assert stale == [] and kept == [1]
+    if sys.version_info < (3, 13):
+        # the state's own dict is never taken for a snapshot, whatever its keys
+        def own(x, y):  # noqa: ARG001 - variables named as the state's keys
+            return refcount.kept_after_collecting(leaves, 1, ({"x": state["x"], "y": state["y"]},))
+
+        assert own(None, None) == [0, 1]  # the second dict holds both: a holder, not a snapshot
 
 
-def test_the_kept_arguments_capability_measures_one_name_and_tells_unpacking_calls():
-    from jaxcontracts._compat import refcount
-    from jaxcontracts._compat.registry import capability
-
-    assert capability("kept-arguments").available
-    plain, unpacked = refcount.argument_counts()
-    # an unpacking call counts one fewer (its tuple or dict is the call's own), never more
-    assert all(p - u == 1 for p, u in zip(plain, unpacked)), (plain, unpacked)
-    seen = []
-
-    def spy(*args, **kwargs):
-        seen.append(refcount.unpacks(1))
-
-    x, rest = object(), ()
-    spy(x), spy(x, *rest), spy(**{"x": x}), spy(x=x), list(map(spy, [x]))
-    assert seen == [False, True, True, False, False]  # map calls from C: its caller's CALL
-
-
-def test_decorators_applied_inside_a_function_leave_its_locals_as_they_were():
+def test_decorators_applied_inside_a_function_read_its_locals_only_for_a_local_class():
     # Before Python 3.13, resolving annotations by reading the caller's
     # f_locals synced the dict locals() returned: a @jc.hot_step or @jc.state
     # applied in main() changed its `hparams = locals()`. The caller's locals
@@ -824,9 +798,12 @@ def test_decorators_applied_inside_a_function_leave_its_locals_as_they_were():
 
     p = move(Point(x=jnp.zeros(2)))
     assert float(p.x[0]) == 1.0 and float(t[0]) == 1.0
-    # the local class is read from its slot (3.11/3.12), or through 3.13's
-    # f_locals proxy: neither writes anything
-    assert hparams == before
+    # the local class is read from f_locals: 3.13's proxy writes nothing;
+    # before it, the read syncs the dict locals() returned, as a debugger's does
+    if sys.version_info >= (3, 13):
+        assert hparams == before
+    else:
+        assert hparams["lr"] == before["lr"]  # the variables as they are (hparams is itself, now)
 
 
 def test_the_caller_namespace_reads_nothing_for_a_name_the_frame_has_no_variable_for():
@@ -860,7 +837,7 @@ def test_a_refused_call_typed_at_a_pdb_prompt_leaves_the_debugged_functions_loca
         theta = halve(jnp.ones(3))
         lr = 0.1
         out = io.StringIO()
-        commands = "!step(old)\n!trajectory = [theta]; halve(theta)\ncontinue\n"
+        commands = "!step(old)\n!kept = s['x']; step(s)\ncontinue\n"
         debugger = pdb.Pdb(stdin=io.StringIO(commands), stdout=out, nosigint=True, readrc=False)
         debugger.use_rawinput = False
         debugger.set_trace()

@@ -136,5 +136,5 @@ def test_a_lagged_read_of_a_donated_array_is_refused_at_once_naming_it():
     step = _counter_step()
     s = {"x": jnp.zeros(3), "n": jnp.int32(0)}
     new, _ = step(s)
-    with pytest.raises(jc.DonationError, match=r"jc\.fetch_async\(\): \['n'\]: i32\[\] was deleted"):
+    with pytest.raises(jc.DonationError, match=r"jc\.fetch_async\(\): \['n'\]: i32\[\] was donated to step"):
         jc.fetch_async(s)

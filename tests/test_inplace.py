@@ -361,8 +361,11 @@ def test_a_model_updated_with_a_consumed_state_then_used_is_named_by_its_path(le
         namespace = run_program(_UPDATED_WITH_CONSUMED, "model = Net", where, names, "errors, y")
     called, read = namespace["errors"]
     for err in (called, read):
+        if level == "full":  # the step's record of what its call consumed names it
+            assert str(err).startswith("`model.l1.kernel.value` (f32[7,11]) was donated to fit."), str(err)
+            continue
         assert str(err).startswith(
             "`model.l1.kernel.value` (f32[7,11]) was deleted: most likely donated to an earlier call ("
         ), str(err)
-        assert "donated to fit" not in str(err)  # an nnx.State is no jc.state: not proven
+        assert "donated to fit" not in str(err)  # an nnx.State is no jc.state: nothing records it below full
     assert namespace["y"].shape == (13, 11)  # updated with what fit returned, the model runs

@@ -198,7 +198,7 @@ def test_a_donated_leaf_of_a_foreign_state_read_outside_a_loop_is_named_with_its
         return
     assert isinstance(e.value, RuntimeError)  # still what JAX raised: `except RuntimeError` holds
     text = str(e.value)
-    assert _listed() in text, text
+    assert "was donated to advance." in text and e.value.step == "advance", text  # the step's record
     if NAMES:
         assert "`old.x` (f32[5,7])" in text or "`old.n` (i32[])" in text, text
     else:
@@ -248,7 +248,7 @@ def test_a_donated_foreign_leaf_read_inside_a_loop_names_its_path():
     old = s
     s = step(s)
     named = "`old.x`, " if NAMES else ""
-    with pytest.raises(jc.DonationError, match=re.escape(f"str() / print() of {named}an array (f32[5,7]) that {DELETED}")):
+    with pytest.raises(jc.DonationError, match=re.escape(f"str() / print() of {named}an array (f32[5,7]) that was donated to advance")):
         with jc.hot_loop():
             print(old.x)
 
@@ -273,7 +273,7 @@ def test_a_read_only_step_that_saw_a_leaf_is_never_named_as_its_donor():
                     print(s["x"])
                 s = new
     text = str(e.value)
-    assert _listed() in text, text  # rollout donates ...
+    assert "donated to rollout" in text, text  # rollout consumed it ...
     assert "energy" not in text.split("Fix:")[0]  # ... the read-only step is never named
     assert measure.stats.calls == 2 and advance.stats.calls == 2
 

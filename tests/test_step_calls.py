@@ -378,7 +378,7 @@ def test_without_the_guarded_call_one_closure_checks_every_call_in_python(level,
     with pytest.raises(jc.RecompileError, match=r"d\['w'\]"):
         dstep({"w": jnp.zeros(3, jnp.int32), "n": d["n"]})  # another dtype
     old, d = d, dstep(d)
-    with pytest.raises(jc.DonationError, match="was already deleted"):
+    with pytest.raises(jc.DonationError, match="was already (deleted|donated to <lambda>)"):
         dstep(old)
     if level == "full":
         kept = [d["w"]]

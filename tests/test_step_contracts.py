@@ -538,14 +538,14 @@ def test_a_checks_level_set_back_takes_its_call_path_again():
     step = jc.hot_step(state="s", max_compiles=2)(lambda s: {"x": s["x"] + 1.0})
     small, big = {"x": jnp.zeros(3)}, {"x": jnp.zeros(5)}
     small = step(small)
-    full_small = step._raw_dispatch
+    full_small = step._call
     with jc.checks_level("off"):
         small = step(small)
-        off_small = step._raw_dispatch
+        off_small = step._call
         assert off_small is not full_small
-    assert step._raw_dispatch is full_small
+    assert step._call is full_small
     big = step(big)  # a second signature: its own call paths
-    full_big = step._raw_dispatch
+    full_big = step._call
     assert full_big is not full_small
     with jc.checks_level("off"):
         small = step(small)  # the slow path switches signatures

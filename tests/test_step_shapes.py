@@ -222,7 +222,7 @@ def test_a_named_argument_is_donated_and_its_aliasing_proven():
             q, f2 = kick(q, f2)
     with pytest.raises(jc.DonationError) as info:
         kick(q, f)  # the donated forces, used again
-    assert "forces: f32[4,3] was already deleted" in str(info.value)
+    assert "forces: f32[4,3] was already donated to kick" in str(info.value)
     assert "An argument in donate_argnames (forces) is consumed by every call" in str(info.value)
     assert alive(q)
 
@@ -365,7 +365,7 @@ class _Scale(typing.NamedTuple):
 @pytest.mark.parametrize(
     ("first", "second", "differs"),
     [
-        (np.array(2, np.int32), np.array(2, np.float32), "i32[] vs f32[] (another array object)"),
+        (np.array(2, np.int32), np.array(2, np.float32), "a ndarray, which can change after a compile"),
         (_Scale(2), _Scale(2.0), ".c: 2 vs 2.0"),
         (0.0, -0.0, "0.0 vs -0.0"),
         (jnp.float32(2.0), jnp.float32(2.0), "another array object"),
@@ -385,7 +385,11 @@ def test_partials_whose_arguments_trace_otherwise_are_a_new_signature(first, sec
         return {"w": act(s["w"]).astype(s["w"].dtype)}
 
     s = step(functools.partial(scale, c=first), {"w": jnp.arange(3, dtype=jnp.int32)})
-    s = step(functools.partial(scale, c=first), s)  # the same values again: one executable
+    if isinstance(first, np.ndarray):  # it can change in place: a new partial of it is a new signature
+        with pytest.raises(jc.RecompileError, match="a ndarray, which can change after a compile"):
+            step(functools.partial(scale, c=first), s)
+    else:
+        s = step(functools.partial(scale, c=first), s)  # the same values again: one executable
     with pytest.raises(jc.RecompileError) as info:
         step(functools.partial(scale, c=second), s)
     assert differs in str(info.value) and step.stats.compiles == 1

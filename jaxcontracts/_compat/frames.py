@@ -7,7 +7,6 @@ cell pseudo-files to execution counts, are private too.
 
 from __future__ import annotations
 
-import ctypes
 import os
 import sys
 from collections.abc import Iterator, Mapping
@@ -24,7 +23,6 @@ __all__ = [
     "locals_of",
     "namespace_of",
     "notebook_cell",
-    "locals_snapshot_mirrors",
 ]
 
 _OPTIMIZED = 0x0001  # CO_OPTIMIZED: a function's frame (fast locals)
@@ -87,156 +85,17 @@ def library_locals(frame: Any) -> dict[str, Any]:
     return out
 
 
-# Before Python 3.13, a function frame's locals snapshot (the dict locals()
-# returned, kept by the frame and synced from its variables at every
-# locals() or f_locals read) sits in the frame's _PyInterpreterFrame. Offsets
-# (64-bit CPython): PyFrameObject.f_frame; in _PyInterpreterFrame, f_code,
-# f_locals and frame_obj. f_code and frame_obj are compared with the frame's
-# own at every read: a layout that differs reads as "unknown".
-_LAYOUT = {(3, 11): (24, 32, 24, 40), (3, 12): (24, 0, 40, 48)}.get(sys.version_info[:2])
-
-
-@define(
-    "locals-snapshot",
-    "CPython 3.11/3.12's frame layout: the locals snapshot a function frame keeps and its "
-    "variables' slots (read without syncing them); nothing to read on 3.13, which keeps none",
-    "a donated array still held by a stale locals() snapshot nobody holds "
-    "(`x = s['x']; locals(); del x`), or by a debugger's snapshot entry that "
-    "mirrors the variable passed, is refused as kept; a class local to a function, named "
-    "in an annotation, is read without changing that function's locals()",
-)
-def _probe_snapshot() -> str | None:
-    if sys.version_info >= (3, 13):
-        return None
-    if _LAYOUT is None or sys.maxsize < 2**32 or not hasattr(sys, "getrefcount"):
-        return f"no known frame layout for Python {sys.version_info[:2]} on this build"
-
-    def probe() -> bool:  # read while the frame runs
-        x = object()  # noqa: F841 - a local for the snapshot to hold
-        seen = locals()
-        return _snapshot_address(sys._getframe()) == id(seen)
-
-    def variables(a: object) -> bool:  # the variables, read where the frame keeps them
-        b, c = object(), object()
-
-        def inner() -> object:  # makes c a cell variable
-            return c
-
-        frame = sys._getframe()
-        return all(_variable_holds(frame, n, v) for n, v in (("a", a), ("b", b), ("c", inner())))
-
-    ok = probe() and variables(object())
-    return None if ok else "the frame layout read does not match this interpreter's"
-
-
-def _word(frame: FrameType, offset: int) -> int | None:
-    """The pointer at ``offset`` in ``frame``'s interpreter frame (0: NULL),
-    read without syncing anything; None where the layout read does not check
-    out against the frame's own code and frame object."""
-    if _LAYOUT is None:
-        return None
-    f_frame, f_code, _, frame_obj = _LAYOUT
-    word = ctypes.c_void_p.from_address
-    data = word(id(frame) + f_frame).value
-    if not data or word(data + f_code).value != id(frame.f_code) or word(data + frame_obj).value != id(frame):
-        return None
-    return word(data + offset).value or 0
-
-
-def _snapshot_address(frame: FrameType) -> int | None:
-    """The address of ``frame``'s locals snapshot (0: none yet); None: unreadable."""
-    return None if _LAYOUT is None else _word(frame, _LAYOUT[2])
-
-
-# Where _PyInterpreterFrame's localsplus array starts (3.11 and 3.12, 64-bit):
-# a function's variables, co_varnames first, in that order.
-_LOCALSPLUS = 72
-
-
-def _variable_holds(frame: FrameType, name: str, obj: Any) -> bool:
-    """Whether the running function ``frame``'s variable ``name`` holds
-    ``obj`` now, read from the interpreter frame without syncing its
-    locals; False where that cannot be read."""
-    found = _read_variable(frame, name)
-    return found is not None and found[0] and found[1] is obj
-
-
-def _read_variable(frame: FrameType, name: str) -> tuple[bool, Any] | None:
-    """``(bound, value)`` of the running function ``frame``'s variable
-    ``name`` (a local, a cell or a free variable), read from its slot in the
-    interpreter frame without syncing its locals (3.11/3.12); None where
-    the layout cannot be read here."""
-    code = frame.f_code
-    cells = [c for c in code.co_cellvars if c not in code.co_varnames]
-    order = (*code.co_varnames, *cells, *code.co_freevars)  # the slots, in localsplus order
-    if name not in order:
-        return (False, None)
-    address = _word(frame, _LOCALSPLUS + 8 * order.index(name))
-    if address is None:
-        return None
-    if not address:
-        return (False, None)  # unbound
-    value = ctypes.cast(address, ctypes.py_object).value  # the frame holds it: alive
-    if name in code.co_cellvars or name in code.co_freevars:  # the slot holds its cell
-        try:
-            return (True, value.cell_contents)
-        except ValueError:  # an empty cell
-            return (False, None)
-    return (True, value)
-
-
-def _locals_snapshot(frame: FrameType | None) -> tuple[dict[str, Any], bool] | None:
-    """A running function ``frame``'s locals snapshot (3.11/3.12), read
-    without syncing it, and whether nothing but the frame holds it; None: no
-    snapshot, Python 3.13 (which keeps none), or the layout cannot be read."""
-    if frame is None or sys.version_info >= (3, 13) or not frame.f_code.co_flags & _OPTIMIZED:
-        return None
-    if not capability("locals-snapshot").available:
-        return None
-    address = _snapshot_address(frame)
-    if not address:
-        return None
-    snapshot = ctypes.cast(address, ctypes.py_object).value  # the frame holds it: alive
-    if type(snapshot) is not dict:
-        return None
-    alone = sys.getrefcount(snapshot) == 3  # the frame's reference, this variable, the argument
-    return snapshot, alone
-
-
-def locals_snapshot_mirrors(frame: FrameType | None) -> dict[int, int] | None:
-    """Per ``id``, the entries of a running function ``frame``'s locals
-    snapshot (3.11/3.12) that are not holders of their own. Where only the
-    frame holds the snapshot, all of those under its variable names: they
-    are stale, and every read of the snapshot (``locals()``, ``f_locals``, a
-    tracer's) syncs it first. Where something else holds it too (a debugger
-    stopped there, ``hparams = locals()``), only those holding the very
-    object their variable holds now. None: nothing to discount (3.13, no
-    snapshot, the layout unknown)."""
-    found = _locals_snapshot(frame)
-    if found is None:
-        return None
-    snapshot, alone = found
-    assert frame is not None
-    code = frame.f_code
-    names = {*code.co_varnames, *code.co_cellvars, *code.co_freevars}
-    out: dict[int, int] = {}
-    for name, value in snapshot.items():
-        if name in names and (alone or _variable_holds(frame, name, value)):
-            out[id(value)] = out.get(id(value), 0) + 1
-    return out
-
-
 def caller_locals(depth: int) -> Mapping[str, Any]:
     """The local namespace of the frame ``depth`` levels above the caller,
     for resolving names in annotations (a class local to the caller's
     function), read only for a name that is one of that frame's variables.
 
-    A decorator applied inside a function must not change its ``hparams =
-    locals()`` (see :func:`locals_of`): a name the frame's code has no
-    variable for is "absent" without reading anything, and a function's own
-    local is read from its slot in the frame, without syncing (3.11/3.12;
-    3.13's ``f_locals`` writes nothing). Only iterating the mapping reads
-    ``f_locals`` whole."""
+    A name the frame's code has no variable for is "absent" without reading
+    anything. Reading one that is (a class local to a function, named in a
+    string annotation) reads the frame's ``f_locals``: before Python 3.13
+    that syncs the dict an earlier ``locals()`` call in that function
+    returned with its current variables, as a debugger's read does; since
+    3.13 ``f_locals`` is a proxy that writes nothing."""
     frame = caller_frame(depth + 1)
     return {} if frame is None else namespace_of(frame)
 
@@ -264,13 +123,6 @@ class _Namespace(Mapping[str, Any]):
     def __getitem__(self, name: str) -> Any:
         if self._names is not None and name not in self._names:
             raise KeyError(name)
-        if self._names is not None and self._read is None and sys.version_info < (3, 13):
-            assert self._frame is not None
-            found = _read_variable(self._frame, name) if capability("locals-snapshot").available else None
-            if found is not None:
-                if not found[0]:
-                    raise KeyError(name)
-                return found[1]
         return self._locals()[name]
 
     def __iter__(self) -> Iterator[str]:

@@ -7,33 +7,31 @@ shares the leaf) is then a deleted array, and its data is lost. CPython's
 besides its state's container: a leaf held by one container, in a sequence
 of the call's leaves, counts :data:`BASELINE` references when read through
 ``map(sys.getrefcount, leaves)`` (the container, the sequence, the
-argument), and more when anything else holds it.
+argument), and more when anything else holds it. That count does not depend
+on how the call was made (``map``, ``functools.reduce``, a debugger), which
+is why only leaves and containers inside a state are counted, never the
+arguments themselves.
 """
 
 from __future__ import annotations
 
-import dis
 import gc
-import operator
 import sys
 from collections.abc import Sequence
+from types import BuiltinFunctionType, FrameType, FunctionType, MethodType, ModuleType
 from typing import Any
 
 from .registry import capability, define
 
-__all__ = [
-    "BASELINE",
-    "argument_counts",
-    "available",
-    "count",
-    "kept_after_collecting",
-    "unpacks",
-]
+__all__ = ["BASELINE", "available", "count", "kept_after_collecting"]
 
 #: References of a leaf held by one container, read through map() over a sequence.
 BASELINE = 3
 #: ``sys.getrefcount``, for the call path's inline ``max(map(count, leaves))``.
 count = sys.getrefcount
+
+_OPTIMIZED = 0x0001  # CO_OPTIMIZED: a function's frame (fast locals)
+_SNAPSHOT_SCAN = 32  # kept leaves looked for in locals() snapshots, at most
 
 
 @define(
@@ -65,100 +63,82 @@ def available() -> bool:
     return capability("kept-references").available
 
 
-def kept_after_collecting(leaves: Sequence[Any], sequences: int = 1, stale: dict[int, int] | None = None) -> list[int]:
+def kept_after_collecting(leaves: Sequence[Any], sequences: int, arguments: tuple[Any, ...]) -> list[int]:
     """The positions in ``leaves`` (a sequence held ``sequences`` times, each
     leaf once by its container) of the leaves held elsewhere, counted after
     a garbage collection (an unreachable cycle holds nothing anyone can
     read). Every other reference counts, whoever holds it (a variable, a
-    saved traceback, pytest's assertion temporaries): the check cannot
-    prove losing the array there loses nothing. Called only when a count
-    found something (a collection costs milliseconds). ``stale``: per
-    ``id``, references known not to be holders (a locals snapshot no one
-    reads unsynced: ``frames.locals_snapshot_mirrors``)."""
+    saved traceback, pytest's assertion temporaries), except one that may be
+    a function's ``locals()`` snapshot (:func:`_snapshot_references`): what
+    such a reference means cannot be told without reading the interpreter's
+    frames, so the step does what ``jax.jit`` does there. ``arguments``: the
+    call's, whose own containers are never taken for a snapshot. Called
+    only when a count found something (a collection costs milliseconds)."""
     gc.collect()
-    limit, stale = BASELINE + sequences - 1, stale or {}
-    return [i for i, n in enumerate(map(count, leaves)) if n - stale.get(id(leaves[i]), 0) > limit]
+    limit = BASELINE + sequences - 1
+    kept = [i for i, n in enumerate(map(count, leaves)) if n > limit]
+    # (a snapshot holds a leaf only under a variable's name: past a few dozen
+    # held leaves something else holds them, and the scan costs the heap times their number)
+    if kept and len(kept) <= _SNAPSHOT_SCAN and sys.version_info < (3, 13):
+        snapshots = _snapshot_references([leaves[i] for i in kept], _containers(arguments))
+        kept = [i for i in kept if count(leaves[i]) - snapshots.get(id(leaves[i]), 0) > limit]
+    return kept
 
 
-@define(
-    "kept-arguments",
-    "CPython's reference counts of a call's arguments at the call's outermost "
-    "frame, and the calling instruction (CALL_FUNCTION_EX) of the caller's frame",
-    "refusing, before dispatch, a donated argument that is one array (state=\"theta\") "
-    "held by more than the name it is passed from (a list of samples, a second variable)",
-)
-def _probe_arguments() -> str | None:
-    if not available() or not hasattr(sys, "_getframe"):
-        return "sys.getrefcount or sys._getframe does not work as the check expects"
-    _arguments[:] = [_measure_arguments()]
-    if _arguments[0] is None:
-        return "an argument held by one name counts otherwise from a function and from a module"
-    return None
+def _snapshot_references(held: list[Any], own: set[int]) -> dict[int, int]:
+    """Per ``id`` of the objects in ``held``, how many references to it come
+    from dicts shaped like a locals() snapshot of a function running on this
+    thread (Python 3.11/3.12); one scan of the heap for all of them.
+
+    Before 3.13 a function frame keeps the dict ``locals()`` returned (and
+    that a debugger's or tracer's ``f_locals`` read filled), and syncs it with
+    the frame's variables only at the next such read: after ``x = s['x'];
+    locals(); del x`` it still holds ``x``, though nothing can read it
+    without the sync that drops it, and a debugger stopped once in the
+    function holds it past the stop. Such a dict (its keys all variables of
+    one running function, not one of the call's own containers) is not proof
+    of a holder: ``hparams = locals()`` is one too, and its entry is then
+    named at its later read instead of being refused here."""
+    names: list[frozenset[str]] = []
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_flags & _OPTIMIZED:
+            names.append(frozenset((*code.co_varnames, *code.co_cellvars, *code.co_freevars)))
+        frame = frame.f_back
+    del frame
+    ids = set(map(id, held))
+    found: dict[int, int] = {}
+    for holder in gc.get_referrers(*held):
+        if type(holder) is dict and id(holder) not in own and any(holder.keys() <= n for n in names):
+            for v in holder.values():
+                if id(v) in ids:
+                    found[id(v)] = found.get(id(v), 0) + 1
+    return found
 
 
-#: (without unpacking, with): per kind of argument (by position, by position
-#: beside keywords, by keyword), the references of one held by one name.
-Counts = tuple[tuple[int, int, int], tuple[int, int, int]]
-_arguments: list[Counts | None] = [None]  # the probe's measure
+_NOT_NODES = (type, ModuleType, FunctionType, BuiltinFunctionType, MethodType)
 
 
-def argument_counts() -> Counts | None:
-    """The references ``_step.kept.argument_check`` counts for an argument held
-    by one name (a variable, an attribute, a dict value), per kind of
-    argument (by position, by position beside keywords, by keyword), for a
-    plain call and for one that unpacks (``f(x, *rest)``: one fewer, the
-    unpacked tuple being the call's own, as told by ``unpacks``). Measured
-    once in that check's shape (a property call slot such as
-    ``HotStep.__call__``, a closure taking ``*args, **kwargs``), from a
-    function's frame and a module's, which must agree. None: not measurable
-    here (the capability warns, and the check is not made)."""
-    return _arguments[0] if capability("kept-arguments").available else None
-
-
-_FORMS = (
-    "probe(x)", "probe(x, y=None)", "probe(x=x)",  # a plain call
-    "probe(*[x])", "probe(*[x], y=None)", "probe(**{'x': x})",  # one that unpacks
-)  # fmt: skip
-
-
-def _measure_arguments() -> Counts | None:
-    seen: list[tuple[int, bool]] = []
-
-    def check(fn: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-        n = count(args[0]) if args else count(kwargs["x"])
-        seen.append((n, unpacks(2)))
-
-    def entry(*args: Any, **kwargs: Any) -> None:
-        return check(None, args, kwargs)
-
-    probe = type("_Probe", (), {"__call__": property(operator.attrgetter("_call"))})()
-    probe._call = entry  # type: ignore[attr-defined]
-    source = "".join(form + "\n" for form in _FORMS)
-    exec(compile(source, "<kept-arguments>", "exec"), {"probe": probe, "x": object()})  # noqa: S102
-    module = list(seen)
-    seen.clear()
-    body = "".join("    " + form + "\n" for form in _FORMS)
-    scope: dict[str, Any] = {}
-    exec(compile("def calls(probe, x):\n" + body, "<kept-arguments>", "exec"), scope)  # noqa: S102
-    scope["calls"](probe, object())
-    if len(seen) != len(_FORMS) or seen != module or [u for _, u in seen] != [False] * 3 + [True] * 3:
-        return None
-    plain, unpacked = tuple(n for n, _ in seen[:3]), tuple(n for n, _ in seen[3:])
-    if min(unpacked) < 2 or any(u > p for u, p in zip(unpacked, plain)):
-        return None
-    return plain, unpacked  # type: ignore[return-value]
-
-
-_CALL_EX = dis.opmap["CALL_FUNCTION_EX"]
-
-
-def unpacks(depth: int) -> bool:
-    """Whether the frame ``depth`` levels above the caller of this function
-    is inside a call that unpacks its arguments (``f(*args)``, ``f(x,
-    *rest)``, ``f(**kw)``): its current instruction is ``CALL_FUNCTION_EX``
-    (the ``kept-arguments`` capability's probe checks it on every form)."""
-    try:
-        frame = sys._getframe(depth + 1)
-    except ValueError:  # called from C with no Python frame above (a new thread's target):
-        return True  # its arguments come in a tuple of the caller's own, as unpacked ones do
-    return frame.f_code.co_code[frame.f_lasti] == _CALL_EX
+def _containers(arguments: tuple[Any, ...], limit: int = 10_000) -> set[int]:
+    """The ids of the Python containers the call's arguments are made of (dicts,
+    lists, tuples, and objects' own ``__dict__``), to at most ``limit``."""
+    seen: set[int] = set()
+    stack: list[Any] = [arguments]
+    while stack and len(seen) < limit:
+        node = stack.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if type(node) is dict:
+            stack.extend(node.values())
+        elif isinstance(node, (list, tuple)):
+            stack.extend(node)
+        elif not isinstance(node, _NOT_NODES):
+            try:
+                own = object.__getattribute__(node, "__dict__")
+            except (AttributeError, TypeError):
+                continue
+            if type(own) is dict:
+                stack.append(own)
+    return seen

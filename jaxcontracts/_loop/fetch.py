@@ -22,6 +22,7 @@ from .._marks import consumer_of
 from .._report import timing as _timing
 from .._runtime import donated, donation_fix, local, observers
 from .._state.inplace import is_ref
+from .._steps import consumed_by
 from .._tracebacks import boundary
 
 __all__ = ["Pending", "fetch", "fetch_async", "to_host"]
@@ -116,12 +117,12 @@ def _readable(tree: Any, what: str) -> tuple[list[Any], Any]:
                 "it with jax.experimental.multihost_utils.process_allgather.",
             )
         if isinstance(x, jax.Array) and x.is_deleted():
-            by = consumer_of(tree)
+            by = consumer_of(tree) or consumed_by(x)
             path = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(tree)[0][n][0])
             raise DonationError(
                 f"{what}(): {path + ': ' if path else ''}{fmt_aval(x.shape, x.dtype)} {donated(by)} "
                 "and no longer exists.",
-                fix=donation_fix("fetch", by, value="t"),
+                fix=donation_fix("fetch", by, value=f"s{path}"),
                 contract="no-donated-use",
                 step=by,
             )

@@ -66,7 +66,7 @@ from .._runtime import (
     take_recompile,
     tracking,
 )
-from .._steps import clear_last_outputs
+from .._steps import clear_last_outputs, consumed_by
 from .._tracebacks import trim
 from .._userline import host_read_on_line, user_frame
 from . import rng as _rng
@@ -141,10 +141,11 @@ def _on_read(x: Any, name: str, frame: Any = None) -> None:
     pending.error = None
     user = user_frame(frame or frames.caller_frame(1))
     if x.is_deleted():
+        by = consumed_by(x)
         _violation(
             "donation",
-            f"{arrays.READS[name]} of {_named(x, user)}an array ({fmt_aval(x.shape, x.dtype)}) that {donated(None)}",
-            donation_fix("use"),
+            f"{arrays.READS[name]} of {_named(x, user)}an array ({fmt_aval(x.shape, x.dtype)}) that {donated(by)}",
+            donation_fix("use", by),
             frame,
         )
         return
@@ -432,11 +433,12 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
     # The compile is often a symptom: say the cause when the stack shows it.
     stale = _deleted_in_stack(user)
     if stale is not None:
+        by = consumed_by(stale)
         _violation(
             "donation",
             f"`{name}` on {_named(stale, user)}an array ({fmt_aval(stale.shape, stale.dtype)}) that "
-            f"{donated(None)} (jax would compile it, then fail on the deleted buffer)",
-            donation_fix("use"),
+            f"{donated(by)} (jax would compile it, then fail on the deleted buffer)",
+            donation_fix("use", by),
             user,
         )
         return

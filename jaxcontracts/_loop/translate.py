@@ -15,6 +15,7 @@ from .._compat import runtime_errors
 from .._errors import DonationError, TransferError
 from .._format import fmt_aval
 from .._runtime import arrays_named, donated, donation_fix
+from .._steps import consumed_by
 from .._userline import is_library, traceback_where
 from . import rng as _rng
 
@@ -142,7 +143,7 @@ def _in_device_get(tb: Any) -> bool:
     return False
 
 
-def _donated_names(tb: Any) -> str:
+def _donated_names(tb: Any) -> tuple[str, str | None]:
     """Which arrays the user's failing frame refers to were donated (JAX names
     only an argument number; the frame still holds them: ``arrays_named``)."""
     frame, lineno = None, 0
@@ -151,11 +152,12 @@ def _donated_names(tb: Any) -> str:
             frame, lineno = tb.tb_frame, tb.tb_lineno  # the line that failed, not where it is now
         tb = tb.tb_next
     if frame is None:
-        return ""
-    named = []
+        return "", None
+    named, consumers = [], []
     for path, x in arrays_named(frame, lineno):
-        named.append(f"`{path}` ({fmt_aval(x.shape, x.dtype)}) {donated(None)}")
-    return "; ".join(named)
+        consumers.append(consumed_by(x))
+        named.append(f"`{path}` ({fmt_aval(x.shape, x.dtype)}) {donated(consumers[-1])}")
+    return "; ".join(named), next((c for c in consumers if c), None)
 
 
 def translate(exc: BaseException, tb: Any) -> Exception | None:
@@ -183,9 +185,9 @@ def translate(exc: BaseException, tb: Any) -> Exception | None:
         )
     where, source = traceback_where(tb)
     if kind == "deleted":
-        named = _donated_names(tb)
+        named, by = _donated_names(tb)
         title = f"use of a donated array inside jc.hot_loop: {named or 'an array that ' + donated(None)}"
-        fix = donation_fix("use")
+        fix = donation_fix("use", by)
     return error(
         f"{title}{f' ({detail})' if detail else ''}\n  at {where}" + (f":  {source}" if source else ""),
         fix=fix,

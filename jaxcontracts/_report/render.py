@@ -18,7 +18,7 @@ import html
 import textwrap
 from collections.abc import Sequence
 
-from .._compat import capabilities, refcount
+from .._compat import capabilities
 from .._errors import CONTRACTS, VIOLATIONS, ContractError
 from .._format import fmt_aval, fmt_bytes, fmt_sharding
 from .._records import StepDescription, Violation, WarmupCompile
@@ -466,12 +466,12 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
             "statics equal by value); each is matched on the slow path, so a partial made at every "
             "call pays that at every call: make it once",
         ))
-    bare = [desc.params[i] for i in cs.donated_arrays(desc.params)] if cs is not None and refcount.argument_counts() is None else []
+    bare = [desc.params[i] for i in cs.donated_arrays(desc.params)] if cs is not None else []
     if bare:
         report.facts.append((
             "kept references",
-            f"not checked for {', '.join(bare)} (an argument that is one array: capability "
-            "kept-arguments is missing here; keep it in a dict or a jc.state to have kept copies refused)",
+            f"{', '.join(bare)}: passed as one array, donated as jax.jit donates it (no count can tell "
+            "a kept copy from the name it is passed from); a later read of a copy names this step",
         ))
     if cs is None:
         report.contracts = list(extra) or [

@@ -27,7 +27,7 @@ from .._dtypes import is_key
 from .._records import CompiledSignature, StepStats
 from .._report import timing as _timing
 from .._runtime import tracking
-from .._steps import HOOK_EVERY, LiveStep
+from .._steps import HOOK_EVERY, LiveStep, consumed
 from .definition import StepDefinition
 
 __all__ = [
@@ -96,10 +96,15 @@ def make_tail(ctx: CallContext) -> Callable[[tuple[Any, ...], Any, Any, float], 
     every, acc, due, timed, perf = HOOK_EVERY, step.timing_counters, step.timing_due, _timing.timed, time.perf_counter
 
     def tail(args: tuple[Any, ...], leaves: Any, out: Any, t0: float) -> Any:
-        if full and not all(map(is_deleted, leaves if donated_of is None else donated_of(leaves))):
-            err = not_consumed(cs, leaves, out)
-            if err is not None:  # None: a recording loop took it as a violation
-                raise err
+        if full:
+            gone = leaves if donated_of is None else donated_of(leaves)
+            if all(map(is_deleted, gone)):  # each consumed: the step's record of them
+                consumed(step, gone)
+            else:
+                err = not_consumed(cs, leaves, out)
+                if err is not None:  # None: a recording loop took it as a violation
+                    raise err
+            del gone
         if mark_one is not None:  # the donated state names its consumer
             i, cls, consumed_cls = mark_one
             if type(args[i]) is cls:

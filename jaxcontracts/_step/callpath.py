@@ -420,12 +420,12 @@ def _guarded(
                 if not stop and kept is not None:  # KeptPlan.refused, its count inline
                     seq = leaves if kept_pick is None else kept_pick(leaves)
                     if max(map(count, seq)) > kept_limit:
-                        exc = kept.refuse(seq, kept_sequences)
+                        exc = kept.refuse(seq, kept_sequences, args)
                     del seq
                     if exc is None and nodes_of is not None:  # the containers inside the state
                         seq = nodes_of(args)
                         if max(map(count, seq)) > node_limit:
-                            exc = kept.refuse_nodes(seq)
+                            exc = kept.refuse_nodes(seq, args)
                         del seq
                     if exc is not None:
                         stop = True

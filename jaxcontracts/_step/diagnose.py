@@ -231,33 +231,22 @@ def run_failed_note(
 
 def kept_leaves_error(
     definition: StepDefinition,
-    cs: CompiledSignature | None,
+    cs: CompiledSignature,
     kept: Sequence[int],
     nodes: Sequence[tuple[str, range]] = (),
-    arrays: Sequence[tuple[str, Any]] = (),
 ) -> DonationError:
     """Donated leaves, or containers of donated leaves inside a state
-    (``nodes``: each one's path and the flat positions of its leaves), or
-    arguments that are one array (``arrays``: name and array;
-    ``_step.kept.argument_entry``), that something besides their state
-    still references."""
-    leaves = [(cs.leaves[i].path, cs.leaves[i].spec) for i in kept] if cs is not None else []
-    leaves += [(name, x) for name, x in arrays]  # shape and dtype: metadata, no device access
+    (``nodes``: each one's path and the flat positions of its leaves), that
+    something besides their state still references."""
+    leaves = [(cs.leaves[i].path, cs.leaves[i].spec) for i in kept]
     paths = [path for path, _ in leaves]
     lines = [f"  {path}: {fmt_aval(x.shape, x.dtype)}" for path, x in leaves]
     for path, held in nodes:  # a kept container: its donated leaves would be deleted in it
-        assert cs is not None
         inside = [cs.leaves[j] for j in held if cs.leaves[j].donated]
         lines.append(f"  {path}: a container of {len(inside)} donated array(s) ({fmt_bytes(sum(x.nbytes for x in inside))})")
-    if arrays:  # the argument itself: its one holder is the name it is passed from
-        lines.append(
-            f"  ({', '.join(name for name, _ in arrays)} is passed as one array: nothing may hold it "
-            "besides the name you pass it from)"
-        )
     node_paths = [path for path, _ in nodes]
     first = (paths or node_paths or ["the leaf"])[0]
     what = f"{len(leaves)} array(s)" if leaves else f"the arrays of {len(nodes)} container(s)"
-    kind = "kept_argument" if arrays and not kept else "kept" if leaves else "kept_node"
     return DonationError(
         f"{definition.name} would delete {what} you still hold elsewhere: donating "
         "a leaf deletes its buffer, and another reference to it (a sample kept in a list, "
@@ -265,7 +254,7 @@ def kept_leaves_error(
         "a caught exception you kept, whose traceback holds the frames that saw it, or "
         "pytest's record of an `assert` that built it) would then hold a deleted array.",
         lines,
-        fix=donation_fix(kind, value=first),
+        fix=donation_fix("kept" if leaves else "kept_node", value=first),
         note=INPUTS_INTACT,
         contract="donation-hazard",
         step=definition.name,

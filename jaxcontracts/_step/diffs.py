@@ -9,6 +9,7 @@ specs and reprs of static values, never from device memory.
 from __future__ import annotations
 
 import dataclasses
+import enum
 import functools
 import types
 from collections.abc import Callable, Mapping, Sequence
@@ -454,6 +455,17 @@ def _walk(
         out.append(f"{here}: {_shown(a)} vs {_shown(b)}")
         return
     if type(a) is functools.partial:  # compared by value: say which part differs
+        held = [(f".args[{i}]", v) for i, v in enumerate(b.args)]
+        held += [(f".keywords[{k!r}]", v) for k, v in b.keywords.items()]
+        changing = [(path + sub, v) for sub, v in held if not unchanging(v)]
+        if changing:
+            out.extend(
+                f"{where}: {_shown(v)}, a {type(v).__name__}, which can change after a compile (a new "
+                "partial takes a compiled program only where nothing it holds can change: pass a tuple "
+                "or a frozen dataclass, or the same partial object)"
+                for where, v in changing[: limit - len(out)]
+            )
+            return
         items = [(".func", a.func, b.func), (".args", a.args, b.args), (".keywords", a.keywords, b.keywords)]
     elif isinstance(a, types.FunctionType) and a.__code__ is b.__code__:  # one def, made twice
         found: list[str] = []
@@ -536,6 +548,30 @@ def same_structure(a: Any, b: Any) -> bool:
     )
 
 
+_ATOMS = (type(None), bool, int, float, complex, str, bytes, np.generic, jax.Array, enum.Enum, type)
+_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodWrapperType, types.WrapperDescriptorType)
+
+
+def unchanging(value: Any) -> bool:
+    """Whether ``value`` can never change once made: numbers, strings, bytes,
+    ``None``, enums, classes, functions, JAX arrays, and tuples, frozen
+    dataclasses and partials of those. A list, dict, set, numpy array, a
+    mutable dataclass or any other object can change in place after a
+    program was traced with it."""
+    if isinstance(value, _ATOMS) or isinstance(value, _FUNCTIONS):
+        return True
+    if isinstance(value, tuple):
+        return all(map(unchanging, value))
+    if type(value) is functools.partial:
+        return unchanging(value.func) and all(map(unchanging, (*value.args, *value.keywords.values())))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        frozen = getattr(type(value), "__dataclass_params__", None)
+        return bool(frozen and frozen.frozen) and all(
+            unchanging(getattr(value, f.name, None)) for f in dataclasses.fields(value)
+        )
+    return False
+
+
 def _same_value(a: Any, b: Any) -> bool:
     """Whether two static values trace alike: partials by function, arguments
     and keywords; containers (tuples, NamedTuples, lists, dicts, dataclasses)
@@ -549,8 +585,14 @@ def _same_value(a: Any, b: Any) -> bool:
     t = type(a)
     if t is not type(b):
         return False
-    if t is functools.partial:
-        return _same_value(a.func, b.func) and _same_value(a.args, b.args) and _same_value(a.keywords, b.keywords)
+    if t is functools.partial:  # by value, where no value can change: else the new one is a new signature
+        values = (*a.args, *a.keywords.values(), *b.args, *b.keywords.values())
+        return (
+            _same_value(a.func, b.func)
+            and all(map(unchanging, values))
+            and _same_value(a.args, b.args)
+            and _same_value(a.keywords, b.keywords)
+        )
     if isinstance(a, (np.ndarray, jax.Array)):
         return False
     if isinstance(a, np.generic):

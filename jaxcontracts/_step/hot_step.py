@@ -48,13 +48,11 @@ from .diagnose import (
     hazard_error,
     host_leaves_error,
     invalid_values_error,
-    kept_leaves_error,
     not_consumed_error,
     run_failed_note,
     signature_error,
 )
 from .diffs import same_structure
-from .kept import argument_check, argument_entry, argument_params
 
 __all__ = ["HotStep", "StepStats"]
 
@@ -97,6 +95,7 @@ class HotStep(Generic[P, R]):
         self.timing_counters = [0.0, 0, 0.0, 0]  # see _steps.LiveStep
         self.timing_due = [True]
         self.last_output: list[Any] = [None]
+        self.last_consumed: list[Any] = [None]  # see _steps.consumed
         self._set_dispatch(self._call_unbound if signature.is_method else self._slow)
         self._attr: str | None = None  # the class attribute of a method step
         self._bound_to: tuple[HotStep[Any, Any], Any] | None = None  # (method step, instance)
@@ -280,13 +279,9 @@ class HotStep(Generic[P, R]):
             raise TypeError(
                 f"{self._definition.name}() is a method: call it on an instance (obj.{self._definition.short_name}(...))."
             )
-        obj, args = args[0], args[1:]  # the tuple of the call's own arguments, as an entry takes them
+        obj, args = args[0], args[1:]
         try:
-            bound = self.__get__(obj, type(obj))
-            check = bound._check  # this frame is the outermost: the bound step's check runs here
-            if check is None:
-                return bound(*args, **kwargs)
-            return check(bound._raw_dispatch, args, kwargs)
+            return self.__get__(obj, type(obj))(*args, **kwargs)
         except ContractError as err:  # the traceback ends at the user's line
             trim(err)
             raise
@@ -394,36 +389,8 @@ class HotStep(Generic[P, R]):
         return cs
 
     def _set_dispatch(self, fn: Callable[..., Any]) -> None:
-        """Make ``fn`` the call path: ``_call``, which the class's call slot
-        reads (``fn``, behind the check of an argument that is one array)."""
-        self._raw_dispatch = fn
-        # At full only (``kept.argument_check``). A step that may compile another
-        # signature checks every parameter that may be one array (a call that
-        # changes signature passes through the current signature's path first).
-        definition = self._definition
-        current = None if definition.max_compiles > 1 else self._current
-        params = () if self._level != "full" or definition.is_method else argument_params(definition, current)
-        check = self._check = argument_check(params, self.last_output, self._kept_arguments) if params else None
-        self._call = fn if check is None else argument_entry(fn, check)
-
-    def _kept_arguments(
-        self, held: list[tuple[int, str, Any]], fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
-        """Arguments that are one array, held by more than their one name
-        (``argument_entry``): refused before dispatch. Until the step's
-        returned state is known (``state=``, before its first compile), the
-        call compiles, and ``_redispatch`` refuses it before its dispatch."""
-        if self._definition.carried is None:  # which state it returns (donates) is known once compiled
-            self._redispatch.held = [(i, name) for i, name, _ in held]
-            try:
-                return fn(*args, **kwargs)
-            finally:
-                self._redispatch.held = None
-        raise self._kept_arguments_error([(name, x) for _, name, x in held])
-
-    def _kept_arguments_error(self, kept: list[tuple[str, Any]]) -> BaseException:
-        self.stats.refused += 1
-        return kept_leaves_error(self._definition, self._current, (), (), kept)
+        """Make ``fn`` the call path: ``_call``, which the class's call slot reads."""
+        self._call = fn
 
     def _use(self, cs: CompiledSignature) -> None:
         """Make ``cs``'s call path at the current level the step's. Each one is
@@ -544,11 +511,16 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         # real one; say what it cost instead of diagnosing the deleted inputs.
         assert exc is not None
         exc.add_note(run_failed_note(definition, paths, leaves, donated))
+        _steps.keep([leaves[i] for i in donated if leaves[i].is_deleted()], step.short_name)
         raise exc
     deleted, duplicates = find_hazards(leaves, donated)
     if deleted or duplicates:
         step.stats.refused += 1
-        consumers = [consumer_of(positional[p[0].idx]) for p, _ in with_path]
+        gone = set(deleted)
+        consumers = [
+            consumer_of(positional[p[0].idx]) or _steps.consumed_by(x) if i in gone else None
+            for i, (p, x) in enumerate(with_path)
+        ]
         raise hazard_error(definition, paths, leaves, deleted, duplicates, donated, consumers)
     dispatch = _signature_for(step, positional, leaves, treedef, exc, ran, paths, donated)
     # Hold no leaf while the call path runs: its kept-leaf check counts references
@@ -648,7 +620,7 @@ def _signature_for(
             raise step._refuse(positional)
         else:
             step._new_signature(positional)
-        return step._raw_dispatch
+        return step._call
 
 
 def _matching(step: HotStep[Any, Any], leaves: Sequence[Any], treedef: Any) -> CompiledSignature | None:
@@ -706,14 +678,6 @@ def _redispatch(
             contract="signature",
             step=definition.name,
         )
-    held = getattr(redispatch, "held", None)  # see HotStep._kept_arguments
-    if held:
-        redispatch.held = None
-        donated = {i for i, _ in argument_params(definition, step._current)}
-        kept = [(name, positional[i]) for i, name in held if i in donated]
-        if kept:
-            raise step._kept_arguments_error(kept)
-        del kept
     redispatch.active = True
     try:
         return dispatch(*positional)

@@ -3,41 +3,38 @@
 A donating call deletes its donated buffers; any other reference to one of
 those arrays (a sample kept in a list, a variable, a second container) is
 then a deleted array, and its data is lost. At ``full`` the call is refused
-before dispatch, with the inputs intact, wherever the check cannot prove a
-donated array is held by its state alone (``_compat.refcount``: reference
-counts, exact once garbage is collected). Three views of one rule:
+before dispatch, with the inputs intact, where reference counts prove that
+something besides its state holds a donated array (``_compat.refcount``:
+exact once garbage is collected). Two views of one rule:
 
 * the leaves inside a state (:class:`KeptPlan`, counted by the closures of
   ``callpath`` over the flat leaves): each held once, by its container;
 * the containers inside a state (:class:`InnerNodes`), each held once, by
-  its parent (BlackJAX's ``samples.append(state.position)``);
-* an argument that is one array (``state="theta"``, :func:`argument_entry`):
-  held by the one name the caller passes it from and by the call itself,
-  counted at the outermost frame of the call path, where that count does not
-  depend on what runs inside it.
+  its parent (BlackJAX's ``samples.append(state.position)``).
+
+What no count can prove, the arguments themselves (a state's own container,
+an argument that is one array: the caller's name for it and a kept copy
+count alike, and the count depends on how the call was made), is donated
+as ``jax.jit`` donates it; a later read of such an array names the step
+that consumed it (``_steps.consumed_by``).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import gc
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 
-from .. import _steps, _userline
-from .._compat import frames, refcount
-from .._compat.tracing import Tracer
-from .._errors import ContractError
+from .._compat import refcount
 from .._records import CompiledSignature
 from .._state.filter import Filtered
 from .._steps import clear_last_outputs
-from .._tracebacks import trim
 from .callctx import CallContext, param_leaves, picker
 from .definition import StepDefinition
 
-__all__ = ["KeptPlan", "argument_check", "argument_entry", "argument_params", "kept_plan"]
+__all__ = ["KeptPlan", "kept_plan"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,19 +58,19 @@ class KeptPlan:
     error: Callable[[Sequence[int], Sequence[tuple[str, range]]], BaseException]
     nodes: InnerNodes | None = None
 
-    def refuse(self, seq: Sequence[Any], sequences: int) -> BaseException | None:
+    def refuse(self, seq: Sequence[Any], sequences: int, args: tuple[Any, ...]) -> BaseException | None:
         """After a hit: the error, unless collecting garbage dropped every
         extra reference. The steps' records of their last outputs inside
         loops are the library's own: dropped first (an output the caller took
         apart, ``p["w"] = out["w"]``, is held there too)."""
         clear_last_outputs()
-        kept = refcount.kept_after_collecting(seq, sequences, _stale_in_snapshot())
+        kept = refcount.kept_after_collecting(seq, sequences, args)
         return self.error(list(dict.fromkeys(self.watched[i] for i in kept)), ()) if kept else None
 
-    def refuse_nodes(self, nodes: list[Any]) -> BaseException | None:
+    def refuse_nodes(self, nodes: list[Any], args: tuple[Any, ...]) -> BaseException | None:
         """After a hit on :attr:`nodes`: the error naming the kept containers."""
         clear_last_outputs()
-        kept = refcount.kept_after_collecting(nodes, 1, _stale_in_snapshot())
+        kept = refcount.kept_after_collecting(nodes, 1, args)
         assert self.nodes is not None
         return self.error((), [(self.nodes.paths[i], self.nodes.leaves[i]) for i in kept]) if kept else None
 
@@ -243,168 +240,3 @@ def kept_plan(ctx: CallContext) -> KeptPlan | None:
     else:
         pick, sequences = picker(watched), 2
     return KeptPlan(watched, pick, refcount.BASELINE + sequences - 1, ctx.kept, nodes)
-
-
-def _stale_in_snapshot() -> dict[int, int] | None:
-    """Per ``id``, the references the user's frame's locals snapshot holds
-    that are not holders (``frames.locals_snapshot_mirrors``: after ``x =
-    s['x']; locals(); del x`` it holds ``x``, unreadable until the next sync).
-    A key the user put there (``locals()["keep"] = x``) is a holder."""
-    return frames.locals_snapshot_mirrors(_userline.user_frame())
-
-
-# -- an argument that is one array ---------------------------------------------
-
-
-def argument_params(definition: StepDefinition, cs: CompiledSignature | None) -> tuple[tuple[int, str], ...]:
-    """(index, name) of the donated parameters whose argument is one array
-    (``cs``), or, before the first compile, that may be one (every donated
-    parameter: :func:`argument_entry` then looks at what each holds). A
-    pytree of JAX refs is not one: its arrays are the refs' own."""
-    if cs is None:  # as StepDefinition.donated_leaves donates a leaf that is a whole argument
-        # (what the step returns, and so which state it does not, may be known only once compiled)
-        read_only = definition.read_only_params if definition.carried is not None else ()
-        params = [
-            i
-            for i in range(len(definition.param_names))
-            if i not in definition.ref_params
-            and (i in definition.donated_params or definition.donate == "all" and i in definition.state_params and i not in read_only)
-        ]
-    else:
-        params = [i for i in cs.donated_arrays(definition.param_names) if i not in definition.ref_params]
-    return tuple((i, definition.param_names[i]) for i in params)
-
-
-Check = Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
-
-
-def argument_check(
-    params: tuple[tuple[int, str], ...],
-    record: list[Any],
-    kept: Callable[[list[tuple[int, str, Any]], Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any],
-) -> Check | None:
-    """The kept-reference check of the arguments that are one array
-    (``params``: :func:`argument_params`): ``check(fn, args, kwargs)``
-    calls ``fn`` unless one is held by more than its one name; None where
-    the check cannot be made here (``refcount.argument_counts``).
-
-    It must see the arguments as the outermost frame of the call took them
-    (:func:`argument_entry`; a method step called on its class passes its
-    own ``*args`` tuple), so that what it counts is the caller's: the one
-    name the array is passed from, and the call. Anything more is a second
-    holder (a list of samples, an outer function's parameter), unless it is
-    the library's own: the step's ``record`` of its last output inside
-    loops is dropped (this call's output replaces it); other steps' are
-    discounted by :func:`_kept_arguments`, which also collects garbage.
-    Where a holder remains, ``kept(held, fn, args, kwargs)`` decides
-    (``held``: index, name, array). A frame that calls ``fn`` again (the
-    slow path) calls the call path inside, never this."""
-    counts = refcount.argument_counts()
-    if counts is None:
-        return None
-    (pos, pos_kw, by_kw), (pos_ex, pos_kw_ex, by_kw_ex) = counts
-    # (low, high) per kind of argument: a call that unpacks its arguments
-    # (step(x, *rest)) counts one fewer than one that does not
-    plain, beside_keywords, keyword = (pos_ex, pos), (pos_kw_ex, pos_kw), (by_kw_ex, by_kw)
-    count, unpacks = refcount.count, refcount.unpacks
-
-    def check(fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        # One count per parameter, inline, no name bound to the argument;
-        # the caller's frame is read only when the count is above the lower limit.
-        for i, name in params:
-            if i < len(args):
-                n = count(args[i])
-                low, high = beside_keywords if kwargs else plain
-            elif name in kwargs:
-                n = count(kwargs[name])
-                low, high = keyword
-            else:
-                continue
-            if n <= low:
-                continue
-            limit = low if unpacks(2) else high  # check <- entry <- caller
-            if n <= limit:
-                continue
-            if record[0] is not None:  # inside a loop: replaced by this call's output at its end
-                record[0] = None
-                if (count(args[i]) if i < len(args) else count(kwargs[name])) <= limit:
-                    continue
-            held = _kept_arguments(params, args, kwargs, unpacks(2))
-            if held:
-                return kept(held, fn, args, kwargs)
-            del held
-            break
-        return fn(*args, **kwargs)
-
-    return check
-
-
-def argument_entry(fn: Callable[..., Any], check: Check) -> Callable[..., Any]:
-    """``fn`` (a step's call path) behind ``check`` (:func:`argument_check`),
-    as the outermost frame of every call (the call slot reads it)."""
-
-    def entry(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return check(fn, args, kwargs)
-        except ContractError as err:  # the traceback ends at the user's line
-            trim(err)
-            raise
-
-    return entry
-
-
-def _kept_arguments(
-    params: tuple[tuple[int, str], ...], args: tuple[Any, ...], kwargs: dict[str, Any], unpacked: bool
-) -> list[tuple[int, str, Any]]:
-    """The arguments (index, name, array) held by more than their one name,
-    once the loops' records of step outputs (the library's own) are
-    discounted, garbage collected, and a stale ``locals()`` snapshot
-    discounted (``_stale_in_snapshot``). ``args`` and ``kwargs`` are the
-    entry's own objects, so each count here is the entry's, plus the name
-    bound below; ``unpacked``: the call unpacked its arguments."""
-    counts = refcount.argument_counts()
-    assert counts is not None
-    pos, pos_kw, by_kw = counts[unpacked]
-    kept: list[tuple[int, str, Any]] = []
-    collected, x = False, None
-    for i, name in params:
-        if i < len(args):
-            x, limit = args[i], pos_kw if kwargs else pos
-        elif name in kwargs:
-            x, limit = kwargs[name], by_kw
-        else:
-            continue
-        if not isinstance(x, jax.Array) or isinstance(x, Tracer):
-            continue  # before the first compile: a parameter that is not one array
-        limit += 1 + _in_records(x, [step.last_output for step in _steps.live()])  # `x`; the records
-        if refcount.count(x) <= limit:
-            continue
-        if not collected:
-            gc.collect()  # an unreachable cycle holds nothing anyone can read
-            collected = True
-        stale = _stale_in_snapshot() or {}
-        if refcount.count(x) - stale.get(id(x), 0) > limit:
-            kept.append((i, name, x))
-    del x
-    return kept
-
-
-def _in_records(x: Any, records: Sequence[list[Any]]) -> int:
-    """The references to ``x`` that ``records`` (``LiveStep.last_output``:
-    a step's output, recorded inside loops) hold, directly or through
-    Python's own containers that nothing but the record holds (``(state,
-    forces)``, unpacked by the caller). A container someone else holds too
-    (the caller kept the whole output) is theirs: not counted."""
-    n, node = 0, None
-    stack = [record[0] for record in records]
-    while stack:
-        # held by its parent (the record, or a container), `node` and the
-        # count's argument: BASELINE, as a leaf held by one container
-        node = stack.pop()
-        if node is x:
-            n += 1
-        elif type(node) in (tuple, list, dict) or isinstance(node, tuple) and hasattr(node, "_fields"):
-            if refcount.count(node) == refcount.BASELINE:
-                stack.extend(node.values() if type(node) is dict else node)
-    del node
-    return n
