@@ -52,3 +52,12 @@ def _warm_then_loop(fn, **loop):
     fn()  # the first iteration compiles the eager ops, as a loop's warm-up would
     with jc.hot_loop(**loop):
         return fn()
+
+
+def single_device_sharding(device, memory_kind=None) -> jax.sharding.Sharding:
+    """A sharding on one device: jax 0.12.1 deprecates the class's constructor
+    for ``make_single_device_sharding``, which older versions lack."""
+    make = getattr(jax.sharding, "make_single_device_sharding", None)
+    if make is not None:
+        return make(device, memory_kind=memory_kind)
+    return jax.sharding.SingleDeviceSharding(device, memory_kind=memory_kind)

@@ -759,7 +759,8 @@ def test_a_dict_shaped_like_a_running_functions_locals_is_no_proof_of_a_holder()
         return stale, kept
 
     stale, kept = body()
-    assert stale == [] and kept == [1]
+    # 3.13: locals() is a dict of its own that nothing syncs, which the user holds: a holder
+    assert stale == ([0] if sys.version_info >= (3, 13) else []) and kept == [1]
     if sys.version_info < (3, 13):
         # the state's own dict is never taken for a snapshot, whatever its keys
         def own(x, y):  # noqa: ARG001 - variables named as the state's keys

@@ -509,6 +509,28 @@ def test_a_violation_swallowed_by_a_logging_call_fails_the_loop_at_its_exit(caps
     assert [v.kind for v in loop.violations] == ["transfer"]
 
 
+def test_a_violation_the_user_catches_outside_the_inner_loop_that_raised_it_is_theirs():
+    # Decided (issue 50): a violation caught inside the loop that raised it is
+    # raised again as that loop ends (the logging case above); once it has
+    # left that loop's `with`, an `except` the user wrote decides, as for any
+    # exception, and an outer loop does not raise it again.
+    x = jnp.float32(3.0)
+    caught = []
+    with jc.hot_loop() as outer:
+        for _ in range(2):
+            try:
+                with jc.hot_loop():
+                    float(x)
+            except jc.TransferError as err:  # on purpose, around the inner loop
+                caught.append(err)
+    assert len(caught) == 2 and outer.violations == []
+    with pytest.raises(jc.TransferError, match="caught it"), jc.hot_loop():  # inside the raising loop: raised again
+        try:
+            float(x)
+        except jc.TransferError:
+            pass
+
+
 def test_warm_up_counts_nested_iterates_and_forgets_an_abandoned_one():
     # issue 39: a first compile in epoch 1, after the inner loop, ran; an
     # abandoned iterate made a re-entered loop refuse "in iteration 4"

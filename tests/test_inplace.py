@@ -369,3 +369,30 @@ def test_a_model_updated_with_a_consumed_state_then_used_is_named_by_its_path(le
         ), str(err)
         assert "donated to fit" not in str(err)  # an nnx.State is no jc.state: nothing records it below full
     assert namespace["y"].shape == (13, 11)  # updated with what fit returned, the model runs
+
+
+def test_a_step_whose_host_callback_raises_at_run_time_is_named_when_the_model_is_read():
+    # It said "most likely donated to an earlier call (hot steps that donate:
+    # train)": another step, not the one whose call consumed the model.
+    model, optimizer, metrics = _objects()
+
+    @jc.hot_step(state=("model", "optimizer", "metrics"))
+    def train(model, optimizer, metrics, batch):
+        train_step(model, optimizer, metrics, batch)
+
+    def fail(loss):
+        raise RuntimeError("a host callback failed")
+
+    @jc.hot_step(state=("model", "optimizer", "metrics"))
+    def checked_train(model, optimizer, metrics, batch):
+        train_step(model, optimizer, metrics, batch)
+        jax.debug.callback(fail, metrics.compute()["loss"])
+
+    batch = jax.device_put(next(_batches(1)))
+    train(model, optimizer, metrics, batch)
+    with pytest.raises(Exception, match="a host callback failed"):  # noqa: PT011 - JAX's own runtime error
+        checked_train(model, optimizer, metrics, batch)
+        jax.block_until_ready(model.l1.kernel[...])
+    with pytest.raises(jc.DonationError) as info:
+        np.asarray(model.l1.kernel[...])
+    assert "donated to checked_train" in str(info.value), str(info.value)

@@ -228,3 +228,29 @@ def test_a_subprocess_started_in_a_recording_loop_keeps_its_stderr(capfd):
             break
         time.sleep(0.1)
     assert "late child line" in err
+
+
+def test_the_main_threads_last_traceback_reaches_stderr_while_a_daemon_thread_records(tmp_path):
+    # Python prints the traceback before its atexit functions run; fd 2 was
+    # the capture's pipe then, and its daemon reader never ran again: 5 runs
+    # of 6 showed nothing after the last line written.
+    import subprocess
+    import sys
+
+    code = (
+        "import threading, time, jaxcontracts as jc\n"
+        "def worker():\n"
+        "    with jc.hot_loop(on_violation='record'):\n"
+        "        while True:\n"
+        "            time.sleep(0.01)\n"
+        "threading.Thread(target=worker, daemon=True).start()\n"
+        "time.sleep(0.3)\n"
+        "print('last line', flush=True)\n"
+        "raise ValueError('the main thread dies')\n"
+    )
+    for run in range(3):  # to files, as a shell's redirection (the race went the reader's way with pipes)
+        out, err = tmp_path / f"out{run}", tmp_path / f"err{run}"
+        with out.open("w") as o, err.open("w") as e:
+            rc = subprocess.run([sys.executable, "-c", code], stdout=o, stderr=e, timeout=120).returncode
+        assert rc == 1 and out.read_text() == "last line\n"
+        assert "ValueError: the main thread dies" in err.read_text(), err.read_text()

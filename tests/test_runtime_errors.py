@@ -127,7 +127,7 @@ def test_a_user_error_that_quotes_a_guard_message_is_left_alone(error):
 def test_a_donated_leaf_of_a_foreign_state_is_named_by_its_path_and_step():
     # A NamedTuple state (blackjax's shape) read after donation inside a loop:
     # the message names the path inside the state the frame holds (3.13), and
-    # the steps that donate (which one took it is not recorded for a foreign state).
+    # the step that consumed it.
     import typing
 
     class State(typing.NamedTuple):
@@ -148,8 +148,11 @@ def test_a_donated_leaf_of_a_foreign_state_is_named_by_its_path_and_step():
         double(old.position)
     text = str(e.value)
     heads = ("`old.position` (f32[2]) ",) if NAMES else ("an array that ", "an array (f32[2]) ")  # as above
-    assert any(text.startswith("use of a donated array inside jc.hot_loop: " + h + DELETED) for h in heads), text
-    assert _listed() in text
+    # the step's record of what its call consumed names it (a foreign state too), where the
+    # array is found (XLA's error for a warm jit names none: before 3.13, a function's
+    # variables are not read, and the steps that donate are listed)
+    said = "was donated to kernel" if "donated to kernel" in text else DELETED
+    assert any(text.startswith("use of a donated array inside jc.hot_loop: " + h + said) for h in heads), text
 
 
 JAX_VERSION = tuple(int(p) for p in jax.__version__.split(".")[:2])
@@ -314,14 +317,17 @@ def test_a_plain_jit_given_a_consumed_array_in_a_nested_allowing_loop_names_it_a
 
     with jc.checks_level(level):
         text, err = rollback(s, advance, lambda old: old.position)
-        # a foreign state records no consumer: the steps that donate are listed
         spec = "(f32[6,3]) "
         heads = (f"`old.position` {spec}",) if NAMES else ("an array that ", f"an array {spec}")
         title = "use of a donated array inside jc.hot_loop: "
-        assert any(text.startswith(title + h + DELETED) for h in heads), text
-        names = re.search(r"hot steps that donate: ([^;]*);", text)[1].split(", ")
-        # sorted, three at most (other tests' steps may still be live): simulate, or three before it
-        assert "simulate" in names or (names[-1] == "..." and names[2] < "simulate"), names
+        if level == "full" and "was donated to simulate" in text:  # the record of what its call consumed
+            assert any(text.startswith(title + h + "was donated to simulate") for h in heads), text
+        else:  # no record below full, or (a warm jit's error names no array) not the array itself:
+            # the steps that donate are listed
+            assert any(text.startswith(title + h + DELETED) for h in heads), text
+            names = re.search(r"hot steps that donate: ([^;]*);", text)[1].split(", ")
+            # sorted, three at most (other tests' steps may still be live): simulate, or three before it
+            assert "simulate" in names or (names[-1] == "..." and names[2] < "simulate"), names
         assert "measure(read(old))" in text
         assert err.contract == "no-donated-use"
         text, err = rollback(p, move, lambda old: old.pos)
@@ -363,3 +369,31 @@ def test_an_error_tracing_a_step_says_which_step_was_compiling():
     with pytest.raises(TypeError, match="scan body function carry") as info:
         step.compile({"x": jax.ShapeDtypeStruct((3,), jnp.float32)})
     assert any("raised while tracing the hot step" in n and "rollout" in n for n in info.value.__notes__)
+
+
+def test_jax_mds_rollback_outside_a_loop_names_the_step_where_python_sees_the_array():
+    # jax-md's rollback as users write it: the state a hot step consumed, passed
+    # to a plain jax.jit outside any loop to restore it. A jit meeting the
+    # arrays for the first time checks them in Python (the step is named); one
+    # that compiled for their shape already passes them to XLA in C++, with no
+    # Python in between: JAX's own error (inside a loop, the loop names the step).
+    def nve(s):
+        return _Sim(s.position + 1, s.energy + 1)
+
+    step = jc.hot_step(nve, state="s")
+    s = step(_Sim(jnp.zeros((3, 11)), jnp.zeros(())))
+    saved = s
+    s = step(s)
+    cold = jax.jit(lambda old: _Sim(old.position * 1.0, old.energy * 1.0))
+    with pytest.raises(jc.DonationError) as info:
+        cold(saved)  # its first call: its Python path checks each argument
+    assert "donated to nve" in str(info.value) and info.value.step == "nve"
+    warm = jax.jit(lambda old: _Sim(old.position * 2.0, old.energy * 2.0))
+    warm(s)  # compiled for this shape
+    with pytest.raises(ValueError, match="deleted or donated"):  # XLA's own words, from C++
+        warm(saved)
+    with pytest.raises(jc.DonationError) as info, jc.hot_loop():
+        warm(saved)
+    # XLA's error names no array: where the frame's variables are read (3.13),
+    # the array and its consumer; before, the steps that donate
+    assert ("was donated to nve" if NAMES else "hot steps that donate: ") in str(info.value), str(info.value)

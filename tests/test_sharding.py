@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import alive, all_deleted
+from helpers import alive, all_deleted, single_device_sharding
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 from jaxtyping import Array, Float32
@@ -86,7 +86,7 @@ def test_each_call_time_mismatch_names_the_leaf_and_both_shardings(mismatch, lea
     bad_sharding[leaf] = {
         "rows vs columns": NamedSharding(mesh, P(None, "x")),
         "sharded vs replicated": rep,
-        "mesh vs one device": jax.sharding.SingleDeviceSharding(jax.devices()[0]),
+        "mesh vs one device": single_device_sharding(jax.devices()[0]),
     }[mismatch]
     f = Field.zeros(n=16, m=8, sharding=bad_sharding)
     with pytest.raises(jc.RecompileError) as info:
@@ -200,3 +200,26 @@ def test_an_uncommitted_leaf_on_another_device_is_refused_at_full_and_copied_at_
     with jc.checks_level("fast"):
         out = step({"a": s["a"], "b": b})
     assert not b.is_deleted() and out["b"].devices() == {devices[0]}  # copied, not donated
+
+
+def test_a_state_sharded_over_make_meshs_default_axes_runs_as_under_jax_jit():
+    # jax.make_mesh's axes are Explicit by default (jax >= 0.7): the sharding is
+    # part of each array's type, and with_sharding_constraint refuses it. The
+    # step constrained its carried leaves with it: JAX's raw ValueError at the
+    # first call, where jax.jit runs the step.
+    if len(jax.devices()) < 2:
+        pytest.skip("needs 2 devices (XLA_FLAGS)")
+    mesh = jax.make_mesh((2,), ("x",))
+    placed = NamedSharding(mesh, P("x"))
+
+    @jc.hot_step(state="s")
+    def step(s):
+        return {"w": s["w"] * 2.0, "b": s["b"] + 1.0}
+
+    s = {"w": jax.device_put(jnp.ones((4, 3)), placed), "b": jax.device_put(jnp.zeros(4), placed)}
+    for _ in range(3):
+        s = step(s)
+    assert s["w"].sharding.is_equivalent_to(placed, 2) and s["b"].sharding.is_equivalent_to(placed, 1)
+    assert all(leaf.aliased for leaf in step.describe().current.leaves)  # donated, as jax.jit would
+    np.testing.assert_array_equal(jc.fetch(s["w"]), np.full((4, 3), 8.0))
+    assert step.stats.compiles == 1

@@ -12,6 +12,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import single_device_sharding
 from jaxtyping import Array, Float32, Float64, PyTree
 
 import jaxcontracts as jc
@@ -170,7 +171,7 @@ def test_sharding_is_not_part_of_validation_and_is_kept():
     device = jax.devices()[0]
     mesh = jax.sharding.Mesh(np.array([device]), ("d",))
     named = jax.device_put(jnp.zeros(3, f32), jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-    single = jax.device_put(jnp.zeros(3, f32), jax.sharding.SingleDeviceSharding(device))
+    single = jax.device_put(jnp.zeros(3, f32), single_device_sharding(device))
     a = Pair(x=single, y=single)
     b = Pair(x=named, y=single)  # equal avals, another sharding object
     assert a.x.sharding == single.sharding and b.x is named and b.x.sharding is named.sharding

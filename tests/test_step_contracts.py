@@ -10,7 +10,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import Counter, Particles, advance_fn, alive, all_deleted, make_particles
+from helpers import (
+    Counter,
+    Particles,
+    advance_fn,
+    alive,
+    all_deleted,
+    make_particles,
+    single_device_sharding,
+)
 from jaxtyping import Array, Float32, PyTree
 
 import jaxcontracts as jc
@@ -819,7 +827,7 @@ def _memory(kind: str) -> jax.sharding.Sharding:
     device = jax.devices()[0]
     if kind not in [m.kind for m in device.addressable_memories()]:
         pytest.skip(f"this backend has no {kind} memory")
-    return jax.sharding.SingleDeviceSharding(device, memory_kind=kind)
+    return single_device_sharding(device, memory_kind=kind)
 
 
 def test_a_step_that_moves_its_carried_state_to_another_memory_is_refused_at_compile():

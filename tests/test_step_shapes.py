@@ -1163,3 +1163,40 @@ def test_numpy_scalars_and_python_numbers_at_a_host_parameter_are_host_data(leve
             s = step(s, {"x": x, "scale": np.float32(x.mean())}, 0.5)
     assert s["w"].tolist() == [6.0] * 3 and step.stats.compiles == 1
     assert step.stats.host_calls == 3
+
+
+@dataclasses.dataclass
+class _MutableScale:
+    c: float
+
+    def __getitem__(self, i):
+        return self.c
+
+
+@pytest.mark.parametrize(
+    ("make", "change"),
+    [
+        (lambda: [2.0], lambda v: v.__setitem__(0, 3.0)),
+        (lambda: {0: 2.0}, lambda v: v.__setitem__(0, 3.0)),
+        (lambda: np.array([2.0], np.float32), lambda v: v.__setitem__(0, 3.0)),
+        (lambda: _MutableScale(2.0), lambda v: setattr(v, "c", 3.0)),
+    ],
+    ids=["list", "dict", "numpy array", "mutable dataclass"],
+)
+def test_a_new_partial_of_a_value_changed_in_place_never_runs_the_stale_program(make, change):
+    # issue 50: the partials compared equal by value (the same list inside),
+    # and the executable traced with 2.0 ran again for 3.0; jax.jit runs 3.0.
+    def g(x, scale):
+        return x * scale[0]
+
+    @jc.hot_step(state="s", static="fn", max_compiles=2)
+    def step(s, fn):
+        return {"w": fn(s["w"])}
+
+    value = make()
+    s = step({"w": jnp.ones(3)}, functools.partial(g, scale=value))
+    change(value)
+    s = step(s, functools.partial(g, scale=value))  # a new signature: traced with 3.0
+    assert jc.fetch(s["w"]).tolist() == [6.0] * 3 and step.stats.compiles == 2
+    with pytest.raises(jc.RecompileError, match="which can change after a compile"):
+        step(s, functools.partial(g, scale=value))  # max_compiles=2: said why it is a new one

@@ -20,6 +20,7 @@ could not record.
 
 from __future__ import annotations
 
+import atexit
 import dataclasses
 import os
 import re
@@ -85,6 +86,7 @@ class Capture:
         self._unparsed = 0  # guard lines that did not parse (passed through)
         self._marks: dict[str, threading.Event] = {}
         self._n = 0
+        self._registered = False
 
     # -- the reader thread -------------------------------------------------
 
@@ -160,6 +162,9 @@ class Capture:
                     os.close(fd)
                 return False
             os.close(write_fd)
+            if not self._registered:  # fd 2 given back at interpreter exit, whatever is still recording
+                atexit.register(self.release_at_exit)
+                self._registered = True
             self._saved_fd = saved
             self._reader = threading.Thread(
                 target=self._read, args=(read_fd, saved), name="jaxcontracts-guard-log", daemon=True
@@ -206,6 +211,24 @@ class Capture:
             self._events.clear()
         if reader is not None:
             reader.join(0.5)  # what was written before take()'s sync is read already
+
+
+    def release_at_exit(self) -> None:
+        """At interpreter exit, with a recording loop still open (a daemon thread
+        inside one): give fd 2 back and let the reader pass on what it holds.
+
+        Python prints an uncaught exception's traceback before it runs the
+        ``atexit`` functions, and a daemon reader may never run again after
+        them: without this, that traceback went into the pipe and was lost."""
+        with self._lock:
+            if not self._users:
+                return
+            self._users = 0
+            saved, reader = self._saved_fd, self._reader
+            self._saved_fd, self._reader = -1, None
+            os.dup2(saved, 2)  # the pipe's last write end: the reader drains it, then ends
+        if reader is not None:
+            reader.join(2.0)
 
 
 _capture = Capture()

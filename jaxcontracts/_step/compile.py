@@ -296,10 +296,19 @@ def _flatten_in_python(positional: tuple[Any, ...], treedef: Any) -> bool:
 
 
 def _spread(sharding: Any) -> bool:
+    """Whether a leaf placed so is constrained to it on the way out: placed on
+    more than one device, over a mesh none of whose axes is ``Explicit`` (the
+    default of ``jax.make_mesh`` since jax 0.7). There the sharding is part of
+    the array's type: ``with_sharding_constraint`` refuses it, and the carry
+    check compares the output's with the input's, as for any spec."""
     try:
-        return len(sharding.device_set) > 1
+        if len(sharding.device_set) <= 1:
+            return False
     except Exception:  # noqa: BLE001 - no sharding, or not a Sharding
         return False
+    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
+    types = getattr(getattr(sharding, "mesh", None), "axis_types", None) or ()
+    return explicit is None or explicit not in types
 
 
 def derive_out_shardings(
