@@ -15,7 +15,7 @@ from __future__ import annotations
 import functools
 import sys
 import weakref
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
@@ -26,9 +26,9 @@ __all__ = [
     "LiveStep",
     "checks_changed",
     "clear_last_outputs",
-    "consumed",
     "consumed_by",
     "donating",
+    "keep",
     "last_outputs",
     "live",
     "register",
@@ -74,8 +74,9 @@ class LiveStep(Protocol):
     #: (``None`` when unknown). No argument is ever recorded: a consumed state
     #: goes when the caller rebinds it, as in a plain ``s = f(s)`` loop.
     last_output: list[Any]
-    #: One slot: the donated arrays of its last call at checks ``full``, all
-    #: consumed (deleted: they hold no device memory), or None; see :func:`consumed`.
+    #: The donated arrays of its last call at checks ``full``, all consumed
+    #: (deleted: they hold no device memory), or None; and the picker of one
+    #: leaf per argument among them (``_step.callctx.make_tail``).
     last_consumed: list[Any]
 
     def checks_changed(self, level: str) -> None:
@@ -129,11 +130,11 @@ def clear_last_outputs(steps: Iterable[LiveStep] | None = None) -> None:
 
 # -- which step consumed a deleted array -----------------------------------
 # A step's call at ``full`` leaves the arrays it consumed in its
-# ``last_consumed`` slot; at its next call (:func:`consumed`) those still held
-# by anything besides that slot (the user's saved copy, a ``locals()`` dict)
-# move here, each behind a weak reference that removes it once the array is
-# freed. So a later read of such an array names its consumer however many
-# calls later it comes, for one reference count per consumed array per call.
+# ``last_consumed`` slot; at its next call (``_step.callctx.make_tail``) those
+# still held by anything besides that slot (the user's saved copy, a
+# ``locals()`` dict) move here (:func:`keep`), each behind a weak reference
+# that removes it once the array is freed. So a later read of such an array
+# names its consumer however many calls later it comes.
 
 _held: dict[int, tuple[weakref.ref[Any], str]] = {}
 
@@ -142,17 +143,6 @@ def _forget(key: int, ref: weakref.ref[Any]) -> None:
     entry = _held.get(key)
     if entry is not None and entry[0] is ref:
         del _held[key]
-
-
-def consumed(step: LiveStep, arrays: Sequence[Any] | None) -> None:
-    """Record ``arrays`` (None: nothing) as what ``step``'s last call consumed.
-
-    The record they replace goes, except for the arrays someone else still
-    holds: a sequence holds each once, and the count's argument is one more."""
-    slot = step.last_consumed
-    previous, slot[0] = slot[0], arrays
-    if previous and max(map(sys.getrefcount, previous)) > 2:
-        keep(previous, step.short_name, held_only=True)
 
 
 def keep(arrays: Iterable[Any], step: str, held_only: bool = False) -> None:

@@ -63,26 +63,30 @@ def available() -> bool:
     return capability("kept-references").available
 
 
-def kept_after_collecting(leaves: Sequence[Any], sequences: int, arguments: tuple[Any, ...]) -> list[int]:
+def kept_after_collecting(
+    leaves: Sequence[Any], sequences: int, arguments: tuple[Any, ...]
+) -> tuple[list[int], list[int]]:
     """The positions in ``leaves`` (a sequence held ``sequences`` times, each
     leaf once by its container) of the leaves held elsewhere, counted after
     a garbage collection (an unreachable cycle holds nothing anyone can
-    read). Every other reference counts, whoever holds it (a variable, a
-    saved traceback, pytest's assertion temporaries), except one that may be
-    a function's ``locals()`` snapshot (:func:`_snapshot_references`): what
-    such a reference means cannot be told without reading the interpreter's
-    frames, so the step does what ``jax.jit`` does there. ``arguments``: the
-    call's, whose own containers are never taken for a snapshot. Called
-    only when a count found something (a collection costs milliseconds)."""
+    read); and those held only by dicts that may be a function's
+    ``locals()`` snapshot (:func:`_snapshot_references`), which cannot be
+    told for a holder without reading the interpreter's frames, so the step
+    does what ``jax.jit`` does there. Every other reference counts, whoever
+    holds it (a variable, a saved traceback, pytest's assertion
+    temporaries). ``arguments``: the call's, whose own containers are never
+    taken for a snapshot. Called only when a count found something (a
+    collection costs milliseconds)."""
     gc.collect()
     limit = BASELINE + sequences - 1
-    kept = [i for i, n in enumerate(map(count, leaves)) if n > limit]
+    held = [i for i, n in enumerate(map(count, leaves)) if n > limit]
     # (a snapshot holds a leaf only under a variable's name: past a few dozen
     # held leaves something else holds them, and the scan costs the heap times their number)
-    if kept and len(kept) <= _SNAPSHOT_SCAN and sys.version_info < (3, 13):
-        snapshots = _snapshot_references([leaves[i] for i in kept], _containers(arguments))
-        kept = [i for i in kept if count(leaves[i]) - snapshots.get(id(leaves[i]), 0) > limit]
-    return kept
+    if not held or len(held) > _SNAPSHOT_SCAN or sys.version_info >= (3, 13):
+        return held, []
+    snapshots = _snapshot_references([leaves[i] for i in held], _containers(arguments))
+    kept = [i for i in held if count(leaves[i]) - snapshots.get(id(leaves[i]), 0) > limit]
+    return kept, [i for i in held if i not in kept]
 
 
 def _snapshot_references(held: list[Any], own: set[int]) -> dict[int, int]:

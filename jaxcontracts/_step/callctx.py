@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import operator
+import sys
 import time
 import types
 from collections.abc import Callable, Sequence
@@ -20,6 +21,7 @@ from typing import Any, Protocol
 import jax
 import numpy as np
 
+from .. import _steps
 from .._compat.arrays import ArrayImpl, KeyArray
 from .._compat.guarded import tree_in_tree
 from .._compat.tracing import flatten
@@ -27,7 +29,7 @@ from .._dtypes import is_key
 from .._records import CompiledSignature, StepStats
 from .._report import timing as _timing
 from .._runtime import tracking
-from .._steps import HOOK_EVERY, LiveStep, consumed
+from .._steps import HOOK_EVERY, LiveStep
 from .definition import StepDefinition
 
 __all__ = [
@@ -84,11 +86,24 @@ def make_tail(ctx: CallContext) -> Callable[[tuple[Any, ...], Any, Any, float], 
     static values as they came, so they are not flattened again); None at
     ``fast``. ``t0``: the clock as the closure was entered where the call is
     timed, else 0 (``_report.timing.timed`` adds the host time). Inside a
-    loop the output is recorded (``LiveStep.last_output``); no argument is
-    ever recorded, so a consumed state goes when the caller rebinds it."""
+    loop the output is recorded (``LiveStep.last_output``).
+
+    At ``full`` the arrays a call consumed stay in the step's
+    ``last_consumed`` slot (deleted: no device memory) until its next call,
+    which keeps a weak reference to those something else still holds
+    (``_steps.keep``), so that their later read names the step. A leaf inside
+    a state held elsewhere was refused before dispatch, so an array of the
+    last call survives only with its argument (the state kept whole, a bare
+    array kept): one leaf per donated argument is counted."""
     full, stats, cs, not_consumed = ctx.full, ctx.stats, ctx.cs, ctx.not_consumed
     is_deleted = is_deleted_for(cs)
-    donated_of = None if tuple(cs.donated) == tuple(range(len(cs.leaves))) else picker(cs.donated)
+    every_leaf = tuple(cs.donated) == tuple(range(len(cs.leaves)))
+    donated_of = None if every_leaf else picker(cs.donated)
+    records = full and bool(cs.donated)
+    at = {flat: k for k, flat in enumerate(cs.donated)}  # a donated leaf's position in the record
+    # per donated argument, its first donated leaf's position in the record
+    firsts = picker([at[min(at.keys() & set(r))] for r in param_leaves(cs) if at.keys() & set(r)])
+    slot, keep, count = ctx.step.last_consumed, _steps.keep, sys.getrefcount
     step, record = ctx.step, ctx.step.last_output
     marks = ctx.marks
     mark_one = marks[0] if len(marks) == 1 else None
@@ -96,10 +111,14 @@ def make_tail(ctx: CallContext) -> Callable[[tuple[Any, ...], Any, Any, float], 
     every, acc, due, timed, perf = HOOK_EVERY, step.timing_counters, step.timing_due, _timing.timed, time.perf_counter
 
     def tail(args: tuple[Any, ...], leaves: Any, out: Any, t0: float) -> Any:
-        if full:
+        if records:
             gone = leaves if donated_of is None else donated_of(leaves)
             if all(map(is_deleted, gone)):  # each consumed: the step's record of them
-                consumed(step, gone)
+                (previous, pick), slot[:] = slot, (gone, firsts)  # pick: of the signature that made it
+                # held by `previous`, the picked tuple and the count's argument, or by more
+                if previous is not None and max(map(count, pick(previous))) > 3:
+                    keep(previous, step.short_name, held_only=True)
+                del previous
             else:
                 err = not_consumed(cs, leaves, out)
                 if err is not None:  # None: a recording loop took it as a violation

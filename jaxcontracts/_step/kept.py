@@ -30,7 +30,7 @@ import jax
 from .._compat import refcount
 from .._records import CompiledSignature
 from .._state.filter import Filtered
-from .._steps import clear_last_outputs
+from .._steps import clear_last_outputs, keep
 from .callctx import CallContext, param_leaves, picker
 from .definition import StepDefinition
 
@@ -56,21 +56,27 @@ class KeptPlan:
     pick: Callable[[Sequence[Any]], Sequence[Any]] | None
     limit: int
     error: Callable[[Sequence[int], Sequence[tuple[str, range]]], BaseException]
+    step: str  # the step's short name, for the record of what it consumed
     nodes: InnerNodes | None = None
 
     def refuse(self, seq: Sequence[Any], sequences: int, args: tuple[Any, ...]) -> BaseException | None:
         """After a hit: the error, unless collecting garbage dropped every
         extra reference. The steps' records of their last outputs inside
         loops are the library's own: dropped first (an output the caller took
-        apart, ``p["w"] = out["w"]``, is held there too)."""
+        apart, ``p["w"] = out["w"]``, is held there too). A leaf held only by
+        a dict that may be a stale ``locals()`` goes as under ``jax.jit``,
+        remembered as this step's (its later read names the step)."""
         clear_last_outputs()
-        kept = refcount.kept_after_collecting(seq, sequences, args)
+        kept, unproven = refcount.kept_after_collecting(seq, sequences, args)
+        keep([seq[i] for i in unproven], self.step)
         return self.error(list(dict.fromkeys(self.watched[i] for i in kept)), ()) if kept else None
 
     def refuse_nodes(self, nodes: list[Any], args: tuple[Any, ...]) -> BaseException | None:
         """After a hit on :attr:`nodes`: the error naming the kept containers."""
         clear_last_outputs()
-        kept = refcount.kept_after_collecting(nodes, 1, args)
+        kept, unproven = refcount.kept_after_collecting(nodes, 1, args)
+        for i in unproven:  # their arrays go as under jax.jit, remembered as this step's
+            keep(jax.tree_util.tree_leaves(nodes[i]), self.step)
         assert self.nodes is not None
         return self.error((), [(self.nodes.paths[i], self.nodes.leaves[i]) for i in kept]) if kept else None
 
@@ -239,4 +245,4 @@ def kept_plan(ctx: CallContext) -> KeptPlan | None:
         pick, sequences = None, 1
     else:
         pick, sequences = picker(watched), 2
-    return KeptPlan(watched, pick, refcount.BASELINE + sequences - 1, ctx.kept, nodes)
+    return KeptPlan(watched, pick, refcount.BASELINE + sequences - 1, ctx.kept, ctx.step.short_name, nodes)
