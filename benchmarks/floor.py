@@ -22,8 +22,10 @@ read next to the hot step's own figure:
   elsewhere is refused before the call), and the count of each container
   inside the state that holds donated leaves (a ``TrainState``'s
   ``params``: a kept ``state.params`` is refused too), the executable's C++ call on the
-  flat leaves (``_compat.guarded``, as ``full`` calls it), and every donated
-  leaf asked ``is_deleted()`` after it (the donation really happened);
+  flat leaves (``_compat.guarded``, as ``full`` calls it), every donated
+  leaf asked ``is_deleted()`` after it (the donation really happened), and
+  the record of what the call consumed, whose last entry's first leaf is
+  counted (a later read of a state kept whole names the step);
 * ``flat call``: the flatten and the flat call alone, no check: what calling
   with flat leaves costs or saves against the call on the state.
 
@@ -33,7 +35,7 @@ library's own call at that level, so ``hot_step - floor`` is what the
 library adds beyond its checks (the record that names a consumed state, the
 counters, the frames).
 
-Cases: a dict, a NamedTuple and a flax ``TrainState`` (skipped without flax
+Cases: a sealed ``jc.state``, a dict, a NamedTuple and a flax ``TrainState`` (skipped without flax
 and optax) of 10 and 100 ``f32[4]`` leaves, ``s -> s + 1`` donated, as in
 ``benchmarks.states``; and the NNX program of ``benchmarks.ports`` (an
 ``nnx.State`` of 16 leaves, numpy batches declared ``host=``) against its
@@ -127,6 +129,7 @@ def floor_full(
     # Held by its state and read through the sequence map() runs over (the
     # flat list; with host leaves, a slice of it, which the list holds too).
     limit = refcount.BASELINE + (1 if host else 0)
+    record: list[Any] = [None]  # what the last call consumed (the state is the one argument)
 
     def checked(*args: Any) -> Any:
         leaves, treedef = flatten(args)
@@ -139,6 +142,9 @@ def floor_full(
             _refused()
         out = call(*leaves)
         if not all(map(is_deleted, dev)):
+            _refused()
+        previous, record[0] = record[0], dev
+        if previous is not None and count(previous[0]) > 3:  # the last call's state, kept whole
             _refused()
         return out
 
@@ -169,6 +175,15 @@ def _leaves(n: int) -> dict[str, Any]:
 
 def _kind(name: str, n: int) -> tuple[Callable[[], Any], Callable[[Any], Any], Callable[[Any], Any]] | str:
     """(make a state, read its first donated leaf, the hot step) or why not."""
+    if name == "sealed":
+        from benchmarks.states import _sealed_class
+
+        S = _sealed_class(n)
+        return (
+            (lambda: S(**{f"x{i}": np.zeros(4, np.float32) for i in range(n)})),
+            (lambda s: s.x0),
+            (lambda f: jc.hot_step(f, signature=S, state="s")),
+        )
     if name == "dict":
         first_key = next(iter(_leaves(1)))
         return (lambda: jc.device_tree(_leaves(n))), (lambda s: s[first_key]), (lambda f: jc.hot_step(f, state="s"))
@@ -280,7 +295,7 @@ def main(argv: list[str] | None = None) -> int:
     res.meta = machine()
 
     variants: list[Variant] = []
-    for name in ("dict", "NamedTuple", "TrainState"):
+    for name in ("sealed", "dict", "NamedTuple", "TrainState"):
         for n in leaves:
             vs = state_variants(name, n)
             if isinstance(vs, str):
