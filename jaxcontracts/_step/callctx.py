@@ -102,7 +102,9 @@ def make_tail(ctx: CallContext) -> Callable[[tuple[Any, ...], Any, Any, float], 
     records = full and bool(cs.donated)
     at = {flat: k for k, flat in enumerate(cs.donated)}  # a donated leaf's position in the record
     # per donated argument, its first donated leaf's position in the record
-    firsts = picker([at[min(at.keys() & set(r))] for r in param_leaves(cs) if at.keys() & set(r)])
+    # (None: one argument, whose first leaf leads the record)
+    positions = [at[min(at.keys() & set(r))] for r in param_leaves(cs) if at.keys() & set(r)]
+    firsts = None if len(positions) <= 1 else picker(positions)
     slot, keep, count = ctx.step.last_consumed, _steps.keep, sys.getrefcount
     step, record = ctx.step, ctx.step.last_output
     marks = ctx.marks
@@ -114,9 +116,13 @@ def make_tail(ctx: CallContext) -> Callable[[tuple[Any, ...], Any, Any, float], 
         if records:
             gone = leaves if donated_of is None else donated_of(leaves)
             if all(map(is_deleted, gone)):  # each consumed: the step's record of them
-                (previous, pick), slot[:] = slot, (gone, firsts)  # pick: of the signature that made it
-                # held by `previous`, the picked tuple and the count's argument, or by more
-                if previous is not None and max(map(count, pick(previous))) > 3:
+                previous, pick = slot[0], slot[1]  # pick: of the signature that made it
+                slot[0] = gone
+                slot[1] = firsts
+                # held by `previous` and the count's argument (and the picked tuple), or by more
+                if previous is not None and (
+                    count(previous[0]) > 2 if pick is None else max(map(count, pick(previous))) > 3
+                ):
                     keep(previous, step.short_name, held_only=True)
                 del previous
             else:
