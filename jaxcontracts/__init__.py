@@ -38,6 +38,8 @@ if TYPE_CHECKING:
     from ._audit.watch import WatchReport as WatchReport
     from ._compat import Capability as Capability
     from ._compat import capabilities as capabilities
+    from ._explain import Explanation as Explanation
+    from ._explain import explain as explain
     from ._loop.fetch import Pending as Pending
     from ._loop.fetch import fetch as fetch
     from ._loop.fetch import fetch_async as fetch_async
@@ -75,6 +77,8 @@ _EXPORTS = {
     "watch": "_audit.session",
     "Capability": "_compat",
     "capabilities": "_compat",
+    "explain": "_explain",
+    "Explanation": "_explain",
     "Change": "_state.foreign",
     "Changes": "_state.foreign",
     "device_tree": "_state.foreign",

@@ -49,32 +49,39 @@ __all__ = [
 INPUTS_INTACT = "The call did not run; your inputs are intact."
 
 #: The documentation site (mkdocs.yml's ``site_url``; tests/test_docs.py keeps
-#: them equal). ``JAXCONTRACTS_DOCS_URL`` points messages at another copy: a
-#: mirror, a pinned version, ``mkdocs serve``'s http://127.0.0.1:8000/.
+#: them equal). Messages point at the offline page (``python -m jaxcontracts
+#: explain``); ``JAXCONTRACTS_DOCS_URL`` adds a copy of the site to open (a
+#: mirror, a pinned version, ``mkdocs serve``'s http://127.0.0.1:8000/).
 DOCS_URL = "https://jaxcontracts.readthedocs.io/en/stable/"
-#: The errors page on that site (docs/errors.md in the source tree).
+#: The errors page on that site (jaxcontracts/_pages/errors.md, which docs/errors.md includes).
 DOCS_ERRORS = "errors/"
 
 
-def docs_base() -> str:
-    """The documentation site's base URL, ending in ``/``."""
-    base = os.environ.get("JAXCONTRACTS_DOCS_URL") or DOCS_URL
+def docs_base() -> str | None:
+    """The documentation site's base URL, ending in ``/``, where one is set."""
+    base = os.environ.get("JAXCONTRACTS_DOCS_URL")
+    if not base:
+        return None
     return base if base.endswith("/") else base + "/"
 
 
 def docs_pointer(cls: type) -> str:
-    """``See: https://.../errors/#transfererror``: the section on ``cls``'s errors page.
+    """``See: python -m jaxcontracts explain TransferError``: the section on
+    ``cls``'s errors, offline, from the installed package.
 
-    The anchor is the lower-cased name of the nearest jaxcontracts class in
-    ``cls``'s MRO (a user's subclass points to its jaxcontracts parent); the
-    errors page pins each anchor with ``{#name}``, so a heading edit cannot
-    break it. ``tests/test_docs.py`` checks every anchor exists in the built site.
+    The name is that of the nearest jaxcontracts class in ``cls``'s MRO (a
+    user's subclass points to its jaxcontracts parent); the errors page pins
+    its anchor with ``{#name}``. With ``JAXCONTRACTS_DOCS_URL`` set, the
+    section on that site follows. ``tests/test_explain.py`` checks each resolves.
     """
-    page = docs_base() + DOCS_ERRORS
-    for klass in cls.__mro__:
-        if klass.__module__ == "jaxcontracts" and klass.__name__ in __all__:
-            return f"See: {page}#{klass.__name__.lower()}"
-    return f"See: {page}"
+    name = next(
+        (k.__name__ for k in cls.__mro__ if k.__module__ == "jaxcontracts" and k.__name__ in __all__), "ContractError"
+    )
+    base = docs_base()
+    site = f" (or {base}{DOCS_ERRORS}#{name.lower()})" if base else ""
+    return f"See: python -m jaxcontracts explain {name}{site}"
+
+
 NOTHING_RAN = "Nothing has run yet."
 
 

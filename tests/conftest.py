@@ -11,6 +11,13 @@ import pytest  # noqa: E402
 
 import jaxcontracts as jc  # noqa: E402
 
+if jax.default_backend() != "cpu":
+    # The suite runs on an accelerator (JAX_PLATFORMS set to it): this process
+    # holds the chip, which a second process cannot open (a TPU's libtpu lock).
+    # The processes tests start (pytester runs, the audit CLI, the demo, the
+    # examples) run on the CPU.
+    os.environ["JAX_PLATFORMS"] = "cpu"
+
 
 def _import_the_package() -> None:
     """pytester's in-process runs (test_pytest_plugin) take out of sys.modules

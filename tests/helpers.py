@@ -54,6 +54,12 @@ def _warm_then_loop(fn, **loop):
         return fn()
 
 
+#: The ``filterwarnings`` lines of the ini files tests write for the pytest runs
+#: they start: strict, as this repository's own settings, minus JAX's own
+#: start-up warning on a TPU host (pyproject.toml says why).
+STRICT_WARNINGS = "filterwarnings =\n    error\n    ignore:Transparent hugepages are not enabled:UserWarning\n"
+
+
 def single_device_sharding(device, memory_kind=None) -> jax.sharding.Sharding:
     """A sharding on one device: jax 0.12.1 deprecates the class's constructor
     for ``make_single_device_sharding``, which older versions lack."""

@@ -36,8 +36,9 @@ ERROR_CLASSES = [
 
 
 def _anchors(page: str) -> set[str]:
-    """The explicit heading anchors (``## Name {#anchor}``) of a docs page."""
-    text = (DOCS / page).read_text()
+    """The explicit heading anchors (``## Name {#anchor}``) of a docs page
+    (the errors page: the package's, which docs/errors.md includes)."""
+    text = (ROOT / "jaxcontracts" / "_pages" / page if page == "errors.md" else DOCS / page).read_text()
     return set(re.findall(r"^#+ .*\{#([\w-]+)\}\s*$", text, re.MULTILINE))
 
 
@@ -60,11 +61,11 @@ def test_every_error_class_has_a_section_on_the_errors_page():
     assert exported == {c.__name__ for c in ERROR_CLASSES}, "update ERROR_CLASSES"
     anchors = _anchors("errors.md")
     missing = [c.__name__ for c in ERROR_CLASSES if c.__name__.lower() not in anchors]
-    assert not missing, f"no `## Name {{#name}}` section in docs/errors.md for {missing}"
+    assert not missing, f"no `## Name {{#name}}` section in jaxcontracts/_pages/errors.md for {missing}"
 
 
 @pytest.mark.parametrize("cls", [c for c in ERROR_CLASSES if issubclass(c, jc.ContractError)])
-def test_every_message_ends_with_its_section(cls):
+def test_every_message_ends_with_its_offline_section(cls):
     err = cls("summary", ["  .x: detail"], fix="do this.", note="Nothing has run yet.")
     lines = str(err).splitlines()
     assert lines == [
@@ -72,17 +73,17 @@ def test_every_message_ends_with_its_section(cls):
         "  .x: detail",
         "Fix: do this.",
         "Nothing has run yet.",
-        f"See: https://jaxcontracts.readthedocs.io/en/stable/errors/#{cls.__name__.lower()}",
+        f"See: python -m jaxcontracts explain {cls.__name__}",
     ]
-    anchor = lines[-1].rsplit("#", 1)[1]
-    assert anchor in _anchors("errors.md")
-    # the site's page errors/ is built from docs/errors.md (mkdocs' directory URLs)
-    page = lines[-1].removeprefix("See: ").split("#")[0].removeprefix(DOCS_URL)
-    assert (DOCS / (page.rstrip("/") + ".md")).is_file()
+    assert cls.__name__.lower() in _anchors("errors.md")  # the page the site builds from
+
+
+def test_the_errors_page_of_the_site_is_the_packages():
+    """docs/errors.md includes the page `explain` prints: one text, two readers."""
+    assert (DOCS / "errors.md").read_text().strip() == '--8<-- "jaxcontracts/_pages/errors.md"'
 
 
 def test_the_docs_site_is_named_once_in_the_package_mkdocs_and_pyproject():
-    """Messages point at the site an installed user can open, not a source path."""
     mkdocs = (ROOT / "mkdocs.yml").read_text()
     assert f"site_url: {DOCS_URL}\n" in mkdocs
     assert "use_directory_urls: false" not in mkdocs  # errors.md is served as errors/
@@ -91,26 +92,28 @@ def test_the_docs_site_is_named_once_in_the_package_mkdocs_and_pyproject():
     assert DOCS_URL.startswith("https://")
 
 
-def test_the_docs_base_can_be_pointed_elsewhere(monkeypatch):
+def test_a_copy_of_the_site_can_be_added_to_the_pointer(monkeypatch):
     """JAXCONTRACTS_DOCS_URL: a mirror, a pinned version, a local mkdocs serve."""
     monkeypatch.setenv("JAXCONTRACTS_DOCS_URL", "http://127.0.0.1:8000")
-    assert str(jc.SpecError("x")).splitlines()[-1] == "See: http://127.0.0.1:8000/errors/#specerror"
+    assert str(jc.SpecError("x")).splitlines()[-1] == (
+        "See: python -m jaxcontracts explain SpecError (or http://127.0.0.1:8000/errors/#specerror)"
+    )
     monkeypatch.delenv("JAXCONTRACTS_DOCS_URL")
-    assert str(jc.SpecError("x")).splitlines()[-1] == f"See: {DOCS_URL}errors/#specerror"
+    assert str(jc.SpecError("x")).splitlines()[-1] == "See: python -m jaxcontracts explain SpecError"
 
 
 def test_a_raised_error_points_to_its_section():
     with pytest.raises(jc.DefinitionError) as info:
         jc.set_checks("fastest")  # type: ignore[arg-type]
-    assert str(info.value).endswith("\nSee: https://jaxcontracts.readthedocs.io/en/stable/errors/#definitionerror")
+    assert str(info.value).endswith("\nSee: python -m jaxcontracts explain DefinitionError")
 
 
 def test_a_user_subclass_points_to_its_jaxcontracts_parent():
     class MyTransferError(jc.TransferError):
         pass
 
-    assert docs_pointer(MyTransferError) == "See: https://jaxcontracts.readthedocs.io/en/stable/errors/#transfererror"
-    assert str(MyTransferError("x")).splitlines()[-1] == "See: https://jaxcontracts.readthedocs.io/en/stable/errors/#transfererror"
+    assert docs_pointer(MyTransferError) == "See: python -m jaxcontracts explain TransferError"
+    assert str(MyTransferError("x")).splitlines()[-1] == "See: python -m jaxcontracts explain TransferError"
 
 
 def test_the_notebooks_in_the_docs_are_the_committed_ones():

@@ -19,6 +19,7 @@ PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "jaxcontracts"
 LAYERS: dict[str, int] = {
     # 0: plain data, marks, messages and formatting (no other module of the package)
     "_errors": 0,  # exception classes, the message layout, CONTRACTS and VIOLATIONS
+    "_explain": 1,  # the errors page, offline (python -m jaxcontracts explain)
     "_records": 0,
     "_format": 0,
     "_dtypes": 0,

@@ -45,7 +45,7 @@ def test_spec_error_at_construction():
         "jnp.zeros(shape, jnp.float32), or cast it yourself with "
         ".astype(jnp.float32) if you mean it.\n"
         "  dims bound: n=2  (n from .pos)\n"
-        "See: https://jaxcontracts.readthedocs.io/en/stable/errors/#specerror"
+        "See: python -m jaxcontracts explain SpecError"
     )
 
 
@@ -58,7 +58,7 @@ def test_spec_error_for_an_overflowing_scalar():
         "be stored as inf; pass a smaller value, or annotate the field Float64 (with "
         "jax_enable_x64 on).\n"
         "  dims bound: n=2  (n from .pos)\n"
-        "See: https://jaxcontracts.readthedocs.io/en/stable/errors/#specerror"
+        "See: python -m jaxcontracts explain SpecError"
     )
 
 
@@ -67,14 +67,14 @@ def test_spec_error_for_dims_and_shardings():
         "Body.spec() got 1 invalid dimension size:\n"
         "  n='3' (str): expected a non-negative int\n"
         "Fix: pass each dimension as a non-negative Python int, e.g. Body.spec(n=4).\n"
-        "See: https://jaxcontracts.readthedocs.io/en/stable/errors/#specerror"
+        "See: python -m jaxcontracts explain SpecError"
     )
     assert _message(lambda: Body.zeros(n=2, sharding={"post": None})) == (
         "Body.zeros(sharding=...) names 'post', which is not a data field of Body.\n"
         "  valid field names: pos, t\n"
         "Fix: fix the spelling, or drop the entry; a field left out of the mapping "
         "gets no sharding (a nested state takes a mapping of its own fields).\n"
-        "See: https://jaxcontracts.readthedocs.io/en/stable/errors/#specerror"
+        "See: python -m jaxcontracts explain SpecError"
     )
 
 
@@ -85,7 +85,7 @@ def test_recompile_error_at_compile_carry():
         "test_messages.counter does not return its state with the spec it takes"
     )
     assert "  parameter `s` -> the return value:\n    ['t']: takes i32[], returns ~f32[]\n" in msg
-    assert msg.endswith("Nothing has run yet.\nSee: https://jaxcontracts.readthedocs.io/en/stable/errors/#recompileerror")
+    assert msg.endswith("Nothing has run yet.\nSee: python -m jaxcontracts explain RecompileError")
 
 
 def test_recompile_error_at_call():
@@ -101,7 +101,7 @@ def test_recompile_error_at_call():
         "Fix: pass arguments with the compiled spec (see the likely cause above), "
         "or allow more signatures with @jc.hot_step(max_compiles=2).\n"
         "The call did not run; your inputs are intact.\n"
-        "See: https://jaxcontracts.readthedocs.io/en/stable/errors/#recompileerror"
+        "See: python -m jaxcontracts explain RecompileError"
     )
 
 
@@ -235,7 +235,7 @@ def test_definition_error_lists_valid_options():
         '  donate="all"            every leaf of every state parameter (default)\n'
         '  donate=("pos", "vel")   those state fields only\n'
         '  donate="none"           no donation (an explicit opt-out)\n'
-        "See: https://jaxcontracts.readthedocs.io/en/stable/errors/#definitionerror"
+        "See: python -m jaxcontracts explain DefinitionError"
     )
 
 
@@ -302,7 +302,7 @@ def _lines(fn, error=jc.ContractError):
     with pytest.raises(error) as info:
         fn()
     lines = str(info.value).splitlines()
-    assert lines[-1].startswith("See: https://")
+    assert lines[-1].startswith("See: python -m jaxcontracts explain ")
     return lines[:-1]
 
 

@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import pytest
+from helpers import STRICT_WARNINGS
 
 import jaxcontracts as jc
 
@@ -21,8 +22,7 @@ pytest_plugins = ["pytester"]
 INI = """
 [pytest]
 addopts = --strict-markers -p no:cacheprovider
-filterwarnings = error
-"""
+""" + STRICT_WARNINGS
 
 HEADER = """
 import jax

@@ -14,6 +14,7 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import pytest
+from helpers import STRICT_WARNINGS
 from jaxtyping import Array, Float32
 
 import jaxcontracts as jc
@@ -205,8 +206,7 @@ def test_recorder_at_checks_off_cannot_count_calls():
 INI = """
 [pytest]
 addopts = --strict-markers -p no:cacheprovider
-filterwarnings = error
-"""
+""" + STRICT_WARNINGS
 
 PROGRAM = """
 import jax

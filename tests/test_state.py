@@ -169,7 +169,7 @@ def test_dims_must_be_non_negative_ints():
             assert info.value.contract == "dims"
             assert f"Fix: pass each dimension as a non-negative Python int, e.g. Grid.{what}(n=4), " in msg
             assert msg.endswith(
-                "and a *batch dimension as a tuple of them, e.g. batch=(2, 3).\nSee: https://jaxcontracts.readthedocs.io/en/stable/errors/#specerror"
+                "and a *batch dimension as a tuple of them, e.g. batch=(2, 3).\nSee: python -m jaxcontracts explain SpecError"
             )
         for bad in ((2, -1), (2.0,), "2", (True,)):
             with pytest.raises(jc.SpecError, match=r"\*batch takes a tuple of non-negative ints"):
@@ -346,7 +346,7 @@ def test_64_bit_fields_need_jax_enable_x64_when_used_not_when_defined(x64):
             "so JAX would make it float32, and the spec would not describe the arrays.\n"
             'Fix: turn it on before creating any array: jax.config.update("jax_enable_x64", '
         ) in msg
-        assert msg.endswith("or annotate the field Float32 and pass float32.\nSee: https://jaxcontracts.readthedocs.io/en/stable/errors/#specerror")
+        assert msg.endswith("or annotate the field Float32 and pass float32.\nSee: python -m jaxcontracts explain SpecError")
     with pytest.raises(jc.SpecError, match=r"field \.params\['w'\]: f64\[2\] \(numpy array\)"):
         Tree.spec(params={"w": np.zeros(2)})
     with pytest.raises(jc.SpecError) as info:

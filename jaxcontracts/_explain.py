@@ -1,0 +1,116 @@
+"""Help that resolves offline: the errors page, read from the installed package.
+
+``python -m jaxcontracts explain DonationError`` (and ``jc.explain(err)`` in a
+notebook) prints the section of ``_pages/errors.md`` that a message points to,
+in the version installed, as ``rustc --explain`` does. The docs site builds
+its errors page from the same file (``docs/errors.md`` includes it), so the
+two never differ. A name is an error class, an anchor of the page
+(``kept-reference``), a kind of loop violation (``transfer``) or a contract
+key (``donation-hazard``): the last two lead to their error class's section.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from functools import cache
+from importlib import resources
+
+from ._errors import CONTRACTS, VIOLATIONS
+
+__all__ = ["Explanation", "explain", "topics"]
+
+_HEADING = re.compile(r"^(#{2,3}) (.*?)\s*\{#([\w-]+)\}\s*$", re.MULTILINE)
+_LINK = re.compile(r"\[([^\]]+)\]\([^)]+\)")
+_ANCHOR = re.compile(r"\s*\{#[\w-]+\}[ \t]*$", re.MULTILINE)
+
+
+@cache
+def _page() -> str:
+    return resources.files("jaxcontracts").joinpath("_pages", "errors.md").read_text(encoding="utf-8")
+
+
+@cache
+def _sections() -> dict[str, tuple[str, str]]:
+    """anchor -> (title, the section's markdown: its heading to the next one as deep or less)."""
+    page = _page()
+    heads = list(_HEADING.finditer(page))
+    out: dict[str, tuple[str, str]] = {}
+    for i, head in enumerate(heads):
+        depth = len(head.group(1))
+        end = next((h.start() for h in heads[i + 1 :] if len(h.group(1)) <= depth), len(page))
+        body = page[head.end() : end].strip("\n")
+        out[head.group(3)] = (head.group(2), f"{head.group(1)} {head.group(2)}\n\n{body}\n")
+    return out
+
+
+def _anchor(name: str) -> str | None:
+    """The page's anchor for a class, anchor, violation kind or contract key."""
+    key = name.strip().lower()
+    sections = _sections()
+    if key in sections:
+        return key
+    kind = VIOLATIONS.get(key) or VIOLATIONS.get(key.replace("-", "_"))
+    contract = CONTRACTS.get(key if kind is None else kind.contract)
+    if contract is not None and contract.error.__name__.lower() in sections:
+        return contract.error.__name__.lower()
+    return None
+
+
+def topics() -> list[str]:
+    """What ``explain`` takes: the page's sections, the violation kinds, the contract keys."""
+    names = [title if title.isidentifier() else anchor for anchor, (title, _) in _sections().items()]
+    return [*names, *VIOLATIONS, *CONTRACTS]
+
+
+@dataclasses.dataclass(frozen=True)
+class Explanation:
+    """One section of the errors page: plain text for a terminal (``str``),
+    markdown in a notebook (``_repr_markdown_``)."""
+
+    name: str
+    markdown: str
+
+    def __str__(self) -> str:
+        return re.sub(r"^#{2,3} ", "", self._repr_markdown_(), flags=re.MULTILINE)
+
+    def _repr_markdown_(self) -> str:
+        """Without links (relative to the site) and heading anchors."""
+        return _ANCHOR.sub("", _LINK.sub(r"\1", self.markdown))
+
+    def __repr__(self) -> str:
+        return str(self)
+
+
+def explain(what: object) -> Explanation:
+    """The section of the errors page on ``what``: an error raised by
+    jaxcontracts (or its class), or a name: an error class
+    (``"DonationError"``), a kind of loop violation (``"transfer"``), a
+    contract key (``"donation-hazard"``) or a section (``"kept-reference"``).
+
+    Args:
+        what: the error, its class, or a name.
+
+    Returns:
+        An :class:`Explanation`: text in a terminal, rendered in a notebook.
+
+    Raises:
+        KeyError: for a name the page has no section on (the message lists those it has).
+
+    Examples:
+        >>> import jaxcontracts as jc
+        >>> str(jc.explain("transfer")).splitlines()[0]
+        'TransferError'
+        >>> str(jc.explain("kept-reference")).splitlines()[0]
+        'Kept references'
+    """
+    if isinstance(what, BaseException):
+        what = type(what)
+    if isinstance(what, type):
+        klass = next((k for k in what.__mro__ if k.__module__ == "jaxcontracts"), what)
+        what = klass.__name__
+    name = str(what)
+    anchor = _anchor(name)
+    if anchor is None:
+        raise KeyError(f"no section on {name!r}; the errors page explains: {', '.join(topics())}")
+    return Explanation(name, _sections()[anchor][1])

@@ -1,0 +1,64 @@
+"""``python -m jaxcontracts explain`` and ``jc.explain``: the errors page, offline,
+from the installed package (issue 53)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+import jaxcontracts as jc
+from jaxcontracts._errors import CONTRACTS, VIOLATIONS
+
+ERRORS = [jc.ContractError, jc.DefinitionError, jc.SpecError, jc.RecompileError, jc.DonationError, jc.TransferError]
+
+
+@pytest.mark.parametrize("cls", ERRORS, ids=lambda c: c.__name__)
+def test_every_error_class_has_its_section_and_every_message_points_to_it(cls):
+    text = str(jc.explain(cls.__name__))
+    assert text.splitlines()[0] == cls.__name__ and len(text.splitlines()) > 3
+    err = cls("summary")
+    assert str(err).splitlines()[-1] == f"See: python -m jaxcontracts explain {cls.__name__}"
+    assert str(jc.explain(err)) == text  # the error itself, as a notebook passes it
+
+
+@pytest.mark.parametrize("name", [*VIOLATIONS, *CONTRACTS, "kept-reference", "tracebacks", "capabilitywarning"])
+def test_every_violation_kind_and_contract_key_leads_to_a_section(name):
+    heading = str(jc.explain(name)).splitlines()[0]
+    kind = VIOLATIONS.get(name)
+    contract = CONTRACTS.get(kind.contract if kind is not None else name)
+    if contract is not None:  # its error class's section
+        assert heading == contract.error.__name__
+    else:
+        assert heading in ("Kept references", "Tracebacks end at your line", "CapabilityWarning")
+
+
+def test_a_raised_violation_leads_to_its_fix():
+    with pytest.raises(jc.TransferError) as info, jc.hot_loop():
+        float(jc.device_tree({"x": 1.0})["x"])
+    explained = str(jc.explain(info.value))
+    assert "jc.fetch(x)" in explained and explained.startswith("TransferError")
+    assert "Kept references" in str(jc.explain("DonationError"))  # a section holds its subsections
+
+
+def test_an_unknown_name_lists_what_there_is():
+    with pytest.raises(KeyError, match="the errors page explains: .*DonationError.*kept-reference.*transfer"):
+        jc.explain("nope")
+
+
+def test_in_a_notebook_it_renders_as_markdown_without_links():
+    md = jc.explain("TransferError")._repr_markdown_()
+    assert md.startswith("## TransferError") and "](" not in md
+
+
+def test_the_command_prints_the_section_offline_and_says_what_it_takes():
+    run = [sys.executable, "-m", "jaxcontracts", "explain"]
+    proc = subprocess.run([*run, "DonationError"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.startswith("DonationError\n\nA buffer was not donated")
+    assert "{#" not in proc.stdout and "](" not in proc.stdout  # plain text: no anchors, no links
+    proc = subprocess.run(run, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "explain NAME, where NAME is one of:" in proc.stdout
+    assert "  kept-reference\n" in proc.stdout
+    proc = subprocess.run([*run, "nope"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "no section on 'nope'" in proc.stdout
