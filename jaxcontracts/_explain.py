@@ -18,7 +18,7 @@ from importlib import resources
 
 from ._errors import CONTRACTS, VIOLATIONS
 
-__all__ = ["Explanation", "explain", "topics"]
+__all__ = ["Explanation", "explain", "main", "topics"]
 
 _HEADING = re.compile(r"^(#{2,3}) (.*?)\s*\{#([\w-]+)\}\s*$", re.MULTILINE)
 _LINK = re.compile(r"\[([^\]]+)\]\([^)]+\)")
@@ -114,3 +114,16 @@ def explain(what: object) -> Explanation:
     if anchor is None:
         raise KeyError(f"no section on {name!r}; the errors page explains: {', '.join(topics())}")
     return Explanation(name, _sections()[anchor][1])
+
+
+def main(args: list[str]) -> int:
+    """``python -m jaxcontracts explain NAME``: the section, or what there is (2)."""
+    if len(args) != 1:
+        print("python -m jaxcontracts explain NAME, where NAME is one of:\n  " + "\n  ".join(topics()))
+        return 2
+    try:
+        print(explain(args[0]))
+    except KeyError as err:
+        print(err.args[0])
+        return 2
+    return 0

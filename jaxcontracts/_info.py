@@ -8,7 +8,7 @@ from importlib.metadata import PackageNotFoundError, version
 from ._compat import capabilities
 from ._report.render import Contract, Report
 
-__all__ = ["info"]
+__all__ = ["info", "main"]
 
 _PACKAGES = ("jaxcontracts", "jax", "jaxlib", "jaxtyping", "beartype", "numpy")
 
@@ -40,3 +40,9 @@ def info() -> Report:
         for c in capabilities()
     ]
     return report
+
+
+def main(args: list[str]) -> int:
+    """``python -m jaxcontracts info``: the report; 1 where a capability is missing."""
+    print(report := info())
+    return 0 if report.ok else 1

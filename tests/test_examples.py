@@ -64,3 +64,13 @@ def test_an_example_runs_as_a_script():
     assert result.returncode == 0, result.stderr[-3000:]
     assert "hot_step: scale stays P()" in result.stdout
     assert "jax.jit: scale comes back P('data',)" in result.stdout
+
+
+def test_the_readmes_example_runs_as_written(capsys, tmp_path):
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("## In one example", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    assert "with jc.hot_loop():" in block  # the loop as users should write it
+    (tmp_path / "readme_example.py").write_text(block)
+    runpy.run_path(str(tmp_path / "readme_example.py"), run_name="readme_example")
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == "0.01" and len(out) == 11 and "calls=1000" in out[-1], out

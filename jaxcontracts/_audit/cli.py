@@ -66,8 +66,10 @@ class _Progress:
 def main(argv: Sequence[str], progress_every: float = 2.0) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m jaxcontracts audit",
-        description="Run a script unchanged and list what its jax.jit code recompiles, "
-        "fails to donate and copies from the host.",
+        description="Run a script unchanged and list, ranked, what its JAX code does again "
+        "and again: host reads that wait on the device (float(loss), print(x), np.asarray(x) "
+        "in the loop), recompiles (leaf by leaf), missed or wrong donations, and host data "
+        "copied to the device at each call; each with its line and the fix.",
     )
     parser.add_argument("--json", metavar="PATH", help="also write the findings to PATH as a JSON list")
     parser.add_argument("--strict", action="store_true", help="exit 1 on any finding (for CI)")

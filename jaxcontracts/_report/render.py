@@ -18,7 +18,7 @@ import html
 import textwrap
 from collections.abc import Sequence
 
-from .._compat import capabilities
+from .._compat import capabilities, capability
 from .._errors import CONTRACTS, VIOLATIONS, ContractError
 from .._format import fmt_aval, fmt_bytes, fmt_sharding
 from .._records import StepDescription, Violation, WarmupCompile
@@ -164,11 +164,13 @@ class Report:
         return "\n".join(out)
 
     def capabilities_line(self) -> str:
-        """``capabilities in force (12/12): a, b, ...; missing: ...``."""
-        on = [n for n, ok in self.capabilities if ok]
+        """The capabilities missing here and what each switches off (``""``
+        where every one is in force: ``python -m jaxcontracts info`` lists them)."""
         off = [n for n, ok in self.capabilities if not ok]
-        text = f"capabilities in force ({len(on)}/{len(self.capabilities)}): " + ", ".join(on)
-        return text + (f"; MISSING: {', '.join(off)}" if off else "")
+        if not off:
+            return ""
+        named = "; ".join(f"{n} (so not checked: {capability(n).checks})" for n in off)
+        return f"capabilities MISSING ({len(off)} of {len(self.capabilities)}): {named}"
 
     def __repr__(self) -> str:
         state = "ok" if self.ok else "FAILED"
@@ -203,11 +205,11 @@ class Report:
                          f'{e(chr(10).join(self.timing.lines()))}</pre>')
         if self.contracts:
             parts += _html_contracts(self.contracts)
-        color = _MUTED if all(ok for _, ok in self.capabilities) else _RED
-        parts.append(
-            f'<div class="jc-capabilities" style="{_CSS_FACTS}font-size:11px;color:{color};">'
-            f"{e(self.capabilities_line())}</div>"
-        )
+        if self.capabilities_line():
+            parts.append(
+                f'<div class="jc-capabilities" style="{_CSS_FACTS}font-size:11px;color:{_RED};">'
+                f"{e(self.capabilities_line())}</div>"
+            )
         parts.append("</div>")
         return "".join(parts)
 
