@@ -37,6 +37,14 @@ def _import_the_package() -> None:
 _import_the_package()
 
 
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers",
+        "cpu_only(reason): what the test checks exists on JAX's CPU backend only (skipped elsewhere, saying why)",
+    )
+
+
+
 @pytest.fixture(autouse=True)
 def _full_checks():
     """Every test starts at the default checks level and leaves it there."""
@@ -107,6 +115,9 @@ jc.ContractError.__init__ = _measuring_init
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_setup(item):
     _current_test["id"] = item.nodeid
+    marker = item.get_closest_marker("cpu_only")
+    if marker is not None and jax.default_backend() != "cpu":
+        pytest.skip(f"CPU only: {marker.args[0]}")
 
 
 def pytest_terminal_summary(terminalreporter):

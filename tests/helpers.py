@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import jax
 import jax.numpy as jnp
 from jaxtyping import Array, Float32, Int32
@@ -67,3 +69,28 @@ def single_device_sharding(device, memory_kind=None) -> jax.sharding.Sharding:
     if make is not None:
         return make(device, memory_kind=memory_kind)
     return jax.sharding.SingleDeviceSharding(device, memory_kind=memory_kind)
+
+
+#: The reasons the suite's CPU-only tests give (``@pytest.mark.cpu_only(...)``, conftest.py).
+BUFFER_PROTOCOL = "JAX exports only CPU buffers through the buffer protocol (np.asarray falls back to __array__)"
+NUMPY_VIEW = "only a CPU array has a zero-copy numpy view, which makes XLA copy instead of donating"
+SYNC_ERRORS = "a run-time error surfaces at the call on CPU; an accelerator raises it at the next read"
+CPU_SIZES = "the sizes XLA:CPU allocates; an accelerator pads and tiles its buffers"
+
+
+def own_lines(stderr: str) -> list[str]:
+    """The lines a child process of ours wrote, without the warnings Python
+    printed for other modules' code (JAX's start-up warning on a TPU host is
+    348 characters long): each a ``file.py:N: ...Warning: ...`` line and its
+    indented source line."""
+    out, skip = [], False
+    for line in stderr.splitlines():
+        if re.match(r"\S+\.py:\d+: \w*Warning: ", line) and "jaxcontracts" not in line.split(":")[0]:
+            skip = True
+            continue
+        if skip and line.startswith("  "):
+            skip = False
+            continue
+        skip = False
+        out.append(line)
+    return out

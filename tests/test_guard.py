@@ -176,7 +176,11 @@ def test_checks_off_leaves_only_jax_native_guards():
     originals = arrays.read_methods()
     jc.set_checks("off")
     with jc.hot_loop():
-        assert float(x) == 3.0 and repr(x).startswith("Array") and np.asarray(x) == 3.0
+        if jax.default_backend() == "cpu":  # JAX's device-to-host guard never fires on CPU
+            assert float(x) == 3.0 and repr(x).startswith("Array") and np.asarray(x) == 3.0
+        else:  # on an accelerator it does: that is all that checks the reads at off
+            with pytest.raises(jax.errors.JaxRuntimeError, match="Disallowed device-to-host"):
+                float(x)
         assert all(impl.__dict__[n] is f for n, f in originals.items())  # no patching
         assert _intercept.on_monitoring_event not in getattr(monitoring, "_scalar_listeners", [])
         jax.jit(lambda a: a * 5)(x)  # a compile: not intercepted

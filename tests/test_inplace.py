@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from helpers import SYNC_ERRORS
 
 nnx = pytest.importorskip("flax.nnx")
 optax = pytest.importorskip("optax")
@@ -371,6 +372,7 @@ def test_a_model_updated_with_a_consumed_state_then_used_is_named_by_its_path(le
     assert namespace["y"].shape == (13, 11)  # updated with what fit returned, the model runs
 
 
+@pytest.mark.cpu_only(SYNC_ERRORS)
 def test_a_step_whose_host_callback_raises_at_run_time_is_named_when_the_model_is_read():
     # It said "most likely donated to an earlier call (hot steps that donate:
     # train)": another step, not the one whose call consumed the model.

@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import NUMPY_VIEW
 from jaxtyping import Array, Float32
 
 import jaxcontracts as jc
@@ -205,6 +206,7 @@ def test_a_donated_buffer_used_again_is_named():
         scale(s)
 
 
+@pytest.mark.cpu_only(NUMPY_VIEW)
 def test_a_donated_buffer_a_numpy_view_holds_is_refused_before_dispatch():
     s = jc.device_tree(S(x=jnp.ones(3)))
     view = np.asarray(s.x)  # a view of the CPU buffer: XLA would have to copy

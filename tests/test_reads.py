@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import Particles, _warm_then_loop, advance_fn, make_particles
+from helpers import BUFFER_PROTOCOL, Particles, _warm_then_loop, advance_fn, make_particles
 from jaxtyping import Array, Float32
 
 import jaxcontracts as jc
@@ -130,6 +130,7 @@ def test_rng_split_and_unpacking_a_device_array_are_clean(key, mesh2):
     ],
     ids=["memoryview", "np.frombuffer", "hashlib.sha256", "np.from_dlpack"],
 )
+@pytest.mark.cpu_only(BUFFER_PROTOCOL)
 def test_buffer_and_dlpack_reads_in_a_loop_are_transfer_errors(read, words):
     x = jnp.arange(3.0)
     with pytest.raises(jc.TransferError, match=rf"device-to-host read: {words}.* of f32\[3\]") as info:

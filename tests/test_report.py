@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from html.parser import HTMLParser
@@ -10,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from helpers import Particles, advance_fn, make_particles
+from helpers import CPU_SIZES, Particles, advance_fn, make_particles
 
 import jaxcontracts as jc
 
@@ -67,6 +68,7 @@ def _tables(html: str, footers: list | None = None):
     return parser.tables
 
 
+@pytest.mark.cpu_only(CPU_SIZES)
 def test_step_report_text_and_html():
     advance = jc.hot_step(advance_fn, signature=Particles)
     p = advance(make_particles(16))
@@ -161,6 +163,8 @@ def test_importing_jaxcontracts_does_not_initialise_a_backend():
         "import jax; print(len(jax.devices()))"
     )
     env = {"PATH": "", "JAX_PLATFORMS": "cpu"}
+    if "PYTHONPATH" in os.environ:  # where jax itself is found on some hosts
+        env["PYTHONPATH"] = os.environ["PYTHONPATH"]
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert out.stdout.strip() == "3", out.stderr
 

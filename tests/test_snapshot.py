@@ -14,7 +14,7 @@ import textwrap
 import jax
 import jax.numpy as jnp
 import pytest
-from helpers import STRICT_WARNINGS
+from helpers import CPU_SIZES, STRICT_WARNINGS
 from jaxtyping import Array, Float32
 
 import jaxcontracts as jc
@@ -38,6 +38,7 @@ def _advance(s: Sim) -> Sim:
 # -- jc.snapshot and the record -------------------------------------------
 
 
+@pytest.mark.cpu_only(CPU_SIZES)
 def test_snapshot_of_a_step_lists_each_leaf_memory_cost_and_compiles():
     step = jc.hot_step(signature=Sim)(_advance)
     step.compile(Sim.spec(n=1024))
@@ -203,6 +204,10 @@ def test_recorder_at_checks_off_cannot_count_calls():
 
 # -- the pytest marker ----------------------------------------------------
 
+# The section of a snapshot for the backend this suite runs on, and another one's.
+HERE = f"{jax.default_backend()} x"
+OTHER = "gpu x" if not HERE.startswith("gpu") else "tpu x"
+
 INI = """
 [pytest]
 addopts = --strict-markers -p no:cacheprovider
@@ -270,7 +275,7 @@ def _fails_with(pytester: pytest.Pytester, rows: list[str], **changes: str) -> s
     out = result.stdout.str()
     result.stdout.fnmatch_lines(
         [
-            "*@pytest.mark.jc_snapshot: the contract of test_sim.py::test_sim changed (cpu x*",
+            f"*@pytest.mark.jc_snapshot: the contract of test_sim.py::test_sim changed ({HERE}*",
             "*contract field* changed:",
             "*field*before*after*rule",
             *(row.replace("[", "[[]") for row in rows),  # fnmatch: brackets are literal
@@ -280,11 +285,12 @@ def _fails_with(pytester: pytest.Pytester, rows: list[str], **changes: str) -> s
     return out
 
 
+@pytest.mark.cpu_only(CPU_SIZES)
 def test_the_file_is_stable_readable_and_holds_steps_loops_and_versions(pytester):
     text = _recorded(pytester)
     assert text.startswith("# jaxcontracts contract snapshot of test_sim.py::test_sim\n")
     assert f"jax: {jc.snapshot.__module__ and __import__('jax').__version__}" in text
-    body = text[text.index("[cpu x") :]
+    body = text[text.index(f"[{HERE}") :]
     assert re.search(r"^step test_sim\.advance\n  compiles: 1\n  signature 1\n", body, re.M)
     assert "    leaf s.x: f32[1024] donated=yes aliased=yes bytes=4096 sharding=single device\n" in body
     assert "    memory.temporaries: 4096\n" in body
@@ -378,14 +384,17 @@ def test_a_new_violation_is_not_written(pytester):
 def test_no_snapshot_for_this_backend_fails_and_update_keeps_other_sections(pytester):
     text = _recorded(pytester)
     path = pytester.path / "__jc_snapshots__" / "test_sim.test_sim.jcsnap"
-    gpu = text[text.index("[cpu x") :].replace("[cpu x", "[gpu x", 1)
-    path.write_text(text[: text.index("[cpu x")] + gpu)
+    other = text[text.index(f"[{HERE}") :].replace(f"[{HERE}", f"[{OTHER}", 1)
+    path.write_text(text[: text.index(f"[{HERE}")] + other)
     result = pytester.runpytest()
     result.assert_outcomes(failed=1)
-    result.stdout.fnmatch_lines(["*no contract snapshot of this test for cpu x* (sections there: gpu x*", "*Fix: run pytest --jc-snapshot-update on this machine*"])
+    result.stdout.fnmatch_lines(
+        [f"*no contract snapshot of this test for {HERE}* (sections there: {OTHER}*", "*Fix: run pytest --jc-snapshot-update on this machine*"]
+    )
     pytester.runpytest("--jc-snapshot-update").assert_outcomes(passed=1)
     both = path.read_text()
-    assert both.index("[cpu x") < both.index("[gpu x")  # sorted by key
+    first, second = sorted([HERE, OTHER])
+    assert both.index(f"[{first}") < both.index(f"[{second}")  # sorted by key
     pytester.runpytest().assert_outcomes(passed=1)
 
 
@@ -676,7 +685,7 @@ def test_two_sessions_writing_one_file_keep_both_sections(pytester):
     folder = pytester.path / "__jc_snapshots__"
     path = folder / "test_sim.test_sim.jcsnap"
     cpu = parse(text)
-    gpu = parse(text[text.index("[cpu x") :].replace("[cpu x", "[gpu x", 1))
+    gpu = parse(text[text.index(f"[{HERE}") :].replace(f"[{HERE}", f"[{OTHER}", 1))
     stale = dict(cpu)  # what the second session read before the first one wrote
 
     write(folder, path, lambda now: {**now, **gpu}, "test_sim.py::test_sim")

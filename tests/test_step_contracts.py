@@ -11,6 +11,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 from helpers import (
+    NUMPY_VIEW,
+    SYNC_ERRORS,
     Counter,
     Particles,
     advance_fn,
@@ -138,6 +140,7 @@ def test_passthrough_and_constant_leaves_alias():
     ]
 
 
+@pytest.mark.cpu_only(NUMPY_VIEW)
 def test_a_numpy_view_of_a_donated_leaf_is_refused_before_dispatch():
     advance = make_advance()
     p = make_particles()
@@ -301,6 +304,7 @@ def test_a_closed_over_state_under_an_outer_transformation_is_traced_not_run(lev
         assert not alive(before) and after.x.tolist() == [3.0] * 3
 
 
+@pytest.mark.cpu_only(SYNC_ERRORS)
 @pytest.mark.parametrize("level", ["off", "fast", "full"])
 def test_an_error_raised_while_the_executable_runs_is_reraised_truthfully(level):
     calls = []
@@ -325,6 +329,7 @@ def test_an_error_raised_while_the_executable_runs_is_reraised_truthfully(level)
     assert s.x.is_deleted()  # the note is true: XLA took the buffer
 
 
+@pytest.mark.cpu_only(SYNC_ERRORS)
 def test_a_callback_that_fails_inside_a_loop_is_reported_with_what_it_cost():
     # A host callback that raises fails the executable after XLA took the
     # donated state. JAX's error carries the callback's; the note says the
@@ -518,6 +523,7 @@ def test_unknown_donated_field_of_a_dict_state_is_reported_at_compile():
 # -- checks levels ---------------------------------------------------------
 
 
+@pytest.mark.cpu_only(NUMPY_VIEW)
 def test_checks_levels():
     advance = make_advance()
     p = advance(make_particles())
@@ -668,6 +674,7 @@ def test_the_state_path_keeps_no_argument_or_output_alive_inside_a_loop():
         assert float(jc.fetch(r.t)) == pytest.approx(0.03)  # the loop still sees its state
 
 
+@pytest.mark.cpu_only(NUMPY_VIEW)
 def test_the_state_path_catches_every_hazard():
 
     advance = make_advance()
@@ -830,6 +837,7 @@ def _memory(kind: str) -> jax.sharding.Sharding:
     return single_device_sharding(device, memory_kind=kind)
 
 
+@pytest.mark.cpu_only("XLA:TPU refuses to compile the move this test plants (an unimplemented DMA)")
 def test_a_step_that_moves_its_carried_state_to_another_memory_is_refused_at_compile():
     """ARCHITECTURE.md's recipe for a compile-time contract, walked through: a
     carried leaf offloaded to host memory by the step would not match the

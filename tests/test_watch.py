@@ -21,6 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import own_lines
 
 import jaxcontracts as jc
 from jaxcontracts._audit import cli
@@ -48,24 +49,6 @@ def _audit(tmp_path, name: str, *extra: str) -> tuple[subprocess.CompletedProces
     return proc, json.loads(out.read_text())
 
 
-def _own_lines(stderr: str) -> list[str]:
-    """The audit's own lines of its stderr: without the warnings Python prints
-    for other modules (JAX's start-up warning on a TPU host is 348 characters
-    long), each a ``file.py:N: ...Warning: ...`` line and its source line."""
-    lines, out = stderr.splitlines(), []
-    skip = False
-    for line in lines:
-        if re.match(r"\S+\.py:\d+: \w*Warning: ", line) and "jaxcontracts" not in line.split(":")[0]:
-            skip = True
-            continue
-        if skip and line.startswith("  "):  # the warning's source line
-            skip = False
-            continue
-        skip = False
-        out.append(line)
-    return out
-
-
 _NEEDS = {"optax_numpy": ("optax",), "equinox_loop": ("equinox", "optax"), "nnx_loop": ("flax", "optax")}
 
 
@@ -89,7 +72,7 @@ def test_every_planted_problem_is_found_at_its_line_and_nothing_else(tmp_path, n
     assert found == planted, proc.stderr  # every plant found; no other finding
     for f in findings:
         assert {"kind", "function", "file", "line", "count", "fix"} <= set(f) and f["fix"]
-    for line in _own_lines(proc.stderr):
+    for line in own_lines(proc.stderr):
         assert len(line) <= 100, line
 
 
@@ -204,7 +187,7 @@ def test_the_docs_page_shows_what_the_audit_prints_today():
         capture_output=True, text=True, timeout=300, cwd=PROGRAMS,
     )
     page = (pathlib.Path(__file__).parent.parent / "docs" / "guides" / "audit_request_loop.txt").read_text()
-    assert page == proc.stderr, (
+    assert page.splitlines() == own_lines(proc.stderr), (
         "regenerate docs/guides/audit_request_loop.txt: "
         "(cd tests/audit_programs && python -m jaxcontracts audit request_loop.py 2> ../../docs/guides/audit_request_loop.txt)"
     )

@@ -252,8 +252,18 @@ def _must_refuse_buffer(x: Any) -> bool:
         return False
     if loop.on_violation == "raise":
         return True
+    if _on_accelerator(x):  # no buffer to export: numpy falls back to __array__, which records it once
+        return False
     _on_read(x, "buffer", frames.caller_frame(1))
     return False
+
+
+def _on_accelerator(x: Any) -> bool:
+    """Whether ``x`` lives off the host CPU, whose buffers JAX does not export."""
+    try:
+        return any(d.platform != "cpu" for d in x.sharding.device_set)
+    except Exception:  # noqa: BLE001 - no sharding to read: as on CPU
+        return False
 
 
 pending = threading.local()  # 3.11: the error of a refused buffer export
