@@ -318,6 +318,7 @@ def test_a_dtype_drift_fails_with_the_leaf(pytester):
     )
 
 
+@pytest.mark.cpu_only(CPU_SIZES)
 def test_a_lost_donation_fails_with_the_leaf(pytester):
     _fails_with(
         pytester,
@@ -329,6 +330,7 @@ def test_a_lost_donation_fails_with_the_leaf(pytester):
     )
 
 
+@pytest.mark.cpu_only(CPU_SIZES)
 def test_doubled_temporaries_fail_beyond_the_tolerance(pytester):
     out = _fails_with(
         pytester,
