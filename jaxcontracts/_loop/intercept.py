@@ -19,11 +19,11 @@ therefore intercepts the *reads* themselves, on every backend:
   ufuncs such as ``np.add(x, 1)`` and ``memoryview`` read the buffer through
   the C buffer protocol and never call ``__array__``. On Python >= 3.12 the
   class's ``__buffer__`` (PEP 688) is replaced; on 3.11 the type's
-  ``bf_getbuffer`` slot is swapped, through ctypes, for a callback that
+  ``bf_getbuffer`` slot is swapped (``_compat.arrays``) for a callback that
   refuses the export on a guarded thread and calls the original otherwise.
   When the export is refused numpy falls back to ``__array__``, which raises
   the contract error with the array named. Other consumers (``memoryview``,
-  ``np.frombuffer``, ``hashlib``) see that error on 3.12; on 3.11 a ctypes
+  ``np.frombuffer``, ``hashlib``) see that error on 3.12; on 3.11 that C-level
   callback cannot raise through C, so they raise ``SystemError`` and the
   refusal's error replaces it when it leaves the loop. ``__dlpack__``
   (``np.from_dlpack``) of a CPU array is guarded like the read methods.

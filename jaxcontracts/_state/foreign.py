@@ -115,7 +115,7 @@ def to_device(value: Any, where: Any = None) -> jax.Array:
     host = np.asarray(value)
     x = jax.device_put(host, where)
     try:
-        borrowed = host.size > 0 and x.unsafe_buffer_pointer() == host.ctypes.data
+        borrowed = host.size > 0 and x.unsafe_buffer_pointer() == host.__array_interface__["data"][0]
     except Exception:  # noqa: BLE001 - no single buffer (sharded) or no pointer
         borrowed = False
     return jnp.copy(x) if borrowed else x
