@@ -74,9 +74,10 @@ class LiveStep(Protocol):
     #: (``None`` when unknown). No argument is ever recorded: a consumed state
     #: goes when the caller rebinds it, as in a plain ``s = f(s)`` loop.
     last_output: list[Any]
-    #: The donated arrays of its last call at checks ``full``, all consumed
-    #: (deleted: they hold no device memory), or None; and the picker of one
-    #: leaf per argument among them (``_step.callctx.make_tail``).
+    #: One slot: ``(arrays, pick)``, the donated arrays of its last call at
+    #: checks ``full``, all consumed (deleted: they hold no device memory), and
+    #: the picker of one leaf per argument among them (``_step.callctx.make_tail``);
+    #: or None.
     last_consumed: list[Any]
 
     def checks_changed(self, level: str) -> None:
@@ -166,7 +167,7 @@ def consumed_by(x: Any) -> str | None:
     if entry is not None and entry[0]() is x:
         return entry[1]
     for step in live():
-        arrays = step.last_consumed[0]
-        if arrays is not None and any(y is x for y in arrays):
+        record = step.last_consumed[0]
+        if record is not None and any(y is x for y in record[0]):
             return step.short_name
     return None

@@ -724,7 +724,8 @@ def test_the_record_of_consumed_arrays_lets_go_of_what_the_caller_drops():
     gc.collect()
     assert ref() is None  # not kept alive by the record
     theta = step(theta)
-    assert step.last_consumed[0] is not None and len(step.last_consumed[0]) == 1
+    arrays, _ = step.last_consumed[0]  # this call's, with the picker of its signature
+    assert len(arrays) == 1 and arrays[0].is_deleted()
 
 
 def test_a_hparams_dict_of_locals_holding_the_array_names_the_step_at_its_read():

@@ -116,15 +116,14 @@ def make_tail(ctx: CallContext) -> Callable[[tuple[Any, ...], Any, Any, float], 
         if records:
             gone = leaves if donated_of is None else donated_of(leaves)
             if all(map(is_deleted, gone)):  # each consumed: the step's record of them
-                previous, pick = slot[0], slot[1]  # pick: of the signature that made it
-                slot[0] = gone
-                slot[1] = firsts
-                # held by `previous` and the count's argument (and the picked tuple), or by more
-                if previous is not None and (
-                    count(previous[0]) > 2 if pick is None else max(map(count, pick(previous))) > 3
-                ):
-                    keep(previous, step.short_name, held_only=True)
-                del previous
+                last, slot[0] = slot[0], (gone, firsts)  # one store: a thread reads a whole record
+                if last is not None:
+                    previous, pick = last  # pick: of the signature that made it
+                    del last
+                    # held by `previous` and the count's argument (and the picked tuple), or by more
+                    if count(previous[0]) > 2 if pick is None else max(map(count, pick(previous))) > 3:
+                        keep(previous, step.short_name, held_only=True)
+                    del previous
             else:
                 err = not_consumed(cs, leaves, out)
                 if err is not None:  # None: a recording loop took it as a violation

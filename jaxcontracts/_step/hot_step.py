@@ -95,7 +95,7 @@ class HotStep(Generic[P, R]):
         self.timing_counters = [0.0, 0, 0.0, 0]  # see _steps.LiveStep
         self.timing_due = [True]
         self.last_output: list[Any] = [None]
-        self.last_consumed: list[Any] = [None, None]  # see _steps.LiveStep
+        self.last_consumed: list[Any] = [None]  # see _steps.LiveStep
         self._set_dispatch(self._call_unbound if signature.is_method else self._slow)
         self._attr: str | None = None  # the class attribute of a method step
         self._bound_to: tuple[HotStep[Any, Any], Any] | None = None  # (method step, instance)
