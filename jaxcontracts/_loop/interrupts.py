@@ -67,10 +67,11 @@ class _Interrupts:
         front now (on the main thread); :meth:`finish` ends every such call."""
         if threading.current_thread() is not MAIN_THREAD:
             return False
-        try:
-            self._hold()
-        except (ValueError, OSError, TypeError):  # not the main interpreter
-            return False
+        if not self.depth:  # else an entry that keeps it put it in front already
+            try:
+                self._hold()
+            except (ValueError, OSError, TypeError):  # not the main interpreter
+                return False
         self.depth += keep
         return True
 
