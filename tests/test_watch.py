@@ -12,6 +12,7 @@ from __future__ import annotations
 import collections
 import io
 import json
+import os
 import pathlib
 import re
 import subprocess
@@ -305,3 +306,40 @@ def test_an_interrupt_while_the_watch_enters_its_reads_loop_leaves_jax_jit_as_it
     with jc.watch() as w:
         jax.jit(lambda x: x + 1)(jnp.zeros(2))
     assert w.function_count == 1
+
+
+@pytest.mark.parametrize(
+    "top",
+    [
+        'import os\nos.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=3"\nimport jax\n',
+        'import jax\njax.config.update("jax_num_cpu_devices", 3)\n',
+    ],
+    ids=["XLA_FLAGS", "jax_num_cpu_devices"],
+)
+def test_the_audit_starts_nothing_of_jaxs_before_the_script_does(tmp_path, top):
+    # issue 51: the audit's recording loop started JAX's backend before the
+    # script's first line: nanodo's XLA_FLAGS ran on one device, JAX's cookbook
+    # crashed on jax_num_cpu_devices and the audit said "nothing to fix"
+    script = tmp_path / "configures_jax.py"
+    script.write_text(top + "print(len(jax.devices()), jax.default_backend())\n")
+    env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+    env["JAX_PLATFORMS"] = "cpu"
+    alone = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    audited = subprocess.run(
+        [sys.executable, "-m", "jaxcontracts", "audit", str(script)], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert alone.returncode == audited.returncode == 0, audited.stderr
+    assert audited.stdout == alone.stdout == "3 cpu\n"
+
+
+def test_a_script_that_crashes_is_reported_as_a_crash_with_its_own_traceback(tmp_path):
+    # issue 51: the cookbook's crash under the audit ended with "nothing to fix"
+    script = tmp_path / "crashes.py"
+    script.write_text('import jax.numpy as jnp\nx = jnp.ones(3)\nraise ValueError("the script\'s own bug")\n')
+    proc = subprocess.run([sys.executable, "-m", "jaxcontracts", "audit", str(script)], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1
+    lines = own_lines(proc.stderr)
+    assert lines[:2] == ["Traceback (most recent call last):", f'  File "{script}", line 3, in <module>'], lines
+    assert "ValueError: the script's own bug" in lines and not any("_audit" in line for line in lines)
+    assert "  the script stopped with ValueError (its traceback is above): what it did up to there" in lines
+    assert "nothing to fix" not in proc.stderr

@@ -82,7 +82,7 @@ def main(argv: Sequence[str], progress_every: float = 2.0) -> int:
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [ns.script, *ns.args]
     sys.path.insert(0, os.path.dirname(script))
-    status = 0
+    status, stopped = 0, None
     w = watch(loops=False)  # the script's own loops behave as they would alone
     try:
         with w, _Progress(w, sys.stderr, progress_every):
@@ -93,12 +93,16 @@ def main(argv: Sequence[str], progress_every: float = 2.0) -> int:
                 status = code if isinstance(code, int) else (0 if code is None else 1)
                 if code is not None and not isinstance(code, int):
                     print(code, file=sys.stderr)
-            except BaseException:  # noqa: BLE001 - the script's own failure: printed as Python would
-                traceback.print_exc()
-                status = 1
+            except BaseException as exc:  # noqa: BLE001 - the script's own failure: printed as Python would
+                tb = exc.__traceback__  # from the script's first frame, as `python SCRIPT.py` shows it
+                while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != script:
+                    tb = tb.tb_next
+                traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+                status, stopped = 1, type(exc).__name__
     finally:
         sys.argv, sys.path[:] = saved_argv, saved_path
     report = w.report()
+    report.stopped = stopped
     sys.stdout.flush()
     print(report, file=sys.stderr)
     if ns.json:

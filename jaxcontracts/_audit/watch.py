@@ -485,6 +485,7 @@ class WatchReport:
     calls: int
     functions: int
     blind: list[str] = dataclasses.field(default_factory=list)  # findings not made here, and why
+    stopped: str | None = None  # the audited script raised this (its traceback printed before the report)
 
     @property
     def ok(self) -> bool:
@@ -499,8 +500,13 @@ class WatchReport:
                f"function(s), {self.calls} call(s) observed")
         for why in self.blind:
             yield from textwrap.wrap("NOT CHECKED: " + why, _WIDTH, initial_indent="  ", subsequent_indent="    ")
+        if self.stopped:
+            yield f"  the script stopped with {self.stopped} (its traceback is above): what it did up to there"
         if not self.findings and not self.blind:
-            yield "  nothing to fix: no recompile, no missed or wrong donation, no host transfer seen"
+            yield (
+                "  nothing seen before it stopped" if self.stopped
+                else "  nothing to fix: no recompile, no missed or wrong donation, no host transfer seen"
+            )
         for n, f in enumerate(self.findings, 1):
             extra = []
             if f.bytes_per_call:

@@ -26,8 +26,6 @@ import types
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any, Literal, TypeVar, overload
 
-import jax
-
 from .._compat import arrays, frames, guardlog, jitwatch, threadguard
 from .._config import get_checks
 from .._errors import VIOLATIONS, ContractError, DefinitionError, compose, violation_summary
@@ -359,15 +357,18 @@ class HotLoop:
             inherits = isinstance(outer, HotLoop) and not outer.audit
             base = outer._options if inherits else {k: v[0] for k, v in _OPTIONS.items()}
             self._apply({k: v if v is not None else base[k] for k, v in self._given.items()})
+        # JAX's own guards, set whatever the backend: nothing here may start it
+        # (jc.watch() enters a loop before the audited script's first line, which
+        # may still configure it), and a guard that has nothing to watch is free.
         modes: dict[str, str] = {}
         if self.checks_transfers:
             if self.checks_host_to_device:
                 modes["host_to_device"] = "disallow" if self.on_violation == "raise" else "log"
             else:  # allow_host_to_device: even inside an outer loop that refuses them
                 modes["host_to_device"] = "allow"
-            if jax.default_backend() != "cpu":
-                modes["device_to_host"] = "disallow" if self.on_violation == "raise" else "allow"
-            if self.on_violation == "raise" and jax.local_device_count() > 1:
+            # (JAX's CPU backend never asks its device-to-host guard: the loop's own reads do)
+            modes["device_to_host"] = "disallow" if self.on_violation == "raise" else "allow"
+            if self.on_violation == "raise":
                 # An implicit copy between devices (a committed array passed to a
                 # computation placed elsewhere): JAX's own guard, which it enforces
                 # on GPU and TPU (its CPU backend copies without asking).
@@ -375,11 +376,7 @@ class HotLoop:
         elif stack.entries:
             # transfers="allow" inside an outer loop that refuses them: lift JAX's
             # own guards too (a user's own jax.transfer_guard outside any loop stays)
-            modes["host_to_device"] = "allow"
-            if jax.default_backend() != "cpu":
-                modes["device_to_host"] = "allow"
-            if jax.local_device_count() > 1:
-                modes["device_to_device"] = "allow"
+            modes = dict.fromkeys(("host_to_device", "device_to_host", "device_to_device"), "allow")
         # At checks level off only JAX's native guards (see acquire()): no active
         # loop for the call path to report to.
         checked = get_checks() != "off"
