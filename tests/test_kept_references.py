@@ -741,7 +741,9 @@ def test_a_hparams_dict_of_locals_holding_the_array_names_the_step_at_its_read()
     assert float(jc.fetch(theta)[0]) == 0.5
 
 
-@pytest.mark.parametrize("kind", ["a list", "a second name", "an outer function's parameter", "a suspended generator"])
+@pytest.mark.parametrize(
+    "kind", ["a list", "a list map() ran over", "a second name", "an outer function's parameter", "a suspended generator"]
+)
 def test_a_bare_array_with_a_second_holder_is_donated_and_its_read_names_the_step(kind):
     step = _halve()
     theta = jnp.ones(3)
@@ -749,6 +751,10 @@ def test_a_bare_array_with_a_second_holder_is_donated_and_its_read_names_the_ste
     if kind == "a list":
         copies.append(theta)
         theta = step(theta)
+    elif kind == "a list map() ran over":  # issue 50: hist[0] was deleted silently
+        hist = [theta]
+        (theta,) = list(map(step, hist))
+        copies.append(hist[0])
     elif kind == "a second name":
         new = theta
         copies.append(new)

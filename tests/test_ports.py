@@ -168,9 +168,8 @@ PROGRAMS: dict[str, tuple[tuple[str, ...], list[str]]] = {
             # was: eqx.filter_jit(solver.step); the solution and the solver state carried,
             # the loop's Python-float times declared host data, made_jump a static flag
             'step = jc.hot_step(solver.step, state=("y0", "solver_state"), host=("t0", "t1"), static="made_jump")',
-            # was: y = y0; two names of the solution the step donates (y0 would be
-            # deleted by the first call): refused at full, so y is a copy
-            "y = jnp.copy(y0)",
+            # (y = y0 as the original writes it: the first call donates y0 too, as
+            # under jax.jit with donation, and a later read of y0 would name the step)
             'with jc.hot_loop(compiles="warmup"):',
             "while tprev < t1:",  # re-indented
             "y, _, _, state, _ = step(term, tprev, tnext, y, args, state, made_jump=False)",  # re-indented

@@ -24,7 +24,7 @@ args = jnp.array(0.5)
 
 tprev = t0
 tnext = t0 + dt0
-y = jnp.copy(y0)  # y0 stays readable: the step donates y, and a second name would be refused
+y = y0
 state = solver.init(term, tprev, tnext, y0, args)
 
 values = []
