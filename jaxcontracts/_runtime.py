@@ -23,8 +23,8 @@ import jax
 
 from . import _steps
 from ._compat.frames import locals_of
-from ._donation.hazards import is_deleted_array
 from ._format import flatten_with_path
+from ._hazards import is_deleted_array
 from ._tracebacks import is_library
 
 __all__ = [

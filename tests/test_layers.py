@@ -1,9 +1,9 @@
-"""The package's layers go one way: each module imports only layers below it.
+"""The package's layers go one way: each unit imports only units before it.
 
 Imports are read from the source (``ast``), those inside functions and under
 ``TYPE_CHECKING`` included, so a lazy import cannot hide an upward edge. The
-table below is the architecture (see ARCHITECTURE.md); a new module must be
-placed in it.
+package order below is the architecture (see ARCHITECTURE.md); a new
+subpackage or top-level module must be placed in it.
 """
 
 from __future__ import annotations
@@ -15,106 +15,26 @@ import pytest
 
 PACKAGE = pathlib.Path(__file__).resolve().parent.parent / "jaxcontracts"
 
-# module -> layer. A module may import only modules of a strictly lower layer.
-LAYERS: dict[str, int] = {
-    # 0: plain data, marks, messages and formatting (no other module of the package)
-    "_errors": 0,  # exception classes, the message layout, CONTRACTS and VIOLATIONS
-    "_explain": 1,  # the errors page, offline (python -m jaxcontracts explain)
-    "_records": 0,
-    "_format": 0,
-    "_dtypes": 0,
-    "_donation.hazards": 0,
-    "_marks": 0,  # the marks put on states and state classes
-    # 1: the registry of live steps, the capability registry
-    "_steps": 1,
-    "_compat.registry": 1,
-    # 2: configuration, the loop/step meeting point
-    "_config": 2,
-    "_tracebacks": 2,  # contract errors trimmed to the user's frames; which frames are library code
-    "_loop.interrupts": 2,  # signals held while a loop is entered or exited
-    "_runtime": 4,  # below the guard and the call path; reads frames
-    # 3: each private mechanism, behind a named capability
-    "_compat.arrays": 3,
-    "_compat.blocking": 3,
-    "_compat.callbacks": 3,
-    "_compat.events": 3,
-    "_compat.effects": 3,
-    "_compat.executable": 3,
-    "_compat.frames": 3,
-    "_compat.hostcopy": 3,
-    "_compat.jaxtyping": 3,
-    "_compat.refcount": 3,
-    "_compat.refs": 3,  # the array a JAX ref holds, read and replaced
-    "_compat.runtime_errors": 3,
-    "_compat.threadguard": 3,
-    "_compat.guardlog": 3,
-    "_compat.guarded": 3,
-    "_compat.tracing": 3,
-    "_compat.jitwatch": 3,  # jax.jit replaced while jc.watch() is open; a jitted function's options
-    "_compat": 4,
-    # annotations -> specs; what the loop guard is built from
-    "_state.annotations": 4,
-    "_state.foreign": 4,  # jc.device_tree: any pytree -> device leaves
-    "_report.timing": 4,  # a loop's clock: timed step calls, time blocked on the device
-    "_userline": 4,  # the user's frame and line, for messages
-    "_report.render": 5,  # renders records; below everything that returns a report
-    "_state.spec": 5,
-    "_loop.fetch": 5,  # jc.fetch
-    "_loop.plainjit": 9,  # plain jax.jit cache misses inside a loop (installed by the guard)
-    "_audit.signatures": 8,  # plain jax.jit calls: signatures, diffs (_step.diffs), reusable arguments
-    "_audit.watch": 9,  # jc.watch(): plain jax.jit code observed (its HTML from _report.render)
-    "_loop.rng": 5,  # jax.random samplers inside loops: their Python-number parameters pass
-    "_loop.intercept": 6,  # read, buffer and compile interceptors
-    "_loop.translate": 6,  # JAX runtime errors leaving a loop -> contract errors
-    "_loop.loopstack": 5,  # a thread's loop entries and JAX's guard contexts on them
-    # states: fields -> validation / consumed classes -> spec()/zeros() -> the decorator
-    "_state.fields": 6,
-    "_state.inplace": 4,  # flax NNX objects and JAX refs a step updates in place
-    "_state.filter": 6,  # equinox Modules: non-array leaves static, as eqx.filter_jit has them
-    "_step.diffs": 7,  # how specs differ, for messages
-    "_state.validate": 7,
-    "_donation.consumed": 7,
-    "_donation.reads": 5,  # a read of a deleted array outside loops, worded as a donation
-    "_state.construct": 8,
-    "_state.classes": 9,
-    # the compiled signature -> the call path -> the step
-    "_step.definition": 10,
-    "_step.misuse": 10,  # what @jc.hot_step was given that is not a step function
-    "_step.analyse": 11,  # the decorator's options and the function -> StepDefinition
-    "_step.compile": 11,
-    "_step.callctx": 12,  # what the per-call closures share: context, tail, leaf readers
-    "_step.kept": 13,  # the kept-reference check: leaves, containers, arguments that are one array
-    "_step.diagnose": 12,
-    "_step.callwrap": 13,  # the static-value and equinox-Module wrappers in front of a call path
-    "_step.callpath": 14,
-    "_step.hot_step": 15,
-    "_step.decorator": 16,  # @jc.hot_step
-    # the loop guard, then what uses everything
-    "_loop.guard": 16,
-    "_step.check": 17,
-    "_audit.session": 17,  # jc.watch(): the jit watch and a recording loop for reads
-    "_audit.cli": 18,  # python -m jaxcontracts audit
-    "_info": 17,
-    "_testing.recorder": 17,  # jc.snapshot and the plugin's Recorder
-    "_testing.snapshot": 5,  # a snapshot record, its text and its diff
-    "_testing.snapshot_file": 6,  # snapshot files: render and parse
-    # public API users: may import the package itself (its lazy __init__)
-    "_testing.pytest_plugin": 18,
-    "demo.simulation": 18,
-    "demo.regressions": 19,
-    "demo.cli": 20,
-    "demo": 21,
-    "__main__": 22,
-    # the packages by concept: their __init__ is a docstring
-    "_state": 0,
-    "_donation": 0,
-    "_step": 0,
-    "_loop": 0,
-    "_report": 0,
-    "_testing": 0,
-    "_audit": 0,
-}
-PUBLIC_API_USERS = 18  # from this layer up, `import jaxcontracts` is allowed
+# The package order, lowest first. A unit is a subpackage (``_step``) or a
+# top-level module (``_errors``); each imports only units before it, and its
+# own modules (in no cycle: test_no_import_cycles). The package's __init__,
+# the public API, comes after all of them; only the modules that use the
+# public API as a user does may import it.
+ORDER = [
+    # the vocabulary: errors and their layout, records passed upward, formatting,
+    # dtypes, marks, a call's buffer hazards, leaf diffs, the errors page
+    "_errors", "_records", "_format", "_dtypes", "_marks", "_hazards", "_leafdiff", "_explain",
+    # the registry of live steps, the private mechanisms, the checks level,
+    # tracebacks, the user's line, where steps and loops meet at run time
+    "_steps", "_compat", "_config", "_tracebacks", "_userline", "_runtime",
+    # reports and states, the consumed class of a donated state
+    "_report", "_state", "_donation",
+    # hot steps and hot loops (never each other), then what reads them
+    "_step", "_loop", "_audit", "_testing", "_info",
+    # the command line and the demo
+    "__main__", "demo",
+]  # fmt: skip
+PUBLIC_API_USERS = ("_testing.pytest_plugin", "demo")  # may `import jaxcontracts`
 
 
 def _modules() -> dict[str, pathlib.Path]:
@@ -159,23 +79,52 @@ def _imports(name: str, path: pathlib.Path) -> set[str]:
     return {m for m in found if m is not None and m != name}
 
 
-def test_every_module_has_a_layer():
-    unplaced = sorted(m for m in _modules() if m and m not in LAYERS)
-    assert not unplaced, f"place these modules in the LAYERS table: {unplaced}"
+def _unit(module: str) -> str:
+    return module.split(".")[0]
 
 
-@pytest.mark.parametrize("name", sorted(m for m in LAYERS))
-def test_imports_go_down_only(name):
+def test_every_module_belongs_to_a_unit_of_the_order():
+    unplaced = sorted({_unit(m) for m in _modules() if m} - set(ORDER))
+    assert not unplaced, f"place these in ORDER (tests/test_layers.py, and ARCHITECTURE.md): {unplaced}"
+
+
+@pytest.mark.parametrize("name", sorted(m for m in _modules() if m))
+def test_imports_go_down_the_order_only(name):
     path = _modules()[name]
-    layer = LAYERS[name]
-    upward = []
+    rank = ORDER.index(_unit(name))
+    wrong = []
     for dep in sorted(_imports(name, path)):
         if dep == "":
-            if layer < PUBLIC_API_USERS:
-                upward.append("jaxcontracts (the package; only public-API users may)")
-        elif LAYERS.get(dep, 99) >= layer:
-            upward.append(f"{dep} (layer {LAYERS.get(dep)})")
-    assert not upward, f"{name} (layer {layer}) imports sideways or upward: {upward}"
+            if not name.startswith(PUBLIC_API_USERS):
+                wrong.append("jaxcontracts (the public API: only its users may)")
+        elif _unit(dep) != _unit(name) and ORDER.index(_unit(dep)) > rank:
+            wrong.append(f"{dep} (after {_unit(name)} in ORDER)")
+    assert not wrong, f"{name} imports upward: {wrong}"
+
+
+def test_no_cycle_between_packages():
+    # the units' graph, imports inside functions included: one way, so that
+    # hot loops never reach hot-step code through the audit, and run time
+    # never through the consumed class (issue 52)
+    graph: dict[str, set[str]] = {}
+    for name, path in _modules().items():
+        for dep in _imports(name, path):
+            if name and dep and _unit(dep) != _unit(name):
+                graph.setdefault(_unit(name), set()).add(_unit(dep))
+    state: dict[str, int] = {}
+
+    def visit(v: str, trail: list[str]) -> None:
+        state[v] = 1
+        for w in sorted(graph.get(v, ())):
+            if state.get(w) == 1:
+                raise AssertionError("cycle between packages: " + " -> ".join([*trail[trail.index(w) :], w]))
+            if w not in state:
+                visit(w, [*trail, w])
+        state[v] = 2
+
+    for v in sorted(graph):
+        if v not in state:
+            visit(v, [v])
 
 
 def test_no_import_cycles():

@@ -842,7 +842,7 @@ def test_a_step_that_moves_its_carried_state_to_another_memory_is_refused_at_com
     """ARCHITECTURE.md's recipe for a compile-time contract, walked through: a
     carried leaf offloaded to host memory by the step would not match the
     compiled signature on the next call. The carry check (_step/compile.py)
-    names the leaf and both memories (_step/diffs.py: the diff kind
+    names the leaf and both memories (_leafdiff.py: the diff kind
     ``memory_kind``); nothing runs."""
     device, host = _memory("device"), _memory("pinned_host")
     placed = jax.jit(lambda x: jax.device_put(x * 2, host))(jax.device_put(jnp.ones(3), device))

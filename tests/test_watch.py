@@ -94,7 +94,7 @@ def test_the_recompile_diff_names_each_leaf_and_static_value(tmp_path):
     _, findings = _audit(tmp_path, "recompiles")
     recompiles = {f["function"]: f for f in findings if f["kind"] == "recompile"}
     diffs = {name: f["diff"] for name, f in recompiles.items()}
-    # the leaves worded as a hot step's RecompileError words them (_step.diffs), the cause as the fix
+    # the leaves worded as a hot step's RecompileError words them (_leafdiff), the cause as the fix
     assert diffs["accumulate"] == ["state['result']: i32[] -> f32[]"]
     assert "a float where an integer is expected" in recompiles["accumulate"]["fix"]
     assert diffs["top"] == ["static k: 1 -> 2"]
@@ -236,7 +236,7 @@ def test_without_the_jit_mechanism_the_report_says_what_it_cannot_find(monkeypat
 
 
 def test_the_watch_never_fails_the_users_call_and_says_what_it_could_not_look_at(monkeypatch):
-    from jaxcontracts._audit import signatures
+    from jaxcontracts._loop import signatures
 
     def broken(*args, **kwargs):
         raise ValueError("an argument the watch cannot describe")

@@ -48,11 +48,11 @@ from .._compat.arrays import ArrayImpl
 from .._compat.tracing import top_level_refs
 from .._errors import ContractError
 from .._format import fmt_bytes
+from .._loop import signatures as sigs
 from .._report.render import findings_html
 from .._runtime import local
 from .._state.spec import leaf_spec, spec_nbytes, value_kind
 from .._userline import user_frame, where
-from . import signatures as sigs
 
 __all__ = ["Finding", "Watch", "WatchReport"]
 

@@ -15,11 +15,11 @@ import jax
 
 from .._errors import DonationError
 from .._format import fmt_aval
+from .._hazards import holds_deleted
 from .._marks import CONSUMED_BY
 from .._runtime import donation_fix, local
 from .._state.fields import info_of, register_pytree
 from .._tracebacks import trim
-from .hazards import holds_deleted
 
 __all__ = ["consumed_class"]
 

@@ -52,10 +52,10 @@ import jax
 
 from .._compat import arrays, callbacks, capability, events, frames, hostcopy
 from .._compat.tracing import trace_state_clean
-from .._donation.hazards import is_deleted_array
 from .._dtypes import is_key
 from .._errors import ContractError
 from .._format import fmt_aval
+from .._hazards import is_deleted_array
 from .._report.timing import in_use
 from .._runtime import (
     arrays_named,

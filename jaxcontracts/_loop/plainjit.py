@@ -41,12 +41,12 @@ from typing import Any
 
 import jax
 
-from .._audit import signatures as sigs
 from .._compat import jitwatch
 from .._compat.tracing import trace_state_clean
 from .._format import fmt_bytes
 from .._runtime import local
 from .._userline import user_frame, where
+from . import signatures as sigs
 from .intercept import plain_trace
 
 __all__ = ["Followed", "observe", "settle"]

@@ -40,8 +40,9 @@ from .._compat.guarded import REFUSED, flat_in_tree, guarded_call
 from .._compat.threadguard import allow_host_to_device
 from .._compat.tracing import cpp_call, flatten, top_level_refs
 from .._donation.consumed import consumed_class
-from .._donation.hazards import find_hazards
 from .._errors import ContractError
+from .._hazards import find_hazards
+from .._leafdiff import same_placement
 from .._records import CompiledSignature
 from .._report import timing as _timing
 from .._state.fields import is_state
@@ -60,7 +61,6 @@ from .callctx import (
 )
 from .callwrap import host_call, with_effect_tokens, with_filtered, with_inplace, with_static
 from .diagnose import kept_leaves_error
-from .diffs import same_placement
 from .kept import KeptPlan, kept_plan
 
 __all__ = ["DispatchingStep", "make_dispatch"]

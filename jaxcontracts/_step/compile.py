@@ -40,6 +40,7 @@ from .._errors import (
     TransferError,
 )
 from .._format import flatten_with_path, fmt_aval, fmt_object
+from .._leafdiff import LeafDiff, diff_leaves, diff_lines
 from .._records import CompiledSignature, LeafRecord
 from .._runtime import compiling
 from .._state.fields import is_sealed_state
@@ -48,7 +49,7 @@ from .._state.foreign import any_node
 from .._state.inplace import is_inplace_object, mutated, new_refs, ref_values
 from .._state.spec import leaf_spec, spec_nbytes
 from .definition import StepDefinition
-from .diffs import LeafDiff, diff_leaves, diff_lines, diff_specs
+from .diffs import diff_specs
 
 __all__ = [
     "compile_signature",

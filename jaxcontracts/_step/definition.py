@@ -18,9 +18,9 @@ from typing import Any
 
 import jax
 
-from .._donation.hazards import field_of
 from .._errors import DefinitionError
 from .._format import fmt_object, fmt_path
+from .._hazards import field_of
 from .._state.filter import Filtered, join, join_out, split, split_out
 from .._state.spec import StaticArg, eq_answers_bool
 

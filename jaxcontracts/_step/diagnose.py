@@ -15,15 +15,16 @@ import jax
 import numpy as np
 
 from .._compat.hostcopy import pins_host_views
-from .._donation.hazards import is_deleted_array
 from .._errors import INPUTS_INTACT, DefinitionError, DonationError, RecompileError, TransferError
 from .._format import flatten_with_path, fmt_aval, fmt_bytes
+from .._hazards import is_deleted_array
+from .._leafdiff import diff_lines
 from .._records import CompiledSignature
 from .._runtime import deleted_because, donation_fix, in_hot_loop
 from .._runtime import donated as donated_words
 from .._state.spec import fmt_value
 from .definition import StepDefinition
-from .diffs import diff_lines, diff_specs
+from .diffs import diff_specs
 
 __all__ = [
     "api_misuse_error",

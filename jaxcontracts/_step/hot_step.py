@@ -26,9 +26,9 @@ from .. import _config, _steps
 from .._compat.guarded import guarded_call
 from .._compat.runtime_errors import debug_nans_kind, is_runtime_error
 from .._compat.tracing import Tracer, flatten, jit_disabled, trace_state_clean
-from .._donation.hazards import find_hazards
 from .._errors import INPUTS_INTACT, ContractError, DefinitionError, DonationError, RecompileError
 from .._format import flatten_with_path
+from .._hazards import find_hazards
 from .._marks import consumer_of
 from .._records import CompiledSignature, StepDescription, StepStats
 from .._report.render import Report, step_report

@@ -15,8 +15,8 @@ import jax
 
 from .._compat import jitwatch
 from .._format import flatten_with_path, fmt_aval
+from .._leafdiff import diff_leaves
 from .._state.spec import leaf_spec, spec_nbytes, value_kind
-from .._step.diffs import diff_leaves
 from .._userline import user_frame
 
 __all__ = [
