@@ -12,7 +12,6 @@ attribute.
 
 from __future__ import annotations
 
-import functools
 import sys
 import weakref
 from collections.abc import Iterable, Iterator
@@ -133,17 +132,15 @@ def clear_last_outputs(steps: Iterable[LiveStep] | None = None) -> None:
 # A step's call at ``full`` leaves the arrays it consumed in its
 # ``last_consumed`` slot; at its next call (``_step.callctx.make_tail``) those
 # still held by anything besides that slot (the user's saved copy, a
-# ``locals()`` dict) move here (:func:`keep`), each behind a weak reference
-# that removes it once the array is freed. So a later read of such an array
-# names its consumer however many calls later it comes.
+# ``locals()`` dict) move here (:func:`keep`), each behind a weak reference.
+# So a later read of such an array names its consumer however many calls
+# later it comes.
 
 _held: dict[int, tuple[weakref.ref[Any], str]] = {}
-
-
-def _forget(key: int, ref: weakref.ref[Any]) -> None:
-    entry = _held.get(key)
-    if entry is not None and entry[0] is ref:
-        del _held[key]
+# Dead entries are dropped when the table doubles, not by a callback at the
+# array's death: that would run library code wherever the last reference
+# goes (a Ctrl-C landing in it is lost), and costs a call per array.
+_prune_at = [64]
 
 
 def keep(arrays: Iterable[Any], step: str, held_only: bool = False) -> None:
@@ -152,12 +149,14 @@ def keep(arrays: Iterable[Any], step: str, held_only: bool = False) -> None:
     for x in arrays:
         if held_only and sys.getrefcount(x) <= 3:  # `arrays`, `x`, the count's argument
             continue
-        key = id(x)
         try:
-            ref = weakref.ref(x, functools.partial(_forget, key))
+            _held[id(x)] = (weakref.ref(x), step)
         except TypeError:  # not weakly referenceable: not remembered
             continue
-        _held[key] = (ref, step)
+    if len(_held) > _prune_at[0]:
+        for key in [key for key, (ref, _) in _held.items() if ref() is None]:
+            del _held[key]
+        _prune_at[0] = max(64, 2 * len(_held))
 
 
 def consumed_by(x: Any) -> str | None:

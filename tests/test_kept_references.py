@@ -728,6 +728,20 @@ def test_the_record_of_consumed_arrays_lets_go_of_what_the_caller_drops():
     assert len(arrays) == 1 and arrays[0].is_deleted()
 
 
+def test_the_table_of_consumed_arrays_forgets_the_dead_without_a_callback():
+    # no callback runs at an array's death (a Ctrl-C landing in one was lost):
+    # the dead entries go when the table doubles
+    from jaxcontracts import _steps
+
+    for _ in range(3):
+        arrays = [jnp.zeros(1) for _ in range(300)]
+        _steps.keep(arrays, "some_step")
+        del arrays
+    alive = jnp.zeros(1)
+    _steps.keep([alive], "some_step")
+    assert len(_steps._held) < 400 and _steps.consumed_by(alive) == "some_step"
+
+
 def test_a_hparams_dict_of_locals_holding_the_array_names_the_step_at_its_read():
     # 3.11/3.12: hparams is the frame's own snapshot; donating deleted it, silently
     step = _halve()
