@@ -12,7 +12,9 @@ key (``donation-hazard``): the last two lead to their error class's section.
 from __future__ import annotations
 
 import dataclasses
+import os
 import re
+import sys
 from functools import cache
 from importlib import resources
 
@@ -126,4 +128,6 @@ def main(args: list[str]) -> int:
     except KeyError as err:
         print(err.args[0])
         return 2
+    except BrokenPipeError:  # `... | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # as Python's docs advise
     return 0

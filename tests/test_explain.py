@@ -62,3 +62,12 @@ def test_the_command_prints_the_section_offline_and_says_what_it_takes():
     assert "  kept-reference\n" in proc.stdout
     proc = subprocess.run([*run, "nope"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "no section on 'nope'" in proc.stdout
+
+
+def test_the_command_read_by_head_ends_quietly():
+    # `python -m jaxcontracts explain DonationError | head -2`: no BrokenPipeError traceback
+    proc = subprocess.run(
+        f"{sys.executable} -m jaxcontracts explain DonationError | head -2", shell=True, capture_output=True, text=True,
+        timeout=120,
+    )
+    assert proc.stdout == "DonationError\n\n" and "Traceback" not in proc.stderr, proc.stderr
