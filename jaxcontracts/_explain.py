@@ -124,7 +124,7 @@ def main(args: list[str]) -> int:
         print("python -m jaxcontracts explain NAME, where NAME is one of:\n  " + "\n  ".join(topics()))
         return 2
     try:
-        print(explain(args[0]))
+        print(explain(args[0]), flush=True)
     except KeyError as err:
         print(err.args[0])
         return 2
