@@ -43,6 +43,7 @@ __all__ = [
     "compose",
     "docs_base",
     "docs_pointer",
+    "error_name",
     "violation_summary",
 ]
 
@@ -65,18 +66,22 @@ def docs_base() -> str | None:
     return base if base.endswith("/") else base + "/"
 
 
+def error_name(cls: type) -> str | None:
+    """The nearest jaxcontracts error class in ``cls``'s MRO (a user's
+    subclass is explained by its jaxcontracts parent), by name; None where
+    it has none."""
+    return next((k.__name__ for k in cls.__mro__ if k.__module__ == "jaxcontracts" and k.__name__ in __all__), None)
+
+
 def docs_pointer(cls: type) -> str:
     """``See: python -m jaxcontracts explain TransferError``: the section on
     ``cls``'s errors, offline, from the installed package.
 
-    The name is that of the nearest jaxcontracts class in ``cls``'s MRO (a
-    user's subclass points to its jaxcontracts parent); the errors page pins
-    its anchor with ``{#name}``. With ``JAXCONTRACTS_DOCS_URL`` set, the
+    The name is :func:`error_name`'s; the errors page pins its anchor with
+    ``{#name}``. With ``JAXCONTRACTS_DOCS_URL`` set, the
     section on that site follows. ``tests/test_explain.py`` checks each resolves.
     """
-    name = next(
-        (k.__name__ for k in cls.__mro__ if k.__module__ == "jaxcontracts" and k.__name__ in __all__), "ContractError"
-    )
+    name = error_name(cls) or "ContractError"
     base = docs_base()
     site = f" (or {base}{DOCS_ERRORS}#{name.lower()})" if base else ""
     return f"See: python -m jaxcontracts explain {name}{site}"

@@ -18,7 +18,7 @@ import sys
 from functools import cache
 from importlib import resources
 
-from ._errors import CONTRACTS, VIOLATIONS
+from ._errors import CONTRACTS, VIOLATIONS, error_name
 
 __all__ = ["Explanation", "explain", "main", "topics"]
 
@@ -109,8 +109,7 @@ def explain(what: object) -> Explanation:
     if isinstance(what, BaseException):
         what = type(what)
     if isinstance(what, type):
-        klass = next((k for k in what.__mro__ if k.__module__ == "jaxcontracts"), what)
-        what = klass.__name__
+        what = error_name(what) or what.__name__
     name = str(what)
     anchor = _anchor(name)
     if anchor is None:

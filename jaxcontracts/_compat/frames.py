@@ -7,6 +7,7 @@ cell pseudo-files to execution counts, are private too.
 
 from __future__ import annotations
 
+import inspect
 import os
 import sys
 from collections.abc import Iterator, Mapping
@@ -25,7 +26,6 @@ __all__ = [
     "notebook_cell",
 ]
 
-_OPTIMIZED = 0x0001  # CO_OPTIMIZED: a function's frame (fast locals)
 
 
 @define(
@@ -61,7 +61,7 @@ def locals_of(frame: Any) -> dict[str, Any]:
     proxy that reads the frame and keeps nothing; a module or class body's
     ``f_locals`` is its namespace, read as it is.
     """
-    if sys.version_info < (3, 13) and frame.f_code.co_flags & _OPTIMIZED:
+    if sys.version_info < (3, 13) and frame.f_code.co_flags & inspect.CO_OPTIMIZED:
         return {}
     try:
         return dict(frame.f_locals)
@@ -80,7 +80,7 @@ def library_locals(frame: Any) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - a frame without readable locals
         return {}
     out = dict(snapshot)
-    if sys.version_info < (3, 13) and type(snapshot) is dict and frame.f_code.co_flags & _OPTIMIZED:
+    if sys.version_info < (3, 13) and type(snapshot) is dict and frame.f_code.co_flags & inspect.CO_OPTIMIZED:
         snapshot.clear()
     return out
 
@@ -110,7 +110,7 @@ class _Namespace(Mapping[str, Any]):
         code = frame.f_code
         self._frame: FrameType | None = frame
         self._names = (
-            {*code.co_varnames, *code.co_cellvars, *code.co_freevars} if code.co_flags & _OPTIMIZED else None
+            {*code.co_varnames, *code.co_cellvars, *code.co_freevars} if code.co_flags & inspect.CO_OPTIMIZED else None
         )
         self._read: dict[str, Any] | None = None
 

@@ -16,6 +16,7 @@ arguments themselves.
 from __future__ import annotations
 
 import gc
+import inspect
 import sys
 from collections.abc import Sequence
 from types import BuiltinFunctionType, FrameType, FunctionType, MethodType, ModuleType
@@ -30,7 +31,6 @@ BASELINE = 3
 #: ``sys.getrefcount``, for the call path's inline ``max(map(count, leaves))``.
 count = sys.getrefcount
 
-_OPTIMIZED = 0x0001  # CO_OPTIMIZED: a function's frame (fast locals)
 _SNAPSHOT_SCAN = 32  # kept leaves looked for in locals() snapshots, at most
 
 
@@ -107,7 +107,7 @@ def _snapshot_references(held: list[Any], own: set[int]) -> dict[int, int]:
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
-        if code.co_flags & _OPTIMIZED:
+        if code.co_flags & inspect.CO_OPTIMIZED:
             names.append(frozenset((*code.co_varnames, *code.co_cellvars, *code.co_freevars)))
         frame = frame.f_back
     del frame

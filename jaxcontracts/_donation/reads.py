@@ -28,10 +28,10 @@ def deleted_read(x: Any) -> Exception | None:
     __tracebackhide__ = True
     frame = user_frame(frames.caller_frame(1))
     found = arrays_named(frame, frame.f_lineno, only=x, limit=1) if frame is not None else []
-    if not found and not _steps.donating() and _steps.consumed_by(x) is None:
+    by = _steps.consumed_by(x)
+    if not found and by is None and not _steps.donating():
         return None  # nothing named, no step that donates: JAX's own error says as much
     path = found[0][0] if found else None
-    by = _steps.consumed_by(x)
     summary = f"{f'`{path}`' if path else 'an array'} ({fmt_aval(x.shape, x.dtype)}) {donated(by)}."
     fix = donation_fix("use", by)
     loop = local.loop
