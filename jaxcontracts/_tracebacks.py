@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import importlib.metadata
 import os
+import sys
 import sysconfig
 from collections.abc import Callable
 from types import TracebackType
@@ -45,10 +47,36 @@ _STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 _INSTALLED = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
 
+@functools.lru_cache(maxsize=4096)
 def _is_installed(path: str) -> bool:
-    """Code of an installed package (site-packages / dist-packages): jax_md,
-    flax, optax... A message points at the user's line that called into it."""
-    return any(marker in path for marker in _INSTALLED)
+    """Code of an installed package: jax_md, flax, optax... A message points at
+    the user's line that called into it.
+
+    Installed means in a site folder (site-packages / dist-packages), or listed
+    in the ``RECORD`` of a distribution an installer put on ``sys.path``
+    elsewhere (``pip install --target DIR`` with ``DIR`` on ``PYTHONPATH``).
+    A package installed in editable mode is the user's own code: its record
+    lists only the hook that finds the sources, never the sources.
+    """
+    if any(marker in path for marker in _INSTALLED):
+        return True
+    for entry in sys.path:
+        root = os.path.join(os.path.abspath(entry or os.curdir), "")
+        if path.startswith(root) and path[len(root) :].split(os.sep, 1)[0] in _recorded(root):
+            return True
+    return False
+
+
+@functools.lru_cache(maxsize=64)
+def _recorded(root: str) -> frozenset[str]:
+    """The top-level names (packages, modules) that an installer's ``RECORD``
+    lists in the folder ``root``; egg-info sources (``setup.py develop``) are
+    not a record of installed files."""
+    names = set()
+    for dist in importlib.metadata.distributions(path=[root]):
+        if dist.read_text("RECORD") is not None:
+            names.update(f.parts[0] for f in dist.files or () if f.parts)
+    return frozenset(names)
 
 
 def is_library(filename: str, installed: bool = True, name: str = "") -> bool:

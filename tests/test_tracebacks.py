@@ -251,3 +251,35 @@ def test_the_library_test_names_generated_dunders_only():
     assert not is_library(__file__, False, "test")
     assert is_library(jc._tracebacks.__file__, False, "trim")
     assert not is_library(os.path.join(PACKAGE, "demo", "x.py"), False, "run")  # the public demo
+
+
+def _folder(root, name, record):
+    """A package `name` in `root` with a dist-info (RECORD listing its files
+    when `record`) or, without, an egg-info as `setup.py develop` writes."""
+    (root / name).mkdir()
+    (root / name / "__init__.py").write_text("")
+    meta = root / (f"{name}-1.0.dist-info" if record else f"{name}.egg-info")
+    meta.mkdir()
+    (meta / ("METADATA" if record else "PKG-INFO")).write_text(f"Name: {name}\nVersion: 1.0\n")
+    listing = f"{name}/__init__.py,,\n{meta.name}/METADATA,,\n"
+    (meta / ("RECORD" if record else "SOURCES.txt")).write_text(listing)
+    return str(root / name / "__init__.py")
+
+
+def test_a_package_installed_outside_site_packages_is_library_code(tmp_path, monkeypatch):
+    # `pip install --target DIR` with DIR on PYTHONPATH (the accelerator's
+    # set-up): flax's frames there are a library's, the user's line is the
+    # one that called flax.
+    target, develop, scripts = tmp_path / "target", tmp_path / "src", tmp_path / "scripts"
+    for d in (target, develop, scripts):
+        d.mkdir()
+    installed = _folder(target, "flaxlike", record=True)
+    editable = _folder(develop, "mine", record=False)
+    script = str(scripts / "train.py")
+    monkeypatch.syspath_prepend(str(target))
+    monkeypatch.syspath_prepend(str(develop))
+    monkeypatch.syspath_prepend(str(scripts))
+    assert is_library(installed)
+    assert not is_library(installed, False)  # tracebacks keep installed frames
+    assert not is_library(editable)  # the user's own package, in development
+    assert not is_library(script)
