@@ -407,11 +407,11 @@ def _guarded(
                 exc: BaseException | None = None
                 try:
                     # a deleted buffer: before XLA refuses it with an error line on stderr
+                    # under a trace the guarded call refuses (its cache miss asks);
+                    # without it, or before a refusal of ours, the closure asks
                     stop = (
                         treedef != want
-                        or tref.value is not ev
-                        or aref.value is not top
-                        or (per_call and not signature_ok(leaves))
+                        or (per_call and (tref.value is not ev or aref.value is not top or not signature_ok(leaves)))
                         or any(map(is_deleted, leaves if device_of is None else device_of(leaves)))
                         or (ids_always and repeated(leaves))
                     )
@@ -429,8 +429,8 @@ def _guarded(
                         del seq
                     if exc is not None:
                         stop = True
-                        if repeated(leaves):
-                            exc = None
+                        if repeated(leaves) or tref.value is not ev or aref.value is not top:
+                            exc = None  # the slow path tells (a trace: nothing is donated)
                 if not stop:
                     try:
                         out = call(*leaves)
