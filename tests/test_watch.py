@@ -10,6 +10,7 @@ found, nothing else (no false finding)."""
 from __future__ import annotations
 
 import collections
+import functools
 import io
 import json
 import os
@@ -187,6 +188,7 @@ def _findings_of(lines: list[str]) -> list[list[str]]:
     blocks: list[list[str]] = []
     for line in lines:
         line = re.sub(r"\bx\d+\b", "xN", re.sub(r"^ ?\d+\. ", "#. ", line))
+        line = re.sub(r", [\d.]+ \w?i?B (in all|copied)$", r", T \1", line)  # the count times the bytes
         if line.startswith("#. ") or not blocks:
             blocks.append([line])
         else:
@@ -357,3 +359,41 @@ def test_a_script_that_crashes_is_reported_as_a_crash_with_its_own_traceback(tmp
     assert "ValueError: the script's own bug" in lines and not any("_audit" in line for line in lines)
     assert "  the script stopped with ValueError (its traceback is above): what it did up to there" in lines
     assert "nothing to fix" not in proc.stderr
+
+
+def test_findings_are_ranked_by_what_they_cost_and_show_it():
+    # issue 51: a 4-byte missed donation came before a recompile that took
+    # far longer, because findings were ranked by kind
+    with jc.watch() as w:
+        tiny = jax.jit(lambda k: k + 1)
+        big = jax.jit(lambda x, n: jnp.tanh(x @ x) * n)
+        k = jnp.zeros((), jnp.float32)
+        x = jnp.ones((128, 128))
+        for i in range(4):
+            k = tiny(k)  # dropped by its statement: a 4-byte missed donation
+            big(x, jnp.ones(i + 1)[:, None, None] if i else 1.0)  # a new shape each call
+    kinds = [f.kind for f in w.findings()]
+    assert kinds.index("recompile") < kinds.index("missed_donation"), kinds
+    recompile = next(f for f in w.findings() if f.kind == "recompile")
+    donation = next(f for f in w.findings() if f.kind == "missed_donation")
+    assert recompile.cost == recompile.seconds > donation.cost
+    text = str(w.report())
+    assert f"cost: {recompile.cost_text()}" in text and "compiling" in recompile.cost_text()
+    assert "4 B/call" in donation.cost_text()
+
+
+def test_a_partial_of_a_bound_method_is_named_by_its_function():
+    # evosax's `@partial(jax.jit, static_argnames=("self",))`-style names
+    # read "CMA_ES object at 0x7f...>)" where the function's name belongs
+    class Strategy:
+        def tell(self, state):
+            return state + 1
+
+    s = Strategy()
+    with jc.watch() as w:
+        tell = jax.jit(functools.partial(Strategy.tell, s))
+        x = jnp.ones(4)
+        for _ in range(3):
+            x = tell(x)
+    (found,) = w.findings()
+    assert found.function.endswith("Strategy.tell") and "0x" not in str(w.report())

@@ -34,8 +34,9 @@ class _Reads(HotLoop):
     def violation(self, kind: str, what: str, fix: str, frame: Any = None) -> None:
         self._last = None
         if kind == "transfer" and what.startswith("device-to-host"):
-            self._last = where(user_frame(frame))[0]
-            self._owner.read(self._last, what, fix)
+            at = user_frame(frame)
+            self._last = where(at)[0]
+            self._owner.read(self._last, what, fix, at.f_code.co_name if at is not None else "<unknown>")
 
     def _blocked(self, seconds: float) -> None:
         """A recorded read finished: the time it waited on the device and copied."""

@@ -62,7 +62,10 @@ __all__ = ["Finding", "Watch", "WatchReport"]
 DONATION_WINDOW = 4
 #: A line that makes this many jitted functions that each compile is a jit made in a loop.
 COMPILES_AT_ONE_LINE = 3
-_KIND_ORDER = ("wrong_donation", "missed_donation", "recompile", "host_sync", "compile_in_loop", "host_transfer")
+#: Bytes per second at which a finding's bytes (copied to the device at each
+#: call, or held twice at each call) are counted as time, to rank them with
+#: the seconds measured (compiling, blocked): a host-to-device link's order.
+BYTES_PER_SECOND = 10e9
 _WIDTH = 100
 
 
@@ -81,10 +84,43 @@ class Finding:
     bytes_per_call: int | None = None
     diff: list[str] | None = None
     jit_line: str | None = None  # where jax.jit(...) set the donation (wrong_donation)
-    seconds: float | None = None  # recompile: the compile time spent; host_sync: the time its reads blocked
+    seconds: float | None = None  # compiles: the compile time spent; host_sync: the time its reads blocked
+
+    @property
+    def cost(self) -> float:
+        """What it cost the run, in seconds: the time measured (compiling,
+        blocked), else its bytes at every call counted at ``BYTES_PER_SECOND``."""
+        if self.seconds is not None:
+            return self.seconds
+        return (self.bytes_per_call or 0) * self.count / BYTES_PER_SECOND
+
+    def cost_text(self) -> str:
+        """The cost, as the report's row shows it."""
+        if self.seconds is not None:
+            what = "blocked" if self.kind == "host_sync" else "compiling"
+            return f"{_fmt_seconds(self.seconds)} {what}"
+        if self.bytes_per_call:
+            per, total = fmt_bytes(self.bytes_per_call), fmt_bytes(self.bytes_per_call * self.count)
+            return f"{per}/call, {total} {'copied' if self.kind == 'host_transfer' else 'in all'}"
+        return ""
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+
+
+def _fmt_seconds(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1e3:.1f} ms"
+
+
+def _name_of(fun: Any) -> str:
+    """The name of the function ``jax.jit`` was given, as its author wrote it:
+    a ``functools.partial`` or a bound method is named by the function it
+    calls, never by its repr (an address)."""
+    while isinstance(fun, functools.partial):
+        fun = fun.func
+    fun = getattr(fun, "__func__", fun)  # a bound method
+    name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None)
+    return str(name) if name else type(fun).__qualname__
 
 
 @dataclasses.dataclass
@@ -99,6 +135,7 @@ class _Function:
     window: int = 0  # calls left in which undonated arguments are followed
     candidates: tuple[int, ...] = ()  # dynamic leaf indices an output could reuse
     pending: list[tuple[int, Any]] = dataclasses.field(default_factory=list)  # (candidate, signatures.Dropped)
+    dropped_from: int = 0  # the call from which a missed donation counts (each call after it holds them twice)
     follow_site: tuple[str, int] = ("<unknown>", 0)  # the user's line of the last followed call
     equinox: bool = False  # made by eqx.filter_jit
     # positions of the host leaves of a call -> the host_transfer findings they count for
@@ -115,12 +152,12 @@ class Watch:
         self._reads: Any = None
         self.read_stamps: dict[str, list[int]] = {}  # line -> self.calls at each read there
         self.read_seconds: dict[str, float] = {}  # line -> seconds its reads blocked, in all
-        self._read_text: dict[str, tuple[str, str]] = {}  # line -> (what, fix)
+        self._read_text: dict[str, tuple[str, str, str]] = {}  # line -> (what, fix, the user's function)
         self._lock = threading.Lock()
         self._functions: list[_Function] = []
         self._findings: dict[tuple[Any, ...], Finding] = {}
         self._given_elsewhere: dict[int, tuple[_Function, int]] = {}  # id(array) -> pending candidate
-        self._sites: dict[tuple[str, int], int] = {}  # jit line -> functions made there that compiled
+        self._sites: dict[tuple[str, int], tuple[int, float]] = {}  # jit line -> (functions compiled, seconds)
         self.calls = 0
         self.blind: list[str] = []  # findings this watch cannot make here, and why
         self.active = False
@@ -132,8 +169,7 @@ class Watch:
         if not callable(getattr(jitted, "_cache_size", None)):
             return jitted
         site = _user_line(("<unknown>", 0))
-        name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None) or repr(fun)
-        state = _Function(name, site, jitwatch.options_of(jitted))
+        state = _Function(_name_of(fun), site, jitwatch.options_of(jitted))
         # eqx.filter_jit calls jax.jit on its own wrapper, whose parameters
         # group the arguments (dynamic_donate, dynamic_nodonate): its fixes are equinox's
         state.equinox = str(getattr(fun, "__module__", "") or "").startswith("equinox")
@@ -235,11 +271,11 @@ class Watch:
             key = ("missed_donation", fn.name, param)
             found = self._findings.get(key)
             if found is not None:
-                found.count += 1
                 found.bytes_per_call = max(found.bytes_per_call or 0, nbytes)
                 if at_call:
                     self._tell_loop(found)
                 continue
+            fn.dropped_from = fn.calls - 1 if at_call else fn.calls
             what = "its arguments (eqx.filter_jit passes them as one group)" if fn.equinox else param
             fix = (
                 f'@eqx.filter_jit(donate="all") on {sigs.short(fn.name)} (or "all-except-first" where the '
@@ -249,8 +285,8 @@ class Watch:
             self._findings[key] = Finding(
                 "missed_donation", fn.name, *fn.follow_site, count=1, param=param, bytes_per_call=nbytes,
                 message=f"{what}: not donated, yet the statement of each call drops them; their "
-                f"{len(idx)} array(s) ({fmt_bytes(nbytes)}) could hold the outputs of the same shape and "
-                "dtype; without donation the function holds them twice",
+                f"{len(idx)} array(s) could hold the outputs of the same shape and dtype; without "
+                "donation each call holds them twice",
                 fix=fix,
             )
             if at_call:
@@ -305,19 +341,19 @@ class Watch:
                     fix=fix,
                 )
         elif previous is None:
-            self._sites[fn.site] = self._sites.get(fn.site, 0) + 1
-            if self._sites[fn.site] >= COMPILES_AT_ONE_LINE:
+            made, spent = self._sites.get(fn.site, (0, 0.0))
+            made, spent = self._sites[fn.site] = (made + 1, spent + seconds)
+            if made >= COMPILES_AT_ONE_LINE:
                 key = ("compile_in_loop", fn.site)
                 found = self._findings.get(key)
                 if found is None:
-                    self._findings[key] = Finding(
-                        "compile_in_loop", fn.name, *fn.site, count=self._sites[fn.site],
+                    self._findings[key] = found = Finding(
+                        "compile_in_loop", fn.name, *fn.site, count=made,
                         message=f"jax.jit is called again and again at this line: each new function "
                         f"({sigs.short(fn.name)}) compiles afresh",
                         fix="make the jax.jit once, outside the loop (at module level, or before the loop)",
                     )
-                else:
-                    found.count = self._sites[fn.site]
+                found.count, found.seconds = made, spent
         out_leaves = [x for x in jax.tree_util.tree_leaves(out) if isinstance(x, jax.Array)]
         out_avals = {(tuple(x.shape), str(x.dtype)) for x in out_leaves}
         donated = sigs.donated_params(fn.options)
@@ -374,9 +410,9 @@ class Watch:
             if followed < 2:
                 continue
             file, _, line = at.rpartition(":")
-            what, fix = self._read_text[at]
+            what, fix, function = self._read_text[at]
             self._findings[("host_sync", at)] = Finding(
-                "host_sync", "(a host read)", file, int(line) if line.isdigit() else 0, count=followed,
+                "host_sync", function, file, int(line) if line.isdigit() else 0, count=followed,
                 seconds=self.read_seconds.get(at),
                 message=f"{what}: the host waits for the device here, and the next call cannot be "
                 "queued before it (the loop runs at the device's pace, one step at a time)",
@@ -386,9 +422,14 @@ class Watch:
     # -- the report ----------------------------------------------------------
 
     def findings(self) -> list[Finding]:
-        """The findings so far, ranked: donation first, then recompiles, by count."""
-        found = self._findings.values()
-        return sorted(found, key=lambda f: (_KIND_ORDER.index(f.kind), -(f.count * (f.bytes_per_call or 1)), f.file, f.line))
+        """The findings so far: wrong donations first (a donation set on the wrong
+        parameter is a mistake in the program, not a cost), then the rest by
+        what each cost the run (:attr:`Finding.cost`)."""
+        for fn in self._functions:  # a missed donation: every call since the first proven
+            for key, found in self._findings.items():
+                if key[0] == "missed_donation" and key[1] == fn.name and found.file == fn.follow_site[0]:
+                    found.count = max(found.count, fn.calls - fn.dropped_from)
+        return sorted(self._findings.values(), key=lambda f: (f.kind != "wrong_donation", -f.cost, f.file, f.line))
 
     @property
     def function_count(self) -> int:
@@ -423,10 +464,11 @@ class Watch:
                 raise
         return self
 
-    def read(self, where: str, what: str, fix: str) -> None:
-        """A device-to-host read at ``where`` (file:line), from the reads context."""
+    def read(self, where: str, what: str, fix: str, function: str) -> None:
+        """A device-to-host read at ``where`` (file:line) in the user's
+        ``function``, from the reads context."""
         self.read_stamps.setdefault(where, []).append(self.calls)
-        self._read_text.setdefault(where, (what, fix))
+        self._read_text.setdefault(where, (what, fix, function))
 
     def __exit__(self, *exc: Any) -> None:
         global _ACTIVE
@@ -508,15 +550,15 @@ class WatchReport:
                 else "  nothing to fix: no recompile, no missed or wrong donation, no host transfer seen"
             )
         for n, f in enumerate(self.findings, 1):
-            extra = []
-            if f.bytes_per_call:
-                extra.append(f"{fmt_bytes(f.bytes_per_call)}/call")
-            if f.seconds is not None:
-                extra.append(f"{f.seconds * 1e3:.1f} ms blocked" if f.kind == "host_sync" else f"{f.seconds * 1e3:.0f} ms compiling")
-            head = f"{n:>2}. {f.kind:<16} {sigs.short(f.function)}  {f.file}:{f.line}  x{f.count}"
-            if extra:
-                head += "  (" + ", ".join(extra) + ")"
-            yield head if len(head) <= _WIDTH else head[: _WIDTH - 4] + " ..."
+            tail = f"  {f.file}:{f.line}  x{f.count}"
+            name = sigs.short(f.function)
+            room = _WIDTH - len(f"{n:>2}. {f.kind:<16} ") - len(tail)
+            if len(name) > max(room, 12):  # the name gives way to the place
+                name = name[: max(room, 12) - 3] + "..."
+            yield f"{n:>2}. {f.kind:<16} {name}{tail}"
+            cost = f.cost_text()
+            if cost:
+                yield f"    cost: {cost}"
             yield from textwrap.wrap(f.message, _WIDTH, initial_indent="    ", subsequent_indent="    ")
             for d in (f.diff or [])[:8]:
                 yield "      " + textwrap.shorten(d, _WIDTH - 6, placeholder=" ...")
