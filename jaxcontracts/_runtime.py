@@ -56,7 +56,8 @@ class LoopHandle(Protocol):
     checks_host_to_device: bool  # transfers="disallow"
     sampler_calls: int  # jax.random samplers whose Python-number parameters were copied
     audit: bool  # jc.watch()'s own recording loop
-    read_timer: Callable[[float], None] | None  # told how long each recorded read blocked
+    # told of each recorded read: how long it took, the array, the read's name
+    read_timer: Callable[[float, Any, str], None] | None
     plain_signatures: dict[int, tuple[Any, list[Any]]]  # plain jax.jit signatures (_loop.plainjit)
     named_transfers: collections.Counter[str]  # host arguments named at their line (_loop.plainjit)
 

@@ -397,3 +397,28 @@ def test_a_partial_of_a_bound_method_is_named_by_its_function():
             x = tell(x)
     (found,) = w.findings()
     assert found.function.endswith("Strategy.tell") and "0x" not in str(w.report())
+
+
+def test_a_read_one_step_late_or_an_async_copy_is_not_a_sync():
+    # issue 51: the cookbook's deliberately one-step-late print and its
+    # copy_to_host_async were "syncs" although the device had the next call
+    # queued (or nothing was waited for)
+    with jc.watch() as w:
+        step = jax.jit(lambda x: (x * 0.5, jnp.sum(x)))
+        x, previous, losses = jnp.ones(3), None, []
+        for _epoch in range(3):
+            for _ in range(4):
+                x, loss = step(x)
+                loss.copy_to_host_async()
+                if previous is not None:
+                    print(float(previous))  # the step before's: the device runs this one meanwhile
+                previous = loss
+                losses.append(loss)
+            print(np.mean(losses[-4:]))  # the epoch's: only its last loss is this call's
+    syncs = {f.line - _line_of("print(np.mean(losses[-4:]))"): f.count for f in w.findings() if f.kind == "host_sync"}
+    assert syncs == {0: 2}, syncs  # the epoch's mean, once per epoch followed by calls
+
+
+def _line_of(text: str) -> int:
+    lines = pathlib.Path(__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line and "_line_of" not in line)

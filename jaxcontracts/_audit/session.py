@@ -32,16 +32,22 @@ class _Reads(HotLoop):
         self.read_timer = self._blocked
 
     def violation(self, kind: str, what: str, fix: str, frame: Any = None) -> None:
+        if self._last is not None:  # the read before never finished: numpy, refused a buffer
+            self._owner.read_stamps[self._last].pop()  # export, reads another way (one read)
         self._last = None
         if kind == "transfer" and what.startswith("device-to-host"):
             at = user_frame(frame)
             self._last = where(at)[0]
             self._owner.read(self._last, what, fix, at.f_code.co_name if at is not None else "<unknown>")
 
-    def _blocked(self, seconds: float) -> None:
-        """A recorded read finished: the time it waited on the device and copied."""
+    def _blocked(self, seconds: float, x: Any, name: str) -> None:
+        """A recorded read finished: the time it waited on the device and
+        copied; one that stalled nothing (:meth:`Watch.stalls`) is not a sync."""
         if self._last is not None:
-            self._owner.read_seconds[self._last] = self._owner.read_seconds.get(self._last, 0.0) + seconds
+            if self._owner.stalls(x, name):
+                self._owner.read_seconds[self._last] = self._owner.read_seconds.get(self._last, 0.0) + seconds
+            else:
+                self._owner.read_stamps[self._last].pop()
             self._last = None
 
 

@@ -38,6 +38,7 @@ import json
 import textwrap
 import threading
 import time
+import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -60,6 +61,9 @@ __all__ = ["Finding", "Watch", "WatchReport"]
 #: followed (weak references): enough to see a loop's pattern, and bounded,
 #: so that a long loop pays nothing more after them.
 DONATION_WINDOW = 4
+#: Output arrays remembered with the call that made them, before the dead
+#: ones are dropped (the table then doubles past what is alive).
+MADE_KEPT = 4096
 #: A line that makes this many jitted functions that each compile is a jit made in a loop.
 COMPILES_AT_ONE_LINE = 3
 #: Bytes per second at which a finding's bytes (copied to the device at each
@@ -152,6 +156,9 @@ class Watch:
         self._reads: Any = None
         self.read_stamps: dict[str, list[int]] = {}  # line -> self.calls at each read there
         self.read_seconds: dict[str, float] = {}  # line -> seconds its reads blocked, in all
+        # the output arrays of the calls: id -> (weak reference, self.calls at their call)
+        self._made: dict[int, tuple[Any, int]] = {}
+        self._made_limit = MADE_KEPT
         self._read_text: dict[str, tuple[str, str, str]] = {}  # line -> (what, fix, the user's function)
         self._lock = threading.Lock()
         self._functions: list[_Function] = []
@@ -197,6 +204,7 @@ class Watch:
         t0 = time.perf_counter()
         out = jitted(*args, **kwargs)
         try:
+            self._made_by(out)
             if jitwatch.cache_size(jitted) != before:
                 self._compiled(fn, args, kwargs, dyn_args, dyn_kwargs, out, time.perf_counter() - t0)
             if fn.window:
@@ -463,6 +471,30 @@ class Watch:
                 self.__exit__(None, None, None)
                 raise
         return self
+
+    def _made_by(self, out: Any) -> None:
+        """Remember which call made each output array (dead ones dropped as
+        the table doubles: no callback runs at an array's death)."""
+        made, n = self._made, self.calls
+        for x in jax.tree_util.tree_leaves(out):
+            if type(x) is ArrayImpl:
+                made[id(x)] = (weakref.ref(x), n)
+        if len(made) > self._made_limit:
+            self._made = {k: v for k, v in made.items() if v[0]() is not None}
+            self._made_limit = max(MADE_KEPT, 2 * len(self._made))
+
+    def stalls(self, x: Any, name: str) -> bool:
+        """Whether a device-to-host read of ``x`` stalls the loop: the host
+        waits while the device has nothing queued after it. Starting an
+        asynchronous copy waits for nothing; an output of an earlier call
+        than the last (a print one step late, a per-epoch mean of losses
+        gathered each step) waits, if at all, while the device runs the calls
+        queued since; an output of the last call, or any other array (a
+        slice or a sum of one), stalls."""
+        if name == "copy_to_host_async":
+            return False
+        hit = self._made.get(id(x))
+        return hit is None or hit[0]() is not x or hit[1] == self.calls
 
     def read(self, where: str, what: str, fix: str, function: str) -> None:
         """A device-to-host read at ``where`` (file:line) in the user's

@@ -157,7 +157,7 @@ class HotLoop:
         self.plain_followed: list[plainjit.Followed] = []
         self.audit = False  # jc.watch()'s recording loop (loops inside it inherit nothing from it)
         # called with the seconds each device-to-host read it recorded blocked (jc.watch()'s loop)
-        self.read_timer: Callable[[float], None] | None = None
+        self.read_timer: Callable[[float, Any, str], None] | None = None
         # host arguments of plain jax.jit calls already named at the user's line, by the aval
         # text JAX's guard log gives them: those log lines are not recorded a second time
         self.named_transfers: collections.Counter[str] = collections.Counter()

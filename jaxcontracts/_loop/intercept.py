@@ -234,7 +234,7 @@ def _guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
         finally:
             loc.allow -= 1
             if timer is not None:
-                timer(perf_counter() - t0)
+                timer(perf_counter() - t0, self, name)
 
     guarded.__name__ = getattr(original, "__name__", name)
     guarded.__qualname__ = getattr(original, "__qualname__", name)
