@@ -335,8 +335,8 @@ def _arrays_in(value: Any) -> list[tuple[str, Any]]:
 def compiling(name: str, spec: str = "jc.spec_of(<its arguments>)", fn: Any = None) -> Iterator[None]:
     """Wrap a hot step's compile: a violation inside a loop (recorded once).
 
-    ``spec``: how the fix writes the step's arguments as specs (``S.spec(...)``
-    for the user's state class ``S``). ``fn``: the step's function, which a
+    ``spec``: how the fix writes the step's ``.compile`` arguments (``lr,
+    S.spec(...)`` for the user's state class ``S`` after a parameter ``lr``). ``fn``: the step's function, which a
     loop's warm-up tells steps apart by (two instances' method steps, two
     lambdas of one factory share a name; a weak reference, nothing kept alive).
     """
@@ -358,7 +358,8 @@ def compiling(name: str, spec: str = "jc.spec_of(<its arguments>)", fn: Any = No
             f"hot_step {short} would compile a new signature"
             + (" (it compiled once already in this loop's warm-up)" if again else ""),
             f"compile it before the loop ({short}.compile({spec}) or one "
-            "call), and keep every call's arguments on that signature; where a new "
+            'call), or let the loop\'s first pass compile it (jc.hot_loop(compiles="warmup")), '
+            "and keep every call's arguments on that signature; where a new "
             "signature is expected (a reallocated buffer), compile it where it appears: "
             f"{short}.compile(<the new arguments>) inside "
             'with jc.hot_loop(compiles="allow"), in the branch that makes them.',

@@ -12,6 +12,7 @@ attribute.
 
 from __future__ import annotations
 
+import dataclasses
 import sys
 import weakref
 from collections.abc import Iterable, Iterator
@@ -25,8 +26,11 @@ __all__ = [
     "LiveStep",
     "checks_changed",
     "clear_last_outputs",
+    "JitDonation",
     "consumed_by",
     "donating",
+    "held_jit_donations",
+    "jit_donation",
     "keep",
     "last_outputs",
     "live",
@@ -136,16 +140,40 @@ def clear_last_outputs(steps: Iterable[LiveStep] | None = None) -> None:
 # So a later read of such an array names its consumer however many calls
 # later it comes.
 
-_held: dict[int, tuple[weakref.ref[Any], str]] = {}
+# A plain ``jax.jit``'s donation is remembered here too (``_loop.plainjit``,
+# ``_audit.watch``), with what names it: a :class:`JitDonation`.
+
+
+@dataclasses.dataclass(frozen=True)
+class JitDonation:
+    """A donated parameter of a plain ``jax.jit`` function, as a consumer.
+
+    ``instead``: the function's parameters that are not donated while its
+    outputs could take their buffers (``state`` where ``lr`` is donated):
+    non-empty, the donation likely drifted when a parameter was inserted.
+    """
+
+    function: str  # its short name
+    param: str
+    jit_line: str  # file:line of the jax.jit that set the donation ("" where unknown)
+    argnums: tuple[int, ...]  # the positions of ``instead`` among the parameters
+    instead: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return self.function
+
+
+_held: dict[int, tuple[weakref.ref[Any], str | JitDonation]] = {}
 # Dead entries are dropped when the table doubles, not by a callback at the
 # array's death: that would run library code wherever the last reference
 # goes (a Ctrl-C landing in it is lost), and costs a call per array.
 _prune_at = [64]
 
 
-def keep(arrays: Iterable[Any], step: str, held_only: bool = False) -> None:
+def keep(arrays: Iterable[Any], step: str | JitDonation, held_only: bool = False) -> None:
     """Remember that ``step`` consumed ``arrays``, for as long as each lives
-    (``held_only``: those that something besides ``arrays`` holds)."""
+    (``held_only``: those that something besides ``arrays`` holds); ``step``
+    a hot step's short name, or a plain ``jax.jit``'s donated parameter."""
     for x in arrays:
         if held_only and sys.getrefcount(x) <= 3:  # `arrays`, `x`, the count's argument
             continue
@@ -164,9 +192,29 @@ def consumed_by(x: Any) -> str | None:
     (at checks ``full``); None where no record says so."""
     entry = _held.get(id(x))
     if entry is not None and entry[0]() is x:
-        return entry[1]
+        return str(entry[1])
     for step in live():
         record = step.last_consumed[0]
         if record is not None and any(y is x for y in record[0]):
             return step.short_name
     return None
+
+
+def jit_donation(x: Any) -> JitDonation | None:
+    """The plain ``jax.jit`` parameter whose donation consumed ``x``, where recorded."""
+    entry = _held.get(id(x))
+    if entry is not None and entry[0]() is x and isinstance(entry[1], JitDonation):
+        return entry[1]
+    return None
+
+
+def held_jit_donations() -> list[JitDonation]:
+    """The plain ``jax.jit`` donations of arrays that are deleted yet still
+    held (by the caller: passed again, they fail), where a message cannot
+    read the caller's names for them (a function's frame before 3.13)."""
+    out = []
+    for ref, rec in list(_held.values()):
+        x = ref()
+        if isinstance(rec, JitDonation) and x is not None and x.is_deleted() and rec not in out:
+            out.append(rec)
+    return out

@@ -210,3 +210,80 @@ def test_an_argument_dropped_later_by_another_statement_is_not_a_missed_donation
         for _ in loop.iterate(range(3)):
             s = bump(s)  # rebound by the call's own statement: a missed donation
     assert [v.kind for v in loop.violations] == ["missed_donation"]
+
+
+# -- issue 51, section 4: the drifted index with a device scalar ------------
+
+
+def _device_lr_fn1():
+    @functools.partial(jax.jit, donate_argnums=(0,))  # lr inserted before state: the index drifted
+    def fn1(lr, state):
+        return {"w": state["w"] - lr * state["w"], "loss": jnp.mean(state["w"])}
+
+    return fn1
+
+
+def test_a_donated_device_scalar_passed_again_names_the_parameter_the_jit_line_and_the_fix():
+    # any f32[] output "could reuse" lr's buffer: only its second use shows the drift
+    fn1, lr = _device_lr_fn1(), jax.device_put(jnp.float32(0.1))
+    state = {"w": jnp.ones((4,)), "loss": jnp.float32(0)}
+    jit_line = _device_lr_fn1.__code__.co_firstlineno + 1
+    with pytest.raises(jc.DonationError) as info:
+        with jc.hot_loop(compiles="warmup"):
+            for _ in range(3):
+                state = fn1(lr, state)
+    text = str(info.value)
+    assert "`lr` is passed to `fn1` again" in text and "donates its parameter `lr`" in text
+    assert f"test_plain_jit_loop.py:{jit_line}" in text  # the jax.jit line that set the donation
+    assert "donate_argnames=('state',)" in text and "donate_argnums=(1,)" in text
+    assert "Array has been deleted" not in text and "Invalid buffer" not in text
+
+
+def test_a_donated_device_scalar_that_misses_again_is_refused_before_the_call():
+    fn1, lr = _device_lr_fn1(), jax.device_put(jnp.float32(0.1))
+    first = {"w": jnp.ones((4,)), "loss": jnp.float32(0)}
+    with jc.hot_loop(compiles="warmup"):
+        fn1(lr, first)
+    state = {"w": jnp.ones((8,)), "loss": jnp.float32(0)}  # a new shape: a cache miss, seen in Python
+    with pytest.raises(jc.DonationError, match="donate_argnames=\\('state',\\)") as info:
+        with jc.hot_loop(compiles="allow"):
+            fn1(lr, state)
+    assert "The call did not run" in str(info.value) and not state["w"].is_deleted()
+
+
+def test_the_drift_is_said_with_the_missed_donation_of_the_state_it_should_donate():
+    fn1, lr = _device_lr_fn1(), jax.device_put(jnp.float32(0.1))
+    fn2 = jax.jit(lambda s: {"w": s["w"] * 0.5, "loss": s["loss"]}, donate_argnums=(0,))
+    state = {"w": jnp.ones((4,)), "loss": jnp.float32(0)}
+    with pytest.raises(jc.DonationError) as info:
+        with jc.hot_loop(compiles="warmup"):
+            for _ in range(3):
+                state = fn1(lr, state)
+                state = fn2(state)
+    text = str(info.value)
+    assert "it donates `lr`" in text and "the index likely drifted" in text
+    assert "donate_argnames=('state',)" in text
+
+
+def test_a_first_compile_refused_in_a_plain_jit_loop_points_at_compiles_warmup():
+    fn = jax.jit(lambda s: s + 1)
+    x = jnp.ones(3)
+    with pytest.raises(jc.RecompileError, match='compiles="warmup"'):
+        with jc.hot_loop():
+            fn(x)
+
+
+def test_the_motivating_loop_alone_stops_at_the_drift_with_the_fix(tmp_path):
+    import subprocess
+    import sys
+
+    program = pathlib.Path(__file__).parent / "audit_programs" / "drifted_lr.py"
+    proc = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1
+    assert "jaxcontracts.DonationError" in proc.stderr and "it donates `lr`" in proc.stderr
+    assert "drifted_lr.py:15" in proc.stderr and "donate_argnames=('state',)" in proc.stderr
+    fixed = tmp_path / "fixed.py"  # the one edit the message asks for: a clean loop
+    fixed.write_text(program.read_text().replace("donate_argnums=(0,)", "donate_argnames=('state',)"))
+    proc = subprocess.run([sys.executable, str(fixed)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "done 5"

@@ -494,3 +494,36 @@ def test_a_static_keyword_with_a_default_left_out_runs_with_each_new_equal_value
         for _ in range(4):
             s = step(s, cfg=Cfg(2.0))
     assert s["w"].tolist() == [16.0, 16.0] and step.stats.compiles == 1
+
+
+# -- issue 51, section 4: a step with a parameter before its state ----------
+
+
+def _lr_step():
+    @jc.hot_step(signature=S)
+    def scaled(lr, s: S) -> S:
+        return S(u=s.u * lr)
+
+    return scaled
+
+
+def test_the_compile_advice_for_a_step_with_a_leading_parameter_compiles_it():
+    step, s = _lr_step(), S(u=jnp.ones(3))
+    lr = jax.device_put(jnp.float32(0.5))
+    with pytest.raises(jc.RecompileError) as info:
+        with jc.hot_loop():
+            step(lr, s)
+    text = str(info.value)
+    assert "scaled.compile(lr, S.spec(...))" in text and 'compiles="warmup"' in text
+    step.compile(lr, S.spec(n=3))  # the advice, as written (S.spec(...) given its dims)
+    with jc.hot_loop():
+        s = step(lr, s)
+
+
+def test_compile_refuses_a_python_float_that_every_call_would_refuse():
+    step = _lr_step()
+    with pytest.raises(jc.TransferError, match=r"jax.device_put\(lr\)") as info:
+        step.compile(0.5, S.spec(n=3))
+    assert "lr: ~f32[] (Python float)" in str(info.value)
+    assert info.traceback[-1].path.name == "test_step_calls.py"  # ends at the user's line
+    step.compile(jax.device_put(jnp.float32(0.5)), S.spec(n=3))  # what the calls will pass

@@ -422,3 +422,31 @@ def test_a_read_one_step_late_or_an_async_copy_is_not_a_sync():
 def _line_of(text: str) -> int:
     lines = pathlib.Path(__file__).read_text().splitlines()
     return next(i for i, line in enumerate(lines, 1) if text in line and "_line_of" not in line)
+
+
+def test_the_motivating_loop_names_the_drifted_device_scalar_as_a_wrong_donation(tmp_path):
+    # issue 51, section 4: lr a device scalar (any f32[] output "could reuse" it): the
+    # audit names it when it is passed again after fn1's donation deleted it
+    proc, findings = _audit(tmp_path, "drifted_lr")
+    wrong = [f for f in findings if f["kind"] == "wrong_donation"]
+    assert len(wrong) == 1 and wrong[0]["param"] == "lr" and wrong[0]["function"] == "fn1"
+    assert wrong[0]["jit_line"].endswith("drifted_lr.py:15") and wrong[0]["line"] == 29
+    assert "donate_argnames=('state',)" in wrong[0]["fix"] and "donate_argnums=(1,)" in wrong[0]["fix"]
+    assert "passed to `fn1` again" in wrong[0]["message"]
+    report = proc.stderr[proc.stderr.index("jaxcontracts audit:"):]  # after the script's own traceback
+    assert all(len(line) <= 100 for line in report.splitlines())
+
+
+def test_inside_a_watch_a_raising_loop_refuses_the_drifted_device_scalar_before_the_call():
+    with jc.watch():
+        fn1 = jax.jit(lambda lr, state: {"w": state["w"] * lr, "loss": jnp.mean(state["w"])},
+                      donate_argnums=(0,))
+        lr = jax.device_put(jnp.float32(0.1))
+        state = {"w": jnp.ones((4,)), "loss": jnp.float32(0)}
+        with pytest.raises(jc.DonationError, match="The call did not run") as info:
+            with jc.hot_loop(compiles="warmup"):
+                for _ in range(3):
+                    state = fn1(lr, state)
+    assert "`lr` is passed to `<lambda>` again" in str(info.value)  # the drift, not the missed donation
+    assert "donate_argnames=('state',)" in str(info.value)
+    assert not state["w"].is_deleted()  # refused before the call: the inputs intact

@@ -44,6 +44,7 @@ from typing import Any
 
 import jax
 
+from .. import _steps
 from .._compat import jitwatch
 from .._compat.arrays import ArrayImpl
 from .._compat.tracing import top_level_refs
@@ -144,6 +145,7 @@ class _Function:
     equinox: bool = False  # made by eqx.filter_jit
     # positions of the host leaves of a call -> the host_transfer findings they count for
     host_findings: dict[tuple[int, ...], list[Finding]] = dataclasses.field(default_factory=dict)
+    donated_leaves: tuple[int, ...] = ()  # the first dynamic leaf of each donated parameter
 
 
 class Watch:
@@ -225,6 +227,10 @@ class Watch:
                 if hit is not None and hit[0] is not fn:
                     del given[id(x)]
                     hit[0].pending = [(i, r) for i, r in hit[0].pending if i != hit[1]]
+        for i in fn.donated_leaves:  # passed again after this function's donation deleted it
+            x = leaves[i] if i < len(leaves) else None
+            if isinstance(x, ArrayImpl) and x.is_deleted():
+                self._passed_again(fn, x, fn.signatures[-1].paths[i])
         if fn.pending:
             self._settle(fn, at_call=True)
         if fn.calls > 1 and not all(map(isinstance, leaves, itertools.repeat(jax.Array))):
@@ -300,6 +306,24 @@ class Watch:
             if at_call:
                 self._tell_loop(self._findings[key])
 
+    def _passed_again(self, fn: _Function, x: Any, path: str) -> None:
+        """A donated argument deleted by this function's own donation, passed
+        again: the drifted index, named before JAX refuses the deleted buffer."""
+        rec = _steps.jit_donation(x)
+        if rec is None or not rec.instead or rec.function != sigs.short(fn.name):
+            return
+        what, fix = sigs.drift(rec, path)
+        key = ("wrong_donation", fn.name, rec.param)
+        found = self._findings.get(key)
+        if found is None:
+            found = self._findings[key] = Finding(
+                "wrong_donation", fn.name, *_user_line(fn.site), count=1, param=rec.param,
+                message=what, jit_line=rec.jit_line, fix=fix,
+            )
+        loop = local.loop
+        if self._loops and loop is not None and not getattr(loop, "audit", False) and not local.allow:
+            loop.violation("wrong_donation", what, fix + ". The call did not run.", user_frame())
+
     def _tell_loop(self, found: Finding) -> None:
         """A missed donation proven inside the user's own hot loop: its
         violation (raised there, before this call runs, in raise mode)."""
@@ -367,6 +391,12 @@ class Watch:
         donated = sigs.donated_params(fn.options)
         self._wrong(fn, sig, donated, out_avals, here)
         fn.candidates = sigs.reusable(fn.options, sig, dyn_args, dyn_kwargs, out, out_leaves, donated)
+        # the donated arrays, named once deleted: passed again, the index drifted
+        fn.donated_leaves = tuple(idx[0] for p, idx in sigs.by_param(sig).items() if p in donated)
+        leaves = jax.tree_util.tree_leaves((dyn_args, dyn_kwargs))
+        site = f"{fn.site[0]}:{fn.site[1]}"
+        for arrays, rec in sigs.donations(fn.options, sig, leaves, donated, fn.candidates, fn.name, site):
+            _steps.keep(arrays, rec)
         fn.window = DONATION_WINDOW if fn.candidates else 0
 
     # -- host data -----------------------------------------------------------

@@ -503,8 +503,10 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
         "compile",
         f"jax compiles `{name}` (a fresh jax.jit, a new input signature, or a "
         "cold eager op)",
-        "run it once before the loop so it is compiled and cached, or move the "
-        "eager op into a hot_step. Warm it on what the loop will pass: a jax.jit "
+        'let the loop\'s first pass compile it: jc.hot_loop(compiles="warmup") (the first '
+        "compile of each function is let through once, a second one refused); or run it "
+        "once before the loop so it is compiled and cached, or move the eager op into a "
+        "hot_step. Warm it on what the loop will pass: a jax.jit "
         "warmed on arrays made outside any step (jnp.zeros, jax.random.key: "
         "uncommitted) compiles again for a hot step's outputs, which are committed "
         "to their device; warm it on a step's outputs, or on jc.device_tree(x) "

@@ -41,6 +41,7 @@ from typing import Any
 
 import jax
 
+from .. import _steps
 from .._compat import jitwatch
 from .._compat.tracing import trace_state_clean
 from .._format import fmt_bytes
@@ -61,6 +62,8 @@ class Followed:
     nbytes: int
     dropped: sigs.Dropped
     at: str  # the call's line, file:line (no frame is kept: it would keep the arrays)
+    donated: tuple[str, ...] = ()  # what the function donates instead (a drifted index)
+    jit_line: str = ""
 
 
 def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], run: Any) -> Any:
@@ -89,9 +92,10 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
         logged = [_logged_aval(sig.specs[j]) for j, _ in host[:1]]
     except Exception:  # noqa: BLE001 - an argument we cannot describe: JAX's own path explains it
         return _traced(loop, run, fun, ji, args, kwargs)
+    user = user_frame()
+    _passed_again(loop, sig, jax.tree_util.tree_leaves((dyn_args, dyn_kwargs)), user)
     local.plain_recompile = recompile
     seen.append(sig)
-    user = user_frame()
     for j, path in host[:1]:  # record mode: one per function and line
         # JAX's guard logs this transfer too (record mode): the loop drops that line
         loop.named_transfers[logged[0]] += 1
@@ -115,14 +119,32 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
         candidates = sigs.reusable(
             opts, sig, dyn_args, dyn_kwargs, jax.tree_util.tree_unflatten(out_tree, out), out, donated
         )
-        followed = _follow(name, sig, jax.tree_util.tree_leaves((dyn_args, dyn_kwargs)), candidates, user)
+        leaves = jax.tree_util.tree_leaves((dyn_args, dyn_kwargs))
+        site = sigs.jit_site(fun)
+        followed = _follow(name, sig, leaves, candidates, user, (tuple(sorted(donated)), site))
+        # what the call donates, named once it is deleted (passed again: the index drifted)
+        consumed = sigs.donations(opts, sig, leaves, donated, candidates, name, site)
     except Exception:  # noqa: BLE001 - no outputs to read on this JAX: nothing more to say
         return p, flat
+    for arrays, rec in consumed:
+        _steps.keep(arrays, rec)
     for _param, why, fix in wrong:
         loop.violation("wrong_donation", f"`{name}`: {why}", fix + ". The call did not run.", user)
     if not wrong and not jitwatch.installed():  # (an open jc.watch() follows every call itself)
         loop.plain_followed.extend(followed)
     return p, flat
+
+
+def _passed_again(loop: Any, sig: Any, leaves: list[Any], user: Any) -> None:
+    """A deleted array, that a plain jax.jit's donation consumed, passed again:
+    the donated index drifted (``signatures.drift``); refused before the call."""
+    __tracebackhide__ = True
+    for j, x in enumerate(leaves):
+        rec = _steps.jit_donation(x) if isinstance(x, jax.Array) and x.is_deleted() else None
+        if rec is not None and rec.instead:
+            what, fix = sigs.drift(rec, sig.paths[j])
+            loop.violation("wrong_donation", what, fix + ". The call did not run.", user)
+            return
 
 
 def _traced(loop: Any, run: Any, fun: Any, ji: Any, args: Any, kwargs: Any) -> Any:
@@ -145,7 +167,10 @@ def _traced(loop: Any, run: Any, fun: Any, ji: Any, args: Any, kwargs: Any) -> A
         return run(fun, ji, args, kwargs)
 
 
-def _follow(name: str, sig: Any, leaves: list[Any], candidates: tuple[int, ...], user: Any) -> list[Followed]:
+def _follow(
+    name: str, sig: Any, leaves: list[Any], candidates: tuple[int, ...], user: Any,
+    donating: tuple[tuple[str, ...], str] = ((), ""),
+) -> list[Followed]:
     """Each candidate parameter's arrays, followed (``signatures.Dropped``)."""
     if user is None:
         return []
@@ -154,7 +179,8 @@ def _follow(name: str, sig: Any, leaves: list[Any], candidates: tuple[int, ...],
     for param, idx in sigs.by_param(sig, candidates).items():
         arrays = [leaves[j] for j in idx]
         if all(isinstance(x, jax.Array) for x in arrays):
-            out.append(Followed(name, param, sum(sig.nbytes(j) for j in idx), sigs.Dropped(arrays, user), at))
+            nbytes = sum(sig.nbytes(j) for j in idx)
+            out.append(Followed(name, param, nbytes, sigs.Dropped(arrays, user), at, *donating))
     return out
 
 
@@ -167,11 +193,16 @@ def settle(loop: Any) -> None:
     for f in followed:
         if not f.dropped.dropped:
             continue
+        drifted = ""
+        if f.donated:  # it donates another parameter instead: the index drifted
+            at = f" (set at {f.jit_line})" if f.jit_line else ""
+            drifted = (f"; it donates {', '.join(f'`{p}`' for p in f.donated)}{at} instead: the index "
+                       "likely drifted when a parameter was inserted")
         loop.violation(
             "missed_donation",
             f"`{f.name}` (called at {f.at}): `{f.param}` is not donated, yet the call's own statement "
             f"dropped its {f.dropped.count} array(s) ({fmt_bytes(f.nbytes)}), while an output could "
-            "have taken their buffers: each call holds them twice",
+            f"have taken their buffers: each call holds them twice{drifted}",
             sigs.missed_donation_fix(f.name, f.param),
         )
 

@@ -6,6 +6,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import inspect
+import linecache
+import os
+import re
 import weakref
 from collections.abc import Sequence
 from types import FrameType
@@ -17,12 +21,13 @@ from .._compat import jitwatch
 from .._format import flatten_with_path, fmt_aval
 from .._leafdiff import diff_leaves
 from .._state.spec import leaf_spec, spec_nbytes, value_kind
+from .._steps import JitDonation
 from .._userline import user_frame
 
 __all__ = [
     "Dropped",
     "Signature", "by_param", "diff", "donated_params", "missed_donation_fix", "names", "param_of", "paths",
-    "reusable", "short", "signature", "wrong_donations",
+    "reusable", "short", "signature", "wrong_donations", "donations", "drift", "jit_site",
 ]
 
 
@@ -203,6 +208,74 @@ def wrong_donations(
                if others else f"leave {param} out of donate_argnums/donate_argnames")
         out.append((param, why, fix))
     return out
+
+
+def jit_site(fun: Any) -> str:
+    """``file:line`` of the ``jax.jit`` that made ``fun`` jitted, read from its
+    source: a decorator line that names ``jit`` above its ``def``, else a line
+    of its file that passes it to a ``jit(``; "" where none is found."""
+    code = getattr(inspect.unwrap(fun), "__code__", None)
+    if code is None:
+        return ""
+    file, first = code.co_filename, code.co_firstlineno
+    lines = linecache.getlines(file)
+    found = 0
+    for n in range(first, min(first + 20, len(lines) + 1)):
+        if re.match(r"\s*(async\s+)?def\s", lines[n - 1]):
+            break
+        if "jit" in lines[n - 1]:
+            found = n
+            break
+    if not found:
+        call = re.compile(rf"jit\(\s*{re.escape(getattr(fun, '__name__', '') or '?')}\b")
+        found = next((n for n, text in enumerate(lines, 1) if call.search(text)), 0)
+    if not found:
+        return ""
+    try:
+        rel = os.path.relpath(file)
+        file = rel if not rel.startswith(".." + os.sep + "..") else file
+    except ValueError:  # another drive
+        pass
+    return f"{file}:{found}"
+
+
+def donations(
+    opts: jitwatch.JitOptions, sig: Signature, leaves: Sequence[Any], donated: set[str],
+    candidates: Sequence[int], name: str, jit_line: str,
+) -> list[tuple[list[Any], JitDonation]]:
+    """The device arrays of each donated parameter of one call, and the
+    consumer that names them once they are deleted (``_steps.keep``):
+    ``instead`` the parameters an output could reuse that are not donated
+    (``reusable``'s candidates), whose positions the fix gives."""
+    params = list(opts.signature.parameters) if opts.signature is not None else []
+    instead = tuple(by_param(sig, candidates))
+    argnums = tuple(params.index(p) for p in instead if p in params)
+    out = []
+    for param, idx in by_param(sig).items():
+        if param in donated:
+            arrays = [leaves[j] for j in idx if isinstance(leaves[j], jax.Array)]
+            out.append((arrays, JitDonation(short(name), param, jit_line, argnums, instead)))
+    return out
+
+
+def drift(rec: JitDonation, path: str) -> tuple[str, str]:
+    """(what, fix) for ``path``, an array of the donated parameter ``rec.param``,
+    passed again after the donation deleted it: the index that drifted."""
+    at = f" (set at {rec.jit_line})" if rec.jit_line else ""
+    what = (
+        f"`{path}` is passed to `{rec.function}` again, but `{rec.function}` donates its parameter "
+        f"`{rec.param}`{at}, so its first call deleted it"
+    )
+    if rec.instead:
+        names = ", ".join(rec.instead)
+        what += (f", while {names}, whose buffers its outputs could reuse, is not donated: "
+                 "the index likely drifted when a parameter was inserted")
+        fix = (f"donate by name, which cannot drift: jax.jit({rec.function}, "
+               f"donate_argnames={rec.instead!r})" + (f" (or donate_argnums={rec.argnums!r})" if rec.argnums else ""))
+    else:
+        fix = (f"leave {rec.param} out of donate_argnums/donate_argnames, or pass a fresh "
+               f"array each call")
+    return what, fix
 
 
 class Dropped:

@@ -12,12 +12,13 @@ from __future__ import annotations
 from typing import Any
 
 from .._compat import runtime_errors
-from .._errors import DonationError, TransferError
+from .._errors import VIOLATIONS, DonationError, TransferError
 from .._format import fmt_aval
 from .._runtime import arrays_named, donated, donation_fix
-from .._steps import consumed_by
+from .._steps import consumed_by, held_jit_donations, jit_donation
 from .._userline import is_library, traceback_where
 from . import rng as _rng
+from . import signatures as sigs
 
 __all__ = ["translate"]
 
@@ -143,21 +144,29 @@ def _in_device_get(tb: Any) -> bool:
     return False
 
 
-def _donated_names(tb: Any) -> tuple[str, str | None]:
+def _donated_names(tb: Any) -> tuple[str, str | None, tuple[str, str] | None]:
     """Which arrays the user's failing frame refers to were donated (JAX names
-    only an argument number; the frame still holds them: ``arrays_named``)."""
+    only an argument number; the frame still holds them: ``arrays_named``),
+    and, where one was donated by a plain jax.jit that it is passed to again,
+    what and fix of that drifted donation (``signatures.drift``)."""
     frame, lineno = None, 0
     while tb is not None:
         if not is_library(tb.tb_frame.f_code.co_filename):
             frame, lineno = tb.tb_frame, tb.tb_lineno  # the line that failed, not where it is now
         tb = tb.tb_next
     if frame is None:
-        return "", None
-    named, consumers = [], []
+        return "", None, None
+    named, consumers, drifted = [], [], None
     for path, x in arrays_named(frame, lineno):
         consumers.append(consumed_by(x))
         named.append(f"`{path}` ({fmt_aval(x.shape, x.dtype)}) {donated(consumers[-1])}")
-    return "; ".join(named), next((c for c in consumers if c), None)
+        rec = jit_donation(x)
+        if drifted is None and rec is not None and rec.instead:
+            drifted = sigs.drift(rec, path)
+    if drifted is None and not named:  # the frame's names unread: the donations still held
+        held = [rec for rec in held_jit_donations() if rec.instead]
+        drifted = sigs.drift(held[0], held[0].param) if len(held) == 1 else None
+    return "; ".join(named), next((c for c in consumers if c), None), drifted
 
 
 def translate(exc: BaseException, tb: Any) -> Exception | None:
@@ -185,9 +194,13 @@ def translate(exc: BaseException, tb: Any) -> Exception | None:
         )
     where, source = traceback_where(tb)
     if kind == "deleted":
-        named, by = _donated_names(tb)
+        named, by, drifted = _donated_names(tb)
         title = f"use of a donated array inside jc.hot_loop: {named or 'an array that ' + donated(None)}"
         fix = donation_fix("use", by)
+        if drifted is not None:
+            error, contract = DonationError, VIOLATIONS["wrong_donation"].contract
+            title = f"{VIOLATIONS['wrong_donation'].title}: {drifted[0]}"
+            fix = drifted[1]
     return error(
         f"{title}{f' ({detail})' if detail else ''}\n  at {where}" + (f":  {source}" if source else ""),
         fix=fix,

@@ -361,6 +361,17 @@ def derive_out_shardings(
     return constrained
 
 
+def _compile_args(definition: StepDefinition) -> str:
+    """How the fix writes the step's ``.compile(...)`` arguments: every parameter,
+    a state as ``S.spec(...)`` where its class makes specs, the others by name
+    (``lr, S.spec(...)``: compile takes the arrays the calls will pass)."""
+    t = definition.state_type
+    spec = f"{t.__name__}.spec(...)" if isinstance(t, type) and callable(getattr(t, "spec", None)) else None
+    return ", ".join(
+        spec if spec and i in definition.state_params else name for i, name in enumerate(definition.param_names)
+    ) or "jc.spec_of(<its arguments>)"
+
+
 def compile_signature(
     definition: StepDefinition, positional: tuple[Any, ...]
 ) -> tuple[CompiledSignature, StepDefinition]:
@@ -374,9 +385,7 @@ def compile_signature(
         DonationError: a donated leaf aliases no output.
     """
     __tracebackhide__ = True
-    t = definition.state_type
-    spec = f"{t.__name__}.spec(...)" if isinstance(t, type) and callable(getattr(t, "spec", None)) else None
-    with compiling(definition.name, spec or "jc.spec_of(<its arguments>)", definition.fn):  # in a hot_loop, a violation (before any trace)
+    with compiling(definition.name, _compile_args(definition), definition.fn):  # in a hot_loop, a violation (before any trace)
         jitted, spec_args, treedef, donated, flat_style, definition = jit_for(definition, positional)
         t0 = time.perf_counter()
         with quiet_donation_warning(), _tracing(definition):

@@ -21,12 +21,20 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar
 
 import jax
+import numpy as np
 
 from .. import _config, _steps
 from .._compat.guarded import guarded_call
 from .._compat.runtime_errors import debug_nans_kind, is_runtime_error
 from .._compat.tracing import Tracer, flatten, jit_disabled, trace_state_clean
-from .._errors import INPUTS_INTACT, ContractError, DefinitionError, DonationError, RecompileError
+from .._errors import (
+    INPUTS_INTACT,
+    ContractError,
+    DefinitionError,
+    DonationError,
+    RecompileError,
+    TransferError,
+)
 from .._format import flatten_with_path
 from .._hazards import find_hazards
 from .._marks import consumer_of
@@ -310,6 +318,26 @@ class HotStep(Generic[P, R]):
         ]
         if odd and _learn_modules(self, positional, with_path, odd):
             positional = self._definition.normalize(args, kwargs)
+        # A Python number or numpy array where every call would refuse one (a
+        # TransferError): refused here too, with the same fix.
+        host = [
+            (self._definition.param_names[i], x)
+            for i, x in enumerate(positional)
+            if isinstance(x, (bool, int, float, complex, np.ndarray, np.generic))
+            and i not in self._definition.host_params
+            and i not in self._definition.static_params
+        ]
+        if host:
+            err = host_leaves_error(self._definition, host)
+            raise TransferError(
+                f"{self._definition.short_name}.{what}() was given {len(host)} host value(s) where "
+                "every call would refuse them (an implicit host-to-device transfer at each call):",
+                [f"  {p}: {fmt_value(x)}" for p, x in host],
+                fix=f"{what} with what the calls will pass: {err.fix}",
+                contract="device-arguments",
+                step=self._definition.name,
+                leaves=[p for p, _ in host],
+            )
         refs = self._definition.ref_params  # compiled for the arrays the refs hold
         return tuple(ref_arrays(x)[0] if i in refs else x for i, x in enumerate(positional)) if refs else positional
 
