@@ -29,7 +29,6 @@ __all__ = [
     "JitDonation",
     "consumed_by",
     "donating",
-    "held_jit_donations",
     "jit_donation",
     "keep",
     "last_outputs",
@@ -206,15 +205,3 @@ def jit_donation(x: Any) -> JitDonation | None:
     if entry is not None and entry[0]() is x and isinstance(entry[1], JitDonation):
         return entry[1]
     return None
-
-
-def held_jit_donations() -> list[JitDonation]:
-    """The plain ``jax.jit`` donations of arrays that are deleted yet still
-    held (by the caller: passed again, they fail), where a message cannot
-    read the caller's names for them (a function's frame before 3.13)."""
-    out = []
-    for ref, rec in list(_held.values()):
-        x = ref()
-        if isinstance(rec, JitDonation) and x is not None and x.is_deleted() and rec not in out:
-            out.append(rec)
-    return out

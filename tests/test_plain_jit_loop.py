@@ -223,15 +223,25 @@ def _device_lr_fn1():
     return fn1
 
 
-def test_a_donated_device_scalar_passed_again_names_the_parameter_the_jit_line_and_the_fix():
-    # any f32[] output "could reuse" lr's buffer: only its second use shows the drift
-    fn1, lr = _device_lr_fn1(), jax.device_put(jnp.float32(0.1))
-    state = {"w": jnp.ones((4,)), "loss": jnp.float32(0)}
+_DRIFTED_LOOP = """
+state = {"w": jnp.ones((4,)), "loss": jnp.float32(0)}
+with jc.hot_loop(compiles="warmup"):
+    for _ in range(3):
+        state = fn1(lr, state)
+"""
+
+
+@pytest.mark.parametrize("where", ["a script", "a function"])
+def test_a_donated_device_scalar_passed_again_names_the_parameter_the_jit_line_and_the_fix(where):
+    # any f32[] output "could reuse" lr's buffer: only its second use shows
+    # the drift. The warm call fails inside JAX's C++ call: the message reads
+    # the names on the user's line (a function's from Python 3.13 on)
+    names = {"jc": jc, "jnp": jnp, "fn1": _device_lr_fn1(), "lr": jax.device_put(jnp.float32(0.1))}
     jit_line = _device_lr_fn1.__code__.co_firstlineno + 1
+    from _program import run_program
+
     with pytest.raises(jc.DonationError) as info:
-        with jc.hot_loop(compiles="warmup"):
-            for _ in range(3):
-                state = fn1(lr, state)
+        run_program(_DRIFTED_LOOP, "state = {", where, names, "state")
     text = str(info.value)
     assert "`lr` is passed to `fn1` again" in text and "donates its parameter `lr`" in text
     assert f"test_plain_jit_loop.py:{jit_line}" in text  # the jax.jit line that set the donation

@@ -15,7 +15,7 @@ from .._compat import runtime_errors
 from .._errors import VIOLATIONS, DonationError, TransferError
 from .._format import fmt_aval
 from .._runtime import arrays_named, donated, donation_fix
-from .._steps import consumed_by, held_jit_donations, jit_donation
+from .._steps import consumed_by, jit_donation
 from .._userline import is_library, traceback_where
 from . import rng as _rng
 from . import signatures as sigs
@@ -163,9 +163,6 @@ def _donated_names(tb: Any) -> tuple[str, str | None, tuple[str, str] | None]:
         rec = jit_donation(x)
         if drifted is None and rec is not None and rec.instead:
             drifted = sigs.drift(rec, path)
-    if drifted is None and not named:  # the frame's names unread: the donations still held
-        held = [rec for rec in held_jit_donations() if rec.instead]
-        drifted = sigs.drift(held[0], held[0].param) if len(held) == 1 else None
     return "; ".join(named), next((c for c in consumers if c), None), drifted
 
 
