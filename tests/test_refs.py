@@ -182,3 +182,45 @@ def test_a_jitted_ref_step_in_a_loop_and_a_watch_is_not_taken_for_host_data():
                 step(state, x)
     assert [f.kind for f in w.findings() if f.kind == "host_transfer"] == []
     assert int(jc.fetch(state["n"])) == 4
+
+
+# -- issue 51 section 5: refs as the cookbook writes them ---------------------
+
+
+def test_a_weakly_typed_ref_keeps_its_type_across_calls_as_under_jax_jit():
+    # The cookbook counts steps in a ref made of jnp.array(0) (~i32[]). jax.jit
+    # keys a ref on the ref's own type, fixed when it was made; the array put
+    # back after a call came out strongly typed, so the second call was refused
+    # ("compiled with ~i32[], called with i32[]").
+    state = jax.tree.map(jax.new_ref, {"w": jnp.zeros(3), "n": jnp.array(0)})
+    twin = jax.tree.map(jax.new_ref, {"w": jnp.zeros(3), "n": jnp.array(0)})
+    step, x = _ref_step(), jnp.ones(3)
+    with jc.hot_loop(compiles="warmup") as loop:
+        for _ in loop.iterate(range(3)):
+            step(state, x)
+            train_step(twin, x)
+    assert step.stats.compiles == 1 and step.stats.refused == 0
+    assert int(jc.fetch(state["n"])) == int(jc.fetch(twin["n"])) == 3
+    # the ref's own type kept (~i32[] on jax 0.10; jax 0.11.2 makes every ref strongly typed)
+    assert _compat.refs.buffer(state["n"]).weak_type is state["n"].aval.inner_aval.weak_type
+    assert not _compat.refs.buffer(state["w"]).weak_type  # a strong ref stays strong
+
+
+def test_the_cookbook_port_with_its_counter_made_by_jnp_array_prints_the_originals_numbers(tmp_path):
+    import io
+    import runpy
+    from contextlib import redirect_stdout
+    from pathlib import Path
+
+    ports = Path(__file__).resolve().parent / "ports"
+    printed = []
+    for name in ("cookbook_refs_original.py", "cookbook_refs_port.py"):
+        source = (ports / name).read_text()
+        assert "step=jnp.int32(0)" in source
+        weak = tmp_path / name
+        weak.write_text(source.replace("step=jnp.int32(0)", "step=jnp.array(0)"))
+        out = io.StringIO()
+        with redirect_stdout(out):
+            runpy.run_path(str(weak), run_name="__main__")
+        printed.append(out.getvalue())
+    assert printed[0].strip() and printed[1] == printed[0]
