@@ -224,3 +224,43 @@ def test_the_cookbook_port_with_its_counter_made_by_jnp_array_prints_the_origina
             runpy.run_path(str(weak), run_name="__main__")
         printed.append(out.getvalue())
     assert printed[0].strip() and printed[1] == printed[0]
+
+
+_counter = jax.new_ref(jnp.int32(0)) if hasattr(jax, "new_ref") else None
+
+
+def test_a_step_closing_over_a_ref_is_refused_by_name_and_the_named_fix_works():
+    # A hot step that closes over a ref failed at compile with JAX's raw
+    # "ValueError: Too many leaves for PyTreeDef" (from Compiled.input_shardings,
+    # which JAX cannot give for an executable with a closed-over ref). It is
+    # refused before anything runs, naming the ref, and the fix it names works.
+    @jc.hot_step(state="x")
+    def step(x):
+        _counter[...] += 1
+        return x + 1
+
+    x = jnp.zeros(3)
+    with pytest.raises(jc.DefinitionError) as info:
+        step(x)
+    text = str(info.value)
+    assert "closes over a JAX ref: `_counter` (i32[])" in text, text
+    assert "pass it as an argument" in info.value.fix
+    assert info.value.__traceback__.tb_frame.f_code.co_filename == __file__  # ends at the user's line
+    assert int(jc.fetch(_counter)) == 0 and not x.is_deleted()  # nothing ran
+
+    @jc.hot_step(state="x")
+    def fixed(x, counter):  # as the fix says: the ref passed, carried in place
+        counter[...] += 1
+        return x + 1
+
+    with jc.hot_loop(compiles="warmup") as loop:
+        for _ in loop.iterate(range(3)):
+            x = fixed(x, _counter)
+    assert int(jc.fetch(_counter)) == 3 and jc.fetch(x).tolist() == [3.0] * 3
+
+
+def test_a_ref_closed_over_inside_a_container_is_named_by_its_path():
+    held = {"n": jax.new_ref(jnp.zeros(2))}
+    step = jc.hot_step(lambda x: held["n"].__setitem__(..., x) or x * 2, state="x")
+    with pytest.raises(jc.DefinitionError, match=r"closes over a JAX ref: `held\['n'\]` \(f32\[2\]\)"):
+        step(jnp.ones(2))
