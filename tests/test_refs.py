@@ -264,3 +264,14 @@ def test_a_ref_closed_over_inside_a_container_is_named_by_its_path():
     step = jc.hot_step(lambda x: held["n"].__setitem__(..., x) or x * 2, state="x")
     with pytest.raises(jc.DefinitionError, match=r"closes over a JAX ref: `held\['n'\]` \(f32\[2\]\)"):
         step(jnp.ones(2))
+
+
+def test_a_ref_a_jitted_helper_closes_over_is_refused_and_named_from_the_module():
+    @jax.jit
+    def helper(x):
+        _counter[...] += 1
+        return x * 2
+
+    step = jc.hot_step(lambda x: helper(x) + 1, state="x")
+    with pytest.raises(jc.DefinitionError, match=r"closes over a JAX ref: `_counter` \(i32\[\]\)"):
+        step(jnp.ones(2))

@@ -214,11 +214,14 @@ def _closure_names(fn: Callable[..., Any], refs: Sequence[Any]) -> dict[int, str
     read with ``inspect.getclosurevars``, nothing else."""
     wanted = {id(r) for r in refs}
     found: dict[int, str] = {}
+    fn = inspect.unwrap(getattr(fn, "func", fn))
     try:
-        closure = inspect.getclosurevars(inspect.unwrap(getattr(fn, "func", fn)))
+        closure = inspect.getclosurevars(fn)
     except (TypeError, ValueError):  # a builtin, a callable object: no names
         return found
-    for var, value in (*closure.nonlocals.items(), *closure.globals.items()):
+    # then the module's globals by identity (a jitted helper the step calls closes over it)
+    module = [(k, v) for k, v in getattr(fn, "__globals__", {}).items() if id(v) in wanted]
+    for var, value in (*closure.nonlocals.items(), *closure.globals.items(), *module):
         if id(value) in wanted:
             found.setdefault(id(value), var)
             continue
