@@ -945,3 +945,32 @@ def test_ref_buffers_are_the_refs_alone_and_replaced_in_place():
 
     traced(r)
     assert r[...].tolist() == [8.0] * 3
+
+
+def test_a_weakly_typed_view_shares_the_buffers_and_is_what_jax_takes():
+    # what a hot step over a weakly typed ref relies on (capability
+    # ref-weak-types): the view is weakly typed, on the same buffers (no copy),
+    # donated with them, and a ref holding it is read and dispatched by JAX
+    if not hasattr(jax, "new_ref"):
+        pytest.skip("this jax has no jax.new_ref")
+    from jaxcontracts._compat import refs
+
+    strong = jax.device_put(jnp.int32(5), jax.devices()[0])  # committed and strong, as a step's output is
+    view = refs.weakly_typed(strong)
+    assert view.weak_type and not strong.weak_type and view.dtype == strong.dtype
+    assert view.committed == strong.committed and view.sharding == strong.sharding
+    assert view.unsafe_buffer_pointer() == strong.unsafe_buffer_pointer()
+    r = jax.new_ref(jnp.array(0))
+    weak = r.aval.inner_aval.weak_type  # jax 0.10: ~i32[], the array's type; 0.11.2: i32[]
+    assert refs.buffer(r).weak_type is weak
+
+    @jax.jit
+    def bump(r):
+        r[...] += 1
+
+    refs.replace(r, jax.device_put(jnp.int32(5), jax.devices()[0]))  # strong: the ref's own type kept
+    assert refs.buffer(r).weak_type is weak and int(r[...]) == 5
+    bump(r)  # JAX's own dispatch takes the ref as replaced, and writes it
+    assert int(r[...]) == 6
+    jax.jit(lambda x: x + 1, donate_argnums=0)(view)
+    assert view.is_deleted() and strong.is_deleted()  # one buffer

@@ -7,6 +7,8 @@ rest is part of the signature.
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import jax
 import jax.numpy as jnp
 import pytest
@@ -98,6 +100,13 @@ def test_device_tree_accepts_a_module_and_leaves_its_static_leaves_alone():
     model = jc.device_tree(Net(jax.random.key(0)))
     assert model.layers[2] is jax.nn.relu and isinstance(model.layers[1].init, float)
     assert isinstance(model.layers[0].weight, jax.Array)
+
+
+def test_device_tree_converts_a_number_beside_a_module_not_the_modules_own():
+    # only a Module's non-array leaves are static; a learning rate beside it is the tree's
+    out = jc.device_tree({"model": Net(jax.random.key(0)), "lr": 0.1})
+    assert isinstance(out["model"].layers[1].init, float) and out["model"].layers[2] is jax.nn.relu
+    assert isinstance(out["lr"], jax.Array) and out["lr"].dtype == jnp.float32 and not out["lr"].weak_type
 
 
 def test_numpy_arrays_in_a_module_are_still_host_data():
@@ -382,3 +391,49 @@ def test_a_learning_rate_changed_per_step_is_named_in_the_recompile_diff(level):
     # what the two functions hold is equal: the objects alone differ, and nothing else is named
     assert "step_size" not in str(same.value) and "learning rate" not in str(same.value)
     assert ".update: chain.<locals>.update_fn (object id" in str(same.value)
+
+
+# -- issue 51 section 5: a Python-float learning rate beside a Module ---------
+
+
+class _Carry(NamedTuple):
+    model: object
+    lr: object
+
+
+def _carry_step(c, x):
+    grads = eqx.filter_grad(_lr_loss)(c.model, x)
+    return _Carry(eqx.apply_updates(c.model, jax.tree.map(lambda g: -c.lr * g, grads)), c.lr)
+
+
+@pytest.mark.parametrize("level", ["fast", "full"])
+@pytest.mark.parametrize("holds", ["an equinox Module", "a dict"])
+def test_a_python_float_where_a_device_learning_rate_was_compiled_is_named_as_a_transfer(level, holds):
+    # Compiled with the learning rate a device scalar, called with a Python
+    # float. Beside a dict of arrays, that was a TransferError naming `c.lr`;
+    # beside an equinox Module the float made the state filtered (as
+    # eqx.filter_jit would have it), and the refusal compared the two nodes:
+    # "c: compiled with Carry of 2, called with Filtered", no leaf, no fix.
+    step = jc.hot_step(_carry_step, state="c")
+    x = jnp.ones((4, 3))
+    with jc.checks_level(level):
+        model = _lr_model()
+        if holds == "a dict":
+            model = {"lin": {"weight": model.lin.weight, "bias": model.lin.bias}}
+            step = jc.hot_step(lambda c, x: _Carry(jax.tree.map(lambda w: w - c.lr * w, c.model), c.lr), state="c")
+        c = _Carry(model, jnp.float32(0.1))
+        del model  # held by the state alone (a kept leaf is refused at full)
+        c = step(c, x)
+        with pytest.raises(jc.TransferError) as info:
+            step(c._replace(lr=0.05), x)
+    text, fix = str(info.value), info.value.fix
+    del info  # its traceback's frames hold the state's leaves (a kept leaf is refused at full)
+    assert "1 argument leaf is on the host" in text and "  c.lr: ~f32[] (Python float)" in text, text
+    assert "Filtered" not in text and "Carry of 2" not in text
+    assert "c = jc.device_tree(c)" in fix
+    assert not jax.tree.leaves(c.model)[0].is_deleted()  # refused before dispatch
+    assert step.stats.compiles == 1
+    with jc.checks_level(level):  # the fix it names works: the float beside the Module goes to the device
+        c = jc.device_tree(c._replace(lr=0.05))
+        c = step(c, x)
+    assert step.stats.compiles == 1 and float(jc.fetch(c.lr)) == pytest.approx(0.05)

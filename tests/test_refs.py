@@ -182,3 +182,96 @@ def test_a_jitted_ref_step_in_a_loop_and_a_watch_is_not_taken_for_host_data():
                 step(state, x)
     assert [f.kind for f in w.findings() if f.kind == "host_transfer"] == []
     assert int(jc.fetch(state["n"])) == 4
+
+
+# -- issue 51 section 5: refs as the cookbook writes them ---------------------
+
+
+def test_a_weakly_typed_ref_keeps_its_type_across_calls_as_under_jax_jit():
+    # The cookbook counts steps in a ref made of jnp.array(0) (~i32[]). jax.jit
+    # keys a ref on the ref's own type, fixed when it was made; the array put
+    # back after a call came out strongly typed, so the second call was refused
+    # ("compiled with ~i32[], called with i32[]").
+    state = jax.tree.map(jax.new_ref, {"w": jnp.zeros(3), "n": jnp.array(0)})
+    twin = jax.tree.map(jax.new_ref, {"w": jnp.zeros(3), "n": jnp.array(0)})
+    step, x = _ref_step(), jnp.ones(3)
+    with jc.hot_loop(compiles="warmup") as loop:
+        for _ in loop.iterate(range(3)):
+            step(state, x)
+            train_step(twin, x)
+    assert step.stats.compiles == 1 and step.stats.refused == 0
+    assert int(jc.fetch(state["n"])) == int(jc.fetch(twin["n"])) == 3
+    # the ref's own type kept (~i32[] on jax 0.10; jax 0.11.2 makes every ref strongly typed)
+    assert _compat.refs.buffer(state["n"]).weak_type is state["n"].aval.inner_aval.weak_type
+    assert not _compat.refs.buffer(state["w"]).weak_type  # a strong ref stays strong
+
+
+def test_the_cookbook_port_with_its_counter_made_by_jnp_array_prints_the_originals_numbers(tmp_path):
+    import io
+    import runpy
+    from contextlib import redirect_stdout
+    from pathlib import Path
+
+    ports = Path(__file__).resolve().parent / "ports"
+    printed = []
+    for name in ("cookbook_refs_original.py", "cookbook_refs_port.py"):
+        source = (ports / name).read_text()
+        assert "step=jnp.int32(0)" in source
+        weak = tmp_path / name
+        weak.write_text(source.replace("step=jnp.int32(0)", "step=jnp.array(0)"))
+        out = io.StringIO()
+        with redirect_stdout(out):
+            runpy.run_path(str(weak), run_name="__main__")
+        printed.append(out.getvalue())
+    assert printed[0].strip() and printed[1] == printed[0]
+
+
+_counter = jax.new_ref(jnp.int32(0)) if hasattr(jax, "new_ref") else None
+
+
+def test_a_step_closing_over_a_ref_is_refused_by_name_and_the_named_fix_works():
+    # A hot step that closes over a ref failed at compile with JAX's raw
+    # "ValueError: Too many leaves for PyTreeDef" (from Compiled.input_shardings,
+    # which JAX cannot give for an executable with a closed-over ref). It is
+    # refused before anything runs, naming the ref, and the fix it names works.
+    @jc.hot_step(state="x")
+    def step(x):
+        _counter[...] += 1
+        return x + 1
+
+    x = jnp.zeros(3)
+    with pytest.raises(jc.DefinitionError) as info:
+        step(x)
+    text = str(info.value)
+    assert "closes over a JAX ref: `_counter` (i32[])" in text, text
+    assert "pass it as an argument" in info.value.fix
+    assert info.value.__traceback__.tb_frame.f_code.co_filename == __file__  # ends at the user's line
+    assert int(jc.fetch(_counter)) == 0 and not x.is_deleted()  # nothing ran
+
+    @jc.hot_step(state="x")
+    def fixed(x, counter):  # as the fix says: the ref passed, carried in place
+        counter[...] += 1
+        return x + 1
+
+    with jc.hot_loop(compiles="warmup") as loop:
+        for _ in loop.iterate(range(3)):
+            x = fixed(x, _counter)
+    assert int(jc.fetch(_counter)) == 3 and jc.fetch(x).tolist() == [3.0] * 3
+
+
+def test_a_ref_closed_over_inside_a_container_is_named_by_its_path():
+    held = {"n": jax.new_ref(jnp.zeros(2))}
+    step = jc.hot_step(lambda x: held["n"].__setitem__(..., x) or x * 2, state="x")
+    with pytest.raises(jc.DefinitionError, match=r"closes over a JAX ref: `held\['n'\]` \(f32\[2\]\)"):
+        step(jnp.ones(2))
+
+
+def test_a_ref_a_jitted_helper_closes_over_is_refused_and_named_from_the_module():
+    @jax.jit
+    def helper(x):
+        _counter[...] += 1
+        return x * 2
+
+    step = jc.hot_step(lambda x: helper(x) + 1, state="x")
+    with pytest.raises(jc.DefinitionError, match=r"closes over a JAX ref: `_counter` \(i32\[\]\)"):
+        step(jnp.ones(2))

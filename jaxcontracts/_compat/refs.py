@@ -9,10 +9,19 @@ That array is the ref's alone: ``jax.new_ref(x)`` copies ``x`` and
 
 Private: ``Ref._refs`` (an ``ArrayRefImpl``) and its mutable field ``_buf``,
 the same in jax 0.10.0 to 0.12.
+
+A ref's type is fixed when it is made (``jax.new_ref(jnp.array(0))`` is a
+``Ref{~int32[]}``, weakly typed) and ``jax.jit`` keys a ref on that type, never
+on the array it holds. The array a compiled step returns for it is strongly
+typed, so :func:`replace` puts back a view of it with the ref's weak type
+(``ArrayImpl`` built over the same device buffers, capability
+``ref-weak-types``): the next call then has the signature the first one had,
+as under ``jax.jit``.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 from typing import Any
 
@@ -20,7 +29,7 @@ import jax
 
 from .registry import capability, define
 
-__all__ = ["buffer", "replace", "usable"]
+__all__ = ["buffer", "replace", "usable", "weakly_typed"]
 
 
 @define(
@@ -52,6 +61,38 @@ def buffer(ref: Any) -> jax.Array | None:
     return buf if isinstance(buf, jax.Array) else None
 
 
+@define(
+    "ref-weak-types",
+    "jax._src.array.ArrayImpl(aval, sharding, arrays, committed, _skip_checks) over "
+    "an array's own buffers (Array._arrays): the same buffers under a weakly typed aval",
+    "that a hot step keeps a weakly typed ref (jax.new_ref(jnp.array(0))) weakly typed "
+    "after a call, as jax.jit does (without it, its second call is refused as a new signature)",
+)
+def _probe_weak() -> str | None:
+    from jax._src import array
+
+    impl = getattr(array, "ArrayImpl", None)
+    if impl is None or not issubclass(impl, jax.Array) or not hasattr(impl, "_arrays"):
+        return "jax._src.array.ArrayImpl or its _arrays is missing"
+    return None
+
+
 def replace(ref: Any, new: jax.Array) -> None:
-    """Make ``ref`` hold ``new`` (the executable's output for it)."""
-    ref._refs._buf = new
+    """Make ``ref`` hold ``new`` (the executable's output for it), with the
+    weak type of the ref's own type (see the module's docstring)."""
+    impl = ref._refs
+    if impl._aval.inner_aval.weak_type and not new.aval.weak_type and capability("ref-weak-types").available:
+        new = weakly_typed(new)
+    impl._buf = new
+
+
+def weakly_typed(x: jax.Array) -> jax.Array:
+    """``x``'s device buffers as a weakly typed array (no device work, no copy)."""
+    from jax._src.array import ArrayImpl
+
+    return ArrayImpl(_weak_aval(x.aval), x.sharding, x._arrays, x.committed, _skip_checks=True)
+
+
+@functools.lru_cache(maxsize=64)
+def _weak_aval(aval: Any) -> Any:
+    return aval.update(weak_type=True)

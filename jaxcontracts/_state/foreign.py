@@ -161,6 +161,18 @@ def holds_module(value: Any) -> bool:
     return any_node(jax.tree_util.tree_structure(value), _is_module_class)
 
 
+def _module_leaves(tree: Any) -> set[int]:
+    """The flat indices of ``tree``'s leaves that lie inside an equinox Module."""
+    inside: set[int] = set()
+    start = 0
+    for item in jax.tree_util.tree_leaves(tree, is_leaf=lambda x: _is_module_class(type(x))):
+        n = len(jax.tree_util.tree_leaves(item)) if _is_module_class(type(item)) else 1
+        if _is_module_class(type(item)):
+            inside.update(range(start, start + n))
+        start += n
+    return inside
+
+
 def any_node(treedef: Any, test: Callable[[type], bool]) -> bool:
     """Whether any node of ``treedef`` (a leaf is none) is of a type ``test`` accepts."""
     pending = [treedef]
@@ -248,10 +260,12 @@ def device_tree(tree: Any, *, sharding: Any = None, changes: bool = False) -> An
     out: list[Any] = []
     done: list[Change] = []
     bad: list[str] = []
-    module = holds_module(tree)  # equinox: its non-array leaves are static, left as they are
-    for path, x in leaves:
+    # equinox: a Module's non-array leaves are static, left as they are (a
+    # learning rate beside the Module is not the Module's)
+    static = _module_leaves(tree) if holds_module(tree) else ()
+    for i, (path, x) in enumerate(leaves):
         p = fmt_path(path)
-        if module and not isinstance(x, (jax.Array, np.ndarray, np.generic)):
+        if i in static and not isinstance(x, (jax.Array, np.ndarray, np.generic)):
             out.append(x)
             continue
         if isinstance(x, Tracer):

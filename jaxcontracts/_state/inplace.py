@@ -23,16 +23,20 @@ already loaded (no NNX object exists otherwise).
 
 from __future__ import annotations
 
+import inspect
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
 
 from .._compat import refs as _refs
 from .._errors import DefinitionError
+from .._format import fmt_aval
 
 __all__ = [
+    "closed_over_refs",
+    "closed_over_refs_error",
     "is_inplace_object",
     "is_ref",
     "mutated",
@@ -169,6 +173,64 @@ def repeated_refs_error(name: str, named: Sequence[tuple[str, Any]]) -> Definiti
         leaves=pairs,
         note="Nothing was dispatched; the refs are intact.",
     )
+
+
+def closed_over_refs(consts: Sequence[Any]) -> list[Any]:
+    """The JAX refs among a traced step's constants: refs its function closes over."""
+    return [c for c in consts if is_ref(c)]
+
+
+def closed_over_refs_error(name: str, fn: Callable[..., Any], refs: Sequence[Any]) -> DefinitionError:
+    """A step that closes over ``refs``: JAX makes each a hidden argument of the
+    executable, which its AOT API cannot describe (``Compiled.input_shardings``
+    raises), so a hot step cannot carry it; passed as an argument, it can."""
+    names = _closure_names(fn, refs)
+    shown = [
+        f"`{names[id(r)]}` ({_fmt_ref(r)})" if id(r) in names else f"a ref {_fmt_ref(r)}" for r in refs
+    ]
+    first = next((names[id(r)] for r in refs if id(r) in names), "ref")
+    param = first.split("[", 1)[0].split(".", 1)[0]
+    return DefinitionError(
+        f"{name} closes over {'a JAX ref' if len(refs) == 1 else f'{len(refs)} JAX refs'}: "
+        f"{', '.join(shown[:3])}{', ...' if len(shown) > 3 else ''}. A compiled step takes a ref it "
+        "closes over as a hidden argument, which a hot step cannot check, donate or report.",
+        fix=f"pass it as an argument (def step(..., {param}): ...; step(..., {param})), or make it "
+        "part of the state: a hot step carries the refs it is given, updated in place.",
+        contract="definition",
+        step=name,
+        leaves=[names.get(id(r), "ref") for r in refs],
+        note="Nothing was dispatched; the refs are intact.",
+    )
+
+
+def _fmt_ref(ref: Any) -> str:
+    inner = getattr(getattr(ref, "aval", None), "inner_aval", None)
+    return fmt_aval(ref.shape, ref.dtype, bool(getattr(inner, "weak_type", False)))
+
+
+def _closure_names(fn: Callable[..., Any], refs: Sequence[Any]) -> dict[int, str]:
+    """Each ref's name in ``fn``'s closure or globals (``counter``,
+    ``state['n']``), where the function names it directly or in a container;
+    read with ``inspect.getclosurevars``, nothing else."""
+    wanted = {id(r) for r in refs}
+    found: dict[int, str] = {}
+    fn = inspect.unwrap(getattr(fn, "func", fn))
+    try:
+        closure = inspect.getclosurevars(fn)
+    except (TypeError, ValueError):  # a builtin, a callable object: no names
+        return found
+    # then the module's globals by identity (a jitted helper the step calls closes over it)
+    module = [(k, v) for k, v in getattr(fn, "__globals__", {}).items() if id(v) in wanted]
+    for var, value in (*closure.nonlocals.items(), *closure.globals.items(), *module):
+        if id(value) in wanted:
+            found.setdefault(id(value), var)
+            continue
+        if inspect.ismodule(value) or callable(value):
+            continue
+        for path, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+            if id(leaf) in wanted:
+                found.setdefault(id(leaf), var + jax.tree_util.keystr(path))
+    return found
 
 
 def _refs_error(name: str, paths: Sequence[str], why: str) -> DefinitionError:

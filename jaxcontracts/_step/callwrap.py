@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import Any
 
 import jax
@@ -234,16 +234,29 @@ def with_effect_tokens(dispatch: Callable[..., Any], ensure: Callable[[], None])
 
 
 def module_params(
-    definition: StepDefinition, positional: tuple[Any, ...], with_path: list[tuple[Any, Any]], host: list[tuple[str, Any]]
+    definition: StepDefinition,
+    positional: tuple[Any, ...],
+    with_path: list[tuple[Any, Any]],
+    host: list[tuple[str, Any]],
+    compiled_arrays: Collection[str] = (),
 ) -> tuple[int, ...]:
     """The parameters to filter: every host leaf is a non-array leaf of an
     argument holding an equinox Module (a function, a Python number), never a
-    numpy array (host data), in a parameter neither static nor declared host."""
+    numpy array (host data), in a parameter neither static nor declared host,
+    and never where a compiled signature took a device array
+    (``compiled_arrays``: those leaves' paths): a Python number there is host
+    data, as beside no Module (a learning rate put back as a float)."""
     params: set[int] = set()
     by_path = {definition.param_path(p): p[0].idx for p, _ in with_path}
     for path, x in host:
         i = by_path.get(path)
-        if i is None or isinstance(x, np.ndarray) or i in definition.filtered_params or not holds_module(positional[i]):
+        if (
+            i is None
+            or isinstance(x, np.ndarray)
+            or i in definition.filtered_params
+            or path in compiled_arrays
+            or not holds_module(positional[i])
+        ):
             return ()
         params.add(i)
     return tuple(sorted(params))

@@ -46,7 +46,14 @@ from .._runtime import compiling
 from .._state.fields import is_sealed_state
 from .._state.filter import Filtered, join, split_if_needed
 from .._state.foreign import any_node
-from .._state.inplace import is_inplace_object, mutated, new_refs, ref_values
+from .._state.inplace import (
+    closed_over_refs,
+    closed_over_refs_error,
+    is_inplace_object,
+    mutated,
+    new_refs,
+    ref_values,
+)
 from .._state.spec import leaf_spec, spec_nbytes
 from .definition import StepDefinition
 from .diffs import diff_specs
@@ -390,6 +397,9 @@ def compile_signature(
         t0 = time.perf_counter()
         with quiet_donation_warning(), _tracing(definition):
             traced = jitted.trace(*spec_args)
+            closed = closed_over_refs(traced.jaxpr.consts)
+            if closed:  # before lowering: a hidden argument of the executable
+                raise closed_over_refs_error(definition.name, definition.fn, closed)
             lowered = traced.lower()
         outcome = events.watch_cache()  # did JAX's persistent cache serve it?
         try:

@@ -576,7 +576,8 @@ def _learn_modules(
         with step._compile_lock:
             step._definition = step._definition.with_refs(params)
         return True
-    modules = module_params(step._definition, positional, with_path, odd)
+    compiled = {leaf.path for cs in step._signatures for leaf in cs.leaves}  # device arrays, compiled
+    modules = module_params(step._definition, positional, with_path, odd, compiled)
     if modules:
         with step._compile_lock:
             step._definition = step._definition.with_filtered(modules)
