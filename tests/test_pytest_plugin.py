@@ -105,7 +105,7 @@ def test_fixture_fails_listing_every_violation_with_file_and_line(pytester):
             "      Fix: read it deliberately*jc.fetch(x)*",
             f"  compile   {name}:{compile_} * x1  jax compiles `<lambda>`*",
             "      > return jax.jit(lambda v: v + 1)(s)  # COMPILE",
-            "      Fix: run it once before the loop*",
+            "      Fix: let the loop*compiles=\"warmup\"*",
             "FAILED test_inner.py::test_dirty - Failed: jc_hot_loop: 2 violations*",
         ]
     )
