@@ -79,6 +79,7 @@ def _recorded(root: str) -> frozenset[str]:
     return frozenset(names)
 
 
+@functools.lru_cache(maxsize=8192)
 def is_library(filename: str, installed: bool = True, name: str = "") -> bool:
     """Library code: JAX, numpy, the standard library, our private modules,
     a dataclass's generated method, and (``installed=True``) any installed package.

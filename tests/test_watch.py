@@ -450,3 +450,81 @@ def test_inside_a_watch_a_raising_loop_refuses_the_drifted_device_scalar_before_
     assert "`lr` is passed to `<lambda>` again" in str(info.value)  # the drift, not the missed donation
     assert "donate_argnames=('state',)" in str(info.value)
     assert not state["w"].is_deleted()  # refused before the call: the inputs intact
+
+
+_SETUP_LIBRARY = '''
+import jax, jax.numpy as jnp, numpy as np
+
+
+def allocate(x):
+    """One call of the user's: inside it, jax.jit again and again, numpy
+    given, outputs dropped and host reads (jax-md's neighbor_fn.allocate)."""
+    for k in range(4):
+        f = jax.jit(lambda v, k=k: v * 2.0 + k)
+        x = f(x)
+        x = f(x + np.float32(1))
+        float(x[0])
+    return x
+
+
+def make_step(fn):
+    """A library's wrapper around a jitted step (eqx.filter_jit, nnx.jit)."""
+    jitted = jax.jit(fn)
+
+    def step(*args):
+        return jitted(*args)
+
+    return step
+'''
+
+
+def _installed_library(tmp_path, monkeypatch):
+    """`setuplib`, installed as `pip install --target DIR` would (a RECORD)."""
+    target = tmp_path / "site"
+    (target / "setuplib").mkdir(parents=True)
+    (target / "setuplib" / "__init__.py").write_text(_SETUP_LIBRARY)
+    info = target / "setuplib-1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Name: setuplib\nVersion: 1.0\n")
+    (info / "RECORD").write_text("setuplib/__init__.py,,\nsetuplib-1.0.dist-info/METADATA,,\n")
+    monkeypatch.syspath_prepend(str(target))
+    import importlib
+
+    importlib.invalidate_caches()
+    return importlib.import_module("setuplib")
+
+
+def test_a_setup_line_that_calls_into_a_library_once_repeats_nothing(tmp_path, monkeypatch):
+    # issue 51: jax-md's `neighbor_fn.allocate(R)`, run once, was blamed for
+    # every jax.jit, read and numpy argument the library made inside it
+    lib = _installed_library(tmp_path, monkeypatch)
+    with jc.watch() as w:
+        x = lib.allocate(jnp.ones(3))  # one statement: nothing here repeats
+        step = jax.jit(lambda v: v + 1, donate_argnums=(0,))
+        for _ in range(3):
+            x = step(x)
+    assert w.findings() == [], str(w.report())
+
+
+def test_a_loop_of_one_line_through_a_library_wrapper_is_still_a_loop(tmp_path, monkeypatch):
+    lib = _installed_library(tmp_path, monkeypatch)
+    with jc.watch() as w:
+        step = lib.make_step(lambda v, b: v * 0.5 + b)
+        x = jnp.ones(3)
+        for _ in range(4):
+            x = step(x, np.ones(3, np.float32))  # chained: each call takes the last one's output
+    kinds = sorted(f.kind for f in w.findings())
+    assert kinds == ["host_transfer", "missed_donation"], str(w.report())
+
+
+def test_a_missed_donation_is_not_claimed_where_the_user_keeps_a_leaf():
+    # issue 51: BlackJAX's quickstart keeps every state.position; the fix the
+    # audit gave (donate the state) deleted the kept samples
+    with jc.watch() as w:
+        step = jax.jit(lambda s: {"position": s["position"] + 1, "logdensity": s["logdensity"] * 2})
+        state = {"position": jnp.ones(2), "logdensity": jnp.ones(())}
+        samples = []
+        for _ in range(5):
+            state = step(state)
+            samples.append(state["position"])
+    assert not [f for f in w.findings() if f.kind == "missed_donation"], str(w.report())

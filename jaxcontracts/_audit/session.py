@@ -37,8 +37,9 @@ class _Reads(HotLoop):
         self._last = None
         if kind == "transfer" and what.startswith("device-to-host"):
             at = user_frame(frame)
-            self._last = where(at)[0]
-            self._owner.read(self._last, what, fix, at.f_code.co_name if at is not None else "<unknown>")
+            line = where(at)[0]
+            if self._owner.read(line, what, fix, at.f_code.co_name if at is not None else "<unknown>", at):
+                self._last = line
 
     def _blocked(self, seconds: float, x: Any, name: str) -> None:
         """A recorded read finished: the time it waited on the device and

@@ -45,7 +45,7 @@ from typing import Any
 import jax
 
 from .. import _steps
-from .._compat import jitwatch
+from .._compat import frames, jitwatch
 from .._compat.arrays import ArrayImpl
 from .._compat.tracing import top_level_refs
 from .._errors import ContractError
@@ -142,6 +142,10 @@ class _Function:
     pending: list[tuple[int, Any]] = dataclasses.field(default_factory=list)  # (candidate, signatures.Dropped)
     dropped_from: int = 0  # the call from which a missed donation counts (each call after it holds them twice)
     follow_site: tuple[str, int] = ("<unknown>", 0)  # the user's line of the last followed call
+    site_visit: int = 0  # which run of its jax.jit line made it (Watch._visit)
+    run: tuple[Any, ...] = ()  # (line, run) of the user's statement making this call
+    first_run: tuple[Any, ...] | None = None  # that of its first call
+    follow_run: tuple[Any, ...] = ()  # that of the last followed call
     equinox: bool = False  # made by eqx.filter_jit
     # positions of the host leaves of a call -> the host_transfer findings they count for
     host_findings: dict[tuple[int, ...], list[Finding]] = dataclasses.field(default_factory=dict)
@@ -156,17 +160,24 @@ class Watch:
         self._make_reads = reads
         self._loops = loops  # a missed donation is also the user's jc.hot_loop's violation
         self._reads: Any = None
-        self.read_stamps: dict[str, list[int]] = {}  # line -> self.calls at each read there
+        self.read_stamps: dict[str, list[tuple[int, int]]] = {}  # line -> (self.calls, its run) per read
         self.read_seconds: dict[str, float] = {}  # line -> seconds its reads blocked, in all
-        # the output arrays of the calls: id -> (weak reference, self.calls at their call)
-        self._made: dict[int, tuple[Any, int]] = {}
+        # the output arrays of the calls: id -> (weak reference, self.calls at their call, function)
+        self._made: dict[int, tuple[Any, int, _Function]] = {}
         self._made_limit = MADE_KEPT
         self._read_text: dict[str, tuple[str, str, str]] = {}  # line -> (what, fix, the user's function)
         self._lock = threading.Lock()
         self._functions: list[_Function] = []
         self._findings: dict[tuple[Any, ...], Finding] = {}
         self._given_elsewhere: dict[int, tuple[_Function, int]] = {}  # id(array) -> pending candidate
-        self._sites: dict[tuple[str, int], tuple[int, float]] = {}  # jit line -> (functions compiled, seconds)
+        # jit line -> (the visits of that line that made a function that compiled, seconds)
+        self._sites: dict[tuple[str, int], tuple[set[int], float]] = {}
+        # Which run of a line an event belongs to (see _visit): line -> runs so far
+        self._visits: dict[tuple[str, int], int] = {}
+        self._last_at: tuple[str, int] | None = None  # the line of the last event
+        self._calling = threading.local()  # .depth: inside a watched call on this thread
+        self._kept_params: set[tuple[str, str]] = set()  # (function, parameter) the user kept arrays of
+        self._closed: tuple[str, int] | None = None  # a line whose run a direct call ended
         self.calls = 0
         self.blind: list[str] = []  # findings this watch cannot make here, and why
         self.active = False
@@ -179,6 +190,8 @@ class Watch:
             return jitted
         site = _user_line(("<unknown>", 0))
         state = _Function(_name_of(fun), site, jitwatch.options_of(jitted))
+        frame = user_frame()
+        state.site_visit = self._visit(_key(frame), False, False) if frame is not None else 0
         # eqx.filter_jit calls jax.jit on its own wrapper, whose parameters
         # group the arguments (dynamic_donate, dynamic_nodonate): its fixes are equinox's
         state.equinox = str(getattr(fun, "__module__", "") or "").startswith("equinox")
@@ -196,6 +209,13 @@ class Watch:
             dyn_args = tuple(a for i, a in enumerate(args) if i not in opts.static_argnums) if opts.static_argnums else args
             dyn_kwargs = {k: v for k, v in kwargs.items() if k not in opts.static_argnames} if kwargs else kwargs
             leaves = jax.tree_util.tree_leaves((dyn_args, dyn_kwargs))
+            caller = frames.caller_frame(2)  # the frame that called the function
+            frame = user_frame(caller)
+            if frame is not None:
+                at = _key(frame)
+                fn.run = (at, self._visit(at, frame is caller, self._chained(fn, leaves)))
+            if fn.first_run is None:
+                fn.first_run = fn.run
             self._before(fn, args, dyn_args, dyn_kwargs, leaves)
             before = jitwatch.cache_size(jitted)
         except ContractError:  # the user's loop refusing a missed donation, before the call
@@ -204,9 +224,14 @@ class Watch:
             self._trouble(fn, err)
             return jitted(*args, **kwargs)
         t0 = time.perf_counter()
-        out = jitted(*args, **kwargs)
+        calling = self._calling
+        calling.depth = getattr(calling, "depth", 0) + 1
         try:
-            self._made_by(out)
+            out = jitted(*args, **kwargs)
+        finally:
+            calling.depth -= 1
+        try:
+            self._made_by(out, fn)
             if jitwatch.cache_size(jitted) != before:
                 self._compiled(fn, args, kwargs, dyn_args, dyn_kwargs, out, time.perf_counter() - t0)
             if fn.window:
@@ -233,7 +258,9 @@ class Watch:
                 self._passed_again(fn, x, fn.signatures[-1].paths[i])
         if fn.pending:
             self._settle(fn, at_call=True)
-        if fn.calls > 1 and not all(map(isinstance, leaves, itertools.repeat(jax.Array))):
+        # host data at a call after the first, from another run of the user's
+        # line than the first call's (calls inside one setup statement repeat nothing)
+        if fn.run != fn.first_run and not all(map(isinstance, leaves, itertools.repeat(jax.Array))):
             where_host = tuple(i for i, x in enumerate(leaves) if not isinstance(x, jax.Array))
             seen = fn.host_findings.get(where_host)
             if seen is None:  # these positions for the first time: name them (paths, the line)
@@ -254,6 +281,7 @@ class Watch:
         """This call's undonated candidates followed (``signatures.Dropped``),
         settled at the next call."""
         fn.follow_site = _user_line(fn.follow_site)
+        fn.follow_run = fn.run
         frame = user_frame()
         if frame is None:
             return
@@ -269,20 +297,35 @@ class Watch:
     def _settle(self, fn: _Function, at_call: bool = False) -> None:
         """At the function's next call (or the watch's end): a followed
         argument whose arrays died at the statement that made the call
-        (``state = f(state)``) was dropped by the caller, unused after it."""
+        (``state = f(state)``) was dropped by the caller, unused after it.
+        A parameter is claimed only where every followed array of it was:
+        donating it donates them all, so one the user keeps (BlackJAX's
+        ``samples.append(state.position)``) would be deleted. Only at a call:
+        a function never called again (setup) repeats nothing."""
         dropped: dict[str, list[int]] = {}
+        kept: set[str] = set()
         for i, d in fn.pending:
+            param = sigs.param_of(fn.signatures[-1].paths[i])
             if d.dropped:
-                dropped.setdefault(sigs.param_of(fn.signatures[-1].paths[i]), []).append(i)
+                dropped.setdefault(param, []).append(i)
+            else:
+                kept.add(param)
             for ref in d.refs:
                 x = ref()
                 if x is not None:
                     self._given_elsewhere.pop(id(x), None)
         fn.pending = []
         sig = fn.signatures[-1]
+        for param in kept:  # kept at one call (the first call's state was not): never claimed
+            self._kept_params.add((fn.name, param))
+            self._findings.pop(("missed_donation", fn.name, param), None)
         for param, idx in dropped.items():
             nbytes = sum(sig.nbytes(i) for i in idx)
             key = ("missed_donation", fn.name, param)
+            if (fn.name, param) in self._kept_params or not (at_call or key in self._findings):
+                continue
+            if key not in self._findings and fn.run == fn.follow_run:
+                continue  # called again within one run of the user's line (a setup statement)
             found = self._findings.get(key)
             if found is not None:
                 found.bytes_per_call = max(found.bytes_per_call or 0, nbytes)
@@ -373,9 +416,11 @@ class Watch:
                     fix=fix,
                 )
         elif previous is None:
-            made, spent = self._sites.get(fn.site, (0, 0.0))
-            made, spent = self._sites[fn.site] = (made + 1, spent + seconds)
-            if made >= COMPILES_AT_ONE_LINE:
+            runs, spent = self._sites.get(fn.site, (set(), 0.0))
+            runs.add(fn.site_visit)
+            self._sites[fn.site] = (runs, spent + seconds)
+            made, spent = len(runs), spent + seconds
+            if made >= COMPILES_AT_ONE_LINE:  # made by that many runs of the line, not by one
                 key = ("compile_in_loop", fn.site)
                 found = self._findings.get(key)
                 if found is None:
@@ -444,7 +489,7 @@ class Watch:
         """A line whose reads were followed by more jitted calls, at least twice:
         a sync inside a repeated section (a read after the last call is not)."""
         for at, stamps in self.read_stamps.items():
-            followed = sum(1 for n in stamps if n < self.calls)
+            followed = len({run for n, run in stamps if n < self.calls})  # runs of the line
             if followed < 2:
                 continue
             file, _, line = at.rpartition(":")
@@ -502,13 +547,23 @@ class Watch:
                 raise
         return self
 
-    def _made_by(self, out: Any) -> None:
-        """Remember which call made each output array (dead ones dropped as
-        the table doubles: no callback runs at an array's death)."""
+    def _chained(self, fn: _Function, leaves: Sequence[Any]) -> bool:
+        """Whether a call of ``fn`` is given an output of an earlier call of ``fn``."""
+        made = self._made
+        for x in leaves:
+            hit = made.get(id(x))
+            if hit is not None and hit[2] is fn and hit[0]() is x:
+                return True
+        return False
+
+    def _made_by(self, out: Any, fn: _Function) -> None:
+        """Remember which call (its number, its function) made each output
+        array (dead ones dropped as the table doubles: no callback runs at an
+        array's death)."""
         made, n = self._made, self.calls
         for x in jax.tree_util.tree_leaves(out):
             if type(x) is ArrayImpl:
-                made[id(x)] = (weakref.ref(x), n)
+                made[id(x)] = (weakref.ref(x), n, fn)
         if len(made) > self._made_limit:
             self._made = {k: v for k, v in made.items() if v[0]() is not None}
             self._made_limit = max(MADE_KEPT, 2 * len(self._made))
@@ -526,11 +581,32 @@ class Watch:
         hit = self._made.get(id(x))
         return hit is None or hit[0]() is not x or hit[1] == self.calls
 
-    def read(self, where: str, what: str, fix: str, function: str) -> None:
-        """A device-to-host read at ``where`` (file:line) in the user's
-        ``function``, from the reads context."""
-        self.read_stamps.setdefault(where, []).append(self.calls)
+    def _visit(self, at: tuple[str, int], direct: bool, chained: bool) -> int:
+        """Which run of the user's line ``at`` an event there (a call, a read,
+        a jax.jit) belongs to. A new run begins where the event before was at
+        another line, where a call made directly from this line ended the run
+        before (``x = step(x)`` in a loop), or at a call given an output of an
+        earlier call of the same function (``chained``: ``model =
+        make_step(model)`` through equinox's or flax's wrapper). Calls a
+        library makes inside one statement (jax-md's
+        ``neighbor_fn.allocate(R)``) are one run: repeated work is claimed
+        only of a line that runs again and again."""
+        if at != self._last_at or self._closed == at or chained:
+            self._visits[at] = self._visits.get(at, 0) + 1
+        self._last_at, self._closed = at, (at if direct else None)
+        return self._visits[at]
+
+    def read(self, where: str, what: str, fix: str, function: str, frame: Any) -> bool:
+        """A device-to-host read at ``where`` (file:line, the user's ``frame``)
+        in the user's ``function``, from the reads context; False: not one
+        the watch counts (made inside a watched call: while it traces and
+        compiles, once per compile, as the compile is)."""
+        if getattr(self._calling, "depth", 0):
+            return False
+        run = self._visit(_key(frame), False, False) if frame is not None else 0
+        self.read_stamps.setdefault(where, []).append((self.calls, run))
         self._read_text.setdefault(where, (what, fix, function))
+        return True
 
     def __exit__(self, *exc: Any) -> None:
         global _ACTIVE
@@ -544,6 +620,10 @@ class Watch:
         for fn in self._functions:  # what was still followed at the end: dropped?
             if fn.pending:
                 self._settle(fn)
+
+
+def _key(frame: Any) -> tuple[str, int]:
+    return (frame.f_code.co_filename, frame.f_lineno)
 
 
 def _user_line(default: tuple[str, int]) -> tuple[str, int]:
