@@ -528,3 +528,46 @@ def test_a_missed_donation_is_not_claimed_where_the_user_keeps_a_leaf():
             state = step(state)
             samples.append(state["position"])
     assert not [f for f in w.findings() if f.kind == "missed_donation"], str(w.report())
+
+
+def test_a_python_int_among_a_donated_states_arrays_is_not_a_wrong_donation():
+    # issue 51 (gymnax PPO): flax's TrainState.create leaves `step` a Python
+    # int; "runner_state is a Python int: leave it out of donate_argnums"
+    # would have dropped the donation of every array in it
+    with jc.watch() as w:
+        update = jax.jit(lambda s: {"w": s["w"] * 0.5, "step": s["step"] + 1}, donate_argnums=0)
+        state = {"w": jnp.ones(64), "step": 0}
+        for _ in range(4):
+            state = update(state)
+    assert not [f for f in w.findings() if f.kind == "wrong_donation"], str(w.report())
+
+
+def test_an_nnx_jit_step_is_given_an_nnx_jit_fix():
+    nnx = pytest.importorskip("flax.nnx")
+
+    def train_step(model, x):
+        model.w[...] = model.w[...] * 0.5 + x
+        return model.w[...].sum()
+
+    class Model(nnx.Module):
+        def __init__(self):
+            self.w = nnx.Param(jnp.ones(256))
+
+    with jc.watch() as w:
+        step = nnx.jit(train_step)  # made inside the watch: observed
+        model = Model()
+        for _ in range(5):
+            step(model, jnp.ones(256))
+    fixes = [f.fix for f in w.findings() if f.kind == "missed_donation"]
+    assert fixes and all(fix.startswith("nnx.jit(") for fix in fixes), str(w.report())
+
+
+def test_a_read_in_a_comprehension_is_named_by_its_function():
+    with jc.watch() as w:
+        step = jax.jit(lambda x: x * 0.5)
+        x = jnp.ones(3)
+        for _ in range(4):
+            x = step(x)
+            _ = [float(v) for v in x[:1]]
+    (sync,) = [f for f in w.findings() if f.kind == "host_sync"]
+    assert sync.function == "test_a_read_in_a_comprehension_is_named_by_its_function"

@@ -38,7 +38,7 @@ class _Reads(HotLoop):
         if kind == "transfer" and what.startswith("device-to-host"):
             at = user_frame(frame)
             line = where(at)[0]
-            if self._owner.read(line, what, fix, at.f_code.co_name if at is not None else "<unknown>", at):
+            if self._owner.read(line, what, fix, _function_of(at), at):
                 self._last = line
 
     def _blocked(self, seconds: float, x: Any, name: str) -> None:
@@ -72,3 +72,11 @@ def watch(*, loops: bool = True) -> Watch:
     before that next call runs; ``loops=False`` leaves the loops alone (the
     audit's choice: a script runs as it would without it)."""
     return Watch(reads=_Reads, loops=loops)
+
+
+def _function_of(frame: Any) -> str:
+    """The user's function a frame runs in: a comprehension's (3.11's
+    ``<listcomp>`` frame) is the function it is written in."""
+    while frame is not None and frame.f_code.co_name in ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"):
+        frame = frame.f_back
+    return frame.f_code.co_name if frame is not None else "<unknown>"

@@ -147,6 +147,7 @@ class _Function:
     first_run: tuple[Any, ...] | None = None  # that of its first call
     follow_run: tuple[Any, ...] = ()  # that of the last followed call
     equinox: bool = False  # made by eqx.filter_jit
+    jit: str = "jax.jit"  # the transform the user wrote: nnx.jit's functions reach jax.jit wrapped
     # positions of the host leaves of a call -> the host_transfer findings they count for
     host_findings: dict[tuple[int, ...], list[Finding]] = dataclasses.field(default_factory=dict)
     donated_leaves: tuple[int, ...] = ()  # the first dynamic leaf of each donated parameter
@@ -194,7 +195,10 @@ class Watch:
         state.site_visit = self._visit(_key(frame), False, False) if frame is not None else 0
         # eqx.filter_jit calls jax.jit on its own wrapper, whose parameters
         # group the arguments (dynamic_donate, dynamic_nodonate): its fixes are equinox's
-        state.equinox = str(getattr(fun, "__module__", "") or "").startswith("equinox")
+        module = str(getattr(fun, "__module__", "") or "")
+        state.equinox = module.startswith("equinox")
+        # what the user wrote: nnx.jit hands jax.jit a JitFn (its __module__ is the user's)
+        state.jit = "nnx.jit" if type(fun).__module__.startswith("flax.nnx") else "jax.jit"
         with self._lock:
             self._functions.append(state)
         return _Watched(jitted, fun, state, self)
@@ -337,7 +341,7 @@ class Watch:
             fix = (
                 f'@eqx.filter_jit(donate="all") on {sigs.short(fn.name)} (or "all-except-first" where the '
                 'first argument is kept); or @jc.hot_step(state=..., donate="all")' if fn.equinox else
-                sigs.missed_donation_fix(fn.name, param)
+                sigs.missed_donation_fix(fn.name, param, fn.jit)
             )
             self._findings[key] = Finding(
                 "missed_donation", fn.name, *fn.follow_site, count=1, param=param, bytes_per_call=nbytes,
@@ -512,7 +516,9 @@ class Watch:
             for key, found in self._findings.items():
                 if key[0] == "missed_donation" and key[1] == fn.name and found.file == fn.follow_site[0]:
                     found.count = max(found.count, fn.calls - fn.dropped_from)
-        return sorted(self._findings.values(), key=lambda f: (f.kind != "wrong_donation", -f.cost, f.file, f.line))
+        # a missed donation repeats: one seen at a single call is setup's
+        found = [f for f in self._findings.values() if f.kind != "missed_donation" or f.count > 1]
+        return sorted(found, key=lambda f: (f.kind != "wrong_donation", -f.cost, f.file, f.line))
 
     @property
     def function_count(self) -> int:

@@ -166,11 +166,12 @@ def diff(old: Signature, new: Signature) -> tuple[list[str], str]:
     return out, diffs[0].cause
 
 
-def missed_donation_fix(name: str, param: str) -> str:
+def missed_donation_fix(name: str, param: str, jit: str = "jax.jit") -> str:
     """The fix of a missed donation of ``param`` to the jitted function ``name``
-    (the watch's finding and the loop's violation say it alike)."""
+    (the watch's finding and the loop's violation say it alike); ``jit``: the
+    transform the user wrote (``nnx.jit`` passes donation on to jax.jit)."""
     return (
-        f"jax.jit({short(name)}, donate_argnames=({param!r},)) (names do not drift when parameters "
+        f"{jit}({short(name)}, donate_argnames=({param!r},)) (names do not drift when parameters "
         f'move); or @jc.hot_step(state={param!r}, donate="all")'
     )
 
@@ -193,7 +194,9 @@ def wrong_donations(
     for param in sorted(donated):
         js = params.get(param, [])
         host = [j for j in js if sig.host[j]]
-        if host:
+        if host and len(host) == len(js):  # only host values: nothing of it is donated
+            # (a Python int among a state's arrays, flax's TrainState.step at its
+            # first call, is skipped while the arrays are donated)
             why = (f"{param} is donated, but it is {sig.text(host[0])}: JAX does "
                    "not donate it (silently)")
             if others:
