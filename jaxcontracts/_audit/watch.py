@@ -43,6 +43,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from .. import _steps
 from .._compat import frames, jitwatch
@@ -148,6 +149,7 @@ class _Function:
     follow_run: tuple[Any, ...] = ()  # that of the last followed call
     equinox: bool = False  # made by eqx.filter_jit
     jit: str = "jax.jit"  # the transform the user wrote: nnx.jit's functions reach jax.jit wrapped
+    host_before: dict[int, Any] = dataclasses.field(default_factory=dict)  # leaf -> _marker, last call
     # positions of the host leaves of a call -> the host_transfer findings they count for
     host_findings: dict[tuple[int, ...], list[Finding]] = dataclasses.field(default_factory=dict)
     donated_leaves: tuple[int, ...] = ()  # the first dynamic leaf of each donated parameter
@@ -264,14 +266,16 @@ class Watch:
             self._settle(fn, at_call=True)
         # host data at a call after the first, from another run of the user's
         # line than the first call's (calls inside one setup statement repeat nothing)
-        if fn.run != fn.first_run and not all(map(isinstance, leaves, itertools.repeat(jax.Array))):
+        if not all(map(isinstance, leaves, itertools.repeat(jax.Array))):
             where_host = tuple(i for i, x in enumerate(leaves) if not isinstance(x, jax.Array))
-            seen = fn.host_findings.get(where_host)
-            if seen is None:  # these positions for the first time: name them (paths, the line)
-                seen = fn.host_findings[where_host] = self._host_leaves(fn, args, dyn_args, dyn_kwargs)
-            else:
-                for found in seen:
-                    found.count += 1
+            if fn.run != fn.first_run:
+                seen = fn.host_findings.get(where_host)
+                if seen is None:  # these positions for the first time: name them (paths, the line)
+                    seen = fn.host_findings[where_host] = self._host_leaves(fn, args, dyn_args, dyn_kwargs)
+                else:
+                    for found in seen:
+                        found.count += 1
+            fn.host_before = {i: _marker(leaves[i]) for i in where_host}
 
     def _trouble(self, fn: _Function, err: Exception) -> None:
         """The watch could not look at a call: said once per function in the report."""
@@ -459,12 +463,15 @@ class Watch:
         those of the first call that had them)."""
         touched = []
         host: dict[str, tuple[str, Any, int]] = {}  # param -> (first path, value, bytes this call)
-        for path, x in sigs.paths(fn.options, args, dyn_args, dyn_kwargs):
+        changing: set[str] = set()  # params with a host value other than the last call's
+        for i, (path, x) in enumerate(sigs.paths(fn.options, args, dyn_args, dyn_kwargs)):
             spec = None if isinstance(x, jax.Array) else leaf_spec(x)
             if spec is not None:  # host data (a JAX ref, with no spec, is not)
                 param = sigs.param_of(path)
                 first, value, n = host.get(param, (path, x, 0))
                 host[param] = (first, value, n + spec_nbytes(spec))
+                if not _same(fn.host_before.get(i), x):
+                    changing.add(param)
         for param, (path, x, nbytes) in host.items():
             key = ("host_transfer", fn.name, param)
             found = self._findings.get(key)
@@ -473,18 +480,25 @@ class Watch:
                 touched.append(found)
                 continue
             here = _user_line(fn.site)
-            what = f"a {value_kind(x)}"
+            kind = value_kind(x)
+            data = param in changing
             if fn.equinox:  # equinox's grouped parameters: no name of the user's to give
                 param = "an argument"
+            if not data:  # the same value again: one copy before the loop does
+                message = f"{param} of {sigs.short(fn.name)} is the same {kind} at each call ({path}): copied to the device again every time"
+                fix = "put it on the device once, before the loop (jax.device_put)" + (
+                    "" if fn.equinox else f", or make {param} static (static_argnames=({param!r},))")
+            elif isinstance(x, np.ndarray):  # a batch: the copy is the step's input
+                message = f"{param} of {sigs.short(fn.name)} is a new {kind} at each call ({path}): a host-to-device copy each call"
+                fix = ("data fed each step: keep it numpy, the call copies it on jaxlib's C++ path, "
+                       "the cheapest copy (a jax.device_put per step costs more); inside a jc.hot_loop "
+                       "declare it: @jc.hot_step(host=...)")
+            else:  # a number that changes: a host copy, and a new value to trace in
+                message = f"{param} of {sigs.short(fn.name)} is a new {kind} at each call ({path}): a host-to-device copy each call"
+                fix = "carry it on the device in the state (jnp arrays), updated by the step itself"
             self._findings[key] = Finding(
                 "host_transfer", fn.name, *here, count=1, param=param, bytes_per_call=nbytes,
-                message=f"{param} of {sigs.short(fn.name)} is {what} at each call ({path}): a host-to-device "
-                "copy every time",
-                fix=("put it on the device once, before the loop (jax.device_put), or declare it: "
-                     "@jc.hot_step(host=...)" if fn.equinox else
-                     f"a constant: make {param} static (static_argnames=({param!r},)) or close over it; "
-                     "data that changes: put it on the device once, before the loop (jax.device_put), "
-                     "or declare it: @jc.hot_step(host=...)"),
+                message=message, fix=fix,
             )
             touched.append(self._findings[key])
         return touched
@@ -626,6 +640,23 @@ class Watch:
         for fn in self._functions:  # what was still followed at the end: dropped?
             if fn.pending:
                 self._settle(fn)
+
+
+def _marker(x: Any) -> Any:
+    """What tells a host value passed again from a new one: a numpy array by
+    identity (a weak reference), a number by value."""
+    if isinstance(x, np.ndarray):
+        return weakref.ref(x)
+    return x if isinstance(x, (int, float, complex, np.generic)) else None
+
+
+def _same(marker: Any, x: Any) -> bool:
+    if isinstance(marker, weakref.ref):
+        return marker() is x
+    try:
+        return marker is not None and type(marker) is type(x) and bool(marker == x)
+    except Exception:  # noqa: BLE001 - an odd ==: not the same
+        return False
 
 
 def _key(frame: Any) -> tuple[str, int]:
