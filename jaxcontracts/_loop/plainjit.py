@@ -103,10 +103,10 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
         loop.violation(
             "transfer",
             f"`{name}` is given {sig.text(j)} at `{path}`: an implicit host-to-device copy at every call",
-            f"a constant: make it static (jax.jit(..., static_argnames=({param!r},))) or close "
-            "over it; data that changes: put it on the device once, before the loop "
-            "(jax.device_put), or move the function into a hot step that declares it "
-            f"(@jc.hot_step(host={param!r})).",
+            f"a constant: put it on the device once, before the loop (jax.device_put), or make it "
+            f"static (jax.jit(..., static_argnames=({param!r},))); data fed each step (a batch): "
+            "the call's own copy is the cheapest (a jax.device_put per step costs more), so move "
+            f"the function into a hot step that declares it (@jc.hot_step(host={param!r})).",
             user,
         )
     p, flat = _traced(loop, run, fun, ji, args, kwargs)
