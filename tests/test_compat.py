@@ -974,3 +974,23 @@ def test_a_weakly_typed_view_shares_the_buffers_and_is_what_jax_takes():
     assert int(r[...]) == 6
     jax.jit(lambda x: x + 1, donate_argnums=0)(view)
     assert view.is_deleted() and strong.is_deleted()  # one buffer
+
+
+def test_equinox_arguments_names_a_filter_jit_calls_parameters():
+    # what the audit relies on to name eqx.filter_jit's parameters as the
+    # user wrote them (capability equinox-arguments, equinox's private _call)
+    eqx = pytest.importorskip("equinox")
+    from jaxcontracts._compat import jitwatch
+    from jaxcontracts._compat.frames import caller_frame
+    from jaxcontracts._compat.registry import capability
+
+    seen = []
+
+    def fn(model, x, *, scale=2.0):
+        seen.append(jitwatch.equinox_arguments(caller_frame(0)))  # while equinox traces it
+        return model * x * scale
+
+    x = np.ones(2, np.float32)
+    eqx.filter_jit(fn)(jnp.ones(2), x)
+    assert capability("equinox-arguments").available
+    assert seen and seen[0] is not None and seen[0]["x"] is x and set(seen[0]) <= {"model", "x", "scale"}

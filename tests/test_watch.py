@@ -587,3 +587,27 @@ def test_host_data_advice_tells_a_constant_from_a_batch_fed_each_step():
     assert "same numpy array" in fixes["table"][0] and "once" in fixes["table"][1]
     assert "new numpy array" in fixes["batch"][0] and "keep it numpy" in fixes["batch"][1]
     assert "jax.device_put per step costs more" in fixes["batch"][1]
+
+
+def test_an_equinox_steps_findings_name_the_users_parameters():
+    # issue 51: "an argument" and equinox's `dynamic_nodonate['rest'][13]`
+    # where the user wrote make_step(model, opt_state, x, y)
+    eqx = pytest.importorskip("equinox")
+    optax = pytest.importorskip("optax")
+
+    def make_step(model, opt_state, x, y):
+        grads = eqx.filter_grad(lambda m: jnp.mean((jax.vmap(m)(x) - y) ** 2))(model)
+        updates, opt_state = optim.update(grads, opt_state)
+        return eqx.apply_updates(model, updates), opt_state
+
+    optim = optax.adam(0.1)
+    with jc.watch() as w:
+        model = eqx.nn.Linear(4, 1, key=jax.random.key(0))
+        opt_state = optim.init(eqx.filter(model, eqx.is_array))
+        step = eqx.filter_jit(make_step)  # made inside the watch: observed
+        for i in range(5):
+            x, y = np.full((8, 4), i, np.float32), np.ones((8, 1), np.float32)
+            model, opt_state = step(model, opt_state, x, y)
+    found = {f.kind: f for f in w.findings()}
+    assert found["missed_donation"].message.startswith("model, opt_state (eqx.filter_jit"), found
+    assert found["host_transfer"].param == "x" and "dynamic_nodonate" not in str(w.report())

@@ -150,6 +150,7 @@ class _Function:
     equinox: bool = False  # made by eqx.filter_jit
     jit: str = "jax.jit"  # the transform the user wrote: nnx.jit's functions reach jax.jit wrapped
     host_before: dict[int, Any] = dataclasses.field(default_factory=dict)  # leaf -> _marker, last call
+    user_params: dict[int, str] = dataclasses.field(default_factory=dict)  # eqx.filter_jit: leaf -> the user's name
     # positions of the host leaves of a call -> the host_transfer findings they count for
     host_findings: dict[tuple[int, ...], list[Finding]] = dataclasses.field(default_factory=dict)
     donated_leaves: tuple[int, ...] = ()  # the first dynamic leaf of each donated parameter
@@ -293,6 +294,9 @@ class Watch:
         frame = user_frame()
         if frame is None:
             return
+        if fn.equinox:  # the user's names of equinox's grouped leaves
+            named = _user_names(frames.caller_frame(1), [leaves[i] for i in fn.candidates])
+            fn.user_params = {i: n.split("[", 1)[0].split(".", 1)[0] for i, n in zip(fn.candidates, named) if n}
         for i in fn.candidates:
             x = leaves[i]
             if isinstance(x, ArrayImpl):
@@ -341,7 +345,9 @@ class Watch:
                     self._tell_loop(found)
                 continue
             fn.dropped_from = fn.calls - 1 if at_call else fn.calls
-            what = "its arguments (eqx.filter_jit passes them as one group)" if fn.equinox else param
+            names = sorted({fn.user_params[i] for i in idx if i in fn.user_params})
+            what = param if not fn.equinox else (
+                f"{', '.join(names) if names else 'its arguments'} (eqx.filter_jit passes them as one group)")
             fix = (
                 f'@eqx.filter_jit(donate="all") on {sigs.short(fn.name)} (or "all-except-first" where the '
                 'first argument is kept); or @jc.hot_step(state=..., donate="all")' if fn.equinox else
@@ -482,8 +488,10 @@ class Watch:
             here = _user_line(fn.site)
             kind = value_kind(x)
             data = param in changing
-            if fn.equinox:  # equinox's grouped parameters: no name of the user's to give
-                param = "an argument"
+            if fn.equinox:  # equinox's grouped parameters: the user's names, where found
+                (path,) = _user_names(frames.caller_frame(1), [x]) or [""]
+                param = path.split("[", 1)[0].split(".", 1)[0] if path else "an argument"
+                path = path or "an argument"
             if not data:  # the same value again: one copy before the loop does
                 message = f"{param} of {sigs.short(fn.name)} is the same {kind} at each call ({path}): copied to the device again every time"
                 fix = "put it on the device once, before the loop (jax.device_put)" + (
@@ -640,6 +648,20 @@ class Watch:
         for fn in self._functions:  # what was still followed at the end: dropped?
             if fn.pending:
                 self._settle(fn)
+
+
+def _user_names(frame: Any, leaves: Sequence[Any]) -> list[str]:
+    """Per leaf, its path among the arguments of the eqx.filter_jit call
+    running above ``frame`` (``model.layers[0].weight``, ``x``), by identity;
+    "" where not found."""
+    arguments = jitwatch.equinox_arguments(frame)
+    if not arguments:
+        return ["" for _ in leaves]
+    where_: dict[int, str] = {}
+    for name, value in arguments.items():
+        for p, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
+            where_.setdefault(id(leaf), name + jax.tree_util.keystr(p))
+    return [where_.get(id(x), "") for x in leaves]
 
 
 def _marker(x: Any) -> Any:

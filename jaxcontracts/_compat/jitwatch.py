@@ -15,16 +15,19 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
 
 import jax
 
+from .frames import library_locals
 from .registry import capability, define
 
 __all__ = [
-    "JitOptions", "add_miss_observer", "available", "cache_size", "install", "installed", "options_from_info",
+    "JitOptions", "add_miss_observer", "available", "cache_size", "equinox_arguments", "install", "installed",
+    "options_from_info",
     "options_of", "outputs_of", "remove_miss_observer", "uninstall",
 ]
 
@@ -198,3 +201,42 @@ def options_from_info(ji: Any) -> JitOptions:
 def outputs_of(params: Any) -> tuple[Any, list[Any]]:
     """(output treedef, output avals) of a cache miss's ``PjitParams``."""
     return params.out_tree, list(params.params["jaxpr"].out_avals)
+
+
+@define(
+    "equinox-arguments",
+    "equinox._jit._call(jit_wrapper, is_lower, args, kwargs) and _JitWrapper._signature "
+    "(private): the frame of an eqx.filter_jit call, its function's signature",
+    "that the audit names an eqx.filter_jit function's parameters as the user wrote them "
+    "(model, x) rather than equinox's groups (dynamic_nodonate['rest'][13])",
+)
+def _probe_equinox() -> str | None:
+    module = sys.modules.get("equinox._jit")
+    if module is None:  # not imported: nothing to name (and not imported here)
+        return None
+    call, wrapper = getattr(module, "_call", None), getattr(module, "_JitWrapper", None)
+    if call is None or wrapper is None:
+        return "equinox._jit._call or _JitWrapper is gone"
+    if list(inspect.signature(call).parameters)[:4] != ["jit_wrapper", "is_lower", "args", "kwargs"]:
+        return "equinox._jit._call takes other arguments"
+    if "_signature" not in getattr(wrapper, "__annotations__", {}):
+        return "equinox's _JitWrapper has no _signature"
+    return None
+
+
+def equinox_arguments(frame: Any) -> dict[str, Any] | None:
+    """The arguments of the ``eqx.filter_jit`` call running at or above
+    ``frame``, by the user's parameter names; None where none is found."""
+    if not capability("equinox-arguments").available:
+        return None
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_call" and code.co_filename.endswith(("equinox/_jit.py", "equinox\\_jit.py")):
+            found = library_locals(frame)
+            signature = getattr(found.get("jit_wrapper"), "_signature", None)
+            try:
+                return dict(signature.bind(*found["args"], **found["kwargs"]).arguments)  # type: ignore[union-attr]
+            except Exception:  # noqa: BLE001 - another shape of call: unnamed
+                return None
+        frame = frame.f_back
+    return None
