@@ -22,6 +22,7 @@ __all__ = [
     "fmt_bytes",
     "flatten_with_path",
     "n_leaves",
+    "param_of",
     "qualname",
 ]
 
@@ -61,6 +62,11 @@ def fmt_aval(shape: Sequence[Any], dtype: Any, weak_type: bool = False) -> str:
     """``f32[4,3]``; a weakly typed value reads ``~f32[]`` (jax's own mark)."""
     dims = ",".join(str(d) for d in shape)
     return f"{'~' if weak_type else ''}{fmt_dtype(dtype)}[{dims}]"
+
+
+def param_of(path: str) -> str:
+    """The parameter a written leaf path starts with (``state['w'][0]`` -> ``state``)."""
+    return path.split("[", 1)[0].split(".", 1)[0]
 
 
 def fmt_path(path: Sequence[Any]) -> str:

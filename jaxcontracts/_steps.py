@@ -189,9 +189,9 @@ def keep(arrays: Iterable[Any], step: str | JitDonation, held_only: bool = False
 def consumed_by(x: Any) -> str | None:
     """The short name of the step whose call consumed ``x``, where recorded
     (at checks ``full``); None where no record says so."""
-    entry = _held.get(id(x))
-    if entry is not None and entry[0]() is x:
-        return str(entry[1])
+    entry = _entry(x)
+    if entry is not None:
+        return str(entry)
     for step in live():
         record = step.last_consumed[0]
         if record is not None and any(y is x for y in record[0]):
@@ -201,7 +201,11 @@ def consumed_by(x: Any) -> str | None:
 
 def jit_donation(x: Any) -> JitDonation | None:
     """The plain ``jax.jit`` parameter whose donation consumed ``x``, where recorded."""
+    entry = _entry(x)
+    return entry if isinstance(entry, JitDonation) else None
+
+
+def _entry(x: Any) -> str | JitDonation | None:
+    """What :func:`keep` recorded of ``x`` (not of another array since at its id)."""
     entry = _held.get(id(x))
-    if entry is not None and entry[0]() is x and isinstance(entry[1], JitDonation):
-        return entry[1]
-    return None
+    return entry[1] if entry is not None and entry[0]() is x else None

@@ -141,7 +141,6 @@ class _Function:
     window: int = 0  # calls left in which undonated arguments are followed
     candidates: tuple[int, ...] = ()  # dynamic leaf indices an output could reuse
     pending: list[tuple[int, Any]] = dataclasses.field(default_factory=list)  # (candidate, signatures.Dropped)
-    dropped_from: int = 0  # the call from which a missed donation counts (each call after it holds them twice)
     follow_site: tuple[str, int] = ("<unknown>", 0)  # the user's line of the last followed call
     site_visit: int = 0  # which run of its jax.jit line made it (Watch._visit)
     run: tuple[Any, ...] = ()  # (line, run) of the user's statement making this call
@@ -181,6 +180,7 @@ class Watch:
         self._last_at: tuple[str, int] | None = None  # the line of the last event
         self._calling = threading.local()  # .depth: inside a watched call on this thread
         self._kept_params: set[tuple[str, str]] = set()  # (function, parameter) the user kept arrays of
+        self._missed_from: dict[tuple[Any, ...], tuple[_Function, int]] = {}  # missed donation -> its first call
         self._closed: tuple[str, int] | None = None  # a line whose run a direct call ended
         self.calls = 0
         self.blind: list[str] = []  # findings this watch cannot make here, and why
@@ -240,7 +240,7 @@ class Watch:
         try:
             self._made_by(out, fn)
             if jitwatch.cache_size(jitted) != before:
-                self._compiled(fn, args, kwargs, dyn_args, dyn_kwargs, out, time.perf_counter() - t0)
+                self._compiled(fn, args, kwargs, dyn_args, dyn_kwargs, leaves, out, time.perf_counter() - t0)
             if fn.window:
                 fn.window -= 1
                 self._follow(fn, leaves)
@@ -259,10 +259,10 @@ class Watch:
                 if hit is not None and hit[0] is not fn:
                     del given[id(x)]
                     hit[0].pending = [(i, r) for i, r in hit[0].pending if i != hit[1]]
-        for i in fn.donated_leaves:  # passed again after this function's donation deleted it
-            x = leaves[i] if i < len(leaves) else None
-            if isinstance(x, ArrayImpl) and x.is_deleted():
-                self._passed_again(fn, x, fn.signatures[-1].paths[i])
+        if fn.donated_leaves:  # passed again after this function's donation deleted it
+            drifted = sigs.passed_again(leaves, fn.signatures[-1].paths, fn.donated_leaves, sigs.short(fn.name))
+            if drifted is not None:
+                self._passed_again(fn, *drifted)
         if fn.pending:
             self._settle(fn, at_call=True)
         # host data at a call after the first, from another run of the user's
@@ -296,7 +296,7 @@ class Watch:
             return
         if fn.equinox:  # the user's names of equinox's grouped leaves
             named = _user_names(frames.caller_frame(1), [leaves[i] for i in fn.candidates])
-            fn.user_params = {i: n.split("[", 1)[0].split(".", 1)[0] for i, n in zip(fn.candidates, named) if n}
+            fn.user_params = {i: sigs.param_of(n) for i, n in zip(fn.candidates, named) if n}
         for i in fn.candidates:
             x = leaves[i]
             if isinstance(x, ArrayImpl):
@@ -344,7 +344,8 @@ class Watch:
                 if at_call:
                     self._tell_loop(found)
                 continue
-            fn.dropped_from = fn.calls - 1 if at_call else fn.calls
+            # counted from here: each call after it holds them twice
+            self._missed_from[key] = (fn, fn.calls - 1 if at_call else fn.calls)
             names = sorted({fn.user_params[i] for i in idx if i in fn.user_params})
             what = param if not fn.equinox else (
                 f"{', '.join(names) if names else 'its arguments'} (eqx.filter_jit passes them as one group)")
@@ -363,13 +364,9 @@ class Watch:
             if at_call:
                 self._tell_loop(self._findings[key])
 
-    def _passed_again(self, fn: _Function, x: Any, path: str) -> None:
+    def _passed_again(self, fn: _Function, rec: _steps.JitDonation, what: str, fix: str) -> None:
         """A donated argument deleted by this function's own donation, passed
         again: the drifted index, named before JAX refuses the deleted buffer."""
-        rec = _steps.jit_donation(x)
-        if rec is None or not rec.instead or rec.function != sigs.short(fn.name):
-            return
-        what, fix = sigs.drift(rec, path)
         key = ("wrong_donation", fn.name, rec.param)
         found = self._findings.get(key)
         if found is None:
@@ -377,15 +374,23 @@ class Watch:
                 "wrong_donation", fn.name, *_user_line(fn.site), count=1, param=rec.param,
                 message=what, jit_line=rec.jit_line, fix=fix,
             )
-        loop = local.loop
-        if self._loops and loop is not None and not getattr(loop, "audit", False) and not local.allow:
+        loop = self._user_loop()
+        if loop is not None:
             loop.violation("wrong_donation", what, fix + ". The call did not run.", user_frame())
+
+    def _user_loop(self) -> Any:
+        """The user's own hot loop running here, whose violations the watch's
+        proofs are (None: none, the audit's own, or ``loops=False``)."""
+        loop = local.loop
+        if not self._loops or loop is None or getattr(loop, "audit", False) or local.allow:
+            return None
+        return loop
 
     def _tell_loop(self, found: Finding) -> None:
         """A missed donation proven inside the user's own hot loop: its
         violation (raised there, before this call runs, in raise mode)."""
-        loop = local.loop
-        if not self._loops or loop is None or getattr(loop, "audit", False) or local.allow:
+        loop = self._user_loop()
+        if loop is None:
             return
         loop.violation(
             "missed_donation",
@@ -408,7 +413,7 @@ class Watch:
 
     def _compiled(
         self, fn: _Function, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...],
-        dyn_kwargs: dict[str, Any], out: Any, seconds: float,
+        dyn_kwargs: dict[str, Any], leaves: Sequence[Any], out: Any, seconds: float,
     ) -> None:
         sig = sigs.signature(fn.options, args, kwargs, dyn_args, dyn_kwargs)
         here = _user_line(fn.site)
@@ -432,8 +437,8 @@ class Watch:
         elif previous is None:
             runs, spent = self._sites.get(fn.site, (set(), 0.0))
             runs.add(fn.site_visit)
-            self._sites[fn.site] = (runs, spent + seconds)
-            made, spent = len(runs), spent + seconds
+            self._sites[fn.site] = (runs, spent := spent + seconds)
+            made = len(runs)
             if made >= COMPILES_AT_ONE_LINE:  # made by that many runs of the line, not by one
                 key = ("compile_in_loop", fn.site)
                 found = self._findings.get(key)
@@ -452,7 +457,6 @@ class Watch:
         fn.candidates = sigs.reusable(fn.options, sig, dyn_args, dyn_kwargs, out, out_leaves, donated)
         # the donated arrays, named once deleted: passed again, the index drifted
         fn.donated_leaves = tuple(idx[0] for p, idx in sigs.by_param(sig).items() if p in donated)
-        leaves = jax.tree_util.tree_leaves((dyn_args, dyn_kwargs))
         site = f"{fn.site[0]}:{fn.site[1]}"
         for arrays, rec in sigs.donations(fn.options, sig, leaves, donated, fn.candidates, fn.name, site):
             _steps.keep(arrays, rec)
@@ -489,9 +493,8 @@ class Watch:
             kind = value_kind(x)
             data = param in changing
             if fn.equinox:  # equinox's grouped parameters: the user's names, where found
-                (path,) = _user_names(frames.caller_frame(1), [x]) or [""]
-                param = path.split("[", 1)[0].split(".", 1)[0] if path else "an argument"
-                path = path or "an argument"
+                (named,) = _user_names(frames.caller_frame(1), [x])
+                param, path = (sigs.param_of(named), named) if named else ("an argument", "an argument")
             if not data:  # the same value again: one copy before the loop does
                 message = f"{param} of {sigs.short(fn.name)} is the same {kind} at each call ({path}): copied to the device again every time"
                 fix = "put it on the device once, before the loop (jax.device_put)" + (
@@ -534,10 +537,10 @@ class Watch:
         """The findings so far: wrong donations first (a donation set on the wrong
         parameter is a mistake in the program, not a cost), then the rest by
         what each cost the run (:attr:`Finding.cost`)."""
-        for fn in self._functions:  # a missed donation: every call since the first proven
-            for key, found in self._findings.items():
-                if key[0] == "missed_donation" and key[1] == fn.name and found.file == fn.follow_site[0]:
-                    found.count = max(found.count, fn.calls - fn.dropped_from)
+        for key, (fn, first) in self._missed_from.items():  # every call since the first proven
+            missed = self._findings.get(key)
+            if missed is not None:
+                missed.count = max(missed.count, fn.calls - first)
         # a missed donation repeats: one seen at a single call is setup's
         found = [f for f in self._findings.values() if f.kind != "missed_donation" or f.count > 1]
         return sorted(found, key=lambda f: (f.kind != "wrong_donation", -f.cost, f.file, f.line))

@@ -93,7 +93,10 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
     except Exception:  # noqa: BLE001 - an argument we cannot describe: JAX's own path explains it
         return _traced(loop, run, fun, ji, args, kwargs)
     user = user_frame()
-    _passed_again(loop, sig, jax.tree_util.tree_leaves((dyn_args, dyn_kwargs)), user)
+    leaves = jax.tree_util.tree_leaves((dyn_args, dyn_kwargs))
+    drifted = sigs.passed_again(leaves, sig.paths, range(len(leaves)))
+    if drifted is not None:  # a deleted array a plain jax.jit's donation consumed: the index drifted
+        loop.violation("wrong_donation", drifted[1], drifted[2] + ". The call did not run.", user)
     local.plain_recompile = recompile
     seen.append(sig)
     for j, path in host[:1]:  # record mode: one per function and line
@@ -119,7 +122,6 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
         candidates = sigs.reusable(
             opts, sig, dyn_args, dyn_kwargs, jax.tree_util.tree_unflatten(out_tree, out), out, donated
         )
-        leaves = jax.tree_util.tree_leaves((dyn_args, dyn_kwargs))
         site = sigs.jit_site(fun)
         followed = _follow(name, sig, leaves, candidates, user, (tuple(sorted(donated)), site))
         # what the call donates, named once it is deleted (passed again: the index drifted)
@@ -133,18 +135,6 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
     if not wrong and not jitwatch.installed():  # (an open jc.watch() follows every call itself)
         loop.plain_followed.extend(followed)
     return p, flat
-
-
-def _passed_again(loop: Any, sig: Any, leaves: list[Any], user: Any) -> None:
-    """A deleted array, that a plain jax.jit's donation consumed, passed again:
-    the donated index drifted (``signatures.drift``); refused before the call."""
-    __tracebackhide__ = True
-    for j, x in enumerate(leaves):
-        rec = _steps.jit_donation(x) if isinstance(x, jax.Array) and x.is_deleted() else None
-        if rec is not None and rec.instead:
-            what, fix = sigs.drift(rec, sig.paths[j])
-            loop.violation("wrong_donation", what, fix + ". The call did not run.", user)
-            return
 
 
 def _traced(loop: Any, run: Any, fun: Any, ji: Any, args: Any, kwargs: Any) -> Any:

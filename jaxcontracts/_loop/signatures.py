@@ -18,16 +18,16 @@ from typing import Any
 import jax
 
 from .._compat import jitwatch
-from .._format import flatten_with_path, fmt_aval
+from .._format import flatten_with_path, fmt_aval, param_of
 from .._leafdiff import diff_leaves
 from .._state.spec import leaf_spec, spec_nbytes, value_kind
-from .._steps import JitDonation
+from .._steps import JitDonation, jit_donation
 from .._userline import user_frame
 
 __all__ = [
     "Dropped",
     "Signature", "by_param", "diff", "donated_params", "missed_donation_fix", "names", "param_of", "paths",
-    "reusable", "short", "signature", "wrong_donations", "donations", "drift", "jit_site",
+    "reusable", "short", "signature", "wrong_donations", "donations", "drift", "jit_site", "passed_again",
 ]
 
 
@@ -59,10 +59,6 @@ class Signature:
 
 def short(name: str) -> str:
     return name.rsplit(".", 1)[-1]
-
-
-def param_of(path: str) -> str:
-    return path.split("[", 1)[0].split(".", 1)[0]
 
 
 def by_param(sig: Signature, leaves: Sequence[int] | None = None) -> dict[str, list[int]]:
@@ -259,6 +255,21 @@ def donations(
             arrays = [leaves[j] for j in idx if isinstance(leaves[j], jax.Array)]
             out.append((arrays, JitDonation(short(name), param, jit_line, argnums, instead)))
     return out
+
+
+def passed_again(
+    leaves: Sequence[Any], paths: Sequence[str], positions: Sequence[int], function: str | None = None
+) -> tuple[JitDonation, str, str] | None:
+    """The first array at ``positions`` of a call's leaves that a plain
+    ``jax.jit``'s drifted donation (of ``function``, where given) deleted,
+    passed again: its record, and what and fix (:func:`drift`)."""
+    for j in positions:
+        x = leaves[j] if j < len(leaves) else None
+        if isinstance(x, jax.Array) and x.is_deleted():
+            rec = jit_donation(x)
+            if rec is not None and rec.instead and (function is None or rec.function == function):
+                return (rec, *drift(rec, paths[j]))
+    return None
 
 
 def drift(rec: JitDonation, path: str) -> tuple[str, str]:

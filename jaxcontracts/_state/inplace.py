@@ -32,7 +32,7 @@ import jax
 
 from .._compat import refs as _refs
 from .._errors import DefinitionError
-from .._format import fmt_aval
+from .._format import fmt_aval, param_of
 
 __all__ = [
     "closed_over_refs",
@@ -189,7 +189,7 @@ def closed_over_refs_error(name: str, fn: Callable[..., Any], refs: Sequence[Any
         f"`{names[id(r)]}` ({_fmt_ref(r)})" if id(r) in names else f"a ref {_fmt_ref(r)}" for r in refs
     ]
     first = next((names[id(r)] for r in refs if id(r) in names), "ref")
-    param = first.split("[", 1)[0].split(".", 1)[0]
+    param = param_of(first)
     return DefinitionError(
         f"{name} closes over {'a JAX ref' if len(refs) == 1 else f'{len(refs)} JAX refs'}: "
         f"{', '.join(shown[:3])}{', ...' if len(shown) > 3 else ''}. A compiled step takes a ref it "
