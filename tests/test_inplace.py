@@ -119,6 +119,47 @@ def test_an_object_updated_in_place_but_not_named_is_refused_at_compile_naming_i
     assert not kernel.is_deleted() and int(jc.fetch(optimizer.step[...])) == 0  # nothing ran
 
 
+def test_a_stateless_step_that_returns_the_new_state_of_what_it_updates_runs(tmp_path):
+    """flax's Gemma trainer shape (issue 51, section 5): the step updates its
+    objects in place and returns ``nnx.state(...)`` of them; the caller writes
+    it back with ``nnx.update``. The update is carried out (the returned leaves
+    are the very new values), so nothing is lost and nothing is refused; the
+    same for an eval step that returns its metrics object."""
+
+    def stateless_train(model, optimizer, metrics, batch):
+        train_step(model, optimizer, metrics, batch)
+        return nnx.state((model, optimizer, metrics))
+
+    def stateless_eval(metrics, batch):
+        metrics.update(loss=jnp.mean(batch["y"]))
+        return metrics
+
+    model, optimizer, metrics = _objects()
+    ref_model, ref_optimizer, ref_metrics = _objects()
+    step = jc.hot_step(stateless_train, stateless=True, host="batch")
+    for batch in _batches(3):
+        nnx.update((model, optimizer, metrics), step(model, optimizer, metrics, batch))
+        nnx.jit(train_step)(ref_model, ref_optimizer, ref_metrics, batch)
+    got, want = _read(model, optimizer, metrics), _read(ref_model, ref_optimizer, ref_metrics)
+    np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
+    assert got[1:] == pytest.approx(want[1:], rel=1e-5) and got[1] == 3
+    evaluate = jc.hot_step(stateless_eval, stateless=True, host="batch")
+    metrics.reset()
+    metrics = evaluate(metrics, next(_batches(1)))
+    assert float(jc.fetch(metrics.compute()["loss"])) == pytest.approx(float(np.mean(next(_batches(1))["y"])))
+
+
+def test_a_step_that_returns_only_part_of_what_it_updates_is_still_refused():
+    def half(model, optimizer, metrics, batch):
+        train_step(model, optimizer, metrics, batch)
+        return nnx.state(model)  # the optimizer's and the metrics' updates are lost
+
+    model, optimizer, metrics = _objects()
+    with pytest.raises(jc.DefinitionError, match=r"updates `optimizer`, `metrics` in place"):
+        jc.hot_step(half, stateless=True, host="batch")(model, optimizer, metrics, next(_batches(1)))
+    assert int(jc.fetch(optimizer.step[...])) == 0
+
+
 def test_a_dict_changed_inside_the_step_is_refused_with_the_return_fix():
     def bump(s, extra):
         s["w"] = s["w"] + 1  # a container passed to a compiled step is a copy inside it

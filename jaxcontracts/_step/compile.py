@@ -165,6 +165,9 @@ def _in_place(definition: StepDefinition, fn: Callable[..., Any], candidates: tu
         if lost:  # a returned state may be updated in place too: its new value is carried
             returned = definition.resolve_carried(out, args).carried_params
             lost = [i for i in lost if i not in returned]
+        if lost:  # and so is a new value the step returns (``return nnx.state(model)``)
+            out_ids = {id(leaf) for leaf in jax.tree_util.tree_leaves(out)}
+            lost = [i for i in lost if not _handed_back(before[checked.index(i)], args[i], out_ids)]
             if lost:  # raised once the trace is over (JAX would add its own note to it)
                 _lost.error = _lost_update_error(definition, lost, args)
         if not inplace:
@@ -172,6 +175,14 @@ def _in_place(definition: StepDefinition, fn: Callable[..., Any], candidates: tu
         return out, tuple(ref_values(args[i]) if i in refs else args[i] for i in inplace)
 
     return traced
+
+
+def _handed_back(before: Sequence[Any], arg: Any, out_ids: set[int]) -> bool:
+    """Whether every leaf the step put in ``arg`` in place is a leaf of its
+    output, the very object: the caller gets the update back
+    (``nnx.update(model, step(model))``); nothing is lost."""
+    was = {id(leaf) for leaf in before}
+    return all(id(leaf) in out_ids for leaf in jax.tree_util.tree_leaves(arg) if id(leaf) not in was)
 
 
 def _returned_numbers_as_arrays(definition: StepDefinition, out: Any, args: tuple[Any, ...]) -> Any:
