@@ -26,7 +26,7 @@ import numpy as np
 
 from ._errors import ContractError
 
-__all__ = ["boundary", "filtering", "is_library", "trim"]
+__all__ = ["boundary", "filtering", "is_library", "trim", "trim_ours"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -97,10 +97,8 @@ def is_library(filename: str, installed: bool = True, name: str = "") -> bool:
             filename == "<string>" and name.startswith("__") and name.endswith("__")
         )
     path = os.path.abspath(filename)
-    if path.startswith(_PACKAGE_DIR + os.sep):
-        # Checked first: an installed package may sit under a skipped folder.
-        parts = path[len(_PACKAGE_DIR) + 1 :].split(os.sep)
-        return any(part.startswith("_") for part in parts)
+    if path.startswith(_PACKAGE_DIR + os.sep):  # first: an installed package may sit under a skipped folder
+        return _private_here(path)
     if path.startswith(_SKIP_DIRS):
         return True
     if installed and _is_installed(path):
@@ -122,19 +120,37 @@ def trim(err: BaseException) -> None:
     frame again. Frames of installed packages (flax, optax) and of the user's
     own functions stay; so does everything when filtering is off.
     """
-    if not isinstance(err, ContractError) or not filtering():
+    if isinstance(err, ContractError):
+        _drop_frames(err, lambda code: is_library(code.co_filename, False, code.co_name))
+
+
+def trim_ours(err: BaseException) -> None:
+    """Drop this package's private frames from any error's traceback, in place
+    (JAX's own error crossing the audit's wrapper reads as it would without
+    it); every other frame stays, JAX's own filtering aside."""
+    _drop_frames(err, lambda code: _private_here(os.path.abspath(code.co_filename)))
+
+
+def _drop_frames(err: BaseException, drop: Callable[[Any], bool]) -> None:
+    if not filtering():
         return
     kept = []
     tb = err.__traceback__
     while tb is not None:
-        code = tb.tb_frame.f_code
-        if not is_library(code.co_filename, False, code.co_name):
+        if not drop(tb.tb_frame.f_code):
             kept.append(tb)
         tb = tb.tb_next
     out: TracebackType | None = None
     for t in reversed(kept):
         out = TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
     err.__traceback__ = out
+
+
+def _private_here(path: str) -> bool:
+    """A module of this package below a component starting with ``_``."""
+    if not path.startswith(_PACKAGE_DIR + os.sep):
+        return False
+    return any(part.startswith("_") for part in path[len(_PACKAGE_DIR) + 1 :].split(os.sep))
 
 
 def boundary(fn: F) -> F:

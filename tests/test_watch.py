@@ -437,6 +437,36 @@ def test_the_motivating_loop_names_the_drifted_device_scalar_as_a_wrong_donation
     assert all(len(line) <= 100 for line in report.splitlines())
 
 
+def test_one_audit_run_names_everything_the_motivating_loop_needs_before_it_stopped(tmp_path):
+    # issue 51, section 4: with no jaxcontracts in the script, JAX refuses fn1's second
+    # call; its error carries the cause (no frame of ours in its traceback), and the
+    # report lists the print the loop made once before it stopped: one run, every fix
+    proc, findings = _audit(tmp_path, "drifted_lr_plain")
+    assert proc.returncode == 1
+    script = proc.stderr[: proc.stderr.index("jaxcontracts audit: 1 finding")]
+    trace = script[script.index("Traceback (most recent call last):"):]
+    assert "jaxcontracts" not in trace.split("\njaxcontracts audit: `lr`")[0]  # the user's line, then JAX's error
+    assert 'drifted_lr_plain.py", line 23' in trace and "Buffer has been deleted" in trace
+    assert "jaxcontracts audit: `lr` is passed to `fn1` again" in trace
+    assert "Fix: donate by name, which cannot drift: jax.jit(fn1, donate_argnames=('state',))" in trace
+    assert [(f["kind"], f["param"], f["line"]) for f in findings] == [("wrong_donation", "lr", 23)]
+    report = proc.stderr[proc.stderr.index("jaxcontracts audit: 1 finding"):]
+    once = report[report.index("seen once before the script stopped"):]
+    assert "drifted_lr_plain.py:25: device-to-host read: str() / print() of i32[]" in once
+    assert all(len(line) <= 100 for line in report.splitlines())
+
+
+def test_a_finished_script_does_not_list_reads_made_once():
+    with jc.watch() as w:
+        step = jax.jit(lambda x: x + 1, donate_argnums=0)
+        x = step(jnp.ones(2))
+        print(x)  # once, in setup: neither a finding nor listed
+        for _ in range(3):
+            x = step(x)
+    report = w.report()
+    assert not report.findings and "seen once" not in str(report)
+
+
 def test_inside_a_watch_a_raising_loop_refuses_the_drifted_device_scalar_before_the_call():
     with jc.watch():
         fn1 = jax.jit(lambda lr, state: {"w": state["w"] * lr, "loss": jnp.mean(state["w"])},

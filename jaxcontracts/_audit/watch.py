@@ -55,6 +55,7 @@ from .._loop import signatures as sigs
 from .._report.render import findings_html
 from .._runtime import local
 from .._state.spec import leaf_spec, spec_nbytes, value_kind
+from .._tracebacks import trim_ours
 from .._userline import user_frame, where
 
 __all__ = ["Finding", "Watch", "WatchReport"]
@@ -153,6 +154,7 @@ class _Function:
     # positions of the host leaves of a call -> the host_transfer findings they count for
     host_findings: dict[tuple[int, ...], list[Finding]] = dataclasses.field(default_factory=dict)
     donated_leaves: tuple[int, ...] = ()  # the first dynamic leaf of each donated parameter
+    deleted_note: str = ""  # the cause of JAX's error at a call passing a deleted argument again
 
 
 class Watch:
@@ -184,6 +186,7 @@ class Watch:
         self._closed: tuple[str, int] | None = None  # a line whose run a direct call ended
         self.calls = 0
         self.blind: list[str] = []  # findings this watch cannot make here, and why
+        self.once: list[str] = []  # reads between calls whose line ran once (shown if the script stopped)
         self.active = False
 
     # -- the wrapper ---------------------------------------------------------
@@ -235,6 +238,10 @@ class Watch:
         calling.depth = getattr(calling, "depth", 0) + 1
         try:
             out = jitted(*args, **kwargs)
+        except Exception as err:
+            if fn.deleted_note:  # JAX refusing the drifted donation's deleted argument
+                err.add_note(fn.deleted_note)
+            raise
         finally:
             calling.depth -= 1
         try:
@@ -259,6 +266,7 @@ class Watch:
                 if hit is not None and hit[0] is not fn:
                     del given[id(x)]
                     hit[0].pending = [(i, r) for i, r in hit[0].pending if i != hit[1]]
+        fn.deleted_note = ""
         if fn.donated_leaves:  # passed again after this function's donation deleted it
             drifted = sigs.passed_again(leaves, fn.signatures[-1].paths, fn.donated_leaves, sigs.short(fn.name))
             if drifted is not None:
@@ -374,6 +382,7 @@ class Watch:
                 "wrong_donation", fn.name, *_user_line(fn.site), count=1, param=rec.param,
                 message=what, jit_line=rec.jit_line, fix=fix,
             )
+        fn.deleted_note = f"jaxcontracts audit: {what}\nFix: {fix}."
         loop = self._user_loop()
         if loop is not None:
             loop.violation("wrong_donation", what, fix + ". The call did not run.", user_frame())
@@ -519,10 +528,12 @@ class Watch:
         a sync inside a repeated section (a read after the last call is not)."""
         for at, stamps in self.read_stamps.items():
             followed = len({run for n, run in stamps if n < self.calls})  # runs of the line
+            what, fix, function = self._read_text[at]
+            if followed == 1:  # a setup read, or a loop the script left at its first pass
+                self.once.append(f"{at}: {what}; fix: {fix}")
             if followed < 2:
                 continue
             file, _, line = at.rpartition(":")
-            what, fix, function = self._read_text[at]
             self._findings[("host_sync", at)] = Finding(
                 "host_sync", function, file, int(line) if line.isdigit() else 0, count=followed,
                 seconds=self.read_seconds.get(at),
@@ -551,7 +562,7 @@ class Watch:
         return len(self._functions)
 
     def report(self) -> WatchReport:
-        return WatchReport(self.findings(), self.calls, self.function_count, list(self.blind))
+        return WatchReport(self.findings(), self.calls, self.function_count, list(self.blind), once=list(self.once))
 
     def __enter__(self) -> Watch:
         global _ACTIVE
@@ -711,7 +722,11 @@ class _Watched:
         tref, ev, aref, top = self._trace
         if not self._owner.active or tref.value is not ev or aref.value is not top:
             return self._jitted(*args, **kwargs)
-        return self._owner.observe(self._state, self._jitted, args, kwargs)
+        try:
+            return self._owner.observe(self._state, self._jitted, args, kwargs)
+        except BaseException as err:  # the user's error, or JAX's, as without the watch
+            trim_ours(err)
+            raise
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._jitted, name)
@@ -732,6 +747,7 @@ class WatchReport:
     functions: int
     blind: list[str] = dataclasses.field(default_factory=list)  # findings not made here, and why
     stopped: str | None = None  # the audited script raised this (its traceback printed before the report)
+    once: list[str] = dataclasses.field(default_factory=list)  # reads whose line ran once, between calls
 
     @property
     def ok(self) -> bool:
@@ -769,6 +785,10 @@ class WatchReport:
             if f.jit_line:
                 yield f"    donation set at {f.jit_line}"
             yield from textwrap.wrap("fix: " + f.fix, _WIDTH, initial_indent="    ", subsequent_indent="      ")
+        if self.stopped and self.once:  # the loop may have been left at its first pass: say what it did once
+            yield "  seen once before the script stopped (repeated work if the line is in its loop):"
+            for text in self.once:
+                yield from textwrap.wrap(text, _WIDTH, initial_indent="  - ", subsequent_indent="      ")
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
