@@ -11,17 +11,18 @@ message text. Raise sites give the parts; :func:`compose` lays them out in one
 fixed anatomy: the summary line, the detail lines (one per leaf or
 parameter), ``Fix: ...``, then a note on what happened to the inputs.
 
-The vocabulary lives here once: :data:`CONTRACTS` (each contract's sentence)
-and :data:`VIOLATIONS` (each kind of loop violation: its title, its contract
-and the error class it raises), read by the loop, the reports and the pytest
-plugin.
+The vocabulary lives here once: each contract is one :class:`Contract`,
+declared with :func:`declare` (here, or in its own module under
+``_contracts``); :data:`CONTRACTS`, :data:`VIOLATIONS` and the loop's options
+(:func:`loop_options`) are derived from the declarations, read by the loop,
+the reports, ``explain`` and the pytest plugin.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 __all__ = [
@@ -31,7 +32,7 @@ __all__ = [
     "MAX_DETAIL_LINES",
     "NOTHING_RAN",
     "CapabilityWarning",
-    "ContractInfo",
+    "Contract",
     "ContractError",
     "DefinitionError",
     "DonatedArrayError",
@@ -41,9 +42,12 @@ __all__ = [
     "TransferError",
     "ViolationKind",
     "compose",
+    "declare",
     "docs_base",
     "docs_pointer",
     "error_name",
+    "hooked",
+    "loop_options",
     "violation_summary",
 ]
 
@@ -220,36 +224,38 @@ class TransferError(ContractError):
 
 
 @dataclasses.dataclass(frozen=True)
-class ContractInfo:
-    """One contract: the sentence a report shows, and the error that breaks it."""
+class Contract:
+    """One contract, declared once (:func:`declare`): its words, its error,
+    what a ``jc.hot_loop`` calls breaking it, the loop option that switches it,
+    and the hooks through which hot steps, loops and reports apply it.
 
+    Hooks (each optional; the callers iterate the contracts that have one):
+
+    * ``scan(name, closed_jaxpr)``: at each compile of a hot step or of a plain
+      ``jax.jit`` in a loop, what the program holds that the contract is
+      about (a tuple, empty where nothing); kept with the compiled signature.
+    * ``refuse(name, found)``: before a call whose compile found something,
+      inside a loop: raise or record the violation (a hot step builds its
+      call path with this hook only where ``scan`` found something, so a
+      step without pays nothing).
+    * ``fact(found)``: a (name, text) line of the step's report, or None.
+    """
+
+    key: str
     sentence: str
     error: type[ContractError]
-
-
-#: Every contract, by key (``ContractError.contract``): what reports show and raise.
-CONTRACTS: dict[str, ContractInfo] = {
-    "definition": ContractInfo("the decorator, options and annotations are valid", DefinitionError),
-    "state-fields": ContractInfo("every field matches its annotation", SpecError),
-    "dims": ContractInfo("every dimension and static value is given", SpecError),
-    "carry": ContractInfo("carry invariance: each returned state keeps its input's spec", RecompileError),
-    "aliasing": ContractInfo("donation verified in the executable", DonationError),
-    "signature": ContractInfo("arguments match a compiled signature", RecompileError),
-    "device-arguments": ContractInfo("arguments are device arrays", TransferError),
-    "donation-hazard": ContractInfo("no donated buffer is stale or passed twice", DonationError),
-    "consumed": ContractInfo("every donated input consumed (XLA did not copy)", DonationError),
-    "no-transfer": ContractInfo("no implicit transfers", TransferError),
-    "no-compile": ContractInfo("no compiles", RecompileError),
-    "no-donated-use": ContractInfo("no use of donated arrays", DonationError),
-    "donation-config": ContractInfo(
-        "jax.jit donations: each one possible, none missed where the caller drops the buffer", DonationError
-    ),
-}
+    violations: tuple[tuple[str, str], ...] = ()  # (kind, title): what a jc.hot_loop raises or records
+    option: str = ""  # the jc.hot_loop keyword that switches it
+    choices: tuple[str, ...] = ()  # that keyword's values, its default first
+    row: str = ""  # a hot step report's row, where it differs from the sentence
+    scan: Callable[[str, Any], tuple[Any, ...]] | None = None
+    refuse: Callable[[str, tuple[Any, ...]], None] | None = None
+    fact: Callable[[tuple[Any, ...]], tuple[str, str] | None] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
 class ViolationKind:
-    """One kind of loop violation: how it is titled, and its contract."""
+    """One kind of loop violation (derived from its :class:`Contract`)."""
 
     title: str
     contract: str
@@ -265,14 +271,73 @@ class ViolationKind:
         return CONTRACTS[self.contract].error
 
 
-#: Every kind of violation a ``jc.hot_loop`` raises or records.
-VIOLATIONS: dict[str, ViolationKind] = {
-    "transfer": ViolationKind("implicit transfer inside jc.hot_loop", "no-transfer"),
-    "compile": ViolationKind("compile inside jc.hot_loop", "no-compile"),
-    "donation": ViolationKind("use of a donated array inside jc.hot_loop", "no-donated-use"),
-    "wrong_donation": ViolationKind("a donation that cannot happen, inside jc.hot_loop", "donation-config"),
-    "missed_donation": ViolationKind("a missed donation, inside jc.hot_loop", "donation-config"),
-}
+#: Every contract, by key (``ContractError.contract``), in declaration order.
+CONTRACTS: dict[str, Contract] = {}
+#: Every kind of violation a ``jc.hot_loop`` raises or records (derived).
+VIOLATIONS: dict[str, ViolationKind] = {}
+
+
+def declare(contract: Contract) -> Contract:
+    """Register ``contract``: every table that lists contracts reads it from here."""
+    if contract.key in CONTRACTS:
+        raise ValueError(f"contract {contract.key!r} is declared twice")
+    CONTRACTS[contract.key] = contract
+    for kind, title in contract.violations:
+        VIOLATIONS[kind] = ViolationKind(title, contract.key)
+    return contract
+
+
+def loop_options() -> dict[str, tuple[str, ...]]:
+    """``jc.hot_loop``'s keywords and their values (the default first)."""
+    return {
+        **{c.option: c.choices for c in CONTRACTS.values() if c.option},
+        "on_violation": ("raise", "record"),
+    }
+
+
+def hooked(hook: str) -> list[Contract]:
+    """The contracts that declare ``hook`` (``"scan"``, ``"refuse"``, ``"fact"``)."""
+    return [c for c in CONTRACTS.values() if getattr(c, hook) is not None]
+
+
+for _contract in (
+    Contract("definition", "the decorator, options and annotations are valid", DefinitionError),
+    Contract("state-fields", "every field matches its annotation", SpecError),
+    Contract("dims", "every dimension and static value is given", SpecError),
+    Contract("carry", "carry invariance: each returned state keeps its input's spec", RecompileError),
+    Contract("aliasing", "donation verified in the executable", DonationError),
+    Contract(
+        "signature", "arguments match a compiled signature", RecompileError,
+        row="no call refused (recompile, transfer or donation)",
+    ),
+    Contract("device-arguments", "arguments are device arrays", TransferError),
+    Contract("donation-hazard", "no donated buffer is stale or passed twice", DonationError),
+    Contract("consumed", "every donated input consumed (XLA did not copy)", DonationError),
+    Contract(
+        "no-transfer", "no implicit transfers", TransferError,
+        violations=(("transfer", "implicit transfer inside jc.hot_loop"),),
+        option="transfers", choices=("disallow", "allow_host_to_device", "allow"),
+    ),
+    Contract(
+        "no-compile", "no compiles", RecompileError,
+        violations=(("compile", "compile inside jc.hot_loop"),),
+        option="compiles", choices=("disallow", "warmup", "allow"),
+    ),
+    Contract(
+        "no-donated-use", "no use of donated arrays", DonationError,
+        violations=(("donation", "use of a donated array inside jc.hot_loop"),),
+    ),
+    Contract(
+        "donation-config", "jax.jit donations: each one possible, none missed where the caller drops the buffer",
+        DonationError,
+        violations=(
+            ("wrong_donation", "a donation that cannot happen, inside jc.hot_loop"),
+            ("missed_donation", "a missed donation, inside jc.hot_loop"),
+        ),
+    ),
+):
+    declare(_contract)
+del _contract
 
 
 def violation_summary(kind: str, what: str, where: str, source: str = "") -> str:

@@ -1,11 +1,13 @@
-"""``python -m jaxcontracts info``: versions and the capabilities in force."""
+"""``python -m jaxcontracts info``: versions, the contracts, and the capabilities in force."""
 
 from __future__ import annotations
 
 import platform
 from importlib.metadata import PackageNotFoundError, version
 
+from . import _contracts  # noqa: F401 - every contract declared
 from ._compat import capabilities
+from ._errors import CONTRACTS
 from ._report.render import Contract, Report
 
 __all__ = ["info", "main"]
@@ -31,6 +33,10 @@ def info() -> Report:
     report = Report(title="jaxcontracts info")
     report.facts = [(name, _version(name)) for name in _PACKAGES]
     report.facts += [("python", platform.python_version()), ("backend", jax.default_backend())]
+    report.facts.append((
+        "contracts",
+        ", ".join(c.key + (f" (jc.hot_loop({c.option}=...))" if c.option else "") for c in CONTRACTS.values()),
+    ))
     report.contracts = [
         Contract(
             f"{c.name}: {c.mechanism}",

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-from typing import Any, Literal
+from typing import Any
 
 __all__ = [
     "CompiledSignature",
@@ -107,6 +107,9 @@ class CompiledSignature:
     # value (a second model instance's own partial): the C++ call takes the
     # arguments in this structure (HotStep's aliases; not a compile).
     alias: bool = False
+    # What each declared contract's scan hook found in the compiled program,
+    # by contract key (``_contracts.scan``: its host callbacks), where something.
+    found: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
 
     def donated_arrays(self, params: tuple[str, ...]) -> tuple[int, ...]:
         """The positions in ``params`` (the step's parameter names) whose
@@ -162,7 +165,7 @@ class StepDescription:
 class Violation:
     """One kind of violation at one source line, with how often it happened."""
 
-    kind: Literal["transfer", "compile", "donation", "wrong_donation", "missed_donation"]
+    kind: str  # a key of _errors.VIOLATIONS (transfer, compile, donation, callback, ...)
     what: str
     where: str
     count: int

@@ -71,6 +71,9 @@ class LoopHandle(Protocol):
         """Whether a first compile would be let through now (``compiles="allow"``,
         or the warm-up pass): a trace running now may read concrete arrays."""
 
+    def option(self, name: str) -> str:
+        """One of the loop's options (``_errors.loop_options``)."""
+
     def violation(self, kind: str, what: str, fix: str, frame: Any = None) -> None:
         """Raise or record one violation (``kind``: a key of ``_errors.VIOLATIONS``)."""
 

@@ -19,7 +19,7 @@ from typing import Any
 from ._compat import frames
 from ._tracebacks import is_library
 
-__all__ = ["host_read_on_line", "is_library", "traceback_where", "user_frame", "where"]
+__all__ = ["host_read_on_line", "is_library", "place", "traceback_where", "user_frame", "where"]
 
 
 def user_frame(frame: FrameType | None = None) -> FrameType | None:
@@ -41,8 +41,13 @@ def where(frame: FrameType | None, lineno: int | None = None) -> tuple[str, str]
     """(``file:line``, the source text of that line)."""
     if frame is None:
         return "<unknown>", ""
-    filename = frame.f_code.co_filename
-    lineno = frame.f_lineno if lineno is None else lineno
+    return place(frame.f_code.co_filename, frame.f_lineno if lineno is None else lineno)
+
+
+def place(filename: str, lineno: int) -> tuple[str, str]:
+    """(``file:line``, the line's source text) of a line in a file: the path
+    relative to the working folder where it is below it, a notebook cell as
+    IPython names it."""
     text = linecache.getline(filename, lineno).strip()
     cell = frames.notebook_cell(filename)
     if cell is not None:  # name it as IPython's tracebacks do

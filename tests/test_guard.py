@@ -475,10 +475,10 @@ def test_a_nested_loop_takes_the_options_it_does_not_set_from_the_loop_it_is_in(
             if i == 2:
                 with inner:
                     assert float(jax.jit(lambda a: a.sum() * 3)(x)) == 9.0  # a first compile: warm-up
-    assert inner.options == {"transfers": "allow", "compiles": "warmup", "on_violation": "record"}
+    assert inner.options == {"transfers": "allow", "compiles": "warmup", "callbacks": "allow", "on_violation": "record"}
     assert outer.violations == [] and [c.what for c in inner.warmup_compiles] == ["<lambda>"]
     with inner:  # in no loop: the defaults for what it does not set
-        assert inner.options == {"transfers": "allow", "compiles": "disallow", "on_violation": "raise"}
+        assert inner.options == {"transfers": "allow", "compiles": "disallow", "callbacks": "allow", "on_violation": "raise"}
     with jc.hot_loop(compiles="warmup"):
         with jc.hot_loop(compiles="disallow") as strict:  # what a loop sets, it keeps
             assert strict.options["compiles"] == "disallow"

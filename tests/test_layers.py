@@ -27,6 +27,8 @@ ORDER = [
     # the registry of live steps, the private mechanisms, the checks level,
     # tracebacks, the user's line, where steps and loops meet at run time
     "_steps", "_compat", "_config", "_tracebacks", "_userline", "_runtime",
+    # contracts declared in modules of their own, with their hooks
+    "_contracts",
     # reports and states, the consumed class of a donated state
     "_report", "_state", "_donation",
     # hot steps and hot loops (never each other), then what reads them

@@ -16,13 +16,17 @@ those compiled before the hook was installed.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
+
+import jax
+import jax.extend.core as jex
 
 from .registry import capability, define
 
-__all__ = ["hook_host_callbacks"]
+__all__ = ["CallbackSite", "callback_sites", "hook_host_callbacks"]
 
 try:
     from jax._src import callback as _callback
@@ -76,3 +80,75 @@ def _runner(original: Callable[..., Any], around: Callable[..., Any]) -> Callabl
         return around(original, args, kwargs)
 
     return runner
+
+
+# The primitives by which a compiled program calls back into Python.
+_CALLBACKS = frozenset({"debug_callback", "debug_print", "pure_callback", "io_callback"})
+
+
+@dataclasses.dataclass(frozen=True)
+class CallbackSite:
+    """One host callback in a compiled program: its primitive, and the line
+    that wrote it (``file`` ``""`` where JAX kept none)."""
+
+    primitive: str
+    file: str
+    line: int
+    function: str
+
+
+@define(
+    "callback-sites",
+    "a jaxpr's equations (eqn.primitive.name, sub-jaxprs in eqn.params) and "
+    "eqn.source_info.traceback.frames (file_name, line_num, function_name)",
+    "jc.hot_loop(callbacks=\"disallow\") and a hot step's report: the host callbacks a "
+    "compiled program makes (jax.debug.print, pure_callback, io_callback), and where",
+)
+def _probe_sites() -> str | None:
+    def f(x: Any) -> Any:
+        jax.debug.print("{}", x)
+        return jax.lax.cond(x > 0, lambda v: jax.pure_callback(lambda a: a, v, v), lambda v: v, x)
+
+    sites = _sites(jax.make_jaxpr(f)(1.0), lambda file, function: file == __file__)
+    want = {"debug_print", "pure_callback"}
+    if {s.primitive for s in sites} != want:
+        return f"found {sorted(s.primitive for s in sites)} where the probe wrote {sorted(want)}"
+    if not all(s.file == __file__ and s.line > 0 for s in sites):
+        return "the callbacks' lines are not in the equations' tracebacks"
+    return None
+
+
+def callback_sites(closed: Any, is_user: Callable[[str, str], bool]) -> tuple[CallbackSite, ...]:
+    """The host callbacks of a (closed) jaxpr, its sub-jaxprs included (a
+    scan's body, a cond's branches, an inner jax.jit), each with the innermost
+    frame ``is_user(file, function)`` accepts; () where the jaxpr cannot be read."""
+    if not capability("callback-sites").available:
+        return ()
+    return _sites(closed, is_user)
+
+
+def _sites(closed: Any, is_user: Callable[[str, str], bool]) -> tuple[CallbackSite, ...]:
+    out = []
+    for eqn in _equations(getattr(closed, "jaxpr", closed)):
+        if eqn.primitive.name in _CALLBACKS:
+            out.append(CallbackSite(eqn.primitive.name, *_user_line(eqn, is_user)))
+    return tuple(dict.fromkeys(out))  # one per primitive and line (a scan's body is traced once)
+
+
+def _equations(jaxpr: Any) -> Iterator[Any]:
+    for eqn in jaxpr.eqns:
+        yield eqn
+        for value in eqn.params.values():
+            for sub in value if isinstance(value, (tuple, list)) else (value,):
+                if isinstance(sub, jex.ClosedJaxpr):
+                    yield from _equations(sub.jaxpr)
+                elif isinstance(sub, jex.Jaxpr):
+                    yield from _equations(sub)
+
+
+def _user_line(eqn: Any, is_user: Callable[[str, str], bool]) -> tuple[str, int, str]:
+    traceback = getattr(eqn.source_info, "traceback", None)
+    for frame in getattr(traceback, "frames", None) or ():
+        if is_user(frame.file_name, frame.function_name):
+            return frame.file_name, frame.line_num, frame.function_name
+    return "", 0, ""

@@ -28,7 +28,7 @@ from .registry import capability, define
 __all__ = [
     "JitOptions", "add_miss_observer", "available", "cache_size", "equinox_arguments", "install", "installed",
     "options_from_info",
-    "options_of", "outputs_of", "remove_miss_observer", "uninstall",
+    "jaxpr_of", "options_of", "outputs_of", "remove_miss_observer", "uninstall",
 ]
 
 _ORIGINAL = jax.jit
@@ -201,6 +201,11 @@ def options_from_info(ji: Any) -> JitOptions:
 def outputs_of(params: Any) -> tuple[Any, list[Any]]:
     """(output treedef, output avals) of a cache miss's ``PjitParams``."""
     return params.out_tree, list(params.params["jaxpr"].out_avals)
+
+
+def jaxpr_of(params: Any) -> Any:
+    """The closed jaxpr of a cache miss's ``PjitParams``."""
+    return params.params["jaxpr"]
 
 
 @define(

@@ -28,7 +28,14 @@ from typing import Any, Literal, TypeVar, overload
 
 from .._compat import arrays, frames, guardlog, jitwatch, threadguard
 from .._config import get_checks
-from .._errors import VIOLATIONS, ContractError, DefinitionError, compose, violation_summary
+from .._errors import (
+    VIOLATIONS,
+    ContractError,
+    DefinitionError,
+    compose,
+    loop_options,
+    violation_summary,
+)
 from .._format import fmt_logged_aval, fmt_object
 from .._records import Violation, WarmupCompile
 from .._report import timing as _timing
@@ -99,11 +106,6 @@ def release(checked: bool) -> None:
     if checked:
         intercept.release()
 
-_OPTIONS = {
-    "transfers": ("disallow", "allow_host_to_device", "allow"),
-    "compiles": ("disallow", "warmup", "allow"),
-    "on_violation": ("raise", "record"),
-}
 
 
 class HotLoop:
@@ -128,23 +130,20 @@ class HotLoop:
     modules call (``_runtime.LoopHandle``), not user API.
     """
 
-    def __init__(
-        self,
-        *,
-        transfers: str | None = None,
-        compiles: str | None = None,
-        on_violation: str | None = None,
-    ) -> None:
-        given = {"transfers": transfers, "compiles": compiles, "on_violation": on_violation}
+    def __init__(self, **given: str | None) -> None:
+        choices = loop_options()  # every contract's option, and on_violation
         for option, value in given.items():
-            if value is not None and value not in _OPTIONS[option]:
+            if option not in choices:
+                raise DefinitionError(f"jc.hot_loop: no option {option!r}; its options are {', '.join(choices)}.")
+            if value is not None and value not in choices[option]:
                 raise DefinitionError(
                     f"jc.hot_loop({option}={value!r}): valid values are "
-                    + ", ".join(repr(v) for v in _OPTIONS[option])
+                    + ", ".join(repr(v) for v in choices[option])
                     + "."
                 )
-        self._given = given  # None: inherited from the enclosing loop at entry (else the default)
-        self._apply({k: v if v is not None else _OPTIONS[k][0] for k, v in given.items()})
+        # None: inherited from the enclosing loop at entry (else the default)
+        self._given = {k: given.get(k) for k in choices}
+        self._apply({k: v if v is not None else choices[k][0] for k, v in self._given.items()})
         self._warm = _WarmUp()
         self._raised: dict[int, ContractError] = {}  # per thread: the first violation raised
         self.iterations = 0
@@ -182,8 +181,12 @@ class HotLoop:
 
     @property
     def options(self) -> dict[str, str]:
-        """The loop's options (``transfers``, ``compiles``, ``on_violation``)."""
+        """The loop's options (``transfers``, ``compiles``, ``callbacks``, ``on_violation``)."""
         return dict(self._options)
+
+    def option(self, name: str) -> str:
+        """One option's value (a contract's hook reads its own)."""
+        return self._options[name]
 
     @property
     def warmup_compiles(self) -> list[WarmupCompile]:
@@ -355,7 +358,7 @@ class HotLoop:
             # what this loop does not set, it takes from the loop it is in (else the defaults)
             # (an audit's recording loop is not the user's: it passes nothing on)
             inherits = isinstance(outer, HotLoop) and not outer.audit
-            base = outer._options if inherits else {k: v[0] for k, v in _OPTIONS.items()}
+            base = outer._options if inherits else {k: v[0] for k, v in loop_options().items()}
             self._apply({k: v if v is not None else base[k] for k, v in self._given.items()})
         # JAX's own guards, set whatever the backend: nothing here may start it
         # (jc.watch() enters a loop before the audited script's first line, which
@@ -602,6 +605,7 @@ def hot_loop(
     *,
     transfers: Literal["disallow", "allow_host_to_device", "allow"] | None = ...,
     compiles: Literal["disallow", "warmup", "allow"] | None = ...,
+    callbacks: Literal["allow", "disallow"] | None = ...,
     on_violation: Literal["raise", "record"] | None = ...,
 ) -> HotLoop: ...
 @boundary
@@ -611,6 +615,7 @@ def hot_loop(
     *,
     transfers: Literal["disallow", "allow_host_to_device", "allow"] | None = None,
     compiles: Literal["disallow", "warmup", "allow"] | None = None,
+    callbacks: Literal["allow", "disallow"] | None = None,
     on_violation: Literal["raise", "record"] | None = None,
 ) -> Any:
     """A critical section where transfers and compiles are contract violations.
@@ -657,6 +662,13 @@ def hot_loop(
             ``jax.jit`` each iteration) is refused. With
             ``for x in loop.iterate(data):`` only the first iteration may
             compile. ``"allow"``: no compile checks.
+        callbacks: ``"allow"`` (default), or ``"disallow"``: a hot step or a
+            plain ``jax.jit`` whose compiled program calls back to the host
+            (``jax.debug.print``, ``jax.debug.callback``, ``jax.pure_callback``,
+            ``io_callback``) is refused before its call runs, naming the
+            callback and the line that wrote it: a device-to-host round trip
+            at every call, which also keeps JAX off its C++ fast path and
+            out of its persistent compilation cache.
         on_violation: ``"raise"`` (default), or ``"record"`` to collect the
             violations in ``loop.violations`` / ``loop.report()`` instead.
             In record mode implicit host-to-device transfers in eager ops are
@@ -685,7 +697,7 @@ def hot_loop(
         >>> [v.kind for v in loop.violations]
         ['transfer']
     """
-    loop = HotLoop(transfers=transfers, compiles=compiles, on_violation=on_violation)
+    loop = HotLoop(transfers=transfers, compiles=compiles, callbacks=callbacks, on_violation=on_violation)
     if fn is None:
         return loop
     if callable(fn) and not isinstance(fn, (str, type)):  # @jc.hot_loop, bare: the defaults

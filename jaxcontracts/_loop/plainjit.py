@@ -41,7 +41,7 @@ from typing import Any
 
 import jax
 
-from .. import _steps
+from .. import _contracts, _steps
 from .._compat import jitwatch
 from .._compat.tracing import trace_state_clean
 from .._format import fmt_bytes
@@ -98,7 +98,8 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
     if drifted is not None:  # a deleted array a plain jax.jit's donation consumed: the index drifted
         loop.violation("wrong_donation", drifted[1], drifted[2] + ". The call did not run.", user)
     local.plain_recompile = recompile
-    seen.append(sig)
+    if sig not in seen:  # (a function with effects misses JAX's C++ cache at every call)
+        seen.append(sig)
     for j, path in host[:1]:  # record mode: one per function and line
         # JAX's guard logs this transfer too (record mode): the loop drops that line
         loop.named_transfers[logged[0]] += 1
@@ -113,6 +114,9 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
             user,
         )
     p, flat = _traced(loop, run, fun, ji, args, kwargs)
+    found = _contracts.scan(name, jitwatch.jaxpr_of(p))
+    if found:  # a callback in its program (every call of it misses JAX's C++ cache)
+        _contracts.refuse(name, found)
     try:
         out_tree, out_avals = jitwatch.outputs_of(p)
         avals = {(tuple(a.shape), str(a.dtype)) for a in out_avals}

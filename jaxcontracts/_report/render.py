@@ -19,7 +19,7 @@ import textwrap
 from collections.abc import Sequence
 
 from .._compat import capabilities, capability
-from .._errors import CONTRACTS, VIOLATIONS, ContractError
+from .._errors import CONTRACTS, VIOLATIONS, ContractError, hooked
 from .._format import fmt_aval, fmt_bytes, fmt_sharding
 from .._records import StepDescription, Violation, WarmupCompile
 from .timing import LoopTiming
@@ -475,6 +475,10 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
             f"{', '.join(bare)}: passed as one array, donated as jax.jit donates it (no count can tell "
             "a kept copy from the name it is passed from); a later read of a copy names this step",
         ))
+    if cs is not None:  # what declared contracts found in the program (its host callbacks)
+        report.facts.extend(
+            fact for c in hooked("fact") if c.key in cs.found and (fact := c.fact(cs.found[c.key])) is not None  # type: ignore[misc]
+        )
     if cs is None:
         report.contracts = list(extra) or [
             Contract("compiled", False, "not compiled yet: call it or use .compile(specs)")
@@ -518,15 +522,11 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
     }
     failed_now = {c.key for c in extra if not c.ok}  # jc.check: this compile's failure
     report.contracts = [
-        Contract(_STEP_ROW_NAMES.get(key, CONTRACTS[key].sentence) + suffix, ok, detail, CONTRACTS[key].error, key)
+        Contract((CONTRACTS[key].row or CONTRACTS[key].sentence) + suffix, ok, detail, CONTRACTS[key].error, key)
         for key, (ok, detail, suffix) in rows.items()
         if key not in failed_now
     ] + list(extra)
     return report
-
-
-# A step's row for the "signature" contract counts every refused call.
-_STEP_ROW_NAMES = {"signature": "no call refused (recompile, transfer or donation)"}
 
 
 def _compiled_from(cache: str | None, seconds: float) -> str:

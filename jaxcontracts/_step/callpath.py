@@ -59,7 +59,14 @@ from .callctx import (
     picker,
     stale_reader,
 )
-from .callwrap import host_call, with_effect_tokens, with_filtered, with_inplace, with_static
+from .callwrap import (
+    host_call,
+    with_effect_tokens,
+    with_filtered,
+    with_inplace,
+    with_refusals,
+    with_static,
+)
 from .diagnose import kept_leaves_error
 from .kept import KeptPlan, kept_plan
 
@@ -106,6 +113,8 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
     ensure = effect_tokens(cs.compiled)  # an ordered effect: JAX's token made outside the guard
     if ensure is not None:
         dispatch = with_effect_tokens(dispatch, ensure)
+    if cs.found:  # a declared contract found something in the program: refused in a loop
+        dispatch = with_refusals(dispatch, step.short_name, cs.found)
     return with_inplace(definition, dispatch, step) if definition.inplace_params else dispatch
 
 

@@ -16,7 +16,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from .. import _runtime
+from .. import _contracts, _runtime
 from .._compat.guarded import REFUSED
 from .._compat.threadguard import allow_host_to_device
 from .._errors import ContractError, DefinitionError
@@ -33,6 +33,7 @@ __all__ = [
     "inside_in_place_call",
     "module_params",
     "with_effect_tokens",
+    "with_refusals",
     "with_filtered",
     "with_inplace",
     "with_static",
@@ -231,6 +232,25 @@ def with_effect_tokens(dispatch: Callable[..., Any], ensure: Callable[[], None])
             raise
 
     return effects_call
+
+
+def with_refusals(dispatch: Callable[..., Any], name: str, found: dict[str, tuple[Any, ...]]) -> Callable[..., Any]:
+    """The call path of an executable in which a declared contract found
+    something (a host callback): inside a loop, each such contract's
+    ``refuse`` hook runs before the call (``_contracts.refuse``). Built only
+    for such executables: every other call path pays nothing."""
+    local = _runtime.local
+
+    def refusing_call(*args: Any, **kwargs: Any) -> Any:
+        try:
+            if local.loop is not None:
+                _contracts.refuse(name, found)
+            return dispatch(*args, **kwargs)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
+
+    return refusing_call
 
 
 def module_params(

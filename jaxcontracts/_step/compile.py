@@ -25,6 +25,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 
+from .. import _contracts
 from .._compat import events
 from .._compat.arrays import hook_deleted_reads
 from .._compat.executable import alias_bytes, aliased_parameters, requested_aliases
@@ -412,6 +413,7 @@ def compile_signature(
             if closed:  # before lowering: a hidden argument of the executable
                 raise closed_over_refs_error(definition.name, definition.fn, closed)
             lowered = traced.lower()
+            found = _contracts.scan(definition.name, traced.jaxpr)
         outcome = events.watch_cache()  # did JAX's persistent cache serve it?
         try:
             compiled = lowered.compile()
@@ -458,6 +460,7 @@ def compile_signature(
         cache=None if outcome is None else outcome.verdict,
         host=host,
         host_nbytes=sum(nbytes[id(exact[i])] for i in host),
+        found=found,
     ), definition
 
 

@@ -1,0 +1,50 @@
+"""Contracts declared in a module of their own (``_errors.declare``): each
+holds its words, its loop option and its hooks; hot steps and loops apply
+every declared contract through :func:`scan` and :func:`refuse`, reports
+through ``_errors.hooked("fact")``.
+
+The recipe for a new one is in ARCHITECTURE.md ("Adding a contract").
+"""
+
+from __future__ import annotations
+
+import weakref
+from typing import Any
+
+from .._errors import CONTRACTS, hooked
+from . import callbacks
+
+__all__ = ["callbacks", "refuse", "scan"]
+
+# id(closed jaxpr) -> (a weak reference to it, what each contract found): a
+# plain jax.jit with effects takes JAX's Python path at every call (no C++
+# fast-path entry), so its cache-miss observer sees the same jaxpr each call
+_scanned: dict[int, tuple[Any, dict[str, tuple[Any, ...]]]] = {}
+
+
+def scan(name: str, closed: Any) -> dict[str, tuple[Any, ...]]:
+    """What each contract with a ``scan`` hook finds in a compiled program
+    (``closed``: its closed jaxpr), by contract key; contracts that find
+    nothing are left out."""
+    key = id(closed)
+    hit = _scanned.get(key)
+    if hit is not None and hit[0]() is closed:
+        return hit[1]
+    found = {c.key: got for c in hooked("scan") if (got := c.scan(name, closed))}  # type: ignore[misc]
+    try:
+        ref = weakref.ref(closed, lambda _, key=key: _scanned.pop(key, None))
+    except TypeError:  # not weakly referable: not kept
+        return found
+    _scanned[key] = (ref, found)
+    return found
+
+
+def refuse(name: str, found: dict[str, tuple[Any, ...]]) -> None:
+    """Before a call of a program in which contracts found something: each
+    such contract's ``refuse`` hook (inside a loop that disallows it, the
+    violation)."""
+    __tracebackhide__ = True
+    for key, got in found.items():
+        hook = CONTRACTS[key].refuse
+        if hook is not None:
+            hook(name, got)

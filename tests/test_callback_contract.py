@@ -1,0 +1,148 @@
+"""``jc.hot_loop(callbacks="disallow")``: no host callbacks in a loop's
+compiled steps (issue 52, section 2: a contract added through the recipe).
+
+A compiled program that calls back to the host (``jax.debug.print``,
+``jax.debug.callback``, ``jax.pure_callback``, ``io_callback``) makes a
+device-to-host round trip at every call. Allowed by default and listed in the
+step's report; with ``"disallow"`` a hot step or a plain ``jax.jit`` whose
+program has one is refused before its call runs, naming the step, the
+callback's primitive and the line that wrote it, the inputs intact.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax.experimental import io_callback
+
+import jaxcontracts as jc
+from jaxcontracts._errors import CONTRACTS, VIOLATIONS, loop_options
+
+HERE = os.path.relpath(__file__)  # as messages name a file below the working folder
+
+
+def _line(text: str) -> int:
+    lines = pathlib.Path(__file__).read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line and "_line(" not in line)
+
+
+@jc.hot_step(state="x")
+def printing(x):
+    jax.debug.print("x0 {}", x[0])  # the callback
+    return x + 1
+
+
+@jc.hot_step(state="x")
+def quiet(x):
+    return x + 1
+
+
+def test_the_contract_is_declared_once_and_every_table_reads_it():
+    contract = CONTRACTS["no-host-callback"]
+    assert contract.error is jc.TransferError and contract.option == "callbacks"
+    assert VIOLATIONS["callback"].contract == "no-host-callback"
+    assert loop_options()["callbacks"] == ("allow", "disallow")  # the default first
+    with pytest.raises(jc.DefinitionError, match=r"jc.hot_loop\(callbacks='never'\): valid values are 'allow', 'disallow'"):
+        jc.hot_loop(callbacks="never")  # type: ignore[arg-type]
+
+
+def test_allowed_by_default_and_listed_in_the_report(capfd):
+    x = jnp.zeros(3)
+    with jc.hot_loop(compiles="warmup") as loop:
+        for _ in range(2):
+            x = printing(x)
+    jax.effects_barrier()
+    assert capfd.readouterr().out.count("x0 ") == 2 and not loop.violations
+    facts = dict(printing.report().facts)
+    assert facts["host callbacks"].startswith(f"debug_print at {HERE}:{_line('# the callback')}")
+    assert "host callbacks" not in dict(quiet.report().facts)
+    assert any(c.key == "no-host-callback" for c in loop.report().contracts)
+
+
+def test_a_hot_step_with_a_callback_is_refused_before_it_runs_naming_the_line():
+    x = jnp.zeros(3)
+    with pytest.raises(jc.TransferError) as info:
+        with jc.hot_loop(callbacks="disallow", compiles="warmup"):
+            x = quiet(x)
+            x = printing(x)  # refused
+    err = info.value
+    assert err.contract == "no-host-callback"
+    assert f"`printing` calls back to the host at every call: debug_print at {HERE}:{_line('# the callback')}" in str(err)
+    assert f"at {HERE}:{_line('# refused')}" in str(err)
+    assert 'jc.hot_loop(callbacks="allow")' in err.fix
+    assert err.__traceback__ is not None
+    tb = err.__traceback__
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    assert tb.tb_frame.f_code.co_filename == __file__  # the traceback ends at the user's line
+    assert not x.is_deleted() and np.array_equal(jc.fetch(x), np.ones(3))  # the call did not run
+
+
+def test_a_plain_jit_with_a_callback_in_a_nested_body_is_refused_and_keeps_its_donated_input():
+    def body(c, _):
+        jax.debug.callback(lambda v: None, c)  # inside a scan
+        return c + 1, None
+
+    @jax.jit
+    def rollout(x):
+        return jax.lax.scan(body, x, None, length=2)[0]
+
+    donating = jax.jit(lambda x: rollout(x) * 2, donate_argnums=0)
+    x = jnp.zeros(3)
+    with pytest.raises(jc.TransferError, match=r"debug_callback at .*:" + str(_line("# inside a scan"))):
+        with jc.hot_loop(callbacks="disallow", compiles="warmup"):
+            x = donating(x)
+    assert not x.is_deleted()
+
+
+@pytest.mark.parametrize("kind", ["pure_callback", "io_callback"])
+def test_pure_and_io_callbacks_are_named(kind):
+    def host(a):
+        return np.asarray(a) + 1
+
+    def f(x):
+        out = jax.ShapeDtypeStruct(x.shape, x.dtype)
+        return jax.pure_callback(host, out, x) if kind == "pure_callback" else io_callback(host, out, x)
+
+    step, x = jc.hot_step(f, state="x"), jnp.zeros(2)
+    with pytest.raises(jc.TransferError, match=f"`f` calls back to the host at every call: {kind} at "):
+        with jc.hot_loop(callbacks="disallow", compiles="warmup"):
+            step(x)
+
+
+def test_record_mode_records_it_once_per_line_and_the_calls_run():
+    x = jnp.zeros(3)
+    with jc.hot_loop(callbacks="disallow", compiles="warmup", on_violation="record") as loop:
+        for _ in range(3):
+            x = printing(x)
+    jax.effects_barrier()
+    [v] = loop.violations
+    assert v.kind == "callback" and v.count == 3
+    assert np.array_equal(jc.fetch(x), np.full(3, 3.0))
+
+
+def test_a_nested_loop_inherits_the_option_and_the_loops_end_clean():
+    x = jnp.zeros(3)
+    with jc.hot_loop(callbacks="disallow", compiles="warmup"):
+        with pytest.raises(jc.TransferError):
+            with jc.hot_loop(transfers="allow"):  # callbacks= inherited
+                x = printing(x)
+        with jc.hot_loop(callbacks="allow"):
+            x = printing(x)  # let through here
+    x = printing(x)  # outside every loop: as jax.jit
+    jax.effects_barrier()
+    assert np.array_equal(jc.fetch(x), np.full(3, 2.0))
+
+
+def test_what_the_compile_found_is_kept_with_the_signature_and_only_there():
+    # the refusal is built into a call path only where the compile found a callback
+    quiet(jnp.zeros(3))
+    printing(jnp.zeros(3))
+    assert quiet._current.found == {}
+    [site] = printing._current.found["no-host-callback"]
+    assert (site.primitive, site.line, site.function) == ("debug_print", _line("# the callback"), "printing")
