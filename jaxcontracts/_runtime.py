@@ -29,12 +29,14 @@ from ._tracebacks import is_library
 
 __all__ = [
     "DONATION_FIXES",
+    "HOST_FIXES",
     "LoopStack",
     "arrays_named",
     "compiling",
     "deleted_because",
     "donated",
     "donation_fix",
+    "host_fix",
     "held_outputs",
     "in_hot_loop",
     "local",
@@ -220,6 +222,32 @@ DONATION_FIXES = {
     "own, or drop the other reference (a variable that still names it, such as the params you "
     'built a TrainState from: del params); to donate nothing, @jc.hot_step(donate="none").',
 }
+
+
+# Every fix for host data given to a compiled function, in one table (the loop's,
+# the audit's and the translated JAX refusals'); {param}: the parameter's name.
+HOST_FIXES = {
+    # the same value at each call (a constant)
+    "constant": "put it on the device once, before the loop (jax.device_put)",
+    "static": "or make it static (jax.jit(..., static_argnames=({param!r},)))",
+    # a new numpy array at each call (a batch): jaxlib's own copy is the cheapest
+    "batch": "data fed each step (a batch): keep it numpy, the call copies it on jaxlib's C++ "
+    "path, the cheapest copy (a jax.device_put per step costs more); inside a jc.hot_loop, "
+    "move the function into a hot step that declares it (@jc.hot_step(host={param!r}))",
+    # numpy arrays given at an earlier call again (a dataset re-fed each epoch)
+    "refed": "put the dataset on the device once, before the loop (batches = jax.device_put(batches)), "
+    "where it fits in device memory; a loader that makes new arrays each step is the cheapest copy",
+    # a new Python number at each call
+    "number": "carry it on the device in the state (jnp arrays), updated by the step itself",
+    # a Python scalar in an eager op
+    "eager": "a Python scalar in an eager op (x * 2 outside a step) is a transfer too: do the op "
+    "inside a hot_step, or make the scalar a device array before the loop",
+}
+
+
+def host_fix(*kinds: str, param: str = "x") -> str:
+    """The fixes of :data:`HOST_FIXES` for ``kinds``, joined, naming ``param``."""
+    return "; ".join(HOST_FIXES[k] for k in kinds).replace("; or ", ", or ").format(param=param)
 
 
 def donation_fix(kind: str, by: str | None = None, value: str = "value") -> str:

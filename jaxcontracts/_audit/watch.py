@@ -46,14 +46,14 @@ import jax
 import numpy as np
 
 from .. import _steps
-from .._compat import frames, jitwatch
+from .._compat import capability, events, frames, jitwatch
 from .._compat.arrays import ArrayImpl
 from .._compat.tracing import top_level_refs
 from .._errors import ContractError
 from .._format import fmt_bytes
 from .._loop import signatures as sigs
 from .._report.render import findings_html
-from .._runtime import local
+from .._runtime import host_fix, local
 from .._state.spec import leaf_spec, spec_nbytes, value_kind
 from .._tracebacks import trim_ours
 from .._userline import user_frame, where
@@ -155,6 +155,9 @@ class _Function:
     host_findings: dict[tuple[int, ...], list[Finding]] = dataclasses.field(default_factory=dict)
     donated_leaves: tuple[int, ...] = ()  # the first dynamic leaf of each donated parameter
     deleted_note: str = ""  # the cause of JAX's error at a call passing a deleted argument again
+    # numpy arrays given at earlier calls, by id -> a weak reference (a dataset re-fed each
+    # epoch is copied again at each call; a fresh batch each call is the cheapest copy)
+    numpy_seen: dict[int, Any] = dataclasses.field(default_factory=dict)
 
 
 class Watch:
@@ -181,6 +184,10 @@ class Watch:
         self._visits: dict[tuple[str, int], int] = {}
         self._last_at: tuple[str, int] | None = None  # the line of the last event
         self._calling = threading.local()  # .depth: inside a watched call on this thread
+        # .n: the compiles JAX lowered on this thread (every compile lowers once): a call
+        # whose C++ cache grew without one took an executable JAX had (not a recompile)
+        self._lowered = threading.local()
+        self._counting = capability("compile-events").available
         self._kept_params: set[tuple[str, str]] = set()  # (function, parameter) the user kept arrays of
         self._missed_from: dict[tuple[Any, ...], tuple[_Function, int]] = {}  # missed donation -> its first call
         self._closed: tuple[str, int] | None = None  # a line whose run a direct call ended
@@ -234,6 +241,7 @@ class Watch:
             self._trouble(fn, err)
             return jitted(*args, **kwargs)
         t0 = time.perf_counter()
+        lowered = getattr(self._lowered, "n", 0)
         calling = self._calling
         calling.depth = getattr(calling, "depth", 0) + 1
         try:
@@ -247,7 +255,8 @@ class Watch:
         try:
             self._made_by(out, fn)
             if jitwatch.cache_size(jitted) != before:
-                self._compiled(fn, args, kwargs, dyn_args, dyn_kwargs, leaves, out, time.perf_counter() - t0)
+                compiled = not self._counting or getattr(self._lowered, "n", 0) != lowered
+                self._compiled(fn, args, kwargs, dyn_args, dyn_kwargs, leaves, out, time.perf_counter() - t0, compiled)
             if fn.window:
                 fn.window -= 1
                 self._follow(fn, leaves)
@@ -280,11 +289,14 @@ class Watch:
             if fn.run != fn.first_run:
                 seen = fn.host_findings.get(where_host)
                 if seen is None:  # these positions for the first time: name them (paths, the line)
-                    seen = fn.host_findings[where_host] = self._host_leaves(fn, args, dyn_args, dyn_kwargs)
+                    found, fresh = self._host_leaves(fn, args, dyn_args, dyn_kwargs)
+                    if not fresh:  # (a fresh batch: looked at again at the next call)
+                        fn.host_findings[where_host] = found
                 else:
                     for found in seen:
                         found.count += 1
             fn.host_before = {i: _marker(leaves[i]) for i in where_host}
+            _remember_numpy(fn.numpy_seen, [leaves[i] for i in where_host])
 
     def _trouble(self, fn: _Function, err: Exception) -> None:
         """The watch could not look at a call: said once per function in the report."""
@@ -422,14 +434,18 @@ class Watch:
 
     def _compiled(
         self, fn: _Function, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...],
-        dyn_kwargs: dict[str, Any], leaves: Sequence[Any], out: Any, seconds: float,
+        dyn_kwargs: dict[str, Any], leaves: Sequence[Any], out: Any, seconds: float, compiled: bool = True,
     ) -> None:
+        """A call that grew the function's C++ cache: a new signature, and a
+        recompile where JAX lowered a program for it (``compiled``: not where
+        the entry took an executable JAX already had, such as a Python int
+        ``step`` become an array of the same weak type)."""
         sig = sigs.signature(fn.options, args, kwargs, dyn_args, dyn_kwargs)
         here = _user_line(fn.site)
         previous = fn.signatures[-1] if fn.signatures else None
         known = sig in fn.signatures
         fn.signatures.append(sig)
-        if previous is not None and not known:
+        if previous is not None and not known and compiled:
             diff, fix = sigs.diff(previous, sig)
             key: tuple[Any, ...] = ("recompile", fn.name, here)
             found = self._findings.get(key)
@@ -476,52 +492,72 @@ class Watch:
     def _host_leaves(
         self, fn: _Function, args: tuple[Any, ...], dyn_args: tuple[Any, ...],
         dyn_kwargs: dict[str, Any],
-    ) -> list[Finding]:
+    ) -> tuple[list[Finding], bool]:
         """Numpy arrays and Python numbers given to the function (after its
         first call), counted: the findings they count for (their bytes are
-        those of the first call that had them)."""
+        those of the first call that had them), and whether a parameter held
+        a fresh numpy batch (new arrays: the call's own copy is the cheapest,
+        nothing to fix; a batch passed at an earlier call again is)."""
         touched = []
-        host: dict[str, tuple[str, Any, int]] = {}  # param -> (first path, value, bytes this call)
-        changing: set[str] = set()  # params with a host value other than the last call's
+        seen, leaves = fn.numpy_seen, []  # (path, value, bytes, what it is)
         for i, (path, x) in enumerate(sigs.paths(fn.options, args, dyn_args, dyn_kwargs)):
             spec = None if isinstance(x, jax.Array) else leaf_spec(x)
-            if spec is not None:  # host data (a JAX ref, with no spec, is not)
-                param = sigs.param_of(path)
-                first, value, n = host.get(param, (path, x, 0))
-                host[param] = (first, value, n + spec_nbytes(spec))
-                if not _same(fn.host_before.get(i), x):
-                    changing.add(param)
-        for param, (path, x, nbytes) in host.items():
+            if spec is None:  # not host data (a JAX ref, with no spec, is not either)
+                continue
+            if _same(fn.host_before.get(i), x):
+                what = "constant"  # the last call's value again: one copy before the loop does
+            elif not isinstance(x, np.ndarray):
+                what = "number"  # a number that changes: a copy, and a new value to trace in
+            elif (seen.get(id(x)) or _dead)() is x:
+                what = "refed"  # an array given at an earlier call: a dataset re-fed
+            else:
+                what = "fresh"  # a new batch: the call's own copy is the cheapest, nothing to fix
+            leaves.append((path, x, spec_nbytes(spec), what))
+        if fn.equinox:  # equinox's grouped parameters: the user's names, where found
+            named = _user_names(frames.caller_frame(1), [x for _, x, _, _ in leaves])
+            paths = [n or "an argument" for n in named]
+        else:
+            paths = [path for path, _, _, _ in leaves]
+        host: dict[str, tuple[str, Any, int, str]] = {}  # param -> (first path, value, bytes, what)
+        for path, (_, x, nbytes, what) in zip(paths, leaves):
+            param = sigs.param_of(path) if path != "an argument" else path
+            if what == "fresh":
+                host.setdefault(param, (path, x, 0, what))
+            elif param not in host or host[param][3] == "fresh":  # its first leaf to fix names it
+                host[param] = (path, x, nbytes + (host[param][2] if param in host else 0), what)
+            else:
+                first = host[param]
+                host[param] = (*first[:2], first[2] + nbytes, first[3])
+        fresh = False
+        for param, (path, x, nbytes, what) in host.items():
+            if what == "fresh":  # every leaf of it a new batch
+                fresh = True
+                continue
             key = ("host_transfer", fn.name, param)
             found = self._findings.get(key)
             if found is not None:
                 found.count += 1
                 touched.append(found)
                 continue
-            here = _user_line(fn.site)
             kind = value_kind(x)
-            data = param in changing
-            if fn.equinox:  # equinox's grouped parameters: the user's names, where found
-                (named,) = _user_names(frames.caller_frame(1), [x])
-                param, path = (sigs.param_of(named), named) if named else ("an argument", "an argument")
-            if not data:  # the same value again: one copy before the loop does
+            if what == "constant":
                 message = f"{param} of {sigs.short(fn.name)} is the same {kind} at each call ({path}): copied to the device again every time"
-                fix = "put it on the device once, before the loop (jax.device_put)" + (
-                    "" if fn.equinox else f", or make {param} static (static_argnames=({param!r},))")
-            elif isinstance(x, np.ndarray):  # a batch: the copy is the step's input
+                # static only where the argument is one hashable leaf (a dict or a numpy array is not)
+                static = not fn.equinox and path == param and not isinstance(x, np.ndarray)
+                fix = host_fix("constant", "static", param=param) if static else host_fix("constant")
+            elif what == "refed":
+                message = (f"{param} of {sigs.short(fn.name)} is a {kind} given at an earlier call again "
+                           f"({path}): copied to the device at every call it is given")
+                fix = host_fix("refed")
+            else:
                 message = f"{param} of {sigs.short(fn.name)} is a new {kind} at each call ({path}): a host-to-device copy each call"
-                fix = ("data fed each step: keep it numpy, the call copies it on jaxlib's C++ path, "
-                       "the cheapest copy (a jax.device_put per step costs more); inside a jc.hot_loop "
-                       "declare it: @jc.hot_step(host=...)")
-            else:  # a number that changes: a host copy, and a new value to trace in
-                message = f"{param} of {sigs.short(fn.name)} is a new {kind} at each call ({path}): a host-to-device copy each call"
-                fix = "carry it on the device in the state (jnp arrays), updated by the step itself"
+                fix = host_fix("number")
             self._findings[key] = Finding(
-                "host_transfer", fn.name, *here, count=1, param=param, bytes_per_call=nbytes,
+                "host_transfer", fn.name, *_user_line(fn.site), count=1, param=param, bytes_per_call=nbytes,
                 message=message, fix=fix,
             )
             touched.append(self._findings[key])
-        return touched
+        return touched, fresh
 
     def _host_syncs(self) -> None:
         """A line whose reads were followed by more jitted calls, at least twice:
@@ -570,6 +606,8 @@ class Watch:
             if _ACTIVE is not None:
                 raise RuntimeError("a jc.watch() is already open: one at a time")
             _ACTIVE = self
+            if self._counting:
+                events.listen(self._on_event)
             if jitwatch.available():
                 jitwatch.install(self.wrap)
             else:  # said in the report: which findings cannot be made here
@@ -588,6 +626,10 @@ class Watch:
                 self.__exit__(None, None, None)
                 raise
         return self
+
+    def _on_event(self, event: str, value: float, **kwargs: Any) -> None:
+        if event == events.LOWERING_EVENT:
+            self._lowered.n = getattr(self._lowered, "n", 0) + 1
 
     def _chained(self, fn: _Function, leaves: Sequence[Any]) -> bool:
         """Whether a call of ``fn`` is given an output of an earlier call of ``fn``."""
@@ -657,6 +699,8 @@ class Watch:
             self._host_syncs()
         with _INSTALL_LOCK:
             jitwatch.uninstall()
+            if self._counting:
+                events.unlisten(self._on_event)
             _ACTIVE = None
         self.active = False
         for fn in self._functions:  # what was still followed at the end: dropped?
@@ -678,21 +722,44 @@ def _user_names(frame: Any, leaves: Sequence[Any]) -> list[str]:
     return [where_.get(id(x), "") for x in leaves]
 
 
+# numpy arrays up to this size are also compared by value with the last call's
+# (``np.ones(8)`` made anew each iteration is a constant); larger ones by identity only
+_COMPARED_BYTES = 1 << 20
+
+
 def _marker(x: Any) -> Any:
     """What tells a host value passed again from a new one: a numpy array by
-    identity (a weak reference), a number by value."""
+    identity (a weak reference) and, when small, by value (a copy); a number
+    by value."""
     if isinstance(x, np.ndarray):
-        return weakref.ref(x)
+        return (weakref.ref(x), x.copy() if x.nbytes <= _COMPARED_BYTES else None)
     return x if isinstance(x, (int, float, complex, np.generic)) else None
 
 
 def _same(marker: Any, x: Any) -> bool:
-    if isinstance(marker, weakref.ref):
-        return marker() is x
+    if isinstance(marker, tuple):  # a numpy array's
+        ref, copy = marker
+        if ref() is x:
+            return True
+        return (
+            copy is not None and isinstance(x, np.ndarray) and copy.dtype == x.dtype
+            and copy.shape == x.shape and bool(np.array_equal(copy, x))
+        )
     try:
         return marker is not None and type(marker) is type(x) and bool(marker == x)
     except Exception:  # noqa: BLE001 - an odd ==: not the same
         return False
+
+
+def _dead() -> None:
+    return None
+
+
+def _remember_numpy(seen: dict[int, Any], values: Sequence[Any]) -> None:
+    """Note the numpy arrays among ``values`` as given (weakly: a dead one is forgotten)."""
+    for x in values:
+        if isinstance(x, np.ndarray) and id(x) not in seen:
+            seen[id(x)] = weakref.ref(x, lambda _, key=id(x): seen.pop(key, None))
 
 
 def _key(frame: Any) -> tuple[str, int]:

@@ -45,7 +45,7 @@ from .. import _contracts, _steps
 from .._compat import jitwatch
 from .._compat.tracing import trace_state_clean
 from .._format import fmt_bytes
-from .._runtime import local
+from .._runtime import host_fix, local
 from .._userline import user_frame, where
 from . import signatures as sigs
 from .intercept import plain_trace
@@ -107,10 +107,7 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
         loop.violation(
             "transfer",
             f"`{name}` is given {sig.text(j)} at `{path}`: an implicit host-to-device copy at every call",
-            f"a constant: put it on the device once, before the loop (jax.device_put), or make it "
-            f"static (jax.jit(..., static_argnames=({param!r},))); data fed each step (a batch): "
-            "the call's own copy is the cheapest (a jax.device_put per step costs more), so move "
-            f"the function into a hot step that declares it (@jc.hot_step(host={param!r})).",
+            "a constant: " + host_fix("constant", "static", "batch", param=param) + ".",
             user,
         )
     p, flat = _traced(loop, run, fun, ji, args, kwargs)

@@ -14,7 +14,7 @@ from typing import Any
 from .._compat import runtime_errors
 from .._errors import VIOLATIONS, DonationError, TransferError
 from .._format import fmt_aval
-from .._runtime import arrays_named, donated, donation_fix
+from .._runtime import arrays_named, donated, donation_fix, host_fix
 from .._steps import consumed_by, jit_donation
 from .._userline import is_library, traceback_where
 from . import rng as _rng
@@ -29,10 +29,7 @@ _RUNTIME_ERRORS: dict[str, tuple[type[Exception], str, str, str]] = {
         TransferError,
         "no-transfer",
         "implicit transfer inside jc.hot_loop: host-to-device",
-        "put host data on the device once, before the loop (x = "
-        "jax.device_put(x)); a Python scalar in an eager op (x * 2 outside a "
-        "step) is a transfer too: do the op inside a hot_step, or make the "
-        "scalar a device array before the loop.",
+        host_fix("constant", "eager") + ".",
     ),
     "device-to-host": (
         TransferError,

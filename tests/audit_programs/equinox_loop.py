@@ -27,5 +27,5 @@ rng = np.random.default_rng(0)
 for _ in range(6):
     x = rng.normal(size=(8, 4)).astype(np.float32)
     y = rng.normal(size=(8, 1)).astype(np.float32)
-    model, opt_state, value = make_step(model, opt_state, x, y)  # PLANT: missed_donation, host_transfer
+    model, opt_state, value = make_step(model, opt_state, x, y)  # PLANT: missed_donation
 print(f"loss {float(value):.3f}")

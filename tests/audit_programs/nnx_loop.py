@@ -23,5 +23,5 @@ rng = np.random.default_rng(0)
 for _ in range(6):
     x = rng.normal(size=(8, 4)).astype(np.float32)
     y = rng.normal(size=(8, 2)).astype(np.float32)
-    loss = train_step(model, optimizer, x, y)  # PLANT: missed_donation, missed_donation, host_transfer, host_transfer
+    loss = train_step(model, optimizer, x, y)  # PLANT: missed_donation, missed_donation
 print(f"loss {float(loss):.3f}")

@@ -28,6 +28,6 @@ opt_state = optimizer.init(params)
 losses = []
 for _epoch in range(2):
     for i in range(0, 70, 16):  # the last batch has 6 rows
-        params, opt_state, loss = train_step(params, opt_state, data_x[i : i + 16], data_y[i : i + 16])  # PLANT: missed_donation, missed_donation, host_transfer, host_transfer, recompile
+        params, opt_state, loss = train_step(params, opt_state, data_x[i : i + 16], data_y[i : i + 16])  # PLANT: missed_donation, missed_donation, recompile
         losses.append(loss)
 print(f"loss {float(losses[-1]):.3f}")
