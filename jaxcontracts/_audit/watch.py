@@ -758,8 +758,13 @@ def _dead() -> None:
 def _remember_numpy(seen: dict[int, Any], values: Sequence[Any]) -> None:
     """Note the numpy arrays among ``values`` as given (weakly: a dead one is forgotten)."""
     for x in values:
-        if isinstance(x, np.ndarray) and id(x) not in seen:
-            seen[id(x)] = weakref.ref(x, lambda _, key=id(x): seen.pop(key, None))
+        key = id(x)
+        if isinstance(x, np.ndarray) and key not in seen:
+            seen[key] = weakref.ref(x, functools.partial(_forget, seen, key))
+
+
+def _forget(seen: dict[int, Any], key: int, _ref: Any) -> None:
+    seen.pop(key, None)
 
 
 def _key(frame: Any) -> tuple[str, int]:
