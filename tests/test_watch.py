@@ -489,6 +489,50 @@ def test_a_cache_entry_taken_without_a_compile_is_not_a_recompile():
     assert lowered == ["jit(bump)", "jit(total)", "jit(total)"]  # JAX's own count of compiles
 
 
+def test_a_recompile_names_the_users_static_numbers_and_a_nodes_changed_static_data():
+    # issue 51's audit of the ports: diffrax's eqx.filter_jit(solver.step) with Python-float
+    # times printed equinox's raw treedef; jax-md's neighbour list grown (aux data) said only
+    # "the arguments' structure changed"
+    eqx = pytest.importorskip("equinox")
+
+    @jax.tree_util.register_pytree_node_class
+    class Buffer:
+        def __init__(self, x, capacity):
+            self.x, self.capacity = x, capacity
+
+        def tree_flatten(self):
+            return (self.x,), self.capacity
+
+        @classmethod
+        def tree_unflatten(cls, capacity, children):
+            return cls(children[0], capacity)
+
+    def advance(t_start, t_end, y):
+        return y * (t_end - t_start)
+
+    def grow(buf, y):
+        return buf.x + y
+
+    with jc.watch() as w:
+        advance, grow = eqx.filter_jit(advance), jax.jit(grow)
+        y = jnp.ones(3)
+        for t in (0.0, 0.5, 1.0):
+            y = advance(t, t + 0.5, y)
+        for capacity in (8, 8, 16):
+            grow(Buffer(jnp.zeros(3), capacity), y)
+    found = {f.function.rsplit(".", 1)[-1]: f for f in w.findings() if f.kind == "recompile"}
+    stepped, grown = found["advance"], found["grow"]
+    assert stepped.count == 2
+    assert stepped.diff == [
+        "t_start: 0.0 -> 0.5 (a Python float: static under eqx.filter_jit)",
+        "t_end: 0.5 -> 1.0 (a Python float: static under eqx.filter_jit)",
+    ]
+    assert stepped.fix.startswith("pass t_start, t_end as arrays (jnp.asarray(...))")
+    assert "signatures so far" not in stepped.message
+    assert grown.diff[0].startswith("buf: its tree's static data: ") and "8" in grown.diff[0] and "16" in grown.diff[0]
+    assert "aux data) in buf changed" in grown.fix
+
+
 def test_a_finished_script_does_not_list_reads_made_once():
     with jc.watch() as w:
         step = jax.jit(lambda x: x + 1, donate_argnums=0)

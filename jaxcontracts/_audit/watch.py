@@ -158,6 +158,7 @@ class _Function:
     # numpy arrays given at earlier calls, by id -> a weak reference (a dataset re-fed each
     # epoch is copied again at each call; a fresh batch each call is the cheapest copy)
     numpy_seen: dict[int, Any] = dataclasses.field(default_factory=dict)
+    user_statics: dict[str, Any] = dataclasses.field(default_factory=dict)  # eqx.filter_jit: its numbers
 
 
 class Watch:
@@ -445,8 +446,14 @@ class Watch:
         previous = fn.signatures[-1] if fn.signatures else None
         known = sig in fn.signatures
         fn.signatures.append(sig)
+        statics = _user_statics(fn) if fn.equinox else {}
         if previous is not None and not known and compiled:
             diff, fix = sigs.diff(previous, sig)
+            changed = [(k, fn.user_statics[k], v) for k, v in statics.items() if k in fn.user_statics and fn.user_statics[k] != v]
+            if changed:  # eqx.filter_jit made a Python number static: the user's names
+                diff = [f"{k}: {a!r} -> {b!r} (a Python {type(b).__name__}: static under eqx.filter_jit)" for k, a, b in changed]
+                fix = (f"pass {', '.join(k for k, _, _ in changed)} as {'arrays' if len(changed) > 1 else 'an array'} (jnp.asarray(...)): "
+                       "eqx.filter_jit traces arrays and compiles anew for each new Python number")
             key: tuple[Any, ...] = ("recompile", fn.name, here)
             found = self._findings.get(key)
             if found is not None:
@@ -455,8 +462,7 @@ class Watch:
             else:
                 self._findings[key] = Finding(
                     "recompile", fn.name, *here, count=1, diff=diff, seconds=seconds,
-                    message=f"{sigs.short(fn.name)} compiled again ({len(fn.signatures)} signatures "
-                    "so far), because:",
+                    message=f"{sigs.short(fn.name)} compiled again, because:",
                     fix=fix,
                 )
         elif previous is None:
@@ -475,6 +481,7 @@ class Watch:
                         fix="make the jax.jit once, outside the loop (at module level, or before the loop)",
                     )
                 found.count, found.seconds = made, spent
+        fn.user_statics = statics
         out_leaves = [x for x in jax.tree_util.tree_leaves(out) if isinstance(x, jax.Array)]
         out_avals = {(tuple(x.shape), str(x.dtype)) for x in out_leaves}
         donated = sigs.donated_params(fn.options)
@@ -749,6 +756,14 @@ def _same(marker: Any, x: Any) -> bool:
         return marker is not None and type(marker) is type(x) and bool(marker == x)
     except Exception:  # noqa: BLE001 - an odd ==: not the same
         return False
+
+
+def _user_statics(fn: _Function) -> dict[str, Any]:
+    """The Python numbers, strings and bools among the user's arguments of the
+    eqx.filter_jit call running now, by the user's parameter names (equinox
+    makes them static: each new value compiles)."""
+    arguments = jitwatch.equinox_arguments(frames.caller_frame(1)) or {}
+    return {k: v for k, v in arguments.items() if isinstance(v, (bool, int, float, complex, str))}
 
 
 def _dead() -> None:

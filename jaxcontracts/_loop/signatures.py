@@ -40,6 +40,7 @@ class Signature:
     host: tuple[str, ...]  # per dynamic leaf: "" on the device, else what it is ("a Python float")
     statics: tuple[tuple[str, str], ...]  # (parameter, repr of its value)
     paths: tuple[str, ...]
+    parts: tuple[tuple[str, Any], ...] = ()  # (parameter, its tree structure), the dynamic ones
 
     def aval(self, j: int) -> tuple[tuple[int, ...], str] | None:
         """Leaf ``j``'s shape and dtype, as outputs are matched by (None: no spec)."""
@@ -102,12 +103,15 @@ def signature(opts: jitwatch.JitOptions, args: tuple[Any, ...], kwargs: dict[str
     statics = tuple(
         (params[i] if i < len(params) else f"args[{i}]", repr(args[i])) for i in opts.static_argnums if i < len(args)
     ) + tuple((k, repr(v)) for k, v in sorted(kwargs.items()) if k in opts.static_argnames)
+    values = dict(zip(names(opts, len(dyn_args) + len(opts.static_argnums)), dyn_args))
+    values.update(dyn_kwargs)
     return Signature(
         jax.tree_util.tree_structure((dyn_args, dyn_kwargs)),
         tuple(leaf_spec(x) for _, x in found),  # None: not array-like (a JAX ref)
         tuple("" if isinstance(x, jax.Array) or leaf_spec(x) is None else f"a {value_kind(x)}" for _, x in found),
         statics,
         tuple(p for p, _ in found),
+        tuple((k, jax.tree_util.tree_structure(v)) for k, v in values.items()),
     )
 
 
@@ -152,14 +156,33 @@ def diff(old: Signature, new: Signature) -> tuple[list[str], str]:
     if old.treedef != new.treedef:
         gone = sorted(set(old.paths) - set(new.paths))
         added = sorted(set(new.paths) - set(old.paths))
-        out.append("the arguments' structure changed" + (f": {len(gone)} leaves gone ({', '.join(gone[:3])})" if gone else "")
-                   + (f"; {len(added)} new ({', '.join(added[:3])})" if added else ""))
-        return out, "keep the arguments' structure fixed across calls"
+        if gone or added:
+            out.append("the arguments' structure changed" + (f": {len(gone)} leaves gone ({', '.join(gone[:3])})" if gone else "")
+                       + (f"; {len(added)} new ({', '.join(added[:3])})" if added else ""))
+            return out, "keep the arguments' structure fixed across calls"
+        before = dict(old.parts)  # the same leaves: a node's static data changed (a capacity, a flag)
+        changed = [(k, before[k], t) for k, t in new.parts if k in before and before[k] != t]
+        out += [f"{k}: its tree's static data: {_first_difference(str(a), str(b))}"
+                for k, a, b in changed] or ["the arguments' structure changed (the same leaves)"]
+        named = ", ".join(k for k, _, _ in changed) or "the arguments"
+        return out, (f"a pytree node's static data (aux data) in {named} changed: each new value compiles "
+                     "anew; keep it fixed (for a buffer that grows, allocate room to spare once)")
     diffs = diff_leaves(list(zip(old.paths, old.specs)), list(zip(new.paths, new.specs)))
     out = [f"{d.path}: {d.expected} -> {d.got}" for d in diffs]
     if not diffs:
         return ["the same leaves (another device or trace context)"], "call it on the device and in the context it was compiled for"
     return out, diffs[0].cause
+
+
+def _first_difference(a: str, b: str, room: int = 14) -> str:
+    """Where two reprs first differ: ``...NeighborList[672, ... -> ...NeighborList[703, ...``."""
+    i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
+    start = max(0, i - room)
+
+    def cut(text: str) -> str:
+        return ("..." if start else "") + text[start : i + room] + ("..." if len(text) > i + room else "")
+
+    return f"{cut(a)} -> {cut(b)}"
 
 
 def missed_donation_fix(name: str, param: str, jit: str = "jax.jit") -> str:
