@@ -20,7 +20,7 @@ import threading
 import time
 import warnings
 from collections.abc import Callable, Iterator, Sequence
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -61,6 +61,7 @@ from .diffs import diff_specs
 
 __all__ = [
     "compile_signature",
+    "JitPlan",
     "jit_for",
     "quiet_donation_warning",
     "signature_diffs",
@@ -86,12 +87,22 @@ class quiet_donation_warning(warnings.catch_warnings):
         return out
 
 
-def jit_for(
-    definition: StepDefinition, positional: tuple[Any, ...]
-) -> tuple[Any, tuple[Any, ...], Any, tuple[int, ...], bool, StepDefinition]:
-    """The jitted function, its spec arguments, treedef, donated leaves, style,
-    and the signature with what the step returns resolved (``definition.carried``:
-    read from the output's structure when the decorator could not tell)."""
+class JitPlan(NamedTuple):
+    """What a compile of a step for some arguments traces: :func:`jit_for`'s answer."""
+
+    jitted: Any  # the jax.jit function, its donation set
+    spec_args: tuple[Any, ...]  # the arguments it is traced with (specs)
+    treedef: Any  # of the positional arguments
+    donated: tuple[int, ...]  # flat leaf indices donated
+    flat_style: bool  # called with flat leaves (per-leaf donation)
+    # the definition with what this compile found out: what the step returns
+    # (``carried``, read from the output where the decorator could not tell) and
+    # the objects it updates in place; the step keeps it (HotStep._learn)
+    definition: StepDefinition
+
+
+def jit_for(definition: StepDefinition, positional: tuple[Any, ...]) -> JitPlan:
+    """The jitted function for ``positional`` and what tracing it needs (:class:`JitPlan`)."""
     with_path, treedef = jax.tree_util.tree_flatten_with_path(positional)
     paths = [p for p, _ in with_path]
     specs = []
@@ -142,7 +153,7 @@ def jit_for(
         argnums = tuple(a for a, v in per_arg.items() if v and all(v))
         jitted = jax.jit(_fresh(positional_fn, definition.fn), donate_argnums=argnums, keep_unused=True)
         spec_args = tuple(jax.tree_util.tree_unflatten(treedef, specs))
-    return jitted, spec_args, treedef, donated, flat_style, definition
+    return JitPlan(jitted, spec_args, treedef, donated, flat_style, definition)
 
 
 def _in_place(definition: StepDefinition, fn: Callable[..., Any], candidates: tuple[int, ...]) -> Callable[..., Any]:
@@ -405,7 +416,8 @@ def compile_signature(
     """
     __tracebackhide__ = True
     with compiling(definition.name, _compile_args(definition), definition.fn):  # in a hot_loop, a violation (before any trace)
-        jitted, spec_args, treedef, donated, flat_style, definition = jit_for(definition, positional)
+        plan = jit_for(definition, positional)
+        jitted, spec_args, treedef, donated, flat_style, definition = plan
         t0 = time.perf_counter()
         with quiet_donation_warning(), _tracing(definition):
             traced = jitted.trace(*spec_args)

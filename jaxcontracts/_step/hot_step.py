@@ -172,9 +172,10 @@ class HotStep(Generic[P, R]):
         return self._lower(self._to_compile("lower", args, kwargs))
 
     def _lower(self, positional: tuple[Any, ...]) -> Any:
-        jitted, spec_args, *_, self._definition = jit_for(self._definition, positional)
+        plan = jit_for(self._definition, positional)
+        self._learn(plan.definition)
         with quiet_donation_warning():
-            return jitted.trace(*spec_args).lower()
+            return plan.jitted.trace(*plan.spec_args).lower()
 
     @boundary
     def compile(self, *args: Any, **kwargs: Any) -> Any:
@@ -402,11 +403,19 @@ class HotStep(Generic[P, R]):
 
     # -- compiling and choosing the call path ------------------------------
 
+    def _learn(self, definition: StepDefinition) -> None:
+        """The one place the step's definition changes after the decorator: what
+        a compile or a call found out about the function (what it returns, the
+        objects it updates in place) or its arguments (pytrees of refs carried
+        as state, equinox Modules filtered), each a new frozen definition."""
+        self._definition = definition
+
     def _new_signature(self, positional: tuple[Any, ...]) -> CompiledSignature:
         __tracebackhide__ = True
         if len(self._signatures) >= self._definition.max_compiles:
             raise self._refuse(positional)
-        cs, self._definition = compile_signature(self._definition, positional)  # what it returns, now known
+        cs, definition = compile_signature(self._definition, positional)
+        self._learn(definition)
         self._signatures.append(cs)
         self.stats.compiles += 1
         self.stats.compile_seconds += cs.compile_seconds
@@ -574,13 +583,13 @@ def _learn_modules(
         definition = step._definition
         params = ref_params(definition.name, definition.param_names, positional, refs)
         with step._compile_lock:
-            step._definition = step._definition.with_refs(params)
+            step._learn(step._definition.with_refs(params))
         return True
     compiled = {leaf.path for cs in step._signatures for leaf in cs.leaves}  # device arrays, compiled
     modules = module_params(step._definition, positional, with_path, odd, compiled)
     if modules:
         with step._compile_lock:
-            step._definition = step._definition.with_filtered(modules)
+            step._learn(step._definition.with_filtered(modules))
     return bool(modules)
 
 
