@@ -623,6 +623,12 @@ def test_a_warm_jit_refusing_a_donated_buffer_is_recognised_from_cpp(monkeypatch
     with pytest.raises(ValueError) as mine:
         raise ValueError("Buffer has been deleted or donated, says my own code")
     assert runtime_errors.classify(mine.value) is None
+    # the TPU runtime's words for it (jaxlib 0.10.2 on a v5e), raised by the warm C++ call
+    tpu = ValueError(
+        "INVALID_ARGUMENT: Invalid buffer passed to Execute() as argument 0 to replica 0: "
+        "INVALID_ARGUMENT: Donation requested for invalid buffer"
+    )
+    assert runtime_errors.classify(tpu)[0] == "deleted"
 
 
 def test_cache_events_are_counted_on_the_compiling_thread_only():

@@ -31,6 +31,8 @@ _MARKERS: tuple[tuple[str, GuardErrorKind, tuple[type[BaseException], ...]], ...
     ("Disallowed device-to-device transfer", "device-to-device", _JAX_ERRORS),
     ("Array has been deleted", "deleted", (RuntimeError,)),
     ("Buffer has been deleted or donated", "deleted", (ValueError, *_JAX_ERRORS)),
+    # the TPU runtime's wording of the same refusal (a warm call given a donated buffer)
+    ("Donation requested for invalid buffer", "deleted", (ValueError, *_JAX_ERRORS)),
 )
 
 
