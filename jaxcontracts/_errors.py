@@ -42,6 +42,7 @@ __all__ = [
     "TransferError",
     "ViolationKind",
     "compose",
+    "contract_of_finding",
     "declare",
     "docs_base",
     "docs_pointer",
@@ -248,6 +249,7 @@ class Contract:
     option: str = ""  # the jc.hot_loop keyword that switches it
     choices: tuple[str, ...] = ()  # that keyword's values, its default first
     row: str = ""  # a hot step report's row, where it differs from the sentence
+    findings: tuple[str, ...] = ()  # the audit's finding kinds that break it (jc.watch())
     scan: Callable[[str, Any], tuple[Any, ...]] | None = None
     refuse: Callable[[str, tuple[Any, ...]], None] | None = None
     fact: Callable[[tuple[Any, ...]], tuple[str, str] | None] | None = None
@@ -287,6 +289,11 @@ def declare(contract: Contract) -> Contract:
     return contract
 
 
+def contract_of_finding(kind: str) -> str:
+    """The key of the contract an audit finding of ``kind`` breaks ("" if none)."""
+    return next((c.key for c in CONTRACTS.values() if kind in c.findings), "")
+
+
 def loop_options() -> dict[str, tuple[str, ...]]:
     """``jc.hot_loop``'s keywords and their values (the default first)."""
     return {
@@ -317,11 +324,13 @@ for _contract in (
         "no-transfer", "no implicit transfers", TransferError,
         violations=(("transfer", "implicit transfer inside jc.hot_loop"),),
         option="transfers", choices=("disallow", "allow_host_to_device", "allow"),
+        findings=("host_sync", "host_transfer"),
     ),
     Contract(
         "no-compile", "no compiles", RecompileError,
         violations=(("compile", "compile inside jc.hot_loop"),),
         option="compiles", choices=("disallow", "warmup", "allow"),
+        findings=("recompile", "compile_in_loop"),
     ),
     Contract(
         "no-donated-use", "no use of donated arrays", DonationError,
@@ -334,6 +343,7 @@ for _contract in (
             ("wrong_donation", "a donation that cannot happen, inside jc.hot_loop"),
             ("missed_donation", "a missed donation, inside jc.hot_loop"),
         ),
+        findings=("wrong_donation", "missed_donation"),
     ),
 ):
     declare(_contract)

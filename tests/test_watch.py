@@ -27,6 +27,7 @@ from helpers import own_lines
 
 import jaxcontracts as jc
 from jaxcontracts._audit import cli
+from jaxcontracts._errors import CONTRACTS
 
 PROGRAMS = pathlib.Path(__file__).parent / "audit_programs"
 
@@ -74,6 +75,8 @@ def test_every_planted_problem_is_found_at_its_line_and_nothing_else(tmp_path, n
     assert found == planted, proc.stderr  # every plant found; no other finding
     for f in findings:
         assert {"kind", "function", "file", "line", "count", "fix"} <= set(f) and f["fix"]
+        # in the loop's words: the contract it breaks, from the registry
+        assert f["contract"] in CONTRACTS and f["kind"] in CONTRACTS[f["contract"]].findings
     for line in own_lines(proc.stderr):
         assert len(line) <= 100, line
 

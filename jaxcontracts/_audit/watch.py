@@ -49,7 +49,7 @@ from .. import _steps
 from .._compat import capability, events, frames, jitwatch
 from .._compat.arrays import ArrayImpl
 from .._compat.tracing import top_level_refs
-from .._errors import ContractError
+from .._errors import ContractError, contract_of_finding
 from .._format import fmt_bytes
 from .._loop import signatures as sigs
 from .._report.render import findings_html
@@ -111,8 +111,14 @@ class Finding:
             return f"{per}/call, {total} {'copied' if self.kind == 'host_transfer' else 'in all'}"
         return ""
 
+    @property
+    def contract(self) -> str:
+        """The contract it breaks, in the loop's words (``_errors.CONTRACTS``):
+        a host_sync and a host_transfer are a jc.hot_loop's ``transfer``."""
+        return contract_of_finding(self.kind)
+
     def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
+        return {**{k: v for k, v in dataclasses.asdict(self).items() if v is not None}, "contract": self.contract}
 
 
 def _fmt_seconds(seconds: float) -> str:
