@@ -448,9 +448,11 @@ def test_one_audit_run_names_everything_the_motivating_loop_needs_before_it_stop
     assert proc.returncode == 1
     script = proc.stderr[: proc.stderr.index("jaxcontracts audit: 1 finding")]
     trace = script[script.index("Traceback (most recent call last):"):]
-    assert "jaxcontracts" not in trace.split("\njaxcontracts audit: `lr`")[0]  # the user's line, then JAX's error
-    assert 'drifted_lr_plain.py", line 23' in trace and "Buffer has been deleted" in trace
-    assert "jaxcontracts audit: `lr` is passed to `fn1` again" in trace
+    assert "jaxcontracts" not in trace.split("\n(jaxcontracts audit) `lr`")[0]  # the user's line, then JAX's error
+    # jax 0.10/0.11 refuse it in C++, jax 0.12 in Python (its own frames, as without the audit)
+    assert 'drifted_lr_plain.py", line 23' in trace
+    assert "Buffer has been deleted" in trace or "Array has been deleted" in trace
+    assert "(jaxcontracts audit) `lr` is passed to `fn1` again" in trace
     assert "Fix: donate by name, which cannot drift: jax.jit(fn1, donate_argnames=('state',))" in trace
     assert [(f["kind"], f["param"], f["line"]) for f in findings] == [("wrong_donation", "lr", 23)]
     report = proc.stderr[proc.stderr.index("jaxcontracts audit: 1 finding"):]

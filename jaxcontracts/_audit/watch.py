@@ -254,8 +254,8 @@ class Watch:
         try:
             out = jitted(*args, **kwargs)
         except Exception as err:
-            if fn.deleted_note:  # JAX refusing the drifted donation's deleted argument
-                err.add_note(fn.deleted_note)
+            if fn.deleted_note and not isinstance(err, ContractError):  # JAX refusing the drifted
+                err.add_note(fn.deleted_note)  # donation's deleted argument (a loop's error says it)
             raise
         finally:
             calling.depth -= 1
@@ -401,7 +401,7 @@ class Watch:
                 "wrong_donation", fn.name, *_user_line(fn.site), count=1, param=rec.param,
                 message=what, jit_line=rec.jit_line, fix=fix,
             )
-        fn.deleted_note = f"jaxcontracts audit: {what}\nFix: {fix}."
+        fn.deleted_note = f"(jaxcontracts audit) {what}\nFix: {fix}."
         loop = self._user_loop()
         if loop is not None:
             loop.violation("wrong_donation", what, fix + ". The call did not run.", user_frame())
