@@ -20,6 +20,9 @@ from typing import TYPE_CHECKING, Any
 # Light modules (no jax): imported now, so JAXCONTRACTS_CHECKS is validated
 # at import.
 from . import _config as _config
+from . import (
+    _contracts as _contracts,  # every contract declared (light: its hooks import JAX when they run)
+)
 from ._config import checks_level as checks_level
 from ._config import get_checks as get_checks
 from ._config import set_checks as set_checks

@@ -232,9 +232,10 @@ class Contract:
 
     Hooks (each optional; the callers iterate the contracts that have one):
 
-    * ``scan(name, closed_jaxpr)``: at each compile of a hot step or of a plain
-      ``jax.jit`` in a loop, what the program holds that the contract is
-      about (a tuple, empty where nothing); kept with the compiled signature.
+    * ``scan(name, closed_jaxpr)``: at each compile of a hot step, and at a
+      plain ``jax.jit``'s cache miss in a loop that ``wanted(loop)`` says
+      needs it, what the program holds that the contract is about (a tuple,
+      empty where nothing); kept with the compiled signature.
     * ``refuse(name, found)``: before a call whose compile found something,
       inside a loop: raise or record the violation (a hot step builds its
       call path with this hook only where ``scan`` found something, so a
@@ -250,6 +251,7 @@ class Contract:
     choices: tuple[str, ...] = ()  # that keyword's values, its default first
     row: str = ""  # a hot step report's row, where it differs from the sentence
     findings: tuple[str, ...] = ()  # the audit's finding kinds that break it (jc.watch())
+    wanted: Callable[[Any], bool] | None = None  # whether a loop needs a plain jax.jit's program scanned
     scan: Callable[[str, Any], tuple[Any, ...]] | None = None
     refuse: Callable[[str, tuple[Any, ...]], None] | None = None
     fact: Callable[[tuple[Any, ...]], tuple[str, str] | None] | None = None

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import pathlib
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +23,7 @@ import pytest
 from jax.experimental import io_callback
 
 import jaxcontracts as jc
+from jaxcontracts._compat import callbacks
 from jaxcontracts._errors import CONTRACTS, VIOLATIONS, loop_options
 
 HERE = os.path.relpath(__file__)  # as messages name a file below the working folder
@@ -146,3 +149,52 @@ def test_what_the_compile_found_is_kept_with_the_signature_and_only_there():
     assert quiet._current.found == {}
     [site] = printing._current.found["no-host-callback"]
     assert (site.primitive, site.line, site.function) == ("debug_print", _line("# the callback"), "printing")
+
+
+_FRESH_PROCESS = """
+import jax, jax.numpy as jnp, jaxcontracts as jc
+
+f = jax.jit(lambda x: (jax.debug.print("x {}", x[0]), x + 1)[1], donate_argnums=0)
+x = f(jnp.zeros(3))  # warmed before the loop: its calls miss JAX's C++ cache (callback effects)
+with jc.hot_loop():  # callbacks="allow": nothing scanned, nothing compiled for the contract
+    x = f(x)
+try:
+    with jc.hot_loop(callbacks="disallow"):
+        x = f(x)
+except jc.TransferError as err:
+    print("refused:", str(err).splitlines()[0])
+"""
+
+
+def test_in_a_fresh_process_a_default_loop_compiles_nothing_for_the_contract_and_disallow_still_refuses():
+    # the capability's probe traces a function of its own: it ran inside the user's loop,
+    # which refused it as a compile (and the probe, failing, switched the contract off)
+    proc = subprocess.run([sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "refused: a host callback inside jc.hot_loop: `<lambda>` calls back to the host" in proc.stdout
+    assert "CapabilityWarning" not in proc.stderr
+
+
+def test_explain_knows_the_contract_in_a_fresh_process():
+    # the declaration is imported with the package (light: no JAX), not with the first loop
+    for topic in ("callback", "no-host-callback"):
+        proc = subprocess.run(
+            [sys.executable, "-m", "jaxcontracts", "explain", topic], capture_output=True, text=True, timeout=120
+        )
+        assert proc.returncode == 0 and proc.stdout.startswith("TransferError"), proc.stderr
+
+
+def test_a_print_inside_a_pallas_kernel_is_the_devices_not_a_host_callback():
+    pl = pytest.importorskip("jax.experimental.pallas")
+
+    def kernel(x_ref, o_ref):
+        pl.debug_print("in kernel {}", x_ref[0, 0])  # lowered on the device (Mosaic)
+        o_ref[...] = x_ref[...] + 1
+
+    def f(x):
+        return pl.pallas_call(kernel, out_shape=jax.ShapeDtypeStruct(x.shape, x.dtype))(x)
+
+    closed = jax.make_jaxpr(f)(jnp.ones((8, 128)))
+    assert callbacks.callback_sites(closed, lambda file, function: True) == ()
+    plain = jax.make_jaxpr(lambda x: (jax.debug.print("{}", x), x)[1])(jnp.ones(2))
+    assert [s.primitive for s in callbacks.callback_sites(plain, lambda file, function: True)] == ["debug_print"]

@@ -160,6 +160,29 @@ def test_a_step_that_returns_only_part_of_what_it_updates_is_still_refused():
     assert int(jc.fetch(optimizer.step[...])) == 0
 
 
+def _swap(s, x):
+    s["a"], s["b"] = s["b"], s["a"]  # no new leaf: the same arrays in other places
+    return x * 2
+
+
+def _drop(s, x):
+    del s["b"]
+    return x * 2
+
+
+def _one_returned(s, x):
+    s["a"] = s["a"] + 1
+    return s["a"]  # the new leaf alone: the caller's dict keeps its old array
+
+
+@pytest.mark.parametrize("fn", [_swap, _drop, _one_returned])
+def test_an_in_place_change_the_output_does_not_hand_back_whole_is_still_refused(fn):
+    # a stateless step hands an update back only with the argument's whole new value
+    s = {"a": jnp.zeros(2), "b": jnp.ones(2)}
+    with pytest.raises(jc.DefinitionError, match=r"updates `s` in place, and nothing carries"):
+        jc.hot_step(fn, stateless=True)(s, jnp.ones(2))
+
+
 def test_a_dict_changed_inside_the_step_is_refused_with_the_return_fix():
     def bump(s, extra):
         s["w"] = s["w"] + 1  # a container passed to a compiled step is a copy inside it

@@ -225,6 +225,32 @@ def test_marker_rejects_unknown_arguments(pytester):
     )
 
 
+def test_marker_and_fixture_take_every_loop_option_a_contract_declares(pytester):
+    # the options are the contracts' (callbacks="disallow" from its own module)
+    _write(
+        pytester,
+        """
+        printing = jc.hot_step(lambda s: (jax.debug.print("s {}", s[0]), s + 1)[1], state="s", donate="none")
+
+
+        @pytest.mark.jc_hot_loop(callbacks="disallow")
+        def test_marked(warm):
+            printing(warm)  # CALLBACK
+
+
+        def test_fixture(warm, jc_hot_loop):
+            with jc_hot_loop(callbacks="disallow"):
+                printing(warm)
+        """,
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=2)
+    result.stdout.fnmatch_lines([
+        "*callback  test_inner.py:* `<lambda>` calls back to the host at every call: debug_print at test_inner.py:*"
+    ])
+    assert "The call did not run" not in result.stdout.str()  # record mode: the calls ran
+
+
 def test_marker_is_registered(pytester):
     pytester.makeini(INI)
     result = pytester.runpytest("--markers")

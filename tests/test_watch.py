@@ -710,6 +710,38 @@ def test_host_data_advice_tells_a_constant_a_fresh_batch_and_a_re_fed_dataset_ap
     assert refed.fix.startswith("put the dataset on the device once")
 
 
+@pytest.mark.parametrize("buffers", [1, 2])
+def test_a_loader_refilling_its_buffers_in_place_is_a_new_batch_not_a_constant(buffers):
+    # a loader that refills one buffer (or a ring of two) in place gives the same
+    # object with new values: neither "the same array at each call" nor a dataset
+    # re-fed; its identity proves nothing, its values are compared
+    ring = [np.zeros(8, np.float32) for _ in range(buffers)]
+    with jc.watch() as w:
+        step = jax.jit(lambda s, batch: s + batch.sum(), donate_argnums=0)
+        s = jnp.zeros(())
+        for i in range(6):
+            batch = ring[i % buffers]
+            batch[:] = i  # new data, in place
+            s = step(s, batch)
+    assert [f for f in w.findings() if f.kind == "host_transfer"] == []
+
+
+def test_a_bool_or_a_string_static_under_equinox_is_not_told_to_become_an_array():
+    eqx = pytest.importorskip("equinox")
+
+    def run(x, mode, training):
+        return x * (2.0 if training else 1.0) if mode == "a" else x
+
+    with jc.watch() as w:
+        step = eqx.filter_jit(run)
+        x = jnp.ones(3)
+        for mode, training in (("a", True), ("b", True), ("b", False)):
+            step(x, mode, training)
+    [found] = [f for f in w.findings() if f.kind == "recompile"]
+    assert any(line.startswith("mode: 'a' -> 'b' (a Python str") for line in found.diff), found.diff
+    assert "jnp.asarray" not in found.fix and "one program per value" in found.fix
+
+
 def test_an_equinox_steps_findings_name_the_users_parameters():
     # issue 51: "an argument" and equinox's `dynamic_nodonate['rest'][13]`
     # where the user wrote make_step(model, opt_state, x, y)

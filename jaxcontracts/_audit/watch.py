@@ -160,10 +160,10 @@ class _Function:
     # positions of the host leaves of a call -> the host_transfer findings they count for
     host_findings: dict[tuple[int, ...], list[Finding]] = dataclasses.field(default_factory=dict)
     donated_leaves: tuple[int, ...] = ()  # the first dynamic leaf of each donated parameter
-    deleted_note: str = ""  # the cause of JAX's error at a call passing a deleted argument again
     # numpy arrays given at earlier calls, by id -> a weak reference (a dataset re-fed each
     # epoch is copied again at each call; a fresh batch each call is the cheapest copy)
-    numpy_seen: dict[int, Any] = dataclasses.field(default_factory=dict)
+    numpy_seen: dict[int, tuple[Any, Any]] = dataclasses.field(default_factory=dict)  # id -> (ref, copy)
+    numpy_kept: int = 0  # bytes of the copies numpy_seen holds
     user_statics: dict[str, Any] = dataclasses.field(default_factory=dict)  # eqx.filter_jit: its numbers
 
 
@@ -240,7 +240,7 @@ class Watch:
                 fn.run = (at, self._visit(at, frame is caller, self._chained(fn, leaves)))
             if fn.first_run is None:
                 fn.first_run = fn.run
-            self._before(fn, args, dyn_args, dyn_kwargs, leaves)
+            note = self._before(fn, args, dyn_args, dyn_kwargs, leaves)  # (this call's own)
             before = jitwatch.cache_size(jitted)
         except ContractError:  # the user's loop refusing a missed donation, before the call
             raise
@@ -254,8 +254,8 @@ class Watch:
         try:
             out = jitted(*args, **kwargs)
         except Exception as err:
-            if fn.deleted_note and not isinstance(err, ContractError):  # JAX refusing the drifted
-                err.add_note(fn.deleted_note)  # donation's deleted argument (a loop's error says it)
+            if note and not isinstance(err, ContractError):  # JAX refusing the drifted
+                err.add_note(note)  # donation's deleted argument (a loop's error says it)
             raise
         finally:
             calling.depth -= 1
@@ -274,7 +274,9 @@ class Watch:
     def _before(
         self, fn: _Function, args: tuple[Any, ...], dyn_args: tuple[Any, ...],
         dyn_kwargs: dict[str, Any], leaves: list[Any],
-    ) -> None:
+    ) -> str:
+        """What the watch looks at before a call; the note for JAX's error where
+        the call passes a deleted argument again ("" if not)."""
         given = self._given_elsewhere
         if given:  # a followed array given to another function: not dropped, used
             for x in leaves:
@@ -282,11 +284,11 @@ class Watch:
                 if hit is not None and hit[0] is not fn:
                     del given[id(x)]
                     hit[0].pending = [(i, r) for i, r in hit[0].pending if i != hit[1]]
-        fn.deleted_note = ""
+        note = ""
         if fn.donated_leaves:  # passed again after this function's donation deleted it
             drifted = sigs.passed_again(leaves, fn.signatures[-1].paths, fn.donated_leaves, sigs.short(fn.name))
             if drifted is not None:
-                self._passed_again(fn, *drifted)
+                note = self._passed_again(fn, *drifted)
         if fn.pending:
             self._settle(fn, at_call=True)
         # host data at a call after the first, from another run of the user's
@@ -303,7 +305,8 @@ class Watch:
                     for found in seen:
                         found.count += 1
             fn.host_before = {i: _marker(leaves[i]) for i in where_host}
-            _remember_numpy(fn.numpy_seen, [leaves[i] for i in where_host])
+            _remember_numpy(fn, [leaves[i] for i in where_host])
+        return note
 
     def _trouble(self, fn: _Function, err: Exception) -> None:
         """The watch could not look at a call: said once per function in the report."""
@@ -391,9 +394,10 @@ class Watch:
             if at_call:
                 self._tell_loop(self._findings[key])
 
-    def _passed_again(self, fn: _Function, rec: _steps.JitDonation, what: str, fix: str) -> None:
+    def _passed_again(self, fn: _Function, rec: _steps.JitDonation, what: str, fix: str) -> str:
         """A donated argument deleted by this function's own donation, passed
-        again: the drifted index, named before JAX refuses the deleted buffer."""
+        again: the drifted index, named before JAX refuses the deleted buffer;
+        the note for JAX's error, should the call go on to it."""
         key = ("wrong_donation", fn.name, rec.param)
         found = self._findings.get(key)
         if found is None:
@@ -401,10 +405,10 @@ class Watch:
                 "wrong_donation", fn.name, *_user_line(fn.site), count=1, param=rec.param,
                 message=what, jit_line=rec.jit_line, fix=fix,
             )
-        fn.deleted_note = f"(jaxcontracts audit) {what}\nFix: {fix}."
         loop = self._user_loop()
         if loop is not None:
             loop.violation("wrong_donation", what, fix + ". The call did not run.", user_frame())
+        return f"(jaxcontracts audit) {what}\nFix: {fix}."
 
     def _user_loop(self) -> Any:
         """The user's own hot loop running here, whose violations the watch's
@@ -456,10 +460,13 @@ class Watch:
         if previous is not None and not known and compiled:
             diff, fix = sigs.diff(previous, sig)
             changed = [(k, fn.user_statics[k], v) for k, v in statics.items() if k in fn.user_statics and fn.user_statics[k] != v]
-            if changed:  # eqx.filter_jit made a Python number static: the user's names
-                diff = [f"{k}: {a!r} -> {b!r} (a Python {type(b).__name__}: static under eqx.filter_jit)" for k, a, b in changed]
-                fix = (f"pass {', '.join(k for k, _, _ in changed)} as {'arrays' if len(changed) > 1 else 'an array'} (jnp.asarray(...)): "
-                       "eqx.filter_jit traces arrays and compiles anew for each new Python number")
+            if changed:  # eqx.filter_jit made them static: named as the user wrote them, with
+                # what else changed (equinox's own static part, which holds them, left out)
+                rest, rest_fix = sigs.diff(dataclasses.replace(previous, statics=sig.statics), sig)
+                rest = [] if rest == [sigs.SAME_LEAVES] else rest
+                diff = [f"{k}: {a!r} -> {b!r} (a Python {type(b).__name__}: static under eqx.filter_jit)"
+                        for k, a, b in changed] + rest
+                fix = _static_fix([k for k, _, b in changed if _is_number(b)], rest_fix if rest else "")
             key: tuple[Any, ...] = ("recompile", fn.name, here)
             found = self._findings.get(key)
             if found is not None:
@@ -521,8 +528,8 @@ class Watch:
                 what = "constant"  # the last call's value again: one copy before the loop does
             elif not isinstance(x, np.ndarray):
                 what = "number"  # a number that changes: a copy, and a new value to trace in
-            elif (seen.get(id(x)) or _dead)() is x:
-                what = "refed"  # an array given at an earlier call: a dataset re-fed
+            elif _unchanged(seen.get(id(x)), x):
+                what = "refed"  # an array given at an earlier call, its values unchanged: a dataset re-fed
             else:
                 what = "fresh"  # a new batch: the call's own copy is the cheapest, nothing to fix
             leaves.append((path, x, spec_nbytes(spec), what))
@@ -735,57 +742,90 @@ def _user_names(frame: Any, leaves: Sequence[Any]) -> list[str]:
     return [where_.get(id(x), "") for x in leaves]
 
 
-# numpy arrays up to this size are also compared by value with the last call's
-# (``np.ones(8)`` made anew each iteration is a constant); larger ones by identity only
+# A numpy array is the same value again only where its values were compared:
+# a copy is kept of each array up to this size (a loader may refill one buffer
+# in place, so its identity proves nothing), and of at most _KEPT_BYTES of the
+# arrays a function was given (a dataset re-fed each epoch); a larger one is
+# taken for a new batch (not a finding: a miss, never a false claim).
 _COMPARED_BYTES = 1 << 20
-
-
-def _marker(x: Any) -> Any:
-    """What tells a host value passed again from a new one: a numpy array by
-    identity (a weak reference) and, when small, by value (a copy); a number
-    by value."""
-    if isinstance(x, np.ndarray):
-        return (weakref.ref(x), x.copy() if x.nbytes <= _COMPARED_BYTES else None)
-    return x if isinstance(x, (int, float, complex, np.generic)) else None
-
-
-def _same(marker: Any, x: Any) -> bool:
-    if isinstance(marker, tuple):  # a numpy array's
-        ref, copy = marker
-        if ref() is x:
-            return True
-        return (
-            copy is not None and isinstance(x, np.ndarray) and copy.dtype == x.dtype
-            and copy.shape == x.shape and bool(np.array_equal(copy, x))
-        )
-    try:
-        return marker is not None and type(marker) is type(x) and bool(marker == x)
-    except Exception:  # noqa: BLE001 - an odd ==: not the same
-        return False
+_KEPT_BYTES = 64 << 20
 
 
 def _user_statics(fn: _Function) -> dict[str, Any]:
-    """The Python numbers, strings and bools among the user's arguments of the
+    """The Python numbers, bools and strings among the user's arguments of the
     eqx.filter_jit call running now, by the user's parameter names (equinox
     makes them static: each new value compiles)."""
     arguments = jitwatch.equinox_arguments(frames.caller_frame(1)) or {}
     return {k: v for k, v in arguments.items() if isinstance(v, (bool, int, float, complex, str))}
 
 
-def _dead() -> None:
-    return None
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float, complex)) and not isinstance(value, bool)
 
 
-def _remember_numpy(seen: dict[int, Any], values: Sequence[Any]) -> None:
-    """Note the numpy arrays among ``values`` as given (weakly: a dead one is forgotten)."""
+def _static_fix(numbers: list[str], rest: str) -> str:
+    """The fix of a recompile over eqx.filter_jit's static values: numbers go in
+    as arrays; a bool or a string compiles one program per value (kept)."""
+    parts = []
+    if numbers:
+        parts.append(f"pass {', '.join(numbers)} as {'arrays' if len(numbers) > 1 else 'an array'} "
+                     "(jnp.asarray(...)): eqx.filter_jit traces arrays and compiles anew for each new "
+                     "Python number")
+    else:
+        parts.append("a bool or a string under eqx.filter_jit compiles one program per value: "
+                     "expected where it takes few values; keep it fixed where it changes often")
+    if rest:
+        parts.append(rest)
+    return "; ".join(parts)
+
+
+def _marker(x: Any) -> Any:
+    """What tells a host value passed again from a new one: a numpy array's
+    values (a copy, up to ``_COMPARED_BYTES``), a number's value."""
+    if isinstance(x, np.ndarray):
+        return (None, x.copy()) if x.nbytes <= _COMPARED_BYTES else None
+    return x if isinstance(x, (int, float, complex, np.generic)) else None
+
+
+def _same(marker: Any, x: Any) -> bool:
+    if isinstance(marker, tuple):  # a numpy array's copy
+        return _equal(marker[1], x)
+    try:
+        return marker is not None and type(marker) is type(x) and bool(marker == x)
+    except Exception:  # noqa: BLE001 - an odd ==: not the same
+        return False
+
+
+def _equal(copy: Any, x: Any) -> bool:
+    return (
+        copy is not None and isinstance(x, np.ndarray) and copy.dtype == x.dtype
+        and copy.shape == x.shape and bool(np.array_equal(copy, x))
+    )
+
+
+def _unchanged(entry: tuple[Any, Any] | None, x: Any) -> bool:
+    """Whether ``x`` is an array given at an earlier call, with the values it had then."""
+    return entry is not None and entry[0]() is x and _equal(entry[1], x)
+
+
+def _remember_numpy(fn: _Function, values: Sequence[Any]) -> None:
+    """Note the numpy arrays among ``values`` as given (weakly: a dead one is
+    forgotten), with a copy of their values while the copies fit in ``_KEPT_BYTES``."""
+    seen = fn.numpy_seen
     for x in values:
         key = id(x)
-        if isinstance(x, np.ndarray) and key not in seen:
-            seen[key] = weakref.ref(x, functools.partial(_forget, seen, key))
+        if not isinstance(x, np.ndarray) or key in seen:
+            continue
+        keep = x.nbytes <= _COMPARED_BYTES and fn.numpy_kept + x.nbytes <= _KEPT_BYTES
+        copy = x.copy() if keep else None
+        fn.numpy_kept += x.nbytes if keep else 0
+        seen[key] = (weakref.ref(x, functools.partial(_forget, fn, key)), copy)
 
 
-def _forget(seen: dict[int, Any], key: int, _ref: Any) -> None:
-    seen.pop(key, None)
+def _forget(fn: _Function, key: int, _ref: Any) -> None:
+    entry = fn.numpy_seen.pop(key, None)
+    if entry is not None and entry[1] is not None:
+        fn.numpy_kept -= entry[1].nbytes
 
 
 def _key(frame: Any) -> tuple[str, int]:

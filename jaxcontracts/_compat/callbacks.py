@@ -135,9 +135,16 @@ def _sites(closed: Any, is_user: Callable[[str, str], bool]) -> tuple[CallbackSi
     return tuple(dict.fromkeys(out))  # one per primitive and line (a scan's body is traced once)
 
 
+# Primitives whose sub-jaxprs are kernels run on the device: a print there
+# (``pl.debug_print`` in a Pallas kernel) is lowered on the device, not a callback.
+_DEVICE_KERNELS = frozenset({"pallas_call"})
+
+
 def _equations(jaxpr: Any) -> Iterator[Any]:
     for eqn in jaxpr.eqns:
         yield eqn
+        if eqn.primitive.name in _DEVICE_KERNELS:
+            continue
         for value in eqn.params.values():
             for sub in value if isinstance(value, (tuple, list)) else (value,):
                 if isinstance(sub, jex.ClosedJaxpr):

@@ -14,7 +14,7 @@ from typing import Any
 from .._errors import CONTRACTS, hooked
 from . import callbacks
 
-__all__ = ["callbacks", "refuse", "scan"]
+__all__ = ["callbacks", "refuse", "scan", "wanted"]
 
 # id(closed jaxpr) -> (a weak reference to it, what each contract found): a
 # plain jax.jit with effects takes JAX's Python path at every call (no C++
@@ -22,15 +22,27 @@ __all__ = ["callbacks", "refuse", "scan"]
 _scanned: dict[int, tuple[Any, dict[str, tuple[Any, ...]]]] = {}
 
 
+def wanted(loop: Any) -> bool:
+    """Whether ``loop`` needs plain jax.jit programs scanned (a contract it switches on)."""
+    return any(c.wanted is not None and c.wanted(loop) for c in hooked("scan"))
+
+
 def scan(name: str, closed: Any) -> dict[str, tuple[Any, ...]]:
     """What each contract with a ``scan`` hook finds in a compiled program
     (``closed``: its closed jaxpr), by contract key; contracts that find
-    nothing are left out."""
+    nothing are left out. Runs as part of a compile: inside a loop, what it
+    traces itself (a capability's probe) is not the user's compile."""
     key = id(closed)
     hit = _scanned.get(key)
     if hit is not None and hit[0]() is closed:
         return hit[1]
-    found = {c.key: got for c in hooked("scan") if (got := c.scan(name, closed))}  # type: ignore[misc]
+    from .._runtime import local
+
+    local.allow += 1
+    try:
+        found = {c.key: got for c in hooked("scan") if (got := c.scan(name, closed))}  # type: ignore[misc]
+    finally:
+        local.allow -= 1
     try:
         ref = weakref.ref(closed, lambda _, key=key: _scanned.pop(key, None))
     except TypeError:  # not weakly referable: not kept

@@ -111,9 +111,13 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
             user,
         )
     p, flat = _traced(loop, run, fun, ji, args, kwargs)
-    found = _contracts.scan(name, jitwatch.jaxpr_of(p))
-    if found:  # a callback in its program (every call of it misses JAX's C++ cache)
-        _contracts.refuse(name, found)
+    if _contracts.wanted(loop):  # (a program with callback effects misses JAX's C++ cache each call)
+        try:
+            found = _contracts.scan(name, jitwatch.jaxpr_of(p))
+        except Exception:  # noqa: BLE001 - a program we cannot read: JAX's own path, unchecked
+            found = {}
+        if found:
+            _contracts.refuse(name, found)
     try:
         out_tree, out_avals = jitwatch.outputs_of(p)
         avals = {(tuple(a.shape), str(a.dtype)) for a in out_avals}

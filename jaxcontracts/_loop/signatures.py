@@ -25,6 +25,7 @@ from .._steps import JitDonation, jit_donation
 from .._userline import user_frame
 
 __all__ = [
+    "SAME_LEAVES",
     "Dropped",
     "Signature", "by_param", "diff", "donated_params", "missed_donation_fix", "names", "param_of", "paths",
     "reusable", "short", "signature", "wrong_donations", "donations", "drift", "jit_site", "passed_again",
@@ -146,6 +147,9 @@ def reusable(
     return tuple(sorted(found))
 
 
+SAME_LEAVES = "the same leaves (another device or trace context)"
+
+
 def diff(old: Signature, new: Signature) -> tuple[list[str], str]:
     """What changed between two signatures, one line per static value or leaf
     (the leaves as a hot step's RecompileError words them: ``_step.diffs``),
@@ -170,7 +174,7 @@ def diff(old: Signature, new: Signature) -> tuple[list[str], str]:
     diffs = diff_leaves(list(zip(old.paths, old.specs)), list(zip(new.paths, new.specs)))
     out = [f"{d.path}: {d.expected} -> {d.got}" for d in diffs]
     if not diffs:
-        return ["the same leaves (another device or trace context)"], "call it on the device and in the context it was compiled for"
+        return [SAME_LEAVES], "call it on the device and in the context it was compiled for"
     return out, diffs[0].cause
 
 

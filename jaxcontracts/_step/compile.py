@@ -169,11 +169,11 @@ def _in_place(definition: StepDefinition, fn: Callable[..., Any], candidates: tu
     def traced(*args: Any) -> Any:
         if refs:  # the refs' arrays: the step gets refs of them, and they come back out
             args = tuple(new_refs(a) if i in refs else a for i, a in enumerate(args))
-        before = [jax.tree_util.tree_leaves(args[i]) for i in checked]
+        before = [jax.tree_util.tree_flatten(args[i]) for i in checked]
         out = fn(*args)
         if definition.filtered_params and definition.carried:
             out = _returned_numbers_as_arrays(definition, out, args)
-        lost = [i for i, was in zip(checked, before) if mutated(was, jax.tree_util.tree_leaves(args[i]))]
+        lost = [i for i, (was, _) in zip(checked, before) if mutated(was, jax.tree_util.tree_leaves(args[i]))]
         if lost:  # a returned state may be updated in place too: its new value is carried
             returned = definition.resolve_carried(out, args).carried_params
             lost = [i for i in lost if i not in returned]
@@ -189,12 +189,14 @@ def _in_place(definition: StepDefinition, fn: Callable[..., Any], candidates: tu
     return traced
 
 
-def _handed_back(before: Sequence[Any], arg: Any, out_ids: set[int]) -> bool:
-    """Whether every leaf the step put in ``arg`` in place is a leaf of its
-    output, the very object: the caller gets the update back
-    (``nnx.update(model, step(model))``); nothing is lost."""
-    was = {id(leaf) for leaf in before}
-    return all(id(leaf) in out_ids for leaf in jax.tree_util.tree_leaves(arg) if id(leaf) not in was)
+def _handed_back(before: tuple[list[Any], Any], arg: Any, out_ids: set[int]) -> bool:
+    """Whether the output hands the caller ``arg``'s whole new value, the very
+    leaves (``nnx.update(model, step(model))``, an eval step returning its
+    metrics): its structure unchanged (no key deleted or added) and every leaf
+    it holds after the step, updated or not, a leaf of the output. A swap, a
+    deletion, or one updated leaf returned alone is still lost."""
+    leaves, treedef = jax.tree_util.tree_flatten(arg)
+    return treedef == before[1] and bool(leaves) and all(id(leaf) in out_ids for leaf in leaves)
 
 
 def _returned_numbers_as_arrays(definition: StepDefinition, out: Any, args: tuple[Any, ...]) -> Any:

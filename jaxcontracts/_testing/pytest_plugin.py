@@ -51,7 +51,6 @@ __all__ = [
 
 MARKER = "jc_hot_loop"
 _LEVELS_HELP = "full, fast or off"
-_OPTIONS = ("transfers", "compiles")
 _SAVED_LEVEL = pytest.StashKey[str]()
 SNAPSHOT_MARKER = "jc_snapshot"
 SNAPSHOT_DIR = "__jc_snapshots__"
@@ -83,20 +82,15 @@ def _format(violations: list[Violation], label: str) -> str:
 
 
 @contextlib.contextmanager
-def _recording(
-    label: str, *, transfers: str = "disallow", compiles: str = "disallow"
-) -> Iterator[HotLoop]:
-    """A recording ``jc.hot_loop`` that fails the test if it saw violations."""
+def _recording(label: str, **options: str) -> Iterator[HotLoop]:
+    """A recording ``jc.hot_loop`` that fails the test if it saw violations;
+    ``options``: the loop's (every contract's option, ``loop_options``)."""
     __tracebackhide__ = True
     import jaxcontracts as jc
     from jaxcontracts._config import require_valid_env
 
     require_valid_env()  # a bad JAXCONTRACTS_CHECKS fails where the plugin is used
-    loop = jc.hot_loop(
-        transfers=transfers,  # type: ignore[arg-type]
-        compiles=compiles,  # type: ignore[arg-type]
-        on_violation="record",
-    )
+    loop = jc.hot_loop(**options, on_violation="record")  # type: ignore[arg-type]
     try:
         with loop:
             yield loop
@@ -107,6 +101,22 @@ def _recording(
         raise
     if loop.violations:
         pytest.fail(_format(loop.violations, label), pytrace=False)
+
+
+def _checked_options(label: str, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` if each is a loop option of a contract (``loop_options``,
+    on_violation aside: the plugin records)."""
+    from jaxcontracts._errors import loop_options
+
+    known = [k for k in loop_options() if k != "on_violation"]
+    unknown = [k for k in options if k not in known]
+    if unknown:
+        pytest.fail(
+            f"{label} takes only the keyword arguments {', '.join(f'{k}=...' for k in known)} "
+            f"(a jc.hot_loop's options); got {', '.join(unknown)}",
+            pytrace=False,
+        )
+    return options
 
 
 # --------------------------------------------------------------------------
@@ -120,14 +130,13 @@ def jc_hot_loop() -> Any:
     The block runs inside ``jc.hot_loop(on_violation="record")``; at its end
     the test fails, listing every implicit transfer, compile and use of a
     donated array with its ``file:line``, if there was any. Keyword arguments
-    ``transfers="allow"`` and ``compiles="allow"`` turn a kind of check off;
+    are the loop's options: ``transfers="allow"`` and ``compiles="allow"`` turn
+    a kind of check off, ``callbacks="disallow"`` one on;
     ``as loop`` gives the :class:`jaxcontracts.HotLoop`.
     """
 
-    def start(
-        *, transfers: str = "disallow", compiles: str = "disallow"
-    ) -> contextlib.AbstractContextManager[HotLoop]:
-        return _recording("jc_hot_loop", transfers=transfers, compiles=compiles)
+    def start(**options: str) -> contextlib.AbstractContextManager[HotLoop]:
+        return _recording("jc_hot_loop", **_checked_options("the jc_hot_loop fixture", options))
 
     return start
 
@@ -242,14 +251,9 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Iterator[Any]:
     marker = pyfuncitem.get_closest_marker(MARKER)
     if marker is None:
         return (yield)
-    unknown = [repr(a) for a in marker.args] + [k for k in marker.kwargs if k not in _OPTIONS]
-    if unknown:
-        pytest.fail(
-            f"@pytest.mark.{MARKER} takes only the keyword arguments "
-            f"transfers='allow' and compiles='allow'; got {', '.join(unknown)}",
-            pytrace=False,
-        )
-    with _recording(f"@pytest.mark.{MARKER}", **marker.kwargs):
+    if marker.args:
+        pytest.fail(f"@pytest.mark.{MARKER} takes keyword arguments only; got {marker.args!r}", pytrace=False)
+    with _recording(f"@pytest.mark.{MARKER}", **_checked_options(f"@pytest.mark.{MARKER}", marker.kwargs)):
         return (yield)
 
 
