@@ -728,11 +728,14 @@ def test_the_record_of_consumed_arrays_lets_go_of_what_the_caller_drops():
     assert len(arrays) == 1 and arrays[0].is_deleted()
 
 
-def test_the_table_of_consumed_arrays_forgets_the_dead_without_a_callback():
+def test_the_table_of_consumed_arrays_forgets_the_dead_without_a_callback(monkeypatch):
     # no callback runs at an array's death (a Ctrl-C landing in one was lost):
-    # the dead entries go when the table doubles
+    # the dead entries go when the table doubles (from an empty table: what earlier
+    # tests keep alive would move the doubling point)
     from jaxcontracts import _steps
 
+    monkeypatch.setattr(_steps, "_held", {})
+    monkeypatch.setattr(_steps, "_prune_at", [64])
     for _ in range(3):
         arrays = [jnp.zeros(1) for _ in range(300)]
         _steps.keep(arrays, "some_step")
