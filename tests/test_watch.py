@@ -763,5 +763,6 @@ def test_an_equinox_steps_findings_name_the_users_parameters():
             model, opt_state = step(model, opt_state, x, y)
     found = {f.kind: f for f in w.findings()}
     assert found["missed_donation"].message.startswith("model, opt_state (eqx.filter_jit"), found
+    assert found["missed_donation"].param == "model, opt_state"  # the JSON's too, not equinox's group
     # x is a new batch each call (nothing to fix); y the same value made anew each call
     assert found["host_transfer"].param == "y" and "dynamic_nodonate" not in str(w.report())

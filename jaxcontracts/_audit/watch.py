@@ -384,8 +384,9 @@ class Watch:
                 'first argument is kept); or @jc.hot_step(state=..., donate="all")' if fn.equinox else
                 sigs.missed_donation_fix(fn.name, param, fn.jit)
             )
-            self._findings[key] = Finding(
-                "missed_donation", fn.name, *fn.follow_site, count=1, param=param, bytes_per_call=nbytes,
+            self._findings[key] = Finding(  # (equinox's group named by the user's parameters in it)
+                "missed_donation", fn.name, *fn.follow_site, count=1,
+                param=", ".join(names) if fn.equinox and names else param, bytes_per_call=nbytes,
                 message=f"{what}: not donated, yet the statement of each call drops them; their "
                 f"{len(idx)} array(s) could hold the outputs of the same shape and dtype; without "
                 "donation each call holds them twice",
