@@ -153,25 +153,35 @@ def test_what_the_compile_found_is_kept_with_the_signature_and_only_there():
 
 _FRESH_PROCESS = """
 import jax, jax.numpy as jnp, jaxcontracts as jc
+from jaxcontracts import _contracts
 
-f = jax.jit(lambda x: (jax.debug.print("x {}", x[0]), x + 1)[1], donate_argnums=0)
-x = f(jnp.zeros(3))  # warmed before the loop: its calls miss JAX's C++ cache (callback effects)
-with jc.hot_loop():  # callbacks="allow": nothing scanned, nothing compiled for the contract
+
+def show(x):
+    jax.debug.print("x {}", x[0])
+    return x + 1
+
+
+f = jax.jit(show, donate_argnums=0)
+x = jnp.zeros(3)
+with jc.hot_loop(compiles="allow"):  # callbacks="allow": a miss here scans nothing
     x = f(x)
+print("scanned:", len(_contracts._scanned))
 try:
-    with jc.hot_loop(callbacks="disallow"):
+    with jc.hot_loop(callbacks="disallow", compiles="warmup"):
         x = f(x)
 except jc.TransferError as err:
     print("refused:", str(err).splitlines()[0])
 """
 
 
-def test_in_a_fresh_process_a_default_loop_compiles_nothing_for_the_contract_and_disallow_still_refuses():
-    # the capability's probe traces a function of its own: it ran inside the user's loop,
-    # which refused it as a compile (and the probe, failing, switched the contract off)
+def test_in_a_fresh_process_a_default_loop_scans_nothing_and_disallow_still_refuses():
+    # the scan (its capability's probe traces a function of its own) ran at every
+    # plain jax.jit miss in any loop: inside a default loop the probe's trace was
+    # refused as the user's compile, and the probe, failing, switched the contract off
     proc = subprocess.run([sys.executable, "-c", _FRESH_PROCESS], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
-    assert "refused: a host callback inside jc.hot_loop: `<lambda>` calls back to the host" in proc.stdout
+    assert "scanned: 0" in proc.stdout
+    assert "refused: a host callback inside jc.hot_loop: `show` calls back to the host" in proc.stdout
     assert "CapabilityWarning" not in proc.stderr
 
 
