@@ -76,8 +76,9 @@ class LoopHandle(Protocol):
     def option(self, name: str) -> str:
         """One of the loop's options (``_errors.loop_options``)."""
 
-    def violation(self, kind: str, what: str, fix: str, frame: Any = None) -> None:
-        """Raise or record one violation (``kind``: a key of ``_errors.VIOLATIONS``)."""
+    def violation(self, kind: str, what: str, fix: str, frame: Any = None, before_call: bool = False) -> None:
+        """Raise or record one violation (``kind``: a key of ``_errors.VIOLATIONS``;
+        ``before_call``: refused before a call, which does not run where it raises)."""
 
 
 class LoopStack:

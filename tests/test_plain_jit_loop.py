@@ -48,6 +48,8 @@ def test_the_requests_loop_in_record_mode_names_the_scalar_and_the_drifted_donat
     # JAX's own log line for the first call's scalar is not listed a second time
     assert not [v for v in loop.violations if "weakly typed: a Python scalar" in v.what]
     assert int(state["t"]) == 10
+    # record mode: the calls ran, and the recorded fix does not say they did not
+    assert "did not run" not in by_kind["wrong_donation"].fix
 
 
 def test_a_drifted_donation_is_refused_before_the_call_with_the_inputs_intact():

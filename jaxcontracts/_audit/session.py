@@ -31,7 +31,7 @@ class _Reads(HotLoop):
         self._last: str | None = None  # the line of the read being made
         self.read_timer = self._blocked
 
-    def violation(self, kind: str, what: str, fix: str, frame: Any = None) -> None:
+    def violation(self, kind: str, what: str, fix: str, frame: Any = None, before_call: bool = False) -> None:
         if self._last is not None:  # the read before never finished: numpy, refused a buffer
             self._owner.read_stamps[self._last].pop()  # export, reads another way (one read)
         self._last = None

@@ -408,7 +408,7 @@ class Watch:
             )
         loop = self._user_loop()
         if loop is not None:
-            loop.violation("wrong_donation", what, fix + ". The call did not run.", user_frame())
+            loop.violation("wrong_donation", what, fix, user_frame(), before_call=True)
         return f"(jaxcontracts audit) {what}\nFix: {fix}."
 
     def _user_loop(self) -> Any:
@@ -428,8 +428,9 @@ class Watch:
         loop.violation(
             "missed_donation",
             f"`{sigs.short(found.function)}`: {found.message}",
-            found.fix + ". The call did not run.",
+            found.fix,
             user_frame(),
+            before_call=True,
         )
 
     def _wrong(self, fn: _Function, sig: sigs.Signature, donated: set[str], out_avals: set[tuple[Any, ...]], where_: tuple[str, int]) -> None:

@@ -63,8 +63,8 @@ def _refuse(name: str, sites: tuple[Any, ...]) -> None:
         "callback",
         f"`{name}` calls back to the host at every call: {_listed(sites)}",
         "take the callback out of the step: return the value and read it with jc.fetch every "
-        "N steps; or let this loop make it: jc.hot_loop(callbacks=\"allow\")."
-        + (" The call did not run." if loop.on_violation == "raise" else ""),  # record mode: it runs
+        "N steps; or let this loop make it: jc.hot_loop(callbacks=\"allow\").",
+        before_call=True,
     )
 
 

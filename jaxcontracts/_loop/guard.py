@@ -236,11 +236,13 @@ class HotLoop:
             return True
         return self.warmup and self._first_pass()
 
-    def violation(self, kind: str, what: str, fix: str, frame: Any = None) -> None:
+    def violation(self, kind: str, what: str, fix: str, frame: Any = None, before_call: bool = False) -> None:
         """Raise (or, in record mode, record) one violation at the user's line.
 
         ``kind`` is a key of ``_errors.VIOLATIONS``, which gives the title,
-        the contract and the error class.
+        the contract and the error class. ``before_call``: refused before a
+        call, which then does not run where the loop raises (it does in record
+        mode): the raised fix says so.
         """
         __tracebackhide__ = True
         at, text = where(user_frame(frame))
@@ -249,6 +251,8 @@ class HotLoop:
             summary += f"\n  in iteration {self._iteration} of loop.iterate()"
         if self.on_violation == "raise":
             info = VIOLATIONS[kind]
+            if before_call:
+                fix = fix.rstrip(".") + ". The call did not run."
             err = info.error(summary, fix=fix, contract=info.contract)
             # kept until this thread's exit: caught in the body, it fails the loop there
             self._raised.setdefault(threading.get_ident(), err)

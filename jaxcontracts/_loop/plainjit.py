@@ -96,7 +96,7 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
     leaves = jax.tree_util.tree_leaves((dyn_args, dyn_kwargs))
     drifted = sigs.passed_again(leaves, sig.paths, range(len(leaves)))
     if drifted is not None:  # a deleted array a plain jax.jit's donation consumed: the index drifted
-        loop.violation("wrong_donation", drifted[1], drifted[2] + ". The call did not run.", user)
+        loop.violation("wrong_donation", drifted[1], drifted[2], user, before_call=True)
     local.plain_recompile = recompile
     if sig not in seen:  # (a function with effects misses JAX's C++ cache at every call)
         seen.append(sig)
@@ -136,7 +136,7 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
     for arrays, rec in consumed:
         _steps.keep(arrays, rec)
     for _param, why, fix in wrong:
-        loop.violation("wrong_donation", f"`{name}`: {why}", fix + ". The call did not run.", user)
+        loop.violation("wrong_donation", f"`{name}`: {why}", fix, user, before_call=True)
     if not wrong and not jitwatch.installed():  # (an open jc.watch() follows every call itself)
         loop.plain_followed.extend(followed)
     return p, flat
