@@ -31,6 +31,7 @@ __all__ = [
     "donating",
     "jit_donation",
     "keep",
+    "prune_dead",
     "last_outputs",
     "live",
     "register",
@@ -180,10 +181,20 @@ def keep(arrays: Iterable[Any], step: str | JitDonation, held_only: bool = False
             _held[id(x)] = (weakref.ref(x), step)
         except TypeError:  # not weakly referenceable: not remembered
             continue
-    if len(_held) > _prune_at[0]:
-        for key in [key for key, (ref, _) in _held.items() if ref() is None]:
-            del _held[key]
-        _prune_at[0] = max(64, 2 * len(_held))
+    _prune_at[0] = prune_dead(_held, _prune_at[0])
+
+
+def prune_dead(table: dict[Any, tuple[Any, ...]], limit: int, floor: int = 64) -> int:
+    """Once ``table`` grew past ``limit``, drop its entries whose first item, a
+    weak reference, is dead; the next limit (twice what lives). Every table
+    the library keys by an object it holds weakly forgets the dead this way,
+    never by a callback at the object's death (library code run wherever the
+    last reference goes, where a Ctrl-C landing in it is lost)."""
+    if len(table) <= limit:
+        return limit
+    for key in [key for key, entry in table.items() if entry[0]() is None]:
+        del table[key]
+    return max(floor, 2 * len(table))
 
 
 def consumed_by(x: Any) -> str | None:

@@ -726,6 +726,19 @@ def test_a_loader_refilling_its_buffers_in_place_is_a_new_batch_not_a_constant(b
     assert [f for f in w.findings() if f.kind == "host_transfer"] == []
 
 
+def test_the_numpy_arrays_a_function_was_given_are_forgotten_as_they_die():
+    # weakly held, the dead dropped as the table doubles (no callback at their death),
+    # and the bytes of the copies kept counted again then
+    with jc.watch() as w:
+        step = jax.jit(lambda s, batch: s + batch.sum(), donate_argnums=0)
+        s = jnp.zeros(())
+        for i in range(300):
+            s = step(s, np.full(4, i, np.float32))
+    [fn] = [f for f in w._functions if f.calls == 300]
+    assert len(fn.numpy_seen) <= 130  # not 300: the dead went at each doubling
+    assert fn.numpy_kept == sum(c.nbytes for _, c in fn.numpy_seen.values() if c is not None)
+
+
 def test_a_bool_or_a_string_static_under_equinox_is_not_told_to_become_an_array():
     eqx = pytest.importorskip("equinox")
 

@@ -164,6 +164,7 @@ class _Function:
     # epoch is copied again at each call; a fresh batch each call is the cheapest copy)
     numpy_seen: dict[int, tuple[Any, Any]] = dataclasses.field(default_factory=dict)  # id -> (ref, copy)
     numpy_kept: int = 0  # bytes of the copies numpy_seen holds
+    numpy_limit: int = 64  # numpy_seen's size at which its dead entries go (_steps.prune_dead)
     user_statics: dict[str, Any] = dataclasses.field(default_factory=dict)  # eqx.filter_jit: its numbers
 
 
@@ -670,9 +671,7 @@ class Watch:
         for x in jax.tree_util.tree_leaves(out):
             if type(x) is ArrayImpl:
                 made[id(x)] = (weakref.ref(x), n, fn)
-        if len(made) > self._made_limit:
-            self._made = {k: v for k, v in made.items() if v[0]() is not None}
-            self._made_limit = max(MADE_KEPT, 2 * len(self._made))
+        self._made_limit = _steps.prune_dead(made, self._made_limit, MADE_KEPT)
 
     def stalls(self, x: Any, name: str) -> bool:
         """Whether a device-to-host read of ``x`` stalls the loop: the host
@@ -811,23 +810,24 @@ def _unchanged(entry: tuple[Any, Any] | None, x: Any) -> bool:
 
 
 def _remember_numpy(fn: _Function, values: Sequence[Any]) -> None:
-    """Note the numpy arrays among ``values`` as given (weakly: a dead one is
-    forgotten), with a copy of their values while the copies fit in ``_KEPT_BYTES``."""
+    """Note the numpy arrays among ``values`` as given (weakly: the dead are
+    forgotten as the table doubles), with a copy of their values while the
+    copies fit in ``_KEPT_BYTES``."""
     seen = fn.numpy_seen
     for x in values:
-        key = id(x)
-        if not isinstance(x, np.ndarray) or key in seen:
+        entry = seen.get(id(x))
+        if not isinstance(x, np.ndarray) or (entry is not None and entry[0]() is x):
             continue
+        if entry is not None and entry[1] is not None:  # a dead array's, its id reused
+            fn.numpy_kept -= entry[1].nbytes
         keep = x.nbytes <= _COMPARED_BYTES and fn.numpy_kept + x.nbytes <= _KEPT_BYTES
-        copy = x.copy() if keep else None
-        fn.numpy_kept += x.nbytes if keep else 0
-        seen[key] = (weakref.ref(x, functools.partial(_forget, fn, key)), copy)
-
-
-def _forget(fn: _Function, key: int, _ref: Any) -> None:
-    entry = fn.numpy_seen.pop(key, None)
-    if entry is not None and entry[1] is not None:
-        fn.numpy_kept -= entry[1].nbytes
+        seen[id(x)] = (weakref.ref(x), x.copy() if keep else None)
+        limit = _steps.prune_dead(seen, fn.numpy_limit)
+        if limit != fn.numpy_limit:  # pruned: the copies still held
+            fn.numpy_limit = limit
+            fn.numpy_kept = sum(copy.nbytes for _, copy in seen.values() if copy is not None)
+        else:
+            fn.numpy_kept += x.nbytes if keep else 0
 
 
 def _key(frame: Any) -> tuple[str, int]:

@@ -12,6 +12,7 @@ import weakref
 from typing import Any
 
 from .._errors import CONTRACTS, hooked
+from .._steps import prune_dead
 from . import callbacks
 
 __all__ = ["callbacks", "refuse", "scan", "wanted"]
@@ -20,6 +21,7 @@ __all__ = ["callbacks", "refuse", "scan", "wanted"]
 # plain jax.jit with effects takes JAX's Python path at every call (no C++
 # fast-path entry), so its cache-miss observer sees the same jaxpr each call
 _scanned: dict[int, tuple[Any, dict[str, tuple[Any, ...]]]] = {}
+_prune_at = [64]  # its size at which the dead entries go (_steps.prune_dead)
 
 
 def wanted(loop: Any) -> bool:
@@ -44,10 +46,10 @@ def scan(name: str, closed: Any) -> dict[str, tuple[Any, ...]]:
     finally:
         local.allow -= 1
     try:
-        ref = weakref.ref(closed, lambda _, key=key: _scanned.pop(key, None))
+        _scanned[key] = (weakref.ref(closed), found)
     except TypeError:  # not weakly referable: not kept
         return found
-    _scanned[key] = (ref, found)
+    _prune_at[0] = prune_dead(_scanned, _prune_at[0])
     return found
 
 
