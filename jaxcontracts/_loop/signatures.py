@@ -104,8 +104,7 @@ def signature(opts: jitwatch.JitOptions, args: tuple[Any, ...], kwargs: dict[str
     statics = tuple(
         (params[i] if i < len(params) else f"args[{i}]", repr(args[i])) for i in opts.static_argnums if i < len(args)
     ) + tuple((k, repr(v)) for k, v in sorted(kwargs.items()) if k in opts.static_argnames)
-    values = dict(zip(names(opts, len(dyn_args) + len(opts.static_argnums)), dyn_args))
-    values.update(dyn_kwargs)
+    values = _by_name(opts, dyn_args, dyn_kwargs)
     return Signature(
         jax.tree_util.tree_structure((dyn_args, dyn_kwargs)),
         tuple(leaf_spec(x) for _, x in found),  # None: not array-like (a JAX ref)
@@ -114,6 +113,13 @@ def signature(opts: jitwatch.JitOptions, args: tuple[Any, ...], kwargs: dict[str
         tuple(p for p, _ in found),
         tuple((k, jax.tree_util.tree_structure(v)) for k, v in values.items()),
     )
+
+
+def _by_name(opts: jitwatch.JitOptions, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The dynamic arguments by parameter name."""
+    values = dict(zip(names(opts, len(dyn_args) + len(opts.static_argnums)), dyn_args))
+    values.update(dyn_kwargs)
+    return values
 
 
 def reusable(
@@ -129,8 +135,7 @@ def reusable(
     parts = [out, *(out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ())]
     shapes = {jax.tree_util.tree_structure(p) for p in parts}
     params = by_param(sig)
-    values = dict(zip(names(opts, len(dyn_args) + len(opts.static_argnums)), dyn_args))
-    values.update(dyn_kwargs)
+    values = _by_name(opts, dyn_args, dyn_kwargs)
 
     def carried(param: str) -> bool:
         return param in values and jax.tree_util.tree_structure(values[param]) in shapes
