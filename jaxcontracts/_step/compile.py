@@ -418,8 +418,7 @@ def compile_signature(
     """
     __tracebackhide__ = True
     with compiling(definition.name, _compile_args(definition), definition.fn):  # in a hot_loop, a violation (before any trace)
-        plan = jit_for(definition, positional)
-        jitted, spec_args, treedef, donated, flat_style, definition = plan
+        jitted, spec_args, treedef, donated, flat_style, definition = jit_for(definition, positional)
         t0 = time.perf_counter()
         with quiet_donation_warning(), _tracing(definition):
             traced = jitted.trace(*spec_args)
