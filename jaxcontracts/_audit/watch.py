@@ -822,12 +822,11 @@ def _remember_numpy(fn: _Function, values: Sequence[Any]) -> None:
             fn.numpy_kept -= entry[1].nbytes
         keep = x.nbytes <= _COMPARED_BYTES and fn.numpy_kept + x.nbytes <= _KEPT_BYTES
         seen[id(x)] = (weakref.ref(x), x.copy() if keep else None)
-        limit = _steps.prune_dead(seen, fn.numpy_limit)
-        if limit != fn.numpy_limit:  # pruned: the copies still held
-            fn.numpy_limit = limit
+        fn.numpy_kept += x.nbytes if keep else 0
+        size = len(seen)
+        fn.numpy_limit = _steps.prune_dead(seen, fn.numpy_limit)
+        if len(seen) != size:  # the dead dropped: count the copies still held
             fn.numpy_kept = sum(copy.nbytes for _, copy in seen.values() if copy is not None)
-        else:
-            fn.numpy_kept += x.nbytes if keep else 0
 
 
 def _key(frame: Any) -> tuple[str, int]:
