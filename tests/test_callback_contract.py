@@ -11,7 +11,6 @@ callback's primitive and the line that wrote it, the inputs intact.
 
 from __future__ import annotations
 
-import os
 import pathlib
 import subprocess
 import sys
@@ -25,8 +24,11 @@ from jax.experimental import io_callback
 import jaxcontracts as jc
 from jaxcontracts._compat import callbacks
 from jaxcontracts._errors import CONTRACTS, VIOLATIONS, loop_options
+from jaxcontracts._userline import place
 
-HERE = os.path.relpath(__file__)  # as messages name a file below the working folder
+# as messages name this file: relative to the working folder when below it (CI runs
+# the suite from outside the checkout, where the path is absolute)
+HERE = place(__file__, 1)[0].rsplit(":", 1)[0]
 
 
 def _line(text: str) -> int:

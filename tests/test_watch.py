@@ -456,7 +456,7 @@ def test_one_audit_run_names_everything_the_motivating_loop_needs_before_it_stop
     assert "Fix: donate by name, which cannot drift: jax.jit(fn1, donate_argnames=('state',))" in trace
     assert [(f["kind"], f["param"], f["line"]) for f in findings] == [("wrong_donation", "lr", 23)]
     report = proc.stderr[proc.stderr.index("jaxcontracts audit: 1 finding"):]
-    once = report[report.index("seen once before the script stopped"):]
+    once = " ".join(report[report.index("seen once before the script stopped"):].split())  # unwrapped
     assert "drifted_lr_plain.py:25: device-to-host read: str() / print() of i32[]" in once
     assert all(len(line) <= 100 for line in report.splitlines())
 
