@@ -15,6 +15,7 @@ __all__ = [
     "fmt_aval",
     "fmt_bindings",
     "fmt_dtype",
+    "fmt_listed",
     "fmt_logged_aval",
     "fmt_object",
     "fmt_path",
@@ -67,6 +68,13 @@ def fmt_aval(shape: Sequence[Any], dtype: Any, weak_type: bool = False) -> str:
 def param_of(path: str) -> str:
     """The parameter a written leaf path starts with (``state['w'][0]`` -> ``state``)."""
     return path.split("[", 1)[0].split(".", 1)[0]
+
+
+def fmt_listed(items: Sequence[str], limit: int = 3) -> str:
+    """``a, b, c (and 2 more)``: the first ``limit`` items of a list, and how
+    many more there are."""
+    more = f" (and {len(items) - limit} more)" if len(items) > limit else ""
+    return ", ".join(items[:limit]) + more
 
 
 def fmt_path(path: Sequence[Any]) -> str:

@@ -710,6 +710,21 @@ def test_host_data_advice_tells_a_constant_a_fresh_batch_and_a_re_fed_dataset_ap
     assert refed.fix.startswith("put the dataset on the device once")
 
 
+def test_a_parameter_with_several_host_leaves_names_each_of_them():
+    # evosax's Params: several Python floats in one argument; the finding names
+    # each leaf to put on the device (the first three, then how many more)
+    params = {"std_min": 1e-3, "std_max": 10.0, "c_mean": 1.0, "c_cov": 0.5, "mu": 4}
+    with jc.watch() as w:
+        step = jax.jit(lambda s, p: s * p["c_mean"] + p["std_min"])
+        s = jnp.zeros(())
+        for _ in range(4):
+            s = step(s, params)
+    (found,) = [f for f in w.findings() if f.kind == "host_transfer"]
+    assert found.param == "p"
+    assert "p['c_cov'], p['c_mean'], p['mu'] (and 2 more)" in found.message, found.message
+    assert found.bytes_per_call == 5 * 4
+
+
 @pytest.mark.parametrize("buffers", [1, 2])
 def test_a_loader_refilling_its_buffers_in_place_is_a_new_batch_not_a_constant(buffers):
     # a loader that refills one buffer (or a ring of two) in place gives the same

@@ -50,7 +50,7 @@ from .._compat import capability, events, frames, jitwatch
 from .._compat.arrays import ArrayImpl
 from .._compat.tracing import top_level_refs
 from .._errors import ContractError, contract_of_finding
-from .._format import fmt_bytes
+from .._format import fmt_bytes, fmt_listed
 from .._loop import signatures as sigs
 from .._report.render import findings_html
 from .._runtime import host_fix, local
@@ -541,18 +541,17 @@ class Watch:
             paths = [n or "an argument" for n in named]
         else:
             paths = [path for path, _, _, _ in leaves]
-        host: dict[str, tuple[str, Any, int, str]] = {}  # param -> (first path, value, bytes, what)
+        host: dict[str, list[Any]] = {}  # param -> [paths to fix, first value, bytes, what]
         for path, (_, x, nbytes, what) in zip(paths, leaves):
             param = sigs.param_of(path) if path != "an argument" else path
-            if what == "fresh":
-                host.setdefault(param, (path, x, 0, what))
-            elif param not in host or host[param][3] == "fresh":  # its first leaf to fix names it
-                host[param] = (path, x, nbytes + (host[param][2] if param in host else 0), what)
-            else:
-                first = host[param]
-                host[param] = (*first[:2], first[2] + nbytes, first[3])
+            entry = host.get(param)
+            if entry is None or (entry[3] == "fresh" and what != "fresh"):  # its first leaf to fix names it
+                host[param] = [[path], x, 0 if what == "fresh" else nbytes, what]
+            elif what != "fresh":
+                entry[0].append(path)
+                entry[2] += nbytes
         fresh = False
-        for param, (path, x, nbytes, what) in host.items():
+        for param, (fixed, x, nbytes, what) in host.items():
             if what == "fresh":  # every leaf of it a new batch
                 fresh = True
                 continue
@@ -562,11 +561,11 @@ class Watch:
                 found.count += 1
                 touched.append(found)
                 continue
-            kind = value_kind(x)
+            kind, path = value_kind(x), fmt_listed(fixed)
             if what == "constant":
                 message = f"{param} of {sigs.short(fn.name)} is the same {kind} at each call ({path}): copied to the device again every time"
                 # static only where the argument is one hashable leaf (a dict or a numpy array is not)
-                static = not fn.equinox and path == param and not isinstance(x, np.ndarray)
+                static = not fn.equinox and fixed == [param] and not isinstance(x, np.ndarray)
                 fix = host_fix("constant", "static", param=param) if static else host_fix("constant")
             elif what == "refed":
                 message = (f"{param} of {sigs.short(fn.name)} is a {kind} given at an earlier call again "

@@ -45,10 +45,10 @@ def _scan(name: str, closed: Any) -> tuple[Any, ...]:
 
 
 def _listed(sites: tuple[Any, ...]) -> str:
+    from .._format import fmt_listed
     from .._userline import place
 
-    shown = [f"{s.primitive} at {place(s.file, s.line)[0]}" if s.file else s.primitive for s in sites[:3]]
-    return ", ".join(shown) + (f" (and {len(sites) - 3} more)" if len(sites) > 3 else "")
+    return fmt_listed([f"{s.primitive} at {place(s.file, s.line)[0]}" if s.file else s.primitive for s in sites])
 
 
 def _refuse(name: str, sites: tuple[Any, ...]) -> None:
