@@ -770,6 +770,23 @@ def test_a_bool_or_a_string_static_under_equinox_is_not_told_to_become_an_array(
     assert "jnp.asarray" not in found.fix and "one program per value" in found.fix
 
 
+def test_an_equinox_recompile_names_the_leaf_by_the_users_path():
+    # equinox groups the arguments (dynamic_nodonate['rest'][1]); the leaf that
+    # changed is named as the user passed it
+    eqx = pytest.importorskip("equinox")
+
+    def run(params, x):
+        return params["w"].sum() + x.sum()
+
+    with jc.watch() as w:
+        step = eqx.filter_jit(run)
+        for n in (3, 4):
+            step({"w": jnp.ones(n)}, jnp.ones(2))
+        step({"w": jnp.ones(4)}, jnp.ones(2, jnp.bfloat16))
+    diffs = [line for f in w.findings() if f.kind == "recompile" for line in f.diff]
+    assert sorted(diffs) == ["params['w']: f32[3] -> f32[4]", "x: f32[2] -> bf16[2]"], diffs
+
+
 def test_an_equinox_steps_findings_name_the_users_parameters():
     # issue 51: "an argument" and equinox's `dynamic_nodonate['rest'][13]`
     # where the user wrote make_step(model, opt_state, x, y)

@@ -470,6 +470,8 @@ class Watch:
                 diff = [f"{k}: {a!r} -> {b!r} (a Python {type(b).__name__}: static under eqx.filter_jit)"
                         for k, a, b in changed] + rest
                 fix = _static_fix([k for k, _, b in changed if _is_number(b)], rest_fix if rest else "")
+            if fn.equinox:
+                diff = _by_user_path(diff, sigs.paths(fn.options, args, dyn_args, dyn_kwargs))
             key: tuple[Any, ...] = ("recompile", fn.name, here)
             found = self._findings.get(key)
             if found is not None:
@@ -740,6 +742,19 @@ def _user_names(frame: Any, leaves: Sequence[Any]) -> list[str]:
         for p, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
             where_.setdefault(id(leaf), name + jax.tree_util.keystr(p))
     return [where_.get(id(x), "") for x in leaves]
+
+
+def _by_user_path(diff: list[str], found: list[tuple[str, Any]]) -> list[str]:
+    """A recompile's diff lines under eqx.filter_jit, each led by the user's
+    path of the leaf (``y``, ``model.weight``) where equinox's grouped one
+    (``dynamic_nodonate['rest'][1]``) led it."""
+    names = _user_names(frames.caller_frame(1), [x for _, x in found])
+    ours = sorted(((p, n) for (p, _), n in zip(found, names) if n), key=lambda pn: -len(pn[0]))
+    out = []
+    for line in diff:
+        p, n = next(((p, n) for p, n in ours if line.startswith(p + ":")), ("", ""))
+        out.append(n + line[len(p):] if p else line)
+    return out
 
 
 # A numpy array is the same value again only where its values were compared:
