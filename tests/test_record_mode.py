@@ -24,6 +24,14 @@ from jaxtyping import Array, Float32
 
 import jaxcontracts as jc
 from jaxcontracts._compat import capability, guardlog
+from jaxcontracts._userline import place
+
+HERE = place(__file__, 1)[0].rsplit(":", 1)[0]  # this file, as messages name it
+
+
+def _line(text: str) -> int:
+    with open(__file__) as f:
+        return next(i for i, line in enumerate(f, 1) if line.rstrip().endswith(text) and "_line(" not in line)
 
 # -- what is recorded ---------------------------------------------------------
 
@@ -68,6 +76,40 @@ def scaled(s: S, k: Float32[Array, ""]) -> S:
 
 def _kinds(loop):
     return sorted((v.kind, v.what) for v in loop.violations)
+
+
+def test_an_error_ending_a_recording_loop_lists_what_it_had_recorded():
+    # the program stops before anything reads loop.violations: one run names every
+    # violation (issue 51's motivating loop: the print and the compiles, then the
+    # deleted `lr` JAX refuses)
+    x, s = jnp.arange(3.0), jnp.float32(1.0)
+    with pytest.raises(ZeroDivisionError) as info:
+        with jc.hot_loop(on_violation="record"):
+            float(s)  # noted: a read
+            np.asarray(x)  # noted: a copy
+            jax.jit(lambda a: a + 1)(x)  # noted: a compile
+            raise ZeroDivisionError
+    (note,) = info.value.__notes__
+    assert note.startswith('jc.hot_loop(on_violation="record") had recorded 3 violation(s)'), note
+    assert sorted(line.split(" (x1)")[0] for line in note.splitlines()[1:]) == [
+        f"  - compile at {HERE}:{_line('# noted: a compile')}",
+        f"  - transfer at {HERE}:{_line('# noted: a read')}", f"  - transfer at {HERE}:{_line('# noted: a copy')}"]
+
+
+def test_only_a_recording_loop_with_violations_notes_the_error_once():
+    x = jnp.float32(1.0)
+    for options, body in (({"on_violation": "record"}, lambda: None), ({}, lambda: None)):
+        with pytest.raises(KeyError) as info:
+            with jc.hot_loop(**options):
+                body()
+                raise KeyError("k")
+        assert not getattr(info.value, "__notes__", []), options
+    with pytest.raises(KeyError) as info:  # nested: the outer entry notes it, once
+        with jc.hot_loop(on_violation="record") as loop:
+            with loop:
+                float(x)
+                raise KeyError("k")
+    assert len(info.value.__notes__) == 1
 
 
 def test_a_numpy_argument_is_recorded_and_the_call_runs_as_jax_would():

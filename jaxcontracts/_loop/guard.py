@@ -63,6 +63,8 @@ __all__ = ["HotLoop", "hot_loop"]
 F = TypeVar("F", bound=Callable[..., Any])
 T = TypeVar("T")
 
+#: A recording loop left by an exception lists this many of its violations on it.
+_NOTED = 8
 
 _LOGGED_FIX = (
     "rerun with on_violation=\"raise\" to stop at the line; the usual cause is an "
@@ -513,11 +515,25 @@ class HotLoop:
                 "and goes on). A violation fails its loop, caught or not."
             )
             raise swallowed.with_traceback(None) from None
+        if self.on_violation == "record" and not still_entered and self._violations:
+            self._note_recorded(translated or exc)
         if translated is not None:
             raise translated from None
         if exc is None and not still_entered and self.plain_followed:
             plainjit.settle(self)  # what the last calls dropped
         return False
+
+    def _note_recorded(self, exc: BaseException | None) -> None:
+        """A recording loop left by an exception: what it had recorded, on the
+        exception (the program stops before anything reads ``loop.violations``)."""
+        if not isinstance(exc, Exception):
+            return
+        found = self.violations
+        lines = [f"  - {v.kind} at {v.where} (x{v.count}): {v.what}" for v in found[:_NOTED]]
+        if len(found) > _NOTED:
+            lines.append(f"  ... and {len(found) - _NOTED} more (loop.violations, loop.report())")
+        exc.add_note(f"jc.hot_loop(on_violation=\"record\") had recorded {len(found)} "
+                     f"violation(s) before this error ended it:\n" + "\n".join(lines))
 
     def __call__(self, fn: F) -> F:
         """Use as a decorator: every call of ``fn`` runs in a fresh loop.
