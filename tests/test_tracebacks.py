@@ -141,6 +141,14 @@ def donated_read_inside_loop():
         old.x + 1
 
 
+def donated_read_in_a_recording_loop():
+    s = advance(S(x=jnp.zeros(3)))
+    with jc.hot_loop(on_violation="record"):
+        old = s
+        s = advance(s)
+        old.x + 1  # JAX's error, translated as it leaves the loop
+
+
 def device_tree_refused():
     jc.device_tree({"a": object()})
 
@@ -162,6 +170,7 @@ SCENARIOS = [
     definition_error_of_a_state_class,
     donated_read_outside_loop,
     donated_read_inside_loop,
+    donated_read_in_a_recording_loop,
     device_tree_refused,
     spec_from_a_class,
 ]
@@ -183,6 +192,14 @@ def test_a_contract_error_traceback_holds_no_library_frame(scenario):
     assert not _library(frames), "\n".join(_library(frames))
     # It ends at the user's line: the scenario's own frame (or a function of it) is last.
     assert frames and frames[-1].filename == __file__, frames
+
+
+def test_a_runtime_error_translated_as_it_leaves_the_loop_ends_at_the_line_that_raised_it():
+    # raised from the loop's exit, it keeps the traceback of JAX's error: the
+    # user's line that read the array last, not the `with` statement
+    with pytest.raises(jc.DonationError) as info:
+        donated_read_in_a_recording_loop()
+    assert _frames(info.value)[-1].line == "old.x + 1  # JAX's error, translated as it leaves the loop"
 
 
 @pytest.mark.parametrize("scenario", SCENARIOS, ids=lambda f: f.__name__)

@@ -518,7 +518,7 @@ class HotLoop:
         if self.on_violation == "record" and not still_entered and self._violations:
             self._note_recorded(translated or exc)
         if translated is not None:
-            raise translated from None
+            raise translated.with_traceback(tb) from None  # it ends at the line that raised it
         if exc is None and not still_entered and self.plain_followed:
             plainjit.settle(self)  # what the last calls dropped
         return False
