@@ -299,6 +299,7 @@ def test_the_audit_shows_a_progress_line_on_a_terminal_only(tmp_path, monkeypatc
         "    x = f(x)\n"
         "    time.sleep(0.01)\n"
     )
+    monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])  # the script's from then on
     for stream, shown in ((_Terminal(), True), (io.StringIO(), False)):
         monkeypatch.setattr(sys, "stderr", stream)
         assert cli.main([str(script)], progress_every=0.05) == 0
@@ -349,6 +350,40 @@ def test_the_audit_starts_nothing_of_jaxs_before_the_script_does(tmp_path, top):
     )
     assert alone.returncode == audited.returncode == 0, audited.stderr
     assert audited.stdout == alone.stdout == "3 cpu\n"
+
+
+_AS_PYTHON_RUNS_IT = {
+    # an object holding a jitted function deep-copied (a model snapshot): the
+    # audit's wrapper held the watch, and the copy reached its locks
+    "deepcopy": "import copy, jax, jax.numpy as jnp\n"
+    "class Model:\n"
+    "    def __init__(self):\n"
+    "        self.w, self.apply = jnp.ones(3), jax.jit(lambda w, x: w * x)\n"
+    "m = Model()\n"
+    "for i in range(3):\n"
+    "    m.w = m.apply(m.w, 2.0)\n"
+    "    snapshot = copy.deepcopy(m)\n"
+    "print(snapshot.w.tolist(), snapshot.apply is m.apply, snapshot.apply(snapshot.w, 1.0).tolist())\n",
+    # a class of the script pickled at exit: `__main__` stays the script's
+    "atexit": "import atexit, dataclasses, pickle, jax, jax.numpy as jnp\n"
+    "@dataclasses.dataclass\n"
+    "class Ckpt:\n"
+    "    w: list\n"
+    "w = jax.jit(lambda w: w + 1)(jnp.zeros(2))\n"
+    "atexit.register(lambda: print('saved', pickle.loads(pickle.dumps(Ckpt(w.tolist())))))\n",
+}
+
+
+@pytest.mark.parametrize("name", sorted(_AS_PYTHON_RUNS_IT))
+def test_the_audited_script_runs_as_python_runs_it(tmp_path, name):
+    script = tmp_path / f"{name}.py"
+    script.write_text(_AS_PYTHON_RUNS_IT[name])
+    alone = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    audited = subprocess.run(
+        [sys.executable, "-m", "jaxcontracts", "audit", str(script)], capture_output=True, text=True, timeout=120
+    )
+    assert alone.returncode == 0, alone.stderr
+    assert (audited.returncode, audited.stdout) == (0, alone.stdout), audited.stderr
 
 
 def test_a_script_that_crashes_is_reported_as_a_crash_with_its_own_traceback(tmp_path):

@@ -11,12 +11,13 @@ ranked findings go to stderr (the script's stdout is untouched) and, with
 from __future__ import annotations
 
 import argparse
+import io
 import os
-import runpy
 import sys
 import threading
 import time
 import traceback
+import types
 from collections.abc import Sequence
 from typing import Any
 
@@ -63,6 +64,19 @@ class _Progress:
             self.stream.flush()
 
 
+def _run_as_main(script: str) -> None:
+    """Run the script as ``python SCRIPT.py`` does: in a module that is
+    ``__main__`` from then on (``runpy.run_path`` puts the old one back as the
+    body ends, where an ``atexit`` handler or a thread still running may
+    pickle a class the script defined)."""
+    with io.open_code(script) as fh:
+        code = compile(fh.read(), script, "exec")
+    module = types.ModuleType("__main__")
+    module.__dict__.update(__file__=script, __cached__=None, __loader__=None, __package__=None, __spec__=None)
+    sys.modules["__main__"] = module
+    exec(code, module.__dict__)
+
+
 def main(argv: Sequence[str], progress_every: float = 2.0) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m jaxcontracts audit",
@@ -87,7 +101,7 @@ def main(argv: Sequence[str], progress_every: float = 2.0) -> int:
     try:
         with w, _Progress(w, sys.stderr, progress_every):
             try:
-                runpy.run_path(script, run_name="__main__")
+                _run_as_main(script)
             except SystemExit as exc:
                 code = exc.code
                 status = code if isinstance(code, int) else (0 if code is None else 1)

@@ -31,10 +31,12 @@ watch opened (their calls are JAX's C++ alone), device-to-host reads (a
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 import itertools
 import json
+import operator
 import textwrap
 import threading
 import time
@@ -884,6 +886,18 @@ class _Watched:
 
     def __repr__(self) -> str:
         return f"<watched {self._jitted!r}>"
+
+    # A copy is a copy of the jitted function, watched as this one is (never the
+    # watch itself: `copy.deepcopy(model)` of an object holding a step); a pickle
+    # is the jitted function's own.
+    def __copy__(self) -> _Watched:
+        return _Watched(copy.copy(self._jitted), self.__wrapped__, self._state, self._owner)
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _Watched:
+        return _Watched(copy.deepcopy(self._jitted, memo), self.__wrapped__, self._state, self._owner)
+
+    def __reduce_ex__(self, protocol: Any) -> Any:  # pickled as itself: the jitted function
+        return operator.itemgetter(0), ((self._jitted,),)
 
 
 @dataclasses.dataclass
