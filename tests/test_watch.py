@@ -745,6 +745,31 @@ def test_host_data_advice_tells_a_constant_a_fresh_batch_and_a_re_fed_dataset_ap
     assert refed.fix.startswith("put the dataset on the device once")
 
 
+def test_a_value_equal_by_chance_for_a_while_is_not_called_a_constant():
+    # sparse rewards sampled from a replay buffer: all zero for many steps, then
+    # not; "put it on the device once" would be wrong. A number that changes
+    # late is a new number each call from then on.
+    rng = np.random.default_rng(0)
+    rewards = np.zeros(1000, np.float32)
+    rewards[990:] = 1.0
+    with jc.watch() as w:
+        td = jax.jit(lambda v, rew, gamma: v * gamma + rew.sum())
+        v = jnp.zeros(())
+        for t in range(20):
+            idx = rng.integers(0, 900, 32) if t < 19 else np.arange(968, 1000)
+            v = td(v, rewards[idx], 0.99 if t < 10 else 0.9 + t / 100)
+    found = {f.param: f for f in w.findings() if f.kind == "host_transfer"}
+    assert sorted(found) == ["gamma"], found
+    assert "a new Python float at each call" in found["gamma"].message, found["gamma"].message
+    # and a constant that stays one is still claimed, counted at each call
+    with jc.watch() as w:
+        td = jax.jit(lambda v, rew: v + rew.sum())
+        for t in range(20):
+            v = td(v, np.zeros(32, np.float32))
+    (found,) = [f for f in w.findings() if f.kind == "host_transfer"]
+    assert "same numpy array" in found.message and found.count == 19
+
+
 def test_a_parameter_with_several_host_leaves_names_each_of_them():
     # evosax's Params: several Python floats in one argument; the finding names
     # each leaf to put on the device (the first three, then how many more)

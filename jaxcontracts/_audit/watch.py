@@ -159,8 +159,11 @@ class _Function:
     jit: str = "jax.jit"  # the transform the user wrote: nnx.jit's functions reach jax.jit wrapped
     host_before: dict[int, Any] = dataclasses.field(default_factory=dict)  # leaf -> _marker, last call
     user_params: dict[int, str] = dataclasses.field(default_factory=dict)  # eqx.filter_jit: leaf -> the user's name
-    # positions of the host leaves of a call -> the host_transfer findings they count for
-    host_findings: dict[tuple[int, ...], list[Finding]] = dataclasses.field(default_factory=dict)
+    # positions of the host leaves of a call -> the host_transfer findings they count for, and
+    # the leaves each "the same value at each call" claim rests on (param -> positions)
+    host_findings: dict[tuple[int, ...], tuple[list[Finding], dict[str, list[int]]]] = dataclasses.field(
+        default_factory=dict)
+    varied: set[str] = dataclasses.field(default_factory=set)  # params taken for a constant, then changed
     donated_leaves: tuple[int, ...] = ()  # the first dynamic leaf of each donated parameter
     # numpy arrays given at earlier calls, by id -> a weak reference (a dataset re-fed each
     # epoch is copied again at each call; a fresh batch each call is the cheapest copy)
@@ -300,12 +303,15 @@ class Watch:
             where_host = tuple(i for i, x in enumerate(leaves) if not isinstance(x, jax.Array))
             if fn.run != fn.first_run:
                 seen = fn.host_findings.get(where_host)
+                if seen is not None and not self._still_constant(fn, seen[1], leaves):
+                    del fn.host_findings[where_host]  # a value equal by chance: looked at afresh
+                    seen = None
                 if seen is None:  # these positions for the first time: name them (paths, the line)
-                    found, fresh = self._host_leaves(fn, args, dyn_args, dyn_kwargs)
+                    found, fresh, constants = self._host_leaves(fn, args, dyn_args, dyn_kwargs)
                     if not fresh:  # (a fresh batch: looked at again at the next call)
-                        fn.host_findings[where_host] = found
+                        fn.host_findings[where_host] = (found, constants)
                 else:
-                    for found in seen:
+                    for found in seen[0]:
                         found.count += 1
             fn.host_before = {i: _marker(leaves[i]) for i in where_host}
             _remember_numpy(fn, [leaves[i] for i in where_host])
@@ -516,17 +522,28 @@ class Watch:
 
     # -- host data -----------------------------------------------------------
 
+    def _still_constant(self, fn: _Function, constants: dict[str, list[int]], leaves: Sequence[Any]) -> bool:
+        """Whether every value claimed "the same at each call" is the last
+        call's again; a claim whose value changed (sparse rewards all zero for
+        a while) is withdrawn, and never made again for that parameter."""
+        changed = [p for p, where_ in constants.items() if not all(_same(fn.host_before.get(i), leaves[i]) for i in where_)]
+        for param in changed:
+            self._findings.pop(("host_transfer", fn.name, param), None)
+            fn.varied.add(param)
+        return not changed
+
     def _host_leaves(
         self, fn: _Function, args: tuple[Any, ...], dyn_args: tuple[Any, ...],
         dyn_kwargs: dict[str, Any],
-    ) -> tuple[list[Finding], bool]:
+    ) -> tuple[list[Finding], bool, dict[str, list[int]]]:
         """Numpy arrays and Python numbers given to the function (after its
         first call), counted: the findings they count for (their bytes are
-        those of the first call that had them), and whether a parameter held
+        those of the first call that had them), whether a parameter held
         a fresh numpy batch (new arrays: the call's own copy is the cheapest,
-        nothing to fix; a batch passed at an earlier call again is)."""
+        nothing to fix; a batch passed at an earlier call again is), and the
+        leaves each "the same value at each call" finding rests on."""
         touched = []
-        seen, leaves = fn.numpy_seen, []  # (path, value, bytes, what it is)
+        seen, leaves = fn.numpy_seen, []  # (path, value, bytes, what it is, position)
         for i, (path, x) in enumerate(sigs.paths(fn.options, args, dyn_args, dyn_kwargs)):
             spec = None if isinstance(x, jax.Array) else leaf_spec(x)
             if spec is None:  # not host data (a JAX ref, with no spec, is not either)
@@ -539,15 +556,20 @@ class Watch:
                 what = "refed"  # an array given at an earlier call, its values unchanged: a dataset re-fed
             else:
                 what = "fresh"  # a new batch: the call's own copy is the cheapest, nothing to fix
-            leaves.append((path, x, spec_nbytes(spec), what))
+            leaves.append((path, x, spec_nbytes(spec), what, i))
         if fn.equinox:  # equinox's grouped parameters: the user's names, where found
-            named = _user_names(frames.caller_frame(1), [x for _, x, _, _ in leaves])
+            named = _user_names(frames.caller_frame(1), [x for _, x, _, _, _ in leaves])
             paths = [n or "an argument" for n in named]
         else:
-            paths = [path for path, _, _, _ in leaves]
+            paths = [path for path, _, _, _, _ in leaves]
         host: dict[str, list[Any]] = {}  # param -> [paths to fix, first value, bytes, what]
-        for path, (_, x, nbytes, what) in zip(paths, leaves):
+        constants: dict[str, list[int]] = {}
+        for path, (_, x, nbytes, what, i) in zip(paths, leaves):
             param = sigs.param_of(path) if path != "an argument" else path
+            if what == "constant" and param in fn.varied:  # its value changed before: not a constant
+                what = "fresh" if isinstance(x, np.ndarray) else "number"
+            if what == "constant":
+                constants.setdefault(param, []).append(i)
             entry = host.get(param)
             if entry is None or (entry[3] == "fresh" and what != "fresh"):  # its first leaf to fix names it
                 host[param] = [[path], x, 0 if what == "fresh" else nbytes, what]
@@ -583,7 +605,7 @@ class Watch:
                 message=message, fix=fix,
             )
             touched.append(self._findings[key])
-        return touched, fresh
+        return touched, fresh, constants
 
     def _host_syncs(self) -> None:
         """A line whose reads were followed by more jitted calls, at least twice:
