@@ -394,6 +394,36 @@ def test_without_the_guarded_call_one_closure_checks_every_call_in_python(level,
     assert not d["w"].is_deleted() and asked  # the call paths were built without it
 
 
+def test_a_method_step_is_never_kept_in_the_instance():
+    # the bound step was cached in obj.__dict__, where it shadowed the class: a
+    # subclass's override ran once, then the base step (silently wrong results);
+    # copy.copy(obj) ran the original's program; pickle and vars() saw it
+    import copy
+    import json
+
+    class Base:
+        def __init__(self, lr=0.5):
+            self.lr = lr
+
+        @jc.hot_step(state="t")
+        def step(self, t):
+            return t - self.lr * t
+
+    class Child(Base):
+        def step(self, t):
+            return super().step(t) + 100.0
+
+    child = Child()
+    assert [float(child.step(jnp.ones(()))) for _ in range(3)] == [100.5] * 3
+    a = Base()
+    assert a.step(jnp.ones(2)).tolist() == [0.5, 0.5] and a.step is a.step
+    b = copy.copy(a)
+    b.lr = 0.0
+    assert b.step(jnp.ones(2)).tolist() == [1.0, 1.0] and b.step is not a.step
+    assert json.dumps(vars(a)) == '{"lr": 0.5}'  # nothing of ours in it: it pickles as before
+    assert [float(Base.step(child, jnp.ones(()))), float(child.step(jnp.ones(())))] == [0.5, 100.5]
+
+
 def test_a_method_step_on_a_slotted_instance_is_bound_once_and_keeps_nothing_alive():
     # issue 39: on a __slots__ instance each access made a new step, and every
     # call compiled again (silently outside loops)

@@ -781,7 +781,7 @@ def test_a_value_equal_by_chance_for_a_while_is_not_called_a_constant():
     # and a constant that stays one is still claimed, counted at each call
     with jc.watch() as w:
         td = jax.jit(lambda v, rew: v + rew.sum())
-        for t in range(20):
+        for _ in range(20):
             v = td(v, np.zeros(32, np.float32))
     (found,) = [f for f in w.findings() if f.kind == "host_transfer"]
     assert "same numpy array" in found.message and found.count == 19

@@ -105,7 +105,6 @@ class HotStep(Generic[P, R]):
         self.last_output: list[Any] = [None]
         self.last_consumed: list[Any] = [None]  # see _steps.LiveStep
         self._set_dispatch(self._call_unbound if signature.is_method else self._slow)
-        self._attr: str | None = None  # the class attribute of a method step
         self._bound_to: tuple[HotStep[Any, Any], Any] | None = None  # (method step, instance)
         # A method step's bound steps for instances without a __dict__ (__slots__)
         self._bound_steps: dict[int, tuple[weakref.ref[Any], HotStep[Any, Any]]] = {}
@@ -221,45 +220,35 @@ class HotStep(Generic[P, R]):
 
     # -- methods -------------------------------------------------------------
 
-    def __set_name__(self, owner: type, name: str) -> None:
-        self._attr = name
-
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         """``obj.step``: this method's step with ``obj`` closed over.
 
         ``self`` is configuration, not a traced argument: the step compiles
         once per instance, reading the instance's attributes at that compile
-        (later changes to them are not seen). The bound step is kept in the
-        instance's ``__dict__``, so ``obj.step`` stays one attribute read.
+        (later changes to them are not seen). The bound step is kept here, by
+        a weak reference to the instance, never in the instance: a subclass
+        that overrides the method, ``copy.copy(obj)``, ``pickle`` and
+        ``vars(obj)`` see the instance as the class made it.
         """
         if obj is None or not self._definition.is_method:
             return self
-        has_dict = self._attr is not None and isinstance(getattr(obj, "__dict__", None), dict)
-        if has_dict:  # `Class.step(obj, s)` comes here at every call: the bound step made before
-            kept = obj.__dict__.get(self._attr)
-            if type(kept) is HotStep and kept._bound_to is not None and kept._bound_to[0] is self and kept._bound_to[1] is obj:
-                return kept
-        else:  # __slots__: kept here, by a weak reference to the instance
-            kept = self._bound_steps.get(id(obj))
-            if kept is not None and kept[0]() is obj:
-                return kept[1]
-            try:
-                ref = weakref.ref(obj, functools.partial(_forget_bound, self._bound_steps, id(obj)))
-            except TypeError:  # neither a __dict__ nor a __weakref__ slot
-                raise DefinitionError(
-                    f"{self._definition.name} is a method step of a {type(obj).__name__}, whose instances "
-                    "have neither a __dict__ nor weak references (__slots__): its bound step "
-                    "cannot be kept, so every access would make (and compile) a new one.",
-                    fix=f'add "__weakref__" to {type(obj).__name__}.__slots__ (or drop __slots__).',
-                    contract="definition",
-                    step=self._definition.name,
-                ) from None
-        bound: HotStep[Any, Any] = HotStep(self._definition.bind(obj, weak=not has_dict))
-        bound._bound_to = (self, obj if has_dict else ref)
-        if has_dict:
-            obj.__dict__[self._attr] = bound
-        else:
-            self._bound_steps[id(obj)] = (ref, bound)
+        kept = self._bound_steps.get(id(obj))
+        if kept is not None and kept[0]() is obj:
+            return kept[1]
+        try:
+            ref = weakref.ref(obj, functools.partial(_forget_bound, self._bound_steps, id(obj)))
+        except TypeError:  # no __weakref__ slot
+            raise DefinitionError(
+                f"{self._definition.name} is a method step of a {type(obj).__name__}, whose instances "
+                "have no weak references (__slots__ without __weakref__): its bound step "
+                "cannot be kept, so every access would make (and compile) a new one.",
+                fix=f'add "__weakref__" to {type(obj).__name__}.__slots__ (or drop __slots__).',
+                contract="definition",
+                step=self._definition.name,
+            ) from None
+        bound: HotStep[Any, Any] = HotStep(self._definition.bind(obj, weak=True))
+        bound._bound_to = (self, ref)
+        self._bound_steps[id(obj)] = (ref, bound)
         return bound
 
     def __copy__(self) -> HotStep[P, R]:
