@@ -355,6 +355,22 @@ def test_a_nan_under_debug_nans_is_jaxs_floating_point_error_not_a_donation_stor
     assert s["x"].shape == (3,)
 
 
+def test_a_step_compiled_under_debug_nans_donates_nothing_as_jax_jit():
+    # jax.jit donates nothing while jax_debug_nans is on (it re-runs a failing
+    # program on its inputs); a hot step compiled then was refused at compile
+    # ("XLA found no output to reuse the buffer for"), clean code included
+    with jax.debug_nans(True):
+        step = jc.hot_step(lambda s: {"x": s["x"] * 2.0 + 1.0}, state="s")
+        s = {"x": jnp.ones(3)}
+        out = step(s)
+        assert out["x"].tolist() == [3.0] * 3 and not s["x"].is_deleted()
+        bad = jc.hot_step(lambda s: {"x": jnp.log(s["x"] - 2.0)}, state="s")
+        s = {"x": jnp.ones(3)}
+        with pytest.raises(FloatingPointError, match="encountered in log"):
+            bad(s)
+        assert s["x"].tolist() == [1.0] * 3  # intact, as jax.jit leaves it
+
+
 def test_an_error_tracing_a_step_says_which_step_was_compiling():
     # issue 39: a TypeError from tracing (a scan carry changing dtype) left
     # .compile() raw, naming no step

@@ -132,7 +132,8 @@ def jit_for(definition: StepDefinition, positional: tuple[Any, ...]) -> JitPlan:
     if inplace:
         definition = definition.with_inplace(inplace)
     _refuse_uncarried(definition)
-    donated = definition.donated_leaves(paths)
+    # jax.jit donates nothing under jax_debug_nans (it runs a failing program again, on its inputs)
+    donated = () if jax.config.jax_debug_nans else definition.donated_leaves(paths)
     per_arg: dict[int, list[bool]] = {}
     donated_set = set(donated)
     for i, p in enumerate(paths):
