@@ -526,6 +526,40 @@ def test_a_static_keyword_with_a_default_left_out_runs_with_each_new_equal_value
     assert s["w"].tolist() == [16.0, 16.0] and step.stats.compiles == 1
 
 
+class _Config:  # hashable by value, as jax asks of a static value, and mutable
+    def __init__(self, k):
+        self.k = k
+
+    def __hash__(self):
+        return hash(self.k)
+
+    def __eq__(self, other):
+        return type(other) is _Config and other.k == self.k
+
+
+@pytest.mark.parametrize("level", ["off", "fast", "full"])
+@pytest.mark.parametrize("how", ["positional", "keyword"])
+def test_a_static_object_changed_in_place_runs_the_program_for_its_new_value(level, how):
+    # the executable compiled for the old value ran (the object is equal to
+    # itself); jax.jit (0.11 on) hashes a static anew and compiles for the new value
+    f = lambda x, cfg: x * cfg.k  # noqa: E731
+    call = (lambda st, x, c: st(x, c)) if how == "positional" else (lambda st, x, c: st(x, cfg=c))
+    with jc.checks_level(level):
+        step = jc.hot_step(f, state="x", static="cfg", max_compiles=3)
+        cfg = _Config(2.0)
+        assert call(step, jnp.ones(2), cfg).tolist() == [2.0, 2.0]
+        assert call(step, jnp.ones(2), cfg).tolist() == [2.0, 2.0]  # the same value: no compile
+        cfg.k = 3.0
+        assert call(step, jnp.ones(2), cfg).tolist() == [3.0, 3.0]
+        assert call(step, jnp.ones(2), _Config(3.0)).tolist() == [3.0, 3.0]
+    assert step.stats.compiles == 2
+    strict = jc.hot_step(f, state="x", static="cfg")
+    strict(jnp.ones(2), cfg)
+    cfg.k = 4.0
+    with pytest.raises(jc.RecompileError, match="the same object, changed in place since"):
+        strict(jnp.ones(2), cfg)
+
+
 # -- issue 51, section 4: a step with a parameter before its state ----------
 
 

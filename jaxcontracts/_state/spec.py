@@ -8,6 +8,10 @@ means one thing everywhere. How two specs differ is ``_step.diffs``.
 
 from __future__ import annotations
 
+import dataclasses
+import enum
+import functools
+import types
 from typing import Any
 
 import jax
@@ -20,7 +24,8 @@ from .._format import fmt_aval, fmt_object, fmt_path
 from .._tracebacks import boundary
 
 __all__ = [
-    "StaticArg", "eq_answers_bool", "fmt_value", "leaf_spec", "spec_nbytes", "spec_of", "static_equal", "value_kind",
+    "StaticArg", "eq_answers_bool", "fmt_value", "leaf_spec", "spec_nbytes", "spec_of", "static_equal", "static_hash",
+    "unchanging", "value_kind",
 ]
 
 
@@ -120,29 +125,69 @@ def spec_of(tree: Any) -> Any:
 class StaticArg:
     """A static argument's value, carried in the tree structure (no leaves).
 
-    A pytree node with no children whose aux data is ``(type, value)``: two
-    calls with equal values of one type share a tree structure (and a
+    A pytree node with no children whose aux data is ``(type, value)``, and
+    the value's hash where the value can change in place (:func:`unchanging`):
+    two calls with equal values of one type share a tree structure (and a
     compiled signature); a new value is a new structure, so it is a new
     signature. The type is in the aux data because tree structures compare
     aux data with ``==``: ``1 == True == 1.0`` would otherwise share a
     signature (and run the program traced for another type), where
-    ``jax.jit``'s static arguments would not.
+    ``jax.jit``'s static arguments would not. The hash, taken as the value
+    was made, tells an object changed in place since (it compares equal to
+    itself) from the value compiled for, as ``jax.jit`` tells it by hashing.
     """
 
-    __slots__ = ("aux", "value")
+    __slots__ = ("aux", "hash", "value")
 
     def __init__(self, value: Any) -> None:
         self.value = value
-        self.aux = (type(value), value)
+        self.hash = static_hash(value)  # as made: a value changed in place since hashes anew
+        # what tree structures compare; the hash only of what can change in place
+        self.aux = (type(value), value) if unchanging(value) else (type(value), value, self.hash)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, StaticArg) and static_equal(self.value, other.value)
+        return isinstance(other, StaticArg) and self.hash == other.hash and static_equal(self.value, other.value)
 
     def __hash__(self) -> int:
-        return hash(self.value)
+        return self.hash
 
     def __repr__(self) -> str:
         return f"static {self.value!r}"
+
+
+_ATOMS = (type(None), bool, int, float, complex, str, bytes, np.generic, jax.Array, enum.Enum, type)
+_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodWrapperType, types.WrapperDescriptorType)
+
+
+def unchanging(value: Any) -> bool:
+    """Whether ``value`` can never change once made: numbers, strings, bytes,
+    ``None``, enums, classes, functions, JAX arrays, and tuples, frozen
+    dataclasses and partials of those. A list, dict, set, numpy array, a
+    mutable dataclass or any other object can change in place after a
+    program was traced with it."""
+    if isinstance(value, _ATOMS) or isinstance(value, _FUNCTIONS):
+        return True
+    if isinstance(value, tuple):
+        return all(map(unchanging, value))
+    if type(value) is functools.partial:
+        return unchanging(value.func) and all(map(unchanging, (*value.args, *value.keywords.values())))
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        frozen = getattr(type(value), "__dataclass_params__", None)
+        return bool(frozen and frozen.frozen) and all(
+            unchanging(getattr(value, f.name, None)) for f in dataclasses.fields(value)
+        )
+    return False
+
+
+def static_hash(value: Any) -> int:
+    """``hash(value)``, or -1 where it raises. A static value hashed as a call
+    made it: an object changed in place after a compile hashes anew, and is a
+    new signature, as for ``jax.jit``'s static arguments (never the program
+    traced for its old value)."""
+    try:
+        return hash(value)
+    except Exception:  # noqa: BLE001 - unhashable: refused where the definition binds it
+        return -1
 
 
 def static_equal(a: Any, b: Any) -> bool:

@@ -46,7 +46,7 @@ from .._leafdiff import same_placement
 from .._records import CompiledSignature
 from .._report import timing as _timing
 from .._state.fields import is_state
-from .._state.spec import StaticArg, static_equal
+from .._state.spec import StaticArg, static_equal, static_hash, unchanging
 from .._tracebacks import trim
 from .callctx import (
     CallContext,
@@ -390,7 +390,10 @@ def _guarded(
             dynamic_of = picker(dynamic)
             fallback = with_static(ctx.step.definition, make_full(()))
             compiled_values = [cs.spec_args[i].value for i in static]
+            compiled_hashes = [cs.spec_args[i].hash for i in static]
             seen = list(compiled_values)  # the objects last accepted, per static parameter
+            # a value that can change in place (a config object) is hashed at every call
+            changing = [not unchanging(v) for v in compiled_values]
             pairs = tuple(enumerate(static))
 
         def guarded_full(*args: Any, **kwargs: Any) -> Any:
@@ -408,8 +411,10 @@ def _guarded(
                         return fallback(*args)  # type: ignore[misc]
                     for k, i in pairs:
                         value = args[i]
-                        if value is not seen[k]:
-                            if not static_equal(value, compiled_values[k]):
+                        if value is not seen[k] or changing[k]:
+                            if not static_equal(value, compiled_values[k]) or (
+                                changing[k] and static_hash(value) != compiled_hashes[k]
+                            ):
                                 return fallback(*args)  # type: ignore[misc]  # another value: a new signature
                             seen[k] = value
                     leaves, treedef = flatten(dynamic_of(args))

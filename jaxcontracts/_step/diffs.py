@@ -9,7 +9,6 @@ specs and reprs of static values, never from device memory.
 from __future__ import annotations
 
 import dataclasses
-import enum
 import functools
 import types
 from collections.abc import Mapping
@@ -24,9 +23,9 @@ from .._state.annotations import STATIC
 from .._state.filter import Filtered, join
 from .._state.filter import short as short_static
 from .._state.inplace import static_attributes
-from .._state.spec import StaticArg, leaf_spec, static_equal
+from .._state.spec import StaticArg, leaf_spec, static_equal, unchanging
 
-__all__ = ["diff_specs", "same_structure", "unchanging"]
+__all__ = ["diff_specs", "same_structure"]
 
 
 def diff_specs(expected: Any, got: Any) -> list[LeafDiff]:
@@ -55,6 +54,17 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
                 "instances of the old and the new class never match; build the state "
                 "from one definition (re-run the cells that make it, or define the "
                 "class once, outside the re-run code)",
+            )
+        ]
+    if isinstance(a, StaticArg) and isinstance(b, StaticArg) and a.value is b.value:
+        return [
+            LeafDiff(
+                here,
+                f"static {type(a.value).__name__} (object id {id(a.value):#x}, hashed {a.hash} then)",
+                f"the same object, changed in place since: {_short(b.value)}, hashed {b.hash}",
+                "a static value changed after the compile is a new signature (as jax.jit "
+                "hashes it anew); pass a new value, such as a frozen dataclass, instead of "
+                "changing the object",
             )
         ]
     if isinstance(a, StaticArg) and isinstance(b, StaticArg):
@@ -392,30 +402,6 @@ def same_structure(a: Any, b: Any) -> bool:
         and len(ca) == len(cb)
         and all(same_structure(x, y) for x, y in zip(ca, cb))
     )
-
-
-_ATOMS = (type(None), bool, int, float, complex, str, bytes, np.generic, jax.Array, enum.Enum, type)
-_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodWrapperType, types.WrapperDescriptorType)
-
-
-def unchanging(value: Any) -> bool:
-    """Whether ``value`` can never change once made: numbers, strings, bytes,
-    ``None``, enums, classes, functions, JAX arrays, and tuples, frozen
-    dataclasses and partials of those. A list, dict, set, numpy array, a
-    mutable dataclass or any other object can change in place after a
-    program was traced with it."""
-    if isinstance(value, _ATOMS) or isinstance(value, _FUNCTIONS):
-        return True
-    if isinstance(value, tuple):
-        return all(map(unchanging, value))
-    if type(value) is functools.partial:
-        return unchanging(value.func) and all(map(unchanging, (*value.args, *value.keywords.values())))
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        frozen = getattr(type(value), "__dataclass_params__", None)
-        return bool(frozen and frozen.frozen) and all(
-            unchanging(getattr(value, f.name, None)) for f in dataclasses.fields(value)
-        )
-    return False
 
 
 def _same_value(a: Any, b: Any) -> bool:
