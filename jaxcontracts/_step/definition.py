@@ -17,6 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
+import numpy as np
 
 from .._errors import DefinitionError
 from .._format import fmt_object, fmt_path
@@ -167,7 +168,7 @@ class StepDefinition:
         empty, kinds = inspect.Parameter.empty, (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         n_pos = sum(p.kind != p.KEYWORD_ONLY for p in params)  # what positional arguments may fill
         # per number of positional arguments: the rest, as (name, default, may be a keyword)
-        rests = {k: tuple((p.name, p.default, p.kind in kinds) for p in params[k:]) for k in range(n_pos + 1)}
+        rests = {k: tuple((p.name, left_out(p), p.kind in kinds) for p in params[k:]) for k in range(n_pos + 1)}
 
         def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
             rest = rests.get(len(args))
@@ -197,6 +198,7 @@ class StepDefinition:
     def _bind_or_explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         try:
             bound = self.python_signature.bind(*args, **kwargs)
+            omitted = {p.name: left_out(p) for p in self.python_signature.parameters.values() if p.name not in bound.arguments}
         except TypeError as e:
             params = ", ".join(self.param_names)
             given = ", ".join([*("<arg>" for _ in args), *(f"{k}=" for k in kwargs)])
@@ -207,8 +209,7 @@ class StepDefinition:
                 contract="definition",
                 step=self.name,
             ) from None
-        bound.apply_defaults()
-        return tuple(bound.arguments[n] for n in self.param_names)
+        return tuple(bound.arguments[n] if n in bound.arguments else omitted[n] for n in self.param_names)
 
     def with_filtered(self, params: tuple[int, ...]) -> StepDefinition:
         """This signature with the arguments of ``params`` filtered (``_filter``)."""
@@ -309,6 +310,19 @@ def check_donated_names(definition: StepDefinition, valid: Sequence[str], static
         )
 
 
+#: A Python constant as a default: a caller that leaves it out passes no
+#: argument, as for ``jax.jit`` (the default is part of the function, not a
+#: host value copied to the device at each call).
+_CONSTANT_DEFAULTS = (bool, int, float, complex, str, bytes, np.generic)
+
+
+def left_out(param: inspect.Parameter) -> Any:
+    """What a call that leaves ``param`` out passes: its default, a Python
+    constant as a :class:`StaticArg` (static, as ``jax.jit`` traces it)."""
+    default = param.default
+    return StaticArg(default) if isinstance(default, _CONSTANT_DEFAULTS) else default
+
+
 def positional_call(
     fn: Callable[..., Any],
     params: Sequence[inspect.Parameter],
@@ -320,11 +334,12 @@ def positional_call(
     ones rebuilt (and what it returns filtered: see ``_filter``)."""
     kwonly = tuple(p.name for p in params if p.kind == p.KEYWORD_ONLY)
     n_pos = len(params) - len(kwonly)
-    if not kwonly and not static and not filtered:
+    unwrap = bool(static) or any(isinstance(left_out(p), StaticArg) for p in params)
+    if not kwonly and not unwrap and not filtered:
         return fn
 
     def positional(*a: Any) -> Any:
-        if static:
+        if unwrap:
             a = tuple(x.value if isinstance(x, StaticArg) else x for x in a)
         if filtered:
             a = tuple(map(join, a))

@@ -78,6 +78,19 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
                 "means a new compile" + _inside(a.value, b.value),
             )
         ]
+    if isinstance(a, StaticArg) != isinstance(b, StaticArg):
+        sa, sb = (f"static {_short(x.value)}" if isinstance(x, StaticArg) else _struct_name(x) for x in (a, b))
+        return [
+            LeafDiff(
+                here,
+                sa,
+                sb,
+                "a static value at one call and an argument at the other: a parameter whose "
+                "default a call leaves out is a constant of the program (as for jax.jit), and "
+                "passing it makes it an argument, a new signature; leave it out at every call, "
+                "or pass it at every call",
+            )
+        ]
     if dataclasses.is_dataclass(a) and not isinstance(a, type) and type(a) is type(b):
         found = _dataclass_diffs(a, b, path)
         if found:
