@@ -26,7 +26,7 @@ import numpy as np
 
 from ._errors import ContractError
 
-__all__ = ["boundary", "filtering", "is_library", "trim", "trim_ours"]
+__all__ = ["boundary", "filtering", "is_library", "let_go", "trim", "trim_ours"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -129,6 +129,22 @@ def trim_ours(err: BaseException) -> None:
     (JAX's own error crossing the audit's wrapper reads as it would without
     it); every other frame stays, JAX's own filtering aside."""
     _drop_frames(err, lambda code: _private_here(os.path.abspath(code.co_filename)))
+
+
+def let_go(tb: TracebackType | None) -> None:
+    """Clear the locals of this package's private frames an error has left
+    (``tb``'s first frame, the one handling it, runs still): a traceback kept
+    after the error (IPython's ``sys.last_traceback``, a logged exception)
+    then holds none of the user's arrays, which the next call of a step would
+    count as held elsewhere. The frames stay in the traceback (with
+    ``JAX_TRACEBACK_FILTERING=off`` too), their lines and names intact."""
+    tb = tb.tb_next if tb is not None else None
+    while tb is not None:
+        frame = tb.tb_frame
+        if _private_here(os.path.abspath(frame.f_code.co_filename)):
+            with contextlib.suppress(RuntimeError):  # still running (a generator's): left as is
+                frame.clear()
+        tb = tb.tb_next
 
 
 def _drop_frames(err: BaseException, drop: Callable[[Any], bool]) -> None:

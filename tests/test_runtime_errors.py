@@ -13,6 +13,7 @@ from __future__ import annotations
 import gc
 import re
 import sys
+import traceback
 import typing
 
 import jax
@@ -353,6 +354,29 @@ def test_a_nan_under_debug_nans_is_jaxs_floating_point_error_not_a_donation_stor
         keep({"x": jnp.zeros(3, jnp.float32)})  # inputs intact: re-run op by op, as jax.jit does
     assert any("re-running" in n for n in e.value.__notes__)
     assert s["x"].shape == (3,)
+
+
+@pytest.mark.parametrize("filtering", ["auto", "off"])
+def test_a_kept_traceback_of_a_failed_trace_holds_none_of_the_arrays(filtering):
+    # IPython keeps the last error's traceback (sys.last_traceback): the slow
+    # path's frames in it held the flat leaves, so the fixed step's first call
+    # was refused ("arrays you still hold elsewhere") though nothing of the
+    # user's held them
+    s = {"x": jnp.ones(3), "y": jnp.ones(3)}
+    broken = jc.hot_step(lambda s: {"x": s["x"] + s["y"][:2], "y": s["y"]}, state="s")
+    before = jax.config.jax_traceback_filtering
+    jax.config.update("jax_traceback_filtering", filtering)
+    try:
+        with pytest.raises(TypeError) as info:
+            broken(s)
+    finally:
+        jax.config.update("jax_traceback_filtering", before)
+    kept = info.value.__traceback__  # what IPython keeps
+    fixed = jc.hot_step(lambda s: {"x": s["x"] + s["y"], "y": s["y"]}, state="s")
+    s = fixed(s)
+    assert s["x"].tolist() == [2.0] * 3
+    names = [f.name for f in traceback.extract_tb(kept)]
+    assert "_decide" in names, names  # the frames stay; their locals went
 
 
 def test_a_step_compiled_under_debug_nans_donates_nothing_as_jax_jit():

@@ -45,7 +45,7 @@ from .._state.filter import join_out
 from .._state.foreign import host_leaves_on_device
 from .._state.inplace import is_ref, ref_arrays, ref_params
 from .._state.spec import fmt_value, leaf_spec
-from .._tracebacks import boundary, trim
+from .._tracebacks import boundary, let_go, trim
 from .callctx import call_tree
 from .callpath import make_dispatch
 from .callwrap import in_place_call, inside_in_place_call, module_params
@@ -370,8 +370,9 @@ class HotStep(Generic[P, R]):
         __tracebackhide__ = True
         try:
             return _decide(self, args, kwargs, exc)
-        except ContractError as err:
-            if exc is not None and err.__context__ is exc:
+        except BaseException as err:
+            let_go(err.__traceback__)  # a kept traceback holds none of the call's arrays
+            if isinstance(err, ContractError) and exc is not None and err.__context__ is exc:
                 raise err from None
             raise
 
