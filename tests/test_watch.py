@@ -416,6 +416,26 @@ def test_a_script_that_crashes_is_reported_as_a_crash_with_its_own_traceback(tmp
     assert "nothing to fix" not in proc.stderr
 
 
+def test_a_sweep_making_a_jit_per_configuration_is_no_compile_in_loop():
+    # an architecture sweep makes its step once per width: each compiles a new
+    # signature, which one jax.jit made outside the loop would compile as well;
+    # a jax.jit made per batch compiles the same signature again and again
+    def make_step(scale):
+        return jax.jit(lambda p, x: p * scale + x.sum())
+
+    with jc.watch() as w:
+        x = jnp.ones(4)
+        for width in (8, 16, 32):
+            step = make_step(2.0)
+            p = jnp.ones(width)
+            for _ in range(3):
+                p = step(p, x)
+        for _ in range(4):
+            p = jax.jit(lambda p: p + 1)(p)  # a new function, the same signature
+    found = [(f.kind, f.count) for f in w.findings() if f.kind == "compile_in_loop"]
+    assert found == [("compile_in_loop", 4)], found
+
+
 def test_findings_are_ranked_by_what_they_cost_and_show_it():
     # issue 51: a 4-byte missed donation came before a recompile that took
     # far longer, because findings were ranked by kind

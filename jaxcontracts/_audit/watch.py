@@ -192,7 +192,9 @@ class Watch:
         self._findings: dict[tuple[Any, ...], Finding] = {}
         self._given_elsewhere: dict[int, tuple[_Function, int]] = {}  # id(array) -> pending candidate
         # jit line -> (the visits of that line that made a function that compiled, seconds)
-        self._sites: dict[tuple[str, int], tuple[set[int], float]] = {}
+        # per jax.jit line: the signatures its functions compiled, the runs of the line that
+        # compiled one of them again (a new function), the seconds those took
+        self._sites: dict[tuple[str, int], tuple[list[sigs.Signature], set[int], float]] = {}
         # Which run of a line an event belongs to (see _visit): line -> runs so far
         self._visits: dict[tuple[str, int], int] = {}
         self._last_at: tuple[str, int] | None = None  # the line of the last event
@@ -492,10 +494,16 @@ class Watch:
                     fix=fix,
                 )
         elif previous is None:
-            runs, spent = self._sites.get(fn.site, (set(), 0.0))
-            runs.add(fn.site_visit)
-            self._sites[fn.site] = (runs, spent := spent + seconds)
-            made = len(runs)
+            # a new function compiling a signature an earlier one made at this line compiled:
+            # work a jax.jit made once would not redo (a sweep's new shapes are not)
+            compiled_here, runs, spent = self._sites.get(fn.site, ([], set(), 0.0))
+            if sig in compiled_here:
+                runs.add(fn.site_visit)
+                spent += seconds
+            else:
+                compiled_here.append(sig)
+            self._sites[fn.site] = (compiled_here, runs, spent)
+            made = len(runs) + 1  # the first, then the repeats
             if made >= COMPILES_AT_ONE_LINE:  # made by that many runs of the line, not by one
                 key = ("compile_in_loop", fn.site)
                 found = self._findings.get(key)
