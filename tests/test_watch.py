@@ -416,6 +416,22 @@ def test_a_script_that_crashes_is_reported_as_a_crash_with_its_own_traceback(tmp
     assert "nothing to fix" not in proc.stderr
 
 
+def test_an_argument_passed_twice_at_a_later_call_is_no_missed_donation():
+    # a DQN's target network synced every 10 steps (`target_w = w`): the call
+    # after gets one array twice, and donating `w` would fail it (XLA: "a
+    # buffer that was previously donated in the same call"), long after the
+    # calls the watch follows
+    with jc.watch() as w:
+        update = jax.jit(lambda w, target_w, x: w - 0.1 * (w - target_w) * x)
+        weights = jnp.ones(4)
+        target = weights.copy()
+        for t in range(30):
+            weights = update(weights, target, jnp.float32(t))
+            if t % 10 == 9:
+                target = weights
+    assert [f for f in w.findings() if f.kind == "missed_donation"] == []
+
+
 def test_a_sweep_making_a_jit_per_configuration_is_no_compile_in_loop():
     # an architecture sweep makes its step once per width: each compiles a new
     # signature, which one jax.jit made outside the loop would compile as well;

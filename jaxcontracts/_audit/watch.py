@@ -31,6 +31,7 @@ watch opened (their calls are JAX's C++ alone), device-to-host reads (a
 
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import functools
@@ -292,6 +293,8 @@ class Watch:
                 if hit is not None and hit[0] is not fn:
                     del given[id(x)]
                     hit[0].pending = [(i, r) for i, r in hit[0].pending if i != hit[1]]
+        if fn.candidates and len(set(map(id, leaves))) != len(leaves):
+            self._aliased(fn, leaves)
         note = ""
         if fn.donated_leaves:  # passed again after this function's donation deleted it
             drifted = sigs.passed_again(leaves, fn.signatures[-1].paths, fn.donated_leaves, sigs.short(fn.name))
@@ -346,6 +349,18 @@ class Watch:
                 except TypeError:
                     continue
                 self._given_elsewhere[id(x)] = (fn, i)
+
+    def _aliased(self, fn: _Function, leaves: Sequence[Any]) -> None:
+        """A candidate array passed twice in one call (a DQN's ``update(w,
+        target_w)`` after ``target_w = w``, at any call): donating its
+        parameter would fail that call, so it is never claimed."""
+        counts = collections.Counter(map(id, leaves))
+        paths = fn.signatures[-1].paths
+        for i in fn.candidates:
+            if i < len(leaves) and counts[id(leaves[i])] > 1:
+                param = sigs.param_of(paths[i])
+                self._kept_params.add((fn.name, param))
+                self._findings.pop(("missed_donation", fn.name, param), None)
 
     def _settle(self, fn: _Function, at_call: bool = False) -> None:
         """At the function's next call (or the watch's end): a followed
