@@ -416,6 +416,31 @@ def test_a_script_that_crashes_is_reported_as_a_crash_with_its_own_traceback(tmp
     assert "nothing to fix" not in proc.stderr
 
 
+def test_an_nnx_steps_batch_of_a_bias_shape_does_not_take_the_models_donation():
+    # y: f32[32] has the shape of the Linear's bias: each output was given to the
+    # first parameter of a bare-array structure (any output part has one), so the
+    # audit claimed `y` and one array of `model`, where donating y frees nothing
+    nnx = pytest.importorskip("flax.nnx")
+    optax = pytest.importorskip("optax")
+    with jc.watch() as w:
+        model = nnx.Linear(3, 32, rngs=nnx.Rngs(0))
+        optimizer = nnx.Optimizer(model, optax.sgd(1e-2), wrt=nnx.Param)
+
+        @nnx.jit
+        def train_step(model, optimizer, x, y):
+            loss, grads = nnx.value_and_grad(lambda m: jnp.mean((m(x).sum(-1) - y) ** 2))(model)
+            optimizer.update(model, grads)
+            return loss
+
+        x = jax.random.normal(jax.random.key(1), (128, 3))
+        y = jnp.cos(x).sum(-1)
+        for i in range(0, 128, 32):
+            train_step(model, optimizer, x[i : i + 32], y[i : i + 32])
+    missed = {f.param: f.message for f in w.findings() if f.kind == "missed_donation"}
+    assert sorted(missed) == ["model", "optimizer"], missed
+    assert "their 2 array(s)" in missed["model"]
+
+
 def test_an_argument_passed_twice_at_a_later_call_is_no_missed_donation():
     # a DQN's target network synced every 10 steps (`target_w = w`): the call
     # after gets one array twice, and donating `w` would fail it (XLA: "a

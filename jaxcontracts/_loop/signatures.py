@@ -129,18 +129,24 @@ def reusable(
     """The undonated dynamic leaves whose buffers an output could take, each
     output taken once: first by the donated parameters, then by those whose
     structure an output (or a top-level part of it) has (``state = f(state)``),
-    then by the others in order. A fresh batch whose shape happens to match
-    a carried leaf is not a candidate while the carried leaf takes it."""
+    then by the others, those with more leaves an output matches first (an
+    ``nnx.jit`` step's model before its batch ``y``, whose ``f32[32]`` is the
+    bias's shape). A fresh batch whose shape happens to match a carried leaf
+    is not a candidate while the carried leaf takes it."""
     free = collections.Counter((tuple(x.shape), str(x.dtype)) for x in out_leaves)
     parts = [out, *(out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ())]
     shapes = {jax.tree_util.tree_structure(p) for p in parts}
     params = by_param(sig)
     values = _by_name(opts, dyn_args, dyn_kwargs)
 
-    def carried(param: str) -> bool:
-        return param in values and jax.tree_util.tree_structure(values[param]) in shapes
+    def carried(param: str) -> bool:  # (a bare array's structure, `*`, tells nothing: any output has it)
+        tree = jax.tree_util.tree_structure(values[param]) if param in values else None
+        return tree is not None and tree.num_nodes > 1 and tree in shapes
 
-    order = sorted(params, key=lambda p: (p not in donated, not carried(p)))
+    def matched(param: str) -> int:  # its leaves an output has the aval of: a state has many, a batch few
+        return sum(1 for j in params[param] if not sig.host[j] and free[sig.aval(j)] > 0)
+
+    order = sorted(params, key=lambda p: (p not in donated, not carried(p), -matched(p)))
     found = []
     for param in order:
         for j in params[param]:
