@@ -19,7 +19,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if ns.command is None:
         parser.print_help()
         return 2
-    return importlib.import_module(_COMMANDS[ns.command], "jaxcontracts").main(ns.args)  # type: ignore[no-any-return]
+    module = importlib.import_module(_COMMANDS[ns.command], "jaxcontracts")
+    if ns.command == "audit":  # the script in a fresh process, where nothing imported JAX before it
+        return module.main(ns.args, fresh=True)  # type: ignore[no-any-return]
+    return module.main(ns.args)  # type: ignore[no-any-return]
 
 
 if __name__ == "__main__":

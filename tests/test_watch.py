@@ -382,6 +382,27 @@ _AS_PYTHON_RUNS_IT = {
     "    snapshot = copy.deepcopy(m)\n"
     "print(snapshot.w.tolist(), snapshot.apply is m.apply, snapshot.apply(snapshot.w, 1.0).tolist())\n",
     # a class of the script pickled at exit: `__main__` stays the script's
+    # JAX reads its environment as it is imported: the script's own, set before
+    # `import jax` (the audit imported JAX first, and x64 stayed off)
+    "environment": "import os\n"
+    "os.environ['JAX_ENABLE_X64'] = '1'\n"
+    "import jax, jax.numpy as jnp\n"
+    "f = jax.jit(lambda x: x - (x * x - 2) / (2 * x))\n"
+    "x = jnp.array(1.0)\n"
+    "for _ in range(6):\n"
+    "    x = f(x)\n"
+    "print(x.dtype, f'{float(x):.17f}')\n",
+    # the package imported first (it imports JAX inside): one copy, watched after it
+    "package_first": "import jaxcontracts as jc\n"
+    "import jax, jax.numpy as jnp\n"
+    "@jc.hot_step(state='x')\n"
+    "def step(x):\n"
+    "    return x + 1\n"
+    "x = jnp.zeros(2)\n"
+    "for _ in range(3):\n"
+    "    x = step(x)\n"
+    "print(x.tolist(), type(step).__module__)\n",
+    "no_jax": "import sys\nprint('no jax here', len(sys.argv))\n",
     "atexit": "import atexit, dataclasses, pickle, jax, jax.numpy as jnp\n"
     "@dataclasses.dataclass\n"
     "class Ckpt:\n"
@@ -401,6 +422,7 @@ def test_the_audited_script_runs_as_python_runs_it(tmp_path, name):
     )
     assert alone.returncode == 0, alone.stderr
     assert (audited.returncode, audited.stdout) == (0, alone.stdout), audited.stderr
+    assert "jaxcontracts audit: " in audited.stderr
 
 
 def test_a_script_that_crashes_is_reported_as_a_crash_with_its_own_traceback(tmp_path):

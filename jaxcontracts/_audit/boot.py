@@ -1,0 +1,139 @@
+"""How the audit runs a script as ``python SCRIPT.py`` would, JAX included.
+
+JAX reads its environment (``JAX_ENABLE_X64``, ``JAX_PLATFORMS``, ...) when
+it is imported, so a script that sets ``os.environ`` before ``import jax``
+only gets what it asked for if nothing imported JAX before its first line.
+``python -m jaxcontracts audit`` has (the package imports it), so on POSIX it
+starts this file afresh in the same process (``os.execv``): it imports only
+the standard library, runs the script, and begins the watch the moment the
+script's own ``import jax`` (or ``import jaxcontracts``) has finished.
+
+Standard library only, here: run as a file (``python .../boot.py``), this
+module must not import the package before the script imports JAX.
+"""
+
+from __future__ import annotations
+
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import io
+import os
+import sys
+import traceback
+import types
+from collections.abc import Callable, Sequence
+from typing import Any
+
+__all__ = ["run_script"]
+
+_PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """Calls ``begin`` once the first top-level import of ``jax`` or of this
+    package has finished (one inside the other: the outer one). Finds this
+    package at its own folder, so the script and the audit share one copy."""
+
+    def __init__(self, begin: Callable[[], None], package: bool) -> None:
+        self.begin, self.package = begin, package
+        self.pending, self.depth = True, 0
+        self.loaders: dict[str, Any] = {}
+
+    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        if name == "jaxcontracts" and self.package:
+            spec = importlib.util.spec_from_file_location(
+                name, os.path.join(_PACKAGE_DIR, "__init__.py"), submodule_search_locations=[_PACKAGE_DIR]
+            )
+        elif name == "jax" and self.pending:
+            spec = importlib.machinery.PathFinder.find_spec(name, path)
+        else:
+            return None
+        if spec is not None and spec.loader is not None and self.pending:
+            self.loaders[name] = spec.loader
+            spec.loader = self
+        return spec
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> types.ModuleType | None:
+        return self.loaders[spec.name].create_module(spec)  # type: ignore[no-any-return]
+
+    def exec_module(self, module: types.ModuleType) -> None:
+        loader = self.loaders[module.__name__]
+        module.__loader__ = loader
+        if module.__spec__ is not None:
+            module.__spec__.loader = loader
+        self.depth += 1
+        try:
+            loader.exec_module(module)
+        finally:
+            self.depth -= 1
+        if self.depth == 0 and self.pending:
+            self.pending = False
+            self.begin()
+
+
+def run_script(script: str, args: Sequence[str], begin: Callable[[], None], fresh: bool) -> tuple[int, str | None]:
+    """Run ``script`` as ``python SCRIPT.py ARGS`` does (``sys.argv``, its
+    folder first on ``sys.path``, a module that is ``__main__`` from then on);
+    ``begin`` runs once JAX is imported (at once where it is already).
+    ``fresh``: this process is the script's own (nothing restored after it).
+    Returns the exit status and the name of the exception that stopped the
+    script, if one did (its traceback printed as Python prints it)."""
+    saved_argv, saved_path = sys.argv[:], sys.path[:]
+    sys.argv = [script, *args]
+    if fresh:
+        sys.path[0] = os.path.dirname(script)  # this file's folder, as `python SCRIPT.py` would not have it
+    else:
+        sys.path.insert(0, os.path.dirname(script))
+    hook = _AfterImport(begin, package=fresh)
+    if fresh or "jax" not in sys.modules:
+        sys.meta_path.insert(0, hook)
+    if "jax" in sys.modules:
+        hook.pending = False
+        begin()
+    status, stopped = 0, None
+    try:
+        with io.open_code(script) as fh:
+            code = compile(fh.read(), script, "exec")
+        module = types.ModuleType("__main__")
+        module.__dict__.update(__file__=script, __cached__=None, __loader__=None, __package__=None, __spec__=None)
+        sys.modules["__main__"] = module  # and from then on: atexit handlers pickle its classes
+        exec(code, module.__dict__)
+    except SystemExit as exc:
+        code_ = exc.code
+        status = code_ if isinstance(code_, int) else (0 if code_ is None else 1)
+        if code_ is not None and not isinstance(code_, int):
+            print(code_, file=sys.stderr)
+    except BaseException as exc:  # noqa: BLE001 - the script's own failure: printed as Python would
+        tb = exc.__traceback__  # from the script's first frame, as `python SCRIPT.py` shows it
+        while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != script:
+            tb = tb.tb_next
+        traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+        status, stopped = 1, type(exc).__name__
+    finally:
+        if not fresh:
+            sys.argv, sys.path[:] = saved_argv, saved_path
+            if hook in sys.meta_path:
+                sys.meta_path.remove(hook)
+    return status, stopped
+
+
+def _fresh(argv: Sequence[str]) -> None:
+    """This file run as a script: ``boot.py JSON STRICT PROGRESS SCRIPT ARGS...``
+    (``JSON`` empty for none, ``STRICT`` 0 or 1), from the audit's command line."""
+    json_path, strict, every, script, *args = argv
+    started: list[Any] = []
+
+    def begin() -> None:
+        from jaxcontracts._audit import run
+
+        started.append(run.begin(float(every)))
+
+    status, stopped = run_script(script, args, begin, fresh=True)
+    from jaxcontracts._audit import run
+
+    sys.exit(run.finish(started[0] if started else None, status, stopped, json_path or None, strict == "1"))
+
+
+if __name__ == "__main__":
+    _fresh(sys.argv[1:])
