@@ -911,6 +911,30 @@ def test_a_deleted_variable_left_in_a_stale_locals_snapshot_is_not_a_kept_refere
         assert "x" not in locals()  # the next read syncs it, as always
 
 
+def _train_keeping_best(batches):
+    update, s = _dict_step()
+    for x in batches:  # a local named like the dict's key  # noqa: B007
+        pass
+    best = {"x": s["x"]}  # the user's own dict, holding a donated leaf
+    with pytest.raises(jc.DonationError, match=r"s\['x'\]"):
+        update(s)
+    return best
+
+
+def test_a_users_dict_keyed_like_a_variable_is_a_holder_on_every_python():
+    # 3.11/3.12: any dict whose keys were all variables of a running function
+    # was taken for a stale locals() snapshot, so `best["x"]` was deleted (our
+    # own frames' `value`, `args`, `leaves`... matched at module level too). A
+    # snapshot holds the function's parameters; this dict does not
+    best = _train_keeping_best([])
+    assert not best["x"].is_deleted()
+    update, s = _dict_step()
+    holder = {"leaves": s["x"]}  # a key named as a variable of the library's frames
+    with pytest.raises(jc.DonationError):
+        update(s)
+    assert not holder["leaves"].is_deleted()
+
+
 def test_a_locals_snapshot_the_user_holds_is_named_at_its_read():
     update, s = _dict_step()
     with jc.checks_level("full"):

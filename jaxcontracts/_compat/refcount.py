@@ -100,21 +100,30 @@ def _snapshot_references(held: list[Any], own: set[int]) -> dict[int, int]:
     locals(); del x`` it still holds ``x``, though nothing can read it
     without the sync that drops it, and a debugger stopped once in the
     function holds it past the stop. Such a dict (its keys all variables of
-    one running function, not one of the call's own containers) is not proof
-    of a holder: ``hparams = locals()`` is one too, and its entry is then
-    named at its later read instead of being refused here."""
-    names: list[frozenset[str]] = []
+    one running function, its parameters among them, as every snapshot has
+    them; not one of the call's own containers) is not proof of a holder:
+    ``hparams = locals()`` is one too, and its entry is then named at its
+    later read instead of being refused here. A dict of the user's whose
+    keys happen to be variable names (``best = {"x": s["x"]}`` in a
+    function with a loop variable ``x``) lacks the function's parameters:
+    it holds, and is refused."""
+    shapes: list[tuple[frozenset[str], frozenset[str]]] = []  # (every variable, the parameters)
     frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         code = frame.f_code
         if code.co_flags & inspect.CO_OPTIMIZED:
-            names.append(frozenset((*code.co_varnames, *code.co_cellvars, *code.co_freevars)))
+            n = code.co_argcount + code.co_kwonlyargcount
+            n += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+            variables = frozenset((*code.co_varnames, *code.co_cellvars, *code.co_freevars))
+            shapes.append((variables, frozenset(code.co_varnames[:n])))
         frame = frame.f_back
     del frame
     ids = set(map(id, held))
     found: dict[int, int] = {}
     for holder in gc.get_referrers(*held):
-        if type(holder) is dict and id(holder) not in own and any(holder.keys() <= n for n in names):
+        if type(holder) is dict and id(holder) not in own and any(
+            params <= holder.keys() <= variables for variables, params in shapes
+        ):
             for v in holder.values():
                 if id(v) in ids:
                     found[id(v)] = found.get(id(v), 0) + 1
