@@ -225,31 +225,51 @@ class HotStep(Generic[P, R]):
 
         ``self`` is configuration, not a traced argument: the step compiles
         once per instance, reading the instance's attributes at that compile
-        (later changes to them are not seen). The bound step is kept here, by
-        a weak reference to the instance, never in the instance: a subclass
-        that overrides the method, ``copy.copy(obj)``, ``pickle`` and
-        ``vars(obj)`` see the instance as the class made it.
+        (later changes to them are not seen). The bound step holds the
+        instance, as a bound method does (``T(2.0).step(x)`` works), and is
+        kept in the instance's ``__dict__`` under a private key, never the
+        method's name: a subclass that overrides the method runs its override,
+        and ``copy.copy(obj)`` (which copies that entry) gets a step of its
+        own, as every access checks the entry is this instance's. An instance
+        without a ``__dict__`` (``__slots__``) has its bound step kept here,
+        by a weak reference to it.
         """
         if obj is None or not self._definition.is_method:
             return self
+        namespace = getattr(obj, "__dict__", None)
+        if type(namespace) is dict:
+            key = self._key
+            kept = namespace.get(key)
+            if type(kept) is HotStep and kept._bound_to is not None and kept._bound_to[0] is self and kept._bound_to[1] is obj:
+                return kept
+            bound: HotStep[Any, Any] = HotStep(self._definition.bind(obj))  # obj -> bound -> obj: a cycle gc collects
+            bound._bound_to = (self, obj)
+            namespace[key] = bound
+            return bound
         kept = self._bound_steps.get(id(obj))
         if kept is not None and kept[0]() is obj:
             return kept[1]
         try:
             ref = weakref.ref(obj, functools.partial(_forget_bound, self._bound_steps, id(obj)))
-        except TypeError:  # no __weakref__ slot
+        except TypeError:  # neither a __dict__ nor a __weakref__ slot
             raise DefinitionError(
                 f"{self._definition.name} is a method step of a {type(obj).__name__}, whose instances "
-                "have no weak references (__slots__ without __weakref__): its bound step "
+                "have neither a __dict__ nor weak references (__slots__): its bound step "
                 "cannot be kept, so every access would make (and compile) a new one.",
                 fix=f'add "__weakref__" to {type(obj).__name__}.__slots__ (or drop __slots__).',
                 contract="definition",
                 step=self._definition.name,
             ) from None
-        bound: HotStep[Any, Any] = HotStep(self._definition.bind(obj, weak=True))
+        bound = HotStep(self._definition.bind(obj, weak=True))
         bound._bound_to = (self, ref)
         self._bound_steps[id(obj)] = (ref, bound)
         return bound
+
+    @functools.cached_property
+    def _key(self) -> str:
+        """The private key of this method step's bound step in an instance's
+        ``__dict__`` (one per method step: a base's and a subclass's never share it)."""
+        return f"_jc_step_{self._definition.short_name}_{id(self):x}"
 
     def __copy__(self) -> HotStep[P, R]:
         return self  # like a function: one step, one compiled executable
@@ -266,8 +286,12 @@ class HotStep(Generic[P, R]):
                 return method.__get__(copy, type(copy))  # type: ignore[no-any-return]
         return self
 
-    def __reduce__(self) -> str:
-        """Pickled by reference (module and qualified name), like a function."""
+    def __reduce__(self) -> Any:
+        """Pickled by reference (module and qualified name), like a function;
+        a bound step (kept in its instance's ``__dict__``) as its method step,
+        which the unpickled instance binds anew at its first access."""
+        if self._bound_to is not None:
+            return _method_step, (self._bound_to[0],)
         return str(getattr(self, "__qualname__", type(self).__qualname__))
 
     def _call_unbound(self, *args: Any, **kwargs: Any) -> Any:
@@ -465,6 +489,11 @@ class HotStep(Generic[P, R]):
         except ContractError as err:  # the traceback ends at the user's line
             trim(err)
             raise
+
+
+def _method_step(step: HotStep[Any, Any]) -> HotStep[Any, Any]:
+    """An unpickled bound step: its method step (the instance binds anew)."""
+    return step
 
 
 def _forget_bound(bound: dict[int, Any], key: int, ref: Any) -> None:
