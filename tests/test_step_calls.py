@@ -567,6 +567,12 @@ def test_a_python_default_left_out_is_part_of_the_program_as_for_jax_jit(level):
         assert s["w"].tolist() == pytest.approx([0.64] * 3) and step.stats.compiles == 1
         with pytest.raises(jc.RecompileError, match="lr: compiled with static 0.1, called with an array"):
             step(s, jnp.float32(0.2))  # an argument now: a new signature, named
+        # a parameter declared host= keeps its default as a host value, passed or not
+        lr_step = jc.hot_step(lambda x, lr=0.1: x * (1 - lr), state="x", host="lr")
+        x = lr_step(jnp.ones(2))
+        x = lr_step(x, 0.2)
+        x = lr_step(x)
+        assert x.tolist() == pytest.approx([0.648] * 2) and lr_step.stats.compiles == 1
 
 
 class _Config:  # hashable by value, as jax asks of a static value, and mutable

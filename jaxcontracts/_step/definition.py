@@ -168,7 +168,11 @@ class StepDefinition:
         empty, kinds = inspect.Parameter.empty, (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         n_pos = sum(p.kind != p.KEYWORD_ONLY for p in params)  # what positional arguments may fill
         # per number of positional arguments: the rest, as (name, default, may be a keyword)
-        rests = {k: tuple((p.name, left_out(p), p.kind in kinds) for p in params[k:]) for k in range(n_pos + 1)}
+        host = self.host_params  # a declared host value's default stays one (passed or not)
+        rests = {
+            k: tuple((p.name, p.default if i in host else left_out(p), p.kind in kinds) for i, p in enumerate(params[k:], k))
+            for k in range(n_pos + 1)
+        }
 
         def bind(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
             rest = rests.get(len(args))
@@ -198,7 +202,10 @@ class StepDefinition:
     def _bind_or_explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         try:
             bound = self.python_signature.bind(*args, **kwargs)
-            omitted = {p.name: left_out(p) for p in self.python_signature.parameters.values() if p.name not in bound.arguments}
+            omitted = {
+                p.name: p.default if i in self.host_params else left_out(p)
+                for i, p in enumerate(self.python_signature.parameters.values()) if p.name not in bound.arguments
+            }
         except TypeError as e:
             params = ", ".join(self.param_names)
             given = ", ".join([*("<arg>" for _ in args), *(f"{k}=" for k in kwargs)])
