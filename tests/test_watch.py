@@ -403,6 +403,20 @@ _AS_PYTHON_RUNS_IT = {
     "    x = step(x)\n"
     "print(x.tolist(), type(step).__module__)\n",
     "no_jax": "import sys\nprint('no jax here', len(sys.argv))\n",
+    # sys.argv[0] as typed, __builtins__ the module, a thread Python waits for
+    "threads": "import sys, threading, jax, jax.numpy as jnp\n"
+    "print(sys.argv[0], __builtins__.__name__)\n"
+    "def work():\n"
+    "    f = jax.jit(lambda x: x + 1)\n"
+    "    for i in range(3):\n"
+    "        f(jnp.ones(i + 1))\n"
+    "threading.Thread(target=work).start()\n",
+    # the script's own sys.excepthook sees its error; Ctrl-C ends it by SIGINT
+    "excepthook": "import sys, jax\n"
+    "sys.excepthook = lambda t, v, tb: print('hook saw', t.__name__)\n"
+    "raise ValueError('x')\n",
+    "interrupted": "import jax\nprint('stopping')\nraise KeyboardInterrupt\n",
+    "syntax_error": "x = (\n",
     "atexit": "import atexit, dataclasses, pickle, jax, jax.numpy as jnp\n"
     "@dataclasses.dataclass\n"
     "class Ckpt:\n"
@@ -416,13 +430,15 @@ _AS_PYTHON_RUNS_IT = {
 def test_the_audited_script_runs_as_python_runs_it(tmp_path, name):
     script = tmp_path / f"{name}.py"
     script.write_text(_AS_PYTHON_RUNS_IT[name])
-    alone = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    audited = subprocess.run(
-        [sys.executable, "-m", "jaxcontracts", "audit", str(script)], capture_output=True, text=True, timeout=120
-    )
-    assert alone.returncode == 0, alone.stderr
-    assert (audited.returncode, audited.stdout) == (0, alone.stdout), audited.stderr
+    kw = {"capture_output": True, "text": True, "timeout": 120, "cwd": tmp_path}
+    alone = subprocess.run([sys.executable, script.name], **kw)
+    audited = subprocess.run([sys.executable, "-m", "jaxcontracts", "audit", script.name], **kw)
+    assert (audited.returncode, audited.stdout) == (alone.returncode, alone.stdout), audited.stderr
     assert "jaxcontracts audit: " in audited.stderr
+    script_part = audited.stderr[: audited.stderr.index("jaxcontracts audit: ")]
+    assert script_part == alone.stderr  # its traceback as Python prints it, nothing of ours
+    if name == "threads":  # the thread's calls are seen: the report waits for it, as Python does
+        assert "3 call(s) observed" in audited.stderr, audited.stderr
 
 
 def test_a_script_that_crashes_is_reported_as_a_crash_with_its_own_traceback(tmp_path):

@@ -14,13 +14,15 @@ module must not import the package before the script imports JAX.
 
 from __future__ import annotations
 
+import builtins
 import importlib.abc
 import importlib.machinery
 import importlib.util
 import io
 import os
+import signal
 import sys
-import traceback
+import threading
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -72,19 +74,23 @@ class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
             self.begin()
 
 
-def run_script(script: str, args: Sequence[str], begin: Callable[[], None], fresh: bool) -> tuple[int, str | None]:
-    """Run ``script`` as ``python SCRIPT.py ARGS`` does (``sys.argv``, its
-    folder first on ``sys.path``, a module that is ``__main__`` from then on);
-    ``begin`` runs once JAX is imported (at once where it is already).
+def run_script(
+    script: str, args: Sequence[str], begin: Callable[[], None], fresh: bool, argv0: str | None = None
+) -> tuple[int, str | None]:
+    """Run ``script`` (an absolute path) as ``python SCRIPT.py ARGS`` does:
+    ``sys.argv`` (``argv0`` as typed), its real folder first on ``sys.path``
+    (not with ``-P``), a module that is ``__main__`` from then on, its
+    uncaught error through ``sys.excepthook``, its non-daemon threads waited
+    for; ``begin`` runs once JAX is imported (at once where it is already).
     ``fresh``: this process is the script's own (nothing restored after it).
     Returns the exit status and the name of the exception that stopped the
-    script, if one did (its traceback printed as Python prints it)."""
+    script, if one did."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
-    sys.argv = [script, *args]
-    if fresh:
-        sys.path[0] = os.path.dirname(script)  # this file's folder, as `python SCRIPT.py` would not have it
-    else:
-        sys.path.insert(0, os.path.dirname(script))
+    sys.argv = [argv0 or script, *args]
+    if fresh and sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
+        del sys.path[0]  # this file's folder, which `python SCRIPT.py` would not have
+    if not sys.flags.safe_path:
+        sys.path.insert(0, os.path.dirname(os.path.realpath(script)))
     hook = _AfterImport(begin, package=fresh)
     if fresh or "jax" not in sys.modules:
         sys.meta_path.insert(0, hook)
@@ -93,22 +99,32 @@ def run_script(script: str, args: Sequence[str], begin: Callable[[], None], fres
         begin()
     status, stopped = 0, None
     try:
-        with io.open_code(script) as fh:
-            code = compile(fh.read(), script, "exec")
-        module = types.ModuleType("__main__")
-        module.__dict__.update(__file__=script, __cached__=None, __loader__=None, __package__=None, __spec__=None)
-        sys.modules["__main__"] = module  # and from then on: atexit handlers pickle its classes
-        exec(code, module.__dict__)
+        try:
+            with io.open_code(script) as fh:
+                code = compile(fh.read(), script, "exec")
+            module = types.ModuleType("__main__")
+            module.__dict__.update(
+                __file__=script, __cached__=None, __loader__=None, __package__=None, __spec__=None,
+                __builtins__=builtins,
+            )
+            sys.modules["__main__"] = module  # and from then on: atexit handlers pickle its classes
+            exec(code, module.__dict__)
+        finally:
+            for thread in threading.enumerate():  # as Python waits for them before it exits
+                if not thread.daemon and thread is not threading.current_thread() and thread.is_alive():
+                    thread.join()
     except SystemExit as exc:
         code_ = exc.code
         status = code_ if isinstance(code_, int) else (0 if code_ is None else 1)
         if code_ is not None and not isinstance(code_, int):
             print(code_, file=sys.stderr)
-    except BaseException as exc:  # noqa: BLE001 - the script's own failure: printed as Python would
+    except BaseException as exc:  # noqa: BLE001 - the script's own failure: reported as Python would
         tb = exc.__traceback__  # from the script's first frame, as `python SCRIPT.py` shows it
         while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != script:
             tb = tb.tb_next
-        traceback.print_exception(type(exc), exc, tb or exc.__traceback__)
+        if tb is None and not isinstance(exc, SyntaxError):  # (a SyntaxError shows its line alone)
+            tb = exc.__traceback__
+        sys.excepthook(type(exc), exc.with_traceback(tb), tb)
         status, stopped = 1, type(exc).__name__
     finally:
         if not fresh:
@@ -119,9 +135,10 @@ def run_script(script: str, args: Sequence[str], begin: Callable[[], None], fres
 
 
 def _fresh(argv: Sequence[str]) -> None:
-    """This file run as a script: ``boot.py JSON STRICT PROGRESS SCRIPT ARGS...``
-    (``JSON`` empty for none, ``STRICT`` 0 or 1), from the audit's command line."""
-    json_path, strict, every, script, *args = argv
+    """This file run as a script: ``boot.py JSON STRICT PROGRESS SCRIPT ARGV0
+    ARGS...`` (``JSON`` empty for none, ``STRICT`` 0 or 1), from the audit's
+    command line. A script stopped by Ctrl-C ends as Python's does, by SIGINT."""
+    json_path, strict, every, script, argv0, *args = argv
     started: list[Any] = []
 
     def begin() -> None:
@@ -129,10 +146,16 @@ def _fresh(argv: Sequence[str]) -> None:
 
         started.append(run.begin(float(every)))
 
-    status, stopped = run_script(script, args, begin, fresh=True)
+    status, stopped = run_script(script, args, begin, fresh=True, argv0=argv0)
     from jaxcontracts._audit import run
 
-    sys.exit(run.finish(started[0] if started else None, status, stopped, json_path or None, strict == "1"))
+    status = run.finish(started[0] if started else None, status, stopped, json_path or None, strict == "1")
+    if stopped == "KeyboardInterrupt" and hasattr(signal, "SIGINT"):
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(status)
 
 
 if __name__ == "__main__":

@@ -42,14 +42,17 @@ def main(argv: Sequence[str], progress_every: float = 2.0, fresh: bool = False) 
     script = os.path.abspath(ns.script)
     if not os.path.isfile(script):
         parser.error(f"no such script: {ns.script}")
+    json_path = os.path.abspath(ns.json) if ns.json else None  # the script may change its folder
     if fresh and os.name == "posix":
         sys.stdout.flush()
         sys.stderr.flush()
-        args = [ns.json or "", "1" if ns.strict else "0", str(progress_every), script, *ns.args]
+        args = [json_path or "", "1" if ns.strict else "0", str(progress_every), script, ns.script, *ns.args]
         os.execv(sys.executable, [sys.executable, *_interpreter_options(), boot.__file__, *args])
     started: list[Any] = []
-    status, stopped = boot.run_script(script, ns.args, lambda: started.append(run.begin(progress_every)), fresh=False)
-    return run.finish(started[0] if started else None, status, stopped, ns.json, ns.strict)
+    status, stopped = boot.run_script(
+        script, ns.args, lambda: started.append(run.begin(progress_every)), fresh=False, argv0=ns.script
+    )
+    return run.finish(started[0] if started else None, status, stopped, json_path, ns.strict)
 
 
 def _interpreter_options() -> list[str]:
