@@ -18,6 +18,7 @@ import pathlib
 import re
 import subprocess
 import sys
+import threading
 
 import jax
 import jax.numpy as jnp
@@ -367,6 +368,25 @@ def test_the_audit_starts_nothing_of_jaxs_before_the_script_does(tmp_path, top):
     )
     assert alone.returncode == audited.returncode == 0, audited.stderr
     assert audited.stdout == alone.stdout == "3 cpu\n"
+
+
+def test_the_audit_in_process_waits_only_for_the_scripts_own_threads(tmp_path, monkeypatch):
+    # the audit waits for the script's non-daemon threads, as Python does; in a
+    # process with threads of its own (pytest's, IPython's history saver) it
+    # waited for those too, forever
+    monkeypatch.setitem(sys.modules, "__main__", sys.modules["__main__"])
+    script = tmp_path / "threaded.py"
+    script.write_text("import threading, time\nthreading.Thread(target=time.sleep, args=(0.2,)).start()\n")
+    release = threading.Event()
+    older = threading.Thread(target=release.wait)  # not the script's: alive before it
+    older.start()
+    result: list[int] = []
+    runner = threading.Thread(target=lambda: result.append(cli.main([str(script)])), daemon=True)
+    runner.start()
+    runner.join(60)
+    release.set()
+    older.join()
+    assert result == [0]
 
 
 _AS_PYTHON_RUNS_IT = {

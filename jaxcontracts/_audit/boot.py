@@ -98,6 +98,7 @@ def run_script(
         hook.pending = False
         begin()
     status, stopped = 0, None
+    others = set(threading.enumerate())  # (in this process already: not the script's to wait for)
     try:
         try:
             with io.open_code(script) as fh:
@@ -110,8 +111,8 @@ def run_script(
             sys.modules["__main__"] = module  # and from then on: atexit handlers pickle its classes
             exec(code, module.__dict__)
         finally:
-            for thread in threading.enumerate():  # as Python waits for them before it exits
-                if not thread.daemon and thread is not threading.current_thread() and thread.is_alive():
+            for thread in threading.enumerate():  # the script's, as Python waits for them before it exits
+                if not thread.daemon and thread not in others and thread.is_alive():
                     thread.join()
     except SystemExit as exc:
         code_ = exc.code
