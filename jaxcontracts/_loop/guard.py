@@ -39,7 +39,7 @@ from .._errors import (
 from .._format import fmt_logged_aval, fmt_object
 from .._records import Violation, WarmupCompile
 from .._report import timing as _timing
-from .._report.render import Report, loop_report
+from .._report.render import Report, format_violations, loop_report
 from .._report.timing import LoopTiming
 from .._runtime import held_outputs, local, observers
 from .._tracebacks import boundary, trim
@@ -529,11 +529,11 @@ class HotLoop:
         if not isinstance(exc, Exception):
             return
         found = self.violations
-        lines = [f"  - {v.kind} at {v.where} (x{v.count}): {v.what}" for v in found[:_NOTED]]
+        header = f'jc.hot_loop(on_violation="record") had recorded {len(found)} violation(s) before this error ended it:'
+        lines = format_violations(found[:_NOTED], header)
         if len(found) > _NOTED:
             lines.append(f"  ... and {len(found) - _NOTED} more (loop.violations, loop.report())")
-        exc.add_note(f"jc.hot_loop(on_violation=\"record\") had recorded {len(found)} "
-                     f"violation(s) before this error ended it:\n" + "\n".join(lines))
+        exc.add_note("\n".join(lines))
 
     def __call__(self, fn: F) -> F:
         """Use as a decorator: every call of ``fn`` runs in a fresh loop.
