@@ -437,6 +437,14 @@ _AS_PYTHON_RUNS_IT = {
     "raise ValueError('x')\n",
     "interrupted": "import jax\nprint('stopping')\nraise KeyboardInterrupt\n",
     "syntax_error": "x = (\n",
+    # the environment its shell gave it: JAX's import sets variables of its own
+    # (TF_CPP_MIN_LOG_LEVEL; LIBTPU_INIT_ARGS on a TPU), and the command line
+    # imports no JAX before the script
+    "jax_environment": "import os, sys\n"
+    "print(os.environ.get('TF_CPP_MIN_LOG_LEVEL'), 'jax' in sys.modules)\n"
+    "os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '0')\n"
+    "import jax\n"
+    "print(os.environ['TF_CPP_MIN_LOG_LEVEL'])\n",
     "atexit": "import atexit, dataclasses, pickle, jax, jax.numpy as jnp\n"
     "@dataclasses.dataclass\n"
     "class Ckpt:\n"
@@ -450,7 +458,8 @@ _AS_PYTHON_RUNS_IT = {
 def test_the_audited_script_runs_as_python_runs_it(tmp_path, name):
     script = tmp_path / f"{name}.py"
     script.write_text(_AS_PYTHON_RUNS_IT[name])
-    kw = {"capture_output": True, "text": True, "timeout": 120, "cwd": tmp_path}
+    env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+    kw = {"capture_output": True, "text": True, "timeout": 120, "cwd": tmp_path, "env": env}
     alone = subprocess.run([sys.executable, script.name], **kw)
     audited = subprocess.run([sys.executable, "-m", "jaxcontracts", "audit", script.name], **kw)
     assert (audited.returncode, audited.stdout) == (alone.returncode, alone.stdout), audited.stderr

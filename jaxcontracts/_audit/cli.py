@@ -18,7 +18,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from . import boot, run
+from . import boot
 
 __all__ = ["main"]
 
@@ -48,6 +48,8 @@ def main(argv: Sequence[str], progress_every: float = 2.0, fresh: bool = False) 
         sys.stderr.flush()
         args = [json_path or "", "1" if ns.strict else "0", str(progress_every), script, ns.script, *ns.args]
         os.execv(sys.executable, [sys.executable, *_interpreter_options(), boot.__file__, *args])
+    from . import run  # here only: the command line's process imports no JAX before the script
+
     started: list[Any] = []
     status, stopped = boot.run_script(
         script, ns.args, lambda: started.append(run.begin(progress_every)), fresh=False, argv0=ns.script
