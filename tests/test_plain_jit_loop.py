@@ -301,3 +301,31 @@ def test_the_motivating_loop_alone_stops_at_the_drift_with_the_fix(tmp_path):
     proc = subprocess.run([sys.executable, str(fixed)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.splitlines()[-1] == "done 5"
+
+
+def test_the_first_loop_of_a_process_keeps_what_the_user_warmed_before_it(tmp_path):
+    """jax.jit functions and eager ops warmed before the first jc.hot_loop run
+    from their caches inside it: what the loop imports on its first entry
+    leaves JAX's trace context alone (on jax 0.12, importing jax.extend
+    registers Pallas's options, a new context, and every warmed function
+    compiled again: a false RecompileError at the loop's first call)."""
+    import subprocess
+    import sys
+
+    program = tmp_path / "warm_first.py"
+    program.write_text(
+        "import jax, jax.numpy as jnp\n"
+        "f = jax.jit(lambda a: a * 2)\n"
+        "x = jnp.arange(3.0)\n"
+        "y = f(f(x))\n"
+        "z = x + x\n"
+        "import jaxcontracts as jc\n"
+        "with jc.hot_loop():\n"
+        "    for _ in range(3):\n"
+        "        y = f(y)\n"
+        "        z = z + x\n"
+        "print(f._cache_size(), jc.fetch(y).tolist())\n"
+    )
+    proc = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["1", "[0.0,", "32.0,", "64.0]"]

@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 import jax
-import jax.extend.core as jex
 
 from .registry import capability, define
 
@@ -140,6 +139,18 @@ def _sites(closed: Any, is_user: Callable[[str, str], bool]) -> tuple[CallbackSi
 _DEVICE_KERNELS = frozenset({"pallas_call"})
 
 
+def _jaxpr_types() -> tuple[type, type]:
+    """The classes of a closed jaxpr and of its jaxpr (one class on newer jax), as
+    ``jax.make_jaxpr`` returns them: importing ``jax.extend`` for them would change
+    JAX's trace context on jax 0.12 (it registers Pallas's options) and so
+    recompile every ``jax.jit`` the user warmed before the first loop."""
+    closed = jax.make_jaxpr(lambda: None)()
+    return type(closed), type(getattr(closed, "jaxpr", closed))
+
+
+_CLOSED_JAXPR, _JAXPR = _jaxpr_types()
+
+
 def _equations(jaxpr: Any) -> Iterator[Any]:
     for eqn in jaxpr.eqns:
         yield eqn
@@ -147,10 +158,10 @@ def _equations(jaxpr: Any) -> Iterator[Any]:
             continue
         for value in eqn.params.values():
             for sub in value if isinstance(value, (tuple, list)) else (value,):
-                if isinstance(sub, jex.ClosedJaxpr):
-                    yield from _equations(sub.jaxpr)
-                elif isinstance(sub, jex.Jaxpr):
+                if isinstance(sub, _JAXPR):
                     yield from _equations(sub)
+                elif isinstance(sub, _CLOSED_JAXPR):
+                    yield from _equations(sub.jaxpr)
 
 
 def _user_line(eqn: Any, is_user: Callable[[str, str], bool]) -> tuple[str, int, str]:
