@@ -110,6 +110,10 @@ class CompiledSignature:
     # What each declared contract's scan hook found in the compiled program,
     # by contract key (``_contracts.scan``: its host callbacks), where something.
     found: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
+    # The config values jax.jit compiles for (``_compat.tracing.jit_context``:
+    # x64, default device...) as they were at the compile: under others, the
+    # executable is another signature, as jax.jit's cache key says.
+    context: Any = None
 
     def donated_arrays(self, params: tuple[str, ...]) -> tuple[int, ...]:
         """The positions in ``params`` (the step's parameter names) whose

@@ -364,13 +364,14 @@ def _arrays_in(value: Any) -> list[tuple[str, Any]]:
 
 
 @contextlib.contextmanager
-def compiling(name: str, spec: str = "jc.spec_of(<its arguments>)", fn: Any = None) -> Iterator[None]:
+def compiling(name: str, spec: str = "jc.spec_of(<its arguments>)", fn: Any = None, why: str = "") -> Iterator[None]:
     """Wrap a hot step's compile: a violation inside a loop (recorded once).
 
     ``spec``: how the fix writes the step's ``.compile`` arguments (``lr,
     S.spec(...)`` for the user's state class ``S`` after a parameter ``lr``). ``fn``: the step's function, which a
     loop's warm-up tells steps apart by (two instances' method steps, two
     lambdas of one factory share a name; a weak reference, nothing kept alive).
+    ``why``: what makes the arguments a new signature, for the violation's words.
     """
     __tracebackhide__ = True
     loop = local.loop
@@ -388,6 +389,7 @@ def compiling(name: str, spec: str = "jc.spec_of(<its arguments>)", fn: Any = No
         loop.violation(
             "compile",
             f"hot_step {short} would compile a new signature"
+            + (f" ({why})" if why else "")
             + (" (it compiled once already in this loop's warm-up)" if again else ""),
             f"compile it before the loop ({short}.compile({spec}) or one "
             'call), or let the loop\'s first pass compile it (jc.hot_loop(compiles="warmup")), '

@@ -474,7 +474,14 @@ def test_a_method_step_on_a_slotted_instance_is_bound_once_and_keeps_nothing_ali
     agent, s = Agent(2.0), {"x": jnp.ones(3)}
     for _ in range(3):
         s = agent.act(s)
-    assert agent.act is agent.act and agent.act.stats.compiles == 1 and s["x"].tolist() == [8.0] * 3
+    # one bound step (each access holds the instance, as a bound method does)
+    assert agent.act.stats is agent.act.stats and agent.act.stats.compiles == 1 and s["x"].tolist() == [8.0] * 3
+    # a temporary instance lives through its call (the bound step's own reference is weak)
+    assert Agent(3.0).act({"x": jnp.ones(3)})["x"].tolist() == [3.0] * 3
+    act = Agent(4.0).act
+    gc.collect()
+    assert act({"x": jnp.ones(1)})["x"].tolist() == act({"x": jnp.ones(1)})["x"].tolist() == [4.0]
+    del act
     method = Agent.__dict__["act"]
     del agent
     gc.collect()
@@ -640,3 +647,57 @@ def test_compile_refuses_a_python_float_that_every_call_would_refuse():
     assert "lr: ~f32[] (Python float)" in str(info.value)
     assert info.traceback[-1].path.name == "test_step_calls.py"  # ends at the user's line
     step.compile(jax.device_put(jnp.float32(0.5)), S.spec(n=3))  # what the calls will pass
+
+
+@pytest.fixture
+def x64_restored():
+    before = jax.config.jax_enable_x64
+    yield
+    jax.config.update("jax_enable_x64", before)
+
+
+@pytest.mark.parametrize("level", ["off", "fast", "full"])
+def test_a_jax_option_changed_after_the_compile_is_a_new_signature_never_the_old_program(level, x64_restored):
+    """jax.jit compiles again when an option in its cache key changes
+    (jax_enable_x64 here); a hot step did run the program compiled before,
+    in float32. Now the change is a new signature: refused by name at
+    max_compiles=1, compiled (the float64 program, as jax.jit's) where allowed."""
+
+    def body(s):
+        return {"x": s["x"] + 1}, jnp.asarray(1e-10, dtype=float) + 1.0
+
+    plain = jax.jit(body)
+    with jc.checks_level(level):
+        once = jc.hot_step(body, state="s")
+        twice = jc.hot_step(body, state="s", max_compiles=2)
+        for step in (once, twice):
+            s, eps = step({"x": jnp.zeros(3)})
+            s, eps = step(s)
+            assert eps.dtype == jnp.float32
+        jax.config.update("jax_enable_x64", True)
+        s = {"x": jnp.zeros(3, jnp.float32)}
+        with pytest.raises(jc.RecompileError) as info:
+            once(s)
+        assert "jax_enable_x64: compiled with False, called with True" in str(info.value)
+        assert not s["x"].is_deleted()
+        _, eps = twice(s)
+        _, want = plain({"x": jnp.zeros(3, jnp.float32)})
+        assert eps.dtype == want.dtype == jnp.float64
+        assert float(eps) - 1.0 == pytest.approx(1e-10)
+
+
+def test_a_new_signature_refused_in_a_loop_says_what_makes_it_new(x64_restored):
+    @jc.hot_step(state="s", max_compiles=3)
+    def step(s, b):
+        return {"w": s["w"] + b.sum()}
+
+    s = step({"w": jnp.zeros(3)}, jnp.ones(4))
+    b5 = jnp.ones(5)
+    with pytest.raises(jc.RecompileError, match=r"new signature \(b: f32\[4\] -> f32\[5\]\)"):
+        with jc.hot_loop():
+            s = step(s, b5)
+    b4 = jnp.ones(4)
+    jax.config.update("jax_enable_x64", True)
+    with pytest.raises(jc.RecompileError, match=r"new signature \(jax_enable_x64 False -> True\)"):
+        with jc.hot_loop():
+            s = step(s, b4)

@@ -10,7 +10,16 @@ import jax
 
 from .registry import capability, define, missing
 
-__all__ = ["Tracer", "cpp_call", "flatten", "jit_disabled", "top_level_refs", "trace_state_clean"]
+__all__ = [
+    "Tracer",
+    "context_changes",
+    "cpp_call",
+    "flatten",
+    "jit_context",
+    "jit_disabled",
+    "top_level_refs",
+    "trace_state_clean",
+]
 
 Tracer = jax.core.Tracer
 
@@ -58,6 +67,45 @@ def _probe_trace_state() -> str | None:
 def _trace_state_unknown() -> bool:
     capability("trace-state")  # warns once: what is no longer checked
     return True
+
+
+try:  # the config values jax.jit's cache key holds (x64, default device, matmul precision, mesh...)
+    from jax._src.config import trace_context as _trace_context
+    from jax._src.config import trace_context_names as _trace_context_names
+except ImportError:  # pragma: no cover - future jax
+    _trace_context = _trace_context_names = None
+
+
+@define(
+    "jit-context",
+    "jax._src.config.trace_context() and trace_context_names()",
+    "a hot step keeps the program it compiled when a config value jax.jit recompiles for changes "
+    "(jax_enable_x64, jax.default_device, ...), as an AOT executable does",
+)
+def _probe_context() -> str | None:
+    if _trace_context is None or _trace_context_names is None:
+        return "jax._src.config.trace_context is gone"
+    names, values = _trace_context_names(), _trace_context()
+    if len(names) != len(values) or "jax_enable_x64" not in names:
+        return "trace_context_names() does not name trace_context()'s values"
+    return None
+
+
+def jit_context() -> Any:
+    """The config values ``jax.jit`` compiles for, as one comparable value
+    (None when the mechanism is missing: every context then looks the same)."""
+    return _trace_context() if _trace_context is not None and capability("jit-context").available else None
+
+
+def context_changes(compiled_for: Any, now: Any) -> list[tuple[str, Any, Any]]:
+    """``(option, then, now)`` for each config value that differs between two
+    :func:`jit_context` values (empty when they are equal or unknown)."""
+    if compiled_for is None or now is None or compiled_for == now:
+        return []
+    names = _trace_context_names() if _trace_context_names is not None else ()
+    if len(names) != len(compiled_for) or len(compiled_for) != len(now):  # a new option registered since
+        return [("(jax's configuration)", "as compiled", "changed")]
+    return [(n, a, b) for n, a, b in zip(names, compiled_for, now) if a != b]
 
 
 def jit_disabled() -> bool:

@@ -38,7 +38,7 @@ from .._compat.arrays import ArrayImpl, KeyArray
 from .._compat.effects import effect_tokens
 from .._compat.guarded import REFUSED, flat_in_tree, guarded_call
 from .._compat.threadguard import allow_host_to_device
-from .._compat.tracing import cpp_call, flatten, top_level_refs
+from .._compat.tracing import cpp_call, flatten, jit_context, top_level_refs
 from .._donation.consumed import consumed_class
 from .._errors import ContractError
 from .._hazards import find_hazards
@@ -144,7 +144,7 @@ def _off(ctx: CallContext, native: bool) -> Callable[..., Any]:
     C++ call refuses host data at any other leaf (:func:`_off_guarded`).
     """
     cs, slow_call, refused_mark = ctx.cs, ctx.slow_call, REFUSED
-    tree_call = _off_guarded(ctx) if cs.host or cs.alias or (cs.flat_style and not native) else None
+    tree_call = _off_guarded(ctx) if cs.host or cs.alias or not native else None
     # the arguments as they come: JAX's C++ call flattens them; else the bare
     # call (with host=, numpy anywhere then passes JAX's guard at allow)
     compiled: Callable[..., Any] = ctx.compiled if tree_call is None else tree_call
@@ -219,11 +219,13 @@ def _tree_approver(
     structure: no trace is active, the tree structure is the compiled one, and
     ``leaves_ok`` (None: nothing more) takes the flat leaves. It never raises."""
     tref, ev, aref, top = top_level_refs()
-    in_treedef = cs.in_treedef
+    in_treedef, context = cs.in_treedef, cs.context
 
     def approve(args: tuple[Any, ...]) -> bool:
         try:
             if tref.value is not ev or aref.value is not top:  # traced: the slow path traces
+                return False
+            if context is not None and jit_context() != context:  # another config: jax.jit compiles again
                 return False
             leaves, treedef = flatten(args)
             return treedef == in_treedef and (leaves_ok is None or leaves_ok(leaves))
@@ -278,9 +280,14 @@ def _checked(ctx: CallContext, native: bool) -> Callable[..., Any]:
     )
     device_of = picker([i for i in range(n_leaves) if i not in host]) if host else None
 
+    context = cs.context
+
     def signature_ok(leaves: Sequence[Any]) -> bool:
-        """What a signature fixes: each leaf's type and weak type (compared in
-        C, one map each), its sharding, the first donated leaf's device."""
+        """What a signature fixes: the config values jax.jit compiles for, each
+        leaf's type and weak type (compared in C, one map each), its sharding,
+        the first donated leaf's device."""
+        if context is not None and jit_context() != context:
+            return False
         if tuple(map(type, leaves)) != types or tuple(map(weak_of, unkeyed(leaves))) != unkeyed_weak:  # type: ignore[arg-type,misc]
             for x, (is_host, w) in zip(leaves, kinds):  # a key is never weak: its costly aval is not read
                 t = type(x)

@@ -29,7 +29,7 @@ from .. import _contracts
 from .._compat import events
 from .._compat.arrays import hook_deleted_reads
 from .._compat.executable import alias_bytes, aliased_parameters, requested_aliases
-from .._compat.tracing import flatten
+from .._compat.tracing import context_changes, flatten, jit_context
 from .._donation.reads import deleted_read
 from .._dtypes import canonical
 from .._errors import (
@@ -406,9 +406,11 @@ def _compile_args(definition: StepDefinition) -> str:
 
 
 def compile_signature(
-    definition: StepDefinition, positional: tuple[Any, ...]
+    definition: StepDefinition, positional: tuple[Any, ...], why: str = ""
 ) -> tuple[CompiledSignature, StepDefinition]:
     """Compile ``definition``'s step for these arguments or specs and prove its contracts.
+
+    ``why``: what makes them a new signature (a loop's refusal says it).
 
     Returns the compiled signature, and ``definition`` with what the step returns
     resolved (``carried``), for the step to keep.
@@ -418,8 +420,9 @@ def compile_signature(
         DonationError: a donated leaf aliases no output.
     """
     __tracebackhide__ = True
-    with compiling(definition.name, _compile_args(definition), definition.fn):  # in a hot_loop, a violation (before any trace)
+    with compiling(definition.name, _compile_args(definition), definition.fn, why):  # in a hot_loop, a violation (before any trace)
         jitted, spec_args, treedef, donated, flat_style, definition = jit_for(definition, positional)
+        context = jit_context()  # the config values the program is traced and compiled under
         t0 = time.perf_counter()
         with quiet_donation_warning(), _tracing(definition):
             traced = jitted.trace(*spec_args)
@@ -473,6 +476,7 @@ def compile_signature(
         compile_seconds=seconds,
         cache=None if outcome is None else outcome.verdict,
         host=host,
+        context=context,
         host_nbytes=sum(nbytes[id(exact[i])] for i in host),
         found=found,
     ), definition
@@ -498,6 +502,12 @@ def signature_diffs(cs: CompiledSignature, leaves: Sequence[Any], treedef: Any) 
     """How flat arguments differ from a compiled signature (empty: they match)."""
     if treedef != cs.in_treedef:
         return [LeafDiff("(structure)", "", "")]
+    changed = context_changes(cs.context, jit_context())
+    if changed:  # jax.jit's cache key: the same arguments are another program now
+        return [
+            LeafDiff(f"(config {name})", repr(then), repr(now), "a JAX option the program was compiled under", "config")
+            for name, then, now in changed
+        ]
     expected = [(leaf.path, leaf.spec) for leaf in cs.leaves]
     got = [(leaf.path, leaf_spec(x)) for leaf, x in zip(cs.leaves, leaves)]
     return diff_leaves(expected, got)

@@ -15,6 +15,7 @@ import jax
 import numpy as np
 
 from .._compat.hostcopy import pins_host_views
+from .._compat.tracing import context_changes, jit_context
 from .._errors import INPUTS_INTACT, DefinitionError, DonationError, RecompileError, TransferError
 from .._format import flatten_with_path, fmt_aval, fmt_bytes
 from .._hazards import is_deleted_array
@@ -33,6 +34,7 @@ __all__ = [
     "host_leaves_error",
     "kept_leaves_error",
     "not_consumed_error",
+    "new_signature_cause",
     "run_failed_note",
     "signature_error",
 ]
@@ -293,6 +295,18 @@ _PINNING_CAUSE = (
 )
 
 
+def new_signature_cause(definition: StepDefinition, current: CompiledSignature, positional: tuple[Any, ...]) -> str:
+    """What makes these arguments a new signature of the step, in a few words
+    (the first leaves that differ, or the JAX options that changed)."""
+    changed = context_changes(current.context, jit_context())
+    parts = [f"{name} {then!r} -> {now!r}" for name, then, now in changed]
+    for i, name in enumerate(definition.param_names):
+        for d in diff_specs(current.spec_args[i], positional[i]):
+            where = name if d.path.startswith("(") else f"{name}{d.path}"
+            parts.append(f"{where}: {d.expected} -> {d.got}" if d.expected or d.got else f"{where}: its structure")
+    return ", ".join(parts[:3]) + (f" (and {len(parts) - 3} more)" if len(parts) > 3 else "")
+
+
 def signature_error(
     definition: StepDefinition, current: CompiledSignature, n_compiled: int, positional: tuple[Any, ...]
 ) -> RecompileError | TransferError:
@@ -322,6 +336,19 @@ def signature_error(
             contract="no-transfer",
             step=definition.name,
             leaves=leaves,
+        )
+    changed = context_changes(current.context, jit_context())
+    if changed and not blocks:  # the same arguments, under other JAX options
+        return RecompileError(
+            f"{definition.name} was called under JAX options it was not compiled under "
+            f"(max_compiles={definition.max_compiles}, {n_compiled} used): jax.jit compiles again for them.",
+            [f"  {name}: compiled with {then!r}, called with {now!r}" for name, then, now in changed],
+            fix="set JAX options once, before the first call (jax.config.update at the start of "
+            "the program), or let the step compile for each: "
+            f"@jc.hot_step(max_compiles={definition.max_compiles + 1}).",
+            note=INPUTS_INTACT,
+            contract="signature",
+            step=definition.name,
         )
     return RecompileError(
         f"{definition.name} was called with a signature it was not compiled for "

@@ -56,6 +56,7 @@ from .diagnose import (
     hazard_error,
     host_leaves_error,
     invalid_values_error,
+    new_signature_cause,
     not_consumed_error,
     run_failed_note,
     signature_error,
@@ -248,7 +249,7 @@ class HotStep(Generic[P, R]):
             return bound
         kept = self._bound_steps.get(id(obj))
         if kept is not None and kept[0]() is obj:
-            return kept[1]
+            return _HeldBound(kept[1], obj)
         try:
             ref = weakref.ref(obj, functools.partial(_forget_bound, self._bound_steps, id(obj)))
         except TypeError:  # neither a __dict__ nor a __weakref__ slot
@@ -263,7 +264,7 @@ class HotStep(Generic[P, R]):
         bound = HotStep(self._definition.bind(obj, weak=True))
         bound._bound_to = (self, ref)
         self._bound_steps[id(obj)] = (ref, bound)
-        return bound
+        return _HeldBound(bound, obj)
 
     @functools.cached_property
     def _key(self) -> str:
@@ -428,7 +429,9 @@ class HotStep(Generic[P, R]):
         __tracebackhide__ = True
         if len(self._signatures) >= self._definition.max_compiles:
             raise self._refuse(positional)
-        cs, definition = compile_signature(self._definition, positional)
+        current = self._current
+        why = new_signature_cause(self._definition, current, positional) if current is not None else ""
+        cs, definition = compile_signature(self._definition, positional, why)
         self._learn(definition)
         self._signatures.append(cs)
         self.stats.compiles += 1
@@ -489,6 +492,35 @@ class HotStep(Generic[P, R]):
         except ContractError as err:  # the traceback ends at the user's line
             trim(err)
             raise
+
+
+class _HeldBound:
+    """``obj.step`` for an instance without a ``__dict__`` (``__slots__``): its
+    bound step, which the method step keeps by a weak reference to ``obj``,
+    with ``obj`` held as a bound method holds its instance, so that
+    ``T(cfg).step(x)`` on a temporary keeps it alive through the call."""
+
+    __slots__ = ("_obj", "_step")
+
+    def __init__(self, step: HotStep[Any, Any], obj: Any) -> None:
+        self._step, self._obj = step, obj
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        try:
+            return self._step(*args, **kwargs)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._step, name)
+
+    def __repr__(self) -> str:
+        return repr(self._step)
+
+    def __reduce__(self) -> Any:
+        return self._step.__reduce__()
 
 
 def _method_step(step: HotStep[Any, Any]) -> HotStep[Any, Any]:
