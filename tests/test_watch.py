@@ -445,6 +445,16 @@ _AS_PYTHON_RUNS_IT = {
     "os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '0')\n"
     "import jax\n"
     "print(os.environ['TF_CPP_MIN_LOG_LEVEL'])\n",
+    # a thread pool never shut down: Python stops its workers as it exits
+    # (concurrent.futures registers that), before it waits for threads
+    "thread_pool": "import concurrent.futures, time, jax, jax.numpy as jnp\n"
+    "pool = concurrent.futures.ThreadPoolExecutor(2)\n"
+    "f = jax.jit(lambda x: x + 1)\n"
+    "x = jnp.zeros(3)\n"
+    "for _ in range(3):\n"
+    "    x = f(x)\n"
+    "    pool.submit(time.sleep, 0.05)\n"
+    "print(x.tolist())\n",
     "atexit": "import atexit, dataclasses, pickle, jax, jax.numpy as jnp\n"
     "@dataclasses.dataclass\n"
     "class Ckpt:\n"

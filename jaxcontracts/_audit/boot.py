@@ -3,10 +3,12 @@
 JAX reads its environment (``JAX_ENABLE_X64``, ``JAX_PLATFORMS``, ...) when
 it is imported, so a script that sets ``os.environ`` before ``import jax``
 only gets what it asked for if nothing imported JAX before its first line.
-``python -m jaxcontracts audit`` has (the package imports it), so on POSIX it
-starts this file afresh in the same process (``os.execv``): it imports only
-the standard library, runs the script, and begins the watch the moment the
-script's own ``import jax`` (or ``import jaxcontracts``) has finished.
+``python -m jaxcontracts audit`` imports no JAX, and on POSIX it starts this
+file afresh in the same process (``os.execv``), with the environment its
+shell gave it: it imports only the standard library, runs the script, and
+begins the watch the moment the script's own ``import jax`` (or ``import
+jaxcontracts``) has finished. The report comes as the process exits, after
+Python waited for the script's threads and ran its exit handlers.
 
 Standard library only, here: run as a file (``python .../boot.py``), this
 module must not import the package before the script imports JAX.
@@ -14,6 +16,7 @@ module must not import the package before the script imports JAX.
 
 from __future__ import annotations
 
+import atexit
 import builtins
 import importlib.abc
 import importlib.machinery
@@ -111,7 +114,10 @@ def run_script(
             sys.modules["__main__"] = module  # and from then on: atexit handlers pickle its classes
             exec(code, module.__dict__)
         finally:
-            for thread in threading.enumerate():  # the script's, as Python waits for them before it exits
+            # In process, the script's threads are waited for here; in its own
+            # process, Python waits for them as it exits (stopping thread pools
+            # first, as concurrent.futures asks), and the report follows (_fresh).
+            for thread in threading.enumerate() if not fresh else ():
                 if not thread.daemon and thread not in others and thread.is_alive():
                     thread.join()
     except SystemExit as exc:
@@ -147,15 +153,27 @@ def _fresh(argv: Sequence[str]) -> None:
 
         started.append(run.begin(float(every)))
 
-    status, stopped = run_script(script, args, begin, fresh=True, argv0=argv0)
-    from jaxcontracts._audit import run
+    outcome: list[tuple[int, str | None]] = []
 
-    status = run.finish(started[0] if started else None, status, stopped, json_path or None, strict == "1")
-    if stopped == "KeyboardInterrupt" and hasattr(signal, "SIGINT"):
+    def end() -> None:
+        """The report, as the process exits: after Python waited for the
+        script's threads and ran the script's own exit handlers (registered
+        after this one, so run before it)."""
+        from jaxcontracts._audit import run
+
+        status, stopped = outcome[0] if outcome else (1, None)
+        final = run.finish(started[0] if started else None, status, stopped, json_path or None, strict == "1")
         sys.stdout.flush()
         sys.stderr.flush()
-        signal.signal(signal.SIGINT, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGINT)
+        if stopped == "KeyboardInterrupt" and hasattr(signal, "SIGINT"):
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
+            os.kill(os.getpid(), signal.SIGINT)
+        if final != status:  # --strict: the exit status Python would give is the script's
+            os._exit(final)
+
+    atexit.register(end)
+    status, stopped = run_script(script, args, begin, fresh=True, argv0=argv0)
+    outcome.append((status, stopped))
     sys.exit(status)
 
 

@@ -22,13 +22,14 @@ class _Progress:
 
     def __init__(self, w: Any, stream: Any, interval: float = 2.0) -> None:
         self.w, self.stream, self.interval = w, stream, interval
+        isatty = getattr(stream, "isatty", None)
+        self.tty = bool(callable(isatty) and isatty())
         self.stop = threading.Event()
         self.shown = False
         self.thread = threading.Thread(target=self._run, name="jaxcontracts-audit-progress", daemon=True)
 
     def __enter__(self) -> _Progress:
-        isatty = getattr(self.stream, "isatty", None)
-        if callable(isatty) and isatty():
+        if self.tty:
             self.thread.start()
         return self
 
@@ -56,8 +57,8 @@ def begin(progress_every: float = 2.0) -> tuple[Any, _Progress]:
     """The watch, begun (the script's own loops behave as they would alone),
     and its progress line on a terminal."""
     w = watch(loops=False)
+    progress = _Progress(w, sys.stderr, progress_every)  # a terminal? asked before the watch takes stderr
     w.__enter__()
-    progress = _Progress(w, sys.stderr, progress_every)
     progress.__enter__()
     return w, progress
 
