@@ -445,6 +445,17 @@ _AS_PYTHON_RUNS_IT = {
     "os.environ.setdefault('TF_CPP_MIN_LOG_LEVEL', '0')\n"
     "import jax\n"
     "print(os.environ['TF_CPP_MIN_LOG_LEVEL'])\n",
+    # a progress bar's line, never ended, then host data copied to the device:
+    # the bar reads as it does alone, no guard line of JAX's in it
+    "progress_bar": "import sys, jax, jax.numpy as jnp, numpy as np\n"
+    "f = jax.jit(lambda x, b: x + b)\n"
+    "x = jnp.zeros(3)\n"
+    "for i in range(3):\n"
+    "    sys.stderr.write(f'\\rstep {i}')\n"
+    "    sys.stderr.flush()\n"
+    "    x = f(x, np.ones(3, np.float32))\n"
+    "sys.stderr.write('\\n')\n"
+    "print(x.tolist())\n",
     # a thread pool never shut down: Python stops its workers as it exits
     # (concurrent.futures registers that), before it waits for threads
     "thread_pool": "import concurrent.futures, time, jax, jax.numpy as jnp\n"
@@ -478,6 +489,32 @@ def test_the_audited_script_runs_as_python_runs_it(tmp_path, name):
     assert script_part == alone.stderr  # its traceback as Python prints it, nothing of ours
     if name == "threads":  # the thread's calls are seen: the report waits for it, as Python does
         assert "3 call(s) observed" in audited.stderr, audited.stderr
+
+
+def test_a_script_that_points_its_stderr_at_a_file_runs_as_alone_and_gets_the_report_there(tmp_path):
+    # the audit crashed (EBADF giving fd 2 back) and the script's exit status became 1
+    script = tmp_path / "redirects.py"
+    script.write_text(
+        "import os, sys, jax, jax.numpy as jnp\n"
+        "log = open('log.txt', 'w')\n"
+        "os.dup2(log.fileno(), 2)\n"
+        "f = jax.jit(lambda x: x + 1)\n"
+        "x = jnp.zeros(3)\n"
+        "for _ in range(3):\n"
+        "    x = f(x)\n"
+        "print('to the log', file=sys.stderr, flush=True)\n"
+        "print(x.tolist())\n"
+    )
+    kw = {"capture_output": True, "text": True, "timeout": 120, "cwd": tmp_path}
+    alone = subprocess.run([sys.executable, script.name], **kw)
+    alone_log = (tmp_path / "log.txt").read_text()
+    audited = subprocess.run([sys.executable, "-m", "jaxcontracts", "audit", script.name], **kw)
+    assert (audited.returncode, audited.stdout) == (alone.returncode, alone.stdout) == (0, "[3.0, 3.0, 3.0]\n")
+    log = (tmp_path / "log.txt").read_text()
+    # (JAX's own guard lines for what the audit records land there too: see the audit guide)
+    assert alone_log == "to the log\n" and "to the log\n" in log
+    assert "jaxcontracts audit: 1 finding(s)" in log and "missed_donation" in log  # where Python writes stderr now
+    assert "jaxcontracts-sync" not in log
 
 
 def test_a_script_that_crashes_is_reported_as_a_crash_with_its_own_traceback(tmp_path):

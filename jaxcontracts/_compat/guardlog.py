@@ -36,6 +36,11 @@ _LINE = re.compile(
     r"(?P<direction>host-to-device|device-to-host|device-to-device) transfer:\s*(?P<detail>.*)$"
 )
 _AVAL = re.compile(r"aval=ShapedArray\((?P<aval>[^)]*)\)")
+_MARK = "\x00jaxcontracts-sync-"
+# Where a guard line or a sync mark starts in the stream, and what the start
+# of one looks like before the rest has come.
+_OURS = re.compile(rb"\x00jaxcontracts-sync-|[IWEF]\d{4} [\d:.]+\s+\d+ guard_lib\.cc:\d+\] ")
+_MAYBE_OURS = re.compile(rb"\x00[a-z-]*\d*-?\d*|[IWEF]\d{0,4}( [\d:.]*(\s+\d*( [\w.]*:?\d*\]?)?)?)?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +92,23 @@ class Capture:
         self._marks: dict[str, threading.Event] = {}
         self._n = 0
         self._registered = False
+        self._pipe: tuple[int, int] | None = None  # the pipe's (device, inode), while fd 2 is it
+
+    def _holds_fd2(self) -> bool:
+        """Whether fd 2 is still the pipe (the script may have pointed it
+        elsewhere itself: ``os.dup2(log.fileno(), 2)``)."""
+        try:
+            return _identity(2) == self._pipe
+        except OSError:
+            return False
+
+    def _give_back(self, saved: int) -> None:
+        """fd 2 back to what it was, unless the script pointed it elsewhere
+        since: then it stays where the script put it (and the reader, which
+        met the pipe's end, closed the saved copy)."""
+        if self._holds_fd2():
+            os.dup2(saved, 2)  # drops the pipe's last write end held here
+        self._pipe = None
 
     # -- the reader thread -------------------------------------------------
 
@@ -94,7 +116,8 @@ class Capture:
         # Runs until every writer of the pipe is gone: the loop's thread gives
         # fd 2 back at the end, but a subprocess started inside the loop keeps
         # the pipe as its stderr, so this goes on forwarding for it; it owns
-        # both descriptors and closes them at the end.
+        # both descriptors and closes them at the end (fd 2 is given back from
+        # the saved one only while fd 2 is still the pipe: then no end came).
         pending = b""
         try:
             while True:
@@ -106,12 +129,8 @@ class Capture:
                     break
                 if not chunk:
                     break
-                pending += chunk
-                *lines, pending = pending.split(b"\n")
-                for raw in lines:
-                    self._line(raw, out)
-            if pending:
-                self._line(pending, out)
+                pending = self._feed(pending + chunk, out)
+            self._forward(pending, out)
         finally:
             for f in (fd, out):
                 try:
@@ -119,12 +138,48 @@ class Capture:
                 except OSError:
                     pass
 
-    def _line(self, raw: bytes, out: int) -> None:
+    def _feed(self, data: bytes, out: int) -> bytes:
+        """Take the guard lines and sync marks out of ``data`` wherever they
+        start (after a progress bar's ``\r``, or a line without its newline),
+        and pass everything else on at once; returns the tail that may be the
+        start of one, kept until more comes."""
+        pos = 0
+        while True:
+            m = _OURS.search(data, pos)
+            if m is None:
+                break
+            end = data.find(b"\n", m.start())
+            if end < 0:  # not whole yet
+                self._forward(data[pos : m.start()], out)
+                return data[m.start() :]
+            self._forward(data[pos : m.start()], out)
+            self._line(data[m.start() : end].decode("utf-8", "replace"), out)
+            pos = end + 1
+        cut = max(data.rfind(b"\n", pos), data.rfind(b"\r", pos)) + 1
+        tail = data[max(cut, pos) :]
+        if tail and len(tail) < 128 and _MAYBE_OURS.fullmatch(tail):  # perhaps the start of one
+            self._forward(data[pos : len(data) - len(tail)], out)
+            return tail
+        self._forward(data[pos:], out)
+        return b""
+
+    @staticmethod
+    def _forward(data: bytes, out: int) -> None:
+        while data:
+            try:
+                data = data[os.write(out, data) :]
+            except InterruptedError:
+                continue
+            except OSError:
+                return
+
+    def _line(self, text: str, out: int) -> None:
         try:
-            text = raw.decode("utf-8", "replace")
             mark = self._marks.get(text)
             if mark is not None:
                 mark.set()
+                return
+            if text.startswith(_MARK):  # a mark no one waits for any more
                 return
             parsed = parse(text)
             if parsed is not None:
@@ -132,15 +187,11 @@ class Capture:
                 with self._lock:
                     self._events.setdefault(tid, []).append(event)
                 return
-            if "guard_lib" in text:
-                with self._lock:
-                    self._unparsed += 1
+            with self._lock:
+                self._unparsed += 1
         except Exception:  # noqa: BLE001 - never stop draining the pipe
             pass
-        try:
-            os.write(out, raw + b"\n")
-        except OSError:
-            pass
+        self._forward(text.encode("utf-8", "replace") + b"\n", out)
 
     # -- users -------------------------------------------------------------
 
@@ -161,6 +212,7 @@ class Capture:
                 for fd in (read_fd, write_fd, saved):
                     os.close(fd)
                 return False
+            self._pipe = _identity(write_fd)
             os.close(write_fd)
             if not self._registered:  # fd 2 given back at interpreter exit, whatever is still recording
                 atexit.register(self.release_at_exit)
@@ -176,10 +228,10 @@ class Capture:
     def sync(self) -> None:
         """Wait until the reader has seen everything written to fd 2 so far."""
         with self._lock:
-            if not self._users:
+            if not self._users or not self._holds_fd2():
                 return
             self._n += 1
-            token = f"\x00jaxcontracts-sync-{os.getpid()}-{self._n}"
+            token = f"{_MARK}{os.getpid()}-{self._n}"
             done = self._marks[token] = threading.Event()
         try:
             os.write(2, token.encode() + b"\n")
@@ -207,7 +259,7 @@ class Capture:
                 return
             saved, reader = self._saved_fd, self._reader
             self._saved_fd, self._reader = -1, None
-            os.dup2(saved, 2)  # drops the pipe's last write end held here
+            self._give_back(saved)
             self._events.clear()
         if reader is not None:
             reader.join(0.5)  # what was written before take()'s sync is read already
@@ -226,9 +278,14 @@ class Capture:
             self._users = 0
             saved, reader = self._saved_fd, self._reader
             self._saved_fd, self._reader = -1, None
-            os.dup2(saved, 2)  # the pipe's last write end: the reader drains it, then ends
+            self._give_back(saved)  # the pipe's last write end: the reader drains it, then ends
         if reader is not None:
             reader.join(2.0)
+
+
+def _identity(fd: int) -> tuple[int, int]:
+    st = os.fstat(fd)
+    return st.st_dev, st.st_ino
 
 
 _capture = Capture()
