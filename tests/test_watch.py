@@ -869,6 +869,28 @@ def test_a_missed_donation_is_not_claimed_where_the_user_keeps_a_leaf():
     assert not [f for f in w.findings() if f.kind == "missed_donation"], str(w.report())
 
 
+@pytest.mark.parametrize("kept_at", [2, 12])
+def test_a_state_kept_at_any_call_withdraws_the_missed_donation(kept_at):
+    # issue 51: `best = params` at step 10, past the first calls followed in
+    # full, was claimed for every call; its fix deleted the kept best params
+    with jc.watch() as w:
+        step = jax.jit(lambda p: {"w": p["w"] * 0.9})
+        params = {"w": jnp.ones(16)}
+        best = None
+        for i in range(20):
+            if i == kept_at:
+                best = params
+            params = step(params)
+    assert best is not None and not best["w"].is_deleted()
+    assert not [f for f in w.findings() if f.kind == "missed_donation"], str(w.report())
+    with jc.watch() as w:  # the control: nothing kept, the claim stands
+        step = jax.jit(lambda p: {"w": p["w"] * 0.9})
+        params = {"w": jnp.ones(16)}
+        for _ in range(20):
+            params = step(params)
+    assert [f.kind for f in w.findings()] == ["missed_donation"], str(w.report())
+
+
 def test_a_python_int_among_a_donated_states_arrays_is_not_a_wrong_donation():
     # issue 51 (gymnax PPO): flax's TrainState.create leaves `step` a Python
     # int; "runner_state is a Python int: leave it out of donate_argnums"

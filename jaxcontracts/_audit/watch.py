@@ -148,7 +148,8 @@ class _Function:
     options: jitwatch.JitOptions
     calls: int = 0
     signatures: list[sigs.Signature] = dataclasses.field(default_factory=list)
-    window: int = 0  # calls left in which undonated arguments are followed
+    window: int = 0  # calls left in which undonated arguments are followed (all of them)
+    first_of_param: tuple[int, ...] = ()  # after those, one candidate leaf per parameter is
     candidates: tuple[int, ...] = ()  # dynamic leaf indices an output could reuse
     pending: list[tuple[int, Any]] = dataclasses.field(default_factory=list)  # (candidate, signatures.Dropped)
     follow_site: tuple[str, int] = ("<unknown>", 0)  # the user's line of the last followed call
@@ -276,6 +277,11 @@ class Watch:
             if fn.window:
                 fn.window -= 1
                 self._follow(fn, leaves)
+            elif fn.first_of_param:
+                # after the first calls, one array per parameter at every call:
+                # a state kept later (`best = params` at step 10) withdraws a
+                # claim whose fix would delete it
+                self._follow(fn, leaves, fn.first_of_param)
         except Exception as err:  # noqa: BLE001
             self._trouble(fn, err)
         return out
@@ -330,9 +336,9 @@ class Watch:
 
     # -- donation ------------------------------------------------------------
 
-    def _follow(self, fn: _Function, leaves: Sequence[Any]) -> None:
+    def _follow(self, fn: _Function, leaves: Sequence[Any], only: Sequence[int] | None = None) -> None:
         """This call's undonated candidates followed (``signatures.Dropped``),
-        settled at the next call."""
+        settled at the next call; ``only``: these of them (one per parameter)."""
         fn.follow_site = _user_line(fn.follow_site)
         fn.follow_run = fn.run
         frame = user_frame()
@@ -341,7 +347,7 @@ class Watch:
         if fn.equinox:  # the user's names of equinox's grouped leaves
             named = _user_names(frames.caller_frame(1), [leaves[i] for i in fn.candidates])
             fn.user_params = {i: sigs.param_of(n) for i, n in zip(fn.candidates, named) if n}
-        for i in fn.candidates:
+        for i in fn.candidates if only is None else only:
             x = leaves[i]
             if isinstance(x, ArrayImpl):
                 try:
@@ -542,6 +548,10 @@ class Watch:
         for arrays, rec in sigs.donations(fn.options, sig, leaves, donated, fn.candidates, fn.name, site):
             _steps.keep(arrays, rec)
         fn.window = DONATION_WINDOW if fn.candidates else 0
+        firsts: dict[str, int] = {}
+        for i in fn.candidates:
+            firsts.setdefault(sigs.param_of(sig.paths[i]), i)
+        fn.first_of_param = tuple(firsts.values())
 
     # -- host data -----------------------------------------------------------
 
