@@ -13,6 +13,7 @@ import collections
 import functools
 import io
 import json
+import linecache
 import os
 import pathlib
 import re
@@ -867,6 +868,21 @@ def test_a_missed_donation_is_not_claimed_where_the_user_keeps_a_leaf():
             state = step(state)
             samples.append(state["position"])
     assert not [f for f in w.findings() if f.kind == "missed_donation"], str(w.report())
+
+
+def test_a_second_read_of_one_calls_outputs_is_no_second_wait():
+    # issue 51: `loss = float(m["loss"]); acc = float(m["acc"])` was two
+    # host syncs; the second read finds the device done with that call
+    with jc.watch() as w:
+        step = jax.jit(lambda w_, x: (w_ * 0.9, {"loss": (w_ * x).sum(), "acc": w_.mean()}), donate_argnums=0)
+        params, x, hist = jnp.ones(64), jnp.ones(64), []
+        for _ in range(6):
+            params, m = step(params, x)
+            loss = float(m["loss"])
+            acc = float(m["acc"])
+            hist.append((loss, acc))
+    syncs = [f for f in w.findings() if f.kind == "host_sync"]
+    assert len(syncs) == 1 and "float(m[\"loss\"])" in linecache.getline(syncs[0].file, syncs[0].line), str(w.report())
 
 
 @pytest.mark.parametrize("kept_at", [2, 12])

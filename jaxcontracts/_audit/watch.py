@@ -188,6 +188,7 @@ class Watch:
         # the output arrays of the calls: id -> (weak reference, self.calls at their call, function)
         self._made: dict[int, tuple[Any, int, _Function]] = {}
         self._made_limit = MADE_KEPT
+        self._waited = -1  # the call count when a read last waited for the device
         self._read_text: dict[str, tuple[str, str, str]] = {}  # line -> (what, fix, the user's function)
         self._lock = threading.Lock()
         self._functions: list[_Function] = []
@@ -738,11 +739,18 @@ class Watch:
         than the last (a print one step late, a per-epoch mean of losses
         gathered each step) waits, if at all, while the device runs the calls
         queued since; an output of the last call, or any other array (a
-        slice or a sum of one), stalls."""
+        slice or a sum of one), stalls, once: a second read before the next
+        call (``acc = float(m["acc"])`` after ``loss = float(m["loss"])``)
+        finds the device done already."""
         if name == "copy_to_host_async":
             return False
         hit = self._made.get(id(x))
-        return hit is None or hit[0]() is not x or hit[1] == self.calls
+        if hit is not None and hit[0]() is x and hit[1] != self.calls:
+            return False
+        if self._waited == self.calls:
+            return False
+        self._waited = self.calls
+        return True
 
     def _visit(self, at: tuple[str, int], direct: bool, chained: bool) -> int:
         """Which run of the user's line ``at`` an event there (a call, a read,
@@ -768,7 +776,7 @@ class Watch:
             return False
         run = self._visit(_key(frame), False, False) if frame is not None else 0
         self.read_stamps.setdefault(where, []).append((self.calls, run))
-        self._read_text.setdefault(where, (what, fix, function))
+        self._read_text[where] = (what, fix, function)  # (a read there that stalled nothing is withdrawn)
         return True
 
     def __exit__(self, *exc: Any) -> None:
