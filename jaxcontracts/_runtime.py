@@ -215,8 +215,9 @@ DONATION_FIXES = {
     "in its place. " + _KEEP,
     # a donated leaf is still referenced besides its state
     "kept": _KEEP_COPY + ", return what you keep as an output of its own, "
-    "or drop the other reference (del x; del err for a kept exception; build the state on "
-    'a line of its own, not inside an assert); to donate nothing, @jc.hot_step(donate="none").',
+    "or drop the other reference (del x; del err for a kept exception, or call the step after "
+    "the except block; build the state on a line of its own, not inside the call or an assert: "
+    "s = s._replace(lr=lr), then s = step(s)); to donate nothing, @jc.hot_step(donate=\"none\").",
     # a container of donated leaves inside a state is still referenced besides its state
     "kept_node": "keep a copy instead of the container itself (samples.append(jax.tree.map(jnp.copy, "
     "{value})), or jc.fetch({value}) for a host copy), return what you keep as an output of its "
