@@ -900,6 +900,29 @@ def test_a_state_built_from_what_the_caller_still_holds_is_claimed_with_that_sai
     assert not variables["params"]["w"].is_deleted()
 
 
+def test_two_functions_of_one_name_are_judged_apart():
+    # issue 51: findings and withdrawals were keyed by the function's name, so
+    # a `<lambda>` whose state the user kept withdrew another's missed donation
+    with jc.watch() as w:
+        f = jax.jit(lambda s: s * 0.9)
+        g = jax.jit(lambda s: s + 1.0)
+        a, b, kept = jnp.ones(8), jnp.ones(8), []
+        for _ in range(6):
+            a = f(a)
+            b = g(b)
+            kept.append(b)
+    found = [(f.kind, f.line) for f in w.findings()]
+    assert found == [("missed_donation", _line_of("a = f(a)"))], str(w.report())
+
+
+def _line_of(text: str) -> int:
+    """The line of this file that holds ``text`` (once)."""
+    source = pathlib.Path(__file__).read_text(encoding="utf-8").splitlines()
+    lines = [i for i, line in enumerate(source, 1) if text in line and "_line_of" not in line]
+    assert len(lines) == 1, lines
+    return lines[0]
+
+
 @pytest.mark.parametrize("kept_at", [2, 12])
 def test_a_state_kept_at_any_call_withdraws_the_missed_donation(kept_at):
     # issue 51: `best = params` at step 10, past the first calls followed in

@@ -208,7 +208,7 @@ class Watch:
         # whose C++ cache grew without one took an executable JAX had (not a recompile)
         self._lowered = threading.local()
         self._counting = capability("compile-events").available
-        self._kept_params: set[tuple[str, str]] = set()  # (function, parameter) the user kept arrays of
+        self._kept_params: set[tuple[int, str]] = set()  # (id of the function, parameter) the user kept arrays of
         self._missed_from: dict[tuple[Any, ...], tuple[_Function, int]] = {}  # missed donation -> its first call
         self._closed: tuple[str, int] | None = None  # a line whose run a direct call ended
         self.calls = 0
@@ -369,8 +369,8 @@ class Watch:
         for i in fn.candidates:
             if i < len(leaves) and counts[id(leaves[i])] > 1:
                 param = sigs.param_of(paths[i])
-                self._kept_params.add((fn.name, param))
-                self._findings.pop(("missed_donation", fn.name, param), None)
+                self._kept_params.add((id(fn), param))
+                self._findings.pop(("missed_donation", id(fn), param), None)
 
     def _settle(self, fn: _Function, at_call: bool = False) -> None:
         """At the function's next call (or the watch's end): a followed
@@ -398,12 +398,12 @@ class Watch:
             if fn.pending_call == 1:  # but the first call's, by what the state was built from
                 fn.held_at_first.add(param)  # (variables = model.init(...)): said in the fix
                 continue
-            self._kept_params.add((fn.name, param))
-            self._findings.pop(("missed_donation", fn.name, param), None)
+            self._kept_params.add((id(fn), param))
+            self._findings.pop(("missed_donation", id(fn), param), None)
         for param, idx in dropped.items():
             nbytes = sum(sig.nbytes(i) for i in idx)
-            key = ("missed_donation", fn.name, param)
-            if (fn.name, param) in self._kept_params or not (at_call or key in self._findings):
+            key = ("missed_donation", id(fn), param)
+            if (id(fn), param) in self._kept_params or not (at_call or key in self._findings):
                 continue
             if key not in self._findings and fn.run == fn.follow_run:
                 continue  # called again within one run of the user's line (a setup statement)
@@ -444,7 +444,7 @@ class Watch:
         """A donated argument deleted by this function's own donation, passed
         again: the drifted index, named before JAX refuses the deleted buffer;
         the note for JAX's error, should the call go on to it."""
-        key = ("wrong_donation", fn.name, rec.param)
+        key = ("wrong_donation", id(fn), rec.param)
         found = self._findings.get(key)
         if found is None:
             found = self._findings[key] = Finding(
@@ -481,7 +481,7 @@ class Watch:
     def _wrong(self, fn: _Function, sig: sigs.Signature, donated: set[str], out_avals: set[tuple[Any, ...]], where_: tuple[str, int]) -> None:
         """Donated parameters JAX cannot donate, or whose buffers nothing reuses."""
         for param, why, fix in sigs.wrong_donations(sig, donated, out_avals, sigs.short(fn.name)):
-            key = ("wrong_donation", fn.name, param)
+            key = ("wrong_donation", id(fn), param)
             if key not in self._findings:
                 self._findings[key] = Finding(
                     "wrong_donation", fn.name, *where_, count=1, param=param,
@@ -574,7 +574,7 @@ class Watch:
         a while) is withdrawn, and never made again for that parameter."""
         changed = [p for p, where_ in constants.items() if not all(_same(fn.host_before.get(i), leaves[i]) for i in where_)]
         for param in changed:
-            self._findings.pop(("host_transfer", fn.name, param), None)
+            self._findings.pop(("host_transfer", id(fn), param), None)
             fn.varied.add(param)
         return not changed
 
@@ -627,7 +627,7 @@ class Watch:
             if what == "fresh":  # every leaf of it a new batch
                 fresh = True
                 continue
-            key = ("host_transfer", fn.name, param)
+            key = ("host_transfer", id(fn), param)
             found = self._findings.get(key)
             if found is not None:
                 found.count += 1
