@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import importlib
 import importlib.abc
 import importlib.machinery
 import importlib.util
@@ -174,6 +175,10 @@ def _fresh(argv: Sequence[str]) -> None:
     atexit.register(end)
     status, stopped = run_script(script, args, begin, fresh=True, argv0=argv0)
     outcome.append((status, stopped))
+    if not started:  # the script never imported JAX: the (empty) watch now, never at exit,
+        importlib.import_module("jax")  # where importing JAX can fail without a word (Python 3.12)
+    if not started:  # (the import hook begins it, as after the script's own import)
+        begin()
     sys.exit(status)
 
 
