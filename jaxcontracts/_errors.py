@@ -215,11 +215,7 @@ class DonationError(ContractError):
 class DonatedArrayError(DonationError, RuntimeError):
     """A donated array used after the call that consumed it, outside a hot
     loop: still the ``RuntimeError`` JAX raises there, with the leaf and the
-    step named. A traceback names it as what to catch, ``jaxcontracts.DonationError``."""
-
-
-DonatedArrayError.__module__ = "jaxcontracts"
-DonatedArrayError.__name__ = DonatedArrayError.__qualname__ = "DonationError"
+    step named."""
 
 
 class TransferError(ContractError):

@@ -885,21 +885,6 @@ def test_a_second_read_of_one_calls_outputs_is_no_second_wait():
     assert len(syncs) == 1 and "float(m[\"loss\"])" in linecache.getline(syncs[0].file, syncs[0].line), str(w.report())
 
 
-def test_a_state_built_from_what_the_caller_still_holds_is_claimed_with_that_said():
-    # issue 51: linen's `variables = model.init(...)` kept beside the
-    # TrainState built from it held the first call's arrays, and the missed
-    # donation of every later call was never claimed
-    with jc.watch() as w:
-        step = jax.jit(lambda s: {"w": s["w"] * 0.9, "b": s["b"] + 1})
-        variables = {"params": {"w": jnp.ones(16), "b": jnp.zeros(16)}}
-        state = dict(variables["params"])
-        for _ in range(8):
-            state = step(state)
-    found = [f for f in w.findings() if f.kind == "missed_donation"]
-    assert len(found) == 1 and "its first call's s is also held by what it was built from" in found[0].fix, str(w.report())
-    assert not variables["params"]["w"].is_deleted()
-
-
 def test_two_functions_of_one_name_are_judged_apart():
     # issue 51: findings and withdrawals were keyed by the function's name, so
     # a `<lambda>` whose state the user kept withdrew another's missed donation
@@ -913,14 +898,6 @@ def test_two_functions_of_one_name_are_judged_apart():
             kept.append(b)
     found = [(f.kind, f.line) for f in w.findings()]
     assert found == [("missed_donation", _line_of("a = f(a)"))], str(w.report())
-
-
-def _line_of(text: str) -> int:
-    """The line of this file that holds ``text`` (once)."""
-    source = pathlib.Path(__file__).read_text(encoding="utf-8").splitlines()
-    lines = [i for i, line in enumerate(source, 1) if text in line and "_line_of" not in line]
-    assert len(lines) == 1, lines
-    return lines[0]
 
 
 @pytest.mark.parametrize("kept_at", [2, 12])

@@ -152,8 +152,6 @@ class _Function:
     first_of_param: tuple[int, ...] = ()  # after those, one candidate leaf per parameter is
     candidates: tuple[int, ...] = ()  # dynamic leaf indices an output could reuse
     pending: list[tuple[int, Any]] = dataclasses.field(default_factory=list)  # (candidate, signatures.Dropped)
-    pending_call: int = 0  # which call of the function they are of
-    held_at_first: set[str] = dataclasses.field(default_factory=set)  # parameters its first call's caller still held
     follow_site: tuple[str, int] = ("<unknown>", 0)  # the user's line of the last followed call
     site_visit: int = 0  # which run of its jax.jit line made it (Watch._visit)
     run: tuple[Any, ...] = ()  # (line, run) of the user's statement making this call
@@ -344,7 +342,6 @@ class Watch:
         settled at the next call; ``only``: these of them (one per parameter)."""
         fn.follow_site = _user_line(fn.follow_site)
         fn.follow_run = fn.run
-        fn.pending_call = fn.calls
         frame = user_frame()
         if frame is None:
             return
@@ -395,9 +392,6 @@ class Watch:
         fn.pending = []
         sig = fn.signatures[-1]
         for param in kept:  # kept at one call: never claimed
-            if fn.pending_call == 1:  # but the first call's, by what the state was built from
-                fn.held_at_first.add(param)  # (variables = model.init(...)): said in the fix
-                continue
             self._kept_params.add((id(fn), param))
             self._findings.pop(("missed_donation", id(fn), param), None)
         for param, idx in dropped.items():
@@ -423,12 +417,6 @@ class Watch:
                 'first argument is kept); or @jc.hot_step(state=..., donate="all")' if fn.equinox else
                 sigs.missed_donation_fix(fn.name, param, fn.jit)
             )
-            if param in fn.held_at_first:
-                fix += (
-                    f"; its first call's {param} is also held by what it was built from (the "
-                    "variables of model.init, the params of TrainState.create): drop that "
-                    "reference first (del it), or donation deletes its arrays at the first call"
-                )
             self._findings[key] = Finding(  # (equinox's group named by the user's parameters in it)
                 "missed_donation", fn.name, *fn.follow_site, count=1,
                 param=", ".join(names) if fn.equinox and names else param, bytes_per_call=nbytes,
