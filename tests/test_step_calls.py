@@ -474,14 +474,11 @@ def test_a_method_step_on_a_slotted_instance_is_bound_once_and_keeps_nothing_ali
     agent, s = Agent(2.0), {"x": jnp.ones(3)}
     for _ in range(3):
         s = agent.act(s)
-    # one bound step (each access holds the instance, as a bound method does)
-    assert agent.act.stats is agent.act.stats and agent.act.stats.compiles == 1 and s["x"].tolist() == [8.0] * 3
-    # a temporary instance lives through its call (the bound step's own reference is weak)
-    assert Agent(3.0).act({"x": jnp.ones(3)})["x"].tolist() == [3.0] * 3
-    act = Agent(4.0).act
-    gc.collect()
-    assert act({"x": jnp.ones(1)})["x"].tolist() == act({"x": jnp.ones(1)})["x"].tolist() == [4.0]
-    del act
+    assert agent.act is agent.act and agent.act.stats.compiles == 1 and s["x"].tolist() == [8.0] * 3
+    # a temporary instance is gone before its call (the bound step holds it weakly): named
+    # (its trace read `self` as None: AttributeError: 'NoneType' object has no attribute 'k')
+    with pytest.raises(jc.DefinitionError, match="the instance this method step was bound to is gone"):
+        Agent(3.0).act({"x": jnp.ones(3)})
     method = Agent.__dict__["act"]
     del agent
     gc.collect()

@@ -299,7 +299,20 @@ _STATIC_DETAIL = (
 
 def _call_with(ref: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
     """``fn(instance, ...)`` for a weakly bound method step (see ``StepDefinition.bind``)."""
-    return fn(ref(), *args, **kwargs)
+    __tracebackhide__ = True
+    obj = ref()
+    if obj is None:  # a temporary: `T(cfg).step(s)`, the instance gone before the call
+        name = getattr(fn, "__qualname__", repr(fn))
+        raise DefinitionError(
+            f"{name}: the instance this method step was bound to is gone before its call "
+            "(a temporary, T(...).step(s), of a class with __slots__, whose bound step holds "
+            "its instance weakly so that the instance can be freed).",
+            fix="keep the instance in a variable (t = T(cfg); t.step(s)), or give the class "
+            "a __dict__ (its bound step then holds the instance, as a bound method does).",
+            contract="definition",
+            step=name,
+        )
+    return fn(obj, *args, **kwargs)
 
 
 def check_donated_names(definition: StepDefinition, valid: Sequence[str], static: Sequence[str]) -> None:

@@ -249,7 +249,7 @@ class HotStep(Generic[P, R]):
             return bound
         kept = self._bound_steps.get(id(obj))
         if kept is not None and kept[0]() is obj:
-            return _HeldBound(kept[1], obj)
+            return kept[1]
         try:
             ref = weakref.ref(obj, functools.partial(_forget_bound, self._bound_steps, id(obj)))
         except TypeError:  # neither a __dict__ nor a __weakref__ slot
@@ -264,7 +264,7 @@ class HotStep(Generic[P, R]):
         bound = HotStep(self._definition.bind(obj, weak=True))
         bound._bound_to = (self, ref)
         self._bound_steps[id(obj)] = (ref, bound)
-        return _HeldBound(bound, obj)
+        return bound
 
     @functools.cached_property
     def _key(self) -> str:
@@ -492,35 +492,6 @@ class HotStep(Generic[P, R]):
         except ContractError as err:  # the traceback ends at the user's line
             trim(err)
             raise
-
-
-class _HeldBound:
-    """``obj.step`` for an instance without a ``__dict__`` (``__slots__``): its
-    bound step, which the method step keeps by a weak reference to ``obj``,
-    with ``obj`` held as a bound method holds its instance, so that
-    ``T(cfg).step(x)`` on a temporary keeps it alive through the call."""
-
-    __slots__ = ("_obj", "_step")
-
-    def __init__(self, step: HotStep[Any, Any], obj: Any) -> None:
-        self._step, self._obj = step, obj
-
-    def __call__(self, *args: Any, **kwargs: Any) -> Any:
-        __tracebackhide__ = True
-        try:
-            return self._step(*args, **kwargs)
-        except ContractError as err:  # the traceback ends at the user's line
-            trim(err)
-            raise
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._step, name)
-
-    def __repr__(self) -> str:
-        return repr(self._step)
-
-    def __reduce__(self) -> Any:
-        return self._step.__reduce__()
 
 
 def _method_step(step: HotStep[Any, Any]) -> HotStep[Any, Any]:
