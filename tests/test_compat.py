@@ -1000,3 +1000,17 @@ def test_equinox_arguments_names_a_filter_jit_calls_parameters():
     eqx.filter_jit(fn)(jnp.ones(2), x)
     assert capability("equinox-arguments").available
     assert seen and seen[0] is not None and seen[0]["x"] is x and set(seen[0]) <= {"model", "x", "scale"}
+
+
+def test_the_jit_context_names_the_option_that_changed_or_the_options_an_import_registered():
+    from jaxcontracts._compat import tracing
+
+    now = tracing.jit_context()
+    assert now is not None and tracing.context_changes(now, tracing.jit_context()) == []
+    names = tracing._trace_context_names()
+    i = names.index("jax_enable_x64")
+    flipped = tuple(not v if k == i else v for k, v in enumerate(now))
+    assert tracing.context_changes(flipped, now) == [("jax_enable_x64", not now[i], now[i])]
+    # jax 0.12 registers Pallas's options as jax.extend is imported: more values than names
+    assert tracing.context_changes(now[:-1], now) == [(tracing.REGISTERED, f"{len(now) - 1} options", f"{len(now)} options")]
+    assert tracing.context_changes(None, now) == []  # the capability missing: nothing is said

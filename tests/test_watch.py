@@ -518,6 +518,30 @@ def test_a_script_that_points_its_stderr_at_a_file_runs_as_alone_and_gets_the_re
     assert "jaxcontracts-sync" not in log
 
 
+def test_strict_exit_keeps_what_the_script_left_unwritten_and_an_audit_failure_fails(tmp_path):
+    # --strict ends the process with os._exit after the report, which skipped
+    # the flush of a file the script never closed; a report that could not be
+    # written (--json into a missing folder) left the script's status, 0
+    script = tmp_path / "unclosed.py"
+    script.write_text(
+        "import jax, jax.numpy as jnp\n"
+        "log = open('log.txt', 'w')\n"
+        "f = jax.jit(lambda x: x + 1)\n"
+        "x = jnp.zeros(3)\n"
+        "for i in range(5):\n"
+        "    x = f(x)\n"
+        "    log.write(f'step {i}\\n')\n"
+    )
+    kw = {"capture_output": True, "text": True, "timeout": 120, "cwd": tmp_path}
+    strict = subprocess.run([sys.executable, "-m", "jaxcontracts", "audit", "--strict", script.name], **kw)
+    assert strict.returncode == 1 and "missed_donation" in strict.stderr, strict.stderr
+    assert (tmp_path / "log.txt").read_text().splitlines() == [f"step {i}" for i in range(5)]
+    broken = subprocess.run(
+        [sys.executable, "-m", "jaxcontracts", "audit", "--json", str(tmp_path / "missing" / "x.json"), script.name], **kw
+    )
+    assert broken.returncode == 1 and "FileNotFoundError" in broken.stderr, broken.stderr
+
+
 def test_a_script_that_crashes_is_reported_as_a_crash_with_its_own_traceback(tmp_path):
     # issue 51: the cookbook's crash under the audit ended with "nothing to fix"
     script = tmp_path / "crashes.py"

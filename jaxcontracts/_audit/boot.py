@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import atexit
 import builtins
+import gc
 import importlib
 import importlib.abc
 import importlib.machinery
@@ -27,6 +28,7 @@ import os
 import signal
 import sys
 import threading
+import traceback
 import types
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -142,6 +144,17 @@ def run_script(
     return status, stopped
 
 
+def _flush_open_files() -> None:
+    """Flush the files the script left open (``log = open(...)``, never
+    closed), as the interpreter's exit would as it closes them."""
+    for obj in gc.get_objects():
+        try:
+            if isinstance(obj, io.IOBase) and not obj.closed and obj.writable():
+                obj.flush()
+        except Exception:  # noqa: BLE001, S112 - a file that cannot flush: as at Python's own exit
+            continue
+
+
 def _fresh(argv: Sequence[str]) -> None:
     """This file run as a script: ``boot.py JSON STRICT PROGRESS SCRIPT ARGV0
     ARGS...`` (``JSON`` empty for none, ``STRICT`` 0 or 1), from the audit's
@@ -160,16 +173,21 @@ def _fresh(argv: Sequence[str]) -> None:
         """The report, as the process exits: after Python waited for the
         script's threads and ran the script's own exit handlers (registered
         after this one, so run before it)."""
-        from jaxcontracts._audit import run
-
         status, stopped = outcome[0] if outcome else (1, None)
-        final = run.finish(started[0] if started else None, status, stopped, json_path or None, strict == "1")
+        try:
+            from jaxcontracts._audit import run
+
+            final = run.finish(started[0] if started else None, status, stopped, json_path or None, strict == "1")
+        except BaseException:  # noqa: BLE001 - the audit's own failure: said, and a failed run
+            traceback.print_exc()
+            final = status or 1
         sys.stdout.flush()
         sys.stderr.flush()
         if stopped == "KeyboardInterrupt" and hasattr(signal, "SIGINT"):
             signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.kill(os.getpid(), signal.SIGINT)
-        if final != status:  # --strict: the exit status Python would give is the script's
+        if final != status:  # --strict: Python would exit with the script's status
+            _flush_open_files()  # what Python's own exit would write, os._exit skips
             os._exit(final)
 
     atexit.register(end)

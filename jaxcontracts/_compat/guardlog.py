@@ -40,7 +40,7 @@ _MARK = "\x00jaxcontracts-sync-"
 # Where a guard line or a sync mark starts in the stream, and what the start
 # of one looks like before the rest has come.
 _OURS = re.compile(rb"\x00jaxcontracts-sync-|[IWEF]\d{4} [\d:.]+\s+\d+ guard_lib\.cc:\d+\] ")
-_MAYBE_OURS = re.compile(rb"\x00[a-z-]*\d*-?\d*|[IWEF]\d{0,4}( [\d:.]*(\s+\d*( [\w.]*:?\d*\]?)?)?)?")
+_MAYBE_OURS = re.compile(rb"\x00[a-z-]*\d*-?\d*|[IWEF]\d{4} [\d:.]*(\s+\d*( [\w.]*:?\d*\]?)?)?")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -221,7 +221,14 @@ class Capture:
             self._reader = threading.Thread(
                 target=self._read, args=(read_fd, saved), name="jaxcontracts-guard-log", daemon=True
             )
-            self._reader.start()
+            try:
+                self._reader.start()
+            except RuntimeError:  # no new thread (the interpreter is exiting): fd 2 given back
+                os.dup2(saved, 2)
+                for fd in (read_fd, saved):
+                    os.close(fd)
+                self._reader, self._saved_fd, self._pipe = None, -1, None
+                return False
             self._users = 1
             return True
 

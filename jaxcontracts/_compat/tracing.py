@@ -11,6 +11,7 @@ import jax
 from .registry import capability, define, missing
 
 __all__ = [
+    "REGISTERED",
     "Tracer",
     "context_changes",
     "cpp_call",
@@ -97,14 +98,19 @@ def jit_context() -> Any:
     return _trace_context() if _trace_context is not None and capability("jit-context").available else None
 
 
+#: What :func:`context_changes` names when JAX registered options since the
+#: compile (on jax 0.12, importing flax, orbax or ``jax.extend`` does).
+REGISTERED = "JAX options registered since the compile (an import: flax, orbax, jax.extend)"
+
+
 def context_changes(compiled_for: Any, now: Any) -> list[tuple[str, Any, Any]]:
     """``(option, then, now)`` for each config value that differs between two
     :func:`jit_context` values (empty when they are equal or unknown)."""
     if compiled_for is None or now is None or compiled_for == now:
         return []
     names = _trace_context_names() if _trace_context_names is not None else ()
-    if len(names) != len(compiled_for) or len(compiled_for) != len(now):  # a new option registered since
-        return [("(jax's configuration)", "as compiled", "changed")]
+    if len(names) != len(compiled_for) or len(compiled_for) != len(now):  # an option registered since
+        return [(REGISTERED, f"{len(compiled_for)} options", f"{len(now)} options")]
     return [(n, a, b) for n, a, b in zip(names, compiled_for, now) if a != b]
 
 

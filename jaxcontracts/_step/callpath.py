@@ -144,7 +144,7 @@ def _off(ctx: CallContext, native: bool) -> Callable[..., Any]:
     C++ call refuses host data at any other leaf (:func:`_off_guarded`).
     """
     cs, slow_call, refused_mark = ctx.cs, ctx.slow_call, REFUSED
-    tree_call = _off_guarded(ctx) if cs.host or cs.alias or not native else None
+    tree_call = _off_guarded(ctx)  # its cache miss asks (a new signature, another JAX option)
     # the arguments as they come: JAX's C++ call flattens them; else the bare
     # call (with host=, numpy anywhere then passes JAX's guard at allow)
     compiled: Callable[..., Any] = ctx.compiled if tree_call is None else tree_call

@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from .._compat.hostcopy import pins_host_views
-from .._compat.tracing import context_changes, jit_context
+from .._compat.tracing import REGISTERED, context_changes, jit_context
 from .._errors import INPUTS_INTACT, DefinitionError, DonationError, RecompileError, TransferError
 from .._format import flatten_with_path, fmt_aval, fmt_bytes
 from .._hazards import is_deleted_array
@@ -343,9 +343,13 @@ def signature_error(
             f"{definition.name} was called under JAX options it was not compiled under "
             f"(max_compiles={definition.max_compiles}, {n_compiled} used): jax.jit compiles again for them.",
             [f"  {name}: compiled with {then!r}, called with {now!r}" for name, then, now in changed],
-            fix="set JAX options once, before the first call (jax.config.update at the start of "
-            "the program), or let the step compile for each: "
-            f"@jc.hot_step(max_compiles={definition.max_compiles + 1}).",
+            fix=(
+                "import the libraries the program uses before a step's first call (jax.jit compiles "
+                "again for the new options too)"
+                if changed[0][0] == REGISTERED
+                else "set JAX options once, before the first call (jax.config.update at the start of the program)"
+            )
+            + f", or let the step compile for each: @jc.hot_step(max_compiles={definition.max_compiles + 1}).",
             note=INPUTS_INTACT,
             contract="signature",
             step=definition.name,
