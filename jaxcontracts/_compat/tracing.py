@@ -72,22 +72,36 @@ def _trace_state_unknown() -> bool:
 
 try:  # the config values jax.jit's cache key holds (x64, default device, matmul precision, mesh...)
     from jax._src.config import trace_context as _trace_context
-    from jax._src.config import trace_context_names as _trace_context_names
 except ImportError:  # pragma: no cover - future jax
-    _trace_context = _trace_context_names = None
+    _trace_context = None
+try:  # their names (jax 0.10.2 on; messages only)
+    from jax._src.config import trace_context_names as _trace_context_names
+except ImportError:  # jax 0.10.0
+    _trace_context_names = None
+
+
+def _names() -> tuple[str, ...] | None:
+    """The option names of :func:`jit_context`'s values, where this jax gives them."""
+    try:
+        return tuple(_trace_context_names()) if _trace_context_names is not None else None
+    except Exception:  # noqa: BLE001 - NotImplementedError with an older jaxlib
+        return None
 
 
 @define(
     "jit-context",
-    "jax._src.config.trace_context() and trace_context_names()",
-    "a hot step keeps the program it compiled when a config value jax.jit recompiles for changes "
-    "(jax_enable_x64, jax.default_device, ...), as an AOT executable does",
+    "jax._src.config.trace_context() (and trace_context_names(), for the messages)",
+    "a hot step called under other values of the JAX options in jax.jit's cache key than it compiled "
+    "under (jax_enable_x64, jax.default_device, a mesh) compiles again, never running the old program",
 )
 def _probe_context() -> str | None:
-    if _trace_context is None or _trace_context_names is None:
+    if _trace_context is None:
         return "jax._src.config.trace_context is gone"
-    names, values = _trace_context_names(), _trace_context()
-    if len(names) != len(values) or "jax_enable_x64" not in names:
+    values = _trace_context()
+    if not isinstance(values, tuple) or hash(values) != hash(_trace_context()):
+        return "trace_context() is not a hashable tuple"
+    names = _names()  # where given, they must name the values
+    if names is not None and (len(names) != len(values) or "jax_enable_x64" not in names):
         return "trace_context_names() does not name trace_context()'s values"
     return None
 
@@ -108,9 +122,11 @@ def context_changes(compiled_for: Any, now: Any) -> list[tuple[str, Any, Any]]:
     :func:`jit_context` values (empty when they are equal or unknown)."""
     if compiled_for is None or now is None or compiled_for == now:
         return []
-    names = _trace_context_names() if _trace_context_names is not None else ()
-    if len(names) != len(compiled_for) or len(compiled_for) != len(now):  # an option registered since
+    if len(compiled_for) != len(now):  # an option registered since
         return [(REGISTERED, f"{len(compiled_for)} options", f"{len(now)} options")]
+    names = _names()
+    if names is None or len(names) != len(now):  # (jax 0.10.0 does not name them)
+        return [(f"option {i} of JAX's trace context", a, b) for i, (a, b) in enumerate(zip(compiled_for, now)) if a != b]
     return [(n, a, b) for n, a, b in zip(names, compiled_for, now) if a != b]
 
 
