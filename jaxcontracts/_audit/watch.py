@@ -345,7 +345,7 @@ class Watch:
         frame = user_frame()
         if frame is None:
             return
-        if fn.equinox:  # the user's names of equinox's grouped leaves
+        if fn.equinox and only is None:  # the user's names of equinox's grouped leaves (first calls)
             named = _user_names(frames.caller_frame(1), [leaves[i] for i in fn.candidates])
             fn.user_params = {i: sigs.param_of(n) for i, n in zip(fn.candidates, named) if n}
         for i in fn.candidates if only is None else only:
