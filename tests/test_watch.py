@@ -424,6 +424,16 @@ _AS_PYTHON_RUNS_IT = {
     "    x = step(x)\n"
     "print(x.tolist(), type(step).__module__)\n",
     "no_jax": "import sys\nprint('no jax here', len(sys.argv))\n",
+    # annotations as Python evaluates them: none of the audit's own `from
+    # __future__ import annotations` (argparse built from a dataclass's types)
+    "annotations": "import argparse, dataclasses, jax\n"
+    "@dataclasses.dataclass\n"
+    "class Config:\n"
+    "    lr: float = 0.1\n"
+    "parser = argparse.ArgumentParser()\n"
+    "for f in dataclasses.fields(Config):\n"
+    "    parser.add_argument(f'--{f.name}', type=f.type, default=f.default)\n"
+    "print(Config.__annotations__, parser.parse_args(['--lr', '0.5']).lr)\n",
     # sys.argv[0] as typed, __builtins__ the module, a thread Python waits for
     "threads": "import sys, threading, jax, jax.numpy as jnp\n"
     "print(sys.argv[0], __builtins__.__name__)\n"
@@ -490,6 +500,25 @@ def test_the_audited_script_runs_as_python_runs_it(tmp_path, name):
     assert script_part == alone.stderr  # its traceback as Python prints it, nothing of ours
     if name == "threads":  # the thread's calls are seen: the report waits for it, as Python does
         assert "3 call(s) observed" in audited.stderr, audited.stderr
+
+
+def test_a_script_that_never_imports_jax_gets_no_import_of_jax_from_the_audit(tmp_path):
+    # On an accelerator, importing JAX alone writes a start-up warning to stderr
+    # (a TPU's "Transparent hugepages are not enabled"): a JAX that says so as
+    # it is imported stands in for it, and the script must not see it.
+    fake = tmp_path / "fakejax" / "jax"
+    fake.mkdir(parents=True)
+    (fake / "__init__.py").write_text("import sys\nsys.stderr.write('JAX WAS IMPORTED\\n')\n")
+    script = tmp_path / "plain.py"
+    script.write_text("print('no jax here')\n")
+    package_root = os.path.dirname(os.path.dirname(os.path.abspath(jc.__file__)))
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(fake.parent), package_root])}
+    kw = {"capture_output": True, "text": True, "timeout": 120, "cwd": tmp_path, "env": env}
+    out = tmp_path / "findings.json"
+    audited = subprocess.run([sys.executable, "-m", "jaxcontracts", "audit", "--json", str(out), "--strict", script.name], **kw)
+    assert (audited.returncode, audited.stdout) == (0, "no jax here\n"), audited.stderr
+    assert audited.stderr == "jaxcontracts audit: 0 finding(s): the script never imported JAX, nothing to observe\n"
+    assert json.loads(out.read_text()) == []
 
 
 def test_a_script_that_points_its_stderr_at_a_file_runs_as_alone_and_gets_the_report_there(tmp_path):

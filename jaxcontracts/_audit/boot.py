@@ -107,8 +107,8 @@ def run_script(
     others = set(threading.enumerate())  # (in this process already: not the script's to wait for)
     try:
         try:
-            with io.open_code(script) as fh:
-                code = compile(fh.read(), script, "exec")
+            with io.open_code(script) as fh:  # (none of this file's __future__ imports)
+                code = compile(fh.read(), script, "exec", dont_inherit=True)
             module = types.ModuleType("__main__")
             module.__dict__.update(
                 __file__=script, __cached__=None, __loader__=None, __package__=None, __spec__=None,
@@ -175,9 +175,7 @@ def _fresh(argv: Sequence[str]) -> None:
         after this one, so run before it)."""
         status, stopped = outcome[0] if outcome else (1, None)
         try:
-            from jaxcontracts._audit import run
-
-            final = run.finish(started[0] if started else None, status, stopped, json_path or None, strict == "1")
+            final = _finish(started, status, stopped, json_path, strict == "1")
         except BaseException:  # noqa: BLE001 - the audit's own failure: said, and a failed run
             traceback.print_exc()
             final = status or 1
@@ -193,11 +191,24 @@ def _fresh(argv: Sequence[str]) -> None:
     atexit.register(end)
     status, stopped = run_script(script, args, begin, fresh=True, argv0=argv0)
     outcome.append((status, stopped))
-    if not started:  # the script never imported JAX: the (empty) watch now, never at exit,
-        importlib.import_module("jax")  # where importing JAX can fail without a word (Python 3.12)
-    if not started:  # (the import hook begins it, as after the script's own import)
-        begin()
     sys.exit(status)
+
+
+def _finish(started: list[Any], status: int, stopped: str | None, json_path: str, strict: bool) -> int:
+    """The report and the exit status. A script that never imported JAX is
+    said to, and JAX is not imported for it: the import alone can write to
+    stderr (an accelerator's start-up warnings) and set environment variables
+    the script's exit handlers or children would see."""
+    if started:
+        from jaxcontracts._audit import run
+
+        return run.finish(started[0], status, stopped, json_path or None, strict)
+    sys.stdout.flush()
+    print("jaxcontracts audit: 0 finding(s): the script never imported JAX, nothing to observe", file=sys.stderr)
+    if json_path:
+        with open(json_path, "w", encoding="utf-8") as fh:
+            fh.write("[]\n")
+    return status
 
 
 if __name__ == "__main__":

@@ -50,11 +50,11 @@ def main(argv: Sequence[str], progress_every: float = 2.0, fresh: bool = False) 
         os.execv(sys.executable, [sys.executable, *_interpreter_options(), boot.__file__, *args])
     from . import run  # here only: the command line's process imports no JAX before the script
 
-    started: list[Any] = []
+    started: list[Any] = []  # (JAX is imported by now: begun before the script's first line)
     status, stopped = boot.run_script(
         script, ns.args, lambda: started.append(run.begin(progress_every)), fresh=False, argv0=ns.script
     )
-    return run.finish(started[0] if started else None, status, stopped, json_path, ns.strict)
+    return run.finish(started[0], status, stopped, json_path, ns.strict)
 
 
 def _interpreter_options() -> list[str]:

@@ -63,16 +63,12 @@ def begin(progress_every: float = 2.0) -> tuple[Any, _Progress]:
     return w, progress
 
 
-def finish(started: tuple[Any, _Progress] | None, status: int, stopped: str | None, json_path: str | None, strict: bool) -> int:
+def finish(started: tuple[Any, _Progress], status: int, stopped: str | None, json_path: str | None, strict: bool) -> int:
     """The watch ended and its report written (stderr, and ``json_path``);
     the exit status: the script's, or 1 with ``strict`` where anything was
-    found. ``started`` is None where the script never imported JAX."""
-    if started is None:
-        w = watch(loops=False)
-        w.__enter__()
-    else:
-        w, progress = started
-        progress.__exit__()
+    found."""
+    w, progress = started
+    progress.__exit__()
     w.__exit__(None, None, None)
     report = w.report()
     report.stopped = stopped
