@@ -90,6 +90,18 @@ def test_device_get_kept_in_a_loop_never_makes_the_next_step_fail():
     assert jax.device_get is original  # restored outside the loop
 
 
+def test_device_get_in_a_loop_is_read_only_as_jax_s_own_result():
+    # An in-place edit of what jax.device_get returned fails alone (JAX's host
+    # value is read-only); the loop's copy must not let it succeed.
+    w, s = jnp.linspace(-1.0, 1.0, 8) + 0, jnp.float32(2) + 0
+    alone = jax.device_get({"w": w, "s": s})
+    with jc.hot_loop():
+        inside = jax.device_get({"w": w, "s": s})
+    assert [a.flags.writeable for a in (*alone.values(), *inside.values())] == [False] * 4
+    with pytest.raises(ValueError, match="read-only"):
+        inside["w"][np.abs(inside["w"]) < 0.5] = 0.0
+
+
 # -- jc.fetch_async: a lagged read that never stalls the loop (issue 38 item 4)
 
 

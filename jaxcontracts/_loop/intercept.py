@@ -49,6 +49,7 @@ from types import FrameType
 from typing import Any
 
 import jax
+import numpy as np
 
 from .._compat import arrays, callbacks, capability, events, frames, hostcopy
 from .._compat.tracing import trace_state_clean
@@ -316,8 +317,16 @@ def _value_without_pin(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
     return _value
 
 
+def _read_only(x: Any) -> Any:
+    if isinstance(x, np.ndarray):
+        x.flags.writeable = False
+    return x
+
+
 def _copying_device_get(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``jax.device_get`` inside a loop: CPU arrays come back as copies.
+    """``jax.device_get`` inside a loop: CPU arrays come back as copies,
+    read-only as JAX's own results are (an in-place edit that fails alone
+    fails here too).
 
     On CPU, JAX's ``device_get`` caches a view of the buffer on the array,
     which pins it: the next step that donates it makes XLA copy instead, and
@@ -333,7 +342,7 @@ def _copying_device_get(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
         local.allow += 1  # an explicit transfer
         try:
             out = [
-                hostcopy.host_copy(leaf)
+                _read_only(hostcopy.host_copy(leaf))
                 if type(leaf) is arrays.ArrayImpl
                 and not leaf.is_deleted()
                 and not is_key(leaf.dtype)
