@@ -625,6 +625,32 @@ def test_an_argument_passed_twice_at_a_later_call_is_no_missed_donation():
     assert [f for f in w.findings() if f.kind == "missed_donation"] == []
 
 
+@pytest.mark.parametrize("lazy", [False, True])
+def test_an_argument_passed_twice_at_a_compiling_call_is_no_missed_donation(lazy):
+    # an EMA of the parameters that starts as the parameters themselves (a
+    # diffusion model's train state, `"ema": params`), or appears at step 10
+    # (`ema = params`, a new signature): that compiling call gets one array
+    # twice, and donating it fails the call ("donate the same buffer twice")
+    def init():
+        p = jnp.ones(4)
+        return {"p": p, "ema": p}
+
+    with jc.watch() as w:
+        if lazy:
+            step = jax.jit(lambda p, ema, x: (p - 0.1 * x, None if ema is None else 0.9 * ema + 0.1 * p))
+            params, ema = jnp.zeros(4), None
+            for t in range(30):
+                if t == 10:
+                    ema = params
+                params, ema = step(params, ema, jnp.float32(t))
+        else:
+            step = jax.jit(lambda s, x: {"p": s["p"] - 0.1 * x, "ema": 0.9 * s["ema"] + 0.1 * s["p"]})
+            state = init()
+            for t in range(30):
+                state = step(state, jnp.float32(t))
+    assert [f.param for f in w.findings() if f.kind == "missed_donation"] == []
+
+
 def test_a_sweep_making_a_jit_per_configuration_is_no_compile_in_loop():
     # an architecture sweep makes its step once per width: each compiles a new
     # signature, which one jax.jit made outside the loop would compile as well;

@@ -359,8 +359,9 @@ class Watch:
 
     def _aliased(self, fn: _Function, leaves: Sequence[Any]) -> None:
         """A candidate array passed twice in one call (a DQN's ``update(w,
-        target_w)`` after ``target_w = w``, at any call): donating its
-        parameter would fail that call, so it is never claimed."""
+        target_w)`` after ``target_w = w``; an EMA that starts as the
+        parameters, at the call that compiles): donating its parameter would
+        fail that call, so it is never claimed."""
         counts = collections.Counter(map(id, leaves))
         paths = fn.signatures[-1].paths
         for i in fn.candidates:
@@ -543,6 +544,8 @@ class Watch:
         donated = sigs.donated_params(fn.options)
         self._wrong(fn, sig, donated, out_avals, here)
         fn.candidates = sigs.reusable(fn.options, sig, dyn_args, dyn_kwargs, out, out_leaves, donated)
+        if len(set(map(id, leaves))) != len(leaves):  # (at the calls after: in _before)
+            self._aliased(fn, leaves)
         # the donated arrays, named once deleted: passed again, the index drifted
         fn.donated_leaves = tuple(idx[0] for p, idx in sigs.by_param(sig).items() if p in donated)
         site = f"{fn.site[0]}:{fn.site[1]}"
