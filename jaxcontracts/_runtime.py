@@ -69,6 +69,9 @@ class LoopHandle(Protocol):
     def seen_compile(self, key: Any) -> bool:
         """Whether a compile with this key was let through already (warm-up)."""
 
+    def withdraw_compile(self, key: Any) -> None:
+        """A compile let through that failed (its trace raised): not spent."""
+
     def compiles_admitted(self) -> bool:
         """Whether a first compile would be let through now (``compiles="allow"``,
         or the warm-up pass): a trace running now may read concrete arrays."""
@@ -385,7 +388,8 @@ def compiling(name: str, spec: str = "jc.spec_of(<its arguments>)", fn: Any = No
         key: Any = ("hot_step", weakref.ref(fn) if fn is not None else name)
     except TypeError:  # not weakly referenceable: by name
         key = ("hot_step", name)
-    if loop.checks_compiles and not local.allow and not loop.admit_compile(key, short):
+    admitted = loop.checks_compiles and not local.allow and loop.admit_compile(key, short)
+    if loop.checks_compiles and not local.allow and not admitted:
         again = loop.seen_compile(key)
         loop.violation(
             "compile",
@@ -406,6 +410,10 @@ def compiling(name: str, spec: str = "jc.spec_of(<its arguments>)", fn: Any = No
     try:
         with jax.transfer_guard("allow"):
             yield
+    except BaseException:
+        if admitted:  # a trace that failed compiled nothing: the warm-up's compile is not spent
+            loop.withdraw_compile(key)
+        raise
     finally:
         local.allow -= 1
 

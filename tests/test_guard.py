@@ -576,3 +576,20 @@ def test_warm_up_tells_steps_of_one_name_apart():
         for _ in loop.iterate(range(2)):
             s = g(f(b.act(a.act(s))))
     assert s["x"].tolist() == [57.0] * 3 and len(loop.warmup_compiles) == 4
+
+
+@pytest.mark.parametrize("iterate", [False, True])
+def test_a_trace_that_fails_in_the_warm_up_spends_no_compile(iterate):
+    # the first call's trace raises (a shape error, caught and retried on the
+    # right batch, as jax.jit lets it): nothing compiled, so the retry is still
+    # the step's first compile of the warm-up
+    step = jc.hot_step(lambda s, b: {"x": s["x"] + b[:3]}, state="s")
+    s, short, right = {"x": jnp.zeros(3)}, jnp.ones(2), jnp.ones(4)
+    with jc.hot_loop(compiles="warmup") as loop:
+        for i in loop.iterate(range(2)) if iterate else range(1):
+            if i == 0:
+                with pytest.raises(TypeError, match="incompatible shapes"):
+                    step(s, short)
+            s = step(s, right)
+    assert s["x"].tolist() == ([2.0] * 3 if iterate else [1.0] * 3)
+    assert len(loop.warmup_compiles) == 1

@@ -79,19 +79,24 @@ class _WarmUp:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._seen: set[Any] = set()
+        self._seen: dict[Any, WarmupCompile] = {}
         self.compiles: list[WarmupCompile] = []
 
     def admit(self, key: Any, record: WarmupCompile) -> bool:
         with self._lock:
             if key in self._seen:
                 return False
-            self._seen.add(key)
+            self._seen[key] = record
             self.compiles.append(record)
             return True
 
     def seen(self, key: Any) -> bool:
         return key in self._seen
+
+    def withdraw(self, key: Any) -> None:
+        with self._lock:
+            record = self._seen.pop(key, None)
+            self.compiles[:] = [c for c in self.compiles if c is not record]
 
 
 def acquire(checked: bool) -> None:
@@ -231,6 +236,9 @@ class HotLoop:
 
     def seen_compile(self, key: Any) -> bool:
         return self._warm.seen(key)
+
+    def withdraw_compile(self, key: Any) -> None:
+        self._warm.withdraw(key)
 
     def compiles_admitted(self) -> bool:
         """Whether a first compile would be let through now (see ``LoopHandle``)."""
