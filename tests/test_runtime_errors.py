@@ -356,6 +356,25 @@ def test_a_nan_under_debug_nans_is_jaxs_floating_point_error_not_a_donation_stor
     assert s["x"].shape == (3,)
 
 
+@pytest.mark.parametrize("level", ["fast", "full"])
+def test_debug_infs_reading_a_step_s_outputs_in_a_loop_says_so_and_what_it_cost(level):
+    # jax_debug_infs makes JAX copy every output to the host after the call:
+    # inside a loop that read is refused, after XLA took the donated state. It
+    # said "s['x'] was already deleted ... your other inputs are intact": false.
+    step = jc.hot_step(lambda s: {"x": s["x"] + 1.0}, state="s")
+    s = step({"x": jnp.zeros(3)})
+    jax.config.update("jax_debug_infs", True)
+    try:
+        with jc.checks_level(level), pytest.raises(jc.TransferError, match="device-to-host") as info:
+            with jc.hot_loop():
+                step(s)
+    finally:
+        jax.config.update("jax_debug_infs", False)
+    notes = "\n".join(info.value.__notes__)
+    assert "s['x']: f32[3] deleted" in notes and "jax_debug_infs is on" in notes, notes
+    assert s["x"].is_deleted()
+
+
 @pytest.mark.parametrize("filtering", ["auto", "off"])
 def test_a_kept_traceback_of_a_failed_trace_holds_none_of_the_arrays(filtering):
     # IPython keeps the last error's traceback (sys.last_traceback): the slow

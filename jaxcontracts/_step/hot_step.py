@@ -511,6 +511,13 @@ def _forget_bound(bound: dict[int, Any], key: int, ref: Any) -> None:
 # The slow path: diagnose a call the call path refused, or compile for it
 
 
+_DEBUG_READS = (
+    "{0} is on: after each call JAX copies every output to the host to look for nans or "
+    "infs, the device-to-host read refused here. Turn it off for hot loops "
+    '(jax.config.update("{1}", False)), or look for them outside jc.hot_loop.'
+)
+
+
 def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
     __tracebackhide__ = True
     definition = step._definition
@@ -563,13 +570,19 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         nans = debug_nans_kind(exc)
         if nans is not None:  # jax_debug_nans / jax_debug_infs: the output held a nan
             raise invalid_values_error(definition, step._current, positional, leaves, paths, nans) from None
-    ran = exc is not None and is_runtime_error(exc)
+    # JAX's runtime error, or a refusal of a loop's raised inside JAX's call (a
+    # refusal the call path made itself was never raised: no traceback)
+    ran = exc is not None and (is_runtime_error(exc) or (isinstance(exc, ContractError) and exc.__traceback__ is not None))
     if ran and any(leaves[i].is_deleted() for i in donated):
         # The executable failed while running (a callback raised, out of
-        # memory...) after XLA took the donated buffers: JAX's error is the
-        # real one; say what it cost instead of diagnosing the deleted inputs.
+        # memory...) or after it (jax_debug_infs read its outputs in a loop),
+        # after XLA took the donated buffers: that error is the real one; say
+        # what it cost instead of diagnosing the deleted inputs.
         assert exc is not None
         exc.add_note(run_failed_note(definition, paths, leaves, donated))
+        debug = [name for name in ("jax_debug_nans", "jax_debug_infs") if getattr(jax.config, name)]
+        if isinstance(exc, ContractError) and debug:
+            exc.add_note(_DEBUG_READS.format(" and ".join(debug), debug[0]))
         _steps.keep([leaves[i] for i in donated if leaves[i].is_deleted()], step.short_name)
         raise exc
     deleted, duplicates = find_hazards(leaves, donated)
