@@ -20,6 +20,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 
 import jax
 import jax.numpy as jnp
@@ -500,6 +501,38 @@ def test_the_audited_script_runs_as_python_runs_it(tmp_path, name):
     assert script_part == alone.stderr  # its traceback as Python prints it, nothing of ours
     if name == "threads":  # the thread's calls are seen: the report waits for it, as Python does
         assert "3 call(s) observed" in audited.stderr, audited.stderr
+
+
+def test_a_subprocess_that_outlives_the_audited_script_keeps_its_stderr(tmp_path):
+    # A data loader or multiprocessing's resource tracker inherits the script's
+    # stderr, which the audit's record mode reads through a pipe. It writes
+    # after the script ended: its line was lost, and its write to a pipe with
+    # no reader killed it (SIGPIPE).
+    script = tmp_path / "loader.py"
+    script.write_text(
+        "import subprocess, sys, jax, jax.numpy as jnp\n"
+        "child = 'import sys, time; time.sleep(3); sys.stderr.write(\"loader done\\\\n\"); "
+        "sys.stderr.flush(); open(\"flag\", \"w\").write(\"ok\")'\n"
+        "subprocess.Popen([sys.executable, '-c', child])\n"
+        "f = jax.jit(lambda x: x + 1)\n"
+        "x = jnp.zeros(3)\n"
+        "for _ in range(3):\n"
+        "    x = f(x)\n"
+        "print(x.tolist())\n"
+    )
+    with open(tmp_path / "stderr.txt", "w") as err:
+        audited = subprocess.run(
+            [sys.executable, "-m", "jaxcontracts", "audit", script.name],
+            stdout=subprocess.PIPE, stderr=err, text=True, timeout=120, cwd=tmp_path,
+        )
+    assert (audited.returncode, audited.stdout) == (0, "[3.0, 3.0, 3.0]\n")
+    for _ in range(200):  # the loader's own 3 s, and then some
+        if (tmp_path / "flag").exists():
+            break
+        time.sleep(0.05)
+    assert (tmp_path / "flag").read_text() == "ok"  # the loader lived to the end
+    text = (tmp_path / "stderr.txt").read_text()
+    assert text.index("jaxcontracts audit: ") < text.index("loader done\n"), text
 
 
 def test_a_script_that_never_imports_jax_gets_no_import_of_jax_from_the_audit(tmp_path):

@@ -24,6 +24,9 @@ import atexit
 import dataclasses
 import os
 import re
+import select
+import subprocess
+import sys
 import threading
 
 from .registry import capability, define
@@ -68,6 +71,8 @@ def parse(line: str) -> tuple[int, GuardEvent] | None:
 def _probe() -> str | None:
     if not hasattr(threading, "get_native_id"):
         return "threading.get_native_id() is missing"
+    if not hasattr(select, "poll"):
+        return "select.poll() is missing (not POSIX)"
     try:
         os.fstat(2)
     except OSError:
@@ -93,6 +98,11 @@ class Capture:
         self._n = 0
         self._registered = False
         self._pipe: tuple[int, int] | None = None  # the pipe's (device, inode), while fd 2 is it
+        # readers left forwarding for a subprocess that holds the pipe (with the
+        # write end of the pipe that wakes each), and the pipes they handed over
+        self._draining: list[tuple[threading.Thread, int]] = []
+        self._handed: list[tuple[int, int]] = []
+        self._wake = -1  # the running reader's
 
     def _holds_fd2(self) -> bool:
         """Whether fd 2 is still the pipe (the script may have pointed it
@@ -112,15 +122,24 @@ class Capture:
 
     # -- the reader thread -------------------------------------------------
 
-    def _read(self, fd: int, out: int) -> None:
+    def _read(self, fd: int, out: int, wake: int) -> None:
         # Runs until every writer of the pipe is gone: the loop's thread gives
         # fd 2 back at the end, but a subprocess started inside the loop keeps
         # the pipe as its stderr, so this goes on forwarding for it; it owns
         # both descriptors and closes them at the end (fd 2 is given back from
         # the saved one only while fd 2 is still the pipe: then no end came).
-        pending = b""
+        # Woken (``wake``) as the interpreter exits, with the pipe still held
+        # elsewhere, it stops and leaves the pipe to ``_hand_over``.
+        pending, handed = b"", False
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
+        poller.register(wake, select.POLLIN)
         try:
             while True:
+                ready = dict(poller.poll())
+                if wake in ready and ready.get(fd, 0) & select.POLLIN == 0 and not ready.get(fd, 0) & select.POLLHUP:
+                    handed = True  # nothing to read, a writer left: a subprocess's
+                    break
                 try:
                     chunk = os.read(fd, 65536)
                 except InterruptedError:
@@ -130,13 +149,21 @@ class Capture:
                 if not chunk:
                     break
                 pending = self._feed(pending + chunk, out)
+                if wake in ready:
+                    handed = True
+                    break
             self._forward(pending, out)
         finally:
-            for f in (fd, out):
-                try:
-                    os.close(f)
-                except OSError:
-                    pass
+            os.close(wake)
+            if handed:
+                with self._lock:
+                    self._handed.append((fd, out))
+            else:
+                for f in (fd, out):
+                    try:
+                        os.close(f)
+                    except OSError:
+                        pass
 
     def _feed(self, data: bytes, out: int) -> bytes:
         """Take the guard lines and sync marks out of ``data`` wherever they
@@ -218,14 +245,15 @@ class Capture:
                 atexit.register(self.release_at_exit)
                 self._registered = True
             self._saved_fd = saved
+            wake_read, self._wake = os.pipe()
             self._reader = threading.Thread(
-                target=self._read, args=(read_fd, saved), name="jaxcontracts-guard-log", daemon=True
+                target=self._read, args=(read_fd, saved, wake_read), name="jaxcontracts-guard-log", daemon=True
             )
             try:
                 self._reader.start()
             except RuntimeError:  # no new thread (the interpreter is exiting): fd 2 given back
                 os.dup2(saved, 2)
-                for fd in (read_fd, saved):
+                for fd in (read_fd, saved, wake_read, self._wake):
                     os.close(fd)
                 self._reader, self._saved_fd, self._pipe = None, -1, None
                 return False
@@ -264,30 +292,70 @@ class Capture:
             self._users -= 1
             if self._users:
                 return
-            saved, reader = self._saved_fd, self._reader
+            saved, reader, wake = self._saved_fd, self._reader, self._wake
             self._saved_fd, self._reader = -1, None
             self._give_back(saved)
             self._events.clear()
         if reader is not None:
             reader.join(0.5)  # what was written before take()'s sync is read already
-
+            if reader.is_alive():  # forwarding for a subprocess that holds the pipe
+                with self._lock:
+                    self._draining.append((reader, wake))
+            else:
+                os.close(wake)
 
     def release_at_exit(self) -> None:
-        """At interpreter exit, with a recording loop still open (a daemon thread
-        inside one): give fd 2 back and let the reader pass on what it holds.
+        """At interpreter exit: give fd 2 back (a recording loop still open, a
+        daemon thread inside one) and hand what a subprocess still writes on.
 
         Python prints an uncaught exception's traceback before it runs the
         ``atexit`` functions, and a daemon reader may never run again after
-        them: without this, that traceback went into the pipe and was lost."""
+        them: without this, that traceback went into the pipe and was lost.
+        A subprocess the script started (a data loader, multiprocessing's
+        resource tracker) may hold the pipe as its stderr and outlive this
+        process: a small process of its own forwards the rest (never this
+        one's reader, which dies with the interpreter: the subprocess's lines
+        were lost, and its next write to a pipe without a reader killed it)."""
         with self._lock:
-            if not self._users:
-                return
-            self._users = 0
-            saved, reader = self._saved_fd, self._reader
-            self._saved_fd, self._reader = -1, None
-            self._give_back(saved)  # the pipe's last write end: the reader drains it, then ends
-        if reader is not None:
+            if self._users:
+                self._users = 0
+                saved, reader = self._saved_fd, self._reader
+                self._saved_fd, self._reader = -1, None
+                self._give_back(saved)  # the pipe's last write end here: the reader drains it
+                if reader is not None:
+                    self._draining.append((reader, self._wake))
+            draining, self._draining = self._draining, []
+        for reader, wake in draining:
+            try:
+                os.write(wake, b"x")
+            except OSError:
+                pass
             reader.join(2.0)
+            os.close(wake)
+        with self._lock:
+            handed, self._handed = self._handed, []
+        for fd, out in handed:
+            _hand_over(fd, out)
+
+
+_FORWARD = "import os\nwhile b := os.read(0, 65536):\n    while b:\n        b = b[os.write(1, b):]\n"
+
+
+def _hand_over(fd: int, out: int) -> None:
+    """Forward the pipe ``fd`` to ``out`` from a process of its own, which
+    ends when the last writer does (nothing is filtered: the lines are the
+    subprocesses', not this process's JAX's)."""
+    try:
+        if sys.executable:
+            subprocess.Popen(  # noqa: S603 - this interpreter, a fixed program
+                [sys.executable, "-I", "-S", "-c", _FORWARD], stdin=fd, stdout=out,
+                stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True,
+            )
+    except OSError:
+        pass
+    finally:
+        for f in (fd, out):
+            os.close(f)
 
 
 def _identity(fd: int) -> tuple[int, int]:
