@@ -223,3 +223,29 @@ def test_a_state_sharded_over_make_meshs_default_axes_runs_as_under_jax_jit():
     assert all(leaf.aliased for leaf in step.describe().current.leaves)  # donated, as jax.jit would
     np.testing.assert_array_equal(jc.fetch(s["w"]), np.full((4, 3), 8.0))
     assert step.stats.compiles == 1
+
+
+@pytest.mark.parametrize("level", ["full", "fast", "off"])
+def test_an_uncommitted_argument_beside_a_sharded_state_is_moved_as_jax_jit_moves_it(level):
+    # a key made with jax.random.key (uncommitted, on the default device) and a
+    # batch made by jnp.ones, beside a state sharded over a mesh: jax.jit moves
+    # them to the mesh; the first call used to fail in JAX's lowering
+    # ("Received incompatible devices"), later calls were refused as a new signature
+    rows = NamedSharding(_mesh((8,), ("x",)), P("x"))
+
+    def body(s, key, y):
+        return {"w": s["w"] + jax.random.normal(key, (16,)) + y}
+
+    key, y = jax.random.key(0), jnp.ones(16)
+    assert not key.committed and not y.committed
+    expected = jax.jit(body)({"w": jax.device_put(jnp.zeros(16), rows)}, key, y)
+    step = jc.hot_step(body, state="s")
+    with jc.checks_level(level):
+        s = step({"w": jax.device_put(jnp.zeros(16), rows)}, key, y)
+        np.testing.assert_array_equal(jax.device_get(s["w"]), jax.device_get(expected["w"]))
+        with jc.hot_loop(transfers="allow"):  # each call copies them to the mesh: a transfer
+            for _ in range(3):
+                s = step(s, key, y)
+        with pytest.raises(jc.TransferError, match="device-to-device"), jc.hot_loop():
+            step(s, key, y)
+    assert step.stats.compiles == 1 and s["w"].sharding == rows and not key.is_deleted()

@@ -54,6 +54,12 @@ def leaf_spec(x: Any) -> jax.ShapeDtypeStruct | None:
     return None
 
 
+def movable(x: Any) -> bool:
+    """An uncommitted jax array (``jnp.zeros``, ``jax.random.key`` made on the
+    default device): ``jax.jit`` moves it to where its program runs."""
+    return isinstance(x, jax.Array) and not getattr(x, "committed", True)
+
+
 def fmt_value(value: Any) -> str:
     """Describe a leaf of any kind in a few characters (never reads the device)."""
     if value is None:

@@ -46,7 +46,7 @@ from .._leafdiff import same_placement
 from .._records import CompiledSignature
 from .._report import timing as _timing
 from .._state.fields import is_state
-from .._state.spec import StaticArg, static_equal, static_hash, unchanging
+from .._state.spec import StaticArg, movable, static_equal, static_hash, unchanging
 from .._tracebacks import trim
 from .callctx import (
     CallContext,
@@ -249,6 +249,7 @@ def _checked(ctx: CallContext, native: bool) -> Callable[..., Any]:
     # the slow path's diff, so refusing them here would loop. Checked once per
     # (leaf, sharding), on the path that used to fall back.
     equivalent: set[tuple[int, Any]] = set()
+    donated_set = frozenset(donated)
 
     def placed_alike(i: int, got: Any, want: Any) -> bool:
         if (i, got) in equivalent:
@@ -297,8 +298,8 @@ def _checked(ctx: CallContext, native: bool) -> Callable[..., Any]:
                     return False
         if shardings is not None:
             for i, (x, s) in enumerate(zip(leaves, shardings)):
-                if s is not None and x.sharding != s and not placed_alike(i, x.sharding, s):
-                    return False
+                if s is not None and x.sharding != s and not placed_alike(i, x.sharding, s) and not (i not in donated_set and movable(x)):
+                    return False  # (an undonated uncommitted array: JAX moves it, as jax.jit does)
         # on another device: JAX would move it, undonated (a sharding placing it
         # alike, a one-device NamedSharding on the compiled device, is no move)
         if placed is None:

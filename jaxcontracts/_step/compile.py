@@ -55,7 +55,7 @@ from .._state.inplace import (
     new_refs,
     ref_values,
 )
-from .._state.spec import leaf_spec, spec_nbytes
+from .._state.spec import leaf_spec, movable, spec_nbytes
 from .definition import StepDefinition
 from .diffs import diff_specs
 
@@ -136,6 +136,7 @@ def jit_for(definition: StepDefinition, positional: tuple[Any, ...]) -> JitPlan:
     donated = () if jax.config.jax_debug_nans else definition.donated_leaves(paths)
     per_arg: dict[int, list[bool]] = {}
     donated_set = set(donated)
+    specs = _movable_unplaced(specs, [x for _, x in with_path], donated_set)
     for i, p in enumerate(paths):
         per_arg.setdefault(p[0].idx, []).append(i in donated_set)
     flat_style = any(any(v) and not all(v) for v in per_arg.values()) or _flatten_in_python(
@@ -155,6 +156,23 @@ def jit_for(definition: StepDefinition, positional: tuple[Any, ...]) -> JitPlan:
         jitted = jax.jit(_fresh(positional_fn, definition.fn), donate_argnums=argnums, keep_unused=True)
         spec_args = tuple(jax.tree_util.tree_unflatten(treedef, specs))
     return JitPlan(jitted, spec_args, treedef, donated, flat_style, definition)
+
+
+def _movable_unplaced(specs: list[Any], leaves: Sequence[Any], donated: set[int]) -> list[Any]:
+    """The specs to compile, with the placement of each undonated uncommitted
+    array left to the program where committed arrays are elsewhere (a key
+    made on the default device beside a state sharded over a mesh): as
+    ``jax.jit`` compiles it, and it is moved at each call. A donated one keeps
+    its placement: moved, its copy would be donated and it would not be consumed."""
+    committed = {frozenset(x.sharding.device_set) for x in leaves if isinstance(x, jax.Array) and not movable(x)}
+    if not committed:
+        return specs
+    return [
+        jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type)
+        if i not in donated and movable(x) and frozenset(x.sharding.device_set) not in committed
+        else s
+        for i, (s, x) in enumerate(zip(specs, leaves))
+    ]
 
 
 def _in_place(definition: StepDefinition, fn: Callable[..., Any], candidates: tuple[int, ...]) -> Callable[..., Any]:
@@ -509,8 +527,17 @@ def signature_diffs(cs: CompiledSignature, leaves: Sequence[Any], treedef: Any) 
             for name, then, now in changed
         ]
     expected = [(leaf.path, leaf.spec) for leaf in cs.leaves]
-    got = [(leaf.path, leaf_spec(x)) for leaf, x in zip(cs.leaves, leaves)]
+    donated = set(cs.donated)
+    got = [
+        (leaf.path, _placed_as(leaf_spec(x), leaf.spec) if i not in donated and movable(x) else leaf_spec(x))
+        for i, (leaf, x) in enumerate(zip(cs.leaves, leaves))
+    ]
     return diff_leaves(expected, got)
+
+
+def _placed_as(spec: Any, compiled: Any) -> Any:
+    """An uncommitted array's spec where ``jax.jit`` moves it: the compiled placement."""
+    return jax.ShapeDtypeStruct(spec.shape, spec.dtype, sharding=compiled.sharding, weak_type=spec.weak_type)
 
 
 def _outputs(traced: Any) -> tuple[list[Any], Any]:
