@@ -593,3 +593,13 @@ def test_a_trace_that_fails_in_the_warm_up_spends_no_compile(iterate):
             s = step(s, right)
     assert s["x"].tolist() == ([2.0] * 3 if iterate else [1.0] * 3)
     assert len(loop.warmup_compiles) == 1
+
+
+def test_a_trace_alone_in_a_loop_is_refused_naming_what_traces_again():
+    # jax.eval_shape traces at every call (no cache): in a raising loop that is
+    # refused at its trace, as a compile's trace is, and the words say both
+    x = jnp.ones(3) + 0
+    jax.eval_shape(lambda a: a * 2, x)
+    with pytest.raises(jc.RecompileError, match=r"jax compiles `<lambda>`.*or it only traces it.*jax\.eval_shape"):
+        with jc.hot_loop():
+            jax.eval_shape(lambda a: a * 2, x)

@@ -516,8 +516,9 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
         return
     _violation(
         "compile",
-        f"jax compiles `{name}` (a fresh jax.jit, a new input signature, or a "
-        "cold eager op)",
+        f"jax compiles `{name}` (a fresh jax.jit, a new input signature, or a cold eager op)"
+        + ("; or it only traces it, again at each call (jax.eval_shape, jax.make_jaxpr: move "
+           "them before the loop, their result does not change)" if event == _TRACE_EVENT else ""),
         'let the loop\'s first pass compile it: jc.hot_loop(compiles="warmup") (the first '
         "compile of each function is let through once, a second one refused); or run it "
         "once before the loop so it is compiled and cached, or move the eager op into a "
