@@ -520,6 +520,14 @@ def test_unknown_donated_field_of_a_dict_state_is_reported_at_compile():
         step.compile({"x": jnp.zeros(2)})
 
 
+def test_donated_fields_of_a_state_named_by_parameter_only_say_how_to_name_its_type():
+    # it said "donate names unknown field(s) 'x' of None. array fields: (none)"
+    step = jc.hot_step(lambda s: {"x": s["x"] + 1}, state="s", donate=("x",))
+    with pytest.raises(jc.DefinitionError, match="(?s)names no state type.*signature=dict") as info:
+        step({"x": jnp.zeros(2)})
+    assert "of None" not in str(info.value)
+
+
 # -- checks levels ---------------------------------------------------------
 
 

@@ -319,6 +319,15 @@ def check_donated_names(definition: StepDefinition, valid: Sequence[str], static
     if not isinstance(definition.donate, (tuple, list)):
         return
     bad = [n for n in definition.donate if n not in valid]
+    if bad and definition.state_type is None:  # state="s" on a dict or another pytree: no fields
+        raise DefinitionError(
+            f"@jc.hot_step on {definition.name}: donate names field(s) {', '.join(map(repr, bad))}, "
+            "but the step names no state type (state=...): its fields are not known.",
+            fix='donate="all" (every state leaf) or "none"; to donate some fields only, name the '
+            "state's type: signature=dict for a dict state (its keys), or a @jc.state class.",
+            contract="definition",
+            step=definition.name,
+        )
     if bad:
         type_name = getattr(definition.state_type, "__name__", repr(definition.state_type))
         raise DefinitionError(
