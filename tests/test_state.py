@@ -559,3 +559,17 @@ def test_wrong_dtype_fix_names_a_dtype_that_exists():
     message = str(info.value)
     assert "jnp.uint16" in message and "jnp.u16" not in message
     assert hasattr(jnp, "uint16")
+
+
+def test_an_optional_array_field_is_refused_naming_the_annotation_as_written():
+    # it said "the annotation Optional is not something a state field can
+    # hold", the array type inside dropped
+    from typing import Optional
+
+    with pytest.raises(jc.DefinitionError, match=r"annotation Optional\[Float32\[Array, 'n'\]\] is not") as info:
+
+        @jc.state
+        class Maybe:
+            x: Optional[Float32[Array, "n"]] = None  # noqa: UP045 - the spelling users write
+
+    assert "None too: an optional array" in str(info.value)

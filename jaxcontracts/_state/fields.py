@@ -260,7 +260,7 @@ def classify(cls: type, f: dataclasses.Field, hint: Any) -> Field:
             "A jc.state field is one of:",
             '  1. an array:        x: Float32[Array, "n 3"]   (a concrete dtype)',
             "  2. a nested state:  inner: OtherState          (a @jc.state class)",
-            "  3. a pytree:        params: PyTree[Float32[Array, '...']]",
+            "  3. a pytree:        params: PyTree[Float32[Array, '...']]   (None too: an optional array)",
             "  4. a static value:  dt: float = jc.static(0.01)",
         ],
         fix=f"if {f.name} is configuration, write `{f.name}: {hint_name(hint)} = "
@@ -296,7 +296,16 @@ def refuse_init_vars(cls: type, hints: Mapping[str, Any]) -> None:
 
 
 def hint_name(hint: Any) -> str:
-    return getattr(hint, "__name__", None) or repr(hint)
+    """An annotation as written (``Optional[Float32[Array, 'n']]``, not ``Optional``)."""
+    args = typing.get_args(hint)
+    if args and typing.get_origin(hint) is typing.Union and type(None) in args and len(args) == 2:
+        return f"Optional[{hint_name(next(a for a in args if a is not type(None)))}]"
+    if args and isinstance(typing.get_origin(hint), type) or typing.get_origin(hint) is typing.Union:
+        origin = typing.get_origin(hint)
+        name = "Union" if origin is typing.Union else origin.__name__
+        return f"{name}[{', '.join(hint_name(a) for a in args)}]"
+    name = getattr(hint, "__name__", None) or repr(hint)
+    return name.replace("jaxlib._jax.Array", "Array")  # (jaxtyping's name of its array type)
 
 
 # --------------------------------------------------------------------------
