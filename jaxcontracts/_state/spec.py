@@ -24,7 +24,7 @@ from .._format import fmt_aval, fmt_object, fmt_path
 from .._tracebacks import boundary
 
 __all__ = [
-    "StaticArg", "eq_answers_bool", "fmt_value", "leaf_spec", "spec_nbytes", "spec_of", "static_equal", "static_hash",
+    "StaticArg", "eq_answers_bool", "fmt_value", "leaf_spec", "movable", "spec_nbytes", "spec_of", "static_equal", "static_hash",
     "unchanging", "value_kind",
 ]
 
