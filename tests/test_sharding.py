@@ -249,3 +249,14 @@ def test_an_uncommitted_argument_beside_a_sharded_state_is_moved_as_jax_jit_move
         with pytest.raises(jc.TransferError, match="device-to-device"), jc.hot_loop():
             step(s, key, y)
     assert step.stats.compiles == 1 and s["w"].sharding == rows and not key.is_deleted()
+
+
+def test_a_donated_uncommitted_state_beside_a_sharded_argument_is_refused_by_name():
+    # jax.jit would copy the state to the mesh and donate the copy (the state
+    # not consumed); it was JAX's lowering error ("Received incompatible devices")
+    rows = NamedSharding(_mesh((8,), ("x",)), P("x"))
+    step = jc.hot_step(lambda s, y: {"w": s["w"] + y}, state="s")
+    s = {"w": jnp.zeros(16)}
+    with pytest.raises(jc.DonationError, match=r"(?s)1 donated leaf is uncommitted, on other devices than y.*s\['w'\]: f32\[16\] on"):
+        step(s, jax.device_put(jnp.ones(16), rows))
+    assert not s["w"].is_deleted()

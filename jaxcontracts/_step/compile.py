@@ -136,7 +136,7 @@ def jit_for(definition: StepDefinition, positional: tuple[Any, ...]) -> JitPlan:
     donated = () if jax.config.jax_debug_nans else definition.donated_leaves(paths)
     per_arg: dict[int, list[bool]] = {}
     donated_set = set(donated)
-    specs = _movable_unplaced(specs, [x for _, x in with_path], donated_set)
+    specs = _movable_unplaced(definition, paths, specs, [x for _, x in with_path], donated_set)
     for i, p in enumerate(paths):
         per_arg.setdefault(p[0].idx, []).append(i in donated_set)
     flat_style = any(any(v) and not all(v) for v in per_arg.values()) or _flatten_in_python(
@@ -158,20 +158,38 @@ def jit_for(definition: StepDefinition, positional: tuple[Any, ...]) -> JitPlan:
     return JitPlan(jitted, spec_args, treedef, donated, flat_style, definition)
 
 
-def _movable_unplaced(specs: list[Any], leaves: Sequence[Any], donated: set[int]) -> list[Any]:
+def _movable_unplaced(
+    definition: StepDefinition, paths: Sequence[Any], specs: list[Any], leaves: Sequence[Any], donated: set[int]
+) -> list[Any]:
     """The specs to compile, with the placement of each undonated uncommitted
     array left to the program where committed arrays are elsewhere (a key
     made on the default device beside a state sharded over a mesh): as
-    ``jax.jit`` compiles it, and it is moved at each call. A donated one keeps
-    its placement: moved, its copy would be donated and it would not be consumed."""
-    committed = {frozenset(x.sharding.device_set) for x in leaves if isinstance(x, jax.Array) and not movable(x)}
+    ``jax.jit`` compiles it, and it is moved at each call. A donated one is
+    refused: moved, its copy would be donated and it would not be consumed."""
+    committed = {frozenset(x.sharding.device_set): x for x in leaves if isinstance(x, jax.Array) and not movable(x)}
     if not committed:
         return specs
+    elsewhere = [i for i, x in enumerate(leaves) if movable(x) and frozenset(x.sharding.device_set) not in committed]
+    moved = [i for i in elsewhere if i in donated]
+    if moved:
+        where, other = next(iter(committed.items()))
+        at = next(definition.param_path(p) for p, x in zip(paths, leaves) if x is other)
+        raise DonationError(
+            f"{definition.name}: {len(moved)} donated {'leaf is' if len(moved) == 1 else 'leaves are'} "
+            f"uncommitted, on other devices than {at} (placed on {len(where)} device(s)): JAX would copy "
+            "them there and donate the copy, so they would not be consumed.",
+            [f"  {definition.param_path(paths[i])}: {fmt_aval(leaves[i].shape, leaves[i].dtype)} on "
+             f"{', '.join(map(str, leaves[i].sharding.device_set))}" for i in moved],
+            fix=f"place the state where {at} is before the first call: jax.device_put(state, sharding), "
+            "or jc.device_tree(state, sharding=sharding).",
+            note=NOTHING_RAN,
+            contract="donation-hazard",
+            step=definition.name,
+            leaves=[definition.param_path(paths[i]) for i in moved],
+        )
     return [
-        jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type)
-        if i not in donated and movable(x) and frozenset(x.sharding.device_set) not in committed
-        else s
-        for i, (s, x) in enumerate(zip(specs, leaves))
+        jax.ShapeDtypeStruct(s.shape, s.dtype, weak_type=s.weak_type) if i in elsewhere else s
+        for i, s in enumerate(specs)
     ]
 
 
