@@ -13,6 +13,9 @@ donated input XLA did not consume, and left JAX's host-to-device log lines
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 
 import jax
@@ -301,3 +304,65 @@ def test_the_main_threads_last_traceback_reaches_stderr_while_a_daemon_thread_re
         # 1, or (not this test's matter, CPython 3.11 with a daemon thread alive in JAX code
         # at interpreter exit) a crash after the traceback, in finalization
         assert rc in (1, -6, -11), rc
+
+
+_SUBPROCESS_CASES = {
+    # a forked child that exits normally runs the exit handlers it inherited: it
+    # woke the parent's stderr reader, which stopped, and the parent hung once
+    # its stderr pipe filled
+    "fork": "import os, sys, threading, time\n"
+    "opened, leave = threading.Event(), threading.Event()\n"
+    "def recording():\n"
+    "    with jc.hot_loop(on_violation='record'):\n"
+    "        y = x + 1.0\n"
+    "        opened.set()\n"
+    "        leave.wait()\n"
+    "t = threading.Thread(target=recording)\n"
+    "t.start()\n"
+    "opened.wait()\n"
+    "if os.fork() == 0:\n"
+    "    sys.exit(0)\n"
+    "os.wait()\n"
+    "time.sleep(0.2)\n"
+    "for i in range(2000):\n"
+    "    sys.stderr.write('parent progress line %05d ......................................\\n' % i)\n"
+    "leave.set()\n"
+    "t.join()\n"
+    "print('done', flush=True)\n",
+    # the default SIGPIPE action (a CLI idiom), a subprocess that outlived its
+    # loop and then ended: the exit wrote to a pipe whose reader was gone, and
+    # the script was killed before its own exit handlers ran
+    "sigpipe": "import atexit, signal, subprocess, sys, time\n"
+    "signal.signal(signal.SIGPIPE, signal.SIG_DFL)\n"
+    "atexit.register(lambda: print('done', flush=True))\n"
+    "with jc.hot_loop(on_violation='record'):\n"
+    "    y = x + 1.0\n"
+    "    p = subprocess.Popen([sys.executable, '-c', 'import time, sys; time.sleep(0.5); sys.stderr.write(\"child\\\\n\")'])\n"
+    "p.wait()\n"
+    "time.sleep(0.3)\n",
+    # a loop a subprocess outlives, again and again: its wake pipe was kept
+    # open to the end, two descriptors per loop
+    "descriptors": "import os, subprocess, sys, time\n"
+    "def fds():\n"
+    "    return len(os.listdir('/proc/self/fd'))\n"
+    "before = None\n"
+    "for i in range(12):\n"
+    "    with jc.hot_loop(on_violation='record'):\n"
+    "        y = x + 1.0\n"
+    "        p = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(0.7)'])\n"
+    "    p.wait()\n"
+    "    time.sleep(0.05)\n"
+    "    before = fds() if i == 1 else before\n"
+    "print('done' if fds() <= before + 2 else f'leak {before} -> {fds()}', flush=True)\n",
+}
+
+
+@pytest.mark.skipif(not hasattr(os, "fork") or not os.path.isdir("/proc/self/fd"), reason="POSIX, Linux's /proc")
+@pytest.mark.parametrize("case", sorted(_SUBPROCESS_CASES))
+def test_a_recording_loop_and_the_processes_the_script_starts(tmp_path, case):
+    script = tmp_path / "s.py"
+    script.write_text("import jax, jax.numpy as jnp, jaxcontracts as jc\nx = jnp.ones(3)\n" + _SUBPROCESS_CASES[case])
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stdout) == (0, "done\n"), proc.stderr[-2000:]
+    if case == "fork":
+        assert proc.stderr.count("parent progress line") == 2000

@@ -100,9 +100,10 @@ class Capture:
         self._pipe: tuple[int, int] | None = None  # the pipe's (device, inode), while fd 2 is it
         # readers left forwarding for a subprocess that holds the pipe (with the
         # write end of the pipe that wakes each), and the pipes they handed over
-        self._draining: list[tuple[threading.Thread, int]] = []
+        self._draining: list[tuple[threading.Thread, tuple[int, int]]] = []
         self._handed: list[tuple[int, int]] = []
-        self._wake = -1  # the running reader's
+        self._wake = (-1, -1)  # the running reader's wake pipe (closed here once it ended)
+        self._pid = os.getpid()  # the process that took fd 2 (a forked child has none of it)
 
     def _holds_fd2(self) -> bool:
         """Whether fd 2 is still the pipe (the script may have pointed it
@@ -154,7 +155,6 @@ class Capture:
                     break
             self._forward(pending, out)
         finally:
-            os.close(wake)
             if handed:
                 with self._lock:
                     self._handed.append((fd, out))
@@ -224,6 +224,8 @@ class Capture:
 
     def start(self) -> bool:
         """Take fd 2 (first user); False when it cannot be taken."""
+        if os.getpid() != self._pid:  # a forked child: the capture, its reader and pipes are the parent's
+            return
         with self._lock:
             if self._users:
                 self._users += 1
@@ -245,15 +247,16 @@ class Capture:
                 atexit.register(self.release_at_exit)
                 self._registered = True
             self._saved_fd = saved
-            wake_read, self._wake = os.pipe()
+            self._wake = os.pipe()
+            self._pid = os.getpid()
             self._reader = threading.Thread(
-                target=self._read, args=(read_fd, saved, wake_read), name="jaxcontracts-guard-log", daemon=True
+                target=self._read, args=(read_fd, saved, self._wake[0]), name="jaxcontracts-guard-log", daemon=True
             )
             try:
                 self._reader.start()
             except RuntimeError:  # no new thread (the interpreter is exiting): fd 2 given back
                 os.dup2(saved, 2)
-                for fd in (read_fd, saved, wake_read, self._wake):
+                for fd in (read_fd, saved, *self._wake):
                     os.close(fd)
                 self._reader, self._saved_fd, self._pipe = None, -1, None
                 return False
@@ -298,11 +301,9 @@ class Capture:
             self._events.clear()
         if reader is not None:
             reader.join(0.5)  # what was written before take()'s sync is read already
-            if reader.is_alive():  # forwarding for a subprocess that holds the pipe
-                with self._lock:
-                    self._draining.append((reader, wake))
-            else:
-                os.close(wake)
+            with self._lock:
+                self._draining.append((reader, wake))  # (forwarding for a subprocess that holds the pipe)
+                self._draining = [(r, w) for r, w in self._draining if r.is_alive() or _close(*w)]
 
     def release_at_exit(self) -> None:
         """At interpreter exit: give fd 2 back (a recording loop still open, a
@@ -316,6 +317,8 @@ class Capture:
         process: a small process of its own forwards the rest (never this
         one's reader, which dies with the interpreter: the subprocess's lines
         were lost, and its next write to a pipe without a reader killed it)."""
+        if os.getpid() != self._pid:  # a forked child: the capture, its reader and pipes are the parent's
+            return
         with self._lock:
             if self._users:
                 self._users = 0
@@ -326,16 +329,23 @@ class Capture:
                     self._draining.append((reader, self._wake))
             draining, self._draining = self._draining, []
         for reader, wake in draining:
-            try:
-                os.write(wake, b"x")
-            except OSError:
-                pass
-            reader.join(2.0)
-            os.close(wake)
+            if reader.is_alive():
+                os.write(wake[1], b"x")  # (its read end open here: never a write without a reader)
+                reader.join(2.0)
+            _close(*wake)
         with self._lock:
             handed, self._handed = self._handed, []
         for fd, out in handed:
             _hand_over(fd, out)
+
+
+def _close(*fds: int) -> bool:
+    for fd in fds:
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    return False
 
 
 _FORWARD = "import os\nwhile b := os.read(0, 65536):\n    while b:\n        b = b[os.write(1, b):]\n"
