@@ -375,6 +375,22 @@ def test_debug_infs_reading_a_step_s_outputs_in_a_loop_says_so_and_what_it_cost(
     assert s["x"].is_deleted()
 
 
+@pytest.mark.parametrize("level", ["fast", "off"])
+def test_a_stale_leaf_refused_inside_jax_s_call_is_not_a_call_that_ran(level):
+    # at fast and off only the first donated leaf is looked at before the call:
+    # a stale second leaf is refused by its read inside JAX's call, before the
+    # program runs; that refusal is no "the call ran and consumed the state"
+    step = jc.hot_step(lambda s, x: {"a": s["a"] + x, "b": s["b"] * 2}, state="s")
+    with jc.checks_level(level):
+        s0, x = {"a": jnp.ones(4), "b": jnp.ones(4)}, jnp.ones(4)
+        s1 = step(s0, x)
+        mixed = {"a": s1["a"], "b": s0["b"]}  # b is stale: donated by the call before
+        with pytest.raises(jc.DonationError, match=r"s\['b'\]: f32\[4\] was already deleted") as info:
+            step(mixed, x)
+    assert not any("did run" in n for n in getattr(info.value, "__notes__", []))
+    assert not mixed["a"].is_deleted()
+
+
 @pytest.mark.parametrize("filtering", ["auto", "off"])
 def test_a_kept_traceback_of_a_failed_trace_holds_none_of_the_arrays(filtering):
     # IPython keeps the last error's traceback (sys.last_traceback): the slow

@@ -260,3 +260,17 @@ def test_a_donated_uncommitted_state_beside_a_sharded_argument_is_refused_by_nam
     with pytest.raises(jc.DonationError, match=r"(?s)1 donated leaf is uncommitted, on other devices than y.*s\['w'\]: f32\[16\] on"):
         step(s, jax.device_put(jnp.ones(16), rows))
     assert not s["w"].is_deleted()
+
+
+def test_a_refusal_never_blames_an_uncommitted_argument_jax_moves():
+    # the key is moved at every call, as jax.jit moves it; only y, committed to
+    # another device, is the cause
+    devices = jax.devices()
+    rows = NamedSharding(_mesh((8,), ("x",)), P("x"))
+    step = jc.hot_step(lambda s, key, y: {"w": s["w"] + jax.random.normal(key, (16,)) + y}, state="s")
+    key, y = jax.random.key(0), jnp.ones(16)
+    s = step({"w": jax.device_put(jnp.zeros(16), rows)}, key, y)
+    with pytest.raises(jc.RecompileError) as info:
+        step(s, key, jax.device_put(y, devices[3]))
+    text = str(info.value)
+    assert "parameter `y`" in text and "parameter `key`" not in text, text

@@ -23,7 +23,7 @@ from .._leafdiff import diff_lines
 from .._records import CompiledSignature
 from .._runtime import deleted_because, donation_fix, in_hot_loop
 from .._runtime import donated as donated_words
-from .._state.spec import fmt_value
+from .._state.spec import fmt_value, movable
 from .definition import StepDefinition
 from .diffs import diff_specs
 
@@ -307,6 +307,16 @@ def new_signature_cause(definition: StepDefinition, current: CompiledSignature, 
     return ", ".join(parts[:3]) + (f" (and {len(parts) - 3} more)" if len(parts) > 3 else "")
 
 
+def _moved_by_jax(current: CompiledSignature, positional: tuple[Any, ...]) -> set[str]:
+    """The paths of undonated uncommitted arrays: JAX moves them to the
+    compiled placement (``compile.signature_diffs``), never a cause."""
+    donated = set(current.donated)
+    flat = jax.tree_util.tree_leaves(positional)
+    if len(flat) != len(current.leaves):
+        return set()
+    return {leaf.path for i, (leaf, x) in enumerate(zip(current.leaves, flat)) if i not in donated and movable(x)}
+
+
 def signature_error(
     definition: StepDefinition, current: CompiledSignature, n_compiled: int, positional: tuple[Any, ...]
 ) -> RecompileError | TransferError:
@@ -314,8 +324,12 @@ def signature_error(
     blocks: list[str] = []
     all_diffs = []
     leaves: list[str] = []
+    moved = _moved_by_jax(current, positional)
     for i, name in enumerate(definition.param_names):
-        diffs = diff_specs(current.spec_args[i], positional[i])
+        diffs = [
+            d for d in diff_specs(current.spec_args[i], positional[i])
+            if not (d.kind == "sharding" and (name if d.path.startswith("(") else f"{name}{d.path}") in moved)
+        ]
         all_diffs += diffs
         if diffs:
             lines, named = diff_lines(

@@ -570,9 +570,14 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         nans = debug_nans_kind(exc)
         if nans is not None:  # jax_debug_nans / jax_debug_infs: the output held a nan
             raise invalid_values_error(definition, step._current, positional, leaves, paths, nans) from None
-    # JAX's runtime error, or a refusal of a loop's raised inside JAX's call (a
-    # refusal the call path made itself was never raised: no traceback)
-    ran = exc is not None and (is_runtime_error(exc) or (isinstance(exc, ContractError) and exc.__traceback__ is not None))
+    # JAX's runtime error, or a loop's refusal of the read jax_debug_nans /
+    # jax_debug_infs makes of the outputs once the program ran (a refusal raised
+    # inside JAX's call before it runs, a deleted input's read, is a DonationError)
+    debug = [name for name in ("jax_debug_nans", "jax_debug_infs") if getattr(jax.config, name)]
+    ran = exc is not None and (
+        is_runtime_error(exc)
+        or (bool(debug) and isinstance(exc, TransferError) and exc.__traceback__ is not None)
+    )
     if ran and any(leaves[i].is_deleted() for i in donated):
         # The executable failed while running (a callback raised, out of
         # memory...) or after it (jax_debug_infs read its outputs in a loop),
@@ -580,8 +585,7 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         # what it cost instead of diagnosing the deleted inputs.
         assert exc is not None
         exc.add_note(run_failed_note(definition, paths, leaves, donated))
-        debug = [name for name in ("jax_debug_nans", "jax_debug_infs") if getattr(jax.config, name)]
-        if isinstance(exc, ContractError) and debug:
+        if isinstance(exc, TransferError):
             exc.add_note(_DEBUG_READS.format(" and ".join(debug), debug[0]))
         _steps.keep([leaves[i] for i in donated if leaves[i].is_deleted()], step.short_name)
         raise exc
