@@ -156,6 +156,32 @@ def test_loop_report():
         report.raise_for_failures()
 
 
+@pytest.mark.parametrize("level", ["fast", "off"])
+def test_what_a_checks_level_does_not_look_at_is_skip_not_pass(level):
+    # at fast XLA copying a donated input is not looked for, at off no call is
+    # looked at, and a loop entered at off checks nothing: the reports said
+    # "[pass]" (and "calls: 0"), as if they had looked
+    advance = jc.hot_step(advance_fn)
+    with jc.checks_level(level):
+        p = advance(make_particles())
+        p = advance(p)
+        text = " ".join(str(advance.report()).split())  # (its lines wrapped at 80 columns)
+        html = advance.report()._repr_html_()
+        with jc.hot_loop(on_violation="record") as loop:
+            jnp.ones(3).sum().item() if level == "off" else None
+    assert f"checks level: {level}" in text
+    assert f"[skip] every donated input consumed (XLA did not copy): not checked (checks level {level})" in text
+    assert ("[skip] no call refused" in text) is (level == "off")
+    assert ("not counted at checks level off" in text) is (level == "off")
+    loop_text = " ".join(str(loop.report()).split())
+    if level == "off":
+        assert "[pass]" not in loop_text and "[skip] no implicit transfers: not checked (checks level off)" in loop_text
+    assert ">skip</span>" in html and "not checked (checks level" in html
+    with jc.hot_loop(on_violation="record", transfers="allow") as loop:
+        pass
+    assert '[skip] no implicit transfers: not checked (transfers="allow")' in str(loop.report())
+
+
 def test_importing_jaxcontracts_does_not_initialise_a_backend():
     code = (
         "import os, jaxcontracts\n"

@@ -29,6 +29,7 @@ from typing import Any, Literal, TypeVar, overload
 from .._compat import arrays, frames, guardlog, jitwatch, threadguard
 from .._config import get_checks
 from .._errors import (
+    CONTRACTS,
     VIOLATIONS,
     ContractError,
     DefinitionError,
@@ -169,6 +170,7 @@ class HotLoop:
         self.named_transfers: collections.Counter[str] = collections.Counter()
         self._entries: list[Entry] = []  # active entries (re-entrant, any thread)
         self._clock = _timing.LoopClock()
+        self._checked = True  # its last entry was at checks level fast or full
 
     def _apply(self, options: dict[str, str]) -> None:
         """Set the options and what follows from them."""
@@ -322,8 +324,13 @@ class HotLoop:
         they cannot see, is in the performance guide ("How loop timing
         works"); at checks level ``off`` nothing is timed.
         """
+        unchecked = {
+            c.key: "checks level off" if not self._checked else f'{c.option}="allow"'
+            for c in CONTRACTS.values()
+            if c.violations and (not self._checked or (c.option and self._options.get(c.option) == "allow"))
+        }
         report = loop_report(
-            self.violations, self.on_violation, self.warmup_compiles, self.iterations, self.sampler_calls
+            self.violations, self.on_violation, self.warmup_compiles, self.iterations, self.sampler_calls, unchecked
         )
         report.timing = self._clock.timing()
         wall = report.timing.wall_seconds
@@ -397,6 +404,7 @@ class HotLoop:
         # At checks level off only JAX's native guards (see acquire()): no active
         # loop for the call path to report to.
         checked = get_checks() != "off"
+        self._checked = checked  # (its report: what an entry at off did not look at)
         entry = Entry(self, stack, modes, checked=checked)
         entry.counted = counted
         # Entered in a generator or coroutine (its exit may run on another

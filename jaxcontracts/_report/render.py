@@ -19,6 +19,7 @@ import textwrap
 from collections.abc import Sequence
 
 from .._compat import capabilities, capability
+from .._config import get_checks
 from .._errors import CONTRACTS, VIOLATIONS, ContractError, hooked
 from .._format import fmt_aval, fmt_bytes, fmt_sharding
 from .._records import StepDescription, Violation, WarmupCompile
@@ -55,6 +56,11 @@ class Contract:
     detail: str = ""
     error: type[ContractError] = ContractError
     key: str = ""  # the contract's key in ``_errors.CONTRACTS``
+    unchecked: str = ""  # why it was not looked at (``checks level fast``): neither pass nor FAIL
+
+
+def _mark(c: Contract) -> str:
+    return "skip" if c.unchecked else ("pass" if c.ok else "FAIL")
 
 
 @dataclasses.dataclass
@@ -150,8 +156,8 @@ class Report:
         if self.timing is not None and self.timing.calls:
             out += self.timing.lines()
         for c in self.contracts:
-            mark = "pass" if c.ok else "FAIL"
-            out.append(f"  [{mark}] {c.name}" + (f": {c.detail}" if c.detail and c.ok else ""))
+            note = f": not checked ({c.unchecked})" if c.unchecked else (f": {c.detail}" if c.detail and c.ok else "")
+            out += textwrap.wrap(f"[{_mark(c)}] {c.name}" + note, TEXT_WIDTH, initial_indent="  ", subsequent_indent="         ")
             if not c.ok and c.detail:
                 out += ["         " + line for line in c.detail.splitlines()]
         out += textwrap.wrap(
@@ -310,7 +316,9 @@ def _html_contracts(contracts: Sequence[Contract]) -> list[str]:
     e = html.escape
     parts = [f'<ul class="jc-contracts" style="{_CSS_LIST}">']
     for c in contracts:
-        if not c.detail:
+        if c.unchecked:
+            detail = f' <span style="color:{_MUTED};">&mdash; not checked ({e(c.unchecked)})</span>'
+        elif not c.detail:
             detail = ""
         elif not c.ok and "\n" in c.detail:
             detail = f'<pre style="{_CSS_PRE}">{e(c.detail)}</pre>'
@@ -318,8 +326,8 @@ def _html_contracts(contracts: Sequence[Contract]) -> list[str]:
             color = _MUTED if c.ok else _RED
             detail = f' <span style="color:{color};">&mdash; {e(c.detail)}</span>'
         parts.append(
-            f'<li style="{_CSS_ITEM}"><span style="{_badge(c.ok)}">'
-            f'{"pass" if c.ok else "FAIL"}</span> {e(c.name)}{detail}</li>'
+            f'<li style="{_CSS_ITEM}"><span style="{_badge(c.ok, bool(c.unchecked))}">'
+            f'{_mark(c)}</span> {e(c.name)}{detail}</li>'
         )
     parts.append("</ul>")
     return parts
@@ -400,8 +408,8 @@ def _tr(i: int) -> str:
     return f"background:{_STRIPE if i % 2 else 'transparent'};"
 
 
-def _badge(ok: bool) -> str:
-    color = "#1a7f37" if ok else "#b00020"
+def _badge(ok: bool, skipped: bool = False) -> str:
+    color = "#6e7781" if skipped else ("#1a7f37" if ok else "#b00020")
     return (
         f"display:inline-block;min-width:3.2em;text-align:center;border-radius:10px;"
         f"padding:0 6px;font-size:11px;font-weight:600;color:#fff;background:{color};"
@@ -442,9 +450,11 @@ def _align(rows: Sequence[Sequence[str]], right: set[int] = frozenset()) -> list
 
 
 def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report:
-    """The report of a hot step's current signature (see ``HotStep.report``)."""
+    """The report of a hot step's current signature (see ``HotStep.report``);
+    what the checks level now in force does not look at is said, not passed."""
     cs = desc.current
     stats = desc.stats
+    level = get_checks()
     report = Report(title=desc.name)
     report.facts = [
         ("compiles", str(stats.compiles)),
@@ -453,7 +463,8 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
     if cs is not None:
         report.facts.append(("compiled", _compiled_from(cs.cache, cs.compile_seconds)))
     report.facts += [
-        ("calls", str(stats.calls)),
+        ("checks level", level),
+        ("calls", str(stats.calls) + (" (not counted at checks level off)" if level == "off" else "")),
         ("refused", str(stats.refused)),
         ("not consumed", str(stats.not_consumed)),
         ("donate", repr(desc.donate)),
@@ -521,8 +532,13 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
         ),
     }
     failed_now = {c.key for c in extra if not c.ok}  # jc.check: this compile's failure
+    # looked at after each call at full only; at off no call is looked at
+    unchecked = {"consumed": level != "full", "signature": level == "off"}
     report.contracts = [
-        Contract((CONTRACTS[key].row or CONTRACTS[key].sentence) + suffix, ok, detail, CONTRACTS[key].error, key)
+        Contract(
+            (CONTRACTS[key].row or CONTRACTS[key].sentence) + suffix, ok, detail, CONTRACTS[key].error, key,
+            f"checks level {level}" if unchecked.get(key) else "",
+        )
         for key, (ok, detail, suffix) in rows.items()
         if key not in failed_now
     ] + list(extra)
@@ -550,10 +566,12 @@ def loop_report(
     warmup: Sequence[WarmupCompile] = (),
     iterations: int = 0,
     sampler_calls: int = 0,
+    unchecked: dict[str, str] | None = None,
 ) -> Report:
     """The report of a (recording) hot loop: one contract per kind of violation,
     the warm-up compiles it let through, the iterations of ``loop.iterate``,
-    the ``jax.random`` calls whose Python-number parameters it let through."""
+    the ``jax.random`` calls whose Python-number parameters it let through.
+    ``unchecked``: contract key -> why the loop did not look for it."""
     violations = list(violations)
     report = Report(title="jc.hot_loop", violations=violations)
     report.facts = [
@@ -572,7 +590,8 @@ def loop_report(
         info = VIOLATIONS[kinds[0]]
         count = sum(v.count for v in violations if v.kind in kinds)
         detail = f"{count} event(s)" if count else ""
-        report.contracts.append(Contract(info.contract_name, count == 0, detail, info.error, contract))
+        why = (unchecked or {}).get(contract, "") if not count else ""
+        report.contracts.append(Contract(info.contract_name, count == 0, detail, info.error, contract, why))
     return report
 
 
