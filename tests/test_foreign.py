@@ -86,6 +86,21 @@ def test_what_cannot_be_a_device_array_is_refused_with_every_path():
     assert set(e.value.leaves) == {"['name']", "['act']", "['big']"}
 
 
+def test_numpy_values_past_jax_s_32_bit_types_are_refused_not_wrapped():
+    # with jax_enable_x64 off an int64 became int32 (2**40 -> 0, 2**33 + 5 -> 5)
+    # and a float64 past float32's range became inf, recorded as a plain copy
+    if jax.config.jax_enable_x64:
+        pytest.skip("jax_enable_x64 is on: nothing narrows")
+    with pytest.raises(jc.SpecError) as e:
+        jc.device_tree({"a": np.int64(2**40), "b": np.array([2**33 + 5]), "c": np.array([1e39]), "d": np.array([7])})
+    text = str(e.value)
+    assert "values up to 1099511627776 do not fit in int32" in text and "values up to 8589934597" in text
+    assert "['c']: f64[1] numpy array: finite values past float32's range would become inf" in text
+    assert set(e.value.leaves) == {"['a']", "['b']", "['c']"} and "jax_enable_x64" in e.value.fix
+    out = jc.device_tree({"d": np.array([7]), "e": np.array([np.inf, 1.5])})  # fits (inf stays inf)
+    assert out["d"].dtype == jnp.int32 and out["e"].tolist() == [np.inf, 1.5]
+
+
 def test_numpy_arrays_of_strings_or_objects_are_refused():
     with pytest.raises(jc.SpecError) as e:
         jc.device_tree({"names": np.array(["a", "b"]), "objs": np.array([None, 1], dtype=object)})

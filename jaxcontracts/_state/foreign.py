@@ -278,6 +278,11 @@ def device_tree(tree: Any, *, sharding: Any = None, changes: bool = False) -> An
                 bad.append(f"  {p}: {_kind(x)}: JAX has no {np.dtype(x.dtype).name} arrays")
                 out.append(x)
                 continue
+            problem = _narrowing_problem(x)
+            if problem:
+                bad.append(f"  {p}: {_kind(x)}: {problem}")
+                out.append(x)
+                continue
             y, why = _numpy_leaf(x, where)
         elif isinstance(x, _SCALARS):
             host, problem = scalar_to_host(x)
@@ -300,7 +305,9 @@ def device_tree(tree: Any, *, sharding: Any = None, changes: bool = False) -> An
             fix="make such a field part of the tree structure, not a leaf: "
             "jc.static(...) in a jc.state, flax.struct.field(pytree_node=False), "
             "eqx.field(static=True); or split the arrays out first "
-            "(params, rest = eqx.partition(model, eqx.is_array)) and pass those.",
+            "(params, rest = eqx.partition(model, eqx.is_array)) and pass those."
+            + (" A value past JAX's 32-bit types: jax.config.update(\"jax_enable_x64\", True) at the "
+               "start of the program, or scale it to fit." if any("jax_enable_x64 is off" in b for b in bad) else ""),
             leaves=[b.split(":", 1)[0].strip() for b in bad],
         )
     result = jax.tree_util.tree_unflatten(treedef, out)
@@ -343,6 +350,26 @@ def _jax_can_hold(dtype: Any) -> bool:
         return bool(jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_))
     except TypeError:
         return False
+
+
+def _narrowing_problem(x: np.ndarray | np.generic) -> str:
+    """Why a numpy value cannot be JAX's narrower dtype as it is (an int64
+    past int32's range, a float64 past float32's, with jax_enable_x64 off): the
+    copy would wrap or become inf without a word. "" where it fits."""
+    have, want = np.dtype(x.dtype), np.dtype(jax.dtypes.canonicalize_dtype(x.dtype))
+    if want == have or np.size(x) == 0:
+        return ""
+    off = "(jax_enable_x64 is off)"
+    if np.issubdtype(have, np.integer) and np.issubdtype(want, np.integer):
+        info, lo, hi = np.iinfo(want), np.min(x), np.max(x)
+        if lo < info.min or hi > info.max:
+            return f"values up to {hi if hi > info.max else lo} do not fit in {want.name}, JAX's integer type {off}"
+    elif np.issubdtype(have, np.floating) or np.issubdtype(have, np.complexfloating):
+        with np.errstate(over="ignore"):
+            overflows = np.isfinite(x) & ~np.isfinite(np.asarray(x, dtype=want))
+        if np.any(overflows):
+            return f"finite values past {want.name}'s range would become inf {off}"
+    return ""
 
 
 def _numpy_leaf(x: np.ndarray | np.generic, where: Any) -> tuple[jax.Array, str]:
