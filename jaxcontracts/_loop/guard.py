@@ -171,6 +171,7 @@ class HotLoop:
         self._entries: list[Entry] = []  # active entries (re-entrant, any thread)
         self._clock = _timing.LoopClock()
         self._checked = True  # its last entry was at checks level fast or full
+        self.label = 'jc.hot_loop(on_violation="record")'  # what its notes call it (the pytest plugin's name)
 
     def _apply(self, options: dict[str, str]) -> None:
         """Set the options and what follows from them."""
@@ -511,7 +512,9 @@ class HotLoop:
         # the first violation raised on this thread, once its last entry of this loop ends
         still_entered = any(e.stack is local.stack for e in self._entries)
         swallowed = None if still_entered else self._raised.pop(threading.get_ident(), None)
-        if exc is not None and not isinstance(exc, Exception):
+        if exc is not None and not isinstance(exc, Exception):  # Ctrl-C, pytest.fail, SystemExit
+            if self.on_violation == "record" and not still_entered and self._violations:
+                self._note_recorded(exc)
             return False
         if refused is not None and exc is not None and arrays.is_unset_error(exc):
             raise refused.with_traceback(None) from None  # a refused buffer export (3.11)
@@ -542,10 +545,10 @@ class HotLoop:
     def _note_recorded(self, exc: BaseException | None) -> None:
         """A recording loop left by an exception: what it had recorded, on the
         exception (the program stops before anything reads ``loop.violations``)."""
-        if not isinstance(exc, Exception):
+        if exc is None:
             return
         found = self.violations
-        header = f'jc.hot_loop(on_violation="record") had recorded {len(found)} violation(s) before this error ended it:'
+        header = f"{self.label} had recorded {len(found)} violation(s) before this error ended it:"
         lines = format_violations(found[:_NOTED], header)
         if len(found) > _NOTED:
             lines.append(f"  ... and {len(found) - _NOTED} more (loop.violations, loop.report())")

@@ -91,14 +91,9 @@ def _recording(label: str, **options: str) -> Iterator[HotLoop]:
 
     require_valid_env()  # a bad JAXCONTRACTS_CHECKS fails where the plugin is used
     loop = jc.hot_loop(**options, on_violation="record")  # type: ignore[arg-type]
-    try:
-        with loop:
-            yield loop
-    except Exception as exc:
-        # The user's own error (or a DonationError) wins; keep the record.
-        if loop.violations:
-            exc.add_note(_format(loop.violations, label))
-        raise
+    loop.label = label  # the user's own error (pytest.fail, a DonationError) wins; the loop notes its record
+    with loop:
+        yield loop
     if loop.violations:
         pytest.fail(_format(loop.violations, label), pytrace=False)
 
