@@ -573,3 +573,17 @@ def test_an_optional_array_field_is_refused_naming_the_annotation_as_written():
             x: Optional[Float32[Array, "n"]] = None  # noqa: UP045 - the spelling users write
 
     assert "None too: an optional array" in str(info.value)
+
+
+def test_a_pytree_field_whose_dims_disagree_with_an_array_field_is_the_one_named():
+    # it blamed the array field (".v: expected Float32[Array, 'n'], got f32[4]")
+    # while saying ".v" bound n=4, and never showed the tree's size 3
+    class T(jc.State):
+        params: PyTree[Float32[Array, "n"]]
+        v: Float32[Array, "n"]
+
+    with pytest.raises(jc.SpecError) as info:
+        T(params={"a": jnp.zeros(3)}, v=jnp.zeros(4))
+    text = str(info.value)
+    assert "1 invalid field" in text and ".params: expected PyTree[Float32[Array, 'n']], got dict {['a']: f32[3]}" in text, text
+    assert "n=4  (n from .v)" in text and list(info.value.leaves) == [".params"]

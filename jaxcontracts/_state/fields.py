@@ -305,7 +305,7 @@ def hint_name(hint: Any) -> str:
         name = "Union" if origin is typing.Union else origin.__name__
         return f"{name}[{', '.join(hint_name(a) for a in args)}]"
     name = getattr(hint, "__name__", None) or repr(hint)
-    return name.replace("jaxlib._jax.Array", "Array")  # (jaxtyping's name of its array type)
+    return name.replace("jaxlib._jax.Array", "Array").replace("jaxtyping.", "")  # (as jaxtyping names them)
 
 
 # --------------------------------------------------------------------------

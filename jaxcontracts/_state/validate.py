@@ -207,6 +207,9 @@ class _Validation:
         self.bindings: dict[str, Any] = {}
         self.bound_by: dict[str, str] = {}
         self.to_check: list[tuple[str, Any, Any]] = []  # (field, value, jaxtyping annotation)
+        # PyTree fields, checked after the arrays: jaxtyping's dims then bind as
+        # the array fields bound them (``bindings``), and a tree that disagrees is named
+        self.trees_to_check: list[tuple[str, Any, Any]] = []
 
     def field(self, f: Any, value: Any) -> None:
         if isinstance(f, ArrayField):
@@ -227,7 +230,7 @@ class _Validation:
             if not leaf_problems:
                 self.converted[f.name] = new
                 if not _all_specs(new):
-                    self.to_check.append((f.name, new, f.annotation))
+                    self.trees_to_check.append((f.name, new, f.annotation))
         else:
             self.problems.extend(check_static(f, value))
 
@@ -262,17 +265,29 @@ class _Validation:
 
     def jaxtyping_shapes(self) -> None:
         """jaxtyping is the authority on shapes, with one dim memo for all fields."""
-        for (name, value, ann), ok in zip(self.to_check, _jaxtyping_check(self.to_check)):
+        items = self.to_check + self.trees_to_check
+        for (name, value, ann), ok in zip(items, _jaxtyping_check(items)):
             if not ok:
                 self.problems.append(
                     Problem(
                         name,
                         hint_name(ann),
-                        fmt_value(value) if not isinstance(value, (dict, list, tuple)) else tree_summary(value),
+                        fmt_value(value) if isinstance(value, (jax.Array, np.ndarray)) else _leaf_shapes(value),
                         "its leaves must match the annotation, with named dims "
                         "bound consistently across fields.",
                     )
                 )
+
+
+def _leaf_shapes(tree: Any, most: int = 4) -> str:
+    """``{['a']: f32[3], ['b']: f32[3]}``: a tree's leaves by path, shapes only."""
+    leaves = jax.tree_util.tree_leaves_with_path(tree)
+    parts = [
+        f"{jax.tree_util.keystr(p)}: {fmt_aval(spec.shape, spec.dtype) if (spec := leaf_spec(x)) is not None else fmt_value(x)}"
+        for p, x in leaves[:most]
+    ]
+    more = f", ... ({len(leaves) - most} more)" if len(leaves) > most else ""
+    return f"{type(tree).__name__} {{{', '.join(parts)}{more}}}" if leaves else tree_summary(tree)
 
 
 @jaxtyped(typechecker=None)
