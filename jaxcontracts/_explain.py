@@ -54,6 +54,8 @@ def _anchor(name: str) -> str | None:
         return key
     kind = VIOLATIONS.get(key) or VIOLATIONS.get(key.replace("-", "_"))
     contract = CONTRACTS.get(key if kind is None else kind.contract)
+    if contract is not None and contract.key in sections:  # a section of its own
+        return contract.key
     if contract is not None and contract.error.__name__.lower() in sections:
         return contract.error.__name__.lower()
     return None
@@ -62,7 +64,7 @@ def _anchor(name: str) -> str | None:
 def topics() -> list[str]:
     """What ``explain`` takes: the page's sections, the violation kinds, the contract keys."""
     names = [title if title.isidentifier() else anchor for anchor, (title, _) in _sections().items()]
-    return [*names, *VIOLATIONS, *CONTRACTS]
+    return list(dict.fromkeys([*names, *VIOLATIONS, *CONTRACTS]))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,9 +121,9 @@ def explain(what: object) -> Explanation:
 
 def main(args: list[str]) -> int:
     """``python -m jaxcontracts explain NAME``: the section, or what there is (2)."""
-    if len(args) != 1:
+    if len(args) != 1 or args[0] in ("-h", "--help"):
         print("python -m jaxcontracts explain NAME, where NAME is one of:\n  " + "\n  ".join(topics()))
-        return 2
+        return 0 if args in (["-h"], ["--help"]) else 2
     try:
         print(explain(args[0]), flush=True)
     except KeyError as err:

@@ -50,5 +50,9 @@ def info() -> Report:
 
 def main(args: list[str]) -> int:
     """``python -m jaxcontracts info``: the report; 1 where a capability is missing."""
+    if args:
+        print("python -m jaxcontracts info: the versions, the checks level and each capability in force "
+              "(exit status 1 where one is missing); it takes no arguments")
+        return 0 if args[0] in ("-h", "--help") else 2
     print(report := info())
     return 0 if report.ok else 1

@@ -28,10 +28,20 @@ def test_every_violation_kind_and_contract_key_leads_to_a_section(name):
     heading = str(jc.explain(name)).splitlines()[0]
     kind = VIOLATIONS.get(name)
     contract = CONTRACTS.get(kind.contract if kind is not None else name)
-    if contract is not None:  # its error class's section
+    if contract is not None and contract.key == "donation-config":  # a section of its own
+        assert heading == "Plain jax.jit donations" and "donate_argnames" in str(jc.explain(name))
+    elif contract is not None:  # its error class's section
         assert heading == contract.error.__name__
     else:
         assert heading in ("Kept references", "Tracebacks end at your line", "CapabilityWarning")
+
+
+def test_help_of_the_explain_and_info_commands_is_no_error(capsys):
+    from jaxcontracts import _explain, _info
+
+    assert _explain.main(["--help"]) == 0 and "explain NAME" in capsys.readouterr().out
+    assert _explain.main([]) == 2
+    assert _info.main(["--help"]) == 0 and "takes no arguments" in capsys.readouterr().out
 
 
 def test_a_raised_violation_leads_to_its_fix():
