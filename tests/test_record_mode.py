@@ -340,6 +340,16 @@ _SUBPROCESS_CASES = {
     "    p = subprocess.Popen([sys.executable, '-c', 'import time, sys; time.sleep(0.5); sys.stderr.write(\"child\\\\n\")'])\n"
     "p.wait()\n"
     "time.sleep(0.3)\n",
+    # a subprocess that outlives the script, warnings made errors: the process
+    # that forwards its stderr at the exit warned "subprocess ... is still
+    # running" (a ResourceWarning the script alone never shows)
+    "warnings": "import os, sys, warnings\n"
+    "warnings.simplefilter('error')\n"
+    "with jc.hot_loop(on_violation='record'):\n"
+    "    y = x + 1.0\n"
+    "    code = 'import time, sys; time.sleep(1); sys.stderr.write(\"late\\\\n\")'\n"
+    "    os.posix_spawn(sys.executable, [sys.executable, '-c', code], os.environ)\n"
+    "print('done', flush=True)\n",
     # a loop a subprocess outlives, again and again: its wake pipe was kept
     # open to the end, two descriptors per loop
     "descriptors": "import os, subprocess, sys, time\n"
@@ -366,3 +376,5 @@ def test_a_recording_loop_and_the_processes_the_script_starts(tmp_path, case):
     assert (proc.returncode, proc.stdout) == (0, "done\n"), proc.stderr[-2000:]
     if case == "fork":
         assert proc.stderr.count("parent progress line") == 2000
+    if case == "warnings":
+        assert proc.stderr.endswith("late\n") and "Warning" not in proc.stderr, proc.stderr

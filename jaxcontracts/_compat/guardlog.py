@@ -25,7 +25,6 @@ import dataclasses
 import os
 import re
 import select
-import subprocess
 import sys
 import threading
 
@@ -150,9 +149,6 @@ class Capture:
                 if not chunk:
                     break
                 pending = self._feed(pending + chunk, out)
-                if wake in ready:
-                    handed = True
-                    break
             self._forward(pending, out)
         finally:
             if handed:
@@ -354,12 +350,14 @@ _FORWARD = "import os\nwhile b := os.read(0, 65536):\n    while b:\n        b = 
 def _hand_over(fd: int, out: int) -> None:
     """Forward the pipe ``fd`` to ``out`` from a process of its own, which
     ends when the last writer does (nothing is filtered: the lines are the
-    subprocesses', not this process's JAX's)."""
+    subprocesses', not this process's JAX's). Spawned with ``os.posix_spawn``
+    in a session of its own: no ``Popen`` object left to warn as it is
+    collected, no Ctrl-C of the terminal's group stopping it before them."""
     try:
-        if sys.executable:
-            subprocess.Popen(  # noqa: S603 - this interpreter, a fixed program
-                [sys.executable, "-I", "-S", "-c", _FORWARD], stdin=fd, stdout=out,
-                stderr=subprocess.DEVNULL, close_fds=True, start_new_session=True,
+        if sys.executable and hasattr(os, "posix_spawn"):
+            os.posix_spawn(
+                sys.executable, [sys.executable, "-I", "-S", "-c", _FORWARD], os.environ,
+                file_actions=[(os.POSIX_SPAWN_DUP2, fd, 0), (os.POSIX_SPAWN_DUP2, out, 1)], setsid=True,
             )
     except OSError:
         pass
