@@ -658,6 +658,21 @@ def test_an_argument_passed_twice_at_a_later_call_is_no_missed_donation():
     assert [f for f in w.findings() if f.kind == "missed_donation"] == []
 
 
+def test_a_claim_of_an_earlier_signature_is_withdrawn_when_another_argument_takes_the_output():
+    # the usual EMA start `avg = 0.0` (a Python float): at the first call only
+    # `x` is an array an output could take; from the second call `avg` is, and
+    # the claim on `x` stayed ("donate x"): both donated, JAX warns that a
+    # donated buffer was not usable
+    with jc.watch() as w:
+        ema = jax.jit(lambda avg, x, decay: decay * avg + (1 - decay) * x)
+        avg = 0.0
+        for i in range(10):
+            avg = ema(avg, jnp.float32(i) + 0, 0.9)
+    missed = [f.param for f in w.findings() if f.kind == "missed_donation"]
+    assert missed == ["avg"], missed
+    assert ema.__doc__ == jax.jit(lambda x: x).__doc__  # jax.jit's own, as without the watch
+
+
 @pytest.mark.parametrize("kept", ["some", "all"])
 def test_a_state_built_from_variables_is_claimed_with_a_caveat_a_state_kept_whole_never(kept):
     # flax's `state = TrainState.create(params=params)`: `params` still holds

@@ -558,6 +558,10 @@ class Watch:
         fn.candidates = sigs.reusable(fn.options, sig, dyn_args, dyn_kwargs, out, out_leaves, donated)
         if len(set(map(id, leaves))) != len(leaves):  # (at the calls after: in _before)
             self._aliased(fn, leaves)
+        if previous is not None and not known:  # a claim of the last signature whose
+            now = {sigs.param_of(sig.paths[i]) for i in fn.candidates}  # outputs another
+            for key in [k for k in self._findings if k[:2] == ("missed_donation", id(fn)) and k[2] not in now]:
+                del self._findings[key]  # argument takes now (`avg = 0.0`, then the array it became)
         # the donated arrays, named once deleted: passed again, the index drifted
         fn.donated_leaves = tuple(idx[0] for p, idx in sigs.by_param(sig).items() if p in donated)
         site = f"{fn.site[0]}:{fn.site[1]}"
@@ -944,6 +948,7 @@ class _Watched:
     def __init__(self, jitted: Any, fun: Any, state: _Function, owner: Watch) -> None:
         self._jitted, self._state, self._owner = jitted, state, owner
         functools.update_wrapper(self, fun)  # type: ignore[arg-type]
+        self.__doc__ = getattr(jitted, "__doc__", None)  # (jax.jit's own: "" for a function without one)
         self._trace = top_level_refs()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
