@@ -1197,6 +1197,32 @@ def test_a_loader_refilling_its_buffers_in_place_is_a_new_batch_not_a_constant(b
     assert [f for f in w.findings() if f.kind == "host_transfer"] == []
 
 
+@pytest.mark.parametrize("loader", ["slices", "views_refilled"])
+def test_a_dataset_sliced_again_each_epoch_is_re_fed_a_refilled_view_is_not(loader):
+    # `X[i:i + 4]` each epoch: a new view object each time, of the same place in
+    # the same dataset (the most common epoch loop): it is given again, while a
+    # loader refilling a view of its buffer in place gives new data each step
+    X = np.arange(32, dtype=np.float32)
+    buffer = np.zeros(16, np.float32)
+    with jc.watch() as w:
+        step = jax.jit(lambda s, batch: s + batch.sum(), donate_argnums=0)
+        s = jnp.zeros(())
+        for epoch in range(3):
+            for i in range(0, 32, 8):
+                if loader == "slices":
+                    batch = X[i : i + 8]
+                else:
+                    buffer[:8] = X[i : i + 8] + epoch
+                    batch = buffer[:8]
+                s = step(s, batch)
+    found = [f for f in w.findings() if f.kind == "host_transfer"]
+    if loader == "slices":
+        assert [(f.param, f.count) for f in found] == [("batch", 8)], found
+        assert "given at an earlier call again" in found[0].message
+    else:
+        assert found == []
+
+
 def test_the_numpy_arrays_a_function_was_given_are_forgotten_as_they_die():
     # weakly held, the dead dropped as the table doubles (no callback at their death),
     # and the bytes of the copies kept counted again then

@@ -169,7 +169,7 @@ class _Function:
     donated_leaves: tuple[int, ...] = ()  # the first dynamic leaf of each donated parameter
     # numpy arrays given at earlier calls, by id -> a weak reference (a dataset re-fed each
     # epoch is copied again at each call; a fresh batch each call is the cheapest copy)
-    numpy_seen: dict[int, tuple[Any, Any]] = dataclasses.field(default_factory=dict)  # id -> (ref, copy)
+    numpy_seen: dict[Any, tuple[Any, Any]] = dataclasses.field(default_factory=dict)  # _numpy_key -> (ref, copy)
     numpy_kept: int = 0  # bytes of the copies numpy_seen holds
     numpy_limit: int = 64  # numpy_seen's size at which its dead entries go (_steps.prune_dead)
     user_statics: dict[str, Any] = dataclasses.field(default_factory=dict)  # eqx.filter_jit: its numbers
@@ -605,7 +605,7 @@ class Watch:
                 what = "constant"  # the last call's value again: one copy before the loop does
             elif not isinstance(x, np.ndarray):
                 what = "number"  # a number that changes: a copy, and a new value to trace in
-            elif _unchanged(seen.get(id(x)), x):
+            elif _unchanged(seen, x):
                 what = "refed"  # an array given at an earlier call, its values unchanged: a dataset re-fed
             else:
                 what = "fresh"  # a new batch: the call's own copy is the cheapest, nothing to fix
@@ -902,9 +902,25 @@ def _equal(copy: Any, x: Any) -> bool:
     )
 
 
-def _unchanged(entry: tuple[Any, Any] | None, x: Any) -> bool:
-    """Whether ``x`` is an array given at an earlier call, with the values it had then."""
-    return entry is not None and entry[0]() is x and _equal(entry[1], x)
+def _numpy_key(x: np.ndarray) -> tuple[Any, np.ndarray]:
+    """Where a numpy array's values live: the array itself, or, for a view
+    (``X[i:i + 128]``, a new object at each epoch), the array it views and its
+    place in it; and the object that key's weak reference follows."""
+    base = x
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    if base is x:
+        return id(x), x
+    offset = x.__array_interface__["data"][0] - base.__array_interface__["data"][0]
+    return (id(base), offset, x.shape, x.strides, x.dtype.str), base
+
+
+def _unchanged(seen: dict[Any, tuple[Any, Any]], x: np.ndarray) -> bool:
+    """Whether ``x`` (or the same place of the array it views) was given at an
+    earlier call, with the values it had then."""
+    key, anchor = _numpy_key(x)
+    entry = seen.get(key)
+    return entry is not None and entry[0]() is anchor and _equal(entry[1], x)
 
 
 def _remember_numpy(fn: _Function, values: Sequence[Any]) -> None:
@@ -913,13 +929,16 @@ def _remember_numpy(fn: _Function, values: Sequence[Any]) -> None:
     copies fit in ``_KEPT_BYTES``."""
     seen = fn.numpy_seen
     for x in values:
-        entry = seen.get(id(x))
-        if not isinstance(x, np.ndarray) or (entry is not None and entry[0]() is x):
+        if not isinstance(x, np.ndarray):
+            continue
+        key, anchor = _numpy_key(x)
+        entry = seen.get(key)
+        if entry is not None and entry[0]() is anchor:
             continue
         if entry is not None and entry[1] is not None:  # a dead array's, its id reused
             fn.numpy_kept -= entry[1].nbytes
         keep = x.nbytes <= _COMPARED_BYTES and fn.numpy_kept + x.nbytes <= _KEPT_BYTES
-        seen[id(x)] = (weakref.ref(x), x.copy() if keep else None)
+        seen[key] = (weakref.ref(anchor), x.copy() if keep else None)
         fn.numpy_kept += x.nbytes if keep else 0
         size = len(seen)
         fn.numpy_limit = _steps.prune_dead(seen, fn.numpy_limit)

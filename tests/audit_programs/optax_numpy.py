@@ -1,5 +1,6 @@
 """An optax loop as its docs write it: params and opt_state not donated,
-numpy batches from a loader, one recompile from a short last batch."""
+numpy batches sliced from one dataset (given again at the second epoch), one
+recompile from a short last batch."""
 
 import jax
 import jax.numpy as jnp
@@ -28,6 +29,6 @@ opt_state = optimizer.init(params)
 losses = []
 for _epoch in range(2):
     for i in range(0, 70, 16):  # the last batch has 6 rows
-        params, opt_state, loss = train_step(params, opt_state, data_x[i : i + 16], data_y[i : i + 16])  # PLANT: missed_donation, missed_donation, recompile
+        params, opt_state, loss = train_step(params, opt_state, data_x[i : i + 16], data_y[i : i + 16])  # PLANT: missed_donation, missed_donation, recompile, host_transfer, host_transfer
         losses.append(loss)
 print(f"loss {float(losses[-1]):.3f}")
