@@ -673,30 +673,6 @@ def test_a_claim_of_an_earlier_signature_is_withdrawn_when_another_argument_take
     assert ema.__doc__ == jax.jit(lambda x: x).__doc__  # jax.jit's own, as without the watch
 
 
-@pytest.mark.parametrize("kept", ["some", "all"])
-def test_a_state_built_from_variables_is_claimed_with_a_caveat_a_state_kept_whole_never(kept):
-    # flax's `state = TrainState.create(params=params)`: `params` still holds
-    # the first call's parameters (not the optimizer's new zeros), while every
-    # later call drops the whole state: the missed donation is named, with
-    # what its fix deletes. A state kept whole (`state0 = state`, read at the
-    # end) is never claimed: the fix would delete it.
-    with jc.watch() as w:
-        step = jax.jit(lambda s: {"w": s["w"] * 0.9, "m": s["m"] + 1})
-        params = jnp.ones(4)
-        state = {"w": params, "m": jnp.zeros(4)}
-        state0 = state if kept == "all" else None
-        for _ in range(10):
-            state = step(state)
-        if state0 is not None:
-            assert state0["w"].tolist() == [1.0] * 4
-    missed = [f for f in w.findings() if f.kind == "missed_donation"]
-    if kept == "all":
-        assert missed == []
-    else:
-        assert [(f.param, f.count) for f in missed] == [("s", 8)], missed
-        assert "at its first call some of them were also held elsewhere" in missed[0].message
-
-
 @pytest.mark.parametrize("lazy", [False, True])
 def test_an_argument_passed_twice_at_a_compiling_call_is_no_missed_donation(lazy):
     # an EMA of the parameters that starts as the parameters themselves (a

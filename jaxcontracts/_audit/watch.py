@@ -173,11 +173,6 @@ class _Function:
     numpy_kept: int = 0  # bytes of the copies numpy_seen holds
     numpy_limit: int = 64  # numpy_seen's size at which its dead entries go (_steps.prune_dead)
     user_statics: dict[str, Any] = dataclasses.field(default_factory=dict)  # eqx.filter_jit: its numbers
-    settled: int = 0  # followed calls settled
-    # parameters some (not all) of whose arrays were held elsewhere at the first
-    # followed call only (flax's `state = TrainState.create(params=params)`,
-    # `params` still a variable): claimed once a later call drops them all, with a caveat
-    first_kept: set[str] = dataclasses.field(default_factory=set)
 
 
 class Watch:
@@ -396,18 +391,14 @@ class Watch:
                 if x is not None:
                     self._given_elsewhere.pop(id(x), None)
         fn.pending = []
-        first, fn.settled = fn.settled == 0, fn.settled + 1
         sig = fn.signatures[-1]
-        for param in kept:  # kept at one call: never claimed, unless only some of its arrays
-            if first and param in dropped:  # were, at the first (by what the state was built from)
-                fn.first_kept.add(param)
-                continue
+        for param in kept:  # kept at one call: never claimed
             self._kept_params.add((id(fn), param))
             self._findings.pop(("missed_donation", id(fn), param), None)
         for param, idx in dropped.items():
             nbytes = sum(sig.nbytes(i) for i in idx)
             key = ("missed_donation", id(fn), param)
-            if (id(fn), param) in self._kept_params or param in kept or not (at_call or key in self._findings):
+            if (id(fn), param) in self._kept_params or not (at_call or key in self._findings):
                 continue
             if key not in self._findings and fn.run == fn.follow_run:
                 continue  # called again within one run of the user's line (a setup statement)
@@ -432,10 +423,7 @@ class Watch:
                 param=", ".join(names) if fn.equinox and names else param, bytes_per_call=nbytes,
                 message=f"{what}: not donated, yet the statement of each call drops them; their "
                 f"{len(idx)} array(s) could hold the outputs of the same shape and dtype; without "
-                "donation each call holds them twice" + (
-                    " (at its first call some of them were also held elsewhere, such as by the "
-                    "variables the state was built from: donating deletes them there too, so read "
-                    "none of those after the first call)" if param in fn.first_kept else ""),
+                "donation each call holds them twice",
                 fix=fix,
             )
             if at_call:
