@@ -587,3 +587,11 @@ def test_a_pytree_field_whose_dims_disagree_with_an_array_field_is_the_one_named
     text = str(info.value)
     assert "1 invalid field" in text and ".params: expected PyTree[Float32[Array, 'n']], got dict {['a']: f32[3]}" in text, text
     assert "n=4  (n from .v)" in text and list(info.value.leaves) == [".params"]
+
+    class Shifted(jc.State):  # a dim only the tree binds, used by an array field: accepted as before
+        params: PyTree[Float32[Array, "n"]]
+        v: Float32[Array, "n+1"]
+
+    assert Shifted(params={"a": jnp.zeros(3)}, v=jnp.zeros(4)).v.shape == (4,)
+    with pytest.raises(jc.SpecError, match=r"\.v: expected Float32\[Array, 'n\+1'\], got f32\[5\]"):
+        Shifted(params={"a": jnp.zeros(3)}, v=jnp.zeros(5))

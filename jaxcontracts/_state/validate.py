@@ -207,9 +207,7 @@ class _Validation:
         self.bindings: dict[str, Any] = {}
         self.bound_by: dict[str, str] = {}
         self.to_check: list[tuple[str, Any, Any]] = []  # (field, value, jaxtyping annotation)
-        # PyTree fields, checked after the arrays: jaxtyping's dims then bind as
-        # the array fields bound them (``bindings``), and a tree that disagrees is named
-        self.trees_to_check: list[tuple[str, Any, Any]] = []
+        self.trees: set[str] = set()  # the PyTree fields among them
 
     def field(self, f: Any, value: Any) -> None:
         if isinstance(f, ArrayField):
@@ -230,7 +228,8 @@ class _Validation:
             if not leaf_problems:
                 self.converted[f.name] = new
                 if not _all_specs(new):
-                    self.trees_to_check.append((f.name, new, f.annotation))
+                    self.to_check.append((f.name, new, f.annotation))
+                    self.trees.add(f.name)
         else:
             self.problems.extend(check_static(f, value))
 
@@ -265,8 +264,20 @@ class _Validation:
 
     def jaxtyping_shapes(self) -> None:
         """jaxtyping is the authority on shapes, with one dim memo for all fields."""
-        items = self.to_check + self.trees_to_check
-        for (name, value, ann), ok in zip(items, _jaxtyping_check(items)):
+        items = self.to_check
+        verdicts = _jaxtyping_check(items)  # in the fields' order: what is accepted
+        if not all(verdicts) and self.trees:
+            # which field to name: with the array fields first, jaxtyping's dims
+            # bind as ``bindings`` says they did, and a tree that disagrees is named
+            # (a symbolic dim a tree binds for an array, `n+1`, needs the order above)
+            ordered = [x for x in items if x[0] not in self.trees] + [x for x in items if x[0] in self.trees]
+            try:
+                blamed = dict(zip([x[0] for x in ordered], _jaxtyping_check(ordered)))
+            except Exception:  # noqa: BLE001 - jaxtyping cannot check them in that order
+                blamed = {}
+            if blamed and not all(blamed.values()):
+                verdicts = [blamed[name] for name, _, _ in items]
+        for (name, value, ann), ok in zip(items, verdicts):
             if not ok:
                 self.problems.append(
                     Problem(
