@@ -165,8 +165,11 @@ def _movable_unplaced(
     array left to the program where committed arrays are elsewhere (a key
     made on the default device beside a state sharded over a mesh): as
     ``jax.jit`` compiles it, and it is moved at each call. A donated one is
-    refused: moved, its copy would be donated and it would not be consumed."""
-    committed = {frozenset(x.sharding.device_set): x for x in leaves if isinstance(x, jax.Array) and not movable(x)}
+    refused by name: its placement is what the step proves before donating."""
+    committed: dict[frozenset[Any], Any] = {}  # device set -> its first committed leaf
+    for x in leaves:
+        if isinstance(x, jax.Array) and not movable(x):
+            committed.setdefault(frozenset(x.sharding.device_set), x)
     if not committed:
         return specs
     elsewhere = [i for i, x in enumerate(leaves) if movable(x) and frozenset(x.sharding.device_set) not in committed]
@@ -176,12 +179,14 @@ def _movable_unplaced(
         at = next(definition.param_path(p) for p, x in zip(paths, leaves) if x is other)
         raise DonationError(
             f"{definition.name}: {len(moved)} donated {'leaf is' if len(moved) == 1 else 'leaves are'} "
-            f"uncommitted, on other devices than {at} (placed on {len(where)} device(s)): JAX would copy "
-            "them there and donate the copy, so they would not be consumed.",
+            f"uncommitted, on other devices than {at} (placed on {len(where)} device(s)). A hot step "
+            "proves each donated leaf's placement before it donates it; jax.jit would move such a leaf "
+            "to the other devices at the call.",
             [f"  {definition.param_path(paths[i])}: {fmt_aval(leaves[i].shape, leaves[i].dtype)} on "
              f"{', '.join(map(str, leaves[i].sharding.device_set))}" for i in moved],
-            fix=f"place the state where {at} is before the first call: jax.device_put(state, sharding), "
-            "or jc.device_tree(state, sharding=sharding).",
+            fix=f"place {'it' if len(moved) == 1 else 'them'} where {at} is before the first call: state = "
+            "jax.tree.map(lambda x: x if x.committed else jax.device_put(x, NamedSharding(mesh, "
+            "PartitionSpec())), state) (optax's step count, made by jnp.zeros in opt.init, is such a leaf).",
             note=NOTHING_RAN,
             contract="donation-hazard",
             step=definition.name,
