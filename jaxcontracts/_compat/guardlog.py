@@ -102,7 +102,14 @@ class Capture:
         self._draining: list[tuple[threading.Thread, tuple[int, int]]] = []
         self._handed: list[tuple[int, int]] = []
         self._wake = (-1, -1)  # the running reader's wake pipe (closed here once it ended)
-        self._pid = os.getpid()  # the process that took fd 2 (a forked child has none of it)
+
+    def forget(self) -> None:
+        """In a forked child: the capture, its reader and its pipes are the
+        parent's (no thread came along); the child starts with none, so its
+        exit never wakes or hands over the parent's reader."""
+        registered = self._registered  # (its exit handler came along, if any)
+        self.__init__()  # type: ignore[misc]
+        self._registered = registered
 
     def _holds_fd2(self) -> bool:
         """Whether fd 2 is still the pipe (the script may have pointed it
@@ -220,8 +227,6 @@ class Capture:
 
     def start(self) -> bool:
         """Take fd 2 (first user); False when it cannot be taken."""
-        if os.getpid() != self._pid:  # a forked child: the capture, its reader and pipes are the parent's
-            return
         with self._lock:
             if self._users:
                 self._users += 1
@@ -244,7 +249,6 @@ class Capture:
                 self._registered = True
             self._saved_fd = saved
             self._wake = os.pipe()
-            self._pid = os.getpid()
             self._reader = threading.Thread(
                 target=self._read, args=(read_fd, saved, self._wake[0]), name="jaxcontracts-guard-log", daemon=True
             )
@@ -313,8 +317,6 @@ class Capture:
         process: a small process of its own forwards the rest (never this
         one's reader, which dies with the interpreter: the subprocess's lines
         were lost, and its next write to a pipe without a reader killed it)."""
-        if os.getpid() != self._pid:  # a forked child: the capture, its reader and pipes are the parent's
-            return
         with self._lock:
             if self._users:
                 self._users = 0
@@ -372,6 +374,8 @@ def _identity(fd: int) -> tuple[int, int]:
 
 
 _capture = Capture()
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_capture.forget)
 
 
 def start() -> bool:
