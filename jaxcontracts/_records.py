@@ -37,6 +37,7 @@ class StepStats:
     refused: int = 0  # calls refused with a RecompileError/TransferError/DonationError
     traced_calls: int = 0  # calls under an outer transformation (plain tracing)
     not_consumed: int = 0  # calls after which a donated input was still alive
+    consumed_checked: int = 0  # calls whose donated inputs were looked at after it (checks full)
     host_calls: int = 0  # calls that transferred declared host data (host=...)
     host_bytes: int = 0  # the bytes they transferred
     # argument structures new to the step that took a compiled executable

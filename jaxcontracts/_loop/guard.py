@@ -170,7 +170,7 @@ class HotLoop:
         self.named_transfers: collections.Counter[str] = collections.Counter()
         self._entries: list[Entry] = []  # active entries (re-entrant, any thread)
         self._clock = _timing.LoopClock()
-        self._checked = True  # its last entry was at checks level fast or full
+        self._entered = self._checked = False  # entered; entered at checks level fast or full once
         self.label = 'jc.hot_loop(on_violation="record")'  # what its notes call it (the pytest plugin's name)
 
     def _apply(self, options: dict[str, str]) -> None:
@@ -325,10 +325,11 @@ class HotLoop:
         they cannot see, is in the performance guide ("How loop timing
         works"); at checks level ``off`` nothing is timed.
         """
+        only_off = self._entered and not self._checked
         unchecked = {
-            c.key: "checks level off" if not self._checked else f'{c.option}="allow"'
+            c.key: "entered at checks level off only" if only_off else f'{c.option}="allow"'
             for c in CONTRACTS.values()
-            if c.violations and (not self._checked or (c.option and self._options.get(c.option) == "allow"))
+            if c.violations and (only_off or (c.option and self._options.get(c.option) == "allow"))
         }
         report = loop_report(
             self.violations, self.on_violation, self.warmup_compiles, self.iterations, self.sampler_calls, unchecked
@@ -405,7 +406,7 @@ class HotLoop:
         # At checks level off only JAX's native guards (see acquire()): no active
         # loop for the call path to report to.
         checked = get_checks() != "off"
-        self._checked = checked  # (its report: what an entry at off did not look at)
+        self._entered, self._checked = True, self._checked or checked  # (its report: entered only at off?)
         entry = Entry(self, stack, modes, checked=checked)
         entry.counted = counted
         # Entered in a generator or coroutine (its exit may run on another

@@ -464,7 +464,7 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
         report.facts.append(("compiled", _compiled_from(cs.cache, cs.compile_seconds)))
     report.facts += [
         ("checks level", level),
-        ("calls", str(stats.calls) + (" (not counted at checks level off)" if level == "off" else "")),
+        ("calls", str(stats.calls) + (" (calls at checks level off are not counted)" if level == "off" else "")),
         ("refused", str(stats.refused)),
         ("not consumed", str(stats.not_consumed)),
         ("donate", repr(desc.donate)),
@@ -532,12 +532,17 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
         ),
     }
     failed_now = {c.key for c in extra if not c.ok}  # jc.check: this compile's failure
-    # looked at after each call at full only; at off no call is looked at
-    unchecked = {"consumed": level != "full", "signature": level == "off"}
+    # looked at after each call at checks level full only (counted there)
+    looked = stats.consumed_checked
+    unchecked = {
+        "consumed": "" if not cs.donated or looked else "no call was made at checks level full",
+    }
+    if cs.donated and 0 < looked < stats.calls:
+        rows["consumed"] = (rows["consumed"][0], rows["consumed"][1] or f"{looked} of {stats.calls} calls looked at (checks level full)", "")
     report.contracts = [
         Contract(
             (CONTRACTS[key].row or CONTRACTS[key].sentence) + suffix, ok, detail, CONTRACTS[key].error, key,
-            f"checks level {level}" if unchecked.get(key) else "",
+            unchecked.get(key, ""),
         )
         for key, (ok, detail, suffix) in rows.items()
         if key not in failed_now

@@ -114,6 +114,7 @@ def make_tail(ctx: CallContext) -> Callable[[tuple[Any, ...], Any, Any, float], 
 
     def tail(args: tuple[Any, ...], leaves: Any, out: Any, t0: float) -> Any:
         if records:
+            stats.consumed_checked += 1
             gone = leaves if donated_of is None else donated_of(leaves)
             if all(map(is_deleted, gone)):  # each consumed: the step's record of them
                 last, slot[0] = slot[0], (gone, firsts)  # one store: a thread reads a whole record
