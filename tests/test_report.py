@@ -164,7 +164,10 @@ def test_what_no_call_looked_at_is_skip_not_pass():
     advance = jc.hot_step(advance_fn)
     with jc.checks_level("fast"):
         p = advance(advance(make_particles()))
-    flat = lambda r: " ".join(str(r).split())  # (its lines wrapped at 80 columns)
+
+    def flat(report: object) -> str:  # (its lines wrapped at 80 columns)
+        return " ".join(str(report).split())
+
     text = flat(advance.report())
     assert "[skip] every donated input consumed (XLA did not copy): not checked (no call was made at checks level full)" in text
     assert "[pass] no call refused" in text and "checks level: full" in text
