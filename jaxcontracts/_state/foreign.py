@@ -365,10 +365,17 @@ def _narrowing_problem(x: np.ndarray | np.generic) -> str:
         if lo < info.min or hi > info.max:
             return f"values up to {hi if hi > info.max else lo} do not fit in {want.name}, JAX's integer type {off}"
     elif np.issubdtype(have, np.floating) or np.issubdtype(have, np.complexfloating):
-        with np.errstate(over="ignore"):
-            overflows = np.isfinite(x) & ~np.isfinite(np.asarray(x, dtype=want))
-        if np.any(overflows):
-            return f"finite values past {want.name}'s range would become inf {off}"
+        limit = np.finfo(want).max
+        for part in (np.real(x), np.imag(x)) if np.iscomplexobj(x) else (x,):
+            part = np.asarray(part)
+            hi = np.fmax.reduce(part, axis=None, initial=-np.inf)  # (NaN ignored, no temporary)
+            lo = np.fmin.reduce(part, axis=None, initial=np.inf)
+            if not max(hi, -lo) > limit:  # every value fits: the common case, read twice
+                continue
+            big = part[np.isfinite(part) & (np.abs(part) > limit)]
+            with np.errstate(over="ignore"):
+                if np.isinf(big.astype(np.finfo(want).dtype)).any():  # (past it by less than rounding: fits)
+                    return f"finite values past {want.name}'s range would become inf {off}"
     return ""
 
 
