@@ -425,6 +425,14 @@ _AS_PYTHON_RUNS_IT = {
     "    x = step(x)\n"
     "print(x.tolist(), type(step).__module__)\n",
     "no_jax": "import sys\nprint('no jax here', len(sys.argv))\n",
+    # a child forked by the script exits as Python exits: the report is the script's, once
+    "fork": "import os, sys, jax, jax.numpy as jnp\n"
+    "f = jax.jit(lambda x: x + 1)\n"
+    "f(jnp.zeros(2))\n"
+    "if os.fork() == 0:\n"
+    "    sys.exit(0)\n"
+    "os.wait()\n"
+    "print('child done')\n",
     # annotations as Python evaluates them: none of the audit's own `from
     # __future__ import annotations` (argparse built from a dataclass's types)
     "annotations": "import argparse, dataclasses, jax\n"
@@ -499,6 +507,7 @@ def test_the_audited_script_runs_as_python_runs_it(tmp_path, name):
     assert "jaxcontracts audit: " in audited.stderr
     script_part = audited.stderr[: audited.stderr.index("jaxcontracts audit: ")]
     assert script_part == alone.stderr  # its traceback as Python prints it, nothing of ours
+    assert audited.stderr.count("jaxcontracts audit: ") == 1, audited.stderr
     if name == "threads":  # the thread's calls are seen: the report waits for it, as Python does
         assert "3 call(s) observed" in audited.stderr, audited.stderr
 

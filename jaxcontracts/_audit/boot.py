@@ -168,11 +168,15 @@ def _fresh(argv: Sequence[str]) -> None:
         started.append(run.begin(float(every)))
 
     outcome: list[tuple[int, str | None]] = []
+    pid = os.getpid()
 
     def end() -> None:
         """The report, as the process exits: after Python waited for the
         script's threads and ran the script's own exit handlers (registered
-        after this one, so run before it)."""
+        after this one, so run before it). Not in a child the script forked
+        (it inherited this handler): the script's own process reports."""
+        if os.getpid() != pid:
+            return
         status, stopped = outcome[0] if outcome else (1, None)
         try:
             final = _finish(started, status, stopped, json_path, strict == "1")
