@@ -425,14 +425,6 @@ _AS_PYTHON_RUNS_IT = {
     "    x = step(x)\n"
     "print(x.tolist(), type(step).__module__)\n",
     "no_jax": "import sys\nprint('no jax here', len(sys.argv))\n",
-    # a child forked by the script exits as Python exits: the report is the script's, once
-    "fork": "import os, sys, jax, jax.numpy as jnp\n"
-    "f = jax.jit(lambda x: x + 1)\n"
-    "f(jnp.zeros(2))\n"
-    "if os.fork() == 0:\n"
-    "    sys.exit(0)\n"
-    "os.wait()\n"
-    "print('child done')\n",
     # annotations as Python evaluates them: none of the audit's own `from
     # __future__ import annotations` (argparse built from a dataclass's types)
     "annotations": "import argparse, dataclasses, jax\n"
@@ -1278,3 +1270,4 @@ def test_an_equinox_steps_findings_name_the_users_parameters():
     assert found["missed_donation"].param == "model, opt_state"  # the JSON's too, not equinox's group
     # x is a new batch each call (nothing to fix); y the same value made anew each call
     assert found["host_transfer"].param == "y" and "dynamic_nodonate" not in str(w.report())
+
