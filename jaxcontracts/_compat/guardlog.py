@@ -97,8 +97,8 @@ class Capture:
         self._n = 0
         self._registered = False
         self._pipe: tuple[int, int] | None = None  # the pipe's (device, inode), while fd 2 is it
-        # readers left forwarding for a subprocess that holds the pipe (with the
-        # write end of the pipe that wakes each), and the pipes they handed over
+        # readers left forwarding for a subprocess that holds the pipe (each with
+        # the pipe that wakes it), and the pipes they handed over
         self._draining: list[tuple[threading.Thread, tuple[int, int]]] = []
         self._handed: list[tuple[int, int]] = []
         self._wake = (-1, -1)  # the running reader's wake pipe (closed here once it ended)
@@ -144,7 +144,7 @@ class Capture:
         try:
             while True:
                 ready = dict(poller.poll())
-                if wake in ready and ready.get(fd, 0) & select.POLLIN == 0 and not ready.get(fd, 0) & select.POLLHUP:
+                if wake in ready and not ready.get(fd, 0) & (select.POLLIN | select.POLLHUP):
                     handed = True  # nothing to read, a writer left: a subprocess's
                     break
                 try:
@@ -162,11 +162,7 @@ class Capture:
                 with self._lock:
                     self._handed.append((fd, out))
             else:
-                for f in (fd, out):
-                    try:
-                        os.close(f)
-                    except OSError:
-                        pass
+                _close(fd, out)
 
     def _feed(self, data: bytes, out: int) -> bytes:
         """Take the guard lines and sync marks out of ``data`` wherever they
@@ -256,8 +252,7 @@ class Capture:
                 self._reader.start()
             except RuntimeError:  # no new thread (the interpreter is exiting): fd 2 given back
                 os.dup2(saved, 2)
-                for fd in (read_fd, saved, *self._wake):
-                    os.close(fd)
+                _close(read_fd, saved, *self._wake)
                 self._reader, self._saved_fd, self._pipe = None, -1, None
                 return False
             self._users = 1
@@ -301,9 +296,12 @@ class Capture:
             self._events.clear()
         if reader is not None:
             reader.join(0.5)  # what was written before take()'s sync is read already
-            with self._lock:
-                self._draining.append((reader, wake))  # (forwarding for a subprocess that holds the pipe)
-                self._draining = [(r, w) for r, w in self._draining if r.is_alive() or _close(*w)]
+            with self._lock:  # (one still alive forwards for a subprocess that holds the pipe)
+                self._draining.append((reader, wake))
+                ended = [(r, w) for r, w in self._draining if not r.is_alive()]
+                self._draining = [(r, w) for r, w in self._draining if r.is_alive()]
+            for _, w in ended:
+                _close(*w)
 
     def release_at_exit(self) -> None:
         """At interpreter exit: give fd 2 back (a recording loop still open, a
@@ -337,13 +335,12 @@ class Capture:
             _hand_over(fd, out)
 
 
-def _close(*fds: int) -> bool:
+def _close(*fds: int) -> None:
     for fd in fds:
         try:
             os.close(fd)
         except OSError:
             pass
-    return False
 
 
 _FORWARD = "import os\nwhile b := os.read(0, 65536):\n    while b:\n        b = b[os.write(1, b):]\n"
@@ -364,8 +361,7 @@ def _hand_over(fd: int, out: int) -> None:
     except OSError:
         pass
     finally:
-        for f in (fd, out):
-            os.close(f)
+        _close(fd, out)
 
 
 def _identity(fd: int) -> tuple[int, int]:
