@@ -573,6 +573,11 @@ def test_an_optional_array_field_is_refused_naming_the_annotation_as_written():
             x: Optional[Float32[Array, "n"]] = None  # noqa: UP045 - the spelling users write
 
     assert "None too: an optional array" in str(info.value)
+    with pytest.raises(jc.DefinitionError, match=r"annotation Optional\[Float32\[Array, 'n'\]\] is not"):
+
+        @jc.state
+        class Maybe2:
+            x: Float32[Array, "n"] | None = None  # the same, as Python 3.10 writes it
 
 
 def test_a_pytree_field_whose_dims_disagree_with_an_array_field_is_the_one_named():

@@ -16,6 +16,7 @@ import builtins
 import dataclasses
 import functools
 import operator
+import types
 import typing
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
@@ -295,15 +296,18 @@ def refuse_init_vars(cls: type, hints: Mapping[str, Any]) -> None:
         )
 
 
+_UNIONS = (typing.Union, types.UnionType)
+
+
 def hint_name(hint: Any) -> str:
     """An annotation as written (``Optional[Float32[Array, 'n']]``, not ``Optional``)."""
-    args = typing.get_args(hint)
-    if args and typing.get_origin(hint) is typing.Union and type(None) in args and len(args) == 2:
-        return f"Optional[{hint_name(next(a for a in args if a is not type(None)))}]"
-    if args and isinstance(typing.get_origin(hint), type) or typing.get_origin(hint) is typing.Union:
-        origin = typing.get_origin(hint)
-        name = "Union" if origin is typing.Union else origin.__name__
-        return f"{name}[{', '.join(hint_name(a) for a in args)}]"
+    origin, args = typing.get_origin(hint), typing.get_args(hint)
+    if origin in _UNIONS:  # Optional[X], X | None, Union[X, Y]
+        rest = [a for a in args if a is not type(None)]
+        inner = ", ".join(map(hint_name, rest))
+        return f"Optional[{inner}]" if len(rest) == 1 and len(args) == 2 else f"Union[{inner}{', None' * (len(rest) < len(args))}]"
+    if args and isinstance(origin, type):  # list[int], dict[str, X]
+        return f"{origin.__name__}[{', '.join(map(hint_name, args))}]"
     name = getattr(hint, "__name__", None) or repr(hint)
     return name.replace("jaxlib._jax.Array", "Array").replace("jaxtyping.", "")  # (as jaxtyping names them)
 

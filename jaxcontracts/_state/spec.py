@@ -12,6 +12,7 @@ import dataclasses
 import enum
 import functools
 import types
+from collections.abc import Sequence
 from typing import Any
 
 import jax
@@ -24,7 +25,7 @@ from .._format import fmt_aval, fmt_object, fmt_path
 from .._tracebacks import boundary
 
 __all__ = [
-    "StaticArg", "eq_answers_bool", "fmt_value", "leaf_spec", "movable", "spec_nbytes", "spec_of", "static_equal", "static_hash",
+    "StaticArg", "eq_answers_bool", "fmt_value", "leaf_spec", "movable", "moved_by_jax", "spec_nbytes", "spec_of", "static_equal", "static_hash",
     "unchanging", "value_kind",
 ]
 
@@ -58,6 +59,13 @@ def movable(x: Any) -> bool:
     """An uncommitted jax array (``jnp.zeros``, ``jax.random.key`` made on the
     default device): ``jax.jit`` moves it to where its program runs."""
     return isinstance(x, jax.Array) and not getattr(x, "committed", True)
+
+
+def moved_by_jax(leaves: Sequence[Any], donated: Sequence[int]) -> set[int]:
+    """The positions of the undonated uncommitted arrays among a call's flat
+    leaves: placed as compiled whatever their own placement (JAX moves them,
+    as ``jax.jit`` does), so never a new signature nor its cause."""
+    return {i for i, x in enumerate(leaves) if movable(x) and i not in donated}
 
 
 def fmt_value(value: Any) -> str:

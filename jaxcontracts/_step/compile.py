@@ -55,7 +55,7 @@ from .._state.inplace import (
     new_refs,
     ref_values,
 )
-from .._state.spec import leaf_spec, movable, spec_nbytes
+from .._state.spec import leaf_spec, movable, moved_by_jax, spec_nbytes
 from .definition import StepDefinition
 from .diffs import diff_specs
 
@@ -550,9 +550,9 @@ def signature_diffs(cs: CompiledSignature, leaves: Sequence[Any], treedef: Any) 
             for name, then, now in changed
         ]
     expected = [(leaf.path, leaf.spec) for leaf in cs.leaves]
-    donated = set(cs.donated)
+    moved = moved_by_jax(leaves, cs.donated)
     got = [
-        (leaf.path, _placed_as(leaf_spec(x), leaf.spec) if i not in donated and movable(x) else leaf_spec(x))
+        (leaf.path, _placed_as(leaf_spec(x), leaf.spec) if i in moved else leaf_spec(x))
         for i, (leaf, x) in enumerate(zip(cs.leaves, leaves))
     ]
     return diff_leaves(expected, got)

@@ -23,7 +23,7 @@ from .._leafdiff import diff_lines
 from .._records import CompiledSignature
 from .._runtime import deleted_because, donation_fix, in_hot_loop
 from .._runtime import donated as donated_words
-from .._state.spec import fmt_value, movable
+from .._state.spec import fmt_value, moved_by_jax
 from .definition import StepDefinition
 from .diffs import diff_specs
 
@@ -308,13 +308,11 @@ def new_signature_cause(definition: StepDefinition, current: CompiledSignature, 
 
 
 def _moved_by_jax(current: CompiledSignature, positional: tuple[Any, ...]) -> set[str]:
-    """The paths of undonated uncommitted arrays: JAX moves them to the
-    compiled placement (``compile.signature_diffs``), never a cause."""
-    donated = set(current.donated)
+    """The paths of the arguments JAX moves to the compiled placement (never a cause)."""
     flat = jax.tree_util.tree_leaves(positional)
     if len(flat) != len(current.leaves):
         return set()
-    return {leaf.path for i, (leaf, x) in enumerate(zip(current.leaves, flat)) if i not in donated and movable(x)}
+    return {current.leaves[i].path for i in moved_by_jax(flat, current.donated)}
 
 
 def signature_error(

@@ -518,6 +518,11 @@ _DEBUG_READS = (
 )
 
 
+def _debug_reads_on() -> list[str]:
+    """The options that make JAX read every output to the host after a call."""
+    return [name for name in ("jax_debug_nans", "jax_debug_infs") if getattr(jax.config, name)]
+
+
 def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
     __tracebackhide__ = True
     definition = step._definition
@@ -573,11 +578,8 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
     # JAX's runtime error, or a loop's refusal of the read jax_debug_nans /
     # jax_debug_infs makes of the outputs once the program ran (a refusal raised
     # inside JAX's call before it runs, a deleted input's read, is a DonationError)
-    debug = [name for name in ("jax_debug_nans", "jax_debug_infs") if getattr(jax.config, name)]
-    ran = exc is not None and (
-        is_runtime_error(exc)
-        or (bool(debug) and isinstance(exc, TransferError) and exc.__traceback__ is not None)
-    )
+    debug = _debug_reads_on() if isinstance(exc, TransferError) and exc.__traceback__ is not None else []
+    ran = exc is not None and (is_runtime_error(exc) or bool(debug))
     if ran and any(leaves[i].is_deleted() for i in donated):
         # The executable failed while running (a callback raised, out of
         # memory...) or after it (jax_debug_infs read its outputs in a loop),
