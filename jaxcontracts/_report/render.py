@@ -509,6 +509,7 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
     memory = ("arguments", "outputs", "aliased", "temporaries")
     report.totals = {k: getattr(cs.memory, k) for k in memory}
     missing = [leaf.path for leaf in cs.leaves if leaf.donated and leaf.aliased is False]
+    looked = stats.consumed_checked  # calls whose donated inputs were looked at (checks level full)
     unverified = cs.donated and cs.aliased is None
     rows = {
         # A signature is compiled only once carry invariance held for it.
@@ -527,18 +528,14 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
         ),
         "consumed": (
             stats.not_consumed == 0,
-            f"{stats.not_consumed} call(s) where XLA copied instead" if stats.not_consumed else "",
+            f"{stats.not_consumed} call(s) where XLA copied instead" if stats.not_consumed
+            else f"{looked} of {stats.calls} calls looked at (checks level full)" if cs.donated and 0 < looked < stats.calls
+            else "",
             "",
         ),
     }
     failed_now = {c.key for c in extra if not c.ok}  # jc.check: this compile's failure
-    # looked at after each call at checks level full only (counted there)
-    looked = stats.consumed_checked
-    unchecked = {
-        "consumed": "" if not cs.donated or looked else "no call was made at checks level full",
-    }
-    if cs.donated and 0 < looked < stats.calls:
-        rows["consumed"] = (rows["consumed"][0], rows["consumed"][1] or f"{looked} of {stats.calls} calls looked at (checks level full)", "")
+    unchecked = {"consumed": "" if not cs.donated or looked else "no call was made at checks level full"}
     report.contracts = [
         Contract(
             (CONTRACTS[key].row or CONTRACTS[key].sentence) + suffix, ok, detail, CONTRACTS[key].error, key,
