@@ -25,7 +25,10 @@ class _Reads(HotLoop):
     """A recording loop that hands each device-to-host read to its watch."""
 
     def __init__(self, owner: Watch) -> None:
-        super().__init__(on_violation="record", compiles="allow", transfers="disallow")
+        # implicit host-to-device copies are not its findings: JAX's guard is
+        # left to allow them (logging each one costs the loop a stderr line,
+        # and the script a thread reading its stderr)
+        super().__init__(on_violation="record", compiles="allow", transfers="allow_host_to_device")
         self.audit = True
         self._owner = owner
         self._last: str | None = None  # the line of the read being made

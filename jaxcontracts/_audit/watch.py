@@ -35,7 +35,6 @@ import collections
 import copy
 import dataclasses
 import functools
-import itertools
 import json
 import operator
 import textwrap
@@ -169,7 +168,7 @@ class _Function:
     donated_leaves: tuple[int, ...] = ()  # the first dynamic leaf of each donated parameter
     # numpy arrays given at earlier calls, by id -> a weak reference (a dataset re-fed each
     # epoch is copied again at each call; a fresh batch each call is the cheapest copy)
-    numpy_seen: dict[Any, tuple[Any, Any]] = dataclasses.field(default_factory=dict)  # _numpy_key -> (ref, copy)
+    numpy_seen: dict[Any, tuple[Any, Any]] = dataclasses.field(default_factory=dict)  # _numpy_key -> (ref, _snapshot)
     numpy_kept: int = 0  # bytes of the copies numpy_seen holds
     numpy_limit: int = 64  # numpy_seen's size at which its dead entries go (_steps.prune_dead)
     user_statics: dict[str, Any] = dataclasses.field(default_factory=dict)  # eqx.filter_jit: its numbers
@@ -311,15 +310,17 @@ class Watch:
             self._settle(fn, at_call=True)
         # host data at a call after the first, from another run of the user's
         # line than the first call's (calls inside one setup statement repeat nothing)
-        if not all(map(isinstance, leaves, itertools.repeat(jax.Array))):
-            where_host = tuple(i for i, x in enumerate(leaves) if not isinstance(x, jax.Array))
+        where_host = () if _ONLY_ARRAYS >= set(map(type, leaves)) else tuple(
+            i for i, x in enumerate(leaves) if type(x) is not ArrayImpl and not isinstance(x, jax.Array)
+        )
+        if where_host:
             if fn.run != fn.first_run:
                 seen = fn.host_findings.get(where_host)
                 if seen is not None and not self._still_constant(fn, seen[1], leaves):
                     del fn.host_findings[where_host]  # a value equal by chance: looked at afresh
                     seen = None
                 if seen is None:  # these positions for the first time: name them (paths, the line)
-                    found, fresh, constants = self._host_leaves(fn, args, dyn_args, dyn_kwargs)
+                    found, fresh, constants = self._host_leaves(fn, args, dyn_args, dyn_kwargs, leaves, where_host)
                     if not fresh:  # (a fresh batch: looked at again at the next call)
                         fn.host_findings[where_host] = (found, constants)
                 else:
@@ -573,9 +574,20 @@ class Watch:
             fn.varied.add(param)
         return not changed
 
+    @staticmethod
+    def _host_kind(fn: _Function, x: Any, i: int) -> str:
+        """What the host value ``x`` at leaf ``i`` of this call is."""
+        if _same(fn.host_before.get(i), x):
+            return "constant"  # the last call's value again: one copy before the loop does
+        if not isinstance(x, np.ndarray):
+            return "number"  # a number that changes: a copy, and a new value to trace in
+        if _unchanged(fn.numpy_seen, x):
+            return "refed"  # an array given at an earlier call, its values unchanged: a dataset re-fed
+        return "fresh"  # a new batch: the call's own copy is the cheapest, nothing to fix
+
     def _host_leaves(
         self, fn: _Function, args: tuple[Any, ...], dyn_args: tuple[Any, ...],
-        dyn_kwargs: dict[str, Any],
+        dyn_kwargs: dict[str, Any], given: list[Any], where_host: tuple[int, ...],
     ) -> tuple[list[Finding], bool, dict[str, list[int]]]:
         """Numpy arrays and Python numbers given to the function (after its
         first call), counted: the findings they count for (their bytes are
@@ -583,21 +595,18 @@ class Watch:
         a fresh numpy batch (new arrays: the call's own copy is the cheapest,
         nothing to fix; a batch passed at an earlier call again is), and the
         leaves each "the same value at each call" finding rests on."""
+        kinds = {}
+        for i in where_host:
+            x = given[i]
+            if isinstance(x, _HOST_TYPES):  # (a JAX ref is not host data)
+                kinds[i] = self._host_kind(fn, x, i)
+        if all(what == "fresh" for what in kinds.values()):  # a loader's batch: nothing to name
+            return [], bool(kinds), {}
         touched = []
-        seen, leaves = fn.numpy_seen, []  # (path, value, bytes, what it is, position)
+        leaves = []  # (path, value, bytes, what it is, position)
         for i, (path, x) in enumerate(sigs.paths(fn.options, args, dyn_args, dyn_kwargs)):
-            spec = None if isinstance(x, jax.Array) else leaf_spec(x)
-            if spec is None:  # not host data (a JAX ref, with no spec, is not either)
-                continue
-            if _same(fn.host_before.get(i), x):
-                what = "constant"  # the last call's value again: one copy before the loop does
-            elif not isinstance(x, np.ndarray):
-                what = "number"  # a number that changes: a copy, and a new value to trace in
-            elif _unchanged(seen, x):
-                what = "refed"  # an array given at an earlier call, its values unchanged: a dataset re-fed
-            else:
-                what = "fresh"  # a new batch: the call's own copy is the cheapest, nothing to fix
-            leaves.append((path, x, spec_nbytes(spec), what, i))
+            if i in kinds:
+                leaves.append((path, x, spec_nbytes(leaf_spec(x)), kinds[i], i))
         if fn.equinox:  # equinox's grouped parameters: the user's names, where found
             named = _user_names(frames.caller_frame(1), [x for _, x, _, _, _ in leaves])
             paths = [n or "an argument" for n in named]
@@ -829,6 +838,10 @@ def _by_user_path(diff: list[str], found: list[tuple[str, Any]]) -> list[str]:
     return out
 
 
+_ONLY_ARRAYS = frozenset({ArrayImpl})  # a call given these alone gives no host data
+_HOST_TYPES = (np.ndarray, np.generic, bool, int, float, complex)  # host data: leaf_spec's kinds
+
+
 # A numpy array is the same value again only where its values were compared:
 # a copy is kept of each array up to this size (a loader may refill one buffer
 # in place, so its identity proves nothing), and of at most _KEPT_BYTES of the
@@ -870,7 +883,7 @@ def _marker(x: Any) -> Any:
     """What tells a host value passed again from a new one: a numpy array's
     values (a copy, up to ``_COMPARED_BYTES``), a number's value."""
     if isinstance(x, np.ndarray):
-        return (None, x.copy()) if x.nbytes <= _COMPARED_BYTES else None
+        return (None, _snapshot(x)) if x.nbytes <= _COMPARED_BYTES else None
     return x if isinstance(x, (int, float, complex, np.generic)) else None
 
 
@@ -883,10 +896,16 @@ def _same(marker: Any, x: Any) -> bool:
         return False
 
 
-def _equal(copy: Any, x: Any) -> bool:
+def _snapshot(x: np.ndarray) -> tuple[np.dtype[Any], tuple[int, ...], bytes]:
+    """A numpy array's values as the device would get them: its dtype, shape
+    and bytes (the same bits are the same transfer, a NaN included)."""
+    return x.dtype, x.shape, x.tobytes()
+
+
+def _equal(snapshot: Any, x: Any) -> bool:
     return (
-        copy is not None and isinstance(x, np.ndarray) and copy.dtype == x.dtype
-        and copy.shape == x.shape and bool(np.array_equal(copy, x))
+        snapshot is not None and isinstance(x, np.ndarray) and snapshot[1] == x.shape
+        and snapshot[0] == x.dtype and snapshot[2] == x.tobytes()
     )
 
 
@@ -924,14 +943,14 @@ def _remember_numpy(fn: _Function, values: Sequence[Any]) -> None:
         if entry is not None and entry[0]() is anchor:
             continue
         if entry is not None and entry[1] is not None:  # a dead array's, its id reused
-            fn.numpy_kept -= entry[1].nbytes
+            fn.numpy_kept -= len(entry[1][2])
         keep = x.nbytes <= _COMPARED_BYTES and fn.numpy_kept + x.nbytes <= _KEPT_BYTES
-        seen[key] = (weakref.ref(anchor), x.copy() if keep else None)
+        seen[key] = (weakref.ref(anchor), _snapshot(x) if keep else None)
         fn.numpy_kept += x.nbytes if keep else 0
         size = len(seen)
         fn.numpy_limit = _steps.prune_dead(seen, fn.numpy_limit)
         if len(seen) != size:  # the dead dropped: count the copies still held
-            fn.numpy_kept = sum(copy.nbytes for _, copy in seen.values() if copy is not None)
+            fn.numpy_kept = sum(len(values[2]) for _, values in seen.values() if values is not None)
 
 
 def _key(frame: Any) -> tuple[str, int]:
