@@ -181,6 +181,28 @@ def test_a_missed_donation_is_recorded_and_a_kept_or_donated_state_is_not_one():
     assert int(state["t"]) == 6 and len(kept) == 3
 
 
+def test_a_state_whose_buffers_another_array_holds_is_not_a_missed_donation():
+    # `params = jax.device_put(init_params, device)` on the device they are on:
+    # new arrays over the same buffers. The loop's fix (donate `params`) would
+    # delete what `init_params` still reads after the loop.
+    step, x = _step(), jnp.ones(4)
+    init = _state()
+    state = jax.device_put(init, jax.devices()[0])
+    assert state["w"] is not init["w"]
+    with jc.hot_loop(compiles="warmup") as loop:
+        for _ in loop.iterate(range(4)):
+            state = step(state, x)
+    assert not loop.violations
+    assert float(jnp.sum(state["w"] - init["w"])) != 0.0  # init, read after the loop, intact
+    # once nothing else holds them, the drop is a missed donation again
+    state, step = jax.device_put(init, jax.devices()[0]), _step()
+    del init
+    with pytest.raises(jc.DonationError, match="is not donated, yet the call's own statement dropped"):
+        with jc.hot_loop(compiles="warmup") as loop:
+            for _ in loop.iterate(range(4)):
+                state = step(state, x)
+
+
 def test_a_batch_an_output_could_also_take_is_not_a_missed_donation_while_the_state_takes_it():
     @jax.jit  # the state donated; the batch matches the output too, but the state's buffers take it
     def update(w, batch):

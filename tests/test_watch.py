@@ -1156,6 +1156,30 @@ def test_a_value_equal_by_chance_for_a_while_is_not_called_a_constant():
     assert "same numpy array" in found.message and found.count == 19
 
 
+def test_a_state_whose_buffers_another_array_holds_is_no_missed_donation():
+    # `params = jax.device_put(init_params, device)` on their own device: new
+    # arrays over the same buffers; the fix (donate params) would delete
+    # init_params, which the script reads after the loop
+    def make_sgd():  # a new function each time: its first call compiles
+        return lambda params, x: jax.tree.map(lambda p: p - 0.1 * x.sum(), params)
+
+    with jc.watch() as w:
+        init = {"w": jnp.ones((16, 16)), "b": jnp.zeros(16)}
+        params = jax.device_put(init, jax.devices()[0])
+        step = jax.jit(make_sgd())
+        for _ in range(6):
+            params = step(params, jnp.ones(2))
+    assert [f for f in w.findings() if f.kind == "missed_donation"] == [], str(w.report())
+    assert float(jnp.sum(init["w"])) == 256.0
+    with jc.watch() as w:  # nothing else holds them: claimed
+        params = jax.device_put(init, jax.devices()[0])
+        del init
+        step = jax.jit(make_sgd())
+        for _ in range(6):
+            params = step(params, jnp.ones(2))
+    assert [f.param for f in w.findings() if f.kind == "missed_donation"] == ["params"], str(w.report())
+
+
 def test_host_values_are_compared_by_the_bits_the_device_would_get():
     # a constant batch holding NaN (padding marked as missing) is the same array
     # each call (NaN != NaN by value, but it is the same transfer); a batch whose

@@ -380,11 +380,13 @@ class Watch:
         ``samples.append(state.position)``) would be deleted. Only at a call:
         a function never called again (setup) repeats nothing."""
         dropped: dict[str, list[int]] = {}
+        drops: dict[str, list[sigs.Dropped]] = {}
         kept: set[str] = set()
         for i, d in fn.pending:
             param = sigs.param_of(fn.signatures[-1].paths[i])
             if d.dropped:
                 dropped.setdefault(param, []).append(i)
+                drops.setdefault(param, []).append(d)
             else:
                 kept.add(param)
             for ref in d.refs:
@@ -408,6 +410,9 @@ class Watch:
                 found.bytes_per_call = max(found.bytes_per_call or 0, nbytes)
                 if at_call:
                     self._tell_loop(found)
+                continue
+            if any(d.held_elsewhere() for d in drops[param]):  # another array over their buffers
+                self._kept_params.add((id(fn), param))
                 continue
             # counted from here: each call after it holds them twice
             self._missed_from[key] = (fn, fn.calls - 1 if at_call else fn.calls)

@@ -186,7 +186,7 @@ def settle(loop: Any) -> None:
     __tracebackhide__ = True
     followed, loop.plain_followed = loop.plain_followed, []
     for f in followed:
-        if not f.dropped.dropped:
+        if not f.dropped.dropped or f.dropped.held_elsewhere():
             continue
         drifted = ""
         if f.donated:  # it donates another parameter instead: the index drifted

@@ -344,12 +344,13 @@ class Dropped:
     deleted what the step needed. No frame is kept (only its id and line).
     """
 
-    __slots__ = ("_frame", "_line", "at_call", "refs", "__weakref__")
+    __slots__ = ("_buffers", "_frame", "_line", "at_call", "refs", "__weakref__")
 
     def __init__(self, arrays: Sequence[Any], frame: FrameType) -> None:
         self._frame, self._line = id(frame), frame.f_lineno
         self.at_call = 0
         self.refs = [weakref.ref(a, self._died) for a in arrays]
+        self._buffers = buffers(arrays)
 
     def _died(self, _ref: Any) -> None:
         f = user_frame()
@@ -364,3 +365,33 @@ class Dropped:
     def dropped(self) -> bool:
         """Whether every array died at the call's own statement."""
         return self.at_call == len(self.refs)
+
+    def held_elsewhere(self) -> bool:
+        """Whether another live array still holds a buffer of the dropped
+        arrays (``params = jax.device_put(init_params)`` on the device they
+        are on gives new arrays over the same buffers): donating them would
+        delete it. True where the buffers could not be told (a miss, never
+        a fix that deletes what the user keeps). A scan of every live array
+        (``jax.live_arrays``): run once per claim."""
+        if self._buffers is None:
+            return True
+        for x in jax.live_arrays():
+            held = None if x.is_deleted() else buffers([x])
+            if held and not self._buffers.isdisjoint(held):
+                return True
+        return False
+
+
+def buffers(arrays: Sequence[Any]) -> frozenset[int] | None:
+    """The device buffers of ``arrays`` (each shard's), by address; None
+    where one cannot be told."""
+    found: set[int] = set()
+    try:
+        for x in arrays:
+            if len(x.sharding.device_set) == 1:
+                found.add(x.unsafe_buffer_pointer())
+            else:
+                found.update(shard.data.unsafe_buffer_pointer() for shard in x.addressable_shards)
+    except Exception:  # noqa: BLE001 - a backend without buffer addresses, a deleted array
+        return None
+    return frozenset(found)
