@@ -93,7 +93,9 @@ def test_the_requests_loop_names_the_drifted_index_and_the_parameter_to_donate(t
     missed = by_kind[("missed_donation", "fn1", "state")]
     assert missed["bytes_per_call"] == 256 * 256 * 4 + 4
     host = by_kind[("host_transfer", "fn2", "batch")]
-    assert host["count"] == 10 and host["bytes_per_call"] == 32  # every call after the first
+    # every call of the loop's line after its first; the call after the loop, from
+    # a line that runs once, is not counted
+    assert host["count"] == 9 and host["bytes_per_call"] == 32
     assert proc.stdout == "done 10\n"  # the script's own output, untouched: the report is on stderr
 
 
@@ -1198,6 +1200,28 @@ def test_host_values_are_compared_by_the_bits_the_device_would_get():
         for i in range(6):
             s = step(s, np.full(2, 0.0 if i % 2 else -0.0, np.float32))
     assert [f for f in w.findings() if f.kind == "host_transfer"] == []
+
+
+def test_host_data_from_a_line_that_runs_once_claims_nothing_and_changes_no_claim():
+    # a last call after the loop, with another learning rate: it repeats
+    # nothing, and the loop line's claim (the same float at each call) stands
+    with jc.watch() as w:
+        step = jax.jit(lambda w, lr: w - lr * w)
+        x = jnp.ones(4)
+        for _ in range(10):
+            x = step(x, 0.1)  # the loop's line
+        x = step(x, 0.5)
+    (found,) = [f for f in w.findings() if f.kind == "host_transfer"]
+    assert found.line == _line_of("x = step(x, 0.1)  # the loop's line") and found.count == 9
+    assert "the same Python float at each call" in found.message, found.message
+    # one function called from two lines of a loop, each with its own constant
+    with jc.watch() as w:
+        step = jax.jit(lambda w, lr: w - lr * w)
+        for _ in range(5):
+            x = step(x, 0.1)
+            x = step(x, 0.2)
+    found = [f for f in w.findings() if f.kind == "host_transfer"]
+    assert [(f.count, "the same Python float" in f.message) for f in found] == [(4, True), (4, True)], found
 
 
 def test_a_parameter_with_several_host_leaves_names_each_of_them():

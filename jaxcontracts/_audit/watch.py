@@ -139,6 +139,22 @@ def _name_of(fun: Any) -> str:
 
 
 @dataclasses.dataclass
+class _HostLine:
+    """The host data one line of the user's gives a function at each call:
+    a claim about it needs that line to run again (a call made once after the
+    loop claims nothing, nor changes the loop line's claims)."""
+
+    at: Any  # the line (file, number), None where no user frame was found
+    first_run: tuple[Any, ...]  # (line, run) of its first call: not looked at
+    before: dict[int, Any] = dataclasses.field(default_factory=dict)  # leaf -> _marker, its last call
+    # positions of the host leaves of a call -> the host_transfer findings they count for, and
+    # the leaves each "the same value at each call" claim rests on (param -> positions)
+    findings: dict[tuple[int, ...], tuple[list[Finding], dict[str, list[int]]]] = dataclasses.field(
+        default_factory=dict)
+    varied: set[str] = dataclasses.field(default_factory=set)  # params taken for a constant, then changed
+
+
+@dataclasses.dataclass
 class _Function:
     """What a watch knows of one jitted function."""
 
@@ -154,17 +170,11 @@ class _Function:
     follow_site: tuple[str, int] = ("<unknown>", 0)  # the user's line of the last followed call
     site_visit: int = 0  # which run of its jax.jit line made it (Watch._visit)
     run: tuple[Any, ...] = ()  # (line, run) of the user's statement making this call
-    first_run: tuple[Any, ...] | None = None  # that of its first call
     follow_run: tuple[Any, ...] = ()  # that of the last followed call
     equinox: bool = False  # made by eqx.filter_jit
     jit: str = "jax.jit"  # the transform the user wrote: nnx.jit's functions reach jax.jit wrapped
-    host_before: dict[int, Any] = dataclasses.field(default_factory=dict)  # leaf -> _marker, last call
     user_params: dict[int, str] = dataclasses.field(default_factory=dict)  # eqx.filter_jit: leaf -> the user's name
-    # positions of the host leaves of a call -> the host_transfer findings they count for, and
-    # the leaves each "the same value at each call" claim rests on (param -> positions)
-    host_findings: dict[tuple[int, ...], tuple[list[Finding], dict[str, list[int]]]] = dataclasses.field(
-        default_factory=dict)
-    varied: set[str] = dataclasses.field(default_factory=set)  # params taken for a constant, then changed
+    host_lines: dict[Any, _HostLine] = dataclasses.field(default_factory=dict)  # the user's line -> its host data
     donated_leaves: tuple[int, ...] = ()  # the first dynamic leaf of each donated parameter
     # numpy arrays given at earlier calls, by id -> a weak reference (a dataset re-fed each
     # epoch is copied again at each call; a fresh batch each call is the cheapest copy)
@@ -248,8 +258,6 @@ class Watch:
             if frame is not None:
                 at = _key(frame)
                 fn.run = (at, self._visit(at, frame is caller, self._chained(fn, leaves)))
-            if fn.first_run is None:
-                fn.first_run = fn.run
             note = self._before(fn, args, dyn_args, dyn_kwargs, leaves)  # (this call's own)
             before = jitwatch.cache_size(jitted)
         except ContractError:  # the user's loop refusing a missed donation, before the call
@@ -308,25 +316,31 @@ class Watch:
                 note = self._passed_again(fn, *drifted)
         if fn.pending:
             self._settle(fn, at_call=True)
-        # host data at a call after the first, from another run of the user's
-        # line than the first call's (calls inside one setup statement repeat nothing)
+        # host data at a call of a line after its first, from another run of
+        # that line than its first call's (calls inside one setup statement
+        # repeat nothing), compared with that line's call before
         where_host = () if _ONLY_ARRAYS >= set(map(type, leaves)) else tuple(
             i for i, x in enumerate(leaves) if type(x) is not ArrayImpl and not isinstance(x, jax.Array)
         )
         if where_host:
-            if fn.run != fn.first_run:
-                seen = fn.host_findings.get(where_host)
-                if seen is not None and not self._still_constant(fn, seen[1], leaves):
-                    del fn.host_findings[where_host]  # a value equal by chance: looked at afresh
+            at = fn.run[0] if fn.run else None
+            line = fn.host_lines.get(at)
+            if line is None:
+                line = fn.host_lines[at] = _HostLine(at, fn.run)
+            elif fn.run != line.first_run:
+                seen = line.findings.get(where_host)
+                if seen is not None and not self._still_constant(fn, line, seen[1], leaves):
+                    del line.findings[where_host]  # a value equal by chance: looked at afresh
                     seen = None
                 if seen is None:  # these positions for the first time: name them (paths, the line)
-                    found, fresh, constants = self._host_leaves(fn, args, dyn_args, dyn_kwargs, leaves, where_host)
+                    found, fresh, constants = self._host_leaves(
+                        fn, line, args, dyn_args, dyn_kwargs, leaves, where_host)
                     if not fresh:  # (a fresh batch: looked at again at the next call)
-                        fn.host_findings[where_host] = (found, constants)
+                        line.findings[where_host] = (found, constants)
                 else:
                     for found in seen[0]:
                         found.count += 1
-            fn.host_before = {i: _marker(leaves[i]) for i in where_host}
+            line.before = {i: _marker(leaves[i]) for i in where_host}
             _remember_numpy(fn, [leaves[i] for i in where_host])
         return note
 
@@ -569,20 +583,22 @@ class Watch:
 
     # -- host data -----------------------------------------------------------
 
-    def _still_constant(self, fn: _Function, constants: dict[str, list[int]], leaves: Sequence[Any]) -> bool:
+    def _still_constant(
+        self, fn: _Function, line: _HostLine, constants: dict[str, list[int]], leaves: Sequence[Any],
+    ) -> bool:
         """Whether every value claimed "the same at each call" is the last
         call's again; a claim whose value changed (sparse rewards all zero for
         a while) is withdrawn, and never made again for that parameter."""
-        changed = [p for p, where_ in constants.items() if not all(_same(fn.host_before.get(i), leaves[i]) for i in where_)]
+        changed = [p for p, where_ in constants.items() if not all(_same(line.before.get(i), leaves[i]) for i in where_)]
         for param in changed:
-            self._findings.pop(("host_transfer", id(fn), param), None)
-            fn.varied.add(param)
+            self._findings.pop(("host_transfer", id(fn), param, line.at), None)
+            line.varied.add(param)
         return not changed
 
     @staticmethod
-    def _host_kind(fn: _Function, x: Any, i: int) -> str:
-        """What the host value ``x`` at leaf ``i`` of this call is."""
-        if _same(fn.host_before.get(i), x):
+    def _host_kind(fn: _Function, line: _HostLine, x: Any, i: int) -> str:
+        """What the host value ``x`` at leaf ``i`` of this call (from ``line``) is."""
+        if _same(line.before.get(i), x):
             return "constant"  # the last call's value again: one copy before the loop does
         if not isinstance(x, np.ndarray):
             return "number"  # a number that changes: a copy, and a new value to trace in
@@ -591,7 +607,7 @@ class Watch:
         return "fresh"  # a new batch: the call's own copy is the cheapest, nothing to fix
 
     def _host_leaves(
-        self, fn: _Function, args: tuple[Any, ...], dyn_args: tuple[Any, ...],
+        self, fn: _Function, line: _HostLine, args: tuple[Any, ...], dyn_args: tuple[Any, ...],
         dyn_kwargs: dict[str, Any], given: list[Any], where_host: tuple[int, ...],
     ) -> tuple[list[Finding], bool, dict[str, list[int]]]:
         """Numpy arrays and Python numbers given to the function (after its
@@ -604,7 +620,7 @@ class Watch:
         for i in where_host:
             x = given[i]
             if isinstance(x, _HOST_TYPES):  # (a JAX ref is not host data)
-                kinds[i] = self._host_kind(fn, x, i)
+                kinds[i] = self._host_kind(fn, line, x, i)
         if all(what == "fresh" for what in kinds.values()):  # a loader's batch: nothing to name
             return [], bool(kinds), {}
         touched = []
@@ -621,7 +637,7 @@ class Watch:
         constants: dict[str, list[int]] = {}
         for path, (_, x, nbytes, what, i) in zip(paths, leaves):
             param = sigs.param_of(path) if path != "an argument" else path
-            if what == "constant" and param in fn.varied:  # its value changed before: not a constant
+            if what == "constant" and param in line.varied:  # its value changed before: not a constant
                 what = "fresh" if isinstance(x, np.ndarray) else "number"
             if what == "constant":
                 constants.setdefault(param, []).append(i)
@@ -636,7 +652,7 @@ class Watch:
             if what == "fresh":  # every leaf of it a new batch
                 fresh = True
                 continue
-            key = ("host_transfer", id(fn), param)
+            key = ("host_transfer", id(fn), param, line.at)
             found = self._findings.get(key)
             if found is not None:
                 found.count += 1
