@@ -184,8 +184,10 @@ def _pair_step():
         lambda old: old.x + 1,
         lambda old: jax.device_get(old),
         lambda old: jax.jit(lambda a: a * 2)(old.x),
+        lambda old: old.x.block_until_ready(),  # jaxlib's C++ method: its error explained
+        lambda old: jax.block_until_ready(old.x),
     ],
-    ids=["print", "float", "np.asarray", "eager op", "operator", "device_get", "jit"],
+    ids=["print", "float", "np.asarray", "eager op", "operator", "device_get", "jit", "wait", "jax.wait"],
 )
 def test_a_donated_leaf_of_a_foreign_state_read_outside_a_loop_is_named_with_its_step(use):
     # Outside any loop JAX said only "Array has been deleted with shape=float32[3]".

@@ -132,7 +132,8 @@ def set_class_attr(name: str, value: Any) -> None:
 
 @define(
     "deleted-read-hook",
-    "replacing jax._src.array.ArrayImpl._check_if_deleted (the Python check every read and eager use runs)",
+    "replacing jax._src.array.ArrayImpl._check_if_deleted (the Python check every read and eager use runs) "
+    "and wrapping its C++ block_until_ready",
     "a read of a donated array outside jc.hot_loop names its leaf and the step (else JAX's 'Array has been deleted')",
 )
 def _probe_deleted_reads() -> str | None:
@@ -169,6 +170,23 @@ def hook_deleted_reads(explain: Callable[[Any], BaseException | None]) -> None:
 
     _deleted_hook.append(original)
     ArrayImpl._check_if_deleted = _check_if_deleted
+    wait = ArrayImpl.__dict__.get("block_until_ready")
+    if callable(wait):  # jaxlib's C++ method, which checks no Python: its own error, explained
+
+        def block_until_ready(self: Any) -> Any:
+            try:
+                return wait(self)
+            except Exception:
+                if not self.is_deleted():
+                    raise
+                __tracebackhide__ = True
+                error = explain(self)
+                if error is None:
+                    raise
+                raise error from None
+
+        block_until_ready.__doc__ = getattr(wait, "__doc__", None)
+        ArrayImpl.block_until_ready = block_until_ready
 
 
 # --------------------------------------------------------------------------
