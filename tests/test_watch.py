@@ -1182,6 +1182,28 @@ def test_a_state_whose_buffers_another_array_holds_is_no_missed_donation():
     assert [f.param for f in w.findings() if f.kind == "missed_donation"] == ["params"], str(w.report())
 
 
+def test_a_missed_donation_in_gradient_accumulation_is_claimed_for_every_leaf():
+    # params go to the accumulating step four times, then to the update. In a
+    # function the update's dropped params were lost: the id of a dead followed
+    # array was a new array's, given to the accumulating step, which counted as
+    # "given elsewhere". And the claim is the parameter's, all its leaves (it
+    # said the leaves followed at the call that proved it: "2 array(s)" of 4).
+    params = {"w1": jnp.ones((16, 32)), "b1": jnp.zeros(32), "w2": jnp.ones((32, 1)), "b2": jnp.zeros(1)}
+    with jc.watch() as w:
+        grad_step = jax.jit(lambda p, acc, x: jax.tree.map(lambda a, q: a + q * x.sum(), acc, p))
+        apply_step = jax.jit(lambda p, acc: jax.tree.map(lambda q, a: q - 0.01 * a, p, acc))
+        for i in range(48):
+            if i % 4 == 0:
+                acc = jax.tree.map(jnp.zeros_like, params)
+            acc = grad_step(params, acc, jnp.ones(2))
+            if i % 4 == 3:
+                params = apply_step(params, acc)
+    claims = {f.param: f for f in w.findings() if f.kind == "missed_donation" and f.function.endswith("<lambda>")}
+    assert "p" in claims, str(w.report())
+    assert "their 4 array(s)" in claims["p"].message, claims["p"].message
+    assert claims["p"].bytes_per_call == (16 * 32 + 32 + 32 + 1) * 4
+
+
 def test_host_values_are_compared_by_the_bits_the_device_would_get():
     # a constant batch holding NaN (padding marked as missing) is the same array
     # each call (NaN != NaN by value, but it is the same transfer); a batch whose

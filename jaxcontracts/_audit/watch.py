@@ -166,7 +166,8 @@ class _Function:
     window: int = 0  # calls left in which undonated arguments are followed (all of them)
     first_of_param: tuple[int, ...] = ()  # after those, one candidate leaf per parameter is
     candidates: tuple[int, ...] = ()  # dynamic leaf indices an output could reuse
-    pending: list[tuple[int, Any]] = dataclasses.field(default_factory=list)  # (candidate, signatures.Dropped)
+    # (candidate, signatures.Dropped, id of its array when followed)
+    pending: list[tuple[int, Any, int]] = dataclasses.field(default_factory=list)
     follow_site: tuple[str, int] = ("<unknown>", 0)  # the user's line of the last followed call
     site_visit: int = 0  # which run of its jax.jit line made it (Watch._visit)
     run: tuple[Any, ...] = ()  # (line, run) of the user's statement making this call
@@ -174,6 +175,8 @@ class _Function:
     equinox: bool = False  # made by eqx.filter_jit
     jit: str = "jax.jit"  # the transform the user wrote: nnx.jit's functions reach jax.jit wrapped
     user_params: dict[int, str] = dataclasses.field(default_factory=dict)  # eqx.filter_jit: leaf -> the user's name
+    # param -> weak references to arrays that held its followed buffers (None: not told)
+    sharers: dict[str, list[Any] | None] = dataclasses.field(default_factory=dict)
     host_lines: dict[Any, _HostLine] = dataclasses.field(default_factory=dict)  # the user's line -> its host data
     donated_leaves: tuple[int, ...] = ()  # the first dynamic leaf of each donated parameter
     # numpy arrays given at earlier calls, by id -> a weak reference (a dataset re-fed each
@@ -202,7 +205,9 @@ class Watch:
         self._lock = threading.Lock()
         self._functions: list[_Function] = []
         self._findings: dict[tuple[Any, ...], Finding] = {}
-        self._given_elsewhere: dict[int, tuple[_Function, int]] = {}  # id(array) -> pending candidate
+        # id(array) -> the function and the record following it (the id of a dead
+        # array may be a new array's: the record's weak reference tells them apart)
+        self._given_elsewhere: dict[int, tuple[_Function, sigs.Dropped]] = {}
         # jit line -> (the visits of that line that made a function that compiled, seconds)
         # per jax.jit line: the signatures its functions compiled, the runs of the line that
         # compiled one of them again (a new function), the seconds those took
@@ -304,9 +309,9 @@ class Watch:
         if given:  # a followed array given to another function: not dropped, used
             for x in leaves:
                 hit = given.get(id(x))
-                if hit is not None and hit[0] is not fn:
+                if hit is not None and hit[0] is not fn and hit[1].refs[0]() is x:
                     del given[id(x)]
-                    hit[0].pending = [(i, r) for i, r in hit[0].pending if i != hit[1]]
+                    hit[0].pending = [p for p in hit[0].pending if p[1] is not hit[1]]
         if fn.candidates and len(set(map(id, leaves))) != len(leaves):
             self._aliased(fn, leaves)
         note = ""
@@ -363,14 +368,17 @@ class Watch:
         if fn.equinox and only is None:  # the user's names of equinox's grouped leaves (first calls)
             named = _user_names(frames.caller_frame(1), [leaves[i] for i in fn.candidates])
             fn.user_params = {i: sigs.param_of(n) for i, n in zip(fn.candidates, named) if n}
-        for i in fn.candidates if only is None else only:
+        followed = [i for i in (fn.candidates if only is None else only) if isinstance(leaves[i], ArrayImpl)]
+        # in the first calls after a compile, the other arrays that hold their buffers
+        found: dict[int, list[Any]] | None = sigs.sharers([leaves[i] for i in followed]) if only is None else {}
+        for i in followed:
             x = leaves[i]
-            if isinstance(x, ArrayImpl):
-                try:
-                    fn.pending.append((i, sigs.Dropped([x], frame)))
-                except TypeError:
-                    continue
-                self._given_elsewhere[id(x)] = (fn, i)
+            try:
+                followed_x = sigs.Dropped([x], frame, None if found is None else found.get(id(x), []))
+            except TypeError:
+                continue
+            fn.pending.append((i, followed_x, id(x)))
+            self._given_elsewhere[id(x)] = (fn, followed_x)
 
     def _aliased(self, fn: _Function, leaves: Sequence[Any]) -> None:
         """A candidate array passed twice in one call (a DQN's ``update(w,
@@ -394,25 +402,30 @@ class Watch:
         ``samples.append(state.position)``) would be deleted. Only at a call:
         a function never called again (setup) repeats nothing."""
         dropped: dict[str, list[int]] = {}
-        drops: dict[str, list[sigs.Dropped]] = {}
         kept: set[str] = set()
-        for i, d in fn.pending:
+        for i, d, xid in fn.pending:
             param = sigs.param_of(fn.signatures[-1].paths[i])
             if d.dropped:
                 dropped.setdefault(param, []).append(i)
-                drops.setdefault(param, []).append(d)
+                # arrays that held its buffers at that call, kept for the claims of later calls
+                if d.sharers is None:
+                    fn.sharers[param] = None
+                elif d.sharers and fn.sharers.get(param, []) is not None:
+                    fn.sharers[param] = [*fn.sharers.get(param, []), *d.sharers]
             else:
                 kept.add(param)
-            for ref in d.refs:
-                x = ref()
-                if x is not None:
-                    self._given_elsewhere.pop(id(x), None)
+            hit = self._given_elsewhere.get(xid)
+            if hit is not None and hit[1] is d:  # (alive or not: the entry is this record's)
+                del self._given_elsewhere[xid]
         fn.pending = []
         sig = fn.signatures[-1]
         for param in kept:  # kept at one call: never claimed
             self._kept_params.add((id(fn), param))
             self._findings.pop(("missed_donation", id(fn), param), None)
-        for param, idx in dropped.items():
+        for param, followed in dropped.items():
+            # the claim is the parameter's: all its leaves an output could take (after the
+            # first calls one of them is followed per call), donated together
+            idx = [i for i in fn.candidates if sigs.param_of(sig.paths[i]) == param] or followed
             nbytes = sum(sig.nbytes(i) for i in idx)
             key = ("missed_donation", id(fn), param)
             if (id(fn), param) in self._kept_params or not (at_call or key in self._findings):
@@ -425,9 +438,8 @@ class Watch:
                 if at_call:
                     self._tell_loop(found)
                 continue
-            if any(d.held_elsewhere() for d in drops[param]):  # another array over their buffers
-                self._kept_params.add((id(fn), param))
-                continue
+            if param in fn.sharers and sigs.still_shared(fn.sharers[param]):
+                continue  # an array that held their buffers at a call is alive: donating would delete it
             # counted from here: each call after it holds them twice
             self._missed_from[key] = (fn, fn.calls - 1 if at_call else fn.calls)
             names = sorted({fn.user_params[i] for i in idx if i in fn.user_params})

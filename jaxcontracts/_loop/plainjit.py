@@ -175,7 +175,9 @@ def _follow(
         arrays = [leaves[j] for j in idx]
         if all(isinstance(x, jax.Array) for x in arrays):
             nbytes = sum(sig.nbytes(j) for j in idx)
-            out.append(Followed(name, param, nbytes, sigs.Dropped(arrays, user), at, *donating))
+            found = sigs.sharers(arrays)  # (at a compile: one scan of the live arrays)
+            held = None if found is None else [r for refs in found.values() for r in refs]
+            out.append(Followed(name, param, nbytes, sigs.Dropped(arrays, user, held), at, *donating))
     return out
 
 
@@ -186,7 +188,7 @@ def settle(loop: Any) -> None:
     __tracebackhide__ = True
     followed, loop.plain_followed = loop.plain_followed, []
     for f in followed:
-        if not f.dropped.dropped or f.dropped.held_elsewhere():
+        if not f.dropped.dropped or sigs.still_shared(f.dropped.sharers):
             continue
         drifted = ""
         if f.donated:  # it donates another parameter instead: the index drifted

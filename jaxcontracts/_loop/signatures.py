@@ -344,13 +344,15 @@ class Dropped:
     deleted what the step needed. No frame is kept (only its id and line).
     """
 
-    __slots__ = ("_buffers", "_frame", "_line", "at_call", "refs", "__weakref__")
+    __slots__ = ("_frame", "_line", "at_call", "refs", "sharers", "__weakref__")
 
-    def __init__(self, arrays: Sequence[Any], frame: FrameType) -> None:
+    def __init__(self, arrays: Sequence[Any], frame: FrameType, sharers: Sequence[Any] | None = ()) -> None:
         self._frame, self._line = id(frame), frame.f_lineno
         self.at_call = 0
         self.refs = [weakref.ref(a, self._died) for a in arrays]
-        self._buffers = buffers(arrays)
+        # weak references to the other arrays that held their buffers at the call
+        # (:func:`sharers`); None: the buffers could not be told
+        self.sharers = None if sharers is None else list(sharers)
 
     def _died(self, _ref: Any) -> None:
         f = user_frame()
@@ -366,20 +368,40 @@ class Dropped:
         """Whether every array died at the call's own statement."""
         return self.at_call == len(self.refs)
 
-    def held_elsewhere(self) -> bool:
-        """Whether another live array still holds a buffer of the dropped
-        arrays (``params = jax.device_put(init_params)`` on the device they
-        are on gives new arrays over the same buffers): donating them would
-        delete it. True where the buffers could not be told (a miss, never
-        a fix that deletes what the user keeps). A scan of every live array
-        (``jax.live_arrays``): run once per claim."""
-        if self._buffers is None:
-            return True
-        for x in jax.live_arrays():
-            held = None if x.is_deleted() else buffers([x])
-            if held and not self._buffers.isdisjoint(held):
-                return True
-        return False
+
+def still_shared(sharers: list[Any] | None) -> bool:
+    """Whether an array that held the same buffers as a followed one is still
+    alive (donating the followed one would have deleted it); True where the
+    buffers could not be told."""
+    return sharers is None or any(ref() is not None for ref in sharers)
+
+
+def sharers(arrays: Sequence[Any]) -> dict[int, list[Any]] | None:
+    """For each of ``arrays`` (by id) whose buffers another live array also
+    holds now, weak references to those arrays (``params =
+    jax.device_put(init_params, device)`` onto the device they are on gives
+    new arrays over the same buffers: donating one deletes the other, if it
+    is still alive then). None where a buffer cannot be told (a miss, never a
+    fix that deletes what the user keeps). Asked while the arrays are alive
+    (once they are gone, the allocator may give their addresses to new
+    arrays), with one scan of every live array (``jax.live_arrays()``): at a
+    compile, or in the first calls after it, never at every call."""
+    ids = {id(x) for x in arrays}
+    mine: dict[int, set[int]] = {}
+    for x in arrays:
+        held = buffers([x])
+        if held is None:
+            return None
+        for address in held:
+            mine.setdefault(address, set()).add(id(x))
+    found: dict[int, list[Any]] = {}
+    for y in jax.live_arrays():
+        if id(y) in ids or y.is_deleted():
+            continue
+        for address in (buffers([y]) or frozenset()) & mine.keys():
+            for xid in mine[address]:
+                found.setdefault(xid, []).append(weakref.ref(y))
+    return found
 
 
 def buffers(arrays: Sequence[Any]) -> frozenset[int] | None:
