@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import gc
 import re
+import subprocess
 import sys
 import traceback
 import typing
@@ -211,6 +212,45 @@ def test_a_donated_leaf_of_a_foreign_state_read_outside_a_loop_is_named_with_its
         assert "an array (f32[5,7])" in text or "an array (i32[])" in text, text
     assert e.value.contract == "no-donated-use"
     assert jnp.array_equal(s.x, jnp.full((5, 7), 2.0))  # the state the step returned is fine
+
+
+def test_block_until_ready_of_an_array_deleted_otherwise_is_jax_s_own_error():
+    # the step's words only for what a step consumed: an array a plain jax.jit
+    # donated, or one deleted by hand, keeps JAX's JaxRuntimeError
+    _pair_step()  # a donating step compiled: the hook is in
+    plain = jax.jit(lambda a: a * 2, donate_argnums=0)
+    z = jnp.ones(5)
+    plain(z)
+    y = jnp.ones(2)
+    y.delete()
+    for use in (z.block_until_ready, lambda: jax.block_until_ready(y)):
+        with pytest.raises(jax.errors.JaxRuntimeError):
+            use()
+
+
+def test_block_until_ready_still_names_the_step_after_a_first_compile_inside_a_timing_loop(tmp_path):
+    # The loop's timing wraps block_until_ready while it runs; the first donating
+    # compile inside it wrapped the timing wrapper, which the loop's exit then
+    # replaced by jaxlib's method: the step's words were lost for good. (A fresh
+    # process: the hook goes in once, at the first donating compile.)
+    script = tmp_path / "first_compile_in_loop.py"
+    script.write_text(
+        "import jax, jax.numpy as jnp, jaxcontracts as jc\n"
+        "step = jc.hot_step(lambda s: s + 1, state='s')\n"
+        "s = jnp.zeros(3)\n"
+        "with jc.hot_loop(compiles='warmup') as loop:\n"
+        "    for _ in loop.iterate(range(3)):\n"
+        "        s = step(s)\n"
+        "old = s\n"
+        "s = step(s)\n"
+        "for use in (old.block_until_ready, lambda: jax.block_until_ready(old)):\n"
+        "    try:\n"
+        "        use()\n"
+        "    except Exception as e:\n"
+        "        print(type(e).__name__, str(e).splitlines()[0])\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    assert done.stdout.splitlines() == ["DonatedArrayError `old` (f32[3]) was donated to <lambda>."] * 2, done
 
 
 def test_kept_samples_deleted_by_earlier_calls_name_the_list_and_the_donating_step():

@@ -1204,6 +1204,21 @@ def test_a_missed_donation_in_gradient_accumulation_is_claimed_for_every_leaf():
     assert claims["p"].bytes_per_call == (16 * 32 + 32 + 32 + 1) * 4
 
 
+@pytest.mark.parametrize("n", [1024, 4096])
+def test_a_batch_put_where_the_dropped_params_were_hides_no_missed_donation(n):
+    # the allocator gives a dropped array's block to the next batch: buffers are
+    # compared while the followed arrays are alive, never after they died (the
+    # review's case: `x = jax.device_put(np.ones(n))` each step, the claim lost
+    # in 7 runs of 8)
+    with jc.watch() as w:
+        step = jax.jit(lambda params, x: params + 0.01 * x)
+        params = jnp.zeros(n)
+        for _ in range(10):
+            x = jax.device_put(np.ones(n, np.float32))
+            params = step(params, x)
+    assert [f.param for f in w.findings() if f.kind == "missed_donation"] == ["params"], str(w.report())
+
+
 def test_host_values_are_compared_by_the_bits_the_device_would_get():
     # a constant batch holding NaN (padding marked as missing) is the same array
     # each call (NaN != NaN by value, but it is the same transfer); a batch whose

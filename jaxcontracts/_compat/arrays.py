@@ -11,10 +11,12 @@ replacing ``__buffer__`` (Python >= 3.12, PEP 688) or, on 3.11, the type's
 from __future__ import annotations
 
 import ctypes
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
 
+from . import blocking
 from .registry import capability, define
 
 __all__ = [
@@ -147,8 +149,14 @@ def _probe_deleted_reads() -> str | None:
 _deleted_hook: list[Any] = []
 
 
-def hook_deleted_reads(explain: Callable[[Any], BaseException | None]) -> None:
-    """Make ``ArrayImpl._check_if_deleted`` raise ``explain(array)`` (once).
+def hook_deleted_reads(
+    explain: Callable[[Any], BaseException | None],
+    explain_wait: Callable[[Any], BaseException | None] | None = None,
+) -> None:
+    """Make ``ArrayImpl._check_if_deleted`` raise ``explain(array)`` (once),
+    and ``block_until_ready``'s error for a deleted array be
+    ``explain_wait(array)``'s (JAX's is not a ``RuntimeError`` to replace
+    lightly: ``explain_wait`` words only what it knows was consumed).
 
     JAX calls it before every Python read (``_value``: print, float,
     np.asarray, device_get) and before an eager op or a ``jax.jit`` call puts
@@ -170,23 +178,28 @@ def hook_deleted_reads(explain: Callable[[Any], BaseException | None]) -> None:
 
     _deleted_hook.append(original)
     ArrayImpl._check_if_deleted = _check_if_deleted
-    wait = ArrayImpl.__dict__.get("block_until_ready")
-    if callable(wait):  # jaxlib's C++ method, which checks no Python: its own error, explained
+    if "block_until_ready" in ArrayImpl.__dict__ and capability("block-timing").available:
+        blocking.wrap_method(functools.partial(_explained_wait, explain=explain_wait or explain))
 
-        def block_until_ready(self: Any) -> Any:
-            try:
-                return wait(self)
-            except Exception:
-                if not self.is_deleted():
-                    raise
-                __tracebackhide__ = True
-                error = explain(self)
-                if error is None:
-                    raise
-                raise error from None
 
-        block_until_ready.__doc__ = getattr(wait, "__doc__", None)
-        ArrayImpl.block_until_ready = block_until_ready
+def _explained_wait(wait: Callable[[Any], Any], explain: Callable[[Any], BaseException | None]) -> Any:
+    """``block_until_ready`` (jaxlib's C++ method, which runs no Python check),
+    its error for a deleted array replaced by ``explain``'s (None: JAX's own)."""
+
+    def block_until_ready(self: Any) -> Any:
+        try:
+            return wait(self)
+        except Exception:
+            if not self.is_deleted():
+                raise
+            __tracebackhide__ = True
+            error = explain(self)
+            if error is None:
+                raise
+            raise error from None
+
+    block_until_ready.__doc__ = getattr(wait, "__doc__", None)
+    return block_until_ready
 
 
 # --------------------------------------------------------------------------

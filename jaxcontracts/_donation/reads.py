@@ -16,7 +16,7 @@ from .._format import fmt_aval
 from .._runtime import arrays_named, donated, donation_fix, local
 from .._userline import user_frame
 
-__all__ = ["deleted_read"]
+__all__ = ["consumed_wait", "deleted_read"]
 
 
 def deleted_read(x: Any) -> Exception | None:
@@ -39,3 +39,13 @@ def deleted_read(x: Any) -> Exception | None:
         loop.violation("donation", summary, fix)  # raises, or records (then JAX's error)
         return None
     return DonatedArrayError(summary, fix=fix, contract="no-donated-use", step=by, leaves=[path] if path else [])
+
+
+def consumed_wait(x: Any) -> Exception | None:
+    """The error for ``x.block_until_ready()`` of a deleted array: the
+    donation's, only where a step's record says it consumed ``x`` (JAX's own
+    error there is a ``JaxRuntimeError``, which an array deleted otherwise,
+    by ``x.delete()`` or a plain ``jax.jit``'s donation, keeps)."""
+    __tracebackhide__ = True
+    by = _steps.consumed_by(x)
+    return deleted_read(x) if by is not None and _steps.jit_donation(x) is None else None

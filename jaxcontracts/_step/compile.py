@@ -30,7 +30,7 @@ from .._compat import events
 from .._compat.arrays import hook_deleted_reads
 from .._compat.executable import alias_bytes, aliased_parameters, requested_aliases
 from .._compat.tracing import context_changes, flatten, jit_context
-from .._donation.reads import deleted_read
+from .._donation.reads import consumed_wait, deleted_read
 from .._dtypes import canonical
 from .._errors import (
     NOTHING_RAN,
@@ -492,7 +492,8 @@ def compile_signature(
     )
     donated_set = set(donated)
     if donated:
-        hook_deleted_reads(deleted_read)  # later reads of what it consumes name the leaf and the step
+        # later reads of what it consumes name the leaf and the step
+        hook_deleted_reads(deleted_read, consumed_wait)
     host = tuple(i for i, p in enumerate(flat_paths) if p[0].idx in definition.host_params)
     nbytes = {k: spec_nbytes(x) for k, x in {id(x): x for x in exact}.items()}  # once per distinct spec (_exact_specs)
     return CompiledSignature(
