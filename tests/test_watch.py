@@ -1148,7 +1148,7 @@ def test_a_value_equal_by_chance_for_a_while_is_not_called_a_constant():
             v = td(v, rewards[idx], 0.99 if t < 10 else 0.9 + t / 100)
     found = {f.param: f for f in w.findings() if f.kind == "host_transfer"}
     assert sorted(found) == ["gamma"], found
-    assert "a new Python float at each call" in found["gamma"].message, found["gamma"].message
+    assert "a Python float whose value changes between calls" in found["gamma"].message, found["gamma"].message
     # and a constant that stays one is still claimed, counted at each call
     with jc.watch() as w:
         td = jax.jit(lambda v, rew: v + rew.sum())

@@ -681,7 +681,8 @@ class Watch:
                            f"({path}): copied to the device at every call it is given")
                 fix = host_fix("refed")
             else:
-                message = f"{param} of {sigs.short(fn.name)} is a new {kind} at each call ({path}): a host-to-device copy each call"
+                message = (f"{param} of {sigs.short(fn.name)} is a {kind} whose value changes between calls "
+                           f"({path}): a host-to-device copy at every call")
                 fix = host_fix("number")
             self._findings[key] = Finding(
                 "host_transfer", fn.name, *_user_line(fn.site), count=1, param=param, bytes_per_call=nbytes,
