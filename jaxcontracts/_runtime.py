@@ -250,6 +250,19 @@ HOST_FIXES = {
 }
 
 
+def debug_reads_fix(fix: str) -> str:
+    """``fix``, the fix of a device-to-host read in a loop, led by what makes
+    JAX read every output where ``jax_debug_nans`` / ``jax_debug_infs`` is on
+    (a read the user's line never wrote: JAX's look for nans after a call)."""
+    on = [name for name in ("jax_debug_nans", "jax_debug_infs") if getattr(jax.config, name, False)]
+    if not on:
+        return fix
+    return (f"{' and '.join(on)} is on: after each call JAX copies every output to the host to look for "
+            f"nans or infs, which a loop refuses; where this line reads nothing itself, that is the read: "
+            f'turn it off for hot loops (jax.config.update("{on[0]}", False)), or look for them outside '
+            f"jc.hot_loop. Otherwise: {fix}")
+
+
 def host_fix(*kinds: str, param: str = "x") -> str:
     """The fixes of :data:`HOST_FIXES` for ``kinds``, joined, naming ``param``."""
     return "; ".join(HOST_FIXES[k] for k in kinds).replace("; or ", ", or ").format(param=param)

@@ -413,8 +413,32 @@ def test_debug_infs_reading_a_step_s_outputs_in_a_loop_says_so_and_what_it_cost(
     finally:
         jax.config.update("jax_debug_infs", False)
     notes = "\n".join(info.value.__notes__)
-    assert "s['x']: f32[3] deleted" in notes and "jax_debug_infs is on" in notes, notes
+    assert "s['x']: f32[3] deleted" in notes, notes
+    assert info.value.fix.startswith("jax_debug_infs is on: after each call JAX copies every output")
     assert s["x"].is_deleted()
+
+
+def test_debug_nans_reading_outputs_in_a_loop_is_the_fix_named_for_any_call(tmp_path):
+    # JAX's look at the outputs is a read the user's line never wrote: the fix
+    # names the option first, for a hot step compiled with it on (JAX donates
+    # nothing then: the state stays intact) and for a plain jax.jit. (A fresh
+    # process: whether JAX's C++ path looks at the outputs of a warm plain
+    # jax.jit depends on what ran before.)
+    script = tmp_path / "debug_nans_loop.py"
+    script.write_text(
+        "import jax, jax.numpy as jnp, jaxcontracts as jc\n"
+        "jax.config.update('jax_debug_nans', True)\n"
+        "for call in (jc.hot_step(lambda s: s * 0.5, state='s', donate='all'), jax.jit(lambda s: s * 0.25)):\n"
+        "    s = call(jnp.ones(3))\n"
+        "    try:\n"
+        "        with jc.hot_loop():\n"
+        "            call(s)\n"
+        "    except jc.TransferError as e:\n"
+        "        print(e.fix[:64], float(s[0]))\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
+    prefix = "jax_debug_nans is on: after each call JAX copies every output to"
+    assert done.stdout.splitlines() == [f"{prefix} 0.5", f"{prefix} 0.25"], done
 
 
 @pytest.mark.parametrize("level", ["fast", "off"])

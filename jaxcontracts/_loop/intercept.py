@@ -60,6 +60,7 @@ from .._hazards import is_deleted_array
 from .._report.timing import in_use
 from .._runtime import (
     arrays_named,
+    debug_reads_fix,
     donated,
     donation_fix,
     local,
@@ -169,9 +170,11 @@ def _on_read(x: Any, name: str, frame: Any = None) -> None:
         "saver (an orbax CheckpointManager.save), an asynchronous copy in host "
         "memory that later steps may donate past."
         if name == "copy_to_host_async"
-        else "read it deliberately and rarely with jc.fetch(x) (e.g. every 1000 "
-        "steps), or move the read after the loop; an `if` on an array belongs "
-        "in the step (jnp.where / lax.cond).",
+        else debug_reads_fix(
+            "read it deliberately and rarely with jc.fetch(x) (e.g. every 1000 "
+            "steps), or move the read after the loop; an `if` on an array belongs "
+            "in the step (jnp.where / lax.cond)."
+        ),
         frame,
     )
 

@@ -511,13 +511,6 @@ def _forget_bound(bound: dict[int, Any], key: int, ref: Any) -> None:
 # The slow path: diagnose a call the call path refused, or compile for it
 
 
-_DEBUG_READS = (
-    "{0} is on: after each call JAX copies every output to the host to look for nans or "
-    "infs, the device-to-host read refused here. Turn it off for hot loops "
-    '(jax.config.update("{1}", False)), or look for them outside jc.hot_loop.'
-)
-
-
 def _debug_reads_on() -> list[str]:
     """The options that make JAX read every output to the host after a call."""
     return [name for name in ("jax_debug_nans", "jax_debug_infs") if getattr(jax.config, name)]
@@ -587,9 +580,10 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         # what it cost instead of diagnosing the deleted inputs.
         assert exc is not None
         exc.add_note(run_failed_note(definition, paths, leaves, donated))
-        if isinstance(exc, TransferError):
-            exc.add_note(_DEBUG_READS.format(" and ".join(debug), debug[0]))
         _steps.keep([leaves[i] for i in donated if leaves[i].is_deleted()], step.short_name)
+        raise exc
+    if debug:  # JAX's look at the outputs (its fix says so), the inputs intact: nothing to diagnose
+        assert exc is not None
         raise exc
     deleted, duplicates = find_hazards(leaves, donated)
     if deleted or duplicates:
