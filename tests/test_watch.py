@@ -493,6 +493,18 @@ _AS_PYTHON_RUNS_IT = {
     "while threading.active_count() > 1 and time.time() < deadline:\n"
     "    time.sleep(0.01)\n"
     "print(x.tolist(), [t.name for t in threading.enumerate()])\n",
+    # a transfer guard the script sets for the whole process refuses as it
+    # does alone: the audit sets none of JAX's guards
+    "process_guard": "import jax, jax.numpy as jnp, numpy as np\n"
+    "jax.config.update('jax_transfer_guard', 'disallow')\n"
+    "f = jax.jit(lambda x: x + 1)\n"
+    "try:\n"
+    "    f(np.ones(3, np.float32))\n"
+    "    print('numpy argument allowed')\n"
+    "except Exception as e:\n"
+    "    print('refused', type(e).__name__)\n"
+    "with jax.transfer_guard('allow'):\n"
+    "    print(float(f(jnp.ones(3))[0]))\n",
     "atexit": "import atexit, dataclasses, pickle, jax, jax.numpy as jnp\n"
     "@dataclasses.dataclass\n"
     "class Ckpt:\n"

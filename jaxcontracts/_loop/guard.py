@@ -387,7 +387,9 @@ class HotLoop:
         # (jc.watch() enters a loop before the audited script's first line, which
         # may still configure it), and a guard that has nothing to watch is free.
         modes: dict[str, str] = {}
-        if self.checks_transfers:
+        if self.audit:
+            pass  # the audit's: it reads through the array hooks, JAX's guards stay as the script set them
+        elif self.checks_transfers:
             if self.checks_host_to_device:
                 modes["host_to_device"] = "disallow" if self.on_violation == "raise" else "log"
             else:  # allow_host_to_device: even inside an outer loop that refuses them
