@@ -33,6 +33,7 @@ __all__ = [
     "LoopStack",
     "arrays_named",
     "compiling",
+    "debug_reads_fix",
     "deleted_because",
     "donated",
     "donation_fix",

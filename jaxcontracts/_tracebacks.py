@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import jax
 import numpy as np
 
+from ._compat.tracing import exclude_from_source_info
 from ._errors import ContractError
 
 __all__ = ["boundary", "filtering", "is_library", "let_go", "trim", "trim_ours"]
@@ -167,6 +168,21 @@ def _private_here(path: str) -> bool:
     if not path.startswith(_PACKAGE_DIR + os.sep):
         return False
     return any(part.startswith("_") for part in path[len(_PACKAGE_DIR) + 1 :].split(os.sep))
+
+
+def _private_prefixes() -> list[str]:
+    """The path prefixes of this package's private modules and subpackages."""
+    return [
+        os.path.join(_PACKAGE_DIR, name) + ("" if name.endswith(".py") else os.sep)
+        for name in sorted(os.listdir(_PACKAGE_DIR))
+        if name.startswith("_") and name != "__pycache__"
+        and (name.endswith(".py") or os.path.isdir(os.path.join(_PACKAGE_DIR, name)))
+    ]
+
+
+# JAX's messages (jax_explain_cache_misses, the site of a callback) name the
+# user's line through the library's frames, as through JAX's own
+exclude_from_source_info(_private_prefixes())
 
 
 def boundary(fn: F) -> F:

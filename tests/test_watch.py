@@ -531,6 +531,23 @@ def test_the_audited_script_runs_as_python_runs_it(tmp_path, name):
         assert "3 call(s) observed" in audited.stderr, audited.stderr
 
 
+def test_jax_s_own_messages_name_the_script_s_line_under_the_audit(tmp_path):
+    # jax_explain_cache_misses names where the call was made: under the audit
+    # it named the library's wrapper frame (_loop/plainjit.py)
+    script = tmp_path / "misses.py"
+    script.write_text(
+        "import jax, jax.numpy as jnp\n"
+        "jax.config.update('jax_explain_cache_misses', True)\n"
+        "f = jax.jit(lambda x: x + 1)\n"
+        "for n in (3, 4):\n"
+        "    f(jnp.ones(n))  # the call\n"
+    )
+    audited = subprocess.run([sys.executable, "-m", "jaxcontracts", "audit", script.name],
+                             capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    misses = [line for line in audited.stderr.splitlines() if line.startswith("TRACING CACHE MISS at ")]
+    assert misses and all(f"{script}:5:" in line for line in misses), audited.stderr
+
+
 def test_a_subprocess_that_outlives_the_audited_script_keeps_its_stderr(tmp_path):
     # A data loader or multiprocessing's resource tracker inherits the script's
     # stderr, which the audit's record mode reads through a pipe. It writes

@@ -16,7 +16,7 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from . import blocking
+from .blocking import wrap_method
 from .registry import capability, define
 
 __all__ = [
@@ -179,7 +179,7 @@ def hook_deleted_reads(
     _deleted_hook.append(original)
     ArrayImpl._check_if_deleted = _check_if_deleted
     if "block_until_ready" in ArrayImpl.__dict__ and capability("block-timing").available:
-        blocking.wrap_method(functools.partial(_explained_wait, explain=explain_wait or explain))
+        wrap_method(functools.partial(_explained_wait, explain=explain_wait or explain))
 
 
 def _explained_wait(wait: Callable[[Any], Any], explain: Callable[[Any], BaseException | None]) -> Any:

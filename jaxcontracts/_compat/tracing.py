@@ -12,6 +12,7 @@ from .registry import capability, define, missing
 
 __all__ = [
     "REGISTERED",
+    "exclude_from_source_info",
     "Tracer",
     "context_changes",
     "cpp_call",
@@ -45,6 +46,35 @@ try:  # what is_top_level() compares, for the call path to read inline
     _refs: tuple[Any, Any, Any, Any] | None = (_trace_ref, _eval_trace, _axis_ref, _top_axis_env)
 except ImportError:  # pragma: no cover - future jax
     _refs = None
+
+
+try:  # the paths JAX's messages skip when they name the user's line
+    from jax._src import source_info_util as _source_info
+except ImportError:  # pragma: no cover - future jax
+    _source_info = None  # type: ignore[assignment]
+
+
+@define(
+    "source-exclusion",
+    "jax._src.source_info_util.register_exclusion (the paths JAX skips to name the user's line)",
+    "JAX's own messages for a call made through a hot step, a hot loop or jc.watch() "
+    "(jax_explain_cache_misses, a callback's site) name a jaxcontracts frame, not the user's line",
+)
+def _probe_source_exclusion() -> str | None:
+    if _source_info is None:
+        return "jax._src.source_info_util is gone"
+    for name in ("register_exclusion", "is_user_filename"):
+        if not callable(getattr(_source_info, name, None)):
+            return f"source_info_util.{name} is gone"
+    return None
+
+
+def exclude_from_source_info(prefixes: list[str]) -> None:
+    """Have JAX skip the files under ``prefixes`` when it names the user's
+    line in its messages, as it skips its own (and flax's) frames."""
+    if capability("source-exclusion").available:
+        for prefix in prefixes:
+            _source_info.register_exclusion(prefix)
 
 
 @define(
