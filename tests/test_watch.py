@@ -1248,6 +1248,26 @@ def test_a_batch_put_where_the_dropped_params_were_hides_no_missed_donation(n):
     assert [f.param for f in w.findings() if f.kind == "missed_donation"] == ["params"], str(w.report())
 
 
+def test_a_subtree_kept_after_the_first_calls_withdraws_the_claim():
+    # the best parameters kept at the end of an epoch (`best = state["params"]`)
+    # well after the first calls: only the state's first leaf was followed
+    # there, the claim stood, and its fix deleted `best`, read after the loop
+    def train(state, x):
+        return jax.tree.map(lambda a: a - 0.01 * x.sum(), state)
+
+    with jc.watch() as w:
+        step = jax.jit(train)
+        state = {"count": jnp.zeros(()), "params": {"w": jnp.ones((4, 4)), "b": jnp.zeros(4)}}
+        best = None
+        for epoch in range(3):
+            for _ in range(5):
+                state = step(state, jnp.ones(2))
+            if epoch == 1:
+                best = state["params"]
+    assert [f for f in w.findings() if f.kind == "missed_donation"] == [], str(w.report())
+    assert float(best["w"][0, 0]) < 1.0
+
+
 def test_host_values_are_compared_by_the_bits_the_device_would_get():
     # a constant batch holding NaN (padding marked as missing) is the same array
     # each call (NaN != NaN by value, but it is the same transfer); a batch whose

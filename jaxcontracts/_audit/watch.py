@@ -164,10 +164,10 @@ class _Function:
     calls: int = 0
     signatures: list[sigs.Signature] = dataclasses.field(default_factory=list)
     window: int = 0  # calls left in which undonated arguments are followed (all of them)
-    first_of_param: tuple[int, ...] = ()  # after those, one candidate leaf per parameter is
+    groups: tuple[tuple[int, ...], ...] = ()  # the candidates by parameter, followed at every call
     candidates: tuple[int, ...] = ()  # dynamic leaf indices an output could reuse
-    # (candidate, signatures.Dropped, id of its array when followed)
-    pending: list[tuple[int, Any, int]] = dataclasses.field(default_factory=list)
+    # (a candidate of the parameter, its arrays' signatures.Dropped, their ids when followed)
+    pending: list[tuple[int, Any, tuple[int, ...]]] = dataclasses.field(default_factory=list)
     follow_site: tuple[str, int] = ("<unknown>", 0)  # the user's line of the last followed call
     site_visit: int = 0  # which run of its jax.jit line made it (Watch._visit)
     run: tuple[Any, ...] = ()  # (line, run) of the user's statement making this call
@@ -207,7 +207,7 @@ class Watch:
         self._findings: dict[tuple[Any, ...], Finding] = {}
         # id(array) -> the function and the record following it (the id of a dead
         # array may be a new array's: the record's weak reference tells them apart)
-        self._given_elsewhere: dict[int, tuple[_Function, sigs.Dropped]] = {}
+        self._given_elsewhere: dict[int, tuple[_Function, sigs.Dropped, int]] = {}
         # jit line -> (the visits of that line that made a function that compiled, seconds)
         # per jax.jit line: the signatures its functions compiled, the runs of the line that
         # compiled one of them again (a new function), the seconds those took
@@ -287,14 +287,11 @@ class Watch:
             if jitwatch.cache_size(jitted) != before:
                 compiled = not self._counting or getattr(self._lowered, "n", 0) != lowered
                 self._compiled(fn, args, kwargs, dyn_args, dyn_kwargs, leaves, out, time.perf_counter() - t0, compiled)
-            if fn.window:
-                fn.window -= 1
-                self._follow(fn, leaves)
-            elif fn.first_of_param:
-                # after the first calls, one array per parameter at every call:
-                # a state kept later (`best = params` at step 10) withdraws a
-                # claim whose fix would delete it
-                self._follow(fn, leaves, fn.first_of_param)
+            if fn.groups:
+                # every call: a state kept later (`best = state.params` at
+                # epoch 4) withdraws a claim whose fix would delete it
+                self._follow(fn, leaves, first=fn.window > 0)
+                fn.window = max(fn.window - 1, 0)
         except Exception as err:  # noqa: BLE001
             self._trouble(fn, err)
         return out
@@ -309,7 +306,7 @@ class Watch:
         if given:  # a followed array given to another function: not dropped, used
             for x in leaves:
                 hit = given.get(id(x))
-                if hit is not None and hit[0] is not fn and hit[1].refs[0]() is x:
+                if hit is not None and hit[0] is not fn and hit[1].refs[hit[2]]() is x:
                     del given[id(x)]
                     hit[0].pending = [p for p in hit[0].pending if p[1] is not hit[1]]
         if fn.candidates and len(set(map(id, leaves))) != len(leaves):
@@ -357,28 +354,32 @@ class Watch:
 
     # -- donation ------------------------------------------------------------
 
-    def _follow(self, fn: _Function, leaves: Sequence[Any], only: Sequence[int] | None = None) -> None:
-        """This call's undonated candidates followed (``signatures.Dropped``),
-        settled at the next call; ``only``: these of them (one per parameter)."""
+    def _follow(self, fn: _Function, leaves: Sequence[Any], first: bool) -> None:
+        """This call's undonated candidates followed, one ``signatures.Dropped``
+        per parameter, settled at the next call; in the ``first`` calls after
+        a compile, with the other arrays that hold their buffers."""
         fn.follow_site = _user_line(fn.follow_site)
         fn.follow_run = fn.run
         frame = user_frame()
         if frame is None:
             return
-        if fn.equinox and only is None:  # the user's names of equinox's grouped leaves (first calls)
+        if fn.equinox and first:  # the user's names of equinox's grouped leaves (first calls)
             named = _user_names(frames.caller_frame(1), [leaves[i] for i in fn.candidates])
             fn.user_params = {i: sigs.param_of(n) for i, n in zip(fn.candidates, named) if n}
-        followed = [i for i in (fn.candidates if only is None else only) if isinstance(leaves[i], ArrayImpl)]
-        # in the first calls after a compile, the other arrays that hold their buffers
-        found: dict[int, list[Any]] | None = sigs.sharers([leaves[i] for i in followed]) if only is None else {}
-        for i in followed:
-            x = leaves[i]
-            try:
-                followed_x = sigs.Dropped([x], frame, None if found is None else found.get(id(x), []))
-            except TypeError:
+        groups = [[leaves[i] for i in group if type(leaves[i]) is ArrayImpl] for group in fn.groups]
+        found: dict[int, list[Any]] | None = (
+            sigs.sharers([x for arrays in groups for x in arrays]) if first else {}
+        )
+        given = self._given_elsewhere
+        for group, arrays in zip(fn.groups, groups):
+            if not arrays:
                 continue
-            fn.pending.append((i, followed_x, id(x)))
-            self._given_elsewhere[id(x)] = (fn, followed_x)
+            held = None if found is None else [r for x in arrays for r in found.get(id(x), ())]
+            followed = sigs.Dropped(arrays, frame, held)
+            ids = tuple(map(id, arrays))
+            fn.pending.append((group[0], followed, ids))
+            for k, xid in enumerate(ids):
+                given[xid] = (fn, followed, k)
 
     def _aliased(self, fn: _Function, leaves: Sequence[Any]) -> None:
         """A candidate array passed twice in one call (a DQN's ``update(w,
@@ -403,7 +404,7 @@ class Watch:
         a function never called again (setup) repeats nothing."""
         dropped: dict[str, list[int]] = {}
         kept: set[str] = set()
-        for i, d, xid in fn.pending:
+        for i, d, xids in fn.pending:
             param = sigs.param_of(fn.signatures[-1].paths[i])
             if d.dropped:
                 dropped.setdefault(param, []).append(i)
@@ -414,9 +415,10 @@ class Watch:
                     fn.sharers[param] = [*fn.sharers.get(param, []), *d.sharers]
             else:
                 kept.add(param)
-            hit = self._given_elsewhere.get(xid)
-            if hit is not None and hit[1] is d:  # (alive or not: the entry is this record's)
-                del self._given_elsewhere[xid]
+            for xid in xids:
+                hit = self._given_elsewhere.get(xid)
+                if hit is not None and hit[1] is d:  # (alive or not: the entry is this record's)
+                    del self._given_elsewhere[xid]
         fn.pending = []
         sig = fn.signatures[-1]
         for param in kept:  # kept at one call: never claimed
@@ -588,10 +590,7 @@ class Watch:
         for arrays, rec in sigs.donations(fn.options, sig, leaves, donated, fn.candidates, fn.name, site):
             _steps.keep(arrays, rec)
         fn.window = DONATION_WINDOW if fn.candidates else 0
-        firsts: dict[str, int] = {}
-        for i in fn.candidates:
-            firsts.setdefault(sigs.param_of(sig.paths[i]), i)
-        fn.first_of_param = tuple(firsts.values())
+        fn.groups = tuple(tuple(idx) for idx in sigs.by_param(sig, fn.candidates).values())
 
     # -- host data -----------------------------------------------------------
 
