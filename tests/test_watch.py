@@ -1268,6 +1268,24 @@ def test_a_subtree_kept_after_the_first_calls_withdraws_the_claim():
     assert float(best["w"][0, 0]) < 1.0
 
 
+def test_a_jit_made_again_each_epoch_is_one_row_and_its_fix_keeps_the_partial():
+    # `step = jax.jit(partial(update, cfg))` inside the epoch loop: one
+    # function to its author, six to JAX; it gave six identical rows, and a fix
+    # (`jax.jit(update, ...)`) that dropped the partial
+    def update(cfg, params, x):
+        return jax.tree.map(lambda p: p - cfg * x.sum(), params)
+
+    with jc.watch() as w:
+        params = {"w": jnp.ones((4, 4)), "b": jnp.zeros(4)}
+        for _ in range(3):
+            step = jax.jit(functools.partial(update, 0.1))
+            for _ in range(5):
+                params = step(params, jnp.ones(2))
+    (missed,) = [f for f in w.findings() if f.kind == "missed_donation"]
+    assert missed.count >= 12, missed  # the three functions' calls, summed
+    assert missed.fix.startswith("jax.jit(partial(update, ...), donate_argnames=('params',))"), missed.fix
+
+
 def test_host_values_are_compared_by_the_bits_the_device_would_get():
     # a constant batch holding NaN (padding marked as missing) is the same array
     # each call (NaN != NaN by value, but it is the same transfer); a batch whose

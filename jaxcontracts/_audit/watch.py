@@ -174,6 +174,7 @@ class _Function:
     follow_run: tuple[Any, ...] = ()  # that of the last followed call
     equinox: bool = False  # made by eqx.filter_jit
     jit: str = "jax.jit"  # the transform the user wrote: nnx.jit's functions reach jax.jit wrapped
+    written: str = ""  # what the user gave it where that is not the function's name (a partial)
     user_params: dict[int, str] = dataclasses.field(default_factory=dict)  # eqx.filter_jit: leaf -> the user's name
     # param -> weak references to arrays that held its followed buffers (None: not told)
     sharers: dict[str, list[Any] | None] = dataclasses.field(default_factory=dict)
@@ -244,6 +245,8 @@ class Watch:
         state.equinox = module.startswith("equinox")
         # what the user wrote: nnx.jit hands jax.jit a JitFn (its __module__ is the user's)
         state.jit = "nnx.jit" if type(fun).__module__.startswith("flax.nnx") else "jax.jit"
+        if isinstance(fun, functools.partial):  # its fix keeps the partial the user wrote
+            state.written = f"partial({sigs.short(state.name)}, ...)"
         with self._lock:
             self._functions.append(state)
         return _Watched(jitted, fun, state, self)
@@ -450,7 +453,7 @@ class Watch:
             fix = (
                 f'@eqx.filter_jit(donate="all") on {sigs.short(fn.name)} (or "all-except-first" where the '
                 'first argument is kept); or @jc.hot_step(state=..., donate="all")' if fn.equinox else
-                sigs.missed_donation_fix(fn.name, param, fn.jit)
+                sigs.missed_donation_fix(fn.name, param, fn.jit, fn.written)
             )
             self._findings[key] = Finding(  # (equinox's group named by the user's parameters in it)
                 "missed_donation", fn.name, *fn.follow_site, count=1,
@@ -719,8 +722,21 @@ class Watch:
             missed = self._findings.get(key)
             if missed is not None:
                 missed.count = max(missed.count, fn.calls - first)
+        # one row per line and fix: a jax.jit made again each epoch is one function
+        # to the user (its findings of every epoch's function summed)
+        rows: dict[tuple[Any, ...], Finding] = {}
+        for f in self._findings.values():
+            key = (f.kind, f.function, f.file, f.line, f.param, f.fix)
+            row = rows.get(key)
+            if row is None:
+                rows[key] = dataclasses.replace(f)
+            else:
+                row.count += f.count
+                row.bytes_per_call = max(row.bytes_per_call or 0, f.bytes_per_call or 0) or None
+                if f.seconds is not None:
+                    row.seconds = (row.seconds or 0.0) + f.seconds
         # a missed donation repeats: one seen at a single call is setup's
-        found = [f for f in self._findings.values() if f.kind != "missed_donation" or f.count > 1]
+        found = [f for f in rows.values() if f.kind != "missed_donation" or f.count > 1]
         return sorted(found, key=lambda f: (f.kind != "wrong_donation", -f.cost, f.file, f.line))
 
     @property

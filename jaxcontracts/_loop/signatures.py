@@ -200,12 +200,13 @@ def _first_difference(a: str, b: str, room: int = 14) -> str:
     return f"{cut(a)} -> {cut(b)}"
 
 
-def missed_donation_fix(name: str, param: str, jit: str = "jax.jit") -> str:
+def missed_donation_fix(name: str, param: str, jit: str = "jax.jit", written: str = "") -> str:
     """The fix of a missed donation of ``param`` to the jitted function ``name``
     (the watch's finding and the loop's violation say it alike); ``jit``: the
-    transform the user wrote (``nnx.jit`` passes donation on to jax.jit)."""
+    transform the user wrote (``nnx.jit`` passes donation on to jax.jit);
+    ``written``: what the user gave it, where not the function itself (a partial)."""
     return (
-        f"{jit}({short(name)}, donate_argnames=({param!r},)) (names do not drift when parameters "
+        f"{jit}({written or short(name)}, donate_argnames=({param!r},)) (names do not drift when parameters "
         f'move); or @jc.hot_step(state={param!r}, donate="all")'
     )
 
