@@ -245,6 +245,10 @@ HOST_FIXES = {
     "where it fits in device memory; a loader that makes new arrays each step is the cheapest copy",
     # a new Python number at each call
     "number": "carry it on the device in the state (jnp arrays), updated by the step itself",
+    # host data given by a library's own jitted helper, called outside any jax.jit
+    "library": "it is passed by a library's own jitted function, which your line calls outside "
+    "any jax.jit (an optimizer's update run eagerly): jit the whole step that calls it, where "
+    "such values are compiled in",
     # a Python scalar in an eager op
     "eager": "a Python scalar in an eager op (x * 2 outside a step) is a transfer too: do the op "
     "inside a hot_step, or make the scalar a device array before the loop",

@@ -1286,6 +1286,30 @@ def test_a_jit_made_again_each_epoch_is_one_row_and_its_fix_keeps_the_partial():
     assert missed.fix.startswith("jax.jit(partial(update, ...), donate_argnames=('params',))"), missed.fix
 
 
+def test_host_data_a_library_s_own_jitted_helper_is_given_says_to_jit_the_step(tmp_path):
+    # optax's adam run eagerly: its own jitted bias correction gets b1 and b2,
+    # Python floats; "carry it on the device in the state" was advice for code
+    # the user never wrote. (A script: optax's helpers are jitted at its import.)
+    pytest.importorskip("optax")
+    script = tmp_path / "eager_adam.py"
+    script.write_text(
+        "import jax, jax.numpy as jnp, optax\n"
+        "tx = optax.adam(0.05)\n"
+        "params = {'w': jnp.zeros(5)}\n"
+        "opt_state = tx.init(params)\n"
+        "grad = jax.jit(lambda p: {'w': p['w'] * 2 + 1})\n"
+        "for _ in range(6):\n"
+        "    g = grad(params)\n"
+        "    updates, opt_state = tx.update(g, opt_state)\n"
+        "    params = optax.apply_updates(params, updates)\n"
+    )
+    out = tmp_path / "found.json"
+    subprocess.run([sys.executable, "-m", "jaxcontracts", "audit", "--json", str(out), str(script)],
+                   capture_output=True, text=True, timeout=300, check=True)
+    found = [f for f in json.loads(out.read_text()) if f["kind"] == "host_transfer"]
+    assert found and all(f["fix"].startswith("it is passed by a library's own jitted function") for f in found), found
+
+
 def test_host_values_are_compared_by_the_bits_the_device_would_get():
     # a constant batch holding NaN (padding marked as missing) is the same array
     # each call (NaN != NaN by value, but it is the same transfer); a batch whose

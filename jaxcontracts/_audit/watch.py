@@ -35,6 +35,7 @@ import collections
 import copy
 import dataclasses
 import functools
+import inspect
 import json
 import operator
 import textwrap
@@ -57,7 +58,7 @@ from .._loop import signatures as sigs
 from .._report.render import findings_html
 from .._runtime import host_fix, local
 from .._state.spec import leaf_spec, spec_nbytes, value_kind
-from .._tracebacks import trim_ours
+from .._tracebacks import is_library, trim_ours
 from .._userline import user_frame, where
 
 __all__ = ["Finding", "Watch", "WatchReport"]
@@ -127,13 +128,18 @@ def _fmt_seconds(seconds: float) -> str:
     return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1e3:.1f} ms"
 
 
+def _unwrapped(fun: Any) -> Any:
+    """The function a ``functools.partial`` or a bound method calls."""
+    while isinstance(fun, functools.partial):
+        fun = fun.func
+    return getattr(fun, "__func__", fun)
+
+
 def _name_of(fun: Any) -> str:
     """The name of the function ``jax.jit`` was given, as its author wrote it:
     a ``functools.partial`` or a bound method is named by the function it
     calls, never by its repr (an address)."""
-    while isinstance(fun, functools.partial):
-        fun = fun.func
-    fun = getattr(fun, "__func__", fun)  # a bound method
+    fun = _unwrapped(fun)
     name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None)
     return str(name) if name else type(fun).__qualname__
 
@@ -175,6 +181,7 @@ class _Function:
     equinox: bool = False  # made by eqx.filter_jit
     jit: str = "jax.jit"  # the transform the user wrote: nnx.jit's functions reach jax.jit wrapped
     written: str = ""  # what the user gave it where that is not the function's name (a partial)
+    library: bool = False  # defined in an installed package: its arguments are the package's to fix
     user_params: dict[int, str] = dataclasses.field(default_factory=dict)  # eqx.filter_jit: leaf -> the user's name
     # param -> weak references to arrays that held its followed buffers (None: not told)
     sharers: dict[str, list[Any] | None] = dataclasses.field(default_factory=dict)
@@ -247,6 +254,9 @@ class Watch:
         state.jit = "nnx.jit" if type(fun).__module__.startswith("flax.nnx") else "jax.jit"
         if isinstance(fun, functools.partial):  # its fix keeps the partial the user wrote
             state.written = f"partial({sigs.short(state.name)}, ...)"
+        # a library's own jitted helper (optax's), not a transform of the user's function (jax.grad(f))
+        code = getattr(inspect.unwrap(_unwrapped(fun)), "__code__", None)
+        state.library = code is not None and is_library(code.co_filename) and not state.equinox
         with self._lock:
             self._functions.append(state)
         return _Watched(jitted, fun, state, self)
@@ -686,6 +696,8 @@ class Watch:
                 message = (f"{param} of {sigs.short(fn.name)} is a {kind} whose value changes between calls "
                            f"({path}): a host-to-device copy at every call")
                 fix = host_fix("number")
+            if fn.library:
+                fix = host_fix("library")
             self._findings[key] = Finding(
                 "host_transfer", fn.name, *_user_line(fn.site), count=1, param=param, bytes_per_call=nbytes,
                 message=message, fix=fix,
