@@ -27,7 +27,7 @@ import numpy as np
 from ._compat.tracing import exclude_from_source_info
 from ._errors import ContractError
 
-__all__ = ["boundary", "filtering", "is_library", "let_go", "trim", "trim_ours"]
+__all__ = ["boundary", "filtering", "is_jax_or_ours", "is_library", "let_go", "trim", "trim_ours"]
 
 F = TypeVar("F", bound=Callable[..., Any])
 
@@ -44,6 +44,7 @@ try:
     _SKIP_DIRS += (os.path.dirname(os.path.abspath(jaxlib.__file__)) + os.sep,)
 except ImportError:  # pragma: no cover
     pass
+_JAX_DIRS = tuple(d for d in _SKIP_DIRS if os.path.basename(d.rstrip(os.sep)) in ("jax", "jaxlib"))
 _STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 _INSTALLED = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
@@ -161,6 +162,13 @@ def _drop_frames(err: BaseException, drop: Callable[[Any], bool]) -> None:
     for t in reversed(kept):
         out = TracebackType(out, t.tb_frame, t.tb_lasti, t.tb_lineno)
     err.__traceback__ = out
+
+
+def is_jax_or_ours(filename: str) -> bool:
+    """JAX's or jaxlib's code, or this package's private modules: what lies
+    between a user's (or an installed package's) call into JAX and JAX."""
+    path = os.path.abspath(filename)
+    return _private_here(path) or path.startswith(_JAX_DIRS)
 
 
 def _private_here(path: str) -> bool:

@@ -79,7 +79,7 @@ def test_both_spellings_of_block_until_ready_are_counted_once_and_restored(tick)
     assert jax.block_until_ready is function
     assert type(jnp.zeros(1)).__dict__["block_until_ready"] is method
     counted = []
-    _timing.blocking.install(lambda where, seconds: counted.append(where))
+    _timing.blocking.install(lambda where, seconds, value: counted.append(where))
     try:
         jax.block_until_ready({"a": jnp.zeros(2), "b": jnp.ones(2)})
         jax.block_until_ready(jnp.zeros(2))  # one array: jax calls the method

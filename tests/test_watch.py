@@ -1310,6 +1310,32 @@ def test_host_data_a_library_s_own_jitted_helper_is_given_says_to_jit_the_step(t
     assert found and all(f["fix"].startswith("it is passed by a library's own jitted function") for f in found), found
 
 
+def test_a_wait_in_the_loop_is_the_sync_and_a_read_after_it_is_not():
+    # `loss.block_until_ready()` each step stalls the loop as a read does: it was
+    # no finding, and the read made after it was blamed for the wait it made
+    with jc.watch() as w:
+        step = jax.jit(lambda s: (s * 0.5, s.sum()), donate_argnums=0)
+        s, kept = jnp.ones(4), []
+        for i in range(6):
+            s, loss = step(s)
+            loss.block_until_ready()  # the wait
+            kept.append(np.asarray(loss))  # finds the device done
+            jax.block_until_ready(s)  # a second wait before the next call waits for nothing
+    (sync,) = [f for f in w.findings() if f.kind == "host_sync"]
+    assert sync.line == _line_of("loss.block_until_ready()  # the wait") and sync.count == 5, sync
+    assert sync.fix.startswith("take it out of the loop"), sync.fix
+    # waiting on outputs of an earlier call (one step late) stalls nothing
+    with jc.watch() as w:
+        step = jax.jit(lambda s: (s * 0.5, s.sum()), donate_argnums=0)
+        s, last = jnp.ones(4), None
+        for _ in range(6):
+            s, loss = step(s)
+            if last is not None:
+                last.block_until_ready()  # the loss of the call before: the device runs this one meanwhile
+            last = loss
+    assert [f for f in w.findings() if f.kind == "host_sync"] == [], str(w.report())
+
+
 def test_host_values_are_compared_by_the_bits_the_device_would_get():
     # a constant batch holding NaN (padding marked as missing) is the same array
     # each call (NaN != NaN by value, but it is the same transfer); a batch whose

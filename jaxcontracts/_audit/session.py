@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from .._compat import frames
 from .._loop.guard import HotLoop
+from .._tracebacks import is_jax_or_ours, is_library
 from .._userline import user_frame, where
 from .watch import Watch
 
@@ -33,6 +35,17 @@ class _Reads(HotLoop):
         self._owner = owner
         self._last: str | None = None  # the line of the read being made
         self.read_timer = self._blocked
+        self._clock.on_wait = self._waited  # each block_until_ready while it is open on a thread
+
+    def _waited(self, seconds: float, value: Any) -> None:
+        """``block_until_ready`` returned after ``seconds``: a wait at the
+        user's line, where the user's code waited (not an installed package:
+        equinox's filter_jit waits on a marker after each call)."""
+        at = frames.caller_frame(1)
+        while at is not None and is_jax_or_ours(at.f_code.co_filename):
+            at = at.f_back
+        if at is not None and not is_library(at.f_code.co_filename, True, at.f_code.co_name):
+            self._owner.waited(where(at)[0], seconds, value, _function_of(at), at)
 
     def violation(self, kind: str, what: str, fix: str, frame: Any = None, before_call: bool = False) -> None:
         if self._last is not None:  # the read before never finished: numpy, refused a buffer

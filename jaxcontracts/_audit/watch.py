@@ -856,6 +856,23 @@ class Watch:
         self._read_text[where] = (what, fix, function)  # (a read there that stalled nothing is withdrawn)
         return True
 
+    def waited(self, line: str, seconds: float, value: Any, function: str, frame: Any) -> None:
+        """A ``block_until_ready`` at ``line`` (the user's ``frame``) that took
+        ``seconds``: a sync where it stalled the loop (an array of the last
+        call's, or one no call made; not outputs of earlier calls only), once
+        per call as a read is; a read after it before the next call waits for
+        nothing more (:meth:`stalls`)."""
+        arrays = [x for x in jax.tree_util.tree_leaves(value) if isinstance(x, jax.Array)]
+        made = self._made
+        if not arrays or all(
+            (hit := made.get(id(x))) is not None and hit[0]() is x and hit[1] != self.calls for x in arrays
+        ):
+            return  # outputs of earlier calls: the device runs the calls queued since
+        if self._waited == self.calls or not self.read(line, "block_until_ready", WAIT_FIX, function, frame):
+            return
+        self._waited = self.calls
+        self.read_seconds[line] = self.read_seconds.get(line, 0.0) + seconds
+
     def __exit__(self, *exc: Any) -> None:
         global _ACTIVE
         if self._reads is not None:
@@ -899,6 +916,11 @@ def _by_user_path(diff: list[str], found: list[tuple[str, Any]]) -> list[str]:
     return out
 
 
+#: The fix of a block_until_ready in a loop (a host_sync).
+WAIT_FIX = (
+    "take it out of the loop: JAX dispatches asynchronously, and while the host waits nothing is "
+    "queued after it; wait once after the loop, or only where you time the loop"
+)
 _ONLY_ARRAYS = frozenset({ArrayImpl})  # a call given these alone gives no host data
 _HOST_TYPES = (np.ndarray, np.generic, bool, int, float, complex)  # host data: leaf_spec's kinds
 

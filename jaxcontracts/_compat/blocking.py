@@ -50,8 +50,9 @@ def _probe_blocking() -> str | None:
     return None
 
 
-def install(report: Callable[[str, float], None]) -> None:
-    """Replace both with wrappers calling ``report(where, seconds)`` (idempotent)."""
+def install(report: Callable[[str, float, Any], None]) -> None:
+    """Replace both with wrappers calling ``report(where, seconds, value)``
+    (idempotent): ``value``, the array or tree waited on."""
     if _saved or not capability("block-timing").available:
         return
     base = [ArrayImpl.__dict__["block_until_ready"]]  # the method beneath (wrap_method)
@@ -65,7 +66,7 @@ def install(report: Callable[[str, float], None]) -> None:
         try:
             return base[0](self)
         finally:
-            report("block_until_ready", perf() - t0)
+            report("block_until_ready", perf() - t0, self)
 
     def block_until_ready(x: Any) -> Any:
         t0 = perf()
@@ -76,7 +77,7 @@ def install(report: Callable[[str, float], None]) -> None:
         finally:
             _inside.depth = depth
             if not depth:
-                report("block_until_ready", perf() - t0)
+                report("block_until_ready", perf() - t0, x)
 
     block_until_ready.__doc__ = function.__doc__
     block_until_ready.__wrapped__ = function  # type: ignore[attr-defined]

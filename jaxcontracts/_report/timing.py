@@ -228,6 +228,8 @@ class LoopClock:
         # phase, calls and seconds of entries that timed none (at the step's mean)]
         self.steps: dict[str, list[float]] = {}
         self.blocked: dict[str, float] = {}
+        # each block_until_ready while the loop is open on this thread: (seconds, the value waited on)
+        self.on_wait: Callable[[float, Any], None] | None = None
         self.pending = 0
         self.outputs = 0
         self._open: dict[int, tuple[int, float, dict[int, _Joined]]] = {}  # per thread
@@ -399,13 +401,16 @@ def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
             _steps.timing_on[0] = False
 
 
-def blocked(where: str, seconds: float) -> None:
+def blocked(where: str, seconds: float, value: Any = None) -> None:
     """Add time blocked on the device to every clock with an open entry on this
-    thread (once each, however deeply its loop is entered again)."""
+    thread (once each, however deeply its loop is entered again), and tell a
+    clock that takes each wait (the audit's) what was waited on."""
     tid = threading.get_ident()
     for clock in list(_open_clocks.values()):
         if tid in clock._open:
             clock.blocked[where] = clock.blocked.get(where, 0.0) + seconds
+            if clock.on_wait is not None and where == "block_until_ready":
+                clock.on_wait(seconds, value)
 
 
 SAMPLE = HOOK_EVERY  # past the first FIRST calls, one call in SAMPLE is timed (two clock reads)
