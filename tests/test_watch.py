@@ -1316,7 +1316,7 @@ def test_a_wait_in_the_loop_is_the_sync_and_a_read_after_it_is_not():
     with jc.watch() as w:
         step = jax.jit(lambda s: (s * 0.5, s.sum()), donate_argnums=0)
         s, kept = jnp.ones(4), []
-        for i in range(6):
+        for _ in range(6):
             s, loss = step(s)
             loss.block_until_ready()  # the wait
             kept.append(np.asarray(loss))  # finds the device done
