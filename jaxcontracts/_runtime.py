@@ -34,6 +34,7 @@ __all__ = [
     "arrays_named",
     "compiling",
     "debug_reads_fix",
+    "debug_reads_on",
     "deleted_because",
     "donated",
     "donation_fix",
@@ -255,11 +256,16 @@ HOST_FIXES = {
 }
 
 
+def debug_reads_on() -> list[str]:
+    """The options that make JAX copy every output to the host after a call."""
+    return [name for name in ("jax_debug_nans", "jax_debug_infs") if getattr(jax.config, name, False)]
+
+
 def debug_reads_fix(fix: str) -> str:
     """``fix``, the fix of a device-to-host read in a loop, led by what makes
     JAX read every output where ``jax_debug_nans`` / ``jax_debug_infs`` is on
     (a read the user's line never wrote: JAX's look for nans after a call)."""
-    on = [name for name in ("jax_debug_nans", "jax_debug_infs") if getattr(jax.config, name, False)]
+    on = debug_reads_on()
     if not on:
         return fix
     return (f"{' and '.join(on)} is on: after each call JAX copies every output to the host to look for "

@@ -172,8 +172,8 @@ class _Function:
     window: int = 0  # calls left in which undonated arguments are followed (all of them)
     groups: tuple[tuple[int, ...], ...] = ()  # the candidates by parameter, followed at every call
     candidates: tuple[int, ...] = ()  # dynamic leaf indices an output could reuse
-    # (a candidate of the parameter, its arrays' signatures.Dropped, their ids when followed)
-    pending: list[tuple[int, Any, tuple[int, ...]]] = dataclasses.field(default_factory=list)
+    # (the parameter's candidates, their arrays' signatures.Dropped, their ids when followed)
+    pending: list[tuple[tuple[int, ...], Any, tuple[int, ...]]] = dataclasses.field(default_factory=list)
     follow_site: tuple[str, int] = ("<unknown>", 0)  # the user's line of the last followed call
     site_visit: int = 0  # which run of its jax.jit line made it (Watch._visit)
     run: tuple[Any, ...] = ()  # (line, run) of the user's statement making this call
@@ -390,7 +390,7 @@ class Watch:
             held = None if found is None else [r for x in arrays for r in found.get(id(x), ())]
             followed = sigs.Dropped(arrays, frame, held)
             ids = tuple(map(id, arrays))
-            fn.pending.append((group[0], followed, ids))
+            fn.pending.append((group, followed, ids))
             for k, xid in enumerate(ids):
                 given[xid] = (fn, followed, k)
 
@@ -417,10 +417,10 @@ class Watch:
         a function never called again (setup) repeats nothing."""
         dropped: dict[str, list[int]] = {}
         kept: set[str] = set()
-        for i, d, xids in fn.pending:
-            param = sigs.param_of(fn.signatures[-1].paths[i])
+        for group, d, xids in fn.pending:
+            param = sigs.param_of(fn.signatures[-1].paths[group[0]])
             if d.dropped:
-                dropped.setdefault(param, []).append(i)
+                dropped[param] = list(group)  # the claim is the parameter's: all its candidates
                 # arrays that held its buffers at that call, kept for the claims of later calls
                 if d.sharers is None:
                     fn.sharers[param] = None
@@ -437,10 +437,7 @@ class Watch:
         for param in kept:  # kept at one call: never claimed
             self._kept_params.add((id(fn), param))
             self._findings.pop(("missed_donation", id(fn), param), None)
-        for param, followed in dropped.items():
-            # the claim is the parameter's: all its leaves an output could take (after the
-            # first calls one of them is followed per call), donated together
-            idx = [i for i in fn.candidates if sigs.param_of(sig.paths[i]) == param] or followed
+        for param, idx in dropped.items():
             nbytes = sum(sig.nbytes(i) for i in idx)
             key = ("missed_donation", id(fn), param)
             if (id(fn), param) in self._kept_params or not (at_call or key in self._findings):
@@ -819,15 +816,18 @@ class Watch:
         slice or a sum of one), stalls, once: a second read before the next
         call (``acc = float(m["acc"])`` after ``loss = float(m["loss"])``)
         finds the device done already."""
-        if name == "copy_to_host_async":
-            return False
-        hit = self._made.get(id(x))
-        if hit is not None and hit[0]() is x and hit[1] != self.calls:
+        if name == "copy_to_host_async" or self._earlier_output(x):
             return False
         if self._waited == self.calls:
             return False
         self._waited = self.calls
         return True
+
+    def _earlier_output(self, x: Any) -> bool:
+        """Whether ``x`` is an output of a watched call before the last: the
+        device runs the calls queued since while the host waits for it."""
+        hit = self._made.get(id(x))
+        return hit is not None and hit[0]() is x and hit[1] != self.calls
 
     def _visit(self, at: tuple[str, int], direct: bool, chained: bool) -> int:
         """Which run of the user's line ``at`` an event there (a call, a read,
@@ -863,10 +863,7 @@ class Watch:
         per call as a read is; a read after it before the next call waits for
         nothing more (:meth:`stalls`)."""
         arrays = [x for x in jax.tree_util.tree_leaves(value) if isinstance(x, jax.Array)]
-        made = self._made
-        if not arrays or all(
-            (hit := made.get(id(x))) is not None and hit[0]() is x and hit[1] != self.calls for x in arrays
-        ):
+        if not arrays or all(map(self._earlier_output, arrays)):
             return  # outputs of earlier calls: the device runs the calls queued since
         if self._waited == self.calls or not self.read(line, "block_until_ready", WAIT_FIX, function, frame):
             return

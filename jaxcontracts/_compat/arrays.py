@@ -151,7 +151,7 @@ _deleted_hook: list[Any] = []
 
 def hook_deleted_reads(
     explain: Callable[[Any], BaseException | None],
-    explain_wait: Callable[[Any], BaseException | None] | None = None,
+    explain_wait: Callable[[Any], BaseException | None],
 ) -> None:
     """Make ``ArrayImpl._check_if_deleted`` raise ``explain(array)`` (once),
     and ``block_until_ready``'s error for a deleted array be
@@ -179,7 +179,7 @@ def hook_deleted_reads(
     _deleted_hook.append(original)
     ArrayImpl._check_if_deleted = _check_if_deleted
     if "block_until_ready" in ArrayImpl.__dict__ and capability("block-timing").available:
-        wrap_method(functools.partial(_explained_wait, explain=explain_wait or explain))
+        wrap_method(functools.partial(_explained_wait, explain=explain_wait))
 
 
 def _explained_wait(wait: Callable[[Any], Any], explain: Callable[[Any], BaseException | None]) -> Any:

@@ -170,14 +170,18 @@ def _follow(
     if user is None:
         return []
     at = where(user)[0]  # file:line as every message names it
+    groups = {
+        param: idx for param, idx in sigs.by_param(sig, candidates).items()
+        if all(isinstance(leaves[j], jax.Array) for j in idx)
+    }
+    # (at a compile: one scan of the live arrays for every parameter's)
+    found = sigs.sharers([leaves[j] for idx in groups.values() for j in idx])
     out = []
-    for param, idx in sigs.by_param(sig, candidates).items():
+    for param, idx in groups.items():
         arrays = [leaves[j] for j in idx]
-        if all(isinstance(x, jax.Array) for x in arrays):
-            nbytes = sum(sig.nbytes(j) for j in idx)
-            found = sigs.sharers(arrays)  # (at a compile: one scan of the live arrays)
-            held = None if found is None else [r for refs in found.values() for r in refs]
-            out.append(Followed(name, param, nbytes, sigs.Dropped(arrays, user, held), at, *donating))
+        nbytes = sum(sig.nbytes(j) for j in idx)
+        held = None if found is None else [r for x in arrays for r in found.get(id(x), ())]
+        out.append(Followed(name, param, nbytes, sigs.Dropped(arrays, user, held), at, *donating))
     return out
 
 

@@ -40,7 +40,7 @@ from .._hazards import find_hazards
 from .._marks import consumer_of
 from .._records import CompiledSignature, StepDescription, StepStats
 from .._report.render import Report, step_report
-from .._runtime import observers, recording_loop
+from .._runtime import debug_reads_on, observers, recording_loop
 from .._state.filter import join_out
 from .._state.foreign import host_leaves_on_device
 from .._state.inplace import is_ref, ref_arrays, ref_params
@@ -511,11 +511,6 @@ def _forget_bound(bound: dict[int, Any], key: int, ref: Any) -> None:
 # The slow path: diagnose a call the call path refused, or compile for it
 
 
-def _debug_reads_on() -> list[str]:
-    """The options that make JAX read every output to the host after a call."""
-    return [name for name in ("jax_debug_nans", "jax_debug_infs") if getattr(jax.config, name)]
-
-
 def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
     __tracebackhide__ = True
     definition = step._definition
@@ -571,7 +566,7 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
     # JAX's runtime error, or a loop's refusal of the read jax_debug_nans /
     # jax_debug_infs makes of the outputs once the program ran (a refusal raised
     # inside JAX's call before it runs, a deleted input's read, is a DonationError)
-    debug = _debug_reads_on() if isinstance(exc, TransferError) and exc.__traceback__ is not None else []
+    debug = debug_reads_on() if isinstance(exc, TransferError) and exc.__traceback__ is not None else []
     ran = exc is not None and (is_runtime_error(exc) or bool(debug))
     if ran and any(leaves[i].is_deleted() for i in donated):
         # The executable failed while running (a callback raised, out of
