@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 
 import jax
@@ -78,14 +79,20 @@ SYNC_ERRORS = "a run-time error surfaces at the call on CPU; an accelerator rais
 CPU_SIZES = "the sizes XLA:CPU allocates; an accelerator pads and tiles its buffers"
 
 
-def own_lines(stderr: str) -> list[str]:
+def own_lines(stderr: str, *, only_jax: bool = False) -> list[str]:
     """The lines a child process of ours wrote, without the warnings Python
     printed for other modules' code (JAX's start-up warning on a TPU host is
     348 characters long): each a ``file.py:N: ...Warning: ...`` line and its
-    indented source line."""
+    indented source line. ``only_jax``: drop only the warnings of JAX's own
+    files, keep those of the standard library (a ResourceWarning of
+    ``subprocess.py`` is a finding)."""
+    jax_dir = os.path.dirname(os.path.abspath(jax.__file__)) + os.sep
     out, skip = [], False
     for line in stderr.splitlines():
-        if re.match(r"\S+\.py:\d+: \w*Warning: ", line) and "jaxcontracts" not in line.split(":")[0]:
+        where = line.split(":")[0]
+        if re.match(r"\S+\.py:\d+: \w*Warning: ", line) and "jaxcontracts" not in where and (
+            not only_jax or os.path.abspath(where).startswith(jax_dir)
+        ):
             skip = True
             continue
         if skip and line.startswith("  "):
