@@ -187,8 +187,9 @@ def _pair_step():
         lambda old: jax.jit(lambda a: a * 2)(old.x),
         lambda old: old.x.block_until_ready(),  # jaxlib's C++ method: its error explained
         lambda old: jax.block_until_ready(old.x),
+        lambda old: jax.block_until_ready(old),  # several leaves: one C++ wait, no method
     ],
-    ids=["print", "float", "np.asarray", "eager op", "operator", "device_get", "jit", "wait", "jax.wait"],
+    ids=["print", "float", "np.asarray", "eager op", "operator", "device_get", "jit", "wait", "jax.wait", "tree"],
 )
 def test_a_donated_leaf_of_a_foreign_state_read_outside_a_loop_is_named_with_its_step(use):
     # Outside any loop JAX said only "Array has been deleted with shape=float32[3]".
@@ -223,7 +224,7 @@ def test_block_until_ready_of_an_array_deleted_otherwise_is_jax_s_own_error():
     plain(z)
     y = jnp.ones(2)
     y.delete()
-    for use in (z.block_until_ready, lambda: jax.block_until_ready(y)):
+    for use in (z.block_until_ready, lambda: jax.block_until_ready(y), lambda: jax.block_until_ready([z, y])):
         with pytest.raises(jax.errors.JaxRuntimeError):
             use()
 
@@ -243,14 +244,14 @@ def test_block_until_ready_still_names_the_step_after_a_first_compile_inside_a_t
         "        s = step(s)\n"
         "old = s\n"
         "s = step(s)\n"
-        "for use in (old.block_until_ready, lambda: jax.block_until_ready(old)):\n"
+        "for use in (old.block_until_ready, lambda: jax.block_until_ready(old), lambda: jax.block_until_ready([s, old])):\n"
         "    try:\n"
         "        use()\n"
         "    except Exception as e:\n"
         "        print(type(e).__name__, str(e).splitlines()[0])\n"
     )
     done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=120)
-    assert done.stdout.splitlines() == ["DonatedArrayError `old` (f32[3]) was donated to <lambda>."] * 2, done
+    assert done.stdout.splitlines() == ["DonatedArrayError `old` (f32[3]) was donated to <lambda>."] * 3, done
 
 
 def test_kept_samples_deleted_by_earlier_calls_name_the_list_and_the_donating_step():

@@ -16,7 +16,9 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from .blocking import wrap_method
+import jax
+
+from .blocking import wrap_function, wrap_method
 from .registry import capability, define
 
 __all__ = [
@@ -135,7 +137,7 @@ def set_class_attr(name: str, value: Any) -> None:
 @define(
     "deleted-read-hook",
     "replacing jax._src.array.ArrayImpl._check_if_deleted (the Python check every read and eager use runs) "
-    "and wrapping its C++ block_until_ready",
+    "and wrapping its C++ block_until_ready and jax.block_until_ready",
     "a read of a donated array outside jc.hot_loop names its leaf and the step (else JAX's 'Array has been deleted')",
 )
 def _probe_deleted_reads() -> str | None:
@@ -180,6 +182,7 @@ def hook_deleted_reads(
     ArrayImpl._check_if_deleted = _check_if_deleted
     if "block_until_ready" in ArrayImpl.__dict__ and capability("block-timing").available:
         wrap_method(functools.partial(_explained_wait, explain=explain_wait))
+        wrap_function(functools.partial(_explained_tree_wait, explain=explain_wait))
 
 
 def _explained_wait(wait: Callable[[Any], Any], explain: Callable[[Any], BaseException | None]) -> Any:
@@ -199,6 +202,28 @@ def _explained_wait(wait: Callable[[Any], Any], explain: Callable[[Any], BaseExc
             raise error from None
 
     block_until_ready.__doc__ = getattr(wait, "__doc__", None)
+    return block_until_ready
+
+
+def _explained_tree_wait(wait: Callable[[Any], Any], explain: Callable[[Any], BaseException | None]) -> Any:
+    """``jax.block_until_ready(tree)``, which waits on several arrays at once
+    in C++ without the method: its error for a deleted leaf replaced by
+    ``explain``'s for the first deleted leaf it words (else JAX's own)."""
+
+    def block_until_ready(x: Any) -> Any:
+        try:
+            return wait(x)
+        except Exception:
+            __tracebackhide__ = True
+            for leaf in jax.tree_util.tree_leaves(x):
+                if isinstance(leaf, ArrayImpl) and leaf.is_deleted():
+                    error = explain(leaf)
+                    if error is not None:
+                        raise error from None
+            raise
+
+    block_until_ready.__doc__ = getattr(wait, "__doc__", None)
+    block_until_ready.__wrapped__ = wait  # type: ignore[attr-defined]
     return block_until_ready
 
 

@@ -20,7 +20,7 @@ import jax
 
 from .registry import capability, define
 
-__all__ = ["install", "uninstall", "wrap_method"]
+__all__ = ["install", "uninstall", "wrap_function", "wrap_method"]
 
 try:  # the concrete array class (as in .arrays, which this layer may not import)
     from jax._src.array import ArrayImpl
@@ -56,7 +56,7 @@ def install(report: Callable[[str, float, Any], None]) -> None:
     if _saved or not capability("block-timing").available:
         return
     base = [ArrayImpl.__dict__["block_until_ready"]]  # the method beneath (wrap_method)
-    function = jax.block_until_ready
+    function = [jax.block_until_ready]  # the function beneath (wrap_function)
     perf = time.perf_counter
 
     def block_until_ready_method(self: Any) -> Any:
@@ -73,14 +73,14 @@ def install(report: Callable[[str, float, Any], None]) -> None:
         depth = getattr(_inside, "depth", 0)
         _inside.depth = depth + 1  # the function may call the method: count once
         try:
-            return function(x)
+            return function[0](x)
         finally:
             _inside.depth = depth
             if not depth:
                 report("block_until_ready", perf() - t0, x)
 
-    block_until_ready.__doc__ = function.__doc__
-    block_until_ready.__wrapped__ = function  # type: ignore[attr-defined]
+    block_until_ready.__doc__ = function[0].__doc__
+    block_until_ready.__wrapped__ = function[0]  # type: ignore[attr-defined]
     _saved.update(base=base, function=function)
     ArrayImpl.block_until_ready = block_until_ready_method
     jax.block_until_ready = block_until_ready
@@ -91,7 +91,7 @@ def uninstall() -> None:
     if not _saved:
         return
     ArrayImpl.block_until_ready = _saved["base"][0]
-    jax.block_until_ready = _saved["function"]
+    jax.block_until_ready = _saved["function"][0]
     _saved.clear()
 
 
@@ -103,3 +103,12 @@ def wrap_method(wrap: Callable[[Any], Any]) -> None:
         _saved["base"][0] = wrap(_saved["base"][0])
     else:
         ArrayImpl.block_until_ready = wrap(ArrayImpl.__dict__["block_until_ready"])
+
+
+def wrap_function(wrap: Callable[[Any], Any]) -> None:
+    """Replace the module function ``jax.block_until_ready`` by
+    ``wrap(function)``, for good, as ``wrap_method`` does the method."""
+    if _saved:
+        _saved["function"][0] = wrap(_saved["function"][0])
+    else:
+        jax.block_until_ready = wrap(jax.block_until_ready)
