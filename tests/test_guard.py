@@ -603,3 +603,24 @@ def test_a_trace_alone_in_a_loop_is_refused_naming_what_traces_again():
     with pytest.raises(jc.RecompileError, match=r"jax compiles `<lambda>`.*or it only traces it.*jax\.eval_shape"):
         with jc.hot_loop():
             jax.eval_shape(lambda a: a * 2, x)
+
+
+def test_a_recording_loop_records_what_a_raising_loop_refuses_each_compile_once():
+    # A recording loop recorded compiles at their lowering: a trace alone
+    # (eval_shape, make_jaxpr) never lowers, and went unrecorded while a
+    # raising loop refused it; a compile that traces and lowers is one record.
+    x = jnp.ones(3) + 0
+    with jc.hot_loop(on_violation="record") as loop:
+        for _ in range(3):
+            jax.eval_shape(lambda a: a * 2, x)  # the trace-only line
+            jax.make_jaxpr(lambda a: a * 3)(x)
+        jax.jit(lambda a: a * 4)(x)  # the compiled line
+        jnp.cos(x)  # a cold eager op
+    recorded = [(v.kind, v.count, v.source.split("  # ")[-1]) for v in loop.violations]
+    assert recorded == [
+        ("compile", 3, "the trace-only line"),
+        ("compile", 3, "jax.make_jaxpr(lambda a: a * 3)(x)"),
+        ("compile", 1, "the compiled line"),
+        ("compile", 1, "a cold eager op"),
+    ], recorded
+    assert "or it only traces it" in loop.violations[0].what

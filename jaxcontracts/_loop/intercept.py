@@ -434,6 +434,7 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
     if name.startswith("jit(") and name.endswith(")"):
         name = name[4:-1]
     user = user_frame(frames.caller_frame(1))
+    key = (name, user.f_code.co_filename if user else None, user.f_lineno if user else None)
     again = False
     if loop.warmup:
         # The first compile of each (function, line) is let through, decided at
@@ -442,7 +443,6 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
         # that follows a lowering was decided there.
         if event == events.BACKEND_EVENT:
             return
-        key = (name, user.f_code.co_filename if user else None, user.f_lineno if user else None)
         again = loop.seen_compile(key)
         # After the warm-up pass no first compile is admitted either: refused at
         # its first phase, before its trace runs what reads concrete arrays.
@@ -452,12 +452,19 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
             and (event != events.LOWERING_EVENT or loop.admit_compile(key, name, user))
         ):
             return
-    # Raise at the first phase; record each compile once (every compile lowers
-    # to MLIR, while a cold eager op may skip the trace event).
-    if loop.on_violation != "raise" and event != events.LOWERING_EVENT:
+    # Raise or record at the first phase, as a trace that never lowers
+    # (jax.eval_shape, jax.make_jaxpr) is a compile's first phase too; a
+    # recording loop records each compile once: the lowering that follows its
+    # trace on this thread is the same compile (a cold eager op may lower
+    # with no trace event before it).
+    if loop.on_violation != "raise":
+        if event == events.BACKEND_EVENT:
+            return
+        traced, _traced.key = _traced.key, (key if event == _TRACE_EVENT else None)
         if event == _TRACE_EVENT:
             _recording_compile()
-        return
+        elif traced == key:
+            return
     # The compile is often a symptom: say the cause when the stack shows it.
     stale = _deleted_in_stack(user)
     if stale is not None:
@@ -531,6 +538,15 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
         "to their device; warm it on a step's outputs, or on jc.device_tree(x) "
         "(committed).",
     )
+
+
+class _Traced(threading.local):
+    # the (function, file, line) of the trace a recording loop recorded last on
+    # this thread, until the next compile event: its lowering is not recorded again
+    key: tuple[str, str | None, int | None] | None = None
+
+
+_traced = _Traced()
 
 
 class _PlainTrace(threading.local):
