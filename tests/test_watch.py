@@ -1211,6 +1211,35 @@ def test_a_state_whose_buffers_another_array_holds_is_no_missed_donation():
     assert [f.param for f in w.findings() if f.kind == "missed_donation"] == ["params"], str(w.report())
 
 
+def test_a_copy_over_the_state_s_buffers_made_after_the_first_calls_withdraws_the_claim():
+    # early stopping that keeps `best = jax.device_put(params, cpu)` at an
+    # epoch's end (new arrays over the same buffers on a CPU host), read after
+    # the loop: past the first calls' scan, and after the claim was made; the
+    # fix (donate params) deleted best (hostile round 3)
+    cpu = jax.devices("cpu")[0]
+
+    def make_sgd():  # a new function each time: its first call compiles
+        return lambda params, x: jax.tree.map(lambda p: p - 0.01 * x.sum(), params)
+
+    with jc.watch() as w:
+        step = jax.jit(make_sgd())
+        params, best = {"w": jnp.ones((8, 8)), "b": jnp.zeros(8)}, None
+        for epoch in range(4):
+            for _ in range(5):
+                params = step(params, jnp.ones(2))
+            if epoch == 2:
+                best = jax.device_put(params, cpu)
+        params = step(params, jnp.ones(2))
+    assert [f for f in w.findings() if f.kind == "missed_donation"] == [], str(w.report())
+    assert float(jnp.sum(best["w"])) == pytest.approx(64 * (1 - 15 * 0.02))
+    with jc.watch() as w:  # the same without the copy: claimed
+        step = jax.jit(make_sgd())
+        params = {"w": jnp.ones((8, 8)), "b": jnp.zeros(8)}
+        for _ in range(16):
+            params = step(params, jnp.ones(2))
+    assert [f.param for f in w.findings() if f.kind == "missed_donation"] == ["params"], str(w.report())
+
+
 def test_a_missed_donation_in_gradient_accumulation_is_claimed_for_every_leaf():
     # params go to the accumulating step four times, then to the update. In a
     # function the update's dropped params were lost: the id of a dead followed

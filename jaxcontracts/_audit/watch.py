@@ -387,7 +387,8 @@ class Watch:
         for group, arrays in zip(fn.groups, groups):
             if not arrays:
                 continue
-            held = None if found is None else [r for x in arrays for r in found.get(id(x), ())]
+            held = None if found is None else [
+                *(r for x in arrays for r in found.get(id(x), ())), *sigs.put_over(arrays)]
             followed = sigs.Dropped(arrays, frame, held)
             ids = tuple(map(id, arrays))
             fn.pending.append((group, followed, ids))
@@ -425,7 +426,8 @@ class Watch:
                 if d.sharers is None:
                     fn.sharers[param] = None
                 elif d.sharers and fn.sharers.get(param, []) is not None:
-                    fn.sharers[param] = [*fn.sharers.get(param, []), *d.sharers]
+                    alive = [r for r in fn.sharers.get(param, []) if r() is not None]
+                    fn.sharers[param] = [*alive, *d.sharers]
             else:
                 kept.add(param)
             for xid in xids:
@@ -444,13 +446,18 @@ class Watch:
                 continue
             if key not in self._findings and fn.run == fn.follow_run:
                 continue  # called again within one run of the user's line (a setup statement)
+            shared = param in fn.sharers and sigs.still_shared(fn.sharers[param])
+            if shared and key in self._findings:  # a copy over its buffers made after the claim
+                self._kept_params.add((id(fn), param))
+                del self._findings[key]
+                continue
             found = self._findings.get(key)
             if found is not None:
                 found.bytes_per_call = max(found.bytes_per_call or 0, nbytes)
                 if at_call:
                     self._tell_loop(found)
                 continue
-            if param in fn.sharers and sigs.still_shared(fn.sharers[param]):
+            if shared:
                 continue  # an array that held their buffers at a call is alive: donating would delete it
             # counted from here: each call after it holds them twice
             self._missed_from[key] = (fn, fn.calls - 1 if at_call else fn.calls)
@@ -765,7 +772,7 @@ class Watch:
             if self._counting:
                 events.listen(self._on_event)
             if jitwatch.available():
-                jitwatch.install(self.wrap)
+                jitwatch.install(self.wrap, sigs.note_device_put)
             else:  # said in the report: which findings cannot be made here
                 self.blind = [
                     "recompile, missed_donation, wrong_donation, host_transfer and compile_in_loop: "

@@ -4,7 +4,9 @@ Three mechanisms, one capability (``jit-observation``):
 
 * the public ``jax.jit`` attribute, replaced while a watch is open, so that a
   function jitted then (``@jax.jit``, ``jax.jit(f, ...)``, and the ``jax.jit``
-  that ``eqx.filter_jit`` and ``nnx.jit`` call) comes back wrapped;
+  that ``eqx.filter_jit`` and ``nnx.jit`` call) comes back wrapped; and
+  ``jax.device_put``, so that the watch sees the new arrays it makes over an
+  argument's buffers (onto the device they are on);
 * ``PjitFunction._jit_info`` (private): a jitted function's static and
   donated parameters, resolved by JAX from numbers and names alike;
 * ``PjitFunction._cache_size()`` (private): the number of signatures its C++
@@ -32,6 +34,7 @@ __all__ = [
 ]
 
 _ORIGINAL = jax.jit
+_ORIGINAL_PUT = jax.device_put
 
 
 @dataclasses.dataclass(frozen=True)
@@ -85,9 +88,10 @@ def cache_size(jitted: Any) -> int:
     return int(jitted._cache_size())
 
 
-def install(wrap: Callable[[Any, Any], Any]) -> None:
+def install(wrap: Callable[[Any, Any], Any], put: Callable[[Any, Any], None]) -> None:
     """Replace ``jax.jit``: each function it makes is passed through
-    ``wrap(jitted, fun)``; ``jax.jit(**options)`` (a decorator) too."""
+    ``wrap(jitted, fun)``; ``jax.jit(**options)`` (a decorator) too. And
+    ``jax.device_put``: ``put(given, made)`` after each call that returns."""
 
     def jit(fun: Any = _NOT_GIVEN, /, **options: Any) -> Any:
         if fun is _NOT_GIVEN:
@@ -95,13 +99,22 @@ def install(wrap: Callable[[Any, Any], Any]) -> None:
             return lambda f: wrap(decorator(f), f)
         return wrap(_ORIGINAL(fun, **options), fun)
 
-    jit.__wrapped__ = _ORIGINAL  # type: ignore[attr-defined]
-    jit.__doc__ = _ORIGINAL.__doc__
+    def device_put(*args: Any, **kwargs: Any) -> Any:
+        __tracebackhide__ = True
+        made = _ORIGINAL_PUT(*args, **kwargs)
+        put(args[0] if args else kwargs.get("x"), made)
+        return made
+
+    for new, old in ((jit, _ORIGINAL), (device_put, _ORIGINAL_PUT)):
+        new.__wrapped__ = old  # type: ignore[attr-defined]
+        new.__doc__ = old.__doc__
     jax.jit = jit
+    jax.device_put = device_put
 
 
 def uninstall() -> None:
     jax.jit = _ORIGINAL
+    jax.device_put = _ORIGINAL_PUT
 
 
 def installed() -> bool:

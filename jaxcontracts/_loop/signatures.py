@@ -405,6 +405,48 @@ def sharers(arrays: Sequence[Any]) -> dict[int, list[Any]] | None:
     return found
 
 
+#: id of an array -> (a weak reference to it, weak references to the arrays
+#: ``jax.device_put`` made over its buffers while a watch was open)
+_put_over: dict[int, tuple[Any, list[Any]]] = {}
+
+
+def note_device_put(given: Any, made: Any) -> None:
+    """After ``made = jax.device_put(given, ...)`` while a watch is open: each
+    array of ``made`` that is a new object over the buffers of the array of
+    ``given`` it came from (``best = jax.device_put(params, cpu)`` onto the
+    device they are on, at any call, after the first calls' scan) noted as
+    sharing them (:func:`put_over`). Where the buffers cannot be told, the
+    new array counts as sharing them (a miss, never a fix that deletes)."""
+    leaves_given, leaves_made = jax.tree_util.tree_leaves(given), jax.tree_util.tree_leaves(made)
+    if len(leaves_given) != len(leaves_made):
+        return
+    for a, r in zip(leaves_given, leaves_made):
+        if a is r or not isinstance(a, jax.Array) or not isinstance(r, jax.Array):
+            continue
+        held = buffers([a])
+        if held is not None and not held & (buffers([r]) or held):
+            continue  # copied: nothing shared
+        key = id(a)
+        entry = _put_over.get(key)
+        if entry is None or entry[0]() is not a:
+
+            def gone(ref: Any, key: int = key) -> None:
+                if _put_over.get(key, (None,))[0] is ref:
+                    del _put_over[key]
+
+            entry = _put_over[key] = (weakref.ref(a, gone), [])
+        entry[1][:] = [w for w in entry[1] if w() is not None]
+        entry[1].append(weakref.ref(r))
+
+
+def put_over(arrays: Sequence[Any]) -> list[Any]:
+    """Weak references to the arrays ``jax.device_put`` made over the buffers
+    of ``arrays`` (:func:`note_device_put`), alive or not."""
+    if not _put_over:
+        return []
+    return [r for x in arrays for r in _put_over.get(id(x), (None, ()))[1]]
+
+
 def buffers(arrays: Sequence[Any]) -> frozenset[int] | None:
     """The device buffers of ``arrays`` (each shard's), by address; None
     where one cannot be told."""
