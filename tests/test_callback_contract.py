@@ -187,6 +187,39 @@ def test_in_a_fresh_process_a_default_loop_scans_nothing_and_disallow_still_refu
     assert "CapabilityWarning" not in proc.stderr
 
 
+_PROBES_IN_A_LOOP = """
+import jax, jax.numpy as jnp, jaxcontracts as jc
+from jaxcontracts._compat import registry
+
+x = jnp.ones(3) + 0
+with jc.hot_loop() as loop:
+    loop.report()  # the first report of the process: its capabilities probed here
+    missing = [c.name for c in registry.capabilities() if not c.available]
+with jc.hot_loop(on_violation="record") as recording:
+    recording.report()
+print("missing:", missing, "recorded:", len(recording.violations))
+step = jc.hot_step(lambda s: (jax.debug.print("s {}", s[0]), s + 1)[1], state="s")
+x = step(x)
+try:
+    with jc.hot_loop(callbacks="disallow"):
+        x = step(x)
+except jc.TransferError as err:
+    print("refused:", str(err).splitlines()[0][:60])
+"""
+
+
+def test_capabilities_probed_first_inside_a_loop_are_the_library_s_code_not_the_loop_s():
+    # a probe first run inside the user's raising loop (loop.report() lists the
+    # capabilities) traced a function of its own: refused as the user's
+    # compile, which failed the loop and switched the capability off for the
+    # process (callbacks="disallow" then refused nothing) (hostile round 3)
+    proc = subprocess.run([sys.executable, "-c", _PROBES_IN_A_LOOP], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[0] == "missing: [] recorded: 0", proc.stdout
+    assert "refused: a host callback inside jc.hot_loop: `<lambda>` calls back" in proc.stdout, proc.stdout
+    assert "CapabilityWarning" not in proc.stderr, proc.stderr
+
+
 def test_explain_knows_the_contract_in_a_fresh_process():
     # the declaration is imported with the package (light: no JAX), not with the first loop
     for topic in ("callback", "no-host-callback"):

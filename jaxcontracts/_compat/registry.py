@@ -10,14 +10,17 @@ in force, so nothing turns itself off silently.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import threading
 import warnings
 from collections.abc import Callable
+from contextlib import AbstractContextManager
+from typing import Any
 
 from .._errors import CapabilityWarning
 
-__all__ = ["Capability", "capabilities", "capability", "define", "missing"]
+__all__ = ["Capability", "capabilities", "capability", "define", "missing", "probe_in"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -50,6 +53,15 @@ _definitions: dict[str, _Definition] = {}
 _results: dict[str, Capability] = {}
 _warned: set[str] = set()
 _lock = threading.Lock()
+_probe_context: list[Callable[[], AbstractContextManager[Any]]] = []
+
+
+def probe_in(context: Callable[[], AbstractContextManager[Any]]) -> None:
+    """Run every probe inside ``context()``: a probe first asked for inside
+    the user's ``jc.hot_loop`` (``loop.report()`` lists the capabilities)
+    traces and reads as library code, not as the user's loop body, whose
+    refusal would both fail the loop and switch the capability off."""
+    _probe_context[:] = [context]
 
 
 def define(name: str, mechanism: str, checks: str) -> Callable[[Callable[[], str | None]], Callable[[], str | None]]:
@@ -69,7 +81,8 @@ def capability(name: str) -> Capability:
         return found
     definition = _definitions[name]
     try:
-        why = definition.probe()
+        with _probe_context[0]() if _probe_context else contextlib.nullcontext():
+            why = definition.probe()
     except Exception as e:  # noqa: BLE001 - a probe that breaks means it is missing
         why = f"its probe failed: {type(e).__name__}: {e}"
     found = Capability(name, definition.mechanism, definition.checks, why is None, why or "")

@@ -32,19 +32,13 @@ def wanted(loop: Any) -> bool:
 def scan(name: str, closed: Any) -> dict[str, tuple[Any, ...]]:
     """What each contract with a ``scan`` hook finds in a compiled program
     (``closed``: its closed jaxpr), by contract key; contracts that find
-    nothing are left out. Runs as part of a compile: inside a loop, what it
-    traces itself (a capability's probe) is not the user's compile."""
+    nothing are left out (a capability's probe it asks for first traces as
+    library code: ``_runtime.library_code``)."""
     key = id(closed)
     hit = _scanned.get(key)
     if hit is not None and hit[0]() is closed:
         return hit[1]
-    from .._runtime import local
-
-    local.allow += 1
-    try:
-        found = {c.key: got for c in hooked("scan") if (got := c.scan(name, closed))}  # type: ignore[misc]
-    finally:
-        local.allow -= 1
+    found = {c.key: got for c in hooked("scan") if (got := c.scan(name, closed))}  # type: ignore[misc]
     try:
         _scanned[key] = (weakref.ref(closed), found)
     except TypeError:  # not weakly referable: not kept
