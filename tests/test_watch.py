@@ -302,6 +302,9 @@ def test_a_buffer_read_of_each_steps_output_is_a_host_sync(read):
             read(x)
     syncs = [(f.count, f.seconds is not None) for f in w.findings() if f.kind == "host_sync"]
     assert syncs == [(5, True)], syncs
+    # the export's wait is timed by the watch itself, not as a block_until_ready of the script's
+    (sync,) = [f for f in w.findings() if f.kind == "host_sync"]
+    assert "the buffer protocol" in sync.message and "block_until_ready" not in sync.message, sync.message
 
 
 class _Terminal(io.StringIO):

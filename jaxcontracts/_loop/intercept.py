@@ -51,7 +51,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from .._compat import arrays, callbacks, capability, events, frames, hostcopy
+from .._compat import arrays, blocking, callbacks, capability, events, frames, hostcopy
 from .._compat.tracing import trace_state_clean
 from .._dtypes import is_key
 from .._errors import ContractError
@@ -263,7 +263,7 @@ def _must_refuse_buffer(x: Any) -> bool:
     if timer is not None:  # jc.watch()'s loop: the wait the export makes, timed here
         t0 = perf_counter()
         with contextlib.suppress(Exception):  # deleted: the export says so, as without the watch
-            x.block_until_ready()
+            blocking.wait_untimed(x)  # the read's wait, not the user's block_until_ready
         timer(perf_counter() - t0, x, "buffer")
     return False
 
