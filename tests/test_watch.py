@@ -1190,6 +1190,21 @@ def test_a_value_equal_by_chance_for_a_while_is_not_called_a_constant():
     assert "same numpy array" in found.message and found.count == 19
 
 
+def test_a_number_that_changes_beside_a_fresh_batch_is_not_called_a_constant():
+    # a step decay (`lr = 0.1 * 0.9 ** (t // 2)`) given with a new numpy batch
+    # each call: a call with a fresh batch kept no record of its other values,
+    # so the first look's "the same Python float at each call" stood, and its
+    # fix (static lr) compiled once per value (hostile round 3)
+    rng = np.random.default_rng(0)
+    with jc.watch() as w:
+        step = jax.jit(lambda w_, x, lr: w_ - lr * x.mean(0))
+        w_ = jnp.zeros(4)
+        for t in range(20):
+            w_ = step(w_, rng.normal(size=(8, 4)).astype(np.float32), 0.1 * 0.9 ** (t // 2))
+    (found,) = [f for f in w.findings() if f.kind == "host_transfer"]
+    assert found.param == "lr" and "a Python float whose value changes between calls" in found.message, found
+
+
 def test_a_state_whose_buffers_another_array_holds_is_no_missed_donation():
     # `params = jax.device_put(init_params, device)` on their own device: new
     # arrays over the same buffers; the fix (donate params) would delete

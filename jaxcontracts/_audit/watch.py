@@ -213,6 +213,7 @@ class Watch:
         self._lock = threading.Lock()
         self._functions: list[_Function] = []
         self._findings: dict[tuple[Any, ...], Finding] = {}
+        self._constant_claims: set[tuple[Any, ...]] = set()  # host_transfer keys claiming "the same value"
         # id(array) -> the function and the record following it (the id of a dead
         # array may be a new array's: the record's weak reference tells them apart)
         self._given_elsewhere: dict[int, tuple[_Function, sigs.Dropped, int]] = {}
@@ -619,9 +620,15 @@ class Watch:
         a while) is withdrawn, and never made again for that parameter."""
         changed = [p for p, where_ in constants.items() if not all(_same(line.before.get(i), leaves[i]) for i in where_)]
         for param in changed:
-            self._findings.pop(("host_transfer", id(fn), param, line.at), None)
-            line.varied.add(param)
+            self._withdraw_constant(line, ("host_transfer", id(fn), param, line.at), param)
         return not changed
+
+    def _withdraw_constant(self, line: _HostLine, key: tuple[Any, ...], param: str) -> None:
+        """A value claimed "the same at each call" changed: the claim is
+        withdrawn, and never made again for that parameter."""
+        self._findings.pop(key, None)
+        self._constant_claims.discard(key)
+        line.varied.add(param)
 
     @staticmethod
     def _host_kind(fn: _Function, line: _HostLine, x: Any, i: int) -> str:
@@ -681,6 +688,8 @@ class Watch:
                 fresh = True
                 continue
             key = ("host_transfer", id(fn), param, line.at)
+            if what != "constant" and key in self._constant_claims:  # (a call with a fresh batch too)
+                self._withdraw_constant(line, key, param)
             found = self._findings.get(key)
             if found is not None:
                 found.count += 1
@@ -692,6 +701,7 @@ class Watch:
                 # static only where the argument is one hashable leaf (a dict or a numpy array is not)
                 static = not fn.equinox and fixed == [param] and not isinstance(x, np.ndarray)
                 fix = host_fix("constant", "static", param=param) if static else host_fix("constant")
+                self._constant_claims.add(key)
             elif what == "refed":
                 message = (f"{param} of {sigs.short(fn.name)} is a {kind} given at an earlier call again "
                            f"({path}): copied to the device at every call it is given")
