@@ -86,33 +86,45 @@ def _strip_comment(line: str) -> str:
     return line.rstrip()
 
 
-_READ_CALLS = {"bool", "float", "int", "complex", "item", "tolist", "asarray", "array"}
+_BUILTIN_READS = {"bool", "float", "int", "complex"}
+_METHOD_READS = {"item", "tolist"}
+_NUMPY_READS = {"asarray", "array"}
 
 
 def host_read_on_line(user: FrameType | None) -> str | None:
     """How the user's line reads an eager result on the host, if it visibly does.
 
-    ``if``/``while``/``assert``/a ternary test a value on the host (``bool()``),
-    and ``float()``, ``int()``, ``.item()``, ``.tolist()``, ``np.asarray`` copy
-    it; the compile the guard saw is that expression's eager op.
+    The test of an ``if``/``while``/``assert``/ternary that computes
+    something (``if x.sum() > 0:``; not ``if flag:``) tests a value on the
+    host (``bool()``); ``float()``, ``int()`` (the builtins), ``.item()``,
+    ``.tolist()`` and numpy's ``asarray``/``array`` (their module resolved in
+    the frame's globals: ``jnp.asarray`` is no read) copy it; the compile the
+    guard saw is that expression's eager op.
     """
     text = where(user)[1]
-    if not text:
+    if not text or user is None:
         return None
     source = _strip_comment("if" + text[4:] if text.startswith("elif ") else text)
     try:
         tree = ast.parse(source + " pass" if source.endswith(":") else source)
     except SyntaxError:
         return None
+    names = user.f_globals
     for node in ast.walk(tree):
-        if isinstance(node, (ast.If, ast.While, ast.IfExp)):
-            return f"the `{'while' if isinstance(node, ast.While) else 'if'}` on this line"
-        if isinstance(node, ast.Assert):
-            return "the `assert` on this line"
+        if isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert)) and not isinstance(
+            node.test, (ast.Name, ast.Constant)
+        ):
+            kind = "assert" if isinstance(node, ast.Assert) else "while" if isinstance(node, ast.While) else "if"
+            return f"the `{kind}` on this line"
         if isinstance(node, ast.Call):
             f = node.func
-            called = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
-            if called in _READ_CALLS:
-                return f"{called}() on this line"
+            if isinstance(f, ast.Name) and f.id in _BUILTIN_READS and f.id not in names:
+                return f"{f.id}() on this line"
+            if isinstance(f, ast.Attribute) and f.attr in _METHOD_READS:
+                return f"{f.attr}() on this line"
+            if isinstance(f, ast.Attribute) and f.attr in _NUMPY_READS and isinstance(f.value, ast.Name):
+                module = names.get(f.value.id)
+                if getattr(module, "__name__", None) == "numpy":
+                    return f"{f.value.id}.{f.attr}() on this line"
     return None
 

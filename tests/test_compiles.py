@@ -102,6 +102,7 @@ def test_an_if_on_an_eager_comparison_is_the_read_not_the_compile():
         ("y = 1 if s.loss != 3.5 else 0", "the `if` on this line"),
         ("y = float(s.loss * 0.25)", "float() on this line"),
         ("y = (s.loss + 0.75).item()", "item() on this line"),
+        ("y = np.asarray(s.loss - 0.125)", "np.asarray() on this line"),
     ],
 )
 def test_each_host_construct_is_named(line, construct, tmp_path):
@@ -110,7 +111,27 @@ def test_each_host_construct_is_named(line, construct, tmp_path):
     path.write_text(f"with jc.hot_loop():\n    {line}  # planted\n")
     code = compile(path.read_text(), str(path), "exec")
     with pytest.raises(jc.TransferError, match=re.escape(f"device-to-host read: {construct} reads the result of an eager")):
-        exec(code, {"jc": jc, "s": s})
+        exec(code, {"jc": jc, "s": s, "np": np})
+
+
+@pytest.mark.parametrize(
+    "line",
+    [
+        "y = jnp.asarray(s.loss * 0.375)",  # jax.numpy's asarray reads nothing
+        "y = jnp.array(s.loss * 0.625)",
+        "y = jax.nn.relu(s.w * 0.875) if relu else s.w",  # a Python bool's if: the op is in the branch
+    ],
+)
+def test_a_cold_op_on_a_line_with_a_look_alike_is_the_compile(line, tmp_path):
+    # "asarray" by its name alone and any `if` were taken for a host read: the
+    # message named a read that never happens and the fix was for reads
+    # (hostile round 3); the compile is what is proven
+    s = fresh()
+    path = tmp_path / "planted.py"
+    path.write_text(f"with jc.hot_loop():\n    {line}  # planted\n")
+    code = compile(path.read_text(), str(path), "exec")
+    with pytest.raises(jc.RecompileError, match=r"jax compiles `"):
+        exec(code, {"jc": jc, "s": s, "jax": jax, "jnp": jnp, "relu": True})
 
 
 def test_a_cold_op_without_a_read_stays_a_compile():
