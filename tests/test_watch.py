@@ -1258,6 +1258,42 @@ def test_a_copy_over_the_state_s_buffers_made_after_the_first_calls_withdraws_th
     assert [f.param for f in w.findings() if f.kind == "missed_donation"] == ["params"], str(w.report())
 
 
+def test_two_steps_of_one_jit_line_are_claimed_only_where_both_may_donate():
+    # a factory's `@jax.jit def step(params, anchor)`: pre-training drops its
+    # params at each call, fine-tuning passes the pretrained params as the
+    # anchor; the claim (judged for the first function alone) edits the one
+    # jit line, and then fine-tuning's first call donated what it also read
+    # (hostile round 3)
+    def make_step(alpha):
+        @jax.jit
+        def step(params, anchor):
+            return jax.tree.map(lambda p, a: p - 0.1 * p - alpha * (p - a), params, anchor)
+
+        return step
+
+    with jc.watch() as w:
+        pre_step = make_step(0.0)
+        params = {"w": jnp.ones((4, 4))}
+        zeros = {"w": jnp.zeros((4, 4))}
+        for _ in range(8):
+            params = pre_step(params, zeros)
+        pretrained = params
+        ft_step = make_step(0.01)
+        for _ in range(8):
+            params = ft_step(params, pretrained)
+    assert [f.param for f in w.findings() if f.kind == "missed_donation"] == [], str(w.report())
+    with jc.watch() as w:  # the fine-tuning that copies its anchor first: claimed
+        pre_step = make_step(0.0)
+        params = {"w": jnp.ones((4, 4))}
+        for _ in range(8):
+            params = pre_step(params, zeros)
+        pretrained = jax.tree.map(jnp.copy, params)
+        ft_step = make_step(0.01)
+        for _ in range(8):
+            params = ft_step(params, pretrained)
+    assert {f.param for f in w.findings() if f.kind == "missed_donation"} == {"params"}, str(w.report())
+
+
 def test_a_missed_donation_in_gradient_accumulation_is_claimed_for_every_leaf():
     # params go to the accumulating step four times, then to the update. In a
     # function the update's dropped params were lost: the id of a dead followed

@@ -229,7 +229,9 @@ class Watch:
         # whose C++ cache grew without one took an executable JAX had (not a recompile)
         self._lowered = threading.local()
         self._counting = capability("compile-events").available
-        self._kept_params: set[tuple[int, str]] = set()  # (id of the function, parameter) the user kept arrays of
+        # (the jax.jit line, parameter) the user kept arrays of, at a call of any function
+        # made there: the fix edits that line, for each of them
+        self._kept_params: set[tuple[tuple[str, int], str]] = set()
         self._missed_from: dict[tuple[Any, ...], tuple[_Function, int]] = {}  # missed donation -> its first call
         self._closed: tuple[str, int] | None = None  # a line whose run a direct call ended
         self.calls = 0
@@ -405,9 +407,16 @@ class Watch:
         paths = fn.signatures[-1].paths
         for i in fn.candidates:
             if i < len(leaves) and counts[id(leaves[i])] > 1:
-                param = sigs.param_of(paths[i])
-                self._kept_params.add((id(fn), param))
-                self._findings.pop(("missed_donation", id(fn), param), None)
+                self._never_claim(fn, sigs.param_of(paths[i]))
+
+    def _never_claim(self, fn: _Function, param: str) -> None:
+        """Donating ``param`` would delete what the user keeps: no claim for
+        it, for any function made at ``fn``'s ``jax.jit`` line (a factory's
+        two steps share the line the fix edits), now or later."""
+        self._kept_params.add((fn.site, param))
+        for other in self._functions:
+            if other.site == fn.site:
+                self._findings.pop(("missed_donation", id(other), param), None)
 
     def _settle(self, fn: _Function, at_call: bool = False) -> None:
         """At the function's next call (or the watch's end): a followed
@@ -438,19 +447,17 @@ class Watch:
         fn.pending = []
         sig = fn.signatures[-1]
         for param in kept:  # kept at one call: never claimed
-            self._kept_params.add((id(fn), param))
-            self._findings.pop(("missed_donation", id(fn), param), None)
+            self._never_claim(fn, param)
         for param, idx in dropped.items():
             nbytes = sum(sig.nbytes(i) for i in idx)
             key = ("missed_donation", id(fn), param)
-            if (id(fn), param) in self._kept_params or not (at_call or key in self._findings):
+            if (fn.site, param) in self._kept_params or not (at_call or key in self._findings):
                 continue
             if key not in self._findings and fn.run == fn.follow_run:
                 continue  # called again within one run of the user's line (a setup statement)
             shared = param in fn.sharers and sigs.still_shared(fn.sharers[param])
             if shared and key in self._findings:  # a copy over its buffers made after the claim
-                self._kept_params.add((id(fn), param))
-                del self._findings[key]
+                self._never_claim(fn, param)
                 continue
             found = self._findings.get(key)
             if found is not None:
