@@ -115,7 +115,10 @@ def filtering() -> bool:
 
 
 def trim(err: BaseException) -> None:
-    """Drop every library frame from a contract error's traceback, in place.
+    """Drop every library frame from a contract error's traceback, in place,
+    and this package's private frames from any other error's (raised by the
+    user's function while a step traces it, or by its executable), and
+    JAX's: it ends at the user's line, as under ``jax.jit``.
 
     Called at a boundary (the outermost frame of ours the error crossed),
     followed there by a bare ``raise``, which re-raises without adding that
@@ -124,6 +127,8 @@ def trim(err: BaseException) -> None:
     """
     if isinstance(err, ContractError):
         _drop_frames(err, lambda code: is_library(code.co_filename, False, code.co_name))
+    else:  # JAX's frames go too, as JAX's own filtering drops them from a jax.jit call's error
+        _drop_frames(err, lambda code: is_jax_or_ours(code.co_filename))
 
 
 def trim_ours(err: BaseException) -> None:

@@ -9,6 +9,7 @@ of ours the error crossed, unless ``JAX_TRACEBACK_FILTERING`` (JAX's
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import traceback
 
@@ -235,18 +236,29 @@ def test_a_read_caught_inside_the_loop_is_trimmed_there_too():
     assert [f.filename for f in frames] == [__file__]
 
 
-def test_non_contract_errors_keep_their_frames():
-    """Only contract errors are trimmed: a bug in the user's step keeps the frames JAX left."""
+@pytest.mark.parametrize("filtering", ["auto", "off"])
+def test_an_error_of_the_user_s_step_ends_at_the_user_s_lines_as_under_jax_jit(filtering):
+    """A bug in the user's step raised while it traces: the caller's line and
+    the user's raising line, as ``jax.jit`` shows them; the library's frames
+    (about ten) were between them. ``JAX_TRACEBACK_FILTERING=off`` keeps all."""
 
     @jc.hot_step(signature=S, donate="all")
     def broken(s: S) -> S:
         raise ValueError("the user's own bug")
 
-    with pytest.raises(ValueError) as info:
-        broken(S(x=jnp.zeros(3)))
-    names = [f.name for f in traceback.extract_tb(info.value.__traceback__)]
-    assert "broken" in names  # the user's raising line is there
-    assert any(f.startswith(PACKAGE) for f in (x.filename for x in traceback.extract_tb(info.value.__traceback__)))
+    before = jax.config.jax_traceback_filtering
+    jax.config.update("jax_traceback_filtering", filtering)
+    try:
+        with pytest.raises(ValueError) as info:
+            broken(S(x=jnp.zeros(3)))
+    finally:
+        jax.config.update("jax_traceback_filtering", before)
+    frames = traceback.extract_tb(info.value.__traceback__)
+    assert frames[-1].name == "broken"  # the user's raising line is there
+    ours = [f for f in frames if f.filename.startswith(PACKAGE)]
+    assert (ours == []) == (filtering == "auto"), frames
+    if filtering == "auto":
+        assert [f.name for f in frames] == [frames[0].name, "broken"], frames
 
 
 def test_print_of_a_dataclass_in_a_loop_is_blamed_on_the_user_s_line():
@@ -300,3 +312,21 @@ def test_a_package_installed_outside_site_packages_is_library_code(tmp_path, mon
     assert not is_library(installed, False)  # tracebacks keep installed frames
     assert not is_library(editable)  # the user's own package, in development
     assert not is_library(script)
+
+
+def test_jax_s_words_for_an_error_while_a_step_traces_name_the_user_s_function_and_leaf():
+    # JAX named the library's wrapper ("tracing the function traced at
+    # jaxcontracts/_step/compile.py:211") and "the argument args[0]['loss']"
+    def decay(s, lr):
+        if s["loss"] > 1.0:  # a Python if on a traced value
+            return {"loss": s["loss"] * lr}
+        return s
+
+    steps = [(jc.hot_step(decay, state="s"), (jnp.float32(0.5),)), (jc.hot_step(functools.partial(decay, lr=0.5), state="s"), ())]
+    for step, more in steps:
+        with pytest.raises(jax.errors.TracerBoolConversionError) as info:
+            step({"loss": jnp.float32(2.0) + 0}, *more)
+        text = str(info.value)
+        line = decay.__code__.co_firstlineno
+        assert f"tracing the function decay at {__file__}:{line}" in text, text
+        assert "argument s['loss']" in text, text

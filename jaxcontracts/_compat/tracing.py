@@ -48,33 +48,42 @@ except ImportError:  # pragma: no cover - future jax
     _refs = None
 
 
-try:  # the paths JAX's messages skip when they name the user's line
+try:  # the paths JAX's messages skip when they name the user's line, and its tracebacks leave out
     from jax._src import source_info_util as _source_info
+    from jax._src import traceback_util as _traceback_util
 except ImportError:  # pragma: no cover - future jax
-    _source_info = None  # type: ignore[assignment]
+    _source_info = _traceback_util = None  # type: ignore[assignment]
 
 
 @define(
     "source-exclusion",
-    "jax._src.source_info_util.register_exclusion (the paths JAX skips to name the user's line)",
+    "jax._src.source_info_util.register_exclusion and jax._src.traceback_util.register_exclusion "
+    "(the paths JAX skips to name the user's line, and leaves out of the tracebacks it filters)",
     "JAX's own messages for a call made through a hot step, a hot loop or jc.watch() "
-    "(jax_explain_cache_misses, a callback's site) name a jaxcontracts frame, not the user's line",
+    "(jax_explain_cache_misses, a callback's site) name a jaxcontracts frame, not the user's line, "
+    "and an error raised while a hot step traces shows the library's frames",
 )
 def _probe_source_exclusion() -> str | None:
-    if _source_info is None:
-        return "jax._src.source_info_util is gone"
+    if _source_info is None or _traceback_util is None:
+        return "jax._src.source_info_util or jax._src.traceback_util is gone"
     for name in ("register_exclusion", "is_user_filename"):
         if not callable(getattr(_source_info, name, None)):
             return f"source_info_util.{name} is gone"
+    if not callable(getattr(_traceback_util, "register_exclusion", None)):
+        return "traceback_util.register_exclusion is gone"
     return None
 
 
 def exclude_from_source_info(prefixes: list[str]) -> None:
     """Have JAX skip the files under ``prefixes`` when it names the user's
-    line in its messages, as it skips its own (and flax's) frames."""
+    line in its messages, and leave them out of the tracebacks it filters
+    (an error raised in the user's function while a hot step traces it ends
+    at the user's line, as under ``jax.jit``), as it does its own (and
+    flax's) frames."""
     if capability("source-exclusion").available:
         for prefix in prefixes:
             _source_info.register_exclusion(prefix)
+            _traceback_util.register_exclusion(prefix)
 
 
 @define(

@@ -40,7 +40,6 @@ from .._compat.guarded import REFUSED, flat_in_tree, guarded_call
 from .._compat.threadguard import allow_host_to_device
 from .._compat.tracing import cpp_call, flatten, jit_context, top_level_refs
 from .._donation.consumed import consumed_class
-from .._errors import ContractError
 from .._hazards import find_hazards
 from .._leafdiff import same_placement
 from .._records import CompiledSignature
@@ -183,7 +182,7 @@ def _off(ctx: CallContext, native: bool) -> Callable[..., Any]:
                     return off(*normalize(args, kwargs))
                 return slow_call(args, kwargs, None)
             return out
-        except ContractError as err:  # the traceback ends at the user's line
+        except Exception as err:  # the traceback ends at the user's line
             trim(err)
             raise
 
@@ -463,7 +462,7 @@ def _guarded(
                             return tail(args, leaves, out, t0)
                 del leaves  # the slow path may dispatch again: its kept-leaf count sees none of ours
                 return slow_call(args, {}, exc)
-            except ContractError as err:  # the traceback ends at the user's line
+            except Exception as err:  # the traceback ends at the user's line
                 trim(err)
                 raise
 
@@ -516,7 +515,7 @@ def _guarded_closure(
             if out is refused_mark:  # a new signature the checks refused, or a trace
                 return refused(*args, **kwargs)
             return out if tail is None else tail(args, None, out, t0)
-        except ContractError as err:  # the traceback ends at the user's line
+        except Exception as err:  # the traceback ends at the user's line
             trim(err)
             raise
 

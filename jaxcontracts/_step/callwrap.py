@@ -19,7 +19,7 @@ import numpy as np
 from .. import _contracts, _runtime
 from .._compat.guarded import REFUSED
 from .._compat.threadguard import allow_host_to_device
-from .._errors import ContractError, DefinitionError
+from .._errors import DefinitionError
 from .._state.filter import Filtered, join_out, split
 from .._state.foreign import holds_module
 from .._state.inplace import ref_arrays, repeated_refs_error, replace_all, write_back
@@ -69,7 +69,7 @@ def with_filtered(definition: StepDefinition, dispatch: Callable[..., Any], step
             if record[0] is out:  # the loops' record: the rebuilt output, held once
                 record[0] = joined
             return joined
-        except ContractError as err:  # the traceback ends at the user's line
+        except Exception as err:  # the traceback ends at the user's line
             trim(err)
             raise
 
@@ -106,7 +106,7 @@ def with_static(definition: StepDefinition, dispatch: Callable[..., Any]) -> Cal
                     last.update((j, (args[j], items[j])) for j in static)
                     break
             return dispatch(*items)
-        except ContractError as err:  # the traceback ends at the user's line
+        except Exception as err:  # the traceback ends at the user's line
             trim(err)
             raise
 
@@ -127,7 +127,7 @@ def with_inplace(definition: StepDefinition, dispatch: Callable[..., Any], step:
             if inside_in_place_call(step) is not None:
                 return dispatch(*args)
             return in_place_call(definition, step, dispatch, args)
-        except ContractError as err:  # the traceback ends at the user's line
+        except Exception as err:  # the traceback ends at the user's line
             trim(err)
             raise
 
@@ -227,7 +227,7 @@ def with_effect_tokens(dispatch: Callable[..., Any], ensure: Callable[[], None])
         try:
             ensure()
             return dispatch(*args, **kwargs)
-        except ContractError as err:  # the traceback ends at the user's line
+        except Exception as err:  # the traceback ends at the user's line
             trim(err)
             raise
 
@@ -246,7 +246,7 @@ def with_refusals(dispatch: Callable[..., Any], name: str, found: dict[str, tupl
             if local.loop is not None:
                 _contracts.refuse(name, found)
             return dispatch(*args, **kwargs)
-        except ContractError as err:  # the traceback ends at the user's line
+        except Exception as err:  # the traceback ends at the user's line
             trim(err)
             raise
 

@@ -16,6 +16,8 @@ what was proven about it.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import threading
 import time
 import warnings
@@ -126,7 +128,7 @@ def jit_for(definition: StepDefinition, positional: tuple[Any, ...]) -> JitPlan:
     if definition.carried is None:  # state= named, or no return annotation: read the output
         per_param = tuple(jax.tree_util.tree_unflatten(treedef, specs))
         with quiet_donation_warning(), _tracing(definition):
-            out = jax.eval_shape(_fresh(_in_place(definition, definition.positional, candidates), definition.fn), *per_param)
+            out = jax.eval_shape(_fresh(_in_place(definition, definition.positional, candidates), definition), *per_param)
         definition = definition.resolve_carried(out, per_param)
     inplace = tuple(i for i in candidates if i not in definition.carried_params)
     if inplace:
@@ -149,11 +151,13 @@ def jit_for(definition: StepDefinition, positional: tuple[Any, ...]) -> JitPlan:
             return positional_fn(*jax.tree_util.tree_unflatten(treedef, leaves))
 
         flat_fn.__name__ = getattr(definition.fn, "__name__", "step")
+        flat_fn.__signature__ = inspect.signature(flat_fn)  # type: ignore[attr-defined]  # (JAX names leaves[i])
+        flat_fn.__wrapped__ = _fresh(positional_fn, definition).__wrapped__  # type: ignore[attr-defined]
         jitted = jax.jit(flat_fn, donate_argnums=donated, keep_unused=True)
         spec_args: tuple[Any, ...] = tuple(specs)
     else:
         argnums = tuple(a for a, v in per_arg.items() if v and all(v))
-        jitted = jax.jit(_fresh(positional_fn, definition.fn), donate_argnums=argnums, keep_unused=True)
+        jitted = jax.jit(_fresh(positional_fn, definition), donate_argnums=argnums, keep_unused=True)
         spec_args = tuple(jax.tree_util.tree_unflatten(treedef, specs))
     return JitPlan(jitted, spec_args, treedef, donated, flat_style, definition)
 
@@ -338,18 +342,28 @@ def _refuse_uncarried(definition: StepDefinition) -> None:
         )
 
 
-def _fresh(fn: Callable[..., Any], named: Any) -> Callable[..., Any]:
+def _fresh(fn: Callable[..., Any], definition: StepDefinition) -> Callable[..., Any]:
     """A new function calling ``fn``, made for one compile: JAX caches a
     jitted function's trace and lowering (about six times the executable's
     memory) weakly by the function traced, so they die with this one, not
-    with the step."""
+    with the step. It stands for the user's function in what JAX says while
+    tracing it ("tracing the function step at train.py:12 ... the argument
+    s['loss']"): the user's function as ``__wrapped__`` (its name and line),
+    and a signature of the step's parameters, in the order it is called."""
 
     def step(*args: Any) -> Any:
         return fn(*args)
 
+    named = definition.fn
     step.__name__ = getattr(named, "__name__", "step")
     step.__qualname__ = getattr(named, "__qualname__", step.__name__)
-    step.__wrapped__ = fn  # type: ignore[attr-defined]  # JAX reads fn's signature and source, as before
+    while isinstance(named, functools.partial):
+        named = named.func
+    step.__wrapped__ = named  # type: ignore[attr-defined]
+    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+    step.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
+        [inspect.Parameter(n, kind) for n in definition.param_names]
+    )
     return step
 
 

@@ -10,7 +10,6 @@ from collections.abc import Callable
 from typing import Any, ParamSpec, TypeVar, overload
 
 from .._compat.frames import caller_locals
-from .._errors import ContractError
 from .._tracebacks import trim
 from .analyse import analyse
 from .hot_step import HotStep
@@ -171,12 +170,12 @@ def hot_step(
                     host=host,
                 )
             )
-        except ContractError as err:  # the traceback ends at the user's line
+        except Exception as err:  # the traceback ends at the user's line
             trim(err)
             raise
 
     try:
         return make if fn is None else make(fn)
-    except ContractError as err:
+    except Exception as err:
         trim(err)
         raise

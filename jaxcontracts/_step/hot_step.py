@@ -305,7 +305,7 @@ class HotStep(Generic[P, R]):
         obj, args = args[0], args[1:]
         try:
             return self.__get__(obj, type(obj))(*args, **kwargs)
-        except ContractError as err:  # the traceback ends at the user's line
+        except Exception as err:  # the traceback ends at the user's line
             trim(err)
             raise
 
@@ -473,7 +473,7 @@ class HotStep(Generic[P, R]):
                 self._set_dispatch(kept[1])
             try:
                 return kept[1](*args, **kwargs)
-            except ContractError as err:  # the traceback ends at the user's line
+            except Exception as err:  # the traceback ends at the user's line
                 trim(err)
                 raise
 
@@ -489,7 +489,7 @@ class HotStep(Generic[P, R]):
         __tracebackhide__ = True
         try:
             return self.slow_call(args, kwargs, None)
-        except ContractError as err:  # the traceback ends at the user's line
+        except Exception as err:  # the traceback ends at the user's line
             trim(err)
             raise
 
