@@ -428,6 +428,36 @@ def test_a_method_step_never_shadows_the_class_and_follows_copies():
     assert [float(_Trainer.step(child, jnp.ones(()))), float(child.step(jnp.ones(())))] == [0.5, 100.5]
 
 
+def test_a_method_step_of_an_instance_hashed_by_value_follows_its_changes():
+    # a schedule written into a value-hashed trainer (`unsafe_hash=True`): the
+    # step ran the program compiled for the first lr, silently, where jax.jit
+    # (0.11 on) re-hashes a static self (hostile round 3); an instance hashed
+    # by identity reads its attributes at its compile, as documented
+    import dataclasses
+
+    @dataclasses.dataclass(unsafe_hash=True)
+    class ByValue:
+        lr: float
+
+        @jc.hot_step(state="s")
+        def step(self, s):
+            return {"x": s["x"] * 0 + self.lr}
+
+    class ByIdentity:
+        def __init__(self, lr):
+            self.lr = lr
+
+        step = ByValue.__dict__["step"]
+
+    for cls, want in ((ByValue, [0.1, 0.2, 0.1]), (ByIdentity, [0.1, 0.1, 0.1])):
+        trainer, s, seen = cls(0.1), {"x": jnp.ones(2)}, []
+        for lr in (0.1, 0.2, 0.1):
+            trainer.lr = lr
+            s = trainer.step(s)
+            seen.append(round(float(s["x"][0]), 3))
+        assert seen == want, (cls.__name__, seen)
+
+
 def test_a_method_step_of_a_temporary_instance_holds_it_as_a_bound_method_does():
     import gc
     import weakref

@@ -107,6 +107,7 @@ class HotStep(Generic[P, R]):
         self.last_consumed: list[Any] = [None]  # see _steps.LiveStep
         self._set_dispatch(self._call_unbound if signature.is_method else self._slow)
         self._bound_to: tuple[HotStep[Any, Any], Any] | None = None  # (method step, instance)
+        self._bound_hash: int | None = None  # the instance's hash at the bind, where hashed by value
         # A method step's bound steps for instances without a __dict__ (__slots__)
         self._bound_steps: dict[int, tuple[weakref.ref[Any], HotStep[Any, Any]]] = {}
         # The slow path's: held while it decides on (and makes) a compile, so
@@ -226,7 +227,8 @@ class HotStep(Generic[P, R]):
 
         ``self`` is configuration, not a traced argument: the step compiles
         once per instance, reading the instance's attributes at that compile
-        (later changes to them are not seen). The bound step holds the
+        (later changes to them are not seen, unless the instance hashes by
+        value: a new hash binds, and compiles, anew). The bound step holds the
         instance, as a bound method does (``T(2.0).step(x)`` works), and is
         kept in the instance's ``__dict__`` under a private key, never the
         method's name: a subclass that overrides the method runs its override,
@@ -241,14 +243,17 @@ class HotStep(Generic[P, R]):
         if type(namespace) is dict:
             key = self._key
             kept = namespace.get(key)
-            if type(kept) is HotStep and kept._bound_to is not None and kept._bound_to[0] is self and kept._bound_to[1] is obj:
+            if (
+                type(kept) is HotStep and kept._bound_to is not None and kept._bound_to[0] is self
+                and kept._bound_to[1] is obj and kept._bound_hash == _value_hash(obj)
+            ):
                 return kept
             bound: HotStep[Any, Any] = HotStep(self._definition.bind(obj))  # obj -> bound -> obj: a cycle gc collects
-            bound._bound_to = (self, obj)
+            bound._bound_to, bound._bound_hash = (self, obj), _value_hash(obj)
             namespace[key] = bound
             return bound
         kept = self._bound_steps.get(id(obj))
-        if kept is not None and kept[0]() is obj:
+        if kept is not None and kept[0]() is obj and kept[1]._bound_hash == _value_hash(obj):
             return kept[1]
         try:
             ref = weakref.ref(obj, functools.partial(_forget_bound, self._bound_steps, id(obj)))
@@ -262,7 +267,7 @@ class HotStep(Generic[P, R]):
                 step=self._definition.name,
             ) from None
         bound = HotStep(self._definition.bind(obj, weak=True))
-        bound._bound_to = (self, ref)
+        bound._bound_to, bound._bound_hash = (self, ref), _value_hash(obj)
         self._bound_steps[id(obj)] = (ref, bound)
         return bound
 
@@ -492,6 +497,19 @@ class HotStep(Generic[P, R]):
         except Exception as err:  # the traceback ends at the user's line
             trim(err)
             raise
+
+
+def _value_hash(obj: Any) -> int | None:
+    """``obj``'s hash where its class hashes by value (a dataclass with
+    ``unsafe_hash=True`` or ``frozen=True``, a ``__hash__`` of its own): a
+    method step bound to it compiles again when it changes, as ``jax.jit``
+    (0.11 on) does for a static ``self``; None for an identity hash or none."""
+    if type(obj).__hash__ in (None, object.__hash__):
+        return None
+    try:
+        return hash(obj)
+    except TypeError:  # a field that hashes by nothing (an array): as by identity
+        return None
 
 
 def _method_step(step: HotStep[Any, Any]) -> HotStep[Any, Any]:
