@@ -150,3 +150,17 @@ def test_a_lagged_read_of_a_donated_array_is_refused_at_once_naming_it():
     new, _ = step(s)
     with pytest.raises(jc.DonationError, match=r"jc\.fetch_async\(\): \['n'\]: i32\[\] was donated to step"):
         jc.fetch_async(s)
+
+
+@pytest.mark.parametrize("wrap", ["hot_step", "jax.jit"])
+def test_a_fetch_inside_a_traced_function_says_it_has_no_value_yet(wrap):
+    # JAX's ConcretizationTypeError about `is_fully_addressable` on a traced
+    # array, raised from the library's frame, said nothing of the fetch
+    def step(s):
+        jc.fetch(s["loss"])  # a read moved into the step by mistake
+        return {"loss": s["loss"] * 0.5}
+
+    run = jc.hot_step(step, state="s") if wrap == "hot_step" else jax.jit(step)
+    with pytest.raises(jc.TransferError, match=r"jc\.fetch\(\): a traced f32\[\], inside a function JAX is tracing") as e:
+        run({"loss": jnp.float32(1.0) + 0})
+    assert "return it from the step and fetch the output" in str(e.value)

@@ -104,6 +104,16 @@ def _readable(tree: Any, what: str) -> tuple[list[Any], Any]:
     __tracebackhide__ = True
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     for n, x in enumerate(leaves):
+        if isinstance(x, jax.core.Tracer):
+            path = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(tree)[0][n][0])
+            raise TransferError(
+                f"{what}(): {path + ': ' if path else ''}a traced {fmt_aval(x.shape, x.dtype)}, inside a "
+                "function JAX is tracing (a hot step, a jax.jit): it has no value on the host until "
+                "the compiled program runs.",
+                fix="read it after the call: return it from the step and fetch the output there "
+                "(every N steps: loss = jc.fetch(out['loss'])); to look at it while debugging, "
+                "jax.debug.print('{}', x) prints it from the device.",
+            )
         if (
             isinstance(x, jax.Array)
             and not x.is_fully_addressable
