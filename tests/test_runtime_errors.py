@@ -511,7 +511,7 @@ def test_an_error_tracing_a_step_says_which_step_was_compiling():
     step = jc.hot_step(rollout, state="s")
     with pytest.raises(TypeError, match="scan body function carry") as info:
         step.compile({"x": jax.ShapeDtypeStruct((3,), jnp.float32)})
-    assert any("raised while tracing the hot step" in n and "rollout" in n for n in info.value.__notes__)
+    assert any("raised while compiling the hot step" in n and "rollout" in n for n in info.value.__notes__)
 
 
 def test_jax_mds_rollback_outside_a_loop_names_the_step_where_python_sees_the_array():

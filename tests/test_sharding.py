@@ -274,3 +274,18 @@ def test_a_refusal_never_blames_an_uncommitted_argument_jax_moves():
         step(s, key, jax.device_put(y, devices[3]))
     text = str(info.value)
     assert "parameter `y`" in text and "parameter `key`" not in text, text
+
+
+def test_arguments_committed_to_two_devices_at_the_first_compile_are_named_as_jax_jit_names_them():
+    # JAX's "incompatible devices" error named "argument args[0]['n']" and
+    # "argument args[1]" of the library's wrapper, its traceback ending in
+    # jax/_src/stages.py; the note said "while tracing" (it is the lowering)
+    devices = jax.devices()
+    if len(devices) < 2:
+        pytest.skip("needs two devices")
+    step = jc.hot_step(lambda s, k: {"x": s["x"] * k, "n": s["n"] + 1}, state="s")
+    s = jax.device_put({"x": jnp.ones(3), "n": jnp.int32(0)}, devices[1])
+    with pytest.raises(ValueError, match=r"argument s\['\w'\] of <lambda> .* argument k of <lambda>") as e:
+        step(s, jax.device_put(jnp.float32(3.0), devices[0]))
+    assert str(e.traceback[-1].path) == __file__, e.traceback[-1]
+    assert any("raised while compiling the hot step" in n for n in e.value.__notes__)

@@ -288,8 +288,8 @@ def _tracing(definition: StepDefinition) -> Iterator[None]:
     except Exception as err:
         if not isinstance(err, ContractError):
             err.add_note(
-                f"jaxcontracts: raised while tracing the hot step {definition.name} to compile it "
-                "(at its first call with these shapes, or its .compile())."
+                f"jaxcontracts: raised while compiling the hot step {definition.name} (tracing and "
+                "lowering it: at its first call with these shapes, or its .compile())."
             )
         raise
     finally:
