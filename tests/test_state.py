@@ -600,3 +600,18 @@ def test_a_pytree_field_whose_dims_disagree_with_an_array_field_is_the_one_named
     assert Shifted(params={"a": jnp.zeros(3)}, v=jnp.zeros(4)).v.shape == (4,)
     with pytest.raises(jc.SpecError, match=r"\.v: expected Float32\[Array, 'n\+1'\], got f32\[5\]"):
         Shifted(params={"a": jnp.zeros(3)}, v=jnp.zeros(5))
+
+
+def test_a_field_named_like_a_dimension_is_named_as_the_clash_it_is():
+    # `n` both a field and the dimension of x: P.zeros(n=3) said "dimension
+    # 'n' is not given. Fix: pass it, e.g. .zeros(n=...)", which it was
+    @jc.state
+    class P:
+        x: Float32[Array, "n"]
+        n: Int32[Array, ""]
+
+    for make in (P.zeros, P.spec):
+        with pytest.raises(jc.SpecError, match=r"`n` names both a field of .*P and a dimension") as e:
+            make(n=3)
+        assert 'Float32[Array, "n_size"]' in str(e.value)
+    assert P(x=jnp.ones(3), n=jnp.int32(3)).x.shape == (3,)  # built from values, nothing is ambiguous

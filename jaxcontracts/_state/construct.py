@@ -120,6 +120,15 @@ def make(cls: type, kwargs: dict[str, Any], sharding: Any, leaf_fn: Callable, wh
     if STATE_INFO not in cls.__dict__:  # Plain(Base) undecorated: Base's fields only, no pytree
         raise undecorated_error(cls)
     field_names = {f.name for f in info_of(cls).fields}
+    both = sorted(k for k in kwargs if k in field_names and k in info_of(cls).dim_names)
+    if both:
+        raise SpecError(
+            f"{cls.__qualname__}.{what}(): `{both[0]}` names both a field of {cls.__qualname__} and a "
+            f"dimension of its annotations, so {both[0]}=... cannot say which it gives.",
+            fix=f'rename the dimension in the annotations (Float32[Array, "{both[0]}_size"]) or the field.',
+            contract="dims",
+            leaves=[f".{both[0]}"],
+        )
     given = {k: v for k, v in kwargs.items() if k in field_names}
     dims = _check_dims(cls, {k: v for k, v in kwargs.items() if k not in field_names}, what)
     per_field = isinstance(sharding, Mapping)
