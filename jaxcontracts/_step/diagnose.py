@@ -178,7 +178,10 @@ def hazard_error(
             f"{paths[a] if a in donated else paths[b]} is donated"
         )
     by = {consumers[i] if consumers else None for i in deleted}
-    if deleted and by == {None} and not any(i in donated for i in deleted):
+    if duplicates and not deleted:  # one buffer twice, the user's own making
+        a, b = duplicates[0]
+        fix = donation_fix("twice", value=f"{paths[b]} = jnp.copy({paths[a]})")
+    elif deleted and by == {None} and not any(i in donated for i in deleted):
         # none of them is a state this step donates: nothing says a step consumed them
         fix = donation_fix("pass_other", value=paths[deleted[0]])
     else:  # the consumer, where one is proven
