@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any, Protocol
 
 import jax
+import numpy as np
 
 from . import _steps
 from ._compat import registry
@@ -276,6 +277,14 @@ def debug_reads_fix(fix: str) -> str:
             f"nans or infs, which a loop refuses; where this line reads nothing itself, that is the read: "
             f'turn it off for hot loops (jax.config.update("{on[0]}", False)), or look for them outside '
             f"jc.hot_loop. Otherwise: {fix}")
+
+
+def static_is_exact(x: Any) -> bool:
+    """Whether making the host value ``x`` a static argument gives the same
+    results as passing it: not for a float, whose arithmetic XLA then folds
+    in double precision (``2 * h ** 2``) where the traced value runs in
+    float32, so the results differ in their last bits."""
+    return not isinstance(x, (float, complex, np.inexact, np.ndarray))
 
 
 def host_fix(*kinds: str, param: str = "x") -> str:

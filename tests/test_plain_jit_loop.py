@@ -41,7 +41,8 @@ def test_the_requests_loop_in_record_mode_names_the_scalar_and_the_drifted_donat
             state = fn1(0.5, state)  # the line every finding names
     by_kind = {v.kind: v for v in loop.violations if v.where.endswith(".py:" + str(_line("state = fn1(0.5, state)")))}
     assert "`fn1` is given a Python float at `lr`" in by_kind["transfer"].what
-    assert "static_argnames=('lr',)" in by_kind["transfer"].fix
+    # a float made static folds its arithmetic in double precision: results differ in their last bits
+    assert "jax.device_put" in by_kind["transfer"].fix and "static_argnames" not in by_kind["transfer"].fix
     assert "lr is donated, but it is a Python float" in by_kind["wrong_donation"].what
     assert "state could be donated instead" in by_kind["wrong_donation"].what
     assert "donate_argnames=('state',)" in by_kind["wrong_donation"].fix

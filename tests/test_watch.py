@@ -1190,6 +1190,37 @@ def test_a_value_equal_by_chance_for_a_while_is_not_called_a_constant():
     assert "same numpy array" in found.message and found.count == 19
 
 
+def test_a_mask_changed_in_place_beside_a_fresh_batch_is_not_called_a_constant():
+    # magnitude pruning: a numpy mask zeroed in place every few steps, given
+    # with a new batch each call; a changed array is "fresh" at that call, and
+    # a call whose host values were all fresh skipped the withdrawal: "the same
+    # numpy array at each call" stood, and its fix (put it on the device once)
+    # lost the pruning (hostile round 4)
+    rng = np.random.default_rng(0)
+    with jc.watch() as w:
+        step = jax.jit(lambda w_, mask, x: (w_ - 0.1 * x.mean(0)) * mask)
+        w_, mask = jnp.ones(4), np.ones(4, np.float32)
+        for t in range(24):
+            w_ = step(w_, mask, rng.normal(size=(8, 4)).astype(np.float32))
+            if t % 8 == 7:
+                mask[t // 8] = 0.0
+    assert [f for f in w.findings() if f.kind == "host_transfer"] == [], str(w.report())
+
+
+def test_the_static_fix_is_offered_for_an_int_not_for_a_float():
+    # SVGD's bandwidth `h = 0.2` made static: XLA folds `2 * h ** 2` in double
+    # precision where the traced h runs in float32, and the particles differed
+    # in their last bits (hostile round 4); an int keeps its results
+    with jc.watch() as w:
+        step = jax.jit(lambda x, h, n: x * jnp.exp(-x / (2 * h**2)) + n)
+        x = jnp.ones(3)
+        for _ in range(6):
+            x = step(x, 0.2, 3)
+    fixes = {f.param: f.fix for f in w.findings() if f.kind == "host_transfer"}
+    assert "jax.device_put" in fixes["h"] and "static_argnames" not in fixes["h"], fixes
+    assert "static_argnames=('n',)" in fixes["n"], fixes
+
+
 def test_a_number_that_changes_beside_a_fresh_batch_is_not_called_a_constant():
     # a step decay (`lr = 0.1 * 0.9 ** (t // 2)`) given with a new numpy batch
     # each call: a call with a fresh batch kept no record of its other values,

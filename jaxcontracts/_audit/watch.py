@@ -56,7 +56,7 @@ from .._errors import ContractError, contract_of_finding
 from .._format import fmt_bytes, fmt_listed
 from .._loop import signatures as sigs
 from .._report.render import findings_html
-from .._runtime import host_fix, local
+from .._runtime import host_fix, local, static_is_exact
 from .._state.spec import leaf_spec, spec_nbytes, value_kind
 from .._tracebacks import is_library, trim_ours
 from .._userline import user_frame, where
@@ -663,7 +663,9 @@ class Watch:
             x = given[i]
             if isinstance(x, _HOST_TYPES):  # (a JAX ref is not host data)
                 kinds[i] = self._host_kind(fn, line, x, i)
-        if all(what == "fresh" for what in kinds.values()):  # a loader's batch: nothing to name
+        if all(what == "fresh" for what in kinds.values()) and not any(  # a loader's batch: nothing to name
+            k[1] == id(fn) and k[3] == line.at for k in self._constant_claims
+        ):  # (a "same value" claim of this line to withdraw: an array changed in place is "fresh" now)
             return [], bool(kinds), {}
         touched = []
         leaves = []  # (path, value, bytes, what it is, position)
@@ -691,12 +693,12 @@ class Watch:
                 entry[2] += nbytes
         fresh = False
         for param, (fixed, x, nbytes, what) in host.items():
+            key = ("host_transfer", id(fn), param, line.at)
+            if what != "constant" and key in self._constant_claims:  # (a call with a fresh batch too)
+                self._withdraw_constant(line, key, param)  # (an array changed in place: now "fresh")
             if what == "fresh":  # every leaf of it a new batch
                 fresh = True
                 continue
-            key = ("host_transfer", id(fn), param, line.at)
-            if what != "constant" and key in self._constant_claims:  # (a call with a fresh batch too)
-                self._withdraw_constant(line, key, param)
             found = self._findings.get(key)
             if found is not None:
                 found.count += 1
@@ -705,8 +707,9 @@ class Watch:
             kind, path = value_kind(x), fmt_listed(fixed)
             if what == "constant":
                 message = f"{param} of {sigs.short(fn.name)} is the same {kind} at each call ({path}): copied to the device again every time"
-                # static only where the argument is one hashable leaf (a dict or a numpy array is not)
-                static = not fn.equinox and fixed == [param] and not isinstance(x, np.ndarray)
+                # static only where the argument is one hashable leaf (a dict or a numpy array is
+                # not) whose results it keeps (not a float)
+                static = not fn.equinox and fixed == [param] and static_is_exact(x)
                 fix = host_fix("constant", "static", param=param) if static else host_fix("constant")
                 self._constant_claims.add(key)
             elif what == "refed":

@@ -45,7 +45,7 @@ from .. import _contracts, _steps
 from .._compat import jitwatch
 from .._compat.tracing import trace_state_clean
 from .._format import fmt_bytes
-from .._runtime import host_fix, local
+from .._runtime import host_fix, local, static_is_exact
 from .._userline import user_frame, where
 from . import signatures as sigs
 from .intercept import plain_trace
@@ -107,7 +107,7 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
         loop.violation(
             "transfer",
             f"`{name}` is given {sig.text(j)} at `{path}`: an implicit host-to-device copy at every call",
-            "a constant: " + host_fix("constant", "static", "batch", param=param) + ".",
+            "a constant: " + host_fix("constant", *("static",) * static_is_exact(leaves[j]), "batch", param=param) + ".",
             user,
         )
     p, flat = _traced(loop, run, fun, ji, args, kwargs)
