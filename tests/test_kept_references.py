@@ -1036,3 +1036,34 @@ def test_a_leaf_held_twice_inside_its_own_state_runs_as_under_jax_jit():
     with pytest.raises(jc.DonationError, match="you still hold elsewhere"):
         step(p)
     assert not kept.is_deleted() and not p.b.is_deleted()
+
+
+class _Recorder:
+    def __init__(self):
+        self.samples = []
+
+
+@jax.tree_util.register_pytree_node_class
+class _WithRecorder:
+    def __init__(self, x, rec):
+        self.x, self.rec = x, rec
+
+    def tree_flatten(self):
+        return (self.x,), self.rec
+
+    @classmethod
+    def tree_unflatten(cls, rec, children):
+        return cls(children[0], rec)
+
+
+def test_a_sample_kept_in_a_list_inside_the_state_s_static_data_is_refused():
+    # the review of the case above: a list reached through the state (its aux
+    # data, a static field's object) was counted as the state's own, and the
+    # kept samples were deleted (data loss where a refusal was proven)
+    step = jc.hot_step(lambda s: _WithRecorder(s.x + 1, s.rec), state="s")
+    rec = _Recorder()
+    s = step(_WithRecorder(jnp.zeros(3), rec))
+    rec.samples.append(s.x)
+    with pytest.raises(jc.DonationError, match="you still hold elsewhere"):
+        step(s)
+    assert not rec.samples[0].is_deleted()

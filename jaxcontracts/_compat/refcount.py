@@ -22,6 +22,8 @@ from collections.abc import Sequence
 from types import BuiltinFunctionType, FrameType, FunctionType, MethodType, ModuleType
 from typing import Any
 
+import jax
+
 from .registry import capability, define
 
 __all__ = ["BASELINE", "available", "count", "kept_after_collecting"]
@@ -84,10 +86,9 @@ def kept_after_collecting(
     # below costs the heap times their number)
     if not held or len(held) > _SNAPSHOT_SCAN:
         return held, []
-    own = _containers(arguments)
-    inside = _inner_references([leaves[i] for i in held], own - {id(arguments)})
+    inside = _stored_children(arguments)
     snapshots = (
-        _snapshot_references([leaves[i] for i in held], own) if sys.version_info < (3, 13) else {}
+        _snapshot_references([leaves[i] for i in held], _walk(arguments)[0]) if sys.version_info < (3, 13) else {}
     )
     kept = [
         i for i in held
@@ -96,31 +97,33 @@ def kept_after_collecting(
     return kept, [i for i in held if i not in kept]
 
 
-def _inner_references(held: list[Any], own: set[int]) -> dict[int, int]:
-    """Per ``id`` of the objects in ``held``, the references to it from the
-    arguments' own containers beyond the one its container holds: a custom
-    pytree that keeps its children tuple besides its attributes
-    (``self.w = w; self._children = (w, b)``) holds each leaf twice, and
-    nothing outside the state does. Not proof of a holder: the step does
-    what ``jax.jit`` does there."""
-    ids = {id(x): x for x in held}
+def _stored_children(arguments: tuple[Any, ...]) -> dict[int, int]:
+    """Per ``id`` of a leaf, the references a custom pytree node of the
+    arguments holds to it twice: as an attribute and in a stored record of
+    its children, the tuple its ``tree_flatten`` returns (``self.w = w;
+    self._children = (w, b)``). That record is the node's own structure,
+    not a holder: the step does what ``jax.jit`` does there. Any other
+    container inside the state (a list of samples in a static field, a
+    user's object) is a holder like any other."""
     found: dict[int, int] = {}
-    for holder in gc.get_referrers(*held):
-        if id(holder) not in own:
-            continue
-        if type(holder) is dict:
-            values: Any = holder.values()
-        elif isinstance(holder, (list, tuple)):
-            values = holder
-        else:  # an object whose attributes live in the object itself (3.13's inline values)
-            try:
-                values = object.__getattribute__(holder, "__dict__").values()
-            except (AttributeError, TypeError):
+    for node in _walk(arguments)[1]:
+        try:
+            if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(node)):
                 continue
-        for v in values:
-            if ids.get(id(v)) is v:
-                found[id(v)] = found.get(id(v), 0) + 1
-    return {k: n - 1 for k, n in found.items() if n > 1}
+            children = jax.tree_util.tree_flatten(node, is_leaf=lambda x, n=node: x is not n)[0]
+            attrs = object.__getattribute__(node, "__dict__")
+        except Exception:  # noqa: BLE001 - not a node whose children can be told: nothing discounted
+            continue
+        for record in attrs.values():
+            if (
+                isinstance(record, (tuple, list)) and len(record) == len(children)
+                and all(a is b for a, b in zip(record, children))
+            ):
+                direct = {id(v) for v in attrs.values() if v is not record}
+                for child in record:
+                    if id(child) in direct:
+                        found[id(child)] = found.get(id(child), 0) + 1
+    return found
 
 
 def _snapshot_references(held: list[Any], own: set[int]) -> dict[int, int]:
@@ -167,10 +170,12 @@ def _snapshot_references(held: list[Any], own: set[int]) -> dict[int, int]:
 _NOT_NODES = (type, ModuleType, FunctionType, BuiltinFunctionType, MethodType)
 
 
-def _containers(arguments: tuple[Any, ...], limit: int = 10_000) -> set[int]:
+def _walk(arguments: tuple[Any, ...], limit: int = 10_000) -> tuple[set[int], list[Any]]:
     """The ids of the Python containers the call's arguments are made of (dicts,
-    lists, tuples, and objects' own ``__dict__``), to at most ``limit``."""
+    lists, tuples, and objects' own ``__dict__``), to at most ``limit``; and
+    the objects among them that have a ``__dict__``."""
     seen: set[int] = set()
+    objects: list[Any] = []
     stack: list[Any] = [arguments]
     while stack and len(seen) < limit:
         node = stack.pop()
@@ -187,5 +192,6 @@ def _containers(arguments: tuple[Any, ...], limit: int = 10_000) -> set[int]:
             except (AttributeError, TypeError):
                 continue
             if type(own) is dict:
+                objects.append(node)
                 stack.append(own)
-    return seen
+    return seen, objects
