@@ -243,14 +243,23 @@ class HotStep(Generic[P, R]):
         if type(namespace) is dict:
             key = self._key
             kept = namespace.get(key)
+            value_hash = _value_hash(obj)
+            if value_hash is not None:  # one bound step per hash the instance had, as jax.jit keys a static self
+                by_hash = kept if type(kept) is dict else {}
+                kept = by_hash.get(value_hash)
             if (
                 type(kept) is HotStep and kept._bound_to is not None and kept._bound_to[0] is self
-                and kept._bound_to[1] is obj and kept._bound_hash == _value_hash(obj)
+                and kept._bound_to[1] is obj
             ):
                 return kept
             bound: HotStep[Any, Any] = HotStep(self._definition.bind(obj))  # obj -> bound -> obj: a cycle gc collects
-            bound._bound_to, bound._bound_hash = (self, obj), _value_hash(obj)
-            namespace[key] = bound
+            bound._bound_to, bound._bound_hash = (self, obj), value_hash
+            if value_hash is None:
+                namespace[key] = bound
+            else:  # (a copy's entries are bound to the original: this instance's start anew)
+                by_hash = {h: b for h, b in by_hash.items() if b._bound_to is not None and b._bound_to[1] is obj}
+                by_hash[value_hash] = bound
+                namespace[key] = dict(list(by_hash.items())[-_BOUND_PER_INSTANCE:])
             return bound
         kept = self._bound_steps.get(id(obj))
         if kept is not None and kept[0]() is obj and kept[1]._bound_hash == _value_hash(obj):
@@ -499,16 +508,31 @@ class HotStep(Generic[P, R]):
             raise
 
 
+#: The bound steps kept per instance hashed by value: its latest hashes'.
+_BOUND_PER_INSTANCE = 8
+#: Per class of an instance a method step is bound to: whether it hashes by value and can change.
+_BY_VALUE: dict[type, bool] = {}
+
+
 def _value_hash(obj: Any) -> int | None:
-    """``obj``'s hash where its class hashes by value (a dataclass with
-    ``unsafe_hash=True`` or ``frozen=True``, a ``__hash__`` of its own): a
-    method step bound to it compiles again when it changes, as ``jax.jit``
-    (0.11 on) does for a static ``self``; None for an identity hash or none."""
-    if type(obj).__hash__ in (None, object.__hash__):
+    """``obj``'s hash where its class hashes by value and its instances can
+    change (a dataclass with ``unsafe_hash=True``, a ``__hash__`` of its
+    own): a method step bound to it binds (and compiles) anew for a new hash,
+    as ``jax.jit`` (0.11 on) keys a static ``self``. None where the class
+    hashes by identity or by nothing, or is a frozen dataclass (an equinox
+    Module), whose instances do not change, or whose hash failed once (an
+    array field): decided once per class."""
+    cls = type(obj)
+    by_value = _BY_VALUE.get(cls)
+    if by_value is None:
+        params = getattr(cls, "__dataclass_params__", None)
+        by_value = _BY_VALUE[cls] = cls.__hash__ not in (None, object.__hash__) and not getattr(params, "frozen", False)
+    if not by_value:
         return None
     try:
         return hash(obj)
-    except TypeError:  # a field that hashes by nothing (an array): as by identity
+    except TypeError:  # a field that hashes by nothing (an array): as by identity, for the class
+        _BY_VALUE[cls] = False
         return None
 
 
