@@ -217,8 +217,8 @@ DONATION_FIXES = {
     + _KEEP
     + " Where one array must appear twice, pass a copy (jnp.copy(x)).",
     # one buffer in two leaves of a call, none of them deleted
-    "twice": "pass a copy where one array appears twice ({value}): XLA cannot donate "
-    "one buffer for two leaves, nor keep one leaf of it while donating the other.",
+    "twice": "build the state with a copy where one array appears twice ({value}): XLA cannot "
+    "donate one buffer for two leaves, nor keep one leaf of it while donating the other.",
     # a call was passed a deleted array that this step does not donate (a batch a jax.jit donated)
     "pass_other": "pass an array that still exists: {value} was deleted before this call (donated to an "
     "earlier call, such as a jax.jit with donate_argnums, or x.delete()); pass what that call returned "

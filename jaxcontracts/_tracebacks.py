@@ -114,6 +114,12 @@ def filtering() -> bool:
     return str(getattr(jax.config, "jax_traceback_filtering", "auto")) != "off"
 
 
+_HIDDEN = (
+    "jaxcontracts: its own frames and JAX's are left out of this traceback "
+    "(JAX_TRACEBACK_FILTERING=off shows them)."
+)
+
+
 def trim(err: BaseException) -> None:
     """Drop every library frame from a contract error's traceback, in place,
     and this package's private frames from any other error's (raised by the
@@ -128,7 +134,15 @@ def trim(err: BaseException) -> None:
     if isinstance(err, ContractError):
         _drop_frames(err, lambda code: is_library(code.co_filename, False, code.co_name))
     else:  # JAX's frames go too, as JAX's own filtering drops them from a jax.jit call's error
-        _drop_frames(err, lambda code: is_jax_or_ours(code.co_filename))
+        ours = [0]
+
+        def drop(code: Any) -> bool:
+            ours[0] += _private_here(os.path.abspath(code.co_filename))
+            return is_jax_or_ours(code.co_filename)
+
+        _drop_frames(err, drop)
+        if ours[0] and _HIDDEN not in getattr(err, "__notes__", ()):  # (a library bug reads as one)
+            err.add_note(_HIDDEN)
 
 
 def trim_ours(err: BaseException) -> None:

@@ -91,6 +91,41 @@ _METHOD_READS = {"item", "tolist"}
 _NUMPY_READS = {"asarray", "array"}
 
 
+_METADATA = {"shape", "ndim", "dtype", "size"}
+
+
+def _static_test(test: ast.expr) -> bool:
+    """Whether a test makes no eager op: a name, a constant or an attribute
+    alone (``if flag:``, ``if cfg.relu:``: its truth is read, nothing is
+    computed), or an expression of an array's metadata, constants and
+    ``len``/``isinstance`` only (``x.shape[0] > 2``). A comparison of a
+    name or an attribute (``s.loss < 1e-3``) may compute on the device."""
+    chain = test
+    while isinstance(chain, ast.Attribute):
+        chain = chain.value
+    return isinstance(chain, (ast.Name, ast.Constant)) or _metadata_only(test)
+
+
+def _metadata_only(e: ast.expr) -> bool:
+    if isinstance(e, ast.Constant):
+        return True
+    if isinstance(e, ast.Attribute):
+        return e.attr in _METADATA
+    if isinstance(e, ast.Call):
+        return isinstance(e.func, ast.Name) and e.func.id in ("len", "isinstance")
+    if isinstance(e, ast.Subscript):
+        return _metadata_only(e.value) and _metadata_only(e.slice)
+    if isinstance(e, ast.UnaryOp):
+        return _metadata_only(e.operand)
+    if isinstance(e, ast.BoolOp):
+        return all(map(_metadata_only, e.values))
+    if isinstance(e, ast.BinOp):
+        return _metadata_only(e.left) and _metadata_only(e.right)
+    if isinstance(e, ast.Compare):
+        return _metadata_only(e.left) and all(map(_metadata_only, e.comparators))
+    return False
+
+
 def host_read_on_line(user: FrameType | None) -> str | None:
     """How the user's line reads an eager result on the host, if it visibly does.
 
@@ -111,9 +146,7 @@ def host_read_on_line(user: FrameType | None) -> str | None:
         return None
     names = user.f_globals
     for node in ast.walk(tree):
-        if isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert)) and not isinstance(
-            node.test, (ast.Name, ast.Constant)
-        ):
+        if isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert)) and not _static_test(node.test):
             kind = "assert" if isinstance(node, ast.Assert) else "while" if isinstance(node, ast.While) else "if"
             return f"the `{kind}` on this line"
         if isinstance(node, ast.Call):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import re
 import sys
+import types
 
 import jax
 import jax.numpy as jnp
@@ -120,6 +121,9 @@ def test_each_host_construct_is_named(line, construct, tmp_path):
         "y = jnp.asarray(s.loss * 0.375)",  # jax.numpy's asarray reads nothing
         "y = jnp.array(s.loss * 0.625)",
         "y = jax.nn.relu(s.w * 0.875) if relu else s.w",  # a Python bool's if: the op is in the branch
+        "y = jnp.cos(s.w * 0.3125) if cfg.flag else s.w",  # an attribute's truth: nothing computed
+        "y = jnp.tan(s.w * 0.4375) if s.w.shape[0] > 2 else s.w",  # an array's metadata
+        "y = jnp.sin(s.w * 0.5625) if len(cfg.__dict__) > 0 else s.w",
     ],
 )
 def test_a_cold_op_on_a_line_with_a_look_alike_is_the_compile(line, tmp_path):
@@ -131,7 +135,7 @@ def test_a_cold_op_on_a_line_with_a_look_alike_is_the_compile(line, tmp_path):
     path.write_text(f"with jc.hot_loop():\n    {line}  # planted\n")
     code = compile(path.read_text(), str(path), "exec")
     with pytest.raises(jc.RecompileError, match=r"jax compiles `"):
-        exec(code, {"jc": jc, "s": s, "jax": jax, "jnp": jnp, "relu": True})
+        exec(code, {"jc": jc, "s": s, "jax": jax, "jnp": jnp, "relu": True, "cfg": types.SimpleNamespace(flag=1)})
 
 
 def test_a_cold_op_without_a_read_stays_a_compile():

@@ -37,7 +37,7 @@ def test_full_refuses_deleted_or_repeated_buffers_before_xla_prints(capfd):
         with pytest.raises(jc.DonationError, match=r"s\.x and s\.y are the same buffer") as e:
             step(S(x=a, y=a))
         # the user's own state holds one array twice: the fix is the copy, not "pass the returned state"
-        assert e.value.fix.startswith("pass a copy where one array appears twice (s.y = jnp.copy(s.x))"), e.value.fix
+        assert e.value.fix.startswith("build the state with a copy where one array appears twice (jnp.copy(s.x) at s.y)"), e.value.fix
         assert "ExecutePrepare" not in capfd.readouterr().err
         assert with_arg(live, jnp.ones(3)).x.tolist() == [2.0] * 3
 

@@ -213,7 +213,7 @@ def _explained_tree_wait(wait: Callable[[Any], Any], explain: Callable[[Any], Ba
     def block_until_ready(x: Any) -> Any:
         try:
             return wait(x)
-        except Exception:
+        except RuntimeError:  # JAX's (another leaf's own block_until_ready may raise its own)
             __tracebackhide__ = True
             for leaf in jax.tree_util.tree_leaves(x):
                 if isinstance(leaf, ArrayImpl) and leaf.is_deleted():

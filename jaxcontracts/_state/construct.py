@@ -120,7 +120,7 @@ def make(cls: type, kwargs: dict[str, Any], sharding: Any, leaf_fn: Callable, wh
     if STATE_INFO not in cls.__dict__:  # Plain(Base) undecorated: Base's fields only, no pytree
         raise undecorated_error(cls)
     field_names = {f.name for f in info_of(cls).fields}
-    both = sorted(k for k in kwargs if k in field_names and k in info_of(cls).dim_names)
+    both = sorted(field_names & set(info_of(cls).dim_names))  # (given or not: the missing dim's fix names it)
     if both:
         raise SpecError(
             f"{cls.__qualname__}.{what}(): `{both[0]}` names both a field of {cls.__qualname__} and a "

@@ -180,7 +180,7 @@ def hazard_error(
     by = {consumers[i] if consumers else None for i in deleted}
     if duplicates and not deleted:  # one buffer twice, the user's own making
         a, b = duplicates[0]
-        fix = donation_fix("twice", value=f"{paths[b]} = jnp.copy({paths[a]})")
+        fix = donation_fix("twice", value=f"jnp.copy({paths[a]}) at {paths[b]}")
     elif deleted and by == {None} and not any(i in donated for i in deleted):
         # none of them is a state this step donates: nothing says a step consumed them
         fix = donation_fix("pass_other", value=paths[deleted[0]])
