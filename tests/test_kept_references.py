@@ -1036,6 +1036,14 @@ def test_a_leaf_held_twice_inside_its_own_state_runs_as_under_jax_jit():
     with pytest.raises(jc.DonationError, match="you still hold elsewhere"):
         step(p)
     assert not kept.is_deleted() and not p.b.is_deleted()
+    del kept
+    history = [p._children]  # the record itself kept (the second review: deleted, unnamed)
+    with pytest.raises(jc.DonationError, match="you still hold elsewhere"):
+        step(p)
+    assert not any(x.is_deleted() for x in history[0])
+    history.clear()
+    p = step(p)  # dropped again: runs
+    assert p.w.tolist() == [0.0625] * 3
 
 
 class _Recorder:

@@ -101,29 +101,44 @@ def _stored_children(arguments: tuple[Any, ...]) -> dict[int, int]:
     """Per ``id`` of a leaf, the references a custom pytree node of the
     arguments holds to it twice: as an attribute and in a stored record of
     its children, the tuple its ``tree_flatten`` returns (``self.w = w;
-    self._children = (w, b)``). That record is the node's own structure,
-    not a holder: the step does what ``jax.jit`` does there. Any other
-    container inside the state (a list of samples in a static field, a
-    user's object) is a holder like any other."""
+    self._children = (w, b)``), held by nothing else. That record is the
+    node's own structure, not a holder: the step does what ``jax.jit`` does
+    there. A record the user keeps too (``history.append(node._children)``),
+    and any other container inside the state (a list of samples in a static
+    field, a user's object) is a holder like any other."""
     found: dict[int, int] = {}
-    for node in _walk(arguments)[1]:
-        try:
-            if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(node)):
+    here = inspect.currentframe()  # holds `record` below: not a holder of the user's
+    try:
+        for node in _walk(arguments)[1]:
+            try:
+                if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(node)):
+                    continue
+                children = jax.tree_util.tree_flatten(node, is_leaf=lambda x, n=node: x is not n)[0]
+                attrs = object.__getattribute__(node, "__dict__")
+            except Exception:  # noqa: BLE001 - not a node whose children can be told: nothing discounted
                 continue
-            children = jax.tree_util.tree_flatten(node, is_leaf=lambda x, n=node: x is not n)[0]
-            attrs = object.__getattribute__(node, "__dict__")
-        except Exception:  # noqa: BLE001 - not a node whose children can be told: nothing discounted
-            continue
-        for record in attrs.values():
-            if (
-                isinstance(record, (tuple, list)) and len(record) == len(children)
-                and all(a is b for a, b in zip(record, children))
-            ):
-                direct = {id(v) for v in attrs.values() if v is not record}
+            values = list(attrs.values())
+            for record in values:  # (no comprehension over `record`: on 3.11 its cell would hold it)
+                if not _is_record(record, children) or _held_besides(record, (node, attrs, values, here)):
+                    continue
+                direct = set(map(id, values))
                 for child in record:
-                    if id(child) in direct:
+                    if child is not record and id(child) in direct:
                         found[id(child)] = found.get(id(child), 0) + 1
+                break
+    finally:
+        del here  # (a frame that holds itself outlives its call, and what its locals hold)
     return found
+
+
+def _is_record(record: Any, children: list[Any]) -> bool:
+    """Whether ``record`` is a tuple or list of exactly ``children``."""
+    if not isinstance(record, (tuple, list)) or len(record) != len(children):
+        return False
+    for a, b in zip(record, children):
+        if a is not b:
+            return False
+    return True
 
 
 def _snapshot_references(held: list[Any], own: set[int]) -> dict[int, int]:
@@ -168,6 +183,12 @@ def _snapshot_references(held: list[Any], own: set[int]) -> dict[int, int]:
 
 
 _NOT_NODES = (type, ModuleType, FunctionType, BuiltinFunctionType, MethodType)
+
+
+def _held_besides(obj: Any, owners: tuple[Any, ...]) -> bool:
+    """Whether anything but ``owners`` refers to ``obj`` (a variable, a list,
+    another object: ``history.append(node._children)``)."""
+    return any(all(r is not o for o in owners) for r in gc.get_referrers(obj))
 
 
 def _walk(arguments: tuple[Any, ...], limit: int = 10_000) -> tuple[set[int], list[Any]]:
