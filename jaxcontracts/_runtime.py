@@ -43,10 +43,12 @@ __all__ = [
     "host_fix",
     "held_outputs",
     "in_hot_loop",
+    "library_code",
     "local",
     "observers",
     "produced_by",
     "recording_loop",
+    "static_is_exact",
     "take_recompile",
     "tracking",
 ]

@@ -107,7 +107,7 @@ class HotStep(Generic[P, R]):
         self.last_consumed: list[Any] = [None]  # see _steps.LiveStep
         self._set_dispatch(self._call_unbound if signature.is_method else self._slow)
         self._bound_to: tuple[HotStep[Any, Any], Any] | None = None  # (method step, instance)
-        self._bound_hash: int | None = None  # the instance's hash at the bind, where hashed by value
+        self._bound_hash: Any = None  # the instance's hash at the bind (_value_hash)
         # A method step's bound steps for instances without a __dict__ (__slots__)
         self._bound_steps: dict[int, tuple[weakref.ref[Any], HotStep[Any, Any]]] = {}
         # The slow path's: held while it decides on (and makes) a compile, so
@@ -243,23 +243,31 @@ class HotStep(Generic[P, R]):
         if type(namespace) is dict:
             key = self._key
             kept = namespace.get(key)
-            value_hash = _value_hash(obj)
-            if value_hash is not None:  # one bound step per hash the instance had, as jax.jit keys a static self
-                by_hash = kept if type(kept) is dict else {}
-                kept = by_hash.get(value_hash)
-            if (
+            if (  # bound by identity: a class hashed so, or an instance whose hash failed (an array field)
                 type(kept) is HotStep and kept._bound_to is not None and kept._bound_to[0] is self
-                and kept._bound_to[1] is obj
+                and kept._bound_to[1] is obj and kept._bound_hash is None
             ):
                 return kept
+            value_hash = _value_hash(obj)
+            by_hash = kept if type(kept) is _ByHash else None
+            if value_hash is _UNHASHED and type(kept) is HotStep and kept._bound_hash is _UNHASHED and (
+                kept._bound_to is not None and kept._bound_to[0] is self and kept._bound_to[1] is obj
+            ):
+                return kept  # (its hash fails still: by identity meanwhile)
+            if value_hash is not None and by_hash is not None:  # one bound step per hash, as jax.jit keys a static self
+                kept = by_hash.get(value_hash)
+                if type(kept) is HotStep and kept._bound_to is not None and kept._bound_to[1] is obj:
+                    return kept
             bound: HotStep[Any, Any] = HotStep(self._definition.bind(obj))  # obj -> bound -> obj: a cycle gc collects
             bound._bound_to, bound._bound_hash = (self, obj), value_hash
-            if value_hash is None:
+            if value_hash is None or value_hash is _UNHASHED:
                 namespace[key] = bound
-            else:  # (a copy's entries are bound to the original: this instance's start anew)
-                by_hash = {h: b for h, b in by_hash.items() if b._bound_to is not None and b._bound_to[1] is obj}
-                by_hash[value_hash] = bound
-                namespace[key] = dict(list(by_hash.items())[-_BOUND_PER_INSTANCE:])
+                return bound
+            if by_hash is None or not by_hash.owned_by(obj):  # (a copy's entries are the original's)
+                by_hash = namespace[key] = _ByHash()
+            by_hash[value_hash] = bound  # in place: a hash over vars(obj) sees one object
+            while len(by_hash) > _BOUND_PER_INSTANCE:
+                del by_hash[next(iter(by_hash))]
             return bound
         kept = self._bound_steps.get(id(obj))
         if kept is not None and kept[0]() is obj and kept[1]._bound_hash == _value_hash(obj):
@@ -298,6 +306,10 @@ class HotStep(Generic[P, R]):
                 obj = obj()
             copy = memo.get(id(obj))
             if copy is not None and copy is not obj:
+                if getattr(copy, "__dict__", None) is not None and memo.get(id(obj.__dict__)) is not None:
+                    # the entry of the copy's __dict__, copied while the copy is half-built:
+                    # the method step, which binds to the copy at its first access
+                    return method
                 return method.__get__(copy, type(copy))  # type: ignore[no-any-return]
         return self
 
@@ -510,30 +522,48 @@ class HotStep(Generic[P, R]):
 
 #: The bound steps kept per instance hashed by value: its latest hashes'.
 _BOUND_PER_INSTANCE = 8
-#: Per class of an instance a method step is bound to: whether it hashes by value and can change.
-_BY_VALUE: dict[type, bool] = {}
 
 
-def _value_hash(obj: Any) -> int | None:
-    """``obj``'s hash where its class hashes by value and its instances can
-    change (a dataclass with ``unsafe_hash=True``, a ``__hash__`` of its
-    own): a method step bound to it binds (and compiles) anew for a new hash,
-    as ``jax.jit`` (0.11 on) keys a static ``self``. None where the class
-    hashes by identity or by nothing, or is a frozen dataclass (an equinox
-    Module), whose instances do not change, or whose hash failed once (an
-    array field): decided once per class."""
+class _ByHash(dict):  # type: ignore[type-arg]
+    """An instance's bound steps by its hash (in its ``__dict__``): hashed by
+    identity, as a bound step is, for a class whose hash reads ``vars()``."""
+
+    __hash__ = object.__hash__  # type: ignore[assignment]
+
+    def owned_by(self, obj: Any) -> bool:
+        return all(b._bound_to is not None and b._bound_to[1] is obj for b in self.values())
+
+
+#: ``_value_hash`` of an instance whose hash fails now, of a class whose instances can change.
+_UNHASHED: Any = object()
+
+
+def _value_hash(obj: Any) -> Any:
+    """``obj``'s hash where its class hashes by value (a dataclass with
+    ``unsafe_hash=True`` or ``frozen=True``, a ``__hash__`` of its own): a
+    method step bound to it binds (and compiles) anew for a new hash, as
+    ``jax.jit`` (0.11 on) keys a static ``self`` (a frozen dataclass too: a
+    field of it may change). None where the class hashes by identity or by
+    nothing, or where the hash of an instance that cannot change fails (an
+    array field of an equinox Module): bound by identity, for good (no hash
+    at later calls).
+    ``_UNHASHED`` where another instance's hash fails now: bound by
+    identity while it fails, asked again at each access."""
     cls = type(obj)
-    by_value = _BY_VALUE.get(cls)
-    if by_value is None:
-        params = getattr(cls, "__dataclass_params__", None)
-        by_value = _BY_VALUE[cls] = cls.__hash__ not in (None, object.__hash__) and not getattr(params, "frozen", False)
-    if not by_value:
+    if cls.__hash__ in (None, object.__hash__):
         return None
     try:
         return hash(obj)
-    except TypeError:  # a field that hashes by nothing (an array): as by identity, for the class
-        _BY_VALUE[cls] = False
-        return None
+    except Exception:  # noqa: BLE001 - a field that hashes by nothing (a list, an array)
+        return None if _immutable(cls) else _UNHASHED
+
+
+def _immutable(cls: type) -> bool:
+    """Whether instances of ``cls`` cannot change: a frozen dataclass, or an
+    equinox Module (a dataclass whose ``__setattr__`` refuses after init)."""
+    if getattr(getattr(cls, "__dataclass_params__", None), "frozen", False):
+        return True
+    return any(c.__module__.split(".")[0] == "equinox" and c.__name__ == "Module" for c in cls.__mro__)
 
 
 def _method_step(step: HotStep[Any, Any]) -> HotStep[Any, Any]:
