@@ -13,6 +13,8 @@ import io
 import linecache
 import os
 import tokenize
+import types
+from collections.abc import Mapping
 from types import FrameType
 from typing import Any
 
@@ -94,36 +96,52 @@ _NUMPY_READS = {"asarray", "array"}
 _METADATA = {"shape", "ndim", "dtype", "size"}
 
 
-def _static_test(test: ast.expr) -> bool:
+_PLAIN = (bool, int, float, str, bytes, type(None))
+
+
+def _static_test(test: ast.expr, names: Mapping[str, Any]) -> bool:
     """Whether a test makes no eager op: a name, a constant or an attribute
     alone (``if flag:``, ``if cfg.relu:``: its truth is read, nothing is
-    computed), or an expression of an array's metadata, constants and
-    ``len``/``isinstance`` only (``x.shape[0] > 2``). A comparison of a
-    name or an attribute (``s.loss < 1e-3``) may compute on the device."""
+    computed), their ``not``/``and``/``or``, or an expression of an array's
+    metadata, constants, ``len``/``isinstance`` and names whose value in the
+    frame is a Python number, string or bool (``i % 10 == 0``,
+    ``x.shape[0] > n``, ``x.dtype == jnp.float32``). A comparison of
+    anything else (``s.loss < 1e-3``) may compute on the device."""
+    if isinstance(test, ast.BoolOp):
+        return all(_static_test(v, names) for v in test.values)
+    if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
+        return _static_test(test.operand, names)
     chain = test
     while isinstance(chain, ast.Attribute):
         chain = chain.value
-    return isinstance(chain, (ast.Name, ast.Constant)) or _metadata_only(test)
+    return isinstance(chain, (ast.Name, ast.Constant)) or _metadata_only(test, names)
 
 
-def _metadata_only(e: ast.expr) -> bool:
+def _metadata_only(e: ast.expr, names: Mapping[str, Any]) -> bool:
     if isinstance(e, ast.Constant):
         return True
-    if isinstance(e, ast.Attribute):
-        return e.attr in _METADATA
+    if isinstance(e, ast.Name):
+        return isinstance(names.get(e.id, _UNKNOWN), _PLAIN)
+    if isinstance(e, ast.Attribute):  # an array's metadata, or a module's name (jnp.float32)
+        return e.attr in _METADATA or (
+            isinstance(e.value, ast.Name) and isinstance(names.get(e.value.id), types.ModuleType)
+        )
     if isinstance(e, ast.Call):
         return isinstance(e.func, ast.Name) and e.func.id in ("len", "isinstance")
     if isinstance(e, ast.Subscript):
-        return _metadata_only(e.value) and _metadata_only(e.slice)
+        return _metadata_only(e.value, names) and _metadata_only(e.slice, names)
     if isinstance(e, ast.UnaryOp):
-        return _metadata_only(e.operand)
+        return _metadata_only(e.operand, names)
     if isinstance(e, ast.BoolOp):
-        return all(map(_metadata_only, e.values))
+        return all(_metadata_only(v, names) for v in e.values)
     if isinstance(e, ast.BinOp):
-        return _metadata_only(e.left) and _metadata_only(e.right)
+        return _metadata_only(e.left, names) and _metadata_only(e.right, names)
     if isinstance(e, ast.Compare):
-        return _metadata_only(e.left) and all(map(_metadata_only, e.comparators))
+        return _metadata_only(e.left, names) and all(_metadata_only(c, names) for c in e.comparators)
     return False
+
+
+_UNKNOWN = object()
 
 
 def host_read_on_line(user: FrameType | None) -> str | None:
@@ -145,8 +163,9 @@ def host_read_on_line(user: FrameType | None) -> str | None:
     except SyntaxError:
         return None
     names = user.f_globals
+    values = {**names, **frames.locals_of(user)}  # (a function's locals from 3.13 on: unknown before)
     for node in ast.walk(tree):
-        if isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert)) and not _static_test(node.test):
+        if isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert)) and not _static_test(node.test, values):
             kind = "assert" if isinstance(node, ast.Assert) else "while" if isinstance(node, ast.While) else "if"
             return f"the `{kind}` on this line"
         if isinstance(node, ast.Call):

@@ -124,6 +124,11 @@ def test_each_host_construct_is_named(line, construct, tmp_path):
         "y = jnp.cos(s.w * 0.3125) if cfg.flag else s.w",  # an attribute's truth: nothing computed
         "y = jnp.tan(s.w * 0.4375) if s.w.shape[0] > 2 else s.w",  # an array's metadata
         "y = jnp.sin(s.w * 0.5625) if len(cfg.__dict__) > 0 else s.w",
+        # the second review: names whose values are Python numbers, a dtype test, attributes' and
+        "y = jnp.cos(s.w * 0.15625) if s.w.shape[0] > n else s.w",
+        "y = jnp.tan(s.w * 0.21875) if i % 10 == 0 else s.w",
+        "y = jnp.sin(s.w * 0.28125) if s.w.dtype == jnp.float32 else s.w",
+        "y = jnp.exp(s.w * 0.34375) if cfg.flag and not cfg.other else s.w",
     ],
 )
 def test_a_cold_op_on_a_line_with_a_look_alike_is_the_compile(line, tmp_path):
@@ -135,7 +140,8 @@ def test_a_cold_op_on_a_line_with_a_look_alike_is_the_compile(line, tmp_path):
     path.write_text(f"with jc.hot_loop():\n    {line}  # planted\n")
     code = compile(path.read_text(), str(path), "exec")
     with pytest.raises(jc.RecompileError, match=r"jax compiles `"):
-        exec(code, {"jc": jc, "s": s, "jax": jax, "jnp": jnp, "relu": True, "cfg": types.SimpleNamespace(flag=1)})
+        cfg = types.SimpleNamespace(flag=1, other=0)
+        exec(code, {"jc": jc, "s": s, "jax": jax, "jnp": jnp, "relu": True, "cfg": cfg, "n": 2, "i": 10})
 
 
 def test_a_cold_op_without_a_read_stays_a_compile():
