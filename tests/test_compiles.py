@@ -107,6 +107,7 @@ def test_an_if_on_an_eager_comparison_is_the_read_not_the_compile():
     ],
 )
 def test_each_host_construct_is_named(line, construct, tmp_path):
+    jax.clear_caches()  # cold: an op an earlier test warmed copies its constant first (an accelerator)
     s = fresh()
     path = tmp_path / "planted.py"  # a file, so that the message can quote the line
     path.write_text(f"with jc.hot_loop():\n    {line}  # planted\n")
@@ -135,6 +136,7 @@ def test_a_cold_op_on_a_line_with_a_look_alike_is_the_compile(line, tmp_path):
     # "asarray" by its name alone and any `if` were taken for a host read: the
     # message named a read that never happens and the fix was for reads
     # (hostile round 3); the compile is what is proven
+    jax.clear_caches()
     s = fresh()
     path = tmp_path / "planted.py"
     path.write_text(f"with jc.hot_loop():\n    {line}  # planted\n")
