@@ -22,6 +22,11 @@ from jaxtyping import Array, Float32
 
 import jaxcontracts as jc
 
+try:  # imported at collection, as JAX options it registers must be before any step compiles
+    import equinox as eqx
+except ImportError:  # pragma: no cover - the test extra installs it
+    eqx = None
+
 if TYPE_CHECKING:  # never imported at run time: the annotation stays a string
     from collections.abc import Mapping as Metrics
 
@@ -512,7 +517,8 @@ def test_a_method_step_follows_a_frozen_instance_s_mutable_field_and_an_instance
 def test_a_method_step_of_an_equinox_module_pays_no_hash_per_call(monkeypatch):
     # an equinox Module cannot change and its array fields fail its hash: a
     # hash tried at every call cost 2.6 us (the review)
-    eqx = pytest.importorskip("equinox")
+    if eqx is None:
+        pytest.skip("equinox is not installed")
     from jaxcontracts._step import hot_step as module
 
     class Model(eqx.Module):
