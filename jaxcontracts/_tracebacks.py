@@ -137,8 +137,11 @@ def trim(err: BaseException) -> None:
         ours = [0]
 
         def drop(code: Any) -> bool:
-            ours[0] += _private_here(os.path.abspath(code.co_filename))
-            return is_jax_or_ours(code.co_filename)
+            path = os.path.abspath(code.co_filename)
+            if _private_here(path):
+                ours[0] += 1
+                return True
+            return path.startswith(_JAX_DIRS)
 
         _drop_frames(err, drop)
         if ours[0] and _HIDDEN not in getattr(err, "__notes__", ()):  # (a library bug reads as one)

@@ -13,9 +13,8 @@ import io
 import linecache
 import os
 import tokenize
-import types
 from collections.abc import Mapping
-from types import FrameType
+from types import FrameType, ModuleType
 from typing import Any
 
 from ._compat import frames
@@ -91,11 +90,7 @@ def _strip_comment(line: str) -> str:
 _BUILTIN_READS = {"bool", "float", "int", "complex"}
 _METHOD_READS = {"item", "tolist"}
 _NUMPY_READS = {"asarray", "array"}
-
-
 _METADATA = {"shape", "ndim", "dtype", "size"}
-
-
 _PLAIN = (bool, int, float, str, bytes, type(None))
 
 
@@ -124,7 +119,7 @@ def _metadata_only(e: ast.expr, names: Mapping[str, Any]) -> bool:
         return isinstance(names.get(e.id, _UNKNOWN), _PLAIN)
     if isinstance(e, ast.Attribute):  # an array's metadata, or a module's name (jnp.float32)
         return e.attr in _METADATA or (
-            isinstance(e.value, ast.Name) and isinstance(names.get(e.value.id), types.ModuleType)
+            isinstance(e.value, ast.Name) and isinstance(names.get(e.value.id), ModuleType)
         )
     if isinstance(e, ast.Call):
         return isinstance(e.func, ast.Name) and e.func.id in ("len", "isinstance")

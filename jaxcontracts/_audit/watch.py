@@ -158,6 +158,7 @@ class _HostLine:
     findings: dict[tuple[int, ...], tuple[list[Finding], dict[str, list[int]]]] = dataclasses.field(
         default_factory=dict)
     varied: set[str] = dataclasses.field(default_factory=set)  # params taken for a constant, then changed
+    claimed: set[str] = dataclasses.field(default_factory=set)  # params claimed "the same value at each call"
 
 
 @dataclasses.dataclass
@@ -213,7 +214,6 @@ class Watch:
         self._lock = threading.Lock()
         self._functions: list[_Function] = []
         self._findings: dict[tuple[Any, ...], Finding] = {}
-        self._constant_claims: set[tuple[Any, ...]] = set()  # host_transfer keys claiming "the same value"
         # id(array) -> the function and the record following it (the id of a dead
         # array may be a new array's: the record's weak reference tells them apart)
         self._given_elsewhere: dict[int, tuple[_Function, sigs.Dropped, int]] = {}
@@ -627,14 +627,14 @@ class Watch:
         a while) is withdrawn, and never made again for that parameter."""
         changed = [p for p, where_ in constants.items() if not all(_same(line.before.get(i), leaves[i]) for i in where_)]
         for param in changed:
-            self._withdraw_constant(line, ("host_transfer", id(fn), param, line.at), param)
+            self._withdraw_constant(fn, line, param)
         return not changed
 
-    def _withdraw_constant(self, line: _HostLine, key: tuple[Any, ...], param: str) -> None:
+    def _withdraw_constant(self, fn: _Function, line: _HostLine, param: str) -> None:
         """A value claimed "the same at each call" changed: the claim is
         withdrawn, and never made again for that parameter."""
-        self._findings.pop(key, None)
-        self._constant_claims.discard(key)
+        self._findings.pop(("host_transfer", id(fn), param, line.at), None)
+        line.claimed.discard(param)
         line.varied.add(param)
 
     @staticmethod
@@ -663,9 +663,9 @@ class Watch:
             x = given[i]
             if isinstance(x, _HOST_TYPES):  # (a JAX ref is not host data)
                 kinds[i] = self._host_kind(fn, line, x, i)
-        if all(what == "fresh" for what in kinds.values()) and not any(  # a loader's batch: nothing to name
-            k[1] == id(fn) and k[3] == line.at for k in self._constant_claims
-        ):  # (a "same value" claim of this line to withdraw: an array changed in place is "fresh" now)
+        # a loader's batch: nothing to name (unless a "same value" claim of this line is to be
+        # withdrawn: an array changed in place is "fresh" now)
+        if not line.claimed and all(what == "fresh" for what in kinds.values()):
             return [], bool(kinds), {}
         touched = []
         leaves = []  # (path, value, bytes, what it is, position)
@@ -694,8 +694,8 @@ class Watch:
         fresh = False
         for param, (fixed, x, nbytes, what) in host.items():
             key = ("host_transfer", id(fn), param, line.at)
-            if what != "constant" and key in self._constant_claims:  # (a call with a fresh batch too)
-                self._withdraw_constant(line, key, param)  # (an array changed in place: now "fresh")
+            if what != "constant" and param in line.claimed:  # (a call with a fresh batch too)
+                self._withdraw_constant(fn, line, param)  # (an array changed in place: now "fresh")
             if what == "fresh":  # every leaf of it a new batch
                 fresh = True
                 continue
@@ -711,7 +711,7 @@ class Watch:
                 # not) whose results it keeps (not a float)
                 static = not fn.equinox and fixed == [param] and static_is_exact(x)
                 fix = host_fix("constant", "static", param=param) if static else host_fix("constant")
-                self._constant_claims.add(key)
+                line.claimed.add(param)
             elif what == "refed":
                 message = (f"{param} of {sigs.short(fn.name)} is a {kind} given at an earlier call again "
                            f"({path}): copied to the device at every call it is given")

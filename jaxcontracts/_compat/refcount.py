@@ -86,10 +86,10 @@ def kept_after_collecting(
     # below costs the heap times their number)
     if not held or len(held) > _SNAPSHOT_SCAN:
         return held, []
-    inside = _stored_children(arguments)
-    snapshots = (
-        _snapshot_references([leaves[i] for i in held], _walk(arguments)[0]) if sys.version_info < (3, 13) else {}
-    )
+    containers, objects = _walk(arguments)
+    inside = _stored_children(objects)
+    del objects  # (it holds the leaves: counted below)
+    snapshots = _snapshot_references([leaves[i] for i in held], containers) if sys.version_info < (3, 13) else {}
     kept = [
         i for i in held
         if count(leaves[i]) - snapshots.get(id(leaves[i]), 0) - inside.get(id(leaves[i]), 0) > limit
@@ -97,9 +97,9 @@ def kept_after_collecting(
     return kept, [i for i in held if i not in kept]
 
 
-def _stored_children(arguments: tuple[Any, ...]) -> dict[int, int]:
-    """Per ``id`` of a leaf, the references a custom pytree node of the
-    arguments holds to it twice: as an attribute and in a stored record of
+def _stored_children(objects: list[Any]) -> dict[int, int]:
+    """Per ``id`` of a leaf, the references a custom pytree node among the
+    arguments' ``objects`` (:func:`_walk`) holds to it twice: as an attribute and in a stored record of
     its children, the tuple its ``tree_flatten`` returns (``self.w = w;
     self._children = (w, b)``), held by nothing else. That record is the
     node's own structure, not a holder: the step does what ``jax.jit`` does
@@ -109,7 +109,7 @@ def _stored_children(arguments: tuple[Any, ...]) -> dict[int, int]:
     found: dict[int, int] = {}
     here = inspect.currentframe()  # holds `record` below: not a holder of the user's
     try:
-        for node in _walk(arguments)[1]:
+        for node in objects:
             try:
                 if jax.tree_util.treedef_is_leaf(jax.tree_util.tree_structure(node)):
                     continue

@@ -104,10 +104,11 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
         # JAX's guard logs this transfer too (record mode): the loop drops that line
         loop.named_transfers[logged[0]] += 1
         param = sigs.param_of(path)
+        fixes = ("constant", "static", "batch") if static_is_exact(leaves[j]) else ("constant", "batch")
         loop.violation(
             "transfer",
             f"`{name}` is given {sig.text(j)} at `{path}`: an implicit host-to-device copy at every call",
-            "a constant: " + host_fix("constant", *("static",) * static_is_exact(leaves[j]), "batch", param=param) + ".",
+            "a constant: " + host_fix(*fixes, param=param) + ".",
             user,
         )
     p, flat = _traced(loop, run, fun, ji, args, kwargs)

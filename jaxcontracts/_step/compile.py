@@ -152,7 +152,7 @@ def jit_for(definition: StepDefinition, positional: tuple[Any, ...]) -> JitPlan:
 
         flat_fn.__name__ = getattr(definition.fn, "__name__", "step")
         flat_fn.__signature__ = inspect.signature(flat_fn)  # type: ignore[attr-defined]  # (JAX names leaves[i])
-        flat_fn.__wrapped__ = _fresh(positional_fn, definition).__wrapped__  # type: ignore[attr-defined]
+        flat_fn.__wrapped__ = _user_function(definition)  # type: ignore[attr-defined]  # its name and line
         jitted = jax.jit(flat_fn, donate_argnums=donated, keep_unused=True)
         spec_args: tuple[Any, ...] = tuple(specs)
     else:
@@ -354,17 +354,22 @@ def _fresh(fn: Callable[..., Any], definition: StepDefinition) -> Callable[..., 
     def step(*args: Any) -> Any:
         return fn(*args)
 
-    named = definition.fn
-    step.__name__ = getattr(named, "__name__", "step")
-    step.__qualname__ = getattr(named, "__qualname__", step.__name__)
-    while isinstance(named, functools.partial):
-        named = named.func
-    step.__wrapped__ = named  # type: ignore[attr-defined]
+    step.__name__ = getattr(definition.fn, "__name__", "step")
+    step.__qualname__ = getattr(definition.fn, "__qualname__", step.__name__)
+    step.__wrapped__ = _user_function(definition)  # type: ignore[attr-defined]
     kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
     step.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
         [inspect.Parameter(n, kind) for n in definition.param_names]
     )
     return step
+
+
+def _user_function(definition: StepDefinition) -> Any:
+    """The user's function (a partial's), whose name and line JAX's words name."""
+    fn = definition.fn
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    return fn
 
 
 _BUILTIN_NODES = (dict, list, tuple, type(None))

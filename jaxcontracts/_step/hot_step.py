@@ -243,27 +243,23 @@ class HotStep(Generic[P, R]):
         if type(namespace) is dict:
             key = self._key
             kept = namespace.get(key)
-            if (  # bound by identity: a class hashed so, or an instance whose hash failed (an array field)
-                type(kept) is HotStep and kept._bound_to is not None and kept._bound_to[0] is self
-                and kept._bound_to[1] is obj and kept._bound_hash is None
-            ):
+            # bound by identity (a class hashed so, an instance that cannot change): no hash asked
+            if self._bound_here(kept, obj) and kept._bound_hash is None:
                 return kept
             value_hash = _value_hash(obj)
             by_hash = kept if type(kept) is _ByHash else None
-            if value_hash is _UNHASHED and type(kept) is HotStep and kept._bound_hash is _UNHASHED and (
-                kept._bound_to is not None and kept._bound_to[0] is self and kept._bound_to[1] is obj
-            ):
+            if value_hash is _UNHASHED and self._bound_here(kept, obj) and kept._bound_hash is _UNHASHED:
                 return kept  # (its hash fails still: by identity meanwhile)
             if value_hash is not None and by_hash is not None:  # one bound step per hash, as jax.jit keys a static self
                 kept = by_hash.get(value_hash)
-                if type(kept) is HotStep and kept._bound_to is not None and kept._bound_to[1] is obj:
+                if self._bound_here(kept, obj):
                     return kept
             bound: HotStep[Any, Any] = HotStep(self._definition.bind(obj))  # obj -> bound -> obj: a cycle gc collects
             bound._bound_to, bound._bound_hash = (self, obj), value_hash
             if value_hash is None or value_hash is _UNHASHED:
                 namespace[key] = bound
                 return bound
-            if by_hash is None or not by_hash.owned_by(obj):  # (a copy's entries are the original's)
+            if by_hash is None or not by_hash.owned_by(self, obj):  # (a copy's entries are the original's)
                 by_hash = namespace[key] = _ByHash()
             by_hash[value_hash] = bound  # in place: a hash over vars(obj) sees one object
             while len(by_hash) > _BOUND_PER_INSTANCE:
@@ -287,6 +283,10 @@ class HotStep(Generic[P, R]):
         bound._bound_to, bound._bound_hash = (self, ref), _value_hash(obj)
         self._bound_steps[id(obj)] = (ref, bound)
         return bound
+
+    def _bound_here(self, kept: Any, obj: Any) -> bool:
+        """Whether ``kept`` (an entry of ``obj.__dict__``) is this method step bound to ``obj``."""
+        return type(kept) is HotStep and kept._bound_to is not None and kept._bound_to[0] is self and kept._bound_to[1] is obj
 
     @functools.cached_property
     def _key(self) -> str:
@@ -530,8 +530,8 @@ class _ByHash(dict):  # type: ignore[type-arg]
 
     __hash__ = object.__hash__  # type: ignore[assignment]
 
-    def owned_by(self, obj: Any) -> bool:
-        return all(b._bound_to is not None and b._bound_to[1] is obj for b in self.values())
+    def owned_by(self, method: HotStep[Any, Any], obj: Any) -> bool:
+        return all(method._bound_here(b, obj) for b in self.values())
 
 
 #: ``_value_hash`` of an instance whose hash fails now, of a class whose instances can change.
