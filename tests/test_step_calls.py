@@ -12,6 +12,7 @@ Issue 10, sections 3 and 4: calls and definitions that were refused wrongly.
 from __future__ import annotations
 
 import functools
+import pathlib
 import typing
 from typing import TYPE_CHECKING
 
@@ -500,18 +501,50 @@ def test_a_method_step_follows_a_frozen_instance_s_mutable_field_and_an_instance
 
     s = {"x": jnp.ones(2)}
     outer = Outer(Inner(0.5))
-    unhashable = Inner(0.5, tags=[1])  # a list field: its hash fails
     seen = []
     for lr in (0.5, 0.25):
         outer.inner.lr = lr
         s = outer.step(s)
         seen.append(float(s["x"][0]))
-        unhashable.lr = lr
-        s = unhashable.step(s)  # by identity while its hash fails (as documented)
+    unhashable = Inner(0.5, tags=[1])  # a list field: its hash fails
     unhashable.tags, unhashable.lr = (), 0.125  # hashable again: follows its changes
     s = unhashable.step(s)
     seen.append(float(s["x"][0]))
     assert seen == [0.5, 0.25, 0.125], seen
+
+
+def test_a_method_step_of_an_instance_whose_value_hash_fails_is_refused_as_jax_jit_refuses():
+    # issue 50: bound by identity while its hash failed, the step ran the
+    # program of the first lr after `lr` changed (a stale program, silently);
+    # jax.jit refuses a static argument that cannot hash: so does the step,
+    # naming the class and the cause, at the user's line, the state intact
+    import dataclasses
+
+    @dataclasses.dataclass(unsafe_hash=True)
+    class Trainer:
+        lr: float
+        tags: typing.Any = ()
+
+        @jc.hot_step(state="s")
+        def step(self, s):
+            return {"x": s["x"] * 0 + self.lr}
+
+    trainer, s = Trainer(0.5, tags=["run-1"]), {"x": jnp.ones(2)}
+    for _ in range(2):  # the second time too (no bind kept from the first)
+        with pytest.raises(jc.DefinitionError) as info:
+            s = trainer.step(s)
+        message = str(info.value)
+        assert "Trainer" in message and "unhashable type: 'list'" in message, message
+        assert "stale" in message and "tuple" in message, message
+        assert info.traceback[-1].path == pathlib.Path(__file__), info.traceback[-1]
+    assert jc.fetch(s["x"]).tolist() == [1.0, 1.0]  # not consumed
+    with pytest.raises(jc.DefinitionError, match="unhashable"):
+        Trainer.step(trainer, s)  # the class-level call too
+    trainer.tags, trainer.lr = ("run-1",), 0.25  # hashable: it follows its changes
+    s = trainer.step(s)
+    trainer.lr = 0.125
+    s = trainer.step(s)
+    assert jc.fetch(s["x"]).tolist() == [0.125, 0.125]
 
 
 def test_a_method_step_of_an_equinox_module_pays_no_hash_per_call(monkeypatch):

@@ -239,6 +239,13 @@ class HotStep(Generic[P, R]):
         """
         if obj is None or not self._definition.is_method:
             return self
+        try:
+            return self._bind(obj)
+        except DefinitionError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
+
+    def _bind(self, obj: Any) -> HotStep[Any, Any]:
         namespace = getattr(obj, "__dict__", None)
         if type(namespace) is dict:
             key = self._key
@@ -246,17 +253,15 @@ class HotStep(Generic[P, R]):
             # bound by identity (a class hashed so, an instance that cannot change): no hash asked
             if self._bound_here(kept, obj) and kept._bound_hash is None:
                 return kept
-            value_hash = _value_hash(obj)
+            value_hash = self._value_hash(obj)
             by_hash = kept if type(kept) is _ByHash else None
-            if value_hash is _UNHASHED and self._bound_here(kept, obj) and kept._bound_hash is _UNHASHED:
-                return kept  # (its hash fails still: by identity meanwhile)
             if value_hash is not None and by_hash is not None:  # one bound step per hash, as jax.jit keys a static self
                 kept = by_hash.get(value_hash)
                 if self._bound_here(kept, obj):
                     return kept
             bound: HotStep[Any, Any] = HotStep(self._definition.bind(obj))  # obj -> bound -> obj: a cycle gc collects
             bound._bound_to, bound._bound_hash = (self, obj), value_hash
-            if value_hash is None or value_hash is _UNHASHED:
+            if value_hash is None:
                 namespace[key] = bound
                 return bound
             if by_hash is None or not by_hash.owned_by(self, obj):  # (a copy's entries are the original's)
@@ -266,7 +271,8 @@ class HotStep(Generic[P, R]):
                 del by_hash[next(iter(by_hash))]
             return bound
         kept = self._bound_steps.get(id(obj))
-        if kept is not None and kept[0]() is obj and kept[1]._bound_hash == _value_hash(obj):
+        value_hash = self._value_hash(obj)
+        if kept is not None and kept[0]() is obj and kept[1]._bound_hash == value_hash:
             return kept[1]
         try:
             ref = weakref.ref(obj, functools.partial(_forget_bound, self._bound_steps, id(obj)))
@@ -280,9 +286,42 @@ class HotStep(Generic[P, R]):
                 step=self._definition.name,
             ) from None
         bound = HotStep(self._definition.bind(obj, weak=True))
-        bound._bound_to, bound._bound_hash = (self, ref), _value_hash(obj)
+        bound._bound_to, bound._bound_hash = (self, ref), value_hash
         self._bound_steps[id(obj)] = (ref, bound)
         return bound
+
+    def _value_hash(self, obj: Any) -> Any:
+        """``obj``'s hash where its class hashes by value (a dataclass with
+        ``unsafe_hash=True`` or ``frozen=True``, a ``__hash__`` of its own): a
+        method step bound to it binds (and compiles) anew for a new hash, as
+        ``jax.jit`` (0.11 on) keys a static ``self`` (a frozen dataclass too: a
+        field of it may change). None where the class hashes by identity or by
+        nothing, or where the hash of an instance that cannot change fails (an
+        array field of an equinox Module): bound by identity, for good.
+        Refused where the hash of an instance that can change fails: no
+        compiled program could be told apart from a stale one, and ``jax.jit``
+        refuses an unhashable static argument too."""
+        cls = type(obj)
+        if cls.__hash__ in (None, object.__hash__):
+            return None
+        try:
+            return hash(obj)
+        except Exception as err:  # noqa: BLE001 - a field that hashes by nothing (a list, an array)
+            if _immutable(cls):
+                return None
+            cause = f"{type(err).__name__}: {err}"
+        error = DefinitionError(
+            f"{self._definition.name} is a method step of a {cls.__name__}, which hashes by value, "
+            f"and hash() of this one fails ({cause}): a program compiled for its values could not "
+            "tell when they change, and would run stale. jax.jit refuses an unhashable static "
+            "argument too.",
+            fix=f"make every field of {cls.__name__} hashable (a tuple instead of a list), or pass "
+            "the value that changes to the step as an argument; a class hashed by identity "
+            "(eq=False) compiles once per instance instead.",
+            contract="definition",
+            step=self._definition.name,
+        )
+        raise error
 
     def _bound_here(self, kept: Any, obj: Any) -> bool:
         """Whether ``kept`` (an entry of ``obj.__dict__``) is this method step bound to ``obj``."""
@@ -532,30 +571,6 @@ class _ByHash(dict):  # type: ignore[type-arg]
 
     def owned_by(self, method: HotStep[Any, Any], obj: Any) -> bool:
         return all(method._bound_here(b, obj) for b in self.values())
-
-
-#: ``_value_hash`` of an instance whose hash fails now, of a class whose instances can change.
-_UNHASHED: Any = object()
-
-
-def _value_hash(obj: Any) -> Any:
-    """``obj``'s hash where its class hashes by value (a dataclass with
-    ``unsafe_hash=True`` or ``frozen=True``, a ``__hash__`` of its own): a
-    method step bound to it binds (and compiles) anew for a new hash, as
-    ``jax.jit`` (0.11 on) keys a static ``self`` (a frozen dataclass too: a
-    field of it may change). None where the class hashes by identity or by
-    nothing, or where the hash of an instance that cannot change fails (an
-    array field of an equinox Module): bound by identity, for good (no hash
-    at later calls).
-    ``_UNHASHED`` where another instance's hash fails now: bound by
-    identity while it fails, asked again at each access."""
-    cls = type(obj)
-    if cls.__hash__ in (None, object.__hash__):
-        return None
-    try:
-        return hash(obj)
-    except Exception:  # noqa: BLE001 - a field that hashes by nothing (a list, an array)
-        return None if _immutable(cls) else _UNHASHED
 
 
 def _immutable(cls: type) -> bool:
