@@ -1623,3 +1623,78 @@ def test_an_equinox_steps_findings_name_the_users_parameters():
     # x is a new batch each call (nothing to fix); y the same value made anew each call
     assert found["host_transfer"].param == "y" and "dynamic_nodonate" not in str(w.report())
 
+
+
+def test_a_wrong_donation_names_another_parameter_to_donate_only_once_its_drop_is_proven():
+    # the fifth audit round: `lr` donated by a drifted index, while `state`,
+    # which an output could reuse, is read again after a rejected step: the
+    # fix the audit gave (donate `state` by name) deleted the kept state
+    def make_update():
+        def update(lr, state):
+            new = state - lr * 2 * (state - 3.0)
+            return new, jnp.sum((new - 3.0) ** 2)
+
+        return update
+
+    def rejecting(step):
+        state, best, lr = jnp.zeros(4), jnp.float32(1e9), 1.0
+        for _ in range(8):
+            new, loss = step(lr, state)
+            if loss < best:
+                state, best = new, loss
+            else:
+                lr *= 0.5  # rejected: `state` is passed again
+
+    def dropping(step):
+        state = jnp.zeros(4)
+        for _ in range(8):
+            state, _ = step(0.25, state)
+
+    for run, proven in ((rejecting, False), (dropping, True)):
+        with jc.watch() as w:
+            run(jax.jit(make_update(), donate_argnums=(0,)))  # made inside the watch: observed
+        wrong = [f for f in w.findings() if f.kind == "wrong_donation"]
+        assert len(wrong) == 1 and "JAX does not donate it" in wrong[0].message, str(w.report())
+        missed = [f for f in w.findings() if f.kind == "missed_donation"]
+        assert bool(missed) is proven, str(w.report())
+        if proven:  # the drop proven: the fix names the parameter, and the claim the drift
+            assert "donate_argnames=('state',)" in wrong[0].fix, wrong[0].fix
+            assert "it donates lr instead" in missed[0].message, missed[0].message
+        else:  # not proven: the fix never tells the user to donate what they keep
+            assert wrong[0].fix == "leave lr out of donate_argnums/donate_argnames", wrong[0].fix
+
+
+def test_an_equinox_steps_donate_all_fix_is_given_only_where_every_array_argument_is_dropped():
+    # the fifth audit round: `anchor` (the initial weights, kept) and `x` are
+    # given at every call; `donate="all"`, the fix the audit gave, deletes them
+    eqx = pytest.importorskip("equinox")
+
+    def factory():  # one function per run (equinox shares a function's compiled programs)
+        def make_step(model, anchor, x):
+            def loss(m):
+                diff = jax.tree_util.tree_map(lambda a, b: jnp.sum((a - b) ** 2), eqx.filter(m, eqx.is_array), anchor)
+                return jnp.mean(jax.vmap(m)(x) ** 2) + 1e-3 * sum(jax.tree_util.tree_leaves(diff))
+
+            grads = eqx.filter_grad(loss)(model)
+            return eqx.apply_updates(model, jax.tree_util.tree_map(lambda g: -1e-2 * g, grads))
+
+        return make_step
+
+    for kept in (True, False):
+        with jc.watch() as w:
+            model = eqx.nn.Linear(4, 3, key=jax.random.key(0))
+            anchor = jax.tree_util.tree_map(jnp.copy, eqx.filter(model, eqx.is_array))
+            x = jax.random.normal(jax.random.key(1), (8, 4))
+            step = eqx.filter_jit(factory())
+            for i in range(6):
+                if kept:
+                    model = step(model, anchor, x)
+                else:  # everything made anew at each call's statement
+                    model = step(model, jax.tree_util.tree_map(jnp.copy, anchor), x + i)
+        found = [f for f in w.findings() if f.kind == "missed_donation"]
+        assert len(found) == 1 and found[0].param == "model", str(w.report())
+        if kept:
+            assert found[0].fix.startswith('@jc.hot_step(state="model", donate="all")'), found[0].fix
+            assert "anchor" in found[0].fix and "x" in found[0].fix, found[0].fix
+        else:
+            assert found[0].fix.startswith('@eqx.filter_jit(donate="all")'), found[0].fix

@@ -184,6 +184,13 @@ class _Function:
     written: str = ""  # what the user gave it where that is not the function's name (a partial)
     library: bool = False  # defined in an installed package: its arguments are the package's to fix
     user_params: dict[int, str] = dataclasses.field(default_factory=dict)  # eqx.filter_jit: leaf -> the user's name
+    # eqx.filter_jit, whose donate="all" donates every array argument: the
+    # leaves no output reuses, followed too; the user's names of them; whether
+    # a call's statement kept one of them (then donate="all" would delete it)
+    rest: tuple[int, ...] = ()
+    rest_pending: Any = None
+    rest_params: set[str] = dataclasses.field(default_factory=set)
+    rest_kept: bool = False
     # param -> weak references to arrays that held its followed buffers (None: not told)
     sharers: dict[str, list[Any] | None] = dataclasses.field(default_factory=dict)
     host_lines: dict[Any, _HostLine] = dataclasses.field(default_factory=dict)  # the user's line -> its host data
@@ -379,9 +386,13 @@ class Watch:
         frame = user_frame()
         if frame is None:
             return
-        if fn.equinox and first:  # the user's names of equinox's grouped leaves (first calls)
-            named = _user_names(frames.caller_frame(1), [leaves[i] for i in fn.candidates])
-            fn.user_params = {i: sigs.param_of(n) for i, n in zip(fn.candidates, named) if n}
+        if fn.equinox:
+            rest = [leaves[i] for i in fn.rest if i < len(leaves) and type(leaves[i]) is ArrayImpl]
+            fn.rest_pending = sigs.Dropped(rest, frame) if rest else None
+            if first:  # the user's names of equinox's grouped leaves (first calls)
+                named = _user_names(frames.caller_frame(1), [leaves[i] for i in fn.candidates] + rest)
+                fn.user_params = {i: sigs.param_of(n) for i, n in zip(fn.candidates, named) if n}
+                fn.rest_params |= {sigs.param_of(n) for n in named[len(fn.candidates):] if n}
         groups = [[leaves[i] for i in group if type(leaves[i]) is ArrayImpl] for group in fn.groups]
         found: dict[int, list[Any]] | None = (
             sigs.sharers([x for arrays in groups for x in arrays]) if first else {}
@@ -445,6 +456,9 @@ class Watch:
                 if hit is not None and hit[1] is d:  # (alive or not: the entry is this record's)
                     del self._given_elsewhere[xid]
         fn.pending = []
+        if fn.rest_pending is not None and not fn.rest_pending.dropped:
+            fn.rest_kept = True  # an array argument no output reuses outlived a call
+        fn.rest_pending = None
         sig = fn.signatures[-1]
         for param in kept:  # kept at one call: never claimed
             self._never_claim(fn, param)
@@ -462,6 +476,8 @@ class Watch:
             found = self._findings.get(key)
             if found is not None:
                 found.bytes_per_call = max(found.bytes_per_call or 0, nbytes)
+                if fn.equinox:
+                    found.fix = _equinox_fix(fn, idx)
                 if at_call:
                     self._tell_loop(found)
                 continue
@@ -472,17 +488,20 @@ class Watch:
             names = sorted({fn.user_params[i] for i in idx if i in fn.user_params})
             what = param if not fn.equinox else (
                 f"{', '.join(names) if names else 'its arguments'} (eqx.filter_jit passes them as one group)")
-            fix = (
-                f'@eqx.filter_jit(donate="all") on {sigs.short(fn.name)} (or "all-except-first" where the '
-                'first argument is kept); or @jc.hot_step(state=..., donate="all")' if fn.equinox else
-                sigs.missed_donation_fix(fn.name, param, fn.jit, fn.written)
-            )
+            fix = _equinox_fix(fn, idx) if fn.equinox else sigs.missed_donation_fix(fn.name, param, fn.jit, fn.written)
+            # a wrong donation of this function: the index drifted, now that the drop is proven
+            wrong = [f for k, f in self._findings.items() if k[:2] == ("wrong_donation", id(fn))]
+            for found in wrong:
+                if found.fix == sigs.leave_out(found.param or ""):  # (not a deleted array passed again)
+                    found.fix = sigs.drift_fix(sigs.short(fn.name), param)
+            drifted = ", ".join(sorted({f.param or "" for f in wrong}))
             self._findings[key] = Finding(  # (equinox's group named by the user's parameters in it)
                 "missed_donation", fn.name, *fn.follow_site, count=1,
                 param=", ".join(names) if fn.equinox and names else param, bytes_per_call=nbytes,
                 message=f"{what}: not donated, yet the statement of each call drops them; their "
                 f"{len(idx)} array(s) could hold the outputs of the same shape and dtype; without "
-                "donation each call holds them twice",
+                "donation each call holds them twice"
+                + (f"; it donates {drifted} instead: the index likely drifted" if drifted else ""),
                 fix=fix,
             )
             if at_call:
@@ -528,7 +547,7 @@ class Watch:
 
     def _wrong(self, fn: _Function, sig: sigs.Signature, donated: set[str], out_avals: set[tuple[Any, ...]], where_: tuple[str, int]) -> None:
         """Donated parameters JAX cannot donate, or whose buffers nothing reuses."""
-        for param, why, fix in sigs.wrong_donations(sig, donated, out_avals, sigs.short(fn.name)):
+        for param, why, fix in sigs.wrong_donations(sig, donated, out_avals, sigs.short(fn.name), offer=False):
             key = ("wrong_donation", id(fn), param)
             if key not in self._findings:
                 self._findings[key] = Finding(
@@ -616,6 +635,8 @@ class Watch:
             _steps.keep(arrays, rec)
         fn.window = DONATION_WINDOW if fn.candidates else 0
         fn.groups = tuple(tuple(idx) for idx in sigs.by_param(sig, fn.candidates).values())
+        if fn.equinox:
+            fn.rest = tuple(i for i in range(len(leaves)) if i not in set(fn.candidates))
 
     # -- host data -----------------------------------------------------------
 
@@ -911,6 +932,24 @@ class Watch:
         for fn in self._functions:  # what was still followed at the end: dropped?
             if fn.pending:
                 self._settle(fn)
+
+
+def _equinox_fix(fn: _Function, idx: Sequence[int]) -> str:
+    """The fix of an eqx.filter_jit function's missed donation (of its
+    leaves ``idx``): ``donate="all"`` where every array argument died at each
+    call's statement; where one outlived a call (the initial weights kept as
+    an anchor, a dataset given at every step), a hot step donating the
+    user's parameters alone, as equinox cannot."""
+    names = sorted({fn.user_params[i] for i in idx if i in fn.user_params})
+    short = sigs.short(fn.name)
+    state = "..." if not names else f'"{names[0]}"' if len(names) == 1 else f"({', '.join(map(repr, names))})"
+    hot_step = f'@jc.hot_step(state={state}, donate="all")'.replace("'", '"')
+    if not fn.rest_kept:
+        return f'@eqx.filter_jit(donate="all") on {short}; or {hot_step}'
+    kept = sorted(fn.rest_params - set(names))
+    return (f"{hot_step} on {short}, which donates {', '.join(names) or 'them'} alone; "
+            f"eqx.filter_jit(donate=\"all\") would also delete "
+            f"{', '.join(kept) or 'the other array arguments'}, which outlive the call")
 
 
 def _user_names(frame: Any, leaves: Sequence[Any]) -> list[str]:

@@ -28,7 +28,8 @@ __all__ = [
     "SAME_LEAVES",
     "Dropped",
     "Signature", "by_param", "diff", "donated_params", "missed_donation_fix", "names", "param_of", "paths",
-    "reusable", "short", "signature", "wrong_donations", "donations", "drift", "jit_site", "passed_again",
+    "reusable", "short", "signature", "wrong_donations", "donations", "drift", "drift_fix", "jit_site", "leave_out",
+    "passed_again",
 ]
 
 
@@ -217,14 +218,19 @@ def donated_params(opts: jitwatch.JitOptions) -> set[str]:
 
 
 def wrong_donations(
-    sig: Signature, donated: set[str], out_avals: set[tuple[Any, ...]], name: str
+    sig: Signature, donated: set[str], out_avals: set[tuple[Any, ...]], name: str, offer: bool = True
 ) -> list[tuple[str, str, str]]:
     """(parameter, why, fix) for each donated parameter JAX cannot donate (a
     host value: JAX skips it silently) or whose buffers no output can reuse
-    while another parameter's could (an index that drifted)."""
+    while another parameter's could (an index that drifted). The fix leaves
+    the parameter out; with ``offer`` (a loop, refusing before the call) it
+    names another to donate on the condition that nothing reads its old value
+    after the call (a caller that keeps it, a step that rejects and retries,
+    would lose it); a watch, which sees the calls that follow, names it once
+    each call's statement is proven to drop it (:func:`drift_fix`)."""
     params = by_param(sig)
     can = {p for p, js in params.items() if any(sig.aval(j) in out_avals and not sig.host[j] for j in js)}
-    others = sorted(can - donated)
+    others = tuple(sorted(can - donated))
     out = []
     for param in sorted(donated):
         js = params.get(param, [])
@@ -242,10 +248,25 @@ def wrong_donations(
                    "parameter was inserted")
         else:
             continue
-        fix = (f"donate by name, which cannot drift: jax.jit({name}, donate_argnames={tuple(others)!r})"
-               if others else f"leave {param} out of donate_argnums/donate_argnames")
+        fix = leave_out(param)
+        if others and offer:
+            fix += (f"; to donate {' or '.join(others)}, name it, which cannot drift: "
+                    f"jax.jit({name}, donate_argnames={others!r}), only where nothing reads its old "
+                    "value after the call")
         out.append((param, why, fix))
     return out
+
+
+def leave_out(param: str) -> str:
+    """The fix of a donation that cannot happen, where no other is proven."""
+    return f"leave {param} out of donate_argnums/donate_argnames"
+
+
+def drift_fix(name: str, param: str) -> str:
+    """The fix of a wrong donation once the statement of each call is proven
+    to drop ``param``, which an output could reuse (a missed donation)."""
+    return (f"donate by name, which cannot drift: jax.jit({name}, donate_argnames=({param!r},)) "
+            f"(each call's statement drops {param}: see the missed donation)")
 
 
 def jit_site(fun: Any) -> str:
