@@ -33,9 +33,10 @@ F = TypeVar("F", bound=Callable[..., Any])
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
+# (the standard library is _STDLIB below: its folder holds site-packages in many layouts)
 _SKIP_DIRS = tuple(
     os.path.dirname(os.path.abspath(str(m.__file__))) + os.sep
-    for m in (jax, np, contextlib)
+    for m in (jax, np)
     if getattr(m, "__file__", None)
 )
 try:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
+import sysconfig
 import traceback
 
 import jax
@@ -282,6 +283,12 @@ def test_the_library_test_names_generated_dunders_only():
     assert not is_library(__file__, False, "test")
     assert is_library(jc._tracebacks.__file__, False, "trim")
     assert not is_library(os.path.join(PACKAGE, "demo", "x.py"), False, "run")  # the public demo
+    # an installed package is library code only where `installed` is asked:
+    # pyenv's and Debian's site-packages sit in the standard library's folder
+    stdlib = sysconfig.get_paths()["stdlib"]
+    assert is_library(os.path.join(stdlib, "contextlib.py"), False, "__exit__")
+    assert not is_library(os.path.join(stdlib, "site-packages", "optax", "x.py"), False, "update")
+    assert is_library(os.path.join(stdlib, "site-packages", "optax", "x.py"), True, "update")
 
 
 def _folder(root, name, record):

@@ -264,9 +264,11 @@ class Watch:
         state.jit = "nnx.jit" if type(fun).__module__.startswith("flax.nnx") else "jax.jit"
         if isinstance(fun, functools.partial):  # its fix keeps the partial the user wrote
             state.written = f"partial({sigs.short(state.name)}, ...)"
-        # a library's own jitted helper (optax's), not a transform of the user's function (jax.grad(f))
+        # a library's own jitted helper (optax's), not a transform of the user's function
+        # (jax.grad(f)), nor a library's function the user jits (jax.jit(env.step))
         code = getattr(inspect.unwrap(_unwrapped(fun)), "__code__", None)
-        state.library = code is not None and is_library(code.co_filename) and not state.equinox
+        state.library = (code is not None and is_library(code.co_filename) and not state.equinox
+                         and _jitted_by_library(frames.caller_frame(1)))
         with self._lock:
             self._functions.append(state)
         return _Watched(jitted, fun, state, self)
@@ -571,9 +573,11 @@ class Watch:
         known = sig in fn.signatures
         fn.signatures.append(sig)
         statics = _user_statics(fn) if fn.equinox else {}
-        if previous is not None and not known and compiled:
-            diff, fix = sigs.diff(previous, sig)
-            changed = [(k, fn.user_statics[k], v) for k, v in statics.items() if k in fn.user_statics and fn.user_statics[k] != v]
+        # (the arguments known: a recompile only where JAX's events show it lowered them)
+        if previous is not None and compiled and (not known or self._counting):
+            diff, fix = sigs.diff(previous, sig) if not known else ([sigs.COMPILED_AGAIN], sigs.COMPILED_AGAIN_FIX)
+            changed = [(k, fn.user_statics[k], v) for k, v in statics.items()
+                       if not known and k in fn.user_statics and fn.user_statics[k] != v]
             if changed:  # eqx.filter_jit made them static: named as the user wrote them, with
                 # what else changed (equinox's own static part, which holds them, left out)
                 rest, rest_fix = sigs.diff(dataclasses.replace(previous, statics=sig.statics), sig)
@@ -581,7 +585,7 @@ class Watch:
                 diff = [f"{k}: {a!r} -> {b!r} (a Python {type(b).__name__}: static under eqx.filter_jit)"
                         for k, a, b in changed] + rest
                 fix = _static_fix([k for k, _, b in changed if _is_number(b)], rest_fix if rest else "")
-            if fn.equinox:
+            if fn.equinox and not known:
                 diff = _by_user_path(diff, sigs.paths(fn.options, args, dyn_args, dyn_kwargs))
             key: tuple[Any, ...] = ("recompile", fn.name, here)
             found = self._findings.get(key)
@@ -932,6 +936,17 @@ class Watch:
         for fn in self._functions:  # what was still followed at the end: dropped?
             if fn.pending:
                 self._settle(fn)
+
+
+def _jitted_by_library(frame: Any) -> bool:
+    """Whether the code that called ``jax.jit`` (the first frame above
+    ``frame`` outside JAX, this package, numpy and the standard library) is
+    an installed package's: the jitted function, and what it is given, are
+    then the package's, not the user's line's to change."""
+    f = frame
+    while f is not None and is_library(f.f_code.co_filename, False, f.f_code.co_name):
+        f = f.f_back
+    return f is not None and is_library(f.f_code.co_filename)
 
 
 def _equinox_fix(fn: _Function, idx: Sequence[int]) -> str:

@@ -25,7 +25,7 @@ from .._steps import JitDonation, jit_donation
 from .._userline import user_frame
 
 __all__ = [
-    "SAME_LEAVES",
+    "COMPILED_AGAIN", "COMPILED_AGAIN_FIX", "SAME_LEAVES",
     "Dropped",
     "Signature", "by_param", "diff", "donated_params", "missed_donation_fix", "names", "param_of", "paths",
     "reusable", "short", "signature", "wrong_donations", "donations", "drift", "drift_fix", "jit_site", "leave_out",
@@ -188,6 +188,13 @@ def diff(old: Signature, new: Signature) -> tuple[list[str], str]:
     if not diffs:
         return [SAME_LEAVES], "call it on the device and in the context it was compiled for"
     return out, diffs[0].cause
+
+
+#: A recompile of arguments an earlier call compiled for: JAX dropped the program.
+COMPILED_AGAIN = ("the same arguments as an earlier call: JAX compiled them again, as its compiled "
+                  "programs were dropped (jax.clear_caches(), or a jax.config change)")
+COMPILED_AGAIN_FIX = ("keep the compiled programs between calls: call jax.clear_caches() (or change "
+                      "jax.config) outside the loop, or only where memory must be freed")
 
 
 def _first_difference(a: str, b: str, room: int = 14) -> str:
