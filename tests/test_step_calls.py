@@ -445,7 +445,7 @@ def test_a_method_step_of_an_instance_hashed_by_value_follows_its_changes():
     class ByValue:
         lr: float
 
-        @jc.hot_step(state="s")
+        @jc.hot_step(state="s", max_compiles=2)  # each value of `self` is a compile
         def step(self, s):
             return {"x": s["x"] * 0 + self.lr}
 
@@ -487,7 +487,7 @@ def test_a_method_step_follows_a_frozen_instance_s_mutable_field_and_an_instance
         lr: float
         tags: typing.Any = ()
 
-        @jc.hot_step(state="s")
+        @jc.hot_step(state="s", max_compiles=2)
         def step(self, s):
             return {"x": s["x"] * 0 + self.lr}
 
@@ -495,7 +495,7 @@ def test_a_method_step_follows_a_frozen_instance_s_mutable_field_and_an_instance
     class Outer:
         inner: Inner
 
-        @jc.hot_step(state="s")
+        @jc.hot_step(state="s", max_compiles=2)
         def step(self, s):
             return {"x": s["x"] * 0 + self.inner.lr}
 
@@ -513,19 +513,85 @@ def test_a_method_step_follows_a_frozen_instance_s_mutable_field_and_an_instance
     assert seen == [0.5, 0.25, 0.125], seen
 
 
-def test_a_method_step_of_an_instance_whose_value_hash_fails_is_refused_as_jax_jit_refuses():
-    # issue 50: bound by identity while its hash failed, the step ran the
-    # program of the first lr after `lr` changed (a stale program, silently);
-    # jax.jit refuses a static argument that cannot hash: so does the step,
-    # naming the class and the cause, at the user's line, the state intact
+def test_a_method_step_of_a_dataclass_that_cannot_hash_follows_what_it_holds():
+    # the sixth hostile round: a plain @dataclass (eq=True: no hash) and a
+    # frozen one with a list field were bound by identity, and ran the
+    # program of their first values after a change; jax.jit refuses them as
+    # unhashable static arguments. Their fields are compared at each access.
+    import dataclasses
+
+    @dataclasses.dataclass
+    class Plain:
+        k: float
+
+        @jc.hot_step(state="s", max_compiles=3)
+        def step(self, s):
+            return {"x": s["x"] * 0 + self.k}
+
+    @dataclasses.dataclass(frozen=True)
+    class Frozen:
+        ks: list
+
+        @jc.hot_step(state="s", max_compiles=3)
+        def step(self, s):
+            return {"x": s["x"] * 0 + self.ks[0]}
+
+    plain, frozen, s = Plain(1.0), Frozen([1.0]), {"x": jnp.ones(2)}
+    seen = []
+    for k in (1.0, 5.0, 1.0, 2.0):
+        plain.k = k
+        s = plain.step(s)
+        seen.append(jc.fetch(s["x"])[0].item())
+        frozen.ks[0] = k + 0.5  # in place: the field's list
+        s = frozen.step(s)
+        seen.append(jc.fetch(s["x"])[0].item())
+    assert seen == [1.0, 1.5, 5.0, 5.5, 1.0, 1.5, 2.0, 2.5], seen
+    assert plain.step.stats.compiles == 1 and frozen.step.stats.compiles == 1  # (each bound step's own)
+
+
+def test_a_method_step_of_an_instance_that_changed_past_max_compiles_is_refused_naming_it():
+    # the sixth hostile round: each new value of a value-hashed `self` compiled
+    # silently past max_compiles=1; a static argument changed so is refused
     import dataclasses
 
     @dataclasses.dataclass(unsafe_hash=True)
     class Trainer:
         lr: float
-        tags: typing.Any = ()
 
         @jc.hot_step(state="s")
+        def step(self, s):
+            return {"x": s["x"] * self.lr}
+
+    trainer, s = Trainer(0.5), {"x": jnp.ones(2)}
+    s = trainer.step(s)
+    trainer.lr = 0.25
+    with pytest.raises(jc.RecompileError) as info:
+        s = trainer.step(s)
+    text = str(info.value)
+    assert "Trainer" in text and "max_compiles=1" in text and "max_compiles=2" in info.value.fix, text
+    assert info.traceback[-1].path == pathlib.Path(__file__)
+    trainer.lr = 0.5  # the value compiled for: its program
+    s = trainer.step(s)
+    assert jc.fetch(s["x"]).tolist() == [0.25, 0.25]
+
+
+def test_a_method_step_of_an_instance_whose_hash_fails_is_refused_as_jax_jit_refuses():
+    # issue 50: bound by identity while its hash failed, the step ran the
+    # program of the first lr after `lr` changed (a stale program, silently);
+    # jax.jit refuses a static argument that cannot hash: so does the step,
+    # naming the class and the cause, at the user's line, the state intact
+    # (a dataclass is compared field by field instead: the test above)
+    class Trainer:
+        def __init__(self, lr, tags):
+            self.lr, self.tags = lr, tags
+
+        def __eq__(self, other):
+            return type(other) is Trainer and (self.lr, self.tags) == (other.lr, other.tags)
+
+        def __hash__(self):
+            return hash((self.lr, self.tags))
+
+        @jc.hot_step(state="s", max_compiles=3)
         def step(self, s):
             return {"x": s["x"] * 0 + self.lr}
 
@@ -604,11 +670,6 @@ def test_a_method_step_on_a_slotted_instance_is_bound_once_and_keeps_nothing_ali
 
         def __init__(self, k):
             self.k = k
-
-        def __eq__(self, other):  # unhashable instances too
-            return True
-
-        __hash__ = None  # type: ignore[assignment]
 
         @jc.hot_step(state="s")
         def act(self, s):

@@ -26,7 +26,7 @@ from .._tracebacks import boundary
 
 __all__ = [
     "StaticArg", "eq_answers_bool", "fmt_value", "leaf_spec", "movable", "moved_by_jax", "spec_nbytes", "spec_of", "static_equal", "static_hash",
-    "unchanging", "value_kind",
+    "hashed_key", "unchanging", "value_key", "value_kind",
 ]
 
 
@@ -151,16 +151,20 @@ class StaticArg:
     itself) from the value compiled for, as ``jax.jit`` tells it by hashing.
     """
 
-    __slots__ = ("aux", "hash", "value")
+    __slots__ = ("aux", "hash", "key", "value")
 
     def __init__(self, value: Any) -> None:
         self.value = value
         self.hash = static_hash(value)  # as made: a value changed in place since hashes anew
-        # what tree structures compare; the hash only of what can change in place
-        self.aux = (type(value), value) if unchanging(value) else (type(value), value, self.hash)
+        # what tree structures compare: a value that can change in place, by what
+        # it holds as this call made it (value_key), carried besides
+        self.key = None if unchanging(value) else value_key(value)
+        self.aux = (type(value), value) if self.key is None else (type(value), self.key, _Carried(value))
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, StaticArg) and self.hash == other.hash and static_equal(self.value, other.value)
+        if not isinstance(other, StaticArg) or self.key != other.key:
+            return False
+        return self.key is not None or (self.hash == other.hash and static_equal(self.value, other.value))
 
     def __hash__(self) -> int:
         return self.hash
@@ -191,6 +195,84 @@ def unchanging(value: Any) -> bool:
             unchanging(getattr(value, f.name, None)) for f in dataclasses.fields(value)
         )
     return False
+
+
+class _Same:
+    """An object a value key compares by identity: a function, a class, a JAX
+    array (``==`` of one is a device op), an object of the user's own kind."""
+
+    __slots__ = ("obj",)
+
+    def __init__(self, obj: Any) -> None:
+        self.obj = obj
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Same and other.obj is self.obj
+
+    def __hash__(self) -> int:
+        return id(self.obj)
+
+
+#: Containers nested deeper than this in a static value are compared by identity.
+_KEY_DEPTH = 32
+
+
+def value_key(value: Any, depth: int = 0) -> Any:
+    """A snapshot of what ``value`` holds now, equal to another's only where
+    the two trace alike: numbers by type and bits (``2`` is not ``2.0``,
+    ``0.0`` not ``-0.0``; a NaN equals itself), lists, tuples, dicts and sets
+    item by item, numpy arrays by dtype, shape and bytes, partials by
+    function, arguments and keywords, dataclasses that cannot hash field by
+    field; an object hashed by value (a frozen dataclass, an
+    ``nnx.GraphDef``) by its hash and ``==``, as ``jax.jit`` compares it;
+    functions, classes, JAX arrays and any other object as the same object.
+    Made at each call for a static value that can change in place
+    (:func:`unchanging`): a change since the compile is a new key, so a new
+    signature, never the program traced for the old value."""
+    t = type(value)
+    if t is float:
+        return (t, value.hex())
+    if t is complex:
+        return (t, value.real.hex(), value.imag.hex())
+    if value is None or t in (bool, int, str, bytes) or isinstance(value, enum.Enum):
+        return (t, value)
+    if isinstance(value, (np.ndarray, np.generic)):
+        return (t, value.dtype.str, value.shape, value.tobytes())
+    if depth < _KEY_DEPTH:
+        depth += 1
+        if isinstance(value, (tuple, list)):
+            return (t, *(value_key(x, depth) for x in value))
+        if isinstance(value, dict):
+            return (t, *((value_key(k, depth), value_key(v, depth)) for k, v in value.items()))
+        if isinstance(value, (set, frozenset)):
+            return (t, frozenset(value_key(x, depth) for x in value))
+        if t is functools.partial:
+            return (t, value_key(value.func, depth), value_key(value.args, depth), value_key(value.keywords, depth))
+        if dataclasses.is_dataclass(value) and not isinstance(value, type) and static_hash(value) == -1:
+            return (t, *(value_key(getattr(value, f.name, None), depth) for f in dataclasses.fields(value)))
+    if t.__hash__ in (None, object.__hash__) or isinstance(value, (jax.Array, type, *_FUNCTIONS)):
+        return _Same(value)
+    # hashed by value (an nnx.GraphDef, a dataclass with unsafe_hash=True): by its hash and ==,
+    # as jax.jit tells a change (a field left out of the hash is not seen by either)
+    return (t, static_hash(value), _Equal(value))
+
+
+def hashed_key(key: Any) -> bool:
+    """Whether a :func:`value_key` is that of an object hashed by value: (type, hash, it)."""
+    return type(key) is tuple and len(key) == 3 and type(key[2]) is _Equal
+
+
+class _Equal(_Same):
+    """An object hashed by value, in a value key: compared by ``==``
+    (:func:`static_equal`), its hash beside it telling a change in place."""
+
+    __slots__ = ()
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Equal and static_equal(self.obj, other.obj)
+
+    def __hash__(self) -> int:
+        return 0
 
 
 def static_hash(value: Any) -> int:
@@ -233,6 +315,22 @@ def eq_answers_bool(value: Any) -> str | None:
     return f"returned {fmt_object(result)}"
 
 
+class _Carried:
+    """A static value carried in a tree structure's aux data beside its
+    :func:`value_key`, which alone is compared."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def __eq__(self, other: object) -> bool:
+        return type(other) is _Carried
+
+    def __hash__(self) -> int:
+        return 0
+
+
 jax.tree_util.register_pytree_node(
-    StaticArg, lambda s: ((), s.aux), lambda aux, _: StaticArg(aux[1])
+    StaticArg, lambda s: ((), s.aux), lambda aux, _: StaticArg(aux[-1].value if len(aux) == 3 else aux[1])
 )

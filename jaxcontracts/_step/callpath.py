@@ -45,7 +45,7 @@ from .._leafdiff import same_placement
 from .._records import CompiledSignature
 from .._report import timing as _timing
 from .._state.fields import is_state
-from .._state.spec import StaticArg, movable, static_equal, static_hash, unchanging
+from .._state.spec import StaticArg, movable, static_equal, value_key
 from .._tracebacks import trim
 from .callctx import (
     CallContext,
@@ -100,7 +100,11 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
     )
     # static values taken by the C++ call itself (_static_native), where the
     # closure is the guarded or bare call
-    native = bool(definition.static_params) and not definition.filtered_params and not cs.host
+    native = (
+        bool(definition.static_params) and not definition.filtered_params and not cs.host
+        # (a value that can change in place is looked at at every call: JAX's C++ call hashes it)
+        and all(getattr(cs.spec_args[i], "key", None) is None for i in definition.static_params)
+    )
     if level == "off":
         dispatch = _off(ctx, native)
     else:
@@ -397,10 +401,10 @@ def _guarded(
             dynamic_of = picker(dynamic)
             fallback = with_static(ctx.step.definition, make_full(()))
             compiled_values = [cs.spec_args[i].value for i in static]
-            compiled_hashes = [cs.spec_args[i].hash for i in static]
+            compiled_keys = [cs.spec_args[i].key for i in static]
             seen = list(compiled_values)  # the objects last accepted, per static parameter
-            # a value that can change in place (a config object) is hashed at every call
-            changing = [not unchanging(v) for v in compiled_values]
+            # a value that can change in place (a config object) is looked at at every call
+            changing = [key is not None for key in compiled_keys]
             pairs = tuple(enumerate(static))
 
         def guarded_full(*args: Any, **kwargs: Any) -> Any:
@@ -419,9 +423,8 @@ def _guarded(
                     for k, i in pairs:
                         value = args[i]
                         if value is not seen[k] or changing[k]:
-                            if not static_equal(value, compiled_values[k]) or (
-                                changing[k] and static_hash(value) != compiled_hashes[k]
-                            ):
+                            if (value_key(value) != compiled_keys[k] if changing[k]
+                                    else not static_equal(value, compiled_values[k])):
                                 return fallback(*args)  # type: ignore[misc]  # another value: a new signature
                             seen[k] = value
                     leaves, treedef = flatten(dynamic_of(args))

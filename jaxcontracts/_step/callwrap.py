@@ -23,6 +23,7 @@ from .._errors import DefinitionError
 from .._state.filter import Filtered, join_out, split
 from .._state.foreign import holds_module
 from .._state.inplace import ref_arrays, repeated_refs_error, replace_all, write_back
+from .._state.spec import value_key
 from .._tracebacks import trim
 from .callctx import CallContext, DispatchingStep, leaf_readers, picker
 from .definition import StepDefinition
@@ -99,7 +100,8 @@ def with_static(definition: StepDefinition, dispatch: Callable[..., Any]) -> Cal
             for i in static:
                 value = items[i]
                 seen = last.get(i)
-                if seen is not None and seen[0] is value:
+                # (a value that can change in place: while it holds what it held)
+                if seen is not None and seen[0] is value and (seen[1].key is None or value_key(value) == seen[1].key):
                     items[i] = seen[1]
                 else:
                     items = list(normalize(tuple(items), {}))

@@ -23,7 +23,7 @@ from .._state.annotations import STATIC
 from .._state.filter import Filtered, join
 from .._state.filter import short as short_static
 from .._state.inplace import static_attributes
-from .._state.spec import StaticArg, leaf_spec, static_equal, unchanging
+from .._state.spec import StaticArg, hashed_key, leaf_spec, static_equal, unchanging, value_key
 
 __all__ = ["diff_specs", "same_structure"]
 
@@ -54,6 +54,24 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
                 "instances of the old and the new class never match; build the state "
                 "from one definition (re-run the cells that make it, or define the "
                 "class once, outside the re-run code)",
+            )
+        ]
+    where_, was, now = (
+        key_difference(a.key, b.key)
+        if isinstance(a, StaticArg) and isinstance(b, StaticArg) and a.key is not None and b.key is not None
+        else ("", "", "")
+    )
+    if where_:  # a part of it (an object hashed by value is said below, by its hash and attributes)
+        same = "the same object" if a.value is b.value else "a value"
+        return [
+            LeafDiff(
+                here,
+                f"static {type(a.value).__name__} holding {was} at {where_ or '(the value)'}",
+                f"{same} holding {now} there",
+                "a static value is compiled for what it holds: changed in place since, or "
+                "another holding other values, it is a new signature (never the program traced "
+                "for the old value); pass a new value, such as a frozen dataclass or a tuple, "
+                "instead of changing the object",
             )
         ]
     if isinstance(a, StaticArg) and isinstance(b, StaticArg) and a.value is b.value:
@@ -263,6 +281,55 @@ def _pair(a: Any, b: Any) -> tuple[str, str]:
     return sa, sb
 
 
+def key_difference(a: Any, b: Any, path: str = "") -> tuple[str, str, str]:
+    """(path, old, new) of the first place two :func:`value_key` s differ:
+    ``.keywords['scale'][0]``, ``3.0``, ``4.0``; inside an object hashed by
+    value, its attributes (:func:`differences`)."""
+    if hashed_key(a) and hashed_key(b):
+        found = differences(a[2].obj, b[2].obj, limit=1)
+        if found and ": " in found[0] and " vs " in found[0]:
+            sub, rest = found[0].split(": ", 1)
+            was, now = rest.rsplit(" vs ", 1)
+            return path + ("" if sub.startswith("(") else sub), was, now
+        return path, _key_text(a), _key_text(b)
+    if type(a) is not tuple or type(b) is not tuple or not a or not b or a[0] is not b[0] or len(a) != len(b):
+        return path, _key_text(a), _key_text(b)
+    t = a[0]
+    if isinstance(t, type) and issubclass(t, (np.ndarray, np.generic)) and a[1:3] == b[1:3]:
+        return path, _key_text(a) + " (other values)", _key_text(b) + " (other values)"
+    if isinstance(t, type) and issubclass(t, (list, tuple, dict, functools.partial)) or dataclasses.is_dataclass(t):
+        if dataclasses.is_dataclass(t):
+            names = [f".{f.name}" for f in dataclasses.fields(t)]
+        elif t is functools.partial:
+            names = [".func", ".args", ".keywords"]
+        elif issubclass(t, dict):
+            names = [f"[{_key_text(k[0])}]" for k in a[1:]]
+        else:
+            names = [f"[{i}]" for i in range(len(a) - 1)]
+        for name, x, y in zip(names, a[1:], b[1:]):
+            if x != y:
+                if issubclass(t, dict) and x[0] != y[0]:
+                    return path, f"keys {_key_text(a)}", f"keys {_key_text(b)}"
+                return key_difference(x[1], y[1], path + name) if issubclass(t, dict) else key_difference(x, y, path + name)
+    return path, _key_text(a), _key_text(b)
+
+
+def _key_text(key: Any) -> str:
+    """A :func:`value_key` shown as the value it snapshots (arrays by spec)."""
+    if type(key) is not tuple or not key:
+        return _shown(getattr(key, "obj", key))
+    t = key[0]
+    if t is float:
+        return repr(float.fromhex(key[1]))
+    if isinstance(t, type) and issubclass(t, (np.ndarray, np.generic)):
+        return fmt_aval(key[2], np.dtype(key[1]))
+    if len(key) == 2 and not isinstance(key[1], tuple):
+        return _short(key[1], 40)
+    if len(key) == 3 and hasattr(key[2], "obj"):  # an object hashed by value: (type, hash, it)
+        return f"{_shown(key[2].obj)} (hashed {key[1]})"
+    return _short(t.__name__ if isinstance(t, type) else t, 40)
+
+
 def _inside(a: Any, b: Any) -> str:
     """``; it differs at .x: 1 vs 2`` for two unequal objects, attribute by
     attribute; where that is a value a function closes over (optax.adam(lr)'s
@@ -314,9 +381,13 @@ def _walk(
     if len(out) >= limit or a is b:
         return
     here = path or "(the value)"
-    arrays = (jax.Array, np.ndarray)
-    if isinstance(a, arrays) or isinstance(b, arrays):  # never compared by value: that reads them
-        out.append(f"{here}: {_shown(a)} vs {_shown(b)} (another array object)")
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):  # on the host: compared as value keys are
+        if value_key(a) != value_key(b):
+            same = (a.dtype, a.shape) == (b.dtype, b.shape)
+            out.append(f"{here}: {_shown(a)} vs {_shown(b)}" + (" (other values)" if same else ""))
+        return
+    if isinstance(a, (jax.Array, np.ndarray)) or isinstance(b, (jax.Array, np.ndarray)):
+        out.append(f"{here}: {_shown(a)} vs {_shown(b)} (another array object)")  # never read
         return
     if _same_value(a, b):
         return
@@ -324,17 +395,6 @@ def _walk(
         out.append(f"{here}: {_shown(a)} vs {_shown(b)}")
         return
     if type(a) is functools.partial:  # compared by value: say which part differs
-        held = [(f".args[{i}]", v) for i, v in enumerate(b.args)]
-        held += [(f".keywords[{k!r}]", v) for k, v in b.keywords.items()]
-        changing = [(path + sub, v) for sub, v in held if not unchanging(v)]
-        if changing:
-            out.extend(
-                f"{where}: {_shown(v)}, a {type(v).__name__}, which can change after a compile (a new "
-                "partial takes a compiled program only where nothing it holds can change: pass a tuple "
-                "or a frozen dataclass, or the same partial object)"
-                for where, v in changing[: limit - len(out)]
-            )
-            return
         items = [(".func", a.func, b.func), (".args", a.args, b.args), (".keywords", a.keywords, b.keywords)]
     elif isinstance(a, types.FunctionType) and a.__code__ is b.__code__:  # one def, made twice
         found: list[str] = []

@@ -44,7 +44,7 @@ from .._runtime import debug_reads_on, observers, recording_loop
 from .._state.filter import join_out
 from .._state.foreign import host_leaves_on_device
 from .._state.inplace import is_ref, ref_arrays, ref_params
-from .._state.spec import fmt_value, leaf_spec
+from .._state.spec import fmt_value, hashed_key, leaf_spec, value_key
 from .._tracebacks import boundary, let_go, trim
 from .callctx import call_tree
 from .callpath import make_dispatch
@@ -61,7 +61,7 @@ from .diagnose import (
     run_failed_note,
     signature_error,
 )
-from .diffs import same_structure
+from .diffs import key_difference, same_structure
 
 __all__ = ["HotStep", "StepStats"]
 
@@ -241,7 +241,7 @@ class HotStep(Generic[P, R]):
             return self
         try:
             return self._bind(obj)
-        except DefinitionError as err:  # the traceback ends at the user's line
+        except ContractError as err:  # the traceback ends at the user's line
             trim(err)
             raise
 
@@ -253,12 +253,14 @@ class HotStep(Generic[P, R]):
             # bound by identity (a class hashed so, an instance that cannot change): no hash asked
             if self._bound_here(kept, obj) and kept._bound_hash is None:
                 return kept
-            value_hash = self._value_hash(obj)
+            value_hash = self._instance_key(obj)
             by_hash = kept if type(kept) is _ByHash else None
-            if value_hash is not None and by_hash is not None:  # one bound step per hash, as jax.jit keys a static self
+            if value_hash is not None and by_hash is not None:  # one bound step per key, as jax.jit keys a static self
                 kept = by_hash.get(value_hash)
                 if self._bound_here(kept, obj):
                     return kept
+                if by_hash.owned_by(self, obj):
+                    self._within_compiles(obj, list(by_hash.values()), value_hash)
             bound: HotStep[Any, Any] = HotStep(self._definition.bind(obj))  # obj -> bound -> obj: a cycle gc collects
             bound._bound_to, bound._bound_hash = (self, obj), value_hash
             if value_hash is None:
@@ -271,9 +273,11 @@ class HotStep(Generic[P, R]):
                 del by_hash[next(iter(by_hash))]
             return bound
         kept = self._bound_steps.get(id(obj))
-        value_hash = self._value_hash(obj)
-        if kept is not None and kept[0]() is obj and kept[1]._bound_hash == value_hash:
-            return kept[1]
+        value_hash = self._instance_key(obj)
+        if kept is not None and kept[0]() is obj:
+            if kept[1]._bound_hash == value_hash:
+                return kept[1]
+            self._within_compiles(obj, [kept[1]], value_hash)
         try:
             ref = weakref.ref(obj, functools.partial(_forget_bound, self._bound_steps, id(obj)))
         except TypeError:  # neither a __dict__ nor a __weakref__ slot
@@ -290,38 +294,62 @@ class HotStep(Generic[P, R]):
         self._bound_steps[id(obj)] = (ref, bound)
         return bound
 
-    def _value_hash(self, obj: Any) -> Any:
-        """``obj``'s hash where its class hashes by value (a dataclass with
-        ``unsafe_hash=True`` or ``frozen=True``, a ``__hash__`` of its own): a
-        method step bound to it binds (and compiles) anew for a new hash, as
-        ``jax.jit`` (0.11 on) keys a static ``self`` (a frozen dataclass too: a
-        field of it may change). None where the class hashes by identity or by
-        nothing, or where the hash of an instance that cannot change fails (an
-        array field of an equinox Module): bound by identity, for good.
-        Refused where the hash of an instance that can change fails: no
-        compiled program could be told apart from a stale one, and ``jax.jit``
-        refuses an unhashable static argument too."""
+    def _instance_key(self, obj: Any) -> Any:
+        """What ``obj`` holds now, where it can change (:func:`value_key`): a
+        method step bound to it binds (and compiles) anew for a new key, as
+        ``jax.jit`` (0.11 on) keys a static ``self``: an instance hashed by
+        value by its hash and ``==`` (a field left out of its hash is not
+        seen, by either), a dataclass that cannot hash field by field. None
+        where the class hashes by identity (as ``jax.jit``, which never sees
+        a change), or for an equinox Module (it cannot change): bound by
+        identity, for good. Refused where the hash of any other instance
+        fails: no program could be told apart from a stale one, and
+        ``jax.jit`` refuses an unhashable static argument too."""
         cls = type(obj)
-        if cls.__hash__ in (None, object.__hash__):
+        if cls.__hash__ is object.__hash__ or _equinox_module(cls):
             return None
+        key = value_key(obj)
+        if type(key) is tuple and not (hashed_key(key) and key[1] == -1):  # (-1: its hash failed)
+            return key
         try:
-            return hash(obj)
+            hash(obj)
+            cause = "it defines no __hash__"
         except Exception as err:  # noqa: BLE001 - a field that hashes by nothing (a list, an array)
-            if _immutable(cls):
-                return None
             cause = f"{type(err).__name__}: {err}"
-        error = DefinitionError(
-            f"{self._definition.name} is a method step of a {cls.__name__}, which hashes by value, "
-            f"and hash() of this one fails ({cause}): a program compiled for its values could not "
-            "tell when they change, and would run stale. jax.jit refuses an unhashable static "
-            "argument too.",
-            fix=f"make every field of {cls.__name__} hashable (a tuple instead of a list), or pass "
-            "the value that changes to the step as an argument; a class hashed by identity "
-            "(eq=False) compiles once per instance instead.",
+        raise DefinitionError(
+            f"{self._definition.name} is a method step of a {cls.__name__}, and hash() of this one "
+            f"fails ({cause}): a program compiled for its values could not tell when they change, "
+            "and would run stale. jax.jit refuses an unhashable static argument too.",
+            fix=f"make every field of {cls.__name__} hashable (a tuple instead of a list), or make "
+            "it a dataclass (compared field by field), or pass the value that changes to the step "
+            "as an argument; a class hashed by identity (eq=False) compiles once per instance instead.",
             contract="definition",
             step=self._definition.name,
         )
-        raise error
+
+    def _within_compiles(self, obj: Any, bound: Sequence[HotStep[Any, Any]], key: Any) -> None:
+        """Before binding ``obj`` anew for a new ``key``: refused where the steps
+        already bound to it compiled ``max_compiles`` signatures (each value
+        of ``self`` is one, as each value of a static argument is)."""
+        used = sum(len(b._signatures) for b in bound)
+        limit = self._definition.max_compiles
+        if not bound or used < limit:
+            return
+        old = bound[-1]._bound_hash
+        where_, was, now = key_difference(old, key)
+        if not where_ and hashed_key(old) and hashed_key(key):  # the same object, hashed anew
+            was, now = f"hashed {old[1]}", f"hashed {key[1]}"
+        at = f" at self{where_}" if where_ else ""
+        raise RecompileError(
+            f"{self._definition.name} is a method step of a {type(obj).__name__}, compiled for "
+            f"{used} value(s) of this instance (max_compiles={limit}); the instance has changed "
+            f"since{at}: {was} -> {now}. Each value of `self` is a compile of its own, as each "
+            "value of a static argument is.",
+            fix=f"allow more with @jc.hot_step(max_compiles={used + 1}), or pass the value that "
+            "changes to the step as an argument (an array), so that one program serves every value.",
+            contract="signature",
+            step=self._definition.name,
+        )
 
     def _bound_here(self, kept: Any, obj: Any) -> bool:
         """Whether ``kept`` (an entry of ``obj.__dict__``) is this method step bound to ``obj``."""
@@ -573,11 +601,10 @@ class _ByHash(dict):  # type: ignore[type-arg]
         return all(method._bound_here(b, obj) for b in self.values())
 
 
-def _immutable(cls: type) -> bool:
-    """Whether instances of ``cls`` cannot change: a frozen dataclass, or an
-    equinox Module (a dataclass whose ``__setattr__`` refuses after init)."""
-    if getattr(getattr(cls, "__dataclass_params__", None), "frozen", False):
-        return True
+def _equinox_module(cls: type) -> bool:
+    """Whether ``cls`` is an equinox Module's: a dataclass whose
+    ``__setattr__`` refuses after init, of arrays and functions (its array
+    fields fail its hash; looking at them at each call cost 2.6 us)."""
     return any(c.__module__.split(".")[0] == "equinox" and c.__name__ == "Module" for c in cls.__mro__)
 
 
