@@ -144,7 +144,9 @@ def leaf_cause(exp: Any, got: Any) -> str:
     if kind == "weak_type":
         if getattr(got, "weak_type", False):
             return "weakly typed: made from a Python scalar; use jnp.float32(x) / jnp.asarray(x, dtype)"
-        return "strongly typed where a weak type was compiled"
+        return ("strongly typed where a weak type was compiled (the first call was given a "
+                "Python number, or an array made from one): give that first call the typed array "
+                "the later calls give, jnp.asarray(x, dtype)")
     if kind == "memory_kind":
         return f"moved from {memory_kind(exp)} memory to {memory_kind(got)} memory"
     return "sharding changed: device_put it with the compiled sharding"

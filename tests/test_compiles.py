@@ -95,6 +95,17 @@ def test_an_if_on_an_eager_comparison_is_the_read_not_the_compile():
     assert "jnp.where / lax.cond" in info.value.fix and "run it once" not in text
 
 
+def test_in_a_loop_that_allows_reads_the_cold_eager_op_is_the_compile():
+    # the sixth hostile round: with transfers="allow" the read is allowed, and
+    # the error blamed it (a TransferError telling the user to fetch rarely)
+    jax.clear_caches()
+    s = fresh()
+    with pytest.raises(jc.RecompileError) as info:
+        with jc.hot_loop(transfers="allow"):
+            float(s.w[1] * 0.4375)  # a cold eager op, read on the host
+    assert "compile" in str(info.value) and "device-to-host read" not in str(info.value)
+
+
 @pytest.mark.parametrize(
     ("line", "construct"),
     [

@@ -477,7 +477,7 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
             user,
         )
         return
-    read = host_read_on_line(user)
+    read = host_read_on_line(user) if loop.checks_transfers else None  # (a loop that allows the read)
     if read is not None:
         _violation(
             "transfer",
