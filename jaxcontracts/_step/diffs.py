@@ -25,7 +25,7 @@ from .._state.filter import short as short_static
 from .._state.inplace import static_attributes
 from .._state.spec import StaticArg, hashed_key, leaf_spec, static_equal, unchanging, value_key
 
-__all__ = ["diff_specs", "same_structure"]
+__all__ = ["diff_specs", "key_difference", "same_structure"]
 
 
 def diff_specs(expected: Any, got: Any) -> list[LeafDiff]:
