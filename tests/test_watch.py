@@ -137,6 +137,8 @@ def test_watch_in_python_restores_jax_jit_and_reports(tmp_path):
         for _ in range(4):
             s = step(s)
         assert step.lower(s).compile() is not None  # the jitted function's own API is there
+        # printed as without the watch (the fifth audit round: `<watched <PjitFunction ...>>`)
+        assert repr(step) == repr(step._jitted) and "watched" not in repr(step)
     assert jax.jit is original
     report = w.report()
     assert [f.kind for f in report.findings] == ["missed_donation"]

@@ -1154,8 +1154,8 @@ class _Watched:
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
         return self if obj is None else functools.partial(self, obj)
 
-    def __repr__(self) -> str:
-        return f"<watched {self._jitted!r}>"
+    def __repr__(self) -> str:  # the script prints what it prints without the audit
+        return repr(self._jitted)
 
     # A copy is a copy of the jitted function, watched as this one is (never the
     # watch itself: `copy.deepcopy(model)` of an object holding a step); a pickle
