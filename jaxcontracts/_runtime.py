@@ -257,6 +257,10 @@ HOST_FIXES = {
     "library": "it is passed by a library's own jitted function, which your line calls outside "
     "any jax.jit (an optimizer's update run eagerly): jit the whole step that calls it, where "
     "such values are compiled in",
+    # a library's own jitted helper's recompile or missed donation (jax-md's safe_mask): the same cause
+    "library_call": "it is a library's own jitted function, which your line calls outside any "
+    "jax.jit, compiled and called on its own: jit the whole step that calls it, where it is "
+    "traced once into one program, its static values compiled in and its buffers reused",
     # a Python scalar in an eager op
     "eager": "a Python scalar in an eager op (x * 2 outside a step) is a transfer too: do the op "
     "inside a hot_step, or make the scalar a device array before the loop",

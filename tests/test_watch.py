@@ -986,6 +986,17 @@ def allocate(x):
     return x
 
 
+_scaled = []
+
+
+def scale_eagerly(x):
+    """jax-md's shape: a jitted helper of the library's, given a new static
+    function at every call (its energy functions' lambdas)."""
+    if not _scaled:
+        _scaled.append(jax.jit(lambda v, fn: fn(v), static_argnums=1))
+    return _scaled[0](x, lambda v: v * 0.5)
+
+
 def env_step(state, params):
     """A library's function the user jits (gymnax's env.step), unjitted here."""
     return state * params["friction"] + params["gravity"]
@@ -1055,6 +1066,23 @@ def test_a_library_function_the_user_jits_is_told_to_take_its_constants_on_the_d
     found = [f for f in w.findings() if f.kind == "host_transfer"]
     assert found and "jax.device_put" in found[0].fix, str(w.report())
     assert "library" not in found[0].fix, found[0].fix
+
+
+def test_a_library_s_own_jitted_helper_called_eagerly_is_fixed_by_jitting_the_users_step(tmp_path, monkeypatch):
+    # the fifth audit round: jax-md's safe_mask, compiled again for each new
+    # lambda and its temporary dropped, was given `jax.jit(safe_mask,
+    # donate_argnames=...)` and "pass it traced": edits to jax-md, not to the
+    # user's line, where jitting the step is the fix
+    lib = _installed_library(tmp_path, monkeypatch)
+    with jc.watch() as w:
+        x = jnp.ones(3)
+        for _ in range(4):
+            x = lib.scale_eagerly(x)
+    found = {f.kind: f for f in w.findings()}
+    assert "recompile" in found, str(w.report())
+    for f in found.values():
+        assert f.fix.startswith("it is a library's own jitted function"), (f.kind, f.fix)
+        assert "jit the whole step" in f.fix, f.fix
 
 
 def test_a_missed_donation_is_not_claimed_where_the_user_keeps_a_leaf():

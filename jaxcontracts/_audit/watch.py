@@ -490,7 +490,8 @@ class Watch:
             names = sorted({fn.user_params[i] for i in idx if i in fn.user_params})
             what = param if not fn.equinox else (
                 f"{', '.join(names) if names else 'its arguments'} (eqx.filter_jit passes them as one group)")
-            fix = _equinox_fix(fn, idx) if fn.equinox else sigs.missed_donation_fix(fn.name, param, fn.jit, fn.written)
+            fix = (_equinox_fix(fn, idx) if fn.equinox else host_fix("library_call") if fn.library
+                   else sigs.missed_donation_fix(fn.name, param, fn.jit, fn.written))
             # a wrong donation of this function: the index drifted, now that the drop is proven
             wrong = [f for k, f in self._findings.items() if k[:2] == ("wrong_donation", id(fn))]
             for found in wrong:
@@ -587,6 +588,8 @@ class Watch:
                 fix = _static_fix([k for k, _, b in changed if _is_number(b)], rest_fix if rest else "")
             if fn.equinox and not known:
                 diff = _by_user_path(diff, sigs.paths(fn.options, args, dyn_args, dyn_kwargs))
+            if fn.library:  # (jax-md's safe_mask given a new lambda each call)
+                fix = host_fix("library_call")
             key: tuple[Any, ...] = ("recompile", fn.name, here)
             found = self._findings.get(key)
             if found is not None:
