@@ -1765,3 +1765,15 @@ def test_a_program_compiled_again_after_jax_clear_caches_is_a_recompile():
     found = [f for f in w.findings() if f.kind == "recompile"]
     assert len(found) == 1 and found[0].count == 2, str(w.report())
     assert "jax.clear_caches()" in found[0].diff[0] and "jax.clear_caches()" in found[0].fix
+
+
+def test_a_constant_of_ints_and_floats_is_not_called_the_same_python_int():
+    # the fifth audit round: gymnax's EnvParams (max_steps an int, gravity a
+    # float) was "the same Python int at each call"
+    with jc.watch() as w:
+        step = jax.jit(lambda x, p: x * p["gravity"] + p["steps"])
+        params, x = {"gravity": 9.8, "steps": 200}, jnp.ones(3)
+        for _ in range(4):
+            x = step(x, params)
+    found = [f for f in w.findings() if f.kind == "host_transfer"]
+    assert found and "holds the same values (Python float, Python int) at each call" in found[0].message, found

@@ -715,12 +715,13 @@ class Watch:
                 constants.setdefault(param, []).append(i)
             entry = host.get(param)
             if entry is None or (entry[3] == "fresh" and what != "fresh"):  # its first leaf to fix names it
-                host[param] = [[path], x, 0 if what == "fresh" else nbytes, what]
+                host[param] = [[path], x, 0 if what == "fresh" else nbytes, what, {value_kind(x)}]
             elif what != "fresh":
                 entry[0].append(path)
                 entry[2] += nbytes
+                entry[4].add(value_kind(x))
         fresh = False
-        for param, (fixed, x, nbytes, what) in host.items():
+        for param, (fixed, x, nbytes, what, kinds_of) in host.items():
             key = ("host_transfer", id(fn), param, line.at)
             if what != "constant" and param in line.claimed:  # (a call with a fresh batch too)
                 self._withdraw_constant(fn, line, param)  # (an array changed in place: now "fresh")
@@ -734,7 +735,9 @@ class Watch:
                 continue
             kind, path = value_kind(x), fmt_listed(fixed)
             if what == "constant":
-                message = f"{param} of {sigs.short(fn.name)} is the same {kind} at each call ({path}): copied to the device again every time"
+                same = (f"is the same {kind}" if len(kinds_of) == 1  # (gymnax's EnvParams: ints and floats)
+                        else f"holds the same values ({', '.join(sorted(kinds_of))})")
+                message = f"{param} of {sigs.short(fn.name)} {same} at each call ({path}): copied to the device again every time"
                 # static only where the argument is one hashable leaf (a dict or a numpy array is
                 # not) whose results it keeps (not a float)
                 static = not fn.equinox and fixed == [param] and static_is_exact(x)
