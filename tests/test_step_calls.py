@@ -513,40 +513,42 @@ def test_a_method_step_follows_a_frozen_instance_s_mutable_field_and_an_instance
     assert seen == [0.5, 0.25, 0.125], seen
 
 
-def test_a_method_step_of_a_dataclass_that_cannot_hash_follows_what_it_holds():
-    # the sixth hostile round: a plain @dataclass (eq=True: no hash) and a
-    # frozen one with a list field were bound by identity, and ran the
-    # program of their first values after a change; jax.jit refuses them as
-    # unhashable static arguments. Their fields are compared at each access.
+def test_a_method_step_of_a_dataclass_that_cannot_hash_is_refused_at_its_call_as_jax_jit_refuses():
+    # the sixth hostile round: a plain @dataclass (eq=True: no hash) was bound
+    # by identity, and ran the program of its first values after a change;
+    # jax.jit refuses it as an unhashable static argument. Refused at the
+    # call (attribute access reads as ever), with the fix; a frozen one whose
+    # hash fails (an array field) cannot be rebound: bound once, as before.
     import dataclasses
+    import inspect
 
     @dataclasses.dataclass
     class Plain:
         k: float
 
-        @jc.hot_step(state="s", max_compiles=3)
+        @jc.hot_step(state="s")
         def step(self, s):
             return {"x": s["x"] * 0 + self.k}
 
+    plain, s = Plain(1.0), {"x": jnp.ones(2)}
+    assert hasattr(plain, "step") and plain.step.stats.compiles == 0 and inspect.getmembers(plain)
+    with pytest.raises(jc.DefinitionError, match=r"dataclass\(eq=False\)") as info:
+        s = plain.step(s)
+    assert info.traceback[-1].path == pathlib.Path(__file__)
+    assert jc.fetch(s["x"]).tolist() == [1.0, 1.0]  # not consumed
+
     @dataclasses.dataclass(frozen=True)
     class Frozen:
-        ks: list
+        w: jax.Array
 
-        @jc.hot_step(state="s", max_compiles=3)
+        @jc.hot_step(state="s")
         def step(self, s):
-            return {"x": s["x"] * 0 + self.ks[0]}
+            return {"x": s["x"] * self.w}
 
-    plain, frozen, s = Plain(1.0), Frozen([1.0]), {"x": jnp.ones(2)}
-    seen = []
-    for k in (1.0, 5.0, 1.0, 2.0):
-        plain.k = k
-        s = plain.step(s)
-        seen.append(jc.fetch(s["x"])[0].item())
-        frozen.ks[0] = k + 0.5  # in place: the field's list
+    frozen = Frozen(jnp.full(2, 2.0))
+    for _ in range(3):
         s = frozen.step(s)
-        seen.append(jc.fetch(s["x"])[0].item())
-    assert seen == [1.0, 1.5, 5.0, 5.5, 1.0, 1.5, 2.0, 2.5], seen
-    assert plain.step.stats.compiles == 1 and frozen.step.stats.compiles == 1  # (each bound step's own)
+    assert jc.fetch(s["x"]).tolist() == [8.0, 8.0] and frozen.step.stats.compiles == 1
 
 
 def test_a_method_step_of_an_instance_that_changed_past_max_compiles_is_refused_naming_it():
@@ -565,6 +567,7 @@ def test_a_method_step_of_an_instance_that_changed_past_max_compiles_is_refused_
     trainer, s = Trainer(0.5), {"x": jnp.ones(2)}
     s = trainer.step(s)
     trainer.lr = 0.25
+    assert trainer.step.stats.compiles == 0  # an access reads as ever: the call refuses
     with pytest.raises(jc.RecompileError) as info:
         s = trainer.step(s)
     text = str(info.value)
@@ -573,6 +576,36 @@ def test_a_method_step_of_an_instance_that_changed_past_max_compiles_is_refused_
     trainer.lr = 0.5  # the value compiled for: its program
     s = trainer.step(s)
     assert jc.fetch(s["x"]).tolist() == [0.25, 0.25]
+    # the review: values past the 8 kept bound steps, and a __slots__ instance, still count
+    for limit, slots in ((10, False), (2, True)):
+        cls = _counted_trainer(limit, slots)
+        t, s = cls(0), {"x": jnp.ones(2)}
+        with pytest.raises(jc.RecompileError, match=f"max_compiles={limit}"):
+            for k in range(limit + 3):
+                t.lr = float(k)
+                s = t.step(s)
+        assert k == limit
+
+
+def _counted_trainer(limit, slots):
+    class Trainer:
+        if slots:
+            __slots__ = ("lr", "__weakref__")
+
+        def __init__(self, lr):
+            self.lr = lr
+
+        def __eq__(self, other):
+            return type(other) is Trainer and other.lr == self.lr
+
+        def __hash__(self):
+            return hash(self.lr)
+
+        @jc.hot_step(state="s", max_compiles=limit)
+        def step(self, s):
+            return {"x": s["x"] + self.lr}
+
+    return Trainer
 
 
 def test_a_method_step_of_an_instance_whose_hash_fails_is_refused_as_jax_jit_refuses():

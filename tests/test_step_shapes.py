@@ -1237,3 +1237,44 @@ def test_the_same_partial_whose_value_changed_in_place_never_runs_the_stale_prog
         change(value)  # (the same value again: 3.0)
         s = step(s, fn)
         assert jc.fetch(s["w"]).tolist() == [108.0] * 3 and step.stats.compiles == 2
+
+
+@dataclasses.dataclass
+class _Scaler:
+    c: float
+    log: list = dataclasses.field(default_factory=list, compare=False)
+
+    def apply(self, x):
+        return x * self.c
+
+
+def test_value_keys_see_what_the_review_found_they_missed_and_end_on_cycles():
+    # the review of the sixth round's fix: an argparse.Namespace and a bound
+    # method of an unhashable dataclass were compared by identity (stale); two
+    # structured dtypes had one key; a cyclic or shared structure never ended
+    import argparse
+    import time
+
+    from jaxcontracts._state.spec import value_key
+
+    ns = argparse.Namespace(lr=0.5)
+    before = value_key(functools.partial(np.multiply, ns))
+    ns.lr = 0.25
+    assert value_key(functools.partial(np.multiply, ns)) != before
+    scaler = _Scaler(2.0)
+    before = value_key(functools.partial(scaler.apply))
+    scaler.log.append("not compared")  # compare=False: not part of its value
+    assert value_key(functools.partial(scaler.apply)) == before
+    scaler.c = 3.0
+    assert value_key(functools.partial(scaler.apply)) != before
+    a = np.zeros(1, dtype=[("lr", "f4"), ("n", "i4")])
+    b = np.zeros(1, dtype=[("lr", "i4"), ("n", "f4")])
+    assert a.tobytes() == b.tobytes() and value_key(a) != value_key(b)
+    ring: dict = {"v": 1.0}
+    ring["self"] = ring
+    shared = [[0.5] * 4]
+    for _ in range(40):
+        shared = [shared, shared]  # 2**40 paths, 41 objects
+    start = time.perf_counter()
+    assert value_key(ring) == value_key(ring) and value_key(shared) == value_key(shared)
+    assert time.perf_counter() - start < 5.0

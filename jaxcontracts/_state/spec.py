@@ -26,7 +26,7 @@ from .._tracebacks import boundary
 
 __all__ = [
     "StaticArg", "eq_answers_bool", "fmt_value", "leaf_spec", "movable", "moved_by_jax", "spec_nbytes", "spec_of", "static_equal", "static_hash",
-    "hashed_key", "unchanging", "value_key", "value_kind",
+    "hashed_by_value", "hashed_key", "unchanging", "value_key", "value_kind",
 ]
 
 
@@ -217,18 +217,27 @@ class _Same:
 _KEY_DEPTH = 32
 
 
-def value_key(value: Any, depth: int = 0) -> Any:
+def value_key(value: Any) -> Any:
     """A snapshot of what ``value`` holds now, equal to another's only where
     the two trace alike: numbers by type and bits (``2`` is not ``2.0``,
     ``0.0`` not ``-0.0``; a NaN equals itself), lists, tuples, dicts and sets
-    item by item, numpy arrays by dtype, shape and bytes, partials by
-    function, arguments and keywords, dataclasses that cannot hash field by
-    field; an object hashed by value (a frozen dataclass, an
-    ``nnx.GraphDef``) by its hash and ``==``, as ``jax.jit`` compares it;
-    functions, classes, JAX arrays and any other object as the same object.
-    Made at each call for a static value that can change in place
-    (:func:`unchanging`): a change since the compile is a new key, so a new
-    signature, never the program traced for the old value."""
+    item by item, numpy arrays by dtype, shape and bytes (an object array
+    item by item), partials by function, arguments and keywords, a bound
+    method by its function and its object, dataclasses that cannot hash
+    field by field (fields with ``compare=False`` left out), other objects
+    that cannot hash (an ``argparse.Namespace``) attribute by attribute; an
+    object hashed by value (a frozen dataclass, an ``nnx.GraphDef``) by its
+    hash and ``==``, as ``jax.jit`` compares it; functions, classes, JAX
+    arrays and any other object as the same object (never read). An object
+    met again (shared, or a cycle) is the order it was first met in; nesting
+    deeper than 32 is the same object there. Made at each call
+    for a static value that can change in place (:func:`unchanging`): a
+    change since the compile is a new key, so a new signature, never the
+    program traced for the old value."""
+    return _key(value, 0, {})
+
+
+def _key(value: Any, depth: int, memo: dict[int, Any]) -> Any:
     t = type(value)
     if t is float:
         return (t, value.hex())
@@ -236,25 +245,50 @@ def value_key(value: Any, depth: int = 0) -> Any:
         return (t, value.real.hex(), value.imag.hex())
     if value is None or t in (bool, int, str, bytes) or isinstance(value, enum.Enum):
         return (t, value)
-    if isinstance(value, (np.ndarray, np.generic)):
-        return (t, value.dtype.str, value.shape, value.tobytes())
-    if depth < _KEY_DEPTH:
-        depth += 1
-        if isinstance(value, (tuple, list)):
-            return (t, *(value_key(x, depth) for x in value))
-        if isinstance(value, dict):
-            return (t, *((value_key(k, depth), value_key(v, depth)) for k, v in value.items()))
-        if isinstance(value, (set, frozenset)):
-            return (t, frozenset(value_key(x, depth) for x in value))
-        if t is functools.partial:
-            return (t, value_key(value.func, depth), value_key(value.args, depth), value_key(value.keywords, depth))
-        if dataclasses.is_dataclass(value) and not isinstance(value, type) and static_hash(value) == -1:
-            return (t, *(value_key(getattr(value, f.name, None), depth) for f in dataclasses.fields(value)))
-    if t.__hash__ in (None, object.__hash__) or isinstance(value, (jax.Array, type, *_FUNCTIONS)):
+    if isinstance(value, jax.Array) or isinstance(value, (type, *_FUNCTIONS)):
         return _Same(value)
-    # hashed by value (an nnx.GraphDef, a dataclass with unsafe_hash=True): by its hash and ==,
-    # as jax.jit tells a change (a field left out of the hash is not seen by either)
-    return (t, static_hash(value), _Equal(value))
+    seen = memo.get(id(value))
+    if seen is not None:  # met before in this value (shared, or a cycle): which one, not again
+        return seen
+    memo[id(value)] = ("seen", len(memo))  # (each object expanded once: a key's size is the value's)
+    return _walked(value, t, depth, memo)
+
+
+def _walked(value: Any, t: type, depth: int, memo: dict[int, Any]) -> Any:
+    if isinstance(value, (np.ndarray, np.generic)):
+        if value.dtype.hasobject:
+            return (t, value.dtype, value.shape, *(_key(x, depth + 1, memo) for x in np.ravel(value)))
+        return (t, value.dtype, value.shape, value.tobytes())
+    deeper = depth < _KEY_DEPTH
+    depth += 1
+    if deeper and isinstance(value, (tuple, list)):
+        return (t, *(_key(x, depth, memo) for x in value))
+    if deeper and isinstance(value, dict):
+        return (t, *((_key(k, depth, memo), _key(v, depth, memo)) for k, v in list(value.items())))
+    if deeper and isinstance(value, (set, frozenset)):
+        return (t, frozenset(_key(x, depth, memo) for x in list(value)))
+    if deeper and t is functools.partial:
+        return (t, _key(value.func, depth, memo), _key(value.args, depth, memo), _key(value.keywords, depth, memo))
+    if deeper and t is types.MethodType:
+        return (t, _Same(value.__func__), _key(value.__self__, depth, memo))
+    if t.__hash__ is object.__hash__:  # hashed by identity: the same object, as jax.jit takes it
+        return _Same(value)
+    hashed = static_hash(value) if t.__hash__ is not None else -1
+    if hashed != -1:
+        # hashed by value (an nnx.GraphDef, a dataclass with unsafe_hash=True): by its hash
+        # and ==, as jax.jit tells a change (a field left out of the hash is not seen by either)
+        return (t, hashed, _Equal(value))
+    if deeper and dataclasses.is_dataclass(value):  # no hash: its fields, as its == compares them
+        fields = [f.name for f in dataclasses.fields(value) if f.compare]
+        return (t, *(_key(getattr(value, name, None), depth, memo) for name in fields))
+    if deeper and isinstance(getattr(value, "__dict__", None), dict):  # an argparse.Namespace
+        return (t, *((name, _key(v, depth, memo)) for name, v in list(vars(value).items())))
+    return _Same(value)
+
+
+def hashed_by_value(value: Any, hashed: int) -> Any:
+    """The :func:`value_key` of an object hashed by value, its hash ``hashed`` given."""
+    return (type(value), hashed, _Equal(value))
 
 
 def hashed_key(key: Any) -> bool:

@@ -44,7 +44,7 @@ from .._runtime import debug_reads_on, observers, recording_loop
 from .._state.filter import join_out
 from .._state.foreign import host_leaves_on_device
 from .._state.inplace import is_ref, ref_arrays, ref_params
-from .._state.spec import fmt_value, hashed_key, leaf_spec, value_key
+from .._state.spec import fmt_value, hashed_by_value, hashed_key, leaf_spec, static_hash
 from .._tracebacks import boundary, let_go, trim
 from .callctx import call_tree
 from .callpath import make_dispatch
@@ -109,7 +109,7 @@ class HotStep(Generic[P, R]):
         self._bound_to: tuple[HotStep[Any, Any], Any] | None = None  # (method step, instance)
         self._bound_hash: Any = None  # the instance's hash at the bind (_value_hash)
         # A method step's bound steps for instances without a __dict__ (__slots__)
-        self._bound_steps: dict[int, tuple[weakref.ref[Any], HotStep[Any, Any]]] = {}
+        self._bound_steps: dict[int, tuple[weakref.ref[Any], HotStep[Any, Any], int]] = {}  # (ref, bound, binds)
         # The slow path's: held while it decides on (and makes) a compile, so
         # threads meeting new signatures at once respect max_compiles; and,
         # per thread, set while it re-dispatches a call.
@@ -253,31 +253,43 @@ class HotStep(Generic[P, R]):
             # bound by identity (a class hashed so, an instance that cannot change): no hash asked
             if self._bound_here(kept, obj) and kept._bound_hash is None:
                 return kept
-            value_hash = self._instance_key(obj)
-            by_hash = kept if type(kept) is _ByHash else None
+            try:
+                value_hash = self._instance_key(obj)
+            except ContractError as err:
+                return self._refusing(obj, err)
+            by_hash = kept if type(kept) is _ByHash and kept.owned_by(self, obj) else None
             if value_hash is not None and by_hash is not None:  # one bound step per key, as jax.jit keys a static self
                 kept = by_hash.get(value_hash)
                 if self._bound_here(kept, obj):
                     return kept
-                if by_hash.owned_by(self, obj):
-                    self._within_compiles(obj, list(by_hash.values()), value_hash)
+                refused = self._past_max_compiles(obj, by_hash.binds, by_hash.last, value_hash)
+                if refused is not None:
+                    return self._refusing(obj, refused)
             bound: HotStep[Any, Any] = HotStep(self._definition.bind(obj))  # obj -> bound -> obj: a cycle gc collects
             bound._bound_to, bound._bound_hash = (self, obj), value_hash
             if value_hash is None:
                 namespace[key] = bound
                 return bound
-            if by_hash is None or not by_hash.owned_by(self, obj):  # (a copy's entries are the original's)
+            if by_hash is None:  # (a copy's entries are the original's: its own table)
                 by_hash = namespace[key] = _ByHash()
             by_hash[value_hash] = bound  # in place: a hash over vars(obj) sees one object
+            by_hash.binds, by_hash.last = by_hash.binds + 1, value_hash
             while len(by_hash) > _BOUND_PER_INSTANCE:
                 del by_hash[next(iter(by_hash))]
             return bound
         kept = self._bound_steps.get(id(obj))
-        value_hash = self._instance_key(obj)
+        try:
+            value_hash = self._instance_key(obj)
+        except ContractError as err:
+            return self._refusing(obj, err)
+        binds = 0
         if kept is not None and kept[0]() is obj:
             if kept[1]._bound_hash == value_hash:
                 return kept[1]
-            self._within_compiles(obj, [kept[1]], value_hash)
+            binds = kept[2]
+            refused = self._past_max_compiles(obj, binds, kept[1]._bound_hash, value_hash)
+            if refused is not None:
+                return self._refusing(obj, refused)
         try:
             ref = weakref.ref(obj, functools.partial(_forget_bound, self._bound_steps, id(obj)))
         except TypeError:  # neither a __dict__ nor a __weakref__ slot
@@ -291,62 +303,80 @@ class HotStep(Generic[P, R]):
             ) from None
         bound = HotStep(self._definition.bind(obj, weak=True))
         bound._bound_to, bound._bound_hash = (self, ref), value_hash
-        self._bound_steps[id(obj)] = (ref, bound)
+        self._bound_steps[id(obj)] = (ref, bound, binds + 1)
+        return bound
+
+    def _refusing(self, obj: Any, error: ContractError) -> HotStep[Any, Any]:
+        """A bound step whose every call raises ``error`` (kept nowhere): the
+        refusal comes at the call, as ``jax.jit``'s does, and ``obj.step``
+        itself (``hasattr``, ``inspect.getmembers``, ``.stats``) reads as ever."""
+        bound: HotStep[Any, Any] = HotStep(self._definition.bind(obj))
+        bound._bound_to = (self, obj)
+
+        def refuse(*args: Any, **kwargs: Any) -> Any:
+            try:
+                raise error.with_traceback(None)
+            except ContractError as err:  # the traceback ends at the user's line
+                trim(err)
+                raise
+
+        bound._set_dispatch(refuse)
         return bound
 
     def _instance_key(self, obj: Any) -> Any:
-        """What ``obj`` holds now, where it can change (:func:`value_key`): a
-        method step bound to it binds (and compiles) anew for a new key, as
-        ``jax.jit`` (0.11 on) keys a static ``self``: an instance hashed by
-        value by its hash and ``==`` (a field left out of its hash is not
-        seen, by either), a dataclass that cannot hash field by field. None
-        where the class hashes by identity (as ``jax.jit``, which never sees
-        a change), or for an equinox Module (it cannot change): bound by
-        identity, for good. Refused where the hash of any other instance
-        fails: no program could be told apart from a stale one, and
-        ``jax.jit`` refuses an unhashable static argument too."""
+        """What a method step bound to ``obj`` is keyed by: None where the
+        class hashes by identity (as ``jax.jit``, which never sees a change),
+        for an equinox Module (it cannot change), and for a frozen dataclass
+        whose hash fails (an array field: its fields cannot be rebound; a
+        change made inside one in place is not seen): bound once, for good.
+        Else its hash and ``==``, as ``jax.jit`` (0.11 on) keys a static
+        ``self`` (a change its hash leaves out is not seen, by either).
+        Refused where the hash of any other instance fails (a plain
+        ``@dataclass``, a list field): no program could be told apart from a
+        stale one, and ``jax.jit`` refuses an unhashable static argument."""
         cls = type(obj)
         if cls.__hash__ is object.__hash__ or _equinox_module(cls):
             return None
-        key = value_key(obj)
-        if type(key) is tuple and not (hashed_key(key) and key[1] == -1):  # (-1: its hash failed)
-            return key
+        hashed = static_hash(obj) if cls.__hash__ is not None else -1
+        if hashed != -1:
+            return hashed_by_value(obj, hashed)
+        if getattr(getattr(cls, "__dataclass_params__", None), "frozen", False):
+            return None
         try:
             hash(obj)
-            cause = "it defines no __hash__"
+            cause = "it has no __hash__"
         except Exception as err:  # noqa: BLE001 - a field that hashes by nothing (a list, an array)
             cause = f"{type(err).__name__}: {err}"
         raise DefinitionError(
             f"{self._definition.name} is a method step of a {cls.__name__}, and hash() of this one "
             f"fails ({cause}): a program compiled for its values could not tell when they change, "
             "and would run stale. jax.jit refuses an unhashable static argument too.",
-            fix=f"make every field of {cls.__name__} hashable (a tuple instead of a list), or make "
-            "it a dataclass (compared field by field), or pass the value that changes to the step "
-            "as an argument; a class hashed by identity (eq=False) compiles once per instance instead.",
+            fix=f"bind it once per instance: @dataclasses.dataclass(eq=False) (or no __eq__) on "
+            f"{cls.__name__}; or make it hashable by value (frozen=True or unsafe_hash=True, a tuple "
+            "instead of a list), so that each new value compiles; or pass what changes as an argument.",
             contract="definition",
             step=self._definition.name,
         )
 
-    def _within_compiles(self, obj: Any, bound: Sequence[HotStep[Any, Any]], key: Any) -> None:
-        """Before binding ``obj`` anew for a new ``key``: refused where the steps
-        already bound to it compiled ``max_compiles`` signatures (each value
-        of ``self`` is one, as each value of a static argument is)."""
-        used = sum(len(b._signatures) for b in bound)
+    def _past_max_compiles(self, obj: Any, binds: int, last: Any, key: Any) -> RecompileError | None:
+        """Before binding ``obj`` anew for a new ``key``: the refusal where it
+        was bound for ``max_compiles`` values already (each value of ``self``
+        is a compile, as each value of a static argument is)."""
         limit = self._definition.max_compiles
-        if not bound or used < limit:
-            return
-        old = bound[-1]._bound_hash
-        where_, was, now = key_difference(old, key)
-        if not where_ and hashed_key(old) and hashed_key(key):  # the same object, hashed anew
-            was, now = f"hashed {old[1]}", f"hashed {key[1]}"
+        if binds < limit:
+            return None
+        where_, was, now = key_difference(last, key)
+        if not where_ and hashed_key(last) and hashed_key(key):  # the same object, hashed anew
+            was, now = f"{was.split(' (hashed')[0]} (hashed {last[1]} then)", f"hashed {key[1]} now"
         at = f" at self{where_}" if where_ else ""
-        raise RecompileError(
+        return RecompileError(
             f"{self._definition.name} is a method step of a {type(obj).__name__}, compiled for "
-            f"{used} value(s) of this instance (max_compiles={limit}); the instance has changed "
+            f"{binds} value(s) of this instance (max_compiles={limit}); the instance has changed "
             f"since{at}: {was} -> {now}. Each value of `self` is a compile of its own, as each "
             "value of a static argument is.",
-            fix=f"allow more with @jc.hot_step(max_compiles={used + 1}), or pass the value that "
-            "changes to the step as an argument (an array), so that one program serves every value.",
+            fix=f"allow more with @jc.hot_step(max_compiles={binds + 1}), where it takes a few values; "
+            "where it changes at every step, pass that value to the step as an argument (an array), "
+            "so that one program serves every value.",
             contract="signature",
             step=self._definition.name,
         )
@@ -593,9 +623,13 @@ _BOUND_PER_INSTANCE = 8
 
 class _ByHash(dict):  # type: ignore[type-arg]
     """An instance's bound steps by its hash (in its ``__dict__``): hashed by
-    identity, as a bound step is, for a class whose hash reads ``vars()``."""
+    identity, as a bound step is, for a class whose hash reads ``vars()``;
+    ``binds``: how many values it was bound for (its oldest dropped too),
+    ``last``: the latest one's key."""
 
     __hash__ = object.__hash__  # type: ignore[assignment]
+    binds = 0
+    last: Any = None
 
     def owned_by(self, method: HotStep[Any, Any], obj: Any) -> bool:
         return all(method._bound_here(b, obj) for b in self.values())
