@@ -1777,3 +1777,36 @@ def test_a_constant_of_ints_and_floats_is_not_called_the_same_python_int():
             x = step(x, params)
     found = [f for f in w.findings() if f.kind == "host_transfer"]
     assert found and "holds the same values (Python float, Python int) at each call" in found[0].message, found
+
+
+@pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")
+def test_a_drifted_donation_s_fix_keeps_the_parameters_donated_rightly():
+    # the review: `donate_argnums=(0, 2)` on f(lr, a, b), b rightly donated:
+    # the fix `donate_argnames=('a',)` dropped b's donation
+    def make():
+        def f(lr, a, b):
+            return a * lr, b + 1
+
+        return f
+
+    with jc.watch() as w:
+        f = jax.jit(make(), donate_argnums=(0, 2))
+        a, b = jnp.ones(3), jnp.zeros(2)
+        for _ in range(4):
+            a, b = f(0.5, a, b)
+    wrong = [f for f in w.findings() if f.kind == "wrong_donation"]
+    assert wrong and "donate_argnames=('a', 'b')" in wrong[0].fix, str(w.report())
+
+
+def test_a_library_function_the_user_wraps_in_nnx_jit_is_the_users_to_fix(tmp_path, monkeypatch):
+    # the review: nnx.jit calls jax.jit from flax's frame: `nnx.jit(lib.env_step)`,
+    # written by the user, was told to jit the whole step
+    nnx = pytest.importorskip("flax.nnx")
+    lib = _installed_library(tmp_path, monkeypatch)
+    with jc.watch() as w:
+        step = nnx.jit(lib.env_step)
+        params, x = {"gravity": 9.8, "friction": 0.5}, jnp.ones(3)
+        for _ in range(4):
+            x = step(x, params)
+    found = [f for f in w.findings() if f.kind in ("host_transfer", "missed_donation")]
+    assert found and not [f for f in found if "library" in f.fix], str(w.report())

@@ -268,7 +268,7 @@ class Watch:
         # (jax.grad(f)), nor a library's function the user jits (jax.jit(env.step))
         code = getattr(inspect.unwrap(_unwrapped(fun)), "__code__", None)
         state.library = (code is not None and is_library(code.co_filename) and not state.equinox
-                         and _jitted_by_library(frames.caller_frame(1)))
+                         and state.jit == "jax.jit" and _jitted_by_library(frames.caller_frame(1)))
         with self._lock:
             self._functions.append(state)
         return _Watched(jitted, fun, state, self)
@@ -494,9 +494,10 @@ class Watch:
                    else sigs.missed_donation_fix(fn.name, param, fn.jit, fn.written))
             # a wrong donation of this function: the index drifted, now that the drop is proven
             wrong = [f for k, f in self._findings.items() if k[:2] == ("wrong_donation", id(fn))]
+            keep = sigs.donated_params(fn.options) - {f.param for f in wrong}  # donated rightly: kept
             for found in wrong:
                 if found.fix == sigs.leave_out(found.param or ""):  # (not a deleted array passed again)
-                    found.fix = sigs.drift_fix(sigs.short(fn.name), param)
+                    found.fix = sigs.drift_fix(fn.written or sigs.short(fn.name), param, fn.jit, keep)
             drifted = ", ".join(sorted({f.param or "" for f in wrong}))
             self._findings[key] = Finding(  # (equinox's group named by the user's parameters in it)
                 "missed_donation", fn.name, *fn.follow_site, count=1,
@@ -952,7 +953,13 @@ def _jitted_by_library(frame: Any) -> bool:
     f = frame
     while f is not None and is_library(f.f_code.co_filename, False, f.f_code.co_name):
         f = f.f_back
-    return f is not None and is_library(f.f_code.co_filename)
+    if f is None or not is_library(f.f_code.co_filename):
+        return False
+    # a package's code below the user's own: where every frame is installed code (a
+    # program run from site-packages, `python -m` of an installed project), it is the user's
+    while f is not None and is_library(f.f_code.co_filename, True, f.f_code.co_name):
+        f = f.f_back
+    return f is not None
 
 
 def _equinox_fix(fn: _Function, idx: Sequence[int]) -> str:

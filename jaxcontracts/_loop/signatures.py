@@ -191,10 +191,11 @@ def diff(old: Signature, new: Signature) -> tuple[list[str], str]:
 
 
 #: A recompile of arguments an earlier call compiled for: JAX dropped the program.
-COMPILED_AGAIN = ("the same arguments as an earlier call: JAX compiled them again, as its compiled "
-                  "programs were dropped (jax.clear_caches(), or a jax.config change)")
-COMPILED_AGAIN_FIX = ("keep the compiled programs between calls: call jax.clear_caches() (or change "
-                      "jax.config) outside the loop, or only where memory must be freed")
+COMPILED_AGAIN = ("arguments the audit cannot tell from an earlier call's (a static value compared by its "
+                  "repr): JAX compiled them again, so its program was dropped (jax.clear_caches(), a "
+                  "jax.config change) or a static value differs where its repr does not show it")
+COMPILED_AGAIN_FIX = ("keep the compiled programs between calls (call jax.clear_caches() or change "
+                      "jax.config outside the loop), and keep each static value fixed")
 
 
 def _first_difference(a: str, b: str, room: int = 14) -> str:
@@ -269,10 +270,12 @@ def leave_out(param: str) -> str:
     return f"leave {param} out of donate_argnums/donate_argnames"
 
 
-def drift_fix(name: str, param: str) -> str:
+def drift_fix(name: str, param: str, jit: str = "jax.jit", keep: set[str] | frozenset[str] = frozenset()) -> str:
     """The fix of a wrong donation once the statement of each call is proven
-    to drop ``param``, which an output could reuse (a missed donation)."""
-    return (f"donate by name, which cannot drift: jax.jit({name}, donate_argnames=({param!r},)) "
+    to drop ``param``, which an output could reuse (a missed donation);
+    ``keep``: the parameters it donates rightly, donated still."""
+    names = tuple(sorted({param, *keep}))
+    return (f"donate by name, which cannot drift: {jit}({name}, donate_argnames={names!r}) "
             f"(each call's statement drops {param}: see the missed donation)")
 
 

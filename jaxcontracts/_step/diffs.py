@@ -327,6 +327,9 @@ def _key_text(key: Any) -> str:
         return _short(key[1], 40)
     if len(key) == 3 and hasattr(key[2], "obj"):  # an object hashed by value: (type, hash, it)
         return f"{_shown(key[2].obj)} (hashed {key[1]})"
+    if isinstance(t, type) and issubclass(t, (list, tuple, dict, set, frozenset)):
+        n = len(key[1]) if issubclass(t, (set, frozenset)) else len(key) - 1
+        return f"a {t.__name__} of {n} item{'s' if n != 1 else ''}"
     return _short(t.__name__ if isinstance(t, type) else t, 40)
 
 
