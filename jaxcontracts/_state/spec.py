@@ -179,12 +179,15 @@ _FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodWrapper
 
 def unchanging(value: Any) -> bool:
     """Whether ``value`` can never change once made: numbers, strings, bytes,
-    ``None``, enums, classes, functions, JAX arrays, and tuples, frozen
+    ``None``, enums, classes, functions, JAX arrays and JAX's own objects
+    (``jnp.multiply``, a jitted function), and tuples, frozen
     dataclasses and partials of those. A list, dict, set, numpy array, a
     mutable dataclass or any other object can change in place after a
     program was traced with it."""
     if isinstance(value, _ATOMS) or isinstance(value, _FUNCTIONS):
         return True
+    if type(value).__module__.partition(".")[0] in ("jax", "jaxlib") and not isinstance(value, functools.partial):
+        return True  # JAX's own objects (jnp.multiply, a jitted function, a mesh) never change
     if isinstance(value, tuple):
         return all(map(unchanging, value))
     if type(value) is functools.partial:
@@ -237,16 +240,21 @@ def value_key(value: Any) -> Any:
     return _key(value, 0, {})
 
 
+#: Types keyed as themselves (after float, complex), and types keyed as the same object.
+_PLAIN_TYPES = frozenset({bool, int, str, bytes, type(None)})
+_SAME_TYPES = frozenset({type, *_FUNCTIONS})
+
+
 def _key(value: Any, depth: int, memo: dict[int, Any]) -> Any:
-    t = type(value)
+    t = type(value)  # (exact types first: an isinstance of jax.Array costs a microsecond)
     if t is float:
         return (t, value.hex())
+    if t in _PLAIN_TYPES:
+        return (t, value)
+    if t in _SAME_TYPES:
+        return _Same(value)
     if t is complex:
         return (t, value.real.hex(), value.imag.hex())
-    if value is None or t in (bool, int, str, bytes) or isinstance(value, enum.Enum):
-        return (t, value)
-    if isinstance(value, jax.Array) or isinstance(value, (type, *_FUNCTIONS)):
-        return _Same(value)
     seen = memo.get(id(value))
     if seen is not None:  # met before in this value (shared, or a cycle): which one, not again
         return seen
@@ -255,34 +263,42 @@ def _key(value: Any, depth: int, memo: dict[int, Any]) -> Any:
 
 
 def _walked(value: Any, t: type, depth: int, memo: dict[int, Any]) -> Any:
-    if isinstance(value, (np.ndarray, np.generic)):
-        if value.dtype.hasobject:
-            return (t, value.dtype, value.shape, *(_key(x, depth + 1, memo) for x in np.ravel(value)))
-        return (t, value.dtype, value.shape, value.tobytes())
     deeper = depth < _KEY_DEPTH
     depth += 1
-    if deeper and isinstance(value, (tuple, list)):
-        return (t, *(_key(x, depth, memo) for x in value))
-    if deeper and isinstance(value, dict):
-        return (t, *((_key(k, depth, memo), _key(v, depth, memo)) for k, v in list(value.items())))
-    if deeper and isinstance(value, (set, frozenset)):
-        return (t, frozenset(_key(x, depth, memo) for x in list(value)))
+    if deeper and (t is tuple or t is list):
+        return (t, *[_key(x, depth, memo) for x in value])
+    if deeper and t is dict:
+        return (t, *[(_key(k, depth, memo), _key(v, depth, memo)) for k, v in list(value.items())])
     if deeper and t is functools.partial:
         return (t, _key(value.func, depth, memo), _key(value.args, depth, memo), _key(value.keywords, depth, memo))
+    if isinstance(value, (np.ndarray, np.generic)):
+        if value.dtype.hasobject:
+            return (t, value.dtype, value.shape, *[_key(x, depth, memo) for x in np.ravel(value)])
+        return (t, value.dtype, value.shape, value.tobytes())
+    if isinstance(value, (enum.Enum, type, *_FUNCTIONS)):
+        return (t, value) if isinstance(value, enum.Enum) else _Same(value)
+    if deeper and isinstance(value, (tuple, list)):  # a NamedTuple, a list's subclass
+        return (t, *[_key(x, depth, memo) for x in value])
+    if deeper and isinstance(value, dict):
+        return (t, *[(_key(k, depth, memo), _key(v, depth, memo)) for k, v in list(value.items())])
+    if deeper and isinstance(value, (set, frozenset)):
+        return (t, frozenset([_key(x, depth, memo) for x in list(value)]))
     if deeper and t is types.MethodType:
         return (t, _Same(value.__func__), _key(value.__self__, depth, memo))
-    if t.__hash__ is object.__hash__:  # hashed by identity: the same object, as jax.jit takes it
+    if t.__hash__ is object.__hash__:  # by identity, as jax.jit takes it
+        return _Same(value)
+    if t.__hash__ is None and isinstance(value, jax.Array):  # (an array hashes by nothing) never read
         return _Same(value)
     hashed = static_hash(value) if t.__hash__ is not None else -1
     if hashed != -1:
         # hashed by value (an nnx.GraphDef, a dataclass with unsafe_hash=True): by its hash
         # and ==, as jax.jit tells a change (a field left out of the hash is not seen by either)
-        return (t, hashed, _Equal(value))
+        return hashed_by_value(value, hashed)
     if deeper and dataclasses.is_dataclass(value):  # no hash: its fields, as its == compares them
         fields = [f.name for f in dataclasses.fields(value) if f.compare]
-        return (t, *(_key(getattr(value, name, None), depth, memo) for name in fields))
+        return (t, *[_key(getattr(value, name, None), depth, memo) for name in fields])
     if deeper and isinstance(getattr(value, "__dict__", None), dict):  # an argparse.Namespace
-        return (t, *((name, _key(v, depth, memo)) for name, v in list(vars(value).items())))
+        return (t, *[(name, _key(v, depth, memo)) for name, v in list(vars(value).items())])
     return _Same(value)
 
 
