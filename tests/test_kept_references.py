@@ -136,6 +136,96 @@ def test_a_saved_traceback_that_saw_the_array_is_a_kept_reference_like_any_other
     assert not d["x"].is_deleted()
 
 
+def test_a_debugger_that_stopped_in_a_returned_helper_does_not_refuse_clean_code():
+    # pdb stopped once in a helper keeps that helper's frame after it returned
+    # (its curframe, and on 3.11/3.12 the frame's locals() snapshot): the
+    # frame of a finished call, which only introspection reads. The next
+    # clean call runs, as under jax.jit; a traceback's frames stay holders
+    # (the saved-traceback test above).
+    import io
+    import pdb
+
+    d = jc.device_tree({"x": jnp.zeros(3)})
+    dict_step = jc.hot_step(lambda d: {"x": d["x"] + 1}, state="d")
+    d = dict_step(d)
+    out = io.StringIO()
+
+    def helper(s):
+        x = s["x"]
+        pdb.Pdb(stdin=io.StringIO("p x.shape\nc\n"), stdout=out, nosigint=True).set_trace()
+        return x.shape
+
+    tracer = sys.gettrace()  # (coverage's, where it runs: pdb's continue drops it)
+    try:
+        assert helper(d) == (3,)
+        assert "(3,)" in out.getvalue()  # the debugger did stop, and read x
+        d = dict_step(d)  # clean: nothing of the user's holds d["x"]
+        d = dict_step(d)
+    finally:
+        sys.settrace(tracer)
+    assert float(d["x"][0]) == 3.0
+
+
+def test_a_debuggers_record_that_you_took_for_yourself_is_yours():
+    # The snapshot pdb keeps of the frame it stopped in, taken by the user
+    # (`snap = dbg.curframe_locals`): before 3.13 it is a dict, and the
+    # user's variable holds it besides the debugger (counted, though no
+    # collector sees a running function's variables): refused. From 3.13 it
+    # is a view of the returned frame: donated as under jax.jit, and the
+    # read of `snap["x"]` names the step.
+    import io
+    import pdb
+
+    d = jc.device_tree({"x": jnp.zeros(3)})
+    dict_step = jc.hot_step(lambda d: {"x": d["x"] + 1}, state="d")
+    d = dict_step(d)
+
+    def helper(s):
+        x = s["x"]
+        dbg = pdb.Pdb(stdin=io.StringIO("c\n"), stdout=io.StringIO(), nosigint=True)
+        dbg.set_trace()
+        return dbg, x.shape
+
+    tracer = sys.gettrace()
+    try:
+        dbg, _ = helper(d)
+        snap = dbg.curframe_locals
+        if sys.version_info < (3, 13):
+            with pytest.raises(jc.DonationError, match="still hold elsewhere"):
+                dict_step(d)
+            assert not d["x"].is_deleted()
+        else:
+            d = dict_step(d)
+            with pytest.raises(jc.DonationError, match="<lambda>"):
+                float(snap["x"][0])
+    finally:
+        sys.settrace(tracer)
+
+
+def test_a_frame_kept_after_its_call_returned_is_read_as_under_jax_jit_and_named():
+    # A frame object kept after its function returned (inspect.currentframe()
+    # stored away, as a profiler or a debugger does) holds that function's
+    # variables. The step donates as jax.jit does and a later read of the
+    # variable names the step.
+    import inspect
+
+    d = jc.device_tree({"x": jnp.zeros(3)})
+    dict_step = jc.hot_step(lambda d: {"x": d["x"] + 1}, state="d")
+    d = dict_step(d)
+    frames = []
+
+    def helper(s):
+        x = s["x"]
+        frames.append(inspect.currentframe())
+        return x.shape
+
+    helper(d)
+    d = dict_step(d)  # runs
+    assert float(d["x"][0]) == 2.0
+    with pytest.raises(jc.DonationError, match="<lambda>"):
+        float(frames[0].f_locals["x"][0])
+
+
 def test_a_loop_exit_leaves_no_local_alive():
     # Loop exit reads the caller's locals (which step outputs are still
     # computing); before 3.13 that snapshot kept every local alive until the

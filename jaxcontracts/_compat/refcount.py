@@ -19,7 +19,14 @@ import gc
 import inspect
 import sys
 from collections.abc import Sequence
-from types import BuiltinFunctionType, FrameType, FunctionType, MethodType, ModuleType
+from types import (
+    BuiltinFunctionType,
+    FrameType,
+    FunctionType,
+    MethodType,
+    ModuleType,
+    TracebackType,
+)
 from typing import Any
 
 import jax
@@ -71,12 +78,12 @@ def kept_after_collecting(
     """The positions in ``leaves`` (a sequence held ``sequences`` times, each
     leaf once by its container) of the leaves held elsewhere, counted after
     a garbage collection (an unreachable cycle holds nothing anyone can
-    read); and those held only by dicts that may be a function's
-    ``locals()`` snapshot (:func:`_snapshot_references`), which cannot be
-    told for a holder without reading the interpreter's frames, so the step
-    does what ``jax.jit`` does there. Every other reference counts, whoever
-    holds it (a variable, a saved traceback, pytest's assertion
-    temporaries). ``arguments``: the call's, whose own containers are never
+    read); and those held only by the interpreter's records of a call (a
+    returned call's frame that no traceback holds, a ``locals()`` snapshot:
+    :func:`_frame_records`), which prove no reader, so the step does what
+    ``jax.jit`` does there. Every other reference counts, whoever holds it
+    (a variable, a saved traceback, pytest's assertion temporaries).
+    ``arguments``: the call's, whose own containers are never
     taken for a snapshot. Called only when a count found something (a
     collection costs milliseconds)."""
     gc.collect()
@@ -89,10 +96,10 @@ def kept_after_collecting(
     containers, objects = _walk(arguments)
     inside = _stored_children(objects)
     del objects  # (it holds the leaves: counted below)
-    snapshots = _snapshot_references([leaves[i] for i in held], containers) if sys.version_info < (3, 13) else {}
+    records = _frame_records([leaves[i] for i in held], containers)
     kept = [
         i for i in held
-        if count(leaves[i]) - snapshots.get(id(leaves[i]), 0) - inside.get(id(leaves[i]), 0) > limit
+        if count(leaves[i]) - records.get(id(leaves[i]), 0) - inside.get(id(leaves[i]), 0) > limit
     ]
     return kept, [i for i in held if i not in kept]
 
@@ -141,45 +148,111 @@ def _is_record(record: Any, children: list[Any]) -> bool:
     return True
 
 
-def _snapshot_references(held: list[Any], own: set[int]) -> dict[int, int]:
-    """Per ``id`` of the objects in ``held``, how many references to it come
-    from dicts shaped like a locals() snapshot of a function running on this
-    thread (Python 3.11/3.12); one scan of the heap for all of them.
+def _frame_records(held: list[Any], own: set[int]) -> dict[int, int]:
+    """Per ``id`` of the objects in ``held``, how many references to it are
+    the interpreter's records of a call rather than a holder of the user's;
+    one scan of the heap for all of them. Such a reference is not proof that
+    anything will read the array: the step does what ``jax.jit`` does, and a
+    later read names it. Two kinds:
 
-    Before 3.13 a function frame keeps the dict ``locals()`` returned (and
-    that a debugger's or tracer's ``f_locals`` read filled), and syncs it with
-    the frame's variables only at the next such read: after ``x = s['x'];
-    locals(); del x`` it still holds ``x``, though nothing can read it
-    without the sync that drops it, and a debugger stopped once in the
-    function holds it past the stop. Such a dict (its keys all variables of
-    one running function, its parameters among them, as every snapshot has
-    them; not one of the call's own containers) is not proof of a holder:
-    ``hparams = locals()`` is one too, and its entry is then named at its
-    later read instead of being refused here. A dict of the user's whose
-    keys happen to be variable names (``best = {"x": s["x"]}`` in a
-    function with a loop variable ``x``) lacks the function's parameters:
-    it holds, and is refused."""
-    shapes: list[tuple[frozenset[str], frozenset[str]]] = []  # (every variable, the parameters)
-    frame: FrameType | None = sys._getframe(1)
-    while frame is not None:
-        code = frame.f_code
-        if code.co_flags & inspect.CO_OPTIMIZED:
-            n = code.co_argcount + code.co_kwonlyargcount
-            n += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
-            variables = frozenset((*code.co_varnames, *code.co_cellvars, *code.co_freevars))
-            shapes.append((variables, frozenset(code.co_varnames[:n])))
-        frame = frame.f_back
-    del frame
+    * The frame of a call that has returned, kept by something that is not a
+      traceback (a debugger stopped once in a helper keeps it as its current
+      frame; a profiler, or ``inspect.currentframe()`` stored away): it holds
+      the variables the call ended with, readable only through the frame. A
+      running frame holds its variables where the collector does not look;
+      a suspended generator's are held by the generator; every thread's
+      stack is left out anyway (``sys._current_frames``). A traceback's
+      frames are a caught exception the user kept, or a notebook's last
+      error, which post-mortem debugging reads: those hold.
+    * Before 3.13, a dict shaped like the ``locals()`` snapshot of a running
+      function of this thread, or of such a returned call (its keys all
+      variables of that function, its parameters among them). A frame keeps
+      the dict ``locals()`` returned (and that a debugger's or tracer's
+      ``f_locals`` read filled), and syncs it with the frame's variables only
+      at the next such read: after ``x = s['x']; locals(); del x`` it still
+      holds ``x``, though nothing can read it without the sync that drops it.
+      ``hparams = locals()`` is one too, and its entry is then named at its
+      later read. A dict of the user's whose keys happen to be variable names
+      (``best = {"x": s["x"]}`` in a function with a loop variable ``x``)
+      lacks the function's parameters: it holds, and is refused. ``own``:
+      the call's own containers, never taken for a snapshot.
+    """
+    running: set[int] = set()
+    for top in sys._current_frames().values():
+        frame: FrameType | None = top
+        while frame is not None:
+            running.add(id(frame))
+            frame = frame.f_back
+    del top, frame
+    referrers = gc.get_referrers(*held)
+    returned = [
+        r for r in referrers
+        if type(r) is FrameType and id(r) not in running
+        and not any(type(t) is TracebackType for t in gc.get_referrers(r))
+    ]
     ids = set(map(id, held))
     found: dict[int, int] = {}
-    for holder in gc.get_referrers(*held):
-        if type(holder) is dict and id(holder) not in own and any(
-            params <= holder.keys() <= variables for variables, params in shapes
-        ):
-            for v in holder.values():
-                if id(v) in ids:
-                    found[id(v)] = found.get(id(v), 0) + 1
+
+    def add(values: Any) -> None:
+        for v in values:
+            if id(v) in ids:
+                found[id(v)] = found.get(id(v), 0) + 1
+
+    for frame in returned:
+        add(gc.get_referents(frame))  # one entry per reference: a variable, a value on its stack
+    if sys.version_info < (3, 13):
+        codes = [f.f_code for f in returned]
+        here: FrameType | None = sys._getframe(1)
+        while here is not None:
+            codes.append(here.f_code)
+            here = here.f_back
+        shapes = [_variables(code) for code in codes if code.co_flags & inspect.CO_OPTIMIZED]
+        for holder in referrers:  # (a plain loop: a comprehension's cell would hold each)
+            if type(holder) is dict and id(holder) not in own:
+                if _shaped(holder, shapes) or _debugger_only(holder, referrers):
+                    add(holder.values())
     return found
+
+
+def _variables(code: Any) -> tuple[frozenset[str], frozenset[str]]:
+    """(every variable, the parameters) of a function's code."""
+    n = code.co_argcount + code.co_kwonlyargcount
+    n += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
+    return frozenset((*code.co_varnames, *code.co_cellvars, *code.co_freevars)), frozenset(code.co_varnames[:n])
+
+
+def _shaped(d: dict[Any, Any], shapes: list[tuple[frozenset[str], frozenset[str]]]) -> bool:
+    """Whether ``d``'s keys are variables of one of ``shapes``' functions, its parameters among them."""
+    keys = d.keys()
+    return any(params <= keys <= variables for variables, params in shapes)
+
+
+def _debugger_only(d: dict[Any, Any], ours: list[Any]) -> bool:
+    """Whether a debugger built on ``bdb`` (pdb) is all that holds ``d``: the
+    ``locals()`` snapshot of the frame it last stopped in, kept after that
+    call returned (``curframe_locals``), which nothing reads until it stops
+    again and takes a new one. ``ours``: the caller's list of referrers (the
+    caller's loop variable holds ``d`` too). A running function's variable
+    holds it unseen by the collector: the references are counted too. (Plain
+    loops: a comprehension over ``d`` would hold it in a cell on 3.11.)"""
+    bdb = sys.modules.get("bdb")
+    if bdb is None:  # no debugger was ever imported
+        return False
+    seen = 0
+    for h in gc.get_referrers(d):  # the debugger itself, or its attribute dict
+        if h is ours:
+            continue
+        if not isinstance(h, bdb.Bdb) and not (type(h) is dict and _debugger_dict(h, bdb.Bdb)):
+            return False
+        for o in gc.get_referents(h):
+            seen += o is d
+    # besides those: `ours`, the caller's loop variable, `d` here, getrefcount's argument
+    return seen > 0 and sys.getrefcount(d) == seen + 4
+
+
+def _debugger_dict(h: dict[Any, Any], debugger: type) -> bool:
+    """Whether ``h`` is the attribute dict of an instance of ``debugger``."""
+    return any(isinstance(o, debugger) and vars(o) is h for o in gc.get_referrers(h))
 
 
 _NOT_NODES = (type, ModuleType, FunctionType, BuiltinFunctionType, MethodType)

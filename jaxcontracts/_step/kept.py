@@ -64,8 +64,9 @@ class KeptPlan:
         extra reference. The steps' records of their last outputs inside
         loops are the library's own: dropped first (an output the caller took
         apart, ``p["w"] = out["w"]``, is held there too). A leaf held only by
-        a dict that may be a stale ``locals()`` goes as under ``jax.jit``,
-        remembered as this step's (its later read names the step)."""
+        the interpreter's records of a call (a dict that may be a stale
+        ``locals()``, a returned call's frame a debugger kept) goes as under
+        ``jax.jit``, remembered as this step's (its later read names the step)."""
         clear_last_outputs()
         kept, unproven = refcount.kept_after_collecting(seq, sequences, args)
         keep([seq[i] for i in unproven], self.step)
