@@ -291,6 +291,8 @@ def key_difference(a: Any, b: Any, path: str = "") -> tuple[str, str, str]:
             sub, rest = found[0].split(": ", 1)
             was, now = rest.rsplit(" vs ", 1)
             return path + ("" if sub.startswith("(") else sub), was, now
+        if a[2].obj is b[2].obj:  # the same object, hashed anew: its old value is gone
+            return path, f"{_shown(a[2].obj)} (hashed {a[1]} then)", f"hashed {b[1]} now"
         return path, _key_text(a), _key_text(b)
     if type(a) is not tuple or type(b) is not tuple or not a or not b or a[0] is not b[0] or len(a) != len(b):
         return path, _key_text(a), _key_text(b)

@@ -44,7 +44,7 @@ from .._runtime import debug_reads_on, observers, recording_loop
 from .._state.filter import join_out
 from .._state.foreign import host_leaves_on_device
 from .._state.inplace import is_ref, ref_arrays, ref_params
-from .._state.spec import fmt_value, hashed_by_value, hashed_key, leaf_spec, static_hash
+from .._state.spec import fmt_value, hashed_by_value, leaf_spec, static_hash
 from .._tracebacks import boundary, let_go, trim
 from .callctx import call_tree
 from .callpath import make_dispatch
@@ -366,8 +366,6 @@ class HotStep(Generic[P, R]):
         if binds < limit:
             return None
         where_, was, now = key_difference(last, key)
-        if not where_ and hashed_key(last) and hashed_key(key):  # the same object, hashed anew
-            was, now = f"{was.split(' (hashed')[0]} (hashed {last[1]} then)", f"hashed {key[1]} now"
         at = f" at self{where_}" if where_ else ""
         return RecompileError(
             f"{self._definition.name} is a method step of a {type(obj).__name__}, compiled for "
