@@ -433,6 +433,36 @@ jax.tree_util.register_pytree_with_keys(
 )
 
 
+class _Pair(typing.NamedTuple):
+    a: typing.Any
+    b: typing.Any
+
+
+class _Watched(typing.NamedTuple):
+    a: typing.Any
+    b: typing.Any
+
+    def __getattribute__(self, name):  # a read that runs Python: never taken for a plain one
+        return tuple.__getattribute__(self, name)
+
+
+def test_fast_reads_a_namedtuple_field_in_c_and_a_class_of_its_own_reads_with_python():
+    # fast reads the first donated leaf before every call; a NamedTuple's
+    # field is a plain read (tuple's own attribute lookup), so it takes the
+    # C chain (``operator.attrgetter``), where a read that looks in
+    # ``__dict__`` first raised and caught an AttributeError at every call
+    from jaxcontracts._step import callctx as _callctx
+
+    plain, odd = _Pair(jnp.zeros(3), jnp.ones(3)), _Watched(jnp.zeros(3), jnp.ones(3))
+    assert _callctx._getattr_plain(plain, "a")
+    assert not _callctx._getattr_plain(odd, "a")
+    f = jc.hot_step(lambda s: jax.tree_util.tree_map(lambda x: x + 1, s), state="s")
+    with jc.checks_level("fast"):
+        s = f(f(_Pair(jnp.zeros(3), jnp.ones(3))))
+    read = _callctx.stale_reader(f._current)
+    assert read.__qualname__.startswith("_chain") and read((s,)) is s.a
+
+
 @pytest.mark.parametrize("level", ["fast", "full"])
 def test_a_leaf_reader_is_proven_on_positions_not_on_shared_specs(capfd, level):
     # Leaves of one shape share one spec object: a reader that reached the
@@ -447,7 +477,7 @@ def test_a_leaf_reader_is_proven_on_positions_not_on_shared_specs(capfd, level):
         assert cs.leaves[0].spec is cs.leaves[1].spec  # one spec object for both
         t = _Reversed([jnp.zeros(3), old[1]])  # old[1] is flat leaf 0, the first donated: consumed
         assert _callctx.leaf_reader(cs, 0)((t,)) is jax.tree_util.tree_leaves(t)[0]
-        assert _callctx.stale_reader(cs)((t,)) is True
+        assert _callctx.stale_reader(cs)((t,)).is_deleted()  # what fast asks before the call
         capfd.readouterr()
         with pytest.raises(jc.DonationError, match=r"s\[0\]: f32\[3\] was already"):
             f(t)

@@ -79,7 +79,10 @@ class CallContext:
 
 
 def make_tail(ctx: CallContext) -> Callable[[tuple[Any, ...], Any, Any, float], Any]:
-    """The one after-dispatch tail: check consumption, mark, count, tell loops.
+    """The after-dispatch tail of ``full`` (and of a call checked in Python):
+    check consumption, mark, count, tell loops. ``fast``'s guarded closure
+    does the same marking, counting and recording inline
+    (``callpath._guarded_closure``: a frame less per call).
 
     ``tail(args, leaves, out, t0)``: ``leaves``, at ``full``, the call's flat
     leaves, whose consumption is tested in one C loop (``args`` may hold
@@ -339,33 +342,27 @@ def _plain_attribute(obj: Any, name: str) -> bool:
     return isinstance(attr, types.MemberDescriptorType) or type(attr).__name__ == "_tuplegetter"
 
 
+# the generic attribute read, as the builtin bases a state's classes have define it
+_PLAIN_GETATTRIBUTE = (object.__getattribute__, tuple.__getattribute__, list.__getattribute__, dict.__getattribute__)
+
+
 def _getattr_plain(obj: Any, name: str) -> bool:
     """Whether ``getattr(obj, name)`` reads what a stored-data read does: no
     ``__getattribute__`` of the class's own, no data descriptor (a property)
     of that name but a slot's or a NamedTuple field's."""
     cls = type(obj)
-    if cls.__getattribute__ is not object.__getattribute__ or hasattr(cls, "__getattr__"):
+    if cls.__getattribute__ not in _PLAIN_GETATTRIBUTE or hasattr(cls, "__getattr__"):
         return False
     attr = inspect.getattr_static(cls, name, None)
     descriptor = hasattr(type(attr), "__set__") or hasattr(type(attr), "__delete__")
     return not descriptor or isinstance(attr, types.MemberDescriptorType) or type(attr).__name__ == "_tuplegetter"
 
 
-def stale_reader(cs: CompiledSignature) -> Callable[[tuple[Any, ...]], bool] | None:
-    """``stale(args)``: whether the first donated leaf of a call's arguments is
-    deleted (a stale state: a donated buffer would reach ``Execute``, which logs
-    its refusal on stderr), read by its path; True where it cannot be read (a
-    tracer, a numpy array, another structure: the slow path tells). None:
-    nothing is donated."""
-    if not cs.donated:
-        return None
-    read = leaf_reader(cs, cs.donated[0])
-
-    def stale(args: tuple[Any, ...]) -> bool:
-        try:
-            return read(args).is_deleted()  # type: ignore[no-any-return]
-        except Exception:  # noqa: BLE001
-            return True
-
-    stale.costly = read.costly  # type: ignore[attr-defined]  # see _reader
-    return stale
+def stale_reader(cs: CompiledSignature) -> Callable[[tuple[Any, ...]], Any] | None:
+    """Reads the first donated leaf of a call's arguments by its path
+    (:func:`leaf_reader`), which ``fast`` asks ``is_deleted()`` before the
+    call: a stale state, whose donated buffer would reach ``Execute`` (which
+    logs its refusal on stderr), goes to the slow path, as does a leaf that
+    cannot be read or asked (a tracer, a numpy array, another structure).
+    None: nothing is donated."""
+    return leaf_reader(cs, cs.donated[0]) if cs.donated else None
