@@ -226,6 +226,66 @@ def test_a_frame_kept_after_its_call_returned_is_read_as_under_jax_jit_and_named
         float(frames[0].f_locals["x"][0])
 
 
+class _Proxy:
+    """An object whose __class__ raises, as some proxies' do (never run by the check)."""
+
+    @property
+    def __class__(self):
+        raise RuntimeError("working outside of application context")
+
+
+def test_what_a_returned_call_left_is_a_holder_where_anything_else_reaches_it():
+    # The review of the returned-frame rule: each of these holds the array
+    # through something the user can read, and is refused with the inputs
+    # intact (on every Python): a traceback kept below the frame (reached
+    # through f_back), a dict of the user's that a debugger object holds, a
+    # user's dict shaped like a kept frame's locals, and a holder whose
+    # __class__ raises (the check runs none of the user's code).
+    import inspect
+    import pdb
+
+    dict_step = jc.hot_step(lambda d: {"x": d["x"] + 1}, state="d")
+    d = dict_step(jc.device_tree({"x": jnp.zeros(3)}))
+    errors, frames = [], []
+
+    def parse():
+        try:
+            1 / 0  # noqa: B018
+        except ZeroDivisionError as e:
+            errors.append(e)  # kept: its traceback reaches helper's frame through f_back
+
+    def helper(s):
+        x = s["x"]
+        parse()
+        frames.append(inspect.currentframe())
+        return x.shape
+
+    helper(d)
+    dbg = pdb.Pdb()
+    dbg.watch = {"x": d["x"]}
+    best = {"s": None, "x": d["x"]}  # shaped like helper's locals, and the user's
+    proxy = _Proxy()
+    proxy.cache = {"x": d["x"]}
+    for drop in ("errors", "watch", "best", "proxy", None):
+        if drop is None:
+            d = dict_step(d)  # only the kept frame holds it now: runs
+            break
+        with pytest.raises(jc.DonationError, match="still hold elsewhere"):
+            dict_step(d)
+        assert not d["x"].is_deleted()
+        if drop == "errors":
+            errors.clear()
+        elif drop == "watch":
+            del dbg.watch
+        elif drop == "best":
+            del best
+        else:
+            del proxy
+    assert float(d["x"][0]) == 2.0
+    with pytest.raises(jc.DonationError, match="<lambda>"):
+        float(frames[0].f_locals["x"][0])
+
+
 def test_a_loop_exit_leaves_no_local_alive():
     # Loop exit reads the caller's locals (which step outputs are still
     # computing); before 3.13 that snapshot kept every local alive until the

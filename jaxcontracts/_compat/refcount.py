@@ -150,46 +150,41 @@ def _is_record(record: Any, children: list[Any]) -> bool:
 
 def _frame_records(held: list[Any], own: set[int]) -> dict[int, int]:
     """Per ``id`` of the objects in ``held``, how many references to it are
-    the interpreter's records of a call rather than a holder of the user's;
-    one scan of the heap for all of them. Such a reference is not proof that
-    anything will read the array: the step does what ``jax.jit`` does, and a
-    later read names it. Two kinds:
+    the interpreter's records of a call rather than a holder of the user's.
+    Such a reference is not proof that anything will read the array: the
+    step does what ``jax.jit`` does, and a later read names it. Three kinds:
 
-    * The frame of a call that has returned, kept by something that is not a
-      traceback (a debugger stopped once in a helper keeps it as its current
-      frame; a profiler, or ``inspect.currentframe()`` stored away): it holds
-      the variables the call ended with, readable only through the frame. A
-      running frame holds its variables where the collector does not look;
-      a suspended generator's are held by the generator; every thread's
-      stack is left out anyway (``sys._current_frames``). A traceback's
-      frames are a caught exception the user kept, or a notebook's last
-      error, which post-mortem debugging reads: those hold.
+    * The frame of a call that has returned, kept by something that no
+      traceback reaches (a debugger stopped once in a helper keeps it as its
+      current frame; a profiler, or ``inspect.currentframe()`` stored away):
+      it holds the variables the call ended with, readable only through the
+      frame. A running frame holds its variables where the collector does
+      not look, a suspended generator's are held by the generator, and every
+      thread's stack is left out anyway (``sys._current_frames``). The frames
+      a traceback reaches (its own, and the callers above them, through
+      ``f_back``) hold: a caught exception the user kept, a logging record, a
+      notebook's last error, which post-mortem debugging reads.
+    * Before 3.13, a dict that only such frames and a debugger's
+      ``curframe_locals`` (pdb's ``locals()`` snapshot of the frame it last
+      stopped in, which it replaces at its next stop) hold, counted: the
+      snapshot of a returned call, or a dict only its variables hold.
     * Before 3.13, a dict shaped like the ``locals()`` snapshot of a running
-      function of this thread, or of such a returned call (its keys all
-      variables of that function, its parameters among them). A frame keeps
-      the dict ``locals()`` returned (and that a debugger's or tracer's
-      ``f_locals`` read filled), and syncs it with the frame's variables only
-      at the next such read: after ``x = s['x']; locals(); del x`` it still
-      holds ``x``, though nothing can read it without the sync that drops it.
-      ``hparams = locals()`` is one too, and its entry is then named at its
-      later read. A dict of the user's whose keys happen to be variable names
-      (``best = {"x": s["x"]}`` in a function with a loop variable ``x``)
-      lacks the function's parameters: it holds, and is refused. ``own``:
-      the call's own containers, never taken for a snapshot.
+      function of this thread (its keys all variables of that function, its
+      parameters among them). A frame keeps the dict ``locals()`` returned
+      (and that a debugger's or tracer's ``f_locals`` read filled), and syncs
+      it with the frame's variables only at the next such read: after ``x =
+      s['x']; locals(); del x`` it still holds ``x``, though nothing can read
+      it without the sync that drops it. ``hparams = locals()`` is one too,
+      and its entry is then named at its later read. A dict of the user's
+      whose keys happen to be variable names (``best = {"x": s["x"]}`` in a
+      function with a loop variable ``x``) lacks the function's parameters:
+      it holds, and is refused. ``own``: the call's own containers, never
+      taken for a snapshot.
+
+    One scan of the heap for the holders of all of them, and one more where a
+    frame or a dict is among them (the tracebacks and debuggers alive).
     """
-    running: set[int] = set()
-    for top in sys._current_frames().values():
-        frame: FrameType | None = top
-        while frame is not None:
-            running.add(id(frame))
-            frame = frame.f_back
-    del top, frame
     referrers = gc.get_referrers(*held)
-    returned = [
-        r for r in referrers
-        if type(r) is FrameType and id(r) not in running
-        and not any(type(t) is TracebackType for t in gc.get_referrers(r))
-    ]
     ids = set(map(id, held))
     found: dict[int, int] = {}
 
@@ -198,20 +193,47 @@ def _frame_records(held: list[Any], own: set[int]) -> dict[int, int]:
             if id(v) in ids:
                 found[id(v)] = found.get(id(v), 0) + 1
 
+    snapshots = sys.version_info < (3, 13)
+    frames = [r for r in referrers if type(r) is FrameType]
+    dicts = [r for r in referrers if snapshots and type(r) is dict and id(r) not in own]
+    if not frames and not dicts:
+        return found
+    reached, debuggers = _tracebacks_and_debuggers()
+    returned = [f for f in frames if id(f) not in reached]
+    del frames
     for frame in returned:
         add(gc.get_referents(frame))  # one entry per reference: a variable, a value on its stack
-    if sys.version_info < (3, 13):
-        codes = [f.f_code for f in returned]
-        here: FrameType | None = sys._getframe(1)
-        while here is not None:
-            codes.append(here.f_code)
-            here = here.f_back
-        shapes = [_variables(code) for code in codes if code.co_flags & inspect.CO_OPTIMIZED]
-        for holder in referrers:  # (a plain loop: a comprehension's cell would hold each)
-            if type(holder) is dict and id(holder) not in own:
-                if _shaped(holder, shapes) or _debugger_only(holder, referrers):
-                    add(holder.values())
+    if not dicts:
+        return found
+    shapes = []
+    here: FrameType | None = sys._getframe(1)
+    while here is not None:
+        if here.f_code.co_flags & inspect.CO_OPTIMIZED:
+            shapes.append(_variables(here.f_code))
+        here = here.f_back
+    records = _dict_records(returned, debuggers)
+    del returned, debuggers
+    for holder in dicts:  # (a plain loop: a comprehension's cell would hold each)
+        # besides the records: `referrers`, `dicts`, `holder` here, getrefcount's argument
+        only_records = id(holder) in records and sys.getrefcount(holder) == records[id(holder)] + 4
+        if only_records or _shaped(holder, shapes):
+            add(holder.values())
     return found
+
+
+def _dict_records(returned: list[FrameType], debuggers: list[dict[str, Any]]) -> dict[int, int]:
+    """Per ``id`` of a dict, the references to it from ``returned`` frames
+    (their variables, their ``locals()`` snapshot; not their globals) and
+    from ``debuggers``' snapshots. (A function of its own: none of its
+    variables outlives it to hold a dict the caller counts.)"""
+    records: dict[int, int] = {}
+    for frame in returned:
+        for r in gc.get_referents(frame):
+            if type(r) is dict and r is not frame.f_globals and r is not frame.f_builtins:
+                records[id(r)] = records.get(id(r), 0) + 1
+    for snapshot in debuggers:
+        records[id(snapshot)] = records.get(id(snapshot), 0) + 1
+    return records
 
 
 def _variables(code: Any) -> tuple[frozenset[str], frozenset[str]]:
@@ -227,32 +249,43 @@ def _shaped(d: dict[Any, Any], shapes: list[tuple[frozenset[str], frozenset[str]
     return any(params <= keys <= variables for variables, params in shapes)
 
 
-def _debugger_only(d: dict[Any, Any], ours: list[Any]) -> bool:
-    """Whether a debugger built on ``bdb`` (pdb) is all that holds ``d``: the
-    ``locals()`` snapshot of the frame it last stopped in, kept after that
-    call returned (``curframe_locals``), which nothing reads until it stops
-    again and takes a new one. ``ours``: the caller's list of referrers (the
-    caller's loop variable holds ``d`` too). A running function's variable
-    holds it unseen by the collector: the references are counted too. (Plain
-    loops: a comprehension over ``d`` would hold it in a cell on 3.11.)"""
+def _tracebacks_and_debuggers() -> tuple[set[int], list[Any]]:
+    """One scan of the heap: the ids of the frames that the tracebacks alive
+    reach and those on every thread's stack (neither is a returned call's
+    record), and the ``locals()`` snapshots debuggers built on ``bdb`` keep
+    (pdb's ``curframe_locals``; an instance's own ``__dict__`` is read, no
+    property of the user's runs)."""
+    reached: set[int] = set()
+    for top in sys._current_frames().values():
+        _add_chain(top, reached)
+    # (this thread's top frame is this call's own: a variable of ours holding it
+    # would keep it, and the callers' variables it reaches, past the return)
+    del top
     bdb = sys.modules.get("bdb")
-    if bdb is None:  # no debugger was ever imported
-        return False
-    seen = 0
-    for h in gc.get_referrers(d):  # the debugger itself, or its attribute dict
-        if h is ours:
-            continue
-        if not isinstance(h, bdb.Bdb) and not (type(h) is dict and _debugger_dict(h, bdb.Bdb)):
-            return False
-        for o in gc.get_referents(h):
-            seen += o is d
-    # besides those: `ours`, the caller's loop variable, `d` here, getrefcount's argument
-    return seen > 0 and sys.getrefcount(d) == seen + 4
+    debugger = bdb.Bdb if bdb is not None else None
+    snapshots = []
+    for obj in gc.get_objects():
+        t = type(obj)
+        if t is TracebackType:
+            while obj is not None:
+                _add_chain(obj.tb_frame, reached)
+                obj = obj.tb_next
+        elif debugger is not None and issubclass(t, debugger):
+            try:
+                snapshot = object.__getattribute__(obj, "__dict__").get("curframe_locals")
+            except (AttributeError, TypeError):
+                continue
+            if type(snapshot) is dict:
+                snapshots.append(snapshot)
+    del obj  # (the last object of the heap's list: perhaps a frame of ours, as above)
+    return reached, snapshots
 
 
-def _debugger_dict(h: dict[Any, Any], debugger: type) -> bool:
-    """Whether ``h`` is the attribute dict of an instance of ``debugger``."""
-    return any(isinstance(o, debugger) and vars(o) is h for o in gc.get_referrers(h))
+def _add_chain(frame: FrameType | None, into: set[int]) -> None:
+    """Adds the ids of ``frame`` and its callers (``f_back``)."""
+    while frame is not None and id(frame) not in into:
+        into.add(id(frame))
+        frame = frame.f_back
 
 
 _NOT_NODES = (type, ModuleType, FunctionType, BuiltinFunctionType, MethodType)
