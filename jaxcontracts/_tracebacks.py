@@ -112,7 +112,7 @@ def is_library(filename: str, installed: bool = True, name: str = "") -> bool:
 def filtering() -> bool:
     """Whether tracebacks are trimmed: JAX's switch, ``JAX_TRACEBACK_FILTERING``,
     is not ``off``."""
-    return str(getattr(jax.config, "jax_traceback_filtering", "auto")) != "off"
+    return str(jax.config.jax_traceback_filtering) != "off"
 
 
 _HIDDEN = (
