@@ -67,13 +67,10 @@ def _bits(dtype: Any) -> int:
     if is_key(dtype):
         return 8 * int(dtype.itemsize)
     dt = np.dtype(dtype)
-    bits = getattr(jax.dtypes, "itemsize_bits", None)
-    if bits is not None:
-        try:
-            return int(bits(dt))
-        except Exception:  # noqa: BLE001 - a dtype it does not know: numpy's size
-            pass
-    return 8 * int(dt.itemsize)
+    try:
+        return int(jax.dtypes.itemsize_bits(dt))
+    except Exception:  # noqa: BLE001 - a dtype it does not know: numpy's size
+        return 8 * int(dt.itemsize)
 
 
 def array_nbytes(shape: Any, dtype: Any) -> int:

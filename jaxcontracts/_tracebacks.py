@@ -24,6 +24,7 @@ from typing import Any, TypeVar
 import jax
 import numpy as np
 
+from ._compat.runtime_errors import JAX_DIRS
 from ._compat.tracing import exclude_from_source_info
 from ._errors import ContractError
 
@@ -34,18 +35,7 @@ F = TypeVar("F", bound=Callable[..., Any])
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
 # (the standard library is _STDLIB below: its folder holds site-packages in many layouts)
-_SKIP_DIRS = tuple(
-    os.path.dirname(os.path.abspath(str(m.__file__))) + os.sep
-    for m in (jax, np)
-    if getattr(m, "__file__", None)
-)
-try:
-    import jaxlib
-
-    _SKIP_DIRS += (os.path.dirname(os.path.abspath(jaxlib.__file__)) + os.sep,)
-except ImportError:  # pragma: no cover
-    pass
-_JAX_DIRS = tuple(d for d in _SKIP_DIRS if os.path.basename(d.rstrip(os.sep)) in ("jax", "jaxlib"))
+_SKIP_DIRS = (*JAX_DIRS, os.path.dirname(os.path.abspath(np.__file__)) + os.sep)
 _STDLIB = os.path.abspath(sysconfig.get_paths()["stdlib"]) + os.sep
 _INSTALLED = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.sep)
 
@@ -112,7 +102,7 @@ def is_library(filename: str, installed: bool = True, name: str = "") -> bool:
 def filtering() -> bool:
     """Whether tracebacks are trimmed: JAX's switch, ``JAX_TRACEBACK_FILTERING``,
     is not ``off``."""
-    return str(getattr(jax.config, "jax_traceback_filtering", "auto")) != "off"
+    return str(jax.config.jax_traceback_filtering) != "off"
 
 
 _HIDDEN = (
@@ -142,7 +132,7 @@ def trim(err: BaseException) -> None:
             if _private_here(path):
                 ours[0] += 1
                 return True
-            return path.startswith(_JAX_DIRS)
+            return path.startswith(JAX_DIRS)
 
         _drop_frames(err, drop)
         if ours[0] and _HIDDEN not in getattr(err, "__notes__", ()):  # (a library bug reads as one)
@@ -191,7 +181,7 @@ def is_jax_or_ours(filename: str) -> bool:
     """JAX's or jaxlib's code, or this package's private modules: what lies
     between a user's (or an installed package's) call into JAX and JAX."""
     path = os.path.abspath(filename)
-    return _private_here(path) or path.startswith(_JAX_DIRS)
+    return _private_here(path) or path.startswith(JAX_DIRS)
 
 
 def _private_here(path: str) -> bool:

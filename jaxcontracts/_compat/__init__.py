@@ -25,7 +25,7 @@ from . import (
     threadguard,
     tracing,
 )
-from .registry import Capability, capabilities, capability, missing
+from .registry import Capability, capabilities, capability
 
 __all__ = [
     "Capability",
@@ -42,7 +42,6 @@ __all__ = [
     "hostcopy",
     "jitwatch",
     "jaxtyping",
-    "missing",
     "refcount",
     "refs",
     "runtime_errors",

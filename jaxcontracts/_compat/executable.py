@@ -24,7 +24,7 @@ from typing import Any
 
 from .registry import capability, define, missing
 
-__all__ = ["alias_bytes", "aliased_parameters", "memory_analysis", "requested_aliases"]
+__all__ = ["alias_bytes", "aliased_parameters", "requested_aliases"]
 
 _ALIAS_RE = re.compile(r"input_output_alias=\{(.*?)\}\s*(?:,\s*[a-z_]+=|\n|$)")
 _PARAM_RE = re.compile(r"\(\s*(\d+)\s*,")
@@ -161,15 +161,10 @@ def aliased_parameters(compiled: Any, n_args: int) -> set[int] | None:
     return {int(p) - offset for p in _PARAM_RE.findall(match.group(1))}
 
 
-def memory_analysis(compiled: Any) -> Any:
-    """``compiled.memory_analysis()``, or ``None`` where the backend has none."""
-    try:
-        return compiled.memory_analysis()
-    except Exception:  # noqa: BLE001 - not every backend has one
-        return None
-
-
 def alias_bytes(compiled: Any) -> int | None:
     """Bytes XLA aliases between inputs and outputs, or ``None`` if unknown."""
-    value = getattr(memory_analysis(compiled), "alias_size_in_bytes", None)
+    try:
+        value = compiled.memory_analysis().alias_size_in_bytes
+    except Exception:  # noqa: BLE001 - not every backend has one
+        return None
     return int(value) if isinstance(value, int) else None

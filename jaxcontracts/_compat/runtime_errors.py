@@ -16,14 +16,15 @@ import jaxlib
 
 from .registry import define
 
-__all__ = ["GuardErrorKind", "classify", "debug_nans_kind", "is_runtime_error"]
+__all__ = ["JAX_DIRS", "GuardErrorKind", "classify", "debug_nans_kind", "is_runtime_error"]
 
 GuardErrorKind = Literal["host-to-device", "device-to-host", "device-to-device", "deleted"]
 
 _JAX_ERRORS: tuple[type[BaseException], ...] = tuple(
     t for t in (getattr(jax.errors, "JaxRuntimeError", None),) if isinstance(t, type)
 )
-_JAX_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep for m in (jax, jaxlib))
+#: The folders of jax and jaxlib (their frames are JAX's own).
+JAX_DIRS = tuple(os.path.dirname(os.path.abspath(m.__file__ or "")) + os.sep for m in (jax, jaxlib))
 _XLA_DELETED = "INVALID_ARGUMENT: Invalid buffer passed to Execute() as argument"
 _MARKERS: tuple[tuple[str, GuardErrorKind, tuple[type[BaseException], ...]], ...] = (
     ("Disallowed host-to-device transfer", "host-to-device", _JAX_ERRORS),
@@ -59,7 +60,7 @@ def _raised_by_jax(exc: BaseException) -> bool:
         return False
     while tb.tb_next is not None:
         tb = tb.tb_next
-    return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(_JAX_DIRS)
+    return os.path.abspath(tb.tb_frame.f_code.co_filename).startswith(JAX_DIRS)
 
 
 def classify(exc: BaseException) -> tuple[GuardErrorKind, str] | None:

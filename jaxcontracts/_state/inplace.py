@@ -98,12 +98,12 @@ def static_attributes(kind: type, aux: Any) -> dict[str, Any] | None:
     return {n: v for n, v in zip(names, values) if not n.startswith("_pytree__")}
 
 
-_REF = getattr(getattr(jax, "ref", None), "Ref", None)
+_REF = jax.Ref
 
 
 def is_ref(x: Any) -> bool:
     """Whether ``x`` is a JAX ref (``jax.new_ref``), which a step updates in place."""
-    return _REF is not None and isinstance(x, _REF)
+    return isinstance(x, _REF)
 
 
 def ref_params(name: str, param_names: Sequence[str], positional: Sequence[Any], paths: Sequence[str]) -> tuple[int, ...]:

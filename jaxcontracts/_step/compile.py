@@ -400,9 +400,8 @@ def _spread(sharding: Any) -> bool:
             return False
     except Exception:  # noqa: BLE001 - no sharding, or not a Sharding
         return False
-    explicit = getattr(getattr(jax.sharding, "AxisType", None), "Explicit", None)
     types = getattr(getattr(sharding, "mesh", None), "axis_types", None) or ()
-    return explicit is None or explicit not in types
+    return jax.sharding.AxisType.Explicit not in types
 
 
 def derive_out_shardings(

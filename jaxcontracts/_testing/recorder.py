@@ -53,8 +53,6 @@ def _costs(cs: CompiledSignature) -> dict[str, int] | None:
         analysis = cs.compiled.cost_analysis()
     except Exception:  # noqa: BLE001 - not every backend has one
         return None
-    if isinstance(analysis, list | tuple):  # older jax: one dict per program
-        analysis = analysis[0] if analysis else None
     if not isinstance(analysis, Mapping):
         return None
     return {name: int(round(float(analysis.get(key, 0.0)))) for key, name in COST_KEYS}
