@@ -1810,3 +1810,42 @@ def test_a_library_function_the_user_wraps_in_nnx_jit_is_the_users_to_fix(tmp_pa
             x = step(x, params)
     found = [f for f in w.findings() if f.kind in ("host_transfer", "missed_donation")]
     assert found and not [f for f in found if "library" in f.fix], str(w.report())
+
+
+def _optax_loop_counts(steps: int, ragged: set[int]) -> dict[tuple[str, str | None], int]:
+    """An optax loop that skips the ragged batches its step refuses (the step
+    raises while it traces: those calls never run), under a watch: each
+    finding's count, by kind and parameter."""
+    optax = pytest.importorskip("optax")
+    opt = optax.adam(1e-2)
+
+    def train_step(params, opt_state, x, lr_scale):
+        if x.shape[0] != 8:
+            raise ValueError(f"a ragged batch of {x.shape[0]} rows")
+        grads = jax.grad(lambda p: ((x @ p["w"]) ** 2).mean())(params)
+        updates, opt_state = opt.update(grads, opt_state)
+        updates = jax.tree.map(lambda u: u * lr_scale, updates)
+        return optax.apply_updates(params, updates), opt_state
+
+    with jc.watch() as w:
+        step = jax.jit(train_step)
+        params = {"w": jnp.ones((4, 4))}
+        opt_state = opt.init(params)
+        rng = np.random.default_rng(0)
+        for t in range(steps):
+            x = rng.normal(size=(5 if t in ragged else 8, 4)).astype(np.float32)
+            try:
+                params, opt_state = step(params, opt_state, x, 0.99**t)
+            except ValueError:
+                continue
+    return {(f.kind, f.param): f.count for f in w.findings()}
+
+
+def test_calls_that_raised_before_running_are_not_counted():
+    # issue 51 (closing note): a missed donation's "x32" counted 2 calls that
+    # raised before running; a count is of the calls that ran (every one after
+    # the first), as in the same loop without the raising calls
+    counts = _optax_loop_counts(12, {3, 7})
+    assert counts == _optax_loop_counts(10, set()), counts
+    assert counts == {("missed_donation", "params"): 9, ("missed_donation", "opt_state"): 9,
+                      ("host_transfer", "lr_scale"): 9}, counts

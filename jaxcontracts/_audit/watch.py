@@ -168,7 +168,7 @@ class _Function:
     name: str
     site: tuple[str, int]  # where jax.jit made it
     options: jitwatch.JitOptions
-    calls: int = 0
+    calls: int = 0  # the calls that ran (not those that raised: nothing was held or copied)
     signatures: list[sigs.Signature] = dataclasses.field(default_factory=list)
     window: int = 0  # calls left in which undonated arguments are followed (all of them)
     groups: tuple[tuple[int, ...], ...] = ()  # the candidates by parameter, followed at every call
@@ -276,7 +276,6 @@ class Watch:
     def observe(self, fn: _Function, jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """One call of a watched function: looked at before and after, never
         changed; the watch's own bookkeeping never fails the user's call."""
-        fn.calls += 1
         self.calls += 1
         try:
             opts = fn.options
@@ -307,7 +306,10 @@ class Watch:
             raise
         finally:
             calling.depth -= 1
+        fn.calls += 1
         try:
+            if not _ONLY_ARRAYS >= set(map(type, leaves)):  # host data (after the call: one
+                self._host(fn, args, dyn_args, dyn_kwargs, leaves)  # that raised copied nothing)
             self._made_by(out, fn)
             if jitwatch.cache_size(jitted) != before:
                 compiled = not self._counting or getattr(self._lowered, "n", 0) != lowered
@@ -343,10 +345,17 @@ class Watch:
                 note = self._passed_again(fn, *drifted)
         if fn.pending:
             self._settle(fn, at_call=True)
-        # host data at a call of a line after its first, from another run of
-        # that line than its first call's (calls inside one setup statement
-        # repeat nothing), compared with that line's call before
-        where_host = () if _ONLY_ARRAYS >= set(map(type, leaves)) else tuple(
+        return note
+
+    def _host(
+        self, fn: _Function, args: tuple[Any, ...], dyn_args: tuple[Any, ...],
+        dyn_kwargs: dict[str, Any], leaves: list[Any],
+    ) -> None:
+        """The host data of a call that ran: at a call of a line after its
+        first, from another run of that line than its first call's (calls
+        inside one setup statement repeat nothing), compared with that line's
+        call before."""
+        where_host = tuple(
             i for i, x in enumerate(leaves) if type(x) is not ArrayImpl and not isinstance(x, jax.Array)
         )
         if where_host:
@@ -369,7 +378,6 @@ class Watch:
                         found.count += 1
             line.before = {i: _marker(leaves[i]) for i in where_host}
             _remember_numpy(fn, [leaves[i] for i in where_host])
-        return note
 
     def _trouble(self, fn: _Function, err: Exception) -> None:
         """The watch could not look at a call: said once per function in the report."""
@@ -486,7 +494,7 @@ class Watch:
             if shared:
                 continue  # an array that held their buffers at a call is alive: donating would delete it
             # counted from here: each call after it holds them twice
-            self._missed_from[key] = (fn, fn.calls - 1 if at_call else fn.calls)
+            self._missed_from[key] = (fn, fn.calls)
             names = sorted({fn.user_params[i] for i in idx if i in fn.user_params})
             what = param if not fn.equinox else (
                 f"{', '.join(names) if names else 'its arguments'} (eqx.filter_jit passes them as one group)")
