@@ -1233,7 +1233,8 @@ def test_a_value_equal_by_chance_for_a_while_is_not_called_a_constant():
             v = td(v, rewards[idx], 0.99 if t < 10 else 0.9 + t / 100)
     found = {f.param: f for f in w.findings() if f.kind == "host_transfer"}
     assert sorted(found) == ["gamma"], found
-    assert "a Python float whose value changes between calls" in found["gamma"].message, found["gamma"].message
+    assert "a Python float whose value changed between calls" in found["gamma"].message, found["gamma"].message
+    assert found["gamma"].count == 19  # every call after the first copied it, the constant ones too
     # and a constant that stays one is still claimed, counted at each call
     with jc.watch() as w:
         td = jax.jit(lambda v, rew: v + rew.sum())
@@ -1286,7 +1287,7 @@ def test_a_number_that_changes_beside_a_fresh_batch_is_not_called_a_constant():
         for t in range(20):
             w_ = step(w_, rng.normal(size=(8, 4)).astype(np.float32), 0.1 * 0.9 ** (t // 2))
     (found,) = [f for f in w.findings() if f.kind == "host_transfer"]
-    assert found.param == "lr" and "a Python float whose value changes between calls" in found.message, found
+    assert found.param == "lr" and "a Python float whose value changed between calls" in found.message, found
 
 
 def test_a_state_whose_buffers_another_array_holds_is_no_missed_donation():
@@ -1849,3 +1850,28 @@ def test_calls_that_raised_before_running_are_not_counted():
     assert counts == _optax_loop_counts(10, set()), counts
     assert counts == {("missed_donation", "params"): 9, ("missed_donation", "opt_state"): 9,
                       ("host_transfer", "lr_scale"): 9}, counts
+
+
+def test_a_learning_rate_decayed_once_is_counted_at_every_call_that_copied_it():
+    # issue 51 (closing note): `lr` a Python float, 0.1 then 0.01 from step 60:
+    # "the same Python float at each call" was withdrawn at the change and the
+    # finding made afresh, "x30" of 89 calls after the first, each of which
+    # copied it to the device
+    def loss(params, x, y):
+        return ((x @ params["w"] + params["b"] - y) ** 2).mean()
+
+    with jc.watch() as w:
+        @jax.jit
+        def train_step(params, x, y, lr):
+            grads = jax.grad(loss)(params, x, y)
+            return jax.tree.map(lambda p, g: p - lr * g, params, grads)
+
+        rng = np.random.default_rng(0)
+        params = {"w": jnp.zeros((4, 1)), "b": jnp.zeros(1)}
+        for t in range(90):
+            x = rng.normal(size=(16, 4)).astype(np.float32)
+            params = train_step(params, x, x.sum(1, keepdims=True), 0.1 if t < 60 else 0.01)
+    (found,) = [f for f in w.findings() if f.kind == "host_transfer"]
+    assert found.param == "lr" and found.count == 89, str(w.report())
+    assert "a Python float whose value changed between calls" in found.message, found.message
+    assert "a host-to-device copy at every call" in found.message and found.bytes_per_call == 4

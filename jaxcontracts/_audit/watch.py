@@ -159,6 +159,8 @@ class _HostLine:
         default_factory=dict)
     varied: set[str] = dataclasses.field(default_factory=set)  # params taken for a constant, then changed
     claimed: set[str] = dataclasses.field(default_factory=set)  # params claimed "the same value at each call"
+    # param -> the calls a withdrawn claim had counted: copies still, counted by its next finding
+    carried: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -670,7 +672,9 @@ class Watch:
     def _withdraw_constant(self, fn: _Function, line: _HostLine, param: str) -> None:
         """A value claimed "the same at each call" changed: the claim is
         withdrawn, and never made again for that parameter."""
-        self._findings.pop(("host_transfer", id(fn), param, line.at), None)
+        found = self._findings.pop(("host_transfer", id(fn), param, line.at), None)
+        if found is not None:  # its calls each copied the value: counted by the finding that follows
+            line.carried[param] = line.carried.get(param, 0) + found.count
         line.claimed.discard(param)
         line.varied.add(param)
 
@@ -757,13 +761,14 @@ class Watch:
                            f"({path}): copied to the device at every call it is given")
                 fix = host_fix("refed")
             else:
-                message = (f"{param} of {sigs.short(fn.name)} is a {kind} whose value changes between calls "
+                message = (f"{param} of {sigs.short(fn.name)} is a {kind} whose value changed between calls "
                            f"({path}): a host-to-device copy at every call")
                 fix = host_fix("number")
             if fn.library:
                 fix = host_fix("library")
-            self._findings[key] = Finding(
-                "host_transfer", fn.name, *_user_line(fn.site), count=1, param=param, bytes_per_call=nbytes,
+            self._findings[key] = Finding(  # (with the calls a withdrawn claim of it counted)
+                "host_transfer", fn.name, *_user_line(fn.site), count=1 + line.carried.pop(param, 0),
+                param=param, bytes_per_call=nbytes,
                 message=message, fix=fix,
             )
             touched.append(self._findings[key])
