@@ -10,6 +10,7 @@ found, nothing else (no false finding)."""
 from __future__ import annotations
 
 import collections
+import dataclasses
 import functools
 import io
 import json
@@ -1875,3 +1876,50 @@ def test_a_learning_rate_decayed_once_is_counted_at_every_call_that_copied_it():
     assert found.param == "lr" and found.count == 89, str(w.report())
     assert "a Python float whose value changed between calls" in found.message, found.message
     assert "a host-to-device copy at every call" in found.message and found.bytes_per_call == 4
+
+
+def test_the_printed_recompile_diff_shows_the_changed_static_value():
+    # issue 51 (closing note): an optimistix-style solver configuration passed
+    # static, its tolerance changed: the printed diff line was cut at the width
+    # before the value that changed (the JSON had it)
+    eqx = pytest.importorskip("equinox")
+
+    @dataclasses.dataclass(frozen=True)
+    class SolverConfig:
+        solver: str = "newton"
+        max_steps: int = 256
+        throw: bool = True
+        adjoint: str = "ImplicitAdjoint(linear_solver=AutoLinearSolver(well_posed=None))"
+        rtol: float = 1e-3
+
+    def max_norm(x):
+        return jnp.max(jnp.abs(x))
+
+    class Newton(eqx.Module):
+        rtol: float
+        atol: float
+        norm: object = max_norm
+        kappa: float = 1e-2
+        linear_solver: str = "AutoLinearSolver(well_posed=None)"
+
+    with jc.watch() as w:
+        @functools.partial(jax.jit, static_argnames=("cfg",))
+        def solve(y, cfg):
+            return y - cfg.rtol * (y**2 - 2.0)
+
+        @eqx.filter_jit
+        def root_find(solver, y):
+            y = y - (y**2 - 2.0) / (2 * y)
+            return y, solver.norm(y**2 - 2.0) < solver.atol
+
+        y = jnp.ones(3)
+        for i in range(3):
+            y = solve(y, SolverConfig(rtol=10.0 ** -(3 + i)))
+            y, ok = root_find(Newton(rtol=1e-3, atol=10.0 ** -(3 + i)), y)
+    text = str(w.report())
+    shown = [line.strip() for line in text.splitlines() if line.startswith("      static ")]
+    assert len(shown) == 2 and all(len(line) <= 94 for line in shown), text
+    cfg = next(line for line in shown if line.startswith("static cfg: "))
+    assert "rtol=0.001)" in cfg and "rtol=0.0001)" in cfg, text  # the change, in its field's words
+    solver = next(line for line in shown if not line.startswith("static cfg: "))
+    assert "0.001, 0.0001," in solver.split(" -> ")[-1], text

@@ -53,7 +53,7 @@ from .._compat import capability, events, frames, jitwatch
 from .._compat.arrays import ArrayImpl
 from .._compat.tracing import top_level_refs
 from .._errors import ContractError, contract_of_finding
-from .._format import fmt_bytes, fmt_listed
+from .._format import fit_change, fmt_bytes, fmt_listed
 from .._loop import signatures as sigs
 from .._report.render import findings_html
 from .._runtime import host_fix, local, static_is_exact
@@ -1238,8 +1238,11 @@ class WatchReport:
             if cost:
                 yield f"    cost: {cost}"
             yield from textwrap.wrap(f.message, _WIDTH, initial_indent="    ", subsequent_indent="    ")
-            for d in (f.diff or [])[:8]:
-                yield "      " + textwrap.shorten(d, _WIDTH - 6, placeholder=" ...")
+            for d in (f.diff or [])[:8]:  # a change trimmed to what differs; a sentence wrapped
+                if " -> " in d:
+                    yield "      " + fit_change(d, _WIDTH - 6)
+                else:
+                    yield from textwrap.wrap(d, _WIDTH, initial_indent="      ", subsequent_indent="        ")
             if f.jit_line:
                 yield f"    donation set at {f.jit_line}"
             yield from textwrap.wrap("fix: " + f.fix, _WIDTH, initial_indent="    ", subsequent_indent="      ")
