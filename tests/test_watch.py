@@ -1923,3 +1923,32 @@ def test_the_printed_recompile_diff_shows_the_changed_static_value():
     assert "rtol=0.001)" in cfg and "rtol=0.0001)" in cfg, text  # the change, in its field's words
     solver = next(line for line in shown if not line.startswith("static cfg: "))
     assert "0.001, 0.0001," in solver.split(" -> ")[-1], text
+
+
+@pytest.mark.parametrize("late", [True, False], ids=["one_step_late", "same_step"])
+def test_an_eager_result_read_one_step_late_is_not_a_sync(late):
+    # issue 51 (closing note): a parameter norm made eagerly (optax.tree.norm,
+    # jnp ops outside any jax.jit) and read after the next step was dispatched
+    # waits only for itself while the device runs that step; only outputs of
+    # jitted calls were told apart, so it was called a sync that stalls
+    optax = pytest.importorskip("optax")
+    opt = optax.adam(1e-2)
+    with jc.watch() as w:
+        @jax.jit
+        def train_step(params, opt_state, x):
+            grads = jax.grad(lambda p: jnp.mean((x @ p["w"]) ** 2))(params)
+            updates, opt_state = opt.update(grads, opt_state)
+            return optax.apply_updates(params, updates), opt_state
+
+        params = {"w": jnp.ones((8, 8))}
+        opt_state, x, norm, logged = opt.init(params), jnp.ones((4, 8)), None, []
+        for _ in range(6):
+            params, opt_state = train_step(params, opt_state, x)
+            if late:
+                if norm is not None:
+                    logged.append(float(norm))  # the step before's norm
+                norm = optax.tree.norm(params)  # eager: read at the next step
+            else:
+                logged.append(float(optax.tree.norm(params)))  # this step's: the host waits for it
+    syncs = [f.line for f in w.findings() if f.kind == "host_sync"]
+    assert syncs == ([] if late else [_line_of("logged.append(float(optax.tree.norm(params)))")]), str(w.report())

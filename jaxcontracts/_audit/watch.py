@@ -49,7 +49,7 @@ import jax
 import numpy as np
 
 from .. import _steps
-from .._compat import capability, events, frames, jitwatch
+from .._compat import capability, events, frames, jitwatch, liveorder
 from .._compat.arrays import ArrayImpl
 from .._compat.tracing import top_level_refs
 from .._errors import ContractError, contract_of_finding
@@ -218,6 +218,7 @@ class Watch:
         # the output arrays of the calls: id -> (weak reference, self.calls at their call, function)
         self._made: dict[int, tuple[Any, int, _Function]] = {}
         self._made_limit = MADE_KEPT
+        self._last_made: list[Any] = []  # weak references to the outputs of the last call
         self._waited = -1  # the call count when a read last waited for the device
         self._read_text: dict[str, tuple[str, str, str]] = {}  # line -> (what, fix, the user's function)
         self._lock = threading.Lock()
@@ -872,10 +873,12 @@ class Watch:
         """Remember which call (its number, its function) made each output
         array (dead ones dropped as the table doubles: no callback runs at an
         array's death)."""
-        made, n = self._made, self.calls
+        made, n, last = self._made, self.calls, []
         for x in jax.tree_util.tree_leaves(out):
             if type(x) is ArrayImpl:
-                made[id(x)] = (weakref.ref(x), n, fn)
+                made[id(x)] = entry = (weakref.ref(x), n, fn)
+                last.append(entry[0])
+        self._last_made = last
         self._made_limit = _steps.prune_dead(made, self._made_limit, MADE_KEPT)
 
     def stalls(self, x: Any, name: str) -> bool:
@@ -883,17 +886,33 @@ class Watch:
         waits while the device has nothing queued after it. Starting an
         asynchronous copy waits for nothing; an output of an earlier call
         than the last (a print one step late, a per-epoch mean of losses
-        gathered each step) waits, if at all, while the device runs the calls
-        queued since; an output of the last call, or any other array (a
-        slice or a sum of one), stalls, once: a second read before the next
+        gathered each step), or an eager result made before the last call
+        (``norm = optax.tree.norm(params)`` read at the next step), waits, if
+        at all, while the device runs the calls queued since; an output of
+        the last call, or an array made after it (a slice or a sum of one),
+        stalls, once: a second read before the next
         call (``acc = float(m["acc"])`` after ``loss = float(m["loss"])``)
         finds the device done already."""
         if name == "copy_to_host_async" or self._earlier_output(x):
             return False
-        if self._waited == self.calls:
+        if self._waited == self.calls or self._made_before_last([x]):
             return False
         self._waited = self.calls
         return True
+
+    def _made_before_last(self, xs: Sequence[Any]) -> bool:
+        """Whether every one of ``xs`` (an eager result: ``norm =
+        optax.tree.norm(params)``, read one step late) was made before the
+        last call's outputs, by the order of the live arrays
+        (``_compat.liveorder``): the device runs that call while the host
+        waits. An output of a watched call is judged by its call alone."""
+        made = self._made
+        for x in xs:
+            hit = made.get(id(x))
+            if hit is not None and hit[0]() is x:
+                return False
+        last = [y for y in (r() for r in self._last_made) if y is not None]
+        return bool(last) and len(liveorder.made_before(xs, last)) == len({id(x) for x in xs})
 
     def _earlier_output(self, x: Any) -> bool:
         """Whether ``x`` is an output of a watched call before the last: the
@@ -937,6 +956,9 @@ class Watch:
         arrays = [x for x in jax.tree_util.tree_leaves(value) if isinstance(x, jax.Array)]
         if not arrays or all(map(self._earlier_output, arrays)):
             return  # outputs of earlier calls: the device runs the calls queued since
+        later = [x for x in arrays if not self._earlier_output(x)]
+        if self._waited != self.calls and self._made_before_last(later):
+            return  # eager results made before the last call: the same
         if self._waited == self.calls or not self.read(line, "block_until_ready", WAIT_FIX, function, frame):
             return
         self._waited = self.calls
