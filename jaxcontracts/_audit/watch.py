@@ -171,6 +171,7 @@ class _Function:
     site: tuple[str, int]  # where jax.jit made it
     options: jitwatch.JitOptions
     calls: int = 0  # the calls that ran (not those that raised: nothing was held or copied)
+    last_call: int = -1  # the watch's count of calls at its last call that ran (Watch._made_by)
     signatures: list[sigs.Signature] = dataclasses.field(default_factory=list)
     window: int = 0  # calls left in which undonated arguments are followed (all of them)
     groups: tuple[tuple[int, ...], ...] = ()  # the candidates by parameter, followed at every call
@@ -215,10 +216,14 @@ class Watch:
         self._reads: Any = None
         self.read_stamps: dict[str, list[tuple[int, int]]] = {}  # line -> (self.calls, its run) per read
         self.read_seconds: dict[str, float] = {}  # line -> seconds its reads blocked, in all
-        # the output arrays of the calls: id -> (weak reference, self.calls at their call, function)
-        self._made: dict[int, tuple[Any, int, _Function]] = {}
+        # the output arrays of the calls: id -> a weak reference (the id of a dead array may be
+        # a new array's), and id -> self.calls at their call (no object per array: the
+        # collector's work grows with the objects kept)
+        self._made: dict[int, Any] = {}
+        self._made_at: dict[int, int] = {}
         self._made_limit = MADE_KEPT
-        self._last_made: list[Any] = []  # weak references to the outputs of the last call
+        self._last_ref: Any = None  # a weak reference to an output of the call self._last_call
+        self._last_call = -1
         self._waited = -1  # the call count when a read last waited for the device
         self._read_text: dict[str, tuple[str, str, str]] = {}  # line -> (what, fix, the user's function)
         self._lock = threading.Lock()
@@ -289,7 +294,8 @@ class Watch:
             frame = user_frame(caller)
             if frame is not None:
                 at = _key(frame)
-                fn.run = (at, self._visit(at, frame is caller, self._chained(fn, leaves)))
+                chained = at == self._last_at and self._closed != at and self._chained(fn, leaves)  # (else moot)
+                fn.run = (at, self._visit(at, frame is caller, chained))
             note = self._before(fn, args, dyn_args, dyn_kwargs, leaves)  # (this call's own)
             before = jitwatch.cache_size(jitted)
         except ContractError:  # the user's loop refusing a missed donation, before the call
@@ -342,7 +348,8 @@ class Watch:
         if fn.candidates and len(set(map(id, leaves))) != len(leaves):
             self._aliased(fn, leaves)
         note = ""
-        if fn.donated_leaves:  # passed again after this function's donation deleted it
+        n = len(leaves)  # passed again after this function's donation deleted it:
+        if any(j < n and isinstance(leaves[j], jax.Array) and leaves[j].is_deleted() for j in fn.donated_leaves):
             drifted = sigs.passed_again(leaves, fn.signatures[-1].paths, fn.donated_leaves, sigs.short(fn.name))
             if drifted is not None:
                 note = self._passed_again(fn, *drifted)
@@ -358,29 +365,30 @@ class Watch:
         first, from another run of that line than its first call's (calls
         inside one setup statement repeat nothing), compared with that line's
         call before."""
-        where_host = tuple(
+        where_host = tuple([
             i for i, x in enumerate(leaves) if type(x) is not ArrayImpl and not isinstance(x, jax.Array)
-        )
+        ])
         if where_host:
+            marks = {i: _marker(leaves[i]) for i in where_host}  # (each array's values copied once)
             at = fn.run[0] if fn.run else None
             line = fn.host_lines.get(at)
             if line is None:
                 line = fn.host_lines[at] = _HostLine(at, fn.run)
             elif fn.run != line.first_run:
                 seen = line.findings.get(where_host)
-                if seen is not None and not self._still_constant(fn, line, seen[1], leaves):
+                if seen is not None and not self._still_constant(fn, line, seen[1], marks):
                     del line.findings[where_host]  # a value equal by chance: looked at afresh
                     seen = None
                 if seen is None:  # these positions for the first time: name them (paths, the line)
                     found, fresh, constants = self._host_leaves(
-                        fn, line, args, dyn_args, dyn_kwargs, leaves, where_host)
+                        fn, line, args, dyn_args, dyn_kwargs, leaves, where_host, marks)
                     if not fresh:  # (a fresh batch: looked at again at the next call)
                         line.findings[where_host] = (found, constants)
                 else:
                     for found in seen[0]:
                         found.count += 1
-            line.before = {i: _marker(leaves[i]) for i in where_host}
-            _remember_numpy(fn, [leaves[i] for i in where_host])
+            line.before = marks
+            _remember_numpy(fn, [(leaves[i], marks[i]) for i in where_host])
 
     def _trouble(self, fn: _Function, err: Exception) -> None:
         """The watch could not look at a call: said once per function in the report."""
@@ -660,14 +668,18 @@ class Watch:
     # -- host data -----------------------------------------------------------
 
     def _still_constant(
-        self, fn: _Function, line: _HostLine, constants: dict[str, list[int]], leaves: Sequence[Any],
+        self, fn: _Function, line: _HostLine, constants: dict[str, list[int]], marks: dict[int, Any],
     ) -> bool:
         """Whether every value claimed "the same at each call" is the last
         call's again; a claim whose value changed (sparse rewards all zero for
         a while) is withdrawn, and never made again for that parameter."""
-        changed = [p for p, where_ in constants.items() if not all(_same(line.before.get(i), leaves[i]) for i in where_)]
-        for param in changed:
-            self._withdraw_constant(fn, line, param)
+        before, changed = line.before, False
+        for param, where_ in constants.items():
+            for i in where_:
+                if not _same(before.get(i), marks[i]):
+                    self._withdraw_constant(fn, line, param)
+                    changed = True
+                    break
         return not changed
 
     def _withdraw_constant(self, fn: _Function, line: _HostLine, param: str) -> None:
@@ -680,19 +692,20 @@ class Watch:
         line.varied.add(param)
 
     @staticmethod
-    def _host_kind(fn: _Function, line: _HostLine, x: Any, i: int) -> str:
-        """What the host value ``x`` at leaf ``i`` of this call (from ``line``) is."""
-        if _same(line.before.get(i), x):
+    def _host_kind(fn: _Function, line: _HostLine, x: Any, i: int, mark: Any) -> str:
+        """What the host value ``x`` at leaf ``i`` of this call (from ``line``;
+        its :func:`_marker` ``mark``) is."""
+        if _same(line.before.get(i), mark):
             return "constant"  # the last call's value again: one copy before the loop does
         if not isinstance(x, np.ndarray):
             return "number"  # a number that changes: a copy, and a new value to trace in
-        if _unchanged(fn.numpy_seen, x):
+        if _unchanged(fn.numpy_seen, x, mark):
             return "refed"  # an array given at an earlier call, its values unchanged: a dataset re-fed
         return "fresh"  # a new batch: the call's own copy is the cheapest, nothing to fix
 
     def _host_leaves(
         self, fn: _Function, line: _HostLine, args: tuple[Any, ...], dyn_args: tuple[Any, ...],
-        dyn_kwargs: dict[str, Any], given: list[Any], where_host: tuple[int, ...],
+        dyn_kwargs: dict[str, Any], given: list[Any], where_host: tuple[int, ...], marks: dict[int, Any],
     ) -> tuple[list[Finding], bool, dict[str, list[int]]]:
         """Numpy arrays and Python numbers given to the function (after its
         first call), counted: the findings they count for (their bytes are
@@ -704,7 +717,7 @@ class Watch:
         for i in where_host:
             x = given[i]
             if isinstance(x, _HOST_TYPES):  # (a JAX ref is not host data)
-                kinds[i] = self._host_kind(fn, line, x, i)
+                kinds[i] = self._host_kind(fn, line, x, i, marks[i])
         # a loader's batch: nothing to name (unless a "same value" claim of this line is to be
         # withdrawn: an array changed in place is "fresh" now)
         if not line.claimed and all(what == "fresh" for what in kinds.values()):
@@ -861,25 +874,27 @@ class Watch:
             self._lowered.n = getattr(self._lowered, "n", 0) + 1
 
     def _chained(self, fn: _Function, leaves: Sequence[Any]) -> bool:
-        """Whether a call of ``fn`` is given an output of an earlier call of ``fn``."""
-        made = self._made
+        """Whether a call of ``fn`` is given an output of its call before."""
+        made, at, last = self._made, self._made_at, fn.last_call
         for x in leaves:
-            hit = made.get(id(x))
-            if hit is not None and hit[2] is fn and hit[0]() is x:
+            if at.get(id(x)) == last and made[id(x)]() is x:
                 return True
         return False
 
     def _made_by(self, out: Any, fn: _Function) -> None:
-        """Remember which call (its number, its function) made each output
-        array (dead ones dropped as the table doubles: no callback runs at an
-        array's death)."""
-        made, n, last = self._made, self.calls, []
+        """Remember which call made each output array (dead ones dropped as
+        the table doubles: no callback runs at an array's death)."""
+        made, at, n, ref = self._made, self._made_at, self.calls, None
         for x in jax.tree_util.tree_leaves(out):
             if type(x) is ArrayImpl:
-                made[id(x)] = entry = (weakref.ref(x), n, fn)
-                last.append(entry[0])
-        self._last_made = last
-        self._made_limit = _steps.prune_dead(made, self._made_limit, MADE_KEPT)
+                made[id(x)] = ref = weakref.ref(x)
+                at[id(x)] = n
+        fn.last_call = self._last_call = n
+        self._last_ref = ref
+        if len(made) > self._made_limit:
+            for i in [i for i, r in made.items() if r() is None]:
+                del made[i], at[i]
+            self._made_limit = max(MADE_KEPT, 2 * len(made))
 
     def stalls(self, x: Any, name: str) -> bool:
         """Whether a device-to-host read of ``x`` stalls the loop: the host
@@ -906,19 +921,19 @@ class Watch:
         last call's outputs, by the order of the live arrays
         (``_compat.liveorder``): the device runs that call while the host
         waits. An output of a watched call is judged by its call alone."""
-        made = self._made
-        for x in xs:
-            hit = made.get(id(x))
-            if hit is not None and hit[0]() is x:
-                return False
-        last = [y for y in (r() for r in self._last_made) if y is not None]
-        return bool(last) and len(liveorder.made_before(xs, last)) == len({id(x) for x in xs})
+        made, at, n = self._made, self._made_at, self.calls
+        if any(id(x) in at and made[id(x)]() is x for x in xs):
+            return False
+        last = self._last_ref() if self._last_ref is not None and self._last_call == n else None
+        if last is None:  # (that output dropped: another of the call's, where one lives)
+            last = next((y for i, m in list(at.items()) if m == n and (y := made[i]()) is not None), None)
+        return last is not None and len(liveorder.made_before(xs, [last])) == len({id(x) for x in xs})
 
     def _earlier_output(self, x: Any) -> bool:
         """Whether ``x`` is an output of a watched call before the last: the
         device runs the calls queued since while the host waits for it."""
-        hit = self._made.get(id(x))
-        return hit is not None and hit[0]() is x and hit[1] != self.calls
+        n = self._made_at.get(id(x))
+        return n is not None and n != self.calls and self._made[id(x)]() is x
 
     def _visit(self, at: tuple[str, int], direct: bool, chained: bool) -> int:
         """Which run of the user's line ``at`` an event there (a call, a read,
@@ -1096,11 +1111,12 @@ def _marker(x: Any) -> Any:
     return x if isinstance(x, (int, float, complex, np.generic)) else None
 
 
-def _same(marker: Any, x: Any) -> bool:
+def _same(marker: Any, other: Any) -> bool:
+    """Whether two :func:`_marker` values tell the same value (the same bits)."""
     if isinstance(marker, tuple):  # a numpy array's copy
-        return _equal(marker[1], x)
+        return isinstance(other, tuple) and marker[1] == other[1]
     try:
-        return marker is not None and type(marker) is type(x) and bool(marker == x)
+        return marker is not None and type(marker) is type(other) and bool(marker == other)
     except Exception:  # noqa: BLE001 - an odd ==: not the same
         return False
 
@@ -1109,13 +1125,6 @@ def _snapshot(x: np.ndarray) -> tuple[np.dtype[Any], tuple[int, ...], bytes]:
     """A numpy array's values as the device would get them: its dtype, shape
     and bytes (the same bits are the same transfer, a NaN included)."""
     return x.dtype, x.shape, x.tobytes()
-
-
-def _equal(snapshot: Any, x: Any) -> bool:
-    return (
-        snapshot is not None and isinstance(x, np.ndarray) and snapshot[1] == x.shape
-        and snapshot[0] == x.dtype and snapshot[2] == x.tobytes()
-    )
 
 
 def _numpy_key(x: np.ndarray) -> tuple[Any, np.ndarray]:
@@ -1131,20 +1140,21 @@ def _numpy_key(x: np.ndarray) -> tuple[Any, np.ndarray]:
     return (id(base), offset, x.shape, x.strides, x.dtype.str), base
 
 
-def _unchanged(seen: dict[Any, tuple[Any, Any]], x: np.ndarray) -> bool:
-    """Whether ``x`` (or the same place of the array it views) was given at an
-    earlier call, with the values it had then."""
+def _unchanged(seen: dict[Any, tuple[Any, Any]], x: np.ndarray, mark: Any) -> bool:
+    """Whether ``x`` (or the same place of the array it views; its
+    :func:`_marker` ``mark``) was given at an earlier call, with the values it
+    had then."""
     key, anchor = _numpy_key(x)
     entry = seen.get(key)
-    return entry is not None and entry[0]() is anchor and _equal(entry[1], x)
+    return entry is not None and entry[0]() is anchor and mark is not None and entry[1] == mark[1]
 
 
-def _remember_numpy(fn: _Function, values: Sequence[Any]) -> None:
-    """Note the numpy arrays among ``values`` as given (weakly: the dead are
-    forgotten as the table doubles), with a copy of their values while the
-    copies fit in ``_KEPT_BYTES``."""
+def _remember_numpy(fn: _Function, values: Sequence[tuple[Any, Any]]) -> None:
+    """Note the numpy arrays among ``values`` (each with its :func:`_marker`)
+    as given (weakly: the dead are forgotten as the table doubles), with a
+    copy of their values while the copies fit in ``_KEPT_BYTES``."""
     seen = fn.numpy_seen
-    for x in values:
+    for x, mark in values:
         if not isinstance(x, np.ndarray):
             continue
         key, anchor = _numpy_key(x)
@@ -1153,8 +1163,8 @@ def _remember_numpy(fn: _Function, values: Sequence[Any]) -> None:
             continue
         if entry is not None and entry[1] is not None:  # a dead array's, its id reused
             fn.numpy_kept -= len(entry[1][2])
-        keep = x.nbytes <= _COMPARED_BYTES and fn.numpy_kept + x.nbytes <= _KEPT_BYTES
-        seen[key] = (weakref.ref(anchor), _snapshot(x) if keep else None)
+        keep = mark is not None and fn.numpy_kept + x.nbytes <= _KEPT_BYTES
+        seen[key] = (weakref.ref(anchor), mark[1] if keep else None)
         fn.numpy_kept += x.nbytes if keep else 0
         size = len(seen)
         fn.numpy_limit = _steps.prune_dead(seen, fn.numpy_limit)
