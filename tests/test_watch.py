@@ -1952,3 +1952,25 @@ def test_an_eager_result_read_one_step_late_is_not_a_sync(late):
                 logged.append(float(optax.tree.norm(params)))  # this step's: the host waits for it
     syncs = [f.line for f in w.findings() if f.kind == "host_sync"]
     assert syncs == ([] if late else [_line_of("logged.append(float(optax.tree.norm(params)))")]), str(w.report())
+
+
+def _sgd_step(params, x):  # module level, as a notebook's cell above the loop defines it
+    grads = jax.grad(lambda p: jnp.mean((x @ p["w"]) ** 2))(params)
+    return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads)
+
+
+def test_a_loop_watched_again_in_the_same_process_is_judged_again():
+    # a notebook cell re-run: jax.jit of the same function shares JAX's compiled
+    # programs, so the second watch's calls compiled nothing and it saw no
+    # signature: its missed donation went unreported
+    def run():
+        with jc.watch() as w:
+            step = jax.jit(_sgd_step)
+            params, x = {"w": jnp.ones((8, 8))}, jnp.ones((4, 8))
+            for _ in range(6):
+                params = step(params, x)
+        return [(f.kind, f.param, f.count) for f in w.findings()]
+
+    first = run()
+    assert first == [("missed_donation", "params", 5)], first
+    assert run() == first

@@ -323,6 +323,9 @@ class Watch:
             if jitwatch.cache_size(jitted) != before:
                 compiled = not self._counting or getattr(self._lowered, "n", 0) != lowered
                 self._compiled(fn, args, kwargs, dyn_args, dyn_kwargs, leaves, out, time.perf_counter() - t0, compiled)
+            elif not fn.signatures:  # a first call served by programs JAX already had (the same
+                # function jitted again: a notebook cell run again): its signature, nothing compiled
+                self._compiled(fn, args, kwargs, dyn_args, dyn_kwargs, leaves, out, 0.0, False)
             if fn.groups:
                 # every call: a state kept later (`best = state.params` at
                 # epoch 4) withdraws a claim whose fix would delete it
@@ -621,7 +624,7 @@ class Watch:
                     message=f"{sigs.short(fn.name)} compiled again, because:",
                     fix=fix,
                 )
-        elif previous is None:
+        elif previous is None and compiled:
             # a new function compiling a signature an earlier one made at this line compiled:
             # work a jax.jit made once would not redo (a sweep's new shapes are not)
             compiled_here, runs, spent = self._sites.get(fn.site, ([], set(), 0.0))
