@@ -27,6 +27,7 @@ from jaxcontracts._compat import (
     executable,
     frames,
     guarded,
+    liveorder,
     registry,
     runtime_errors,
     threadguard,
@@ -40,6 +41,20 @@ def test_every_capability_is_in_force_on_the_installed_versions(cap):
     found = _compat.capability(cap)
     assert found.available, f"{cap}: {found.detail}"
 
+
+
+def test_live_arrays_are_listed_newest_first_eager_and_jitted_alike():
+    # the audit's one-step-late eager read (issue 51): an eager result made
+    # before a jitted call is older than the call's outputs, one made after it
+    # is not; an array not alive in the list has no order
+    step = jax.jit(lambda w: w * 0.5)
+    w = jnp.ones(8)
+    norm = jnp.linalg.norm(w)  # eager, before the call
+    out = step(w)
+    after = jnp.sum(out)  # eager, after it
+    assert liveorder.made_before([norm, after, w], [out]) == {id(norm), id(w)}
+    assert liveorder.made_before([norm], []) == set()
+    assert registry.capability("live-array-order").available
 
 def test_array_read_hooks_reach_existing_arrays():
     x = jnp.arange(3.0)  # made before the patch: the class slot must cover it

@@ -49,11 +49,11 @@ import jax
 import numpy as np
 
 from .. import _steps
-from .._compat import capability, events, frames, jitwatch
+from .._compat import capability, events, frames, jitwatch, liveorder
 from .._compat.arrays import ArrayImpl
 from .._compat.tracing import top_level_refs
 from .._errors import ContractError, contract_of_finding
-from .._format import fmt_bytes, fmt_listed
+from .._format import fit_change, fmt_bytes, fmt_listed
 from .._loop import signatures as sigs
 from .._report.render import findings_html
 from .._runtime import host_fix, local, static_is_exact
@@ -159,6 +159,8 @@ class _HostLine:
         default_factory=dict)
     varied: set[str] = dataclasses.field(default_factory=set)  # params taken for a constant, then changed
     claimed: set[str] = dataclasses.field(default_factory=set)  # params claimed "the same value at each call"
+    # param -> the calls a withdrawn claim had counted: copies still, counted by its next finding
+    carried: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 @dataclasses.dataclass
@@ -168,7 +170,8 @@ class _Function:
     name: str
     site: tuple[str, int]  # where jax.jit made it
     options: jitwatch.JitOptions
-    calls: int = 0
+    calls: int = 0  # the calls that ran (not those that raised: nothing was held or copied)
+    last_call: int = -1  # the watch's count of calls at its last call that ran (Watch._made_by)
     signatures: list[sigs.Signature] = dataclasses.field(default_factory=list)
     window: int = 0  # calls left in which undonated arguments are followed (all of them)
     groups: tuple[tuple[int, ...], ...] = ()  # the candidates by parameter, followed at every call
@@ -213,9 +216,14 @@ class Watch:
         self._reads: Any = None
         self.read_stamps: dict[str, list[tuple[int, int]]] = {}  # line -> (self.calls, its run) per read
         self.read_seconds: dict[str, float] = {}  # line -> seconds its reads blocked, in all
-        # the output arrays of the calls: id -> (weak reference, self.calls at their call, function)
-        self._made: dict[int, tuple[Any, int, _Function]] = {}
+        # the output arrays of the calls: id -> a weak reference (the id of a dead array may be
+        # a new array's), and id -> self.calls at their call (no object per array: the
+        # collector's work grows with the objects kept)
+        self._made: dict[int, Any] = {}
+        self._made_at: dict[int, int] = {}
         self._made_limit = MADE_KEPT
+        self._last_ref: Any = None  # a weak reference to an output of the call self._last_call
+        self._last_call = -1
         self._waited = -1  # the call count when a read last waited for the device
         self._read_text: dict[str, tuple[str, str, str]] = {}  # line -> (what, fix, the user's function)
         self._lock = threading.Lock()
@@ -276,7 +284,6 @@ class Watch:
     def observe(self, fn: _Function, jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         """One call of a watched function: looked at before and after, never
         changed; the watch's own bookkeeping never fails the user's call."""
-        fn.calls += 1
         self.calls += 1
         try:
             opts = fn.options
@@ -287,7 +294,8 @@ class Watch:
             frame = user_frame(caller)
             if frame is not None:
                 at = _key(frame)
-                fn.run = (at, self._visit(at, frame is caller, self._chained(fn, leaves)))
+                chained = at == self._last_at and self._closed != at and self._chained(fn, leaves)  # (else moot)
+                fn.run = (at, self._visit(at, frame is caller, chained))
             note = self._before(fn, args, dyn_args, dyn_kwargs, leaves)  # (this call's own)
             before = jitwatch.cache_size(jitted)
         except ContractError:  # the user's loop refusing a missed donation, before the call
@@ -307,11 +315,17 @@ class Watch:
             raise
         finally:
             calling.depth -= 1
+        fn.calls += 1
         try:
+            if not _ONLY_ARRAYS >= set(map(type, leaves)):  # host data (after the call: one
+                self._host(fn, args, dyn_args, dyn_kwargs, leaves)  # that raised copied nothing)
             self._made_by(out, fn)
             if jitwatch.cache_size(jitted) != before:
                 compiled = not self._counting or getattr(self._lowered, "n", 0) != lowered
                 self._compiled(fn, args, kwargs, dyn_args, dyn_kwargs, leaves, out, time.perf_counter() - t0, compiled)
+            elif not fn.signatures:  # a first call served by programs JAX already had (the same
+                # function jitted again: a notebook cell run again): its signature, nothing compiled
+                self._compiled(fn, args, kwargs, dyn_args, dyn_kwargs, leaves, out, 0.0, False)
             if fn.groups:
                 # every call: a state kept later (`best = state.params` at
                 # epoch 4) withdraws a claim whose fix would delete it
@@ -337,39 +351,47 @@ class Watch:
         if fn.candidates and len(set(map(id, leaves))) != len(leaves):
             self._aliased(fn, leaves)
         note = ""
-        if fn.donated_leaves:  # passed again after this function's donation deleted it
+        n = len(leaves)  # passed again after this function's donation deleted it:
+        if any(j < n and isinstance(leaves[j], jax.Array) and leaves[j].is_deleted() for j in fn.donated_leaves):
             drifted = sigs.passed_again(leaves, fn.signatures[-1].paths, fn.donated_leaves, sigs.short(fn.name))
             if drifted is not None:
                 note = self._passed_again(fn, *drifted)
         if fn.pending:
             self._settle(fn, at_call=True)
-        # host data at a call of a line after its first, from another run of
-        # that line than its first call's (calls inside one setup statement
-        # repeat nothing), compared with that line's call before
-        where_host = () if _ONLY_ARRAYS >= set(map(type, leaves)) else tuple(
+        return note
+
+    def _host(
+        self, fn: _Function, args: tuple[Any, ...], dyn_args: tuple[Any, ...],
+        dyn_kwargs: dict[str, Any], leaves: list[Any],
+    ) -> None:
+        """The host data of a call that ran: at a call of a line after its
+        first, from another run of that line than its first call's (calls
+        inside one setup statement repeat nothing), compared with that line's
+        call before."""
+        where_host = tuple([
             i for i, x in enumerate(leaves) if type(x) is not ArrayImpl and not isinstance(x, jax.Array)
-        )
+        ])
         if where_host:
+            marks = {i: _marker(leaves[i]) for i in where_host}  # (each array's values copied once)
             at = fn.run[0] if fn.run else None
             line = fn.host_lines.get(at)
             if line is None:
                 line = fn.host_lines[at] = _HostLine(at, fn.run)
             elif fn.run != line.first_run:
                 seen = line.findings.get(where_host)
-                if seen is not None and not self._still_constant(fn, line, seen[1], leaves):
+                if seen is not None and not self._still_constant(fn, line, seen[1], marks):
                     del line.findings[where_host]  # a value equal by chance: looked at afresh
                     seen = None
                 if seen is None:  # these positions for the first time: name them (paths, the line)
                     found, fresh, constants = self._host_leaves(
-                        fn, line, args, dyn_args, dyn_kwargs, leaves, where_host)
+                        fn, line, args, dyn_args, dyn_kwargs, leaves, where_host, marks)
                     if not fresh:  # (a fresh batch: looked at again at the next call)
                         line.findings[where_host] = (found, constants)
                 else:
                     for found in seen[0]:
                         found.count += 1
-            line.before = {i: _marker(leaves[i]) for i in where_host}
-            _remember_numpy(fn, [leaves[i] for i in where_host])
-        return note
+            line.before = marks
+            _remember_numpy(fn, [(leaves[i], marks[i]) for i in where_host])
 
     def _trouble(self, fn: _Function, err: Exception) -> None:
         """The watch could not look at a call: said once per function in the report."""
@@ -486,7 +508,7 @@ class Watch:
             if shared:
                 continue  # an array that held their buffers at a call is alive: donating would delete it
             # counted from here: each call after it holds them twice
-            self._missed_from[key] = (fn, fn.calls - 1 if at_call else fn.calls)
+            self._missed_from[key] = (fn, fn.calls)
             names = sorted({fn.user_params[i] for i in idx if i in fn.user_params})
             what = param if not fn.equinox else (
                 f"{', '.join(names) if names else 'its arguments'} (eqx.filter_jit passes them as one group)")
@@ -602,7 +624,7 @@ class Watch:
                     message=f"{sigs.short(fn.name)} compiled again, because:",
                     fix=fix,
                 )
-        elif previous is None:
+        elif previous is None and compiled:
             # a new function compiling a signature an earlier one made at this line compiled:
             # work a jax.jit made once would not redo (a sweep's new shapes are not)
             compiled_here, runs, spent = self._sites.get(fn.site, ([], set(), 0.0))
@@ -649,37 +671,44 @@ class Watch:
     # -- host data -----------------------------------------------------------
 
     def _still_constant(
-        self, fn: _Function, line: _HostLine, constants: dict[str, list[int]], leaves: Sequence[Any],
+        self, fn: _Function, line: _HostLine, constants: dict[str, list[int]], marks: dict[int, Any],
     ) -> bool:
         """Whether every value claimed "the same at each call" is the last
         call's again; a claim whose value changed (sparse rewards all zero for
         a while) is withdrawn, and never made again for that parameter."""
-        changed = [p for p, where_ in constants.items() if not all(_same(line.before.get(i), leaves[i]) for i in where_)]
-        for param in changed:
-            self._withdraw_constant(fn, line, param)
+        before, changed = line.before, False
+        for param, where_ in constants.items():
+            for i in where_:
+                if not _same(before.get(i), marks[i]):
+                    self._withdraw_constant(fn, line, param)
+                    changed = True
+                    break
         return not changed
 
     def _withdraw_constant(self, fn: _Function, line: _HostLine, param: str) -> None:
         """A value claimed "the same at each call" changed: the claim is
         withdrawn, and never made again for that parameter."""
-        self._findings.pop(("host_transfer", id(fn), param, line.at), None)
+        found = self._findings.pop(("host_transfer", id(fn), param, line.at), None)
+        if found is not None:  # its calls each copied the value: counted by the finding that follows
+            line.carried[param] = line.carried.get(param, 0) + found.count
         line.claimed.discard(param)
         line.varied.add(param)
 
     @staticmethod
-    def _host_kind(fn: _Function, line: _HostLine, x: Any, i: int) -> str:
-        """What the host value ``x`` at leaf ``i`` of this call (from ``line``) is."""
-        if _same(line.before.get(i), x):
+    def _host_kind(fn: _Function, line: _HostLine, x: Any, i: int, mark: Any) -> str:
+        """What the host value ``x`` at leaf ``i`` of this call (from ``line``;
+        its :func:`_marker` ``mark``) is."""
+        if _same(line.before.get(i), mark):
             return "constant"  # the last call's value again: one copy before the loop does
         if not isinstance(x, np.ndarray):
             return "number"  # a number that changes: a copy, and a new value to trace in
-        if _unchanged(fn.numpy_seen, x):
+        if _unchanged(fn.numpy_seen, x, mark):
             return "refed"  # an array given at an earlier call, its values unchanged: a dataset re-fed
         return "fresh"  # a new batch: the call's own copy is the cheapest, nothing to fix
 
     def _host_leaves(
         self, fn: _Function, line: _HostLine, args: tuple[Any, ...], dyn_args: tuple[Any, ...],
-        dyn_kwargs: dict[str, Any], given: list[Any], where_host: tuple[int, ...],
+        dyn_kwargs: dict[str, Any], given: list[Any], where_host: tuple[int, ...], marks: dict[int, Any],
     ) -> tuple[list[Finding], bool, dict[str, list[int]]]:
         """Numpy arrays and Python numbers given to the function (after its
         first call), counted: the findings they count for (their bytes are
@@ -691,7 +720,7 @@ class Watch:
         for i in where_host:
             x = given[i]
             if isinstance(x, _HOST_TYPES):  # (a JAX ref is not host data)
-                kinds[i] = self._host_kind(fn, line, x, i)
+                kinds[i] = self._host_kind(fn, line, x, i, marks[i])
         # a loader's batch: nothing to name (unless a "same value" claim of this line is to be
         # withdrawn: an array changed in place is "fresh" now)
         if not line.claimed and all(what == "fresh" for what in kinds.values()):
@@ -749,13 +778,14 @@ class Watch:
                            f"({path}): copied to the device at every call it is given")
                 fix = host_fix("refed")
             else:
-                message = (f"{param} of {sigs.short(fn.name)} is a {kind} whose value changes between calls "
+                message = (f"{param} of {sigs.short(fn.name)} is a {kind} whose value changed between calls "
                            f"({path}): a host-to-device copy at every call")
                 fix = host_fix("number")
             if fn.library:
                 fix = host_fix("library")
-            self._findings[key] = Finding(
-                "host_transfer", fn.name, *_user_line(fn.site), count=1, param=param, bytes_per_call=nbytes,
+            self._findings[key] = Finding(  # (with the calls a withdrawn claim of it counted)
+                "host_transfer", fn.name, *_user_line(fn.site), count=1 + line.carried.pop(param, 0),
+                param=param, bytes_per_call=nbytes,
                 message=message, fix=fix,
             )
             touched.append(self._findings[key])
@@ -847,46 +877,66 @@ class Watch:
             self._lowered.n = getattr(self._lowered, "n", 0) + 1
 
     def _chained(self, fn: _Function, leaves: Sequence[Any]) -> bool:
-        """Whether a call of ``fn`` is given an output of an earlier call of ``fn``."""
-        made = self._made
+        """Whether a call of ``fn`` is given an output of its call before."""
+        made, at, last = self._made, self._made_at, fn.last_call
         for x in leaves:
-            hit = made.get(id(x))
-            if hit is not None and hit[2] is fn and hit[0]() is x:
+            if at.get(id(x)) == last and made[id(x)]() is x:
                 return True
         return False
 
     def _made_by(self, out: Any, fn: _Function) -> None:
-        """Remember which call (its number, its function) made each output
-        array (dead ones dropped as the table doubles: no callback runs at an
-        array's death)."""
-        made, n = self._made, self.calls
+        """Remember which call made each output array (dead ones dropped as
+        the table doubles: no callback runs at an array's death)."""
+        made, at, n, ref = self._made, self._made_at, self.calls, None
         for x in jax.tree_util.tree_leaves(out):
             if type(x) is ArrayImpl:
-                made[id(x)] = (weakref.ref(x), n, fn)
-        self._made_limit = _steps.prune_dead(made, self._made_limit, MADE_KEPT)
+                made[id(x)] = ref = weakref.ref(x)
+                at[id(x)] = n
+        fn.last_call = self._last_call = n
+        self._last_ref = ref
+        if len(made) > self._made_limit:
+            for i in [i for i, r in made.items() if r() is None]:
+                del made[i], at[i]
+            self._made_limit = max(MADE_KEPT, 2 * len(made))
 
     def stalls(self, x: Any, name: str) -> bool:
         """Whether a device-to-host read of ``x`` stalls the loop: the host
         waits while the device has nothing queued after it. Starting an
         asynchronous copy waits for nothing; an output of an earlier call
         than the last (a print one step late, a per-epoch mean of losses
-        gathered each step) waits, if at all, while the device runs the calls
-        queued since; an output of the last call, or any other array (a
-        slice or a sum of one), stalls, once: a second read before the next
+        gathered each step), or an eager result made before the last call
+        (``norm = optax.tree.norm(params)`` read at the next step), waits, if
+        at all, while the device runs the calls queued since; an output of
+        the last call, or an array made after it (a slice or a sum of one),
+        stalls, once: a second read before the next
         call (``acc = float(m["acc"])`` after ``loss = float(m["loss"])``)
         finds the device done already."""
         if name == "copy_to_host_async" or self._earlier_output(x):
             return False
-        if self._waited == self.calls:
+        if self._waited == self.calls or self._made_before_last([x]):
             return False
         self._waited = self.calls
         return True
 
+    def _made_before_last(self, xs: Sequence[Any]) -> bool:
+        """Whether every one of ``xs`` (an eager result: ``norm =
+        optax.tree.norm(params)``, read one step late) was made before the
+        last call's outputs, by the order of the live arrays
+        (``_compat.liveorder``): the device runs that call while the host
+        waits. An output of a watched call is judged by its call alone."""
+        made, at, n = self._made, self._made_at, self.calls
+        if any(id(x) in at and made[id(x)]() is x for x in xs):
+            return False
+        last = self._last_ref() if self._last_ref is not None and self._last_call == n else None
+        if last is None:  # (that output dropped: another of the call's, where one lives)
+            last = next((y for i, m in list(at.items()) if m == n and (y := made[i]()) is not None), None)
+        return last is not None and len(liveorder.made_before(xs, [last])) == len({id(x) for x in xs})
+
     def _earlier_output(self, x: Any) -> bool:
         """Whether ``x`` is an output of a watched call before the last: the
         device runs the calls queued since while the host waits for it."""
-        hit = self._made.get(id(x))
-        return hit is not None and hit[0]() is x and hit[1] != self.calls
+        n = self._made_at.get(id(x))
+        return n is not None and n != self.calls and self._made[id(x)]() is x
 
     def _visit(self, at: tuple[str, int], direct: bool, chained: bool) -> int:
         """Which run of the user's line ``at`` an event there (a call, a read,
@@ -924,6 +974,9 @@ class Watch:
         arrays = [x for x in jax.tree_util.tree_leaves(value) if isinstance(x, jax.Array)]
         if not arrays or all(map(self._earlier_output, arrays)):
             return  # outputs of earlier calls: the device runs the calls queued since
+        later = [x for x in arrays if not self._earlier_output(x)]
+        if self._waited != self.calls and self._made_before_last(later):
+            return  # eager results made before the last call: the same
         if self._waited == self.calls or not self.read(line, "block_until_ready", WAIT_FIX, function, frame):
             return
         self._waited = self.calls
@@ -1061,11 +1114,12 @@ def _marker(x: Any) -> Any:
     return x if isinstance(x, (int, float, complex, np.generic)) else None
 
 
-def _same(marker: Any, x: Any) -> bool:
+def _same(marker: Any, other: Any) -> bool:
+    """Whether two :func:`_marker` values tell the same value (the same bits)."""
     if isinstance(marker, tuple):  # a numpy array's copy
-        return _equal(marker[1], x)
+        return isinstance(other, tuple) and marker[1] == other[1]
     try:
-        return marker is not None and type(marker) is type(x) and bool(marker == x)
+        return marker is not None and type(marker) is type(other) and bool(marker == other)
     except Exception:  # noqa: BLE001 - an odd ==: not the same
         return False
 
@@ -1074,13 +1128,6 @@ def _snapshot(x: np.ndarray) -> tuple[np.dtype[Any], tuple[int, ...], bytes]:
     """A numpy array's values as the device would get them: its dtype, shape
     and bytes (the same bits are the same transfer, a NaN included)."""
     return x.dtype, x.shape, x.tobytes()
-
-
-def _equal(snapshot: Any, x: Any) -> bool:
-    return (
-        snapshot is not None and isinstance(x, np.ndarray) and snapshot[1] == x.shape
-        and snapshot[0] == x.dtype and snapshot[2] == x.tobytes()
-    )
 
 
 def _numpy_key(x: np.ndarray) -> tuple[Any, np.ndarray]:
@@ -1096,20 +1143,21 @@ def _numpy_key(x: np.ndarray) -> tuple[Any, np.ndarray]:
     return (id(base), offset, x.shape, x.strides, x.dtype.str), base
 
 
-def _unchanged(seen: dict[Any, tuple[Any, Any]], x: np.ndarray) -> bool:
-    """Whether ``x`` (or the same place of the array it views) was given at an
-    earlier call, with the values it had then."""
+def _unchanged(seen: dict[Any, tuple[Any, Any]], x: np.ndarray, mark: Any) -> bool:
+    """Whether ``x`` (or the same place of the array it views; its
+    :func:`_marker` ``mark``) was given at an earlier call, with the values it
+    had then."""
     key, anchor = _numpy_key(x)
     entry = seen.get(key)
-    return entry is not None and entry[0]() is anchor and _equal(entry[1], x)
+    return entry is not None and entry[0]() is anchor and mark is not None and entry[1] == mark[1]
 
 
-def _remember_numpy(fn: _Function, values: Sequence[Any]) -> None:
-    """Note the numpy arrays among ``values`` as given (weakly: the dead are
-    forgotten as the table doubles), with a copy of their values while the
-    copies fit in ``_KEPT_BYTES``."""
+def _remember_numpy(fn: _Function, values: Sequence[tuple[Any, Any]]) -> None:
+    """Note the numpy arrays among ``values`` (each with its :func:`_marker`)
+    as given (weakly: the dead are forgotten as the table doubles), with a
+    copy of their values while the copies fit in ``_KEPT_BYTES``."""
     seen = fn.numpy_seen
-    for x in values:
+    for x, mark in values:
         if not isinstance(x, np.ndarray):
             continue
         key, anchor = _numpy_key(x)
@@ -1118,8 +1166,8 @@ def _remember_numpy(fn: _Function, values: Sequence[Any]) -> None:
             continue
         if entry is not None and entry[1] is not None:  # a dead array's, its id reused
             fn.numpy_kept -= len(entry[1][2])
-        keep = x.nbytes <= _COMPARED_BYTES and fn.numpy_kept + x.nbytes <= _KEPT_BYTES
-        seen[key] = (weakref.ref(anchor), _snapshot(x) if keep else None)
+        keep = mark is not None and fn.numpy_kept + x.nbytes <= _KEPT_BYTES
+        seen[key] = (weakref.ref(anchor), mark[1] if keep else None)
         fn.numpy_kept += x.nbytes if keep else 0
         size = len(seen)
         fn.numpy_limit = _steps.prune_dead(seen, fn.numpy_limit)
@@ -1225,8 +1273,11 @@ class WatchReport:
             if cost:
                 yield f"    cost: {cost}"
             yield from textwrap.wrap(f.message, _WIDTH, initial_indent="    ", subsequent_indent="    ")
-            for d in (f.diff or [])[:8]:
-                yield "      " + textwrap.shorten(d, _WIDTH - 6, placeholder=" ...")
+            for d in (f.diff or [])[:8]:  # a change trimmed to what differs; a sentence wrapped
+                if " -> " in d:
+                    yield "      " + fit_change(d, _WIDTH - 6)
+                else:
+                    yield from textwrap.wrap(d, _WIDTH, initial_indent="      ", subsequent_indent="        ")
             if f.jit_line:
                 yield f"    donation set at {f.jit_line}"
             yield from textwrap.wrap("fix: " + f.fix, _WIDTH, initial_indent="    ", subsequent_indent="      ")

@@ -1,0 +1,63 @@
+"""Which of two live arrays was made first: the order of ``jax.live_arrays()``.
+
+jaxlib keeps a client's live arrays in one list, each new array put at its
+head, so ``jax.live_arrays()`` lists them newest first; that order is not
+documented. The audit uses it to tell an eager result made before the last
+jitted call (``norm = optax.tree.norm(params)``, read one step late: the
+device runs that call while the host waits) from one made after it (a sync).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from .registry import capability, define
+
+__all__ = ["made_before"]
+
+
+@define(
+    "live-array-order",
+    "the order of jax.live_arrays() (jaxlib lists a client's arrays newest first; undocumented)",
+    "that a device-to-host read of an eager result made before the last jitted call (read one step "
+    "late) is no host_sync in the audit",
+)
+def _probe() -> str | None:
+    if not callable(getattr(jax, "live_arrays", None)):
+        return "jax.live_arrays is gone"
+    from jax._src import xla_bridge
+
+    started = getattr(xla_bridge, "backends_are_initialized", None)
+    if not callable(started) or not started():  # (a probe never starts a backend)
+        return None
+    older = jax.device_put(np.zeros((), np.float32))
+    newer = jax.device_put(np.ones((), np.float32))
+    if _scan([older, newer], [newer]) != {id(older)}:
+        return "jax.live_arrays() no longer lists the newest array first"
+    return None
+
+
+def made_before(xs: Sequence[Any], ys: Sequence[Any]) -> set[int]:
+    """The ids of the arrays among ``xs`` made before every array of ``ys``
+    (alive, on the default backend); an array not listed, or no ``ys``
+    listed, is not among them (its order unknown). One scan of every live
+    array."""
+    if not capability("live-array-order").available:
+        return set()
+    return _scan(xs, ys)
+
+
+def _scan(xs: Sequence[Any], ys: Sequence[Any]) -> set[int]:
+    want, mark = {id(x) for x in xs}, {id(y) for y in ys}
+    first, found = -1, {}  # type: tuple[int, dict[int, int]]
+    for k, a in enumerate(jax.live_arrays()):
+        i = id(a)
+        if first < 0 and i in mark:
+            first = k
+        if i in want:
+            found[i] = k
+    return set() if first < 0 else {i for i, k in found.items() if k > first}
