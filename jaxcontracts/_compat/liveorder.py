@@ -15,7 +15,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from .registry import capability, define
+from .registry import capability, define, missing
 
 __all__ = ["made_before"]
 
@@ -32,13 +32,21 @@ def _probe() -> str | None:
     from jax._src import xla_bridge
 
     started = getattr(xla_bridge, "backends_are_initialized", None)
-    if not callable(started) or not started():  # (a probe never starts a backend)
-        return None
+    if not callable(started):
+        return "jax._src.xla_bridge.backends_are_initialized is gone"
+    # (a probe never starts a backend: before one runs, the order is checked at the first use)
+    return _order_broken() if started() else None
+
+
+#: Whether the order was checked on live arrays (the probe, or the first use), and held.
+_held: list[bool | None] = [None]
+
+
+def _order_broken() -> str | None:
     older = jax.device_put(np.zeros((), np.float32))
     newer = jax.device_put(np.ones((), np.float32))
-    if _scan([older, newer], [newer]) != {id(older)}:
-        return "jax.live_arrays() no longer lists the newest array first"
-    return None
+    _held[0] = _scan([older, newer], [newer]) == {id(older)}
+    return None if _held[0] else "jax.live_arrays() no longer lists the newest array first"
 
 
 def made_before(xs: Sequence[Any], ys: Sequence[Any]) -> set[int]:
@@ -48,7 +56,11 @@ def made_before(xs: Sequence[Any], ys: Sequence[Any]) -> set[int]:
     array."""
     if not capability("live-array-order").available:
         return set()
-    return _scan(xs, ys)
+    if _held[0] is None:  # probed before any backend ran: checked now, once
+        why = _order_broken()
+        if why is not None:
+            missing("live-array-order", why)
+    return _scan(xs, ys) if _held[0] else set()
 
 
 def _scan(xs: Sequence[Any], ys: Sequence[Any]) -> set[int]:
