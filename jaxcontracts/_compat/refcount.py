@@ -198,27 +198,42 @@ def _frame_records(held: list[Any], own: set[int]) -> dict[int, int]:
     dicts = [r for r in referrers if snapshots and type(r) is dict and id(r) not in own]
     if not frames and not dicts:
         return found
+    shapes = []
+    here: FrameType | None = sys._getframe(1)
+    while dicts and here is not None:
+        if here.f_code.co_flags & inspect.CO_OPTIMIZED:
+            shapes.append(_variables(here.f_code))
+        here = here.f_back
+    shaped = [_shaped(d, shapes) for d in dicts]
+    if not frames and all(shaped):  # (a tracer filled the snapshots: no scan of the heap)
+        for holder in dicts:  # (a plain loop: a comprehension's cell would hold each)
+            add(holder.values())
+        return found
     reached, debuggers = _tracebacks_and_debuggers()
     returned = [f for f in frames if id(f) not in reached]
     del frames
     for frame in returned:
         add(gc.get_referents(frame))  # one entry per reference: a variable, a value on its stack
-    if not dicts:
-        return found
-    shapes = []
-    here: FrameType | None = sys._getframe(1)
-    while here is not None:
-        if here.f_code.co_flags & inspect.CO_OPTIMIZED:
-            shapes.append(_variables(here.f_code))
-        here = here.f_back
-    records = _dict_records(returned, debuggers)
+    records = _dict_records(returned, debuggers) if dicts else {}
     del returned, debuggers
-    for holder in dicts:  # (a plain loop: a comprehension's cell would hold each)
-        # besides the records: `referrers`, `dicts`, `holder` here, getrefcount's argument
-        only_records = id(holder) in records and sys.getrefcount(holder) == records[id(holder)] + 4
-        if only_records or _shaped(holder, shapes):
+    k = 0
+    for holder in dicts:  # (no enumerate: its cached pair would hold the dict too)
+        # besides the records: `referrers` and `dicts`, and `holder` as a local is counted
+        if shaped[k] or (id(holder) in records and sys.getrefcount(holder) == records[id(holder)] + 2 + _LOCAL):
             add(holder.values())
+        k += 1
     return found
+
+
+def _local_count() -> int:
+    """What ``sys.getrefcount`` counts for a local variable that nothing else
+    holds (2 through 3.13: the variable and the argument; an interpreter
+    that borrows the argument counts 1)."""
+    d: dict[str, Any] = {}
+    return sys.getrefcount(d)
+
+
+_LOCAL = _local_count()
 
 
 def _dict_records(returned: list[FrameType], debuggers: list[dict[str, Any]]) -> dict[int, int]:
