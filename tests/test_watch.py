@@ -1876,6 +1876,7 @@ def test_a_learning_rate_decayed_once_is_counted_at_every_call_that_copied_it():
     assert found.param == "lr" and found.count == 89, str(w.report())
     assert "a Python float whose value changed between calls" in found.message, found.message
     assert "a host-to-device copy at every call" in found.message and found.bytes_per_call == 4
+    assert "(lr)" not in found.message  # a bare parameter is named once
 
 
 def test_the_printed_recompile_diff_shows_the_changed_static_value():

@@ -763,23 +763,24 @@ class Watch:
                 found.count += 1
                 touched.append(found)
                 continue
-            kind, path = value_kind(x), fmt_listed(fixed)
+            kind = value_kind(x)
+            path = f" ({fmt_listed(fixed)})" if fixed != [param] else ""  # the leaves, where not the parameter itself
             if what == "constant":
                 same = (f"is the same {kind}" if len(kinds_of) == 1  # (gymnax's EnvParams: ints and floats)
                         else f"holds the same values ({', '.join(sorted(kinds_of))})")
-                message = f"{param} of {sigs.short(fn.name)} {same} at each call ({path}): copied to the device again every time"
+                message = f"{param} of {sigs.short(fn.name)} {same} at each call{path}: copied to the device again every time"
                 # static only where the argument is one hashable leaf (a dict or a numpy array is
                 # not) whose results it keeps (not a float)
                 static = not fn.equinox and fixed == [param] and static_is_exact(x)
                 fix = host_fix("constant", "static", param=param) if static else host_fix("constant")
                 line.claimed.add(param)
             elif what == "refed":
-                message = (f"{param} of {sigs.short(fn.name)} is a {kind} given at an earlier call again "
-                           f"({path}): copied to the device at every call it is given")
+                message = (f"{param} of {sigs.short(fn.name)} is a {kind} given at an earlier call again"
+                           f"{path}: copied to the device at every call it is given")
                 fix = host_fix("refed")
             else:
-                message = (f"{param} of {sigs.short(fn.name)} is a {kind} whose value changed between calls "
-                           f"({path}): a host-to-device copy at every call")
+                message = (f"{param} of {sigs.short(fn.name)} is a {kind} whose value changed between calls"
+                           f"{path}: a host-to-device copy at every call")
                 fix = host_fix("number")
             if fn.library:
                 fix = host_fix("library")
