@@ -13,6 +13,7 @@ from jax.tree_util import keystr
 
 __all__ = [
     "fit_change",
+    "fmt_change",
     "fmt_aval",
     "fmt_bindings",
     "fmt_dtype",
@@ -184,50 +185,30 @@ def fmt_object(value: Any, limit: int = 60) -> str:
     return text if len(text) <= limit else text[: limit - 4] + "...)"
 
 
+def fmt_change(old: str, new: str, room: int = 14) -> str:
+    """Where two reprs first differ, ``room`` characters either side:
+    ``...NeighborList[672, ... -> ...NeighborList[703, ...``."""
+    i = next((k for k, (x, y) in enumerate(zip(old, new)) if x != y), min(len(old), len(new)))
+    start = max(0, i - room)
 
-_OPENS = ("(", "[", "{", " ")  # a token starts after one of these
-_CLOSES = (",", ")", "]", "}")  # and ends at one of these
+    def cut(text: str) -> str:
+        return ("..." if start else "") + text[start : i + room] + ("..." if len(text) > i + room else "")
+
+    return f"{cut(old)} -> {cut(new)}"
 
 
-def _shared(a: str, b: str) -> tuple[int, int]:
-    """The lengths of the start and the end two texts share (not overlapping)."""
-    n = min(len(a), len(b))
-    p = next((k for k in range(n) if a[k] != b[k]), n)
-    s = next((k for k in range(n - p) if a[-1 - k] != b[-1 - k]), n - p)
-    return p, s
-
-
-def fit_change(line: str, width: int, context: int = 24) -> str:
-    """A diff line ``what: old -> new`` fitted to ``width`` by trimming what
-    old and new share, never where they differ: ``static cfg:
-    ...rtol=0.001) -> ...rtol=0.0001)``. The ``->`` that splits them is the
-    one at which they are most alike (a repr may hold one); what differs is
-    shown from its first character, led by the token it sits in."""
+def fit_change(line: str, width: int) -> str:
+    """A diff line ``what: old -> new`` fitted to ``width`` around where old
+    and new first differ (:func:`fmt_change`), never cut before it: ``static
+    cfg: ...rtol=0.001) -> ...rtol=0.0001)``. Old and new are split at the
+    middle ``->`` (a repr may hold some, each side as many); a line that
+    cannot be split so is cut at the end."""
     if len(line) <= width:
         return line
     head, sep, rest = line.partition(": ")
-    splits = [k for k in range(len(rest)) if rest.startswith(" -> ", k)] if sep else []
-    if not splits:
+    parts = rest.split(" -> ")
+    if not sep or len(parts) % 2:
         return line[: width - 3] + "..."
-    k = max(splits, key=lambda k: sum(_shared(rest[:k], rest[k + 4:])))
-    a, b = rest[:k], rest[k + 4:]
-    p, s = _shared(a, b)
-    lead = max(0, p - context)  # back to the start of a token, within `context`
-    if lead:  # (after a ", " where one is near: a whole item)
-        comma = a.find(", ", lead, p)
-        lead = comma + 2 if comma >= 0 else next((j + 1 for j in range(lead, p) if a[j] in _OPENS), lead)
-    tail = next((j + 1 for j in range(s) if a[len(a) - s + j] in _CLOSES), min(s, 8))
-
-    def side(text: str, keep: int, lead: int, tail: int) -> str:
-        mid = text[p : len(text) - s]
-        mid = mid if len(mid) <= keep else mid[: max(keep - 3, 1)] + "..."
-        return ("..." if lead else "") + text[lead:p] + mid + text[len(text) - s : len(text) - s + tail] + (
-            "..." if tail < s else "")
-
-    room = width - len(head) - 6
-    for lead_, tail_ in ((lead, tail), (max(lead, p - 8), min(tail, 2)), (p, 0)):
-        keep = max((room - 2 * (p - lead_ + tail_ + 6)) // 2, 4)
-        text = f"{head}: {side(a, keep, lead_, tail_)} -> {side(b, keep, lead_, tail_)}"
-        if len(text) <= width:
-            return text
-    return text
+    half = len(parts) // 2
+    room = max(8, (width - len(head) - 18) // 4)  # each side: "..." + 2 * room + "..."
+    return f"{head}: {fmt_change(' -> '.join(parts[:half]), ' -> '.join(parts[half:]), room)}"

@@ -18,7 +18,7 @@ from typing import Any
 import jax
 
 from .._compat import jitwatch
-from .._format import flatten_with_path, fmt_aval, param_of
+from .._format import flatten_with_path, fmt_aval, fmt_change, param_of
 from .._leafdiff import diff_leaves
 from .._state.spec import leaf_spec, spec_nbytes, value_kind
 from .._steps import JitDonation, jit_donation
@@ -178,7 +178,7 @@ def diff(old: Signature, new: Signature) -> tuple[list[str], str]:
             return out, "keep the arguments' structure fixed across calls"
         before = dict(old.parts)  # the same leaves: a node's static data changed (a capacity, a flag)
         changed = [(k, before[k], t) for k, t in new.parts if k in before and before[k] != t]
-        out += [f"{k}: its tree's static data: {_first_difference(str(a), str(b))}"
+        out += [f"{k}: its tree's static data: {fmt_change(str(a), str(b))}"
                 for k, a, b in changed] or ["the arguments' structure changed (the same leaves)"]
         named = ", ".join(k for k, _, _ in changed) or "the arguments"
         return out, (f"a pytree node's static data (aux data) in {named} changed: each new value compiles "
@@ -196,17 +196,6 @@ COMPILED_AGAIN = ("arguments the audit cannot tell from an earlier call's (a sta
                   "jax.config change) or a static value differs where its repr does not show it")
 COMPILED_AGAIN_FIX = ("keep the compiled programs between calls (call jax.clear_caches() or change "
                       "jax.config outside the loop), and keep each static value fixed")
-
-
-def _first_difference(a: str, b: str, room: int = 14) -> str:
-    """Where two reprs first differ: ``...NeighborList[672, ... -> ...NeighborList[703, ...``."""
-    i = next((k for k, (x, y) in enumerate(zip(a, b)) if x != y), min(len(a), len(b)))
-    start = max(0, i - room)
-
-    def cut(text: str) -> str:
-        return ("..." if start else "") + text[start : i + room] + ("..." if len(text) > i + room else "")
-
-    return f"{cut(a)} -> {cut(b)}"
 
 
 def missed_donation_fix(name: str, param: str, jit: str = "jax.jit", written: str = "") -> str:
