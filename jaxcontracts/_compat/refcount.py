@@ -281,10 +281,8 @@ def _tracebacks_and_debuggers() -> tuple[set[int], list[Any]]:
     snapshots = []
     for obj in gc.get_objects():
         t = type(obj)
-        if t is TracebackType:
-            while obj is not None:
-                _add_chain(obj.tb_frame, reached)
-                obj = obj.tb_next
+        if t is TracebackType:  # (each of a chain's entries is in the heap's list too)
+            _add_chain(obj.tb_frame, reached)
         elif debugger is not None and issubclass(t, debugger):
             try:
                 snapshot = object.__getattribute__(obj, "__dict__").get("curframe_locals")
