@@ -12,8 +12,7 @@ fixed anatomy: the summary line, the detail lines (one per leaf or
 parameter), ``Fix: ...``, then a note on what happened to the inputs.
 
 The vocabulary lives here once: each contract is one :class:`Contract`,
-declared with :func:`declare` (here, or in its own module under
-``_contracts``); :data:`CONTRACTS`, :data:`VIOLATIONS` and the loop's options
+declared with :func:`declare` in its own module under ``_contracts``; :data:`CONTRACTS`, :data:`VIOLATIONS` and the loop's options
 (:func:`loop_options`) are derived from the declarations, read by the loop,
 the reports, ``explain`` and the pytest plugin.
 """
@@ -236,10 +235,10 @@ class Contract:
       plain ``jax.jit``'s cache miss in a loop that ``wanted(loop)`` says
       needs it, what the program holds that the contract is about (a tuple,
       empty where nothing); kept with the compiled signature.
-    * ``refuse(name, found)``: before a call whose compile found something,
-      inside a loop: raise or record the violation (a hot step builds its
-      call path with this hook only where ``scan`` found something, so a
-      step without pays nothing).
+    * ``refuse(loop, name, found)``: before a call whose compile found
+      something, inside ``loop`` (active, not paused): raise or record the
+      violation (a hot step builds its call path with this hook only where
+      ``scan`` found something, so a step without pays nothing).
     * ``fact(found)``: a (name, text) line of the step's report, or None.
     """
 
@@ -253,7 +252,7 @@ class Contract:
     findings: tuple[str, ...] = ()  # the audit's finding kinds that break it (jc.watch())
     wanted: Callable[[Any], bool] | None = None  # whether a loop needs a plain jax.jit's program scanned
     scan: Callable[[str, Any], tuple[Any, ...]] | None = None
-    refuse: Callable[[str, tuple[Any, ...]], None] | None = None
+    refuse: Callable[[Any, str, tuple[Any, ...]], None] | None = None
     fact: Callable[[tuple[Any, ...]], tuple[str, str] | None] | None = None
 
 
@@ -309,47 +308,6 @@ def hooked(hook: str) -> list[Contract]:
     return [c for c in CONTRACTS.values() if getattr(c, hook) is not None]
 
 
-for _contract in (
-    Contract("definition", "the decorator, options and annotations are valid", DefinitionError),
-    Contract("state-fields", "every field matches its annotation", SpecError),
-    Contract("dims", "every dimension and static value is given", SpecError),
-    Contract("carry", "carry invariance: each returned state keeps its input's spec", RecompileError),
-    Contract("aliasing", "donation verified in the executable", DonationError),
-    Contract(
-        "signature", "arguments match a compiled signature", RecompileError,
-        row="no call refused (recompile, transfer or donation)",
-    ),
-    Contract("device-arguments", "arguments are device arrays", TransferError),
-    Contract("donation-hazard", "no donated buffer is stale or passed twice", DonationError),
-    Contract("consumed", "every donated input consumed (XLA did not copy)", DonationError),
-    Contract(
-        "no-transfer", "no implicit transfers", TransferError,
-        violations=(("transfer", "implicit transfer inside jc.hot_loop"),),
-        option="transfers", choices=("disallow", "allow_host_to_device", "allow"),
-        findings=("host_sync", "host_transfer"),
-    ),
-    Contract(
-        "no-compile", "no compiles", RecompileError,
-        violations=(("compile", "compile inside jc.hot_loop"),),
-        option="compiles", choices=("disallow", "warmup", "allow"),
-        findings=("recompile", "compile_in_loop"),
-    ),
-    Contract(
-        "no-donated-use", "no use of donated arrays", DonationError,
-        violations=(("donation", "use of a donated array inside jc.hot_loop"),),
-    ),
-    Contract(
-        "donation-config", "jax.jit donations: each one possible, none missed where the caller drops the buffer",
-        DonationError,
-        violations=(
-            ("wrong_donation", "a donation that cannot happen, inside jc.hot_loop"),
-            ("missed_donation", "a missed donation, inside jc.hot_loop"),
-        ),
-        findings=("wrong_donation", "missed_donation"),
-    ),
-):
-    declare(_contract)
-del _contract
 
 
 def violation_summary(kind: str, what: str, where: str, source: str = "") -> str:

@@ -4,7 +4,7 @@ A hot step never imports the loop guard (``_loop.guard``); both meet here:
 the thread's active loop (set by the guard), a counter that tells a step
 after each call whether any loop is active anywhere, and the questions
 messages ask: which step returned an array inside a loop (``advance -> .t``),
-and how a donated array is worded (:func:`donated`, :func:`donation_fix`).
+and how a donated array is worded (:func:`donated`; its fixes: ``_contracts.donation``).
 """
 
 from __future__ import annotations
@@ -30,17 +30,11 @@ from ._hazards import is_deleted_array
 from ._tracebacks import is_library
 
 __all__ = [
-    "DONATION_FIXES",
-    "HOST_FIXES",
     "LoopStack",
     "arrays_named",
     "compiling",
-    "debug_reads_fix",
-    "debug_reads_on",
     "deleted_because",
     "donated",
-    "donation_fix",
-    "host_fix",
     "held_outputs",
     "in_hot_loop",
     "library_code",
@@ -195,119 +189,12 @@ def deleted_because() -> str:
     )
 
 
-# Every fix for a use of a donated array, in one table: each message that says
-# "donated" (see donated()) ends with one of these. {returned}: see donation_fix().
-_KEEP = (
-    "To keep a value across a donating call, copy it before the call "
-    "(kept = jnp.copy({value})), or return it as an output of its own."
-)
-# the first advice for a donated array something else still holds
-_KEEP_COPY = (
-    "keep a copy instead of the array itself (samples.append(jnp.copy({value})), or "
-    "jc.fetch({value}) for a host copy)"
-)
-DONATION_FIXES = {
-    # an array of a donated state was used, read or pickled
-    "use": "use {returned}). " + _KEEP,
-    # a field of a consumed jc.state was read
-    "read": "read {returned}; s.{value}). " + _KEEP.replace("{value}", "s.{value}")
-    + " Or leave the field out of donate=.",
-    # jc.fetch of a donated array
-    "fetch": "fetch from {returned}; jc.fetch({value})). " + _KEEP,
-    # a call was passed a donated array, or one buffer twice
-    "pass": "pass {returned}), not the one you passed to it. "
-    + _KEEP
-    + " Where one array must appear twice, pass a copy (jnp.copy(x)).",
-    # one buffer in two leaves of a call, none of them deleted
-    "twice": "build the state with a copy where one array appears twice ({value}): XLA cannot "
-    "donate one buffer for two leaves, nor keep one leaf of it while donating the other.",
-    # a call was passed a deleted array that this step does not donate (a batch a jax.jit donated)
-    "pass_other": "pass an array that still exists: {value} was deleted before this call (donated to an "
-    "earlier call, such as a jax.jit with donate_argnums, or x.delete()); pass what that call returned "
-    "in its place. " + _KEEP,
-    # a donated leaf is still referenced besides its state
-    "kept": _KEEP_COPY + ", return what you keep as an output of its own, "
-    "or drop the other reference (del x; del err for a kept exception, or call the step after "
-    "the except block; build the state on a line of its own, not inside the call or an assert: "
-    "s = s._replace(lr=lr), then s = step(s)); to donate nothing, @jc.hot_step(donate=\"none\").",
-    # a container of donated leaves inside a state is still referenced besides its state
-    "kept_node": "keep a copy instead of the container itself (samples.append(jax.tree.map(jnp.copy, "
-    "{value})), or jc.fetch({value}) for a host copy), return what you keep as an output of its "
-    "own, or drop the other reference (a variable that still names it, such as the params you "
-    'built a TrainState from: del params); to donate nothing, @jc.hot_step(donate="none").',
-}
-
-
-# Every fix for host data given to a compiled function, in one table (the loop's,
-# the audit's and the translated JAX refusals'); {param}: the parameter's name.
-HOST_FIXES = {
-    # the same value at each call (a constant)
-    "constant": "put it on the device once, before the loop (jax.device_put)",
-    "static": "or make it static (jax.jit(..., static_argnames=({param!r},)))",
-    # a new numpy array at each call (a batch): jaxlib's own copy is the cheapest
-    "batch": "data fed each step (a batch): keep it numpy, the call copies it on jaxlib's C++ "
-    "path, the cheapest copy (a jax.device_put per step costs more); inside a jc.hot_loop, "
-    "move the function into a hot step that declares it (@jc.hot_step(host={param!r}))",
-    # numpy arrays given at an earlier call again (a dataset re-fed each epoch)
-    "refed": "put the dataset on the device once, before the loop (batches = jax.device_put(batches)), "
-    "where it fits in device memory; a loader that makes new arrays each step is the cheapest copy",
-    # a new Python number at each call
-    "number": "carry it on the device in the state (jnp arrays), updated by the step itself",
-    # host data given by a library's own jitted helper, called outside any jax.jit
-    "library": "it is passed by a library's own jitted function, which your line calls outside "
-    "any jax.jit (an optimizer's update run eagerly): jit the whole step that calls it, where "
-    "such values are compiled in",
-    # a library's own jitted helper's recompile or missed donation (jax-md's safe_mask): the same cause
-    "library_call": "it is a library's own jitted function, which your line calls outside any "
-    "jax.jit, compiled and called on its own: jit the whole step that calls it, where it is "
-    "traced once into one program, its static values compiled in and its buffers reused",
-    # a Python scalar in an eager op
-    "eager": "a Python scalar in an eager op (x * 2 outside a step) is a transfer too: do the op "
-    "inside a hot_step, or make the scalar a device array before the loop",
-}
-
-
-def debug_reads_on() -> list[str]:
-    """The options that make JAX copy every output to the host after a call."""
-    return [name for name in ("jax_debug_nans", "jax_debug_infs") if getattr(jax.config, name, False)]
-
-
-def debug_reads_fix(fix: str) -> str:
-    """``fix``, the fix of a device-to-host read in a loop, led by what makes
-    JAX read every output where ``jax_debug_nans`` / ``jax_debug_infs`` is on
-    (a read the user's line never wrote: JAX's look for nans after a call)."""
-    on = debug_reads_on()
-    if not on:
-        return fix
-    return (f"{' and '.join(on)} is on: after each call JAX copies every output to the host to look for "
-            f"nans or infs, which a loop refuses; where this line reads nothing itself, that is the read: "
-            f'turn it off for hot loops (jax.config.update("{on[0]}", False)), or look for them outside '
-            f"jc.hot_loop. Otherwise: {fix}")
-
-
 def static_is_exact(x: Any) -> bool:
     """Whether making the host value ``x`` a static argument gives the same
     results as passing it: not for a float, whose arithmetic XLA then folds
     in double precision (``2 * h ** 2``) where the traced value runs in
     float32, so the results differ in their last bits."""
     return not isinstance(x, (float, complex, np.inexact, np.ndarray))
-
-
-def host_fix(*kinds: str, param: str = "x") -> str:
-    """The fixes of :data:`HOST_FIXES` for ``kinds``, joined, naming ``param``."""
-    return "; ".join(HOST_FIXES[k] for k in kinds).replace("; or ", ", or ").format(param=param)
-
-
-def donation_fix(kind: str, by: str | None = None, value: str = "value") -> str:
-    """The fix of :data:`DONATION_FIXES` for ``kind``, naming ``value`` and the
-    step whose returned state to use: ``by`` (the consumer, where known), else
-    the one live step that donates, else "the step"."""
-    steps = [by] if by else _steps.donating()
-    if len(steps) == 1:
-        returned = f"the state {steps[0]} returned (s = {steps[0]}(s)"
-    else:
-        returned = "the state the step returned (s = step(s)"
-    return DONATION_FIXES[kind].format(returned=returned, value=value)
 
 
 def held_outputs(steps: Sequence[Any]) -> list[Any]:

@@ -25,10 +25,12 @@ ORDER = [
     # dtypes, marks, a call's buffer hazards, leaf diffs, the errors page
     "_errors", "_records", "_format", "_dtypes", "_marks", "_hazards", "_leafdiff", "_explain",
     # the registry of live steps, the private mechanisms, the checks level,
-    # tracebacks, the user's line, where steps and loops meet at run time
-    "_steps", "_compat", "_config", "_tracebacks", "_userline", "_runtime",
-    # contracts declared in modules of their own, with their hooks
+    # tracebacks, the user's line
+    "_steps", "_compat", "_config", "_tracebacks", "_userline",
+    # every contract, declared in a module of its own: its words, fixes and hooks
     "_contracts",
+    # where steps and loops meet at run time
+    "_runtime",
     # reports and states, the consumed class of a donated state
     "_report", "_state", "_donation",
     # hot steps and hot loops (never each other), then what reads them

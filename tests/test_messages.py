@@ -218,7 +218,7 @@ def test_donation_error_already_donated():
     msg = _message(step, b)
     assert msg.startswith("test_messages.move: the call would donate a buffer that cannot be donated:\n")
     assert "  b.pos: f32[2,3] was already donated to move\n" in msg  # the state is marked
-    # the fix names the step that consumed it (one table of fixes: _runtime.DONATION_FIXES)
+    # the fix names the step that consumed it (one table of fixes: _contracts.donation.DONATION_FIXES)
     assert "Fix: pass the state move returned (s = move(s)), not the one you passed to it." in msg
     c = Body.zeros(n=2)
     jax.tree_util.tree_map(lambda x: x.delete(), c)  # deleted, but by no step

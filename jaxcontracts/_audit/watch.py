@@ -52,11 +52,12 @@ from .. import _steps
 from .._compat import capability, events, frames, jitwatch, liveorder
 from .._compat.arrays import ArrayImpl
 from .._compat.tracing import top_level_refs
+from .._contracts.transfers import host_fix
 from .._errors import ContractError, contract_of_finding
 from .._format import fit_change, fmt_bytes, fmt_listed
 from .._loop import signatures as sigs
 from .._report.render import findings_html
-from .._runtime import host_fix, local, static_is_exact
+from .._runtime import local, static_is_exact
 from .._state.spec import leaf_spec, spec_nbytes, value_kind
 from .._tracebacks import is_library, trim_ours
 from .._userline import user_frame, where

@@ -1,7 +1,9 @@
-"""Contracts declared in a module of their own (``_errors.declare``): each
-holds its words, its loop option and its hooks; hot steps and loops apply
-every declared contract through :func:`scan` and :func:`refuse`, reports
-through ``_errors.hooked("fact")``.
+"""Every contract, declared in a module of its own (``_errors.declare``):
+its words, its error, its loop option, its fixes and its hooks. Hot steps
+and loops apply the hooks through :func:`scan` and :func:`refuse`, reports
+through ``_errors.hooked("fact")``; the contracts declared before the hooks
+existed keep their checks where they run (the call path, the loop's guard),
+named in their module's docstring.
 
 The recipe for a new one is in ARCHITECTURE.md ("Adding a contract").
 """
@@ -13,9 +15,11 @@ from typing import Any
 
 from .._errors import CONTRACTS, hooked
 from .._steps import prune_dead
-from . import callbacks
 
-__all__ = ["callbacks", "refuse", "scan", "wanted"]
+# the declaration order is the order of jc info, explain and a loop report's rows
+from . import definition, transfers, compiles, donation, callbacks  # isort: skip
+
+__all__ = ["callbacks", "compiles", "definition", "donation", "refuse", "scan", "transfers", "wanted"]
 
 # id(closed jaxpr) -> (a weak reference to it, what each contract found): a
 # plain jax.jit with effects takes JAX's Python path at every call (no C++
@@ -47,12 +51,12 @@ def scan(name: str, closed: Any) -> dict[str, tuple[Any, ...]]:
     return found
 
 
-def refuse(name: str, found: dict[str, tuple[Any, ...]]) -> None:
-    """Before a call of a program in which contracts found something: each
-    such contract's ``refuse`` hook (inside a loop that disallows it, the
-    violation)."""
+def refuse(loop: Any, name: str, found: dict[str, tuple[Any, ...]]) -> None:
+    """Before a call, inside ``loop`` (this thread's active loop, not paused),
+    of a program in which contracts found something: each such contract's
+    ``refuse`` hook (where ``loop`` disallows it, the violation)."""
     __tracebackhide__ = True
     for key, got in found.items():
         hook = CONTRACTS[key].refuse
         if hook is not None:
-            hook(name, got)
+            hook(loop, name, got)

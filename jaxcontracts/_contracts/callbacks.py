@@ -51,13 +51,10 @@ def _listed(sites: tuple[Any, ...]) -> str:
     return fmt_listed([f"{s.primitive} at {place(s.file, s.line)[0]}" if s.file else s.primitive for s in sites])
 
 
-def _refuse(name: str, sites: tuple[Any, ...]) -> None:
+def _refuse(loop: Any, name: str, sites: tuple[Any, ...]) -> None:
     """Inside a ``callbacks="disallow"`` loop, before the call: the violation."""
     __tracebackhide__ = True
-    from .._runtime import local
-
-    loop = local.loop
-    if loop is None or local.allow or not _wanted(loop):
+    if not _wanted(loop):
         return
     loop.violation(
         "callback",

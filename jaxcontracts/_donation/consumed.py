@@ -13,11 +13,12 @@ from typing import Any
 
 import jax
 
+from .._contracts.donation import donation_fix
 from .._errors import DonationError
 from .._format import fmt_aval
 from .._hazards import holds_deleted
 from .._marks import CONSUMED_BY
-from .._runtime import donation_fix, local
+from .._runtime import local
 from .._state.fields import info_of, register_pytree
 from .._tracebacks import trim
 

@@ -11,9 +11,10 @@ from typing import Any
 
 from .. import _steps
 from .._compat import frames
+from .._contracts.donation import donation_fix
 from .._errors import DonatedArrayError
 from .._format import fmt_aval
-from .._runtime import arrays_named, donated, donation_fix, local
+from .._runtime import arrays_named, donated, local
 from .._userline import user_frame
 
 __all__ = ["consumed_wait", "deleted_read"]

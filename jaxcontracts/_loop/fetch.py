@@ -15,12 +15,13 @@ import numpy as np
 import numpy.typing as npt
 
 from .._compat import hostcopy
+from .._contracts.donation import donation_fix
 from .._dtypes import is_key
 from .._errors import DonationError, TransferError
 from .._format import fmt_aval
 from .._marks import consumer_of
 from .._report import timing as _timing
-from .._runtime import donated, donation_fix, local, observers
+from .._runtime import donated, local, observers
 from .._state.inplace import is_ref
 from .._steps import consumed_by
 from .._tracebacks import boundary

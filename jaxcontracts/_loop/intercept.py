@@ -53,21 +53,14 @@ import numpy as np
 
 from .._compat import arrays, blocking, callbacks, capability, events, frames, hostcopy
 from .._compat.tracing import trace_state_clean
+from .._contracts.donation import donation_fix
+from .._contracts.transfers import debug_reads_fix
 from .._dtypes import is_key
 from .._errors import ContractError
 from .._format import fmt_aval
 from .._hazards import is_deleted_array
 from .._report.timing import in_use
-from .._runtime import (
-    arrays_named,
-    debug_reads_fix,
-    donated,
-    donation_fix,
-    local,
-    produced_by,
-    take_recompile,
-    tracking,
-)
+from .._runtime import arrays_named, donated, local, produced_by, take_recompile, tracking
 from .._steps import clear_last_outputs, consumed_by
 from .._tracebacks import trim
 from .._userline import host_read_on_line, user_frame

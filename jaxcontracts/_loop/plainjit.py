@@ -44,8 +44,9 @@ import jax
 from .. import _contracts, _steps
 from .._compat import jitwatch
 from .._compat.tracing import trace_state_clean
+from .._contracts.transfers import host_fix
 from .._format import fmt_bytes
-from .._runtime import host_fix, local, static_is_exact
+from .._runtime import local, static_is_exact
 from .._userline import user_frame, where
 from . import signatures as sigs
 from .intercept import plain_trace
@@ -118,7 +119,7 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
         except Exception:  # noqa: BLE001 - a program we cannot read: JAX's own path, unchecked
             found = {}
         if found:
-            _contracts.refuse(name, found)
+            _contracts.refuse(loop, name, found)
     try:
         out_tree, out_avals = jitwatch.outputs_of(p)
         avals = {(tuple(a.shape), str(a.dtype)) for a in out_avals}

@@ -12,9 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from .._compat import runtime_errors
+from .._contracts.donation import donation_fix
+from .._contracts.transfers import host_fix
 from .._errors import VIOLATIONS, DonationError, TransferError
 from .._format import fmt_aval
-from .._runtime import arrays_named, donated, donation_fix, host_fix
+from .._runtime import arrays_named, donated
 from .._steps import consumed_by, jit_donation
 from .._userline import is_library, traceback_where
 from . import rng as _rng

@@ -245,8 +245,9 @@ def with_refusals(dispatch: Callable[..., Any], name: str, found: dict[str, tupl
 
     def refusing_call(*args: Any, **kwargs: Any) -> Any:
         try:
-            if local.loop is not None:
-                _contracts.refuse(name, found)
+            loop = local.loop
+            if loop is not None and not local.allow:
+                _contracts.refuse(loop, name, found)
             return dispatch(*args, **kwargs)
         except Exception as err:  # the traceback ends at the user's line
             trim(err)

@@ -16,12 +16,13 @@ import numpy as np
 
 from .._compat.hostcopy import pins_host_views
 from .._compat.tracing import REGISTERED, context_changes, jit_context
+from .._contracts.donation import donation_fix
 from .._errors import INPUTS_INTACT, DefinitionError, DonationError, RecompileError, TransferError
 from .._format import flatten_with_path, fmt_aval, fmt_bytes
 from .._hazards import is_deleted_array
 from .._leafdiff import diff_lines
 from .._records import CompiledSignature
-from .._runtime import deleted_because, donation_fix, in_hot_loop
+from .._runtime import deleted_because, in_hot_loop
 from .._runtime import donated as donated_words
 from .._state.spec import fmt_value, moved_by_jax
 from .definition import StepDefinition

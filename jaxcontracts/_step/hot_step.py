@@ -27,6 +27,7 @@ from .. import _config, _steps
 from .._compat.guarded import guarded_call
 from .._compat.runtime_errors import debug_nans_kind, is_runtime_error
 from .._compat.tracing import Tracer, flatten, jit_disabled, trace_state_clean
+from .._contracts.transfers import debug_reads_on
 from .._errors import (
     INPUTS_INTACT,
     ContractError,
@@ -40,7 +41,7 @@ from .._hazards import find_hazards
 from .._marks import consumer_of
 from .._records import CompiledSignature, StepDescription, StepStats
 from .._report.render import Report, step_report
-from .._runtime import debug_reads_on, observers, recording_loop
+from .._runtime import observers, recording_loop
 from .._state.filter import join_out
 from .._state.foreign import host_leaves_on_device
 from .._state.inplace import is_ref, ref_arrays, ref_params
