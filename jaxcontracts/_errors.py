@@ -240,6 +240,9 @@ class Contract:
       violation (a hot step builds its call path with this hook only where
       ``scan`` found something, so a step without pays nothing).
     * ``fact(found)``: a (name, text) line of the step's report, or None.
+    * ``verdict(cs, stats)``: its row in a hot step's report, from the
+      current compiled signature and the step's counters: (held, detail, a
+      suffix to the row's name, why it is unchecked where it is).
     """
 
     key: str
@@ -254,6 +257,7 @@ class Contract:
     scan: Callable[[str, Any], tuple[Any, ...]] | None = None
     refuse: Callable[[Any, str, tuple[Any, ...]], None] | None = None
     fact: Callable[[tuple[Any, ...]], tuple[str, str] | None] | None = None
+    verdict: Callable[[Any, Any], tuple[bool, str, str, str]] | None = None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -304,7 +308,7 @@ def loop_options() -> dict[str, tuple[str, ...]]:
 
 
 def hooked(hook: str) -> list[Contract]:
-    """The contracts that declare ``hook`` (``"scan"``, ``"refuse"``, ``"fact"``)."""
+    """The contracts that declare ``hook`` (``"scan"``, ``"refuse"``, ``"fact"``, ``"verdict"``)."""
     return [c for c in CONTRACTS.values() if getattr(c, hook) is not None]
 
 

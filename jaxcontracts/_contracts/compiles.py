@@ -6,15 +6,32 @@ spec (carry invariance, checked at compile), and inside
 
 from __future__ import annotations
 
+from typing import Any
+
 from .._errors import Contract, RecompileError, declare
 
 __all__: list[str] = []
 
-declare(Contract("carry", "carry invariance: each returned state keeps its input's spec", RecompileError))
+
+def _carry(cs: Any, stats: Any) -> tuple[bool, str, str, str]:
+    """A signature is compiled only once carry invariance held for it."""
+    return True, "", "", ""
+
+
+def _refused(cs: Any, stats: Any) -> tuple[bool, str, str, str]:
+    return stats.refused == 0, f"{stats.refused} call(s) refused" if stats.refused else "", "", ""
+
+
+declare(
+    Contract(
+        "carry", "carry invariance: each returned state keeps its input's spec", RecompileError,
+        verdict=_carry,
+    )
+)  # fmt: skip
 declare(
     Contract(
         "signature", "arguments match a compiled signature", RecompileError,
-        row="no call refused (recompile, transfer or donation)",
+        row="no call refused (recompile, transfer or donation)", verdict=_refused,
     )
 )  # fmt: skip
 declare(

@@ -8,14 +8,42 @@ fixes for a donated array are worded here once (:data:`DONATION_FIXES`).
 
 from __future__ import annotations
 
+from typing import Any
+
 from .. import _steps
 from .._errors import Contract, DonationError, declare
 
 __all__ = ["DONATION_FIXES", "donation_fix"]
 
-declare(Contract("aliasing", "donation verified in the executable", DonationError))
+
+def _aliased(cs: Any, stats: Any) -> tuple[bool, str, str, str]:
+    """Each donated leaf aliased to an output in the executable's alias table."""
+    missing = [leaf.path for leaf in cs.leaves if leaf.donated and leaf.aliased is False]
+    unverified = bool(cs.donated) and cs.aliased is None
+    detail = (
+        "not aliased: " + ", ".join(missing) if missing
+        else "not verified: the executable's alias table could not be read" if unverified
+        else ""
+    )  # fmt: skip
+    return not missing and not unverified, detail, f" ({len(cs.donated)} leaves donated)", ""
+
+
+def _consumed(cs: Any, stats: Any) -> tuple[bool, str, str, str]:
+    """Each donated input deleted after the call (looked at on calls at checks level full)."""
+    looked = stats.consumed_checked
+    detail = (
+        f"{stats.not_consumed} call(s) where XLA copied instead" if stats.not_consumed
+        else f"{looked} of {stats.calls} calls looked at (checks level full)"
+        if cs.donated and 0 < looked < stats.calls
+        else ""
+    )  # fmt: skip
+    why = "" if not cs.donated or looked else "no call was made at checks level full"
+    return stats.not_consumed == 0, detail, "", why
+
+
+declare(Contract("aliasing", "donation verified in the executable", DonationError, verdict=_aliased))
 declare(Contract("donation-hazard", "no donated buffer is stale or passed twice", DonationError))
-declare(Contract("consumed", "every donated input consumed (XLA did not copy)", DonationError))
+declare(Contract("consumed", "every donated input consumed (XLA did not copy)", DonationError, verdict=_consumed))
 declare(
     Contract(
         "no-donated-use", "no use of donated arrays", DonationError,

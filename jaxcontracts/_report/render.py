@@ -20,7 +20,7 @@ from collections.abc import Sequence
 
 from .._compat import capabilities, capability
 from .._config import get_checks
-from .._errors import CONTRACTS, VIOLATIONS, ContractError, hooked
+from .._errors import VIOLATIONS, ContractError, hooked
 from .._format import fmt_aval, fmt_bytes, fmt_sharding
 from .._records import StepDescription, Violation, WarmupCompile
 from .timing import LoopTiming
@@ -508,41 +508,12 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
         )
     memory = ("arguments", "outputs", "aliased", "temporaries")
     report.totals = {k: getattr(cs.memory, k) for k in memory}
-    missing = [leaf.path for leaf in cs.leaves if leaf.donated and leaf.aliased is False]
-    looked = stats.consumed_checked  # calls whose donated inputs were looked at (checks level full)
-    unverified = cs.donated and cs.aliased is None
-    rows = {
-        # A signature is compiled only once carry invariance held for it.
-        "carry": (True, "", ""),
-        "aliasing": (
-            not missing and not unverified,
-            "not aliased: " + ", ".join(missing)
-            if missing
-            else ("not verified: the executable's alias table could not be read" if unverified else ""),
-            f" ({len(cs.donated)} leaves donated)",
-        ),
-        "signature": (
-            stats.refused == 0,
-            f"{stats.refused} call(s) refused" if stats.refused else "",
-            "",
-        ),
-        "consumed": (
-            stats.not_consumed == 0,
-            f"{stats.not_consumed} call(s) where XLA copied instead" if stats.not_consumed
-            else f"{looked} of {stats.calls} calls looked at (checks level full)" if cs.donated and 0 < looked < stats.calls
-            else "",
-            "",
-        ),
-    }
     failed_now = {c.key for c in extra if not c.ok}  # jc.check: this compile's failure
-    unchecked = {"consumed": "" if not cs.donated or looked else "no call was made at checks level full"}
     report.contracts = [
-        Contract(
-            (CONTRACTS[key].row or CONTRACTS[key].sentence) + suffix, ok, detail, CONTRACTS[key].error, key,
-            unchecked.get(key, ""),
-        )
-        for key, (ok, detail, suffix) in rows.items()
-        if key not in failed_now
+        Contract((c.row or c.sentence) + suffix, ok, detail, c.error, c.key, why)
+        for c in hooked("verdict")
+        if c.key not in failed_now
+        for ok, detail, suffix, why in [c.verdict(cs, stats)]  # type: ignore[misc]
     ] + list(extra)
     return report
 
