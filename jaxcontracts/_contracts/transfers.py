@@ -47,8 +47,10 @@ HOST_FIXES = {
     "jax.jit, compiled and called on its own: jit the whole step that calls it, where it is "
     "traced once into one program, its static values compiled in and its buffers reused",
     # a Python scalar in an eager op
-    "eager": "a Python scalar in an eager op (x * 2 outside a step) is a transfer too: do the op "
-    "inside a hot_step, or make the scalar a device array before the loop",
+    "eager": "a Python number in an eager op (x * 2 outside a step) is copied to the device at "
+    "every call: do the op inside the hot_step (return what you need) or in a jax.jit helper "
+    "warmed before the loop (constants are compiled in), or make the constant a device array "
+    "once, before the loop (one = jnp.int32(1); flag & one)",
 }
 
 

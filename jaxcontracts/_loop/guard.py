@@ -28,6 +28,7 @@ from typing import Any, Literal, TypeVar, overload
 
 from .._compat import arrays, frames, guardlog, jitwatch, threadguard
 from .._config import get_checks
+from .._contracts.transfers import host_fix
 from .._errors import (
     CONTRACTS,
     VIOLATIONS,
@@ -68,10 +69,8 @@ T = TypeVar("T")
 _NOTED = 8
 
 _LOGGED_FIX = (
-    "rerun with on_violation=\"raise\" to stop at the line; the usual cause is an "
-    "eager op or a jax.jit call given a Python scalar or a numpy array (x * 2.0 "
-    "on an array, f(np_array)): make constants device arrays before the loop "
-    "(two = jnp.float32(2.0)) or move the arithmetic into the step."
+    "rerun with on_violation=\"raise\" to stop at the line. The usual causes: a numpy array "
+    "given to a jax.jit call (f(np_array)): " + host_fix("constant") + "; " + host_fix("eager") + "."
 )
 
 

@@ -66,11 +66,7 @@ _CONSTANT_TITLE = (
 
 
 _CONSTANT_FIX = (
-    "each eager op with a Python number copies it to the device on every call. "
-    "Do the op inside the hot_step (return what you need), or in a jax.jit "
-    "helper warmed before the loop (constants are compiled in); or make the "
-    "constant a device array once, before the loop (one = jnp.int32(1); flag & one). "
-    "If these small copies are acceptable here: "
+    host_fix("eager") + ". If these small copies are acceptable here: "
     'jc.hot_loop(transfers="allow_host_to_device") (device-to-host reads stay refused).'
 )
 
