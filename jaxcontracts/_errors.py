@@ -1,20 +1,12 @@
 """The exception hierarchy, and the one place where messages are assembled.
 
-Two families under one root, as in jaxtyping and beartype: `DefinitionError`
-is raised while a decorator or a state class is being *defined* (misuse of the
-API); the others are raised while a program *runs* and a contract is broken.
-
-Every error carries structured fields: which contract (``contract``, a key of
-:data:`CONTRACTS`), which step (``step``), which leaves (``leaves``) and the
-fix (``fix``). Reports and the pytest plugin read these fields, never the
-message text. Raise sites give the parts; :func:`compose` lays them out in one
-fixed anatomy: the summary line, the detail lines (one per leaf or
-parameter), ``Fix: ...``, then a note on what happened to the inputs.
-
-The vocabulary lives here once: each contract is one :class:`Contract`,
-declared with :func:`declare` in its own module under ``_contracts``; :data:`CONTRACTS`, :data:`VIOLATIONS` and the loop's options
-(:func:`loop_options`) are derived from the declarations, read by the loop,
-the reports, ``explain`` and the pytest plugin.
+`DefinitionError` is raised at definition (API misuse), the others while a
+program runs. Every error carries structured fields (``contract``, ``step``,
+``leaves``, ``fix``) that reports read, never the text; :func:`compose` lays
+out the message: summary, details, ``Fix: ...``, a note on the inputs. Each
+contract is one :class:`Contract`, declared (:func:`declare`) in its module
+under ``_contracts``; :data:`CONTRACTS`, :data:`VIOLATIONS` and
+:func:`loop_options` derive from them.
 """
 
 from __future__ import annotations
@@ -78,13 +70,9 @@ def error_name(cls: type) -> str | None:
 
 
 def docs_pointer(cls: type) -> str:
-    """``See: python -m jaxcontracts explain TransferError``: the section on
-    ``cls``'s errors, offline, from the installed package.
-
-    The name is :func:`error_name`'s; the errors page pins its anchor with
-    ``{#name}``. With ``JAXCONTRACTS_DOCS_URL`` set, the
-    section on that site follows. ``tests/test_explain.py`` checks each resolves.
-    """
+    """``See: python -m jaxcontracts explain TransferError`` (offline), and the
+    section on ``JAXCONTRACTS_DOCS_URL``'s site where set (anchor ``{#name}``;
+    ``tests/test_explain.py`` checks each resolves)."""
     name = error_name(cls) or "ContractError"
     base = docs_base()
     site = f" (or {base}{DOCS_ERRORS}#{name.lower()})" if base else ""
@@ -107,13 +95,9 @@ def _clip(line: str) -> str:
 
 
 def compose(summary: str, details: Sequence[str] = (), fix: str = "", note: str = "") -> str:
-    """The message anatomy: summary, details, ``Fix:``, note (each optional).
-
-    Bounded whatever the state's size: the first :data:`MAX_DETAIL_LINES`
-    detail lines, then ``... and N more``; a summary or detail line cut at
-    :data:`MAX_LINE` characters (the fix and the note are written by us, never
-    lists of leaves). The whole list stays on the error (``.details``, ``.leaves``).
-    """
+    """The message anatomy: summary, details, ``Fix:``, note (each optional),
+    bounded whatever the state's size (:data:`MAX_DETAIL_LINES`,
+    :data:`MAX_LINE`); the whole list stays on the error (``.details``)."""
     detail_lines = [line for d in details for line in d.split("\n")]
     hidden = len(detail_lines) - MAX_DETAIL_LINES
     if hidden > 0:
@@ -154,9 +138,7 @@ class ContractError(Exception):
         leaves: Sequence[str] = (),
         fix_in_details: bool = False,
     ) -> None:
-        # Every message ends with a pointer to its section of the errors page.
-        # ``fix_in_details``: the details already say each leaf's fix (a
-        # SpecError listing several fields), so no ``Fix:`` line repeats it.
+        # ``fix_in_details``: the details say each leaf's fix (no ``Fix:`` line).
         shown_fix = "" if fix_in_details else fix
         super().__init__(compose(summary, details, shown_fix, note) + "\n" + docs_pointer(type(self)))
         self.contract = contract or self.default_contract
@@ -166,9 +148,8 @@ class ContractError(Exception):
         self.fix = fix
 
     def add_note(self, note: str, /) -> None:
-        """A note, except JAX's "removed its internal frames" one: raised from
-        inside a jitted call (a loop's refusal of its arguments), the error
-        already ends at the user's line, and that note would only add noise."""
+        """A note, except JAX's "removed its internal frames" one (our error
+        already ends at the user's line)."""
         if note.startswith("--------------------\nFor simplicity, JAX has removed"):
             return
         super().add_note(note)

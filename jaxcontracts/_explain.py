@@ -1,12 +1,8 @@
 """Help that resolves offline: the errors page, read from the installed package.
 
-``python -m jaxcontracts explain DonationError`` (and ``jc.explain(err)`` in a
-notebook) prints the section of ``_pages/errors.md`` that a message points to,
-in the version installed, as ``rustc --explain`` does. The docs site builds
-its errors page from the same file (``docs/errors.md`` includes it), so the
-two never differ. A name is an error class, an anchor of the page
-(``kept-reference``), a kind of loop violation (``transfer``) or a contract
-key (``donation-hazard``): the last two lead to their error class's section.
+``python -m jaxcontracts explain DonationError`` (or ``jc.explain(err)``)
+prints the section of ``_pages/errors.md`` a message points to, as ``rustc
+--explain`` does; ``docs/errors.md`` includes the same file.
 """
 
 from __future__ import annotations

@@ -151,13 +151,9 @@ _PLAIN = (str, bytes, bool, int, float, complex, type(None), type)
 
 
 def fmt_object(value: Any, limit: int = 60) -> str:
-    """``Holder(w: f32[3])``: an opaque value described without running its ``repr``.
-
-    A user's ``repr`` may read device arrays (a transfer, refused inside a
-    loop), be slow, or fail; so only plain values (strings, numbers, types)
-    are shown by ``repr``. Any other object is its type's name and the specs
-    of the arrays in its ``__dict__`` (read as data: nothing of the object runs).
-    """
+    """``Holder(w: f32[3])``: an opaque value described without running its
+    ``repr`` (which may read device arrays, be slow, or fail): plain values by
+    ``repr``, others by type name and the specs of their ``__dict__``'s arrays."""
     if isinstance(value, (jax.Array, np.ndarray)):
         weak = bool(getattr(getattr(value, "aval", None), "weak_type", False))
         kind = "numpy" if isinstance(value, np.ndarray) else "jax"

@@ -1,9 +1,7 @@
 """Donation hazards at call time, and the field a leaf path selects.
 
-Donation is derived per leaf from the state type (``_step.definition``), never from
-argument positions; what XLA really aliased is read from the executable
-(``_compat.executable``). Here: the checks that need the arguments themselves,
-a buffer already deleted or one buffer passed twice.
+The checks that need the arguments themselves: a buffer already deleted, or
+one buffer passed twice.
 """
 
 from __future__ import annotations
@@ -28,13 +26,8 @@ def field_of(key: Any) -> str | None:
 def find_hazards(
     leaves: Sequence[Any], donated: Sequence[int]
 ) -> tuple[list[int], list[tuple[int, int]]]:
-    """Donated leaves already deleted, and pairs of leaves sharing a buffer.
-
-    Returns:
-        ``(deleted, duplicates)``: indices of deleted leaves (donated or not),
-        and ``(first, second)`` index pairs where a donated buffer appears
-        twice among the arguments.
-    """
+    """``(deleted, duplicates)``: the deleted leaves (donated or not), and
+    ``(first, second)`` pairs where a donated buffer appears twice."""
     deleted = [i for i, x in enumerate(leaves) if is_deleted_array(x)]
     donated_set = set(donated)
     seen: dict[Any, int] = {}

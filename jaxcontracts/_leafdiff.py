@@ -1,9 +1,7 @@
 """Leaf diffs: how one array's spec differs from another's, in a message's words.
 
-Shape, dtype, weak type, memory kind and placement, with the likely cause:
-the vocabulary a hot step's ``RecompileError`` (``_step.diffs``) and a plain
-``jax.jit``'s recompile in a loop (``_loop.signatures``) both speak. Every text
-comes from specs, never from device memory.
+Shape, dtype, weak type, memory kind and placement, with the likely cause,
+for hot steps and plain ``jax.jit`` alike; from specs, never device memory.
 """
 
 from __future__ import annotations
@@ -49,18 +47,13 @@ def diff_lines(
     cause: Callable[[LeafDiff], str] | None = None,
     full_paths: bool = True,
 ) -> tuple[list[str], list[str]]:
-    """The detail lines of a message about leaf diffs, and the leaves they name.
-
-    One line per leaf, ``    s.pos: <words[0]> f32[4], <words[1]> i32[4]``,
-    then its cause, indented, when there is one (``cause(d)``, else
-    ``d.cause``). ``full_paths``: write ``s.pos`` (else ``.pos``, under a
-    header naming the parameter).
-    """
+    """The detail lines of a message about leaf diffs (``    s.pos: takes f32[4],
+    returns i32[4]``, then the cause), and the leaves they name.
+    ``full_paths``: ``s.pos`` (else ``.pos``, under a header naming it)."""
     lines: list[str] = []
     leaves: list[str] = []
     for d in diffs:
-        # ``s.pos`` for parameter ``s`` and leaf path ``.pos``; a structural path
-        # such as ``(structure)`` names the parameter alone
+        # a structural path such as ``(structure)`` names the parameter alone
         name = param if d.path.startswith("(") else f"{param}{d.path}"
         lines.append(f"    {name if full_paths else d.path}: {words[0]} {d.expected}, {words[1]} {d.got}")
         why = cause(d) if cause is not None else d.cause
@@ -80,11 +73,8 @@ def describe_leaf(spec: Any, with_sharding: bool) -> str:
 
 
 def same_placement(a: Any, b: Any, ndim: int) -> bool:
-    """Whether two shardings place an ``ndim`` array alike (``None``: unknown, alike).
-
-    Shardings that differ as objects may place the data alike (``P('x',
-    None)`` vs ``P('x')``, a renamed mesh axis); the executable accepts them.
-    """
+    """Whether two shardings place an ``ndim`` array alike (``None``: unknown,
+    alike), as the executable accepts ``P('x', None)`` for ``P('x')``."""
     if a is None or b is None or a == b:
         return True
     try:

@@ -1,10 +1,7 @@
-"""What hot steps and hot loops share at run time, below both of them.
-
-A hot step never imports the loop guard (``_loop.guard``); both meet here:
-the thread's active loop (set by the guard), a counter that tells a step
-after each call whether any loop is active anywhere, and the questions
-messages ask: which step returned an array inside a loop (``advance -> .t``),
-and how a donated array is worded (:func:`donated`; its fixes: ``_contracts.donation``).
+"""What hot steps and hot loops share at run time, below both of them: the
+thread's active loop (set by ``_loop.guard``), whether any loop is active,
+which step returned an array in a loop, and how a donated array is worded
+(its fixes: ``_contracts.donation``).
 """
 
 from __future__ import annotations
@@ -85,13 +82,9 @@ class LoopHandle(Protocol):
 
 
 class LoopStack:
-    """One thread's active loops, in entry order.
-
-    A plain object held by the thread-local, so that a loop exited on another
-    thread (a generator closed there) can still update the thread it was
-    entered on. ``entries`` belong to the guard; ``loop`` is the innermost
-    checking one, kept up to date by the guard.
-    """
+    """One thread's active loops, in entry order (an object, so a loop exited
+    on another thread can update its own); ``loop``: the innermost checking
+    one, kept by the guard."""
 
     __slots__ = ("entries", "loop", "saved", "thread")
 
@@ -165,12 +158,9 @@ def produced_by(x: Any) -> str | None:
 
 
 def donated(by: str | None, already: bool = False, brief: bool = False) -> str:
-    """How every message says that an array was donated: to ``by``, the step
-    that consumed it where that is proven (the consumed class of a
-    ``jc.state``), else that it was deleted, with the live hot steps that
-    donate (which of them, or a plain ``jax.jit``, took it is not recorded).
-    ``already``: said of an array passed again; ``brief``: "was deleted"
-    alone, for one line of many (:func:`deleted_because` says why, once)."""
+    """How every message says that an array was donated: to ``by`` where proven,
+    else deleted, naming the live donating steps. ``already``: passed again;
+    ``brief``: "was deleted" alone (:func:`deleted_because` says why, once)."""
     was = "was already" if already else "was"
     if by:
         return f"{was} donated to {by}"
@@ -210,15 +200,10 @@ def held_outputs(steps: Sequence[Any]) -> list[Any]:
 def arrays_named(
     frame: Any, lineno: int, only: Any = None, limit: int = 5
 ) -> list[tuple[str, Any]]:
-    """(``name.path``, array) for the deleted arrays that ``frame``'s code
-    refers to (``only``: that array alone), the names on line ``lineno`` first.
-
-    The user's frame holds the array directly (``x``) or inside a state it
-    holds (``old.position`` of a NamedTuple, ``state.params['w']``,
-    ``samples[3]``). ``only`` read inside the user's own method (an equinox
-    or NNX Module's ``__call__``), where ``frame`` names it by ``self`` or not
-    at all: the callers' name for it (``model.l1.kernel.value``) where one of
-    theirs names it. Only called to word a message; reads no device memory.
+    """(``name.path``, array) for the deleted arrays ``frame``'s code refers to
+    (``only``: that one), the names on line ``lineno`` first, directly or
+    inside a state (``state.params['w']``); inside the user's own method, the
+    callers' name for ``only`` (``model.l1.kernel.value``). Reads no device memory.
     """
     found = _named_in(frame, lineno, only, limit)
     caller, searched = frame.f_back, 0
@@ -316,11 +301,9 @@ registry.probe_in(library_code)
 def compiling(name: str, spec: str = "jc.spec_of(<its arguments>)", fn: Any = None, why: str = "") -> Iterator[None]:
     """Wrap a hot step's compile: a violation inside a loop (recorded once).
 
-    ``spec``: how the fix writes the step's ``.compile`` arguments (``lr,
-    S.spec(...)`` for the user's state class ``S`` after a parameter ``lr``). ``fn``: the step's function, which a
-    loop's warm-up tells steps apart by (two instances' method steps, two
-    lambdas of one factory share a name; a weak reference, nothing kept alive).
-    ``why``: what makes the arguments a new signature, for the violation's words.
+    ``spec``: the fix's ``.compile`` arguments (``lr, S.spec(...)``); ``fn``:
+    what a warm-up tells steps apart by (held weakly; names may repeat);
+    ``why``: what makes the arguments a new signature.
     """
     __tracebackhide__ = True
     loop = local.loop
@@ -348,9 +331,8 @@ def compiling(name: str, spec: str = "jc.spec_of(<its arguments>)", fn: Any = No
             f"{short}.compile(<the new arguments>) inside "
             'with jc.hot_loop(compiles="allow"), in the branch that makes them.',
         )
-    # A permitted compile (or one record mode goes on with) is not reported
-    # again phase by phase, and what its trace runs eagerly (equinox's enums,
-    # diffrax's checks under jax.ensure_compile_time_eval) is part of it.
+    # A permitted compile is not reported again phase by phase, and what its
+    # trace runs eagerly (jax.ensure_compile_time_eval) is part of it.
     local.allow += 1
     try:
         with jax.transfer_guard("allow"):

@@ -1,13 +1,6 @@
-"""The one registry of live hot steps, and what every module may read of one.
-
-A hot step registers itself when it is made; the registry holds it weakly,
-so a step that is freed leaves it with no finalizer and no id to reuse. The
-modules that need every live step read them here: the checks level
-(``_config``) tells each one the level changed, the loop clock (``_timing``)
-turns timing on and off and reads the counters, messages (``_runtime``) read
-the last-output slots, contract snapshots (``_snapshot``) read the counts.
-Each reads only the :class:`LiveStep` protocol below, never a private
-attribute.
+"""The one registry of live hot steps (held weakly: a freed step leaves it
+with no finalizer), and the :class:`LiveStep` protocol, all that other modules
+(the checks level, the loop clock, messages, snapshots) read of one.
 """
 
 from __future__ import annotations
@@ -116,10 +109,8 @@ def checks_changed(level: str) -> None:
 
 
 def last_outputs(steps: Iterable[LiveStep] | None = None) -> Iterator[tuple[str, Any]]:
-    """``(short name, output)`` of each step's last call made inside a loop
-    (``steps``: default every live step). Only outputs are recorded, and only
-    while a loop is active: the loop clock looks at them at exit, and a
-    message names the step that returned an array (``advance -> .t``)."""
+    """``(short name, output)`` of each step's last call inside a loop (default:
+    every live step), for the loop clock and messages (``advance -> .t``)."""
     for step in live() if steps is None else steps:
         out = step.last_output[0]
         if out is not None:
@@ -133,25 +124,16 @@ def clear_last_outputs(steps: Iterable[LiveStep] | None = None) -> None:
 
 
 # -- which step consumed a deleted array -----------------------------------
-# A step's call at ``full`` leaves the arrays it consumed in its
-# ``last_consumed`` slot; at its next call (``_step.callctx.make_tail``) those
-# still held by anything besides that slot (the user's saved copy, a
-# ``locals()`` dict) move here (:func:`keep`), each behind a weak reference.
-# So a later read of such an array names its consumer however many calls
-# later it comes.
-
-# A plain ``jax.jit``'s donation is remembered here too (``_loop.plainjit``,
-# ``_audit.watch``), with what names it: a :class:`JitDonation`.
+# Consumed arrays still held elsewhere at a step's next call (``make_tail``),
+# and a plain ``jax.jit``'s donations (a :class:`JitDonation`), are kept here
+# by weak reference (:func:`keep`), so a later read names the consumer.
 
 
 @dataclasses.dataclass(frozen=True)
 class JitDonation:
-    """A donated parameter of a plain ``jax.jit`` function, as a consumer.
-
-    ``instead``: the function's parameters that are not donated while its
-    outputs could take their buffers (``state`` where ``lr`` is donated):
-    non-empty, the donation likely drifted when a parameter was inserted.
-    """
+    """A donated parameter of a plain ``jax.jit`` function, as a consumer;
+    ``instead``: undonated parameters whose buffers the outputs could take
+    (the donation likely drifted when a parameter was inserted)."""
 
     function: str  # its short name
     param: str
@@ -164,9 +146,6 @@ class JitDonation:
 
 
 _held: dict[int, tuple[weakref.ref[Any], str | JitDonation]] = {}
-# Dead entries are dropped when the table doubles, not by a callback at the
-# array's death: that would run library code wherever the last reference
-# goes (a Ctrl-C landing in it is lost), and costs a call per array.
 _prune_at = [64]
 
 
@@ -185,11 +164,10 @@ def keep(arrays: Iterable[Any], step: str | JitDonation, held_only: bool = False
 
 
 def prune_dead(table: dict[Any, tuple[Any, ...]], limit: int, floor: int = 64) -> int:
-    """Once ``table`` grew past ``limit``, drop its entries whose first item, a
-    weak reference, is dead; the next limit (twice what lives). Every table
-    the library keys by an object it holds weakly forgets the dead this way,
-    never by a callback at the object's death (library code run wherever the
-    last reference goes, where a Ctrl-C landing in it is lost)."""
+    """Once ``table`` grew past ``limit``, drop its entries whose weak reference
+    is dead; returns the next limit. Never a callback at the object's death:
+    library code would run wherever the last reference goes (a Ctrl-C there
+    is lost)."""
     if len(table) <= limit:
         return limit
     for key in [key for key, entry in table.items() if entry[0]() is None]:

@@ -1,12 +1,7 @@
-"""A contract error's traceback ends at the user's line, as JAX's errors do.
-
-JAX removes its own frames from the traceback of an error that leaves its API
-(``jax._src.traceback_util.api_boundary``), switched off by
-``JAX_TRACEBACK_FILTERING=off`` (the ``jax_traceback_filtering`` option). A
-contract error leaves ours the same way, and the same switch governs it: at
-the outermost frame of ours it crosses (a hot step's call path, a hot loop's
-exit, a public function) its traceback is rebuilt from the frames that are
-not library code (:func:`is_library`), so it lists the user's lines only.
+"""A contract error's traceback ends at the user's line, as JAX's errors do
+(``jax._src.traceback_util.api_boundary``): at the outermost frame of ours it
+crosses, it is rebuilt without library frames (:func:`is_library`), under
+JAX's switch (``JAX_TRACEBACK_FILTERING=off`` shows them).
 """
 
 from __future__ import annotations
@@ -42,15 +37,9 @@ _INSTALLED = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.s
 
 @functools.lru_cache(maxsize=4096)
 def _is_installed(path: str) -> bool:
-    """Code of an installed package: jax_md, flax, optax... A message points at
-    the user's line that called into it.
-
-    Installed means in a site folder (site-packages / dist-packages), or listed
-    in the ``RECORD`` of a distribution an installer put on ``sys.path``
-    elsewhere (``pip install --target DIR`` with ``DIR`` on ``PYTHONPATH``).
-    A package installed in editable mode is the user's own code: its record
-    lists only the hook that finds the sources, never the sources.
-    """
+    """Code of an installed package (flax, optax): in a site folder, or listed in
+    a ``RECORD`` on ``sys.path`` (``pip install --target``). An editable
+    install is the user's own code (its record lists only the finder hook)."""
     if any(marker in path for marker in _INSTALLED):
         return True
     for entry in sys.path:
@@ -74,17 +63,10 @@ def _recorded(root: str) -> frozenset[str]:
 
 @functools.lru_cache(maxsize=8192)
 def is_library(filename: str, installed: bool = True, name: str = "") -> bool:
-    """Library code: JAX, numpy, the standard library, our private modules,
-    a dataclass's generated method, and (``installed=True``) any installed package.
-
-    A module of this package is library code when its path below the package
-    has a component starting with ``_`` (``_guard.py``, ``_compat/...``,
-    ``__main__.py``); public subpackages such as ``jaxcontracts.demo`` are
-    code written as a user would, and messages point into them. ``name`` is
-    the code's name: a ``__repr__`` or ``__init__`` compiled from
-    ``<string>`` is one that ``dataclasses`` generated (``print(state)`` is
-    the user's line, not ``<string>:3``).
-    """
+    """Library code: JAX, numpy, the standard library, our private modules (a
+    path component starting with ``_``; ``jaxcontracts.demo`` is user code), a
+    dataclass's generated dunder (``name``, from ``<string>``), and
+    (``installed=True``) any installed package."""
     if filename.startswith("<"):
         return filename.startswith("<frozen") or (
             filename == "<string>" and name.startswith("__") and name.endswith("__")
@@ -112,16 +94,9 @@ _HIDDEN = (
 
 
 def trim(err: BaseException) -> None:
-    """Drop every library frame from a contract error's traceback, in place,
-    and this package's private frames from any other error's (raised by the
-    user's function while a step traces it, or by its executable), and
-    JAX's: it ends at the user's line, as under ``jax.jit``.
-
-    Called at a boundary (the outermost frame of ours the error crossed),
-    followed there by a bare ``raise``, which re-raises without adding that
-    frame again. Frames of installed packages (flax, optax) and of the user's
-    own functions stay; so does everything when filtering is off.
-    """
+    """Drop every library frame from a contract error's traceback, in place;
+    from any other error's, ours and JAX's only (installed packages stay).
+    Called at a boundary, then a bare ``raise`` (which adds no frame)."""
     if isinstance(err, ContractError):
         _drop_frames(err, lambda code: is_library(code.co_filename, False, code.co_name))
     else:  # JAX's frames go too, as JAX's own filtering drops them from a jax.jit call's error
@@ -147,12 +122,9 @@ def trim_ours(err: BaseException) -> None:
 
 
 def let_go(tb: TracebackType | None) -> None:
-    """Clear the locals of this package's private frames an error has left
-    (``tb``'s first frame, the one handling it, runs still): a traceback kept
-    after the error (IPython's ``sys.last_traceback``, a logged exception)
-    then holds none of the user's arrays, which the next call of a step would
-    count as held elsewhere. The frames stay in the traceback (with
-    ``JAX_TRACEBACK_FILTERING=off`` too), their lines and names intact."""
+    """Clear the locals of our private frames in ``tb`` (past its first, still
+    running): a kept traceback (``sys.last_traceback``) then holds none of the
+    user's arrays, which a step's next call would count as held elsewhere."""
     tb = tb.tb_next if tb is not None else None
     while tb is not None:
         frame = tb.tb_frame

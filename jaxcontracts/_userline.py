@@ -1,9 +1,8 @@
 """Finding the user's line: the frame, ``file:line`` and source text a message points at.
 
-A violation is reported at the innermost frame of the user's own code: not
-JAX's, numpy's or the standard library's, not this package's private modules,
-and (preferably) not an installed package's (flax, optax, jax_md...), so a
-read inside a library the user called is reported at the user's call.
+A violation is reported at the innermost frame of the user's own code
+(preferably not an installed package's: a read inside flax is reported at the
+user's call into it).
 """
 
 from __future__ import annotations
@@ -95,13 +94,10 @@ _PLAIN = (bool, int, float, str, bytes, type(None))
 
 
 def _static_test(test: ast.expr, names: Mapping[str, Any]) -> bool:
-    """Whether a test makes no eager op: a name, a constant or an attribute
-    alone (``if flag:``, ``if cfg.relu:``: its truth is read, nothing is
-    computed), their ``not``/``and``/``or``, or an expression of an array's
-    metadata, constants, ``len``/``isinstance`` and names whose value in the
-    frame is a Python number, string or bool (``i % 10 == 0``,
-    ``x.shape[0] > n``, ``x.dtype == jnp.float32``). A comparison of
-    anything else (``s.loss < 1e-3``) may compute on the device."""
+    """Whether a test makes no eager op: names, constants, attributes alone
+    (``if cfg.relu:``) and their ``not``/``and``/``or``, or expressions of
+    array metadata, constants, ``len``/``isinstance`` and Python values in
+    the frame (``x.shape[0] > n``); ``s.loss < 1e-3`` may compute on the device."""
     if isinstance(test, ast.BoolOp):
         return all(_static_test(v, names) for v in test.values)
     if isinstance(test, ast.UnaryOp) and isinstance(test.op, ast.Not):
@@ -140,15 +136,10 @@ _UNKNOWN = object()
 
 
 def host_read_on_line(user: FrameType | None) -> str | None:
-    """How the user's line reads an eager result on the host, if it visibly does.
-
-    The test of an ``if``/``while``/``assert``/ternary that computes
-    something (``if x.sum() > 0:``; not ``if flag:``) tests a value on the
-    host (``bool()``); ``float()``, ``int()`` (the builtins), ``.item()``,
-    ``.tolist()`` and numpy's ``asarray``/``array`` (their module resolved in
-    the frame's globals: ``jnp.asarray`` is no read) copy it; the compile the
-    guard saw is that expression's eager op.
-    """
+    """How the user's line reads an eager result on the host, if it visibly does:
+    a computing ``if``/``while``/``assert``/ternary test (``bool()``), or
+    ``float()``, ``int()``, ``.item()``, ``.tolist()``, numpy's ``asarray``
+    (resolved in the frame's globals: ``jnp.asarray`` is no read)."""
     text = where(user)[1]
     if not text or user is None:
         return None

@@ -155,17 +155,11 @@ def hook_deleted_reads(
     explain: Callable[[Any], BaseException | None],
     explain_wait: Callable[[Any], BaseException | None],
 ) -> None:
-    """Make ``ArrayImpl._check_if_deleted`` raise ``explain(array)`` (once),
-    and ``block_until_ready``'s error for a deleted array be
-    ``explain_wait(array)``'s (JAX's is not a ``RuntimeError`` to replace
-    lightly: ``explain_wait`` words only what it knows was consumed).
-
-    JAX calls it before every Python read (``_value``: print, float,
-    np.asarray, device_get) and before an eager op or a ``jax.jit`` call puts
-    the array in its arguments. The replacement costs what the original does
-    (one ``is_deleted()``) until the array is deleted; then ``explain`` words
-    the error, or returns None for JAX's own ``RuntimeError``.
-    """
+    """Make ``ArrayImpl._check_if_deleted`` raise ``explain(array)`` (once), and
+    a deleted array's ``block_until_ready`` error ``explain_wait(array)``'s
+    (None from either: JAX's own error). JAX calls it before every Python
+    read and before an op or ``jax.jit`` call takes the array; it costs one
+    ``is_deleted()`` as before."""
     if _deleted_hook or not capability("deleted-read-hook").available:
         return
     original = ArrayImpl.__dict__["_check_if_deleted"]
@@ -273,14 +267,11 @@ def buffer_hooks(
     Args:
         refuse: called with the array on every buffer export; ``True`` refuses
             it (numpy then falls back to ``__array__``).
-        refused: called when an export is refused. On Python >= 3.12 it
-            raises the contract error that ``memoryview()`` will see. On 3.11
-            a ctypes callback cannot leave a Python exception set (ctypes
-            reports and clears it), so the slot returns -1 without one and
-            the consumer (``memoryview``, ``hashlib``, ``np.frombuffer``)
-            raises ``SystemError``; ``refused`` is called first, inside a
-            ``try``, so that the caller can keep its error and put it in place
-            of that ``SystemError`` (see :func:`is_unset_error`).
+        refused: called when an export is refused; on >= 3.12 it raises the
+            error ``memoryview()`` sees. On 3.11 a ctypes callback cannot
+            leave an exception set, so the consumer raises ``SystemError``;
+            ``refused`` runs first in a ``try`` so the caller can keep its
+            error and put it in that one's place (:func:`is_unset_error`).
     """
     if not capability("buffer-hook").available:
         return (lambda: None), (lambda: None)

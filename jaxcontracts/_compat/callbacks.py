@@ -1,17 +1,12 @@
 """Host callbacks an executable runs (``jax.debug.callback``/``print``,
 ``pure_callback``, ``io_callback``): a hook around each.
 
-XLA calls back into Python while a compiled step runs; on CPU that happens on
-the thread that dispatched the step, inside its ``jc.hot_loop``. The
-callback's own eager ops (``jnp.sum(x)`` in a ``jax.debug.callback``) would
-then be refused by the loop, and the refusal fails the whole step after XLA
-took its donated buffers: the state is gone and no output is returned. The
-hook lets the loop lift its guards for the callback's duration.
-
-JAX's lowerings call ``debug_callback_p.impl``, ``pure_callback_impl`` and
-``io_callback_impl`` by attribute or global name when the callback runs, so
-replacing those three attributes reaches every compiled callback, including
-those compiled before the hook was installed.
+On CPU a callback runs on the dispatching thread, inside its ``jc.hot_loop``,
+whose refusal of the callback's eager ops would fail the step after XLA took
+its donated buffers: the hook lifts the loop's guards for the callback. JAX
+calls ``debug_callback_p.impl``, ``pure_callback_impl`` and
+``io_callback_impl`` by name at run time, so replacing them reaches every
+compiled callback, even those compiled before.
 """
 
 from __future__ import annotations

@@ -1,20 +1,12 @@
 """JAX's runtime tokens for a compiled step's ordered effects, made ahead.
 
-A step with an ordered effect (``io_callback(..., ordered=True)``,
-``jax.debug.print(..., ordered=True)``) takes an effect token. JAX keeps the
-last token per effect in ``jax._src.dispatch.runtime_tokens`` (one set per
-thread); the first call on a thread, or the first after
-``jax.effects_barrier()`` cleared the set, makes one by transferring a
-``bool[0]`` numpy array to the devices (``shard_args``). Inside a
-``jc.hot_loop`` that transfer is JAX's own, not the user's, but the loop's
-host-to-device guard refused it: a ``TransferError`` for ``bool[0]`` whose fix
-("put host data on the device once") the user cannot apply.
-
-:func:`effect_tokens` reads the executable's ordered effects and devices
-(``Compiled._executable.unsafe_call``: ``ordered_effects``,
-``_local_devices``) and returns a function that makes each missing token with
-the calling thread's host-to-device guard lifted, before the call; the call
-itself then only reshards the existing token on the device.
+JAX keeps the last token per ordered effect in
+``jax._src.dispatch.runtime_tokens`` (per thread); the first call on a
+thread, or after ``jax.effects_barrier()``, makes one by transferring a
+``bool[0]`` numpy array, which a ``jc.hot_loop`` would refuse as the user's.
+:func:`effect_tokens` reads the executable's ``ordered_effects`` and
+``_local_devices`` (``Compiled._executable.unsafe_call``) and makes each
+missing token before the call, with the host-to-device guard lifted.
 """
 
 from __future__ import annotations

@@ -83,13 +83,9 @@ def _probe_cache_events() -> str | None:
 
 
 class CacheOutcome:
-    """What JAX's persistent compilation cache did for the compiles in a block.
-
-    ``hits`` and ``misses`` count lookups in the cache (JAX's event for a
-    compile request it considered for the cache is recorded even with no
-    cache directory, so it decides nothing and is not counted). Events are
-    counted on the compiling thread only.
-    """
+    """What JAX's persistent compilation cache did for a block's compiles, on the
+    compiling thread: ``hits`` and ``misses`` (its "considered" event fires
+    even without a cache directory, so it is not counted)."""
 
     __slots__ = ("hits", "misses", "thread")
 

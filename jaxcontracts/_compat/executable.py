@@ -1,20 +1,15 @@
 """What a compiled executable really aliases (its HLO ``input_output_alias``).
 
-What JAX reports about donation (``args_info[...].donated``) is the request;
-what XLA did is in the executable's alias table, printed on the first line of
-its HLO module. No public API returns it, so we parse that line; the public
-``memory_analysis().alias_size_in_bytes`` is the fallback, and when neither
-is readable the aliasing is *not verified* (reports show it, never a pass).
+JAX's ``args_info[...].donated`` is the request; what XLA did is the alias
+table on the first line of the HLO module, which no public API returns: we
+parse it, with ``memory_analysis().alias_size_in_bytes`` as the fallback, else
+the aliasing is *not verified* (reports say so, never a pass).
 
-Printing the module costs about 1 us per HLO op (50 ms for a 12-layer
-transformer), for a table of one line. Where JAX paired a donated argument
-with an output itself, it writes that alias into the lowered module
-(``tf.aliasing_output`` on the entry parameter), and XLA keeps an alias it
-is given: :func:`requested_aliases` reads those attributes (one per argument,
-never the program), and the executable's text is printed only where XLA
-chose (``jax.buffer_donor``: a donation JAX could not pair by shape, or a
-sharded output XLA places), or where the executable did not come from this
-lowering (JAX's persistent compilation cache).
+Printing the module costs ~1 us per HLO op (50 ms for a 12-layer
+transformer). XLA keeps an alias JAX requested (``tf.aliasing_output`` on the
+entry parameter), so :func:`requested_aliases` reads those attributes, and
+the text is printed only where XLA chose (``jax.buffer_donor``) or the
+executable came from JAX's persistent compilation cache.
 """
 
 from __future__ import annotations
@@ -59,14 +54,9 @@ def _probe_alias_request() -> str | None:
 
 
 def requested_aliases(lowered: Any, n_args: int) -> frozenset[int] | None:
-    """The flat arguments JAX paired with an output in the lowered module.
-
-    Each is an alias XLA is asked for, not left for XLA to find (that is
-    ``jax.buffer_donor``, not counted). Reads one attribute dictionary per
-    entry parameter (hoisted constants and tokens come first and are
-    skipped). ``None`` where the module cannot be read; the caller then
-    reads the executable's alias table.
-    """
+    """The flat arguments JAX paired with an output in the lowered module (not
+    ``jax.buffer_donor``), one attribute dictionary per entry parameter
+    (hoisted constants and tokens skipped). ``None``: unreadable."""
     if not capability("alias-request").available:
         return None
     try:

@@ -48,18 +48,10 @@ def caller_frame(depth: int) -> FrameType | None:
 
 
 def locals_of(frame: Any) -> dict[str, Any]:
-    """A copy of a user frame's local variables where reading them writes
-    nothing; ``{}`` where it would.
-
-    Before Python 3.13, reading a function frame's ``f_locals`` syncs the
-    frame's own locals dict, the very dict ``locals()`` returned to the
-    function and that ``pdb`` writes back on ``continue``: a variable bound
-    since appears in the user's ``hparams = locals()``, a deleted one leaves
-    it, and the dict keeps every local alive until the function returns. So
-    there a function frame's locals are not read at all (a message then
-    names the user's line, not the variable). Since 3.13 ``f_locals`` is a
-    proxy that reads the frame and keeps nothing; a module or class body's
-    ``f_locals`` is its namespace, read as it is.
+    """A copy of a user frame's locals where reading them writes nothing; ``{}``
+    where it would: before 3.13 a function frame's ``f_locals`` read syncs the
+    dict ``locals()`` returned (the user's ``hparams = locals()`` changes, and
+    keeps every local alive). Since 3.13 it is a proxy that keeps nothing.
     """
     if sys.version_info < (3, 13) and frame.f_code.co_flags & inspect.CO_OPTIMIZED:
         return {}
@@ -70,11 +62,8 @@ def locals_of(frame: Any) -> dict[str, Any]:
 
 
 def library_locals(frame: Any) -> dict[str, Any]:
-    """A copy of the locals of a frame of library code (JAX's dispatch, a
-    typed key's method), which no user holds; callers stop below the user's
-    frame, whose locals only ``locals_of`` reads. Before Python 3.13 the
-    snapshot ``f_locals`` leaves on a function frame is emptied once copied,
-    so it keeps nothing alive."""
+    """A copy of a library frame's locals (no user holds that frame); before
+    3.13 the snapshot ``f_locals`` leaves is emptied once copied."""
     try:
         snapshot = frame.f_locals
     except Exception:  # noqa: BLE001 - a frame without readable locals
@@ -86,16 +75,10 @@ def library_locals(frame: Any) -> dict[str, Any]:
 
 
 def caller_locals(depth: int) -> Mapping[str, Any]:
-    """The local namespace of the frame ``depth`` levels above the caller,
-    for resolving names in annotations (a class local to the caller's
-    function), read only for a name that is one of that frame's variables.
-
-    A name the frame's code has no variable for is "absent" without reading
-    anything. Reading one that is (a class local to a function, named in a
-    string annotation) reads the frame's ``f_locals``: before Python 3.13
-    that syncs the dict an earlier ``locals()`` call in that function
-    returned with its current variables, as a debugger's read does; since
-    3.13 ``f_locals`` is a proxy that writes nothing."""
+    """The local namespace of the frame ``depth`` levels above the caller, for
+    resolving annotations: ``f_locals`` is read (before 3.13, syncing an
+    earlier ``locals()``, as a debugger does) only for a name that is one of
+    the frame's variables."""
     frame = caller_frame(depth + 1)
     return {} if frame is None else namespace_of(frame)
 

@@ -1,29 +1,19 @@
 """A compiled executable's C++ call that asks before it takes a new signature.
 
-JAX's compiled fast path (``Compiled._call``, a jaxlib ``PjitFunction``)
-flattens the arguments, computes their signature (tree structure; per leaf:
-dtype, shape, weak type, committed sharding or device, numpy or device array;
-plus the trace state and every config value in the jit key) and runs the
-executable when it has seen that signature before. On a new one it calls its
-cache miss, which for an AOT executable checks shape and dtype only, runs, and
-caches the signature: a weakly typed leaf, a numpy array or an array on
-another device is then taken silently forever after.
+JAX's compiled fast path (``Compiled._call``, a jaxlib ``PjitFunction``) runs
+the executable for a signature it has seen (tree structure, per-leaf dtype,
+shape, weak type, placement, numpy or device; trace state and jit config).
+On a new one its cache miss, for an AOT executable, checks shape and dtype
+only and caches the signature: a weak leaf, numpy or another device is then
+taken silently forever after.
 
-:func:`guarded_call` builds the same C++ call around the same executable with
-a cache miss of ours: ``approve(args)`` runs first on every signature the C++
-path has not seen, and only an approved signature reaches JAX's own cache
-miss (which runs the call and caches the signature). A refused one returns
-:data:`REFUSED` instead of running. So the per-leaf checks of a checked call
-(types, weak types, shardings) run once per signature, in the miss, and every
-later call is checked by the flatten JAX does anyway.
-
-``in_tree`` lets the same executable take its arguments in another tree
-structure with the same leaves (a flat tuple of the leaves, for a caller that
-flattened them already; the arguments' own structure, for an executable
-compiled from flat leaves). The mechanism is private (``_jax.pjit``, the
-executable's ``create_cpp_call`` and ``CompiledCallParams``), so it is behind
-the ``guarded-call`` capability; without it callers check every call in
-Python, as before.
+:func:`guarded_call` builds the same C++ call with a cache miss of ours:
+``approve(args)`` runs on every unseen signature, and only an approved one
+reaches JAX's miss; a refused one returns :data:`REFUSED`. So per-leaf checks
+run once per signature, and later calls cost JAX's own flatten. ``in_tree``
+lets the executable take another tree with the same leaves. The mechanism is
+private (``_jax.pjit``, ``create_cpp_call``, ``CompiledCallParams``): the
+``guarded-call`` capability; without it callers check every call in Python.
 """
 
 from __future__ import annotations
@@ -111,15 +101,11 @@ def guarded_call(
             It must not raise and must not touch the device.
         in_tree: the call tree the executable takes its flat arguments in
             (:func:`flat_in_tree`, :func:`tree_in_tree`); None: its own.
-        static: ``(argnums, argnames, bind)``: the C++ call takes these
-            arguments as static, as ``jax.jit``'s ``static_argnums`` and
-            ``static_argnames`` do (left out of the flat arguments, hashed
-            into the signature; an executable whose static values travel as
-            leafless tree nodes). On a miss, ``bind(args, kwargs)`` gives
-            the positional arguments JAX's own miss takes, or None (refused);
-            it must not raise. A signature is one call shape, so ``bind``
-            must refuse any keyword that is not static (the C++ call would
-            order those leaves by name).
+        static: ``(argnums, argnames, bind)``: static in the C++ call, as
+            ``jax.jit``'s ``static_argnums``/``static_argnames`` (hashed into
+            the signature). On a miss, ``bind(args, kwargs)`` gives the
+            positional arguments or None (refused), never raising; it must
+            refuse any non-static keyword (the C++ call orders those by name).
 
     Returns:
         The call (which returns :data:`REFUSED` for a refused signature), or

@@ -1,21 +1,15 @@
 """JAX's transfer-guard log lines, taken off stderr and handed to record mode.
 
-In record mode a hot loop sets JAX's host-to-device guard to ``"log"``, so an
-implicit transfer goes on (the run continues) and jaxlib writes one line per
-transfer through its C++ logging straight to file descriptor 2::
+In record mode a hot loop sets JAX's host-to-device guard to ``"log"``, and
+jaxlib's C++ logging writes one line per transfer straight to fd 2::
 
     W1130 19:54:47.320191    7187 guard_lib.cc:125] host-to-device transfer: aval=ShapedArray(float32[], weak_type=True), dst_sharding=...
 
-Python never sees it: the line lands on the terminal (or in pytest's captured
-output) and the loop's report misses the transfer. While a recording loop is
-active, fd 2 is pointed at a pipe; a reader thread passes every other line
-through to the real stderr at once, and keeps the guard lines, keyed by the
-native thread id that the log line carries (``threading.get_native_id()``),
-so each loop takes only its own thread's transfers. The format of these lines
-is jaxlib's, not an API: the capability probe checks the pieces it needs, a
-test checks a real line on each supported version, and a guard line that no
-longer parses is passed through and counted, so the report can say what it
-could not record.
+While a recording loop is active, fd 2 is a pipe; a reader thread passes
+other lines through at once and keeps the guard lines by the native thread
+id they carry, so each loop takes its own thread's. The format is jaxlib's,
+not an API: the probe checks its pieces, a test checks a real line, and a
+line that no longer parses is passed through and counted.
 """
 
 from __future__ import annotations
@@ -304,17 +298,11 @@ class Capture:
                 _close(*w)
 
     def release_at_exit(self) -> None:
-        """At interpreter exit: give fd 2 back (a recording loop still open, a
-        daemon thread inside one) and hand what a subprocess still writes on.
-
-        Python prints an uncaught exception's traceback before it runs the
-        ``atexit`` functions, and a daemon reader may never run again after
-        them: without this, that traceback went into the pipe and was lost.
-        A subprocess the script started (a data loader, multiprocessing's
-        resource tracker) may hold the pipe as its stderr and outlive this
-        process: a small process of its own forwards the rest (never this
-        one's reader, which dies with the interpreter: the subprocess's lines
-        were lost, and its next write to a pipe without a reader killed it)."""
+        """At interpreter exit: give fd 2 back and hand on what a subprocess
+        still writes. An uncaught traceback is printed before ``atexit``, when
+        a daemon reader may never run again (it was lost); a subprocess holding
+        the pipe (a data loader) may outlive us: a small process of its own
+        forwards the rest (else its next write to a readerless pipe kills it)."""
         with self._lock:
             if self._users:
                 self._users = 0

@@ -1,14 +1,11 @@
 """Copying a device array to the host without pinning its buffer.
 
-On CPU a host read is zero-copy: numpy gets a view of the device buffer, and
-while that view (its external reference) lives XLA cannot donate the buffer.
-jaxlib 0.11.2 keeps the view made by ``__array__``, ``_value``,
-``jax.device_get`` and ``copy_to_host_async`` cached inside the array for the
-array's whole life, so after any such read the next donated call copies
-(jaxlib 0.10.x, 0.11.0, 0.11.1 and 0.12 release it). :func:`host_copy` reads
-through the buffer protocol and releases the view at once (or, for dtypes the
-buffer protocol refuses, copies the raw dense buffer), so it leaves the array
-donatable on every version and compiles nothing.
+On CPU a host read is a view of the device buffer, which XLA cannot donate
+while it lives; jaxlib 0.11.2 caches the view of ``__array__``, ``_value``,
+``device_get`` and ``copy_to_host_async`` for the array's life (0.10.x,
+0.11.0/1 and 0.12 release it). :func:`host_copy` reads through the buffer
+protocol and releases the view at once (or copies the raw buffer), so the
+array stays donatable on every version; it compiles nothing.
 """
 
 from __future__ import annotations
@@ -85,12 +82,8 @@ def _single_to_numpy(a: Any) -> np.ndarray:
 
 
 def host_copy(x: Any) -> Any:
-    """A fresh, writeable host copy of a ``jax.Array`` that leaves it donatable.
-
-    The array must not be deleted and must be readable by this process (fully
-    addressable, or fully replicated). Extended dtypes (PRNG keys) and non-CPU
-    arrays go through ``jax.device_get``, which copies for them.
-    """
+    """A fresh, writeable host copy of a live, addressable ``jax.Array`` that
+    leaves it donatable (keys and non-CPU arrays: ``jax.device_get``, a copy)."""
     if jax.dtypes.issubdtype(x.dtype, jax.dtypes.extended) or any(
         d.platform != "cpu" for d in x.sharding.device_set
     ):

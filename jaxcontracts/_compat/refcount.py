@@ -1,16 +1,9 @@
 """How many references an object has: a donated leaf someone else still holds.
 
-A donating call deletes its donated buffers: any other reference to one of
-those arrays (a sample kept in a list, a variable, a second container that
-shares the leaf) is then a deleted array, and its data is lost. CPython's
-``sys.getrefcount`` tells, before the call, whether a leaf has a reference
-besides its state's container: a leaf held by one container, in a sequence
-of the call's leaves, counts :data:`BASELINE` references when read through
-``map(sys.getrefcount, leaves)`` (the container, the sequence, the
-argument), and more when anything else holds it. That count does not depend
-on how the call was made (``map``, ``functools.reduce``, a debugger), which
-is why only leaves and containers inside a state are counted, never the
-arguments themselves.
+A leaf held by one container, read through ``map(sys.getrefcount, leaves)``
+over a sequence of the call's leaves, counts :data:`BASELINE` (the container,
+the sequence, the argument), more when anything else holds it, whatever way
+the call was made; the arguments themselves are never counted (``_step.kept``).
 """
 
 from __future__ import annotations
@@ -75,17 +68,12 @@ def available() -> bool:
 def kept_after_collecting(
     leaves: Sequence[Any], sequences: int, arguments: tuple[Any, ...]
 ) -> tuple[list[int], list[int]]:
-    """The positions in ``leaves`` (a sequence held ``sequences`` times, each
-    leaf once by its container) of the leaves held elsewhere, counted after
-    a garbage collection (an unreachable cycle holds nothing anyone can
-    read); and those held only by the interpreter's records of a call (a
-    returned call's frame that no traceback holds, a ``locals()`` snapshot:
-    :func:`_frame_records`), which prove no reader, so the step does what
-    ``jax.jit`` does there. Every other reference counts, whoever holds it
-    (a variable, a saved traceback, pytest's assertion temporaries).
-    ``arguments``: the call's, whose own containers are never
-    taken for a snapshot. Called only when a count found something (a
-    collection costs milliseconds)."""
+    """(kept, unproven): the positions in ``leaves`` (a sequence held
+    ``sequences`` times) of the leaves held elsewhere after a garbage
+    collection, and of those held only by the interpreter's records of a call
+    (:func:`_frame_records`: no reader proven, so as under ``jax.jit``).
+    ``arguments``: the call's, never taken for a snapshot. Called only after
+    a count found something (a collection costs milliseconds)."""
     gc.collect()
     limit = BASELINE + sequences - 1
     held = [i for i, n in enumerate(map(count, leaves)) if n > limit]
@@ -105,14 +93,10 @@ def kept_after_collecting(
 
 
 def _stored_children(objects: list[Any]) -> dict[int, int]:
-    """Per ``id`` of a leaf, the references a custom pytree node among the
-    arguments' ``objects`` (:func:`_walk`) holds to it twice: as an attribute and in a stored record of
-    its children, the tuple its ``tree_flatten`` returns (``self.w = w;
-    self._children = (w, b)``), held by nothing else. That record is the
-    node's own structure, not a holder: the step does what ``jax.jit`` does
-    there. A record the user keeps too (``history.append(node._children)``),
-    and any other container inside the state (a list of samples in a static
-    field, a user's object) is a holder like any other."""
+    """Per leaf ``id``, the second reference a custom pytree node among
+    ``objects`` (:func:`_walk`) holds to it: in a stored record of its
+    children held by nothing else (``self._children = (w, b)``), the node's
+    own structure, not a holder. A record the user keeps too is a holder."""
     found: dict[int, int] = {}
     here = inspect.currentframe()  # holds `record` below: not a holder of the user's
     try:
@@ -149,40 +133,25 @@ def _is_record(record: Any, children: list[Any]) -> bool:
 
 
 def _frame_records(held: list[Any], own: set[int]) -> dict[int, int]:
-    """Per ``id`` of the objects in ``held``, how many references to it are
-    the interpreter's records of a call rather than a holder of the user's.
-    Such a reference is not proof that anything will read the array: the
-    step does what ``jax.jit`` does, and a later read names it. Three kinds:
+    """Per ``id`` in ``held``, the references that are the interpreter's records
+    of a call, not a holder of the user's (no proof of a reader: the step
+    does what ``jax.jit`` does, and a later read names it). Three kinds:
 
-    * The frame of a call that has returned, kept by something that no
-      traceback reaches (a debugger stopped once in a helper keeps it as its
-      current frame; a profiler, or ``inspect.currentframe()`` stored away):
-      it holds the variables the call ended with, readable only through the
-      frame. A running frame holds its variables where the collector does
-      not look, a suspended generator's are held by the generator, and every
-      thread's stack is left out anyway (``sys._current_frames``). The frames
-      a traceback reaches (its own, and the callers above them, through
-      ``f_back``) hold: a caught exception the user kept, a logging record, a
-      notebook's last error, which post-mortem debugging reads.
-    * Before 3.13, a dict that only such frames and a debugger's
-      ``curframe_locals`` (pdb's ``locals()`` snapshot of the frame it last
-      stopped in, which it replaces at its next stop) hold, counted: the
-      snapshot of a returned call, or a dict only its variables hold.
-    * Before 3.13, a dict shaped like the ``locals()`` snapshot of a running
-      function of this thread (its keys all variables of that function, its
-      parameters among them). A frame keeps the dict ``locals()`` returned
-      (and that a debugger's or tracer's ``f_locals`` read filled), and syncs
-      it with the frame's variables only at the next such read: after ``x =
-      s['x']; locals(); del x`` it still holds ``x``, though nothing can read
-      it without the sync that drops it. ``hparams = locals()`` is one too,
-      and its entry is then named at its later read. A dict of the user's
-      whose keys happen to be variable names (``best = {"x": s["x"]}`` in a
-      function with a loop variable ``x``) lacks the function's parameters:
-      it holds, and is refused. ``own``: the call's own containers, never
-      taken for a snapshot.
+    * a returned call's frame that no traceback or thread's stack reaches
+      (kept by a debugger, a profiler): its variables are readable only
+      through it (the collector never reports a running frame's variables; a
+      suspended generator's are reported as the generator). The frames a
+      traceback reaches, its own and their callers through ``f_back``, hold
+      (a kept exception: post-mortem reads them);
+    * before 3.13, a dict only such frames and a debugger's
+      ``curframe_locals`` (pdb's snapshot, replaced at its next stop) hold;
+    * before 3.13, a dict shaped like a running function's ``locals()``
+      snapshot (keys all its variables, its parameters among them): synced
+      only at the next read, it may hold a deleted ``x``. A user's dict
+      whose keys happen to be variable names lacks the parameters: it holds.
+      ``own``: the call's containers, never taken for a snapshot.
 
-    One scan of the heap for the holders of all of them, and one more where a
-    frame or a dict is among them (the tracebacks and debuggers alive).
+    One heap scan for the holders, one more where a frame or dict is among them.
     """
     referrers = gc.get_referrers(*held)
     ids = set(map(id, held))
@@ -226,9 +195,8 @@ def _frame_records(held: list[Any], own: set[int]) -> dict[int, int]:
 
 
 def _local_count() -> int:
-    """What ``sys.getrefcount`` counts for a local variable that nothing else
-    holds (2 through 3.13: the variable and the argument; an interpreter
-    that borrows the argument counts 1)."""
+    """``sys.getrefcount`` of an otherwise unheld local (2 through 3.13; 1 where
+    the interpreter borrows the argument)."""
     d: dict[str, Any] = {}
     return sys.getrefcount(d)
 
@@ -237,10 +205,9 @@ _LOCAL = _local_count()
 
 
 def _dict_records(returned: list[FrameType], debuggers: list[dict[str, Any]]) -> dict[int, int]:
-    """Per ``id`` of a dict, the references to it from ``returned`` frames
-    (their variables, their ``locals()`` snapshot; not their globals) and
-    from ``debuggers``' snapshots. (A function of its own: none of its
-    variables outlives it to hold a dict the caller counts.)"""
+    """Per dict ``id``, the references from ``returned`` frames (not their
+    globals) and ``debuggers``' snapshots (a function of its own: none of its
+    variables outlives it)."""
     records: dict[int, int] = {}
     for frame in returned:
         for r in gc.get_referents(frame):
@@ -265,11 +232,9 @@ def _shaped(d: dict[Any, Any], shapes: list[tuple[frozenset[str], frozenset[str]
 
 
 def _tracebacks_and_debuggers() -> tuple[set[int], list[Any]]:
-    """One scan of the heap: the ids of the frames that the tracebacks alive
-    reach and those on every thread's stack (neither is a returned call's
-    record), and the ``locals()`` snapshots debuggers built on ``bdb`` keep
-    (pdb's ``curframe_locals``; an instance's own ``__dict__`` is read, no
-    property of the user's runs)."""
+    """One heap scan: the ids of the frames live tracebacks and thread stacks
+    reach, and the ``curframe_locals`` snapshots ``bdb`` debuggers keep (read
+    from the instance ``__dict__``: no user property runs)."""
     reached: set[int] = set()
     for top in sys._current_frames().values():
         _add_chain(top, reached)
@@ -311,9 +276,8 @@ def _held_besides(obj: Any, owners: tuple[Any, ...]) -> bool:
 
 
 def _walk(arguments: tuple[Any, ...], limit: int = 10_000) -> tuple[set[int], list[Any]]:
-    """The ids of the Python containers the call's arguments are made of (dicts,
-    lists, tuples, and objects' own ``__dict__``), to at most ``limit``; and
-    the objects among them that have a ``__dict__``."""
+    """The ids of the Python containers the arguments are made of (at most
+    ``limit``), and the objects among them with a ``__dict__``."""
     seen: set[int] = set()
     objects: list[Any] = []
     stack: list[Any] = [arguments]

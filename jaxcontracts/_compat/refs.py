@@ -1,22 +1,14 @@
 """The array a JAX ref (``jax.new_ref``) holds, read and replaced.
 
-A hot step carries a pytree of refs as arrays: the call passes each ref's
-array (donated), and puts the array the executable returned for it back into
-the ref, as JAX's own dispatch of a jitted function with ref arguments does
+The call passes each ref's array (donated; the ref's alone: ``new_ref`` and
+``ref[...]`` copy) and puts the returned one back, as JAX's own dispatch does
 (``pxla``: ``x._refs._buf`` in, ``_refs._buf._replace_with(out)`` after).
-That array is the ref's alone: ``jax.new_ref(x)`` copies ``x`` and
-``ref[...]`` returns a copy, so no user object holds it.
+Private: ``Ref._refs`` and its field ``_buf`` (jax 0.10.0 to 0.12).
 
-Private: ``Ref._refs`` (an ``ArrayRefImpl``) and its mutable field ``_buf``,
-the same in jax 0.10.0 to 0.12.
-
-A ref's type is fixed when it is made (``jax.new_ref(jnp.array(0))`` is a
-``Ref{~int32[]}``, weakly typed) and ``jax.jit`` keys a ref on that type, never
-on the array it holds. The array a compiled step returns for it is strongly
-typed, so :func:`replace` puts back a view of it with the ref's weak type
-(``ArrayImpl`` built over the same device buffers, capability
-``ref-weak-types``): the next call then has the signature the first one had,
-as under ``jax.jit``.
+``jax.jit`` keys a ref on its type, fixed at ``new_ref`` (maybe weak); the
+returned array is strong, so :func:`replace` puts back a view with the ref's
+weak type (capability ``ref-weak-types``): the next call's signature is the
+first's, as under ``jax.jit``.
 """
 
 from __future__ import annotations

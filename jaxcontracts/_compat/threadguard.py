@@ -68,15 +68,10 @@ def set_levels(state: Any, saved: dict[str, Any], overlay: dict[str, str] | None
 
 
 def allow_host_to_device(call: Callable[..., Any]) -> Callable[..., Any]:
-    """``call`` run with the calling thread's host-to-device guard at ``allow``.
-
-    For a hot step's declared host data (the declaration is the permission:
-    inside a hot loop at any checks level, under the user's own
-    ``jax.transfer_guard``, thread-local or global): one field store before
-    and after the call, where JAX's ``transfer_guard_host_to_device("allow")``
-    context costs several microseconds. Without the capability, that context
-    is used.
-    """
+    """``call`` run with the calling thread's host-to-device guard at ``allow``
+    (declared host data: the declaration is the permission), by one field
+    store before and after, not JAX's context manager (several microseconds),
+    which is the fallback without the capability."""
     if not capability("thread-guard-state").available:
         import jax
 

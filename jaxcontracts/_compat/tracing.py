@@ -75,11 +75,8 @@ def _probe_source_exclusion() -> str | None:
 
 
 def exclude_from_source_info(prefixes: list[str]) -> None:
-    """Have JAX skip the files under ``prefixes`` when it names the user's
-    line in its messages, and leave them out of the tracebacks it filters
-    (an error raised in the user's function while a hot step traces it ends
-    at the user's line, as under ``jax.jit``), as it does its own (and
-    flax's) frames."""
+    """Have JAX skip the files under ``prefixes`` when it names the user's line
+    and filter them from its tracebacks, as it does its own frames."""
     if capability("source-exclusion").available:
         for prefix in prefixes:
             _source_info.register_exclusion(prefix)
@@ -201,15 +198,11 @@ class _Clean:
 
 
 def top_level_refs() -> tuple[Any, Any, Any, Any]:
-    """``(trace_ref, eval_trace, axis_ref, top_axis_env)`` for an inline check.
-
-    No JAX trace is active on this thread exactly when ``trace_ref.value is
-    eval_trace and axis_ref.value is top_axis_env``: JAX's own
-    ``TracingContext.is_top_level()``, read without its three Python frames
-    (two attribute reads of C++ config values). The hot step call path does
-    this on every call. Without the refs, an object whose ``.value`` calls
-    :data:`trace_state_clean` keeps the same test working.
-    """
+    """``(trace_ref, eval_trace, axis_ref, top_axis_env)``: no trace is active
+    exactly when ``trace_ref.value is eval_trace and axis_ref.value is
+    top_axis_env`` (JAX's ``is_top_level()`` without its three Python frames,
+    read per call). Without the refs, objects whose ``.value`` calls
+    :data:`trace_state_clean` keep the test working."""
     if _refs is not None and capability("trace-state").available:
         return _refs
     yes, top = object(), object()
@@ -253,13 +246,8 @@ def _probe_cpp_call() -> str | None:
 
 
 def cpp_call(compiled: Any) -> Any:
-    """The C++ call of a ``jax.stages.Compiled``, or ``compiled`` itself.
-
-    ``Compiled.__call__`` is a Python method whose only job, once warm, is to
-    forward to this C++ function (JAX's compiled fast path); calling it
-    directly saves that frame on every call. Errors are the same: it is the
-    very function ``Compiled.__call__`` calls.
-    """
+    """The C++ call of a ``jax.stages.Compiled`` (what its warm ``__call__``
+    forwards to: a Python frame saved per call), or ``compiled`` itself."""
     call = getattr(compiled, "_call", None)
     if call is None:
         try:

@@ -1,14 +1,8 @@
 """Reports: what a step compiled, donated and aliased, and which contracts hold.
 
-A :class:`Report` is plain data with two renderings: ``str()`` gives an
-aligned text table for terminals, ``_repr_html_()`` a self-contained HTML table
-for notebooks. ``jc.check(step, *args)`` builds one without raising;
-``HotStep.report()`` describes what a step has compiled so far;
-``HotLoop.report()`` lists a recording loop's violations.
-
-Reports are built from records (``step.describe()``, a loop's violations),
-never from a step's private attributes, and every report lists the
-capabilities in force (see ``_compat``).
+A :class:`Report` is plain data rendered as text (``str()``) or HTML
+(``_repr_html_()``), built from records (``step.describe()``, a loop's
+violations), never from a step's private attributes.
 """
 
 from __future__ import annotations
@@ -75,10 +69,9 @@ class Report:
         contracts: each contract with pass/fail and its message.
         violations: a recording loop's violations.
         timing: a loop's :class:`jc.LoopTiming` (None for a step, or a loop
-            at checks level ``off``): steps per second, host time per call,
-            time blocked on the device, and the verdict.
-        capabilities: each private mechanism (see ``python -m jaxcontracts
-            info``) and whether it is in force on the installed versions.
+            at checks level ``off``).
+        capabilities: each private mechanism (``python -m jaxcontracts
+            info``) and whether it is in force.
     """
 
     title: str
@@ -90,7 +83,6 @@ class Report:
     capabilities: list[tuple[str, bool]] = dataclasses.field(
         default_factory=lambda: [(c.name, c.available) for c in capabilities()]
     )
-    # A loop's timing section (``HotLoop.report``): where the time went.
     timing: LoopTiming | None = None
     # A compiles="warmup" loop's warm-up compiles (the first of each kind).
     warmup: list[WarmupCompile] = dataclasses.field(default_factory=list)
@@ -333,16 +325,11 @@ def _html_contracts(contracts: Sequence[Contract]) -> list[str]:
     return parts
 
 
-# The HTML must read in any notebook theme. JupyterLab's stylesheet right-aligns
-# table cells and paints every other row (black stripes in its dark theme), and
-# a light background with the theme's light text hides whole rows. So every
-# box, row and cell below sets its own color, background and alignment (inline
-# styles win over the theme's selectors and survive sanitizers that drop
-# <style>), with colors taken from the notebook's theme variables (JupyterLab's
-# --jp-*) and light fallbacks used as a pair elsewhere; stripes, borders and
-# code chips are translucent grays, which read on light and dark backgrounds.
-# tests/test_report.py pins these properties; screenshots of the light and
-# dark JupyterLab themes are how they were checked.
+# The HTML must read in any notebook theme (JupyterLab right-aligns cells and
+# stripes rows, dark on dark): every box, row and cell sets its own color,
+# background and alignment inline (survives sanitizers that drop <style>), from
+# the theme's --jp-* variables with light fallbacks; grays are translucent.
+# tests/test_report.py pins these properties.
 _FG = "var(--jp-content-font-color1, #1f2328)"
 _MUTED = "var(--jp-content-font-color2, #57606a)"
 _BG = "var(--jp-layout-color0, #ffffff)"
@@ -445,10 +432,6 @@ def _align(rows: Sequence[Sequence[str]], right: set[int] = frozenset()) -> list
     return lines
 
 
-# --------------------------------------------------------------------------
-# Builders
-
-
 def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report:
     """The report of a hot step's current signature (see ``HotStep.report``);
     what the checks level now in force does not look at is said, not passed."""
@@ -541,9 +524,7 @@ def loop_report(
     sampler_calls: int = 0,
     unchecked: dict[str, str] | None = None,
 ) -> Report:
-    """The report of a (recording) hot loop: one contract per kind of violation,
-    the warm-up compiles it let through, the iterations of ``loop.iterate``,
-    the ``jax.random`` calls whose Python-number parameters it let through.
+    """The report of a (recording) hot loop: one contract per kind of violation.
     ``unchecked``: contract key -> why the loop did not look for it."""
     violations = list(violations)
     report = Report(title="jc.hot_loop", violations=violations)

@@ -1,23 +1,11 @@
 """Where a hot loop's time goes: host time in steps, time blocked on the device.
 
-A ``jc.hot_loop`` (checks level ``fast`` or ``full``) owns a :class:`LoopClock`.
-While any such loop is active (``_steps.timing_on``), a hot step's calls are
-sampled: its first ``FIRST`` calls inside loops, then one call in
-``SAMPLE``, read ``perf_counter`` as the checked closure is entered and
-again in its after-call tail (argument checks, dispatch, the tail), which
-adds the difference to the step's cumulative counters (:func:`timed`); the
-step's ``timing_due`` slot says which calls. A clock takes the counters'
-difference between a loop's entry and exit. ``jc.fetch`` and
-``block_until_ready`` add the time they blocked. Outside loops a call pays
-one test of ``timing_on``. How the estimate is made, and what it cannot
-see, is in the performance guide (``docs/guides/performance.md``, "How loop
-timing works").
-
-``LoopClock.timing()`` turns the sums into a frozen :class:`LoopTiming`,
-with a verdict: ``dispatch-bound`` (the host never waited on the device, and
-the device had finished by the loop's exit: it was starved by the host) or
-``device-bound`` (the host spent a large share of the loop waiting, or work
-was still queued at exit).
+While a timing loop is active (``_steps.timing_on``), a step's first
+``FIRST`` calls, then one in ``SAMPLE`` (its ``timing_due`` slot), are timed
+from closure entry to tail into the step's counters (:func:`timed`); a
+:class:`LoopClock` takes their difference between a loop's entry and exit.
+Outside loops a call pays one test of ``timing_on``. The estimate and its
+limits: ``docs/guides/performance.md``, "How loop timing works".
 """
 
 from __future__ import annotations
@@ -50,10 +38,6 @@ _lock = threading.Lock()
 _active = 0  # clocks entered, all threads
 
 
-# --------------------------------------------------------------------------
-# Records
-
-
 @dataclasses.dataclass(frozen=True)
 class StepTiming:
     """One hot step's calls inside a loop.
@@ -62,11 +46,8 @@ class StepTiming:
         name: the step's qualified name.
         calls: calls that returned (a refused call is not counted).
         host_seconds: their total host time, dispatch included, estimated
-            from the timed calls: a step's first 64 calls in timing loops as
-            timed, the others at the mean of one call in 64. Where noise
-            in the samples makes the steps' sum exceed the loop's wall time
-            less its blocked time, all are scaled down to fit (so calls made
-            on other threads never show more host time than the loop had).
+            from the timed calls (the first 64 as timed, the rest at the
+            mean of one in 64), scaled down to fit the loop's unblocked time.
         timed_calls: how many calls were timed.
     """
 
@@ -90,10 +71,8 @@ class LoopTiming:
         steps: per hot step, calls and host time.
         blocked: seconds blocked waiting for the device, by where
             (``jc.fetch``, ``block_until_ready``).
-        pending_at_exit: of the step outputs seen at the last exit (the
-            states the exiting frame holds, and the recorded last output of
-            each step taking or returning more than the one state), how
-            many were still being computed (``is_ready()`` false).
+        pending_at_exit: how many step outputs seen at the last exit were
+            still being computed (``is_ready()`` false).
         outputs_at_exit: how many outputs were looked at.
         verdict: ``"dispatch-bound"``, ``"device-bound"``, ``"mixed"``,
             ``"user-code-bound"`` (the caller's own code between step calls
@@ -186,9 +165,8 @@ class LoopTiming:
 
 
 def _host_seconds(calls: int, seconds: float, timed: int, first_seconds: float, first_timed: int) -> float:
-    """A step's host time: its first-phase calls as timed, the other calls
-    at the mean of the sampled ones (a stratified estimate: the first calls,
-    often slower, do not stand for the rest)."""
+    """A step's host time, stratified: the first-phase calls (often slower) as
+    timed, the others at the mean of the sampled ones."""
     if not timed:
         return 0.0
     sampled = timed - first_timed
@@ -210,17 +188,9 @@ def _verdict(wall: float, calls: int, blocked: float, pending: int, host: float 
     return "mixed"
 
 
-# --------------------------------------------------------------------------
-# The clock
-
-
 class LoopClock:
-    """A loop's running sums (one per ``HotLoop``).
-
-    Each timed step keeps cumulative counters (host seconds, calls); the
-    clock snapshots them when the loop is entered and adds the difference
-    when it exits, so a step call costs two clock reads and two additions.
-    """
+    """A loop's running sums (one per ``HotLoop``): the steps' counters
+    snapshotted at entry, the difference added at exit."""
 
     def __init__(self) -> None:
         self.wall = 0.0
@@ -239,8 +209,7 @@ class LoopClock:
         blocked = sum(self.blocked.values())
         calls = int(sum(r[0] for r in self.steps.values()))
         hosts = [min(self.wall, _host_seconds(r[0] - r[5], *r[1:5]) + r[6]) for r in self.steps.values()]
-        # Sampled estimates: one slow sampled call (the OS took the CPU) can
-        # push their sum past the time the loop had; scaled back to fit.
+        # one slow sample can push the sum past the loop's time: scaled to fit
         room, total = max(0.0, self.wall - blocked), sum(hosts)
         if total > room:
             hosts = [h * room / total for h in hosts]
@@ -290,15 +259,9 @@ class LoopClock:
 
 
 class _Joined:
-    """A step in an open entry's snapshot: its counters as the entry began
-    (or as the step joined it), and the objects that hold them.
-
-    The step itself is held weakly, so one the user drops inside a loop is
-    freed there; its calls still count, read from its counters. A snapshot
-    is keyed by the id of the step's counters list, which this record
-    holds: no other object takes that id while the entry is open, even
-    once the step is freed.
-    """
+    """A step in an open entry's snapshot: its counters as it began (or the step
+    joined). The step is held weakly (a dropped step still counts); keyed by
+    the id of its counters list, held here, so the id is never reused."""
 
     __slots__ = ("baseline", "counters", "name", "stats", "step")
 
@@ -310,13 +273,10 @@ class _Joined:
         self.baseline = (step.stats.calls, *counters)
 
 
-# The steps in use: those called inside a timing loop since the last loop that
-# did not call them. A loop's entry snapshots their counters, and only theirs,
-# so entering costs nothing per live step. A step not in use has its next
-# call timed (``timing_due``), which joins it to the open snapshots of its
-# thread with the counters it had before that call.
-# id -> weak reference. Every operation on it is one atomic dict operation
-# (no lock: a Ctrl-C in a loop's body may interrupt ``_join`` anywhere).
+# The steps in use (called in a timing loop since the last loop that did not
+# call them): an entry snapshots only theirs; another step joins at its next
+# (timed) call. id -> weak ref, each operation one atomic dict operation (no
+# lock: a Ctrl-C in a loop's body may interrupt ``_join`` anywhere).
 _in_use: dict[int, weakref.ref[Any]] = {}
 
 
@@ -328,16 +288,12 @@ def _forget(key: int) -> Callable[[Any], None]:
     return forget
 
 
-# The clocks with an open entry on some thread (id -> clock): a step that
-# joins is added to every open entry's snapshot, whichever thread opened it
-# (a step's counters count its calls on every thread).
+# The clocks with an open entry on any thread: a joining step enters them all.
 _open_clocks: dict[int, LoopClock] = {}
 
 
 def _join(step: Any, acc: list[float]) -> None:
-    """``step`` is called inside a loop, for the first time since it was in use
-    (``acc``: its counters): every open entry, on any thread, counts it from
-    here (an entry that already has it keeps its own baseline)."""
+    """``step`` (counters ``acc``) joins every open entry that lacks it."""
     key = id(step)
     _in_use[key] = weakref.ref(step, _forget(key))
     joined = _Joined(step, acc)
@@ -347,8 +303,7 @@ def _join(step: Any, acc: list[float]) -> None:
 
 
 def _idle(step: Any) -> None:
-    """``step`` was not called in a loop that had it in use: it leaves, its
-    next call in a loop due (timed, which joins it)."""
+    """``step`` was not called in a loop: it leaves use; its next call is due."""
     _in_use.pop(id(step), None)
     step.timing_due[0] = True
     step.last_output[0] = None  # what a loop recorded of it: nothing to keep alive
@@ -378,12 +333,8 @@ def enter(clock: LoopClock) -> Any:
 
 
 def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
-    """Stop timing (from any thread: the token names the entering thread).
-
-    ``held``: returns the leaves of the step outputs the loop can see at exit
-    (``_runtime.held_outputs``), looked at for work still queued; called
-    only when the outermost entry on the thread closes.
-    """
+    """Stop timing (from any thread). ``held``: the step outputs' leaves the
+    loop sees at the outermost exit, looked at for queued work."""
     global _active
     clock, tid = token
     depth, start, snapshot = clock._open.get(tid, (1, perf(), {}))
@@ -402,9 +353,8 @@ def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
 
 
 def blocked(where: str, seconds: float, value: Any = None) -> None:
-    """Add time blocked on the device to every clock with an open entry on this
-    thread (once each, however deeply its loop is entered again), and tell a
-    clock that takes each wait (the audit's) what was waited on."""
+    """Add time blocked on the device to each clock open on this thread, and
+    tell one that takes each wait (the audit's) what was waited on."""
     tid = threading.get_ident()
     for clock in list(_open_clocks.values()):
         if tid in clock._open:
@@ -418,19 +368,15 @@ FIRST = 64  # a step's first calls inside timing loops are all timed
 
 
 def start(step: Any, acc: list[float]) -> float:
-    """A due call of ``step`` (``step.timing_due``) is entered: the clock, after
-    joining the open loops if the step is not in use, before anything runs
-    (another thread entering a loop meanwhile then finds it in use). ``acc``:
-    its counters. Called by the checked closures."""
+    """A due call of ``step`` is entered: join the open loops if not in use
+    (before anything runs), then read the clock. ``acc``: its counters."""
     if id(step) not in _in_use:
         _join(step, acc)
     return perf()
 
 
 def timed(step: Any, acc: list[float], seconds: float) -> None:
-    """A due call of ``step`` took ``seconds`` of host time: add it (``acc``:
-    its counters). Called by the call path's tail; the next call is due
-    while the step is in its first phase."""
+    """A due call took ``seconds`` of host time: add it to ``acc``."""
     first = acc[1] < FIRST
     acc[0] += seconds
     acc[1] += 1

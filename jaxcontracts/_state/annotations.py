@@ -38,13 +38,9 @@ X64_DTYPES = frozenset(np.dtype(d) for d in ("int64", "uint64", "float64", "comp
 
 
 def x64_loss(dtype: Any) -> tuple[str, str] | None:
-    """Why JAX cannot hold ``dtype`` now, and what it would make instead.
-
-    ``None`` when it can. JAX canonicalises a 64-bit dtype to its 32-bit
-    sibling while ``jax_enable_x64`` is off. The flag can change after a class
-    is defined, so this is asked when arrays or specs are made, never at
-    definition.
-    """
+    """Why JAX cannot hold ``dtype`` now (64-bit with ``jax_enable_x64`` off),
+    and what it would make instead; ``None`` when it can. Asked when arrays or
+    specs are made: the flag can change after a class is defined."""
     if is_key(dtype):
         return None
     dtype = np.dtype(dtype)

@@ -1,12 +1,8 @@
 """``jc.state`` and ``jc.State``: validated state dataclasses with exact specs.
 
-A ``@jc.state`` class (or a ``jc.State`` subclass) is a frozen dataclass
-registered as a pytree whose leaf paths read as field names (``.pos``). This
-module is the decorator and the base class; what they assemble lives in
-``fields``, ``validate`` and ``construct`` (ARCHITECTURE.md, "States").
-
-Inside a trace, and when jax rebuilds a state from its leaves
-(``tree_unflatten``), nothing is checked, so compiled steps pay nothing.
+The decorator and the base class; what they assemble lives in ``fields``,
+``validate`` and ``construct`` (ARCHITECTURE.md, "States"). Nothing is checked
+inside a trace or in ``tree_unflatten``, so compiled steps pay nothing.
 """
 
 from __future__ import annotations
@@ -42,10 +38,6 @@ from .validate import validate
 __all__ = ["State", "state"]
 
 T = TypeVar("T")
-
-
-# --------------------------------------------------------------------------
-# The decorator
 
 
 @typing.overload
@@ -86,8 +78,7 @@ def state(cls: Any = None, /, *, eq: bool = False) -> Any:
         >>> c
         Counter(x=f32[3], step=i32[])
     """
-    # Annotations may name classes local to the defining function (and are
-    # strings under `from __future__ import annotations`): resolve them there.
+    # Annotations may name classes local to the defining function: resolve there.
     localns = caller_locals(1)
     if cls is None:
 
@@ -121,9 +112,8 @@ def _make_state(cls: Any, eq: bool, localns: Mapping[str, Any]) -> Any:
     user_post_init = _user_post_init(cls)
 
     def __post_init__(self: Any) -> None:
-        # Validate once, in the instance's own class: a subclass's
-        # __post_init__ calling super().__post_init__() reaches this wrapper
-        # of a base class, which then runs only the base's own code.
+        # Validate once, in the instance's own class (a base's wrapper reached
+        # through super().__post_init__() runs only the base's own code).
         if STATE_INFO not in type(self).__dict__:  # a plain subclass of a state
             raise undecorated_error(type(self))
         if type(self).__post_init__ is __post_init__:
@@ -178,9 +168,7 @@ _METHODS = {
 
 
 def _refuse_shadowing(dc: type) -> None:
-    """A field named ``spec``, ``zeros`` or ``replace`` is refused: the field's
-    value would replace the method on every instance (``s.replace(...)``
-    would then call an array)."""
+    """Refuse a field named ``spec``, ``zeros`` or ``replace``: it would hide the method."""
     for f in dataclasses.fields(dc):
         if f.name in _METHODS:
             raise DefinitionError(
@@ -191,12 +179,8 @@ def _refuse_shadowing(dc: type) -> None:
 
 
 def _user_post_init(cls: type) -> Callable[[Any], None] | None:
-    """The user's ``__post_init__`` for ``cls``: its own, else the one it inherits.
-
-    As for a dataclass: a class's own ``__post_init__`` is responsible for
-    calling ``super().__post_init__()``; a class without one runs its base's.
-    A base state's method is jaxcontracts' wrapper: the user's code is in it.
-    """
+    """The user's ``__post_init__`` for ``cls``: its own, else the one it inherits
+    (a base state's is our wrapper: the user's code is in it)."""
     for klass in cls.__mro__:
         method = klass.__dict__.get("__post_init__")
         if method is not None:
@@ -234,10 +218,8 @@ class State:
         super().__init_subclass__(**kwargs)
         if CONSUMED_BY in cls.__dict__:  # consumed_class(): the base's own form
             return
-        # Frame 2 runs the class statement (above this boundary's frame and
-        # below any cooperative __init_subclass__ of a subclass): resolve
-        # annotations there, reading its locals only for a name that is one
-        # of its variables (a function's locals() must not change).
+        # Frame 2 (past cooperative __init_subclass__ frames) runs the class
+        # statement: resolve annotations there, without changing its locals().
         frame = caller_frame(2)
         while frame is not None and frame.f_code.co_name == "__init_subclass__" and frame.f_back is not None:
             frame = frame.f_back
@@ -280,13 +262,11 @@ class State:
 
 
 def _getstate(self: Any) -> dict[str, Any]:
-    # Pickles and copies carry fields only: never a mark.
     return without_marks(self.__dict__)
 
 
 def _state_repr(self: Any) -> str:
-    # Never reads device memory: jax arrays show their spec, not their values,
-    # so printing a state inside a hot loop costs no transfer.
+    # Never reads device memory: printing a state in a hot loop costs no transfer.
     parts = []
     for f in dataclasses.fields(self):
         v = self.__dict__.get(f.name)

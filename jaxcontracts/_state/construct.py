@@ -1,10 +1,7 @@
 """``spec()`` and ``zeros()``: a state built from its dims, with no data.
 
-``Cls.spec(n=4096)`` gives an instance whose leaves are
-``jax.ShapeDtypeStruct`` s (for AOT compiles), ``Cls.zeros(n=4096)`` a
-concrete one in exact dtypes on the device. Both read the class's field
-table: the dims each array field names, nested states built from the same
-dims, ``PyTree`` fields and statics given by value, shardings per field.
+Both read the class's field table: dims per array field, nested states from
+the same dims, ``PyTree`` fields and statics by value, shardings per field.
 """
 
 from __future__ import annotations

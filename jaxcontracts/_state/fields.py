@@ -221,12 +221,8 @@ class StateInfo:
 
 
 def is_state(x: Any) -> bool:
-    """Whether ``x`` is a ``jc.state`` class or instance.
-
-    Only classes made states count (decorated, or ``jc.State`` subclasses),
-    and the consumed form of one: a plain subclass of a state class inherits
-    its fields but is not a dataclass of its own, nor a registered pytree.
-    """
+    """Whether ``x`` is a ``jc.state`` class or instance (or the consumed form of
+    one); a plain subclass of a state class is not (nor a registered pytree)."""
     cls = x if isinstance(x, type) else type(x)
     return STATE_INFO in cls.__dict__ or CONSUMED_BY in cls.__dict__
 
@@ -367,13 +363,9 @@ def dict_getter(names: tuple[str, ...]) -> Callable[[Any], tuple[Any, ...]]:
 
 
 def is_sealed_state(x: Any) -> bool:
-    """Whether ``x`` is a jc.state whose fields cannot change after construction.
-
-    True when every field is an array, a static (hashable) value or a nested
-    state of the same kind: the instance is frozen, so its leaves are the ones
-    it was built with. A ``PyTree`` field holds a container (a dict, a list)
-    that can be edited in place, so a state with one is never sealed.
-    """
+    """Whether ``x`` is a jc.state whose leaves cannot change after construction:
+    arrays, statics and sealed nested states only (a ``PyTree`` field's
+    container can be edited in place)."""
     if not is_state(x):
         return False
     cls = x if isinstance(x, type) else type(x)

@@ -1,14 +1,10 @@
 """Equinox Modules as state: their non-array leaves are static, as ``eqx.filter_jit`` has them.
 
-An equinox Module holds functions (``jax.nn.relu``, ``jnp.ravel``) and Python
-numbers (``MaxPool2d``'s ``init``) beside its arrays. A hot step given one
-carries and donates the arrays and makes the rest part of the signature: the
-argument travels as a :class:`Filtered` node whose children are the array
-leaves and whose aux data (a :class:`FilterKey`) is the tree structure with
-the other leaves, compared by identity or equality (a new function is a new
-signature, named in the refusal's diff). The step's function sees the Module
-rebuilt; what it returns is filtered the same way inside the executable and
-rebuilt after the call.
+A hot step carries and donates a Module's arrays; its functions and Python
+numbers are part of the signature: the argument travels as a
+:class:`Filtered` node (array children; aux data a :class:`FilterKey` of the
+structure and other leaves). The function sees the Module rebuilt; its
+output is filtered inside the executable and rebuilt after the call.
 """
 
 from __future__ import annotations

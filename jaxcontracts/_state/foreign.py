@@ -1,12 +1,5 @@
-"""``jc.device_tree``: bring any pytree into contract.
-
-States built elsewhere (flax ``TrainState``, ``flax.struct`` classes, equinox
-Modules, NamedTuples, optax states, dicts) carry leaves a hot step would
-compile for and then be handed something else: a Python ``0`` for a step
-count, a weakly typed array made by ``jnp.asarray(0.1)``, a float64 numpy
-array JAX turns into float32, an uncommitted array where the step's outputs
-are committed. ``device_tree`` turns every leaf into what the step will see,
-once, and says what it changed.
+"""``jc.device_tree``: bring any pytree into contract (every leaf what a step
+will see: no Python ``0`` step count, weak type, float64 or uncommitted array).
 """
 
 from __future__ import annotations
@@ -88,12 +81,8 @@ class Changes(Sequence[Change]):
 
 
 def scalar_to_host(x: bool | int | float | complex) -> tuple[np.ndarray | None, str]:
-    """A Python scalar as a 0-d host array of the dtype JAX gives it, strongly.
-
-    That is JAX's default type for its kind (``bool``, ``int32``/``int64``,
-    ``float32``/``float64``, ``complex64``/``complex128`` as
-    ``jax_enable_x64`` says). Returns ``(array, "")`` or ``(None, why)``.
-    """
+    """A Python scalar as a strongly typed 0-d host array of JAX's default dtype
+    for its kind (x64-aware). Returns ``(array, "")`` or ``(None, why)``."""
     dtype = np.dtype(jnp.result_type(x))  # canonical (x64-aware), weak type dropped
     if isinstance(x, int) and not isinstance(x, bool):
         info = np.iinfo(dtype)
@@ -122,8 +111,7 @@ def to_device(value: Any, where: Any = None) -> jax.Array:
 
 
 def host_leaves_on_device(tree: Any, dtypes: Sequence[Any] | None = None) -> Any:
-    """``tree`` with its host leaves (numpy arrays, Python scalars) put on the
-    device, each in ``dtypes[i]`` (the compiled signature's, when it fits)."""
+    """``tree`` with its host leaves on the device, in ``dtypes`` where given."""
     leaves, treedef = jax.tree_util.tree_flatten(tree)
     put = [
         x
@@ -260,8 +248,7 @@ def device_tree(tree: Any, *, sharding: Any = None, changes: bool = False) -> An
     out: list[Any] = []
     done: list[Change] = []
     bad: list[str] = []
-    # equinox: a Module's non-array leaves are static, left as they are (a
-    # learning rate beside the Module is not the Module's)
+    # equinox: a Module's own non-array leaves are static, left as they are
     static = _module_leaves(tree) if holds_module(tree) else ()
     for i, (path, x) in enumerate(leaves):
         p = fmt_path(path)
@@ -344,8 +331,7 @@ def _same_place(x: jax.Array, sharding: Any) -> bool:
 
 
 def _jax_can_hold(dtype: Any) -> bool:
-    # Numbers and bools, ml_dtypes (bfloat16, float8...) included; not
-    # strings, objects, datetimes or structured records.
+    # numbers and bools, ml_dtypes included; not strings, objects, datetimes, records
     try:
         return bool(jnp.issubdtype(dtype, jnp.number) or jnp.issubdtype(dtype, jnp.bool_))
     except TypeError:
@@ -353,9 +339,8 @@ def _jax_can_hold(dtype: Any) -> bool:
 
 
 def _narrowing_problem(x: np.ndarray | np.generic) -> str:
-    """Why a numpy value cannot be JAX's narrower dtype as it is (an int64
-    past int32's range, a float64 past float32's, with jax_enable_x64 off): the
-    copy would wrap or become inf without a word. "" where it fits."""
+    """Why a numpy value would silently wrap or become inf in JAX's narrower
+    dtype (jax_enable_x64 off); "" where it fits."""
     have, want = np.dtype(x.dtype), np.dtype(jax.dtypes.canonicalize_dtype(x.dtype))
     if want == have or np.size(x) == 0:
         return ""

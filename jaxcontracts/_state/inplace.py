@@ -1,24 +1,13 @@
 """States updated in place: flax NNX objects (Modules, Optimizers, Metrics,
 Rngs) and JAX refs (``jax.new_ref``).
 
-An NNX step mutates its objects (``optimizer.update(model, grads)``,
-``metrics.update(...)``) and returns nothing, as ``nnx.jit`` lets it. A
-compiled function cannot change objects outside it, so a hot step carries
-them: the compiled function returns each such state object after the step
-ran (the traced copy it mutated), its arrays donated and aliased like any
-carried state, and :func:`write_back` puts the new arrays into the user's
-own objects' Variables after the call. Every object sharing those Variables
-(``nnx.view``, an eval copy made by ``nnx.merge`` of the same state) sees
-them, as after ``nnx.jit``.
-
-A pytree of refs (JAX's training cookbook: ``jax.tree.map(jax.new_ref,
-train_state)``) is carried the same way: the call passes the arrays the refs
-hold (:func:`ref_arrays`, donated), the traced step gets fresh refs of them
-and returns what they hold after it ran, and :func:`write_back` puts those
-arrays into the caller's refs.
-
-flax is not imported here: an object is NNX's only if ``flax.nnx`` is
-already loaded (no NNX object exists otherwise).
+A compiled function cannot change objects outside it, so a hot step carries
+them: the compiled function returns each object after the step ran (donated
+and aliased like any carried state), and :func:`write_back` puts the new
+arrays into the user's objects' Variables, seen by every object sharing them,
+as after ``nnx.jit``. A pytree of refs passes the arrays they hold
+(:func:`ref_arrays`), the traced step gets fresh refs, and the results are
+written back into the caller's refs. flax is never imported here.
 """
 
 from __future__ import annotations

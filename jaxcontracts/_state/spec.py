@@ -1,9 +1,7 @@
 """Specs: leaves -> ``jax.ShapeDtypeStruct``, ``spec_of``, static values.
 
-A *spec* is a pytree whose leaves are :class:`jax.ShapeDtypeStruct` s carrying
-shape, dtype, weak type and (when known) sharding. Everything that compiles or
-compares in this package goes through the functions here, so "the same spec"
-means one thing everywhere. How two specs differ is ``_step.diffs``.
+Everything that compiles or compares goes through these functions, so "the
+same spec" means one thing everywhere; how two differ is ``_step.diffs``.
 """
 
 from __future__ import annotations
@@ -30,10 +28,6 @@ __all__ = [
 ]
 
 
-# --------------------------------------------------------------------------
-# Leaves -> specs
-
-
 def leaf_spec(x: Any) -> jax.ShapeDtypeStruct | None:
     """The exact spec of one leaf, or ``None`` when it is not array-like."""
     if isinstance(x, jax.ShapeDtypeStruct):
@@ -47,8 +41,7 @@ def leaf_spec(x: Any) -> jax.ShapeDtypeStruct | None:
     if isinstance(x, (np.ndarray, np.generic)):
         return jax.ShapeDtypeStruct(np.shape(x), x.dtype)
     if isinstance(x, (bool, int, float, complex)):
-        # What jax would make of it, worked out without touching a device: a
-        # scalar of the default type, weakly typed unless it is a bool.
+        # as jax would make it (no device): weakly typed unless a bool
         return jax.ShapeDtypeStruct(
             (), jax.numpy.result_type(x), weak_type=not isinstance(x, bool)
         )
@@ -62,9 +55,8 @@ def movable(x: Any) -> bool:
 
 
 def moved_by_jax(leaves: Sequence[Any], donated: Sequence[int]) -> set[int]:
-    """The positions of the undonated uncommitted arrays among a call's flat
-    leaves: placed as compiled whatever their own placement (JAX moves them,
-    as ``jax.jit`` does), so never a new signature nor its cause."""
+    """The undonated uncommitted leaves: JAX moves them as ``jax.jit`` does, so
+    their placement is never a new signature."""
     return {i for i, x in enumerate(leaves) if movable(x) and i not in donated}
 
 
@@ -132,23 +124,13 @@ def spec_of(tree: Any) -> Any:
     return jax.tree_util.tree_unflatten(treedef, specs)
 
 
-# --------------------------------------------------------------------------
-# Static arguments
-
-
 class StaticArg:
     """A static argument's value, carried in the tree structure (no leaves).
 
-    A pytree node with no children whose aux data is ``(type, value)``, and
-    the value's hash where the value can change in place (:func:`unchanging`):
-    two calls with equal values of one type share a tree structure (and a
-    compiled signature); a new value is a new structure, so it is a new
-    signature. The type is in the aux data because tree structures compare
-    aux data with ``==``: ``1 == True == 1.0`` would otherwise share a
-    signature (and run the program traced for another type), where
-    ``jax.jit``'s static arguments would not. The hash, taken as the value
-    was made, tells an object changed in place since (it compares equal to
-    itself) from the value compiled for, as ``jax.jit`` tells it by hashing.
+    Aux data ``(type, value)`` (the type, as ``1 == True == 1.0`` must not
+    share a signature), or ``(type, value_key, value)`` for a value that can
+    change in place; the hash taken as made tells such a change, as
+    ``jax.jit`` does by hashing.
     """
 
     __slots__ = ("aux", "hash", "key", "value")
@@ -178,12 +160,8 @@ _FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodWrapper
 
 
 def unchanging(value: Any) -> bool:
-    """Whether ``value`` can never change once made: numbers, strings, bytes,
-    ``None``, enums, classes, functions, JAX arrays and JAX's own objects
-    (``jnp.multiply``, a jitted function), and tuples, frozen
-    dataclasses and partials of those. A list, dict, set, numpy array, a
-    mutable dataclass or any other object can change in place after a
-    program was traced with it."""
+    """Whether ``value`` can never change once made: atoms, functions, JAX's own
+    objects, and tuples, frozen dataclasses and partials of those."""
     if isinstance(value, _ATOMS) or isinstance(value, _FUNCTIONS):
         return True
     if type(value).__module__.partition(".")[0] in ("jax", "jaxlib") and not isinstance(value, functools.partial):
@@ -221,21 +199,11 @@ _KEY_DEPTH = 32
 
 
 def value_key(value: Any) -> Any:
-    """A snapshot of what ``value`` holds now, equal to another's only where
-    the two trace alike: numbers by type and bits (``2`` is not ``2.0``,
-    ``0.0`` not ``-0.0``; a NaN equals itself), lists, tuples, dicts and sets
-    item by item, numpy arrays by dtype, shape and bytes (an object array
-    item by item), partials by function, arguments and keywords, a bound
-    method by its function and its object, dataclasses that cannot hash
-    field by field (fields with ``compare=False`` left out), other objects
-    that cannot hash (an ``argparse.Namespace``) attribute by attribute; an
-    object hashed by value (a frozen dataclass, an ``nnx.GraphDef``) by its
-    hash and ``==``, as ``jax.jit`` compares it; functions, classes, JAX
-    arrays and any other object as the same object (never read). An object
-    met again (shared, or a cycle) is the order it was first met in; nesting
-    deeper than 32 is the same object there. Made at each call
-    for a static value that can change in place (:func:`unchanging`): a
-    change since the compile is a new key, so a new signature, never the
+    """A snapshot of what ``value`` holds now, equal to another's only where the
+    two trace alike (numbers by type and bits, containers item by item, numpy
+    by bytes, hashable objects by hash and ``==`` as ``jax.jit``, functions
+    and arrays by identity). Made at each call for a value that can change in
+    place (:func:`unchanging`): a change is a new signature, never the
     program traced for the old value."""
     return _key(value, 0, {})
 
@@ -326,10 +294,7 @@ class _Equal(_Same):
 
 
 def static_hash(value: Any) -> int:
-    """``hash(value)``, or -1 where it raises. A static value hashed as a call
-    made it: an object changed in place after a compile hashes anew, and is a
-    new signature, as for ``jax.jit``'s static arguments (never the program
-    traced for its old value)."""
+    """``hash(value)``, or -1 where it raises."""
     try:
         return hash(value)
     except Exception:  # noqa: BLE001 - unhashable: refused where the definition binds it
@@ -337,11 +302,8 @@ def static_hash(value: Any) -> int:
 
 
 def static_equal(a: Any, b: Any) -> bool:
-    """Whether two static values are equal: their ``==``, when it answers a bool.
-
-    An ``__eq__`` that returns anything else (an array: ``bool()`` of it would
-    read the device) or raises is "not equal".
-    """
+    """Whether two static values are equal: their ``==`` when it answers a bool
+    (anything else, an array that ``bool()`` would read, is "not equal")."""
     if a is b:
         return True
     if type(a) is not type(b):
@@ -354,8 +316,7 @@ def static_equal(a: Any, b: Any) -> bool:
 
 
 def eq_answers_bool(value: Any) -> str | None:
-    """``None`` when ``value == value`` is a bool; else what it returned (a
-    static value JAX compares with ``==`` to pick a compiled signature)."""
+    """``None`` when ``value == value`` is a bool; else what it returned."""
     try:
         result = value == value
     except Exception as e:  # noqa: BLE001

@@ -1,13 +1,10 @@
 """Validation at construction: every field against its annotation, once.
 
-Construction outside tracing validates every field of a ``jc.state``
-(jaxtyping decides dtype and shape, beartype checks static fields and pytree
-leaves), collects every failure and raises one :class:`SpecError`. Values are
-put in their exact device form: numpy arrays of the right dtype are placed on
-the device, Python scalars get the annotated dtype, weakly typed arrays become
-strongly typed. A jax or numpy array of the wrong dtype is an error, never
-cast. Inside a trace nothing is checked. A field signature that passed is
-remembered per class (the validation cache below) and not proven again.
+Outside a trace, jaxtyping decides dtype and shape and beartype checks static
+fields and pytree leaves; every failure goes into one :class:`SpecError`.
+Values take their exact device form (numpy placed, scalars in the annotated
+dtype, weak types made strong); a wrong dtype is an error, never cast. A
+field signature that passed is cached per class (below).
 """
 
 from __future__ import annotations
@@ -71,26 +68,19 @@ def _is_tracing(self: Any, info: StateInfo) -> bool:
 # --------------------------------------------------------------------------
 # The validation cache
 #
-# Validation of a field depends only on what the key below records, so a
-# signature that passed with nothing to convert is not re-proven. A key holds:
+# Validation depends only on what the key records, so a signature that passed
+# with nothing to convert is not re-proven. Per field:
 #
-# * an array field: its aval, for an array whose type is exactly ArrayImpl
-#   (not a tracer, a subclass or a numpy array). JAX interns avals (equal ones
-#   are one object), and an aval holds shape, dtype, weak type and (abstract)
-#   sharding: everything _convert_array, the dims and jaxtyping read. Only
-#   strongly typed arrays of the field's dtype pass unconverted, so a hit never
-#   skips a conversion. A deleted array keeps its aval and is accepted by both
-#   paths alike.
-# * a nested state: its exact class (validation checks isinstance).
-# * a PyTree field: its treedef and the avals of its leaves, each leaf exactly
-#   an ArrayImpl; a hit rebuilds the container, as validation does.
-# * a static field: (type, value) for bool, int, float, complex, str and None
-#   only (a tuple may hold 1 or 1.0: equal, but typed differently).
+# * an array: its aval, for an exact ArrayImpl. An aval (interned) holds shape,
+#   dtype, weak type and sharding: all that _convert_array, the dims and
+#   jaxtyping read; only unconverted arrays pass, so a hit skips no conversion
+#   (a deleted array keeps its aval: accepted by both paths alike).
+# * a nested state: its exact class; a PyTree field: its treedef and the avals
+#   of its leaves (each an exact ArrayImpl); a static field: (type, value) for
+#   atoms only (a tuple may hold 1 or 1.0: equal, typed differently).
 #
-# Anything else (numpy arrays, Python scalars, specs, tracers) has no key and
-# is validated in full. One key covers every field, so dims bound across
-# fields are part of it. Failures are never cached: errors (and their
-# messages) always come from the full path.
+# Anything else has no key and is validated in full. One key covers every
+# field (dims bound across fields). Failures are never cached.
 
 _CACHE_LIMIT = 256  # signatures kept per class; the set is emptied when full
 

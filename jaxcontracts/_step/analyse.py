@@ -1,11 +1,5 @@
-"""``@jc.hot_step``'s decoration: a function and the options -> ``StepDefinition``.
-
-Worked out once, when the decorator runs: which parameters are state (named
-by ``state=``, or annotated with the state type wherever they stand, never a
-static one), where the returned states stand in the return annotation (or
-``None``: read from the compiled output), which parameters are static, host
-data or donated whole, and every option checked, each misuse a
-``DefinitionError`` with the fix.
+"""``@jc.hot_step``'s decoration: a function and the options -> ``StepDefinition``,
+worked out once, each misuse a ``DefinitionError`` with the fix.
 """
 
 from __future__ import annotations
@@ -162,16 +156,7 @@ def analyse(
     state: Any = None,
     host: Any = (),
 ) -> StepDefinition:
-    """Read ``fn``'s signature and the decorator's options.
-
-    ``state``: names of the state parameters (no annotation needed); what the
-    step returns is then read from its output at the first compile.
-
-    Raises:
-        DefinitionError: an invalid option, *args/**kwargs, no state
-            parameter, a return annotation without the state, or an unknown
-            donated field.
-    """
+    """Read ``fn``'s signature and the decorator's options (see ``jc.hot_step``)."""
     if isinstance(fn, staticmethod):  # @jc.hot_step over @staticmethod: the function it holds
         fn = fn.__func__
     refuse_non_step(fn, signature)
@@ -241,15 +226,12 @@ def _parameters(
         raise DefinitionError(f"@jc.hot_step: cannot read the signature of {name}: {e}") from None
     params = list(sig.parameters.values())
     if isinstance(fn, functools.partial):
-        # Keyword values bound by functools.partial are configuration, closed
-        # over like any other constant: not parameters of the step.
+        # keywords bound by functools.partial are configuration, not parameters
         params = [p for p in params if p.name not in fn.keywords]
     method = _is_method(fn, params)
     if method:
         params = params[1:]  # `self` is closed over when the method is bound
-    # A `**kwargs` (optax's `update(updates, state, params=None, **extra_args)`)
-    # is not part of the step: nothing is passed to it, and a call that fills
-    # it is refused as any unknown keyword is.
+    # A `**kwargs` (optax's `**extra_args`) is dropped: a call filling it is refused.
     params = [p for p in params if p.kind != p.VAR_KEYWORD]
     variadic = [p.name for p in params if p.kind == p.VAR_POSITIONAL]
     if variadic:
@@ -268,8 +250,7 @@ def _hints(
     params: Sequence[inspect.Parameter],
     localns: dict[str, Any] | None,
 ) -> dict[str, Any]:
-    """The resolved annotations; where some cannot be resolved, each string on
-    its own, an unresolvable name kept as a name (:class:`Unresolved`)."""
+    """The resolved annotations, else each on its own (:class:`Unresolved` names)."""
     target = fn.func if isinstance(fn, functools.partial) else fn
     try:
         return typing.get_type_hints(target, localns=localns)
@@ -326,10 +307,8 @@ def _refuse_static_state(
     static_params: tuple[int, ...],
     signature: Any,
 ) -> None:
-    """A parameter named in ``static=`` and annotated with the state type (or,
-    with no ``signature=``, with a ``jc.state`` class) is refused."""
-    # Without signature=, only when no other parameter could be the state (a
-    # static `config: Config` beside `s: State` is configuration, as it should be).
+    """Refuse a ``static=`` parameter annotated with the state type (without
+    ``signature=``: a ``jc.state`` class, where no other parameter could be it)."""
     others = signature is None and any(
         _is_class_annotation(hints.get(p.name)) for i, p in enumerate(params) if i not in static_params
     )
@@ -350,8 +329,7 @@ def _refuse_static_state(
 def _first_annotation(
     name: str, params: Sequence[inspect.Parameter], hints: dict[str, Any], static_params: tuple[int, ...]
 ) -> Any:
-    """The state type when no ``signature=`` is given: the annotation of the
-    first parameter that is not static (a ``config`` is never the state)."""
+    """Without ``signature=``: the first non-static parameter's annotation."""
     candidates = [p for i, p in enumerate(params) if i not in static_params]
     first = candidates[0] if candidates else None
     if first is None or first.name not in hints:
@@ -395,8 +373,7 @@ def _is_array_annotation(t: Any) -> bool:
 
 
 def _is_class_annotation(t: Any) -> bool:
-    """A pytree class annotation (a dataclass, a NamedTuple, a flax struct), not an
-    array, a Python scalar or a string."""
+    """A pytree class annotation, not an array, a Python scalar or a string."""
     return (
         isinstance(t, type)
         and not _is_array_annotation(t)
@@ -413,8 +390,7 @@ def _check_host(
     static_params: tuple[int, ...],
     donated_params: tuple[int, ...],
 ) -> None:
-    """Host data is neither state, static nor donated (a transferred batch has
-    no device buffer to reuse)."""
+    """Host data is neither state, static nor donated (no device buffer to reuse)."""
     for option, taken in (("state", state_params), ("static", static_params), ("donate_argnames", donated_params)):
         both = [params[i].name for i in host if i in taken]
         if both:
@@ -495,9 +471,8 @@ def _returned_states(
     state_params: tuple[int, ...],
     donated_params: tuple[int, ...],
 ) -> tuple[tuple[int, tuple[int, ...]], ...] | None:
-    """Where the return annotation holds the state, per carried state parameter
-    (the k-th returned state is the new value of the k-th state parameter);
-    ``None`` without a return annotation: read from the compiled output."""
+    """Per carried state parameter, where the return annotation holds it (k-th
+    for k-th); ``None`` without one: read from the compiled output."""
     type_name = getattr(signature, "__name__", repr(signature))
     conflict = [params[i].name for i in donated_params if i in state_params]
     if conflict:

@@ -1,11 +1,7 @@
-"""What every per-call closure of a compiled signature shares.
-
-The step protocol the closures read (:class:`DispatchingStep`), the context
-they are built from (:class:`CallContext`, read once, at build), the one
-after-dispatch tail (:func:`make_tail`: check consumption, mark the donated
-states, count, record the output inside loops) and the leaf readers. The
-closures are in ``_step.callpath`` (one per checks level); the
-kept-reference check is ``_step.kept``."""
+"""What every per-call closure of a compiled signature shares: the step
+protocol (:class:`DispatchingStep`), the :class:`CallContext` read at build,
+the after-dispatch tail (:func:`make_tail`) and the leaf readers. The closures
+are in ``_step.callpath``; the kept-reference check in ``_step.kept``."""
 
 from __future__ import annotations
 
@@ -68,36 +64,25 @@ class CallContext:
     not_consumed: Callable[[CompiledSignature, Sequence[Any], Any], BaseException | None]
     marks: tuple[tuple[int, type, type], ...]  # (state parameter, its class, consumed class)
     normalize: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
-    # At full (with the kept-references capability): refuse a donated leaf
-    # held elsewhere. None: not checked.
+    # At full: refuse a donated leaf held elsewhere (None: not checked).
     kept: Callable[[Sequence[int], Sequence[tuple[str, range]]], BaseException] | None
     # Keyword arguments bound to positions without inspect (None: not this call's shape).
     bind: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None]
-    # Some parameter has a default: a call with fewer positional arguments and
-    # no keywords is bound too (update(grads, state) of update(grads, state, params=None)).
+    # Some parameter has a default: a short positional call is bound too.
     defaults: bool
 
 
 def make_tail(ctx: CallContext) -> Callable[[tuple[Any, ...], Any, Any, float], Any]:
-    """The after-dispatch tail of ``full`` (and of a call checked in Python):
-    check consumption, mark, count, tell loops. ``fast``'s guarded closure
-    does the same marking, counting and recording inline
-    (``callpath._guarded_closure``: a frame less per call).
+    """The after-dispatch tail of ``full``: check consumption, mark, count, tell
+    loops (``fast`` does its share inline in ``callpath._guarded_closure``).
 
-    ``tail(args, leaves, out, t0)``: ``leaves``, at ``full``, the call's flat
-    leaves, whose consumption is tested in one C loop (``args`` may hold
-    static values as they came, so they are not flattened again); None at
-    ``fast``. ``t0``: the clock as the closure was entered where the call is
-    timed, else 0 (``_report.timing.timed`` adds the host time). Inside a
-    loop the output is recorded (``LiveStep.last_output``).
-
-    At ``full`` the arrays a call consumed stay in the step's
-    ``last_consumed`` slot (deleted: no device memory) until its next call,
-    which keeps a weak reference to those something else still holds
-    (``_steps.keep``), so that their later read names the step. A leaf inside
-    a state held elsewhere was refused before dispatch, so an array of the
-    last call survives only with its argument (the state kept whole, a bare
-    array kept): one leaf per donated argument is counted."""
+    ``tail(args, leaves, out, t0)``: ``leaves``, the flat leaves at ``full``
+    (consumption tested in one C loop), else None; ``t0``: the clock where
+    the call is timed, else 0. At ``full`` the consumed arrays stay in
+    ``last_consumed`` until the next call, which keeps a weak reference to
+    those still held elsewhere (``_steps.keep``) so a later read names the
+    step; one leaf per donated argument is counted (a leaf inside a state held
+    elsewhere was refused before dispatch)."""
     full, stats, cs, not_consumed = ctx.full, ctx.stats, ctx.cs, ctx.not_consumed
     is_deleted = is_deleted_for(cs)
     every_leaf = tuple(cs.donated) == tuple(range(len(cs.leaves)))
@@ -154,9 +139,8 @@ def make_tail(ctx: CallContext) -> Callable[[tuple[Any, ...], Any, Any, float], 
 
 
 def call_tree(cs: CompiledSignature) -> Any:
-    """The call tree an executable's guarded C++ call takes its arguments in:
-    ``cs``'s own structure where the executable was compiled over flat leaves
-    or for another structure (``cs.alias``); None: the executable's own."""
+    """The guarded C++ call's argument tree: ``cs``'s structure for a flat-style
+    or alias executable; None: the executable's own."""
     return tree_in_tree(cs.spec_args) if cs.flat_style or cs.alias else None
 
 
@@ -190,15 +174,12 @@ def picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]
 
 @dataclasses.dataclass(frozen=True)
 class LeafKinds:
-    """What the checked closures compare each call in C (``map`` over the
-    flat leaves): the exact type of every leaf, and the weak type of every
-    device leaf. A mismatch falls back to the leaf-by-leaf loop (which tells
-    the accepted variants, a device array for declared host data, apart)."""
+    """What the checked closures compare per call in C (``map``): each leaf's
+    exact type and each device leaf's weak type; a mismatch falls back to
+    the leaf-by-leaf loop, which accepts the variants."""
 
     types: tuple[type, ...]  # per flat leaf: ArrayImpl, the key class, or np.ndarray (host=)
-    # The device leaves that are not typed PRNG keys (a key's `aval` is built
-    # anew on each read, about 9 us; a key is never weakly typed), and their
-    # weak types.
+    # device leaves but typed PRNG keys (a key's aval costs ~9 us; never weak), and their weak types
     unkeyed: Callable[[Sequence[Any]], tuple[Any, ...]]
     weak: tuple[bool, ...]
     weak_of: Callable[[Any], bool] = operator.attrgetter("aval.weak_type")
@@ -225,12 +206,10 @@ def leaf_kinds(cs: CompiledSignature) -> LeafKinds | None:
 
 
 def leaf_reader(cs: CompiledSignature, index: int) -> Callable[[tuple[Any, ...]], Any]:
-    """Reads flat leaf ``index`` from a call's arguments by its path (items,
-    attributes; ``__dict__`` first, as a consumed state's fields raise when
-    read), without flattening them. An attribute that is not plain data (a
-    property: flax's deprecated ``Variable.value`` warns on every read) is
-    read by flattening that one node; a node without keys, likewise. It may
-    raise on arguments of another structure."""
+    """Reads flat leaf ``index`` from a call's arguments by its path, without a
+    flatten (``__dict__`` first: a consumed state's fields raise). A computed
+    attribute (flax's ``Variable.value`` warns) or keyless node is flattened
+    alone. May raise on another structure."""
     return leaf_readers(cs, (index,))[0]
 
 
@@ -241,10 +220,8 @@ def leaf_readers(cs: CompiledSignature, indices: Sequence[int]) -> list[Callable
     for i, (p, _) in enumerate(with_path):
         for depth in range(len(p) + 1):
             firsts.setdefault(_prefix_key(p[:depth]), i)
-    # A reader is proven on a tree of the same structure whose leaves are
-    # distinct markers (leaves may share one spec object, so reading the
-    # specs could not tell two leaves apart); None: such a tree cannot be
-    # built (a node that refuses other leaves), and every reader flattens.
+    # Readers are proven on a tree of distinct markers (leaves may share one
+    # spec object); None: no such tree can be built, and every reader flattens.
     marks = [object() for _ in with_path]
     try:
         markers = jax.tree_util.tree_unflatten(treedef, marks)
@@ -257,9 +234,7 @@ _WALKED_KEYS = (jax.tree_util.SequenceKey, jax.tree_util.DictKey, jax.tree_util.
 
 
 def _prefix_key(prefix: tuple[Any, ...]) -> tuple[Any, ...]:
-    # A reader walks only these keys, so only prefixes of them are looked up;
-    # any other key (_filter's _LeafKey has no __eq__; a user's may be
-    # unhashable) stands for itself.
+    # Only walked keys are compared; any other (maybe unhashable) stands for itself.
     return tuple(k if isinstance(k, _WALKED_KEYS) else id(k) for k in prefix)
 
 
@@ -317,8 +292,7 @@ def _reader(
 
 
 def _chain(getters: list[Callable[[Any], Any]]) -> Callable[[tuple[Any, ...]], Any]:
-    """``args -> leaf`` as one C call per step (a state's leaves are two or
-    three steps down: the argument, a field, an item)."""
+    """``args -> leaf`` as one C call per step (up to three)."""
     if len(getters) == 1:
         (a,) = getters
         return lambda args: a(args)
@@ -347,9 +321,8 @@ _PLAIN_GETATTRIBUTE = (object.__getattribute__, tuple.__getattribute__, list.__g
 
 
 def _getattr_plain(obj: Any, name: str) -> bool:
-    """Whether ``getattr(obj, name)`` reads what a stored-data read does: no
-    ``__getattribute__`` of the class's own, no data descriptor (a property)
-    of that name but a slot's or a NamedTuple field's."""
+    """Whether ``getattr(obj, name)`` reads stored data: no own
+    ``__getattribute__``, no data descriptor but a slot or NamedTuple field."""
     cls = type(obj)
     if cls.__getattribute__ not in _PLAIN_GETATTRIBUTE or hasattr(cls, "__getattr__"):
         return False
@@ -359,10 +332,7 @@ def _getattr_plain(obj: Any, name: str) -> bool:
 
 
 def stale_reader(cs: CompiledSignature) -> Callable[[tuple[Any, ...]], Any] | None:
-    """Reads the first donated leaf of a call's arguments by its path
-    (:func:`leaf_reader`), which ``fast`` asks ``is_deleted()`` before the
-    call: a stale state, whose donated buffer would reach ``Execute`` (which
-    logs its refusal on stderr), goes to the slow path, as does a leaf that
-    cannot be read or asked (a tracer, a numpy array, another structure).
-    None: nothing is donated."""
+    """The first donated leaf's reader, asked ``is_deleted()`` by ``fast`` before
+    the call: a stale state goes to the slow path before ``Execute`` logs its
+    refusal on stderr. None: nothing is donated."""
     return leaf_reader(cs, cs.donated[0]) if cs.donated else None

@@ -63,10 +63,10 @@ from .callctx import (
 )
 from .callwrap import (
     host_call,
-    with_effect_tokens,
+    loop_refusal,
+    with_before,
     with_filtered,
     with_inplace,
-    with_refusals,
     with_static,
 )
 from .diagnose import kept_leaves_error
@@ -78,10 +78,7 @@ __all__ = ["DispatchingStep", "make_dispatch"]
 def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> Callable[..., Any]:
     """Build the call path of ``step`` for one compiled signature and checks level.
 
-    Failures go to ``step.slow_call((args, kwargs, exception_or_None))``;
-    after a call, each ``jc.state`` argument whose leaves were donated takes
-    its consumed class, which names the step (one store). Static parameters
-    are wrapped into tree nodes first (:func:`with_static`).
+    Failures go to ``step.slow_call(args, kwargs, exception_or_None)``.
     """
     definition = step.definition
     ctx = CallContext(
@@ -118,9 +115,9 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
         dispatch = with_filtered(definition, dispatch, step)
     ensure = effect_tokens(cs.compiled)  # an ordered effect: JAX's token made outside the guard
     if ensure is not None:
-        dispatch = with_effect_tokens(dispatch, ensure)
+        dispatch = with_before(dispatch, ensure)
     if cs.found:  # a declared contract found something in the program: refused in a loop
-        dispatch = with_refusals(dispatch, step.short_name, cs.found)
+        dispatch = with_before(dispatch, loop_refusal(step.short_name, cs.found))
     return with_inplace(definition, dispatch, step) if definition.inplace_params else dispatch
 
 
@@ -142,17 +139,13 @@ def _consumed_marks(
 def _off(ctx: CallContext, native: bool) -> Callable[..., Any]:
     """Checks ``off``: the bare compiled call; failures go to the slow path.
 
-    Keyword arguments and omitted defaults are bound to positions (the
-    executable takes positional arguments only) once the executable has
-    refused the call, so a call with every argument by position pays nothing.
-    Declared host data (``host=``) is a declared transfer at every level: the
-    call runs with the thread's host-to-device guard at ``allow``, and its
-    C++ call refuses host data at any other leaf (:func:`_off_guarded`).
+    Keywords and omitted defaults are bound only once the executable refused
+    the call (all-positional calls pay nothing). Declared host data runs with
+    the host-to-device guard at ``allow`` (:func:`_off_guarded`).
     """
     cs, slow_call, refused_mark = ctx.cs, ctx.slow_call, REFUSED
     tree_call = _off_guarded(ctx)  # its cache miss asks (a new signature, another JAX option)
-    # the arguments as they come: JAX's C++ call flattens them; else the bare
-    # call (with host=, numpy anywhere then passes JAX's guard at allow)
+    # the arguments as they come (JAX's C++ call flattens them), else the bare call
     compiled: Callable[..., Any] = ctx.compiled if tree_call is None else tree_call
     refusable = tree_call is not None
     if cs.host:
@@ -199,14 +192,10 @@ def _off(ctx: CallContext, native: bool) -> Callable[..., Any]:
 
 
 def _off_guarded(ctx: CallContext) -> Callable[..., Any] | None:
-    """The executable's call at ``off`` on a guarded C++ call that takes the
-    arguments in their own structure (None: the mechanism is missing): an
-    executable compiled over flat leaves (``flat_style``: JAX's C++ call
-    flattens the arguments once, as ``jax.jit`` does), or a step with
-    declared host data (``host=``: the call runs with the guard at
-    ``allow``, so JAX's own guard would not see numpy at another leaf: a new
-    signature is refused unless every other leaf is a JAX array). A refused
-    call returns ``REFUSED``, and the slow path explains it.
+    """The executable's call at ``off`` on a guarded C++ call taking the arguments
+    in their structure (None: missing). With ``host=`` (the guard at ``allow``,
+    so JAX's would not see numpy elsewhere), a new signature is refused unless
+    every other leaf is a JAX array. A refused call returns ``REFUSED``.
     """
     cs, host = ctx.cs, frozenset(ctx.cs.host)
     undeclared = picker([i for i in range(len(cs.leaves)) if i not in host])
@@ -221,9 +210,8 @@ def _off_guarded(ctx: CallContext) -> Callable[..., Any] | None:
 def _tree_approver(
     cs: CompiledSignature, leaves_ok: Callable[[Sequence[Any]], bool] | None
 ) -> Callable[[tuple[Any, ...]], bool]:
-    """``approve`` of a guarded C++ call that takes the arguments in their
-    structure: no trace is active, the tree structure is the compiled one, and
-    ``leaves_ok`` (None: nothing more) takes the flat leaves. It never raises."""
+    """``approve`` of a guarded C++ call: no trace active, the compiled tree
+    structure, and ``leaves_ok`` (if any) takes the leaves. Never raises."""
     tref, ev, aref, top = top_level_refs()
     in_treedef, context = cs.in_treedef, cs.context
 
@@ -250,10 +238,8 @@ def _checked(ctx: CallContext, native: bool) -> Callable[..., Any]:
     kinds = tuple((i in host, w) for i, w in enumerate(weak))
     shardings = [None if i in host else leaf.spec.sharding for i, leaf in enumerate(cs.leaves)] if cs.multi_device else None
     ndims = [len(leaf.spec.shape) for leaf in cs.leaves]
-    # Shardings that differ as objects but place the data alike (P('x', None)
-    # vs P('x'), a renamed mesh axis): the executable accepts them, and so does
-    # the slow path's diff, so refusing them here would loop. Checked once per
-    # (leaf, sharding), on the path that used to fall back.
+    # Shardings placing the data alike (P('x', None) vs P('x')): the executable
+    # and the slow path accept them, so refusing here would loop. Memoised.
     equivalent: set[tuple[int, Any]] = set()
     donated_set = frozenset(donated)
 
@@ -270,11 +256,9 @@ def _checked(ctx: CallContext, native: bool) -> Callable[..., Any]:
     key_array: Any = KeyArray  # typed PRNG keys: checked only when a leaf is not an ArrayImpl
     first_donated = donated[0] if donated else None
     n_leaves = len(cs.leaves)
-    # An uncommitted array on another device (made under another
-    # jax.default_device) is moved by JAX to the executable's device without a
-    # word: the copy is donated, the input is not consumed. Where this process
-    # has several devices, signature_ok compares the first donated leaf's
-    # placement; the slow path names every leaf that differs.
+    # JAX silently moves an uncommitted array on another device (the copy is
+    # donated, the input not consumed): with several devices, signature_ok
+    # compares the first donated leaf's placement; the slow path names all.
     placed = None
     if shardings is None and first_donated is not None and jax.device_count() > 1:
         placed = cs.leaves[first_donated].spec.sharding
@@ -290,9 +274,8 @@ def _checked(ctx: CallContext, native: bool) -> Callable[..., Any]:
     context = cs.context
 
     def signature_ok(leaves: Sequence[Any]) -> bool:
-        """What a signature fixes: the config values jax.jit compiles for, each
-        leaf's type and weak type (compared in C, one map each), its sharding,
-        the first donated leaf's device."""
+        """The config, each leaf's type and weak type (one C map each), its
+        sharding, the first donated leaf's device."""
         if context is not None and jit_context() != context:
             return False
         if tuple(map(type, leaves)) != types or tuple(map(weak_of, unkeyed(leaves))) != unkeyed_weak:  # type: ignore[arg-type,misc]
@@ -306,8 +289,7 @@ def _checked(ctx: CallContext, native: bool) -> Callable[..., Any]:
             for i, (x, s) in enumerate(zip(leaves, shardings)):
                 if s is not None and x.sharding != s and not placed_alike(i, x.sharding, s) and not (i not in donated_set and movable(x)):
                     return False  # (an undonated uncommitted array: JAX moves it, as jax.jit does)
-        # on another device: JAX would move it, undonated (a sharding placing it
-        # alike, a one-device NamedSharding on the compiled device, is no move)
+        # on another device: JAX would move it, undonated
         if placed is None:
             return True
         got = leaves[first_donated].sharding
@@ -326,17 +308,12 @@ def _guarded(
 ) -> Callable[..., Any]:
     """Checks ``fast``/``full`` on a guarded C++ call (``_compat.guarded``).
 
-    ``signature_ok`` runs once per new signature, in the C++ call's cache
-    miss. Where the guarded call is missing (capability ``guarded-call``),
-    the ``full`` closure below runs it on every call, at both levels, and
-    calls the executable itself. ``fast`` reads the first donated leaf by
-    its path (:func:`stale_reader`); where that read runs the state's own
-    Python (an ``nnx.State`` level, a flax ``Variable``'s value property),
-    it takes ``full``'s closure with that one leaf looked at instead.
-    ``full`` calls the executable with the flat leaves (JAX then flattens a
-    tuple, not the state again); static values (``native``) are compared by
-    identity and left out of the flatten, as a C++ call with
-    ``static_argnames`` does; another value goes through :func:`with_static`.
+    ``signature_ok`` runs in the C++ call's cache miss; without the guarded
+    call (capability ``guarded-call``) the ``full`` closure runs it per call
+    at both levels. ``fast`` reads the first donated leaf by path
+    (:func:`stale_reader`), or takes ``full``'s closure where that read runs
+    Python (``nnx.State``). ``full`` calls with the flat leaves; static values
+    (``native``) are compared by identity and left out of the flatten.
     """
     cs, slow_call, bind, full = ctx.cs, ctx.slow_call, ctx.bind, ctx.full
     short, n_params = ctx.defaults, ctx.n_params
@@ -352,9 +329,7 @@ def _guarded(
             return False
 
     first = None if full else stale_reader(cs)
-    # At fast, reading the first donated leaf by its path may run Python at
-    # every step (an nnx.State wraps each level it returns): then the closure
-    # below flattens once, as full does, and looks at that leaf only.
+    # where that read runs Python per step, full's closure with that one leaf
     if not full and (first is None or not first.costly):  # type: ignore[attr-defined]
         call = guarded_call(cs.compiled, approve_tree, call_tree(cs))
         if call is not None:
@@ -393,9 +368,8 @@ def _guarded(
         return len(set(map(id, leaves))) != n_leaves and bool(find_hazards(leaves, donated)[1])
 
     def make_full(static: tuple[int, ...]) -> Callable[..., Any]:
-        """The closure; ``static``: the static parameters it takes as they come
-        (their values compared by identity, then type and ``==``, and left out
-        of the one flatten), or () where they arrive as ``StaticArg`` nodes."""
+        """``static``: parameters taken as they come (compared by identity, then
+        ``==``; not flattened), or () where they arrive as ``StaticArg`` nodes."""
         want, dynamic_of, fallback = in_treedef, None, None
         if static:
             children = in_treedef.children()
@@ -489,20 +463,13 @@ def _guarded_closure(
     stale: Callable[[tuple[Any, ...]], Any] | None,
     fallback: Callable[..., Any] | None = None,
 ) -> Callable[..., Any]:
-    """The closure around a guarded C++ call: ``fast`` (see :func:`_guarded`),
-    and a step whose static values are static in the C++ call at ``off`` and
-    ``fast`` (:func:`_static_native`). ``stale``: the :func:`leaf_reader` of
-    the first donated leaf, asked ``is_deleted()`` before the call (None:
-    not read); ``checked``: False at ``off``, where nothing is counted.
-    Without ``fallback``, keywords and left-out defaults are bound here, and
-    a stale state, a refused signature or an error go to the slow path; with
-    it (the wrapper that turns static values into tree nodes), the C++ call
-    binds the static keywords itself, and what it refuses goes to it.
-
-    After the call it does ``fast``'s share of :func:`make_tail` inline (one
-    Python frame less per call: at ten leaves a frame is a percent of the
-    call): the donated states take their consumed class, the call is
-    counted, timed where due, and its output recorded inside loops."""
+    """The closure around a guarded C++ call, at ``fast`` and for native statics
+    (:func:`_static_native`). ``stale``: the first donated leaf's reader, asked
+    ``is_deleted()`` first; ``checked``: False at ``off`` (nothing counted).
+    Without ``fallback`` it binds keywords and refusals go to the slow path;
+    with it (the static wrapper), the C++ call binds static keywords and its
+    refusals go there. ``fast``'s share of :func:`make_tail` is inline (a
+    Python frame is a percent of a ten-leaf call)."""
     slow_call, bind, refused_mark = ctx.slow_call, ctx.bind, REFUSED
     short, n_params, binds = ctx.defaults, ctx.n_params, fallback is None
     refused = fallback if fallback is not None else (lambda *args, **kwargs: slow_call(args, kwargs, None))
@@ -559,18 +526,12 @@ def _static_native(
     fallback: Callable[..., Any],
     tail: Callable[[tuple[Any, ...], Any, Any, float], Any] | None,
 ) -> Callable[..., Any] | None:
-    """A step's call with static parameters, static in the C++ call itself.
-
-    ``update(state, config=config)`` then costs what ``update(state)`` does:
-    the C++ call hashes the static values into its signature, as
-    ``jax.jit``'s ``static_argnames`` does, so no Python wrapper binds,
-    wraps or flattens them per call. On a new signature the arguments are
-    bound and normalized (an unhashable value, an ``==`` that is not a bool:
-    refused), then ``approve`` judges them (None, at ``off``: the top level
-    and the compiled tree structure, static values included: ``StaticArg``
-    equality is type-strict). What it refuses goes to ``fallback`` (the
-    Python wrapper and its closure), which explains it. ``tail``: None at
-    ``off``. None where the guarded call is missing.
+    """A step's call with static parameters static in the C++ call itself, as
+    ``jax.jit``'s ``static_argnames``: no Python wrapper per call. On a new
+    signature the arguments are bound and normalized, then ``approve`` judges
+    them (None: the tree approver; ``StaticArg`` equality is type-strict);
+    refusals go to ``fallback``. ``tail``: None at ``off``. None where the
+    guarded call is missing.
     """
     definition, cs = ctx.step.definition, ctx.cs
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)

@@ -1,9 +1,7 @@
-"""The wrappers in front of a call path whose arguments change shape: static
-values (:func:`with_static`) and equinox Modules (:func:`with_filtered`)
-become tree nodes the compiled signature knows; :func:`with_inplace` writes
-back the objects a step updates in place. And :func:`with_effect_tokens`
-(ordered effects) and :func:`host_call` (declared host data), around the
-executable's call.
+"""The wrappers in front of a call path: static values (:func:`with_static`)
+and equinox Modules (:func:`with_filtered`) become tree nodes the signature
+knows; :func:`with_inplace` writes back in-place updates; :func:`with_before`
+(effect tokens, loop refusals) and :func:`host_call` (declared host data).
 """
 
 from __future__ import annotations
@@ -32,9 +30,9 @@ __all__ = [
     "host_call",
     "in_place_call",
     "inside_in_place_call",
+    "loop_refusal",
     "module_params",
-    "with_effect_tokens",
-    "with_refusals",
+    "with_before",
     "with_filtered",
     "with_inplace",
     "with_static",
@@ -42,13 +40,9 @@ __all__ = [
 
 
 def with_filtered(definition: StepDefinition, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
-    """The call path behind a wrapper that filters equinox Modules (``_filter``).
-
-    Each filtered argument becomes a :class:`Filtered` node (its array leaves;
-    the structure and the other leaves as aux data, the last key reused while
-    the same static leaves come back), and what the executable returns is
-    rebuilt. The cost of ``eqx.filter_jit``: one flatten and one unflatten of
-    the Module per call.
+    """The call path behind a wrapper that filters equinox Modules (``_filter``):
+    each becomes a :class:`Filtered` node (the last key reused while the same
+    static leaves come back) and the output is rebuilt, as ``eqx.filter_jit``.
     """
     normalize, n_params, filtered = definition.normalize, len(definition.param_names), definition.filtered_params
     bind, record = definition.bind_positional, step.last_output
@@ -78,13 +72,9 @@ def with_filtered(definition: StepDefinition, dispatch: Callable[..., Any], step
 
 
 def with_static(definition: StepDefinition, dispatch: Callable[..., Any]) -> Callable[..., Any]:
-    """The call path behind a wrapper that turns static values into tree nodes.
-
-    Static values travel as :class:`StaticArg` nodes of the tree structure
-    (hashability is checked when one is made). The node made for the last
-    value of each static parameter is reused while the same object comes
-    back, so the usual call (one config object) neither hashes nor compares.
-    """
+    """The call path behind a wrapper that turns static values into
+    :class:`StaticArg` nodes, the last one reused while the same object comes
+    back (the usual call neither hashes nor compares)."""
     normalize, n_params, static = definition.normalize, len(definition.param_names), definition.static_params
     bind = definition.bind_positional
     last: dict[int, tuple[Any, Any]] = {}
@@ -116,10 +106,8 @@ def with_static(definition: StepDefinition, dispatch: Callable[..., Any]) -> Cal
 
 
 def with_inplace(definition: StepDefinition, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
-    """The call path of a step that updates state in place (flax NNX objects,
-    pytrees of JAX refs: ``_state.inplace``): :func:`in_place_call` around
-    ``dispatch``. Inside another in-place call of the same step (the slow
-    path calling the new call path after a compile), it is ``dispatch``."""
+    """:func:`in_place_call` around ``dispatch`` (NNX objects, refs:
+    ``_state.inplace``); inside the step's own in-place call, ``dispatch``."""
     n_params, bind, normalize = len(definition.param_names), definition.bind_positional, definition.normalize
 
     def inplace_call(*args: Any, **kwargs: Any) -> Any:
@@ -148,17 +136,15 @@ _inside = _Inside()
 
 
 def inside_in_place_call(step: Any) -> tuple[Any, ...] | None:
-    """The caller's arguments (refs and objects as given) when ``step``'s
-    slow path runs inside its own in-place call, which expects the
-    executable's form back: (the step's output, the updated states)."""
+    """The caller's arguments when ``step``'s slow path runs inside its own
+    in-place call, which expects (output, updated states) back."""
     call = _inside.call
     return call[1] if call is not None and call[0] is step else None
 
 
 def in_place_call(definition: StepDefinition, step: DispatchingStep, inner: Callable[..., Any], args: tuple[Any, ...]) -> Any:
-    """Call ``inner`` (the executable's call path, or the slow path) with the
-    refs of ``definition.ref_params`` replaced by their arrays; put the states it
-    returns back into the caller's objects and refs; return the step's output."""
+    """Call ``inner`` with the refs replaced by their arrays; write the returned
+    states back into the caller's objects and refs; return the step's output."""
     items = list(args)
     taken: dict[int, list[Any]] = {}  # per ref parameter: its refs, flat (passed as their arrays)
     for i in definition.ref_params:
@@ -199,9 +185,7 @@ def _ref_paths(definition: StepDefinition, args: tuple[Any, ...]) -> list[tuple[
 
 
 def _same_refs_in_loop(definition: StepDefinition, step: Any, first: Any) -> None:
-    """Inside a hot loop, refuse refs made anew while the ones the last call
-    updated are gone: that update was lost (a ref tree made each iteration).
-    ``first``: the first ref passed."""
+    """In a hot loop, refuse new refs where the last call's are gone (lost update)."""
     loop = _runtime.local.loop
     last = _last_refs.get(step)
     _last_refs[step] = (weakref.ref(loop), weakref.ref(first))
@@ -219,41 +203,32 @@ def _same_refs_in_loop(definition: StepDefinition, step: Any, first: Any) -> Non
         )
 
 
-def with_effect_tokens(dispatch: Callable[..., Any], ensure: Callable[[], None]) -> Callable[..., Any]:
-    """The call path of an executable with ordered effects: JAX's runtime
-    token of each is made first where this thread has none
-    (``_compat.effects``), so that the call inside a ``jc.hot_loop`` is not
-    refused for JAX's own ``bool[0]`` transfer."""
+def with_before(dispatch: Callable[..., Any], before: Callable[[], Any]) -> Callable[..., Any]:
+    """The call path with ``before()`` run first; built only where needed: JAX's
+    ordered-effect tokens made outside the guard (``_compat.effects``), or a
+    declared contract's loop refusal (``_contracts.refuse``)."""
 
-    def effects_call(*args: Any, **kwargs: Any) -> Any:
+    def before_call(*args: Any, **kwargs: Any) -> Any:
         try:
-            ensure()
+            before()
             return dispatch(*args, **kwargs)
         except Exception as err:  # the traceback ends at the user's line
             trim(err)
             raise
 
-    return effects_call
+    return before_call
 
 
-def with_refusals(dispatch: Callable[..., Any], name: str, found: dict[str, tuple[Any, ...]]) -> Callable[..., Any]:
-    """The call path of an executable in which a declared contract found
-    something (a host callback): inside a loop, each such contract's
-    ``refuse`` hook runs before the call (``_contracts.refuse``). Built only
-    for such executables: every other call path pays nothing."""
+def loop_refusal(name: str, found: dict[str, tuple[Any, ...]]) -> Callable[[], None]:
+    """Inside a loop, each contract that found something refuses (a host callback)."""
     local = _runtime.local
 
-    def refusing_call(*args: Any, **kwargs: Any) -> Any:
-        try:
-            loop = local.loop
-            if loop is not None and not local.allow:
-                _contracts.refuse(loop, name, found)
-            return dispatch(*args, **kwargs)
-        except Exception as err:  # the traceback ends at the user's line
-            trim(err)
-            raise
+    def refuse() -> None:
+        loop = local.loop
+        if loop is not None and not local.allow:
+            _contracts.refuse(loop, name, found)
 
-    return refusing_call
+    return refuse
 
 
 def module_params(
@@ -263,12 +238,10 @@ def module_params(
     host: list[tuple[str, Any]],
     compiled_arrays: Collection[str] = (),
 ) -> tuple[int, ...]:
-    """The parameters to filter: every host leaf is a non-array leaf of an
-    argument holding an equinox Module (a function, a Python number), never a
-    numpy array (host data), in a parameter neither static nor declared host,
-    and never where a compiled signature took a device array
-    (``compiled_arrays``: those leaves' paths): a Python number there is host
-    data, as beside no Module (a learning rate put back as a float)."""
+    """The parameters to filter, where every host leaf is a non-array, non-numpy
+    leaf of an argument holding an equinox Module, and none stands where a
+    compiled signature took a device array (``compiled_arrays``: a float put
+    back for a learning rate is host data)."""
     params: set[int] = set()
     by_path = {definition.param_path(p): p[0].idx for p, _ in with_path}
     for path, x in host:
@@ -286,14 +259,10 @@ def module_params(
 
 
 def host_call(ctx: CallContext, call: Callable[..., Any], flat: bool) -> Callable[..., Any]:
-    """``call`` for a step with declared host data (``host=``): the declared
-    leaves may be numpy arrays, which the executable's call transfers (and
-    checks) in JAX's C++ path; the closure's own checks refused numpy
-    anywhere else. The call runs with the thread's host-to-device guard at
-    ``allow`` (a declared transfer, in a loop or under the user's own
-    guard); calls that passed numpy are counted with their bytes. ``flat``:
-    ``call`` takes the flat leaves (else the arguments, read by their paths).
-    """
+    """``call`` for declared host data (``host=``): JAX's C++ path transfers the
+    declared leaves, with the host-to-device guard at ``allow``; calls that
+    passed numpy are counted with their bytes. ``flat``: ``call`` takes the
+    flat leaves (else the arguments, read by their paths)."""
     cs, stats = ctx.cs, ctx.stats
     allowing = allow_host_to_device(call)  # a declared transfer, inside a loop too
     if flat:

@@ -8,9 +8,6 @@ needed), then proves, once per signature and at every checks level:
   :class:`RecompileError` naming every differing leaf;
 * donation in effect: every donated leaf aliases an output in the compiled
   executable, else a :class:`DonationError` naming the leaves.
-
-What it returns is a frozen :class:`CompiledSignature`: what was compiled and
-what was proven about it.
 """
 
 from __future__ import annotations
@@ -203,11 +200,9 @@ def _movable_unplaced(
 
 
 def _in_place(definition: StepDefinition, fn: Callable[..., Any], candidates: tuple[int, ...]) -> Callable[..., Any]:
-    """``fn`` as traced: it returns (its output, the objects of
-    ``definition.inplace_params`` after it ran) where the step updates some in place,
-    and it refuses an argument updated in place that nothing would carry back
-    (its leaves, read again after the step, are not the ones it was given):
-    a compiled function's changes to an object outside it are lost."""
+    """``fn`` as traced: returns (output, the ``inplace_params`` objects after it ran)
+    where the step updates some in place; refuses an argument updated in place
+    that nothing carries back (a compiled function's changes to it are lost)."""
     inplace, skip = definition.inplace_params, {*candidates, *definition.static_params, *definition.filtered_params}
     checked = tuple(i for i in range(len(definition.param_names)) if i not in skip)
     refs = definition.ref_params
@@ -236,22 +231,17 @@ def _in_place(definition: StepDefinition, fn: Callable[..., Any], candidates: tu
 
 
 def _handed_back(before: tuple[list[Any], Any], arg: Any, out_ids: set[int]) -> bool:
-    """Whether the output hands the caller ``arg``'s whole new value, the very
-    leaves (``nnx.update(model, step(model))``, an eval step returning its
-    metrics): its structure unchanged (no key deleted or added) and every leaf
-    it holds after the step, updated or not, a leaf of the output. A swap, a
-    deletion, or one updated leaf returned alone is still lost."""
+    """Whether the output hands back ``arg``'s whole new value (``nnx.update(model,
+    step(model))``): its structure unchanged and every leaf it holds a leaf of the output."""
     leaves, treedef = jax.tree_util.tree_flatten(arg)
     return treedef == before[1] and bool(leaves) and all(id(leaf) in out_ids for leaf in leaves)
 
 
 def _returned_numbers_as_arrays(definition: StepDefinition, out: Any, args: tuple[Any, ...]) -> Any:
-    """A filtered (equinox) step's returned states with each Python number
-    standing where the state it was given held an array made that array's
-    dtype, as jax.jit returns it: diffrax's ``solver.step`` returns ``False``
-    where ``solver.init`` gave ``jnp.array(True)``; eqx.filter_jit would hand
-    back the bool (a new static value: a second compile), a hot step carries
-    the array. Numbers elsewhere in the output stay as eqx.filter_jit has them."""
+    """A filtered (equinox) step's returned states, each Python number where the
+    given state held an array made an array of its dtype, as jax.jit returns it
+    (diffrax's ``solver.step`` returns ``False`` where ``init`` gave an array:
+    eqx.filter_jit's bool would be a new static value, a second compile)."""
     shift = 1 if definition.inplace_params else 0  # with in-place states, the output is element 0
     for i, pos in definition.carried or ():
         pos = pos[shift:]
@@ -278,9 +268,8 @@ _lost = threading.local()  # the error of a trace that found a lost update (see 
 
 @contextlib.contextmanager
 def _tracing(definition: StepDefinition) -> Iterator[None]:
-    """Around a trace of ``definition``'s function for a compile: an error of the
-    user's function says which step was compiling, and a lost update found
-    by :func:`_in_place` is raised once the trace is over."""
+    """A trace for a compile: the user's error names the step; a lost update
+    (:func:`_in_place`) is raised once the trace is over."""
     __tracebackhide__ = True
     _lost.error = None
     try:
@@ -343,13 +332,10 @@ def _refuse_uncarried(definition: StepDefinition) -> None:
 
 
 def _fresh(fn: Callable[..., Any], definition: StepDefinition) -> Callable[..., Any]:
-    """A new function calling ``fn``, made for one compile: JAX caches a
-    jitted function's trace and lowering (about six times the executable's
-    memory) weakly by the function traced, so they die with this one, not
-    with the step. It stands for the user's function in what JAX says while
-    tracing it ("tracing the function step at train.py:12 ... the argument
-    s['loss']"): the user's function as ``__wrapped__`` (its name and line),
-    and a signature of the step's parameters, in the order it is called."""
+    """A new function calling ``fn``, made for one compile: JAX caches a trace
+    and lowering (~6x the executable's memory) weakly by the function, so they
+    die with this one, not with the step. JAX's messages name the user's
+    function through ``__wrapped__`` and the step's parameters by name."""
 
     def step(*args: Any) -> Any:
         return fn(*args)
@@ -376,12 +362,9 @@ _BUILTIN_NODES = (dict, list, tuple, type(None))
 
 
 def _flatten_in_python(positional: tuple[Any, ...], treedef: Any) -> bool:
-    """Whether the arguments hold pytree nodes flattened by Python callbacks
-    (flax's nnx.Variable and struct dataclasses, equinox Modules...) and no
-    jc.state (a C-level getter reads its fields; ``fast`` reads its first
-    donated leaf without a flatten). Such nodes cost a Python call each per
-    flatten: compiled over the flat leaves, the executable does not flatten
-    them again after the call path has."""
+    """Whether the arguments hold nodes flattened by Python callbacks (nnx,
+    equinox...) and no jc.state: compiled over flat leaves, the executable does
+    not pay those callbacks again after the call path flattened them."""
     if any(is_sealed_state(arg) for arg in positional):
         return False
     return any_node(
@@ -407,15 +390,9 @@ def _spread(sharding: Any) -> bool:
 def derive_out_shardings(
     definition: StepDefinition, fn: Any, paths: Sequence[Any], specs: Sequence[Any]
 ) -> Any:
-    """``fn`` with each returned state's leaves constrained to its input shardings.
-
-    Like donation, the output shardings of a carried state are derived from
-    the signature: a returned state leaves the step placed exactly as it came
-    in, so XLA's sharding propagation cannot reshard a carry (a replicated
-    LayerNorm scale coming back ``P('data')``). Only leaves placed on more than
-    one device are constrained; other outputs are left to propagation (the
-    step may constrain them with ``jax.lax.with_sharding_constraint``).
-    """
+    """``fn`` with each returned state's multi-device leaves constrained to their
+    input shardings, so XLA's propagation cannot reshard a carry (a replicated
+    LayerNorm scale coming back ``P('data')``); other outputs are left to it."""
     per_param: dict[int, list[Any]] = {}
     for p, spec in zip(paths, specs):
         per_param.setdefault(p[0].idx, []).append(getattr(spec, "sharding", None))
@@ -467,17 +444,9 @@ def _compile_args(definition: StepDefinition) -> str:
 def compile_signature(
     definition: StepDefinition, positional: tuple[Any, ...], why: str = ""
 ) -> tuple[CompiledSignature, StepDefinition]:
-    """Compile ``definition``'s step for these arguments or specs and prove its contracts.
-
-    ``why``: what makes them a new signature (a loop's refusal says it).
-
-    Returns the compiled signature, and ``definition`` with what the step returns
-    resolved (``carried``), for the step to keep.
-
-    Raises:
-        RecompileError: carry invariance fails.
-        DonationError: a donated leaf aliases no output.
-    """
+    """Compile for these arguments or specs and prove carry and aliasing; returns
+    the signature and ``definition`` with ``carried`` resolved. ``why``: what
+    makes it a new signature (a loop's refusal says it)."""
     __tracebackhide__ = True
     with compiling(definition.name, _compile_args(definition), definition.fn, why):  # in a hot_loop, a violation (before any trace)
         jitted, spec_args, treedef, donated, flat_style, definition = jit_for(definition, positional)
@@ -543,10 +512,8 @@ def compile_signature(
 
 
 def _exact_specs(specs: Sequence[Any], shardings: Sequence[Any]) -> list[Any]:
-    """Each leaf's exact spec (its compiled sharding), one object per distinct
-    spec: the leaves of a state mostly repeat a few (an optimizer's moments
-    mirror the parameters), and a ``ShapeDtypeStruct`` costs microseconds to
-    build. They are immutable, so leaves may share one."""
+    """Each leaf's exact spec (its compiled sharding), one immutable object per
+    distinct spec (a state's leaves repeat a few; each costs microseconds)."""
     made: dict[tuple[Any, ...], Any] = {}
     exact = []
     for s, sh in zip(specs, shardings):
@@ -612,9 +579,8 @@ def _check_carry(
     out_tree: Any,
     out_shardings: Any,
 ) -> None:
-    """Each state parameter's spec is the spec returned for it, compared as
-    exact-spec keys (:func:`_spec_key`) from the flat output avals and
-    shardings; the returned specs are built only to explain a difference."""
+    """Each state parameter's spec is the spec returned for it (compared as
+    :func:`_spec_key`; specs built only to explain a difference)."""
     __tracebackhide__ = True
     blocks: list[str] = []
     leaves: list[str] = []
@@ -761,14 +727,9 @@ def _check_aliasing(
     out_avals: Sequence[Any],
     cached: bool,
 ) -> frozenset[int] | None:
-    """The donated leaves XLA aliases (``None``: not verifiable here).
-
-    ``cached``: JAX's persistent compilation cache served the executable, so
-    an output that could alias a leaf and does not is the cache entry's doing.
-    Where JAX paired every donated leaf with an output in this lowering, XLA
-    keeps each alias it was asked for (``_compat.executable``): the
-    executable's program is read only where XLA chose, or from the cache.
-    """
+    """The donated leaves XLA aliases (``None``: not verifiable here). XLA keeps
+    each alias JAX requested (``_compat.executable``): the program is read only
+    where XLA chose, or where the persistent cache (``cached``) served it."""
     __tracebackhide__ = True
     if not donated:
         return frozenset()

@@ -1,10 +1,7 @@
-"""A step's definition: state parameters, returned states, donation.
-
-:class:`StepDefinition` is what ``@jc.hot_step`` learns at decoration
-(``_step.analyse``): which parameters are state, static, host data or
-donated whole, where the returned states stand, and which leaves are donated
-(derived from the state type, so no rename or reordering of parameters can
-desync it). It also binds calls to positions and wraps static values.
+"""A step's definition (:class:`StepDefinition`, made by ``_step.analyse``):
+the parameters' roles, where returned states stand, and the donated leaves,
+derived from the state type so no rename or reordering can desync them. It
+also binds calls to positions and wraps static values.
 """
 
 from __future__ import annotations
@@ -49,44 +46,34 @@ class StepDefinition:
     python_signature: inspect.Signature
     positional: Callable[..., Any]  # fn called with every parameter positionally
     data_fields: tuple[str, ...] | None = None  # None: known only from instances
-    # A method (first parameter `self`): param_names and signature leave `self`
-    # out; bind() closes over an instance.
+    # A method: param_names and signature leave `self` out; bind() closes over one.
     is_method: bool = False
     # Parameters passed by value as part of the signature (hashable, no leaves).
     static_params: tuple[int, ...] = ()
     # Parameters other than states whose every leaf is donated.
     donated_params: tuple[int, ...] = ()
-    # Parameters that take host data (a loader's numpy batch): the executable
-    # call transfers them, a declared transfer inside loops.
+    # Parameters of host data (a loader's numpy batch), a declared transfer.
     host_params: tuple[int, ...] = ()
-    # Parameters whose arguments are equinox Modules with non-array leaves:
-    # those leaves are static (``_filter``), the arrays carried. Set at the
+    # Equinox Modules with non-array leaves, static (``_filter``); set at the
     # first call that passes one (:meth:`with_filtered`).
     filtered_params: tuple[int, ...] = ()
-    # State parameters the step updates in place (flax NNX objects, ``_state.inplace``):
-    # the compiled function returns them after the step, at ``carried``
-    # positions (1, k) of its output (the step's own output is at (0,)), and
-    # the call path writes their new arrays back into the caller's objects.
-    # Known at the first compile.
+    # State updated in place (NNX objects, ``_state.inplace``), known at the first
+    # compile: returned at ``carried`` positions (1, k), the step's output at (0,),
+    # and written back into the caller's objects.
     inplace_params: tuple[int, ...] = ()
-    # Parameters whose arguments are pytrees of JAX refs (``_state.inplace``):
-    # state updated in place, passed as the arrays the refs hold. Set at the
-    # first call that passes refs (:meth:`with_refs`).
+    # Pytrees of JAX refs: in-place state passed as their arrays (:meth:`with_refs`).
     ref_params: tuple[int, ...] = ()
     # The state parameters were named (state=): each must be returned or updated in place.
     state_named: bool = False
 
     def with_inplace(self, params: tuple[int, ...]) -> StepDefinition:
-        """This definition with ``params`` updated in place: the compiled
-        function's output is (the step's output, those objects after it ran),
-        and every carried position moves under element 0."""
+        """With ``params`` updated in place: the output is (step output, objects)."""
         carried = tuple((i, (0, *pos)) for i, pos in self.carried or ())
         carried += tuple((i, (1, k)) for k, i in enumerate(params))
         return dataclasses.replace(self, carried=carried, inplace_params=params)
 
     def with_refs(self, params: tuple[int, ...]) -> StepDefinition:
-        """This definition with the arguments of ``params`` pytrees of refs:
-        state, updated in place (never returned)."""
+        """With ``params`` pytrees of refs: state updated in place, never returned."""
         refs = tuple(sorted({*self.ref_params, *params}))
         state = tuple(sorted({*self.state_params, *refs}))
         return dataclasses.replace(self, ref_params=refs, state_params=state)
@@ -103,13 +90,9 @@ class StepDefinition:
         return tuple(i for i in self.state_params if i not in returned)
 
     def resolve_carried(self, out: Any, spec_args: Sequence[Any]) -> StepDefinition:
-        """This signature with ``carried`` read from an output's structure.
-
-        ``out``: the step's output for ``spec_args`` (``jax.eval_shape``). A
-        state parameter is carried when the output, or an element of a
-        returned tuple, has its exact tree structure (the first such element,
-        in parameter order); the others are read-only.
-        """
+        """With ``carried`` read from ``out`` (``jax.eval_shape`` of the step): a
+        state is carried where the output, or a returned tuple's first free
+        element, has its exact tree structure; the others are read-only."""
         if self.carried is not None:
             return self
         carried: list[tuple[int, tuple[int, ...]]] = []
@@ -142,9 +125,8 @@ class StepDefinition:
         return dataclasses.replace(self, carried=tuple(carried))
 
     def bind(self, obj: Any, weak: bool = False) -> StepDefinition:
-        """This method's signature with ``self`` closed over (configuration);
-        ``weak``: by a weak reference (an instance with ``__slots__``, whose
-        bound step the method step keeps: it must not keep the instance)."""
+        """With ``self`` closed over; ``weak``: by weak reference (``__slots__``
+        instances, whose bound step the method step keeps)."""
         fn = functools.partial(_call_with, weakref.ref(obj), self.fn) if weak else functools.partial(self.fn, obj)
         params = list(self.python_signature.parameters.values())
         return dataclasses.replace(
@@ -160,10 +142,8 @@ class StepDefinition:
 
     @functools.cached_property
     def bind_positional(self) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None]:
-        """``bind(args, kwargs)``: every argument by position, defaults put in, as
-        ``Signature.bind`` and ``apply_defaults`` would, without their cost; None
-        where the call does not bind (:meth:`normalize` explains those). A step has
-        no ``*args``/``**kwargs`` (``_step.analyse`` refuses or drops them)."""
+        """``bind(args, kwargs)``: ``Signature.bind`` + ``apply_defaults`` without
+        their cost; None where it does not bind (:meth:`normalize` explains)."""
         params = list(self.python_signature.parameters.values())
         empty, kinds = inspect.Parameter.empty, (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         n_pos = sum(p.kind != p.KEYWORD_ONLY for p in params)  # what positional arguments may fill
@@ -339,15 +319,12 @@ def check_donated_names(definition: StepDefinition, valid: Sequence[str], static
         )
 
 
-#: A Python constant as a default: a caller that leaves it out passes no
-#: argument, as for ``jax.jit`` (the default is part of the function, not a
-#: host value copied to the device at each call).
+#: A Python constant default is static, as under ``jax.jit`` (not a host transfer).
 _CONSTANT_DEFAULTS = (bool, int, float, complex, str, bytes, np.generic)
 
 
 def left_out(param: inspect.Parameter) -> Any:
-    """What a call that leaves ``param`` out passes: its default, a Python
-    constant as a :class:`StaticArg` (static, as ``jax.jit`` traces it)."""
+    """What a call that leaves ``param`` out passes (a constant as a :class:`StaticArg`)."""
     default = param.default
     return StaticArg(default) if isinstance(default, _CONSTANT_DEFAULTS) else default
 
@@ -358,9 +335,8 @@ def positional_call(
     static: tuple[int, ...] = (),
     filtered: tuple[int, ...] = (),
 ) -> Callable[..., Any]:
-    """``fn`` called with every parameter by position (keyword-only ones too),
-    static arguments unwrapped from their :class:`StaticArg` nodes, filtered
-    ones rebuilt (and what it returns filtered: see ``_filter``)."""
+    """``fn`` called with every parameter by position, statics unwrapped, filtered
+    ones rebuilt (and its output filtered: see ``_filter``)."""
     kwonly = tuple(p.name for p in params if p.kind == p.KEYWORD_ONLY)
     n_pos = len(params) - len(kwonly)
     unwrap = bool(static) or any(isinstance(left_out(p), StaticArg) for p in params)

@@ -1,8 +1,5 @@
-"""What went wrong with a refused call, in the library's own words.
-
-The call path sends anything unusual to the step's slow path; these functions
-build the error it raises. They read specs and buffer states only, never the
-values on the device.
+"""What went wrong with a refused call, in the library's own words: the errors
+the slow path raises, from specs and buffer states only (never device values).
 """
 
 from __future__ import annotations
@@ -213,11 +210,8 @@ def hazard_error(
 def run_failed_note(
     definition: StepDefinition, paths: Sequence[str], leaves: Sequence[Any], donated: Sequence[int]
 ) -> str:
-    """What a failed compiled call did to the donated inputs, from their buffers.
-
-    Added to JAX's own error (``exc.add_note``), which is re-raised: its text
-    holds the real cause (a callback's exception and traceback included).
-    """
+    """What a failed compiled call did to the donated inputs: a note on JAX's own
+    error, which is re-raised (its text holds the real cause)."""
     consumed = [i for i in donated if is_deleted_array(leaves[i])]
     if not consumed:
         return (
@@ -391,12 +385,9 @@ def invalid_values_error(
     paths: list[str],
     kind: str,
 ) -> FloatingPointError:
-    """JAX's ``FloatingPointError`` for a compiled call that produced a nan/inf.
-
-    ``jax.jit`` re-runs its function op by op to name the operation; so does
-    this, when the call consumed none of its donated inputs (``donate="none"``,
-    or XLA copied). Otherwise the inputs are gone, and the error says so.
-    """
+    """JAX's ``FloatingPointError`` for a call that produced a nan/inf: re-run op
+    by op to name the operation, as ``jax.jit`` does, where no donated input
+    was consumed; else the error says the inputs are gone."""
     donated = current.donated if current is not None else ()
     consumed = [i for i in donated if is_deleted_array(leaves[i])]
     if not consumed:

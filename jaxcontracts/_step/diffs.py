@@ -1,9 +1,8 @@
 """Spec diffs: how an argument differs from what a step was compiled for.
 
-Leaf by leaf (``_leafdiff``: shape, dtype, weak type, sharding, with the
-likely cause) and structure by structure (a static value, a dataclass field, a container's aux
-data, a class defined again), written for messages: every text comes from
-specs and reprs of static values, never from device memory.
+Leaf by leaf (``_leafdiff``) and structure by structure (a static value, a
+dataclass field, a container's aux data, a class defined again), from specs
+and reprs only, never device memory.
 """
 
 from __future__ import annotations
@@ -148,8 +147,7 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
 
 
 def _dataclass_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
-    """Field by field, for two instances of one dataclass (a jc.state, a flax
-    struct): static fields that differ, and differences inside the others."""
+    """Field by field, for two instances of one dataclass."""
     out: list[LeafDiff] = []
     unequal: list[tuple[str, Any, Any]] = []
     for f in dataclasses.fields(a):
@@ -229,8 +227,7 @@ def _node_diffs(a: Any, b: Any, path: str, here: str) -> list[LeafDiff]:
 
 
 def _filtered_diffs(a: Any, b: Any, path: str, here: str) -> list[LeafDiff]:
-    """Two filtered equinox Modules (``_filter``): the static leaves that differ,
-    by their paths, else the rebuilt Modules' own differences."""
+    """Two filtered equinox Modules: their differing static leaves, else the rebuilt Modules'."""
     ka, kb = a.key, b.key
     if ka.treedef != kb.treedef or ka.static != kb.static:
         return structure_diffs(join(a), join(b), path) or [
@@ -282,9 +279,8 @@ def _pair(a: Any, b: Any) -> tuple[str, str]:
 
 
 def key_difference(a: Any, b: Any, path: str = "") -> tuple[str, str, str]:
-    """(path, old, new) of the first place two :func:`value_key` s differ:
-    ``.keywords['scale'][0]``, ``3.0``, ``4.0``; inside an object hashed by
-    value, its attributes (:func:`differences`)."""
+    """(path, old, new) of the first place two :func:`value_key` s differ
+    (``.keywords['scale'][0]``, ``3.0``, ``4.0``)."""
     if hashed_key(a) and hashed_key(b):
         found = differences(a[2].obj, b[2].obj, limit=1)
         if found and ": " in found[0] and " vs " in found[0]:
@@ -336,9 +332,7 @@ def _key_text(key: Any) -> str:
 
 
 def _inside(a: Any, b: Any) -> str:
-    """``; it differs at .x: 1 vs 2`` for two unequal objects, attribute by
-    attribute; where that is a value a function closes over (optax.adam(lr)'s
-    learning rate), what to do instead."""
+    """``; it differs at .x: 1 vs 2``, with advice where a closed-over value differs."""
     found = differences(a, b)
     if not found:
         return ""
@@ -366,13 +360,8 @@ _CLOSED_OVER = (
 
 
 def differences(a: Any, b: Any, limit: int = 5) -> list[str]:
-    """Where two unequal values differ, as ``path: a vs b`` (at most ``limit``).
-
-    Walks dataclass fields, NamedTuples, tuples, lists, dicts and object
-    attributes (``vars()``) to the first unequal values, as a static
-    object's diff (an ``nnx.GraphDef`` after ``model.eval()``) needs. Arrays
-    are shown by their spec, never read.
-    """
+    """Where two unequal values differ, as ``path: a vs b`` (at most ``limit``),
+    through fields, items and ``vars()``; arrays shown by spec, never read."""
     out: list[str] = []
     _walk(a, b, "", 8, out, limit)
     return out
@@ -462,9 +451,8 @@ def _has_arrays(x: Any) -> bool:
 
 
 def same_structure(a: Any, b: Any) -> bool:
-    """Whether two tree structures are equal, their aux data compared by
-    :func:`_same_value`: as strictly as JAX's ``==``, except that partials
-    compare by function, arguments and keywords, not identity (a second model
+    """Whether two tree structures are equal, aux data compared by
+    :func:`_same_value`: as JAX's ``==``, but partials by value (a second model
     instance's own ``partial(nnx.avg_pool, ...)`` traces to the same program)."""
     if a == b:
         return True
@@ -483,13 +471,9 @@ def same_structure(a: Any, b: Any) -> bool:
 
 
 def _same_value(a: Any, b: Any) -> bool:
-    """Whether two static values trace alike: partials by function, arguments
-    and keywords; containers (tuples, NamedTuples, lists, dicts, dataclasses)
-    item by item; numbers by type and bits (``2`` is not ``2.0``, ``0.0`` is
-    not ``-0.0``); arrays only as the same object (``==`` of two arrays is
-    elementwise, of a jax.Array a device op, and ``np.array(2) ==
-    np.array(2.0)`` though they trace to other dtypes); anything else by
-    ``static_equal``. Never equal where unsure: the cost is a new signature."""
+    """Whether two static values trace alike: partials and containers item by
+    item, numbers by type and bits, arrays only as the same object, anything
+    else by ``static_equal``. Never equal where unsure (a new signature)."""
     if a is b:
         return True
     t = type(a)
@@ -521,8 +505,7 @@ def _same_value(a: Any, b: Any) -> bool:
 
 
 def _closure_hint(a: Any, b: Any) -> str:
-    """Functions compare by identity: new closures (a second optax.adam(...))
-    are unequal though they do the same."""
+    """The hint that functions compare by identity (a second optax.adam(...))."""
     whole = lambda v: isinstance(v, functools.partial)  # noqa: E731 - jax flattens a partial
     fa = [v for v in jax.tree_util.tree_leaves(a, is_leaf=whole) if callable(v)]
     fb = [v for v in jax.tree_util.tree_leaves(b, is_leaf=whole) if callable(v)]

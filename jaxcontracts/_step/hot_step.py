@@ -1,12 +1,9 @@
 """``jc.HotStep``: an AOT-compiled step with derived, verified donation.
 
-Made by the decorator (``decorator``). Flow, one way: the function's
-signature (``analyse`` -> ``definition``: state parameters, donated leaves)
--> specs -> a compiled signature with its contracts proven (``compile``) ->
-a call path chosen for the checks level (``callpath``). :class:`HotStep`
-ties them together and keeps the slow path, which diagnoses anything the
-call path does not handle (``diagnose``) or compiles a new signature when
-``max_compiles`` allows it.
+Flow, one way: ``analyse`` -> ``definition`` -> specs -> a compiled signature
+with its contracts proven (``compile``) -> a call path for the checks level
+(``callpath``). The slow path here diagnoses what the call path does not
+handle (``diagnose``) or compiles a new signature within ``max_compiles``.
 """
 
 from __future__ import annotations
@@ -134,10 +131,8 @@ class HotStep(Generic[P, R]):
     def lowered(self) -> Any:
         """The current signature's ``jax.stages.Lowered``, or None.
 
-        Lowered again from the signature's specs each time it is read (a
-        trace and a lowering, no compile): a compiled signature does not keep
-        its ``Lowered``, which would hold about six times the memory of the
-        executable itself (the module text and its trace).
+        Lowered again at each read (no compile): keeping it would hold about
+        six times the executable's memory.
         """
         if self._current is None:
             return None
@@ -224,19 +219,12 @@ class HotStep(Generic[P, R]):
     # -- methods -------------------------------------------------------------
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        """``obj.step``: this method's step with ``obj`` closed over.
+        """``obj.step``: this method's step with ``obj`` closed over as configuration.
 
-        ``self`` is configuration, not a traced argument: the step compiles
-        once per instance, reading the instance's attributes at that compile
-        (later changes to them are not seen, unless the instance hashes by
-        value: a new hash binds, and compiles, anew). The bound step holds the
-        instance, as a bound method does (``T(2.0).step(x)`` works), and is
-        kept in the instance's ``__dict__`` under a private key, never the
-        method's name: a subclass that overrides the method runs its override,
-        and ``copy.copy(obj)`` (which copies that entry) gets a step of its
-        own, as every access checks the entry is this instance's. An instance
-        without a ``__dict__`` (``__slots__``) has its bound step kept here,
-        by a weak reference to it.
+        One compile per instance (per hash, where it hashes by value). The
+        bound step is kept in ``obj.__dict__`` under a private key (a subclass's
+        override still runs; a ``copy.copy`` is checked and bound anew), or
+        here by weak reference for ``__slots__`` instances.
         """
         if obj is None or not self._definition.is_method:
             return self
@@ -308,9 +296,8 @@ class HotStep(Generic[P, R]):
         return bound
 
     def _refusing(self, obj: Any, error: ContractError) -> HotStep[Any, Any]:
-        """A bound step whose every call raises ``error`` (kept nowhere): the
-        refusal comes at the call, as ``jax.jit``'s does, and ``obj.step``
-        itself (``hasattr``, ``inspect.getmembers``, ``.stats``) reads as ever."""
+        """A bound step whose every call raises ``error``: refused at the call, as
+        ``jax.jit`` does, so ``hasattr(obj, "step")`` still works."""
         bound: HotStep[Any, Any] = HotStep(self._definition.bind(obj))
         bound._bound_to = (self, obj)
 
@@ -325,16 +312,10 @@ class HotStep(Generic[P, R]):
         return bound
 
     def _instance_key(self, obj: Any) -> Any:
-        """What a method step bound to ``obj`` is keyed by: None where the
-        class hashes by identity (as ``jax.jit``, which never sees a change),
-        for an equinox Module (it cannot change), and for a frozen dataclass
-        whose hash fails (an array field: its fields cannot be rebound; a
-        change made inside one in place is not seen): bound once, for good.
-        Else its hash and ``==``, as ``jax.jit`` (0.11 on) keys a static
-        ``self`` (a change its hash leaves out is not seen, by either).
-        Refused where the hash of any other instance fails (a plain
-        ``@dataclass``, a list field): no program could be told apart from a
-        stale one, and ``jax.jit`` refuses an unhashable static argument."""
+        """What a bound step is keyed by: None (bound once) for identity hashing,
+        an equinox Module or a frozen dataclass whose hash fails; else its hash
+        and ``==``, as ``jax.jit`` (0.11 on) keys a static ``self``. Refused
+        where any other hash fails: no program could be told from a stale one."""
         cls = type(obj)
         if cls.__hash__ is object.__hash__ or _equinox_module(cls):
             return None
@@ -360,9 +341,7 @@ class HotStep(Generic[P, R]):
         )
 
     def _past_max_compiles(self, obj: Any, binds: int, last: Any, key: Any) -> RecompileError | None:
-        """Before binding ``obj`` anew for a new ``key``: the refusal where it
-        was bound for ``max_compiles`` values already (each value of ``self``
-        is a compile, as each value of a static argument is)."""
+        """The refusal where ``obj`` was bound for ``max_compiles`` values already."""
         limit = self._definition.max_compiles
         if binds < limit:
             return None
@@ -386,8 +365,7 @@ class HotStep(Generic[P, R]):
 
     @functools.cached_property
     def _key(self) -> str:
-        """The private key of this method step's bound step in an instance's
-        ``__dict__`` (one per method step: a base's and a subclass's never share it)."""
+        """The key of the bound step in an instance's ``__dict__`` (one per method step)."""
         return f"_jc_step_{self._definition.short_name}_{id(self):x}"
 
     def __copy__(self) -> HotStep[P, R]:
@@ -410,9 +388,7 @@ class HotStep(Generic[P, R]):
         return self
 
     def __reduce__(self) -> Any:
-        """Pickled by reference (module and qualified name), like a function;
-        a bound step (kept in its instance's ``__dict__``) as its method step,
-        which the unpickled instance binds anew at its first access."""
+        """Pickled by reference, like a function; a bound step as its method step."""
         if self._bound_to is not None:
             return _method_step, (self._bound_to[0],)
         return str(getattr(self, "__qualname__", type(self).__qualname__))
@@ -445,8 +421,7 @@ class HotStep(Generic[P, R]):
         misuse = api_misuse_error(self._definition, positional, compiling=True)
         if misuse is not None:
             raise misuse
-        # What a call takes, compile takes: the non-array leaves of equinox
-        # Modules (a layer's axis_name, diffrax's vector field) are static (_filter).
+        # As at a call: the non-array leaves of equinox Modules are static (_filter).
         with_path = jax.tree_util.tree_flatten_with_path(positional)[0]
         odd = [
             (self._definition.param_path(p), x)
@@ -455,8 +430,7 @@ class HotStep(Generic[P, R]):
         ]
         if odd and _learn_modules(self, positional, with_path, odd):
             positional = self._definition.normalize(args, kwargs)
-        # A Python number or numpy array where every call would refuse one (a
-        # TransferError): refused here too, with the same fix.
+        # Host values every call would refuse: refused here too, with the same fix.
         host = [
             (self._definition.param_names[i], x)
             for i, x in enumerate(positional)
@@ -509,11 +483,8 @@ class HotStep(Generic[P, R]):
             self._set_dispatch(self._slow)
 
     def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
-        """Everything the call path does not handle; raises before dispatch.
-
-        ``exc``: the executable's error when its call failed (our diagnosis
-        replaces it, unchained), or the call path's own refusal.
-        """
+        """Everything the call path does not handle. ``exc``: the executable's
+        error (our diagnosis replaces it, unchained), or the call path's refusal."""
         __tracebackhide__ = True
         try:
             return _decide(self, args, kwargs, exc)
@@ -541,10 +512,9 @@ class HotStep(Generic[P, R]):
     # -- compiling and choosing the call path ------------------------------
 
     def _learn(self, definition: StepDefinition) -> None:
-        """The one place the step's definition changes after the decorator: what
-        a compile or a call found out about the function (what it returns, the
-        objects it updates in place) or its arguments (pytrees of refs carried
-        as state, equinox Modules filtered), each a new frozen definition."""
+        """The one place the step's definition changes after the decorator: a new
+        frozen definition with what a compile or call found (returns, in-place
+        objects, refs, filtered Modules)."""
         self._definition = definition
 
     def _new_signature(self, positional: tuple[Any, ...]) -> CompiledSignature:
@@ -569,19 +539,16 @@ class HotStep(Generic[P, R]):
         self._call = fn
 
     def _use(self, cs: CompiledSignature) -> None:
-        """Make ``cs``'s call path at the current level the step's. Each one is
-        built once per definition and kept: a checks level set back (a
-        ``jc.checks_level`` block, a notebook toggling it) takes its closure
-        again, and its C++ call's cache, which rebuilding would empty."""
+        """Make ``cs``'s call path at the current level the step's, kept per
+        definition: a level set back reuses its closure and its C++ call's cache."""
         self._current = cs
         key = (id(cs), self._level)  # cs lives in _signatures (or _aliases, its paths dropped with it): no id reused
         kept = self._paths.get(key)
         self._set_dispatch(self._build_at_call(cs, key) if kept is None or kept[0] is not self._definition else kept[1])
 
     def _build_at_call(self, cs: CompiledSignature, key: tuple[int, str]) -> Callable[..., Any]:
-        """A call path that builds ``cs``'s closure for this level at its first
-        call, as ``jax.stages.Compiled`` builds its C++ call at its first call:
-        a compile (and a checks level change) builds none it does not use."""
+        """A call path that builds ``cs``'s closure at its first call (as
+        ``jax.stages.Compiled`` does its C++ call): none built unused."""
         definition, level = self._definition, self._level
 
         def first_call(*args: Any, **kwargs: Any) -> Any:
@@ -621,10 +588,8 @@ _BOUND_PER_INSTANCE = 8
 
 
 class _ByHash(dict):  # type: ignore[type-arg]
-    """An instance's bound steps by its hash (in its ``__dict__``): hashed by
-    identity, as a bound step is, for a class whose hash reads ``vars()``;
-    ``binds``: how many values it was bound for (its oldest dropped too),
-    ``last``: the latest one's key."""
+    """An instance's bound steps by its hash (hashed by identity itself: a class's
+    hash may read ``vars()``); ``binds``: values bound so far; ``last``: the latest."""
 
     __hash__ = object.__hash__  # type: ignore[assignment]
     binds = 0
@@ -635,9 +600,8 @@ class _ByHash(dict):  # type: ignore[type-arg]
 
 
 def _equinox_module(cls: type) -> bool:
-    """Whether ``cls`` is an equinox Module's: a dataclass whose
-    ``__setattr__`` refuses after init, of arrays and functions (its array
-    fields fail its hash; looking at them at each call cost 2.6 us)."""
+    """Whether ``cls`` is an equinox Module: immutable after init (its array
+    fields fail its hash)."""
     return any(c.__module__.split(".")[0] == "equinox" and c.__name__ == "Module" for c in cls.__mro__)
 
 
@@ -647,8 +611,7 @@ def _method_step(step: HotStep[Any, Any]) -> HotStep[Any, Any]:
 
 
 def _forget_bound(bound: dict[int, Any], key: int, ref: Any) -> None:
-    """An instance a method step was bound to is gone: forget its bound step
-    (unless the id is another instance's already)."""
+    """An instance bound to is gone: forget its bound step (if the id is still its)."""
     entry = bound.get(key)
     if entry is not None and entry[0] is ref:
         del bound[key]
@@ -667,16 +630,14 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         or jit_disabled()
         or any(isinstance(x, Tracer) for x in jax.tree_util.tree_leaves((args, kwargs)))
     ):
-        # Under an outer transformation (jit, vmap, grad, cond...), even on
-        # concrete arrays it closed over: trace the function, donate nothing.
-        # Under jax.disable_jit(): run it op by op, as jax.jit does.
+        # Under a transformation (even over closed-over concrete arrays): trace,
+        # donate nothing; under jax.disable_jit(): run op by op, as jax.jit does.
         step.stats.traced_calls += 1
         if given is not None:  # the step updates its refs and objects itself
             out = definition.positional(*given)
             out = join_out(out) if definition.filtered_params else out
             return out, tuple(given[i] for i in definition.inplace_params)
-        # (the call path may pass its arguments bound by position, keyword-only
-        # ones included: the function takes each by its kind)
+        # (arguments may come bound by position: the function takes each by kind)
         out = definition.positional(*definition.normalize(args, kwargs))
         return join_out(out) if definition.filtered_params else out
     if given is None and (definition.inplace_params or definition.ref_params):
@@ -710,16 +671,13 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         nans = debug_nans_kind(exc)
         if nans is not None:  # jax_debug_nans / jax_debug_infs: the output held a nan
             raise invalid_values_error(definition, step._current, positional, leaves, paths, nans) from None
-    # JAX's runtime error, or a loop's refusal of the read jax_debug_nans /
-    # jax_debug_infs makes of the outputs once the program ran (a refusal raised
-    # inside JAX's call before it runs, a deleted input's read, is a DonationError)
+    # JAX's runtime error, or a loop's refusal of jax_debug_nans' read of the
+    # outputs after the program ran (before it runs, such a read is a DonationError)
     debug = debug_reads_on() if isinstance(exc, TransferError) and exc.__traceback__ is not None else []
     ran = exc is not None and (is_runtime_error(exc) or bool(debug))
     if ran and any(leaves[i].is_deleted() for i in donated):
-        # The executable failed while running (a callback raised, out of
-        # memory...) or after it (jax_debug_infs read its outputs in a loop),
-        # after XLA took the donated buffers: that error is the real one; say
-        # what it cost instead of diagnosing the deleted inputs.
+        # It failed while or after running, the donated buffers taken: that error
+        # is the real one; say what it cost rather than diagnose deleted inputs.
         assert exc is not None
         exc.add_note(run_failed_note(definition, paths, leaves, donated))
         _steps.keep([leaves[i] for i in donated if leaves[i].is_deleted()], step.short_name)
@@ -737,9 +695,8 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         ]
         raise hazard_error(definition, paths, leaves, deleted, duplicates, donated, consumers)
     dispatch = _signature_for(step, positional, leaves, treedef, exc, ran, paths, donated)
-    # Hold no leaf while the call path runs: its kept-leaf check counts references
-    # (a first call refuses a kept sample as any other does). An exception not
-    # raised goes without its traceback, whose frames (JAX's) hold the leaves.
+    # Hold no leaf while the call path runs (its kept-leaf check counts references),
+    # nor an unraised exception's traceback (JAX's frames hold the leaves).
     del leaves, with_path, host
     if exc is not None:
         exc.__traceback__ = None
@@ -749,11 +706,8 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
 def _learn_modules(
     step: HotStep[Any, Any], positional: tuple[Any, ...], with_path: list[Any], odd: list[tuple[str, Any]]
 ) -> bool:
-    """The non-array leaves a call or a compile was given (``odd``: path, leaf):
-    pytrees of JAX refs become state updated in place (``ref_params`` refuses
-    what it cannot carry); where they are the non-array leaves of equinox
-    Modules, those Modules are filtered (``_state.filter``). From now on,
-    either way; True: bind the arguments again."""
+    """Non-array leaves (``odd``: path, leaf): pytrees of refs become in-place state;
+    equinox Modules' are filtered (``_state.filter``). True: bind the arguments again."""
     __tracebackhide__ = True
     refs = [p for p, x in odd if is_ref(x)]
     if refs:  # pytrees of refs: state updated in place from now on
@@ -781,8 +735,7 @@ def _host_arguments(
     if loop is None or not loop.checks_transfers:
         step.stats.refused += 1
         raise misuse or host_leaves_error(definition, host)
-    # Record mode: the violation, then the call JAX would have made
-    # (the host leaves copied to the device), so the run goes on.
+    # Record mode: the violation, then the call with the host leaves copied over.
     loop.violation(
         "transfer",
         f"{definition.name}: host argument {'leaf' if len(host) == 1 else 'leaves'} copied to the device "
@@ -792,8 +745,7 @@ def _host_arguments(
     current = step._current
     fits = current is not None and jax.tree_util.tree_structure(positional) == current.in_treedef
     dtypes = [leaf.spec.dtype for leaf in current.leaves] if fits else None  # type: ignore[union-attr]
-    # Only the arguments that hold host leaves are rebuilt: a state passed as
-    # it came is still its leaves' one container, as the kept-leaf check expects.
+    # Only arguments holding host leaves are rebuilt (the kept-leaf check counts containers).
     moved, start, leaves = [], 0, []
     with jax.transfer_guard_host_to_device("allow"):  # recorded already, as the call's
         for arg in positional:
@@ -850,12 +802,10 @@ _MAX_ALIASES = 8
 
 
 def _alias_for(step: HotStep[Any, Any], leaves: Sequence[Any], treedef: Any) -> CompiledSignature | None:
-    """A compiled signature's executable, its C++ call built for arguments whose
-    tree structure differs only by ``functools.partial`` statics equal by
-    value (``diffs.same_structure``: a second model instance's own
-    ``partial(nnx.avg_pool, ...)`` traces to the same program). Not a
-    compile; the last few are kept. None: no such signature, or no C++ call
-    can take another structure here (the call is then a new signature)."""
+    """A compiled signature's executable with a C++ call for a structure that
+    differs only by ``functools.partial`` statics equal by value
+    (``diffs.same_structure``). Not a compile; the last few kept. None: no such
+    signature, or no C++ call can take another structure here."""
     for cs in step._signatures:
         if cs.in_treedef == treedef or not same_structure(cs.in_treedef, treedef):
             continue  # the same structure (its leaves differ: _matching said so), or another one
@@ -882,8 +832,7 @@ def _redispatch(
     __tracebackhide__ = True
     definition, redispatch = step._definition, step._redispatch
     if getattr(redispatch, "active", False):
-        # The call path sent back arguments this path found matching: a
-        # disagreement between the two would recurse without end.
+        # the call path sent back arguments found matching: would recurse forever
         raise RecompileError(
             f"{definition.name}: the call path refused arguments that match its compiled "
             "signature (an internal disagreement; please report it).",

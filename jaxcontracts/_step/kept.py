@@ -1,22 +1,14 @@
 """The kept-reference check: a donated array that something besides its state still holds.
 
-A donating call deletes its donated buffers; any other reference to one of
-those arrays (a sample kept in a list, a variable, a second container) is
-then a deleted array, and its data is lost. At ``full`` the call is refused
-before dispatch, with the inputs intact, where reference counts prove that
-something besides its state holds a donated array (``_compat.refcount``:
-exact once garbage is collected). Two views of one rule:
-
-* the leaves inside a state (:class:`KeptPlan`, counted by the closures of
-  ``callpath`` over the flat leaves): each held once, by its container;
-* the containers inside a state (:class:`InnerNodes`), each held once, by
-  its parent (BlackJAX's ``samples.append(state.position)``).
-
-What no count can prove, the arguments themselves (a state's own container,
-an argument that is one array: the caller's name for it and a kept copy
-count alike, and the count depends on how the call was made), is donated
-as ``jax.jit`` donates it; a later read of such an array names the step
-that consumed it (``_steps.consumed_by``).
+Any other reference to a donated array (a kept sample, a variable) is a
+deleted array after the call. At ``full`` the call is refused before
+dispatch, inputs intact, where reference counts prove such a holder
+(``_compat.refcount``: exact once garbage is collected), for the leaves
+inside a state (:class:`KeptPlan`: each held once, by its container) and the
+containers inside it (:class:`InnerNodes`: each held once, by its parent;
+BlackJAX's ``samples.append(state.position)``). The arguments themselves
+cannot be proven (the caller's name and a kept copy count alike): donated as
+``jax.jit`` does, a later read names the step (``_steps.consumed_by``).
 """
 
 from __future__ import annotations
@@ -39,18 +31,11 @@ __all__ = ["KeptPlan", "kept_plan"]
 
 @dataclasses.dataclass(frozen=True)
 class KeptPlan:
-    """At ``full``: how a closure tells, before dispatch, that a donated leaf is
-    held by something besides its state (a kept sample, a variable, a numpy
-    view), and the refusal then. The ``full`` closure counts references in
-    one C loop, ``max(map(getrefcount, pick(leaves))) > limit``, over a fresh
-    sequence of the watched leaves (``pick`` None: the flat leaves, all
-    watched); on a hit :meth:`refuse` collects garbage, counts again
-    (``refcount.kept_after_collecting``) and gives the error the slow path
-    raises once it has ruled out a wrong signature. :attr:`nodes`: the
-    containers inside a state, under the same rule (:class:`InnerNodes`).
-    An argument itself (a bare array, the state's own container) is not
-    watched: the caller's variable holds it, and a kept copy of it cannot be
-    told from that variable (the step's report says so)."""
+    """At ``full``: the ``full`` closure counts references in one C loop,
+    ``max(map(getrefcount, pick(leaves))) > limit`` (``pick`` None: all flat
+    leaves watched); on a hit :meth:`refuse` collects garbage and counts again
+    (``refcount.kept_after_collecting``). :attr:`nodes`: the containers
+    inside a state, under the same rule."""
 
     watched: tuple[int, ...]  # flat leaf indices
     pick: Callable[[Sequence[Any]], Sequence[Any]] | None
@@ -60,13 +45,10 @@ class KeptPlan:
     nodes: InnerNodes | None = None
 
     def refuse(self, seq: Sequence[Any], sequences: int, args: tuple[Any, ...]) -> BaseException | None:
-        """After a hit: the error, unless collecting garbage dropped every
-        extra reference. The steps' records of their last outputs inside
-        loops are the library's own: dropped first (an output the caller took
-        apart, ``p["w"] = out["w"]``, is held there too). A leaf held only by
-        the interpreter's records of a call (a dict that may be a stale
-        ``locals()``, a returned call's frame a debugger kept) goes as under
-        ``jax.jit``, remembered as this step's (its later read names the step)."""
+        """After a hit: the error, unless collecting garbage (and the steps' own
+        last-output records) dropped every extra reference. A leaf held only by
+        a stale ``locals()`` or a kept frame goes as under ``jax.jit``,
+        remembered as this step's."""
         clear_last_outputs()
         kept, unproven = refcount.kept_after_collecting(seq, sequences, args)
         keep([seq[i] for i in unproven], self.step)
@@ -84,14 +66,11 @@ class KeptPlan:
 
 @dataclasses.dataclass(frozen=True)
 class InnerNodes:
-    """The containers inside the arguments that hold donated leaves, below the
-    arguments themselves. Per parameter: ``(i, top, watched, below)``: the
-    ``top`` treedef's flat list is the argument's children (one flatten of
-    its own node type, which may run Python); ``watched`` picks those that
-    are watched; ``below``: (child position, treedef of one depth inside
-    that child, its picker): C-only flattens, since every node down
-    to there is Python's own. ``paths`` name them, in :meth:`of` order, and
-    ``leaves`` give the flat positions of the leaves each holds."""
+    """The containers below the arguments that hold donated leaves. Per
+    parameter ``(i, top, watched, below)``: ``top`` flattens the argument to
+    its children, ``watched`` picks the watched ones; ``below``: (child, treedef
+    of one depth inside it, picker), C-only flattens. ``paths`` and ``leaves``
+    (flat positions) follow :meth:`of` order."""
 
     plans: tuple[tuple[int, Any, Any, tuple[tuple[int, Any, Any], ...]], ...]  # pickers: callctx.picker
     paths: tuple[str, ...]
@@ -110,9 +89,7 @@ class InnerNodes:
         return out
 
 
-# The containers watched: Python's own, whose only holder inside a state is
-# their parent. A library's nodes (an NNX Variable, an nnx.State level) are
-# held by the library too, by design (the Module graph), so they are not.
+# Only Python's own containers: a library's nodes (NNX) are held by it by design.
 _PLAIN_CONTAINERS = (dict, list, tuple)
 
 
@@ -132,19 +109,15 @@ def _children(node: Any) -> list[tuple[tuple[Any, ...], Any]]:
 
 
 def _stored(node: Any) -> list[bool]:
-    """Per child of ``node``: whether the node holds that object (a second
-    flatten gives the same one), not one its flatten makes afresh (an
-    nnx.State's levels): a fresh child is held by no one, so not watched."""
+    """Per child: whether ``node`` stores it (a second flatten gives the same
+    object), not makes it afresh (an nnx.State's levels: held by no one)."""
     first, again = _children(node), _children(node)
     return [a[1] is b[1] for a, b in zip(first, again)]
 
 
 def _inner_nodes(cs: CompiledSignature, definition: StepDefinition, skip: set[int]) -> InnerNodes | None:
-    """The :class:`InnerNodes` of the donated arguments (``skip``: parameters
-    not watched), or None where no container below an argument holds a
-    donated leaf. Found on the compiled example (``cs.spec_args``), whose
-    containers are the call's: each node's leaves are a contiguous run of
-    the flat leaves."""
+    """The :class:`InnerNodes` of the donated arguments but ``skip`` (None: no
+    such container), found on ``cs.spec_args``, whose structure is the call's."""
     donated = set(cs.donated)
     plans: list[Any] = []
     paths: list[str] = []
@@ -181,11 +154,9 @@ def _inner_nodes(cs: CompiledSignature, definition: StepDefinition, skip: set[in
 def _depths(
     root: Any, first: int, donated: set[int]
 ) -> list[tuple[Any, tuple[int, ...], list[tuple[Any, ...]], list[range]]]:
-    """Inside a watched container ``root`` (its first leaf at flat index
-    ``first``): per depth, the treedef whose leaves are that depth's watched
-    containers, their positions in its flat list, their key paths and the
-    flat positions of their leaves. Only Python's own containers, reached
-    through Python's own containers."""
+    """Inside a watched container ``root`` (first leaf at ``first``), per depth:
+    the treedef whose leaves are that depth's watched containers, their
+    positions, key paths and leaves' flat positions (Python's own only)."""
     by_depth: dict[int, list[tuple[Any, tuple[Any, ...], range]]] = {}
     stack = [(root, (), 0, first)]
     while stack:
@@ -236,9 +207,8 @@ def kept_plan(ctx: CallContext) -> KeptPlan | None:
         return None
     nodes = _inner_nodes(cs, ctx.step.definition, unwatched)
     if filtered:
-        # A Filtered node's leaves tuple is one more reference to each of its
-        # leaves: the others appear twice in the sequence, so that one limit
-        # holds for all (and the error names each leaf once).
+        # A Filtered node holds one more reference to its leaves: the others
+        # appear twice, so one limit holds for all.
         others = tuple(i for i in watched if i not in filtered)
         watched = (*(i for i in watched if i in filtered), *others, *others)
         pick, sequences = picker(watched), 3

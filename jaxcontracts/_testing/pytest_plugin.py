@@ -1,23 +1,11 @@
-"""pytest plugin: assert that a loop in a test is clean, in one or two lines.
+"""pytest plugin (entry point ``jaxcontracts``): the ``jc_hot_loop`` fixture and
+marker, ``--jc-checks``, and contract snapshots (``docs/guides/pytest.md``,
+``docs/snapshots.md``).
 
-Installed with jaxcontracts (the ``pytest11`` entry point ``jaxcontracts``);
-``pytest -p no:jaxcontracts`` turns it off. It adds the fixture
-``jc_hot_loop`` (a factory of recording loops), the marker
-``@pytest.mark.jc_hot_loop`` (the test body is the loop, its fixtures stay
-outside), the session's checks level (``--jc-checks``, ini ``jc_checks``) and
-contract snapshots (``@pytest.mark.jc_snapshot``, ``--jc-snapshot-update``).
-The guides are ``docs/guides/pytest.md`` and ``docs/snapshots.md``.
-
-Everything it adds starts with ``jc`` so that it claims no generic name (a
-fixture called ``hot_loop`` would shadow ``from jaxcontracts import
-hot_loop`` in every test that asks for it). Its loops record
-(``on_violation="record"``) and fail the test afterwards with
-``pytest.fail``, outside the user's code. Like ``jc.hot_loop``, they watch
-the thread that runs the test only, and an implicit host-to-device transfer
-in an eager op is logged by JAX, not recorded. Loading the plugin does not
-import jax (the package re-exports lazily, and this module imports
-jaxcontracts' internals only when a test uses them), so ``JAX_*`` settings
-made in a ``conftest.py`` still apply.
+Every name starts with ``jc`` (a ``hot_loop`` fixture would shadow the
+import). Its loops record and fail the test afterwards, outside the user's
+code. Loading it does not import jax (internals are imported when a test uses
+them), so ``JAX_*`` settings made in a ``conftest.py`` still apply.
 """
 
 from __future__ import annotations
@@ -61,10 +49,6 @@ _SUMMARY = pytest.StashKey[dict[str, list[str]]]()
 _WORKER_SUMMARY = "jaxcontracts_snapshots"
 
 
-# --------------------------------------------------------------------------
-# The failure message
-
-
 def _format(violations: list[Violation], label: str) -> str:
     """The failure message: a header, then one entry per violation (``format_violations``)."""
     from jaxcontracts._report.render import format_violations
@@ -75,10 +59,6 @@ def _format(violations: list[Violation], label: str) -> str:
         f"({events} event{'s' * (events != 1)}) inside the loop"
     )
     return "\n".join(format_violations(violations, header))
-
-
-# --------------------------------------------------------------------------
-# The recording loop shared by the fixture and the marker
 
 
 @contextlib.contextmanager
@@ -114,30 +94,15 @@ def _checked_options(label: str, options: dict[str, Any]) -> dict[str, Any]:
     return options
 
 
-# --------------------------------------------------------------------------
-# The fixture
-
-
 @pytest.fixture
 def jc_hot_loop() -> Any:
-    """A factory of recording hot loops: ``with jc_hot_loop(): ...``.
-
-    The block runs inside ``jc.hot_loop(on_violation="record")``; at its end
-    the test fails, listing every implicit transfer, compile and use of a
-    donated array with its ``file:line``, if there was any. Keyword arguments
-    are the loop's options: ``transfers="allow"`` and ``compiles="allow"`` turn
-    a kind of check off, ``callbacks="disallow"`` one on;
-    ``as loop`` gives the :class:`jaxcontracts.HotLoop`.
-    """
+    """A factory of recording hot loops: ``with jc_hot_loop(**loop_options) as loop:``;
+    the test fails at the block's end listing every violation with its ``file:line``."""
 
     def start(**options: str) -> contextlib.AbstractContextManager[HotLoop]:
         return _recording("jc_hot_loop", **_checked_options("the jc_hot_loop fixture", options))
 
     return start
-
-
-# --------------------------------------------------------------------------
-# Hooks
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -226,23 +191,14 @@ def pytest_unconfigure(config: pytest.Config) -> None:
 
 
 def pytest_ignore_collect(collection_path: pathlib.Path) -> bool | None:
-    """Never collect a snapshot folder or anything in it.
-
-    Snapshot files are data: a ``>>>`` line in one, or in a legacy
-    ``test_x.test_y.txt`` (pytest's default doctest glob ``test*.txt``), must
-    never run as a doctest, nor a file planted there as a test module.
-    ``None`` elsewhere, so that other plugins still decide.
-    """
+    """Never collect a snapshot folder (data: a ``>>>`` line must never run as a
+    doctest); ``None`` elsewhere, so that other plugins still decide."""
     return True if SNAPSHOT_DIR in collection_path.parts else None
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Iterator[Any]:
-    """Run a ``@pytest.mark.jc_hot_loop`` test's body in a recording loop.
-
-    This wraps only the call of the test function: its fixtures were set up
-    before and are torn down after, outside the loop.
-    """
+    """Run a ``@pytest.mark.jc_hot_loop`` test's body (not its fixtures) in a recording loop."""
     marker = pyfuncitem.get_closest_marker(MARKER)
     if marker is None:
         return (yield)
@@ -250,10 +206,6 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Iterator[Any]:
         pytest.fail(f"@pytest.mark.{MARKER} takes keyword arguments only; got {marker.args!r}", pytrace=False)
     with _recording(f"@pytest.mark.{MARKER}", **_checked_options(f"@pytest.mark.{MARKER}", marker.kwargs)):
         return (yield)
-
-
-# --------------------------------------------------------------------------
-# Contract snapshots
 
 
 def _snapshot_file(item: pytest.Item) -> pathlib.Path:
@@ -309,8 +261,7 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
 
     item.stash[_RECORDER] = Recorder().start()
     result = yield
-    # Checked once every setup hook ran, so that pytest's own teardowns find
-    # what their setups left.
+    # checked once every setup hook ran (pytest's teardowns find what they left)
     item.stash[_TOLERANCES] = _tolerances(item, marker)
     return result
 
@@ -319,10 +270,8 @@ def pytest_runtest_setup(item: pytest.Item) -> Iterator[None]:
 def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
     """After a ``jc_snapshot`` test's body passed: write or compare its snapshot."""
     result = yield
-    recorder = item.stash.get(_RECORDER, None)
+    recorder = _stop(item)
     if recorder is not None:
-        del item.stash[_RECORDER]
-        recorder.stop()
         _check_snapshot(item, recorder)
     return result
 
@@ -330,11 +279,16 @@ def pytest_runtest_call(item: pytest.Item) -> Iterator[None]:
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_teardown(item: pytest.Item) -> Iterator[None]:
     """Stop a recording whose test did not finish (a failed setup or body)."""
+    _stop(item)
+    return (yield)
+
+
+def _stop(item: pytest.Item) -> Recorder | None:
     recorder = item.stash.get(_RECORDER, None)
     if recorder is not None:
         del item.stash[_RECORDER]
         recorder.stop()
-    return (yield)
+    return recorder
 
 
 def _check_snapshot(item: pytest.Item, recorder: Recorder) -> None:
@@ -376,8 +330,7 @@ def _check_snapshot(item: pytest.Item, recorder: Recorder) -> None:
         if str(recorded.get(snap.key)) != str(snap) or source is not file:
 
             def update(current: dict[str, Any]) -> dict[str, Any]:
-                # Sections another session wrote meanwhile (another backend, an
-                # xdist worker) are kept; a legacy file's are carried over.
+                # sections written meanwhile (an xdist worker) and a legacy file's are kept
                 merged = {**(recorded if source is not file else {}), **current}
                 merged[snap.key] = snap
                 return merged
@@ -413,11 +366,8 @@ def _check_snapshot(item: pytest.Item, recorder: Recorder) -> None:
 
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
-    """On a pytest-xdist worker, hand the summary to the controller.
-
-    xdist sends ``config.workeroutput`` after every ``pytest_sessionfinish``
-    ran; the controller reads it in :func:`pytest_testnodedown`.
-    """
+    """On a pytest-xdist worker, hand the summary to the controller
+    (``config.workeroutput``, read in :func:`pytest_testnodedown`)."""
     workeroutput = getattr(session.config, "workeroutput", None)
     summary = session.config.stash.get(_SUMMARY, None)
     if workeroutput is not None and summary is not None:
@@ -426,11 +376,8 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: object) -> None:
-    """On the pytest-xdist controller, merge a finished worker's summary.
-
-    An xdist hook: ``optionalhook`` lets pytest load this plugin without xdist.
-    A worker that crashed sent nothing.
-    """
+    """On the pytest-xdist controller, merge a finished worker's summary
+    (``optionalhook``: loads without xdist; a crashed worker sent nothing)."""
     theirs = getattr(node, "workeroutput", {}).get(_WORKER_SUMMARY)
     summary = node.config.stash.get(_SUMMARY, None)
     if theirs and summary is not None:

@@ -1,26 +1,11 @@
 """Contract snapshots: what hot steps and loops were proven to be, as text.
 
-A :class:`Snapshot` is an ordered list of fields, each a path of headers
-(``step demo.advance`` / ``signature 1``) and a key with a one-line value:
-
-* per hot step, its number of compiles and, per compiled signature, one line
-  per argument leaf (spec with weak type, donated, aliased, bytes, sharding),
-  the executable's memory analysis (``memory.*``) and XLA's cost analysis
-  where the backend gives one (``cost.*``);
-* per run of a ``jc.hot_loop`` seen by a :class:`Recorder`, its options, the
-  calls of each hot step, the ``jc.fetch`` calls and the violations.
-
-A snapshot is keyed by backend and device count (``cpu x8``) and records the
-jax and jaxlib versions. :meth:`Snapshot.diff` compares two: the exact fields
-must be equal; the sizes and costs in :data:`TOLERANCED` may grow by their
-tolerance (a smaller value always passes); when the versions differ, the
-memory and cost fields are not compared (they are XLA's output: fusion,
-scheduling and cost models change between releases).
-
-The text form (``str()``) is what ``pytest --jc-snapshot-update`` writes, one
-file per test (``snapshot_file``); ``jc.snapshot`` and the pytest plugin's
-:class:`Recorder` build snapshots from records (``recorder``). Nothing here
-touches the device.
+A :class:`Snapshot` is an ordered list of fields (a path of headers, a key, a
+one-line value), keyed by backend and device count (``cpu x8``), recording
+the jax/jaxlib versions (fields: ``docs/snapshots.md``). :meth:`Snapshot.diff`:
+exact fields equal; :data:`TOLERANCED` ones may grow by their tolerance;
+across versions memory and cost (XLA's output) are not compared. Built from
+records by ``recorder``, written by ``snapshot_file``; never touches the device.
 """
 
 from __future__ import annotations
@@ -70,10 +55,6 @@ def version_of(name: str) -> str:
         return version(name)
     except PackageNotFoundError:  # pragma: no cover - jax without metadata
         return "unknown"
-
-
-# --------------------------------------------------------------------------
-# The record
 
 
 @dataclasses.dataclass(frozen=True)
