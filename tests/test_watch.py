@@ -1975,3 +1975,28 @@ def test_a_loop_watched_again_in_the_same_process_is_judged_again():
     first = run()
     assert first == [("missed_donation", "params", 5)], first
     assert run() == first
+
+
+def test_a_library_method_jitted_by_its_class_and_again_by_the_user_is_named_as_written():
+    # evosax's CMA_ES: `@partial(jax.jit, static_argnames=("self",))` on `ask`, and the
+    # README's `ask = jax.jit(es.ask)`: the fix read `jax.jit(partial(ask, ...), ...)`, a
+    # partial the watch itself made of the bound method (JAX binds a bound method)
+    with jc.watch() as w:
+        class Strategy:  # (imported after the watch began, as the audit runs evosax)
+            @functools.partial(jax.jit, static_argnames=("self",))
+            def ask(self, key, state):
+                return jax.random.normal(key, (3,)) + state["mean"], {"mean": state["mean"] * 0.5}
+
+        es = Strategy()
+        assert type(es.ask).__name__ == "method"  # as jax.jit binds it
+        ask = jax.jit(es.ask)
+        state, key = {"mean": jnp.ones(3)}, jax.random.key(0)
+        for i in range(4):
+            _, state = ask(jax.random.fold_in(key, i), state)
+    (missed,) = [f for f in w.findings() if f.kind == "missed_donation"]
+    assert missed.fix.startswith("jax.jit(es.ask, donate_argnames=('state',))"), missed.fix
+    # the fix, followed, runs and donates the state
+    ask = jax.jit(es.ask, donate_argnames=("state",))
+    old = state
+    _, state = ask(key, state)
+    assert old["mean"].is_deleted() and not state["mean"].is_deleted()

@@ -37,10 +37,13 @@ import dataclasses
 import functools
 import inspect
 import json
+import linecache
 import operator
+import re
 import textwrap
 import threading
 import time
+import types
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -272,6 +275,8 @@ class Watch:
         state.jit = "nnx.jit" if type(fun).__module__.startswith("flax.nnx") else "jax.jit"
         if isinstance(fun, functools.partial):  # its fix keeps the partial the user wrote
             state.written = f"partial({sigs.short(state.name)}, ...)"
+        elif isinstance(fun, types.MethodType):  # `jax.jit(es.ask)`: as written at that line
+            state.written = _method_written(site, sigs.short(state.name))
         # a library's own jitted helper (optax's), not a transform of the user's function
         # (jax.grad(f)), nor a library's function the user jits (jax.jit(env.step))
         code = getattr(inspect.unwrap(_unwrapped(fun)), "__code__", None)
@@ -1016,6 +1021,14 @@ def _jitted_by_library(frame: Any) -> bool:
     return f is not None
 
 
+def _method_written(site: tuple[str, int], name: str) -> str:
+    """How the user's ``jax.jit`` line at ``site`` names the bound method
+    ``name`` it jits (``es.ask`` in ``ask = jax.jit(es.ask)``); "" where the
+    line does not show it."""
+    found = re.search(rf"jit\(\s*([A-Za-z_][\w.]*\.{re.escape(name)})\b", linecache.getline(*site))
+    return found.group(1) if found else ""
+
+
 def _equinox_fix(fn: _Function, idx: Sequence[int]) -> str:
     """The fix of an eqx.filter_jit function's missed donation (of its
     leaves ``idx``): ``donate="all"`` where every array argument died at each
@@ -1195,8 +1208,9 @@ class _Watched:
     jitted function's; a call outside traces goes through :meth:`Watch.observe`."""
 
     def __init__(self, jitted: Any, fun: Any, state: _Function, owner: Watch) -> None:
-        self._jitted, self._state, self._owner = jitted, state, owner
         functools.update_wrapper(self, fun)  # type: ignore[arg-type]
+        # (after it: the __dict__ it copies is a watched function's own where fun is one, bound)
+        self._jitted, self._state, self._owner = jitted, state, owner
         self.__doc__ = getattr(jitted, "__doc__", None)  # (jax.jit's own: "" for a function without one)
         self._trace = top_level_refs()
 
@@ -1214,7 +1228,7 @@ class _Watched:
         return getattr(self._jitted, name)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        return self if obj is None else functools.partial(self, obj)
+        return self if obj is None else types.MethodType(self, obj)  # (bound as jax.jit binds)
 
     def __repr__(self) -> str:  # the script prints what it prints without the audit
         return repr(self._jitted)
