@@ -2000,3 +2000,72 @@ def test_a_library_method_jitted_by_its_class_and_again_by_the_user_is_named_as_
     old = state
     _, state = ask(key, state)
     assert old["mean"].is_deleted() and not state["mean"].is_deleted()
+
+
+@pytest.mark.parametrize("committed", [False, True], ids=["as_written", "fix_followed"])
+def test_a_recompile_for_an_uncommitted_leaf_become_committed_names_the_leaf(committed):
+    # MJX's rollout: the model put on the device (committed), the data's qpos and ctrl
+    # replaced by jnp.array(...) (uncommitted); the step's outputs are committed, so JAX
+    # compiles the step a second time (its compile log: two compiles). The audit said
+    # "its program was dropped (jax.clear_caches(), a jax.config change)"
+    lowered = []
+
+    def listener(event, *_, fun_name="", **__):
+        if event.endswith("mlir_module_duration") and fun_name == "jit(advance)":
+            lowered.append(fun_name)
+
+    def advance(model, d):
+        return {"qpos": d["qpos"] + model["w"], "time": d["time"] + 0.01}
+
+    device = jax.devices()[0]
+    jax.monitoring.register_scalar_listener(listener)
+    try:
+        with jc.watch() as w:
+            step = jax.jit(advance)
+            model = jax.device_put({"w": jnp.ones(2)}, device)
+            d = {"qpos": jnp.array([0.5, -0.3]), "time": jax.device_put(jnp.zeros(()), device)}
+            if committed:  # the fix the finding gives
+                d = jax.device_put(d, device)
+            for _ in range(4):
+                d = step(model, d)
+    finally:
+        jax.monitoring.unregister_scalar_listener(listener)
+    recompiles = [f for f in w.findings() if f.kind == "recompile"]
+    assert len(lowered) == (1 if committed else 2)  # JAX's own count of compiles
+    if committed:
+        assert not recompiles
+        return
+    (found,) = recompiles
+    assert found.diff == ["d['qpos']: uncommitted -> committed to its device"], found.diff
+    assert "jax.device_put(x, jax.devices()[0])" in found.fix and "clear_caches" not in found.fix
+
+
+def test_a_dataclass_nodes_changed_static_field_is_named_by_its_path():
+    # jax-md's NeighborList reallocated (a larger max_occupancy, a meta field): the diff
+    # read "nbrs: its tree's static ... -> ...orList[(None, 7...", the treedef's text
+    # cut at the width, with function reprs in it
+    @functools.partial(jax.tree_util.register_dataclass, data_fields=["idx"],
+                       meta_fields=["max_occupancy", "update_fn", "format"])
+    @dataclasses.dataclass
+    class Neighbors:
+        idx: jax.Array
+        max_occupancy: int
+        update_fn: object
+        format: str = "Dense"
+
+    def update(idx):
+        return idx
+
+    def energy(nbrs, x):
+        return (x[nbrs.idx] ** 2).sum()
+
+    with jc.watch() as w:
+        step = jax.jit(energy)
+        x = jnp.ones(8)
+        for occupancy in (7, 7, 8, 8):
+            nbrs = Neighbors(jnp.zeros((8, occupancy), jnp.int32), occupancy, update)
+            step(nbrs, x)
+    (found,) = [f for f in w.findings() if f.kind == "recompile"]
+    assert found.diff[0] == "nbrs.max_occupancy: 7 -> 8", found.diff
+    assert "0x" not in str(w.report()) and "update_fn" not in str(w.report())
+    assert "max_occupancy" in found.fix
