@@ -56,7 +56,7 @@ from .._compat import capability, events, frames, jitwatch, liveorder
 from .._compat.arrays import ArrayImpl
 from .._compat.tracing import top_level_refs
 from .._errors import ContractError, contract_of_finding
-from .._format import fit_change, fmt_bytes, fmt_listed
+from .._format import fit_change, fmt_aval, fmt_bytes, fmt_listed
 from .._loop import signatures as sigs
 from .._report.render import findings_html
 from .._runtime import host_fix, local, static_is_exact
@@ -606,13 +606,15 @@ class Watch:
         if previous is not None and compiled and (not known or self._counting):
             diff, fix = sigs.diff(previous, sig) if not known else ([sigs.COMPILED_AGAIN], sigs.COMPILED_AGAIN_FIX)
             changed = [(k, fn.user_statics[k], v) for k, v in statics.items()
-                       if not known and k in fn.user_statics and fn.user_statics[k] != v]
+                       if not known and k in fn.user_statics and _static_changed(fn.user_statics[k], v)]
             if changed:  # eqx.filter_jit made them static: named as the user wrote them, with
                 # what else changed (equinox's own static part, which holds them, left out)
                 rest, rest_fix = sigs.diff(dataclasses.replace(previous, statics=sig.statics), sig)
                 rest = [] if rest == [sigs.SAME_LEAVES] else rest
-                diff = [f"{k}: {a!r} -> {b!r} (a Python {type(b).__name__}: static under eqx.filter_jit)"
-                        for k, a, b in changed] + rest
+                if any(isinstance(a, _Traced) or isinstance(b, _Traced) for _, a, b in changed):
+                    # (a leaf become static, or traced: equinox's grouped structure, explained)
+                    rest = [line for line in rest if not line.startswith("the arguments' structure changed")]
+                diff = [_static_line(k, a, b) for k, a, b in changed] + rest
                 fix = _static_fix([k for k, _, b in changed if _is_number(b)], rest_fix if rest else "")
             if fn.equinox and not known:
                 diff = _by_user_path(diff, sigs.paths(fn.options, args, dyn_args, dyn_kwargs))
@@ -1092,12 +1094,51 @@ _COMPARED_BYTES = 1 << 20
 _KEPT_BYTES = 64 << 20
 
 
+@dataclasses.dataclass(frozen=True)
+class _Traced:
+    """An array among the user's arguments of an eqx.filter_jit call (traced), by its aval."""
+
+    aval: str
+
+
 def _user_statics(fn: _Function) -> dict[str, Any]:
-    """The Python numbers, bools and strings among the user's arguments of the
-    eqx.filter_jit call running now, by the user's parameter names (equinox
-    makes them static: each new value compiles)."""
+    """The leaves of the user's arguments of the eqx.filter_jit call running
+    now, by the user's path (``solver.atol``, ``state[0]``): a Python number,
+    bool or string as itself (equinox makes them static: each new value
+    compiles), an array as its :class:`_Traced` aval."""
     arguments = jitwatch.equinox_arguments(frames.caller_frame(1)) or {}
-    return {k: v for k, v in arguments.items() if isinstance(v, (bool, int, float, complex, str))}
+    out: dict[str, Any] = {}
+    for name, value in arguments.items():
+        try:
+            flat = jax.tree_util.tree_flatten_with_path(value)[0]
+        except Exception:  # noqa: BLE001 - an argument that does not flatten: unnamed
+            continue
+        for p, leaf in flat:
+            if isinstance(leaf, (bool, int, float, complex, str)):
+                out[name + jax.tree_util.keystr(p)] = leaf
+            elif isinstance(leaf, jax.Array):
+                out[name + jax.tree_util.keystr(p)] = _Traced(fmt_aval(leaf.shape, leaf.dtype, leaf.weak_type))
+    return out
+
+
+def _static_changed(a: Any, b: Any) -> bool:
+    """Whether a leaf's static value changed, or it became static or traced
+    (two arrays: their avals are the leaf diff's)."""
+    if isinstance(a, _Traced) and isinstance(b, _Traced):
+        return False
+    return type(a) is not type(b) or a != b
+
+
+def _static_line(path: str, a: Any, b: Any) -> str:
+    """The diff line of a leaf whose static value changed under eqx.filter_jit."""
+    def said(v: Any) -> str:
+        if isinstance(v, _Traced):
+            return f"{v.aval} (an array)"
+        return repr(v)
+
+    tail = (f"a Python {type(b).__name__}: static under eqx.filter_jit" if not isinstance(b, _Traced)
+            else "traced under eqx.filter_jit")
+    return f"{path}: {said(a)} -> {said(b)} ({tail})"
 
 
 def _is_number(value: Any) -> bool:
