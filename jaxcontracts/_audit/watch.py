@@ -37,10 +37,13 @@ import dataclasses
 import functools
 import inspect
 import json
+import linecache
 import operator
+import re
 import textwrap
 import threading
 import time
+import types
 import weakref
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -54,7 +57,7 @@ from .._compat.arrays import ArrayImpl
 from .._compat.tracing import top_level_refs
 from .._contracts.transfers import host_fix
 from .._errors import ContractError, contract_of_finding
-from .._format import fit_change, fmt_bytes, fmt_listed
+from .._format import fit_change, fmt_aval, fmt_bytes, fmt_listed
 from .._loop import signatures as sigs
 from .._report.render import findings_html
 from .._runtime import local, static_is_exact
@@ -273,6 +276,8 @@ class Watch:
         state.jit = "nnx.jit" if type(fun).__module__.startswith("flax.nnx") else "jax.jit"
         if isinstance(fun, functools.partial):  # its fix keeps the partial the user wrote
             state.written = f"partial({sigs.short(state.name)}, ...)"
+        elif isinstance(fun, types.MethodType):  # `jax.jit(es.ask)`: as written at that line
+            state.written = _method_written(site, sigs.short(state.name))
         # a library's own jitted helper (optax's), not a transform of the user's function
         # (jax.grad(f)), nor a library's function the user jits (jax.jit(env.step))
         code = getattr(inspect.unwrap(_unwrapped(fun)), "__code__", None)
@@ -602,13 +607,15 @@ class Watch:
         if previous is not None and compiled and (not known or self._counting):
             diff, fix = sigs.diff(previous, sig) if not known else ([sigs.COMPILED_AGAIN], sigs.COMPILED_AGAIN_FIX)
             changed = [(k, fn.user_statics[k], v) for k, v in statics.items()
-                       if not known and k in fn.user_statics and fn.user_statics[k] != v]
+                       if not known and k in fn.user_statics and _static_changed(fn.user_statics[k], v)]
             if changed:  # eqx.filter_jit made them static: named as the user wrote them, with
                 # what else changed (equinox's own static part, which holds them, left out)
                 rest, rest_fix = sigs.diff(dataclasses.replace(previous, statics=sig.statics), sig)
                 rest = [] if rest == [sigs.SAME_LEAVES] else rest
-                diff = [f"{k}: {a!r} -> {b!r} (a Python {type(b).__name__}: static under eqx.filter_jit)"
-                        for k, a, b in changed] + rest
+                if any(isinstance(a, _Traced) or isinstance(b, _Traced) for _, a, b in changed):
+                    # (a leaf become static, or traced: equinox's grouped structure, explained)
+                    rest = [line for line in rest if not line.startswith("the arguments' structure changed")]
+                diff = [_static_line(k, a, b) for k, a, b in changed] + rest
                 fix = _static_fix([k for k, _, b in changed if _is_number(b)], rest_fix if rest else "")
             if fn.equinox and not known:
                 diff = _by_user_path(diff, sigs.paths(fn.options, args, dyn_args, dyn_kwargs))
@@ -1017,6 +1024,14 @@ def _jitted_by_library(frame: Any) -> bool:
     return f is not None
 
 
+def _method_written(site: tuple[str, int], name: str) -> str:
+    """How the user's ``jax.jit`` line at ``site`` names the bound method
+    ``name`` it jits (``es.ask`` in ``ask = jax.jit(es.ask)``); "" where the
+    line does not show it."""
+    found = re.search(rf"jit\(\s*([A-Za-z_][\w.]*\.{re.escape(name)})\b", linecache.getline(*site))
+    return found.group(1) if found else ""
+
+
 def _equinox_fix(fn: _Function, idx: Sequence[int]) -> str:
     """The fix of an eqx.filter_jit function's missed donation (of its
     leaves ``idx``): ``donate="all"`` where every array argument died at each
@@ -1080,12 +1095,51 @@ _COMPARED_BYTES = 1 << 20
 _KEPT_BYTES = 64 << 20
 
 
+@dataclasses.dataclass(frozen=True)
+class _Traced:
+    """An array among the user's arguments of an eqx.filter_jit call (traced), by its aval."""
+
+    aval: str
+
+
 def _user_statics(fn: _Function) -> dict[str, Any]:
-    """The Python numbers, bools and strings among the user's arguments of the
-    eqx.filter_jit call running now, by the user's parameter names (equinox
-    makes them static: each new value compiles)."""
+    """The leaves of the user's arguments of the eqx.filter_jit call running
+    now, by the user's path (``solver.atol``, ``state[0]``): a Python number,
+    bool or string as itself (equinox makes them static: each new value
+    compiles), an array as its :class:`_Traced` aval."""
     arguments = jitwatch.equinox_arguments(frames.caller_frame(1)) or {}
-    return {k: v for k, v in arguments.items() if isinstance(v, (bool, int, float, complex, str))}
+    out: dict[str, Any] = {}
+    for name, value in arguments.items():
+        try:
+            flat = jax.tree_util.tree_flatten_with_path(value)[0]
+        except Exception:  # noqa: BLE001 - an argument that does not flatten: unnamed
+            continue
+        for p, leaf in flat:
+            if isinstance(leaf, (bool, int, float, complex, str)):
+                out[name + jax.tree_util.keystr(p)] = leaf
+            elif isinstance(leaf, jax.Array):
+                out[name + jax.tree_util.keystr(p)] = _Traced(fmt_aval(leaf.shape, leaf.dtype, leaf.weak_type))
+    return out
+
+
+def _static_changed(a: Any, b: Any) -> bool:
+    """Whether a leaf's static value changed, or it became static or traced
+    (two arrays: their avals are the leaf diff's)."""
+    if isinstance(a, _Traced) and isinstance(b, _Traced):
+        return False
+    return type(a) is not type(b) or a != b
+
+
+def _static_line(path: str, a: Any, b: Any) -> str:
+    """The diff line of a leaf whose static value changed under eqx.filter_jit."""
+    def said(v: Any) -> str:
+        if isinstance(v, _Traced):
+            return f"{v.aval} (an array)"
+        return repr(v)
+
+    tail = (f"a Python {type(b).__name__}: static under eqx.filter_jit" if not isinstance(b, _Traced)
+            else "traced under eqx.filter_jit")
+    return f"{path}: {said(a)} -> {said(b)} ({tail})"
 
 
 def _is_number(value: Any) -> bool:
@@ -1196,8 +1250,9 @@ class _Watched:
     jitted function's; a call outside traces goes through :meth:`Watch.observe`."""
 
     def __init__(self, jitted: Any, fun: Any, state: _Function, owner: Watch) -> None:
-        self._jitted, self._state, self._owner = jitted, state, owner
         functools.update_wrapper(self, fun)  # type: ignore[arg-type]
+        # (after it: the __dict__ it copies is a watched function's own where fun is one, bound)
+        self._jitted, self._state, self._owner = jitted, state, owner
         self.__doc__ = getattr(jitted, "__doc__", None)  # (jax.jit's own: "" for a function without one)
         self._trace = top_level_refs()
 
@@ -1215,7 +1270,7 @@ class _Watched:
         return getattr(self._jitted, name)
 
     def __get__(self, obj: Any, objtype: Any = None) -> Any:
-        return self if obj is None else functools.partial(self, obj)
+        return self if obj is None else types.MethodType(self, obj)  # (bound as jax.jit binds)
 
     def __repr__(self) -> str:  # the script prints what it prints without the audit
         return repr(self._jitted)

@@ -25,7 +25,7 @@ from .._steps import JitDonation, jit_donation
 from .._userline import user_frame
 
 __all__ = [
-    "COMPILED_AGAIN", "COMPILED_AGAIN_FIX", "SAME_LEAVES",
+    "COMMITTED_FIX", "COMPILED_AGAIN", "COMPILED_AGAIN_FIX", "SAME_LEAVES",
     "Dropped",
     "Signature", "by_param", "diff", "donated_params", "missed_donation_fix", "names", "param_of", "paths",
     "reusable", "short", "signature", "wrong_donations", "donations", "drift", "drift_fix", "jit_site", "leave_out",
@@ -43,6 +43,12 @@ class Signature:
     statics: tuple[tuple[str, str], ...]  # (parameter, repr of its value)
     paths: tuple[str, ...]
     parts: tuple[tuple[str, Any], ...] = ()  # (parameter, its tree structure), the dynamic ones
+    # per dynamic leaf: whether a jax array is committed to its device (None: not a jax
+    # array); JAX compiles an uncommitted array and a committed one apart
+    committed: tuple[bool | None, ...] = ()
+    # (path, value) of the static fields of the dataclass nodes in the arguments
+    # (jax-md's NeighborList.max_occupancy): what a changed tree structure names
+    node_statics: tuple[tuple[str, Any], ...] = ()
 
     def aval(self, j: int) -> tuple[tuple[int, ...], str] | None:
         """Leaf ``j``'s shape and dtype, as outputs are matched by (None: no spec)."""
@@ -113,7 +119,39 @@ def signature(opts: jitwatch.JitOptions, args: tuple[Any, ...], kwargs: dict[str
         statics,
         tuple(p for p, _ in found),
         tuple((k, jax.tree_util.tree_structure(v)) for k, v in values.items()),
+        tuple(bool(x.committed) if isinstance(x, jax.Array) and hasattr(x, "committed") else None
+              for _, x in found),
+        tuple(item for k, v in values.items() for item in _node_statics(v, k)),
     )
+
+
+def _node_statics(value: Any, path: str, depth: int = 0) -> list[tuple[str, Any]]:
+    """(path, value) of the static fields (``pytree_node=False``, a
+    ``register_dataclass`` meta field: not among the node's children) of the
+    dataclass nodes in ``value``, through tuples, lists and dicts; a function
+    by its name (two functions of one name are told apart by identity)."""
+    if depth > 8:
+        return []
+    if isinstance(value, (tuple, list)):
+        return [x for i, v in enumerate(value) for x in _node_statics(v, f"{path}[{i}]", depth + 1)]
+    if isinstance(value, dict):
+        return [x for k, v in value.items() for x in _node_statics(v, f"{path}[{k!r}]", depth + 1)]
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        return []
+    try:
+        children = jax.tree_util.tree_flatten(value, is_leaf=lambda x: x is not value)[0]
+    except Exception:  # noqa: BLE001 - not a pytree node here: nothing to name
+        return []
+    ids = {id(c) for c in children}
+    out: list[tuple[str, Any]] = []
+    for field in dataclasses.fields(value):
+        v = getattr(value, field.name, None)
+        here = f"{path}.{field.name}"
+        if id(v) not in ids:
+            out.append((here, (getattr(v, "__qualname__", type(v).__name__), id(v)) if callable(v) else v))
+        else:
+            out.extend(_node_statics(v, here, depth + 1))
+    return out
 
 
 def _by_name(opts: jitwatch.JitOptions, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> dict[str, Any]:
@@ -176,6 +214,12 @@ def diff(old: Signature, new: Signature) -> tuple[list[str], str]:
             out.append("the arguments' structure changed" + (f": {len(gone)} leaves gone ({', '.join(gone[:3])})" if gone else "")
                        + (f"; {len(added)} new ({', '.join(added[:3])})" if added else ""))
             return out, "keep the arguments' structure fixed across calls"
+        fields = _changed_fields(old.node_statics, new.node_statics)
+        if fields:  # the same leaves: a dataclass node's static field changed (a capacity, a flag)
+            named = ", ".join(p for p, _ in fields)
+            return [line for _, line in fields], (
+                f"a static field of a pytree node ({named}) changed: each new value compiles anew; "
+                "keep it fixed (for a buffer that grows, allocate room to spare once)")
         before = dict(old.parts)  # the same leaves: a node's static data changed (a capacity, a flag)
         changed = [(k, before[k], t) for k, t in new.parts if k in before and before[k] != t]
         out += [f"{k}: its tree's static data: {fmt_change(str(a), str(b))}"
@@ -186,9 +230,44 @@ def diff(old: Signature, new: Signature) -> tuple[list[str], str]:
     diffs = diff_leaves(list(zip(old.paths, old.specs)), list(zip(new.paths, new.specs)))
     out = [f"{d.path}: {d.expected} -> {d.got}" for d in diffs]
     if not diffs:
+        moved = [(p, a) for p, a, b in zip(new.paths, old.committed, new.committed)
+                 if a is not None and b is not None and a != b]
+        if moved:
+            return [f"{p}: {'committed to its device -> uncommitted' if a else 'uncommitted -> committed to its device'}"
+                    for p, a in moved], COMMITTED_FIX
         return [SAME_LEAVES], "call it on the device and in the context it was compiled for"
     return out, diffs[0].cause
 
+
+def _changed_fields(old: Sequence[tuple[str, Any]], new: Sequence[tuple[str, Any]]) -> list[tuple[str, str]]:
+    """(path, diff line) of each static field whose value changed; a function
+    by its name, never by its repr (an address)."""
+    before = dict(old)
+    out = []
+    for path, b in new:
+        if path not in before:
+            continue
+        a = before[path]
+        try:
+            same = a is b or bool(a == b)
+        except Exception:  # noqa: BLE001 - an odd ==: compared by repr
+            same = repr(a) == repr(b)
+        if same:
+            continue
+        if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == 2 == len(b) and isinstance(a[1], int):
+            line = f"{path}: another function {b[0]}" if a[0] == b[0] else f"{path}: {a[0]} -> {b[0]}"
+        else:
+            ra, rb = repr(a), repr(b)
+            line = f"{path}: {ra} -> {rb}" if len(ra) + len(rb) <= 60 else f"{path}: {fmt_change(ra, rb)}"
+        out.append((path, line))
+    return out
+
+
+#: The fix of a recompile where only whether arrays are committed changed.
+COMMITTED_FIX = ("JAX compiles apart for an uncommitted array (made by jnp.array, jnp.zeros... on the "
+                 "default device) and a committed one (jax.device_put to a device, or a jitted call's "
+                 "output): commit it where it is made, jax.device_put(x, jax.devices()[0]), so that "
+                 "every call gives the same")
 
 #: A recompile of arguments an earlier call compiled for: JAX dropped the program.
 COMPILED_AGAIN = ("arguments the audit cannot tell from an earlier call's (a static value compared by its "
