@@ -384,9 +384,8 @@ class HotLoop:
             # (JAX's CPU backend never asks its device-to-host guard: the loop's own reads do)
             modes["device_to_host"] = "disallow" if self.on_violation == "raise" else "allow"
             if self.on_violation == "raise":
-                # An implicit copy between devices (a committed array passed to a
-                # computation placed elsewhere): JAX's own guard, which it enforces
-                # on GPU and TPU (its CPU backend copies without asking).
+                # a committed array passed to a computation placed elsewhere: JAX
+                # enforces this guard on GPU and TPU (its CPU backend copies unasked)
                 modes["device_to_device"] = "disallow"
         elif stack.entries:
             # transfers="allow" inside an outer loop that refuses them: lift JAX's

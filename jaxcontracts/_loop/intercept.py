@@ -79,10 +79,6 @@ def _violation(kind: str, what: str, fix: str, frame: Any = None) -> None:
         loop.violation(kind, what, fix, frame)
 
 
-# --------------------------------------------------------------------------
-# Naming arrays and the read interceptors
-
-
 def _describe(x: Any) -> str:
     try:
         text = fmt_aval(x.shape, x.dtype, x.aval.weak_type)
@@ -141,11 +137,10 @@ def _on_read(x: Any, name: str, frame: Any = None) -> None:
         and not trace_state_clean()
         and (loop.compiles_admitted() or in_recorded_compile())
     ):
-        # A concrete array read while a compile traces (an `if` on a global flag:
-        # jax-md's neighbor lists) is part of that compile: once per compile, as
-        # the compile is, where the loop admits it; where it refuses it, the
-        # compile is the violation (raised before the trace; recorded at its
-        # lowering in record mode, which traces on), never its reads.
+        # A concrete read while a compile traces (an `if` on a global flag: jax-md's
+        # neighbor lists) is part of that compile, admitted with it; where the loop
+        # refuses it, the compile is the violation (raised before the trace, or
+        # recorded at its lowering), never its reads.
         return
     _violation(
         "transfer",
@@ -264,10 +259,8 @@ pending = threading.local()  # 3.11: the error of a refused buffer export
 
 
 def _buffer_refused(x: Any) -> None:
-    # Python >= 3.12: memoryview() sees this error; numpy falls back to the
-    # guarded __array__, which raises the same. On 3.11 the slot cannot raise
-    # it: it is kept here and replaces the consumer's SystemError ("returned
-    # NULL without setting an exception") when that leaves the loop.
+    # On 3.11 the slot cannot raise it: kept, it replaces the consumer's SystemError
+    # ("returned NULL without setting an exception") as that leaves the loop.
     __tracebackhide__ = True
     try:
         _on_read(x, "buffer")
@@ -429,11 +422,9 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
             and (event != events.LOWERING_EVENT or loop.admit_compile(key, name, user))
         ):
             return
-    # Raise or record at the first phase, as a trace that never lowers
-    # (jax.eval_shape, jax.make_jaxpr) is a compile's first phase too; a
-    # recording loop records each compile once: the lowering that follows its
-    # trace on this thread is the same compile (a cold eager op may lower
-    # with no trace event before it).
+    # Raise or record at the first phase (a trace that never lowers, jax.eval_shape,
+    # is one too); recording, once per compile: the lowering after its trace on this
+    # thread is the same compile (a cold eager op may lower with no trace before it).
     if loop.on_violation != "raise":
         if event == events.BACKEND_EVENT:
             return
