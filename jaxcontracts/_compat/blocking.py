@@ -40,8 +40,6 @@ _inside = threading.local()  # inside the module function: the method does not c
 def _probe_blocking() -> str | None:
     if ArrayImpl is None or "block_until_ready" not in ArrayImpl.__dict__:
         return "jax._src.array.ArrayImpl.block_until_ready is gone"
-    if not callable(getattr(jax, "block_until_ready", None)):
-        return "jax.block_until_ready is gone"
     original = ArrayImpl.__dict__["block_until_ready"]
     try:
         ArrayImpl.block_until_ready = original  # settable from Python?

@@ -27,8 +27,6 @@ __all__ = ["made_before"]
     "late) is no host_sync in the audit",
 )
 def _probe() -> str | None:
-    if not callable(getattr(jax, "live_arrays", None)):
-        return "jax.live_arrays is gone"
     from jax._src import xla_bridge
 
     started = getattr(xla_bridge, "backends_are_initialized", None)

@@ -1,9 +1,4 @@
-"""``jc.fetch``: the deliberate device-to-host transfer.
-
-The one way to read device values inside a ``jc.hot_loop`` (it works the same
-outside one). It copies, so no host view keeps a donated buffer pinned, and
-its time counts as time blocked on the device in the loop's timing.
-"""
+"""``jc.fetch``, ``jc.fetch_async``, ``jc.to_host``: deliberate device-to-host copies."""
 
 from __future__ import annotations
 

@@ -1,18 +1,12 @@
 """``jc.hot_loop``: critical sections that catch transfers and compiles.
 
-A hot loop's entry engages, on the thread that entered it, the interceptors
-of ``intercept`` (array reads, the buffer protocol, compile events: they
-catch device-to-host reads on every backend, CPU included, where JAX's own
-guard never fires) and JAX's native transfer guards (host-to-device on every
-backend, device-to-host off CPU); its exit restores what that entry changed,
-in whatever order loops end and on whatever thread. A violation is raised
-(or, in record mode, recorded) at the user's line (``_userline``); a JAX
-runtime error leaving the loop becomes the contract error it is
-(``translate``). Explicit transfers stay allowed: ``jc.fetch`` (``fetch``),
-``jax.device_get``, ``jax.device_put``.
-
-What each piece costs and how loop timing is estimated is in the
-performance guide (``docs/guides/performance.md``).
+A loop's entry engages, on its thread, the interceptors of ``intercept``
+(which see device-to-host reads on every backend, CPU included, where JAX's
+own guard never fires) and JAX's native transfer guards; its exit restores
+what that entry changed, in whatever order loops end and on whatever thread.
+A violation is raised (or recorded) at the user's line (``_userline``); a JAX
+runtime error leaving the loop becomes its contract error (``translate``).
+What each piece costs: ``docs/guides/performance.md``.
 """
 
 from __future__ import annotations
@@ -114,7 +108,6 @@ def release(checked: bool) -> None:
         intercept.release()
 
 
-
 class HotLoop:
     """A critical section: see :func:`hot_loop`.
 
@@ -173,12 +166,9 @@ class HotLoop:
         self.label = 'jc.hot_loop(on_violation="record")'  # what its notes call it (the pytest plugin's name)
 
     def _apply(self, options: dict[str, str]) -> None:
-        """Set the options and what follows from them."""
         transfers, compiles = options["transfers"], options["compiles"]
         self._options = dict(options)
         self.on_violation = options["on_violation"]
-        # Device-to-host reads are refused unless every transfer is allowed;
-        # implicit host-to-device copies only with transfers="disallow".
         self.checks_transfers = transfers != "allow"
         self.checks_host_to_device = transfers == "disallow"
         self.checks_compiles = compiles in ("disallow", "warmup")
@@ -345,9 +335,7 @@ class HotLoop:
     def __enter__(self) -> HotLoop:
         """Enter the loop; a signal (Ctrl-C, an alarm) during the entry is held until it
         is whole (then the entry is undone and the signal delivered: never half entered)."""
-        # Entered in a generator or coroutine, the loop may end on another
-        # thread (a generator closed there): nothing of its may outlive it
-        # there (see _enter and interrupts.entering).
+        # in a generator or coroutine it may end on another thread: see interrupts.entering
         suspendable = _in_generator(frames.caller_frame(1))
         counted = interrupts.entering(keep=not suspendable)
         try:
@@ -396,9 +384,8 @@ class HotLoop:
             # (JAX's CPU backend never asks its device-to-host guard: the loop's own reads do)
             modes["device_to_host"] = "disallow" if self.on_violation == "raise" else "allow"
             if self.on_violation == "raise":
-                # An implicit copy between devices (a committed array passed to a
-                # computation placed elsewhere): JAX's own guard, which it enforces
-                # on GPU and TPU (its CPU backend copies without asking).
+                # a committed array passed to a computation placed elsewhere: JAX
+                # enforces this guard on GPU and TPU (its CPU backend copies unasked)
                 modes["device_to_device"] = "disallow"
         elif stack.entries:
             # transfers="allow" inside an outer loop that refuses them: lift JAX's
@@ -410,10 +397,8 @@ class HotLoop:
         self._entered, self._checked = True, self._checked or checked  # (its report: entered only at off?)
         entry = Entry(self, stack, modes, checked=checked)
         entry.counted = counted
-        # Entered in a generator or coroutine (its exit may run on another
-        # thread, when it is closed there): JAX's config contexts can only be
-        # left on the thread that entered them, so the levels are set on this
-        # thread's record directly (restorable from any thread).
+        # In a generator or coroutine its exit may run on another thread, where JAX's
+        # config contexts cannot be left: the levels go on the thread's record directly.
         entry.direct = bool(modes) and suspendable and threadguard.current() is not None
         acquire(checked)
         try:
@@ -458,14 +443,10 @@ class HotLoop:
     def __exit__(
         self, exc_type: Any, exc: BaseException | None, tb: Any, _finalizing: Any = sys.is_finalizing
     ) -> bool:
-        """End this entry, whatever the order: out-of-order exits (generators,
-        asyncio tasks) and exits on another thread restore what it changed.
-
-        At interpreter exit (a suspended generator holding a loop is closed
-        while modules are being torn down) there is nothing left to restore:
-        it returns at once, reading no module global (``_finalizing`` is bound
-        when the class is made).
-        """
+        """End this entry, whatever the order (generators, asyncio tasks) and thread.
+        At interpreter exit (a suspended generator closed during teardown) nothing
+        is left to restore: it returns at once, reading no module global
+        (``_finalizing`` is bound when the class is made)."""
         if _finalizing():
             return False
         __tracebackhide__ = True
@@ -662,9 +643,8 @@ def hot_loop(
     """A critical section where transfers and compiles are contract violations.
 
     On the thread that enters it, for its duration, on every backend (CPU
-    included): an implicit device-to-host read of a ``jax.Array`` raises
-    :class:`TransferError`; an implicit host-to-device transfer raises
-    :class:`TransferError`; any trace or compile raises
+    included): an implicit device-to-host read of a ``jax.Array`` or
+    host-to-device transfer raises :class:`TransferError`; any trace or compile raises
     :class:`RecompileError`; reading an array a hot step consumed raises
     :class:`DonationError`. ``jc.fetch``, ``jax.device_get`` and
     ``jax.device_put`` stay allowed. Other threads are unaffected; nesting

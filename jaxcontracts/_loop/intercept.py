@@ -1,39 +1,32 @@
 """The interceptors a hot loop installs: array reads, the buffer protocol, compiles.
 
-JAX's device-to-host transfer guard never fires on CPU: a CPU ``jax.Array``
-lends its buffer to numpy without copying, so no "transfer" happens. A hot loop
-therefore intercepts the *reads* themselves, on every backend:
+JAX's device-to-host guard never fires on CPU (a CPU array lends numpy its
+buffer, no copy), so a loop intercepts the reads themselves, on every backend:
 
-* **Python-level reads.** ``ArrayImpl`` is a C++ type whose read methods
-  (every entry of ``_compat.arrays.READS``: ``__float__``, ``__repr__``,
-  ``__array__``, ``tolist``, the ``_value`` property...) are Python functions
-  on a mutable heap type. While at least one loop is active anywhere, they
-  are replaced on the class (which updates the C slots, so existing arrays
-  are covered) by wrappers that check a thread-local flag. The last loop to
-  exit puts the originals back, the same objects, so nothing stays patched
-  and nothing costs anything outside a loop. Iterating or unpacking a
-  single-device or fully replicated array slices it on the device
-  (``k, sub = jax.random.split(k)``) and is let through; a sharded array's
-  iteration reads ``_value`` and is caught there.
-* **The buffer protocol.** On one CPU device ``np.asarray(x)``, ``np.array``,
-  ufuncs such as ``np.add(x, 1)`` and ``memoryview`` read the buffer through
-  the C buffer protocol and never call ``__array__``. On Python >= 3.12 the
-  class's ``__buffer__`` (PEP 688) is replaced; on 3.11 the type's
-  ``bf_getbuffer`` slot is swapped (``_compat.arrays``) for a callback that
-  refuses the export on a guarded thread and calls the original otherwise.
-  When the export is refused numpy falls back to ``__array__``, which raises
-  the contract error with the array named. Other consumers (``memoryview``,
-  ``np.frombuffer``, ``hashlib``) see that error on 3.12; on 3.11 that C-level
-  callback cannot raise through C, so they raise ``SystemError`` and the
-  refusal's error replaces it when it leaves the loop. ``__dlpack__``
-  (``np.from_dlpack``) of a CPU array is guarded like the read methods.
-* **Compiles.** ``jax.monitoring`` reports the start of every trace, MLIR
-  lowering and backend compile on the calling thread; a listener turns them
-  into violations, naming the true cause when the stack shows it (a donated
-  array, a host read on the user's line). A hot step meeting a new signature
-  reports itself first, by name. Warm calls emit nothing, and
-  ``jax.debug.print`` callbacks (which read arrays on the host) are
-  recognised and allowed.
+* **Read methods** (``_compat.arrays.READS``: ``__float__``, ``__array__``,
+  ``tolist``, the ``_value`` property...), Python functions on ``ArrayImpl``,
+  a mutable heap type. While any loop is active they are replaced on the
+  class (the C slots follow, so existing arrays are covered) by wrappers
+  that check a thread-local flag; the last loop out puts the same objects
+  back, so nothing costs anything outside a loop. Iterating a single-device
+  or fully replicated array slices it on the device
+  (``k, sub = jax.random.split(k)``) and is let through; a sharded one reads
+  ``_value`` and is caught there.
+* **The buffer protocol**, which ``np.asarray``, ufuncs and ``memoryview``
+  use on one CPU device instead of ``__array__``: ``__buffer__`` (PEP 688)
+  is replaced on Python >= 3.12, the ``bf_getbuffer`` slot swapped on 3.11
+  (``_compat.arrays``). A refused export makes numpy fall back to the
+  guarded ``__array__``, which names the array; other consumers
+  (``memoryview``, ``hashlib``) see the error on 3.12, and on 3.11, where
+  the slot cannot raise through C, a ``SystemError`` that the kept refusal
+  replaces as it leaves the loop. ``__dlpack__`` of a CPU array is guarded
+  like the read methods.
+* **Compiles**: ``jax.monitoring`` reports each trace, MLIR lowering and
+  backend compile on the calling thread; the listener makes them violations,
+  naming the true cause when the stack shows it (a donated array, a host
+  read on the user's line). A hot step meeting a new signature reports
+  itself first, by name; warm calls emit nothing; ``jax.debug.print``
+  callbacks (host reads) are allowed.
 
 :func:`acquire` and :func:`release` install and remove them, reference
 counted across every loop of every thread.
@@ -86,10 +79,6 @@ def _violation(kind: str, what: str, fix: str, frame: Any = None) -> None:
         loop.violation(kind, what, fix, frame)
 
 
-# --------------------------------------------------------------------------
-# Naming arrays and the read interceptors
-
-
 def _describe(x: Any) -> str:
     try:
         text = fmt_aval(x.shape, x.dtype, x.aval.weak_type)
@@ -104,11 +93,9 @@ def _describe(x: Any) -> str:
 
 
 def _key_owner() -> Any:
-    """The typed PRNG key whose method (``repr``, ``print``) is reading its key data.
-
-    Only library frames below the user's line are looked at (the user's
-    locals never are), and only when a violation is being reported.
-    """
+    """The typed PRNG key whose method (``repr``, ``print``) is reading its key
+    data: only library frames below the user's line are looked at, and only
+    when a violation is being reported."""
     if arrays.KeyArray is None:
         return None
     frame = frames.caller_frame(2)
@@ -150,11 +137,10 @@ def _on_read(x: Any, name: str, frame: Any = None) -> None:
         and not trace_state_clean()
         and (loop.compiles_admitted() or in_recorded_compile())
     ):
-        # A concrete array read while a compile traces (an `if` on a global flag:
-        # jax-md's neighbor lists) is part of that compile: once per compile, as
-        # the compile is, where the loop admits it; where it refuses it, the
-        # compile is the violation (raised before the trace; recorded at its
-        # lowering in record mode, which traces on), never its reads.
+        # A concrete read while a compile traces (an `if` on a global flag: jax-md's
+        # neighbor lists) is part of that compile, admitted with it; where the loop
+        # refuses it, the compile is the violation (raised before the trace, or
+        # recorded at its lowering), never its reads.
         return
     _violation(
         "transfer",
@@ -273,10 +259,8 @@ pending = threading.local()  # 3.11: the error of a refused buffer export
 
 
 def _buffer_refused(x: Any) -> None:
-    # Python >= 3.12: memoryview() sees this error; numpy falls back to the
-    # guarded __array__, which raises the same. On 3.11 the slot cannot raise
-    # it: it is kept here and replaces the consumer's SystemError ("returned
-    # NULL without setting an exception") when that leaves the loop.
+    # On 3.11 the slot cannot raise it: kept, it replaces the consumer's SystemError
+    # ("returned NULL without setting an exception") as that leaves the loop.
     __tracebackhide__ = True
     try:
         _on_read(x, "buffer")
@@ -286,12 +270,9 @@ def _buffer_refused(x: Any) -> None:
 
 
 def _value_without_pin(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``_value`` for a jaxlib that pins a CPU buffer after a host read.
-
-    Reads a hot loop lets through (record mode, host callbacks, jc.fetch's
-    own) then copy instead of leaving a cached view that would make the next
-    donated call copy the whole buffer.
-    """
+    """``_value`` for a jaxlib that pins a CPU buffer after a host read: reads a
+    loop lets through (record mode, host callbacks, jc.fetch's) copy instead
+    of caching a view that would make the next donated call copy the buffer."""
 
     inside = threading.local()
 
@@ -320,15 +301,11 @@ def _read_only(x: Any) -> Any:
 
 
 def _copying_device_get(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``jax.device_get`` inside a loop: CPU arrays come back as copies,
-    read-only as JAX's own results are (an in-place edit that fails alone
-    fails here too).
-
-    On CPU, JAX's ``device_get`` caches a view of the buffer on the array,
-    which pins it: the next step that donates it makes XLA copy instead, and
+    """``jax.device_get`` inside a loop: CPU arrays come back as copies, read-only
+    as JAX's own results are. On CPU JAX's own caches a view of the buffer on
+    the array, which pins it: the next step donating it makes XLA copy, and
     the consumed-input check refuses the call. Other leaves (typed keys,
-    accelerator arrays, deleted ones) go to JAX's own ``device_get``.
-    """
+    accelerator arrays, deleted ones) go to JAX's ``device_get``."""
 
     def device_get(x: Any) -> Any:
         __tracebackhide__ = True
@@ -445,11 +422,9 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
             and (event != events.LOWERING_EVENT or loop.admit_compile(key, name, user))
         ):
             return
-    # Raise or record at the first phase, as a trace that never lowers
-    # (jax.eval_shape, jax.make_jaxpr) is a compile's first phase too; a
-    # recording loop records each compile once: the lowering that follows its
-    # trace on this thread is the same compile (a cold eager op may lower
-    # with no trace event before it).
+    # Raise or record at the first phase (a trace that never lowers, jax.eval_shape,
+    # is one too); recording, once per compile: the lowering after its trace on this
+    # thread is the same compile (a cold eager op may lower with no trace before it).
     if loop.on_violation != "raise":
         if event == events.BACKEND_EVENT:
             return
@@ -576,12 +551,8 @@ def in_recorded_compile() -> bool:
 
 
 def _deleted_in_stack(user: FrameType | None, limit: int = 80) -> Any | None:
-    """A deleted array among the arguments of the JAX calls below ``user``.
-
-    The frames between the compile event and the user's line are JAX's own
-    dispatch of the op; a deleted (donated) array among their locals is the
-    op's argument, and the real error.
-    """
+    """A deleted (donated) array among the locals of JAX's dispatch frames below
+    ``user``: the op's argument, and the real error behind the compile."""
     frame = frames.caller_frame(2)
     while frame is not None and frame is not user and limit:
         for value in frames.library_locals(frame).values():

@@ -1,8 +1,4 @@
-"""Signals on the main thread, held while a hot loop is entered or exited.
-
-See :class:`_Interrupts`. ``_loop.guard`` sets ``interrupts.codes`` to the code
-of ``HotLoop.__enter__`` and ``__exit__`` once the class exists.
-"""
+"""Signals on the main thread, held while a hot loop is entered or exited."""
 
 from __future__ import annotations
 
@@ -27,26 +23,25 @@ _SIGNALS = tuple(
 class _Interrupts:
     """Signals on the main thread, held while a loop's entry or exit runs.
 
-    A loop's entry and exit change several things (ArrayImpl's methods, the
-    loop stack, JAX's guard levels) that must change together; a
-    KeyboardInterrupt between two of them left some engaged. Python runs
-    signal handlers on the main thread, between bytecodes, with the frame it
-    is running: while loops are active there, every Python handler has this
-    one in front of it, which holds a signal arriving below a
-    ``HotLoop.__enter__`` or ``__exit__`` until that entry or exit is whole,
-    and passes any other straight on (Ctrl-C in the body interrupts as ever).
+    An entry or exit changes several things that must change together
+    (ArrayImpl's methods, the loop stack, JAX's guard levels); a
+    KeyboardInterrupt between two left some engaged. Python runs signal
+    handlers on the main thread between bytecodes, with the running frame:
+    while loops are active there this handler stands in front of every Python
+    handler, holds a signal arriving below ``HotLoop.__enter__`` or
+    ``__exit__`` until that is whole, and passes any other straight on.
 
-    A loop entered in a generator or coroutine may end on another thread (a
-    generator closed there), where no handler can be given back: such an
-    entry holds signals only while its own entry and exit run on the main
-    thread (``keep=False``), so it leaves nothing installed behind it.
+    A loop entered in a generator or coroutine may end on another thread,
+    where no handler can be given back: it holds signals only while its own
+    entry and exit run on the main thread (``keep=False``), leaving nothing
+    installed behind it.
     """
 
     def __init__(self) -> None:
         self.depth = 0  # loops entered on the main thread and not yet exited
         self.originals: dict[int, Any] = {}  # signal -> the Python handler this one is in front of
         self.noted: list[tuple[int, Any]] = []  # held: (signal, the handler it was meant for)
-        self.codes: frozenset[Any] = frozenset()
+        self.codes: frozenset[Any] = frozenset()  # HotLoop.__enter__'s and __exit__'s (_loop.guard)
 
     def handler(self, signum: int, frame: Any) -> None:
         original = self.originals.get(signum)

@@ -102,29 +102,21 @@ def repair(stack: LoopStack) -> None:
 
 
 def restore_elsewhere(stack: LoopStack) -> None:
-    """A loop of another thread ended here: give that thread its guard levels.
-
-    Its JAX config contexts can only exit on that thread; they do at its next
-    loop entry or exit (:func:`repair`). Until then the levels JAX's transfers
-    read are set directly.
-    """
-    if stack.saved is None or not stack.thread.is_alive():
-        return
-    state, saved = stack.saved
-    live = [e for e in stack.entries if not e.ended]
-    threadguard.set_levels(state, saved, live[-1].modes if live else None)
+    """A loop of another thread ended here: its JAX config contexts can only exit
+    on that thread (at its next loop entry or exit: :func:`repair`); until then
+    the levels JAX's transfers read are set directly."""
+    if stack.thread.is_alive():
+        apply_direct(stack, left=True)
 
 
 def apply_direct(stack: LoopStack, left: bool = False) -> None:
-    """On the stack's own thread, after an entry or exit: where its innermost
-    live entry sets its levels directly (:attr:`Entry.direct`), set them;
-    ``left``: a direct entry just ended, so its levels give way to those of
-    the live entry below it, or to the thread's own."""
+    """After an entry or exit: where the innermost live entry sets its levels
+    directly (:attr:`Entry.direct`), set them; ``left`` (a direct entry just
+    ended, or :func:`restore_elsewhere`): set those of the innermost live
+    entry, or the thread's own."""
     if stack.saved is None:
         return
     state, saved = stack.saved
     live = [e for e in stack.entries if not e.ended]
-    if live and live[-1].direct:
-        threadguard.set_levels(state, saved, live[-1].modes)
-    elif left:
+    if left or (live and live[-1].direct):
         threadguard.set_levels(state, saved, live[-1].modes if live else None)

@@ -1,36 +1,29 @@
 """Plain ``jax.jit`` functions inside a hot loop: their cache misses, observed.
 
-A ``jax.jit`` function that misses its cache inside a loop goes through
-``_compat.jitwatch``'s observer with the function, its options and the
-call's arguments, before JAX traces it. There the loop learns, for each
-function, the signatures it compiled (so that a second compile's message
-names the leaf that changed, as a hot step's ``RecompileError`` does), and
-checks what can be known before the call runs:
+``_compat.jitwatch`` calls :func:`observe` on a cache miss, before JAX
+traces, with the function, its options and the call's arguments. The loop
+keeps each function's compiled signatures (a second compile's message names
+the leaf that changed, as a hot step's ``RecompileError`` does) and checks
+what can be known before the call runs:
 
-* a numpy array or Python number given to it is an implicit transfer at
-  every call: a ``TransferError`` naming the function and the parameter at
-  the user's line (not JAX's log line with no Python line);
-* a donated parameter that JAX cannot donate (a host value, skipped without
-  a word) or whose buffers no output can reuse while another parameter's
-  could (a ``donate_argnums`` index that drifted) is a ``DonationError``,
-  raised before the call runs (nothing is donated: the inputs are intact);
-* a parameter that is not donated while an output could take its buffers
-  is followed (``signatures.Dropped``: a weak reference to each of its
-  arrays): when all of them died at the call's own statement (``state =
-  f(state)``), nothing after the call used them, and the donation was
-  missed: a ``missed_donation`` violation naming the function, the
-  parameter, the bytes per call and the line of the call, raised at the
-  next iteration of ``loop.iterate``, the loop's next compile or its end
-  (:func:`settle`). Only what one call shows is claimed.
+* a numpy array or Python number given to it: an implicit transfer at every
+  call, a ``TransferError`` naming the function and the parameter at the
+  user's line (not JAX's log line, which has no Python line);
+* a donated parameter JAX cannot donate (a host value, skipped silently) or
+  whose buffers no output can reuse while another's could (a drifted
+  ``donate_argnums`` index): a ``DonationError`` before the call runs
+  (nothing is donated: the inputs are intact);
+* an undonated parameter whose buffers an output could take is followed
+  (``signatures.Dropped``); when all its arrays died at the call's own
+  statement (``state = f(state)``) the donation was missed: a
+  ``missed_donation`` at the next ``loop.iterate`` iteration, compile or the
+  loop's end (:func:`settle`). Only what one call shows is claimed.
 
-The concrete arrays a trace reads (an ``if`` on a device flag made once) are
-part of its compile, never reads of their own (``_traced``): where the loop
-refuses the compile, the compile is the violation. At checks level ``off``
-nothing is checked: JAX's device-to-host guard is only lifted for the trace.
-
-Functions of JAX's own modules (the jits behind eager ops) are left to the
-compile listener. A miss under a trace, or where the loop allows transfers
-(``jc.fetch``, a hot step's own compile), is not looked at.
+A trace's concrete reads (an ``if`` on a device flag) are part of its
+compile (``_traced``). At checks level ``off`` nothing is checked: JAX's
+device-to-host guard is only lifted for the trace. JAX's own jits (behind
+eager ops) are left to the compile listener; a miss under a trace, or where
+the loop allows reads (``jc.fetch``, a hot step's compile), is not looked at.
 """
 
 from __future__ import annotations
@@ -145,16 +138,12 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
 
 
 def _traced(loop: Any, run: Any, fun: Any, ji: Any, args: Any, kwargs: Any) -> Any:
-    """Trace the function (``run``), its concrete reads part of its compile.
-
-    Where the loop lets the compile through (its warm-up pass,
-    ``compiles="allow"``, or ``loop`` None: checks level ``off``), JAX's
-    device-to-host guard is lifted for the trace, as for a hot step's compile
-    (``_runtime.compiling``): an ``if`` on a device flag reads it once, at
-    trace time. Where the loop refuses the compile, the compile listener has
-    raised before the trace (or, in record mode, recorded it, and
-    ``intercept.plain_trace`` marks the trace's reads as part of it).
-    """
+    """Trace the function (``run``), its concrete reads part of its compile: where
+    the loop admits the compile (warm-up, ``compiles="allow"``, or ``loop`` None
+    at checks level ``off``) JAX's device-to-host guard is lifted for the trace,
+    as for a hot step's (``_runtime.compiling``); where it refuses it, the
+    listener raised before the trace (or, recording, ``intercept.plain_trace``
+    marks the trace's reads as part of the recorded compile)."""
     __tracebackhide__ = True
     lifted = loop is None or loop.compiles_admitted()
     with (

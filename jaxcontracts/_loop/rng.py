@@ -1,15 +1,13 @@
 """``jax.random`` samplers inside a hot loop: their Python-number parameters.
 
-A sampler called eagerly (``jax.random.uniform(key)``) copies its parameters
-and their defaults (``minval``, ``p``, ``lam``...), Python numbers, to the
-device on every call, which JAX's host-to-device guard refuses. They are the
-documented idioms of ``jax.random``, a few bytes each and no data of the
-user's: while loops are active the public samplers are replaced by wrappers
-(as ``jax.device_get`` is) that lift the guard for the call, unless an
-argument is host data (numpy), and count it (``loop.sampler_calls``). A key
-made from a seed and ``fold_in(key, i)`` are not samplers: their Python int is
-the loop's data and stays refused, as does a sampler imported by name before
-the loop (``from jax.random import uniform``); the message says so.
+An eager sampler (``jax.random.uniform(key)``) copies its parameters and their
+defaults (``minval``, ``p``, ``lam``...), Python numbers, to the device at every
+call, which JAX's guard refuses: documented idioms, a few bytes, no user data.
+While loops are active the public samplers are replaced (as ``jax.device_get``
+is) by wrappers that lift the guard for the call unless an argument is numpy
+data, and count it (``loop.sampler_calls``). A key made from a seed and
+``fold_in(key, i)`` stay refused (their int is the loop's data), as does a
+sampler imported by name before the loop; the message says so.
 """
 
 from __future__ import annotations

@@ -297,13 +297,12 @@ def wrong_donations(
     sig: Signature, donated: set[str], out_avals: set[tuple[Any, ...]], name: str, offer: bool = True
 ) -> list[tuple[str, str, str]]:
     """(parameter, why, fix) for each donated parameter JAX cannot donate (a
-    host value: JAX skips it silently) or whose buffers no output can reuse
-    while another parameter's could (an index that drifted). The fix leaves
-    the parameter out; with ``offer`` (a loop, refusing before the call) it
-    names another to donate on the condition that nothing reads its old value
-    after the call (a caller that keeps it, a step that rejects and retries,
-    would lose it); a watch, which sees the calls that follow, names it once
-    each call's statement is proven to drop it (:func:`drift_fix`)."""
+    host value, skipped silently) or whose buffers no output can reuse while
+    another's could (a drifted index). The fix leaves it out; with ``offer``
+    (a loop, refusing before the call) it names another to donate where
+    nothing reads its old value after the call (a step that rejects and
+    retries would lose it); a watch, which sees the calls that follow, names
+    it once each call's statement is proven to drop it (:func:`drift_fix`)."""
     params = by_param(sig)
     can = {p for p, js in params.items() if any(sig.aval(j) in out_avals and not sig.host[j] for j in js)}
     others = tuple(sorted(can - donated))
@@ -425,24 +424,19 @@ def drift(rec: JitDonation, path: str) -> tuple[str, str]:
         fix = (f"donate by name, which cannot drift: jax.jit({rec.function}, "
                f"donate_argnames={rec.instead!r})" + (f" (or donate_argnums={rec.argnums!r})" if rec.argnums else ""))
     else:
-        fix = (f"leave {rec.param} out of donate_argnums/donate_argnames, or pass a fresh "
-               f"array each call")
+        fix = leave_out(rec.param) + ", or pass a fresh array each call"
     return what, fix
 
 
 class Dropped:
-    """Whether the statement that made a call dropped its arguments.
-
-    A weak reference to each array, whose callback notes whether the array
-    died while the user's frame that made the call was still on the call's
-    line: ``state = f(state, x)`` rebinds ``state`` as that statement ends,
-    so nothing after the call used the old value, and donating it would
-    have been safe. An array that dies later (the next step consumed it, a
-    later line dropped it after reading it, JAX still held it) is not
-    counted: ``jax.jit(norm)(s.params)`` followed by ``s = step(s)`` drops
-    the params at the step's line, and donating them to ``norm`` would have
-    deleted what the step needed. No frame is kept (only its id and line).
-    """
+    """Whether the statement that made a call dropped its arguments: a weak
+    reference to each array notes whether it died while the user's frame was
+    still on the call's line (``state = f(state, x)`` rebinds ``state`` as the
+    statement ends: donating it would have been safe). An array dying later
+    (the next step consumed it, a later line dropped it after reading it) is
+    not counted: after ``jax.jit(norm)(s.params)``, ``s = step(s)`` drops the
+    params, and donating them to ``norm`` would have deleted what the step
+    needed. No frame is kept (only its id and line)."""
 
     __slots__ = ("_frame", "_line", "at_call", "refs", "sharers", "__weakref__")
 
@@ -477,15 +471,13 @@ def still_shared(sharers: list[Any] | None) -> bool:
 
 
 def sharers(arrays: Sequence[Any]) -> dict[int, list[Any]] | None:
-    """For each of ``arrays`` (by id) whose buffers another live array also
-    holds now, weak references to those arrays (``params =
-    jax.device_put(init_params, device)`` onto the device they are on gives
-    new arrays over the same buffers: donating one deletes the other, if it
-    is still alive then). None where a buffer cannot be told (a miss, never a
-    fix that deletes what the user keeps). Asked while the arrays are alive
-    (once they are gone, the allocator may give their addresses to new
-    arrays), with one scan of every live array (``jax.live_arrays()``): at a
-    compile, or in the first calls after it, never at every call."""
+    """For each of ``arrays`` (by id) whose buffers another live array holds too
+    (``jax.device_put`` onto their own device makes new arrays over the same
+    buffers: donating one deletes the other), weak references to those; None
+    where a buffer cannot be told (a miss, never a fix that deletes what the
+    user keeps). Asked while the arrays live (the allocator reuses addresses),
+    with one scan of ``jax.live_arrays()``: at a compile or in the first calls
+    after it, never at every call."""
     ids = {id(x) for x in arrays}
     mine: dict[int, set[int]] = {}
     for x in arrays:
@@ -511,11 +503,10 @@ _put_over: dict[int, tuple[Any, list[Any]]] = {}
 
 def note_device_put(given: Any, made: Any) -> None:
     """After ``made = jax.device_put(given, ...)`` while a watch is open: each
-    array of ``made`` that is a new object over the buffers of the array of
-    ``given`` it came from (``best = jax.device_put(params, cpu)`` onto the
-    device they are on, at any call, after the first calls' scan) noted as
-    sharing them (:func:`put_over`). Where the buffers cannot be told, the
-    new array counts as sharing them (a miss, never a fix that deletes)."""
+    array of ``made`` that is a new object over its source's buffers (onto
+    their own device, at any call, after the first calls' scan) noted as
+    sharing them (:func:`put_over`); where buffers cannot be told, as sharing
+    (a miss, never a fix that deletes)."""
     leaves_given, leaves_made = jax.tree_util.tree_leaves(given), jax.tree_util.tree_leaves(made)
     if len(leaves_given) != len(leaves_made):
         return

@@ -18,7 +18,7 @@ import functools
 import operator
 import types
 import typing
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Any, TypeVar
 
 import jax
@@ -199,25 +199,21 @@ class StateInfo:
         """(name, kind) of each field, in order: what _signature_key walks."""
         return tuple((f.name, type(f)) for f in self.fields)
 
-    @property
-    def dim_names(self) -> tuple[str, ...]:
-        names: list[str] = []
+    def _names(self, own: str, nested: str) -> Iterator[str]:
+        """Each array field's ``ann.<own>`` and each nested state's ``<nested>``, in order."""
         for f in self.fields:
             if isinstance(f, ArrayField):
-                names.extend(f.ann.dim_names)
+                yield from getattr(f.ann, own)
             elif isinstance(f, StateField):
-                names.extend(info_of(f.cls).dim_names)
-        return tuple(dict.fromkeys(names))
+                yield from getattr(info_of(f.cls), nested)
+
+    @property
+    def dim_names(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(self._names("dim_names", "dim_names")))
 
     @property
     def variadic_dim_names(self) -> frozenset[str]:
-        names: set[str] = set()
-        for f in self.fields:
-            if isinstance(f, ArrayField):
-                names.update(f.ann.variadic_names)
-            elif isinstance(f, StateField):
-                names.update(info_of(f.cls).variadic_dim_names)
-        return frozenset(names)
+        return frozenset(self._names("variadic_names", "variadic_dim_names"))
 
 
 def is_state(x: Any) -> bool:

@@ -66,15 +66,14 @@ __all__ = [
     "signature_diffs",
 ]
 
+def _leaf_key(x: Any, sharding: Any) -> tuple[Any, ...]:
+    """What makes two leaves' exact specs the same."""
+    return (tuple(x.shape), canonical(x.dtype), bool(x.weak_type), sharding)
+
+
 def _spec_key(treedef: Any, leaves: Sequence[Any], shardings: Sequence[Any]) -> tuple[Any, ...]:
     """What makes two specs the same: their structure and each leaf's exact spec."""
-    return (
-        treedef,
-        tuple(
-            (tuple(x.shape), canonical(x.dtype), bool(x.weak_type), sh)
-            for x, sh in zip(leaves, shardings)
-        ),
-    )
+    return (treedef, tuple(map(_leaf_key, leaves, shardings)))
 
 
 class quiet_donation_warning(warnings.catch_warnings):
@@ -517,7 +516,7 @@ def _exact_specs(specs: Sequence[Any], shardings: Sequence[Any]) -> list[Any]:
     made: dict[tuple[Any, ...], Any] = {}
     exact = []
     for s, sh in zip(specs, shardings):
-        key = (tuple(s.shape), s.dtype, bool(s.weak_type), sh)
+        key = _leaf_key(s, sh)
         spec = made.get(key)
         if spec is None:
             spec = made[key] = jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh, weak_type=s.weak_type)
