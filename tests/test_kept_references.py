@@ -1256,3 +1256,42 @@ def test_a_sample_kept_in_a_list_inside_the_state_s_static_data_is_refused():
     with pytest.raises(jc.DonationError, match="you still hold elsewhere"):
         step(s)
     assert not rec.samples[0].is_deleted()
+
+
+def _run_cell(source, namespace):
+    """A notebook cell as IPython and the REPL run one: an error escaping it is
+    kept as the interpreter's record of the last error (sys.last_*)."""
+    try:
+        exec(compile(source, "<ipython-input-1>", "exec"), namespace)
+    except Exception as e:  # noqa: BLE001
+        sys.last_type, sys.last_value, sys.last_traceback = type(e), e, e.__traceback__
+        if sys.version_info >= (3, 12):
+            sys.last_exc = e
+        return e
+    return None
+
+
+def test_a_leaf_held_by_the_last_errors_traceback_is_named_with_how_to_let_it_go():
+    # A notebook: an exploratory cell fails inside JAX on a state's leaf
+    # (a shape typo); the interpreter keeps that error (sys.last_value) and
+    # its traceback keeps JAX's frames, which hold the leaf. The next
+    # training cell would delete it: refused, naming that holder (not "a
+    # variable, a list...") and the fix; once the record is let go it runs.
+    saved = {k: getattr(sys, k) for k in ("last_type", "last_value", "last_traceback", "last_exc") if hasattr(sys, k)}
+    train = jc.hot_step(lambda s: {"x": s["x"] + 1}, state="s")
+    cell = {"jnp": jnp, "jc": jc, "train": train}
+    try:
+        assert _run_cell("s = train(jc.device_tree({'x': jnp.zeros(4)}))", cell) is None
+        assert isinstance(_run_cell("y = jnp.reshape(s['x'], (3,))", cell), TypeError)
+        err = _run_cell("s = train(s)", cell)
+        assert isinstance(err, jc.DonationError) and err.leaves == ("s['x']",)
+        text = str(err)
+        assert "the last error (TypeError: cannot reshape" in text and "sys.last_value" in text
+        assert "run the cell again" in err.fix and not cell["s"]["x"].is_deleted()
+        assert _run_cell("s = train(s)", cell) is None  # run again: the refusal replaced the record
+    finally:
+        for k in ("last_type", "last_value", "last_traceback", "last_exc"):
+            if k in saved:
+                setattr(sys, k, saved[k])
+            elif hasattr(sys, k):
+                delattr(sys, k)

@@ -26,7 +26,7 @@ import jax
 
 from .registry import capability, define
 
-__all__ = ["BASELINE", "available", "count", "kept_after_collecting"]
+__all__ = ["BASELINE", "available", "count", "kept_after_collecting", "last_error_holding"]
 
 #: References of a leaf held by one container, read through map() over a sequence.
 BASELINE = 3
@@ -192,6 +192,23 @@ def _frame_records(held: list[Any], own: set[int]) -> dict[int, int]:
             add(holder.values())
         k += 1
     return found
+
+
+def last_error_holding(objects: Sequence[Any]) -> BaseException | None:
+    """The last unhandled error the interpreter keeps (``sys.last_exc``, else
+    ``sys.last_value``: the REPL's and IPython's record, replaced at the next
+    error) where a frame its traceback holds refers to one of ``objects``
+    (a notebook cell that failed inside JAX on a state's leaf), else None."""
+    err = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
+    if not isinstance(err, BaseException):
+        return None
+    ids = set(map(id, objects))
+    tb = err.__traceback__
+    while tb is not None:
+        if any(id(x) in ids for x in gc.get_referents(tb.tb_frame)):
+            return err
+        tb = tb.tb_next
+    return None
 
 
 def _local_count() -> int:

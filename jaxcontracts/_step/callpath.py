@@ -94,7 +94,7 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
         normalize=definition.normalize,
         bind=definition.bind_positional,
         defaults=any(p.default is not p.empty for p in definition.python_signature.parameters.values()),
-        kept=(lambda kept, nodes: kept_leaves_error(definition, cs, kept, nodes))
+        kept=(lambda kept, nodes, last: kept_leaves_error(definition, cs, kept, nodes, last))
         if level == "full" and cs.donated and refcount.available()
         else None,
     )

@@ -235,10 +235,12 @@ def kept_leaves_error(
     cs: CompiledSignature,
     kept: Sequence[int],
     nodes: Sequence[tuple[str, range]] = (),
+    last_error: BaseException | None = None,
 ) -> DonationError:
     """Donated leaves, or containers of donated leaves inside a state
     (``nodes``: each one's path and the flat positions of its leaves), that
-    something besides their state still references."""
+    something besides their state still references; ``last_error``: the
+    interpreter's last error, whose traceback holds one of them."""
     leaves = [(cs.leaves[i].path, cs.leaves[i].spec) for i in kept]
     paths = [path for path, _ in leaves]
     lines = [f"  {path}: {fmt_aval(x.shape, x.dtype)}" for path, x in leaves]
@@ -248,6 +250,12 @@ def kept_leaves_error(
     node_paths = [path for path, _ in nodes]
     first = (paths or node_paths or ["the leaf"])[0]
     what = f"{len(leaves)} array(s)" if leaves else f"the arrays of {len(nodes)} container(s)"
+    fix = donation_fix("kept" if leaves else "kept_node", value=first)
+    if last_error is not None:  # a notebook cell that failed on the leaf: its error holds it
+        lines.append(f"  held by the traceback of the last error ({_error_line(last_error)}), which the "
+                     "interpreter keeps as sys.last_value until the next error")
+        fix = ("run the cell again (this error replaces the last one), or let the last error go "
+               "first: sys.last_value = sys.last_traceback = sys.last_exc = None. Otherwise: " + fix)
     return DonationError(
         f"{definition.name} would delete {what} you still hold elsewhere: donating "
         "a leaf deletes its buffer, and another reference to it (a sample kept in a list, "
@@ -255,12 +263,23 @@ def kept_leaves_error(
         "a caught exception you kept, whose traceback holds the frames that saw it, or "
         "pytest's record of an `assert` that built it) would then hold a deleted array.",
         lines,
-        fix=donation_fix("kept" if leaves else "kept_node", value=first),
+        fix=fix,
         note=INPUTS_INTACT,
         contract="donation-hazard",
         step=definition.name,
         leaves=paths or node_paths,
     )
+
+
+def _error_line(err: BaseException) -> str:
+    """``TypeError: cannot reshape array...``: an error's type and the start
+    of its first line (its ``__str__`` may be anyone's: never fails)."""
+    try:
+        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
+    except Exception:  # noqa: BLE001
+        text = ""
+    text = text if len(text) <= 60 else text[:57] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def not_consumed_error(definition: StepDefinition, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> DonationError:

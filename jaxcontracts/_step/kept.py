@@ -40,7 +40,8 @@ class KeptPlan:
     watched: tuple[int, ...]  # flat leaf indices
     pick: Callable[[Sequence[Any]], Sequence[Any]] | None
     limit: int
-    error: Callable[[Sequence[int], Sequence[tuple[str, range]]], BaseException]
+    # (kept leaves, kept containers, the last error whose traceback holds one of them)
+    error: Callable[[Sequence[int], Sequence[tuple[str, range]], BaseException | None], BaseException]
     step: str  # the step's short name, for the record of what it consumed
     nodes: InnerNodes | None = None
 
@@ -52,7 +53,10 @@ class KeptPlan:
         clear_last_outputs()
         kept, unproven = refcount.kept_after_collecting(seq, sequences, args)
         keep([seq[i] for i in unproven], self.step)
-        return self.error(list(dict.fromkeys(self.watched[i] for i in kept)), ()) if kept else None
+        if not kept:
+            return None
+        last = refcount.last_error_holding([seq[i] for i in kept])
+        return self.error(list(dict.fromkeys(self.watched[i] for i in kept)), (), last)
 
     def refuse_nodes(self, nodes: list[Any], args: tuple[Any, ...]) -> BaseException | None:
         """After a hit on :attr:`nodes`: the error naming the kept containers."""
@@ -61,7 +65,10 @@ class KeptPlan:
         for i in unproven:  # their arrays go as under jax.jit, remembered as this step's
             keep(jax.tree_util.tree_leaves(nodes[i]), self.step)
         assert self.nodes is not None
-        return self.error((), [(self.nodes.paths[i], self.nodes.leaves[i]) for i in kept]) if kept else None
+        if not kept:
+            return None
+        last = refcount.last_error_holding([nodes[i] for i in kept])
+        return self.error((), [(self.nodes.paths[i], self.nodes.leaves[i]) for i in kept], last)
 
 
 @dataclasses.dataclass(frozen=True)
