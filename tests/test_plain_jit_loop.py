@@ -352,3 +352,32 @@ def test_the_first_loop_of_a_process_keeps_what_the_user_warmed_before_it(tmp_pa
     proc = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["1", "[0.0,", "32.0,", "64.0]"]
+
+
+def test_a_loop_left_open_in_a_generator_at_exit_ends_the_script_quietly(tmp_path):
+    """A generator holding a loop across its yields (the guide's shape), left
+    unfinished at the end of a script: the plain jax.jit calls it followed
+    die as the interpreter shuts down, and nothing is printed after the
+    script's last line (the weak-reference callbacks ran with the module's
+    globals already gone: "Exception ignored in: ... Dropped._died")."""
+    import subprocess
+    import sys
+
+    program = tmp_path / "open_at_exit.py"
+    program.write_text(
+        "import jax, jax.numpy as jnp\n"
+        "import jaxcontracts as jc\n"
+        "f = jax.jit(lambda v, w: v * w)\n"
+        "x = jnp.ones(3); w = jnp.ones(3)\n"
+        "def producer():\n"
+        "    with jc.hot_loop(compiles='warmup'):\n"
+        "        while True:\n"
+        "            yield f(x, w)\n"
+        "g = producer()\n"
+        "for _ in range(3):\n"
+        "    y = next(g)\n"
+        "print('done')\n"
+    )
+    proc = subprocess.run([sys.executable, str(program)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and proc.stdout.split() == ["done"]
+    assert "Exception ignored" not in proc.stderr and "Traceback" not in proc.stderr, proc.stderr

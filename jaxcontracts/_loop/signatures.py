@@ -10,6 +10,7 @@ import inspect
 import linecache
 import os
 import re
+import sys
 import weakref
 from collections.abc import Sequence
 from types import FrameType
@@ -448,7 +449,9 @@ class Dropped:
         # (:func:`sharers`); None: the buffers could not be told
         self.sharers = None if sharers is None else list(sharers)
 
-    def _died(self, _ref: Any) -> None:
+    def _died(self, _ref: Any, _finalizing: Any = sys.is_finalizing) -> None:
+        if _finalizing():  # (at exit the module's globals are gone: nothing left to count)
+            return
         f = user_frame()
         if f is not None and id(f) == self._frame and f.f_lineno == self._line:
             self.at_call += 1
