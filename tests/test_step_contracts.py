@@ -1101,3 +1101,30 @@ def test_checks_level_blocks_overlapping_on_two_threads_leave_the_level_they_fou
         jc.set_checks("fast")  # inside a block: until the block ends
         assert jc.get_checks() == "fast"
     assert jc.get_checks() == "full"
+
+
+def test_a_state_named_step_returning_its_state_with_another_structure_shows_the_difference():
+    # state= finds the new state by its exact structure: a step that adds a
+    # key (or fills an optional leaf) returns none, and the refusal shows what
+    # it returns of the state's kind and how it differs (the annotated form
+    # gets carry invariance's RecompileError with the same lines)
+    @jc.hot_step(state="state")
+    def add_key(state):
+        out = {k: v + 1 for k, v in state.items()}
+        out["count"] = jnp.int32(0)
+        return out
+
+    with pytest.raises(jc.DefinitionError) as info:
+        add_key(jc.device_tree({"w": jnp.zeros(2)}))
+    text = str(info.value)
+    assert "`state` and the return value, a dict too, differ:" in text
+    assert "['count']: takes absent, returns present" in text
+    assert info.value.fix.startswith("if what it returns there is the state's new value, keep")
+
+    @jc.hot_step(state="params")
+    def loss(params, x):  # a read-only state, returning no dict: the refusal as before
+        return jnp.sum(params["w"] * x)
+
+    with pytest.raises(jc.DefinitionError) as info:
+        loss(jc.device_tree({"w": jnp.zeros(2)}), jnp.ones(2))
+    assert "too, differ:" not in str(info.value) and info.value.fix.startswith("return its new value")

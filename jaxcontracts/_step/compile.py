@@ -44,7 +44,7 @@ from .._leafdiff import LeafDiff, diff_leaves, diff_lines
 from .._records import CompiledSignature, LeafRecord
 from .._runtime import compiling
 from .._state.fields import is_sealed_state
-from .._state.filter import Filtered, join, split_if_needed
+from .._state.filter import Filtered, join, join_out, split_if_needed
 from .._state.foreign import any_node
 from .._state.inplace import (
     closed_over_refs,
@@ -121,15 +121,16 @@ def jit_for(definition: StepDefinition, positional: tuple[Any, ...]) -> JitPlan:
         for i in definition.state_params
         if i not in definition.carried_params and (i in definition.ref_params or is_inplace_object(positional[i]))
     )
+    out: Any = None
+    per_param = tuple(jax.tree_util.tree_unflatten(treedef, specs))
     if definition.carried is None:  # state= named, or no return annotation: read the output
-        per_param = tuple(jax.tree_util.tree_unflatten(treedef, specs))
         with quiet_donation_warning(), _tracing(definition):
             out = jax.eval_shape(_fresh(_in_place(definition, definition.positional, candidates), definition), *per_param)
         definition = definition.resolve_carried(out, per_param)
     inplace = tuple(i for i in candidates if i not in definition.carried_params)
     if inplace:
         definition = definition.with_inplace(inplace)
-    _refuse_uncarried(definition)
+    _refuse_uncarried(definition, out, per_param)
     # jax.jit donates nothing under jax_debug_nans (it runs a failing program again, on its inputs)
     donated = () if jax.config.jax_debug_nans else definition.donated_leaves(paths)
     per_arg: dict[int, list[bool]] = {}
@@ -310,17 +311,25 @@ def _lost_update_error(definition: StepDefinition, lost: Sequence[int], args: Se
     )
 
 
-def _refuse_uncarried(definition: StepDefinition) -> None:
+def _refuse_uncarried(definition: StepDefinition, out: Any, spec_args: Sequence[Any]) -> None:
     """A state parameter named in ``state=`` that the step neither returns nor
-    updates in place would never change: refused, naming it."""
+    updates in place would never change: refused, naming it, and what it
+    returns of the same kind with another structure (a dict with a key added:
+    its new value, perhaps, whose carry would change the step's signature)."""
     __tracebackhide__ = True
-    idle = [definition.param_names[i] for i in definition.state_params if i not in definition.carried_params]
+    idle_params = [i for i in definition.state_params if i not in definition.carried_params]
+    idle = [definition.param_names[i] for i in idle_params]
     if definition.state_named and idle:
+        details = [line for i in idle_params for line in _alike(definition, out, spec_args[i], i)]
         raise DefinitionError(
             f"{definition.name}: state parameter {', '.join(f'`{n}`' for n in idle)} is neither "
             "returned by the step nor updated in place, so no call would carry a new "
             "value of it (and nothing of it would be donated).",
-            fix="return its new value (alone, or in a returned tuple); or, where the step "
+            details,
+            fix=("if what it returns there is the state's new value, keep the state's tree structure "
+                 "fixed (carry invariance: give it every key, and every optional leaf, before the "
+                 "first call). Otherwise: " if details else "")
+            + "return its new value (alone, or in a returned tuple); or, where the step "
             "only reads it, leave it out of state= (a step that carries no state is "
             "@jc.hot_step(stateless=True)).",
             note=NOTHING_RAN,
@@ -328,6 +337,31 @@ def _refuse_uncarried(definition: StepDefinition) -> None:
             step=definition.name,
             leaves=idle,
         )
+
+
+def _alike(definition: StepDefinition, out: Any, given: Any, i: int) -> list[str]:
+    """The lines that show what the step returns of the same node type as the
+    state ``given`` (the output, or an element of a returned tuple) and how
+    its structure differs; none where nothing returned is alike."""
+    if out is None:
+        return []
+    out = join_out(out)
+    want = jax.tree_util.tree_structure(join(given)).node_data()
+    if want is None:
+        return []
+    places = [((), out)] + ([((k,), x) for k, x in enumerate(out)] if isinstance(out, (tuple, list)) else [])
+    name = definition.param_names[i]
+    for pos, element in places:
+        got = jax.tree_util.tree_structure(element).node_data()
+        if got is None or got[0] is not want[0] or (pos == () and type(out) is tuple and want[0] is not tuple):
+            continue
+        diffs = diff_specs(given, element)
+        if not diffs:
+            continue
+        lines, _ = diff_lines(diffs, name, words=("takes", "returns"), cause=_carry_cause, full_paths=False)
+        where = f"return value {list(pos)}" if pos else "the return value"
+        return [f"  `{name}` and {where}, a {want[0].__name__} too, differ:", *lines]
+    return []
 
 
 def _fresh(fn: Callable[..., Any], definition: StepDefinition) -> Callable[..., Any]:
