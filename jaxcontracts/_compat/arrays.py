@@ -22,6 +22,7 @@ from .blocking import wrap_function, wrap_method
 from .registry import capability, define
 
 __all__ = [
+    "UNRAISING_CODES",
     "NON_METHOD_READS",
     "OPTIONAL_READ_METHODS",
     "READS",
@@ -257,6 +258,11 @@ def _buffer_slot() -> ctypes.c_void_p | None:
 
 
 _CALLBACK_KEEPALIVE: list[Any] = []
+#: The code of the buffer export hooks, whose exceptions never reach the user:
+#: 3.11's ctypes callback in the C slot (ctypes prints one and returns garbage)
+#: and 3.12's ``__buffer__`` (numpy clears any error of an export and falls back
+#: to ``__array__``). A signal's handler must not raise there (_loop.interrupts).
+UNRAISING_CODES: set[Any] = set()
 
 
 def buffer_hooks(
@@ -283,6 +289,8 @@ def buffer_hooks(
                 refused(self)
             return original(self, flags)  # type: ignore[no-any-return]
 
+        UNRAISING_CODES.add(__buffer__.__code__)
+
         def on() -> None:
             ArrayImpl.__buffer__ = __buffer__
 
@@ -298,7 +306,6 @@ def buffer_hooks(
     signature = (ctypes.c_int, ctypes.py_object, ctypes.c_void_p, ctypes.c_int)
     call_original = ctypes.PYFUNCTYPE(*signature)(original_ptr)
 
-    @ctypes.CFUNCTYPE(*signature)
     def getbuffer(obj: Any, view: int, flags: int) -> int:
         try:
             if refuse(obj):
@@ -311,8 +318,10 @@ def buffer_hooks(
         except BaseException:  # noqa: BLE001 - never let an error cross C
             return -1
 
-    _CALLBACK_KEEPALIVE.append(getbuffer)
-    replacement = ctypes.cast(getbuffer, ctypes.c_void_p).value
+    UNRAISING_CODES.add(getbuffer.__code__)
+    c_getbuffer = ctypes.CFUNCTYPE(*signature)(getbuffer)
+    _CALLBACK_KEEPALIVE.append(c_getbuffer)
+    replacement = ctypes.cast(c_getbuffer, ctypes.c_void_p).value
 
     def on_slot() -> None:
         slot.value = replacement

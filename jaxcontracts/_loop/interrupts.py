@@ -3,10 +3,15 @@
 from __future__ import annotations
 
 import _signal  # signal's C functions: the module's wrappers convert to enums (µs per call)
+import _thread
 import contextlib
 import signal
+import sys
 import threading
+import time
 from typing import Any
+
+from .._compat.arrays import UNRAISING_CODES
 
 __all__ = ["MAIN_THREAD", "interrupts"]
 
@@ -42,6 +47,7 @@ class _Interrupts:
         self.originals: dict[int, Any] = {}  # signal -> the Python handler this one is in front of
         self.noted: list[tuple[int, Any]] = []  # held: (signal, the handler it was meant for)
         self.codes: frozenset[Any] = frozenset()  # HotLoop.__enter__'s and __exit__'s (_loop.guard)
+        self.reposts: list[threading.Thread] = []  # raising a signal caught in an export's hook again
 
     def handler(self, signum: int, frame: Any) -> None:
         original = self.originals.get(signum)
@@ -50,6 +56,11 @@ class _Interrupts:
             if f.f_code in self.codes:
                 if all(s != signum for s, _ in self.noted):
                     self.noted.append((signum, original))
+                return
+            if f.f_code in UNRAISING_CODES:  # a buffer export's hook: raised there, it would be lost
+                repost = threading.Thread(target=_raise_after_callbacks, args=(signum,), daemon=True)
+                self.reposts = [t for t in self.reposts if t.is_alive()] + [repost]
+                repost.start()
                 return
             f = f.f_back
         if callable(original):
@@ -111,6 +122,27 @@ class _Interrupts:
             signum, original = self.noted.pop(0)
             if callable(original):
                 original(signum, None)
+
+
+def _raise_after_callbacks(signum: int) -> None:
+    """Raise ``signum`` again on the main thread once it runs no buffer export
+    hook (:data:`UNRAISING_CODES`: microseconds). Posted from
+    another thread: posted from the handler, it would run at the handler's own
+    next bytecode, still inside the callback."""
+    while _in_callback():
+        time.sleep(0.0002)
+    _thread.interrupt_main(signum)
+
+
+def _in_callback() -> bool:
+    """Whether the main thread runs a buffer export hook now (its frames are
+    read and let go here: none is kept while this thread waits)."""
+    f = sys._current_frames().get(MAIN_THREAD.ident)
+    while f is not None:
+        if f.f_code in UNRAISING_CODES:
+            return True
+        f = f.f_back
+    return False
 
 
 interrupts = _Interrupts()
