@@ -74,6 +74,9 @@ DONATION_WINDOW = 4
 #: Output arrays remembered with the call that made them, before the dead
 #: ones are dropped (the table then doubles past what is alive).
 MADE_KEPT = 4096
+#: Records of one parameter told later at once (Dropped.undecided: one per
+#: nested statement holding the state); past it, one more is taken as kept.
+UNDECIDED_KEPT = 4
 #: A line that makes this many jitted functions that each compile is a jit made in a loop.
 COMPILES_AT_ONE_LINE = 3
 #: Bytes per second at which a finding's bytes (copied to the device at each
@@ -428,12 +431,13 @@ class Watch:
             sigs.sharers([x for arrays in groups for x in arrays]) if first else {}
         )
         given = self._given_elsewhere
+        outer = sigs.enclosing(frame.f_back)  # the statements running the caller's function
         for group, arrays in zip(fn.groups, groups):
             if not arrays:
                 continue
             held = None if found is None else [
                 *(r for x in arrays for r in found.get(id(x), ())), *sigs.put_over(arrays)]
-            followed = sigs.Dropped(arrays, frame, held)
+            followed = sigs.Dropped(arrays, frame, held, outer)
             ids = tuple(map(id, arrays))
             fn.pending.append((group, followed, ids))
             for k, xid in enumerate(ids):
@@ -469,9 +473,19 @@ class Watch:
         a function never called again (setup) repeats nothing."""
         dropped: dict[str, list[int]] = {}
         kept: set[str] = set()
+        # held by a caller whose statement still runs (flax's epoch's first step): told later
+        now = sigs.enclosing(user_frame()) if at_call else ()
+        waiting: list[tuple[list[int], sigs.Dropped, tuple[int, ...]]] = []
+        untold: collections.Counter[str] = collections.Counter()
         for group, d, xids in fn.pending:
             param = sigs.param_of(fn.signatures[-1].paths[group[0]])
-            if d.dropped:
+            if at_call and d.undecided(now):
+                if untold[param] < UNDECIDED_KEPT:
+                    untold[param] += 1
+                    waiting.append((group, d, xids))
+                    continue
+                kept.add(param)  # more than statements nest: a frame's id reused, alive meanwhile
+            elif d.dropped:
                 dropped[param] = list(group)  # the claim is the parameter's: all its candidates
                 # arrays that held its buffers at that call, kept for the claims of later calls
                 if d.sharers is None:
@@ -485,7 +499,7 @@ class Watch:
                 hit = self._given_elsewhere.get(xid)
                 if hit is not None and hit[1] is d:  # (alive or not: the entry is this record's)
                     del self._given_elsewhere[xid]
-        fn.pending = []
+        fn.pending = waiting
         if fn.rest_pending is not None and not fn.rest_pending.dropped:
             fn.rest_kept = True  # an array argument no output reuses outlived a call
         fn.rest_pending = None
@@ -508,7 +522,7 @@ class Watch:
                 found.bytes_per_call = max(found.bytes_per_call or 0, nbytes)
                 if fn.equinox:
                     found.fix = _equinox_fix(fn, idx)
-                if at_call:
+                if at_call and param not in untold:
                     self._tell_loop(found)
                 continue
             if shared:
@@ -536,7 +550,7 @@ class Watch:
                 + (f"; it donates {drifted} instead: the index likely drifted" if drifted else ""),
                 fix=fix,
             )
-            if at_call:
+            if at_call and param not in untold:
                 self._tell_loop(self._findings[key])
 
     def _passed_again(self, fn: _Function, rec: _steps.JitDonation, what: str, fix: str) -> str:

@@ -22,11 +22,11 @@ from .._format import flatten_with_path, fmt_aval, fmt_change, param_of
 from .._leafdiff import diff_leaves
 from .._state.spec import leaf_spec, spec_nbytes, value_kind
 from .._steps import JitDonation, jit_donation
-from .._userline import user_frame
+from .._userline import is_library, user_frame
 
 __all__ = [
     "COMMITTED_FIX", "COMPILED_AGAIN", "COMPILED_AGAIN_FIX", "SAME_LEAVES",
-    "Dropped",
+    "Dropped", "enclosing",
     "Signature", "by_param", "diff", "donated_params", "missed_donation_fix", "names", "param_of", "paths",
     "reusable", "short", "signature", "wrong_donations", "donations", "drift", "drift_fix", "jit_site", "leave_out",
     "passed_again",
@@ -442,12 +442,22 @@ class Dropped:
     counted: ``jax.jit(norm)(s.params)`` followed by ``s = step(s)`` drops
     the params at the step's line, and donating them to ``norm`` would have
     deleted what the step needed. No frame is kept (only its id and line).
+
+    ``outer`` (:func:`enclosing` of the call's frame's caller): the user's
+    statements that were running the call's function, each as (frame id,
+    line). An array that dies as one of them ends was used by nothing after
+    the call either: flax MNIST's ``train_epoch(state, ...)`` rebinds its
+    ``state`` at its first step, while its caller holds the old one until
+    ``state = train_epoch(state, ...)`` ends.
     """
 
-    __slots__ = ("_frame", "_line", "at_call", "refs", "sharers", "__weakref__")
+    __slots__ = ("_frame", "_line", "_outer", "at_call", "refs", "sharers", "__weakref__")
 
-    def __init__(self, arrays: Sequence[Any], frame: FrameType, sharers: Sequence[Any] | None = ()) -> None:
-        self._frame, self._line = id(frame), frame.f_lineno
+    def __init__(
+        self, arrays: Sequence[Any], frame: FrameType, sharers: Sequence[Any] | None = (),
+        outer: tuple[tuple[int, int], ...] = (),
+    ) -> None:
+        self._frame, self._line, self._outer = id(frame), frame.f_lineno, outer
         self.at_call = 0
         self.refs = [weakref.ref(a, self._died) for a in arrays]
         # weak references to the other arrays that held their buffers at the call
@@ -456,7 +466,7 @@ class Dropped:
 
     def _died(self, _ref: Any) -> None:
         f = user_frame()
-        if f is not None and id(f) == self._frame and f.f_lineno == self._line:
+        if f is not None and ((id(f) == self._frame and f.f_lineno == self._line) or (id(f), f.f_lineno) in self._outer):
             self.at_call += 1
 
     @property
@@ -465,8 +475,37 @@ class Dropped:
 
     @property
     def dropped(self) -> bool:
-        """Whether every array died at the call's own statement."""
+        """Whether every array died at the call's own statement (or one enclosing it)."""
         return self.at_call == len(self.refs)
+
+    def undecided(self, now: tuple[tuple[int, int], ...]) -> bool:
+        """Whether it is too soon to tell, at a later call whose user frames
+        are ``now`` (:func:`enclosing`): every array that died so far died at
+        the call's statement or one enclosing it, some are alive, and the
+        frame that made the call is still running under the same statement of
+        its caller (the next step of flax's epoch), whose end may drop them.
+        A frame id may be a new frame's (an ended one's memory reused): then
+        it is told at the watch's end, as kept."""
+        if not self._outer or self.at_call != sum(r() is None for r in self.refs) or self.dropped:
+            return False
+        ids = [i for i, _ in now]
+        if self._frame not in ids:
+            return False
+        at = ids.index(self._frame) + 1
+        return at < len(now) and now[at] == self._outer[0]
+
+
+def enclosing(frame: FrameType | None) -> tuple[tuple[int, int], ...]:
+    """(id, line) of ``frame`` and of each user frame above it, innermost
+    first (:class:`Dropped`'s ``outer``): frames of JAX, installed packages
+    and the standard library are skipped."""
+    out = []
+    while frame is not None:
+        code = frame.f_code
+        if not is_library(code.co_filename, True, code.co_name):
+            out.append((id(frame), frame.f_lineno))
+        frame = frame.f_back
+    return tuple(out)
 
 
 def still_shared(sharers: list[Any] | None) -> bool:
