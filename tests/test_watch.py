@@ -290,6 +290,28 @@ def test_a_host_sync_says_how_long_its_reads_blocked():
     assert "ms blocked" in str(w.report())
 
 
+@pytest.mark.parametrize("every", [1, 5])
+def test_a_host_syncs_fix_is_worded_from_how_often_its_line_reads(every):
+    # issue 51: "read rarely, e.g. every 1000 steps" for a line that already
+    # reads every 20 steps (the cookbook's `if step % 20 == 0: print(float(loss))`)
+    # is no fix: each read still waits for the step just dispatched
+    with jc.watch() as w:
+        step = jax.jit(lambda x: (x * 0.99, (x * x).sum()))
+        other = jax.jit(lambda x: x + 1.0)  # another call per step: steps are the step's calls
+        x, y = jnp.ones(32), jnp.ones(32)
+        for i in range(40):
+            y = other(y)
+            x, loss = step(x)
+            if i % every == 0:
+                float(loss)
+    (sync,) = [f for f in w.findings() if f.kind == "host_sync"]
+    if every == 1:
+        assert "rarely" in sync.fix and "one step late" not in sync.fix, sync.fix
+    else:
+        assert "every 5 steps" in sync.fix and "one step late" in sync.fix, sync.fix
+        assert "rarely" not in sync.fix and "jc.fetch_async" in sync.fix, sync.fix
+
+
 @pytest.mark.parametrize("read", [np.asarray, np.array, memoryview], ids=["asarray", "array", "memoryview"])
 def test_a_buffer_read_of_each_steps_output_is_a_host_sync(read):
     # on CPU numpy reads the buffer through the C buffer protocol, never

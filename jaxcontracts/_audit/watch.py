@@ -55,7 +55,7 @@ from .. import _steps
 from .._compat import capability, events, frames, jitwatch, liveorder
 from .._compat.arrays import ArrayImpl
 from .._compat.tracing import top_level_refs
-from .._contracts.transfers import host_fix
+from .._contracts.transfers import HOST_FIXES, host_fix, read_fix
 from .._errors import ContractError, contract_of_finding
 from .._format import fit_change, fmt_aval, fmt_bytes, fmt_listed
 from .._loop import signatures as sigs
@@ -221,7 +221,8 @@ class Watch:
         self._make_reads = reads
         self._loops = loops  # a missed donation is also the user's jc.hot_loop's violation
         self._reads: Any = None
-        self.read_stamps: dict[str, list[tuple[int, int]]] = {}  # line -> (self.calls, its run) per read
+        # line -> per read: (self.calls, its run, (id, calls) of the function called last)
+        self.read_stamps: dict[str, list[tuple[int, int, tuple[int, int] | None]]] = {}
         self.read_seconds: dict[str, float] = {}  # line -> seconds its reads blocked, in all
         # the output arrays of the calls: id -> a weak reference (the id of a dead array may be
         # a new array's), and id -> self.calls at their call (no object per array: the
@@ -231,6 +232,7 @@ class Watch:
         self._made_limit = MADE_KEPT
         self._last_ref: Any = None  # a weak reference to an output of the call self._last_call
         self._last_call = -1
+        self._last_fn: _Function | None = None  # the function of that call
         self._waited = -1  # the call count when a read last waited for the device
         self._read_text: dict[str, tuple[str, str, str]] = {}  # line -> (what, fix, the user's function)
         self._lock = threading.Lock()
@@ -818,8 +820,9 @@ class Watch:
         """A line whose reads were followed by more jitted calls, at least twice:
         a sync inside a repeated section (a read after the last call is not)."""
         for at, stamps in self.read_stamps.items():
-            followed = len({run for n, run in stamps if n < self.calls})  # runs of the line
+            followed = len({run for n, run, _ in stamps if n < self.calls})  # runs of the line
             what, fix, function = self._read_text[at]
+            fix = fix.replace(HOST_FIXES["read"], read_fix(_steps_per_run(stamps)))
             if followed == 1:  # a setup read, or a loop the script left at its first pass
                 self.once.append(f"{at}: {what}; fix: {fix}")
             if followed < 2:
@@ -916,6 +919,7 @@ class Watch:
                 made[id(x)] = ref = weakref.ref(x)
                 at[id(x)] = n
         fn.last_call = self._last_call = n
+        self._last_fn = fn
         self._last_ref = ref
         if len(made) > self._made_limit:
             for i in [i for i, r in made.items() if r() is None]:
@@ -984,7 +988,8 @@ class Watch:
         if getattr(self._calling, "depth", 0):
             return False
         run = self._visit(_key(frame), False, False) if frame is not None else 0
-        self.read_stamps.setdefault(where, []).append((self.calls, run))
+        last = self._last_fn
+        self.read_stamps.setdefault(where, []).append((self.calls, run, None if last is None else (id(last), last.calls)))
         self._read_text[where] = (what, fix, function)  # (a read there that stalled nothing is withdrawn)
         return True
 
@@ -1019,6 +1024,19 @@ class Watch:
         for fn in self._functions:  # what was still followed at the end: dropped?
             if fn.pending:
                 self._settle(fn)
+
+
+def _steps_per_run(stamps: Sequence[tuple[int, int, tuple[int, int] | None]]) -> int:
+    """How many steps a line's reads are apart, as measured: the median,
+    between two runs of the line, of the calls of the function called last
+    before each (the loop's step; a second function called each step, an
+    eval every epoch, counts apart); 1 where none was measured."""
+    firsts = {}
+    for _, run, last in stamps:
+        firsts.setdefault(run, last)
+    marks = list(firsts.values())
+    gaps = sorted(b[1] - a[1] for a, b in zip(marks, marks[1:]) if a and b and a[0] == b[0])
+    return gaps[len(gaps) // 2] if gaps else 1
 
 
 def _jitted_by_library(frame: Any) -> bool:
