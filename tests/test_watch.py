@@ -1827,6 +1827,29 @@ def test_a_program_compiled_again_after_jax_clear_caches_is_a_recompile():
     assert "jax.clear_caches()" in found[0].diff[0] and "jax.clear_caches()" in found[0].fix
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class _StrategyParams:  # evosax's Params: a dataclass of Python floats
+    std_min: float
+    std_max: float
+    c_mean: float
+
+
+def test_a_constant_dataclass_of_python_floats_is_named_as_what_it_is():
+    # issue 51 (evosax): `params` of ask, a dataclass holding three Python
+    # floats, was "the same Python float at each call"
+    with jc.watch() as w:
+        ask = jax.jit(lambda x, params: jnp.clip(x * params.c_mean, params.std_min, params.std_max))
+        params, x = _StrategyParams(1e-8, 1e8, 1.0), jnp.ones(3)
+        for _ in range(4):
+            x = ask(x, params)
+    (found,) = [f for f in w.findings() if f.kind == "host_transfer"]
+    assert found.message.startswith(
+        "params of <lambda> is a _StrategyParams (a dataclass) holding 3 Python floats, the same at each "
+        "call (params.std_min, params.std_max, params.c_mean)"), found.message
+    assert "jax.device_put" in found.fix
+
+
 def test_a_constant_of_ints_and_floats_is_not_called_the_same_python_int():
     # the fifth audit round: gymnax's EnvParams (max_steps an int, gravity a
     # float) was "the same Python int at each call"
@@ -1836,7 +1859,7 @@ def test_a_constant_of_ints_and_floats_is_not_called_the_same_python_int():
         for _ in range(4):
             x = step(x, params)
     found = [f for f in w.findings() if f.kind == "host_transfer"]
-    assert found and "holds the same values (Python float, Python int) at each call" in found[0].message, found
+    assert found and "is a dict holding 1 Python float and 1 Python int, the same at each call" in found[0].message, found
 
 
 @pytest.mark.filterwarnings("ignore:Some donated buffers were not usable")

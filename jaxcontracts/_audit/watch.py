@@ -759,7 +759,7 @@ class Watch:
             paths = [n or "an argument" for n in named]
         else:
             paths = [path for path, _, _, _, _ in leaves]
-        host: dict[str, list[Any]] = {}  # param -> [paths to fix, first value, bytes, what]
+        host: dict[str, list[Any]] = {}  # param -> [paths to fix, first value, bytes, what, their kinds]
         constants: dict[str, list[int]] = {}
         for path, (_, x, nbytes, what, i) in zip(paths, leaves):
             param = sigs.param_of(path) if path != "an argument" else path
@@ -769,11 +769,11 @@ class Watch:
                 constants.setdefault(param, []).append(i)
             entry = host.get(param)
             if entry is None or (entry[3] == "fresh" and what != "fresh"):  # its first leaf to fix names it
-                host[param] = [[path], x, 0 if what == "fresh" else nbytes, what, {value_kind(x)}]
+                host[param] = [[path], x, 0 if what == "fresh" else nbytes, what, [value_kind(x)]]
             elif what != "fresh":
                 entry[0].append(path)
                 entry[2] += nbytes
-                entry[4].add(value_kind(x))
+                entry[4].append(value_kind(x))
         fresh = False
         for param, (fixed, x, nbytes, what, kinds_of) in host.items():
             key = ("host_transfer", id(fn), param, line.at)
@@ -789,9 +789,9 @@ class Watch:
                 continue
             kind = value_kind(x)
             path = f" ({fmt_listed(fixed)})" if fixed != [param] else ""  # the leaves, where not the parameter itself
-            if what == "constant":
-                same = (f"is the same {kind}" if len(kinds_of) == 1  # (gymnax's EnvParams: ints and floats)
-                        else f"holds the same values ({', '.join(sorted(kinds_of))})")
+            if what == "constant":  # (gymnax's EnvParams: ints and floats; evosax's Params: floats)
+                same = (f"is the same {kind}" if fixed == [param] else
+                        f"{_holding(sigs.by_name(fn.options, dyn_args, dyn_kwargs).get(param), kinds_of)}, the same")
                 message = f"{param} of {sigs.short(fn.name)} {same} at each call{path}: copied to the device again every time"
                 # static only where the argument is one hashable leaf (a dict or a numpy array is
                 # not) whose results it keeps (not a float)
@@ -1024,6 +1024,21 @@ class Watch:
         for fn in self._functions:  # what was still followed at the end: dropped?
             if fn.pending:
                 self._settle(fn)
+
+
+def _holding(value: Any, kinds: Sequence[str]) -> str:
+    """What an argument whose leaves are host values is, in words: ``is a
+    Params (a dataclass) holding 3 Python floats``; ``holds ...`` where the
+    argument is not known (an equinox group)."""
+    counts = collections.Counter(kinds)
+    held = " and ".join(f"{n} {kind}{'s' if n > 1 else ''}" for kind, n in counts.items())
+    if value is None:
+        return f"holds {held}"
+    name = type(value).__name__
+    what = f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+    if dataclasses.is_dataclass(value):
+        what += " (a dataclass)"
+    return f"is {what} holding {held}"
 
 
 def _steps_per_run(stamps: Sequence[tuple[int, int, tuple[int, int] | None]]) -> int:

@@ -27,7 +27,7 @@ from .._userline import is_library, user_frame
 __all__ = [
     "COMMITTED_FIX", "COMPILED_AGAIN", "COMPILED_AGAIN_FIX", "SAME_LEAVES",
     "Dropped", "enclosing",
-    "Signature", "by_param", "diff", "donated_params", "missed_donation_fix", "names", "param_of", "paths",
+    "Signature", "by_name", "by_param", "diff", "donated_params", "missed_donation_fix", "names", "param_of", "paths",
     "reusable", "short", "signature", "wrong_donations", "donations", "drift", "drift_fix", "jit_site", "leave_out",
     "passed_again",
 ]
@@ -111,7 +111,7 @@ def signature(opts: jitwatch.JitOptions, args: tuple[Any, ...], kwargs: dict[str
     statics = tuple(
         (params[i] if i < len(params) else f"args[{i}]", repr(args[i])) for i in opts.static_argnums if i < len(args)
     ) + tuple((k, repr(v)) for k, v in sorted(kwargs.items()) if k in opts.static_argnames)
-    values = _by_name(opts, dyn_args, dyn_kwargs)
+    values = by_name(opts, dyn_args, dyn_kwargs)
     return Signature(
         jax.tree_util.tree_structure((dyn_args, dyn_kwargs)),
         tuple(leaf_spec(x) for _, x in found),  # None: not array-like (a JAX ref)
@@ -154,7 +154,7 @@ def _node_statics(value: Any, path: str, depth: int = 0) -> list[tuple[str, Any]
     return out
 
 
-def _by_name(opts: jitwatch.JitOptions, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> dict[str, Any]:
+def by_name(opts: jitwatch.JitOptions, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> dict[str, Any]:
     """The dynamic arguments by parameter name."""
     values = dict(zip(names(opts, len(dyn_args) + len(opts.static_argnums)), dyn_args))
     values.update(dyn_kwargs)
@@ -176,7 +176,7 @@ def reusable(
     parts = [out, *(out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ())]
     shapes = {jax.tree_util.tree_structure(p) for p in parts}
     params = by_param(sig)
-    values = _by_name(opts, dyn_args, dyn_kwargs)
+    values = by_name(opts, dyn_args, dyn_kwargs)
 
     def carried(param: str) -> bool:  # (a bare array's structure, `*`, tells nothing: any output has it)
         tree = jax.tree_util.tree_structure(values[param]) if param in values else None
