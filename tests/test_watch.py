@@ -308,7 +308,7 @@ def test_a_host_syncs_fix_is_worded_from_how_often_its_line_reads(every):
     if every == 1:
         assert "rarely" in sync.fix and "one step late" not in sync.fix, sync.fix
     else:
-        assert "every 5 steps" in sync.fix and "one step late" in sync.fix, sync.fix
+        assert "once every 5 calls of <lambda>" in sync.fix and "one step late" in sync.fix, sync.fix
         assert "rarely" not in sync.fix and "jc.fetch_async" in sync.fix, sync.fix
 
 

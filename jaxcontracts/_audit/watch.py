@@ -822,7 +822,9 @@ class Watch:
         for at, stamps in self.read_stamps.items():
             followed = len({run for n, run, _ in stamps if n < self.calls})  # runs of the line
             what, fix, function = self._read_text[at]
-            fix = fix.replace(HOST_FIXES["read"], read_fix(_steps_per_run(stamps)))
+            every, step = _steps_per_run(stamps)
+            name = next((sigs.short(f.name) for f in self._functions if id(f) == step), "its step")
+            fix = fix.replace(HOST_FIXES["read"], read_fix(every, name))
             if followed == 1:  # a setup read, or a loop the script left at its first pass
                 self.once.append(f"{at}: {what}; fix: {fix}")
             if followed < 2:
@@ -1041,17 +1043,18 @@ def _holding(value: Any, kinds: Sequence[str]) -> str:
     return f"is {what} holding {held}"
 
 
-def _steps_per_run(stamps: Sequence[tuple[int, int, tuple[int, int] | None]]) -> int:
-    """How many steps a line's reads are apart, as measured: the median,
-    between two runs of the line, of the calls of the function called last
-    before each (the loop's step; a second function called each step, an
-    eval every epoch, counts apart); 1 where none was measured."""
+def _steps_per_run(stamps: Sequence[tuple[int, int, tuple[int, int] | None]]) -> tuple[int, int]:
+    """How far apart a line's reads are, as measured: the median, between
+    two runs of the line, of the calls of the function called last before
+    each (the loop's step; a second function called each step, an eval
+    every epoch, counts apart), and that function's id; (1, 0) where none
+    was measured."""
     firsts = {}
     for _, run, last in stamps:
         firsts.setdefault(run, last)
     marks = list(firsts.values())
-    gaps = sorted(b[1] - a[1] for a, b in zip(marks, marks[1:]) if a and b and a[0] == b[0])
-    return gaps[len(gaps) // 2] if gaps else 1
+    gaps = sorted((b[1] - a[1], a[0]) for a, b in zip(marks, marks[1:]) if a and b and a[0] == b[0])
+    return gaps[len(gaps) // 2] if gaps else (1, 0)
 
 
 def _jitted_by_library(frame: Any) -> bool:

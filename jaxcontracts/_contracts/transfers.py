@@ -51,10 +51,10 @@ HOST_FIXES = {
     # a device-to-host read in a loop (a line that reads at each step)
     "read": "read it deliberately and rarely with jc.fetch(x) (e.g. every 1000 steps), or move the "
     "read after the loop; an `if` on an array belongs in the step (jnp.where / lax.cond).",
-    # the same, where the line reads only every {every} steps already: fewer reads is no fix,
-    # each one still waits for the step just dispatched
-    "read_late": "this line reads only every {every} steps already, yet each read waits for the step "
-    "just dispatched: read one step late (dispatch the next step first, then read the value the "
+    # the same, where the line reads only once every {every} calls of the {step} it reads
+    # already: fewer reads is no fix, each one still waits for the call just dispatched
+    "read_late": "this line reads only once every {every} calls of {step} already, yet each read waits "
+    "for the call just dispatched: read one step late (dispatch the next step first, then read the value the "
     "step before returned, so the host never waits): pending = jc.fetch_async(x) here, "
     "pending.result() after the next step's call; or move the read after the loop.",
     # a Python scalar in an eager op
@@ -87,12 +87,12 @@ def debug_reads_fix(fix: str) -> str:
 
 def host_fix(*kinds: str, param: str = "x", **fields: Any) -> str:
     """The fixes of :data:`HOST_FIXES` for ``kinds``, joined, naming ``param``
-    (and ``fields``: ``every``, the steps between a line's reads)."""
+    (and ``fields``: ``every`` and ``step``, how often a line reads)."""
     return "; ".join(HOST_FIXES[k] for k in kinds).replace("; or ", ", or ").format(param=param, **fields)
 
 
-def read_fix(every: int) -> str:
+def read_fix(every: int, step: str = "its step") -> str:
     """The fix of a line's device-to-host read that waits for the device,
-    from how often it ran: ``every`` steps (the reading loop's calls of the
-    function whose output it read, between two runs of the line)."""
-    return host_fix("read_late", every=every) if every > 1 else HOST_FIXES["read"]
+    from how often it ran: once every ``every`` calls of ``step``, the
+    function called last before each read."""
+    return host_fix("read_late", every=every, step=step) if every > 1 else HOST_FIXES["read"]
