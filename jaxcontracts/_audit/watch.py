@@ -55,7 +55,7 @@ from .. import _steps
 from .._compat import capability, events, frames, jitwatch, liveorder
 from .._compat.arrays import ArrayImpl
 from .._compat.tracing import top_level_refs
-from .._contracts.transfers import host_fix
+from .._contracts.transfers import HOST_FIXES, host_fix, read_fix
 from .._errors import ContractError, contract_of_finding
 from .._format import fit_change, fmt_aval, fmt_bytes, fmt_listed
 from .._loop import signatures as sigs
@@ -74,6 +74,9 @@ DONATION_WINDOW = 4
 #: Output arrays remembered with the call that made them, before the dead
 #: ones are dropped (the table then doubles past what is alive).
 MADE_KEPT = 4096
+#: Records of one parameter told later at once (Dropped.undecided: one per
+#: nested statement holding the state); past it, one more is taken as kept.
+UNDECIDED_KEPT = 4
 #: A line that makes this many jitted functions that each compile is a jit made in a loop.
 COMPILES_AT_ONE_LINE = 3
 #: Bytes per second at which a finding's bytes (copied to the device at each
@@ -218,7 +221,8 @@ class Watch:
         self._make_reads = reads
         self._loops = loops  # a missed donation is also the user's jc.hot_loop's violation
         self._reads: Any = None
-        self.read_stamps: dict[str, list[tuple[int, int]]] = {}  # line -> (self.calls, its run) per read
+        # line -> per read: (self.calls, its run, (id, calls) of the function called last)
+        self.read_stamps: dict[str, list[tuple[int, int, tuple[int, int] | None]]] = {}
         self.read_seconds: dict[str, float] = {}  # line -> seconds its reads blocked, in all
         # the output arrays of the calls: id -> a weak reference (the id of a dead array may be
         # a new array's), and id -> self.calls at their call (no object per array: the
@@ -228,6 +232,7 @@ class Watch:
         self._made_limit = MADE_KEPT
         self._last_ref: Any = None  # a weak reference to an output of the call self._last_call
         self._last_call = -1
+        self._last_fn: _Function | None = None  # the function of that call
         self._waited = -1  # the call count when a read last waited for the device
         self._read_text: dict[str, tuple[str, str, str]] = {}  # line -> (what, fix, the user's function)
         self._lock = threading.Lock()
@@ -428,12 +433,13 @@ class Watch:
             sigs.sharers([x for arrays in groups for x in arrays]) if first else {}
         )
         given = self._given_elsewhere
+        outer = sigs.enclosing(frame.f_back)  # the statements running the caller's function
         for group, arrays in zip(fn.groups, groups):
             if not arrays:
                 continue
             held = None if found is None else [
                 *(r for x in arrays for r in found.get(id(x), ())), *sigs.put_over(arrays)]
-            followed = sigs.Dropped(arrays, frame, held)
+            followed = sigs.Dropped(arrays, frame, held, outer)
             ids = tuple(map(id, arrays))
             fn.pending.append((group, followed, ids))
             for k, xid in enumerate(ids):
@@ -469,9 +475,19 @@ class Watch:
         a function never called again (setup) repeats nothing."""
         dropped: dict[str, list[int]] = {}
         kept: set[str] = set()
+        # held by a caller whose statement still runs (flax's epoch's first step): told later
+        now = sigs.enclosing(user_frame()) if at_call else ()
+        waiting: list[tuple[list[int], sigs.Dropped, tuple[int, ...]]] = []
+        untold: collections.Counter[str] = collections.Counter()
         for group, d, xids in fn.pending:
             param = sigs.param_of(fn.signatures[-1].paths[group[0]])
-            if d.dropped:
+            if at_call and d.undecided(now):
+                if untold[param] < UNDECIDED_KEPT:
+                    untold[param] += 1
+                    waiting.append((group, d, xids))
+                    continue
+                kept.add(param)  # more than statements nest: a frame's id reused, alive meanwhile
+            elif d.dropped:
                 dropped[param] = list(group)  # the claim is the parameter's: all its candidates
                 # arrays that held its buffers at that call, kept for the claims of later calls
                 if d.sharers is None:
@@ -485,7 +501,7 @@ class Watch:
                 hit = self._given_elsewhere.get(xid)
                 if hit is not None and hit[1] is d:  # (alive or not: the entry is this record's)
                     del self._given_elsewhere[xid]
-        fn.pending = []
+        fn.pending = waiting
         if fn.rest_pending is not None and not fn.rest_pending.dropped:
             fn.rest_kept = True  # an array argument no output reuses outlived a call
         fn.rest_pending = None
@@ -508,7 +524,7 @@ class Watch:
                 found.bytes_per_call = max(found.bytes_per_call or 0, nbytes)
                 if fn.equinox:
                     found.fix = _equinox_fix(fn, idx)
-                if at_call:
+                if at_call and param not in untold:
                     self._tell_loop(found)
                 continue
             if shared:
@@ -536,7 +552,7 @@ class Watch:
                 + (f"; it donates {drifted} instead: the index likely drifted" if drifted else ""),
                 fix=fix,
             )
-            if at_call:
+            if at_call and param not in untold:
                 self._tell_loop(self._findings[key])
 
     def _passed_again(self, fn: _Function, rec: _steps.JitDonation, what: str, fix: str) -> str:
@@ -743,7 +759,7 @@ class Watch:
             paths = [n or "an argument" for n in named]
         else:
             paths = [path for path, _, _, _, _ in leaves]
-        host: dict[str, list[Any]] = {}  # param -> [paths to fix, first value, bytes, what]
+        host: dict[str, list[Any]] = {}  # param -> [paths to fix, first value, bytes, what, their kinds]
         constants: dict[str, list[int]] = {}
         for path, (_, x, nbytes, what, i) in zip(paths, leaves):
             param = sigs.param_of(path) if path != "an argument" else path
@@ -753,11 +769,11 @@ class Watch:
                 constants.setdefault(param, []).append(i)
             entry = host.get(param)
             if entry is None or (entry[3] == "fresh" and what != "fresh"):  # its first leaf to fix names it
-                host[param] = [[path], x, 0 if what == "fresh" else nbytes, what, {value_kind(x)}]
+                host[param] = [[path], x, 0 if what == "fresh" else nbytes, what, [value_kind(x)]]
             elif what != "fresh":
                 entry[0].append(path)
                 entry[2] += nbytes
-                entry[4].add(value_kind(x))
+                entry[4].append(value_kind(x))
         fresh = False
         for param, (fixed, x, nbytes, what, kinds_of) in host.items():
             key = ("host_transfer", id(fn), param, line.at)
@@ -773,9 +789,9 @@ class Watch:
                 continue
             kind = value_kind(x)
             path = f" ({fmt_listed(fixed)})" if fixed != [param] else ""  # the leaves, where not the parameter itself
-            if what == "constant":
-                same = (f"is the same {kind}" if len(kinds_of) == 1  # (gymnax's EnvParams: ints and floats)
-                        else f"holds the same values ({', '.join(sorted(kinds_of))})")
+            if what == "constant":  # (gymnax's EnvParams: ints and floats; evosax's Params: floats)
+                same = (f"is the same {kind}" if fixed == [param] else
+                        f"{_holding(sigs.by_name(fn.options, dyn_args, dyn_kwargs).get(param), kinds_of)}, the same")
                 message = f"{param} of {sigs.short(fn.name)} {same} at each call{path}: copied to the device again every time"
                 # static only where the argument is one hashable leaf (a dict or a numpy array is
                 # not) whose results it keeps (not a float)
@@ -804,8 +820,11 @@ class Watch:
         """A line whose reads were followed by more jitted calls, at least twice:
         a sync inside a repeated section (a read after the last call is not)."""
         for at, stamps in self.read_stamps.items():
-            followed = len({run for n, run in stamps if n < self.calls})  # runs of the line
+            followed = len({run for n, run, _ in stamps if n < self.calls})  # runs of the line
             what, fix, function = self._read_text[at]
+            every, step = _steps_per_run(stamps)
+            name = next((sigs.short(f.name) for f in self._functions if id(f) == step), "its step")
+            fix = fix.replace(HOST_FIXES["read"], read_fix(every, name))
             if followed == 1:  # a setup read, or a loop the script left at its first pass
                 self.once.append(f"{at}: {what}; fix: {fix}")
             if followed < 2:
@@ -902,6 +921,7 @@ class Watch:
                 made[id(x)] = ref = weakref.ref(x)
                 at[id(x)] = n
         fn.last_call = self._last_call = n
+        self._last_fn = fn
         self._last_ref = ref
         if len(made) > self._made_limit:
             for i in [i for i, r in made.items() if r() is None]:
@@ -970,7 +990,8 @@ class Watch:
         if getattr(self._calling, "depth", 0):
             return False
         run = self._visit(_key(frame), False, False) if frame is not None else 0
-        self.read_stamps.setdefault(where, []).append((self.calls, run))
+        last = self._last_fn
+        self.read_stamps.setdefault(where, []).append((self.calls, run, None if last is None else (id(last), last.calls)))
         self._read_text[where] = (what, fix, function)  # (a read there that stalled nothing is withdrawn)
         return True
 
@@ -1005,6 +1026,35 @@ class Watch:
         for fn in self._functions:  # what was still followed at the end: dropped?
             if fn.pending:
                 self._settle(fn)
+
+
+def _holding(value: Any, kinds: Sequence[str]) -> str:
+    """What an argument whose leaves are host values is, in words: ``is a
+    Params (a dataclass) holding 3 Python floats``; ``holds ...`` where the
+    argument is not known (an equinox group)."""
+    counts = collections.Counter(kinds)
+    held = " and ".join(f"{n} {kind}{'s' if n > 1 else ''}" for kind, n in counts.items())
+    if value is None:
+        return f"holds {held}"
+    name = type(value).__name__
+    what = f"{'an' if name[:1].lower() in 'aeiou' else 'a'} {name}"
+    if dataclasses.is_dataclass(value):
+        what += " (a dataclass)"
+    return f"is {what} holding {held}"
+
+
+def _steps_per_run(stamps: Sequence[tuple[int, int, tuple[int, int] | None]]) -> tuple[int, int]:
+    """How far apart a line's reads are, as measured: the median, between
+    two runs of the line, of the calls of the function called last before
+    each (the loop's step; a second function called each step, an eval
+    every epoch, counts apart), and that function's id; (1, 0) where none
+    was measured."""
+    firsts = {}
+    for _, run, last in stamps:
+        firsts.setdefault(run, last)
+    marks = list(firsts.values())
+    gaps = sorted((b[1] - a[1], a[0]) for a, b in zip(marks, marks[1:]) if a and b and a[0] == b[0])
+    return gaps[len(gaps) // 2] if gaps else (1, 0)
 
 
 def _jitted_by_library(frame: Any) -> bool:

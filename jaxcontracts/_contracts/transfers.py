@@ -8,9 +8,11 @@ worded here once, for the loop, the audit and the translated JAX refusals.
 
 from __future__ import annotations
 
+from typing import Any
+
 from .._errors import Contract, TransferError, declare
 
-__all__ = ["HOST_FIXES", "debug_reads_fix", "debug_reads_on", "host_fix"]
+__all__ = ["HOST_FIXES", "debug_reads_fix", "debug_reads_on", "host_fix", "read_fix"]
 
 declare(Contract("device-arguments", "arguments are device arrays", TransferError))
 declare(
@@ -23,8 +25,8 @@ declare(
 )  # fmt: skip
 
 
-# Every fix for host data given to a compiled function, in one table (the loop's,
-# the audit's and the translated JAX refusals'); {param}: the parameter's name.
+# Every fix for host data given to a compiled function or read from one, in one table
+# (the loop's, the audit's and the translated JAX refusals'); {param}: the parameter's name.
 HOST_FIXES = {
     # the same value at each call (a constant)
     "constant": "put it on the device once, before the loop (jax.device_put)",
@@ -46,6 +48,15 @@ HOST_FIXES = {
     "library_call": "it is a library's own jitted function, which your line calls outside any "
     "jax.jit, compiled and called on its own: jit the whole step that calls it, where it is "
     "traced once into one program, its static values compiled in and its buffers reused",
+    # a device-to-host read in a loop (a line that reads at each step)
+    "read": "read it deliberately and rarely with jc.fetch(x) (e.g. every 1000 steps), or move the "
+    "read after the loop; an `if` on an array belongs in the step (jnp.where / lax.cond).",
+    # the same, where the line reads only once every {every} calls of the {step} it reads
+    # already: fewer reads is no fix, each one still waits for the call just dispatched
+    "read_late": "this line reads only once every {every} calls of {step} already, yet each read waits "
+    "for the call just dispatched: read one step late (dispatch the next step first, then read the value the "
+    "step before returned, so the host never waits): pending = jc.fetch_async(x) here, "
+    "pending.result() after the next step's call; or move the read after the loop.",
     # a Python scalar in an eager op
     "eager": "a Python number in an eager op (x * 2 outside a step) is copied to the device at "
     "every call: do the op inside the hot_step (return what you need) or in a jax.jit helper "
@@ -74,6 +85,14 @@ def debug_reads_fix(fix: str) -> str:
             f"jc.hot_loop. Otherwise: {fix}")
 
 
-def host_fix(*kinds: str, param: str = "x") -> str:
-    """The fixes of :data:`HOST_FIXES` for ``kinds``, joined, naming ``param``."""
-    return "; ".join(HOST_FIXES[k] for k in kinds).replace("; or ", ", or ").format(param=param)
+def host_fix(*kinds: str, param: str = "x", **fields: Any) -> str:
+    """The fixes of :data:`HOST_FIXES` for ``kinds``, joined, naming ``param``
+    (and ``fields``: ``every`` and ``step``, how often a line reads)."""
+    return "; ".join(HOST_FIXES[k] for k in kinds).replace("; or ", ", or ").format(param=param, **fields)
+
+
+def read_fix(every: int, step: str = "its step") -> str:
+    """The fix of a line's device-to-host read that waits for the device,
+    from how often it ran: once every ``every`` calls of ``step``, the
+    function called last before each read."""
+    return host_fix("read_late", every=every, step=step) if every > 1 else HOST_FIXES["read"]

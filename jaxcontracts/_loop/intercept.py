@@ -47,7 +47,7 @@ import numpy as np
 from .._compat import arrays, blocking, callbacks, capability, events, frames, hostcopy
 from .._compat.tracing import trace_state_clean
 from .._contracts.donation import donation_fix
-from .._contracts.transfers import debug_reads_fix
+from .._contracts.transfers import HOST_FIXES, debug_reads_fix
 from .._dtypes import is_key
 from .._errors import ContractError
 from .._format import fmt_aval
@@ -149,11 +149,7 @@ def _on_read(x: Any, name: str, frame: Any = None) -> None:
         "saver (an orbax CheckpointManager.save), an asynchronous copy in host "
         "memory that later steps may donate past."
         if name == "copy_to_host_async"
-        else debug_reads_fix(
-            "read it deliberately and rarely with jc.fetch(x) (e.g. every 1000 "
-            "steps), or move the read after the loop; an `if` on an array belongs "
-            "in the step (jnp.where / lax.cond)."
-        ),
+        else debug_reads_fix(HOST_FIXES["read"]),
         frame,
     )
 

@@ -23,12 +23,12 @@ from .._format import flatten_with_path, fmt_aval, fmt_change, param_of
 from .._leafdiff import diff_leaves
 from .._state.spec import leaf_spec, spec_nbytes, value_kind
 from .._steps import JitDonation, jit_donation
-from .._userline import user_frame
+from .._userline import is_library, user_frame
 
 __all__ = [
     "COMMITTED_FIX", "COMPILED_AGAIN", "COMPILED_AGAIN_FIX", "SAME_LEAVES",
-    "Dropped",
-    "Signature", "by_param", "diff", "donated_params", "missed_donation_fix", "names", "param_of", "paths",
+    "Dropped", "enclosing",
+    "Signature", "by_name", "by_param", "diff", "donated_params", "missed_donation_fix", "names", "param_of", "paths",
     "reusable", "short", "signature", "wrong_donations", "donations", "drift", "drift_fix", "jit_site", "leave_out",
     "passed_again",
 ]
@@ -112,7 +112,7 @@ def signature(opts: jitwatch.JitOptions, args: tuple[Any, ...], kwargs: dict[str
     statics = tuple(
         (params[i] if i < len(params) else f"args[{i}]", repr(args[i])) for i in opts.static_argnums if i < len(args)
     ) + tuple((k, repr(v)) for k, v in sorted(kwargs.items()) if k in opts.static_argnames)
-    values = _by_name(opts, dyn_args, dyn_kwargs)
+    values = by_name(opts, dyn_args, dyn_kwargs)
     return Signature(
         jax.tree_util.tree_structure((dyn_args, dyn_kwargs)),
         tuple(leaf_spec(x) for _, x in found),  # None: not array-like (a JAX ref)
@@ -155,7 +155,7 @@ def _node_statics(value: Any, path: str, depth: int = 0) -> list[tuple[str, Any]
     return out
 
 
-def _by_name(opts: jitwatch.JitOptions, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> dict[str, Any]:
+def by_name(opts: jitwatch.JitOptions, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> dict[str, Any]:
     """The dynamic arguments by parameter name."""
     values = dict(zip(names(opts, len(dyn_args) + len(opts.static_argnums)), dyn_args))
     values.update(dyn_kwargs)
@@ -177,7 +177,7 @@ def reusable(
     parts = [out, *(out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ())]
     shapes = {jax.tree_util.tree_structure(p) for p in parts}
     params = by_param(sig)
-    values = _by_name(opts, dyn_args, dyn_kwargs)
+    values = by_name(opts, dyn_args, dyn_kwargs)
 
     def carried(param: str) -> bool:  # (a bare array's structure, `*`, tells nothing: any output has it)
         tree = jax.tree_util.tree_structure(values[param]) if param in values else None
@@ -437,12 +437,21 @@ class Dropped:
     (the next step consumed it, a later line dropped it after reading it) is
     not counted: after ``jax.jit(norm)(s.params)``, ``s = step(s)`` drops the
     params, and donating them to ``norm`` would have deleted what the step
-    needed. No frame is kept (only its id and line)."""
+    needed. No frame is kept (only its id and line).
 
-    __slots__ = ("_frame", "_line", "at_call", "refs", "sharers", "__weakref__")
+    ``outer`` (:func:`enclosing`): the user's statements running the call's
+    function, each as (frame id, line); an array dying as one of them ends
+    was used by nothing after the call either (flax MNIST's ``train_epoch``
+    rebinds its ``state`` at its first step, while its caller holds the old
+    one until ``state = train_epoch(state, ...)`` ends)."""
 
-    def __init__(self, arrays: Sequence[Any], frame: FrameType, sharers: Sequence[Any] | None = ()) -> None:
-        self._frame, self._line = id(frame), frame.f_lineno
+    __slots__ = ("_frame", "_line", "_outer", "at_call", "refs", "sharers", "__weakref__")
+
+    def __init__(
+        self, arrays: Sequence[Any], frame: FrameType, sharers: Sequence[Any] | None = (),
+        outer: tuple[tuple[int, int], ...] = (),
+    ) -> None:
+        self._frame, self._line, self._outer = id(frame), frame.f_lineno, outer
         self.at_call = 0
         self.refs = [weakref.ref(a, self._died) for a in arrays]
         # weak references to the other arrays that held their buffers at the call
@@ -453,7 +462,7 @@ class Dropped:
         if _finalizing():  # (at exit the module's globals are gone: nothing left to count)
             return
         f = user_frame()
-        if f is not None and id(f) == self._frame and f.f_lineno == self._line:
+        if f is not None and ((id(f) == self._frame and f.f_lineno == self._line) or (id(f), f.f_lineno) in self._outer):
             self.at_call += 1
 
     @property
@@ -462,8 +471,37 @@ class Dropped:
 
     @property
     def dropped(self) -> bool:
-        """Whether every array died at the call's own statement."""
+        """Whether every array died at the call's own statement (or one enclosing it)."""
         return self.at_call == len(self.refs)
+
+    def undecided(self, now: tuple[tuple[int, int], ...]) -> bool:
+        """Whether it is too soon to tell, at a later call whose user frames
+        are ``now`` (:func:`enclosing`): every array that died so far died at
+        the call's statement or one enclosing it, some are alive, and the
+        frame that made the call is still running under the same statement of
+        its caller (the next step of flax's epoch), whose end may drop them.
+        A frame id may be a new frame's (an ended one's memory reused): then
+        it is told at the watch's end, as kept."""
+        if not self._outer or self.at_call != sum(r() is None for r in self.refs) or self.dropped:
+            return False
+        ids = [i for i, _ in now]
+        if self._frame not in ids:
+            return False
+        at = ids.index(self._frame) + 1
+        return at < len(now) and now[at] == self._outer[0]
+
+
+def enclosing(frame: FrameType | None) -> tuple[tuple[int, int], ...]:
+    """(id, line) of ``frame`` and of each user frame above it, innermost
+    first (:class:`Dropped`'s ``outer``): frames of JAX, installed packages
+    and the standard library are skipped."""
+    out = []
+    while frame is not None:
+        code = frame.f_code
+        if not is_library(code.co_filename, True, code.co_name):
+            out.append((id(frame), frame.f_lineno))
+        frame = frame.f_back
+    return tuple(out)
 
 
 def still_shared(sharers: list[Any] | None) -> bool:
