@@ -1,4 +1,5 @@
-"""``python -m jaxcontracts demo|info|audit|explain``: the command line (``demo``, ``_info``, ``_audit.cli``, ``_explain``)."""
+"""``python -m jaxcontracts demo|info|audit|explain``: the command line (``demo``, ``_info``,
+``_audit.cli``, ``_explain``)."""
 
 import argparse
 import importlib
@@ -12,8 +13,12 @@ _COMMANDS = {"demo": ".demo", "info": "._info", "audit": "._audit.cli", "explain
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jaxcontracts", epilog="demo|audit --help: their options")
-    parser.add_argument("command", nargs="?", choices=list(_COMMANDS), metavar="COMMAND", help=_HELP)
+    parser = argparse.ArgumentParser(
+        prog="python -m jaxcontracts", epilog="demo|audit --help: their options"
+    )
+    parser.add_argument(
+        "command", nargs="?", choices=list(_COMMANDS), metavar="COMMAND", help=_HELP
+    )
     parser.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
     if ns.command is None:
