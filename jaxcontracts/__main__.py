@@ -1,19 +1,20 @@
-"""``python -m jaxcontracts demo|info|audit|explain``: the command line (``demo``, ``_info``, ``_audit.cli``, ``_explain``)."""
+"""The command line, ``python -m jaxcontracts demo|info|audit|explain`` (modules: _COMMANDS)."""
 
 import argparse
 import importlib
 from collections.abc import Sequence
 
-_HELP = (
-    "demo: planted regressions; info: versions, capabilities; audit SCRIPT.py: what its jax.jit "
-    "code should fix (recompiles, host reads, donations); explain NAME: an error's page, offline"
-)
+_HELP = ("demo: planted regressions; info: versions, capabilities; audit SCRIPT.py: what its "
+         "jax.jit code should fix (recompiles, host reads, donations); explain NAME: an error's "
+         "page, offline")
 _COMMANDS = {"demo": ".demo", "info": "._info", "audit": "._audit.cli", "explain": "._explain"}
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m jaxcontracts", epilog="demo|audit --help: their options")
-    parser.add_argument("command", nargs="?", choices=list(_COMMANDS), metavar="COMMAND", help=_HELP)
+    parser = argparse.ArgumentParser(prog="python -m jaxcontracts",
+                                     epilog="demo|audit --help: their options")
+    parser.add_argument("command", nargs="?", choices=list(_COMMANDS), metavar="COMMAND",
+                        help=_HELP)
     parser.add_argument("args", nargs=argparse.REMAINDER, help=argparse.SUPPRESS)
     ns = parser.parse_args(argv)
     if ns.command is None:

@@ -36,7 +36,13 @@ def _validate(level: object, where: str) -> CheckLevel:
 
 def _from_env() -> tuple[CheckLevel, DefinitionError | None]:
     try:
-        return _validate(os.environ.get(_ENV, "full").strip().lower() or "full", f"the environment variable {_ENV}"), None
+        return (
+            _validate(
+                os.environ.get(_ENV, "full").strip().lower() or "full",
+                f"the environment variable {_ENV}",
+            ),
+            None,
+        )
     except DefinitionError as e:
         return "full", e
 

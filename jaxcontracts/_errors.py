@@ -66,7 +66,14 @@ def error_name(cls: type) -> str | None:
     """The nearest jaxcontracts error class in ``cls``'s MRO (a user's
     subclass is explained by its jaxcontracts parent), by name; None where
     it has none."""
-    return next((k.__name__ for k in cls.__mro__ if k.__module__ == "jaxcontracts" and k.__name__ in __all__), None)
+    return next(
+        (
+            k.__name__
+            for k in cls.__mro__
+            if k.__module__ == "jaxcontracts" and k.__name__ in __all__
+        ),
+        None,
+    )
 
 
 def docs_pointer(cls: type) -> str:
@@ -140,7 +147,9 @@ class ContractError(Exception):
     ) -> None:
         # ``fix_in_details``: the details say each leaf's fix (no ``Fix:`` line).
         shown_fix = "" if fix_in_details else fix
-        super().__init__(compose(summary, details, shown_fix, note) + "\n" + docs_pointer(type(self)))
+        super().__init__(
+            compose(summary, details, shown_fix, note) + "\n" + docs_pointer(type(self))
+        )
         self.contract = contract or self.default_contract
         self.details = tuple(details)
         self.step = step
@@ -187,7 +196,9 @@ class DonationError(ContractError):
 
     default_contract = "donation-hazard"
 
-    def __init__(self, summary: str, details: Sequence[str] = (), *, result: Any = None, **fields: Any) -> None:
+    def __init__(
+        self, summary: str, details: Sequence[str] = (), *, result: Any = None, **fields: Any
+    ) -> None:
         super().__init__(summary, details, **fields)
         self.result = result
 
@@ -229,12 +240,14 @@ class Contract:
     key: str
     sentence: str
     error: type[ContractError]
-    violations: tuple[tuple[str, str], ...] = ()  # (kind, title): what a jc.hot_loop raises or records
+    # (kind, title): what a jc.hot_loop raises or records
+    violations: tuple[tuple[str, str], ...] = ()
     option: str = ""  # the jc.hot_loop keyword that switches it
     choices: tuple[str, ...] = ()  # that keyword's values, its default first
     row: str = ""  # a hot step report's row, where it differs from the sentence
     findings: tuple[str, ...] = ()  # the audit's finding kinds that break it (jc.watch())
-    wanted: Callable[[Any], bool] | None = None  # whether a loop needs a plain jax.jit's program scanned
+    # whether a loop needs a plain jax.jit's program scanned
+    wanted: Callable[[Any], bool] | None = None
     scan: Callable[[str, Any], tuple[Any, ...]] | None = None
     refuse: Callable[[Any, str, tuple[Any, ...]], None] | None = None
     fact: Callable[[tuple[Any, ...]], tuple[str, str] | None] | None = None

@@ -25,7 +25,9 @@ _ANCHOR = re.compile(r"\s*\{#[\w-]+\}[ \t]*$", re.MULTILINE)
 
 @cache
 def _page() -> str:
-    return resources.files("jaxcontracts").joinpath("_pages", "errors.md").read_text(encoding="utf-8")
+    return (
+        resources.files("jaxcontracts").joinpath("_pages", "errors.md").read_text(encoding="utf-8")
+    )
 
 
 @cache
@@ -59,7 +61,9 @@ def _anchor(name: str) -> str | None:
 
 def topics() -> list[str]:
     """What ``explain`` takes: the page's sections, the violation kinds, the contract keys."""
-    names = [title if title.isidentifier() else anchor for anchor, (title, _) in _sections().items()]
+    names = [
+        title if title.isidentifier() else anchor for anchor, (title, _) in _sections().items()
+    ]
     return list(dict.fromkeys([*names, *VIOLATIONS, *CONTRACTS]))
 
 
@@ -118,7 +122,9 @@ def explain(what: object) -> Explanation:
 def main(args: list[str]) -> int:
     """``python -m jaxcontracts explain NAME``: the section, or what there is (2)."""
     if len(args) != 1 or args[0] in ("-h", "--help"):
-        print("python -m jaxcontracts explain NAME, where NAME is one of:\n  " + "\n  ".join(topics()))
+        print(
+            "python -m jaxcontracts explain NAME, where NAME is one of:\n  " + "\n  ".join(topics())
+        )
         return 0 if args in (["-h"], ["--help"]) else 2
     try:
         print(explain(args[0]), flush=True)

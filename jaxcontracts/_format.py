@@ -37,16 +37,25 @@ def flatten_with_path(tree: Any) -> tuple[list[tuple[tuple[Any, ...], Any]], Any
     with_path, treedef = jax.tree_util.tree_flatten_with_path(tree)
     state_cls = getattr(sys.modules.get("equinox.nn"), "State", None)
     flat = jax.tree_util.FlattenedIndexKey
-    if not isinstance(state_cls, type) or not any(isinstance(k, flat) for p, _ in with_path for k in p):
+    if not isinstance(state_cls, type) or not any(
+        isinstance(k, flat) for p, _ in with_path for k in p
+    ):
         return with_path, treedef
-    nodes = jax.tree_util.tree_flatten_with_path(tree, is_leaf=lambda x: isinstance(x, state_cls))[0]
+    nodes = jax.tree_util.tree_flatten_with_path(
+        tree, is_leaf=lambda x: isinstance(x, state_cls)
+    )[0]
     names = {tuple(p): node.tree_flatten()[1] for p, node in nodes if isinstance(node, state_cls)}
     renamed = []
     for path, leaf in with_path:
         for n in range(len(path)):
             keys = names.get(tuple(path[:n]))
             key = path[n]
-            if isinstance(keys, tuple) and isinstance(key, flat) and key.key < len(keys) and isinstance(keys[key.key], str):
+            if (
+                isinstance(keys, tuple)
+                and isinstance(key, flat)
+                and key.key < len(keys)
+                and isinstance(keys[key.key], str)
+            ):
                 path = (*path[:n], jax.tree_util.DictKey(keys[key.key]), *path[n + 1 :])
         renamed.append((path, leaf))
     return renamed, treedef
@@ -93,7 +102,9 @@ def fmt_sharding(sharding: Any) -> str:
     if spec is not None and mesh is not None:
         axes = ",".join(f"{k}={v}" for k, v in mesh.shape.items())
         parts = tuple(spec)
-        layout = f"P{parts!s}".replace(",)", ")") if any(p is not None for p in parts) else "replicated"
+        layout = (
+            f"P{parts!s}".replace(",)", ")") if any(p is not None for p in parts) else "replicated"
+        )
         return f"{layout} on mesh({axes})"
     devices = getattr(sharding, "device_set", None)
     if devices is not None and len(devices) == 1:
@@ -138,7 +149,11 @@ def fmt_logged_aval(text: str) -> str:
     """``float32[3], weak_type=True`` -> ``f32[3] (weak: a Python scalar?)``."""
     m = _LOGGED_AVAL.match(text)
     if m is None:
-        return text or "an argument (jaxlib's jit fast path gives no shape: a numpy array or Python scalar passed to a jax.jit function?)"
+        return (
+            text
+            or "an argument (jaxlib's jit fast path gives no shape: a numpy array or Python scalar "
+            "passed to a jax.jit function?)"
+        )
     try:
         shape = tuple(int(d) for d in m["shape"].split(",") if d)
         out = fmt_aval(shape, np.dtype(m["dtype"]))
@@ -188,7 +203,10 @@ def fmt_change(old: str, new: str, room: int = 14) -> str:
     start = max(0, i - room)
 
     def cut(text: str) -> str:
-        return ("..." if start else "") + text[start : i + room] + ("..." if len(text) > i + room else "")
+        return (
+            ("..." if start else "") + text[start : i + room]
+            + ("..." if len(text) > i + room else "")
+        )
 
     return f"{cut(old)} -> {cut(new)}"
 

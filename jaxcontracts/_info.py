@@ -35,13 +35,18 @@ def info() -> Report:
     report.facts += [("python", platform.python_version()), ("backend", jax.default_backend())]
     report.facts.append((
         "contracts",
-        ", ".join(c.key + (f" (jc.hot_loop({c.option}=...))" if c.option else "") for c in CONTRACTS.values()),
+        ", ".join(
+            c.key + (f" (jc.hot_loop({c.option}=...))" if c.option else "")
+            for c in CONTRACTS.values()
+        ),
     ))
     report.contracts = [
         Contract(
             f"{c.name}: {c.mechanism}",
             c.available,
-            f"checks {c.checks}" if c.available else f"MISSING ({c.detail}): no longer checked: {c.checks}",
+            f"checks {c.checks}"
+            if c.available
+            else f"MISSING ({c.detail}): no longer checked: {c.checks}",
         )
         for c in capabilities()
     ]
@@ -51,8 +56,8 @@ def info() -> Report:
 def main(args: list[str]) -> int:
     """``python -m jaxcontracts info``: the report; 1 where a capability is missing."""
     if args:
-        print("python -m jaxcontracts info: the versions, the checks level and each capability in force "
-              "(exit status 1 where one is missing); it takes no arguments")
+        print("python -m jaxcontracts info: the versions, the checks level and each capability "
+              "in force (exit status 1 where one is missing); it takes no arguments")
         return 0 if args[0] in ("-h", "--help") else 2
     print(report := info())
     return 0 if report.ok else 1

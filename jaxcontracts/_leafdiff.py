@@ -55,7 +55,9 @@ def diff_lines(
     for d in diffs:
         # a structural path such as ``(structure)`` names the parameter alone
         name = param if d.path.startswith("(") else f"{param}{d.path}"
-        lines.append(f"    {name if full_paths else d.path}: {words[0]} {d.expected}, {words[1]} {d.got}")
+        lines.append(
+            f"    {name if full_paths else d.path}: {words[0]} {d.expected}, {words[1]} {d.got}"
+        )
         why = cause(d) if cause is not None else d.cause
         if why:
             lines.append(f"      ({why})" if not cause_prefix else f"      {cause_prefix}{why}")
@@ -133,7 +135,10 @@ def leaf_cause(exp: Any, got: Any) -> str:
         return "rank changed: a missing or extra axis?"
     if kind == "weak_type":
         if getattr(got, "weak_type", False):
-            return "weakly typed: made from a Python scalar; use jnp.float32(x) / jnp.asarray(x, dtype)"
+            return (
+                "weakly typed: made from a Python scalar; use jnp.float32(x) "
+                "/ jnp.asarray(x, dtype)"
+            )
         return ("strongly typed where a weak type was compiled (the first call was given a "
                 "Python number, or an array made from one): give that first call the typed array "
                 "the later calls give, jnp.asarray(x, dtype)")

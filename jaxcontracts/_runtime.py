@@ -76,7 +76,9 @@ class LoopHandle(Protocol):
     def option(self, name: str) -> str:
         """One of the loop's options (``_errors.loop_options``)."""
 
-    def violation(self, kind: str, what: str, fix: str, frame: Any = None, before_call: bool = False) -> None:
+    def violation(
+        self, kind: str, what: str, fix: str, frame: Any = None, before_call: bool = False
+    ) -> None:
         """Raise or record one violation (``kind``: a key of ``_errors.VIOLATIONS``;
         ``before_call``: refused before a call, which does not run where it raises)."""
 
@@ -97,7 +99,8 @@ class LoopStack:
 
 class _Local(threading.local):
     allow: int = 0  # > 0 inside an explicit transfer (jc.fetch) or a re-entry
-    # a plain jax.jit's cache miss compiling now, with what changed: (name, diff, fix) (_loop.plainjit)
+    # a plain jax.jit's cache miss compiling now, with what changed:
+    # (name, diff, fix) (_loop.plainjit)
     plain_recompile: tuple[str, list[str], str] | None = None
 
     def __init__(self) -> None:
@@ -298,7 +301,9 @@ registry.probe_in(library_code)
 
 
 @contextlib.contextmanager
-def compiling(name: str, spec: str = "jc.spec_of(<its arguments>)", fn: Any = None, why: str = "") -> Iterator[None]:
+def compiling(
+    name: str, spec: str = "jc.spec_of(<its arguments>)", fn: Any = None, why: str = ""
+) -> Iterator[None]:
     """Wrap a hot step's compile: a violation inside a loop (recorded once).
 
     ``spec``: the fix's ``.compile`` arguments (``lr, S.spec(...)``); ``fn``:

@@ -72,7 +72,8 @@ def is_library(filename: str, installed: bool = True, name: str = "") -> bool:
             filename == "<string>" and name.startswith("__") and name.endswith("__")
         )
     path = os.path.abspath(filename)
-    if path.startswith(_PACKAGE_DIR + os.sep):  # first: an installed package may sit under a skipped folder
+    # first: an installed package may sit under a skipped folder
+    if path.startswith(_PACKAGE_DIR + os.sep):
         return _private_here(path)
     if path.startswith(_SKIP_DIRS):
         return True

@@ -128,7 +128,9 @@ def _metadata_only(e: ast.expr, names: Mapping[str, Any]) -> bool:
     if isinstance(e, ast.BinOp):
         return _metadata_only(e.left, names) and _metadata_only(e.right, names)
     if isinstance(e, ast.Compare):
-        return _metadata_only(e.left, names) and all(_metadata_only(c, names) for c in e.comparators)
+        return _metadata_only(e.left, names) and all(
+            _metadata_only(c, names) for c in e.comparators
+        )
     return False
 
 
@@ -149,10 +151,20 @@ def host_read_on_line(user: FrameType | None) -> str | None:
     except SyntaxError:
         return None
     names = user.f_globals
-    values = {**names, **frames.locals_of(user)}  # (a function's locals from 3.13 on: unknown before)
+    # (a function's locals from 3.13 on: unknown before)
+    values = {**names, **frames.locals_of(user)}
     for node in ast.walk(tree):
-        if isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert)) and not _static_test(node.test, values):
-            kind = "assert" if isinstance(node, ast.Assert) else "while" if isinstance(node, ast.While) else "if"
+        if (
+            isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert))
+            and not _static_test(node.test, values)
+        ):
+            kind = (
+                "assert"
+                if isinstance(node, ast.Assert)
+                else "while"
+                if isinstance(node, ast.While)
+                else "if"
+            )
             return f"the `{kind}` on this line"
         if isinstance(node, ast.Call):
             f = node.func
@@ -160,7 +172,11 @@ def host_read_on_line(user: FrameType | None) -> str | None:
                 return f"{f.id}() on this line"
             if isinstance(f, ast.Attribute) and f.attr in _METHOD_READS:
                 return f"{f.attr}() on this line"
-            if isinstance(f, ast.Attribute) and f.attr in _NUMPY_READS and isinstance(f.value, ast.Name):
+            if (
+                isinstance(f, ast.Attribute)
+                and f.attr in _NUMPY_READS
+                and isinstance(f.value, ast.Name)
+            ):
                 module = names.get(f.value.id)
                 if getattr(module, "__name__", None) == "numpy":
                     return f"{f.value.id}.{f.attr}() on this line"

@@ -48,10 +48,13 @@ class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
         self.pending, self.depth = True, 0
         self.loaders: dict[str, Any] = {}
 
-    def find_spec(self, name: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+    def find_spec(
+        self, name: str, path: Any, target: Any = None
+    ) -> importlib.machinery.ModuleSpec | None:
         if name == "jaxcontracts" and self.package:
             spec = importlib.util.spec_from_file_location(
-                name, os.path.join(_PACKAGE_DIR, "__init__.py"), submodule_search_locations=[_PACKAGE_DIR]
+                name, os.path.join(_PACKAGE_DIR, "__init__.py"),
+                submodule_search_locations=[_PACKAGE_DIR],
             )
         elif name == "jax" and self.pending:
             spec = importlib.machinery.PathFinder.find_spec(name, path)
@@ -81,7 +84,8 @@ class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
 
 
 def run_script(
-    script: str, args: Sequence[str], begin: Callable[[], None], fresh: bool, argv0: str | None = None
+    script: str, args: Sequence[str], begin: Callable[[], None], fresh: bool,
+    argv0: str | None = None,
 ) -> tuple[int, str | None]:
     """Run ``script`` (an absolute path) as ``python SCRIPT.py ARGS`` does:
     ``sys.argv`` (``argv0`` as typed), its real folder first on ``sys.path``
@@ -128,7 +132,8 @@ def run_script(
         status = code_ if isinstance(code_, int) else (0 if code_ is None else 1)
         if code_ is not None and not isinstance(code_, int):
             print(code_, file=sys.stderr)
-    except BaseException as exc:  # noqa: BLE001 - the script's own failure: reported as Python would
+    # the script's own failure: reported as Python would
+    except BaseException as exc:  # noqa: BLE001
         tb = exc.__traceback__  # from the script's first frame, as `python SCRIPT.py` shows it
         while tb is not None and os.path.abspath(tb.tb_frame.f_code.co_filename) != script:
             tb = tb.tb_next
@@ -198,7 +203,9 @@ def _fresh(argv: Sequence[str]) -> None:
     sys.exit(status)
 
 
-def _finish(started: list[Any], status: int, stopped: str | None, json_path: str, strict: bool) -> int:
+def _finish(
+    started: list[Any], status: int, stopped: str | None, json_path: str, strict: bool
+) -> int:
     """The report and the exit status. A script that never imported JAX is
     said to, and JAX is not imported for it: the import alone can write to
     stderr (an accelerator's start-up warnings) and set environment variables
@@ -208,7 +215,10 @@ def _finish(started: list[Any], status: int, stopped: str | None, json_path: str
 
         return run.finish(started[0], status, stopped, json_path or None, strict)
     sys.stdout.flush()
-    print("jaxcontracts audit: 0 finding(s): the script never imported JAX, nothing to observe", file=sys.stderr)
+    print(
+        "jaxcontracts audit: 0 finding(s): the script never imported JAX, nothing to observe",
+        file=sys.stderr,
+    )
     if json_path:
         with open(json_path, "w", encoding="utf-8") as fh:
             fh.write("[]\n")

@@ -34,7 +34,9 @@ def main(argv: Sequence[str], progress_every: float = 2.0, fresh: bool = False) 
         "in the loop), recompiles (leaf by leaf), missed or wrong donations, and host data "
         "copied to the device at each call; each with its line and the fix.",
     )
-    parser.add_argument("--json", metavar="PATH", help="also write the findings to PATH as a JSON list")
+    parser.add_argument(
+        "--json", metavar="PATH", help="also write the findings to PATH as a JSON list"
+    )
     parser.add_argument("--strict", action="store_true", help="exit 1 on any finding (for CI)")
     parser.add_argument("script", help="the script to run, as `python SCRIPT.py ARGS` would")
     parser.add_argument("args", nargs=argparse.REMAINDER, help="the script's own arguments")
@@ -46,13 +48,24 @@ def main(argv: Sequence[str], progress_every: float = 2.0, fresh: bool = False) 
     if fresh and os.name == "posix":
         sys.stdout.flush()
         sys.stderr.flush()
-        args = [json_path or "", "1" if ns.strict else "0", str(progress_every), script, ns.script, *ns.args]
+        args = [
+            json_path or "",
+            "1" if ns.strict else "0",
+            str(progress_every),
+            script,
+            ns.script,
+            *ns.args,
+        ]
         os.execv(sys.executable, [sys.executable, *_interpreter_options(), boot.__file__, *args])
     from . import run  # here only: the command line's process imports no JAX before the script
 
     started: list[Any] = []  # (JAX is imported by now: begun before the script's first line)
     status, stopped = boot.run_script(
-        script, ns.args, lambda: started.append(run.begin(progress_every)), fresh=False, argv0=ns.script
+        script,
+        ns.args,
+        lambda: started.append(run.begin(progress_every)),
+        fresh=False,
+        argv0=ns.script,
     )
     return run.finish(started[0], status, stopped, json_path, ns.strict)
 

@@ -26,7 +26,9 @@ class _Progress:
         self.tty = bool(callable(isatty) and isatty())
         self.stop = threading.Event()
         self.shown = False
-        self.thread = threading.Thread(target=self._run, name="jaxcontracts-audit-progress", daemon=True)
+        self.thread = threading.Thread(
+            target=self._run, name="jaxcontracts-audit-progress", daemon=True
+        )
 
     def __enter__(self) -> _Progress:
         if self.tty:
@@ -57,13 +59,20 @@ def begin(progress_every: float = 2.0) -> tuple[Any, _Progress]:
     """The watch, begun (the script's own loops behave as they would alone),
     and its progress line on a terminal."""
     w = watch(loops=False)
-    progress = _Progress(w, sys.stderr, progress_every)  # a terminal? asked before the watch takes stderr
+    # a terminal? asked before the watch takes stderr
+    progress = _Progress(w, sys.stderr, progress_every)
     w.__enter__()
     progress.__enter__()
     return w, progress
 
 
-def finish(started: tuple[Any, _Progress], status: int, stopped: str | None, json_path: str | None, strict: bool) -> int:
+def finish(
+    started: tuple[Any, _Progress],
+    status: int,
+    stopped: str | None,
+    json_path: str | None,
+    strict: bool,
+) -> int:
     """The watch ended and its report written (stderr, and ``json_path``);
     the exit status: the script's, or 1 with ``strict`` where anything was
     found."""

@@ -47,7 +47,9 @@ class _Reads(HotLoop):
         if at is not None and not is_library(at.f_code.co_filename, True, at.f_code.co_name):
             self._owner.waited(where(at)[0], seconds, value, _function_of(at), at)
 
-    def violation(self, kind: str, what: str, fix: str, frame: Any = None, before_call: bool = False) -> None:
+    def violation(
+        self, kind: str, what: str, fix: str, frame: Any = None, before_call: bool = False
+    ) -> None:
         if self._last is not None:  # the read before never finished: numpy, refused a buffer
             self._owner.read_stamps[self._last].pop()  # export, reads another way (one read)
         self._last = None
@@ -62,7 +64,9 @@ class _Reads(HotLoop):
         copied; one that stalled nothing (:meth:`Watch.stalls`) is not a sync."""
         if self._last is not None:
             if self._owner.stalls(x, name):
-                self._owner.read_seconds[self._last] = self._owner.read_seconds.get(self._last, 0.0) + seconds
+                self._owner.read_seconds[self._last] = (
+                    self._owner.read_seconds.get(self._last, 0.0) + seconds
+                )
             else:
                 self._owner.read_stamps[self._last].pop()
             self._last = None
@@ -93,6 +97,9 @@ def watch(*, loops: bool = True) -> Watch:
 def _function_of(frame: Any) -> str:
     """The user's function a frame runs in: a comprehension's (3.11's
     ``<listcomp>`` frame) is the function it is written in."""
-    while frame is not None and frame.f_code.co_name in ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>"):
+    while (
+        frame is not None
+        and frame.f_code.co_name in ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")
+    ):
         frame = frame.f_back
     return frame.f_code.co_name if frame is not None else "<unknown>"

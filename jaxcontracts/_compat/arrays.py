@@ -63,7 +63,8 @@ KeyArray = _key_array_class()
 @define(
     "key-array-class",
     "jax's PRNGKeyArray class (jax._src.random.prng / jax._src.prng)",
-    "the per-call fast path for typed PRNG key leaves (without it they take the slow path, still checked)",
+    "the per-call fast path for typed PRNG key leaves (without it they take the slow path, "
+    "still checked)",
 )
 def _probe_key_array() -> str | None:
     return None if KeyArray is not None else "PRNGKeyArray moved"
@@ -124,7 +125,11 @@ def read_methods() -> dict[str, Any]:
     capability("array-read-hooks")  # warns once if any of them moved
     if ArrayImpl is None:
         return {}
-    found = {n: ArrayImpl.__dict__[n] for n in READ_METHODS + OPTIONAL_READ_METHODS if n in ArrayImpl.__dict__}
+    found = {
+        n: ArrayImpl.__dict__[n]
+        for n in READ_METHODS + OPTIONAL_READ_METHODS
+        if n in ArrayImpl.__dict__
+    }
     value = ArrayImpl.__dict__.get("_value")
     if isinstance(value, property):
         found["_value"] = value
@@ -137,9 +142,10 @@ def set_class_attr(name: str, value: Any) -> None:
 
 @define(
     "deleted-read-hook",
-    "replacing jax._src.array.ArrayImpl._check_if_deleted (the Python check every read and eager use runs) "
-    "and wrapping its C++ block_until_ready and jax.block_until_ready",
-    "a read of a donated array outside jc.hot_loop names its leaf and the step (else JAX's 'Array has been deleted')",
+    "replacing jax._src.array.ArrayImpl._check_if_deleted (the Python check every read and "
+    "eager use runs) and wrapping its C++ block_until_ready and jax.block_until_ready",
+    "a read of a donated array outside jc.hot_loop names its leaf and the step "
+    "(else JAX's 'Array has been deleted')",
 )
 def _probe_deleted_reads() -> str | None:
     if ArrayImpl is None:
@@ -180,7 +186,9 @@ def hook_deleted_reads(
         wrap_function(functools.partial(_explained_tree_wait, explain=explain_wait))
 
 
-def _explained_wait(wait: Callable[[Any], Any], explain: Callable[[Any], BaseException | None]) -> Any:
+def _explained_wait(
+    wait: Callable[[Any], Any], explain: Callable[[Any], BaseException | None]
+) -> Any:
     """``block_until_ready`` (jaxlib's C++ method, which runs no Python check),
     its error for a deleted array replaced by ``explain``'s (None: JAX's own)."""
 
@@ -200,7 +208,9 @@ def _explained_wait(wait: Callable[[Any], Any], explain: Callable[[Any], BaseExc
     return block_until_ready
 
 
-def _explained_tree_wait(wait: Callable[[Any], Any], explain: Callable[[Any], BaseException | None]) -> Any:
+def _explained_tree_wait(
+    wait: Callable[[Any], Any], explain: Callable[[Any], BaseException | None]
+) -> Any:
     """``jax.block_until_ready(tree)``, which waits on several arrays at once
     in C++ without the method: its error for a deleted leaf replaced by
     ``explain``'s for the first deleted leaf it words (else JAX's own)."""
@@ -228,14 +238,19 @@ def _explained_tree_wait(wait: Callable[[Any], Any], explain: Callable[[Any], Ba
 
 @define(
     "buffer-hook",
-    "ArrayImpl.__buffer__ (Python >= 3.12) or its tp_as_buffer->bf_getbuffer slot via ctypes (3.11)",
+    "ArrayImpl.__buffer__ (Python >= 3.12) or its tp_as_buffer->bf_getbuffer slot via "
+    "ctypes (3.11)",
     "np.asarray / np.array / numpy ufuncs / memoryview reads inside jc.hot_loop on one CPU device",
 )
 def _probe_buffer() -> str | None:
     if ArrayImpl is None:
         return "jax._src.array.ArrayImpl is gone"
     if sys.version_info >= (3, 12):
-        return None if ArrayImpl.__dict__.get("__buffer__") is not None else "ArrayImpl has no __buffer__"
+        return (
+            None
+            if ArrayImpl.__dict__.get("__buffer__") is not None
+            else "ArrayImpl has no __buffer__"
+        )
     return None if _buffer_slot() is not None else "the PyTypeObject layout is not the expected one"
 
 

@@ -34,7 +34,9 @@ _hooked: list[Any] = []
 def _targets() -> list[tuple[Any, str]]:
     """(owner, attribute) of each callback runner, where they are."""
     out: list[tuple[Any, str]] = []
-    if _debugging is not None and callable(getattr(getattr(_debugging, "debug_callback_p", None), "impl", None)):
+    if _debugging is not None and callable(
+        getattr(getattr(_debugging, "debug_callback_p", None), "impl", None)
+    ):
         out.append((_debugging.debug_callback_p, "impl"))
     for name in ("pure_callback_impl", "io_callback_impl"):
         if _callback is not None and callable(getattr(_callback, name, None)):
@@ -44,9 +46,11 @@ def _targets() -> list[tuple[Any, str]]:
 
 @define(
     "host-callback-hook",
-    "jax._src.debugging.debug_callback_p.impl, jax._src.callback.pure_callback_impl and io_callback_impl",
+    "jax._src.debugging.debug_callback_p.impl, jax._src.callback.pure_callback_impl and "
+    "io_callback_impl",
     "a host callback a hot step runs inside jc.hot_loop (a jax.debug.callback doing a jnp op) "
-    "runs with the loop's guards lifted, instead of failing the step after its donated state is gone",
+    "runs with the loop's guards lifted, instead of failing the step after its donated "
+    "state is gone",
 )
 def _probe() -> str | None:
     found = {name for _, name in _targets()}
@@ -54,7 +58,9 @@ def _probe() -> str | None:
     return None if found == want else "missing: " + ", ".join(sorted(want - found))
 
 
-def hook_host_callbacks(around: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]) -> None:
+def hook_host_callbacks(
+    around: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
+) -> None:
     """Run each host callback as ``around(runner, args, kwargs)`` (once, for good).
 
     ``around`` must call ``runner(*args, **kwargs)`` and return its result;

@@ -64,7 +64,8 @@ CACHE_USE_EVENT = "/jax/compilation_cache/compile_requests_use_cache"
 
 @define(
     "compilation-cache-events",
-    "jax.monitoring events /jax/compilation_cache/{compile_requests_use_cache,cache_hits,cache_misses}",
+    "jax.monitoring events "
+    "/jax/compilation_cache/{compile_requests_use_cache,cache_hits,cache_misses}",
     "nothing is checked; step reports cannot say whether an executable came from "
     "JAX's persistent compilation cache",
 )

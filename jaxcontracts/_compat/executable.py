@@ -78,7 +78,9 @@ def requested_aliases(lowered: Any, n_args: int) -> frozenset[int] | None:
         if offset < 0:  # tupled arguments, or another entry: not this reading
             return None
         return frozenset(
-            i - offset for i in range(offset, len(table)) if "tf.aliasing_output" in ir.DictAttr(table[i])
+            i - offset
+            for i in range(offset, len(table))
+            if "tf.aliasing_output" in ir.DictAttr(table[i])
         )
     except Exception:  # noqa: BLE001 - another module layout: the executable's table is read
         return None

@@ -69,7 +69,11 @@ def library_locals(frame: Any) -> dict[str, Any]:
     except Exception:  # noqa: BLE001 - a frame without readable locals
         return {}
     out = dict(snapshot)
-    if sys.version_info < (3, 13) and type(snapshot) is dict and frame.f_code.co_flags & inspect.CO_OPTIMIZED:
+    if (
+        sys.version_info < (3, 13)
+        and type(snapshot) is dict
+        and frame.f_code.co_flags & inspect.CO_OPTIMIZED
+    ):
         snapshot.clear()
     return out
 
@@ -93,7 +97,9 @@ class _Namespace(Mapping[str, Any]):
         code = frame.f_code
         self._frame: FrameType | None = frame
         self._names = (
-            {*code.co_varnames, *code.co_cellvars, *code.co_freevars} if code.co_flags & inspect.CO_OPTIMIZED else None
+            {*code.co_varnames, *code.co_cellvars, *code.co_freevars}
+            if code.co_flags & inspect.CO_OPTIMIZED
+            else None
         )
         self._read: dict[str, Any] | None = None
 
@@ -129,13 +135,18 @@ _ALLOWED = (
 @define(
     "callback-frames",
     "the file names of jax._src.debugging, jax._src.callback and jax._src.api.device_get",
-    "that host callbacks (jax.debug.print, pure_callback) and jax.device_get may read arrays in a hot loop",
+    "that host callbacks (jax.debug.print, pure_callback) and jax.device_get may read arrays "
+    "in a hot loop",
 )
 def _probe_callbacks() -> str | None:
     from jax._src import api, callback, debugging
 
     modules = (debugging, callback, api)  # in _ALLOWED's order
-    wrong = [m.__name__ for m, (suffix, _) in zip(modules, _ALLOWED) if not (m.__file__ or "").endswith(suffix)]
+    wrong = [
+        m.__name__
+        for m, (suffix, _) in zip(modules, _ALLOWED)
+        if not (m.__file__ or "").endswith(suffix)
+    ]
     if not hasattr(api, "device_get"):
         wrong.append("jax._src.api.device_get")
     return ("moved: " + ", ".join(wrong)) if wrong else None
@@ -170,12 +181,17 @@ def _probe_ipython() -> str | None:
 def notebook_cell(filename: str) -> int | None:
     """The execution count of a notebook cell's pseudo-file, under IPython."""
     ipython = sys.modules.get("IPython")
-    if ipython is None or "ipykernel_" not in filename and not filename.startswith("<ipython-input"):
+    if (
+        ipython is None
+        or "ipykernel_" not in filename and not filename.startswith("<ipython-input")
+    ):
         return None
     if not capability("ipython-cells").available:
         return None
     try:
         shell = ipython.get_ipython()
-        return shell.compile._filename_map.get(filename) if shell else None  # type: ignore[no-any-return]
+        return (  # type: ignore[no-any-return]
+            shell.compile._filename_map.get(filename) if shell else None
+        )
     except Exception:  # noqa: BLE001 - IPython internals vary
         return None

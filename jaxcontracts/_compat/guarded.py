@@ -53,7 +53,9 @@ def _parts() -> tuple[Any, Any, Any, Any, Any]:
 
         pjit = xla_client._xla.pjit
     registry = getattr(tree_util, "tracing_registry", None) or tree_util.default_registry
-    return pjit, pxla.JitGlobalCppCacheKeys, tree_util.dispatch_registry, pxla.cc_shard_arg, registry
+    return (
+        pjit, pxla.JitGlobalCppCacheKeys, tree_util.dispatch_registry, pxla.cc_shard_arg, registry
+    )
 
 
 @define(
@@ -89,7 +91,9 @@ def guarded_call(
     compiled: Any,
     approve: Callable[[tuple[Any, ...]], bool],
     in_tree: Any = None,
-    static: tuple[tuple[int, ...], tuple[str, ...], Callable[..., tuple[Any, ...] | None]] | None = None,
+    static: (
+        tuple[tuple[int, ...], tuple[str, ...], Callable[..., tuple[Any, ...] | None]] | None
+    ) = None,
 ) -> Callable[..., Any] | None:
     """The C++ call of ``compiled``'s executable that runs only signatures ``approve`` took.
 
@@ -119,7 +123,9 @@ def guarded_call(
         params = compiled._params
         if in_tree is not None:
             if in_tree.num_leaves != params.in_tree.num_leaves:
-                raise ValueError(f"{in_tree.num_leaves} leaves, the executable takes {params.in_tree.num_leaves}")
+                raise ValueError(
+                    f"{in_tree.num_leaves} leaves, the executable takes {params.in_tree.num_leaves}"
+                )
             params = params._replace(in_tree=in_tree)
         executable = compiled._executable
         inner = executable.create_cpp_call(params)
@@ -144,5 +150,6 @@ def guarded_call(
         return jax_miss(*args)
 
     return pjit(  # type: ignore[no-any-return]
-        name, None, cache_miss, list(argnums), list(argnames), cache_keys(), dispatch_registry, shard_arg
+        name, None, cache_miss, list(argnums), list(argnames), cache_keys(), dispatch_registry,
+        shard_arg,
     )

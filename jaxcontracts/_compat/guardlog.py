@@ -1,9 +1,10 @@
 """JAX's transfer-guard log lines, taken off stderr and handed to record mode.
 
 In record mode a hot loop sets JAX's host-to-device guard to ``"log"``, and
-jaxlib's C++ logging writes one line per transfer straight to fd 2::
+jaxlib's C++ logging writes one line per transfer straight to fd 2 (wrapped here)::
 
-    W1130 19:54:47.320191    7187 guard_lib.cc:125] host-to-device transfer: aval=ShapedArray(float32[], weak_type=True), dst_sharding=...
+    W1130 19:54:47.320191    7187 guard_lib.cc:125] host-to-device transfer:
+        aval=ShapedArray(float32[], weak_type=True), dst_sharding=...
 
 While a recording loop is active, fd 2 is a pipe; a reader thread passes
 other lines through at once and keeps the guard lines by the native thread
@@ -58,8 +59,10 @@ def parse(line: str) -> tuple[int, GuardEvent] | None:
 
 @define(
     "guard-log-capture",
-    "jaxlib's transfer-guard log lines on file descriptor 2 (absl format with the native thread id)",
-    "recording implicit host-to-device transfers in record mode (and keeping them off the terminal)",
+    "jaxlib's transfer-guard log lines on file descriptor 2 "
+    "(absl format with the native thread id)",
+    "recording implicit host-to-device transfers in record mode "
+    "(and keeping them off the terminal)",
 )
 def _probe() -> str | None:
     if not hasattr(threading, "get_native_id"):
@@ -234,13 +237,15 @@ class Capture:
                 return False
             self._pipe = _identity(write_fd)
             os.close(write_fd)
-            if not self._registered:  # fd 2 given back at interpreter exit, whatever is still recording
+            # fd 2 given back at interpreter exit, whatever is still recording
+            if not self._registered:
                 atexit.register(self.release_at_exit)
                 self._registered = True
             self._saved_fd = saved
             self._wake = os.pipe()
             self._reader = threading.Thread(
-                target=self._read, args=(read_fd, saved, self._wake[0]), name="jaxcontracts-guard-log", daemon=True
+                target=self._read, args=(read_fd, saved, self._wake[0]),
+                name="jaxcontracts-guard-log", daemon=True,
             )
             try:
                 self._reader.start()
@@ -331,7 +336,9 @@ def _close(*fds: int) -> None:
             pass
 
 
-_FORWARD = "import os\nwhile b := os.read(0, 65536):\n    while b:\n        b = b[os.write(1, b):]\n"
+_FORWARD = (
+    "import os\nwhile b := os.read(0, 65536):\n    while b:\n        b = b[os.write(1, b):]\n"
+)
 
 
 def _hand_over(fd: int, out: int) -> None:
@@ -344,7 +351,8 @@ def _hand_over(fd: int, out: int) -> None:
         if sys.executable and hasattr(os, "posix_spawn"):
             os.posix_spawn(
                 sys.executable, [sys.executable, "-I", "-S", "-c", _FORWARD], os.environ,
-                file_actions=[(os.POSIX_SPAWN_DUP2, fd, 0), (os.POSIX_SPAWN_DUP2, out, 1)], setsid=True,
+                file_actions=[(os.POSIX_SPAWN_DUP2, fd, 0), (os.POSIX_SPAWN_DUP2, out, 1)],
+                setsid=True,
             )
     except OSError:
         pass

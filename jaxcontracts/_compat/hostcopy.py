@@ -32,7 +32,8 @@ def pins_host_views() -> bool:
 
 @define(
     "pin-free-host-copy",
-    "the buffer protocol of a single-device CPU array, or its unsafe_buffer_pointer and Array.format.layout",
+    "the buffer protocol of a single-device CPU array, or its unsafe_buffer_pointer and "
+    "Array.format.layout",
     "that jc.fetch (and reads allowed in a loop on a pinning jaxlib) leave buffers donatable",
 )
 def _probe() -> str | None:

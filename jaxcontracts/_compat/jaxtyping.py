@@ -88,7 +88,8 @@ _PyTreeMeta = type(jaxtyping.PyTree)
 @define(
     "jaxtyping-pytree",
     "the leaftype attribute of jaxtyping.PyTree[...]",
-    "the leaf dtype of a PyTree[Float32[Array, '...']] field (its leaves are then only required to be arrays)",
+    "the leaf dtype of a PyTree[Float32[Array, '...']] field (its leaves are then only required "
+    "to be arrays)",
 )
 def _probe_pytree() -> str | None:
     from jaxtyping import Array, Float32

@@ -28,8 +28,8 @@ from .frames import library_locals
 from .registry import capability, define
 
 __all__ = [
-    "JitOptions", "add_miss_observer", "available", "cache_size", "equinox_arguments", "install", "installed",
-    "options_from_info",
+    "JitOptions", "add_miss_observer", "available", "cache_size", "equinox_arguments", "install",
+    "installed", "options_from_info",
     "jaxpr_of", "options_of", "outputs_of", "remove_miss_observer", "uninstall",
 ]
 
@@ -132,7 +132,8 @@ _NOT_GIVEN = object()
 @define(
     "jit-cache-miss",
     "jax._src.pjit._infer_params (private), called by a jax.jit function's cache miss "
-    "with the function, its PjitInfo and the call's arguments; PjitParams.params['jaxpr'].out_avals",
+    "with the function, its PjitInfo and the call's arguments; "
+    "PjitParams.params['jaxpr'].out_avals",
     "inside jc.hot_loop: a plain jax.jit's recompile named leaf by leaf, a wrong donation "
     "refused before the call, a host argument named by its function and parameter",
 )
@@ -235,7 +236,10 @@ def _probe_equinox() -> str | None:
     call, wrapper = getattr(module, "_call", None), getattr(module, "_JitWrapper", None)
     if call is None or wrapper is None:
         return "equinox._jit._call or _JitWrapper is gone"
-    if list(inspect.signature(call).parameters)[:4] != ["jit_wrapper", "is_lower", "args", "kwargs"]:
+    if (
+        list(inspect.signature(call).parameters)[:4]
+        != ["jit_wrapper", "is_lower", "args", "kwargs"]
+    ):
         return "equinox._jit._call takes other arguments"
     if "_signature" not in getattr(wrapper, "__annotations__", {}):
         return "equinox's _JitWrapper has no _signature"
@@ -249,11 +253,15 @@ def equinox_arguments(frame: Any) -> dict[str, Any] | None:
         return None
     while frame is not None:
         code = frame.f_code
-        if code.co_name == "_call" and code.co_filename.endswith(("equinox/_jit.py", "equinox\\_jit.py")):
+        if code.co_name == "_call" and code.co_filename.endswith(
+            ("equinox/_jit.py", "equinox\\_jit.py")
+        ):
             found = library_locals(frame)
             signature = getattr(found.get("jit_wrapper"), "_signature", None)
             try:
-                return dict(signature.bind(*found["args"], **found["kwargs"]).arguments)  # type: ignore[union-attr]
+                return dict(signature.bind(  # type: ignore[union-attr]
+                    *found["args"], **found["kwargs"]
+                ).arguments)
             except Exception:  # noqa: BLE001 - another shape of call: unnamed
                 return None
         frame = frame.f_back

@@ -73,7 +73,11 @@ def replace(ref: Any, new: jax.Array) -> None:
     """Make ``ref`` hold ``new`` (the executable's output for it), with the
     weak type of the ref's own type (see the module's docstring)."""
     impl = ref._refs
-    if impl._aval.inner_aval.weak_type and not new.aval.weak_type and capability("ref-weak-types").available:
+    if (
+        impl._aval.inner_aval.weak_type
+        and not new.aval.weak_type
+        and capability("ref-weak-types").available
+    ):
         new = weakly_typed(new)
     impl._buf = new
 

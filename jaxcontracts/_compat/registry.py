@@ -64,7 +64,9 @@ def probe_in(context: Callable[[], AbstractContextManager[Any]]) -> None:
     _probe_context[:] = [context]
 
 
-def define(name: str, mechanism: str, checks: str) -> Callable[[Callable[[], str | None]], Callable[[], str | None]]:
+def define(
+    name: str, mechanism: str, checks: str
+) -> Callable[[Callable[[], str | None]], Callable[[], str | None]]:
     """Register a capability's probe (a decorator; the probe returns why it fails or None)."""
 
     def register(probe: Callable[[], str | None]) -> Callable[[], str | None]:

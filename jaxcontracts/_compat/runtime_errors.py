@@ -40,7 +40,8 @@ _MARKERS: tuple[tuple[str, GuardErrorKind, tuple[type[BaseException], ...]], ...
 @define(
     "runtime-error-text",
     "the text of JAX's transfer-guard and deleted-buffer errors (jax.errors.JaxRuntimeError)",
-    "translating JAX's own guard refusals into jc.TransferError / jc.DonationError naming your line",
+    "translating JAX's own guard refusals into jc.TransferError / jc.DonationError "
+    "naming your line",
 )
 def _probe() -> str | None:
     return None if _JAX_ERRORS else "jax.errors.JaxRuntimeError is gone"
@@ -84,7 +85,11 @@ def classify(exc: BaseException) -> tuple[GuardErrorKind, str] | None:
         return None
     for marker, kind, types in _MARKERS:
         if marker in text and isinstance(exc, types):
-            detail = text.split(marker + ":", 1)[1].split(", dst_sharding")[0].strip() if marker + ":" in text else ""
+            detail = (
+                text.split(marker + ":", 1)[1].split(", dst_sharding")[0].strip()
+                if marker + ":" in text
+                else ""
+            )
             return kind, detail
     return None
 

@@ -29,7 +29,8 @@ def _guard_lib() -> Any:
 
 @define(
     "thread-guard-state",
-    "jaxlib guard_lib.thread_local_state(): a thread's transfer-guard levels, set from another thread",
+    "jaxlib guard_lib.thread_local_state(): a thread's transfer-guard levels, "
+    "set from another thread",
     "restoring a thread's host-to-device guard when its jc.hot_loop is exited on another "
     "thread (a generator closed there)",
 )

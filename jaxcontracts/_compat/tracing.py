@@ -127,8 +127,9 @@ def _names() -> tuple[str, ...] | None:
 @define(
     "jit-context",
     "jax._src.config.trace_context() (and trace_context_names(), for the messages)",
-    "a hot step called under other values of the JAX options in jax.jit's cache key than it compiled "
-    "under (jax_enable_x64, jax.default_device, a mesh) compiles again, never running the old program",
+    "a hot step called under other values of the JAX options in jax.jit's cache key than "
+    "it compiled under (jax_enable_x64, jax.default_device, a mesh) compiles again, never running "
+    "the old program",
 )
 def _probe_context() -> str | None:
     if _trace_context is None:
@@ -145,7 +146,11 @@ def _probe_context() -> str | None:
 def jit_context() -> Any:
     """The config values ``jax.jit`` compiles for, as one comparable value
     (None when the mechanism is missing: every context then looks the same)."""
-    return _trace_context() if _trace_context is not None and capability("jit-context").available else None
+    return (
+        _trace_context()
+        if _trace_context is not None and capability("jit-context").available
+        else None
+    )
 
 
 #: What :func:`context_changes` names when JAX registered options since the
@@ -162,7 +167,11 @@ def context_changes(compiled_for: Any, now: Any) -> list[tuple[str, Any, Any]]:
         return [(REGISTERED, f"{len(compiled_for)} options", f"{len(now)} options")]
     names = _names()
     if names is None or len(names) != len(now):  # (jax 0.10.0 does not name them)
-        return [(f"option {i} of JAX's trace context", a, b) for i, (a, b) in enumerate(zip(compiled_for, now)) if a != b]
+        return [
+            (f"option {i} of JAX's trace context", a, b)
+            for i, (a, b) in enumerate(zip(compiled_for, now))
+            if a != b
+        ]
     return [(n, a, b) for n, a, b in zip(names, compiled_for, now) if a != b]
 
 

@@ -19,7 +19,9 @@ from .._steps import prune_dead
 # the declaration order is the order of jc info, explain and a loop report's rows
 from . import definition, transfers, compiles, donation, callbacks  # isort: skip
 
-__all__ = ["callbacks", "compiles", "definition", "donation", "refuse", "scan", "transfers", "wanted"]
+__all__ = [
+    "callbacks", "compiles", "definition", "donation", "refuse", "scan", "transfers", "wanted"
+]
 
 # id(closed jaxpr) -> (a weak reference to it, what each contract found): a
 # plain jax.jit with effects takes JAX's Python path at every call (no C++
@@ -42,7 +44,9 @@ def scan(name: str, closed: Any) -> dict[str, tuple[Any, ...]]:
     hit = _scanned.get(key)
     if hit is not None and hit[0]() is closed:
         return hit[1]
-    found = {c.key: got for c in hooked("scan") if (got := c.scan(name, closed))}  # type: ignore[misc]
+    found = {
+        c.key: got for c in hooked("scan") if (got := c.scan(name, closed))  # type: ignore[misc]
+    }
     try:
         _scanned[key] = (weakref.ref(closed), found)
     except TypeError:  # not weakly referable: not kept

@@ -48,7 +48,9 @@ def _listed(sites: tuple[Any, ...]) -> str:
     from .._format import fmt_listed
     from .._userline import place
 
-    return fmt_listed([f"{s.primitive} at {place(s.file, s.line)[0]}" if s.file else s.primitive for s in sites])
+    return fmt_listed(
+        [f"{s.primitive} at {place(s.file, s.line)[0]}" if s.file else s.primitive for s in sites]
+    )
 
 
 def _refuse(loop: Any, name: str, sites: tuple[Any, ...]) -> None:

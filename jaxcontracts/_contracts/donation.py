@@ -41,9 +41,18 @@ def _consumed(cs: Any, stats: Any) -> tuple[bool, str, str, str]:
     return stats.not_consumed == 0, detail, "", why
 
 
-declare(Contract("aliasing", "donation verified in the executable", DonationError, verdict=_aliased))
+declare(
+    Contract("aliasing", "donation verified in the executable", DonationError, verdict=_aliased)
+)
 declare(Contract("donation-hazard", "no donated buffer is stale or passed twice", DonationError))
-declare(Contract("consumed", "every donated input consumed (XLA did not copy)", DonationError, verdict=_consumed))
+declare(
+    Contract(
+        "consumed",
+        "every donated input consumed (XLA did not copy)",
+        DonationError,
+        verdict=_consumed,
+    )
+)
 declare(
     Contract(
         "no-donated-use", "no use of donated arrays", DonationError,
@@ -52,7 +61,8 @@ declare(
 )  # fmt: skip
 declare(
     Contract(
-        "donation-config", "jax.jit donations: each one possible, none missed where the caller drops the buffer",
+        "donation-config",
+        "jax.jit donations: each one possible, none missed where the caller drops the buffer",
         DonationError,
         violations=(
             ("wrong_donation", "a donation that cannot happen, inside jc.hot_loop"),
@@ -89,18 +99,19 @@ DONATION_FIXES = {
     "twice": "build the state with a copy where one array appears twice ({value}): XLA cannot "
     "donate one buffer for two leaves, nor keep one leaf of it while donating the other.",
     # a call was passed a deleted array that this step does not donate (a batch a jax.jit donated)
-    "pass_other": "pass an array that still exists: {value} was deleted before this call (donated to an "
-    "earlier call, such as a jax.jit with donate_argnums, or x.delete()); pass what that call returned "
-    "in its place. " + _KEEP,
+    "pass_other": "pass an array that still exists: {value} was deleted before this call "
+    "(donated to an earlier call, such as a jax.jit with donate_argnums, or x.delete()); "
+    "pass what that call returned in its place. " + _KEEP,
     # a donated leaf is still referenced besides its state
     "kept": _KEEP_COPY + ", return what you keep as an output of its own, "
     "or drop the other reference (del x; del err for a kept exception, or call the step after "
     "the except block; build the state on a line of its own, not inside the call or an assert: "
     "s = s._replace(lr=lr), then s = step(s)); to donate nothing, @jc.hot_step(donate=\"none\").",
     # a container of donated leaves inside a state is still referenced besides its state
-    "kept_node": "keep a copy instead of the container itself (samples.append(jax.tree.map(jnp.copy, "
-    "{value})), or jc.fetch({value}) for a host copy), return what you keep as an output of its "
-    "own, or drop the other reference (a variable that still names it, such as the params you "
+    "kept_node": "keep a copy instead of the container itself "
+    "(samples.append(jax.tree.map(jnp.copy, {value})), or jc.fetch({value}) for a host copy), "
+    "return what you keep as an output of its own, or drop the other reference "
+    "(a variable that still names it, such as the params you "
     'built a TrainState from: del params); to donate nothing, @jc.hot_step(donate="none").',
 }
 

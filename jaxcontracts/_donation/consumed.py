@@ -52,7 +52,9 @@ def _make_consumed(cls: type, step: str) -> type:
         value = get(self, name)
         if name in data and holds_deleted(value):
             __tracebackhide__ = True
-            what = fmt_aval(value.shape, value.dtype) if isinstance(value, jax.Array) else "its arrays"
+            what = (
+                fmt_aval(value.shape, value.dtype) if isinstance(value, jax.Array) else "its arrays"
+            )
             summary = (
                 f"{cls.__name__}.{name}: {what} was donated to {step} and no longer exists "
                 f"(this {cls.__name__} was passed to {step}, which reused its buffers)."

@@ -39,7 +39,9 @@ def deleted_read(x: Any) -> Exception | None:
     if loop is not None and not local.allow:
         loop.violation("donation", summary, fix)  # raises, or records (then JAX's error)
         return None
-    return DonatedArrayError(summary, fix=fix, contract="no-donated-use", step=by, leaves=[path] if path else [])
+    return DonatedArrayError(
+        summary, fix=fix, contract="no-donated-use", step=by, leaves=[path] if path else []
+    )
 
 
 def consumed_wait(x: Any) -> Exception | None:

@@ -1,1 +1,2 @@
-"""Hot loops: the guard, the read interceptors, the loop stack, interrupts, JAX's errors translated, ``jc.fetch``, ``jax.random`` in loops."""
+"""Hot loops: the guard, the read interceptors, the loop stack, interrupts, JAX's errors
+translated, ``jc.fetch``, ``jax.random`` in loops."""

@@ -103,9 +103,9 @@ def _readable(tree: Any, what: str) -> tuple[list[Any], Any]:
         if isinstance(x, jax.core.Tracer):
             path = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(tree)[0][n][0])
             raise TransferError(
-                f"{what}(): {path + ': ' if path else ''}a traced {fmt_aval(x.shape, x.dtype)}, inside a "
-                "function JAX is tracing (a hot step, a jax.jit): it has no value on the host until "
-                "the compiled program runs.",
+                f"{what}(): {path + ': ' if path else ''}a traced {fmt_aval(x.shape, x.dtype)}, "
+                "inside a function JAX is tracing (a hot step, a jax.jit): it has no value on the "
+                "host until the compiled program runs.",
                 fix="read it after the call: return it from the step and fetch the output there "
                 "(every N steps: loss = jc.fetch(out['loss'])); to look at it while debugging, "
                 "jax.debug.print('{}', x) prints it from the device.",
@@ -126,8 +126,8 @@ def _readable(tree: Any, what: str) -> tuple[list[Any], Any]:
             by = consumer_of(tree) or consumed_by(x)
             path = jax.tree_util.keystr(jax.tree_util.tree_flatten_with_path(tree)[0][n][0])
             raise DonationError(
-                f"{what}(): {path + ': ' if path else ''}{fmt_aval(x.shape, x.dtype)} {donated(by)} "
-                "and no longer exists.",
+                f"{what}(): {path + ': ' if path else ''}{fmt_aval(x.shape, x.dtype)} "
+                f"{donated(by)} and no longer exists.",
                 fix=donation_fix("fetch", by, value=f"s{path}"),
                 contract="no-donated-use",
                 step=by,

@@ -64,7 +64,8 @@ _NOTED = 8
 
 _LOGGED_FIX = (
     "rerun with on_violation=\"raise\" to stop at the line. The usual causes: a numpy array "
-    "given to a jax.jit call (f(np_array)): " + host_fix("constant") + "; " + host_fix("eager") + "."
+    "given to a jax.jit call (f(np_array)): " + host_fix("constant") + "; " + host_fix("eager")
+    + "."
 )
 
 
@@ -134,7 +135,9 @@ class HotLoop:
         choices = loop_options()  # every contract's option, and on_violation
         for option, value in given.items():
             if option not in choices:
-                raise DefinitionError(f"jc.hot_loop: no option {option!r}; its options are {', '.join(choices)}.")
+                raise DefinitionError(
+                    f"jc.hot_loop: no option {option!r}; its options are {', '.join(choices)}."
+                )
             if value is not None and value not in choices[option]:
                 raise DefinitionError(
                     f"jc.hot_loop({option}={value!r}): valid values are "
@@ -148,11 +151,13 @@ class HotLoop:
         self._raised: dict[int, ContractError] = {}  # per thread: the first violation raised
         self.iterations = 0
         self.sampler_calls = 0
-        self._iterating: list[list[int]] = []  # the active iterate()s' current indices, outermost first
+        # the active iterate()s' current indices, outermost first
+        self._iterating: list[list[int]] = []
         self._violations: dict[tuple[str, str, str], Violation] = {}
         # plain jax.jit functions' signatures compiled in this loop (_loop.plainjit), by PjitInfo
         self.plain_signatures: dict[int, tuple[Any, list[Any]]] = {}
-        # their undonated arguments an output could have taken, followed until settled (_loop.plainjit)
+        # their undonated arguments an output could have taken, followed
+        # until settled (_loop.plainjit)
         self.plain_followed: list[plainjit.Followed] = []
         self.audit = False  # jc.watch()'s recording loop (loops inside it inherit nothing from it)
         # called with the seconds each device-to-host read it recorded blocked (jc.watch()'s loop)
@@ -163,7 +168,8 @@ class HotLoop:
         self._entries: list[Entry] = []  # active entries (re-entrant, any thread)
         self._clock = _timing.LoopClock()
         self._entered = self._checked = False  # entered; entered at checks level fast or full once
-        self.label = 'jc.hot_loop(on_violation="record")'  # what its notes call it (the pytest plugin's name)
+        # what its notes call it (the pytest plugin's name)
+        self.label = 'jc.hot_loop(on_violation="record")'
 
     def _apply(self, options: dict[str, str]) -> None:
         transfers, compiles = options["transfers"], options["compiles"]
@@ -224,7 +230,9 @@ class HotLoop:
         it is the first of its kind, in the first pass (of every nested iterate)."""
         if not self.warmup or not self._first_pass():
             return False
-        return self._warm.admit(key, WarmupCompile(what, where(user_frame(frame))[0], self._iteration))
+        return self._warm.admit(
+            key, WarmupCompile(what, where(user_frame(frame))[0], self._iteration)
+        )
 
     def seen_compile(self, key: Any) -> bool:
         return self._warm.seen(key)
@@ -238,7 +246,9 @@ class HotLoop:
             return True
         return self.warmup and self._first_pass()
 
-    def violation(self, kind: str, what: str, fix: str, frame: Any = None, before_call: bool = False) -> None:
+    def violation(
+        self, kind: str, what: str, fix: str, frame: Any = None, before_call: bool = False
+    ) -> None:
         """Raise (or, in record mode, record) one violation at the user's line.
 
         ``kind`` is a key of ``_errors.VIOLATIONS``, which gives the title,
@@ -278,7 +288,9 @@ class HotLoop:
             return  # the same stale value's use at this line, already recorded
         found = self._violations.get(key)
         if found is None:
-            self._violations[key] = Violation(kind, what, where, 1, message, source, fix, iteration)  # type: ignore[arg-type]
+            self._violations[key] = Violation(
+                kind, what, where, 1, message, source, fix, iteration  # type: ignore[arg-type]
+            )
         else:
             found.count += 1
 
@@ -295,14 +307,18 @@ class HotLoop:
                 self.named_transfers[event.aval] -= 1
                 continue
             what = f"implicit {event.direction} transfer of {fmt_logged_aval(event.aval)}"
-            summary = violation_summary("transfer", what, at, "JAX logs it from C++, with no Python line")
+            summary = violation_summary(
+                "transfer", what, at, "JAX logs it from C++, with no Python line"
+            )
             self._record("transfer", what, at, compose(summary, fix=_LOGGED_FIX), "", _LOGGED_FIX)
         if unparsed:
             what = (
                 f"{unparsed} transfer-guard log line(s) from jaxlib that this version "
                 "of jaxcontracts cannot read (left on stderr)"
             )
-            self._record("transfer", what, at, violation_summary("transfer", what, at), "", _LOGGED_FIX)
+            self._record(
+                "transfer", what, at, violation_summary("transfer", what, at), "", _LOGGED_FIX
+            )
 
     def report(self) -> Report:
         """A :class:`jc.Report` of the violations and of where the time went.
@@ -321,7 +337,8 @@ class HotLoop:
             if c.violations and (only_off or (c.option and self._options.get(c.option) == "allow"))
         }
         report = loop_report(
-            self.violations, self.on_violation, self.warmup_compiles, self.iterations, self.sampler_calls, unchecked
+            self.violations, self.on_violation, self.warmup_compiles, self.iterations,
+            self.sampler_calls, unchecked,
         )
         report.timing = self._clock.timing()
         wall = report.timing.wall_seconds
@@ -375,7 +392,9 @@ class HotLoop:
         # may still configure it), and a guard that has nothing to watch is free.
         modes: dict[str, str] = {}
         if self.audit:
-            pass  # the audit's: it reads through the array hooks, JAX's guards stay as the script set them
+            # the audit's: it reads through the array hooks, JAX's
+            # guards stay as the script set them
+            pass
         elif self.checks_transfers:
             if self.checks_host_to_device:
                 modes["host_to_device"] = "disallow" if self.on_violation == "raise" else "log"
@@ -394,7 +413,8 @@ class HotLoop:
         # At checks level off only JAX's native guards (see acquire()): no active
         # loop for the call path to report to.
         checked = get_checks() != "off"
-        self._entered, self._checked = True, self._checked or checked  # (its report: entered only at off?)
+        # (its report: entered only at off?)
+        self._entered, self._checked = True, self._checked or checked
         entry = Entry(self, stack, modes, checked=checked)
         entry.counted = counted
         # In a generator or coroutine its exit may run on another thread, where JAX's
@@ -441,7 +461,8 @@ class HotLoop:
         return self._entries.pop()
 
     def __exit__(
-        self, exc_type: Any, exc: BaseException | None, tb: Any, _finalizing: Any = sys.is_finalizing
+        self, exc_type: Any, exc: BaseException | None, tb: Any,
+        _finalizing: Any = sys.is_finalizing,
     ) -> bool:
         """End this entry, whatever the order (generators, asyncio tasks) and thread.
         At interpreter exit (a suspended generator closed during teardown) nothing
@@ -450,7 +471,8 @@ class HotLoop:
         if _finalizing():
             return False
         __tracebackhide__ = True
-        held = interrupts.entering(keep=False)  # in front already, unless the entry is a generator's
+        # in front already, unless the entry is a generator's
+        held = interrupts.entering(keep=False)
         try:
             return self._exit(exc, tb)
         except ContractError as err:  # the traceback ends at the user's line
@@ -472,7 +494,8 @@ class HotLoop:
             entry = self._take_entry()
             stack = entry.stack
             entry.ended = True
-            if entry.direct:  # nothing of JAX's to unwind: it leaves its thread's stack now, from any thread
+            # nothing of JAX's to unwind: it leaves its thread's stack now, from any thread
+            if entry.direct:
                 stack.entries.remove(entry)
             if entry.timing is not None:
                 _timing.leave(entry.timing, lambda: held_outputs(_timing.in_use()))
@@ -580,7 +603,10 @@ class HotLoop:
         return wrapper  # type: ignore[return-value]
 
 
-_SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR | inspect.CO_ITERABLE_COROUTINE
+_SUSPENDABLE = (
+    inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+    | inspect.CO_ITERABLE_COROUTINE
+)
 
 
 def _in_generator(frame: Any) -> bool:
@@ -718,7 +744,9 @@ def hot_loop(
         >>> [v.kind for v in loop.violations]
         ['transfer']
     """
-    loop = HotLoop(transfers=transfers, compiles=compiles, callbacks=callbacks, on_violation=on_violation)
+    loop = HotLoop(
+        transfers=transfers, compiles=compiles, callbacks=callbacks, on_violation=on_violation
+    )
     if fn is None:
         return loop
     if callable(fn) and not isinstance(fn, (str, type)):  # @jc.hot_loop, bare: the defaults
@@ -728,6 +756,8 @@ def hot_loop(
     )
     raise DefinitionError(
         f"jc.hot_loop({fmt_object(fn)}): its options are keywords.",
-        fix=f"jc.hot_loop({option}={fn!r})" if isinstance(fn, str) else 'jc.hot_loop(transfers="allow")',
+        fix=f"jc.hot_loop({option}={fn!r})"
+        if isinstance(fn, str)
+        else 'jc.hot_loop(transfers="allow")',
     )
 

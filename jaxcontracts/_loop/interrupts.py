@@ -47,7 +47,8 @@ class _Interrupts:
         self.originals: dict[int, Any] = {}  # signal -> the Python handler this one is in front of
         self.noted: list[tuple[int, Any]] = []  # held: (signal, the handler it was meant for)
         self.codes: frozenset[Any] = frozenset()  # HotLoop.__enter__'s and __exit__'s (_loop.guard)
-        self.reposts: list[threading.Thread] = []  # raising a signal caught in an export's hook again
+        # the threads raising again a signal caught in an export's hook
+        self.reposts: list[threading.Thread] = []
 
     def handler(self, signum: int, frame: Any) -> None:
         original = self.originals.get(signum)
@@ -57,8 +58,10 @@ class _Interrupts:
                 if all(s != signum for s, _ in self.noted):
                     self.noted.append((signum, original))
                 return
-            if f.f_code in UNRAISING_CODES:  # a buffer export's hook: raised there, it would be lost
-                repost = threading.Thread(target=_raise_after_callbacks, args=(signum,), daemon=True)
+            if f.f_code in UNRAISING_CODES:  # an export's hook: raised there, it would be lost
+                repost = threading.Thread(
+                    target=_raise_after_callbacks, args=(signum,), daemon=True
+                )
                 self.reposts = [t for t in self.reposts if t.is_alive()] + [repost]
                 repost.start()
                 return

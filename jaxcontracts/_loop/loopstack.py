@@ -17,7 +17,9 @@ import jax
 from .._compat import threadguard
 from .._runtime import LoopStack
 
-__all__ = ["Entry", "apply_direct", "enter_native", "relink", "repair", "restore_elsewhere", "stacks_lock"]
+__all__ = [
+    "Entry", "apply_direct", "enter_native", "relink", "repair", "restore_elsewhere", "stacks_lock"
+]
 
 _NATIVE_GUARDS = {
     "host_to_device": jax.transfer_guard_host_to_device,
@@ -32,7 +34,10 @@ stacks_lock = threading.Lock()
 class Entry:
     """One entry into a loop, on the thread (``stack``) that entered it."""
 
-    __slots__ = ("capture_tid", "checked", "counted", "direct", "ended", "loop", "modes", "native", "stack", "timing")
+    __slots__ = (
+        "capture_tid", "checked", "counted", "direct", "ended", "loop", "modes", "native", "stack",
+        "timing",
+    )
 
     def __init__(self, loop: Any, stack: LoopStack, modes: dict[str, str], checked: bool) -> None:
         self.loop = loop  # the HotLoop entered
@@ -42,7 +47,8 @@ class Entry:
         self.timing: Any = None  # the loop clock's token, while timing
         self.native: contextlib.ExitStack | None = None
         self.ended = False
-        self.counted = False  # entered on the main thread, keeping the signal handler until its exit
+        # entered on the main thread, keeping the signal handler until its exit
+        self.counted = False
         # Entered in a generator or coroutine, whose exit may run on another
         # thread: its levels are set on the thread's record, not in JAX's config.
         self.direct = False

@@ -79,17 +79,25 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
         dyn_args = tuple(a for i, a in enumerate(args) if i not in opts.static_argnums)
         dyn_kwargs = {k: v for k, v in kwargs.items() if k not in opts.static_argnames}
         sig = sigs.signature(opts, args, kwargs, dyn_args, dyn_kwargs)
-        name = sigs.short(getattr(fun, "__qualname__", None) or getattr(fun, "__name__", "") or "a function")
-        _, seen = loop.plain_signatures.setdefault(id(ji), (ji, []))  # the PjitInfo kept: its id stays its own
+        name = sigs.short(
+            getattr(fun, "__qualname__", None) or getattr(fun, "__name__", "") or "a function"
+        )
+        # the PjitInfo kept: its id stays its own
+        _, seen = loop.plain_signatures.setdefault(id(ji), (ji, []))
         recompile = (name, *sigs.diff(seen[-1], sig)) if seen and sig not in seen else None
-        host = [(j, path) for j, path in enumerate(sig.paths) if sig.host[j]] if loop.checks_transfers else []
+        host = (
+            [(j, path) for j, path in enumerate(sig.paths) if sig.host[j]]
+            if loop.checks_transfers
+            else []
+        )
         logged = [_logged_aval(sig.specs[j]) for j, _ in host[:1]]
     except Exception:  # noqa: BLE001 - an argument we cannot describe: JAX's own path explains it
         return _traced(loop, run, fun, ji, args, kwargs)
     user = user_frame()
     leaves = jax.tree_util.tree_leaves((dyn_args, dyn_kwargs))
     drifted = sigs.passed_again(leaves, sig.paths, range(len(leaves)))
-    if drifted is not None:  # a deleted array a plain jax.jit's donation consumed: the index drifted
+    # a deleted array a plain jax.jit's donation consumed: the index drifted
+    if drifted is not None:
         loop.violation("wrong_donation", drifted[1], drifted[2], user, before_call=True)
     local.plain_recompile = recompile
     if sig not in seen:  # (a function with effects misses JAX's C++ cache at every call)
@@ -98,15 +106,19 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
         # JAX's guard logs this transfer too (record mode): the loop drops that line
         loop.named_transfers[logged[0]] += 1
         param = sigs.param_of(path)
-        fixes = ("constant", "static", "batch") if static_is_exact(leaves[j]) else ("constant", "batch")
+        fixes = (
+            ("constant", "static", "batch") if static_is_exact(leaves[j]) else ("constant", "batch")
+        )
         loop.violation(
             "transfer",
-            f"`{name}` is given {sig.text(j)} at `{path}`: an implicit host-to-device copy at every call",
+            f"`{name}` is given {sig.text(j)} at `{path}`: an implicit host-to-device copy "
+            "at every call",
             "a constant: " + host_fix(*fixes, param=param) + ".",
             user,
         )
     p, flat = _traced(loop, run, fun, ji, args, kwargs)
-    if _contracts.wanted(loop):  # (a program with callback effects misses JAX's C++ cache each call)
+    # (a program with callback effects misses JAX's C++ cache each call)
+    if _contracts.wanted(loop):
         try:
             found = _contracts.scan(name, jitwatch.jaxpr_of(p))
         except Exception:  # noqa: BLE001 - a program we cannot read: JAX's own path, unchecked
@@ -120,7 +132,8 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
         wrong = sigs.wrong_donations(sig, donated, avals, name)
         out = [jax.ShapeDtypeStruct(a.shape, a.dtype) for a in out_avals]
         candidates = sigs.reusable(
-            opts, sig, dyn_args, dyn_kwargs, jax.tree_util.tree_unflatten(out_tree, out), out, donated
+            opts, sig, dyn_args, dyn_kwargs, jax.tree_util.tree_unflatten(out_tree, out), out,
+            donated,
         )
         site = sigs.jit_site(fun)
         followed = _follow(name, sig, leaves, candidates, user, (tuple(sorted(donated)), site))
@@ -188,13 +201,13 @@ def settle(loop: Any) -> None:
         drifted = ""
         if f.donated:  # it donates another parameter instead: the index drifted
             at = f" (set at {f.jit_line})" if f.jit_line else ""
-            drifted = (f"; it donates {', '.join(f'`{p}`' for p in f.donated)}{at} instead: the index "
-                       "likely drifted when a parameter was inserted")
+            drifted = (f"; it donates {', '.join(f'`{p}`' for p in f.donated)}{at} instead: "
+                       "the index likely drifted when a parameter was inserted")
         loop.violation(
             "missed_donation",
-            f"`{f.name}` (called at {f.at}): `{f.param}` is not donated, yet the call's own statement "
-            f"dropped its {f.dropped.count} array(s) ({fmt_bytes(f.nbytes)}), while an output could "
-            f"have taken their buffers: each call holds them twice{drifted}",
+            f"`{f.name}` (called at {f.at}): `{f.param}` is not donated, yet the call's "
+            f"own statement dropped its {f.dropped.count} array(s) ({fmt_bytes(f.nbytes)}), "
+            f"while an output could have taken their buffers: each call holds them twice{drifted}",
             sigs.missed_donation_fix(f.name, f.param),
         )
 
@@ -203,4 +216,7 @@ def _logged_aval(spec: Any) -> str:
     """The aval text JAX's transfer-guard log gives a host leaf (``float32[], weak_type=True``):
     its dtype as JAX will make it (float64 is float32 without x64)."""
     dtype = jax.dtypes.canonicalize_dtype(spec.dtype)
-    return f"{dtype}[{','.join(map(str, spec.shape))}]" + (", weak_type=True" if spec.weak_type else "")
+    return (
+        f"{dtype}[{','.join(map(str, spec.shape))}]"
+        + (", weak_type=True" if spec.weak_type else "")
+    )

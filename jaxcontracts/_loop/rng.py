@@ -49,7 +49,12 @@ def _wrap(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
     def sampler(*args: Any, **kwargs: Any) -> Any:
         __tracebackhide__ = True
         loop = local.loop
-        if loop is None or not loop.checks_host_to_device or _host_data(args) or _host_data(kwargs.values()):
+        if (
+            loop is None
+            or not loop.checks_host_to_device
+            or _host_data(args)
+            or _host_data(kwargs.values())
+        ):
             return original(*args, **kwargs)
         with jax.transfer_guard_host_to_device("allow"):
             out = original(*args, **kwargs)

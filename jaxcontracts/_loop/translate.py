@@ -123,8 +123,9 @@ def _random_cause(tb: Any, weak: bool) -> tuple[str, str] | None:
             f"implicit transfer inside jc.hot_loop: host-to-device, the Python-number "
             f"parameters of {name} (its bounds, probabilities or their defaults)",
             f"inside a loop jax.random.{name}(...) called through the module lets them through "
-            f"(loop.sampler_calls counts them); this `{name}` was imported by name (from jax.random import {name}), "
-            f"which jaxcontracts does not replace: call jax.random.{name}, or sample inside the hot_step.",
+            f"(loop.sampler_calls counts them); this `{name}` was imported by name "
+            f"(from jax.random import {name}), which jaxcontracts does not replace: "
+            f"call jax.random.{name}, or sample inside the hot_step.",
         )
     return None
 
@@ -187,14 +188,18 @@ def translate(exc: BaseException, tb: Any) -> Exception | None:
     where, source = traceback_where(tb)
     if kind == "deleted":
         named, by, drifted = _donated_names(tb)
-        title = f"use of a donated array inside jc.hot_loop: {named or 'an array that ' + donated(None)}"
+        title = (
+            "use of a donated array inside jc.hot_loop: "
+            f"{named or 'an array that ' + donated(None)}"
+        )
         fix = donation_fix("use", by)
         if drifted is not None:
             error, contract = DonationError, VIOLATIONS["wrong_donation"].contract
             title = f"{VIOLATIONS['wrong_donation'].title}: {drifted[0]}"
             fix = drifted[1]
     return error(
-        f"{title}{f' ({detail})' if detail else ''}\n  at {where}" + (f":  {source}" if source else ""),
+        f"{title}{f' ({detail})' if detail else ''}\n  at {where}"
+        + (f":  {source}" if source else ""),
         fix=fix,
         contract=contract,
     )

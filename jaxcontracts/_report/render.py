@@ -20,8 +20,8 @@ from .._records import StepDescription, Violation, WarmupCompile
 from .timing import LoopTiming
 
 __all__ = [
-    "Contract", "LeafRow", "Report", "error_contract", "findings_html", "format_violations", "loop_report",
-    "step_report",
+    "Contract", "LeafRow", "Report", "error_contract", "findings_html", "format_violations",
+    "loop_report", "step_report",
 ]
 
 
@@ -142,14 +142,24 @@ class Report:
         if self.warmup:
             out.append("warm-up compiles (let through once each):")
             out += [
-                f"  {w.what} at {w.where}" + (f" (iteration {w.iteration})" if w.iteration is not None else "")
+                f"  {w.what} at {w.where}"
+                + (f" (iteration {w.iteration})" if w.iteration is not None else "")
                 for w in self.warmup
             ]
         if self.timing is not None and self.timing.calls:
             out += self.timing.lines()
         for c in self.contracts:
-            note = f": not checked ({c.unchecked})" if c.unchecked else (f": {c.detail}" if c.detail and c.ok else "")
-            out += textwrap.wrap(f"[{_mark(c)}] {c.name}" + note, TEXT_WIDTH, initial_indent="  ", subsequent_indent="         ")
+            note = (
+                f": not checked ({c.unchecked})"
+                if c.unchecked
+                else (f": {c.detail}" if c.detail and c.ok else "")
+            )
+            out += textwrap.wrap(
+                f"[{_mark(c)}] {c.name}" + note,
+                TEXT_WIDTH,
+                initial_indent="  ",
+                subsequent_indent="         ",
+            )
             if not c.ok and c.detail:
                 out += ["         " + line for line in c.detail.splitlines()]
         out += textwrap.wrap(
@@ -195,7 +205,8 @@ class Report:
         if self.warmup:
             lines = [f"{w.what} at {w.where}" for w in self.warmup]
             parts.append(
-                f'<pre class="jc-warmup" style="{_CSS_PRE_INFO}">warm-up compiles (let through once each):\n'
+                f'<pre class="jc-warmup" style="{_CSS_PRE_INFO}">'
+                'warm-up compiles (let through once each):\n'
                 f"{e(chr(10).join(lines))}</pre>"
             )
         if self.timing is not None and self.timing.calls:
@@ -221,9 +232,9 @@ def _html_leaves(rows: Sequence[LeafRow]) -> list[str]:
         aliased = "&ndash;" if r.aliased is None else ("yes" if r.aliased else "<b>NO</b>")
         bad = r.aliased is False and r.donated
         parts.append(
-            f'<tr style="{_tr(i)}"><td style="{_td()}"><code style="{_CSS_CODE}">{e(r.path)}</code></td>'
-            f'<td style="{_td()}"><code style="{_CSS_CODE}">{e(r.spec)}</code></td>'
-            f'<td style="{_td()}">{e(r.sharding)}</td>'
+            f'<tr style="{_tr(i)}"><td style="{_td()}"><code style="{_CSS_CODE}">'
+            f'{e(r.path)}</code></td><td style="{_td()}"><code style="{_CSS_CODE}">'
+            f'{e(r.spec)}</code></td><td style="{_td()}">{e(r.sharding)}</td>'
             f'<td style="{_td()}">{"yes" if r.donated else "no"}</td>'
             f'<td style="{_td(color=_RED if bad else _FG)}">{aliased}</td>'
             f'<td style="{_td(right=True)}">{e(fmt_bytes(r.nbytes))}</td></tr>'
@@ -245,8 +256,8 @@ def _html_violations(violations: Sequence[Violation]) -> list[str]:
         # within the report's width, with no scroll bar.
         parts.append(
             f'<tr style="{_tr(i)}"><td style="{_td()}">{e(v.kind)}</td>'
-            f'<td style="{_td()}"><code style="{_CSS_CODE}white-space:nowrap;">{e(v.where)}</code></td>'
-            f'<td style="{_td(right=True)}">{v.count}</td>'
+            f'<td style="{_td()}"><code style="{_CSS_CODE}white-space:nowrap;">'
+            f'{e(v.where)}</code></td><td style="{_td(right=True)}">{v.count}</td>'
             f'<td style="{_td(wrap=True)}min-width:24em;">{e(v.what)}</td></tr>'
         )
     parts.append("</tbody></table>")
@@ -254,14 +265,16 @@ def _html_violations(violations: Sequence[Violation]) -> list[str]:
 
 
 def findings_html(
-    head: str, ok: bool, rows: Sequence[tuple[str, str, str, int, str, str]], notes: Sequence[str] = ()
+    head: str, ok: bool, rows: Sequence[tuple[str, str, str, int, str, str]],
+    notes: Sequence[str] = (),
 ) -> str:
     """A ``jc.watch()`` or audit report as HTML, styled as the other reports
     (any notebook theme): ``rows`` are (kind, function, where, count, what, fix)."""
     e = html.escape
     parts = [
         f'<div class="jc-report jc-findings jc-{"ok" if ok else "failed"}" style="{_CSS_BOX}">',
-        f'<div style="{_CSS_TITLE}">{e(head)} <span style="{_badge(ok)}">{"OK" if ok else "TO FIX"}</span></div>',
+        f'<div style="{_CSS_TITLE}">{e(head)} <span style="{_badge(ok)}">'
+        f'{"OK" if ok else "TO FIX"}</span></div>',
     ]
     for note in notes:
         parts.append(f'<pre class="jc-blind" style="{_CSS_PRE}">NOT CHECKED: {e(note)}</pre>')
@@ -272,9 +285,10 @@ def findings_html(
             parts.append(
                 f'<tr style="{_tr(i)}"><td style="{_td()}">{e(kind)}</td>'
                 f'<td style="{_td()}"><code style="{_CSS_CODE}">{e(function)}</code></td>'
-                f'<td style="{_td()}"><code style="{_CSS_CODE}white-space:nowrap;">{e(where)}</code></td>'
-                f'<td style="{_td(right=True)}">{count}</td>'
-                f'<td style="{_td(wrap=True)}min-width:24em;">{e(what)}<br><b>fix:</b> {e(fix)}</td></tr>'
+                f'<td style="{_td()}"><code style="{_CSS_CODE}white-space:nowrap;">'
+                f'{e(where)}</code></td><td style="{_td(right=True)}">{count}</td>'
+                f'<td style="{_td(wrap=True)}min-width:24em;">{e(what)}<br><b>fix:</b>'
+                f' {e(fix)}</td></tr>'
             )
         parts.append("</tbody></table>")
     parts.append("</div>")
@@ -341,11 +355,12 @@ _HAIR = "rgba(128, 128, 128, 0.20)"
 
 _CSS_CODE = (
     f"font-size:12px;color:{_FG};background:{_CHIP};padding:0 4px;border-radius:3px;"
-    "font-family:var(--jp-code-font-family, ui-monospace, SFMono-Regular, Menlo, Consolas, monospace);"
+    "font-family:var(--jp-code-font-family, ui-monospace, SFMono-Regular, Menlo, Consolas, "
+    "monospace);"
 )
 _CSS_BOX = (
-    "font-family:var(--jp-ui-font-family, -apple-system, BlinkMacSystemFont, 'Segoe UI', Roboto, sans-serif);"
-    f"font-size:13px;border:1px solid {_LINE};border-radius:6px;padding:10px 12px;"
+    "font-family:var(--jp-ui-font-family, -apple-system, BlinkMacSystemFont, 'Segoe UI', Roboto, "
+    f"sans-serif);font-size:13px;border:1px solid {_LINE};border-radius:6px;padding:10px 12px;"
     f"max-width:960px;width:fit-content;background:{_BG};color:{_FG};text-align:left;"
 )
 _CSS_TITLE = "font-size:14px;margin-bottom:8px;"
@@ -421,11 +436,15 @@ def _pack(items: Sequence[str], sep: str, first: str = "") -> list[str]:
     return lines
 
 
-def _align(rows: Sequence[Sequence[str]], right: set[int] = frozenset()) -> list[str]:  # type: ignore[assignment]
+def _align(
+    rows: Sequence[Sequence[str]], right: set[int] = frozenset()  # type: ignore[assignment]
+) -> list[str]:
     widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
     lines = []
     for k, r in enumerate(rows):
-        cells = [c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))]
+        cells = [
+            c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths))
+        ]
         lines.append("  " + "  ".join(cells).rstrip())
         if k == 0:
             lines.append("  " + "  ".join("-" * w for w in widths))
@@ -447,7 +466,11 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
         report.facts.append(("compiled", _compiled_from(cs.cache, cs.compile_seconds)))
     report.facts += [
         ("checks level", level),
-        ("calls", str(stats.calls) + (" (calls at checks level off are not counted)" if level == "off" else "")),
+        (
+            "calls",
+            str(stats.calls)
+            + (" (calls at checks level off are not counted)" if level == "off" else ""),
+        ),
         ("refused", str(stats.refused)),
         ("not consumed", str(stats.not_consumed)),
         ("donate", repr(desc.donate)),
@@ -458,20 +481,24 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
     if stats.shared:
         report.facts.append((
             "shared executable",
-            f"{stats.shared} new argument structure(s) took a compiled signature (functools.partial "
-            "statics equal by value); each is matched on the slow path, so a partial made at every "
-            "call pays that at every call: make it once",
+            f"{stats.shared} new argument structure(s) took a compiled signature "
+            "(functools.partial statics equal by value); each is matched on the slow path, "
+            "so a partial made at every call pays that at every call: make it once",
         ))
     bare = [desc.params[i] for i in cs.donated_arrays(desc.params)] if cs is not None else []
     if bare:
         report.facts.append((
             "kept references",
-            f"{', '.join(bare)}: passed as one array, donated as jax.jit donates it (no count can tell "
-            "a kept copy from the name it is passed from); a later read of a copy names this step",
+            f"{', '.join(bare)}: passed as one array, donated as jax.jit donates it "
+            "(no count can tell a kept copy from the name it is passed from); a later read of a "
+            "copy names this step",
         ))
     if cs is not None:  # what declared contracts found in the program (its host callbacks)
         report.facts.extend(
-            fact for c in hooked("fact") if c.key in cs.found and (fact := c.fact(cs.found[c.key])) is not None  # type: ignore[misc]
+            fact
+            for c in hooked("fact")
+            if c.key in cs.found
+            and (fact := c.fact(cs.found[c.key])) is not None  # type: ignore[misc]
         )
     if cs is None:
         report.contracts = list(extra) or [
@@ -545,7 +572,9 @@ def loop_report(
         count = sum(v.count for v in violations if v.kind in kinds)
         detail = f"{count} event(s)" if count else ""
         why = (unchecked or {}).get(contract, "") if not count else ""
-        report.contracts.append(Contract(info.contract_name, count == 0, detail, info.error, contract, why))
+        report.contracts.append(
+            Contract(info.contract_name, count == 0, detail, info.error, contract, why)
+        )
     return report
 
 

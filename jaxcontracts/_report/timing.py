@@ -23,7 +23,8 @@ from .._compat import blocking
 from .._steps import HOOK_EVERY
 
 __all__ = [
-    "LoopClock", "LoopTiming", "StepTiming", "blocked", "enter", "in_use", "leave", "start", "timed",
+    "LoopClock", "LoopTiming", "StepTiming", "blocked", "enter", "in_use", "leave", "start",
+    "timed",
 ]  # fmt: skip
 
 # Shares of the loop's wall time that decide the verdict.
@@ -148,13 +149,14 @@ class LoopTiming:
         ]
         pct = (lambda s: f"{s / wall:.0%}") if wall > 0 else (lambda s: "-")
         for s in self.steps:
-            out.append(f"  {s.name.rsplit('.', 1)[-1]}: {s.calls} calls, {s.host_us_per_call:,.1f} us host/call "
+            out.append(f"  {s.name.rsplit('.', 1)[-1]}: {s.calls} calls, "
+                       f"{s.host_us_per_call:,.1f} us host/call "
                        f"({pct(s.host_seconds)} of the loop)")
         blocked = ", ".join(f"{k} {v * 1e3:.2f} ms" for k, v in sorted(self.blocked.items()))
         out.append(f"  blocked on the device: {self.blocked_seconds * 1e3:.2f} ms "
                    f"({pct(self.blocked_seconds)})" + (f": {blocked}" if blocked else ""))
-        out.append(f"  other host time (your code between calls): {self.other_seconds * 1e3:.2f} ms "
-                   f"({pct(self.other_seconds)})")
+        out.append(f"  other host time (your code between calls): "
+                   f"{self.other_seconds * 1e3:.2f} ms ({pct(self.other_seconds)})")
         out.append(f"  at exit: {self.pending_at_exit} of {self.outputs_at_exit} step outputs "
                    "still computing")
         out.append("  " + self.advice())
@@ -164,7 +166,9 @@ class LoopTiming:
             break_on_hyphens=False, drop_whitespace=True) or [""]]
 
 
-def _host_seconds(calls: int, seconds: float, timed: int, first_seconds: float, first_timed: int) -> float:
+def _host_seconds(
+    calls: int, seconds: float, timed: int, first_seconds: float, first_timed: int
+) -> float:
     """A step's host time, stratified: the first-phase calls (often slower) as
     timed, the others at the mean of the sampled ones."""
     if not timed:
@@ -198,7 +202,8 @@ class LoopClock:
         # phase, calls and seconds of entries that timed none (at the step's mean)]
         self.steps: dict[str, list[float]] = {}
         self.blocked: dict[str, float] = {}
-        # each block_until_ready while the loop is open on this thread: (seconds, the value waited on)
+        # each block_until_ready while the loop is open on this thread:
+        # (seconds, the value waited on)
         self.on_wait: Callable[[float, Any], None] | None = None
         self.pending = 0
         self.outputs = 0
@@ -208,7 +213,9 @@ class LoopClock:
         """The figures so far (entries that have exited), as a frozen record."""
         blocked = sum(self.blocked.values())
         calls = int(sum(r[0] for r in self.steps.values()))
-        hosts = [min(self.wall, _host_seconds(r[0] - r[5], *r[1:5]) + r[6]) for r in self.steps.values()]
+        hosts = [
+            min(self.wall, _host_seconds(r[0] - r[5], *r[1:5]) + r[6]) for r in self.steps.values()
+        ]
         # one slow sample can push the sum past the loop's time: scaled to fit
         room, total = max(0.0, self.wall - blocked), sum(hosts)
         if total > room:
@@ -216,7 +223,8 @@ class LoopClock:
         return LoopTiming(
             wall_seconds=self.wall,
             steps=tuple(
-                StepTiming(n, int(r[0]), h, int(r[2])) for (n, r), h in zip(self.steps.items(), hosts)
+                StepTiming(n, int(r[0]), h, int(r[2]))
+                for (n, r), h in zip(self.steps.items(), hosts)
             ),
             blocked=dict(self.blocked),
             pending_at_exit=self.pending,

@@ -1,1 +1,2 @@
-"""States: fields and annotations, specs, validation, construction, foreign pytrees, equinox filtering."""
+"""States: fields and annotations, specs, validation, construction,
+foreign pytrees, equinox filtering."""

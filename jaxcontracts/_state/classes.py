@@ -221,7 +221,11 @@ class State:
         # Frame 2 (past cooperative __init_subclass__ frames) runs the class
         # statement: resolve annotations there, without changing its locals().
         frame = caller_frame(2)
-        while frame is not None and frame.f_code.co_name == "__init_subclass__" and frame.f_back is not None:
+        while (
+            frame is not None
+            and frame.f_code.co_name == "__init_subclass__"
+            and frame.f_back is not None
+        ):
             frame = frame.f_back
         _make_state(cls, eq, namespace_of(frame) if frame is not None else {})
 
@@ -273,7 +277,9 @@ def _state_repr(self: Any) -> str:
         if isinstance(v, jax.ShapeDtypeStruct) or (
             isinstance(v, jax.Array) and not isinstance(v, _Tracer)
         ):
-            text = fmt_aval(v.shape, v.dtype, v.aval.weak_type if isinstance(v, jax.Array) else v.weak_type)
+            text = fmt_aval(
+                v.shape, v.dtype, v.aval.weak_type if isinstance(v, jax.Array) else v.weak_type
+            )
             if isinstance(v, jax.Array) and v.is_deleted():  # a buffer state, no transfer
                 by = consumer_of(self)
                 text += f" (deleted: donated to {by})" if by else " (deleted)"

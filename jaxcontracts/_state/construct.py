@@ -30,7 +30,11 @@ def _shown(value: Any) -> str:
     plain = (str, bool, int, float, type(None))
     if (
         isinstance(value, plain)
-        or (isinstance(value, (tuple, list)) and len(value) < 10 and all(isinstance(v, plain) for v in value))
+        or (
+            isinstance(value, (tuple, list))
+            and len(value) < 10
+            and all(isinstance(v, plain) for v in value)
+        )
     ) and len(repr(value)) < 60:
         return f"{value!r} ({type(value).__name__})"
     return fmt_object(value)
@@ -46,7 +50,8 @@ def _check_dims(cls: type, dims: Mapping[str, Any], what: str) -> dict[str, Any]
             f"{cls.__qualname__}.{what}() got unknown dimension(s) {', '.join(unknown)}.",
             [f"Valid dims: {', '.join(sorted(valid)) or '(none)'}; you may also pass "
              "a value for any field, e.g. params=... for a PyTree field."],
-            fix=f"spell each dimension as the annotations do ({', '.join(sorted(valid)) or 'none'}).",
+            fix="spell each dimension as the annotations do "
+            f"({', '.join(sorted(valid)) or 'none'}).",
             contract="dims",
         )
     variadic = info.variadic_dim_names
@@ -117,12 +122,15 @@ def make(cls: type, kwargs: dict[str, Any], sharding: Any, leaf_fn: Callable, wh
     if STATE_INFO not in cls.__dict__:  # Plain(Base) undecorated: Base's fields only, no pytree
         raise undecorated_error(cls)
     field_names = {f.name for f in info_of(cls).fields}
-    both = sorted(field_names & set(info_of(cls).dim_names))  # (given or not: the missing dim's fix names it)
+    # (given or not: the missing dim's fix names it)
+    both = sorted(field_names & set(info_of(cls).dim_names))
     if both:
         raise SpecError(
-            f"{cls.__qualname__}.{what}(): `{both[0]}` names both a field of {cls.__qualname__} and a "
-            f"dimension of its annotations, so {both[0]}=... cannot say which it gives.",
-            fix=f'rename the dimension in the annotations (Float32[Array, "{both[0]}_size"]) or the field.',
+            f"{cls.__qualname__}.{what}(): `{both[0]}` names both a field of "
+            f"{cls.__qualname__} and a dimension of its annotations, so {both[0]}=... "
+            "cannot say which it gives.",
+            fix=f'rename the dimension in the annotations (Float32[Array, "{both[0]}_size"]) '
+            'or the field.',
             contract="dims",
             leaves=[f".{both[0]}"],
         )

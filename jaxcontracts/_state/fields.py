@@ -253,7 +253,8 @@ def classify(cls: type, f: dataclasses.Field, hint: Any) -> Field:
             "A jc.state field is one of:",
             '  1. an array:        x: Float32[Array, "n 3"]   (a concrete dtype)',
             "  2. a nested state:  inner: OtherState          (a @jc.state class)",
-            "  3. a pytree:        params: PyTree[Float32[Array, '...']]   (None too: an optional array)",
+            "  3. a pytree:        params: PyTree[Float32[Array, '...']]   "
+            "(None too: an optional array)",
             "  4. a static value:  dt: float = jc.static(0.01)",
         ],
         fix=f"if {f.name} is configuration, write `{f.name}: {hint_name(hint)} = "
@@ -267,7 +268,8 @@ def refuse_init_vars(cls: type, hints: Mapping[str, Any]) -> None:
     names = [
         name
         for name in cls.__dataclass_fields__  # type: ignore[attr-defined]
-        if isinstance(hints.get(name), dataclasses.InitVar) or hints.get(name) is dataclasses.InitVar
+        if isinstance(hints.get(name), dataclasses.InitVar)
+        or hints.get(name) is dataclasses.InitVar
     ]
     if names:
         shown = ", ".join(f"{cls.__qualname__}.{n}" for n in names)
@@ -297,11 +299,16 @@ def hint_name(hint: Any) -> str:
     if origin in _UNIONS:  # Optional[X], X | None, Union[X, Y]
         rest = [a for a in args if a is not type(None)]
         inner = ", ".join(map(hint_name, rest))
-        return f"Optional[{inner}]" if len(rest) == 1 and len(args) == 2 else f"Union[{inner}{', None' * (len(rest) < len(args))}]"
+        return (
+            f"Optional[{inner}]"
+            if len(rest) == 1 and len(args) == 2
+            else f"Union[{inner}{', None' * (len(rest) < len(args))}]"
+        )
     if args and isinstance(origin, type):  # list[int], dict[str, X]
         return f"{origin.__name__}[{', '.join(map(hint_name, args))}]"
     name = getattr(hint, "__name__", None) or repr(hint)
-    return name.replace("jaxlib._jax.Array", "Array").replace("jaxtyping.", "")  # (as jaxtyping names them)
+    # (as jaxtyping names them)
+    return name.replace("jaxlib._jax.Array", "Array").replace("jaxtyping.", "")
 
 
 # --------------------------------------------------------------------------
@@ -366,7 +373,8 @@ def is_sealed_state(x: Any) -> bool:
         return False
     cls = x if isinstance(x, type) else type(x)
     return all(
-        isinstance(f, (ArrayField, StaticField)) or (isinstance(f, StateField) and is_sealed_state(f.cls))
+        isinstance(f, (ArrayField, StaticField))
+        or (isinstance(f, StateField) and is_sealed_state(f.cls))
         for f in info_of(cls).fields
     )
 

@@ -55,7 +55,9 @@ class FilterKey:
         if self.paths is None:
             n = self.treedef.num_leaves
             full = jax.tree_util.tree_unflatten(self.treedef, list(range(n)))
-            self.paths = tuple(jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(full)[0])
+            self.paths = tuple(
+                jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(full)[0]
+            )
         return self.paths
 
     def leaf_paths(self) -> list[str]:
@@ -121,7 +123,9 @@ def split(value: Any, last: FilterKey | None = None) -> Filtered:
     """``value`` as a :class:`Filtered` node (``last``: reused when it still fits)."""
     leaves, treedef = jax.tree_util.tree_flatten(value)
     key = last
-    if key is None or treedef != key.treedef or not all(leaves[i] is v for i, v in zip(key.static, key.values)):
+    if key is None or treedef != key.treedef or not all(
+        leaves[i] is v for i, v in zip(key.static, key.values)
+    ):
         static_pos = tuple(i for i, x in enumerate(leaves) if not _is_array(x))
         key = FilterKey(treedef, static_pos, tuple(leaves[i] for i in static_pos))
     static = key.static_set

@@ -18,7 +18,10 @@ from .._errors import DefinitionError, SpecError
 from .._format import fmt_aval, fmt_object, fmt_path, n_leaves
 from .._tracebacks import boundary
 
-__all__ = ["Change", "Changes", "any_node", "device_tree", "holds_module", "host_leaves_on_device", "scalar_to_host", "to_device"]
+__all__ = [
+    "Change", "Changes", "any_node", "device_tree", "holds_module", "host_leaves_on_device",
+    "scalar_to_host", "to_device",
+]
 
 T = TypeVar("T")
 
@@ -104,7 +107,9 @@ def to_device(value: Any, where: Any = None) -> jax.Array:
     host = np.asarray(value)
     x = jax.device_put(host, where)
     try:
-        borrowed = host.size > 0 and x.unsafe_buffer_pointer() == host.__array_interface__["data"][0]
+        borrowed = (
+            host.size > 0 and x.unsafe_buffer_pointer() == host.__array_interface__["data"][0]
+        )
     except Exception:  # noqa: BLE001 - no single buffer (sharded) or no pointer
         borrowed = False
     return jnp.copy(x) if borrowed else x
@@ -293,8 +298,10 @@ def device_tree(tree: Any, *, sharding: Any = None, changes: bool = False) -> An
             "jc.static(...) in a jc.state, flax.struct.field(pytree_node=False), "
             "eqx.field(static=True); or split the arrays out first "
             "(params, rest = eqx.partition(model, eqx.is_array)) and pass those."
-            + (" A value past JAX's 32-bit types: jax.config.update(\"jax_enable_x64\", True) at the "
-               "start of the program, or scale it to fit." if any("jax_enable_x64 is off" in b for b in bad) else ""),
+            + (" A value past JAX's 32-bit types: jax.config.update(\"jax_enable_x64\", True) "
+               "at the start of the program, or scale it to fit."
+               if any("jax_enable_x64 is off" in b for b in bad)
+               else ""),
             leaves=[b.split(":", 1)[0].strip() for b in bad],
         )
     result = jax.tree_util.tree_unflatten(treedef, out)
@@ -348,7 +355,10 @@ def _narrowing_problem(x: np.ndarray | np.generic) -> str:
     if np.issubdtype(have, np.integer) and np.issubdtype(want, np.integer):
         info, lo, hi = np.iinfo(want), np.min(x), np.max(x)
         if lo < info.min or hi > info.max:
-            return f"values up to {hi if hi > info.max else lo} do not fit in {want.name}, JAX's integer type {off}"
+            return (
+                f"values up to {hi if hi > info.max else lo} do not fit in {want.name}, "
+                f"JAX's integer type {off}"
+            )
     elif np.issubdtype(have, np.floating) or np.issubdtype(have, np.complexfloating):
         limit = np.finfo(want).max
         for part in (np.real(x), np.imag(x)) if np.iscomplexobj(x) else (x,):
@@ -359,7 +369,8 @@ def _narrowing_problem(x: np.ndarray | np.generic) -> str:
                 continue
             big = part[np.isfinite(part) & (np.abs(part) > limit)]
             with np.errstate(over="ignore"):
-                if np.isinf(big.astype(np.finfo(want).dtype)).any():  # (past it by less than rounding: fits)
+                # (past it by less than rounding: fits)
+                if np.isinf(big.astype(np.finfo(want).dtype)).any():
                     return f"finite values past {want.name}'s range would become inf {off}"
     return ""
 

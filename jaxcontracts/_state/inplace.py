@@ -79,7 +79,12 @@ def static_attributes(kind: type, aux: Any) -> dict[str, Any] | None:
     base = getattr(nnx, "Pytree", None)
     if base is None or not isinstance(kind, type) or not issubclass(kind, base):
         return None
-    if not (isinstance(aux, tuple) and len(aux) == 3 and isinstance(aux[1], tuple) and isinstance(aux[2], tuple)):
+    if not (
+        isinstance(aux, tuple)
+        and len(aux) == 3
+        and isinstance(aux[1], tuple)
+        and isinstance(aux[2], tuple)
+    ):
         return None
     names, values = aux[1], aux[2]
     if len(names) != len(values) or not all(isinstance(n, str) for n in names):
@@ -95,23 +100,32 @@ def is_ref(x: Any) -> bool:
     return isinstance(x, _REF)
 
 
-def ref_params(name: str, param_names: Sequence[str], positional: Sequence[Any], paths: Sequence[str]) -> tuple[int, ...]:
+def ref_params(
+    name: str, param_names: Sequence[str], positional: Sequence[Any], paths: Sequence[str]
+) -> tuple[int, ...]:
     """The parameters whose arguments are pytrees of refs (``paths``: where
     refs were found), each carried as a state updated in place; refused
     where a parameter mixes refs with other leaves, or where the installed
     JAX's refs cannot be carried."""
-    params = tuple(i for i, n in enumerate(param_names) if any(p == n or p.startswith((f"{n}[", f"{n}.")) for p in paths))
+    params = tuple(
+        i
+        for i, n in enumerate(param_names)
+        if any(p == n or p.startswith((f"{n}[", f"{n}.")) for p in paths)
+    )
     if not _refs.usable():
-        raise _refs_error(name, paths, "on the installed JAX a hot step cannot read the array a ref holds "
-                          "(capability 'ref-buffers' is missing)")
+        raise _refs_error(name, paths, "on the installed JAX a hot step cannot read the array a "
+                          "ref holds (capability 'ref-buffers' is missing)")
     for i in params:
         leaves = jax.tree_util.tree_leaves(positional[i])
         mixed = [x for x in leaves if not is_ref(x)]
         if mixed:
-            raise _refs_error(name, paths, f"`{param_names[i]}` mixes refs with {len(mixed)} other leaves "
-                              "(a hot step carries a parameter of refs, or of arrays, not both)")
+            raise _refs_error(name, paths, f"`{param_names[i]}` mixes refs with {len(mixed)} "
+                              "other leaves (a hot step carries a parameter of refs, or of arrays, "
+                              "not both)")
         if any(_refs.buffer(x) is None for x in leaves):
-            raise _refs_error(name, paths, f"`{param_names[i]}` holds a ref of a pytree (not of one array)")
+            raise _refs_error(
+                name, paths, f"`{param_names[i]}` holds a ref of a pytree (not of one array)"
+            )
     return params
 
 
@@ -169,20 +183,24 @@ def closed_over_refs(consts: Sequence[Any]) -> list[Any]:
     return [c for c in consts if is_ref(c)]
 
 
-def closed_over_refs_error(name: str, fn: Callable[..., Any], refs: Sequence[Any]) -> DefinitionError:
+def closed_over_refs_error(
+    name: str, fn: Callable[..., Any], refs: Sequence[Any]
+) -> DefinitionError:
     """A step that closes over ``refs``: JAX makes each a hidden argument of the
     executable, which its AOT API cannot describe (``Compiled.input_shardings``
     raises), so a hot step cannot carry it; passed as an argument, it can."""
     names = _closure_names(fn, refs)
     shown = [
-        f"`{names[id(r)]}` ({_fmt_ref(r)})" if id(r) in names else f"a ref {_fmt_ref(r)}" for r in refs
+        f"`{names[id(r)]}` ({_fmt_ref(r)})" if id(r) in names else f"a ref {_fmt_ref(r)}"
+        for r in refs
     ]
     first = next((names[id(r)] for r in refs if id(r) in names), "ref")
     param = param_of(first)
     return DefinitionError(
         f"{name} closes over {'a JAX ref' if len(refs) == 1 else f'{len(refs)} JAX refs'}: "
-        f"{', '.join(shown[:3])}{', ...' if len(shown) > 3 else ''}. A compiled step takes a ref it "
-        "closes over as a hidden argument, which a hot step cannot check, donate or report.",
+        f"{', '.join(shown[:3])}{', ...' if len(shown) > 3 else ''}. A compiled step "
+        "takes a ref it closes over as a hidden argument, which a hot step cannot check, "
+        "donate or report.",
         fix=f"pass it as an argument (def step(..., {param}): ...; step(..., {param})), or make it "
         "part of the state: a hot step carries the refs it is given, updated in place.",
         contract="definition",

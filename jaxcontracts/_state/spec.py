@@ -23,7 +23,8 @@ from .._format import fmt_aval, fmt_object, fmt_path
 from .._tracebacks import boundary
 
 __all__ = [
-    "StaticArg", "eq_answers_bool", "fmt_value", "leaf_spec", "movable", "moved_by_jax", "spec_nbytes", "spec_of", "static_equal", "static_hash",
+    "StaticArg", "eq_answers_bool", "fmt_value", "leaf_spec", "movable", "moved_by_jax",
+    "spec_nbytes", "spec_of", "static_equal", "static_hash",
     "hashed_by_value", "hashed_key", "unchanging", "value_key", "value_kind",
 ]
 
@@ -141,12 +142,17 @@ class StaticArg:
         # what tree structures compare: a value that can change in place, by what
         # it holds as this call made it (value_key), carried besides
         self.key = None if unchanging(value) else value_key(value)
-        self.aux = (type(value), value) if self.key is None else (type(value), self.key, _Carried(value))
+        self.aux = (
+            (type(value), value) if self.key is None else (type(value), self.key, _Carried(value))
+        )
 
     def __eq__(self, other: object) -> bool:
         if not isinstance(other, StaticArg) or self.key != other.key:
             return False
-        return self.key is not None or (self.hash == other.hash and static_equal(self.value, other.value))
+        return (
+            self.key is not None
+            or (self.hash == other.hash and static_equal(self.value, other.value))
+        )
 
     def __hash__(self) -> int:
         return self.hash
@@ -156,7 +162,10 @@ class StaticArg:
 
 
 _ATOMS = (type(None), bool, int, float, complex, str, bytes, np.generic, jax.Array, enum.Enum, type)
-_FUNCTIONS = (types.FunctionType, types.BuiltinFunctionType, types.MethodWrapperType, types.WrapperDescriptorType)
+_FUNCTIONS = (
+    types.FunctionType, types.BuiltinFunctionType, types.MethodWrapperType,
+    types.WrapperDescriptorType,
+)
 
 
 def unchanging(value: Any) -> bool:
@@ -164,12 +173,16 @@ def unchanging(value: Any) -> bool:
     objects, and tuples, frozen dataclasses and partials of those."""
     if isinstance(value, _ATOMS) or isinstance(value, _FUNCTIONS):
         return True
-    if type(value).__module__.partition(".")[0] in ("jax", "jaxlib") and not isinstance(value, functools.partial):
+    if type(value).__module__.partition(".")[0] in ("jax", "jaxlib") and not isinstance(
+        value, functools.partial
+    ):
         return True  # JAX's own objects (jnp.multiply, a jitted function, a mesh) never change
     if isinstance(value, tuple):
         return all(map(unchanging, value))
     if type(value) is functools.partial:
-        return unchanging(value.func) and all(map(unchanging, (*value.args, *value.keywords.values())))
+        return unchanging(value.func) and all(
+            map(unchanging, (*value.args, *value.keywords.values()))
+        )
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         frozen = getattr(type(value), "__dataclass_params__", None)
         return bool(frozen and frozen.frozen) and all(
@@ -226,7 +239,8 @@ def _key(value: Any, depth: int, memo: dict[int, Any]) -> Any:
     seen = memo.get(id(value))
     if seen is not None:  # met before in this value (shared, or a cycle): which one, not again
         return seen
-    memo[id(value)] = ("seen", len(memo))  # (each object expanded once: a key's size is the value's)
+    # (each object expanded once: a key's size is the value's)
+    memo[id(value)] = ("seen", len(memo))
     return _walked(value, t, depth, memo)
 
 
@@ -238,7 +252,12 @@ def _walked(value: Any, t: type, depth: int, memo: dict[int, Any]) -> Any:
     if deeper and t is dict:
         return (t, *[(_key(k, depth, memo), _key(v, depth, memo)) for k, v in list(value.items())])
     if deeper and t is functools.partial:
-        return (t, _key(value.func, depth, memo), _key(value.args, depth, memo), _key(value.keywords, depth, memo))
+        return (
+            t,
+            _key(value.func, depth, memo),
+            _key(value.args, depth, memo),
+            _key(value.keywords, depth, memo),
+        )
     if isinstance(value, (np.ndarray, np.generic)):
         if value.dtype.hasobject:
             return (t, value.dtype, value.shape, *[_key(x, depth, memo) for x in np.ravel(value)])
@@ -255,7 +274,8 @@ def _walked(value: Any, t: type, depth: int, memo: dict[int, Any]) -> Any:
         return (t, _Same(value.__func__), _key(value.__self__, depth, memo))
     if t.__hash__ is object.__hash__:  # by identity, as jax.jit takes it
         return _Same(value)
-    if t.__hash__ is None and isinstance(value, jax.Array):  # (an array hashes by nothing) never read
+    # (an array hashes by nothing) never read
+    if t.__hash__ is None and isinstance(value, jax.Array):
         return _Same(value)
     hashed = static_hash(value) if t.__hash__ is not None else -1
     if hashed != -1:
@@ -343,5 +363,7 @@ class _Carried:
 
 
 jax.tree_util.register_pytree_node(
-    StaticArg, lambda s: ((), s.aux), lambda aux, _: StaticArg(aux[-1].value if len(aux) == 3 else aux[1])
+    StaticArg,
+    lambda s: ((), s.aux),
+    lambda aux, _: StaticArg(aux[-1].value if len(aux) == 3 else aux[1]),
 )

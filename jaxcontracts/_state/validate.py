@@ -260,7 +260,10 @@ class _Validation:
             # which field to name: with the array fields first, jaxtyping's dims
             # bind as ``bindings`` says they did, and a tree that disagrees is named
             # (a symbolic dim a tree binds for an array, `n+1`, needs the order above)
-            ordered = [x for x in items if x[0] not in self.trees] + [x for x in items if x[0] in self.trees]
+            ordered = (
+                [x for x in items if x[0] not in self.trees]
+                + [x for x in items if x[0] in self.trees]
+            )
             try:
                 blamed = dict(zip([x[0] for x in ordered], _jaxtyping_check(ordered)))
             except Exception:  # noqa: BLE001 - jaxtyping cannot check them in that order
@@ -273,7 +276,9 @@ class _Validation:
                     Problem(
                         name,
                         hint_name(ann),
-                        fmt_value(value) if isinstance(value, (jax.Array, np.ndarray)) else _leaf_shapes(value),
+                        fmt_value(value)
+                        if isinstance(value, (jax.Array, np.ndarray))
+                        else _leaf_shapes(value),
                         "its leaves must match the annotation, with named dims "
                         "bound consistently across fields.",
                     )
@@ -284,7 +289,8 @@ def _leaf_shapes(tree: Any, most: int = 4) -> str:
     """``{['a']: f32[3], ['b']: f32[3]}``: a tree's leaves by path, shapes only."""
     leaves = jax.tree_util.tree_leaves_with_path(tree)
     parts = [
-        f"{jax.tree_util.keystr(p)}: {fmt_aval(spec.shape, spec.dtype) if (spec := leaf_spec(x)) is not None else fmt_value(x)}"
+        f"{jax.tree_util.keystr(p)}: "
+        f"{fmt_value(x) if (spec := leaf_spec(x)) is None else fmt_aval(spec.shape, spec.dtype)}"
         for p, x in leaves[:most]
     ]
     more = f", ... ({len(leaves) - most} more)" if len(leaves) > most else ""
@@ -304,7 +310,9 @@ def _convert_array(name: str, value: Any, ann: ArrayAnnotation) -> tuple[Any, Pr
         return _convert_key(name, value, ann)
     if isinstance(value, jax.Array):
         if not same_dtype(value.dtype, want):
-            return None, _x64_problem(name, value, ann) or _wrong_dtype(name, ann, value, "jax array")
+            return None, _x64_problem(name, value, ann) or _wrong_dtype(
+                name, ann, value, "jax array"
+            )
         if value.aval.weak_type:
             return jax.lax.convert_element_type(value, want), None
         return value, None
@@ -484,7 +492,9 @@ def _convert_pytree(f: PyTreeField, value: Any) -> tuple[Any, list[Problem]]:
         elif isinstance(leaf, (bool, int, float, complex)):
             host, why = scalar_to_host(leaf)
             if host is None:
-                problems.append(Problem(where, "an array leaf", fmt_value(leaf), f"{why}; pass an array."))
+                problems.append(
+                    Problem(where, "an array leaf", fmt_value(leaf), f"{why}; pass an array.")
+                )
                 out.append(leaf)
             else:  # what jc.device_tree makes of it: JAX's default dtype, strongly typed
                 out.append(to_device(host))

@@ -1,1 +1,2 @@
-"""Hot steps: the decorator, analysis, the compiled signature, the call path, diagnosis, ``jc.check``."""
+"""Hot steps: the decorator, analysis, the compiled signature, the call
+path, diagnosis, ``jc.check``."""

@@ -140,7 +140,10 @@ def _is_method(fn: Any, params: Sequence[inspect.Parameter]) -> bool:
     if isinstance(fn, functools.partial) or not params or params[0].name != "self":
         return False
     first = params[0]
-    return first.annotation is first.empty and first.kind in (first.POSITIONAL_ONLY, first.POSITIONAL_OR_KEYWORD)
+    return (
+        first.annotation is first.empty
+        and first.kind in (first.POSITIONAL_ONLY, first.POSITIONAL_OR_KEYWORD)
+    )
 
 
 def analyse(
@@ -188,7 +191,9 @@ def analyse(
         if signature is None:
             signature = _first_annotation(name, params, hints, static_params)
         state_params = _state_params(name, params, hints, signature, static_params, explicit)
-        carried = _returned_states(name, params, hints, signature, donate, state_params, donated_params)
+        carried = _returned_states(
+            name, params, hints, signature, donate, state_params, donated_params
+        )
     # a jc.state class's field names are known now; other types' only from instances
     state_class = isinstance(signature, type) and is_state(signature)
     data_fields = data_field_names(signature) if state_class else None
@@ -310,7 +315,9 @@ def _refuse_static_state(
     """Refuse a ``static=`` parameter annotated with the state type (without
     ``signature=``: a ``jc.state`` class, where no other parameter could be it)."""
     others = signature is None and any(
-        _is_class_annotation(hints.get(p.name)) for i, p in enumerate(params) if i not in static_params
+        _is_class_annotation(hints.get(p.name))
+        for i, p in enumerate(params)
+        if i not in static_params
     )
     for i in static_params:
         ann = hints.get(params[i].name)
@@ -327,7 +334,8 @@ def _refuse_static_state(
 
 
 def _first_annotation(
-    name: str, params: Sequence[inspect.Parameter], hints: dict[str, Any], static_params: tuple[int, ...]
+    name: str, params: Sequence[inspect.Parameter], hints: dict[str, Any],
+    static_params: tuple[int, ...],
 ) -> Any:
     """Without ``signature=``: the first non-static parameter's annotation."""
     candidates = [p for i, p in enumerate(params) if i not in static_params]
@@ -391,7 +399,9 @@ def _check_host(
     donated_params: tuple[int, ...],
 ) -> None:
     """Host data is neither state, static nor donated (no device buffer to reuse)."""
-    for option, taken in (("state", state_params), ("static", static_params), ("donate_argnames", donated_params)):
+    for option, taken in (
+        ("state", state_params), ("static", static_params), ("donate_argnames", donated_params)
+    ):
         both = [params[i].name for i in host if i in taken]
         if both:
             raise DefinitionError(

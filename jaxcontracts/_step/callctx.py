@@ -43,10 +43,14 @@ class DispatchingStep(LiveStep, Protocol):
         """What the decorator learnt of the function (``_step.analyse``)."""
         ...
 
-    def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
+    def slow_call(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None
+    ) -> Any:
         """Everything a closure does not handle (diagnosis, a new compile, traces)."""
 
-    def not_consumed(self, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> BaseException | None:
+    def not_consumed(
+        self, cs: CompiledSignature, leaves: Sequence[Any], out: Any
+    ) -> BaseException | None:
         """The error for donated buffers XLA copied (``None``: a recording loop took it)."""
 
 
@@ -98,7 +102,9 @@ def make_tail(ctx: CallContext) -> Callable[[tuple[Any, ...], Any, Any, float], 
     marks = ctx.marks
     mark_one = marks[0] if len(marks) == 1 else None
     set_class = object.__setattr__  # the states are frozen dataclasses
-    every, acc, due, timed, perf = HOOK_EVERY, step.timing_counters, step.timing_due, _timing.timed, time.perf_counter
+    every, acc, due, timed, perf = (
+        HOOK_EVERY, step.timing_counters, step.timing_due, _timing.timed, time.perf_counter
+    )
 
     def tail(args: tuple[Any, ...], leaves: Any, out: Any, t0: float) -> Any:
         if records:
@@ -110,7 +116,11 @@ def make_tail(ctx: CallContext) -> Callable[[tuple[Any, ...], Any, Any, float], 
                     previous, pick = last  # pick: of the signature that made it
                     del last
                     # held by `previous` and the count's argument (and the picked tuple), or by more
-                    if count(previous[0]) > 2 if pick is None else max(map(count, pick(previous))) > 3:
+                    if (
+                        count(previous[0]) > 2
+                        if pick is None
+                        else max(map(count, pick(previous))) > 3
+                    ):
                         keep(previous, step.short_name, held_only=True)
                     del previous
             else:
@@ -145,7 +155,8 @@ def call_tree(cs: CompiledSignature) -> Any:
 
 
 def is_deleted_for(cs: CompiledSignature) -> Callable[[Any], bool]:
-    """``ArrayImpl.is_deleted`` unbound (``map()`` runs it in C); a method call for typed PRNG keys."""
+    """``ArrayImpl.is_deleted`` unbound (``map()`` runs it in C); a
+    method call for typed PRNG keys."""
     if any(is_key(leaf.spec.dtype) for leaf in cs.leaves):
         return operator.methodcaller("is_deleted")
     return ArrayImpl.is_deleted  # type: ignore[no-any-return]
@@ -213,7 +224,9 @@ def leaf_reader(cs: CompiledSignature, index: int) -> Callable[[tuple[Any, ...]]
     return leaf_readers(cs, (index,))[0]
 
 
-def leaf_readers(cs: CompiledSignature, indices: Sequence[int]) -> list[Callable[[tuple[Any, ...]], Any]]:
+def leaf_readers(
+    cs: CompiledSignature, indices: Sequence[int]
+) -> list[Callable[[tuple[Any, ...]], Any]]:
     """:func:`leaf_reader` for each of ``indices`` (the specs flattened once)."""
     with_path, treedef = jax.tree_util.tree_flatten_with_path(cs.spec_args)
     firsts: dict[tuple[Any, ...], int] = {}  # a path prefix -> its first flat leaf
@@ -239,7 +252,8 @@ def _prefix_key(prefix: tuple[Any, ...]) -> tuple[Any, ...]:
 
 
 def _reader(
-    with_path: Sequence[Any], firsts: dict[tuple[Any, ...], int], index: int, markers: Any, mark: object
+    with_path: Sequence[Any], firsts: dict[tuple[Any, ...], int], index: int, markers: Any,
+    mark: object,
 ) -> Callable[[tuple[Any, ...]], Any]:
     path = with_path[index][0]
     steps: list[tuple[int, Any]] = []  # (0: item, 1: attribute, 2: leaf k of a one-node flatten)
@@ -286,8 +300,15 @@ def _reader(
         read = lambda args: flatten(args)[0][index]  # noqa: E731
     elif not shadowed and all(kind < 2 for kind, _ in steps) and 1 <= len(steps) <= 3:
         # the same reads in C (``getattr`` finds what ``__dict__`` holds)
-        read = _chain([operator.itemgetter(key) if kind == 0 else operator.attrgetter(key) for kind, key in steps])
-    read.costly = costly or not same or any(kind == 2 for kind, _ in steps)  # type: ignore[attr-defined]
+        read = _chain(
+            [
+                operator.itemgetter(key) if kind == 0 else operator.attrgetter(key)
+                for kind, key in steps
+            ]
+        )
+    read.costly = (  # type: ignore[attr-defined]
+        costly or not same or any(kind == 2 for kind, _ in steps)
+    )
     return read
 
 
@@ -317,7 +338,9 @@ def _plain_attribute(obj: Any, name: str) -> bool:
 
 
 # the generic attribute read, as the builtin bases a state's classes have define it
-_PLAIN_GETATTRIBUTE = (object.__getattribute__, tuple.__getattribute__, list.__getattribute__, dict.__getattribute__)
+_PLAIN_GETATTRIBUTE = (
+    object.__getattribute__, tuple.__getattribute__, list.__getattribute__, dict.__getattribute__
+)
 
 
 def _getattr_plain(obj: Any, name: str) -> bool:
@@ -328,7 +351,11 @@ def _getattr_plain(obj: Any, name: str) -> bool:
         return False
     attr = inspect.getattr_static(cls, name, None)
     descriptor = hasattr(type(attr), "__set__") or hasattr(type(attr), "__delete__")
-    return not descriptor or isinstance(attr, types.MemberDescriptorType) or type(attr).__name__ == "_tuplegetter"
+    return (
+        not descriptor
+        or isinstance(attr, types.MemberDescriptorType)
+        or type(attr).__name__ == "_tuplegetter"
+    )
 
 
 def stale_reader(cs: CompiledSignature) -> Callable[[tuple[Any, ...]], Any] | None:

@@ -93,7 +93,9 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
         marks=_consumed_marks(cs, definition.state_params, step.short_name),
         normalize=definition.normalize,
         bind=definition.bind_positional,
-        defaults=any(p.default is not p.empty for p in definition.python_signature.parameters.values()),
+        defaults=any(
+            p.default is not p.empty for p in definition.python_signature.parameters.values()
+        ),
         kept=(lambda kept, nodes, last: kept_leaves_error(definition, cs, kept, nodes, last))
         if level == "full" and cs.donated and refcount.available()
         else None,
@@ -219,7 +221,8 @@ def _tree_approver(
         try:
             if tref.value is not ev or aref.value is not top:  # traced: the slow path traces
                 return False
-            if context is not None and jit_context() != context:  # another config: jax.jit compiles again
+            # another config: jax.jit compiles again
+            if context is not None and jit_context() != context:
                 return False
             leaves, treedef = flatten(args)
             return treedef == in_treedef and (leaves_ok is None or leaves_ok(leaves))
@@ -236,7 +239,11 @@ def _checked(ctx: CallContext, native: bool) -> Callable[..., Any]:
     donated, weak = cs.donated, cs.weak
     host = frozenset(cs.host)  # declared host data (host=): numpy accepted there
     kinds = tuple((i in host, w) for i, w in enumerate(weak))
-    shardings = [None if i in host else leaf.spec.sharding for i, leaf in enumerate(cs.leaves)] if cs.multi_device else None
+    shardings = (
+        [None if i in host else leaf.spec.sharding for i, leaf in enumerate(cs.leaves)]
+        if cs.multi_device
+        else None
+    )
     ndims = [len(leaf.spec.shape) for leaf in cs.leaves]
     # Shardings placing the data alike (P('x', None) vs P('x')): the executable
     # and the slow path accept them, so refusing here would loop. Memoised.
@@ -252,7 +259,8 @@ def _checked(ctx: CallContext, native: bool) -> Callable[..., Any]:
         return ok
 
     array_impl = ArrayImpl
-    host_types = (np.ndarray, np.generic, bool, int, float, complex)  # what a declared host leaf may be
+    # what a declared host leaf may be
+    host_types = (np.ndarray, np.generic, bool, int, float, complex)
     key_array: Any = KeyArray  # typed PRNG keys: checked only when a leaf is not an ArrayImpl
     first_donated = donated[0] if donated else None
     n_leaves = len(cs.leaves)
@@ -267,7 +275,9 @@ def _checked(ctx: CallContext, native: bool) -> Callable[..., Any]:
     kept = kept_plan(ctx)
     fast = leaf_kinds(cs)
     types, unkeyed, unkeyed_weak, weak_of = (
-        (fast.types, fast.unkeyed, fast.weak, fast.weak_of) if fast is not None else ((), None, (), None)
+        (fast.types, fast.unkeyed, fast.weak, fast.weak_of)
+        if fast is not None
+        else ((), None, (), None)
     )
     device_of = picker([i for i in range(n_leaves) if i not in host]) if host else None
 
@@ -278,8 +288,12 @@ def _checked(ctx: CallContext, native: bool) -> Callable[..., Any]:
         sharding, the first donated leaf's device."""
         if context is not None and jit_context() != context:
             return False
-        if tuple(map(type, leaves)) != types or tuple(map(weak_of, unkeyed(leaves))) != unkeyed_weak:  # type: ignore[arg-type,misc]
-            for x, (is_host, w) in zip(leaves, kinds):  # a key is never weak: its costly aval is not read
+        if (
+            tuple(map(type, leaves)) != types
+            or tuple(map(weak_of, unkeyed(leaves))) != unkeyed_weak  # type: ignore[arg-type,misc]
+        ):
+            # a key is never weak: its costly aval is not read
+            for x, (is_host, w) in zip(leaves, kinds):
                 t = type(x)
                 if is_host and issubclass(t, host_types):  # np.memmap, np.float32, a Python float
                     continue
@@ -287,7 +301,12 @@ def _checked(ctx: CallContext, native: bool) -> Callable[..., Any]:
                     return False
         if shardings is not None:
             for i, (x, s) in enumerate(zip(leaves, shardings)):
-                if s is not None and x.sharding != s and not placed_alike(i, x.sharding, s) and not (i not in donated_set and movable(x)):
+                if (
+                    s is not None
+                    and x.sharding != s
+                    and not placed_alike(i, x.sharding, s)
+                    and not (i not in donated_set and movable(x))
+                ):
                     return False  # (an undonated uncommitted array: JAX moves it, as jax.jit does)
         # on another device: JAX would move it, undonated
         if placed is None:
@@ -333,11 +352,18 @@ def _guarded(
     if not full and (first is None or not first.costly):  # type: ignore[attr-defined]
         call = guarded_call(cs.compiled, approve_tree, call_tree(cs))
         if call is not None:
-            fast = _guarded_closure(ctx, host_call(ctx, call, False) if cs.host else call, True, first)
+            fast = _guarded_closure(
+                ctx, host_call(ctx, call, False) if cs.host else call, True, first
+            )
             if native:  # static values static in the C++ call too (_static_native)
-                return _static_native(ctx, approve_tree, with_static(ctx.step.definition, fast), tail) or fast
+                return (
+                    _static_native(ctx, approve_tree, with_static(ctx.step.definition, fast), tail)
+                    or fast
+                )
             return fast
-    call = guarded_call(cs.compiled, approve_flat, None if cs.flat_style else flat_in_tree(n_leaves))
+    call = guarded_call(
+        cs.compiled, approve_flat, None if cs.flat_style else flat_in_tree(n_leaves)
+    )
     per_call = call is None  # no guarded call here: the closure checks each call's signature
     if per_call:
         native, compiled = False, ctx.compiled
@@ -360,7 +386,9 @@ def _guarded(
     kept_pick, kept_limit = (kept.pick, kept.limit) if kept is not None else (None, 0)
     kept_sequences = kept_limit - refcount.BASELINE + 1
     nodes_of = kept.nodes.of if kept is not None and kept.nodes is not None else None
-    timing_on, due, start, acc = _steps.timing_on, ctx.step.timing_due, _timing.start, ctx.step.timing_counters
+    timing_on, due, start, acc = (
+        _steps.timing_on, ctx.step.timing_due, _timing.start, ctx.step.timing_counters
+    )
     step = ctx.step
     node_limit = refcount.BASELINE  # a container: its parent, the fresh list, the count's argument
 
@@ -386,7 +414,8 @@ def _guarded(
 
         def guarded_full(*args: Any, **kwargs: Any) -> Any:
             try:
-                t0 = start(step, acc) if timing_on[0] and due[0] else 0.0  # a timed call (inside loops)
+                # a timed call (inside loops)
+                t0 = start(step, acc) if timing_on[0] and due[0] else 0.0
                 if kwargs or (short and len(args) != n_params):  # keywords, or defaults left out
                     bound = bind(args, kwargs)
                     if bound is None:
@@ -402,7 +431,8 @@ def _guarded(
                         if value is not seen[k] or changing[k]:
                             if (value_key(value) != compiled_keys[k] if changing[k]
                                     else not static_equal(value, compiled_values[k])):
-                                return fallback(*args)  # type: ignore[misc]  # another value: a new signature
+                                # another value: a new signature
+                                return fallback(*args)  # type: ignore[misc]
                             seen[k] = value
                     leaves, treedef = flatten(dynamic_of(args))
                 exc: BaseException | None = None
@@ -412,11 +442,19 @@ def _guarded(
                     # without it, or before a refusal of ours, the closure asks
                     stop = (
                         treedef != want
-                        or (per_call and (tref.value is not ev or aref.value is not top or not signature_ok(leaves)))
+                        or (
+                            per_call
+                            and (
+                                tref.value is not ev
+                                or aref.value is not top
+                                or not signature_ok(leaves)
+                            )
+                        )
                         or any(map(is_deleted, leaves if device_of is None else device_of(leaves)))
                         or (ids_always and repeated(leaves))
                     )
-                except (TypeError, AttributeError):  # not a device array: the slow path says what it is
+                # not a device array: the slow path says what it is
+                except (TypeError, AttributeError):
                     stop = True
                 if not stop and kept is not None:  # KeptPlan.refused, its count inline
                     seq = leaves if kept_pick is None else kept_pick(leaves)
@@ -435,12 +473,14 @@ def _guarded(
                 if not stop:
                     try:
                         out = call(*leaves)
-                    except Exception as e:  # noqa: BLE001 - diagnosed, or re-raised, by the slow path
+                    # diagnosed, or re-raised, by the slow path
+                    except Exception as e:  # noqa: BLE001
                         exc = e
                     else:
                         if out is not refused_mark:
                             return tail(args, leaves, out, t0)
-                del leaves  # the slow path may dispatch again: its kept-leaf count sees none of ours
+                # the slow path may dispatch again: its kept-leaf count sees none of ours
+                del leaves
                 return slow_call(args, {}, exc)
             except Exception as err:  # the traceback ends at the user's line
                 trim(err)
@@ -472,7 +512,11 @@ def _guarded_closure(
     Python frame is a percent of a ten-leaf call)."""
     slow_call, bind, refused_mark = ctx.slow_call, ctx.bind, REFUSED
     short, n_params, binds = ctx.defaults, ctx.n_params, fallback is None
-    refused = fallback if fallback is not None else (lambda *args, **kwargs: slow_call(args, kwargs, None))
+    refused = (
+        fallback
+        if fallback is not None
+        else (lambda *args, **kwargs: slow_call(args, kwargs, None))
+    )
     # timed inside loops (``_report.timing``); at ``off`` never
     timing_on = _steps.timing_on if checked else [False]
     step, due, start, acc = ctx.step, ctx.step.timing_due, _timing.start, ctx.step.timing_counters
@@ -482,7 +526,8 @@ def _guarded_closure(
     def guarded(*args: Any, **kwargs: Any) -> Any:
         try:
             t0 = start(step, acc) if timing_on[0] and due[0] else 0.0  # a timed call (inside loops)
-            if binds and (kwargs or (short and len(args) != n_params)):  # keywords, or defaults left out
+            # keywords, or defaults left out
+            if binds and (kwargs or (short and len(args) != n_params)):
                 bound = bind(args, kwargs)
                 if bound is None:
                     return slow_call(args, kwargs, None)
@@ -508,7 +553,8 @@ def _guarded_closure(
             if t0:  # a timed call (before it is counted: it may join the open loops)
                 timed(step, acc, perf() - t0)
             n = stats.calls = stats.calls + 1
-            if tracking.count:  # a hot_loop is active somewhere: its clock and messages read the output
+            # a hot_loop is active somewhere: its clock and messages read the output
+            if tracking.count:
                 record[0] = out
                 if not n % every:  # one call in `every` is timed
                     due[0] = True
@@ -545,7 +591,8 @@ def _static_native(
         try:
             if kwargs:
                 if not allowed.issuperset(kwargs) or len(args) + len(kwargs) != n_params:
-                    return None  # a keyword that is not static, or defaults left out: the fallback binds
+                    # a keyword that is not static, or defaults left out: the fallback binds
+                    return None
                 bound = bind(args, kwargs)
                 if bound is None:
                     return None

@@ -39,12 +39,16 @@ __all__ = [
 ]
 
 
-def with_filtered(definition: StepDefinition, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
+def with_filtered(
+    definition: StepDefinition, dispatch: Callable[..., Any], step: DispatchingStep
+) -> Callable[..., Any]:
     """The call path behind a wrapper that filters equinox Modules (``_filter``):
     each becomes a :class:`Filtered` node (the last key reused while the same
     static leaves come back) and the output is rebuilt, as ``eqx.filter_jit``.
     """
-    normalize, n_params, filtered = definition.normalize, len(definition.param_names), definition.filtered_params
+    normalize, n_params, filtered = (
+        definition.normalize, len(definition.param_names), definition.filtered_params
+    )
     bind, record = definition.bind_positional, step.last_output
     last: dict[int, Any] = {}
 
@@ -75,13 +79,16 @@ def with_static(definition: StepDefinition, dispatch: Callable[..., Any]) -> Cal
     """The call path behind a wrapper that turns static values into
     :class:`StaticArg` nodes, the last one reused while the same object comes
     back (the usual call neither hashes nor compares)."""
-    normalize, n_params, static = definition.normalize, len(definition.param_names), definition.static_params
+    normalize, n_params, static = (
+        definition.normalize, len(definition.param_names), definition.static_params
+    )
     bind = definition.bind_positional
     last: dict[int, tuple[Any, Any]] = {}
 
     def static_call(*args: Any, **kwargs: Any) -> Any:
         try:
-            if kwargs or len(args) != n_params:  # update(state, config=config): bound without inspect
+            # update(state, config=config): bound without inspect
+            if kwargs or len(args) != n_params:
                 bound = bind(args, kwargs)
                 if bound is None:  # a wrong call: normalize explains
                     return dispatch(*normalize(args, kwargs))
@@ -91,7 +98,11 @@ def with_static(definition: StepDefinition, dispatch: Callable[..., Any]) -> Cal
                 value = items[i]
                 seen = last.get(i)
                 # (a value that can change in place: while it holds what it held)
-                if seen is not None and seen[0] is value and (seen[1].key is None or value_key(value) == seen[1].key):
+                if (
+                    seen is not None
+                    and seen[0] is value
+                    and (seen[1].key is None or value_key(value) == seen[1].key)
+                ):
                     items[i] = seen[1]
                 else:
                     items = list(normalize(tuple(items), {}))
@@ -105,10 +116,14 @@ def with_static(definition: StepDefinition, dispatch: Callable[..., Any]) -> Cal
     return static_call
 
 
-def with_inplace(definition: StepDefinition, dispatch: Callable[..., Any], step: DispatchingStep) -> Callable[..., Any]:
+def with_inplace(
+    definition: StepDefinition, dispatch: Callable[..., Any], step: DispatchingStep
+) -> Callable[..., Any]:
     """:func:`in_place_call` around ``dispatch`` (NNX objects, refs:
     ``_state.inplace``); inside the step's own in-place call, ``dispatch``."""
-    n_params, bind, normalize = len(definition.param_names), definition.bind_positional, definition.normalize
+    n_params, bind, normalize = (
+        len(definition.param_names), definition.bind_positional, definition.normalize
+    )
 
     def inplace_call(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -125,7 +140,9 @@ def with_inplace(definition: StepDefinition, dispatch: Callable[..., Any], step:
 
 
 # per step: (its loop, its first ref) at its last call inside a loop (_same_refs_in_loop)
-_last_refs: weakref.WeakKeyDictionary[Any, tuple[weakref.ref[Any], weakref.ref[Any]]] = weakref.WeakKeyDictionary()
+_last_refs: weakref.WeakKeyDictionary[Any, tuple[weakref.ref[Any], weakref.ref[Any]]] = (
+    weakref.WeakKeyDictionary()
+)
 
 
 class _Inside(threading.local):
@@ -142,7 +159,12 @@ def inside_in_place_call(step: Any) -> tuple[Any, ...] | None:
     return call[1] if call is not None and call[0] is step else None
 
 
-def in_place_call(definition: StepDefinition, step: DispatchingStep, inner: Callable[..., Any], args: tuple[Any, ...]) -> Any:
+def in_place_call(
+    definition: StepDefinition,
+    step: DispatchingStep,
+    inner: Callable[..., Any],
+    args: tuple[Any, ...],
+) -> Any:
     """Call ``inner`` with the refs replaced by their arrays; write the returned
     states back into the caller's objects and refs; return the step's output."""
     items = list(args)
@@ -273,14 +295,17 @@ def host_call(ctx: CallContext, call: Callable[..., Any], flat: bool) -> Callabl
         def host_of(args: Sequence[Any]) -> tuple[Any, ...]:
             return tuple([read(args) for read in readers])  # type: ignore[arg-type]
 
-    host_kinds, nbytes, refused_mark = (np.ndarray, np.generic, bool, int, float, complex), cs.host_nbytes, REFUSED
+    host_kinds, nbytes, refused_mark = (
+        (np.ndarray, np.generic, bool, int, float, complex), cs.host_nbytes, REFUSED
+    )
 
     def call_host(*args: Any) -> Any:
         out = allowing(*args)
         if out is not refused_mark:
             try:
                 hosted = host_of(args)
-                transferred = any(isinstance(x, host_kinds) for x in hosted)  # host data, not a device array
+                # host data, not a device array
+                transferred = any(isinstance(x, host_kinds) for x in hosted)
             except Exception:  # noqa: BLE001 - arguments of another structure: nothing counted
                 transferred = False
             if transferred:

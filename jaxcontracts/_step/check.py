@@ -40,7 +40,8 @@ def check(step: Any = None, *args: Any, **kwargs: Any) -> Report:
     """
     if not isinstance(step, HotStep):
         err = DefinitionError(
-            f"jc.check() takes a jc.hot_step, got {type(step).__name__ if step is not None else 'nothing'}.",
+            "jc.check() takes a jc.hot_step, "
+            f"got {type(step).__name__ if step is not None else 'nothing'}.",
             fix="pass the step and its arguments or specs: jc.check(step, State.spec(n=...)).",
         )
         return Report(title="jc.check", contracts=[error_contract(err)])

@@ -108,7 +108,8 @@ def jit_for(definition: StepDefinition, positional: tuple[Any, ...]) -> JitPlan:
         spec = leaf_spec(x)
         if spec is None:
             raise TransferError(
-                f"{definition.name}: argument {definition.param_path(p)} is {fmt_object(x)}, not an array.",
+                f"{definition.name}: argument {definition.param_path(p)} is {fmt_object(x)}, "
+                "not an array.",
                 fix="pass arrays (or specs); make configuration a jc.static field "
                 "or close over it.",
                 contract="device-arguments",
@@ -119,13 +120,17 @@ def jit_for(definition: StepDefinition, positional: tuple[Any, ...]) -> JitPlan:
     candidates = tuple(
         i
         for i in definition.state_params
-        if i not in definition.carried_params and (i in definition.ref_params or is_inplace_object(positional[i]))
+        if i not in definition.carried_params
+        and (i in definition.ref_params or is_inplace_object(positional[i]))
     )
     out: Any = None
     per_param = tuple(jax.tree_util.tree_unflatten(treedef, specs))
     if definition.carried is None:  # state= named, or no return annotation: read the output
         with quiet_donation_warning(), _tracing(definition):
-            out = jax.eval_shape(_fresh(_in_place(definition, definition.positional, candidates), definition), *per_param)
+            out = jax.eval_shape(
+                _fresh(_in_place(definition, definition.positional, candidates), definition),
+                *per_param,
+            )
         definition = definition.resolve_carried(out, per_param)
     inplace = tuple(i for i in candidates if i not in definition.carried_params)
     if inplace:
@@ -141,26 +146,33 @@ def jit_for(definition: StepDefinition, positional: tuple[Any, ...]) -> JitPlan:
     flat_style = any(any(v) and not all(v) for v in per_arg.values()) or _flatten_in_python(
         positional, treedef
     )
-    positional_fn = derive_out_shardings(definition, _in_place(definition, definition.positional, candidates), paths, specs)
+    positional_fn = derive_out_shardings(
+        definition, _in_place(definition, definition.positional, candidates), paths, specs
+    )
     if flat_style:
 
         def flat_fn(*leaves: Any) -> Any:
             return positional_fn(*jax.tree_util.tree_unflatten(treedef, leaves))
 
         flat_fn.__name__ = getattr(definition.fn, "__name__", "step")
-        flat_fn.__signature__ = inspect.signature(flat_fn)  # type: ignore[attr-defined]  # (JAX names leaves[i])
-        flat_fn.__wrapped__ = _user_function(definition)  # type: ignore[attr-defined]  # its name and line
+        # (JAX names leaves[i])
+        flat_fn.__signature__ = inspect.signature(flat_fn)  # type: ignore[attr-defined]
+        # its name and line
+        flat_fn.__wrapped__ = _user_function(definition)  # type: ignore[attr-defined]
         jitted = jax.jit(flat_fn, donate_argnums=donated, keep_unused=True)
         spec_args: tuple[Any, ...] = tuple(specs)
     else:
         argnums = tuple(a for a, v in per_arg.items() if v and all(v))
-        jitted = jax.jit(_fresh(positional_fn, definition), donate_argnums=argnums, keep_unused=True)
+        jitted = jax.jit(
+            _fresh(positional_fn, definition), donate_argnums=argnums, keep_unused=True
+        )
         spec_args = tuple(jax.tree_util.tree_unflatten(treedef, specs))
     return JitPlan(jitted, spec_args, treedef, donated, flat_style, definition)
 
 
 def _movable_unplaced(
-    definition: StepDefinition, paths: Sequence[Any], specs: list[Any], leaves: Sequence[Any], donated: set[int]
+    definition: StepDefinition, paths: Sequence[Any], specs: list[Any], leaves: Sequence[Any],
+    donated: set[int],
 ) -> list[Any]:
     """The specs to compile, with the placement of each undonated uncommitted
     array left to the program where committed arrays are elsewhere (a key
@@ -173,21 +185,27 @@ def _movable_unplaced(
             committed.setdefault(frozenset(x.sharding.device_set), x)
     if not committed:
         return specs
-    elsewhere = [i for i, x in enumerate(leaves) if movable(x) and frozenset(x.sharding.device_set) not in committed]
+    elsewhere = [
+        i
+        for i, x in enumerate(leaves)
+        if movable(x) and frozenset(x.sharding.device_set) not in committed
+    ]
     moved = [i for i in elsewhere if i in donated]
     if moved:
         where, other = next(iter(committed.items()))
         at = next(definition.param_path(p) for p, x in zip(paths, leaves) if x is other)
         raise DonationError(
-            f"{definition.name}: {len(moved)} donated {'leaf is' if len(moved) == 1 else 'leaves are'} "
-            f"uncommitted, on other devices than {at} (placed on {len(where)} device(s)). A hot step "
-            "proves each donated leaf's placement before it donates it; jax.jit would move such a leaf "
-            "to the other devices at the call.",
-            [f"  {definition.param_path(paths[i])}: {fmt_aval(leaves[i].shape, leaves[i].dtype)} on "
-             f"{', '.join(map(str, leaves[i].sharding.device_set))}" for i in moved],
-            fix=f"place {'it' if len(moved) == 1 else 'them'} where {at} is before the first call: state = "
-            "jax.tree.map(lambda x: x if x.committed else jax.device_put(x, NamedSharding(mesh, "
-            "PartitionSpec())), state) (optax's step count, made by jnp.zeros in opt.init, is such a leaf).",
+            f"{definition.name}: {len(moved)} donated "
+            f"{'leaf is' if len(moved) == 1 else 'leaves are'} uncommitted, on other devices than "
+            f"{at} (placed on {len(where)} device(s)). A hot step proves each donated leaf's "
+            "placement before it donates it; jax.jit would move such a leaf to the other devices "
+            "at the call.",
+            [f"  {definition.param_path(paths[i])}: {fmt_aval(leaves[i].shape, leaves[i].dtype)} "
+             f"on {', '.join(map(str, leaves[i].sharding.device_set))}" for i in moved],
+            fix=f"place {'it' if len(moved) == 1 else 'them'} where {at} is before the first "
+            "call: state = jax.tree.map(lambda x: x if x.committed else jax.device_put(x, "
+            "NamedSharding(mesh, PartitionSpec())), state) (optax's step count, made by jnp.zeros "
+            "in opt.init, is such a leaf).",
             note=NOTHING_RAN,
             contract="donation-hazard",
             step=definition.name,
@@ -199,11 +217,16 @@ def _movable_unplaced(
     ]
 
 
-def _in_place(definition: StepDefinition, fn: Callable[..., Any], candidates: tuple[int, ...]) -> Callable[..., Any]:
+def _in_place(
+    definition: StepDefinition, fn: Callable[..., Any], candidates: tuple[int, ...]
+) -> Callable[..., Any]:
     """``fn`` as traced: returns (output, the ``inplace_params`` objects after it ran)
     where the step updates some in place; refuses an argument updated in place
     that nothing carries back (a compiled function's changes to it are lost)."""
-    inplace, skip = definition.inplace_params, {*candidates, *definition.static_params, *definition.filtered_params}
+    inplace, skip = (
+        definition.inplace_params,
+        {*candidates, *definition.static_params, *definition.filtered_params},
+    )
     checked = tuple(i for i in range(len(definition.param_names)) if i not in skip)
     refs = definition.ref_params
 
@@ -214,7 +237,11 @@ def _in_place(definition: StepDefinition, fn: Callable[..., Any], candidates: tu
         out = fn(*args)
         if definition.filtered_params and definition.carried:
             out = _returned_numbers_as_arrays(definition, out, args)
-        lost = [i for i, (was, _) in zip(checked, before) if mutated(was, jax.tree_util.tree_leaves(args[i]))]
+        lost = [
+            i
+            for i, (was, _) in zip(checked, before)
+            if mutated(was, jax.tree_util.tree_leaves(args[i]))
+        ]
         if lost:  # a returned state may be updated in place too: its new value is carried
             returned = definition.resolve_carried(out, args).carried_params
             lost = [i for i in lost if i not in returned]
@@ -255,7 +282,9 @@ def _returned_numbers_as_arrays(definition: StepDefinition, out: Any, args: tupl
         if treedef != given_def:
             continue
         fixed = [
-            jnp.asarray(x, dtype=g.dtype) if isinstance(x, (bool, int, float, complex)) and hasattr(g, "dtype") else x
+            jnp.asarray(x, dtype=g.dtype)
+            if isinstance(x, (bool, int, float, complex)) and hasattr(g, "dtype")
+            else x
             for x, g in zip(got, given)
         ]
         new = split_if_needed(jax.tree_util.tree_unflatten(treedef, fixed))
@@ -287,16 +316,22 @@ def _tracing(definition: StepDefinition) -> Iterator[None]:
         raise lost
 
 
-def _lost_update_error(definition: StepDefinition, lost: Sequence[int], args: Sequence[Any]) -> DefinitionError:
+def _lost_update_error(
+    definition: StepDefinition, lost: Sequence[int], args: Sequence[Any]
+) -> DefinitionError:
     names = [definition.param_names[i] for i in lost]
     objects = [n for i, n in zip(lost, names) if is_inplace_object(args[i])]
-    state = [definition.param_names[i] for i in (*definition.state_params, *lost) if i in definition.state_params or is_inplace_object(args[i])]
+    state = [
+        definition.param_names[i]
+        for i in (*definition.state_params, *lost)
+        if i in definition.state_params or is_inplace_object(args[i])
+    ]
     state = list(dict.fromkeys(state))
     listed = f'"{state[0]}"' if len(state) == 1 else "(" + ", ".join(f'"{n}"' for n in state) + ")"
     return DefinitionError(
-        f"{definition.name} updates {', '.join(f'`{n}`' for n in names)} in place, and nothing carries "
-        "the new value out of the compiled step: the update would be lost (the object "
-        "would keep its old arrays).",
+        f"{definition.name} updates {', '.join(f'`{n}`' for n in names)} in place, "
+        "and nothing carries the new value out of the compiled step: the update would be lost "
+        "(the object would keep its old arrays).",
         fix=(
             f"name the objects it updates as state: @jc.hot_step(state={listed}); their "
             "new arrays are written back into them after each call, as nnx.jit does."
@@ -326,9 +361,9 @@ def _refuse_uncarried(definition: StepDefinition, out: Any, spec_args: Sequence[
             "returned by the step nor updated in place, so no call would carry a new "
             "value of it (and nothing of it would be donated).",
             details,
-            fix=("if what it returns there is the state's new value, keep the state's tree structure "
-                 "fixed (carry invariance: give it every key, and every optional leaf, before the "
-                 "first call). Otherwise: " if details else "")
+            fix=("if what it returns there is the state's new value, keep the state's tree "
+                 "structure fixed (carry invariance: give it every key, and every optional "
+                 "leaf, before the first call). Otherwise: " if details else "")
             + "return its new value (alone, or in a returned tuple); or, where the step "
             "only reads it, leave it out of state= (a step that carries no state is "
             "@jc.hot_step(stateless=True)).",
@@ -349,16 +384,21 @@ def _alike(definition: StepDefinition, out: Any, given: Any, i: int) -> list[str
     want = jax.tree_util.tree_structure(join(given)).node_data()
     if want is None:
         return []
-    places = [((), out)] + ([((k,), x) for k, x in enumerate(out)] if isinstance(out, (tuple, list)) else [])
+    places = [((), out)]
+    if isinstance(out, (tuple, list)):
+        places += [((k,), x) for k, x in enumerate(out)]
     name = definition.param_names[i]
     for pos, element in places:
         got = jax.tree_util.tree_structure(element).node_data()
-        if got is None or got[0] is not want[0] or (pos == () and type(out) is tuple and want[0] is not tuple):
+        whole_tuple = pos == () and type(out) is tuple and want[0] is not tuple
+        if got is None or got[0] is not want[0] or whole_tuple:
             continue
         diffs = diff_specs(given, element)
         if not diffs:
             continue
-        lines, _ = diff_lines(diffs, name, words=("takes", "returns"), cause=_carry_cause, full_paths=False)
+        lines, _ = diff_lines(
+            diffs, name, words=("takes", "returns"), cause=_carry_cause, full_paths=False
+        )
         where = f"return value {list(pos)}" if pos else "the return value"
         return [f"  `{name}` and {where}, a {want[0].__name__} too, differ:", *lines]
     return []
@@ -401,7 +441,11 @@ def _flatten_in_python(positional: tuple[Any, ...], treedef: Any) -> bool:
     if any(is_sealed_state(arg) for arg in positional):
         return False
     return any_node(
-        treedef, lambda kind: kind not in _BUILTIN_NODES and not (issubclass(kind, tuple) and hasattr(kind, "_fields"))
+        treedef,
+        lambda kind: (
+            kind not in _BUILTIN_NODES
+            and not (issubclass(kind, tuple) and hasattr(kind, "_fields"))
+        ),
     )
 
 
@@ -468,9 +512,14 @@ def _compile_args(definition: StepDefinition) -> str:
     a state as ``S.spec(...)`` where its class makes specs, the others by name
     (``lr, S.spec(...)``: compile takes the arrays the calls will pass)."""
     t = definition.state_type
-    spec = f"{t.__name__}.spec(...)" if isinstance(t, type) and callable(getattr(t, "spec", None)) else None
+    spec = (
+        f"{t.__name__}.spec(...)"
+        if isinstance(t, type) and callable(getattr(t, "spec", None))
+        else None
+    )
     return ", ".join(
-        spec if spec and i in definition.state_params else name for i, name in enumerate(definition.param_names)
+        spec if spec and i in definition.state_params else name
+        for i, name in enumerate(definition.param_names)
     ) or "jc.spec_of(<its arguments>)"
 
 
@@ -481,8 +530,11 @@ def compile_signature(
     the signature and ``definition`` with ``carried`` resolved. ``why``: what
     makes it a new signature (a loop's refusal says it)."""
     __tracebackhide__ = True
-    with compiling(definition.name, _compile_args(definition), definition.fn, why):  # in a hot_loop, a violation (before any trace)
-        jitted, spec_args, treedef, donated, flat_style, definition = jit_for(definition, positional)
+    # in a hot_loop, a violation (before any trace)
+    with compiling(definition.name, _compile_args(definition), definition.fn, why):
+        jitted, spec_args, treedef, donated, flat_style, definition = jit_for(
+            definition, positional
+        )
         context = jit_context()  # the config values the program is traced and compiled under
         t0 = time.perf_counter()
         with quiet_donation_warning(), _tracing(definition):
@@ -515,7 +567,8 @@ def compile_signature(
         # later reads of what it consumes name the leaf and the step
         hook_deleted_reads(deleted_read, consumed_wait)
     host = tuple(i for i, p in enumerate(flat_paths) if p[0].idx in definition.host_params)
-    nbytes = {k: spec_nbytes(x) for k, x in {id(x): x for x in exact}.items()}  # once per distinct spec (_exact_specs)
+    # once per distinct spec (_exact_specs)
+    nbytes = {k: spec_nbytes(x) for k, x in {id(x): x for x in exact}.items()}
     return CompiledSignature(
         spec_args=per_param,
         in_treedef=treedef,
@@ -553,7 +606,9 @@ def _exact_specs(specs: Sequence[Any], shardings: Sequence[Any]) -> list[Any]:
         key = _leaf_key(s, sh)
         spec = made.get(key)
         if spec is None:
-            spec = made[key] = jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sh, weak_type=s.weak_type)
+            spec = made[key] = jax.ShapeDtypeStruct(
+                s.shape, s.dtype, sharding=sh, weak_type=s.weak_type
+            )
         exact.append(spec)
     return exact
 
@@ -565,7 +620,13 @@ def signature_diffs(cs: CompiledSignature, leaves: Sequence[Any], treedef: Any) 
     changed = context_changes(cs.context, jit_context())
     if changed:  # jax.jit's cache key: the same arguments are another program now
         return [
-            LeafDiff(f"(config {name})", repr(then), repr(now), "a JAX option the program was compiled under", "config")
+            LeafDiff(
+                f"(config {name})",
+                repr(then),
+                repr(now),
+                "a JAX option the program was compiled under",
+                "config",
+            )
             for name, then, now in changed
         ]
     expected = [(leaf.path, leaf.spec) for leaf in cs.leaves]
@@ -579,7 +640,9 @@ def signature_diffs(cs: CompiledSignature, leaves: Sequence[Any], treedef: Any) 
 
 def _placed_as(spec: Any, compiled: Any) -> Any:
     """An uncommitted array's spec where ``jax.jit`` moves it: the compiled placement."""
-    return jax.ShapeDtypeStruct(spec.shape, spec.dtype, sharding=compiled.sharding, weak_type=spec.weak_type)
+    return jax.ShapeDtypeStruct(
+        spec.shape, spec.dtype, sharding=compiled.sharding, weak_type=spec.weak_type
+    )
 
 
 def _outputs(traced: Any) -> tuple[list[Any], Any]:
@@ -619,7 +682,8 @@ def _check_carry(
     leaves: list[str] = []
     kinds: list[str] = []
     weak_params: list[str] = []
-    misplaced: list[tuple[tuple[int, ...], str]] = []  # where the signature says a state is returned, and none is
+    # where the signature says a state is returned, and none is
+    misplaced: list[tuple[tuple[int, ...], str]] = []
     shard_flat = jax.tree_util.tree_leaves(out_shardings)
     if len(shard_flat) != len(out_avals):
         shard_flat = [None] * len(out_avals)
@@ -630,7 +694,8 @@ def _check_carry(
             kind = out_tree.node_data()
             blocks.append(
                 f"  parameter `{name}`: the step returns "
-                f"{kind[0].__name__ if kind else 'one array'}, with no state at return value {list(pos)}"
+                f"{kind[0].__name__ if kind else 'one array'}, with no state at return value "
+                f"{list(pos)}"
             )
             misplaced.append((pos, type(spec_args[arg]).__name__))
             continue
@@ -660,8 +725,9 @@ def _check_carry(
     for kind, (what, fix) in _PLACEMENT_CAUSES.items():  # every difference of one placement kind
         if blocks and kinds and all(k == kind for k in kinds):
             raise RecompileError(
-                f"{definition.name} {what}, so its own output would not match the compiled signature "
-                "on the next call (jax.jit would recompile there; a compiled step would reject it).",
+                f"{definition.name} {what}, so its own output would not match the "
+                "compiled signature on the next call (jax.jit would recompile there; "
+                "a compiled step would reject it).",
                 blocks,
                 fix=fix,
                 note=NOTHING_RAN,
@@ -807,7 +873,8 @@ def _check_aliasing(
                 "compile again."
             )
         raise DonationError(
-            f"{definition.name}: {len(missing)} donated {'leaf' if len(missing) == 1 else 'leaves'} cannot be donated: "
+            f"{definition.name}: {len(missing)} donated "
+            f"{'leaf' if len(missing) == 1 else 'leaves'} cannot be donated: "
             + (
                 "the executable JAX's persistent compilation cache served does not "
                 "reuse their buffers, so they would stay alive and the step would need "

@@ -127,7 +127,11 @@ class StepDefinition:
     def bind(self, obj: Any, weak: bool = False) -> StepDefinition:
         """With ``self`` closed over; ``weak``: by weak reference (``__slots__``
         instances, whose bound step the method step keeps)."""
-        fn = functools.partial(_call_with, weakref.ref(obj), self.fn) if weak else functools.partial(self.fn, obj)
+        fn = (
+            functools.partial(_call_with, weakref.ref(obj), self.fn)
+            if weak
+            else functools.partial(self.fn, obj)
+        )
         params = list(self.python_signature.parameters.values())
         return dataclasses.replace(
             self,
@@ -141,16 +145,24 @@ class StepDefinition:
         return self.name.rsplit(".", 1)[-1]
 
     @functools.cached_property
-    def bind_positional(self) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None]:
+    def bind_positional(
+        self,
+    ) -> Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None]:
         """``bind(args, kwargs)``: ``Signature.bind`` + ``apply_defaults`` without
         their cost; None where it does not bind (:meth:`normalize` explains)."""
         params = list(self.python_signature.parameters.values())
-        empty, kinds = inspect.Parameter.empty, (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
+        empty, kinds = (
+            inspect.Parameter.empty,
+            (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY),
+        )
         n_pos = sum(p.kind != p.KEYWORD_ONLY for p in params)  # what positional arguments may fill
         # per number of positional arguments: the rest, as (name, default, may be a keyword)
         host = self.host_params  # a declared host value's default stays one (passed or not)
         rests = {
-            k: tuple((p.name, p.default if i in host else left_out(p), p.kind in kinds) for i, p in enumerate(params[k:], k))
+            k: tuple(
+                (p.name, p.default if i in host else left_out(p), p.kind in kinds)
+                for i, p in enumerate(params[k:], k)
+            )
             for k in range(n_pos + 1)
         }
 
@@ -174,17 +186,26 @@ class StepDefinition:
     def normalize(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         """Every argument by position, defaults applied, static ones wrapped;
         a call that does not bind is refused with the step's parameters."""
-        positional = args if not kwargs and len(args) == len(self.param_names) else self.bind_positional(args, kwargs)
+        positional = (
+            args
+            if not kwargs and len(args) == len(self.param_names)
+            else self.bind_positional(args, kwargs)
+        )
         if positional is None:  # inspect binds what the binder does not, or explains
             positional = self._bind_or_explain(args, kwargs)
-        return self.wrap_static(positional) if self.static_params or self.filtered_params else positional
+        return (
+            self.wrap_static(positional)
+            if self.static_params or self.filtered_params
+            else positional
+        )
 
     def _bind_or_explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         try:
             bound = self.python_signature.bind(*args, **kwargs)
             omitted = {
                 p.name: p.default if i in self.host_params else left_out(p)
-                for i, p in enumerate(self.python_signature.parameters.values()) if p.name not in bound.arguments
+                for i, p in enumerate(self.python_signature.parameters.values())
+                if p.name not in bound.arguments
             }
         except TypeError as e:
             params = ", ".join(self.param_names)
@@ -196,12 +217,16 @@ class StepDefinition:
                 contract="definition",
                 step=self.name,
             ) from None
-        return tuple(bound.arguments[n] if n in bound.arguments else omitted[n] for n in self.param_names)
+        return tuple(
+            bound.arguments[n] if n in bound.arguments else omitted[n] for n in self.param_names
+        )
 
     def with_filtered(self, params: tuple[int, ...]) -> StepDefinition:
         """This signature with the arguments of ``params`` filtered (``_filter``)."""
         filtered = tuple(sorted({*self.filtered_params, *params}))
-        call = positional_call(self.fn, list(self.python_signature.parameters.values()), self.static_params, filtered)
+        call = positional_call(
+            self.fn, list(self.python_signature.parameters.values()), self.static_params, filtered
+        )
         return dataclasses.replace(self, filtered_params=filtered, positional=call)
 
     def wrap_static(self, positional: tuple[Any, ...]) -> tuple[Any, ...]:
@@ -256,7 +281,11 @@ class StepDefinition:
             if path[0].idx in self.donated_params:
                 donated.append(i)
                 continue
-            if self.donate == "none" or path[0].idx not in self.state_params or path[0].idx in read_only:
+            if (
+                self.donate == "none"
+                or path[0].idx not in self.state_params
+                or path[0].idx in read_only
+            ):
                 continue
             if self.donate == "all":
                 donated.append(i)
@@ -266,7 +295,8 @@ class StepDefinition:
                 fields_seen.add(name)
             if name in self.donate:
                 donated.append(i)
-        if self.data_fields is None and self.donate != "none":  # a dict state: its fields are known now
+        # a dict state: its fields are known now
+        if self.data_fields is None and self.donate != "none":
             check_donated_names(self, tuple(sorted(fields_seen)), ())
         return tuple(donated)
 
@@ -295,14 +325,17 @@ def _call_with(ref: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> A
     return fn(obj, *args, **kwargs)
 
 
-def check_donated_names(definition: StepDefinition, valid: Sequence[str], static: Sequence[str]) -> None:
+def check_donated_names(
+    definition: StepDefinition, valid: Sequence[str], static: Sequence[str]
+) -> None:
     if not isinstance(definition.donate, (tuple, list)):
         return
     bad = [n for n in definition.donate if n not in valid]
     if bad and definition.state_type is None:  # state="s" on a dict or another pytree: no fields
         raise DefinitionError(
-            f"@jc.hot_step on {definition.name}: donate names field(s) {', '.join(map(repr, bad))}, "
-            "but the step names no state type (state=...): its fields are not known.",
+            f"@jc.hot_step on {definition.name}: donate names field(s) "
+            f"{', '.join(map(repr, bad))}, but the step names no state type (state=...): "
+            "its fields are not known.",
             fix='donate="all" (every state leaf) or "none"; to donate some fields only, name the '
             "state's type: signature=dict for a dict state (its keys), or a @jc.state class.",
             contract="definition",
@@ -314,7 +347,11 @@ def check_donated_names(definition: StepDefinition, valid: Sequence[str], static
             f"@jc.hot_step on {definition.name}: donate names unknown field(s) "
             f"{', '.join(map(repr, bad))} of {type_name}.",
             [f"  array fields: {', '.join(valid) or '(none)'}"]
-            + ([f"  static fields (not donatable, not arrays): {', '.join(static)}"] if static else []),
+            + (
+                [f"  static fields (not donatable, not arrays): {', '.join(static)}"]
+                if static
+                else []
+            ),
             fix='use those names, or donate="all".',
         )
 

@@ -38,7 +38,9 @@ __all__ = [
 ]
 
 
-def api_misuse_error(definition: StepDefinition, positional: tuple[Any, ...], *, compiling: bool) -> DefinitionError | None:
+def api_misuse_error(
+    definition: StepDefinition, positional: tuple[Any, ...], *, compiling: bool
+) -> DefinitionError | None:
     """A class passed where an instance or spec belongs, or specs in a call.
 
     ``step.compile(S)`` (the class, not ``S.spec(...)``) and ``step(S.spec(...))``
@@ -74,7 +76,10 @@ def api_misuse_error(definition: StepDefinition, positional: tuple[Any, ...], *,
                 if has_spec
                 else "call it with arrays."
             )
-            summary = f"{definition.name} was called with the class {cls_name} itself for `{where}`, not an instance."
+            summary = (
+                f"{definition.name} was called with the class {cls_name} itself for `{where}`, "
+                "not an instance."
+            )
         return DefinitionError(
             summary,
             [f"  {w}: the class {getattr(c, '__name__', c)}" for _, w, c in classes],
@@ -86,7 +91,9 @@ def api_misuse_error(definition: StepDefinition, positional: tuple[Any, ...], *,
         )
     if specs:
         state = next((a for a in positional if hasattr(type(a), "zeros")), None)
-        make = f"{type(state).__name__}.zeros(...)" if state is not None else "jnp.zeros(shape, dtype)"
+        make = (
+            f"{type(state).__name__}.zeros(...)" if state is not None else "jnp.zeros(shape, dtype)"
+        )
         return DefinitionError(
             f"{definition.name} was called with specs (jax.ShapeDtypeStruct), which hold "
             "no data: a call needs arrays.",
@@ -109,7 +116,10 @@ def _device_put_lines(paths: Sequence[str]) -> str:
         name = re.match(r"\w*", path).group()  # type: ignore[union-attr]
         if name:
             tree = path != name
-            lines.setdefault(name, f"{name} = jc.device_tree({name})" if tree else f"{name} = jax.device_put({name})")
+            lines.setdefault(
+                name,
+                f"{name} = jc.device_tree({name})" if tree else f"{name} = jax.device_put({name})",
+            )
     return "; ".join(lines.values()) or "x = jax.device_put(x)"
 
 
@@ -117,12 +127,17 @@ def _host_candidates(definition: StepDefinition, host: Sequence[tuple[str, Any]]
     """The parameters that could be declared ``host=``: not state, static or
     donated, and every host leaf in them a numpy array (a loader's batch; not
     Python numbers)."""
-    taken = {definition.param_names[i] for i in (*definition.state_params, *definition.static_params, *definition.donated_params)}
+    taken = {
+        definition.param_names[i]
+        for i in (*definition.state_params, *definition.static_params, *definition.donated_params)
+    }
     names: dict[str, bool] = {}
     for path, x in host:
         name = re.match(r"\w*", path).group()  # type: ignore[union-attr]
         names[name] = names.get(name, True) and isinstance(x, np.ndarray)
-    return [n for n, ok in names.items() if ok and n and n not in taken and n in definition.param_names]
+    return [
+        n for n, ok in names.items() if ok and n and n not in taken and n in definition.param_names
+    ]
 
 
 def host_leaves_error(definition: StepDefinition, host: Sequence[tuple[str, Any]]) -> TransferError:
@@ -137,9 +152,9 @@ def host_leaves_error(definition: StepDefinition, host: Sequence[tuple[str, Any]
     else:
         declared = "put " + ("it" if len(host) == 1 else "them")
     return TransferError(
-        f"{definition.name}: {len(host)} argument {'leaf is' if len(host) == 1 else 'leaves are'} on the host, "
-        f"so every call would copy {'it' if len(host) == 1 else 'them'} to the device (an implicit "
-        "host-to-device transfer, and a sync):",
+        f"{definition.name}: {len(host)} argument {'leaf is' if len(host) == 1 else 'leaves are'} "
+        f"on the host, so every call would copy {'it' if len(host) == 1 else 'them'} to the device "
+        "(an implicit host-to-device transfer, and a sync):",
         [f"  {p}: {fmt_value(x)}" for p, x in host],
         fix=f"{declared} on the device once, before the loop, in the dtype the step "
         f"will see: {_device_put_lines([p for p, _ in host])} (jc.device_tree takes any "
@@ -167,7 +182,10 @@ def hazard_error(
     for i in deleted:
         by = consumers[i] if consumers else None
         unknown = unknown or by is None
-        lines.append(f"  {paths[i]}: {fmt_aval(leaves[i].shape, leaves[i].dtype)} {donated_words(by, already=True, brief=True)}")
+        lines.append(
+            f"  {paths[i]}: {fmt_aval(leaves[i].shape, leaves[i].dtype)} "
+            f"{donated_words(by, already=True, brief=True)}"
+        )
     if unknown:
         lines.insert(0, f"  (deleted: {deleted_because()})")  # first: long lists are cut
     for a, b in duplicates:
@@ -223,7 +241,9 @@ def run_failed_note(
         f"jaxcontracts: {definition.name} failed while its executable ran. The call did run: "
         f"it consumed (deleted) {len(consumed)} donated input(s) and produced no outputs, "
         "so that state is gone; rebuild it (from a checkpoint, or from scratch):\n"
-        + "\n".join(f"  {paths[i]}: {fmt_aval(leaves[i].shape, leaves[i].dtype)} deleted" for i in consumed)
+        + "\n".join(
+            f"  {paths[i]}: {fmt_aval(leaves[i].shape, leaves[i].dtype)} deleted" for i in consumed
+        )
     )
     if intact:
         note += "\n" + "\n".join(f"  {paths[i]}: intact" for i in intact)
@@ -246,16 +266,23 @@ def kept_leaves_error(
     lines = [f"  {path}: {fmt_aval(x.shape, x.dtype)}" for path, x in leaves]
     for path, held in nodes:  # a kept container: its donated leaves would be deleted in it
         inside = [cs.leaves[j] for j in held if cs.leaves[j].donated]
-        lines.append(f"  {path}: a container of {len(inside)} donated array(s) ({fmt_bytes(sum(x.nbytes for x in inside))})")
+        lines.append(
+            f"  {path}: a container of {len(inside)} donated array(s) "
+            f"({fmt_bytes(sum(x.nbytes for x in inside))})"
+        )
     node_paths = [path for path, _ in nodes]
     first = (paths or node_paths or ["the leaf"])[0]
     what = f"{len(leaves)} array(s)" if leaves else f"the arrays of {len(nodes)} container(s)"
     fix = donation_fix("kept" if leaves else "kept_node", value=first)
     if last_error is not None:  # a notebook cell that failed on the leaf: its error holds it
-        lines.append(f"  held by the traceback of the last error ({_error_line(last_error)}), which the "
-                     "interpreter keeps as sys.last_value until the next error")
-        fix = ("run the cell again (this error replaces the last one), or let the last error go "
-               "first: sys.last_value = sys.last_traceback = sys.last_exc = None. Otherwise: " + fix)
+        lines.append(
+            f"  held by the traceback of the last error ({_error_line(last_error)}), which "
+            "the interpreter keeps as sys.last_value until the next error"
+        )
+        fix = (
+            "run the cell again (this error replaces the last one), or let the last error go "
+            "first: sys.last_value = sys.last_traceback = sys.last_exc = None. Otherwise: " + fix
+        )
     return DonationError(
         f"{definition.name} would delete {what} you still hold elsewhere: donating "
         "a leaf deletes its buffer, and another reference to it (a sample kept in a list, "
@@ -282,7 +309,9 @@ def _error_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
-def not_consumed_error(definition: StepDefinition, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> DonationError:
+def not_consumed_error(
+    definition: StepDefinition, cs: CompiledSignature, leaves: Sequence[Any], out: Any
+) -> DonationError:
     missing = [i for i in cs.donated if not leaves[i].is_deleted()]
     return DonationError(
         f"{definition.name}: {len(missing)} donated input buffer(s) were not consumed: "
@@ -312,7 +341,9 @@ _PINNING_CAUSE = (
 )
 
 
-def new_signature_cause(definition: StepDefinition, current: CompiledSignature, positional: tuple[Any, ...]) -> str:
+def new_signature_cause(
+    definition: StepDefinition, current: CompiledSignature, positional: tuple[Any, ...]
+) -> str:
     """What makes these arguments a new signature of the step, in a few words
     (the first leaves that differ, or the JAX options that changed)."""
     changed = context_changes(current.context, jit_context())
@@ -320,7 +351,11 @@ def new_signature_cause(definition: StepDefinition, current: CompiledSignature, 
     for i, name in enumerate(definition.param_names):
         for d in diff_specs(current.spec_args[i], positional[i]):
             where = name if d.path.startswith("(") else f"{name}{d.path}"
-            parts.append(f"{where}: {d.expected} -> {d.got}" if d.expected or d.got else f"{where}: its structure")
+            parts.append(
+                f"{where}: {d.expected} -> {d.got}"
+                if d.expected or d.got
+                else f"{where}: its structure"
+            )
     return ", ".join(parts[:3]) + (f" (and {len(parts) - 3} more)" if len(parts) > 3 else "")
 
 
@@ -333,7 +368,8 @@ def _moved_by_jax(current: CompiledSignature, positional: tuple[Any, ...]) -> se
 
 
 def signature_error(
-    definition: StepDefinition, current: CompiledSignature, n_compiled: int, positional: tuple[Any, ...]
+    definition: StepDefinition, current: CompiledSignature, n_compiled: int,
+    positional: tuple[Any, ...],
 ) -> RecompileError | TransferError:
     """A call whose arguments match no compiled signature, with no compile left."""
     blocks: list[str] = []
@@ -343,7 +379,10 @@ def signature_error(
     for i, name in enumerate(definition.param_names):
         diffs = [
             d for d in diff_specs(current.spec_args[i], positional[i])
-            if not (d.kind == "sharding" and (name if d.path.startswith("(") else f"{name}{d.path}") in moved)
+            if not (
+                d.kind == "sharding"
+                and (name if d.path.startswith("(") else f"{name}{d.path}") in moved
+            )
         ]
         all_diffs += diffs
         if diffs:
@@ -370,15 +409,21 @@ def signature_error(
     if changed and not blocks:  # the same arguments, under other JAX options
         return RecompileError(
             f"{definition.name} was called under JAX options it was not compiled under "
-            f"(max_compiles={definition.max_compiles}, {n_compiled} used): jax.jit compiles again for them.",
-            [f"  {name}: compiled with {then!r}, called with {now!r}" for name, then, now in changed],
+            f"(max_compiles={definition.max_compiles}, {n_compiled} used): jax.jit compiles "
+            "again for them.",
+            [
+                f"  {name}: compiled with {then!r}, called with {now!r}"
+                for name, then, now in changed
+            ],
             fix=(
-                "import the libraries the program uses before a step's first call (jax.jit compiles "
-                "again for the new options too)"
+                "import the libraries the program uses before a step's first call "
+                "(jax.jit compiles again for the new options too)"
                 if changed[0][0] == REGISTERED
-                else "set JAX options once, before the first call (jax.config.update at the start of the program)"
+                else "set JAX options once, before the first call (jax.config.update at the start "
+                "of the program)"
             )
-            + f", or let the step compile for each: @jc.hot_step(max_compiles={definition.max_compiles + 1}).",
+            + ", or let the step compile for each: "
+            f"@jc.hot_step(max_compiles={definition.max_compiles + 1}).",
             note=INPUTS_INTACT,
             contract="signature",
             step=definition.name,
@@ -414,10 +459,14 @@ def invalid_values_error(
             with jax.disable_jit():
                 definition.positional(*positional)
         except FloatingPointError as e:
-            e.add_note(f"jaxcontracts: found by re-running {definition.name} without jit (jax_debug_{kind}s is set).")
+            e.add_note(
+                f"jaxcontracts: found by re-running {definition.name} without jit "
+                f"(jax_debug_{kind}s is set)."
+            )
             return e
     err = FloatingPointError(
-        f"invalid value ({kind}) encountered in the output of {definition.name} (jax_debug_{kind}s is set)."
+        f"invalid value ({kind}) encountered in the output of {definition.name} "
+        f"(jax_debug_{kind}s is set)."
     )
     err.add_note(run_failed_note(definition, paths, leaves, donated))
     if consumed:

@@ -57,7 +57,10 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
         ]
     where_, was, now = (
         key_difference(a.key, b.key)
-        if isinstance(a, StaticArg) and isinstance(b, StaticArg) and a.key is not None and b.key is not None
+        if isinstance(a, StaticArg)
+        and isinstance(b, StaticArg)
+        and a.key is not None
+        and b.key is not None
         else ("", "", "")
     )
     if where_:  # a part of it (an object hashed by value is said below, by its hash and attributes)
@@ -77,7 +80,8 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
         return [
             LeafDiff(
                 here,
-                f"static {type(a.value).__name__} (object id {id(a.value):#x}, hashed {a.hash} then)",
+                f"static {type(a.value).__name__} (object id {id(a.value):#x}, "
+                f"hashed {a.hash} then)",
                 f"the same object, changed in place since: {_short(b.value)}, hashed {b.hash}",
                 "a static value changed after the compile is a new signature (as jax.jit "
                 "hashes it anew); pass a new value, such as a frozen dataclass, instead of "
@@ -96,7 +100,10 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
             )
         ]
     if isinstance(a, StaticArg) != isinstance(b, StaticArg):
-        sa, sb = (f"static {_short(x.value)}" if isinstance(x, StaticArg) else _struct_name(x) for x in (a, b))
+        sa, sb = (
+            f"static {_short(x.value)}" if isinstance(x, StaticArg) else _struct_name(x)
+            for x in (a, b)
+        )
         return [
             LeafDiff(
                 here,
@@ -274,7 +281,10 @@ def _pair(a: Any, b: Any) -> tuple[str, str]:
     """Two unequal values, told apart: by repr, else by type and id."""
     sa, sb = _short(a), _short(b)
     if sa == sb or sa.endswith("...") or sb.endswith("..."):
-        return f"{type(a).__name__} (object id {id(a):#x})", f"{type(b).__name__} (object id {id(b):#x})"
+        return (
+            f"{type(a).__name__} (object id {id(a):#x})",
+            f"{type(b).__name__} (object id {id(b):#x})",
+        )
     return sa, sb
 
 
@@ -290,12 +300,22 @@ def key_difference(a: Any, b: Any, path: str = "") -> tuple[str, str, str]:
         if a[2].obj is b[2].obj:  # the same object, hashed anew: its old value is gone
             return path, f"{_shown(a[2].obj)} (hashed {a[1]} then)", f"hashed {b[1]} now"
         return path, _key_text(a), _key_text(b)
-    if type(a) is not tuple or type(b) is not tuple or not a or not b or a[0] is not b[0] or len(a) != len(b):
+    if (
+        type(a) is not tuple
+        or type(b) is not tuple
+        or not a
+        or not b
+        or a[0] is not b[0]
+        or len(a) != len(b)
+    ):
         return path, _key_text(a), _key_text(b)
     t = a[0]
     if isinstance(t, type) and issubclass(t, (np.ndarray, np.generic)) and a[1:3] == b[1:3]:
         return path, _key_text(a) + " (other values)", _key_text(b) + " (other values)"
-    if isinstance(t, type) and issubclass(t, (list, tuple, dict, functools.partial)) or dataclasses.is_dataclass(t):
+    if (
+        isinstance(t, type) and issubclass(t, (list, tuple, dict, functools.partial))
+        or dataclasses.is_dataclass(t)
+    ):
         if dataclasses.is_dataclass(t):
             names = [f".{f.name}" for f in dataclasses.fields(t)]
         elif t is functools.partial:
@@ -308,7 +328,11 @@ def key_difference(a: Any, b: Any, path: str = "") -> tuple[str, str, str]:
             if x != y:
                 if issubclass(t, dict) and x[0] != y[0]:
                     return path, f"keys {_key_text(a)}", f"keys {_key_text(b)}"
-                return key_difference(x[1], y[1], path + name) if issubclass(t, dict) else key_difference(x, y, path + name)
+                return (
+                    key_difference(x[1], y[1], path + name)
+                    if issubclass(t, dict)
+                    else key_difference(x, y, path + name)
+                )
     return path, _key_text(a), _key_text(b)
 
 
@@ -375,7 +399,8 @@ def _walk(
     if len(out) >= limit or a is b:
         return
     here = path or "(the value)"
-    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):  # on the host: compared as value keys are
+    # on the host: compared as value keys are
+    if isinstance(a, np.ndarray) and isinstance(b, np.ndarray):
         if value_key(a) != value_key(b):
             same = (a.dtype, a.shape) == (b.dtype, b.shape)
             out.append(f"{here}: {_shown(a)} vs {_shown(b)}" + (" (other values)" if same else ""))
@@ -389,7 +414,11 @@ def _walk(
         out.append(f"{here}: {_shown(a)} vs {_shown(b)}")
         return
     if type(a) is functools.partial:  # compared by value: say which part differs
-        items = [(".func", a.func, b.func), (".args", a.args, b.args), (".keywords", a.keywords, b.keywords)]
+        items = [
+            (".func", a.func, b.func),
+            (".args", a.args, b.args),
+            (".keywords", a.keywords, b.keywords),
+        ]
     elif isinstance(a, types.FunctionType) and a.__code__ is b.__code__:  # one def, made twice
         found: list[str] = []
         for sub, x, y in _closed_over(a, b):
@@ -399,7 +428,10 @@ def _walk(
         out.extend(found)
         return
     elif dataclasses.is_dataclass(a) and not isinstance(a, type):
-        items = [(f".{f.name}", getattr(a, f.name, None), getattr(b, f.name, None)) for f in dataclasses.fields(a)]
+        items = [
+            (f".{f.name}", getattr(a, f.name, None), getattr(b, f.name, None))
+            for f in dataclasses.fields(a)
+        ]
     elif isinstance(a, tuple) and hasattr(a, "_fields"):  # a NamedTuple
         items = [(f".{n}", x, y) for n, x, y in zip(a._fields, a, b)]
     elif isinstance(a, (tuple, list)):
@@ -479,7 +511,8 @@ def _same_value(a: Any, b: Any) -> bool:
     t = type(a)
     if t is not type(b):
         return False
-    if t is functools.partial:  # by value, where no value can change: else the new one is a new signature
+    # by value, where no value can change: else the new one is a new signature
+    if t is functools.partial:
         values = (*a.args, *a.keywords.values(), *b.args, *b.keywords.values())
         return (
             _same_value(a.func, b.func)
@@ -494,13 +527,18 @@ def _same_value(a: Any, b: Any) -> bool:
     if t is float:
         return a.hex() == b.hex()  # type: ignore[no-any-return]
     if t is complex:
-        return a.real.hex() == b.real.hex() and a.imag.hex() == b.imag.hex()  # type: ignore[no-any-return]
+        return (  # type: ignore[no-any-return]
+            a.real.hex() == b.real.hex() and a.imag.hex() == b.imag.hex()
+        )
     if isinstance(a, (tuple, list)):
         return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
     if t is dict:
         return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
     if dataclasses.is_dataclass(a) and not isinstance(a, type):
-        return all(_same_value(getattr(a, f.name, None), getattr(b, f.name, None)) for f in dataclasses.fields(a))
+        return all(
+            _same_value(getattr(a, f.name, None), getattr(b, f.name, None))
+            for f in dataclasses.fields(a)
+        )
     return static_equal(a, b)
 
 
@@ -510,7 +548,8 @@ def _closure_hint(a: Any, b: Any) -> str:
     fa = [v for v in jax.tree_util.tree_leaves(a, is_leaf=whole) if callable(v)]
     fb = [v for v in jax.tree_util.tree_leaves(b, is_leaf=whole) if callable(v)]
     pairs = [(x, y) for x, y in zip(fa, fb) if x is not y and type(x) is not functools.partial]
-    if fa and fb and pairs:  # partials compare by value (same_structure): their diff says what differs
+    # partials compare by value (same_structure): their diff says what differs
+    if fa and fb and pairs:
         return (
             "; it holds functions, which compare by identity: new closures (an "
             "optimizer built again, e.g. a second optax.adam(...)) are a new value "

@@ -96,7 +96,8 @@ class HotStep(Generic[P, R]):
         self._signatures: list[CompiledSignature] = []
         self._aliases: list[CompiledSignature] = []  # see _alias_for
         self._current: CompiledSignature | None = None
-        self._paths: dict[tuple[int, str], tuple[StepDefinition, Callable[..., Any]]] = {}  # see _use
+        # see _use
+        self._paths: dict[tuple[int, str], tuple[StepDefinition, Callable[..., Any]]] = {}
         self.stats = StepStats()
         self._level = _config.get_checks()
         self.timing_counters = [0.0, 0, 0.0, 0]  # see _steps.LiveStep
@@ -107,7 +108,8 @@ class HotStep(Generic[P, R]):
         self._bound_to: tuple[HotStep[Any, Any], Any] | None = None  # (method step, instance)
         self._bound_hash: Any = None  # the instance's hash at the bind (_value_hash)
         # A method step's bound steps for instances without a __dict__ (__slots__)
-        self._bound_steps: dict[int, tuple[weakref.ref[Any], HotStep[Any, Any], int]] = {}  # (ref, bound, binds)
+        # (ref, bound, binds)
+        self._bound_steps: dict[int, tuple[weakref.ref[Any], HotStep[Any, Any], int]] = {}
         # The slow path's: held while it decides on (and makes) a compile, so
         # threads meeting new signatures at once respect max_compiles; and,
         # per thread, set while it re-dispatches a call.
@@ -207,7 +209,9 @@ class HotStep(Generic[P, R]):
 
     def __repr__(self) -> str:
         state = "not compiled" if self._current is None else f"{len(self._signatures)} signature(s)"
-        return f"<jc.hot_step {self._definition.name} ({state}, donate={self._definition.donate!r})>"
+        return (
+            f"<jc.hot_step {self._definition.name} ({state}, donate={self._definition.donate!r})>"
+        )
 
     if typing.TYPE_CHECKING:
 
@@ -247,14 +251,16 @@ class HotStep(Generic[P, R]):
             except ContractError as err:
                 return self._refusing(obj, err)
             by_hash = kept if type(kept) is _ByHash and kept.owned_by(self, obj) else None
-            if value_hash is not None and by_hash is not None:  # one bound step per key, as jax.jit keys a static self
+            # one bound step per key, as jax.jit keys a static self
+            if value_hash is not None and by_hash is not None:
                 kept = by_hash.get(value_hash)
                 if self._bound_here(kept, obj):
                     return kept
                 refused = self._past_max_compiles(obj, by_hash.binds, by_hash.last, value_hash)
                 if refused is not None:
                     return self._refusing(obj, refused)
-            bound: HotStep[Any, Any] = HotStep(self._definition.bind(obj))  # obj -> bound -> obj: a cycle gc collects
+            # obj -> bound -> obj: a cycle gc collects
+            bound: HotStep[Any, Any] = HotStep(self._definition.bind(obj))
             bound._bound_to, bound._bound_hash = (self, obj), value_hash
             if value_hash is None:
                 namespace[key] = bound
@@ -283,9 +289,10 @@ class HotStep(Generic[P, R]):
             ref = weakref.ref(obj, functools.partial(_forget_bound, self._bound_steps, id(obj)))
         except TypeError:  # neither a __dict__ nor a __weakref__ slot
             raise DefinitionError(
-                f"{self._definition.name} is a method step of a {type(obj).__name__}, whose instances "
-                "have neither a __dict__ nor weak references (__slots__): its bound step "
-                "cannot be kept, so every access would make (and compile) a new one.",
+                f"{self._definition.name} is a method step of a {type(obj).__name__}, "
+                "whose instances have neither a __dict__ nor weak references (__slots__): "
+                "its bound step cannot be kept, so every access would make "
+                "(and compile) a new one.",
                 fix=f'add "__weakref__" to {type(obj).__name__}.__slots__ (or drop __slots__).',
                 contract="definition",
                 step=self._definition.name,
@@ -334,13 +341,16 @@ class HotStep(Generic[P, R]):
             f"fails ({cause}): a program compiled for its values could not tell when they change, "
             "and would run stale. jax.jit refuses an unhashable static argument too.",
             fix=f"bind it once per instance: @dataclasses.dataclass(eq=False) (or no __eq__) on "
-            f"{cls.__name__}; or make it hashable by value (frozen=True or unsafe_hash=True, a tuple "
-            "instead of a list), so that each new value compiles; or pass what changes as an argument.",
+            f"{cls.__name__}; or make it hashable by value "
+            "(frozen=True or unsafe_hash=True, a tuple instead of a list), so that each new value "
+            "compiles; or pass what changes as an argument.",
             contract="definition",
             step=self._definition.name,
         )
 
-    def _past_max_compiles(self, obj: Any, binds: int, last: Any, key: Any) -> RecompileError | None:
+    def _past_max_compiles(
+        self, obj: Any, binds: int, last: Any, key: Any
+    ) -> RecompileError | None:
         """The refusal where ``obj`` was bound for ``max_compiles`` values already."""
         limit = self._definition.max_compiles
         if binds < limit:
@@ -352,16 +362,21 @@ class HotStep(Generic[P, R]):
             f"{binds} value(s) of this instance (max_compiles={limit}); the instance has changed "
             f"since{at}: {was} -> {now}. Each value of `self` is a compile of its own, as each "
             "value of a static argument is.",
-            fix=f"allow more with @jc.hot_step(max_compiles={binds + 1}), where it takes a few values; "
-            "where it changes at every step, pass that value to the step as an argument (an array), "
-            "so that one program serves every value.",
+            fix=f"allow more with @jc.hot_step(max_compiles={binds + 1}), where it takes a "
+            "few values; where it changes at every step, pass that value to the step as an "
+            "argument (an array), so that one program serves every value.",
             contract="signature",
             step=self._definition.name,
         )
 
     def _bound_here(self, kept: Any, obj: Any) -> bool:
         """Whether ``kept`` (an entry of ``obj.__dict__``) is this method step bound to ``obj``."""
-        return type(kept) is HotStep and kept._bound_to is not None and kept._bound_to[0] is self and kept._bound_to[1] is obj
+        return (
+            type(kept) is HotStep
+            and kept._bound_to is not None
+            and kept._bound_to[0] is self
+            and kept._bound_to[1] is obj
+        )
 
     @functools.cached_property
     def _key(self) -> str:
@@ -380,7 +395,10 @@ class HotStep(Generic[P, R]):
                 obj = obj()
             copy = memo.get(id(obj))
             if copy is not None and copy is not obj:
-                if getattr(copy, "__dict__", None) is not None and memo.get(id(obj.__dict__)) is not None:
+                if (
+                    getattr(copy, "__dict__", None) is not None
+                    and memo.get(id(obj.__dict__)) is not None
+                ):
                     # the entry of the copy's __dict__, copied while the copy is half-built:
                     # the method step, which binds to the copy at its first access
                     return method
@@ -398,7 +416,8 @@ class HotStep(Generic[P, R]):
         __tracebackhide__ = True
         if not args:
             raise TypeError(
-                f"{self._definition.name}() is a method: call it on an instance (obj.{self._definition.short_name}(...))."
+                f"{self._definition.name}() is a method: call it on an instance "
+                f"(obj.{self._definition.short_name}(...))."
             )
         obj, args = args[0], args[1:]
         try:
@@ -407,7 +426,9 @@ class HotStep(Generic[P, R]):
             trim(err)
             raise
 
-    def _to_compile(self, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
+    def _to_compile(
+        self, what: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> tuple[Any, ...]:
         """The arguments of ``lower``/``compile`` by position, refused on misuse."""
         if self._definition.is_method:
             raise DefinitionError(
@@ -450,7 +471,11 @@ class HotStep(Generic[P, R]):
                 leaves=[p for p, _ in host],
             )
         refs = self._definition.ref_params  # compiled for the arrays the refs hold
-        return tuple(ref_arrays(x)[0] if i in refs else x for i, x in enumerate(positional)) if refs else positional
+        return (
+            tuple(ref_arrays(x)[0] if i in refs else x for i, x in enumerate(positional))
+            if refs
+            else positional
+        )
 
     # -- the protocol the library's modules read (_steps, callctx) --------
 
@@ -482,7 +507,9 @@ class HotStep(Generic[P, R]):
         elif not self._definition.is_method:
             self._set_dispatch(self._slow)
 
-    def slow_call(self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
+    def slow_call(
+        self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None
+    ) -> Any:
         """Everything the call path does not handle. ``exc``: the executable's
         error (our diagnosis replaces it, unchained), or the call path's refusal."""
         __tracebackhide__ = True
@@ -494,7 +521,9 @@ class HotStep(Generic[P, R]):
                 raise err from None
             raise
 
-    def not_consumed(self, cs: CompiledSignature, leaves: Sequence[Any], out: Any) -> DonationError | None:
+    def not_consumed(
+        self, cs: CompiledSignature, leaves: Sequence[Any], out: Any
+    ) -> DonationError | None:
         """The error for donated buffers XLA copied; ``None`` once a recording loop took it."""
         self.stats.not_consumed += 1
         err = not_consumed_error(self._definition, cs, leaves, out)
@@ -522,7 +551,11 @@ class HotStep(Generic[P, R]):
         if len(self._signatures) >= self._definition.max_compiles:
             raise self._refuse(positional)
         current = self._current
-        why = new_signature_cause(self._definition, current, positional) if current is not None else ""
+        why = (
+            new_signature_cause(self._definition, current, positional)
+            if current is not None
+            else ""
+        )
         cs, definition = compile_signature(self._definition, positional, why)
         self._learn(definition)
         self._signatures.append(cs)
@@ -542,9 +575,14 @@ class HotStep(Generic[P, R]):
         """Make ``cs``'s call path at the current level the step's, kept per
         definition: a level set back reuses its closure and its C++ call's cache."""
         self._current = cs
-        key = (id(cs), self._level)  # cs lives in _signatures (or _aliases, its paths dropped with it): no id reused
+        # cs lives in _signatures (or _aliases, its paths dropped with it): no id reused
+        key = (id(cs), self._level)
         kept = self._paths.get(key)
-        self._set_dispatch(self._build_at_call(cs, key) if kept is None or kept[0] is not self._definition else kept[1])
+        self._set_dispatch(
+            self._build_at_call(cs, key)
+            if kept is None or kept[0] is not self._definition
+            else kept[1]
+        )
 
     def _build_at_call(self, cs: CompiledSignature, key: tuple[int, str]) -> Callable[..., Any]:
         """A call path that builds ``cs``'s closure at its first call (as
@@ -556,7 +594,8 @@ class HotStep(Generic[P, R]):
             kept = self._paths.get(key)
             if kept is None or kept[0] is not definition:
                 kept = (definition, make_dispatch(cs, level, self))
-                if any(c is cs for c in (*self._signatures, *self._aliases)):  # not an alias evicted meanwhile
+                # not an alias evicted meanwhile
+                if any(c is cs for c in (*self._signatures, *self._aliases)):
                     self._paths[key] = kept
             if self._current is cs and self._level == level and self._definition is definition:
                 self._set_dispatch(kept[1])
@@ -602,7 +641,9 @@ class _ByHash(dict):  # type: ignore[type-arg]
 def _equinox_module(cls: type) -> bool:
     """Whether ``cls`` is an equinox Module: immutable after init (its array
     fields fail its hash)."""
-    return any(c.__module__.split(".")[0] == "equinox" and c.__name__ == "Module" for c in cls.__mro__)
+    return any(
+        c.__module__.split(".")[0] == "equinox" and c.__name__ == "Module" for c in cls.__mro__
+    )
 
 
 def _method_step(step: HotStep[Any, Any]) -> HotStep[Any, Any]:
@@ -621,7 +662,12 @@ def _forget_bound(bound: dict[int, Any], key: int, ref: Any) -> None:
 # The slow path: diagnose a call the call path refused, or compile for it
 
 
-def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None) -> Any:
+def _decide(
+    step: HotStep[Any, Any],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any],
+    exc: BaseException | None,
+) -> Any:
     __tracebackhide__ = True
     definition = step._definition
     given = inside_in_place_call(step)  # the caller's refs and objects, as given
@@ -643,7 +689,12 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
     if given is None and (definition.inplace_params or definition.ref_params):
         # Called directly (a first call, jc.check): around the call, what the
         # in-place call path does (refs passed as their arrays, written back)
-        return in_place_call(definition, step, lambda *items: _decide(step, items, {}, exc), definition.normalize(args, kwargs))
+        return in_place_call(
+            definition,
+            step,
+            lambda *items: _decide(step, items, {}, exc),
+            definition.normalize(args, kwargs),
+        )
     positional = definition.normalize(args, kwargs)
     with_path, treedef = flatten_with_path(positional)
     leaves = [x for _, x in with_path]
@@ -663,17 +714,24 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
         if filtered:  # equinox Modules: their non-array leaves are static (_filter)
             del with_path, leaves, host, positional  # the kept-leaf check counts references
             return _decide(step, args, kwargs, exc)
-        del leaves, with_path  # the kept-leaf check of the call made on the device counts references
+        # the kept-leaf check of the call made on the device counts references
+        del leaves, with_path
         return _host_arguments(step, positional, host, exc)
     current = step._current
-    donated = current.donated if current is not None else definition.donated_leaves([p for p, _ in with_path])
+    donated = current.donated if current is not None else definition.donated_leaves(
+        [p for p, _ in with_path]
+    )
     if exc is not None:
         nans = debug_nans_kind(exc)
         if nans is not None:  # jax_debug_nans / jax_debug_infs: the output held a nan
-            raise invalid_values_error(definition, step._current, positional, leaves, paths, nans) from None
+            raise invalid_values_error(
+                definition, step._current, positional, leaves, paths, nans
+            ) from None
     # JAX's runtime error, or a loop's refusal of jax_debug_nans' read of the
     # outputs after the program ran (before it runs, such a read is a DonationError)
-    debug = debug_reads_on() if isinstance(exc, TransferError) and exc.__traceback__ is not None else []
+    debug = (
+        debug_reads_on() if isinstance(exc, TransferError) and exc.__traceback__ is not None else []
+    )
     ran = exc is not None and (is_runtime_error(exc) or bool(debug))
     if ran and any(leaves[i].is_deleted() for i in donated):
         # It failed while or after running, the donated buffers taken: that error
@@ -704,7 +762,8 @@ def _decide(step: HotStep[Any, Any], args: tuple[Any, ...], kwargs: dict[str, An
 
 
 def _learn_modules(
-    step: HotStep[Any, Any], positional: tuple[Any, ...], with_path: list[Any], odd: list[tuple[str, Any]]
+    step: HotStep[Any, Any], positional: tuple[Any, ...], with_path: list[Any],
+    odd: list[tuple[str, Any]],
 ) -> bool:
     """Non-array leaves (``odd``: path, leaf): pytrees of refs become in-place state;
     equinox Modules' are filtered (``_state.filter``). True: bind the arguments again."""
@@ -716,7 +775,8 @@ def _learn_modules(
         with step._compile_lock:
             step._learn(step._definition.with_refs(params))
         return True
-    compiled = {leaf.path for cs in step._signatures for leaf in cs.leaves}  # device arrays, compiled
+    # device arrays, compiled
+    compiled = {leaf.path for cs in step._signatures for leaf in cs.leaves}
     modules = module_params(step._definition, positional, with_path, odd, compiled)
     if modules:
         with step._compile_lock:
@@ -725,7 +785,8 @@ def _learn_modules(
 
 
 def _host_arguments(
-    step: HotStep[Any, Any], positional: tuple[Any, ...], host: list[tuple[str, Any]], exc: BaseException | None
+    step: HotStep[Any, Any], positional: tuple[Any, ...], host: list[tuple[str, Any]],
+    exc: BaseException | None,
 ) -> Any:
     """Host leaves: refused, or (a recording loop) recorded and put on the device."""
     __tracebackhide__ = True
@@ -738,13 +799,15 @@ def _host_arguments(
     # Record mode: the violation, then the call with the host leaves copied over.
     loop.violation(
         "transfer",
-        f"{definition.name}: host argument {'leaf' if len(host) == 1 else 'leaves'} copied to the device "
-        f"on every call: {', '.join(f'{p} ({fmt_value(x)})' for p, x in host)}",
+        f"{definition.name}: host argument {'leaf' if len(host) == 1 else 'leaves'} copied to "
+        f"the device on every call: {', '.join(f'{p} ({fmt_value(x)})' for p, x in host)}",
         host_leaves_error(definition, host).fix or "",
     )
     current = step._current
     fits = current is not None and jax.tree_util.tree_structure(positional) == current.in_treedef
-    dtypes = [leaf.spec.dtype for leaf in current.leaves] if fits else None  # type: ignore[union-attr]
+    dtypes = (
+        [leaf.spec.dtype for leaf in current.leaves] if fits else None  # type: ignore[union-attr]
+    )
     # Only arguments holding host leaves are rebuilt (the kept-leaf check counts containers).
     moved, start, leaves = [], 0, []
     with jax.transfer_guard_host_to_device("allow"):  # recorded already, as the call's
@@ -752,7 +815,9 @@ def _host_arguments(
             leaves = jax.tree_util.tree_leaves(arg)
             n = len(leaves)
             if any(not isinstance(x, jax.Array) for x in leaves):
-                arg = host_leaves_on_device(arg, dtypes[start : start + n] if dtypes is not None else None)
+                arg = host_leaves_on_device(
+                    arg, dtypes[start : start + n] if dtypes is not None else None
+                )
             moved.append(arg)
             start += n
         del leaves  # the call on the device counts references to the donated leaves
@@ -790,7 +855,9 @@ def _signature_for(
         return step._call
 
 
-def _matching(step: HotStep[Any, Any], leaves: Sequence[Any], treedef: Any) -> CompiledSignature | None:
+def _matching(
+    step: HotStep[Any, Any], leaves: Sequence[Any], treedef: Any
+) -> CompiledSignature | None:
     """The compiled signature (or alias of one, :func:`_alias_for`) these flat arguments match."""
     for cs in (*step._signatures, *step._aliases):
         if not signature_diffs(cs, leaves, treedef):
@@ -801,7 +868,9 @@ def _matching(step: HotStep[Any, Any], leaves: Sequence[Any], treedef: Any) -> C
 _MAX_ALIASES = 8
 
 
-def _alias_for(step: HotStep[Any, Any], leaves: Sequence[Any], treedef: Any) -> CompiledSignature | None:
+def _alias_for(
+    step: HotStep[Any, Any], leaves: Sequence[Any], treedef: Any
+) -> CompiledSignature | None:
     """A compiled signature's executable with a C++ call for a structure that
     differs only by ``functools.partial`` statics equal by value
     (``diffs.same_structure``). Not a compile; the last few kept. None: no such
@@ -826,7 +895,8 @@ def _alias_for(step: HotStep[Any, Any], leaves: Sequence[Any], treedef: Any) -> 
 
 
 def _redispatch(
-    step: HotStep[Any, Any], dispatch: Callable[..., Any], positional: tuple[Any, ...], paths: list[str]
+    step: HotStep[Any, Any], dispatch: Callable[..., Any], positional: tuple[Any, ...],
+    paths: list[str],
 ) -> Any:
     """Call the chosen call path, once: a refusal of matching arguments is a bug."""
     __tracebackhide__ = True
@@ -836,7 +906,10 @@ def _redispatch(
         raise RecompileError(
             f"{definition.name}: the call path refused arguments that match its compiled "
             "signature (an internal disagreement; please report it).",
-            [f"  {p}: {fmt_value(x)}" for p, x in zip(paths, jax.tree_util.tree_leaves(positional))],
+            [
+                f"  {p}: {fmt_value(x)}"
+                for p, x in zip(paths, jax.tree_util.tree_leaves(positional))
+            ],
             fix="as a workaround, set jc.set_checks(\"off\") around this call.",
             note=INPUTS_INTACT,
             contract="signature",

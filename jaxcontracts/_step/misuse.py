@@ -43,7 +43,9 @@ def refuse_non_step(fn: Any, signature: Any) -> None:
         raise DefinitionError(
             f"@jc.hot_step got {shown} where the step function goes: its options are "
             "keywords.",
-            fix=f"@jc.hot_step(donate={fn!r})" if isinstance(fn, str) else "@jc.hot_step(signature=State, donate=\"all\")",
+            fix=f"@jc.hot_step(donate={fn!r})"
+            if isinstance(fn, str)
+            else "@jc.hot_step(signature=State, donate=\"all\")",
         )
     target = fn.func if isinstance(fn, functools.partial) else fn
     kind = (

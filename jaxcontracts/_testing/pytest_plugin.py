@@ -71,7 +71,8 @@ def _recording(label: str, **options: str) -> Iterator[HotLoop]:
 
     require_valid_env()  # a bad JAXCONTRACTS_CHECKS fails where the plugin is used
     loop = jc.hot_loop(**options, on_violation="record")  # type: ignore[arg-type]
-    loop.label = label  # the user's own error (pytest.fail, a DonationError) wins; the loop notes its record
+    # the user's own error (pytest.fail, a DonationError) wins; the loop notes its record
+    loop.label = label
     with loop:
         yield loop
     if loop.violations:
@@ -203,8 +204,13 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Iterator[Any]:
     if marker is None:
         return (yield)
     if marker.args:
-        pytest.fail(f"@pytest.mark.{MARKER} takes keyword arguments only; got {marker.args!r}", pytrace=False)
-    with _recording(f"@pytest.mark.{MARKER}", **_checked_options(f"@pytest.mark.{MARKER}", marker.kwargs)):
+        pytest.fail(
+            f"@pytest.mark.{MARKER} takes keyword arguments only; got {marker.args!r}",
+            pytrace=False,
+        )
+    with _recording(
+        f"@pytest.mark.{MARKER}", **_checked_options(f"@pytest.mark.{MARKER}", marker.kwargs)
+    ):
         return (yield)
 
 
@@ -221,7 +227,9 @@ def _legacy_file(item: pytest.Item) -> pathlib.Path:
     """The ``.txt`` name of jaxcontracts 0.1 (read when no ``.jcsnap`` exists;
     an update replaces it): pytest's doctest glob collected those."""
     path = pathlib.Path(item.path)
-    name = re.sub(r"[^A-Za-z0-9_.\[\]=+,-]", "_", ".".join([path.stem, *item.nodeid.split("::")[1:]]))
+    name = re.sub(
+        r"[^A-Za-z0-9_.\[\]=+,-]", "_", ".".join([path.stem, *item.nodeid.split("::")[1:]])
+    )
     return path.parent / SNAPSHOT_DIR / f"{name}.txt"
 
 

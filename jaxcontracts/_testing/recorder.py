@@ -95,7 +95,9 @@ def _build(steps: Sequence[Any], loops: Sequence[_LoopRun] = ()) -> Snapshot:
         head = f"loop {n}"
         fields.append(((head, "options"), run.options))
         for step_id, calls in sorted(run.calls.items(), key=lambda kv: run.names[kv[0]]):
-            fields.append(((head, f"calls {run.names[step_id]}"), "?" if calls is None else str(calls)))
+            fields.append(
+                ((head, f"calls {run.names[step_id]}"), "?" if calls is None else str(calls))
+            )
         fields.append(((head, "fetches"), str(run.fetches)))
         fields.append(((head, "violations"), str(sum(v[3] for v in run.violations))))
         for i, (kind, what, where, count) in enumerate(run.violations, 1):
@@ -243,9 +245,17 @@ class Recorder:
             if n:
                 violations.append((v.kind, v.what, v.where, n))
         opts = loop.options
-        options = " ".join(f"{k}={opts[k]}" for k in ("transfers", "compiles", "on_violation") if k in opts)
+        options = " ".join(
+            f"{k}={opts[k]}" for k in ("transfers", "compiles", "on_violation") if k in opts
+        )
         self.loops.append(
-            _LoopRun(options, _names(live[s] for s in calls), calls, observers.fetches - entry.fetches, violations)
+            _LoopRun(
+                options,
+                _names(live[s] for s in calls),
+                calls,
+                observers.fetches - entry.fetches,
+                violations,
+            )
         )
 
     def snapshot(self) -> Snapshot:

@@ -47,7 +47,9 @@ TOLERANCED: dict[str, float | None] = {
 }
 _SHORT = {k.split(".", 1)[1]: k for k in TOLERANCED}  # "temporaries" -> "memory.temporaries"
 
-COST_KEYS = (("flops", "flops"), ("transcendentals", "transcendentals"), ("bytes accessed", "bytes_accessed"))
+COST_KEYS = (
+    ("flops", "flops"), ("transcendentals", "transcendentals"), ("bytes accessed", "bytes_accessed")
+)
 
 
 def version_of(name: str) -> str:
@@ -270,7 +272,8 @@ class Snapshot:
 
 
 def _compare_field(
-    where: str, key: str, old: str | None, new: str | None, rules: Mapping[str, float | None], same_versions: bool
+    where: str, key: str, old: str | None, new: str | None, rules: Mapping[str, float | None],
+    same_versions: bool,
 ) -> list[Change] | None:
     """The changes of one field (empty: none); ``None``: not compared (skipped)."""
     if not same_versions and key.startswith(("memory.", "cost.")):

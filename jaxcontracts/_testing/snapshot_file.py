@@ -50,7 +50,9 @@ def file_name(module: str, test_parts: Iterable[str]) -> str:
 def _inside(folder: FilePath, file: FilePath) -> None:
     """Refuse a snapshot file that is a link, or that resolves outside ``folder``."""
     if file.is_symlink():
-        raise ValueError(f"{file} is a symbolic link; snapshot files are never read or written through links")
+        raise ValueError(
+            f"{file} is a symbolic link; snapshot files are never read or written through links"
+        )
     if folder.exists() and folder.is_symlink():
         raise ValueError(f"{folder} is a symbolic link; snapshot folders are never followed")
     if folder.exists() and not folder.is_dir():
@@ -103,7 +105,12 @@ def _locked(folder: FilePath) -> Iterator[None]:
         os.close(fd)  # releases the lock
 
 
-def write(folder: FilePath, file: FilePath, update: Callable[[dict[str, Snapshot]], dict[str, Snapshot]], header: str) -> None:
+def write(
+    folder: FilePath,
+    file: FilePath,
+    update: Callable[[dict[str, Snapshot]], dict[str, Snapshot]],
+    header: str,
+) -> None:
     """Replace ``file`` with ``update(its sections as they are now)``.
 
     Under a lock, re-read so that another session's sections are kept; write a
@@ -166,7 +173,10 @@ def parse(text: str) -> dict[str, Snapshot]:
     for n, raw in enumerate(text.splitlines(), 1):
         line = raw.rstrip()
         if _CONFLICT.match(line):
-            raise ValueError(f"line {n}: {line[:40]!r} is a merge conflict marker; resolve it, or rerun --jc-snapshot-update")
+            raise ValueError(
+                f"line {n}: {line[:40]!r} is a merge conflict marker; resolve it, "
+                "or rerun --jc-snapshot-update"
+            )
         if not line or line.lstrip().startswith("#"):
             continue
         m = _SECTION.match(line)
