@@ -106,7 +106,8 @@ def _stored_children(objects: list[Any]) -> dict[int, int]:
                     continue
                 children = jax.tree_util.tree_flatten(node, is_leaf=lambda x, n=node: x is not n)[0]
                 attrs = object.__getattribute__(node, "__dict__")
-            except Exception:  # noqa: BLE001 - not a node whose children can be told: nothing discounted
+            except Exception:  # noqa: BLE001
+                # not a node whose children can be told: nothing discounted
                 continue
             values = list(attrs.values())
             # (no comprehension over `record`: on 3.11 its cell would hold it)
