@@ -101,7 +101,8 @@ class Finding:
     bytes_per_call: int | None = None
     diff: list[str] | None = None
     jit_line: str | None = None  # where jax.jit(...) set the donation (wrong_donation)
-    seconds: float | None = None  # compiles: the compile time spent; host_sync: the time its reads blocked
+    # compiles: the compile time spent; host_sync: the time its reads blocked
+    seconds: float | None = None
 
     @property
     def cost(self) -> float:
@@ -128,7 +129,10 @@ class Finding:
         return contract_of_finding(self.kind)
 
     def as_dict(self) -> dict[str, Any]:
-        return {**{k: v for k, v in dataclasses.asdict(self).items() if v is not None}, "contract": self.contract}
+        return {
+            **{k: v for k, v in dataclasses.asdict(self).items() if v is not None},
+            "contract": self.contract,
+        }
 
 
 def _fmt_seconds(seconds: float) -> str:
@@ -159,13 +163,16 @@ class _HostLine:
 
     at: Any  # the line (file, number), None where no user frame was found
     first_run: tuple[Any, ...]  # (line, run) of its first call: not looked at
-    before: dict[int, Any] = dataclasses.field(default_factory=dict)  # leaf -> _marker, its last call
+    # leaf -> _marker, its last call
+    before: dict[int, Any] = dataclasses.field(default_factory=dict)
     # positions of the host leaves of a call -> the host_transfer findings they count for, and
     # the leaves each "the same value at each call" claim rests on (param -> positions)
     findings: dict[tuple[int, ...], tuple[list[Finding], dict[str, list[int]]]] = dataclasses.field(
         default_factory=dict)
-    varied: set[str] = dataclasses.field(default_factory=set)  # params taken for a constant, then changed
-    claimed: set[str] = dataclasses.field(default_factory=set)  # params claimed "the same value at each call"
+    # params taken for a constant, then changed
+    varied: set[str] = dataclasses.field(default_factory=set)
+    # params claimed "the same value at each call"
+    claimed: set[str] = dataclasses.field(default_factory=set)
     # param -> the calls a withdrawn claim had counted: copies still, counted by its next finding
     carried: dict[str, int] = dataclasses.field(default_factory=dict)
 
@@ -184,7 +191,8 @@ class _Function:
     groups: tuple[tuple[int, ...], ...] = ()  # the candidates by parameter, followed at every call
     candidates: tuple[int, ...] = ()  # dynamic leaf indices an output could reuse
     # (the parameter's candidates, their arrays' signatures.Dropped, their ids when followed)
-    pending: list[tuple[tuple[int, ...], Any, tuple[int, ...]]] = dataclasses.field(default_factory=list)
+    pending: list[tuple[tuple[int, ...], Any, tuple[int, ...]]] = dataclasses.field(
+        default_factory=list)
     follow_site: tuple[str, int] = ("<unknown>", 0)  # the user's line of the last followed call
     site_visit: int = 0  # which run of its jax.jit line made it (Watch._visit)
     run: tuple[Any, ...] = ()  # (line, run) of the user's statement making this call
@@ -193,7 +201,8 @@ class _Function:
     jit: str = "jax.jit"  # the transform the user wrote: nnx.jit's functions reach jax.jit wrapped
     written: str = ""  # what the user gave it where that is not the function's name (a partial)
     library: bool = False  # defined in an installed package: its arguments are the package's to fix
-    user_params: dict[int, str] = dataclasses.field(default_factory=dict)  # eqx.filter_jit: leaf -> the user's name
+    # eqx.filter_jit: leaf -> the user's name
+    user_params: dict[int, str] = dataclasses.field(default_factory=dict)
     # eqx.filter_jit, whose donate="all" donates every array argument: the
     # leaves no output reuses, followed too; the user's names of them; whether
     # a call's statement kept one of them (then donate="all" would delete it)
@@ -203,14 +212,17 @@ class _Function:
     rest_kept: bool = False
     # param -> weak references to arrays that held its followed buffers (None: not told)
     sharers: dict[str, list[Any] | None] = dataclasses.field(default_factory=dict)
-    host_lines: dict[Any, _HostLine] = dataclasses.field(default_factory=dict)  # the user's line -> its host data
+    # the user's line -> its host data
+    host_lines: dict[Any, _HostLine] = dataclasses.field(default_factory=dict)
     donated_leaves: tuple[int, ...] = ()  # the first dynamic leaf of each donated parameter
     # numpy arrays given at earlier calls, by id -> a weak reference (a dataset re-fed each
     # epoch is copied again at each call; a fresh batch each call is the cheapest copy)
-    numpy_seen: dict[Any, tuple[Any, Any]] = dataclasses.field(default_factory=dict)  # _numpy_key -> (ref, _snapshot)
+    # _numpy_key -> (ref, _snapshot)
+    numpy_seen: dict[Any, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
     numpy_kept: int = 0  # bytes of the copies numpy_seen holds
     numpy_limit: int = 64  # numpy_seen's size at which its dead entries go (_steps.prune_dead)
-    user_statics: dict[str, Any] = dataclasses.field(default_factory=dict)  # eqx.filter_jit: its numbers
+    # eqx.filter_jit: its numbers
+    user_statics: dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
 class Watch:
@@ -234,7 +246,8 @@ class Watch:
         self._last_call = -1
         self._last_fn: _Function | None = None  # the function of that call
         self._waited = -1  # the call count when a read last waited for the device
-        self._read_text: dict[str, tuple[str, str, str]] = {}  # line -> (what, fix, the user's function)
+        # line -> (what, fix, the user's function)
+        self._read_text: dict[str, tuple[str, str, str]] = {}
         self._lock = threading.Lock()
         self._functions: list[_Function] = []
         self._findings: dict[tuple[Any, ...], Finding] = {}
@@ -256,11 +269,13 @@ class Watch:
         # (the jax.jit line, parameter) the user kept arrays of, at a call of any function
         # made there: the fix edits that line, for each of them
         self._kept_params: set[tuple[tuple[str, int], str]] = set()
-        self._missed_from: dict[tuple[Any, ...], tuple[_Function, int]] = {}  # missed donation -> its first call
+        # missed donation -> its first call
+        self._missed_from: dict[tuple[Any, ...], tuple[_Function, int]] = {}
         self._closed: tuple[str, int] | None = None  # a line whose run a direct call ended
         self.calls = 0
         self.blind: list[str] = []  # findings this watch cannot make here, and why
-        self.once: list[str] = []  # reads between calls whose line ran once (shown if the script stopped)
+        # reads between calls whose line ran once (shown if the script stopped)
+        self.once: list[str] = []
         self.active = False
 
     # -- the wrapper ---------------------------------------------------------
@@ -292,20 +307,30 @@ class Watch:
             self._functions.append(state)
         return _Watched(jitted, fun, state, self)
 
-    def observe(self, fn: _Function, jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def observe(
+        self, fn: _Function, jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         """One call of a watched function: looked at before and after, never
         changed; the watch's own bookkeeping never fails the user's call."""
         self.calls += 1
         try:
             opts = fn.options
-            dyn_args = tuple(a for i, a in enumerate(args) if i not in opts.static_argnums) if opts.static_argnums else args
-            dyn_kwargs = {k: v for k, v in kwargs.items() if k not in opts.static_argnames} if kwargs else kwargs
+            dyn_args = (
+                tuple(a for i, a in enumerate(args) if i not in opts.static_argnums)
+                if opts.static_argnums else args
+            )
+            dyn_kwargs = (
+                {k: v for k, v in kwargs.items() if k not in opts.static_argnames}
+                if kwargs else kwargs
+            )
             leaves = jax.tree_util.tree_leaves((dyn_args, dyn_kwargs))
             caller = frames.caller_frame(2)  # the frame that called the function
             frame = user_frame(caller)
             if frame is not None:
                 at = _key(frame)
-                chained = at == self._last_at and self._closed != at and self._chained(fn, leaves)  # (else moot)
+                chained = (  # (else moot)
+                    at == self._last_at and self._closed != at and self._chained(fn, leaves)
+                )
                 fn.run = (at, self._visit(at, frame is caller, chained))
             note = self._before(fn, args, dyn_args, dyn_kwargs, leaves)  # (this call's own)
             before = jitwatch.cache_size(jitted)
@@ -333,7 +358,10 @@ class Watch:
             self._made_by(out, fn)
             if jitwatch.cache_size(jitted) != before:
                 compiled = not self._counting or getattr(self._lowered, "n", 0) != lowered
-                self._compiled(fn, args, kwargs, dyn_args, dyn_kwargs, leaves, out, time.perf_counter() - t0, compiled)
+                self._compiled(
+                    fn, args, kwargs, dyn_args, dyn_kwargs, leaves, out,
+                    time.perf_counter() - t0, compiled,
+                )
             elif not fn.signatures:  # a first call served by programs JAX already had (the same
                 # function jitted again: a notebook cell run again): its signature, nothing compiled
                 self._compiled(fn, args, kwargs, dyn_args, dyn_kwargs, leaves, out, 0.0, False)
@@ -363,8 +391,13 @@ class Watch:
             self._aliased(fn, leaves)
         note = ""
         n = len(leaves)  # passed again after this function's donation deleted it:
-        if any(j < n and isinstance(leaves[j], jax.Array) and leaves[j].is_deleted() for j in fn.donated_leaves):
-            drifted = sigs.passed_again(leaves, fn.signatures[-1].paths, fn.donated_leaves, sigs.short(fn.name))
+        if any(
+            j < n and isinstance(leaves[j], jax.Array) and leaves[j].is_deleted()
+            for j in fn.donated_leaves
+        ):
+            drifted = sigs.passed_again(
+                leaves, fn.signatures[-1].paths, fn.donated_leaves, sigs.short(fn.name)
+            )
             if drifted is not None:
                 note = self._passed_again(fn, *drifted)
         if fn.pending:
@@ -380,7 +413,8 @@ class Watch:
         inside one setup statement repeat nothing), compared with that line's
         call before."""
         where_host = tuple([
-            i for i, x in enumerate(leaves) if type(x) is not ArrayImpl and not isinstance(x, jax.Array)
+            i for i, x in enumerate(leaves)
+            if type(x) is not ArrayImpl and not isinstance(x, jax.Array)
         ])
         if where_host:
             marks = {i: _marker(leaves[i]) for i in where_host}  # (each array's values copied once)
@@ -425,7 +459,9 @@ class Watch:
             rest = [leaves[i] for i in fn.rest if i < len(leaves) and type(leaves[i]) is ArrayImpl]
             fn.rest_pending = sigs.Dropped(rest, frame) if rest else None
             if first:  # the user's names of equinox's grouped leaves (first calls)
-                named = _user_names(frames.caller_frame(1), [leaves[i] for i in fn.candidates] + rest)
+                named = _user_names(
+                    frames.caller_frame(1), [leaves[i] for i in fn.candidates] + rest
+                )
                 fn.user_params = {i: sigs.param_of(n) for i, n in zip(fn.candidates, named) if n}
                 fn.rest_params |= {sigs.param_of(n) for n in named[len(fn.candidates):] if n}
         groups = [[leaves[i] for i in group if type(leaves[i]) is ArrayImpl] for group in fn.groups]
@@ -528,20 +564,26 @@ class Watch:
                     self._tell_loop(found)
                 continue
             if shared:
-                continue  # an array that held their buffers at a call is alive: donating would delete it
+                # an array that held their buffers at a call is alive: donating would delete it
+                continue
             # counted from here: each call after it holds them twice
             self._missed_from[key] = (fn, fn.calls)
             names = sorted({fn.user_params[i] for i in idx if i in fn.user_params})
             what = param if not fn.equinox else (
-                f"{', '.join(names) if names else 'its arguments'} (eqx.filter_jit passes them as one group)")
+                f"{', '.join(names) if names else 'its arguments'} (eqx.filter_jit passes them as "
+                "one group)")
             fix = (_equinox_fix(fn, idx) if fn.equinox else host_fix("library_call") if fn.library
                    else sigs.missed_donation_fix(fn.name, param, fn.jit, fn.written))
             # a wrong donation of this function: the index drifted, now that the drop is proven
             wrong = [f for k, f in self._findings.items() if k[:2] == ("wrong_donation", id(fn))]
-            keep = sigs.donated_params(fn.options) - {f.param for f in wrong}  # donated rightly: kept
+            # donated rightly: kept
+            keep = sigs.donated_params(fn.options) - {f.param for f in wrong}
             for found in wrong:
-                if found.fix == sigs.leave_out(found.param or ""):  # (not a deleted array passed again)
-                    found.fix = sigs.drift_fix(fn.written or sigs.short(fn.name), param, fn.jit, keep)
+                # (not a deleted array passed again)
+                if found.fix == sigs.leave_out(found.param or ""):
+                    found.fix = sigs.drift_fix(
+                        fn.written or sigs.short(fn.name), param, fn.jit, keep
+                    )
             drifted = ", ".join(sorted({f.param or "" for f in wrong}))
             self._findings[key] = Finding(  # (equinox's group named by the user's parameters in it)
                 "missed_donation", fn.name, *fn.follow_site, count=1,
@@ -593,9 +635,14 @@ class Watch:
             before_call=True,
         )
 
-    def _wrong(self, fn: _Function, sig: sigs.Signature, donated: set[str], out_avals: set[tuple[Any, ...]], where_: tuple[str, int]) -> None:
+    def _wrong(
+        self, fn: _Function, sig: sigs.Signature, donated: set[str],
+        out_avals: set[tuple[Any, ...]], where_: tuple[str, int],
+    ) -> None:
         """Donated parameters JAX cannot donate, or whose buffers nothing reuses."""
-        for param, why, fix in sigs.wrong_donations(sig, donated, out_avals, sigs.short(fn.name), offer=False):
+        for param, why, fix in sigs.wrong_donations(
+            sig, donated, out_avals, sigs.short(fn.name), offer=False
+        ):
             key = ("wrong_donation", id(fn), param)
             if key not in self._findings:
                 self._findings[key] = Finding(
@@ -606,8 +653,9 @@ class Watch:
     # -- compiles ------------------------------------------------------------
 
     def _compiled(
-        self, fn: _Function, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...],
-        dyn_kwargs: dict[str, Any], leaves: Sequence[Any], out: Any, seconds: float, compiled: bool = True,
+        self, fn: _Function, args: tuple[Any, ...], kwargs: dict[str, Any],
+        dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any], leaves: Sequence[Any], out: Any,
+        seconds: float, compiled: bool = True,
     ) -> None:
         """A call that grew the function's C++ cache: a new signature, and a
         recompile where JAX lowered a program for it (``compiled``: not where
@@ -621,18 +669,25 @@ class Watch:
         statics = _user_statics(fn) if fn.equinox else {}
         # (the arguments known: a recompile only where JAX's events show it lowered them)
         if previous is not None and compiled and (not known or self._counting):
-            diff, fix = sigs.diff(previous, sig) if not known else ([sigs.COMPILED_AGAIN], sigs.COMPILED_AGAIN_FIX)
+            diff, fix = (
+                sigs.diff(previous, sig) if not known
+                else ([sigs.COMPILED_AGAIN], sigs.COMPILED_AGAIN_FIX)
+            )
             changed = [(k, fn.user_statics[k], v) for k, v in statics.items()
-                       if not known and k in fn.user_statics and _static_changed(fn.user_statics[k], v)]
+                       if not known and k in fn.user_statics
+                       and _static_changed(fn.user_statics[k], v)]
             if changed:  # eqx.filter_jit made them static: named as the user wrote them, with
                 # what else changed (equinox's own static part, which holds them, left out)
                 rest, rest_fix = sigs.diff(dataclasses.replace(previous, statics=sig.statics), sig)
                 rest = [] if rest == [sigs.SAME_LEAVES] else rest
                 if any(isinstance(a, _Traced) or isinstance(b, _Traced) for _, a, b in changed):
                     # (a leaf become static, or traced: equinox's grouped structure, explained)
-                    rest = [line for line in rest if not line.startswith("the arguments' structure changed")]
+                    rest = [line for line in rest
+                            if not line.startswith("the arguments' structure changed")]
                 diff = [_static_line(k, a, b) for k, a, b in changed] + rest
-                fix = _static_fix([k for k, _, b in changed if _is_number(b)], rest_fix if rest else "")
+                fix = _static_fix(
+                    [k for k, _, b in changed if _is_number(b)], rest_fix if rest else ""
+                )
             if fn.equinox and not known:
                 diff = _by_user_path(diff, sigs.paths(fn.options, args, dyn_args, dyn_kwargs))
             if fn.library:  # (jax-md's safe_mask given a new lambda each call)
@@ -665,9 +720,10 @@ class Watch:
                 if found is None:
                     self._findings[key] = found = Finding(
                         "compile_in_loop", fn.name, *fn.site, count=made,
-                        message=f"jax.jit is called again and again at this line: each new function "
-                        f"({sigs.short(fn.name)}) compiles afresh",
-                        fix="make the jax.jit once, outside the loop (at module level, or before the loop)",
+                        message=f"jax.jit is called again and again at this line: each new "
+                        f"function ({sigs.short(fn.name)}) compiles afresh",
+                        fix="make the jax.jit once, outside the loop (at module level, or before "
+                        "the loop)",
                     )
                 found.count, found.seconds = made, spent
         fn.user_statics = statics
@@ -675,17 +731,26 @@ class Watch:
         out_avals = {(tuple(x.shape), str(x.dtype)) for x in out_leaves}
         donated = sigs.donated_params(fn.options)
         self._wrong(fn, sig, donated, out_avals, here)
-        fn.candidates = sigs.reusable(fn.options, sig, dyn_args, dyn_kwargs, out, out_leaves, donated)
+        fn.candidates = sigs.reusable(
+            fn.options, sig, dyn_args, dyn_kwargs, out, out_leaves, donated
+        )
         if len(set(map(id, leaves))) != len(leaves):  # (at the calls after: in _before)
             self._aliased(fn, leaves)
-        if previous is not None and not known:  # a claim of the last signature whose
-            now = {sigs.param_of(sig.paths[i]) for i in fn.candidates}  # outputs another
-            for key in [k for k in self._findings if k[:2] == ("missed_donation", id(fn)) and k[2] not in now]:
-                del self._findings[key]  # argument takes now (`avg = 0.0`, then the array it became)
+        # a claim of the last signature whose outputs another argument takes now (`avg = 0.0`,
+        # then the array it became)
+        if previous is not None and not known:
+            now = {sigs.param_of(sig.paths[i]) for i in fn.candidates}
+            for key in [
+                k for k in self._findings
+                if k[:2] == ("missed_donation", id(fn)) and k[2] not in now
+            ]:
+                del self._findings[key]
         # the donated arrays, named once deleted: passed again, the index drifted
         fn.donated_leaves = tuple(idx[0] for p, idx in sigs.by_param(sig).items() if p in donated)
         site = f"{fn.site[0]}:{fn.site[1]}"
-        for arrays, rec in sigs.donations(fn.options, sig, leaves, donated, fn.candidates, fn.name, site):
+        for arrays, rec in sigs.donations(
+            fn.options, sig, leaves, donated, fn.candidates, fn.name, site
+        ):
             _steps.keep(arrays, rec)
         fn.window = DONATION_WINDOW if fn.candidates else 0
         fn.groups = tuple(tuple(idx) for idx in sigs.by_param(sig, fn.candidates).values())
@@ -695,7 +760,8 @@ class Watch:
     # -- host data -----------------------------------------------------------
 
     def _still_constant(
-        self, fn: _Function, line: _HostLine, constants: dict[str, list[int]], marks: dict[int, Any],
+        self, fn: _Function, line: _HostLine, constants: dict[str, list[int]],
+        marks: dict[int, Any],
     ) -> bool:
         """Whether every value claimed "the same at each call" is the last
         call's again; a claim whose value changed (sparse rewards all zero for
@@ -713,7 +779,8 @@ class Watch:
         """A value claimed "the same at each call" changed: the claim is
         withdrawn, and never made again for that parameter."""
         found = self._findings.pop(("host_transfer", id(fn), param, line.at), None)
-        if found is not None:  # its calls each copied the value: counted by the finding that follows
+        # its calls each copied the value: counted by the finding that follows
+        if found is not None:
             line.carried[param] = line.carried.get(param, 0) + found.count
         line.claimed.discard(param)
         line.varied.add(param)
@@ -727,12 +794,14 @@ class Watch:
         if not isinstance(x, np.ndarray):
             return "number"  # a number that changes: a copy, and a new value to trace in
         if _unchanged(fn.numpy_seen, x, mark):
-            return "refed"  # an array given at an earlier call, its values unchanged: a dataset re-fed
+            # an array given at an earlier call, its values unchanged: a dataset re-fed
+            return "refed"
         return "fresh"  # a new batch: the call's own copy is the cheapest, nothing to fix
 
     def _host_leaves(
         self, fn: _Function, line: _HostLine, args: tuple[Any, ...], dyn_args: tuple[Any, ...],
-        dyn_kwargs: dict[str, Any], given: list[Any], where_host: tuple[int, ...], marks: dict[int, Any],
+        dyn_kwargs: dict[str, Any], given: list[Any], where_host: tuple[int, ...],
+        marks: dict[int, Any],
     ) -> tuple[list[Finding], bool, dict[str, list[int]]]:
         """Numpy arrays and Python numbers given to the function (after its
         first call), counted: the findings they count for (their bytes are
@@ -759,16 +828,19 @@ class Watch:
             paths = [n or "an argument" for n in named]
         else:
             paths = [path for path, _, _, _, _ in leaves]
-        host: dict[str, list[Any]] = {}  # param -> [paths to fix, first value, bytes, what, their kinds]
+        # param -> [paths to fix, first value, bytes, what, their kinds]
+        host: dict[str, list[Any]] = {}
         constants: dict[str, list[int]] = {}
         for path, (_, x, nbytes, what, i) in zip(paths, leaves):
             param = sigs.param_of(path) if path != "an argument" else path
-            if what == "constant" and param in line.varied:  # its value changed before: not a constant
+            # its value changed before: not a constant
+            if what == "constant" and param in line.varied:
                 what = "fresh" if isinstance(x, np.ndarray) else "number"
             if what == "constant":
                 constants.setdefault(param, []).append(i)
             entry = host.get(param)
-            if entry is None or (entry[3] == "fresh" and what != "fresh"):  # its first leaf to fix names it
+            # its first leaf to fix names it
+            if entry is None or (entry[3] == "fresh" and what != "fresh"):
                 host[param] = [[path], x, 0 if what == "fresh" else nbytes, what, [value_kind(x)]]
             elif what != "fresh":
                 entry[0].append(path)
@@ -788,29 +860,37 @@ class Watch:
                 touched.append(found)
                 continue
             kind = value_kind(x)
-            path = f" ({fmt_listed(fixed)})" if fixed != [param] else ""  # the leaves, where not the parameter itself
+            # the leaves, where not the parameter itself
+            path = f" ({fmt_listed(fixed)})" if fixed != [param] else ""
             if what == "constant":  # (gymnax's EnvParams: ints and floats; evosax's Params: floats)
-                same = (f"is the same {kind}" if fixed == [param] else
-                        f"{_holding(sigs.by_name(fn.options, dyn_args, dyn_kwargs).get(param), kinds_of)}, the same")
-                message = f"{param} of {sigs.short(fn.name)} {same} at each call{path}: copied to the device again every time"
+                if fixed == [param]:
+                    same = f"is the same {kind}"
+                else:
+                    value = sigs.by_name(fn.options, dyn_args, dyn_kwargs).get(param)
+                    same = f"{_holding(value, kinds_of)}, the same"
+                message = (f"{param} of {sigs.short(fn.name)} {same} at each call{path}: copied to "
+                           "the device again every time")
                 # static only where the argument is one hashable leaf (a dict or a numpy array is
                 # not) whose results it keeps (not a float)
                 static = not fn.equinox and fixed == [param] and static_is_exact(x)
-                fix = host_fix("constant", "static", param=param) if static else host_fix("constant")
+                fix = (
+                    host_fix("constant", "static", param=param) if static
+                    else host_fix("constant")
+                )
                 line.claimed.add(param)
             elif what == "refed":
-                message = (f"{param} of {sigs.short(fn.name)} is a {kind} given at an earlier call again"
-                           f"{path}: copied to the device at every call it is given")
+                message = (f"{param} of {sigs.short(fn.name)} is a {kind} given at an earlier "
+                           f"call again{path}: copied to the device at every call it is given")
                 fix = host_fix("refed")
             else:
-                message = (f"{param} of {sigs.short(fn.name)} is a {kind} whose value changed between calls"
-                           f"{path}: a host-to-device copy at every call")
+                message = (f"{param} of {sigs.short(fn.name)} is a {kind} whose value changed "
+                           f"between calls{path}: a host-to-device copy at every call")
                 fix = host_fix("number")
             if fn.library:
                 fix = host_fix("library")
             self._findings[key] = Finding(  # (with the calls a withdrawn claim of it counted)
-                "host_transfer", fn.name, *_user_line(fn.site), count=1 + line.carried.pop(param, 0),
-                param=param, bytes_per_call=nbytes,
+                "host_transfer", fn.name, *_user_line(fn.site),
+                count=1 + line.carried.pop(param, 0), param=param, bytes_per_call=nbytes,
                 message=message, fix=fix,
             )
             touched.append(self._findings[key])
@@ -871,7 +951,10 @@ class Watch:
         return len(self._functions)
 
     def report(self) -> WatchReport:
-        return WatchReport(self.findings(), self.calls, self.function_count, list(self.blind), once=list(self.once))
+        return WatchReport(
+            self.findings(), self.calls, self.function_count, list(self.blind),
+            once=list(self.once),
+        )
 
     def __enter__(self) -> Watch:
         global _ACTIVE
@@ -885,9 +968,9 @@ class Watch:
                 jitwatch.install(self.wrap, sigs.note_device_put)
             else:  # said in the report: which findings cannot be made here
                 self.blind = [
-                    "recompile, missed_donation, wrong_donation, host_transfer and compile_in_loop: "
-                    "jax.jit cannot be observed on this JAX (capability jit-observation missing; "
-                    "see `python -m jaxcontracts info`)"
+                    "recompile, missed_donation, wrong_donation, host_transfer and "
+                    "compile_in_loop: jax.jit cannot be observed on this JAX (capability "
+                    "jit-observation missing; see `python -m jaxcontracts info`)"
                 ]
         self.active = True
         if self._make_reads is not None:
@@ -958,8 +1041,13 @@ class Watch:
             return False
         last = self._last_ref() if self._last_ref is not None and self._last_call == n else None
         if last is None:  # (that output dropped: another of the call's, where one lives)
-            last = next((y for i, m in list(at.items()) if m == n and (y := made[i]()) is not None), None)
-        return last is not None and len(liveorder.made_before(xs, [last])) == len({id(x) for x in xs})
+            last = next(
+                (y for i, m in list(at.items()) if m == n and (y := made[i]()) is not None), None
+            )
+        return (
+            last is not None
+            and len(liveorder.made_before(xs, [last])) == len({id(x) for x in xs})
+        )
 
     def _earlier_output(self, x: Any) -> bool:
         """Whether ``x`` is an output of a watched call before the last: the
@@ -991,8 +1079,11 @@ class Watch:
             return False
         run = self._visit(_key(frame), False, False) if frame is not None else 0
         last = self._last_fn
-        self.read_stamps.setdefault(where, []).append((self.calls, run, None if last is None else (id(last), last.calls)))
-        self._read_text[where] = (what, fix, function)  # (a read there that stalled nothing is withdrawn)
+        self.read_stamps.setdefault(where, []).append(
+            (self.calls, run, None if last is None else (id(last), last.calls))
+        )
+        # (a read there that stalled nothing is withdrawn)
+        self._read_text[where] = (what, fix, function)
         return True
 
     def waited(self, line: str, seconds: float, value: Any, function: str, frame: Any) -> None:
@@ -1007,7 +1098,9 @@ class Watch:
         later = [x for x in arrays if not self._earlier_output(x)]
         if self._waited != self.calls and self._made_before_last(later):
             return  # eager results made before the last call: the same
-        if self._waited == self.calls or not self.read(line, "block_until_ready", WAIT_FIX, function, frame):
+        if self._waited == self.calls or not self.read(
+            line, "block_until_ready", WAIT_FIX, function, frame
+        ):
             return
         self._waited = self.calls
         self.read_seconds[line] = self.read_seconds.get(line, 0.0) + seconds
@@ -1090,7 +1183,11 @@ def _equinox_fix(fn: _Function, idx: Sequence[int]) -> str:
     user's parameters alone, as equinox cannot."""
     names = sorted({fn.user_params[i] for i in idx if i in fn.user_params})
     short = sigs.short(fn.name)
-    state = "..." if not names else f'"{names[0]}"' if len(names) == 1 else f"({', '.join(map(repr, names))})"
+    state = (
+        "..." if not names
+        else f'"{names[0]}"' if len(names) == 1
+        else f"({', '.join(map(repr, names))})"
+    )
     hot_step = f'@jc.hot_step(state={state}, donate="all")'.replace("'", '"')
     if not fn.rest_kept:
         return f'@eqx.filter_jit(donate="all") on {short}; or {hot_step}'
@@ -1168,7 +1265,9 @@ def _user_statics(fn: _Function) -> dict[str, Any]:
             if isinstance(leaf, (bool, int, float, complex, str)):
                 out[name + jax.tree_util.keystr(p)] = leaf
             elif isinstance(leaf, jax.Array):
-                out[name + jax.tree_util.keystr(p)] = _Traced(fmt_aval(leaf.shape, leaf.dtype, leaf.weak_type))
+                out[name + jax.tree_util.keystr(p)] = _Traced(
+                    fmt_aval(leaf.shape, leaf.dtype, leaf.weak_type)
+                )
     return out
 
 
@@ -1187,8 +1286,8 @@ def _static_line(path: str, a: Any, b: Any) -> str:
             return f"{v.aval} (an array)"
         return repr(v)
 
-    tail = (f"a Python {type(b).__name__}: static under eqx.filter_jit" if not isinstance(b, _Traced)
-            else "traced under eqx.filter_jit")
+    tail = (f"a Python {type(b).__name__}: static under eqx.filter_jit"
+            if not isinstance(b, _Traced) else "traced under eqx.filter_jit")
     return f"{path}: {said(a)} -> {said(b)} ({tail})"
 
 
@@ -1202,8 +1301,8 @@ def _static_fix(numbers: list[str], rest: str) -> str:
     parts = []
     if numbers:
         parts.append(f"pass {', '.join(numbers)} as {'arrays' if len(numbers) > 1 else 'an array'} "
-                     "(jnp.asarray(...)): eqx.filter_jit traces arrays and compiles anew for each new "
-                     "Python number")
+                     "(jnp.asarray(...)): eqx.filter_jit traces arrays and compiles anew for each "
+                     "new Python number")
     else:
         parts.append("a bool or a string under eqx.filter_jit compiles one program per value: "
                      "expected where it takes few values; keep it fixed where it changes often")
@@ -1303,7 +1402,8 @@ class _Watched:
         functools.update_wrapper(self, fun)  # type: ignore[arg-type]
         # (after it: the __dict__ it copies is a watched function's own where fun is one, bound)
         self._jitted, self._state, self._owner = jitted, state, owner
-        self.__doc__ = getattr(jitted, "__doc__", None)  # (jax.jit's own: "" for a function without one)
+        # (jax.jit's own: "" for a function without one)
+        self.__doc__ = getattr(jitted, "__doc__", None)
         self._trace = top_level_refs()
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -1332,7 +1432,9 @@ class _Watched:
         return _Watched(copy.copy(self._jitted), self.__wrapped__, self._state, self._owner)
 
     def __deepcopy__(self, memo: dict[int, Any]) -> _Watched:
-        return _Watched(copy.deepcopy(self._jitted, memo), self.__wrapped__, self._state, self._owner)
+        return _Watched(
+            copy.deepcopy(self._jitted, memo), self.__wrapped__, self._state, self._owner
+        )
 
     def __reduce_ex__(self, protocol: Any) -> Any:  # pickled as itself: the jitted function
         return operator.itemgetter(0), ((self._jitted,),)
@@ -1346,8 +1448,10 @@ class WatchReport:
     calls: int
     functions: int
     blind: list[str] = dataclasses.field(default_factory=list)  # findings not made here, and why
-    stopped: str | None = None  # the audited script raised this (its traceback printed before the report)
-    once: list[str] = dataclasses.field(default_factory=list)  # reads whose line ran once, between calls
+    # the audited script raised this (its traceback printed before the report)
+    stopped: str | None = None
+    # reads whose line ran once, between calls
+    once: list[str] = dataclasses.field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -1361,13 +1465,17 @@ class WatchReport:
         yield (f"jaxcontracts audit: {len(self.findings)} finding(s) in {self.functions} jitted "
                f"function(s), {self.calls} call(s) observed")
         for why in self.blind:
-            yield from textwrap.wrap("NOT CHECKED: " + why, _WIDTH, initial_indent="  ", subsequent_indent="    ")
+            yield from textwrap.wrap(
+                "NOT CHECKED: " + why, _WIDTH, initial_indent="  ", subsequent_indent="    "
+            )
         if self.stopped:
-            yield f"  the script stopped with {self.stopped} (its traceback is above): what it did up to there"
+            yield (f"  the script stopped with {self.stopped} (its traceback is above): what it "
+                   "did up to there")
         if not self.findings and not self.blind:
             yield (
                 "  nothing seen before it stopped" if self.stopped
-                else "  nothing to fix: no recompile, no missed or wrong donation, no host transfer seen"
+                else "  nothing to fix: no recompile, no missed or wrong donation, no host "
+                "transfer seen"
             )
         for n, f in enumerate(self.findings, 1):
             tail = f"  {f.file}:{f.line}  x{f.count}"
@@ -1379,19 +1487,30 @@ class WatchReport:
             cost = f.cost_text()
             if cost:
                 yield f"    cost: {cost}"
-            yield from textwrap.wrap(f.message, _WIDTH, initial_indent="    ", subsequent_indent="    ")
+            yield from textwrap.wrap(
+                f.message, _WIDTH, initial_indent="    ", subsequent_indent="    "
+            )
             for d in (f.diff or [])[:8]:  # a change trimmed to what differs; a sentence wrapped
                 if " -> " in d:
                     yield "      " + fit_change(d, _WIDTH - 6)
                 else:
-                    yield from textwrap.wrap(d, _WIDTH, initial_indent="      ", subsequent_indent="        ")
+                    yield from textwrap.wrap(
+                        d, _WIDTH, initial_indent="      ", subsequent_indent="        "
+                    )
             if f.jit_line:
                 yield f"    donation set at {f.jit_line}"
-            yield from textwrap.wrap("fix: " + f.fix, _WIDTH, initial_indent="    ", subsequent_indent="      ")
-        if self.stopped and self.once:  # the loop may have been left at its first pass: say what it did once
-            yield "  seen once before the script stopped (repeated work if the line is in its loop):"
+            yield from textwrap.wrap(
+                "fix: " + f.fix, _WIDTH, initial_indent="    ", subsequent_indent="      "
+            )
+        # the loop may have been left at its first pass: say what it did once
+        if self.stopped and self.once:
+            yield (
+                "  seen once before the script stopped (repeated work if the line is in its loop):"
+            )
             for text in self.once:
-                yield from textwrap.wrap(text, _WIDTH, initial_indent="  - ", subsequent_indent="      ")
+                yield from textwrap.wrap(
+                    text, _WIDTH, initial_indent="  - ", subsequent_indent="      "
+                )
 
     def __str__(self) -> str:
         return "\n".join(self.lines())

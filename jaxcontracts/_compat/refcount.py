@@ -106,11 +106,15 @@ def _stored_children(objects: list[Any]) -> dict[int, int]:
                     continue
                 children = jax.tree_util.tree_flatten(node, is_leaf=lambda x, n=node: x is not n)[0]
                 attrs = object.__getattribute__(node, "__dict__")
-            except Exception:  # noqa: BLE001 - not a node whose children can be told: nothing discounted
+            except Exception:  # noqa: BLE001
+                # not a node whose children can be told: nothing discounted
                 continue
             values = list(attrs.values())
-            for record in values:  # (no comprehension over `record`: on 3.11 its cell would hold it)
-                if not _is_record(record, children) or _held_besides(record, (node, attrs, values, here)):
+            # (no comprehension over `record`: on 3.11 its cell would hold it)
+            for record in values:
+                if not _is_record(record, children) or _held_besides(
+                    record, (node, attrs, values, here)
+                ):
                     continue
                 direct = set(map(id, values))
                 for child in record:
@@ -188,7 +192,10 @@ def _frame_records(held: list[Any], own: set[int]) -> dict[int, int]:
     k = 0
     for holder in dicts:  # (no enumerate: its cached pair would hold the dict too)
         # besides the records: `referrers` and `dicts`, and `holder` as a local is counted
-        if shaped[k] or (id(holder) in records and sys.getrefcount(holder) == records[id(holder)] + 2 + _LOCAL):
+        if shaped[k] or (
+            id(holder) in records
+            and sys.getrefcount(holder) == records[id(holder)] + 2 + _LOCAL
+        ):
             add(holder.values())
         k += 1
     return found
@@ -239,11 +246,15 @@ def _variables(code: Any) -> tuple[frozenset[str], frozenset[str]]:
     """(every variable, the parameters) of a function's code."""
     n = code.co_argcount + code.co_kwonlyargcount
     n += bool(code.co_flags & inspect.CO_VARARGS) + bool(code.co_flags & inspect.CO_VARKEYWORDS)
-    return frozenset((*code.co_varnames, *code.co_cellvars, *code.co_freevars)), frozenset(code.co_varnames[:n])
+    return (
+        frozenset((*code.co_varnames, *code.co_cellvars, *code.co_freevars)),
+        frozenset(code.co_varnames[:n]),
+    )
 
 
 def _shaped(d: dict[Any, Any], shapes: list[tuple[frozenset[str], frozenset[str]]]) -> bool:
-    """Whether ``d``'s keys are variables of one of ``shapes``' functions, its parameters among them."""
+    """Whether ``d``'s keys are variables of one of ``shapes``' functions, its parameters among
+    them."""
     keys = d.keys()
     return any(params <= keys <= variables for variables, params in shapes)
 

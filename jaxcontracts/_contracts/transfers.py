@@ -36,15 +36,17 @@ HOST_FIXES = {
     "path, the cheapest copy (a jax.device_put per step costs more); inside a jc.hot_loop, "
     "move the function into a hot step that declares it (@jc.hot_step(host={param!r}))",
     # numpy arrays given at an earlier call again (a dataset re-fed each epoch)
-    "refed": "put the dataset on the device once, before the loop (batches = jax.device_put(batches)), "
-    "where it fits in device memory; a loader that makes new arrays each step is the cheapest copy",
+    "refed": "put the dataset on the device once, before the loop "
+    "(batches = jax.device_put(batches)), where it fits in device memory; a loader that makes "
+    "new arrays each step is the cheapest copy",
     # a new Python number at each call
     "number": "carry it on the device in the state (jnp arrays), updated by the step itself",
     # host data given by a library's own jitted helper, called outside any jax.jit
     "library": "it is passed by a library's own jitted function, which your line calls outside "
     "any jax.jit (an optimizer's update run eagerly): jit the whole step that calls it, where "
     "such values are compiled in",
-    # a library's own jitted helper's recompile or missed donation (jax-md's safe_mask): the same cause
+    # a library's own jitted helper's recompile or missed donation (jax-md's safe_mask): the
+    # same cause
     "library_call": "it is a library's own jitted function, which your line calls outside any "
     "jax.jit, compiled and called on its own: jit the whole step that calls it, where it is "
     "traced once into one program, its static values compiled in and its buffers reused",
@@ -53,10 +55,11 @@ HOST_FIXES = {
     "read after the loop; an `if` on an array belongs in the step (jnp.where / lax.cond).",
     # the same, where the line reads only once every {every} calls of the {step} it reads
     # already: fewer reads is no fix, each one still waits for the call just dispatched
-    "read_late": "this line reads only once every {every} calls of {step} already, yet each read waits "
-    "for the call just dispatched: read one step late (dispatch the next step first, then read the value the "
-    "step before returned, so the host never waits): pending = jc.fetch_async(x) here, "
-    "pending.result() after the next step's call; or move the read after the loop.",
+    "read_late": "this line reads only once every {every} calls of {step} already, yet each read "
+    "waits for the call just dispatched: read one step late (dispatch the next step first, then "
+    "read the value the step before returned, so the host never waits): "
+    "pending = jc.fetch_async(x) here, pending.result() after the next step's call; or move the "
+    "read after the loop.",
     # a Python scalar in an eager op
     "eager": "a Python number in an eager op (x * 2 outside a step) is copied to the device at "
     "every call: do the op inside the hot_step (return what you need) or in a jax.jit helper "
@@ -69,7 +72,9 @@ def debug_reads_on() -> list[str]:
     """The options that make JAX copy every output to the host after a call."""
     import jax
 
-    return [name for name in ("jax_debug_nans", "jax_debug_infs") if getattr(jax.config, name, False)]
+    return [
+        name for name in ("jax_debug_nans", "jax_debug_infs") if getattr(jax.config, name, False)
+    ]
 
 
 def debug_reads_fix(fix: str) -> str:
@@ -79,16 +84,20 @@ def debug_reads_fix(fix: str) -> str:
     on = debug_reads_on()
     if not on:
         return fix
-    return (f"{' and '.join(on)} is on: after each call JAX copies every output to the host to look for "
-            f"nans or infs, which a loop refuses; where this line reads nothing itself, that is the read: "
-            f'turn it off for hot loops (jax.config.update("{on[0]}", False)), or look for them outside '
-            f"jc.hot_loop. Otherwise: {fix}")
+    return (f"{' and '.join(on)} is on: after each call JAX copies every output to the host to "
+            f"look for nans or infs, which a loop refuses; where this line reads nothing itself, "
+            f'that is the read: turn it off for hot loops (jax.config.update("{on[0]}", False)), '
+            f"or look for them outside jc.hot_loop. Otherwise: {fix}")
 
 
 def host_fix(*kinds: str, param: str = "x", **fields: Any) -> str:
     """The fixes of :data:`HOST_FIXES` for ``kinds``, joined, naming ``param``
     (and ``fields``: ``every`` and ``step``, how often a line reads)."""
-    return "; ".join(HOST_FIXES[k] for k in kinds).replace("; or ", ", or ").format(param=param, **fields)
+    return (
+        "; ".join(HOST_FIXES[k] for k in kinds)
+        .replace("; or ", ", or ")
+        .format(param=param, **fields)
+    )
 
 
 def read_fix(every: int, step: str = "its step") -> str:

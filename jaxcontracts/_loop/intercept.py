@@ -126,7 +126,8 @@ def _on_read(x: Any, name: str, frame: Any = None) -> None:
         by = consumed_by(x)
         _violation(
             "donation",
-            f"{arrays.READS[name]} of {_named(x, user)}an array ({fmt_aval(x.shape, x.dtype)}) that {donated(by)}",
+            f"{arrays.READS[name]} of {_named(x, user)}an array ({fmt_aval(x.shape, x.dtype)}) "
+            f"that {donated(by)}",
             donation_fix("use", by),
             frame,
         )
@@ -231,7 +232,8 @@ def _must_refuse_buffer(x: Any) -> bool:
         return False
     if loop.on_violation == "raise":
         return True
-    if _on_accelerator(x):  # no buffer to export: numpy falls back to __array__, which records it once
+    if _on_accelerator(x):
+        # no buffer to export: numpy falls back to __array__, which records it once
         return False
     _on_read(x, "buffer", frames.caller_frame(1))
     timer = loop.read_timer
@@ -276,7 +278,8 @@ def _value_without_pin(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
         if (
             self.is_deleted()
             or jax.dtypes.issubdtype(self.dtype, jax.dtypes.extended)
-            or getattr(inside, "copying", False)  # host_copy's own jax.device_get (int4): JAX's read
+            # host_copy's own jax.device_get (int4): JAX's read
+            or getattr(inside, "copying", False)
         ):
             return original(self)
         inside.copying = True
@@ -344,7 +347,9 @@ class _Patches:
             else:
                 self.guarded[name] = _guarded(name, original)
         self.depth = 0
-        self._buffer_on, self._buffer_off = arrays.buffer_hooks(_must_refuse_buffer, _buffer_refused)
+        self._buffer_on, self._buffer_off = arrays.buffer_hooks(
+            _must_refuse_buffer, _buffer_refused
+        )
         self.listening = False
         self.device_get = jax.device_get
         self.copying_device_get = _copying_device_get(self.device_get)
@@ -374,7 +379,9 @@ class _Patches:
         clear_last_outputs(in_use())  # only steps called in loops lately recorded an output
 
 
-def _in_host_callback(runner: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+def _in_host_callback(
+    runner: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
     """A host callback an executable runs (``jax.debug.callback``): inside a
     loop, with its guards lifted. The callback is the user's deliberate host
     code, run by the device program on this thread (CPU); refusing its eager
@@ -435,13 +442,15 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
         by = consumed_by(stale)
         _violation(
             "donation",
-            f"`{name}` on {_named(stale, user)}an array ({fmt_aval(stale.shape, stale.dtype)}) that "
-            f"{donated(by)} (jax would compile it, then fail on the deleted buffer)",
+            f"`{name}` on {_named(stale, user)}an array "
+            f"({fmt_aval(stale.shape, stale.dtype)}) that {donated(by)} (jax would compile it, "
+            f"then fail on the deleted buffer)",
             donation_fix("use", by),
             user,
         )
         return
-    read = host_read_on_line(user) if loop.checks_transfers else None  # (a loop that allows the read)
+    # (a loop that allows the read)
+    read = host_read_on_line(user) if loop.checks_transfers else None
     if read is not None:
         _violation(
             "transfer",

@@ -28,9 +28,9 @@ from .._userline import is_library, user_frame
 __all__ = [
     "COMMITTED_FIX", "COMPILED_AGAIN", "COMPILED_AGAIN_FIX", "SAME_LEAVES",
     "Dropped", "enclosing",
-    "Signature", "by_name", "by_param", "diff", "donated_params", "missed_donation_fix", "names", "param_of", "paths",
-    "reusable", "short", "signature", "wrong_donations", "donations", "drift", "drift_fix", "jit_site", "leave_out",
-    "passed_again",
+    "Signature", "by_name", "by_param", "diff", "donated_params", "missed_donation_fix", "names",
+    "param_of", "paths", "reusable", "short", "signature", "wrong_donations", "donations", "drift",
+    "drift_fix", "jit_site", "leave_out", "passed_again",
 ]
 
 
@@ -87,14 +87,19 @@ def names(opts: jitwatch.JitOptions, n_args: int) -> list[str]:
     for i in range(n_args):
         if i in opts.static_argnums:
             continue
-        if i < len(params) and params[i].kind in (params[i].POSITIONAL_ONLY, params[i].POSITIONAL_OR_KEYWORD):
+        if i < len(params) and params[i].kind in (
+            params[i].POSITIONAL_ONLY, params[i].POSITIONAL_OR_KEYWORD
+        ):
             out.append(params[i].name)
         else:
             out.append(f"args[{i}]")
     return out
 
 
-def paths(opts: jitwatch.JitOptions, args: tuple[Any, ...], dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> list[tuple[str, Any]]:
+def paths(
+    opts: jitwatch.JitOptions, args: tuple[Any, ...], dyn_args: tuple[Any, ...],
+    dyn_kwargs: dict[str, Any],
+) -> list[tuple[str, Any]]:
     """(path, leaf) of the dynamic leaves, in the order ``tree_leaves((dyn_args,
     dyn_kwargs))`` gives them, named by parameter."""
     named = names(opts, len(args))
@@ -105,18 +110,24 @@ def paths(opts: jitwatch.JitOptions, args: tuple[Any, ...], dyn_args: tuple[Any,
     return out
 
 
-def signature(opts: jitwatch.JitOptions, args: tuple[Any, ...], kwargs: dict[str, Any], dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> Signature:
+def signature(
+    opts: jitwatch.JitOptions, args: tuple[Any, ...], kwargs: dict[str, Any],
+    dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any],
+) -> Signature:
     found = paths(opts, args, dyn_args, dyn_kwargs)
     sig = opts.signature
     params = list(sig.parameters) if sig is not None else []
     statics = tuple(
-        (params[i] if i < len(params) else f"args[{i}]", repr(args[i])) for i in opts.static_argnums if i < len(args)
+        (params[i] if i < len(params) else f"args[{i}]", repr(args[i]))
+        for i in opts.static_argnums
+        if i < len(args)
     ) + tuple((k, repr(v)) for k, v in sorted(kwargs.items()) if k in opts.static_argnames)
     values = by_name(opts, dyn_args, dyn_kwargs)
     return Signature(
         jax.tree_util.tree_structure((dyn_args, dyn_kwargs)),
         tuple(leaf_spec(x) for _, x in found),  # None: not array-like (a JAX ref)
-        tuple("" if isinstance(x, jax.Array) or leaf_spec(x) is None else f"a {value_kind(x)}" for _, x in found),
+        tuple("" if isinstance(x, jax.Array) or leaf_spec(x) is None else f"a {value_kind(x)}"
+              for _, x in found),
         statics,
         tuple(p for p, _ in found),
         tuple((k, jax.tree_util.tree_structure(v)) for k, v in values.items()),
@@ -149,13 +160,17 @@ def _node_statics(value: Any, path: str, depth: int = 0) -> list[tuple[str, Any]
         v = getattr(value, field.name, None)
         here = f"{path}.{field.name}"
         if id(v) not in ids:
-            out.append((here, (getattr(v, "__qualname__", type(v).__name__), id(v)) if callable(v) else v))
+            out.append(
+                (here, (getattr(v, "__qualname__", type(v).__name__), id(v)) if callable(v) else v)
+            )
         else:
             out.extend(_node_statics(v, here, depth + 1))
     return out
 
 
-def by_name(opts: jitwatch.JitOptions, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]) -> dict[str, Any]:
+def by_name(
+    opts: jitwatch.JitOptions, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]
+) -> dict[str, Any]:
     """The dynamic arguments by parameter name."""
     values = dict(zip(names(opts, len(dyn_args) + len(opts.static_argnums)), dyn_args))
     values.update(dyn_kwargs)
@@ -163,8 +178,8 @@ def by_name(opts: jitwatch.JitOptions, dyn_args: tuple[Any, ...], dyn_kwargs: di
 
 
 def reusable(
-    opts: jitwatch.JitOptions, sig: Signature, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any],
-    out: Any, out_leaves: Sequence[Any], donated: set[str],
+    opts: jitwatch.JitOptions, sig: Signature, dyn_args: tuple[Any, ...],
+    dyn_kwargs: dict[str, Any], out: Any, out_leaves: Sequence[Any], donated: set[str],
 ) -> tuple[int, ...]:
     """The undonated dynamic leaves whose buffers an output could take, each
     output taken once: first by the donated parameters, then by those whose
@@ -174,16 +189,21 @@ def reusable(
     bias's shape). A fresh batch whose shape happens to match a carried leaf
     is not a candidate while the carried leaf takes it."""
     free = collections.Counter((tuple(x.shape), str(x.dtype)) for x in out_leaves)
-    parts = [out, *(out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ())]
+    parts = [
+        out,
+        *(out.values() if isinstance(out, dict) else out if isinstance(out, (tuple, list)) else ()),
+    ]
     shapes = {jax.tree_util.tree_structure(p) for p in parts}
     params = by_param(sig)
     values = by_name(opts, dyn_args, dyn_kwargs)
 
-    def carried(param: str) -> bool:  # (a bare array's structure, `*`, tells nothing: any output has it)
+    # (a bare array's structure, `*`, tells nothing: any output has it)
+    def carried(param: str) -> bool:
         tree = jax.tree_util.tree_structure(values[param]) if param in values else None
         return tree is not None and tree.num_nodes > 1 and tree in shapes
 
-    def matched(param: str) -> int:  # its leaves an output has the aval of: a state has many, a batch few
+    # its leaves an output has the aval of: a state has many, a batch few
+    def matched(param: str) -> int:
         return sum(1 for j in params[param] if not sig.host[j] and free[sig.aval(j)] > 0)
 
     order = sorted(params, key=lambda p: (p not in donated, not carried(p), -matched(p)))
@@ -207,40 +227,52 @@ def diff(old: Signature, new: Signature) -> tuple[list[str], str]:
     and the fix for the first change."""
     out = [f"static {k}: {a} -> {b}" for (k, a), (_, b) in zip(old.statics, new.statics) if a != b]
     if out:
-        return out, "a static argument that changes value compiles anew each time: pass it traced, or keep it fixed"
+        return out, (
+            "a static argument that changes value compiles anew each time: pass it traced, or keep "
+            "it fixed"
+        )
     if old.treedef != new.treedef:
         gone = sorted(set(old.paths) - set(new.paths))
         added = sorted(set(new.paths) - set(old.paths))
         if gone or added:
-            out.append("the arguments' structure changed" + (f": {len(gone)} leaves gone ({', '.join(gone[:3])})" if gone else "")
+            out.append("the arguments' structure changed"
+                       + (f": {len(gone)} leaves gone ({', '.join(gone[:3])})" if gone else "")
                        + (f"; {len(added)} new ({', '.join(added[:3])})" if added else ""))
             return out, "keep the arguments' structure fixed across calls"
         fields = _changed_fields(old.node_statics, new.node_statics)
-        if fields:  # the same leaves: a dataclass node's static field changed (a capacity, a flag)
+        # the same leaves: a dataclass node's static field changed (a capacity, a flag)
+        if fields:
             named = ", ".join(p for p, _ in fields)
             return [line for _, line in fields], (
-                f"a static field of a pytree node ({named}) changed: each new value compiles anew; "
-                "keep it fixed (for a buffer that grows, allocate room to spare once)")
-        before = dict(old.parts)  # the same leaves: a node's static data changed (a capacity, a flag)
+                f"a static field of a pytree node ({named}) changed: each new value compiles "
+                "anew; keep it fixed (for a buffer that grows, allocate room to spare once)")
+        # the same leaves: a node's static data changed (a capacity, a flag)
+        before = dict(old.parts)
         changed = [(k, before[k], t) for k, t in new.parts if k in before and before[k] != t]
         out += [f"{k}: its tree's static data: {fmt_change(str(a), str(b))}"
                 for k, a, b in changed] or ["the arguments' structure changed (the same leaves)"]
         named = ", ".join(k for k, _, _ in changed) or "the arguments"
-        return out, (f"a pytree node's static data (aux data) in {named} changed: each new value compiles "
-                     "anew; keep it fixed (for a buffer that grows, allocate room to spare once)")
+        return out, (f"a pytree node's static data (aux data) in {named} changed: each new value "
+                     "compiles anew; keep it fixed (for a buffer that grows, allocate room to "
+                     "spare once)")
     diffs = diff_leaves(list(zip(old.paths, old.specs)), list(zip(new.paths, new.specs)))
     out = [f"{d.path}: {d.expected} -> {d.got}" for d in diffs]
     if not diffs:
         moved = [(p, a) for p, a, b in zip(new.paths, old.committed, new.committed)
                  if a is not None and b is not None and a != b]
         if moved:
-            return [f"{p}: {'committed to its device -> uncommitted' if a else 'uncommitted -> committed to its device'}"
-                    for p, a in moved], COMMITTED_FIX
+            return [
+                f"{p}: committed to its device -> uncommitted" if a
+                else f"{p}: uncommitted -> committed to its device"
+                for p, a in moved
+            ], COMMITTED_FIX
         return [SAME_LEAVES], "call it on the device and in the context it was compiled for"
     return out, diffs[0].cause
 
 
-def _changed_fields(old: Sequence[tuple[str, Any]], new: Sequence[tuple[str, Any]]) -> list[tuple[str, str]]:
+def _changed_fields(
+    old: Sequence[tuple[str, Any]], new: Sequence[tuple[str, Any]]
+) -> list[tuple[str, str]]:
     """(path, diff line) of each static field whose value changed; a function
     by its name, never by its repr (an address)."""
     before = dict(old)
@@ -255,27 +287,36 @@ def _changed_fields(old: Sequence[tuple[str, Any]], new: Sequence[tuple[str, Any
             same = repr(a) == repr(b)
         if same:
             continue
-        if isinstance(a, tuple) and isinstance(b, tuple) and len(a) == 2 == len(b) and isinstance(a[1], int):
-            line = f"{path}: another function {b[0]}" if a[0] == b[0] else f"{path}: {a[0]} -> {b[0]}"
+        if (
+            isinstance(a, tuple) and isinstance(b, tuple) and len(a) == 2 == len(b)
+            and isinstance(a[1], int)
+        ):
+            line = (
+                f"{path}: another function {b[0]}" if a[0] == b[0] else f"{path}: {a[0]} -> {b[0]}"
+            )
         else:
             ra, rb = repr(a), repr(b)
-            line = f"{path}: {ra} -> {rb}" if len(ra) + len(rb) <= 60 else f"{path}: {fmt_change(ra, rb)}"
+            line = (
+                f"{path}: {ra} -> {rb}" if len(ra) + len(rb) <= 60
+                else f"{path}: {fmt_change(ra, rb)}"
+            )
         out.append((path, line))
     return out
 
 
 #: The fix of a recompile where only whether arrays are committed changed.
-COMMITTED_FIX = ("JAX compiles apart for an uncommitted array (made by jnp.array, jnp.zeros... on the "
-                 "default device) and a committed one (jax.device_put to a device, or a jitted call's "
-                 "output): commit it where it is made, jax.device_put(x, jax.devices()[0]), so that "
-                 "every call gives the same")
+COMMITTED_FIX = ("JAX compiles apart for an uncommitted array (made by jnp.array, jnp.zeros... on "
+                 "the default device) and a committed one (jax.device_put to a device, or a jitted "
+                 "call's output): commit it where it is made, jax.device_put(x, jax.devices()[0]), "
+                 "so that every call gives the same")
 
 #: A recompile of arguments an earlier call compiled for: JAX dropped the program.
-COMPILED_AGAIN = ("arguments the audit cannot tell from an earlier call's (a static value compared by its "
-                  "repr): JAX compiled them again, so its program was dropped (jax.clear_caches(), a "
-                  "jax.config change) or a static value differs where its repr does not show it")
-COMPILED_AGAIN_FIX = ("keep the compiled programs between calls (call jax.clear_caches() or change "
-                      "jax.config outside the loop), and keep each static value fixed")
+COMPILED_AGAIN = ("arguments the audit cannot tell from an earlier call's (a static value compared "
+                  "by its repr): JAX compiled them again, so its program was dropped "
+                  "(jax.clear_caches(), a jax.config change) or a static value differs where its "
+                  "repr does not show it")
+COMPILED_AGAIN_FIX = ("keep the compiled programs between calls (call jax.clear_caches() or "
+                      "change jax.config outside the loop), and keep each static value fixed")
 
 
 def missed_donation_fix(name: str, param: str, jit: str = "jax.jit", written: str = "") -> str:
@@ -284,8 +325,8 @@ def missed_donation_fix(name: str, param: str, jit: str = "jax.jit", written: st
     transform the user wrote (``nnx.jit`` passes donation on to jax.jit);
     ``written``: what the user gave it, where not the function itself (a partial)."""
     return (
-        f"{jit}({written or short(name)}, donate_argnames=({param!r},)) (names do not drift when parameters "
-        f'move); or @jc.hot_step(state={param!r}, donate="all")'
+        f"{jit}({written or short(name)}, donate_argnames=({param!r},)) (names do not drift when "
+        f'parameters move); or @jc.hot_step(state={param!r}, donate="all")'
     )
 
 
@@ -295,7 +336,8 @@ def donated_params(opts: jitwatch.JitOptions) -> set[str]:
 
 
 def wrong_donations(
-    sig: Signature, donated: set[str], out_avals: set[tuple[Any, ...]], name: str, offer: bool = True
+    sig: Signature, donated: set[str], out_avals: set[tuple[Any, ...]], name: str,
+    offer: bool = True,
 ) -> list[tuple[str, str, str]]:
     """(parameter, why, fix) for each donated parameter JAX cannot donate (a
     host value, skipped silently) or whose buffers no output can reuse while
@@ -305,7 +347,10 @@ def wrong_donations(
     retries would lose it); a watch, which sees the calls that follow, names
     it once each call's statement is proven to drop it (:func:`drift_fix`)."""
     params = by_param(sig)
-    can = {p for p, js in params.items() if any(sig.aval(j) in out_avals and not sig.host[j] for j in js)}
+    can = {
+        p for p, js in params.items()
+        if any(sig.aval(j) in out_avals and not sig.host[j] for j in js)
+    }
     others = tuple(sorted(can - donated))
     out = []
     for param in sorted(donated):
@@ -317,7 +362,9 @@ def wrong_donations(
             why = (f"{param} is donated, but it is {sig.text(host[0])}: JAX does "
                    "not donate it (silently)")
             if others:
-                why += f"; {', '.join(others)} could be donated instead (the index likely drifted)"
+                why += (
+                    f"; {', '.join(others)} could be donated instead (the index likely drifted)"
+                )
         elif js and param not in can and others:
             why = (f"{param} is donated, but no output has the shape and dtype of its buffers, "
                    f"while {', '.join(others)} could be reused: the index likely drifted when a "
@@ -327,8 +374,8 @@ def wrong_donations(
         fix = leave_out(param)
         if others and offer:
             fix += (f"; to donate {' or '.join(others)}, name it, which cannot drift: "
-                    f"jax.jit({name}, donate_argnames={others!r}), only where nothing reads its old "
-                    "value after the call")
+                    f"jax.jit({name}, donate_argnames={others!r}), only where nothing reads its "
+                    "old value after the call")
         out.append((param, why, fix))
     return out
 
@@ -338,7 +385,9 @@ def leave_out(param: str) -> str:
     return f"leave {param} out of donate_argnums/donate_argnames"
 
 
-def drift_fix(name: str, param: str, jit: str = "jax.jit", keep: set[str] | frozenset[str] = frozenset()) -> str:
+def drift_fix(
+    name: str, param: str, jit: str = "jax.jit", keep: set[str] | frozenset[str] = frozenset()
+) -> str:
     """The fix of a wrong donation once the statement of each call is proven
     to drop ``param``, which an output could reuse (a missed donation);
     ``keep``: the parameters it donates rightly, donated still."""
@@ -396,7 +445,8 @@ def donations(
 
 
 def passed_again(
-    leaves: Sequence[Any], paths: Sequence[str], positions: Sequence[int], function: str | None = None
+    leaves: Sequence[Any], paths: Sequence[str], positions: Sequence[int],
+    function: str | None = None,
 ) -> tuple[JitDonation, str, str] | None:
     """The first array at ``positions`` of a call's leaves that a plain
     ``jax.jit``'s drifted donation (of ``function``, where given) deleted,
@@ -423,7 +473,8 @@ def drift(rec: JitDonation, path: str) -> tuple[str, str]:
         what += (f", while {names}, whose buffers its outputs could reuse, is not donated: "
                  "the index likely drifted when a parameter was inserted")
         fix = (f"donate by name, which cannot drift: jax.jit({rec.function}, "
-               f"donate_argnames={rec.instead!r})" + (f" (or donate_argnums={rec.argnums!r})" if rec.argnums else ""))
+               f"donate_argnames={rec.instead!r})"
+               + (f" (or donate_argnums={rec.argnums!r})" if rec.argnums else ""))
     else:
         fix = leave_out(rec.param) + ", or pass a fresh array each call"
     return what, fix
@@ -462,7 +513,10 @@ class Dropped:
         if _finalizing():  # (at exit the module's globals are gone: nothing left to count)
             return
         f = user_frame()
-        if f is not None and ((id(f) == self._frame and f.f_lineno == self._line) or (id(f), f.f_lineno) in self._outer):
+        if f is not None and (
+            (id(f) == self._frame and f.f_lineno == self._line)
+            or (id(f), f.f_lineno) in self._outer
+        ):
             self.at_call += 1
 
     @property

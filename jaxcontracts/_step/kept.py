@@ -41,11 +41,15 @@ class KeptPlan:
     pick: Callable[[Sequence[Any]], Sequence[Any]] | None
     limit: int
     # (kept leaves, kept containers, the last error whose traceback holds one of them)
-    error: Callable[[Sequence[int], Sequence[tuple[str, range]], BaseException | None], BaseException]
+    error: Callable[
+        [Sequence[int], Sequence[tuple[str, range]], BaseException | None], BaseException
+    ]
     step: str  # the step's short name, for the record of what it consumed
     nodes: InnerNodes | None = None
 
-    def refuse(self, seq: Sequence[Any], sequences: int, args: tuple[Any, ...]) -> BaseException | None:
+    def refuse(
+        self, seq: Sequence[Any], sequences: int, args: tuple[Any, ...]
+    ) -> BaseException | None:
         """After a hit: the error, unless collecting garbage (and the steps' own
         last-output records) dropped every extra reference. A leaf held only by
         a stale ``locals()`` or a kept frame goes as under ``jax.jit``,
@@ -79,7 +83,8 @@ class InnerNodes:
     of one depth inside it, picker), C-only flattens. ``paths`` and ``leaves``
     (flat positions) follow :meth:`of` order."""
 
-    plans: tuple[tuple[int, Any, Any, tuple[tuple[int, Any, Any], ...]], ...]  # pickers: callctx.picker
+    # pickers: callctx.picker
+    plans: tuple[tuple[int, Any, Any, tuple[tuple[int, Any, Any], ...]], ...]
     paths: tuple[str, ...]
     leaves: tuple[range, ...]
 
@@ -122,7 +127,9 @@ def _stored(node: Any) -> list[bool]:
     return [a[1] is b[1] for a, b in zip(first, again)]
 
 
-def _inner_nodes(cs: CompiledSignature, definition: StepDefinition, skip: set[int]) -> InnerNodes | None:
+def _inner_nodes(
+    cs: CompiledSignature, definition: StepDefinition, skip: set[int]
+) -> InnerNodes | None:
     """The :class:`InnerNodes` of the donated arguments but ``skip`` (None: no
     such container), found on ``cs.spec_args``, whose structure is the call's."""
     donated = set(cs.donated)
@@ -148,7 +155,10 @@ def _inner_nodes(cs: CompiledSignature, definition: StepDefinition, skip: set[in
                 ranges.append(range(at, at + m))
                 for treedef, positions, keys, held_leaves in _depths(kid, at, donated):
                     below.append((j, treedef, picker(positions)))
-                    below_paths += [definition.param_path((jax.tree_util.SequenceKey(i), *key, *k)) for k in keys]
+                    below_paths += [
+                        definition.param_path((jax.tree_util.SequenceKey(i), *key, *k))
+                        for k in keys
+                    ]
                     below_ranges += held_leaves
             at += m
         paths += below_paths
@@ -223,4 +233,6 @@ def kept_plan(ctx: CallContext) -> KeptPlan | None:
         pick, sequences = None, 1
     else:
         pick, sequences = picker(watched), 2
-    return KeptPlan(watched, pick, refcount.BASELINE + sequences - 1, ctx.kept, ctx.step.short_name, nodes)
+    return KeptPlan(
+        watched, pick, refcount.BASELINE + sequences - 1, ctx.kept, ctx.step.short_name, nodes
+    )
