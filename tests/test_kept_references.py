@@ -910,19 +910,21 @@ def test_the_record_of_consumed_arrays_lets_go_of_what_the_caller_drops():
 
 def test_the_table_of_consumed_arrays_forgets_the_dead_without_a_callback(monkeypatch):
     # no callback runs at an array's death (a Ctrl-C landing in one was lost):
-    # the dead entries go when the table doubles (from an empty table: what earlier
-    # tests keep alive would move the doubling point)
+    # the dead entries go when the table outgrows its limit (from an empty
+    # table; the counts hold whichever ids the new arrays reuse)
     from jaxcontracts import _steps
 
     monkeypatch.setattr(_steps, "_held", {})
     monkeypatch.setattr(_steps, "_prune_at", [64])
-    for _ in range(3):
-        arrays = [jnp.zeros(1) for _ in range(300)]
-        _steps.keep(arrays, "some_step")
-        del arrays
-    alive = jnp.zeros(1)
-    _steps.keep([alive], "some_step")
-    assert len(_steps._held) < 400 and _steps.consumed_by(alive) == "some_step"
+    first = [jnp.zeros(1) for _ in range(300)]
+    _steps.keep(first, "some_step")  # all alive: nothing to drop, the limit twice what lives
+    assert len(_steps._held) == 300 and _steps._prune_at[0] == 600
+    del first  # 300 dead entries, and nothing ran at their death
+    second = [jnp.zeros(1) for _ in range(700)]
+    _steps.keep(second, "some_step")  # past the limit: every dead entry goes
+    assert all(ref() is not None for ref, _ in _steps._held.values())
+    assert len(_steps._held) == 700 and _steps._prune_at[0] == 1400
+    assert _steps.consumed_by(second[0]) == "some_step"
 
 
 def test_a_hparams_dict_of_locals_holding_the_array_names_the_step_at_its_read():
