@@ -225,3 +225,29 @@ def test_an_interrupt_inside_a_buffer_export_in_a_loop_is_delivered_and_leaks_no
         assert n < 2000
     assert delivered >= n - 1 and n > 3, (delivered, n)
     assert "Exception ignored" not in capfd.readouterr().err
+
+
+def test_an_entry_that_fails_before_it_engages_anything_leaves_the_signal_handlers_as_they_were(
+    monkeypatch,
+):
+    # A loop's entry puts the library's signal handler in front and counts
+    # itself; an entry that fails before it engaged anything (here: at its
+    # first line) must not stay counted: a later loop would take the handler
+    # for already in front and leave a signal installed since (an alarm's)
+    # unheld during its own entry and exit.
+    from jaxcontracts._loop.guard import HotLoop
+
+    depth = interrupts.depth
+
+    def fails(self, counted, suspendable):
+        raise RuntimeError("the entry failed at its first line")
+
+    with monkeypatch.context() as patch:
+        patch.setattr(HotLoop, "_enter", fails)
+        with pytest.raises(RuntimeError, match="first line"):
+            with jc.hot_loop():
+                pass
+    assert interrupts.depth == depth and (depth or not interrupts.originals)
+    with jc.hot_loop():  # and the next loop enters and exits as ever
+        pass
+    assert interrupts.depth == depth

@@ -354,10 +354,12 @@ class HotLoop:
         is whole (then the entry is undone and the signal delivered: never half entered)."""
         # in a generator or coroutine it may end on another thread: see interrupts.entering
         suspendable = _in_generator(frames.caller_frame(1))
+        depth = interrupts.depth  # (main-thread entries only: no other thread changes it now)
         counted = interrupts.entering(keep=not suspendable)
         try:
             entry = self._enter(counted and not suspendable, suspendable)
-        except BaseException as err:  # the entry undid itself
+        except BaseException as err:  # the entry undid itself; it is not counted, however it failed
+            interrupts.depth = depth
             interrupts.finish()
             if isinstance(err, ContractError):  # the traceback ends at the user's line
                 trim(err)
