@@ -17,6 +17,7 @@ __all__ = [
     "fmt_aval",
     "fmt_bindings",
     "fmt_dtype",
+    "fmt_error",
     "fmt_listed",
     "fmt_logged_aval",
     "fmt_object",
@@ -163,6 +164,19 @@ def fmt_logged_aval(text: str) -> str:
 
 
 _PLAIN = (str, bytes, bool, int, float, complex, type(None), type)
+
+
+def fmt_error(err: BaseException, limit: int | None = None) -> str:
+    """``TypeError: cannot reshape ...``: an error's type and its message's
+    first line (cut to ``limit``); its ``__str__`` may be anyone's: never fails."""
+    try:
+        lines = str(err).strip().splitlines()
+    except Exception:  # noqa: BLE001
+        lines = []
+    text = lines[0] if lines else ""
+    if limit is not None and len(text) > limit:
+        text = text[: limit - 3] + "..."
+    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def fmt_object(value: Any, limit: int = 60) -> str:

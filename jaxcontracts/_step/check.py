@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from .._errors import ContractError, DefinitionError
+from .._format import fmt_error
 from .._report.render import Report, error_contract, step_report
 from .._tracebacks import boundary
 from .._userline import traceback_where
@@ -54,10 +55,9 @@ def check(step: Any = None, *args: Any, **kwargs: Any) -> Report:
         return step_report(step.describe(), extra=[error_contract(wrapped)])
     except Exception as err:  # noqa: BLE001 - the step's own code failed while it was traced
         at, text = traceback_where(err.__traceback__)
-        first = str(err).splitlines()[0] if str(err) else ""
         wrapped = DefinitionError(
             f"{step.name} could not be traced for these arguments: its function raised "
-            f"{type(err).__name__}: {first}",
+            f"{fmt_error(err)}",
             [f"  at {at}" + (f":  {text}" if text else "")],
             fix="check the arguments are what the step takes (a state, not one of its "
             "arrays), or fix the function at that line.",

@@ -15,7 +15,7 @@ from .._compat.hostcopy import pins_host_views
 from .._compat.tracing import REGISTERED, context_changes, jit_context
 from .._contracts.donation import donation_fix
 from .._errors import INPUTS_INTACT, DefinitionError, DonationError, RecompileError, TransferError
-from .._format import flatten_with_path, fmt_aval, fmt_bytes
+from .._format import flatten_with_path, fmt_aval, fmt_bytes, fmt_error
 from .._hazards import is_deleted_array
 from .._leafdiff import diff_lines
 from .._records import CompiledSignature
@@ -276,7 +276,7 @@ def kept_leaves_error(
     fix = donation_fix("kept" if leaves else "kept_node", value=first)
     if last_error is not None:  # a notebook cell that failed on the leaf: its error holds it
         lines.append(
-            f"  held by the traceback of the last error ({_error_line(last_error)}), which "
+            f"  held by the traceback of the last error ({fmt_error(last_error, 60)}), which "
             "the interpreter keeps as sys.last_value until the next error"
         )
         fix = (
@@ -296,17 +296,6 @@ def kept_leaves_error(
         step=definition.name,
         leaves=paths or node_paths,
     )
-
-
-def _error_line(err: BaseException) -> str:
-    """``TypeError: cannot reshape array...``: an error's type and the start
-    of its first line (its ``__str__`` may be anyone's: never fails)."""
-    try:
-        text = str(err).strip().splitlines()[0] if str(err).strip() else ""
-    except Exception:  # noqa: BLE001
-        text = ""
-    text = text if len(text) <= 60 else text[:57] + "..."
-    return f"{type(err).__name__}: {text}" if text else type(err).__name__
 
 
 def not_consumed_error(
