@@ -184,6 +184,32 @@ def test_host_leaves_in_a_read_only_parameter_name_that_parameter_in_the_fix():
     assert "host=" not in e.value.fix  # Python numbers: configuration, not host data
 
 
+def test_a_python_bool_flag_is_offered_static_and_the_fix_followed_runs():
+    def train(x, training):
+        return jnp.where(training, x + 1, x)
+
+    step = jc.hot_step(train, state="x")
+    with pytest.raises(jc.TransferError) as e:
+        step(jnp.ones(3), True)
+    assert "@jc.hot_step(..., static='training', max_compiles=2)" in e.value.fix
+
+    # the fix, followed: each value called once before the loop, none compiles in it
+    def branching(x, training):
+        return x + 1 if training else x
+
+    fixed = jc.hot_step(branching, state="x", static="training", max_compiles=2)
+    x = fixed(fixed(jnp.ones(3), True), False)
+    with jc.hot_loop():
+        x = fixed(fixed(x, True), False)
+    assert float(x[0]) == 3.0
+
+    # a bool among a tree's leaves (not a parameter of its own): no static= offered
+    tree_step = jc.hot_step(lambda x, cfg: x + 1, state="x")
+    with pytest.raises(jc.TransferError) as e:
+        tree_step(jnp.ones(3), {"flag": True})
+    assert "static=" not in e.value.fix
+
+
 def test_a_weakly_typed_state_from_library_init_offers_device_tree_in_the_fix():
     # evosax's init makes weak scalars that its tell returns strongly typed.
     def tell(state):

@@ -159,11 +159,25 @@ def host_leaves_error(definition: StepDefinition, host: Sequence[tuple[str, Any]
         fix=f"{declared} on the device once, before the loop, in the dtype the step "
         f"will see: {_device_put_lines([p for p, _ in host])} (jc.device_tree takes any "
         "pytree: a TrainState, an equinox Module, a dict; a jc.state class does it when "
-        "built). Configuration belongs in a jc.static field or a closure.",
+        f"built). {_configuration(definition, host)}",
         note=INPUTS_INTACT,
         contract="device-arguments",
         step=definition.name,
         leaves=[p for p, _ in host],
+    )
+
+
+def _configuration(definition: StepDefinition, host: Sequence[tuple[str, Any]]) -> str:
+    """The last sentence of the host-leaves fix: a parameter that is a Python
+    bool (``training``) picks what the step does, so it goes in ``static=``."""
+    flags = [p for p, x in host if type(x) is bool and p in definition.param_names]
+    if not flags:
+        return "Configuration belongs in a jc.static field or a closure."
+    names = flags[0] if len(flags) == 1 else tuple(flags)
+    return (
+        "A Python bool that picks what the step does belongs in static=, one program per "
+        f"value: @jc.hot_step(..., static={names!r}, max_compiles={2 ** len(flags)}), each "
+        "value called once before the loop; other configuration in a jc.static field or a closure."
     )
 
 
