@@ -337,9 +337,9 @@ _VIEW_CAUSE = (
     "shares its buffer, so XLA must copy); elsewhere another live reference pins the buffer."
 )
 _PINNING_CAUSE = (
-    "Or: this jaxlib keeps a host view of a CPU array after any read "
-    "of it (float(x), print(x), np.asarray(x), jax.device_get(x)) for the array's "
-    "whole life, so XLA must copy it (jaxlib 0.11.2; 0.11.1 and 0.12 do not). "
+    "Or: this jaxlib keeps a host view of a CPU array after any read of it (float(x), "
+    "print(x), np.asarray(x), jax.device_get(x), pickle.dumps(x)) for the array's whole "
+    "life, so XLA must copy it (jaxlib 0.11.2; 0.11.1 and 0.12 do not). "
     "jc.fetch does not pin; so reads done with jc.fetch, or an upgrade of jaxlib, avoid it."
 )
 
