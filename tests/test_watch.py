@@ -307,8 +307,12 @@ def test_a_host_syncs_fix_is_worded_from_how_often_its_line_reads(every):
     (sync,) = [f for f in w.findings() if f.kind == "host_sync"]
     if every == 1:
         assert "rarely" in sync.fix and "one step late" not in sync.fix, sync.fix
+        assert "one step at a time" in sync.message, sync.message
     else:
         assert "once every 5 calls of <lambda>" in sync.fix and "one step late" in sync.fix, sync.fix
+        # the message too: the queue runs empty at each read, not at every step
+        assert "runs empty once every 5 calls of <lambda>" in sync.message, sync.message
+        assert "one step at a time" not in sync.message, sync.message
         assert "rarely" not in sync.fix and "jc.fetch_async" in sync.fix, sync.fix
 
 
@@ -2057,6 +2061,47 @@ def test_a_loop_watched_again_in_the_same_process_is_judged_again():
     first = run()
     assert first == [("missed_donation", "params", 5)], first
     assert run() == first
+
+
+def test_a_missed_donation_of_a_decorated_function_is_fixed_in_the_decorators_form():
+    # `@jax.jit` above the def: the fix read `jax.jit(train, donate_argnames=...)`,
+    # a call the user never wrote; a decorator with arguments keeps them
+    with jc.watch() as w:
+        @jax.jit
+        def train(state, b):
+            return {"w": state["w"] + b}
+
+        @functools.partial(jax.jit, static_argnums=(2,))
+        def scaled(state, b, n):
+            return {"w": state["w"] + b * n}
+
+        s, t, one = {"w": jnp.zeros(8)}, {"w": jnp.zeros(8)}, jnp.ones(8)
+        for _ in range(4):
+            s, t = train(s, one), scaled(t, one, 2)
+    fixes = {f.function.rsplit(".", 1)[-1]: f.fix for f in w.findings()}
+    assert {f.kind for f in w.findings()} == {"missed_donation"}, w.findings()
+    assert fixes["train"].startswith(
+        "@jax.jit(donate_argnames=('state',)) in place of @jax.jit"
+    ), fixes
+    assert fixes["scaled"].startswith(
+        "add donate_argnames=('state',) to @functools.partial(jax.jit, static_argnums=(2,)) "
+        "above def scaled"
+    ), fixes
+
+    # the fixes, followed: nothing to report
+    with jc.watch() as w:
+        @jax.jit(donate_argnames=("state",))
+        def train(state, b):
+            return {"w": state["w"] + b}
+
+        @functools.partial(jax.jit, static_argnums=(2,), donate_argnames=("state",))
+        def scaled(state, b, n):
+            return {"w": state["w"] + b * n}
+
+        s, t, one = {"w": jnp.zeros(8)}, {"w": jnp.zeros(8)}, jnp.ones(8)
+        for _ in range(4):
+            s, t = train(s, one), scaled(t, one, 2)
+    assert w.findings() == [], w.findings()
 
 
 def test_a_library_method_jitted_by_its_class_and_again_by_the_user_is_named_as_written():

@@ -200,6 +200,7 @@ class _Function:
     equinox: bool = False  # made by eqx.filter_jit
     jit: str = "jax.jit"  # the transform the user wrote: nnx.jit's functions reach jax.jit wrapped
     written: str = ""  # what the user gave it where that is not the function's name (a partial)
+    decorator: str = ""  # the decorator line that jitted it (@jax.jit), where one did
     library: bool = False  # defined in an installed package: its arguments are the package's to fix
     # eqx.filter_jit: leaf -> the user's name
     user_params: dict[int, str] = dataclasses.field(default_factory=dict)
@@ -294,6 +295,7 @@ class Watch:
         state.equinox = module.startswith("equinox")
         # what the user wrote: nnx.jit hands jax.jit a JitFn (its __module__ is the user's)
         state.jit = "nnx.jit" if type(fun).__module__.startswith("flax.nnx") else "jax.jit"
+        state.decorator = sigs.decorator_at(*site)
         if isinstance(fun, functools.partial):  # its fix keeps the partial the user wrote
             state.written = f"partial({sigs.short(state.name)}, ...)"
         elif isinstance(fun, types.MethodType):  # `jax.jit(es.ask)`: as written at that line
@@ -573,7 +575,7 @@ class Watch:
                 f"{', '.join(names) if names else 'its arguments'} (eqx.filter_jit passes them as "
                 "one group)")
             fix = (_equinox_fix(fn, idx) if fn.equinox else host_fix("library_call") if fn.library
-                   else sigs.missed_donation_fix(fn.name, param, fn.jit, fn.written))
+                   else sigs.missed_donation_fix(fn.name, param, fn.jit, fn.written, fn.decorator))
             # a wrong donation of this function: the index drifted, now that the drop is proven
             wrong = [f for k, f in self._findings.items() if k[:2] == ("wrong_donation", id(fn))]
             # donated rightly: kept
@@ -582,7 +584,7 @@ class Watch:
                 # (not a deleted array passed again)
                 if found.fix == sigs.leave_out(found.param or ""):
                     found.fix = sigs.drift_fix(
-                        fn.written or sigs.short(fn.name), param, fn.jit, keep
+                        fn.written or sigs.short(fn.name), param, fn.jit, keep, fn.decorator
                     )
             drifted = ", ".join(sorted({f.param or "" for f in wrong}))
             self._findings[key] = Finding(  # (equinox's group named by the user's parameters in it)
@@ -914,7 +916,10 @@ class Watch:
                 "host_sync", function, file, int(line) if line.isdigit() else 0, count=followed,
                 seconds=self.read_seconds.get(at),
                 message=f"{what}: the host waits for the device here, and the next call cannot be "
-                "queued before it (the loop runs at the device's pace, one step at a time)",
+                "queued before it " + (
+                    f"(the device's queue runs empty once every {every} calls of {name})"
+                    if every > 1 else "(the loop runs at the device's pace, one step at a time)"
+                ),
                 fix=fix,
             )
 

@@ -208,7 +208,10 @@ def settle(loop: Any) -> None:
             f"`{f.name}` (called at {f.at}): `{f.param}` is not donated, yet the call's "
             f"own statement dropped its {f.dropped.count} array(s) ({fmt_bytes(f.nbytes)}), "
             f"while an output could have taken their buffers: each call holds them twice{drifted}",
-            sigs.missed_donation_fix(f.name, f.param),
+            sigs.missed_donation_fix(
+                f.name, f.param, decorator=sigs.decorator_at(*f.jit_line.rsplit(":", 1))
+                if f.jit_line else "",
+            ),
         )
 
 

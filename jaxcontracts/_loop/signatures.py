@@ -30,7 +30,7 @@ __all__ = [
     "Dropped", "enclosing",
     "Signature", "by_name", "by_param", "diff", "donated_params", "missed_donation_fix", "names",
     "param_of", "paths", "reusable", "short", "signature", "wrong_donations", "donations", "drift",
-    "drift_fix", "jit_site", "leave_out", "passed_again",
+    "drift_fix", "jit_site", "leave_out", "passed_again", "decorator_at",
 ]
 
 
@@ -319,15 +319,39 @@ COMPILED_AGAIN_FIX = ("keep the compiled programs between calls (call jax.clear_
                       "change jax.config outside the loop), and keep each static value fixed")
 
 
-def missed_donation_fix(name: str, param: str, jit: str = "jax.jit", written: str = "") -> str:
+def missed_donation_fix(
+    name: str, param: str, jit: str = "jax.jit", written: str = "", decorator: str = ""
+) -> str:
     """The fix of a missed donation of ``param`` to the jitted function ``name``
     (the watch's finding and the loop's violation say it alike); ``jit``: the
     transform the user wrote (``nnx.jit`` passes donation on to jax.jit);
-    ``written``: what the user gave it, where not the function itself (a partial)."""
-    return (
-        f"{jit}({written or short(name)}, donate_argnames=({param!r},)) (names do not drift when "
-        f'parameters move); or @jc.hot_step(state={param!r}, donate="all")'
-    )
+    ``written``: what the user gave it, where not the function itself (a partial);
+    ``decorator``: the decorator line that jitted it, where one did."""
+    how = donate_by_name(jit, written or short(name), (param,), decorator)
+    return f'{how} (names do not drift when parameters move); or @jc.hot_step(state={param!r}, ' \
+        'donate="all")'
+
+
+def donate_by_name(jit: str, written: str, names: tuple[str, ...], decorator: str = "") -> str:
+    """How to donate ``names`` by name, in the form the user wrote the jit:
+    ``jax.jit(f, donate_argnames=...)``, or the decorator line's own
+    (``@jax.jit`` -> ``@jax.jit(donate_argnames=...)``; a decorator with
+    arguments, ``@partial(jax.jit, static_argnums=1)``, keeps them)."""
+    bare = re.fullmatch(r"@\s*([\w.]*jit)", decorator)
+    if bare:
+        return f"@{bare.group(1)}(donate_argnames={names!r}) in place of @{bare.group(1)}"
+    if decorator:
+        if "donate_argnums" in decorator:
+            return (f"donate_argnames={names!r} in place of donate_argnums in "
+                    f"{decorator} above def {written}")
+        return f"add donate_argnames={names!r} to {decorator} above def {written}"
+    return f"{jit}({written}, donate_argnames={names!r})"
+
+
+def decorator_at(file: str, line_no: int | str) -> str:
+    """The decorator at the user's line (where ``jax.jit`` was called), or ""."""
+    line = linecache.getline(file, int(line_no)).split("#", 1)[0].strip()  # (its comment out)
+    return line if line.startswith("@") and "jit" in line else ""
 
 
 def donated_params(opts: jitwatch.JitOptions) -> set[str]:
@@ -386,13 +410,14 @@ def leave_out(param: str) -> str:
 
 
 def drift_fix(
-    name: str, param: str, jit: str = "jax.jit", keep: set[str] | frozenset[str] = frozenset()
+    name: str, param: str, jit: str = "jax.jit", keep: set[str] | frozenset[str] = frozenset(),
+    decorator: str = "",
 ) -> str:
     """The fix of a wrong donation once the statement of each call is proven
     to drop ``param``, which an output could reuse (a missed donation);
     ``keep``: the parameters it donates rightly, donated still."""
     names = tuple(sorted({param, *keep}))
-    return (f"donate by name, which cannot drift: {jit}({name}, donate_argnames={names!r}) "
+    return (f"donate by name, which cannot drift: {donate_by_name(jit, name, names, decorator)} "
             f"(each call's statement drops {param}: see the missed donation)")
 
 
