@@ -4,9 +4,12 @@ dispatch, with the inputs intact, whoever holds it."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import gc
+import io
+import subprocess
 import sys
 import threading
 import typing
@@ -1297,3 +1300,56 @@ def test_a_leaf_held_by_the_last_errors_traceback_is_named_with_how_to_let_it_go
                 setattr(sys, k, saved[k])
             elif hasattr(sys, k):
                 delattr(sys, k)
+
+
+def test_a_leaf_the_repl_displayed_goes_as_under_jax_jit_and_its_later_read_names_the_step():
+    # The REPL keeps the last value it displayed in builtins._ (sys.displayhook):
+    # looking at a leaf is not keeping it; every later training call was refused
+    import builtins
+
+    train = jc.hot_step(lambda s: {"x": s["x"] + 1}, state="s")
+    s = train(jc.device_tree({"x": jnp.zeros(4)}))
+    saved = builtins.__dict__.get("_", None)
+    try:
+        with contextlib.redirect_stdout(io.StringIO()):
+            sys.__displayhook__(s["x"])  # `>>> s["x"]`
+        assert builtins._ is s["x"]
+        s = train(s)  # runs, as jax.jit would
+        with pytest.raises(jc.DonationError, match="donated to train|donated to <lambda>"):
+            float(builtins._[0])
+    finally:
+        builtins._ = saved
+
+
+_NOTEBOOK = """
+from IPython.core.interactiveshell import InteractiveShell
+shell = InteractiveShell.instance()
+cells = [
+    "import jax.numpy as jnp, jaxcontracts as jc\\n"
+    "@jc.hot_step(state='s')\\ndef train(s):\\n    return {'x': s['x'] + 1}\\n"
+    "s = train(jc.device_tree({'x': jnp.zeros(4)}))",
+    "s['x']",  # displayed: Out[2], _2, _ hold it
+    "s = train(s)",
+    "s = train(s)",
+    "y = s['x']",  # a variable of the user's: a holder
+    "s = train(s)",
+    "float(Out[2][0])",
+]
+for cell in cells:
+    result = shell.run_cell(cell, store_history=True)
+    err = result.error_in_exec
+    print("RESULT", "ok" if err is None else f"{type(err).__name__}: {str(err).splitlines()[0]}")
+"""
+
+
+def test_a_leaf_a_notebook_displayed_goes_as_under_jax_jit_and_out_names_the_step(tmp_path):
+    # IPython keeps a displayed value in Out[n], _n and _ (and its display hook):
+    # the next training cell was refused, every time, with a fix naming none of them
+    pytest.importorskip("IPython")
+    script = tmp_path / "notebook.py"
+    script.write_text(_NOTEBOOK)
+    proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    results = [line[7:] for line in proc.stdout.splitlines() if line.startswith("RESULT ")]
+    assert results[:4] == ["ok"] * 4, proc.stdout + proc.stderr
+    assert results[4] == "ok" and results[5].startswith("DonationError: __main__.train would delete")
+    assert results[6] == "DonatedArrayError: `Out[2]` (f32[4]) was donated to train.", results[6]

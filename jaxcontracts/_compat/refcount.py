@@ -8,6 +8,7 @@ the call was made; the arguments themselves are never counted (``_step.kept``).
 
 from __future__ import annotations
 
+import builtins
 import gc
 import inspect
 import sys
@@ -85,11 +86,48 @@ def kept_after_collecting(
     inside = _stored_children(objects)
     del objects  # (it holds the leaves: counted below)
     records = _frame_records([leaves[i] for i in held], containers)
+    shown = _display_records([leaves[i] for i in held])
     kept = [
         i for i in held
-        if count(leaves[i]) - records.get(id(leaves[i]), 0) - inside.get(id(leaves[i]), 0) > limit
+        if count(leaves[i]) - records.get(id(leaves[i]), 0) - inside.get(id(leaves[i]), 0)
+        - shown.get(id(leaves[i]), 0) > limit
     ]
     return kept, [i for i in held if i not in kept]
+
+
+def _display_records(held: list[Any]) -> dict[int, int]:
+    """Per ``id`` in ``held``, the references of the interpreter's display
+    history: the REPL's ``builtins._`` (``sys.displayhook``) and IPython's
+    output cache (``Out[n]``, ``_n``, ``_``, ``__``, ``___``, in its namespaces
+    and display hook, and the last cell's result). A value shown, not one the user kept: the step
+    does what ``jax.jit`` does, and a later read of ``Out[n]`` names it."""
+    ids = set(map(id, held))
+    found: dict[int, int] = {}
+
+    def add(values: Any) -> None:
+        for v in values:
+            if id(v) in ids:
+                found[id(v)] = found.get(id(v), 0) + 1
+
+    history = ("_", "__", "___")
+    add([vars(builtins).get("_")])
+    ipython = sys.modules.get("IPython")
+    get = getattr(ipython, "get_ipython", None)
+    shell = get() if callable(get) else None
+    if shell is None:
+        return found
+    try:
+        ns = shell.user_ns
+        for names in (ns, shell.user_ns_hidden, vars(shell.displayhook)):
+            add([v for k, v in list(names.items())
+                 if k in history or (k[:1] == "_" and k[1:].isdigit())])
+        out = ns.get("_oh")
+        if isinstance(out, dict):
+            add(list(out.values()))
+        add([getattr(shell.last_execution_result, "result", None)])
+    except Exception:  # noqa: BLE001 - another shell's shape: nothing discounted
+        return found
+    return found
 
 
 def _stored_children(objects: list[Any]) -> dict[int, int]:
