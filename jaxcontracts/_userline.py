@@ -93,6 +93,22 @@ _METADATA = {"shape", "ndim", "dtype", "size"}
 _PLAIN = (bool, int, float, str, bytes, type(None))
 
 
+def _calls(node: ast.AST, name: str, test: ast.expr, values: Mapping[str, Any]) -> bool:
+    """Whether ``node`` calls a function named ``name`` outside ``test``: by
+    the name it is called by, or the ``__name__`` of what that name holds
+    (``h = jax.jit(lambda a: a * 3)`` compiles ``<lambda>``)."""
+    inside = {id(n) for n in ast.walk(test)}
+    for n in ast.walk(node):
+        if not isinstance(n, ast.Call) or id(n) in inside:
+            continue
+        f = n.func
+        called = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+        held = values.get(called) if isinstance(f, ast.Name) else None
+        if name in (called, getattr(held, "__name__", None)):
+            return True
+    return False
+
+
 def _static_test(test: ast.expr, names: Mapping[str, Any]) -> bool:
     """Whether a test makes no eager op: names, constants, attributes alone
     (``if cfg.relu:``) and their ``not``/``and``/``or``, or expressions of
@@ -137,11 +153,14 @@ def _metadata_only(e: ast.expr, names: Mapping[str, Any]) -> bool:
 _UNKNOWN = object()
 
 
-def host_read_on_line(user: FrameType | None) -> str | None:
+def host_read_on_line(user: FrameType | None, compiled: str = "") -> str | None:
     """How the user's line reads an eager result on the host, if it visibly does:
     a computing ``if``/``while``/``assert``/ternary test (``bool()``), or
     ``float()``, ``int()``, ``.item()``, ``.tolist()``, numpy's ``asarray``
-    (resolved in the frame's globals: ``jnp.asarray`` is no read)."""
+    (resolved in the frame's globals: ``jnp.asarray`` is no read). A test
+    is not the cause where ``compiled``, the function compiling now, is
+    called in that statement outside its test (``if step % k == 0: m =
+    evaluate(x)`` compiles ``evaluate``)."""
     text = where(user)[1]
     if not text or user is None:
         return None
@@ -157,6 +176,7 @@ def host_read_on_line(user: FrameType | None) -> str | None:
         if (
             isinstance(node, (ast.If, ast.While, ast.IfExp, ast.Assert))
             and not _static_test(node.test, values)
+            and not (compiled and _calls(node, compiled, node.test, values))
         ):
             kind = (
                 "assert"

@@ -157,6 +157,39 @@ def test_a_cold_op_on_a_line_with_a_look_alike_is_the_compile(line, tmp_path):
         exec(code, {"jc": jc, "s": s, "jax": jax, "jnp": jnp, "relu": True, "cfg": cfg, "n": 2, "i": 10})
 
 
+def test_a_cold_jit_called_in_the_body_of_a_one_line_if_is_the_compile_not_a_read(tmp_path):
+    # hostile round 64: the logging idiom inside a function (its locals unknown
+    # before 3.13) and a set's `in` (any version) were taken for a host read of
+    # the test: a TransferError whose fix was for reads, where a jax.jit never
+    # compiled before compiles in the body
+    path = tmp_path / "planted.py"
+    path.write_text(
+        "import jax, jax.numpy as jnp\n"
+        "evaluate = jax.jit(lambda a: jnp.sum(a * 2.0625))\n"
+        "h = jax.jit(lambda a: a * 3.0625)\n"
+        "eval_epochs = {0, 2}\n"
+        "def train(x, steps=3, log_every=10):\n"
+        "    with jc.hot_loop():\n"
+        "        for step in range(steps):\n"
+        "            if step % log_every == 0: m = evaluate(x)  # planted\n"
+        "def epochs(x):\n"
+        "    with jc.hot_loop():\n"
+        "        for epoch in range(3):\n"
+        "            if epoch in eval_epochs: acc = h(x)  # planted\n"
+    )
+    scope = {"jc": jc}
+    exec(compile(path.read_text(), str(path), "exec"), scope)
+    for run in (scope["train"], scope["epochs"]):
+        with pytest.raises(jc.RecompileError, match=r"jax compiles `<lambda>`"):
+            run(jnp.ones(3))
+    # a read in the test itself is still the read
+    path = tmp_path / "read.py"  # (another file: linecache keeps the first one's lines)
+    path.write_text("with jc.hot_loop():\n    if jnp.sum(s.w * 0.40625) > 0: y = g(s.w)  # planted\n")
+    with pytest.raises(jc.TransferError, match="the `if` on this line reads the result of an eager"):
+        exec(compile(path.read_text(), str(path), "exec"),
+             {"jc": jc, "jnp": jnp, "s": fresh(), "g": jax.jit(lambda a: a)})
+
+
 def test_a_cold_op_without_a_read_stays_a_compile():
     s = fresh()
     with pytest.raises(jc.RecompileError, match=r"jax compiles `multiply`.*\n.*y = s\.w \* 31\.5"):

@@ -450,7 +450,7 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
         )
         return
     # (a loop that allows the read)
-    read = host_read_on_line(user) if loop.checks_transfers else None
+    read = host_read_on_line(user, name) if loop.checks_transfers else None
     if read is not None:
         _violation(
             "transfer",
