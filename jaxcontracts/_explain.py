@@ -51,7 +51,9 @@ def _anchor(name: str) -> str | None:
     if key in sections:
         return key
     kind = VIOLATIONS.get(key) or VIOLATIONS.get(key.replace("-", "_"))
-    contract = CONTRACTS.get(key if kind is None else kind.contract)
+    contract = CONTRACTS.get(key if kind is None else kind.contract) or next(
+        (c for c in CONTRACTS.values() if key.replace("-", "_") in c.findings), None
+    )  # an audit finding's kind (host_sync): the contract it breaks
     if contract is not None and contract.key in sections:  # a section of its own
         return contract.key
     if contract is not None and contract.error.__name__.lower() in sections:
@@ -60,11 +62,13 @@ def _anchor(name: str) -> str | None:
 
 
 def topics() -> list[str]:
-    """What ``explain`` takes: the page's sections, the violation kinds, the contract keys."""
+    """What ``explain`` takes: the page's sections, the violation kinds, the
+    contract keys, the audit's finding kinds."""
     names = [
         title if title.isidentifier() else anchor for anchor, (title, _) in _sections().items()
     ]
-    return list(dict.fromkeys([*names, *VIOLATIONS, *CONTRACTS]))
+    findings = [kind for c in CONTRACTS.values() for kind in c.findings]
+    return list(dict.fromkeys([*names, *VIOLATIONS, *CONTRACTS, *findings]))
 
 
 @dataclasses.dataclass(frozen=True)
