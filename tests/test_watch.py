@@ -2104,6 +2104,22 @@ def test_a_missed_donation_of_a_decorated_function_is_fixed_in_the_decorators_fo
     assert w.findings() == [], w.findings()
 
 
+def test_a_function_jitted_under_a_watch_is_still_a_jax_stages_wrapped_and_exports():
+    # hostile round 64: isinstance() of JAX's runtime protocol looks its members up
+    # statically from Python 3.12 on; the watch's wrapper forwarded them only through
+    # __getattr__, so jax.export.export refused it, under the audit and after it
+    from jax import export
+
+    with jc.watch():
+        f = jax.jit(lambda x: jnp.sin(x) * 2)
+        assert isinstance(f, jax.stages.Wrapped)
+        inside = export.export(f)(jax.ShapeDtypeStruct((3,), jnp.float32))
+    after = export.export(f)(jax.ShapeDtypeStruct((3,), jnp.float32))
+    for exp in (inside, after):
+        assert np.allclose(exp.call(jnp.ones(3)), np.sin(np.ones(3)) * 2)
+    assert f.lower(jnp.ones(3)).compile()(jnp.ones(3)).shape == (3,)
+
+
 def test_a_library_method_jitted_by_its_class_and_again_by_the_user_is_named_as_written():
     # evosax's CMA_ES: `@partial(jax.jit, static_argnames=("self",))` on `ask`, and the
     # README's `ask = jax.jit(es.ask)`: the fix read `jax.jit(partial(ask, ...), ...)`, a

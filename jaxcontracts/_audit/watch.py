@@ -1421,6 +1421,14 @@ class _Watched:
             trim_ours(err)
             raise
 
+    # jax.stages.Wrapped's members, defined on the class: isinstance() of a runtime
+    # protocol looks them up statically from 3.12 on (jax.export.export asks it)
+    def trace(self, *args: Any, **kwargs: Any) -> Any:
+        return self._jitted.trace(*args, **kwargs)
+
+    def lower(self, *args: Any, **kwargs: Any) -> Any:
+        return self._jitted.lower(*args, **kwargs)
+
     def __getattr__(self, name: str) -> Any:
         return getattr(self._jitted, name)
 
