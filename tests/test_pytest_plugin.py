@@ -113,6 +113,30 @@ def test_fixture_fails_listing_every_violation_with_file_and_line(pytester):
     assert "_pytest_plugin.py" not in result.stdout.str()
 
 
+def test_a_missed_donation_settled_as_the_marked_loop_ends_is_placed_at_its_call(pytester):
+    # hostile round 64: settled at the loop's end, inside pluggy's hook wrapper, the
+    # violation's file:line and source line were pluggy's
+    name, source = _write(
+        pytester,
+        """
+        @pytest.mark.jc_hot_loop(compiles="warmup")
+        def test_missed():
+            f = jax.jit(lambda a: a + 1)
+            x = jnp.ones(2)
+            for _ in range(3):
+                x = f(x)  # CALL
+        """,
+    )
+    result = pytester.runpytest()
+    result.assert_outcomes(failed=1)
+    call = _line(source, "# CALL")
+    result.stdout.fnmatch_lines(
+        [f"  missed_donation  {name}:{call}  x1  `<lambda>` (called at {name}:{call})*",
+         "      > x = f(x)  # CALL"]
+    )
+    assert "pluggy/" not in result.stdout.str()  # (no line of its files)
+
+
 def test_fixture_options_and_several_loops(pytester):
     _write(
         pytester,

@@ -39,7 +39,7 @@ from .._report.render import Report, format_violations, loop_report
 from .._report.timing import LoopTiming
 from .._runtime import held_outputs, local, observers
 from .._tracebacks import boundary, trim
-from .._userline import user_frame, where
+from .._userline import place, user_frame, where
 from . import intercept, plainjit
 from .intercept import pending
 from .interrupts import interrupts
@@ -247,17 +247,19 @@ class HotLoop:
         return self.warmup and self._first_pass()
 
     def violation(
-        self, kind: str, what: str, fix: str, frame: Any = None, before_call: bool = False
+        self, kind: str, what: str, fix: str, frame: Any = None, before_call: bool = False,
+        line: tuple[str, int] | None = None,
     ) -> None:
         """Raise (or, in record mode, record) one violation at the user's line.
 
         ``kind`` is a key of ``_errors.VIOLATIONS``, which gives the title,
         the contract and the error class. ``before_call``: refused before a
         call, which then does not run where the loop raises (it does in record
-        mode): the raised fix says so.
+        mode): the raised fix says so. ``line``: (file, number) where the
+        violation happened, where not the user's line running now.
         """
         __tracebackhide__ = True
-        at, text = where(user_frame(frame))
+        at, text = place(*line) if line is not None else where(user_frame(frame))
         summary = violation_summary(kind, what, at, text)
         if self._iteration is not None:
             summary += f"\n  in iteration {self._iteration} of loop.iterate()"

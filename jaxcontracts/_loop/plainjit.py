@@ -56,6 +56,7 @@ class Followed:
     nbytes: int
     dropped: sigs.Dropped
     at: str  # the call's line, file:line (no frame is kept: it would keep the arrays)
+    line: tuple[str, int]  # that line: its file and number
     donated: tuple[str, ...] = ()  # what the function donates instead (a drifted index)
     jit_line: str = ""
 
@@ -185,7 +186,10 @@ def _follow(
         arrays = [leaves[j] for j in idx]
         nbytes = sum(sig.nbytes(j) for j in idx)
         held = None if found is None else [r for x in arrays for r in found.get(id(x), ())]
-        out.append(Followed(name, param, nbytes, sigs.Dropped(arrays, user, held), at, *donating))
+        out.append(Followed(
+            name, param, nbytes, sigs.Dropped(arrays, user, held), at,
+            (user.f_code.co_filename, user.f_lineno), *donating,
+        ))
     return out
 
 
@@ -212,6 +216,7 @@ def settle(loop: Any) -> None:
                 f.name, f.param, decorator=sigs.decorator_at(*f.jit_line.rsplit(":", 1))
                 if f.jit_line else "",
             ),
+            line=f.line,  # the call's line (the loop may end in a test runner's frames)
         )
 
 
