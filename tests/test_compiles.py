@@ -190,6 +190,23 @@ def test_a_cold_jit_called_in_the_body_of_a_one_line_if_is_the_compile_not_a_rea
              {"jc": jc, "jnp": jnp, "s": fresh(), "g": jax.jit(lambda a: a)})
 
 
+def test_a_cold_asarray_of_a_numpy_batch_says_it_is_a_transfer_to_put_on_the_device():
+    # hostile round 64: the first refusal named JAX's `stage` and its fix (a warm-up)
+    # only led to the TransferError the line really is
+    batch = np.ones(3, np.float32)
+    jax.clear_caches()
+    with pytest.raises((jc.RecompileError, jc.TransferError)) as info:
+        with jc.hot_loop():
+            jnp.asarray(batch)
+    if isinstance(info.value, jc.RecompileError):  # a JAX whose asarray compiles lax.stage
+        assert "jax compiles `stage`" in str(info.value)
+        assert info.value.fix.startswith("JAX's `stage` turns a host value into a device array")
+        assert "put it on the device once, before the loop" in info.value.fix
+    with pytest.raises(jc.TransferError):  # following it the other way: the transfer
+        with jc.hot_loop(compiles="warmup"):
+            jnp.asarray(batch)
+
+
 def test_a_cold_op_without_a_read_stays_a_compile():
     s = fresh()
     with pytest.raises(jc.RecompileError, match=r"jax compiles `multiply`.*\n.*y = s\.w \* 31\.5"):

@@ -497,12 +497,18 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
             user,
         )
         return
+    lifted = name in _LIFTING
     _violation(
         "compile",
         f"jax compiles `{name}` (a fresh jax.jit, a new input signature, or a cold eager op)"
         + ("; or it only traces it, again at each call (jax.eval_shape, jax.make_jaxpr: move "
            "them before the loop, their result does not change)" if event == _TRACE_EVENT else ""),
-        'let the loop\'s first pass compile it: jc.hot_loop(compiles="warmup") (the first '
+        ("JAX's `stage` turns a host value into a device array: a numpy array or Python number "
+         "given to an eager op here (jnp.asarray(batch), jnp.array(values)) would be copied to the "
+         "device at every call once compiled, refused too: put it on the device once, before "
+         "the loop, or pass it to a hot step (host= for a loader's batch). Otherwise: "
+         if lifted else "")
+        + 'let the loop\'s first pass compile it: jc.hot_loop(compiles="warmup") (the first '
         "compile of each function is let through once, a second one refused); or run it "
         "once before the loop so it is compiled and cached, or move the eager op into a "
         "hot_step. Warm it on what the loop will pass: a jax.jit "
@@ -511,6 +517,10 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
         "to their device; warm it on a step's outputs, or on jc.device_tree(x) "
         "(committed).",
     )
+
+
+#: JAX's functions that lift a host value into a device array as they compile
+_LIFTING = frozenset({"stage"})
 
 
 class _Traced(threading.local):
