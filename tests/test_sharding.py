@@ -202,6 +202,25 @@ def test_an_uncommitted_leaf_on_another_device_is_refused_at_full_and_copied_at_
     assert not b.is_deleted() and out["b"].devices() == {devices[0]}  # copied, not donated
 
 
+def test_a_call_under_another_mesh_context_names_the_with_block_in_its_fix():
+    # hostile round 64: compiled outside `with jax.set_mesh(mesh):`, called inside: the
+    # fix said to set JAX options with jax.config.update, which cannot set a mesh
+    if len(jax.devices()) < 2 or not hasattr(jax, "set_mesh"):
+        pytest.skip("needs 2 devices and jax.set_mesh")
+    mesh = jax.make_mesh((2,), ("x",))
+    step = jc.hot_step(lambda s: {"a": s["a"] + 1}, state="s")
+    s = step({"a": jnp.zeros(4)})
+    with jax.set_mesh(mesh), pytest.raises(jc.RecompileError) as info:
+        step(s)
+    if "mesh_context_manager" not in str(info.value):
+        pytest.skip("this jax does not name its trace context's options")
+    assert info.value.fix.startswith(
+        "make every call, the first one (or .compile()) included, inside the same "
+        "`with jax.set_mesh(mesh):` block, or every one outside it"
+    ), info.value.fix
+    assert not s["a"].is_deleted()
+
+
 def test_a_state_sharded_over_make_meshs_default_axes_runs_as_under_jax_jit():
     # jax.make_mesh's axes are Explicit by default (jax >= 0.7): the sharding is
     # part of each array's type, and with_sharding_constraint refuses it. The

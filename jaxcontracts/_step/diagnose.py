@@ -332,6 +332,17 @@ def not_consumed_error(
     )
 
 
+#: The options set by a ``with`` block, not jax.config: the fix names the block.
+_CONTEXT_FIXES = {
+    name: "make every call, the first one (or .compile()) included, inside the same "
+    f"`with {block}` block, or every one outside it"
+    for names, block in (
+        (("mesh_context_manager", "abstract_mesh_context_manager"), "jax.set_mesh(mesh):"),
+        (("jax_default_device",), "jax.default_device(device):"),
+    )
+    for name in names
+}
+
 _VIEW_CAUSE = (
     "Likely cause: on CPU, a numpy view of the array is alive (np.asarray(x) "
     "shares its buffer, so XLA must copy); elsewhere another live reference pins the buffer."
@@ -422,7 +433,8 @@ def signature_error(
                 "import the libraries the program uses before a step's first call "
                 "(jax.jit compiles again for the new options too)"
                 if changed[0][0] == REGISTERED
-                else "set JAX options once, before the first call (jax.config.update at the start "
+                else _CONTEXT_FIXES.get(changed[0][0])
+                or "set JAX options once, before the first call (jax.config.update at the start "
                 "of the program)"
             )
             + ", or let the step compile for each: "
