@@ -15,10 +15,9 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import jax
-import numpy as np
 
 from .. import _steps
-from .._compat.arrays import ArrayImpl, KeyArray
+from .._compat.arrays import ArrayImpl
 from .._compat.guarded import tree_in_tree
 from .._compat.tracing import flatten
 from .._dtypes import is_key
@@ -30,7 +29,7 @@ from .definition import StepDefinition
 
 __all__ = [
     "CallContext", "DispatchingStep", "call_tree", "is_deleted_for",
-    "leaf_kinds", "leaf_reader", "leaf_readers", "make_tail", "param_leaves",
+    "leaf_reader", "leaf_readers", "make_tail", "param_leaves",
     "picker", "stale_reader",
 ]
 
@@ -183,39 +182,6 @@ def picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]
     return operator.itemgetter(*indices)  # type: ignore[return-value]
 
 
-@dataclasses.dataclass(frozen=True)
-class LeafKinds:
-    """What the checked closures compare per call in C (``map``): each leaf's
-    exact type and each device leaf's weak type; a mismatch falls back to
-    the leaf-by-leaf loop, which accepts the variants."""
-
-    types: tuple[type, ...]  # per flat leaf: ArrayImpl, the key class, or np.ndarray (host=)
-    # device leaves but typed PRNG keys (a key's aval costs ~9 us; never weak), and their weak types
-    unkeyed: Callable[[Sequence[Any]], tuple[Any, ...]]
-    weak: tuple[bool, ...]
-    weak_of: Callable[[Any], bool] = operator.attrgetter("aval.weak_type")
-
-
-def leaf_kinds(cs: CompiledSignature) -> LeafKinds | None:
-    """The :class:`LeafKinds` of a signature (None: a class is missing here)."""
-    if ArrayImpl is None:
-        return None
-    host = frozenset(cs.host)
-    types: list[type] = []
-    for i, leaf in enumerate(cs.leaves):
-        if i in host:
-            types.append(np.ndarray)
-        elif is_key(leaf.spec.dtype):
-            if KeyArray is None:
-                return None
-            types.append(KeyArray)
-        else:
-            types.append(ArrayImpl)
-    device = [i for i in range(len(cs.leaves)) if i not in host]
-    unkeyed = [i for i in device if types[i] is not KeyArray]
-    return LeafKinds(tuple(types), picker(unkeyed), tuple(bool(cs.weak[i]) for i in unkeyed))
-
-
 def leaf_reader(cs: CompiledSignature, index: int) -> Callable[[tuple[Any, ...]], Any]:
     """Reads flat leaf ``index`` from a call's arguments by its path, without a
     flatten (``__dict__`` first: a consumed state's fields raise). A computed
@@ -333,7 +299,11 @@ def _plain_attribute(obj: Any, name: str) -> bool:
     d = getattr(obj, "__dict__", None)
     if d is not None and name in d:
         return True
-    attr = inspect.getattr_static(type(obj), name, None)
+    return _slot(inspect.getattr_static(type(obj), name, None))
+
+
+def _slot(attr: Any) -> bool:
+    """A class attribute that reads stored data: a slot or a NamedTuple field."""
     return isinstance(attr, types.MemberDescriptorType) or type(attr).__name__ == "_tuplegetter"
 
 
@@ -351,11 +321,7 @@ def _getattr_plain(obj: Any, name: str) -> bool:
         return False
     attr = inspect.getattr_static(cls, name, None)
     descriptor = hasattr(type(attr), "__set__") or hasattr(type(attr), "__delete__")
-    return (
-        not descriptor
-        or isinstance(attr, types.MemberDescriptorType)
-        or type(attr).__name__ == "_tuplegetter"
-    )
+    return not descriptor or _slot(attr)
 
 
 def stale_reader(cs: CompiledSignature) -> Callable[[tuple[Any, ...]], Any] | None:

@@ -1,31 +1,16 @@
-"""The per-call closures of a compiled signature, one per checks level.
-
-The call path is a closure picked when the step compiles or the checks level
-changes, so a call never reads configuration. Three closures, each with one
-Python fallback, the step's slow path:
-
-* ``off`` (:func:`_off`): the compiled executable's own C++ call, after the
-  trace-state test; keywords bound once the executable refused them;
-* ``guarded`` (:func:`_guarded_closure`), ``fast``: a guarded C++ call
-  (``_compat.guarded``) whose cache miss runs the per-signature checks once
-  (tree structure, leaf types and weak types, shardings, the device); per
-  call, the first donated leaf asked ``is_deleted()``. The same closure
-  serves a step whose static values are static in the C++ call itself, at
-  ``off`` too (:func:`_static_native`);
-* ``guarded_full`` (:func:`_guarded`), ``full``: one flatten per call, the
-  pre-check over every leaf (deleted, kept references, repeated buffers),
-  the flat call, and consumption checked after it. Nothing blocks on the
-  device.
-
-Every checked path ends in the after-dispatch tail (:func:`make_tail`).
-Anything unusual falls to the slow path, which diagnoses it; under an active
-trace (an outer ``jax.jit``, ``vmap``, ``lax.cond``..., even over concrete
-arrays it closed over) every closure goes there, and it traces the function
-and donates nothing.
+"""The per-call closures of a compiled signature, one per checks level: ``off``
+(:func:`_off`, the executable's own C++ call), ``fast`` and ``full``
+(:func:`_guarded`: a guarded C++ call whose cache miss runs the per-signature
+checks once; ``full`` adds the per-leaf pre-check and the after-dispatch tail).
+A closure is picked when the step compiles or the checks level changes, so a
+call never reads configuration. Anything unusual falls to the step's slow path;
+under an active trace (even over closed-over concrete arrays) every closure
+goes there, which traces the function and donates nothing.
 """
 from __future__ import annotations
 
 import inspect
+import operator
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -41,6 +26,7 @@ from .._compat.guarded import REFUSED, flat_in_tree, guarded_call
 from .._compat.threadguard import allow_host_to_device
 from .._compat.tracing import cpp_call, flatten, jit_context, top_level_refs
 from .._donation.consumed import consumed_class
+from .._dtypes import is_key
 from .._hazards import find_hazards
 from .._leafdiff import same_placement
 from .._records import CompiledSignature
@@ -55,7 +41,6 @@ from .callctx import (
     DispatchingStep,
     call_tree,
     is_deleted_for,
-    leaf_kinds,
     make_tail,
     param_leaves,
     picker,
@@ -70,7 +55,7 @@ from .callwrap import (
     with_static,
 )
 from .diagnose import kept_leaves_error
-from .kept import KeptPlan, kept_plan
+from .kept import kept_plan
 
 __all__ = ["DispatchingStep", "make_dispatch"]
 
@@ -110,7 +95,7 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
     if level == "off":
         dispatch = _off(ctx, native)
     else:
-        dispatch = _checked(ctx, native)
+        dispatch = _guarded(ctx, native)
     if definition.static_params and not getattr(dispatch, "takes_static", False):
         dispatch = with_static(definition, dispatch)
     if definition.filtered_params:  # never native: its closure does not take static values
@@ -232,10 +217,10 @@ def _tree_approver(
     return approve
 
 
-def _checked(ctx: CallContext, native: bool) -> Callable[..., Any]:
-    """Checks ``fast``/``full``: what a signature fixes (``signature_ok``), the
-    tail and the kept-leaf plan; the closure is :func:`_guarded`'s."""
-    cs = ctx.cs
+def _signature_check(cs: CompiledSignature) -> Callable[[Sequence[Any]], bool]:
+    """``signature_ok(leaves)``, run once per signature in the guarded call's cache
+    miss: the config, each leaf's exact type and weak type (one C map each), its
+    sharding, the first donated leaf's device."""
     donated, weak = cs.donated, cs.weak
     host = frozenset(cs.host)  # declared host data (host=): numpy accepted there
     kinds = tuple((i in host, w) for i, w in enumerate(weak))
@@ -263,36 +248,32 @@ def _checked(ctx: CallContext, native: bool) -> Callable[..., Any]:
     host_types = (np.ndarray, np.generic, bool, int, float, complex)
     key_array: Any = KeyArray  # typed PRNG keys: checked only when a leaf is not an ArrayImpl
     first_donated = donated[0] if donated else None
-    n_leaves = len(cs.leaves)
     # JAX silently moves an uncommitted array on another device (the copy is
     # donated, the input not consumed): with several devices, signature_ok
     # compares the first donated leaf's placement; the slow path names all.
     placed = None
     if shardings is None and first_donated is not None and jax.device_count() > 1:
         placed = cs.leaves[first_donated].spec.sharding
-
-    tail = make_tail(ctx)
-    kept = kept_plan(ctx)
-    fast = leaf_kinds(cs)
-    types, unkeyed, unkeyed_weak, weak_of = (
-        (fast.types, fast.unkeyed, fast.weak, fast.weak_of)
-        if fast is not None
-        else ((), None, (), None)
+    types: tuple[Any, ...] = tuple(
+        np.ndarray if i in host else KeyArray if is_key(leaf.spec.dtype) else ArrayImpl
+        for i, leaf in enumerate(cs.leaves)
     )
-    device_of = picker([i for i in range(n_leaves) if i not in host]) if host else None
-
+    # a typed PRNG key's aval costs ~9 us and a key is never weak: its weak type is not read
+    unkeyed = [i for i, t in enumerate(types) if i not in host and t is not KeyArray]
+    unkeyed_of, unkeyed_weak = picker(unkeyed), tuple(bool(weak[i]) for i in unkeyed)
+    weak_of = operator.attrgetter("aval.weak_type")
+    if ArrayImpl is None or None in types:  # a class missing here: the leaf-by-leaf loop
+        types = ()
     context = cs.context
 
     def signature_ok(leaves: Sequence[Any]) -> bool:
-        """The config, each leaf's type and weak type (one C map each), its
-        sharding, the first donated leaf's device."""
         if context is not None and jit_context() != context:
             return False
         if (
             tuple(map(type, leaves)) != types
-            or tuple(map(weak_of, unkeyed(leaves))) != unkeyed_weak  # type: ignore[arg-type,misc]
+            or tuple(map(weak_of, unkeyed_of(leaves))) != unkeyed_weak
         ):
-            # a key is never weak: its costly aval is not read
+            # the variants the executable accepts
             for x, (is_host, w) in zip(leaves, kinds):
                 t = type(x)
                 if is_host and issubclass(t, host_types):  # np.memmap, np.float32, a Python float
@@ -314,17 +295,10 @@ def _checked(ctx: CallContext, native: bool) -> Callable[..., Any]:
         got = leaves[first_donated].sharding
         return got == placed or placed_alike(first_donated, got, placed)
 
-    return _guarded(ctx, signature_ok, tail, kept, device_of, native)
+    return signature_ok
 
 
-def _guarded(
-    ctx: CallContext,
-    signature_ok: Callable[[Sequence[Any]], bool],
-    tail: Any,
-    kept: KeptPlan | None,
-    device_of: Callable[[Sequence[Any]], tuple[Any, ...]] | None,
-    native: bool,
-) -> Callable[..., Any]:
+def _guarded(ctx: CallContext, native: bool) -> Callable[..., Any]:
     """Checks ``fast``/``full`` on a guarded C++ call (``_compat.guarded``).
 
     ``signature_ok`` runs in the C++ call's cache miss; without the guarded
@@ -338,6 +312,9 @@ def _guarded(
     short, n_params = ctx.defaults, ctx.n_params
     tref, ev, aref, top = top_level_refs()
     in_treedef, donated, n_leaves = cs.in_treedef, cs.donated, len(cs.leaves)
+    signature_ok, tail, kept = _signature_check(cs), make_tail(ctx), kept_plan(ctx)
+    host = frozenset(cs.host)
+    device_of = picker([i for i in range(n_leaves) if i not in host]) if host else None
 
     approve_tree = _tree_approver(cs, signature_ok)
 

@@ -1,8 +1,7 @@
-"""The wrappers in front of a call path: static values (:func:`with_static`)
-and equinox Modules (:func:`with_filtered`) become tree nodes the signature
-knows; :func:`with_inplace` writes back in-place updates; :func:`with_before`
-(effect tokens, loop refusals) and :func:`host_call` (declared host data).
-"""
+"""The wrappers in front of a call path: static values and equinox Modules
+become tree nodes the signature knows, in-place updates are written back, and
+something runs before the call (effect tokens, loop refusals) or around it
+(declared host data)."""
 
 from __future__ import annotations
 
@@ -42,10 +41,8 @@ __all__ = [
 def with_filtered(
     definition: StepDefinition, dispatch: Callable[..., Any], step: DispatchingStep
 ) -> Callable[..., Any]:
-    """The call path behind a wrapper that filters equinox Modules (``_filter``):
-    each becomes a :class:`Filtered` node (the last key reused while the same
-    static leaves come back) and the output is rebuilt, as ``eqx.filter_jit``.
-    """
+    """Equinox Modules as :class:`Filtered` nodes (the last key reused while the
+    same static leaves come back), the output rebuilt, as ``eqx.filter_jit``."""
     normalize, n_params, filtered = (
         definition.normalize, len(definition.param_names), definition.filtered_params
     )
@@ -76,9 +73,8 @@ def with_filtered(
 
 
 def with_static(definition: StepDefinition, dispatch: Callable[..., Any]) -> Callable[..., Any]:
-    """The call path behind a wrapper that turns static values into
-    :class:`StaticArg` nodes, the last one reused while the same object comes
-    back (the usual call neither hashes nor compares)."""
+    """Static values as :class:`StaticArg` nodes, the last one reused while the
+    same object comes back (the usual call neither hashes nor compares)."""
     normalize, n_params, static = (
         definition.normalize, len(definition.param_names), definition.static_params
     )
@@ -226,9 +222,8 @@ def _same_refs_in_loop(definition: StepDefinition, step: Any, first: Any) -> Non
 
 
 def with_before(dispatch: Callable[..., Any], before: Callable[[], Any]) -> Callable[..., Any]:
-    """The call path with ``before()`` run first; built only where needed: JAX's
-    ordered-effect tokens made outside the guard (``_compat.effects``), or a
-    declared contract's loop refusal (``_contracts.refuse``)."""
+    """``before()`` run first: JAX's ordered-effect tokens made outside the guard
+    (``_compat.effects``), or a declared contract's loop refusal."""
 
     def before_call(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -281,10 +276,9 @@ def module_params(
 
 
 def host_call(ctx: CallContext, call: Callable[..., Any], flat: bool) -> Callable[..., Any]:
-    """``call`` for declared host data (``host=``): JAX's C++ path transfers the
-    declared leaves, with the host-to-device guard at ``allow``; calls that
-    passed numpy are counted with their bytes. ``flat``: ``call`` takes the
-    flat leaves (else the arguments, read by their paths)."""
+    """``call`` for declared host data (``host=``) with the host-to-device guard at
+    ``allow`` (JAX's C++ path transfers it), counted with its bytes. ``flat``:
+    ``call`` takes the flat leaves (else the arguments, read by their paths)."""
     cs, stats = ctx.cs, ctx.stats
     allowing = allow_host_to_device(call)  # a declared transfer, inside a loop too
     if flat:
@@ -303,9 +297,7 @@ def host_call(ctx: CallContext, call: Callable[..., Any], flat: bool) -> Callabl
         out = allowing(*args)
         if out is not refused_mark:
             try:
-                hosted = host_of(args)
-                # host data, not a device array
-                transferred = any(isinstance(x, host_kinds) for x in hosted)
+                transferred = any(isinstance(x, host_kinds) for x in host_of(args))
             except Exception:  # noqa: BLE001 - arguments of another structure: nothing counted
                 transferred = False
             if transferred:

@@ -1,13 +1,8 @@
-"""Compiling one signature of a step, and the contracts proven at compile.
-
-``compile_signature`` lowers and compiles the step for a spec (no data
-needed), then proves, once per signature and at every checks level:
-
-* carry invariance: each returned state has exactly its input's spec
-  (structure with static values, shape, dtype, weak type, sharding), else a
-  :class:`RecompileError` naming every differing leaf;
-* donation in effect: every donated leaf aliases an output in the compiled
-  executable, else a :class:`DonationError` naming the leaves.
+"""Compiling one signature of a step (``compile_signature``, from specs, no data
+needed), and the contracts proven then, once per signature at every checks
+level: carry invariance (each returned state has exactly its input's spec, else
+a :class:`RecompileError`) and donation in effect (every donated leaf aliases an
+output, else a :class:`DonationError`), each naming the leaves.
 """
 
 from __future__ import annotations
@@ -722,39 +717,36 @@ def _check_carry(
             kinds += [d.kind for d in diffs]
             leaves += named
             weak_params += [name] if all(d.kind == "weak_type" for d in diffs) else []
-    for kind, (what, fix) in _PLACEMENT_CAUSES.items():  # every difference of one placement kind
-        if blocks and kinds and all(k == kind for k in kinds):
-            raise RecompileError(
-                f"{definition.name} {what}, so its own output would not match the "
-                "compiled signature on the next call (jax.jit would recompile there; "
-                "a compiled step would reject it).",
-                blocks,
-                fix=fix,
-                note=NOTHING_RAN,
-                contract="carry",
-                step=definition.name,
-                leaves=leaves,
-            )
-    if blocks and not kinds:
-        raise RecompileError(
+    if not blocks:
+        return
+    # every difference of one placement kind
+    placement = [c for kind, c in _PLACEMENT_CAUSES.items() if all(k == kind for k in kinds)]
+    if kinds and placement:
+        what, fix = placement[0]
+        summary = (
+            f"{definition.name} {what}, so its own output would not match the "
+            "compiled signature on the next call (jax.jit would recompile there; "
+            "a compiled step would reject it)."
+        )
+    elif not kinds:
+        summary = (
             f"{definition.name} does not return what its signature says: its return "
             "annotation (or state=) puts the new state in a returned tuple, and "
-            "the step returns no tuple there.",
-            blocks,
-            fix="return the tuple the annotation declares (the new state at return value "
-            f"{list(misplaced[0][0])}), or make the return annotation what the step "
-            f"returns (-> {misplaced[0][1]} for the state alone).",
-            note=NOTHING_RAN,
-            contract="carry",
-            step=definition.name,
+            "the step returns no tuple there."
         )
-    if blocks:
-        raise RecompileError(
+        fix = (
+            "return the tuple the annotation declares (the new state at return value "
+            f"{list(misplaced[0][0])}), or make the return annotation what the step "
+            f"returns (-> {misplaced[0][1]} for the state alone)."
+        )
+    else:
+        summary = (
             f"{definition.name} does not return its state with the spec it takes, so "
             "its own output would not match the compiled signature on the next "
-            "call (jax.jit would recompile there; a compiled step would reject it).",
-            blocks,
-            fix="make every returned leaf keep its input's dtype, shape and "
+            "call (jax.jit would recompile there; a compiled step would reject it)."
+        )
+        fix = (
+            "make every returned leaf keep its input's dtype, shape and "
             "weak type: either initialise the leaf with the dtype the step "
             "produces (e.g. jnp.float32(0) instead of 0 for a float counter), or "
             "cast in the step (t=(s.t + 1).astype(s.t.dtype))."
@@ -763,12 +755,17 @@ def _check_carry(
                 f"{p} = jc.device_tree({p}) before the first call makes every leaf "
                 "strongly typed."
                 for p in weak_params[:1]
-            ),
-            note=NOTHING_RAN,
-            contract="carry",
-            step=definition.name,
-            leaves=leaves,
+            )
         )
+    raise RecompileError(
+        summary,
+        blocks,
+        fix=fix,
+        note=NOTHING_RAN,
+        contract="carry",
+        step=definition.name,
+        leaves=leaves,
+    )
 
 
 # A carried state that comes back placed otherwise: what the message says and its fix.

@@ -1,8 +1,6 @@
-"""A step's definition (:class:`StepDefinition`, made by ``_step.analyse``):
-the parameters' roles, where returned states stand, and the donated leaves,
-derived from the state type so no rename or reordering can desync them. It
-also binds calls to positions and wraps static values.
-"""
+"""A step's definition (:class:`StepDefinition`, made by ``_step.analyse``): the
+parameters' roles, where returned states stand, the donated leaves (derived from
+the state type: no rename can desync them); it binds calls to positions."""
 
 from __future__ import annotations
 
@@ -239,30 +237,33 @@ class StepDefinition:
             try:
                 hash(value)
             except TypeError as e:
-                raise DefinitionError(
-                    f"{self.name}: static argument `{self.param_names[i]}` is "
-                    f"{type(value).__name__}, which is not hashable ({e}).",
-                    [_STATIC_DETAIL],
-                    fix="pass a hashable value: a frozen dataclass, a NamedTuple, a "
+                what = f"{type(value).__name__}, which is not hashable ({e})."
+                fix = (
+                    "pass a hashable value: a frozen dataclass, a NamedTuple, a "
                     "tuple instead of a list, or a functools.partial/function; or close "
-                    "over it instead of passing it.",
-                    contract="definition",
-                    step=self.name,
-                    leaves=[self.param_names[i]],
-                ) from None
-            eq = eq_answers_bool(value)
-            if eq is not None:
-                raise DefinitionError(
-                    f"{self.name}: static argument `{self.param_names[i]}` is "
-                    f"{fmt_object(value)}, whose __eq__ {eq}, not True or False.",
-                    [_STATIC_DETAIL],
-                    fix=f"make {type(value).__name__}.__eq__ return a bool (compare Python "
-                    "values, not arrays), or pass the arrays it holds as arguments.",
-                    contract="definition",
-                    step=self.name,
-                    leaves=[self.param_names[i]],
+                    "over it instead of passing it."
                 )
-            out[i] = StaticArg(value)
+            else:
+                eq = eq_answers_bool(value)
+                if eq is None:
+                    out[i] = StaticArg(value)
+                    continue
+                what = f"{fmt_object(value)}, whose __eq__ {eq}, not True or False."
+                fix = (
+                    f"make {type(value).__name__}.__eq__ return a bool (compare Python "
+                    "values, not arrays), or pass the arrays it holds as arguments."
+                )
+            raise DefinitionError(
+                f"{self.name}: static argument `{self.param_names[i]}` is {what}",
+                [
+                    "  a static argument is part of the compiled signature: it is "
+                    "compared by hash and == to find its executable"
+                ],
+                fix=fix,
+                contract="definition",
+                step=self.name,
+                leaves=[self.param_names[i]],
+            )
         for i in self.filtered_params:
             if type(out[i]) is not Filtered:
                 out[i] = split(out[i])
@@ -299,12 +300,6 @@ class StepDefinition:
         if self.data_fields is None and self.donate != "none":
             check_donated_names(self, tuple(sorted(fields_seen)), ())
         return tuple(donated)
-
-
-_STATIC_DETAIL = (
-    "  a static argument is part of the compiled signature: it is "
-    "compared by hash and == to find its executable"
-)
 
 
 def _call_with(ref: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

@@ -55,50 +55,8 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
                 "class once, outside the re-run code)",
             )
         ]
-    where_, was, now = (
-        key_difference(a.key, b.key)
-        if isinstance(a, StaticArg)
-        and isinstance(b, StaticArg)
-        and a.key is not None
-        and b.key is not None
-        else ("", "", "")
-    )
-    if where_:  # a part of it (an object hashed by value is said below, by its hash and attributes)
-        same = "the same object" if a.value is b.value else "a value"
-        return [
-            LeafDiff(
-                here,
-                f"static {type(a.value).__name__} holding {was} at {where_ or '(the value)'}",
-                f"{same} holding {now} there",
-                "a static value is compiled for what it holds: changed in place since, or "
-                "another holding other values, it is a new signature (never the program traced "
-                "for the old value); pass a new value, such as a frozen dataclass or a tuple, "
-                "instead of changing the object",
-            )
-        ]
-    if isinstance(a, StaticArg) and isinstance(b, StaticArg) and a.value is b.value:
-        return [
-            LeafDiff(
-                here,
-                f"static {type(a.value).__name__} (object id {id(a.value):#x}, "
-                f"hashed {a.hash} then)",
-                f"the same object, changed in place since: {_short(b.value)}, hashed {b.hash}",
-                "a static value changed after the compile is a new signature (as jax.jit "
-                "hashes it anew); pass a new value, such as a frozen dataclass, instead of "
-                "changing the object",
-            )
-        ]
     if isinstance(a, StaticArg) and isinstance(b, StaticArg):
-        sa, sb = _pair(a.value, b.value)
-        return [
-            LeafDiff(
-                here,
-                f"static {sa}",
-                f"static {sb}",
-                "a static argument is part of the compiled signature; a new value "
-                "means a new compile" + _inside(a.value, b.value),
-            )
-        ]
+        return [_static_diff(a, b, here)]
     if isinstance(a, StaticArg) != isinstance(b, StaticArg):
         sa, sb = (
             f"static {_short(x.value)}" if isinstance(x, StaticArg) else _struct_name(x)
@@ -151,6 +109,41 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
             "the tree structure differs",
         )
     ]
+
+
+def _static_diff(a: StaticArg, b: StaticArg, here: str) -> LeafDiff:
+    """Two static values of one parameter: where inside they differ, else how."""
+    at, was, now = (
+        key_difference(a.key, b.key) if a.key is not None and b.key is not None else ("", "", "")
+    )
+    if at:  # a part of it (an object hashed by value is said below, by its hash and attributes)
+        same = "the same object" if a.value is b.value else "a value"
+        return LeafDiff(
+            here,
+            f"static {type(a.value).__name__} holding {was} at {at}",
+            f"{same} holding {now} there",
+            "a static value is compiled for what it holds: changed in place since, or "
+            "another holding other values, it is a new signature (never the program traced "
+            "for the old value); pass a new value, such as a frozen dataclass or a tuple, "
+            "instead of changing the object",
+        )
+    if a.value is b.value:
+        return LeafDiff(
+            here,
+            f"static {type(a.value).__name__} (object id {id(a.value):#x}, hashed {a.hash} then)",
+            f"the same object, changed in place since: {_short(b.value)}, hashed {b.hash}",
+            "a static value changed after the compile is a new signature (as jax.jit "
+            "hashes it anew); pass a new value, such as a frozen dataclass, instead of "
+            "changing the object",
+        )
+    sa, sb = _pair(a.value, b.value)
+    return LeafDiff(
+        here,
+        f"static {sa}",
+        f"static {sb}",
+        "a static argument is part of the compiled signature; a new value "
+        "means a new compile" + _inside(a.value, b.value),
+    )
 
 
 def _dataclass_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:

@@ -1,10 +1,6 @@
-"""``jc.HotStep``: an AOT-compiled step with derived, verified donation.
-
-Flow, one way: ``analyse`` -> ``definition`` -> specs -> a compiled signature
-with its contracts proven (``compile``) -> a call path for the checks level
-(``callpath``). The slow path here diagnoses what the call path does not
-handle (``diagnose``) or compiles a new signature within ``max_compiles``.
-"""
+"""``jc.HotStep``: a compiled signature (``compile``) and its call path for the
+checks level (``callpath``); the slow path here diagnoses what the call path does
+not handle (``diagnose``) or compiles a new signature within ``max_compiles``."""
 
 from __future__ import annotations
 
@@ -67,7 +63,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-# The call slot reads the instance's one call path (no Python frame of its own).
+# The call slot reads the instance's one call path, ``_call`` (no Python frame of its own).
 _CALL = property(
     operator.attrgetter("_call"),
     doc="Call the step like the function it wraps (compiles on first use).",
@@ -96,19 +92,17 @@ class HotStep(Generic[P, R]):
         self._signatures: list[CompiledSignature] = []
         self._aliases: list[CompiledSignature] = []  # see _alias_for
         self._current: CompiledSignature | None = None
-        # see _use
-        self._paths: dict[tuple[int, str], tuple[StepDefinition, Callable[..., Any]]] = {}
+        self._paths: dict[tuple[int, str], tuple[StepDefinition, Callable[..., Any]]] = {}  # _use
         self.stats = StepStats()
         self._level = _config.get_checks()
         self.timing_counters = [0.0, 0, 0.0, 0]  # see _steps.LiveStep
         self.timing_due = [True]
         self.last_output: list[Any] = [None]
         self.last_consumed: list[Any] = [None]  # see _steps.LiveStep
-        self._set_dispatch(self._call_unbound if signature.is_method else self._slow)
+        self._call = self._call_unbound if signature.is_method else self._slow
         self._bound_to: tuple[HotStep[Any, Any], Any] | None = None  # (method step, instance)
         self._bound_hash: Any = None  # the instance's hash at the bind (_value_hash)
-        # A method step's bound steps for instances without a __dict__ (__slots__)
-        # (ref, bound, binds)
+        # A method step's bound steps for __slots__ instances: (ref, bound, binds)
         self._bound_steps: dict[int, tuple[weakref.ref[Any], HotStep[Any, Any], int]] = {}
         # The slow path's: held while it decides on (and makes) a compile, so
         # threads meeting new signatures at once respect max_compiles; and,
@@ -315,7 +309,7 @@ class HotStep(Generic[P, R]):
                 trim(err)
                 raise
 
-        bound._set_dispatch(refuse)
+        bound._call = refuse
         return bound
 
     def _instance_key(self, obj: Any) -> Any:
@@ -505,7 +499,7 @@ class HotStep(Generic[P, R]):
         if self._current is not None:
             self._use(self._current)
         elif not self._definition.is_method:
-            self._set_dispatch(self._slow)
+            self._call = self._slow
 
     def slow_call(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None
@@ -567,10 +561,6 @@ class HotStep(Generic[P, R]):
             observers.compiled(self)
         return cs
 
-    def _set_dispatch(self, fn: Callable[..., Any]) -> None:
-        """Make ``fn`` the call path: ``_call``, which the class's call slot reads."""
-        self._call = fn
-
     def _use(self, cs: CompiledSignature) -> None:
         """Make ``cs``'s call path at the current level the step's, kept per
         definition: a level set back reuses its closure and its C++ call's cache."""
@@ -578,7 +568,7 @@ class HotStep(Generic[P, R]):
         # cs lives in _signatures (or _aliases, its paths dropped with it): no id reused
         key = (id(cs), self._level)
         kept = self._paths.get(key)
-        self._set_dispatch(
+        self._call = (
             self._build_at_call(cs, key)
             if kept is None or kept[0] is not self._definition
             else kept[1]
@@ -598,7 +588,7 @@ class HotStep(Generic[P, R]):
                 if any(c is cs for c in (*self._signatures, *self._aliases)):
                     self._paths[key] = kept
             if self._current is cs and self._level == level and self._definition is definition:
-                self._set_dispatch(kept[1])
+                self._call = kept[1]
             try:
                 return kept[1](*args, **kwargs)
             except Exception as err:  # the traceback ends at the user's line

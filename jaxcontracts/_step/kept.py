@@ -1,13 +1,9 @@
-"""The kept-reference check: a donated array that something besides its state still holds.
-
-Any other reference to a donated array (a kept sample, a variable) is a
-deleted array after the call. At ``full`` the call is refused before
-dispatch, inputs intact, where reference counts prove such a holder
-(``_compat.refcount``: exact once garbage is collected), for the leaves
-inside a state (:class:`KeptPlan`: each held once, by its container) and the
-containers inside it (:class:`InnerNodes`: each held once, by its parent;
-BlackJAX's ``samples.append(state.position)``). The arguments themselves
-cannot be proven (the caller's name and a kept copy count alike): donated as
+"""The kept-reference check: at ``full`` a call is refused before dispatch,
+inputs intact, where reference counts (``_compat.refcount``: exact once garbage
+is collected) prove something besides its state holds a donated leaf
+(:class:`KeptPlan`) or a container of such leaves (:class:`InnerNodes`:
+BlackJAX's ``samples.append(state.position)``). The arguments themselves cannot
+be proven (the caller's name and a kept copy count alike): donated as
 ``jax.jit`` does, a later read names the step (``_steps.consumed_by``).
 """
 
