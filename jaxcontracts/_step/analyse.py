@@ -17,7 +17,6 @@ from .._errors import DefinitionError
 from .._format import qualname
 from .._state.fields import data_field_names, is_state, static_field_names
 from .definition import DONATE_WORDS, StepDefinition, check_donated_names, positional_call
-from .misuse import refuse_non_step
 
 __all__ = ["analyse"]
 
@@ -162,7 +161,7 @@ def analyse(
     """Read ``fn``'s signature and the decorator's options (see ``jc.hot_step``)."""
     if isinstance(fn, staticmethod):  # @jc.hot_step over @staticmethod: the function it holds
         fn = fn.__func__
-    refuse_non_step(fn, signature)
+    _refuse_non_step(fn, signature)
     name = qualname(fn.func) + "(partial)" if isinstance(fn, functools.partial) else qualname(fn)
     check_options(name, donate, max_compiles)
     explicit = signature is not None  # given by the user: never offered back as the fix
@@ -219,6 +218,60 @@ def analyse(
     if data_fields is not None and (carried is None or carried):
         check_donated_names(result, data_fields, static_field_names(signature))
     return result
+
+
+def _refuse_non_step(fn: Any, signature: Any) -> None:
+    """What is not a step function (a class, an option given by position, a
+    generator, a coroutine, a classmethod), and a ``signature=`` that is not a
+    type: refused at decoration, with the form that works."""
+    if isinstance(fn, classmethod):
+        inner = qualname(fn.__func__)
+        raise DefinitionError(
+            f"@jc.hot_step on the classmethod {inner}: a step closes over what it does "
+            "not take as arguments, and a class is no array.",
+            fix="make it a @staticmethod (under @jc.hot_step) or a function taking the "
+            "state, or a method (self is closed over per instance).",
+        )
+    if isinstance(fn, type):
+        what = "the state class" if is_state(fn) else "the class"
+        raise DefinitionError(
+            f"@jc.hot_step decorates the step function, not {what} {fn.__qualname__}.",
+            fix="decorate the function that takes the state and returns the new one: "
+            f"@jc.hot_step def advance(s: {fn.__name__}) -> {fn.__name__}: ...",
+        )
+    if not callable(fn):
+        shown = repr(fn) if isinstance(fn, (str, int, float, bool, tuple)) else type(fn).__name__
+        raise DefinitionError(
+            f"@jc.hot_step got {shown} where the step function goes: its options are "
+            "keywords.",
+            fix=f"@jc.hot_step(donate={fn!r})"
+            if isinstance(fn, str)
+            else "@jc.hot_step(signature=State, donate=\"all\")",
+        )
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    kind = (
+        "an async generator function" if inspect.isasyncgenfunction(target)
+        else "a generator function" if inspect.isgeneratorfunction(target)
+        else "an async function" if inspect.iscoroutinefunction(target)
+        else None
+    )
+    if kind is not None:
+        raise DefinitionError(
+            f"@jc.hot_step on {qualname(target)}, {kind}: a step is compiled to one "
+            "executable that returns arrays, and a "
+            f"{'generator' if 'generator' in kind else 'coroutine'} returns none until "
+            "it is resumed.",
+            fix="make the step a plain function that returns the new state, and loop, "
+            "yield or await around its calls in your own code.",
+        )
+    if signature is not None and not (
+        isinstance(signature, (type, str)) or typing.get_origin(signature) is not None
+    ):
+        cls = type(signature).__name__
+        raise DefinitionError(
+            f"@jc.hot_step: signature= takes the state's type, and got a {cls} instance.",
+            fix=f"signature={cls}",
+        )
 
 
 def _parameters(

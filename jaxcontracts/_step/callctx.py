@@ -21,7 +21,7 @@ from .._compat.arrays import ArrayImpl
 from .._compat.guarded import tree_in_tree
 from .._compat.tracing import flatten
 from .._dtypes import is_key
-from .._records import CompiledSignature, StepStats
+from .._records import CompiledSignature
 from .._report import timing as _timing
 from .._runtime import tracking
 from .._steps import HOOK_EVERY, LiveStep
@@ -63,10 +63,7 @@ class CallContext:
     step: DispatchingStep
     n_params: int
     slow_call: Callable[[tuple[Any, ...], dict[str, Any], BaseException | None], Any]
-    stats: StepStats
-    not_consumed: Callable[[CompiledSignature, Sequence[Any], Any], BaseException | None]
     marks: tuple[tuple[int, type, type], ...]  # (state parameter, its class, consumed class)
-    normalize: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
     # At full: refuse a donated leaf held elsewhere (None: not checked).
     kept: Callable[[Sequence[int], Sequence[tuple[str, range]]], BaseException] | None
     # Keyword arguments bound to positions without inspect (None: not this call's shape).
@@ -86,7 +83,7 @@ def make_tail(ctx: CallContext) -> Callable[[tuple[Any, ...], Any, Any, float], 
     those still held elsewhere (``_steps.keep``) so a later read names the
     step; one leaf per donated argument is counted (a leaf inside a state held
     elsewhere was refused before dispatch)."""
-    full, stats, cs, not_consumed = ctx.full, ctx.stats, ctx.cs, ctx.not_consumed
+    full, stats, cs, not_consumed = ctx.full, ctx.step.stats, ctx.cs, ctx.step.not_consumed
     is_deleted = is_deleted_for(cs)
     every_leaf = tuple(cs.donated) == tuple(range(len(cs.leaves)))
     donated_of = None if every_leaf else picker(cs.donated)

@@ -57,14 +57,12 @@ from .callwrap import (
 from .diagnose import kept_leaves_error
 from .kept import kept_plan
 
-__all__ = ["DispatchingStep", "make_dispatch"]
+__all__ = ["make_dispatch"]
 
 
 def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> Callable[..., Any]:
-    """Build the call path of ``step`` for one compiled signature and checks level.
-
-    Failures go to ``step.slow_call(args, kwargs, exception_or_None)``.
-    """
+    """The call path of ``step`` for one compiled signature and checks level;
+    failures go to ``step.slow_call(args, kwargs, exception_or_None)``."""
     definition = step.definition
     ctx = CallContext(
         cs=cs,
@@ -73,10 +71,7 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
         step=step,
         n_params=len(definition.param_names),
         slow_call=step.slow_call,
-        stats=step.stats,
-        not_consumed=step.not_consumed,
         marks=_consumed_marks(cs, definition.state_params, step.short_name),
-        normalize=definition.normalize,
         bind=definition.bind_positional,
         defaults=any(
             p.default is not p.empty for p in definition.python_signature.parameters.values()
@@ -124,12 +119,9 @@ def _consumed_marks(
 
 
 def _off(ctx: CallContext, native: bool) -> Callable[..., Any]:
-    """Checks ``off``: the bare compiled call; failures go to the slow path.
-
-    Keywords and omitted defaults are bound only once the executable refused
-    the call (all-positional calls pay nothing). Declared host data runs with
-    the host-to-device guard at ``allow`` (:func:`_off_guarded`).
-    """
+    """Checks ``off``: the bare compiled call. Keywords and omitted defaults are
+    bound only once the executable refused the call (all-positional calls pay
+    nothing)."""
     cs, slow_call, refused_mark = ctx.cs, ctx.slow_call, REFUSED
     tree_call = _off_guarded(ctx)  # its cache miss asks (a new signature, another JAX option)
     # the arguments as they come (JAX's C++ call flattens them), else the bare call
@@ -139,7 +131,8 @@ def _off(ctx: CallContext, native: bool) -> Callable[..., Any]:
         compiled = allow_host_to_device(compiled)
     # "no trace is active": JAX's is_top_level() read inline (see top_level_refs)
     tref, ev, aref, top = top_level_refs()
-    n_params, normalize, bind, short = ctx.n_params, ctx.normalize, ctx.bind, ctx.defaults
+    n_params, bind, short = ctx.n_params, ctx.bind, ctx.defaults
+    normalize = ctx.step.definition.normalize
 
     if cs.flat_style and tree_call is None:  # no guarded call: the tree checked here
         flat_call, in_treedef = compiled, cs.in_treedef
@@ -174,16 +167,15 @@ def _off(ctx: CallContext, native: bool) -> Callable[..., Any]:
             raise
 
     if native:  # static values static in the C++ call (_static_native)
-        return _static_native(ctx, None, with_static(ctx.step.definition, off), None) or off
+        return _static_native(ctx, None, with_static(ctx.step.definition, off), False) or off
     return off
 
 
 def _off_guarded(ctx: CallContext) -> Callable[..., Any] | None:
-    """The executable's call at ``off`` on a guarded C++ call taking the arguments
-    in their structure (None: missing). With ``host=`` (the guard at ``allow``,
-    so JAX's would not see numpy elsewhere), a new signature is refused unless
-    every other leaf is a JAX array. A refused call returns ``REFUSED``.
-    """
+    """The executable's guarded C++ call at ``off`` (None: missing); a refused call
+    returns ``REFUSED``. With ``host=`` (the guard at ``allow``, so JAX's would not
+    see numpy elsewhere), a new signature is refused unless every other leaf is a
+    JAX array."""
     cs, host = ctx.cs, frozenset(ctx.cs.host)
     undeclared = picker([i for i in range(len(cs.leaves)) if i not in host])
 
@@ -299,22 +291,20 @@ def _signature_check(cs: CompiledSignature) -> Callable[[Sequence[Any]], bool]:
 
 
 def _guarded(ctx: CallContext, native: bool) -> Callable[..., Any]:
-    """Checks ``fast``/``full`` on a guarded C++ call (``_compat.guarded``).
-
-    ``signature_ok`` runs in the C++ call's cache miss; without the guarded
-    call (capability ``guarded-call``) the ``full`` closure runs it per call
-    at both levels. ``fast`` reads the first donated leaf by path
-    (:func:`stale_reader`), or takes ``full``'s closure where that read runs
-    Python (``nnx.State``). ``full`` calls with the flat leaves; static values
-    (``native``) are compared by identity and left out of the flatten.
-    """
+    """Checks ``fast``/``full`` on a guarded C++ call (``_compat.guarded``), whose
+    cache miss runs ``signature_ok``; without it (capability ``guarded-call``) the
+    ``full`` closure runs it per call at both levels. ``fast`` takes ``full``'s
+    closure where reading the first donated leaf runs Python (``nnx.State``)."""
     cs, slow_call, bind, full = ctx.cs, ctx.slow_call, ctx.bind, ctx.full
     short, n_params = ctx.defaults, ctx.n_params
     tref, ev, aref, top = top_level_refs()
     in_treedef, donated, n_leaves = cs.in_treedef, cs.donated, len(cs.leaves)
     signature_ok, tail, kept = _signature_check(cs), make_tail(ctx), kept_plan(ctx)
     host = frozenset(cs.host)
-    device_of = picker([i for i in range(n_leaves) if i not in host]) if host else None
+    if not full:  # the first donated leaf only (a declared host leaf is never donated)
+        device_of = picker(donated[:1])
+    else:
+        device_of = picker([i for i in range(n_leaves) if i not in host]) if host else None
 
     approve_tree = _tree_approver(cs, signature_ok)
 
@@ -334,7 +324,7 @@ def _guarded(ctx: CallContext, native: bool) -> Callable[..., Any]:
             )
             if native:  # static values static in the C++ call too (_static_native)
                 return (
-                    _static_native(ctx, approve_tree, with_static(ctx.step.definition, fast), tail)
+                    _static_native(ctx, approve_tree, with_static(ctx.step.definition, fast), True)
                     or fast
                 )
             return fast
@@ -354,8 +344,6 @@ def _guarded(ctx: CallContext, native: bool) -> Callable[..., Any]:
     if cs.host:
         call = host_call(ctx, call, True)
     is_deleted, refused_mark = is_deleted_for(cs), REFUSED
-    if not full:  # the first donated leaf only (a declared host leaf is never donated)
-        device_of = picker(donated[:1])
     # A buffer passed twice raises the count of a watched leaf: where every
     # donated leaf is watched, the ids are compared only on a kept-reference hit.
     ids_always = full and (kept is None or len(set(kept.watched)) != len(donated))
@@ -480,13 +468,12 @@ def _guarded_closure(
     stale: Callable[[tuple[Any, ...]], Any] | None,
     fallback: Callable[..., Any] | None = None,
 ) -> Callable[..., Any]:
-    """The closure around a guarded C++ call, at ``fast`` and for native statics
-    (:func:`_static_native`). ``stale``: the first donated leaf's reader, asked
-    ``is_deleted()`` first; ``checked``: False at ``off`` (nothing counted).
-    Without ``fallback`` it binds keywords and refusals go to the slow path;
-    with it (the static wrapper), the C++ call binds static keywords and its
-    refusals go there. ``fast``'s share of :func:`make_tail` is inline (a
-    Python frame is a percent of a ten-leaf call)."""
+    """The closure around a guarded C++ call, at ``fast`` and for native statics.
+    ``stale``: the first donated leaf's reader, asked ``is_deleted()`` first;
+    ``checked``: False at ``off`` (nothing counted); ``fallback`` (the static
+    wrapper): where refusals go (else the slow path), the C++ call binding static
+    keywords. ``fast``'s share of :func:`make_tail` is inline (a Python frame is a
+    percent of a ten-leaf call)."""
     slow_call, bind, refused_mark = ctx.slow_call, ctx.bind, REFUSED
     short, n_params, binds = ctx.defaults, ctx.n_params, fallback is None
     refused = (
@@ -497,7 +484,7 @@ def _guarded_closure(
     # timed inside loops (``_report.timing``); at ``off`` never
     timing_on = _steps.timing_on if checked else [False]
     step, due, start, acc = ctx.step, ctx.step.timing_due, _timing.start, ctx.step.timing_counters
-    stats, record, marks, every = ctx.stats, ctx.step.last_output, ctx.marks, HOOK_EVERY
+    stats, record, marks, every = ctx.step.stats, ctx.step.last_output, ctx.marks, HOOK_EVERY
     timed, perf, set_class = _timing.timed, time.perf_counter, object.__setattr__
 
     def guarded(*args: Any, **kwargs: Any) -> Any:
@@ -547,22 +534,19 @@ def _static_native(
     ctx: CallContext,
     approve: Callable[[tuple[Any, ...]], bool] | None,
     fallback: Callable[..., Any],
-    tail: Callable[[tuple[Any, ...], Any, Any, float], Any] | None,
+    checked: bool,
 ) -> Callable[..., Any] | None:
     """A step's call with static parameters static in the C++ call itself, as
-    ``jax.jit``'s ``static_argnames``: no Python wrapper per call. On a new
-    signature the arguments are bound and normalized, then ``approve`` judges
-    them (None: the tree approver; ``StaticArg`` equality is type-strict);
-    refusals go to ``fallback``. ``tail``: None at ``off``. None where the
-    guarded call is missing.
-    """
+    ``jax.jit``'s ``static_argnames`` (None where the guarded call is missing).
+    On a new signature the arguments are bound and normalized, then ``approve``
+    (None: the tree approver) judges them; refusals go to ``fallback``."""
     definition, cs = ctx.step.definition, ctx.cs
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     params = list(definition.python_signature.parameters.values())
     static = definition.static_params
     names = tuple(definition.param_names[i] for i in static if params[i].kind in kinds)
     allowed = frozenset(names)
-    bind, normalize, n_params = ctx.bind, ctx.normalize, ctx.n_params
+    bind, normalize, n_params = ctx.bind, definition.normalize, ctx.n_params
 
     def bind_static(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
         try:
@@ -585,7 +569,7 @@ def _static_native(
     call = guarded_call(cs.compiled, approve, call_tree(cs), (static, names, bind_static))
     if call is None:
         return None
-    stale = stale_reader(cs) if tail is not None else None  # checks fast: see _guarded
-    closure = _guarded_closure(ctx, call, tail is not None, stale, fallback)
+    stale = stale_reader(cs) if checked else None  # checks fast: see _guarded
+    closure = _guarded_closure(ctx, call, checked, stale, fallback)
     closure.takes_static = True  # type: ignore[attr-defined]  # make_dispatch: no wrapper
     return closure

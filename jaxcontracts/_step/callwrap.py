@@ -279,7 +279,7 @@ def host_call(ctx: CallContext, call: Callable[..., Any], flat: bool) -> Callabl
     """``call`` for declared host data (``host=``) with the host-to-device guard at
     ``allow`` (JAX's C++ path transfers it), counted with its bytes. ``flat``:
     ``call`` takes the flat leaves (else the arguments, read by their paths)."""
-    cs, stats = ctx.cs, ctx.stats
+    cs, stats = ctx.cs, ctx.step.stats
     allowing = allow_host_to_device(call)  # a declared transfer, inside a loop too
     if flat:
         host_of = picker(cs.host)

@@ -55,7 +55,6 @@ from .diffs import diff_specs
 
 __all__ = [
     "compile_signature",
-    "JitPlan",
     "jit_for",
     "quiet_donation_warning",
     "signature_diffs",

@@ -22,7 +22,7 @@ from .._steps import clear_last_outputs, keep
 from .callctx import CallContext, param_leaves, picker
 from .definition import StepDefinition
 
-__all__ = ["KeptPlan", "kept_plan"]
+__all__ = ["kept_plan"]
 
 
 @dataclasses.dataclass(frozen=True)
