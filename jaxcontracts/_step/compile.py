@@ -144,23 +144,12 @@ def jit_for(definition: StepDefinition, positional: tuple[Any, ...]) -> JitPlan:
         definition, _in_place(definition, definition.positional, candidates), paths, specs
     )
     if flat_style:
-
-        def flat_fn(*leaves: Any) -> Any:
-            return positional_fn(*jax.tree_util.tree_unflatten(treedef, leaves))
-
-        flat_fn.__name__ = getattr(definition.fn, "__name__", "step")
-        # (JAX names leaves[i])
-        flat_fn.__signature__ = inspect.signature(flat_fn)  # type: ignore[attr-defined]
-        # its name and line
-        flat_fn.__wrapped__ = _user_function(definition)  # type: ignore[attr-defined]
-        jitted = jax.jit(flat_fn, donate_argnums=donated, keep_unused=True)
-        spec_args: tuple[Any, ...] = tuple(specs)
+        fn, argnums, spec_args = _fresh(positional_fn, definition, treedef), donated, tuple(specs)
     else:
+        fn = _fresh(positional_fn, definition)
         argnums = tuple(a for a, v in per_arg.items() if v and all(v))
-        jitted = jax.jit(
-            _fresh(positional_fn, definition), donate_argnums=argnums, keep_unused=True
-        )
         spec_args = tuple(jax.tree_util.tree_unflatten(treedef, specs))
+    jitted = jax.jit(fn, donate_argnums=argnums, keep_unused=True)
     return JitPlan(jitted, spec_args, treedef, donated, flat_style, definition)
 
 
@@ -398,22 +387,31 @@ def _alike(definition: StepDefinition, out: Any, given: Any, i: int) -> list[str
     return []
 
 
-def _fresh(fn: Callable[..., Any], definition: StepDefinition) -> Callable[..., Any]:
+def _fresh(
+    fn: Callable[..., Any], definition: StepDefinition, flat: Any = None
+) -> Callable[..., Any]:
     """A new function calling ``fn``, made for one compile: JAX caches a trace
     and lowering (~6x the executable's memory) weakly by the function, so they
     die with this one, not with the step. JAX's messages name the user's
-    function through ``__wrapped__`` and the step's parameters by name."""
+    function through ``__wrapped__`` and the step's parameters by name; with
+    ``flat`` (the arguments' treedef) it takes the flat leaves (``leaves[i]``)."""
+    if flat is None:
 
-    def step(*args: Any) -> Any:
-        return fn(*args)
+        def step(*args: Any) -> Any:
+            return fn(*args)
 
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        params = [inspect.Parameter(n, kind) for n in definition.param_names]
+    else:
+
+        def step(*leaves: Any) -> Any:
+            return fn(*jax.tree_util.tree_unflatten(flat, leaves))
+
+        params = [inspect.Parameter("leaves", inspect.Parameter.VAR_POSITIONAL)]
     step.__name__ = getattr(definition.fn, "__name__", "step")
     step.__qualname__ = getattr(definition.fn, "__qualname__", step.__name__)
     step.__wrapped__ = _user_function(definition)  # type: ignore[attr-defined]
-    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    step.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter(n, kind) for n in definition.param_names]
-    )
+    step.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     return step
 
 
@@ -624,19 +622,12 @@ def signature_diffs(cs: CompiledSignature, leaves: Sequence[Any], treedef: Any) 
             for name, then, now in changed
         ]
     expected = [(leaf.path, leaf.spec) for leaf in cs.leaves]
-    moved = moved_by_jax(leaves, cs.donated)
+    moved = moved_by_jax(leaves, cs.donated)  # uncommitted: jax.jit places them as compiled
     got = [
-        (leaf.path, _placed_as(leaf_spec(x), leaf.spec) if i in moved else leaf_spec(x))
-        for i, (leaf, x) in enumerate(zip(cs.leaves, leaves))
+        (leaf.path, spec.update(sharding=leaf.spec.sharding) if i in moved else spec)
+        for i, (leaf, spec) in enumerate(zip(cs.leaves, map(leaf_spec, leaves)))
     ]
     return diff_leaves(expected, got)
-
-
-def _placed_as(spec: Any, compiled: Any) -> Any:
-    """An uncommitted array's spec where ``jax.jit`` moves it: the compiled placement."""
-    return jax.ShapeDtypeStruct(
-        spec.shape, spec.dtype, sharding=compiled.sharding, weak_type=spec.weak_type
-    )
 
 
 def _outputs(traced: Any) -> tuple[list[Any], Any]:
