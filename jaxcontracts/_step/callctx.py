@@ -38,9 +38,7 @@ class DispatchingStep(LiveStep, Protocol):
     """What a call path needs of its step (``jc.HotStep`` is one)."""
 
     @property
-    def definition(self) -> StepDefinition:
-        """What the decorator learnt of the function (``_step.analyse``)."""
-        ...
+    def definition(self) -> StepDefinition: ...
 
     def slow_call(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None
@@ -64,25 +62,19 @@ class CallContext:
     n_params: int
     slow_call: Callable[[tuple[Any, ...], dict[str, Any], BaseException | None], Any]
     marks: tuple[tuple[int, type, type], ...]  # (state parameter, its class, consumed class)
-    # At full: refuse a donated leaf held elsewhere (None: not checked).
+    # the error for donated leaves held elsewhere, at full (None: not checked)
     kept: Callable[[Sequence[int], Sequence[tuple[str, range]]], BaseException] | None
-    # Keyword arguments bound to positions without inspect (None: not this call's shape).
-    bind: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None]
-    # Some parameter has a default: a short positional call is bound too.
-    defaults: bool
+    bind: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None]  # bind_positional
+    defaults: bool  # some parameter has a default: a short positional call is bound too
 
 
 def make_tail(ctx: CallContext) -> Callable[[tuple[Any, ...], Any, Any, float], Any]:
-    """The after-dispatch tail of ``full``: check consumption, mark, count, tell
-    loops (``fast`` does its share inline in ``callpath._guarded_closure``).
-
-    ``tail(args, leaves, out, t0)``: ``leaves``, the flat leaves at ``full``
-    (consumption tested in one C loop), else None; ``t0``: the clock where
-    the call is timed, else 0. At ``full`` the consumed arrays stay in
-    ``last_consumed`` until the next call, which keeps a weak reference to
-    those still held elsewhere (``_steps.keep``) so a later read names the
-    step; one leaf per donated argument is counted (a leaf inside a state held
-    elsewhere was refused before dispatch)."""
+    """``tail(args, leaves, out, t0)`` after dispatch: check consumption (``leaves``:
+    the flat leaves at ``full``), mark, count, tell loops; ``t0``: the clock of a
+    timed call, else 0. ``fast`` does its share inline (``_guarded_closure``). At
+    ``full`` the consumed arrays stay in ``last_consumed`` until the next call,
+    which keeps a weak reference to those held elsewhere (``_steps.keep``), one
+    leaf per donated argument (one inside a state was refused before dispatch)."""
     full, stats, cs, not_consumed = ctx.full, ctx.step.stats, ctx.cs, ctx.step.not_consumed
     is_deleted = is_deleted_for(cs)
     every_leaf = tuple(cs.donated) == tuple(range(len(cs.leaves)))
@@ -181,9 +173,8 @@ def picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]
 
 def leaf_reader(cs: CompiledSignature, index: int) -> Callable[[tuple[Any, ...]], Any]:
     """Reads flat leaf ``index`` from a call's arguments by its path, without a
-    flatten (``__dict__`` first: a consumed state's fields raise). A computed
-    attribute (flax's ``Variable.value`` warns) or keyless node is flattened
-    alone. May raise on another structure."""
+    flatten (``__dict__`` first: a consumed state's fields raise); a computed
+    attribute (flax's ``Variable.value`` warns) or keyless node is flattened."""
     return leaf_readers(cs, (index,))[0]
 
 

@@ -42,12 +42,13 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
     here = path or "(the value itself)"
     if same_structure(jax.tree_util.tree_structure(a), jax.tree_util.tree_structure(b)):
         return []
-    if type(a) is not type(b) and _same_name(type(a), type(b)):
+    ta, tb = type(a), type(b)
+    if ta is not tb and (ta.__qualname__, ta.__module__) == (tb.__qualname__, tb.__module__):
         return [
             LeafDiff(
                 here,
-                _class_id(type(a)),
-                _class_id(type(b)),
+                _class_id(ta),
+                _class_id(tb),
                 "a different class object with the same name: the class was defined "
                 "again (a re-run notebook cell, a re-imported or reloaded module), and "
                 "instances of the old and the new class never match; build the state "
@@ -252,10 +253,6 @@ def _is_static_field(f: Any) -> bool:
     ``pytree_node=False``, equinox ``static=True``."""
     md = f.metadata
     return bool(md.get(STATIC)) or md.get("pytree_node", True) is False or md.get("static") is True
-
-
-def _same_name(ta: type, tb: type) -> bool:
-    return ta.__qualname__ == tb.__qualname__ and ta.__module__ == tb.__module__
 
 
 def _class_id(t: type) -> str:
@@ -540,9 +537,8 @@ def _closure_hint(a: Any, b: Any) -> str:
     whole = lambda v: isinstance(v, functools.partial)  # noqa: E731 - jax flattens a partial
     fa = [v for v in jax.tree_util.tree_leaves(a, is_leaf=whole) if callable(v)]
     fb = [v for v in jax.tree_util.tree_leaves(b, is_leaf=whole) if callable(v)]
-    pairs = [(x, y) for x, y in zip(fa, fb) if x is not y and type(x) is not functools.partial]
     # partials compare by value (same_structure): their diff says what differs
-    if fa and fb and pairs:
+    if any(x is not y and type(x) is not functools.partial for x, y in zip(fa, fb)):
         return (
             "; it holds functions, which compare by identity: new closures (an "
             "optimizer built again, e.g. a second optax.adam(...)) are a new value "
