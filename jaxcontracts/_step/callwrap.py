@@ -172,7 +172,12 @@ def in_place_call(
     if taken:
         held = [r for refs in taken.values() for r in refs]
         if len({id(r) for r in held}) != len(held):  # one ref twice: one update would be lost
-            raise repeated_refs_error(definition.name, _ref_paths(definition, args))
+            named = [
+                (definition.param_path((jax.tree_util.SequenceKey(i), *path)), ref)
+                for i in definition.ref_params
+                for path, ref in jax.tree_util.tree_flatten_with_path(args[i])[0]
+            ]
+            raise repeated_refs_error(definition.name, named)
         if _runtime.local.loop is not None:
             _same_refs_in_loop(definition, step, held[0])
     previous, _inside.call = _inside.call, (step, args)
@@ -192,14 +197,6 @@ def in_place_call(
     if record[0] is full:  # the loops' record holds the step's own output, not the
         record[0] = out  # returned states (whose arrays the caller's objects now hold)
     return out
-
-
-def _ref_paths(definition: StepDefinition, args: tuple[Any, ...]) -> list[tuple[str, Any]]:
-    return [
-        (definition.param_path((jax.tree_util.SequenceKey(i), *path)), ref)
-        for i in definition.ref_params
-        for path, ref in jax.tree_util.tree_flatten_with_path(args[i])[0]
-    ]
 
 
 def _same_refs_in_loop(definition: StepDefinition, step: Any, first: Any) -> None:

@@ -669,13 +669,12 @@ def _decide(
         # Under a transformation (even over closed-over concrete arrays): trace,
         # donate nothing; under jax.disable_jit(): run op by op, as jax.jit does.
         step.stats.traced_calls += 1
-        if given is not None:  # the step updates its refs and objects itself
-            out = definition.positional(*given)
-            out = join_out(out) if definition.filtered_params else out
-            return out, tuple(given[i] for i in definition.inplace_params)
-        # (arguments may come bound by position: the function takes each by kind)
-        out = definition.positional(*definition.normalize(args, kwargs))
-        return join_out(out) if definition.filtered_params else out
+        # (the function takes each argument by kind; in its own in-place call
+        # the step updates its refs and objects itself)
+        bound = given if given is not None else definition.normalize(args, kwargs)
+        out = definition.positional(*bound)
+        out = join_out(out) if definition.filtered_params else out
+        return out if given is None else (out, tuple(given[i] for i in definition.inplace_params))
     if given is None and (definition.inplace_params or definition.ref_params):
         # Called directly (a first call, jc.check): around the call, what the
         # in-place call path does (refs passed as their arrays, written back)
@@ -838,9 +837,7 @@ def _signature_for(
                     exc.add_note(run_failed_note(definition, paths, leaves, donated))
                 raise exc  # the signature is right: a genuine runtime error
             step._use(cs)
-        elif step._current is not None and len(step._signatures) >= definition.max_compiles:
-            raise step._refuse(positional)
-        else:
+        else:  # compiled now, or refused past max_compiles
             step._new_signature(positional)
         return step._call
 
