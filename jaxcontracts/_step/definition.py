@@ -186,12 +186,7 @@ class StepDefinition:
 
     def _bind_or_explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         try:
-            bound = self.python_signature.bind(*args, **kwargs)
-            omitted = {
-                p.name: p.default if i in self.host_params else left_out(p)
-                for i, p in enumerate(self.python_signature.parameters.values())
-                if p.name not in bound.arguments
-            }
+            bound = self.python_signature.bind(*args, **kwargs).arguments
         except TypeError as e:
             params = ", ".join(self.param_names)
             given = ", ".join([*("<arg>" for _ in args), *(f"{k}=" for k in kwargs)])
@@ -202,8 +197,10 @@ class StepDefinition:
                 contract="definition",
                 step=self.name,
             ) from None
+        host = self.host_params  # a declared host value's default stays one
         return tuple(
-            bound.arguments[n] if n in bound.arguments else omitted[n] for n in self.param_names
+            bound[p.name] if p.name in bound else p.default if i in host else left_out(p)
+            for i, p in enumerate(self.python_signature.parameters.values())
         )
 
     def with_filtered(self, params: tuple[int, ...]) -> StepDefinition:

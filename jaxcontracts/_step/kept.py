@@ -101,18 +101,10 @@ class InnerNodes:
 _PLAIN_CONTAINERS = (dict, list, tuple)
 
 
-def _not(node: Any) -> Callable[[Any], bool]:
-    """``is_leaf`` that flattens ``node`` one level: its children are leaves."""
-
-    def is_leaf(x: Any) -> bool:
-        return x is not node
-
-    return is_leaf
-
-
 def _children(node: Any) -> list[tuple[tuple[Any, ...], Any]]:
     """A node's children with their keys (a leaf: [])."""
-    kids = jax.tree_util.tree_flatten_with_path(node, is_leaf=_not(node))[0]
+    # flattened one level: its children are leaves
+    kids = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)[0]
     return [] if len(kids) == 1 and kids[0][1] is node else kids
 
 
@@ -136,7 +128,7 @@ def _inner_nodes(
         if i in skip or not donated.intersection(leaves):
             continue
         kids, stored = _children(spec), _stored(spec)
-        top = jax.tree_util.tree_structure(spec, is_leaf=_not(spec))
+        top = jax.tree_util.tree_structure(spec, is_leaf=lambda x, spec=spec: x is not spec)
         watched: list[int] = []
         below: list[tuple[int, Any, Callable[[Sequence[Any]], Sequence[Any]]]] = []
         below_paths: list[str] = []  # of() lists the children first, then what is below them
