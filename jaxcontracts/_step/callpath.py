@@ -153,15 +153,14 @@ def _off(ctx: CallContext, native: bool) -> Callable[..., Any]:
                     args, kwargs = bound, {}
             try:
                 out = compiled(*args, **kwargs)
+                if not refusable or out is not refused_mark:  # a signature its C++ call refused
+                    return out
+                exc = None
             except Exception as e:  # noqa: BLE001
-                if kwargs or len(args) != n_params:
-                    return off(*normalize(args, kwargs))
-                return slow_call(args, kwargs, e)
-            if refusable and out is refused_mark:  # host=: a signature its C++ call refused
-                if kwargs or len(args) != n_params:
-                    return off(*normalize(args, kwargs))
-                return slow_call(args, kwargs, None)
-            return out
+                exc = e
+            if kwargs or len(args) != n_params:
+                return off(*normalize(args, kwargs))
+            return slow_call(args, kwargs, exc)
         except Exception as err:  # the traceback ends at the user's line
             trim(err)
             raise

@@ -46,65 +46,65 @@ def api_misuse_error(
     (specs, which hold no data) are API misuse, not host transfers.
     """
     classes, specs = [], []
-    for i, (name, arg) in enumerate(zip(definition.param_names, positional)):
+    for i, arg in enumerate(positional):
         for path, x in flatten_with_path(arg)[0]:
             where = definition.param_path((jax.tree_util.SequenceKey(i), *path))
             if isinstance(x, type):
-                classes.append((name, where, x))
+                classes.append((where, x))
             elif not compiling and isinstance(x, jax.ShapeDtypeStruct):
-                specs.append((name, where, x))
+                specs.append((where, x))
     short = definition.short_name
     if classes:
-        name, where, cls = classes[0]
+        where, cls = classes[0]
         cls_name = getattr(cls, "__name__", repr(cls))
         has_spec = callable(getattr(cls, "spec", None))
+        lines = [f"  {w}: the class {getattr(c, '__name__', c)}" for w, c in classes]
         if compiling:
+            summary = (
+                f"{short}.compile() was given the class {cls_name} itself for `{where}`: "
+                "compile takes the arguments' specs (or the arguments), not their types."
+            )
             fix = (
                 f"{short}.compile({cls_name}.spec(...)), giving its dimension sizes "
                 "by name; or pass real arguments."
                 if has_spec
                 else "pass a spec (jax.ShapeDtypeStruct(shape, dtype)) or an array."
             )
-            summary = (
-                f"{short}.compile() was given the class {cls_name} itself for `{where}`: "
-                "compile takes the arguments' specs (or the arguments), not their types."
-            )
         else:
+            summary = (
+                f"{definition.name} was called with the class {cls_name} itself for `{where}`, "
+                "not an instance."
+            )
             fix = (
                 f"call it with an instance: {cls_name}.zeros(...) or {cls_name}(...) of arrays."
                 if has_spec
                 else "call it with arrays."
             )
-            summary = (
-                f"{definition.name} was called with the class {cls_name} itself for `{where}`, "
-                "not an instance."
-            )
-        return DefinitionError(
-            summary,
-            [f"  {w}: the class {getattr(c, '__name__', c)}" for _, w, c in classes],
-            fix=fix,
-            note="" if compiling else INPUTS_INTACT,
-            contract="definition",
-            step=definition.name,
-            leaves=[w for _, w, _ in classes],
-        )
-    if specs:
+    elif specs:
         state = next((a for a in positional if hasattr(type(a), "zeros")), None)
         make = (
             f"{type(state).__name__}.zeros(...)" if state is not None else "jnp.zeros(shape, dtype)"
         )
-        return DefinitionError(
+        summary = (
             f"{definition.name} was called with specs (jax.ShapeDtypeStruct), which hold "
-            "no data: a call needs arrays.",
-            [f"  {w}: {fmt_value(x)}" for _, w, x in specs],
-            fix=f"call it with arrays ({make}, or real data). To compile ahead of "
-            f"time without data, use {short}.compile(...) with the specs.",
-            note=INPUTS_INTACT,
-            contract="definition",
-            step=definition.name,
-            leaves=[w for _, w, _ in specs],
+            "no data: a call needs arrays."
         )
-    return None
+        lines = [f"  {w}: {fmt_value(x)}" for w, x in specs]
+        fix = (
+            f"call it with arrays ({make}, or real data). To compile ahead of "
+            f"time without data, use {short}.compile(...) with the specs."
+        )
+    else:
+        return None
+    return DefinitionError(
+        summary,
+        lines,
+        fix=fix,
+        note="" if compiling else INPUTS_INTACT,
+        contract="definition",
+        step=definition.name,
+        leaves=[w for w, _ in classes or specs],
+    )
 
 
 def _device_put_lines(paths: Sequence[str]) -> str:
