@@ -82,9 +82,7 @@ class _Names(dict):  # type: ignore[type-arg]
 
 
 def _type_name(x: Any) -> str | None:
-    if isinstance(x, str):
-        return x.rsplit(".", 1)[-1]
-    name = getattr(x, "__name__", None)
+    name = x if isinstance(x, str) else getattr(x, "__name__", None)
     return name.rsplit(".", 1)[-1] if isinstance(name, str) else None
 
 
@@ -97,18 +95,14 @@ def state_type_matches(annotation: Any, signature: Any) -> bool:
     return origin is not None and origin is (typing.get_origin(signature) or signature)
 
 
-def return_positions(annotation: Any, signature: Any) -> list[tuple[int, ...]] | None:
-    """Where the state stands in the return annotation: [()] or [(0,), ...]."""
+def return_positions(annotation: Any, signature: Any) -> list[tuple[int, ...]]:
+    """Where the state stands in the return annotation: [()], [(0,), ...] or []."""
     if state_type_matches(annotation, signature):
         return [()]
-    if typing.get_origin(annotation) is tuple:
-        out = [
-            (i,)
-            for i, a in enumerate(typing.get_args(annotation))
-            if state_type_matches(a, signature)
-        ]
-        return out or None
-    return None
+    if typing.get_origin(annotation) is not tuple:
+        return []
+    args = typing.get_args(annotation)
+    return [(i,) for i, a in enumerate(args) if state_type_matches(a, signature)]
 
 
 def _param_indices(
@@ -548,7 +542,7 @@ def _returned_states(
     ret = hints.get("return", inspect.Signature.empty)
     if ret is inspect.Signature.empty:
         return None
-    positions = return_positions(ret, signature) or []
+    positions = return_positions(ret, signature)
     if not positions and isinstance(donate, (tuple, list)):
         raise DefinitionError(
             f"@jc.hot_step on {name}: donate={tuple(donate)!r} names fields of "

@@ -465,11 +465,7 @@ class HotStep(Generic[P, R]):
                 leaves=[p for p, _ in host],
             )
         refs = self._definition.ref_params  # compiled for the arrays the refs hold
-        return (
-            tuple(ref_arrays(x)[0] if i in refs else x for i, x in enumerate(positional))
-            if refs
-            else positional
-        )
+        return tuple(ref_arrays(x)[0] if i in refs else x for i, x in enumerate(positional))
 
     # -- the protocol the library's modules read (_steps, callctx) --------
 
