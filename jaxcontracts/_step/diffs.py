@@ -74,11 +74,11 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
                 "or pass it at every call",
             )
         ]
-    if dataclasses.is_dataclass(a) and not isinstance(a, type) and type(a) is type(b):
+    if ta is tb and dataclasses.is_dataclass(a) and not isinstance(a, type):
         found = _dataclass_diffs(a, b, path)
         if found:
             return found
-    if isinstance(a, Mapping) and isinstance(b, Mapping) and type(a) is type(b):
+    if ta is tb and isinstance(a, Mapping):
         out = []
         for k in sorted(set(a) | set(b), key=repr):
             if k not in b:
@@ -88,17 +88,11 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
             else:
                 out.extend(structure_diffs(a[k], b[k], f"{path}[{k!r}]"))
         return out
-    if (
-        isinstance(a, (list, tuple))
-        and isinstance(b, (list, tuple))
-        and type(a) is type(b)
-        and len(a) == len(b)
-    ):
-        out = []
-        for i, (x, y) in enumerate(zip(a, b)):
-            out.extend(structure_diffs(x, y, f"{path}[{i}]"))
-        return out
-    if type(a) is type(b):
+    if ta is tb and isinstance(a, (list, tuple)) and len(a) == len(b):
+        return [
+            d for i, (x, y) in enumerate(zip(a, b)) for d in structure_diffs(x, y, f"{path}[{i}]")
+        ]
+    if ta is tb:
         node = _node_diffs(a, b, path, here)
         if node:
             return node
@@ -221,10 +215,11 @@ def _node_diffs(a: Any, b: Any, path: str, here: str) -> list[LeafDiff]:
     children_b = jax.tree_util.tree_flatten_with_path(b, is_leaf=lambda x: x is not b)[0]
     if len(children_a) != len(children_b):
         return []
-    out: list[LeafDiff] = []
-    for (ka, va), (_, vb) in zip(children_a, children_b):
-        out.extend(structure_diffs(va, vb, f"{path}{fmt_path(ka)}"))
-    return out
+    return [
+        d
+        for (ka, va), (_, vb) in zip(children_a, children_b)
+        for d in structure_diffs(va, vb, f"{path}{fmt_path(ka)}")
+    ]
 
 
 def _filtered_diffs(a: Any, b: Any, path: str, here: str) -> list[LeafDiff]:
