@@ -15,6 +15,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import jax
+import numpy as np
 
 from .. import _steps
 from .._compat.arrays import ArrayImpl
@@ -28,10 +29,14 @@ from .._steps import HOOK_EVERY, LiveStep
 from .definition import StepDefinition
 
 __all__ = [
-    "CallContext", "DispatchingStep", "call_tree", "is_deleted_for",
+    "HOST_TYPES", "CallContext", "DispatchingStep", "call_tree", "is_deleted_for",
     "leaf_reader", "leaf_readers", "make_tail", "param_leaves",
     "picker", "stale_reader",
 ]
+
+
+#: What host data may be: numpy, a numpy scalar, a Python number.
+HOST_TYPES = (np.ndarray, np.generic, bool, int, float, complex)
 
 
 class DispatchingStep(LiveStep, Protocol):

@@ -37,6 +37,7 @@ from .._state.spec import StaticArg, movable, static_equal, value_key
 from .._steps import HOOK_EVERY
 from .._tracebacks import trim
 from .callctx import (
+    HOST_TYPES,
     CallContext,
     DispatchingStep,
     call_tree,
@@ -234,9 +235,7 @@ def _signature_check(cs: CompiledSignature) -> Callable[[Sequence[Any]], bool]:
             equivalent.add((i, got))
         return ok
 
-    array_impl = ArrayImpl
-    # what a declared host leaf may be
-    host_types = (np.ndarray, np.generic, bool, int, float, complex)
+    array_impl, host_types = ArrayImpl, HOST_TYPES
     key_array: Any = KeyArray  # typed PRNG keys: checked only when a leaf is not an ArrayImpl
     first_donated = donated[0] if donated else None
     # JAX silently moves an uncommitted array on another device (the copy is

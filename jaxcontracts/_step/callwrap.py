@@ -22,7 +22,7 @@ from .._state.foreign import holds_module
 from .._state.inplace import ref_arrays, repeated_refs_error, replace_all, write_back
 from .._state.spec import value_key
 from .._tracebacks import trim
-from .callctx import CallContext, DispatchingStep, leaf_readers, picker
+from .callctx import HOST_TYPES, CallContext, DispatchingStep, leaf_readers, picker
 from .definition import StepDefinition
 
 __all__ = [
@@ -286,9 +286,7 @@ def host_call(ctx: CallContext, call: Callable[..., Any], flat: bool) -> Callabl
         def host_of(args: Sequence[Any]) -> tuple[Any, ...]:
             return tuple([read(args) for read in readers])  # type: ignore[arg-type]
 
-    host_kinds, nbytes, refused_mark = (
-        (np.ndarray, np.generic, bool, int, float, complex), cs.host_nbytes, REFUSED
-    )
+    host_kinds, nbytes, refused_mark = HOST_TYPES, cs.host_nbytes, REFUSED
 
     def call_host(*args: Any) -> Any:
         out = allowing(*args)

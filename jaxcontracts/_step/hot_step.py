@@ -14,7 +14,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar
 
 import jax
-import numpy as np
 
 from .. import _config, _steps
 from .._compat.guarded import guarded_call
@@ -40,7 +39,7 @@ from .._state.foreign import host_leaves_on_device
 from .._state.inplace import is_ref, ref_arrays, ref_params
 from .._state.spec import fmt_value, hashed_by_value, leaf_spec, static_hash
 from .._tracebacks import boundary, let_go, trim
-from .callctx import call_tree
+from .callctx import HOST_TYPES, call_tree
 from .callpath import make_dispatch
 from .callwrap import in_place_call, inside_in_place_call, module_params
 from .compile import compile_signature, jit_for, quiet_donation_warning, signature_diffs
@@ -449,7 +448,7 @@ class HotStep(Generic[P, R]):
         host = [
             (self._definition.param_names[i], x)
             for i, x in enumerate(positional)
-            if isinstance(x, (bool, int, float, complex, np.ndarray, np.generic))
+            if isinstance(x, HOST_TYPES)
             and i not in self._definition.host_params
             and i not in self._definition.static_params
         ]
