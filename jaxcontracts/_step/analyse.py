@@ -17,7 +17,6 @@ from .._errors import DefinitionError
 from .._format import qualname
 from .._state.fields import data_field_names, is_state, static_field_names
 from .definition import DONATE_WORDS, StepDefinition, check_donated_names, positional_call
-from .misuse import refuse_non_step
 
 __all__ = ["analyse"]
 
@@ -83,9 +82,7 @@ class _Names(dict):  # type: ignore[type-arg]
 
 
 def _type_name(x: Any) -> str | None:
-    if isinstance(x, str):
-        return x.rsplit(".", 1)[-1]
-    name = getattr(x, "__name__", None)
+    name = x if isinstance(x, str) else getattr(x, "__name__", None)
     return name.rsplit(".", 1)[-1] if isinstance(name, str) else None
 
 
@@ -98,18 +95,14 @@ def state_type_matches(annotation: Any, signature: Any) -> bool:
     return origin is not None and origin is (typing.get_origin(signature) or signature)
 
 
-def return_positions(annotation: Any, signature: Any) -> list[tuple[int, ...]] | None:
-    """Where the state stands in the return annotation: [()] or [(0,), ...]."""
+def return_positions(annotation: Any, signature: Any) -> list[tuple[int, ...]]:
+    """Where the state stands in the return annotation: [()], [(0,), ...] or []."""
     if state_type_matches(annotation, signature):
         return [()]
-    if typing.get_origin(annotation) is tuple:
-        out = [
-            (i,)
-            for i, a in enumerate(typing.get_args(annotation))
-            if state_type_matches(a, signature)
-        ]
-        return out or None
-    return None
+    if typing.get_origin(annotation) is not tuple:
+        return []
+    args = typing.get_args(annotation)
+    return [(i,) for i, a in enumerate(args) if state_type_matches(a, signature)]
 
 
 def _param_indices(
@@ -162,7 +155,7 @@ def analyse(
     """Read ``fn``'s signature and the decorator's options (see ``jc.hot_step``)."""
     if isinstance(fn, staticmethod):  # @jc.hot_step over @staticmethod: the function it holds
         fn = fn.__func__
-    refuse_non_step(fn, signature)
+    _refuse_non_step(fn, signature)
     name = qualname(fn.func) + "(partial)" if isinstance(fn, functools.partial) else qualname(fn)
     check_options(name, donate, max_compiles)
     explicit = signature is not None  # given by the user: never offered back as the fix
@@ -219,6 +212,60 @@ def analyse(
     if data_fields is not None and (carried is None or carried):
         check_donated_names(result, data_fields, static_field_names(signature))
     return result
+
+
+def _refuse_non_step(fn: Any, signature: Any) -> None:
+    """What is not a step function (a class, an option given by position, a
+    generator, a coroutine, a classmethod), and a ``signature=`` that is not a
+    type: refused at decoration, with the form that works."""
+    if isinstance(fn, classmethod):
+        inner = qualname(fn.__func__)
+        raise DefinitionError(
+            f"@jc.hot_step on the classmethod {inner}: a step closes over what it does "
+            "not take as arguments, and a class is no array.",
+            fix="make it a @staticmethod (under @jc.hot_step) or a function taking the "
+            "state, or a method (self is closed over per instance).",
+        )
+    if isinstance(fn, type):
+        what = "the state class" if is_state(fn) else "the class"
+        raise DefinitionError(
+            f"@jc.hot_step decorates the step function, not {what} {fn.__qualname__}.",
+            fix="decorate the function that takes the state and returns the new one: "
+            f"@jc.hot_step def advance(s: {fn.__name__}) -> {fn.__name__}: ...",
+        )
+    if not callable(fn):
+        shown = repr(fn) if isinstance(fn, (str, int, float, bool, tuple)) else type(fn).__name__
+        raise DefinitionError(
+            f"@jc.hot_step got {shown} where the step function goes: its options are "
+            "keywords.",
+            fix=f"@jc.hot_step(donate={fn!r})"
+            if isinstance(fn, str)
+            else "@jc.hot_step(signature=State, donate=\"all\")",
+        )
+    target = fn.func if isinstance(fn, functools.partial) else fn
+    kind = (
+        "an async generator function" if inspect.isasyncgenfunction(target)
+        else "a generator function" if inspect.isgeneratorfunction(target)
+        else "an async function" if inspect.iscoroutinefunction(target)
+        else None
+    )
+    if kind is not None:
+        raise DefinitionError(
+            f"@jc.hot_step on {qualname(target)}, {kind}: a step is compiled to one "
+            "executable that returns arrays, and a "
+            f"{'generator' if 'generator' in kind else 'coroutine'} returns none until "
+            "it is resumed.",
+            fix="make the step a plain function that returns the new state, and loop, "
+            "yield or await around its calls in your own code.",
+        )
+    if signature is not None and not (
+        isinstance(signature, (type, str)) or typing.get_origin(signature) is not None
+    ):
+        cls = type(signature).__name__
+        raise DefinitionError(
+            f"@jc.hot_step: signature= takes the state's type, and got a {cls} instance.",
+            fix=f"signature={cls}",
+        )
 
 
 def _parameters(
@@ -495,7 +542,7 @@ def _returned_states(
     ret = hints.get("return", inspect.Signature.empty)
     if ret is inspect.Signature.empty:
         return None
-    positions = return_positions(ret, signature) or []
+    positions = return_positions(ret, signature)
     if not positions and isinstance(donate, (tuple, list)):
         raise DefinitionError(
             f"@jc.hot_step on {name}: donate={tuple(donate)!r} names fields of "

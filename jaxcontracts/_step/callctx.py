@@ -18,30 +18,32 @@ import jax
 import numpy as np
 
 from .. import _steps
-from .._compat.arrays import ArrayImpl, KeyArray
+from .._compat.arrays import ArrayImpl
 from .._compat.guarded import tree_in_tree
 from .._compat.tracing import flatten
 from .._dtypes import is_key
-from .._records import CompiledSignature, StepStats
+from .._records import CompiledSignature
 from .._report import timing as _timing
 from .._runtime import tracking
 from .._steps import HOOK_EVERY, LiveStep
 from .definition import StepDefinition
 
 __all__ = [
-    "CallContext", "DispatchingStep", "call_tree", "is_deleted_for",
-    "leaf_kinds", "leaf_reader", "leaf_readers", "make_tail", "param_leaves",
+    "HOST_TYPES", "CallContext", "DispatchingStep", "call_tree", "is_deleted_for",
+    "leaf_reader", "leaf_readers", "make_tail", "param_leaves",
     "picker", "stale_reader",
 ]
+
+
+#: What host data may be: numpy, a numpy scalar, a Python number.
+HOST_TYPES = (np.ndarray, np.generic, bool, int, float, complex)
 
 
 class DispatchingStep(LiveStep, Protocol):
     """What a call path needs of its step (``jc.HotStep`` is one)."""
 
     @property
-    def definition(self) -> StepDefinition:
-        """What the decorator learnt of the function (``_step.analyse``)."""
-        ...
+    def definition(self) -> StepDefinition: ...
 
     def slow_call(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None
@@ -64,30 +66,21 @@ class CallContext:
     step: DispatchingStep
     n_params: int
     slow_call: Callable[[tuple[Any, ...], dict[str, Any], BaseException | None], Any]
-    stats: StepStats
-    not_consumed: Callable[[CompiledSignature, Sequence[Any], Any], BaseException | None]
     marks: tuple[tuple[int, type, type], ...]  # (state parameter, its class, consumed class)
-    normalize: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...]]
-    # At full: refuse a donated leaf held elsewhere (None: not checked).
+    # the error for donated leaves held elsewhere, at full (None: not checked)
     kept: Callable[[Sequence[int], Sequence[tuple[str, range]]], BaseException] | None
-    # Keyword arguments bound to positions without inspect (None: not this call's shape).
-    bind: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None]
-    # Some parameter has a default: a short positional call is bound too.
-    defaults: bool
+    bind: Callable[[tuple[Any, ...], dict[str, Any]], tuple[Any, ...] | None]  # bind_positional
+    defaults: bool  # some parameter has a default: a short positional call is bound too
 
 
 def make_tail(ctx: CallContext) -> Callable[[tuple[Any, ...], Any, Any, float], Any]:
-    """The after-dispatch tail of ``full``: check consumption, mark, count, tell
-    loops (``fast`` does its share inline in ``callpath._guarded_closure``).
-
-    ``tail(args, leaves, out, t0)``: ``leaves``, the flat leaves at ``full``
-    (consumption tested in one C loop), else None; ``t0``: the clock where
-    the call is timed, else 0. At ``full`` the consumed arrays stay in
-    ``last_consumed`` until the next call, which keeps a weak reference to
-    those still held elsewhere (``_steps.keep``) so a later read names the
-    step; one leaf per donated argument is counted (a leaf inside a state held
-    elsewhere was refused before dispatch)."""
-    full, stats, cs, not_consumed = ctx.full, ctx.stats, ctx.cs, ctx.not_consumed
+    """``tail(args, leaves, out, t0)`` after dispatch: check consumption (``leaves``:
+    the flat leaves at ``full``), mark, count, tell loops; ``t0``: the clock of a
+    timed call, else 0. ``fast`` does its share inline (``_guarded_closure``). At
+    ``full`` the consumed arrays stay in ``last_consumed`` until the next call,
+    which keeps a weak reference to those held elsewhere (``_steps.keep``), one
+    leaf per donated argument (one inside a state was refused before dispatch)."""
+    full, stats, cs, not_consumed = ctx.full, ctx.step.stats, ctx.cs, ctx.step.not_consumed
     is_deleted = is_deleted_for(cs)
     every_leaf = tuple(cs.donated) == tuple(range(len(cs.leaves)))
     donated_of = None if every_leaf else picker(cs.donated)
@@ -183,44 +176,10 @@ def picker(indices: Sequence[int]) -> Callable[[Sequence[Any]], tuple[Any, ...]]
     return operator.itemgetter(*indices)  # type: ignore[return-value]
 
 
-@dataclasses.dataclass(frozen=True)
-class LeafKinds:
-    """What the checked closures compare per call in C (``map``): each leaf's
-    exact type and each device leaf's weak type; a mismatch falls back to
-    the leaf-by-leaf loop, which accepts the variants."""
-
-    types: tuple[type, ...]  # per flat leaf: ArrayImpl, the key class, or np.ndarray (host=)
-    # device leaves but typed PRNG keys (a key's aval costs ~9 us; never weak), and their weak types
-    unkeyed: Callable[[Sequence[Any]], tuple[Any, ...]]
-    weak: tuple[bool, ...]
-    weak_of: Callable[[Any], bool] = operator.attrgetter("aval.weak_type")
-
-
-def leaf_kinds(cs: CompiledSignature) -> LeafKinds | None:
-    """The :class:`LeafKinds` of a signature (None: a class is missing here)."""
-    if ArrayImpl is None:
-        return None
-    host = frozenset(cs.host)
-    types: list[type] = []
-    for i, leaf in enumerate(cs.leaves):
-        if i in host:
-            types.append(np.ndarray)
-        elif is_key(leaf.spec.dtype):
-            if KeyArray is None:
-                return None
-            types.append(KeyArray)
-        else:
-            types.append(ArrayImpl)
-    device = [i for i in range(len(cs.leaves)) if i not in host]
-    unkeyed = [i for i in device if types[i] is not KeyArray]
-    return LeafKinds(tuple(types), picker(unkeyed), tuple(bool(cs.weak[i]) for i in unkeyed))
-
-
 def leaf_reader(cs: CompiledSignature, index: int) -> Callable[[tuple[Any, ...]], Any]:
     """Reads flat leaf ``index`` from a call's arguments by its path, without a
-    flatten (``__dict__`` first: a consumed state's fields raise). A computed
-    attribute (flax's ``Variable.value`` warns) or keyless node is flattened
-    alone. May raise on another structure."""
+    flatten (``__dict__`` first: a consumed state's fields raise); a computed
+    attribute (flax's ``Variable.value`` warns) or keyless node is flattened."""
     return leaf_readers(cs, (index,))[0]
 
 
@@ -333,7 +292,11 @@ def _plain_attribute(obj: Any, name: str) -> bool:
     d = getattr(obj, "__dict__", None)
     if d is not None and name in d:
         return True
-    attr = inspect.getattr_static(type(obj), name, None)
+    return _slot(inspect.getattr_static(type(obj), name, None))
+
+
+def _slot(attr: Any) -> bool:
+    """A class attribute that reads stored data: a slot or a NamedTuple field."""
     return isinstance(attr, types.MemberDescriptorType) or type(attr).__name__ == "_tuplegetter"
 
 
@@ -351,11 +314,7 @@ def _getattr_plain(obj: Any, name: str) -> bool:
         return False
     attr = inspect.getattr_static(cls, name, None)
     descriptor = hasattr(type(attr), "__set__") or hasattr(type(attr), "__delete__")
-    return (
-        not descriptor
-        or isinstance(attr, types.MemberDescriptorType)
-        or type(attr).__name__ == "_tuplegetter"
-    )
+    return not descriptor or _slot(attr)
 
 
 def stale_reader(cs: CompiledSignature) -> Callable[[tuple[Any, ...]], Any] | None:

@@ -1,31 +1,16 @@
-"""The per-call closures of a compiled signature, one per checks level.
-
-The call path is a closure picked when the step compiles or the checks level
-changes, so a call never reads configuration. Three closures, each with one
-Python fallback, the step's slow path:
-
-* ``off`` (:func:`_off`): the compiled executable's own C++ call, after the
-  trace-state test; keywords bound once the executable refused them;
-* ``guarded`` (:func:`_guarded_closure`), ``fast``: a guarded C++ call
-  (``_compat.guarded``) whose cache miss runs the per-signature checks once
-  (tree structure, leaf types and weak types, shardings, the device); per
-  call, the first donated leaf asked ``is_deleted()``. The same closure
-  serves a step whose static values are static in the C++ call itself, at
-  ``off`` too (:func:`_static_native`);
-* ``guarded_full`` (:func:`_guarded`), ``full``: one flatten per call, the
-  pre-check over every leaf (deleted, kept references, repeated buffers),
-  the flat call, and consumption checked after it. Nothing blocks on the
-  device.
-
-Every checked path ends in the after-dispatch tail (:func:`make_tail`).
-Anything unusual falls to the slow path, which diagnoses it; under an active
-trace (an outer ``jax.jit``, ``vmap``, ``lax.cond``..., even over concrete
-arrays it closed over) every closure goes there, and it traces the function
-and donates nothing.
+"""The per-call closures of a compiled signature, one per checks level: ``off``
+(:func:`_off`, the executable's own C++ call), ``fast`` and ``full``
+(:func:`_guarded`: a guarded C++ call whose cache miss runs the per-signature
+checks once; ``full`` adds the per-leaf pre-check and the after-dispatch tail).
+A closure is picked when the step compiles or the checks level changes, so a
+call never reads configuration. Anything unusual falls to the step's slow path;
+under an active trace (even over closed-over concrete arrays) every closure
+goes there, which traces the function and donates nothing.
 """
 from __future__ import annotations
 
 import inspect
+import operator
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -41,6 +26,7 @@ from .._compat.guarded import REFUSED, flat_in_tree, guarded_call
 from .._compat.threadguard import allow_host_to_device
 from .._compat.tracing import cpp_call, flatten, jit_context, top_level_refs
 from .._donation.consumed import consumed_class
+from .._dtypes import is_key
 from .._hazards import find_hazards
 from .._leafdiff import same_placement
 from .._records import CompiledSignature
@@ -51,11 +37,11 @@ from .._state.spec import StaticArg, movable, static_equal, value_key
 from .._steps import HOOK_EVERY
 from .._tracebacks import trim
 from .callctx import (
+    HOST_TYPES,
     CallContext,
     DispatchingStep,
     call_tree,
     is_deleted_for,
-    leaf_kinds,
     make_tail,
     param_leaves,
     picker,
@@ -70,16 +56,14 @@ from .callwrap import (
     with_static,
 )
 from .diagnose import kept_leaves_error
-from .kept import KeptPlan, kept_plan
+from .kept import kept_plan
 
-__all__ = ["DispatchingStep", "make_dispatch"]
+__all__ = ["make_dispatch"]
 
 
 def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> Callable[..., Any]:
-    """Build the call path of ``step`` for one compiled signature and checks level.
-
-    Failures go to ``step.slow_call(args, kwargs, exception_or_None)``.
-    """
+    """The call path of ``step`` for one compiled signature and checks level;
+    failures go to ``step.slow_call(args, kwargs, exception_or_None)``."""
     definition = step.definition
     ctx = CallContext(
         cs=cs,
@@ -88,10 +72,7 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
         step=step,
         n_params=len(definition.param_names),
         slow_call=step.slow_call,
-        stats=step.stats,
-        not_consumed=step.not_consumed,
         marks=_consumed_marks(cs, definition.state_params, step.short_name),
-        normalize=definition.normalize,
         bind=definition.bind_positional,
         defaults=any(
             p.default is not p.empty for p in definition.python_signature.parameters.values()
@@ -110,7 +91,7 @@ def make_dispatch(cs: CompiledSignature, level: str, step: DispatchingStep) -> C
     if level == "off":
         dispatch = _off(ctx, native)
     else:
-        dispatch = _checked(ctx, native)
+        dispatch = _guarded(ctx, native)
     if definition.static_params and not getattr(dispatch, "takes_static", False):
         dispatch = with_static(definition, dispatch)
     if definition.filtered_params:  # never native: its closure does not take static values
@@ -139,12 +120,9 @@ def _consumed_marks(
 
 
 def _off(ctx: CallContext, native: bool) -> Callable[..., Any]:
-    """Checks ``off``: the bare compiled call; failures go to the slow path.
-
-    Keywords and omitted defaults are bound only once the executable refused
-    the call (all-positional calls pay nothing). Declared host data runs with
-    the host-to-device guard at ``allow`` (:func:`_off_guarded`).
-    """
+    """Checks ``off``: the bare compiled call. Keywords and omitted defaults are
+    bound only once the executable refused the call (all-positional calls pay
+    nothing)."""
     cs, slow_call, refused_mark = ctx.cs, ctx.slow_call, REFUSED
     tree_call = _off_guarded(ctx)  # its cache miss asks (a new signature, another JAX option)
     # the arguments as they come (JAX's C++ call flattens them), else the bare call
@@ -154,7 +132,8 @@ def _off(ctx: CallContext, native: bool) -> Callable[..., Any]:
         compiled = allow_host_to_device(compiled)
     # "no trace is active": JAX's is_top_level() read inline (see top_level_refs)
     tref, ev, aref, top = top_level_refs()
-    n_params, normalize, bind, short = ctx.n_params, ctx.normalize, ctx.bind, ctx.defaults
+    n_params, bind, short = ctx.n_params, ctx.bind, ctx.defaults
+    normalize = ctx.step.definition.normalize
 
     if cs.flat_style and tree_call is None:  # no guarded call: the tree checked here
         flat_call, in_treedef = compiled, cs.in_treedef
@@ -175,30 +154,28 @@ def _off(ctx: CallContext, native: bool) -> Callable[..., Any]:
                     args, kwargs = bound, {}
             try:
                 out = compiled(*args, **kwargs)
+                if not refusable or out is not refused_mark:  # a signature its C++ call refused
+                    return out
+                exc = None
             except Exception as e:  # noqa: BLE001
-                if kwargs or len(args) != n_params:
-                    return off(*normalize(args, kwargs))
-                return slow_call(args, kwargs, e)
-            if refusable and out is refused_mark:  # host=: a signature its C++ call refused
-                if kwargs or len(args) != n_params:
-                    return off(*normalize(args, kwargs))
-                return slow_call(args, kwargs, None)
-            return out
+                exc = e
+            if kwargs or len(args) != n_params:
+                return off(*normalize(args, kwargs))
+            return slow_call(args, kwargs, exc)
         except Exception as err:  # the traceback ends at the user's line
             trim(err)
             raise
 
     if native:  # static values static in the C++ call (_static_native)
-        return _static_native(ctx, None, with_static(ctx.step.definition, off), None) or off
+        return _static_native(ctx, None, with_static(ctx.step.definition, off), False) or off
     return off
 
 
 def _off_guarded(ctx: CallContext) -> Callable[..., Any] | None:
-    """The executable's call at ``off`` on a guarded C++ call taking the arguments
-    in their structure (None: missing). With ``host=`` (the guard at ``allow``,
-    so JAX's would not see numpy elsewhere), a new signature is refused unless
-    every other leaf is a JAX array. A refused call returns ``REFUSED``.
-    """
+    """The executable's guarded C++ call at ``off`` (None: missing); a refused call
+    returns ``REFUSED``. With ``host=`` (the guard at ``allow``, so JAX's would not
+    see numpy elsewhere), a new signature is refused unless every other leaf is a
+    JAX array."""
     cs, host = ctx.cs, frozenset(ctx.cs.host)
     undeclared = picker([i for i in range(len(cs.leaves)) if i not in host])
 
@@ -232,10 +209,10 @@ def _tree_approver(
     return approve
 
 
-def _checked(ctx: CallContext, native: bool) -> Callable[..., Any]:
-    """Checks ``fast``/``full``: what a signature fixes (``signature_ok``), the
-    tail and the kept-leaf plan; the closure is :func:`_guarded`'s."""
-    cs = ctx.cs
+def _signature_check(cs: CompiledSignature) -> Callable[[Sequence[Any]], bool]:
+    """``signature_ok(leaves)``, run once per signature in the guarded call's cache
+    miss: the config, each leaf's exact type and weak type (one C map each), its
+    sharding, the first donated leaf's device."""
     donated, weak = cs.donated, cs.weak
     host = frozenset(cs.host)  # declared host data (host=): numpy accepted there
     kinds = tuple((i in host, w) for i, w in enumerate(weak))
@@ -258,41 +235,35 @@ def _checked(ctx: CallContext, native: bool) -> Callable[..., Any]:
             equivalent.add((i, got))
         return ok
 
-    array_impl = ArrayImpl
-    # what a declared host leaf may be
-    host_types = (np.ndarray, np.generic, bool, int, float, complex)
+    array_impl, host_types = ArrayImpl, HOST_TYPES
     key_array: Any = KeyArray  # typed PRNG keys: checked only when a leaf is not an ArrayImpl
     first_donated = donated[0] if donated else None
-    n_leaves = len(cs.leaves)
     # JAX silently moves an uncommitted array on another device (the copy is
     # donated, the input not consumed): with several devices, signature_ok
     # compares the first donated leaf's placement; the slow path names all.
     placed = None
     if shardings is None and first_donated is not None and jax.device_count() > 1:
         placed = cs.leaves[first_donated].spec.sharding
-
-    tail = make_tail(ctx)
-    kept = kept_plan(ctx)
-    fast = leaf_kinds(cs)
-    types, unkeyed, unkeyed_weak, weak_of = (
-        (fast.types, fast.unkeyed, fast.weak, fast.weak_of)
-        if fast is not None
-        else ((), None, (), None)
+    types: tuple[Any, ...] = tuple(
+        np.ndarray if i in host else KeyArray if is_key(leaf.spec.dtype) else ArrayImpl
+        for i, leaf in enumerate(cs.leaves)
     )
-    device_of = picker([i for i in range(n_leaves) if i not in host]) if host else None
-
+    # a typed PRNG key's aval costs ~9 us and a key is never weak: its weak type is not read
+    unkeyed = [i for i, t in enumerate(types) if i not in host and t is not KeyArray]
+    unkeyed_of, unkeyed_weak = picker(unkeyed), tuple(bool(weak[i]) for i in unkeyed)
+    weak_of = operator.attrgetter("aval.weak_type")
+    if ArrayImpl is None or None in types:  # a class missing here: the leaf-by-leaf loop
+        types = ()
     context = cs.context
 
     def signature_ok(leaves: Sequence[Any]) -> bool:
-        """The config, each leaf's type and weak type (one C map each), its
-        sharding, the first donated leaf's device."""
         if context is not None and jit_context() != context:
             return False
         if (
             tuple(map(type, leaves)) != types
-            or tuple(map(weak_of, unkeyed(leaves))) != unkeyed_weak  # type: ignore[arg-type,misc]
+            or tuple(map(weak_of, unkeyed_of(leaves))) != unkeyed_weak
         ):
-            # a key is never weak: its costly aval is not read
+            # the variants the executable accepts
             for x, (is_host, w) in zip(leaves, kinds):
                 t = type(x)
                 if is_host and issubclass(t, host_types):  # np.memmap, np.float32, a Python float
@@ -314,30 +285,24 @@ def _checked(ctx: CallContext, native: bool) -> Callable[..., Any]:
         got = leaves[first_donated].sharding
         return got == placed or placed_alike(first_donated, got, placed)
 
-    return _guarded(ctx, signature_ok, tail, kept, device_of, native)
+    return signature_ok
 
 
-def _guarded(
-    ctx: CallContext,
-    signature_ok: Callable[[Sequence[Any]], bool],
-    tail: Any,
-    kept: KeptPlan | None,
-    device_of: Callable[[Sequence[Any]], tuple[Any, ...]] | None,
-    native: bool,
-) -> Callable[..., Any]:
-    """Checks ``fast``/``full`` on a guarded C++ call (``_compat.guarded``).
-
-    ``signature_ok`` runs in the C++ call's cache miss; without the guarded
-    call (capability ``guarded-call``) the ``full`` closure runs it per call
-    at both levels. ``fast`` reads the first donated leaf by path
-    (:func:`stale_reader`), or takes ``full``'s closure where that read runs
-    Python (``nnx.State``). ``full`` calls with the flat leaves; static values
-    (``native``) are compared by identity and left out of the flatten.
-    """
+def _guarded(ctx: CallContext, native: bool) -> Callable[..., Any]:
+    """Checks ``fast``/``full`` on a guarded C++ call (``_compat.guarded``), whose
+    cache miss runs ``signature_ok``; without it (capability ``guarded-call``) the
+    ``full`` closure runs it per call at both levels. ``fast`` takes ``full``'s
+    closure where reading the first donated leaf runs Python (``nnx.State``)."""
     cs, slow_call, bind, full = ctx.cs, ctx.slow_call, ctx.bind, ctx.full
     short, n_params = ctx.defaults, ctx.n_params
     tref, ev, aref, top = top_level_refs()
     in_treedef, donated, n_leaves = cs.in_treedef, cs.donated, len(cs.leaves)
+    signature_ok, tail, kept = _signature_check(cs), make_tail(ctx), kept_plan(ctx)
+    host = frozenset(cs.host)
+    if not full:  # the first donated leaf only (a declared host leaf is never donated)
+        device_of = picker(donated[:1])
+    else:
+        device_of = picker([i for i in range(n_leaves) if i not in host]) if host else None
 
     approve_tree = _tree_approver(cs, signature_ok)
 
@@ -357,7 +322,7 @@ def _guarded(
             )
             if native:  # static values static in the C++ call too (_static_native)
                 return (
-                    _static_native(ctx, approve_tree, with_static(ctx.step.definition, fast), tail)
+                    _static_native(ctx, approve_tree, with_static(ctx.step.definition, fast), True)
                     or fast
                 )
             return fast
@@ -377,8 +342,6 @@ def _guarded(
     if cs.host:
         call = host_call(ctx, call, True)
     is_deleted, refused_mark = is_deleted_for(cs), REFUSED
-    if not full:  # the first donated leaf only (a declared host leaf is never donated)
-        device_of = picker(donated[:1])
     # A buffer passed twice raises the count of a watched leaf: where every
     # donated leaf is watched, the ids are compared only on a kept-reference hit.
     ids_always = full and (kept is None or len(set(kept.watched)) != len(donated))
@@ -503,13 +466,12 @@ def _guarded_closure(
     stale: Callable[[tuple[Any, ...]], Any] | None,
     fallback: Callable[..., Any] | None = None,
 ) -> Callable[..., Any]:
-    """The closure around a guarded C++ call, at ``fast`` and for native statics
-    (:func:`_static_native`). ``stale``: the first donated leaf's reader, asked
-    ``is_deleted()`` first; ``checked``: False at ``off`` (nothing counted).
-    Without ``fallback`` it binds keywords and refusals go to the slow path;
-    with it (the static wrapper), the C++ call binds static keywords and its
-    refusals go there. ``fast``'s share of :func:`make_tail` is inline (a
-    Python frame is a percent of a ten-leaf call)."""
+    """The closure around a guarded C++ call, at ``fast`` and for native statics.
+    ``stale``: the first donated leaf's reader, asked ``is_deleted()`` first;
+    ``checked``: False at ``off`` (nothing counted); ``fallback`` (the static
+    wrapper): where refusals go (else the slow path), the C++ call binding static
+    keywords. ``fast``'s share of :func:`make_tail` is inline (a Python frame is a
+    percent of a ten-leaf call)."""
     slow_call, bind, refused_mark = ctx.slow_call, ctx.bind, REFUSED
     short, n_params, binds = ctx.defaults, ctx.n_params, fallback is None
     refused = (
@@ -520,7 +482,7 @@ def _guarded_closure(
     # timed inside loops (``_report.timing``); at ``off`` never
     timing_on = _steps.timing_on if checked else [False]
     step, due, start, acc = ctx.step, ctx.step.timing_due, _timing.start, ctx.step.timing_counters
-    stats, record, marks, every = ctx.stats, ctx.step.last_output, ctx.marks, HOOK_EVERY
+    stats, record, marks, every = ctx.step.stats, ctx.step.last_output, ctx.marks, HOOK_EVERY
     timed, perf, set_class = _timing.timed, time.perf_counter, object.__setattr__
 
     def guarded(*args: Any, **kwargs: Any) -> Any:
@@ -570,22 +532,19 @@ def _static_native(
     ctx: CallContext,
     approve: Callable[[tuple[Any, ...]], bool] | None,
     fallback: Callable[..., Any],
-    tail: Callable[[tuple[Any, ...], Any, Any, float], Any] | None,
+    checked: bool,
 ) -> Callable[..., Any] | None:
     """A step's call with static parameters static in the C++ call itself, as
-    ``jax.jit``'s ``static_argnames``: no Python wrapper per call. On a new
-    signature the arguments are bound and normalized, then ``approve`` judges
-    them (None: the tree approver; ``StaticArg`` equality is type-strict);
-    refusals go to ``fallback``. ``tail``: None at ``off``. None where the
-    guarded call is missing.
-    """
+    ``jax.jit``'s ``static_argnames`` (None where the guarded call is missing).
+    On a new signature the arguments are bound and normalized, then ``approve``
+    (None: the tree approver) judges them; refusals go to ``fallback``."""
     definition, cs = ctx.step.definition, ctx.cs
     kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
     params = list(definition.python_signature.parameters.values())
     static = definition.static_params
     names = tuple(definition.param_names[i] for i in static if params[i].kind in kinds)
     allowed = frozenset(names)
-    bind, normalize, n_params = ctx.bind, ctx.normalize, ctx.n_params
+    bind, normalize, n_params = ctx.bind, definition.normalize, ctx.n_params
 
     def bind_static(args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...] | None:
         try:
@@ -608,7 +567,7 @@ def _static_native(
     call = guarded_call(cs.compiled, approve, call_tree(cs), (static, names, bind_static))
     if call is None:
         return None
-    stale = stale_reader(cs) if tail is not None else None  # checks fast: see _guarded
-    closure = _guarded_closure(ctx, call, tail is not None, stale, fallback)
+    stale = stale_reader(cs) if checked else None  # checks fast: see _guarded
+    closure = _guarded_closure(ctx, call, checked, stale, fallback)
     closure.takes_static = True  # type: ignore[attr-defined]  # make_dispatch: no wrapper
     return closure

@@ -1,8 +1,7 @@
-"""The wrappers in front of a call path: static values (:func:`with_static`)
-and equinox Modules (:func:`with_filtered`) become tree nodes the signature
-knows; :func:`with_inplace` writes back in-place updates; :func:`with_before`
-(effect tokens, loop refusals) and :func:`host_call` (declared host data).
-"""
+"""The wrappers in front of a call path: static values and equinox Modules
+become tree nodes the signature knows, in-place updates are written back, and
+something runs before the call (effect tokens, loop refusals) or around it
+(declared host data)."""
 
 from __future__ import annotations
 
@@ -23,7 +22,7 @@ from .._state.foreign import holds_module
 from .._state.inplace import ref_arrays, repeated_refs_error, replace_all, write_back
 from .._state.spec import value_key
 from .._tracebacks import trim
-from .callctx import CallContext, DispatchingStep, leaf_readers, picker
+from .callctx import HOST_TYPES, CallContext, DispatchingStep, leaf_readers, picker
 from .definition import StepDefinition
 
 __all__ = [
@@ -42,10 +41,8 @@ __all__ = [
 def with_filtered(
     definition: StepDefinition, dispatch: Callable[..., Any], step: DispatchingStep
 ) -> Callable[..., Any]:
-    """The call path behind a wrapper that filters equinox Modules (``_filter``):
-    each becomes a :class:`Filtered` node (the last key reused while the same
-    static leaves come back) and the output is rebuilt, as ``eqx.filter_jit``.
-    """
+    """Equinox Modules as :class:`Filtered` nodes (the last key reused while the
+    same static leaves come back), the output rebuilt, as ``eqx.filter_jit``."""
     normalize, n_params, filtered = (
         definition.normalize, len(definition.param_names), definition.filtered_params
     )
@@ -76,9 +73,8 @@ def with_filtered(
 
 
 def with_static(definition: StepDefinition, dispatch: Callable[..., Any]) -> Callable[..., Any]:
-    """The call path behind a wrapper that turns static values into
-    :class:`StaticArg` nodes, the last one reused while the same object comes
-    back (the usual call neither hashes nor compares)."""
+    """Static values as :class:`StaticArg` nodes, the last one reused while the
+    same object comes back (the usual call neither hashes nor compares)."""
     normalize, n_params, static = (
         definition.normalize, len(definition.param_names), definition.static_params
     )
@@ -176,7 +172,12 @@ def in_place_call(
     if taken:
         held = [r for refs in taken.values() for r in refs]
         if len({id(r) for r in held}) != len(held):  # one ref twice: one update would be lost
-            raise repeated_refs_error(definition.name, _ref_paths(definition, args))
+            named = [
+                (definition.param_path((jax.tree_util.SequenceKey(i), *path)), ref)
+                for i in definition.ref_params
+                for path, ref in jax.tree_util.tree_flatten_with_path(args[i])[0]
+            ]
+            raise repeated_refs_error(definition.name, named)
         if _runtime.local.loop is not None:
             _same_refs_in_loop(definition, step, held[0])
     previous, _inside.call = _inside.call, (step, args)
@@ -196,14 +197,6 @@ def in_place_call(
     if record[0] is full:  # the loops' record holds the step's own output, not the
         record[0] = out  # returned states (whose arrays the caller's objects now hold)
     return out
-
-
-def _ref_paths(definition: StepDefinition, args: tuple[Any, ...]) -> list[tuple[str, Any]]:
-    return [
-        (definition.param_path((jax.tree_util.SequenceKey(i), *path)), ref)
-        for i in definition.ref_params
-        for path, ref in jax.tree_util.tree_flatten_with_path(args[i])[0]
-    ]
 
 
 def _same_refs_in_loop(definition: StepDefinition, step: Any, first: Any) -> None:
@@ -226,9 +219,8 @@ def _same_refs_in_loop(definition: StepDefinition, step: Any, first: Any) -> Non
 
 
 def with_before(dispatch: Callable[..., Any], before: Callable[[], Any]) -> Callable[..., Any]:
-    """The call path with ``before()`` run first; built only where needed: JAX's
-    ordered-effect tokens made outside the guard (``_compat.effects``), or a
-    declared contract's loop refusal (``_contracts.refuse``)."""
+    """``before()`` run first: JAX's ordered-effect tokens made outside the guard
+    (``_compat.effects``), or a declared contract's loop refusal."""
 
     def before_call(*args: Any, **kwargs: Any) -> Any:
         try:
@@ -281,11 +273,10 @@ def module_params(
 
 
 def host_call(ctx: CallContext, call: Callable[..., Any], flat: bool) -> Callable[..., Any]:
-    """``call`` for declared host data (``host=``): JAX's C++ path transfers the
-    declared leaves, with the host-to-device guard at ``allow``; calls that
-    passed numpy are counted with their bytes. ``flat``: ``call`` takes the
-    flat leaves (else the arguments, read by their paths)."""
-    cs, stats = ctx.cs, ctx.stats
+    """``call`` for declared host data (``host=``) with the host-to-device guard at
+    ``allow`` (JAX's C++ path transfers it), counted with its bytes. ``flat``:
+    ``call`` takes the flat leaves (else the arguments, read by their paths)."""
+    cs, stats = ctx.cs, ctx.step.stats
     allowing = allow_host_to_device(call)  # a declared transfer, inside a loop too
     if flat:
         host_of = picker(cs.host)
@@ -295,17 +286,13 @@ def host_call(ctx: CallContext, call: Callable[..., Any], flat: bool) -> Callabl
         def host_of(args: Sequence[Any]) -> tuple[Any, ...]:
             return tuple([read(args) for read in readers])  # type: ignore[arg-type]
 
-    host_kinds, nbytes, refused_mark = (
-        (np.ndarray, np.generic, bool, int, float, complex), cs.host_nbytes, REFUSED
-    )
+    host_kinds, nbytes, refused_mark = HOST_TYPES, cs.host_nbytes, REFUSED
 
     def call_host(*args: Any) -> Any:
         out = allowing(*args)
         if out is not refused_mark:
             try:
-                hosted = host_of(args)
-                # host data, not a device array
-                transferred = any(isinstance(x, host_kinds) for x in hosted)
+                transferred = any(isinstance(x, host_kinds) for x in host_of(args))
             except Exception:  # noqa: BLE001 - arguments of another structure: nothing counted
                 transferred = False
             if transferred:

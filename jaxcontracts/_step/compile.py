@@ -1,13 +1,8 @@
-"""Compiling one signature of a step, and the contracts proven at compile.
-
-``compile_signature`` lowers and compiles the step for a spec (no data
-needed), then proves, once per signature and at every checks level:
-
-* carry invariance: each returned state has exactly its input's spec
-  (structure with static values, shape, dtype, weak type, sharding), else a
-  :class:`RecompileError` naming every differing leaf;
-* donation in effect: every donated leaf aliases an output in the compiled
-  executable, else a :class:`DonationError` naming the leaves.
+"""Compiling one signature of a step (``compile_signature``, from specs, no data
+needed), and the contracts proven then, once per signature at every checks
+level: carry invariance (each returned state has exactly its input's spec, else
+a :class:`RecompileError`) and donation in effect (every donated leaf aliases an
+output, else a :class:`DonationError`), each naming the leaves.
 """
 
 from __future__ import annotations
@@ -60,7 +55,6 @@ from .diffs import diff_specs
 
 __all__ = [
     "compile_signature",
-    "JitPlan",
     "jit_for",
     "quiet_donation_warning",
     "signature_diffs",
@@ -150,23 +144,12 @@ def jit_for(definition: StepDefinition, positional: tuple[Any, ...]) -> JitPlan:
         definition, _in_place(definition, definition.positional, candidates), paths, specs
     )
     if flat_style:
-
-        def flat_fn(*leaves: Any) -> Any:
-            return positional_fn(*jax.tree_util.tree_unflatten(treedef, leaves))
-
-        flat_fn.__name__ = getattr(definition.fn, "__name__", "step")
-        # (JAX names leaves[i])
-        flat_fn.__signature__ = inspect.signature(flat_fn)  # type: ignore[attr-defined]
-        # its name and line
-        flat_fn.__wrapped__ = _user_function(definition)  # type: ignore[attr-defined]
-        jitted = jax.jit(flat_fn, donate_argnums=donated, keep_unused=True)
-        spec_args: tuple[Any, ...] = tuple(specs)
+        fn, argnums, spec_args = _fresh(positional_fn, definition, treedef), donated, tuple(specs)
     else:
+        fn = _fresh(positional_fn, definition)
         argnums = tuple(a for a, v in per_arg.items() if v and all(v))
-        jitted = jax.jit(
-            _fresh(positional_fn, definition), donate_argnums=argnums, keep_unused=True
-        )
         spec_args = tuple(jax.tree_util.tree_unflatten(treedef, specs))
+    jitted = jax.jit(fn, donate_argnums=argnums, keep_unused=True)
     return JitPlan(jitted, spec_args, treedef, donated, flat_style, definition)
 
 
@@ -404,22 +387,31 @@ def _alike(definition: StepDefinition, out: Any, given: Any, i: int) -> list[str
     return []
 
 
-def _fresh(fn: Callable[..., Any], definition: StepDefinition) -> Callable[..., Any]:
+def _fresh(
+    fn: Callable[..., Any], definition: StepDefinition, flat: Any = None
+) -> Callable[..., Any]:
     """A new function calling ``fn``, made for one compile: JAX caches a trace
     and lowering (~6x the executable's memory) weakly by the function, so they
     die with this one, not with the step. JAX's messages name the user's
-    function through ``__wrapped__`` and the step's parameters by name."""
+    function through ``__wrapped__`` and the step's parameters by name; with
+    ``flat`` (the arguments' treedef) it takes the flat leaves (``leaves[i]``)."""
+    if flat is None:
 
-    def step(*args: Any) -> Any:
-        return fn(*args)
+        def step(*args: Any) -> Any:
+            return fn(*args)
 
+        kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
+        params = [inspect.Parameter(n, kind) for n in definition.param_names]
+    else:
+
+        def step(*leaves: Any) -> Any:
+            return fn(*jax.tree_util.tree_unflatten(flat, leaves))
+
+        params = [inspect.Parameter("leaves", inspect.Parameter.VAR_POSITIONAL)]
     step.__name__ = getattr(definition.fn, "__name__", "step")
     step.__qualname__ = getattr(definition.fn, "__qualname__", step.__name__)
     step.__wrapped__ = _user_function(definition)  # type: ignore[attr-defined]
-    kind = inspect.Parameter.POSITIONAL_OR_KEYWORD
-    step.__signature__ = inspect.Signature(  # type: ignore[attr-defined]
-        [inspect.Parameter(n, kind) for n in definition.param_names]
-    )
+    step.__signature__ = inspect.Signature(params)  # type: ignore[attr-defined]
     return step
 
 
@@ -630,19 +622,12 @@ def signature_diffs(cs: CompiledSignature, leaves: Sequence[Any], treedef: Any) 
             for name, then, now in changed
         ]
     expected = [(leaf.path, leaf.spec) for leaf in cs.leaves]
-    moved = moved_by_jax(leaves, cs.donated)
+    moved = moved_by_jax(leaves, cs.donated)  # uncommitted: jax.jit places them as compiled
     got = [
-        (leaf.path, _placed_as(leaf_spec(x), leaf.spec) if i in moved else leaf_spec(x))
-        for i, (leaf, x) in enumerate(zip(cs.leaves, leaves))
+        (leaf.path, spec.update(sharding=leaf.spec.sharding) if i in moved else spec)
+        for i, (leaf, spec) in enumerate(zip(cs.leaves, map(leaf_spec, leaves)))
     ]
     return diff_leaves(expected, got)
-
-
-def _placed_as(spec: Any, compiled: Any) -> Any:
-    """An uncommitted array's spec where ``jax.jit`` moves it: the compiled placement."""
-    return jax.ShapeDtypeStruct(
-        spec.shape, spec.dtype, sharding=compiled.sharding, weak_type=spec.weak_type
-    )
 
 
 def _outputs(traced: Any) -> tuple[list[Any], Any]:
@@ -722,39 +707,36 @@ def _check_carry(
             kinds += [d.kind for d in diffs]
             leaves += named
             weak_params += [name] if all(d.kind == "weak_type" for d in diffs) else []
-    for kind, (what, fix) in _PLACEMENT_CAUSES.items():  # every difference of one placement kind
-        if blocks and kinds and all(k == kind for k in kinds):
-            raise RecompileError(
-                f"{definition.name} {what}, so its own output would not match the "
-                "compiled signature on the next call (jax.jit would recompile there; "
-                "a compiled step would reject it).",
-                blocks,
-                fix=fix,
-                note=NOTHING_RAN,
-                contract="carry",
-                step=definition.name,
-                leaves=leaves,
-            )
-    if blocks and not kinds:
-        raise RecompileError(
+    if not blocks:
+        return
+    # every difference of one placement kind
+    placement = [c for kind, c in _PLACEMENT_CAUSES.items() if all(k == kind for k in kinds)]
+    if kinds and placement:
+        what, fix = placement[0]
+        summary = (
+            f"{definition.name} {what}, so its own output would not match the "
+            "compiled signature on the next call (jax.jit would recompile there; "
+            "a compiled step would reject it)."
+        )
+    elif not kinds:
+        summary = (
             f"{definition.name} does not return what its signature says: its return "
             "annotation (or state=) puts the new state in a returned tuple, and "
-            "the step returns no tuple there.",
-            blocks,
-            fix="return the tuple the annotation declares (the new state at return value "
-            f"{list(misplaced[0][0])}), or make the return annotation what the step "
-            f"returns (-> {misplaced[0][1]} for the state alone).",
-            note=NOTHING_RAN,
-            contract="carry",
-            step=definition.name,
+            "the step returns no tuple there."
         )
-    if blocks:
-        raise RecompileError(
+        fix = (
+            "return the tuple the annotation declares (the new state at return value "
+            f"{list(misplaced[0][0])}), or make the return annotation what the step "
+            f"returns (-> {misplaced[0][1]} for the state alone)."
+        )
+    else:
+        summary = (
             f"{definition.name} does not return its state with the spec it takes, so "
             "its own output would not match the compiled signature on the next "
-            "call (jax.jit would recompile there; a compiled step would reject it).",
-            blocks,
-            fix="make every returned leaf keep its input's dtype, shape and "
+            "call (jax.jit would recompile there; a compiled step would reject it)."
+        )
+        fix = (
+            "make every returned leaf keep its input's dtype, shape and "
             "weak type: either initialise the leaf with the dtype the step "
             "produces (e.g. jnp.float32(0) instead of 0 for a float counter), or "
             "cast in the step (t=(s.t + 1).astype(s.t.dtype))."
@@ -763,12 +745,17 @@ def _check_carry(
                 f"{p} = jc.device_tree({p}) before the first call makes every leaf "
                 "strongly typed."
                 for p in weak_params[:1]
-            ),
-            note=NOTHING_RAN,
-            contract="carry",
-            step=definition.name,
-            leaves=leaves,
+            )
         )
+    raise RecompileError(
+        summary,
+        blocks,
+        fix=fix,
+        note=NOTHING_RAN,
+        contract="carry",
+        step=definition.name,
+        leaves=leaves,
+    )
 
 
 # A carried state that comes back placed otherwise: what the message says and its fix.

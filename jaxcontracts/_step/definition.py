@@ -1,8 +1,6 @@
-"""A step's definition (:class:`StepDefinition`, made by ``_step.analyse``):
-the parameters' roles, where returned states stand, and the donated leaves,
-derived from the state type so no rename or reordering can desync them. It
-also binds calls to positions and wraps static values.
-"""
+"""A step's definition (:class:`StepDefinition`, made by ``_step.analyse``): the
+parameters' roles, where returned states stand, the donated leaves (derived from
+the state type: no rename can desync them); it binds calls to positions."""
 
 from __future__ import annotations
 
@@ -36,35 +34,26 @@ class StepDefinition:
     state_type: Any
     param_names: tuple[str, ...]
     state_params: tuple[int, ...]
-    # (state parameter, where the step returns its new value: () for the
-    # whole output, (k,) for element k of a returned tuple), one per carried
-    # state; a state parameter not in it is read-only. None: not known yet,
-    # read from the compiled output at the first compile (resolve_carried).
+    # (state parameter, where the step returns its new value: () for the whole
+    # output, (k,) for element k of a returned tuple) per carried state; the other
+    # states are read-only. None: read from the output at the first compile.
     carried: tuple[tuple[int, tuple[int, ...]], ...] | None
     donate: str | tuple[str, ...]
     max_compiles: int
     python_signature: inspect.Signature
     positional: Callable[..., Any]  # fn called with every parameter positionally
     data_fields: tuple[str, ...] | None = None  # None: known only from instances
-    # A method: param_names and signature leave `self` out; bind() closes over one.
-    is_method: bool = False
-    # Parameters passed by value as part of the signature (hashable, no leaves).
-    static_params: tuple[int, ...] = ()
-    # Parameters other than states whose every leaf is donated.
-    donated_params: tuple[int, ...] = ()
-    # Parameters of host data (a loader's numpy batch), a declared transfer.
-    host_params: tuple[int, ...] = ()
-    # Equinox Modules with non-array leaves, static (``_filter``); set at the
-    # first call that passes one (:meth:`with_filtered`).
+    is_method: bool = False  # param_names and signature leave `self` out; bind() closes over one
+    static_params: tuple[int, ...] = ()  # passed by value, part of the signature (no leaves)
+    donated_params: tuple[int, ...] = ()  # not states, every leaf donated
+    host_params: tuple[int, ...] = ()  # host data (a loader's numpy batch), a declared transfer
+    # Equinox Modules with non-array leaves, static (``_filter``): from their first call
     filtered_params: tuple[int, ...] = ()
     # State updated in place (NNX objects, ``_state.inplace``), known at the first
-    # compile: returned at ``carried`` positions (1, k), the step's output at (0,),
-    # and written back into the caller's objects.
+    # compile: returned at ``carried`` positions (1, k), the step's output at (0,).
     inplace_params: tuple[int, ...] = ()
-    # Pytrees of JAX refs: in-place state passed as their arrays (:meth:`with_refs`).
-    ref_params: tuple[int, ...] = ()
-    # The state parameters were named (state=): each must be returned or updated in place.
-    state_named: bool = False
+    ref_params: tuple[int, ...] = ()  # pytrees of JAX refs: in-place state passed as arrays
+    state_named: bool = False  # state=: each state must be returned or updated in place
 
     def with_inplace(self, params: tuple[int, ...]) -> StepDefinition:
         """With ``params`` updated in place: the output is (step output, objects)."""
@@ -151,10 +140,8 @@ class StepDefinition:
         """``bind(args, kwargs)``: ``Signature.bind`` + ``apply_defaults`` without
         their cost; None where it does not bind (:meth:`normalize` explains)."""
         params = list(self.python_signature.parameters.values())
-        empty, kinds = (
-            inspect.Parameter.empty,
-            (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY),
-        )
+        empty = inspect.Parameter.empty
+        kinds = (inspect.Parameter.POSITIONAL_OR_KEYWORD, inspect.Parameter.KEYWORD_ONLY)
         n_pos = sum(p.kind != p.KEYWORD_ONLY for p in params)  # what positional arguments may fill
         # per number of positional arguments: the rest, as (name, default, may be a keyword)
         host = self.host_params  # a declared host value's default stays one (passed or not)
@@ -193,20 +180,13 @@ class StepDefinition:
         )
         if positional is None:  # inspect binds what the binder does not, or explains
             positional = self._bind_or_explain(args, kwargs)
-        return (
-            self.wrap_static(positional)
-            if self.static_params or self.filtered_params
-            else positional
-        )
+        if self.static_params or self.filtered_params:
+            return self.wrap_static(positional)
+        return positional
 
     def _bind_or_explain(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> tuple[Any, ...]:
         try:
-            bound = self.python_signature.bind(*args, **kwargs)
-            omitted = {
-                p.name: p.default if i in self.host_params else left_out(p)
-                for i, p in enumerate(self.python_signature.parameters.values())
-                if p.name not in bound.arguments
-            }
+            bound = self.python_signature.bind(*args, **kwargs).arguments
         except TypeError as e:
             params = ", ".join(self.param_names)
             given = ", ".join([*("<arg>" for _ in args), *(f"{k}=" for k in kwargs)])
@@ -217,8 +197,10 @@ class StepDefinition:
                 contract="definition",
                 step=self.name,
             ) from None
+        host = self.host_params  # a declared host value's default stays one
         return tuple(
-            bound.arguments[n] if n in bound.arguments else omitted[n] for n in self.param_names
+            bound[p.name] if p.name in bound else p.default if i in host else left_out(p)
+            for i, p in enumerate(self.python_signature.parameters.values())
         )
 
     def with_filtered(self, params: tuple[int, ...]) -> StepDefinition:
@@ -239,30 +221,33 @@ class StepDefinition:
             try:
                 hash(value)
             except TypeError as e:
-                raise DefinitionError(
-                    f"{self.name}: static argument `{self.param_names[i]}` is "
-                    f"{type(value).__name__}, which is not hashable ({e}).",
-                    [_STATIC_DETAIL],
-                    fix="pass a hashable value: a frozen dataclass, a NamedTuple, a "
+                what = f"{type(value).__name__}, which is not hashable ({e})."
+                fix = (
+                    "pass a hashable value: a frozen dataclass, a NamedTuple, a "
                     "tuple instead of a list, or a functools.partial/function; or close "
-                    "over it instead of passing it.",
-                    contract="definition",
-                    step=self.name,
-                    leaves=[self.param_names[i]],
-                ) from None
-            eq = eq_answers_bool(value)
-            if eq is not None:
-                raise DefinitionError(
-                    f"{self.name}: static argument `{self.param_names[i]}` is "
-                    f"{fmt_object(value)}, whose __eq__ {eq}, not True or False.",
-                    [_STATIC_DETAIL],
-                    fix=f"make {type(value).__name__}.__eq__ return a bool (compare Python "
-                    "values, not arrays), or pass the arrays it holds as arguments.",
-                    contract="definition",
-                    step=self.name,
-                    leaves=[self.param_names[i]],
+                    "over it instead of passing it."
                 )
-            out[i] = StaticArg(value)
+            else:
+                eq = eq_answers_bool(value)
+                if eq is None:
+                    out[i] = StaticArg(value)
+                    continue
+                what = f"{fmt_object(value)}, whose __eq__ {eq}, not True or False."
+                fix = (
+                    f"make {type(value).__name__}.__eq__ return a bool (compare Python "
+                    "values, not arrays), or pass the arrays it holds as arguments."
+                )
+            raise DefinitionError(
+                f"{self.name}: static argument `{self.param_names[i]}` is {what}",
+                [
+                    "  a static argument is part of the compiled signature: it is "
+                    "compared by hash and == to find its executable"
+                ],
+                fix=fix,
+                contract="definition",
+                step=self.name,
+                leaves=[self.param_names[i]],
+            )
         for i in self.filtered_params:
             if type(out[i]) is not Filtered:
                 out[i] = split(out[i])
@@ -278,33 +263,19 @@ class StepDefinition:
         fields_seen: set[str] = set()
         read_only = self.read_only_params
         for i, path in enumerate(flat_paths):
-            if path[0].idx in self.donated_params:
+            arg = path[0].idx
+            if arg in self.donated_params:
                 donated.append(i)
-                continue
-            if (
-                self.donate == "none"
-                or path[0].idx not in self.state_params
-                or path[0].idx in read_only
-            ):
-                continue
-            if self.donate == "all":
-                donated.append(i)
-                continue
-            name = field_of(path[1]) if len(path) > 1 else None
-            if name is not None:
-                fields_seen.add(name)
-            if name in self.donate:
-                donated.append(i)
+            elif self.donate != "none" and arg in self.state_params and arg not in read_only:
+                name = field_of(path[1]) if len(path) > 1 else None
+                if name is not None:
+                    fields_seen.add(name)
+                if self.donate == "all" or name in self.donate:
+                    donated.append(i)
         # a dict state: its fields are known now
         if self.data_fields is None and self.donate != "none":
             check_donated_names(self, tuple(sorted(fields_seen)), ())
         return tuple(donated)
-
-
-_STATIC_DETAIL = (
-    "  a static argument is part of the compiled signature: it is "
-    "compared by hash and == to find its executable"
-)
 
 
 def _call_with(ref: Any, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:

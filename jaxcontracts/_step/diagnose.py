@@ -4,7 +4,6 @@ the slow path raises, from specs and buffer states only (never device values).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -15,7 +14,7 @@ from .._compat.hostcopy import pins_host_views
 from .._compat.tracing import REGISTERED, context_changes, jit_context
 from .._contracts.donation import donation_fix
 from .._errors import INPUTS_INTACT, DefinitionError, DonationError, RecompileError, TransferError
-from .._format import flatten_with_path, fmt_aval, fmt_bytes, fmt_error
+from .._format import flatten_with_path, fmt_aval, fmt_bytes, fmt_error, fmt_listed, param_of
 from .._hazards import is_deleted_array
 from .._leafdiff import diff_lines
 from .._records import CompiledSignature
@@ -47,65 +46,65 @@ def api_misuse_error(
     (specs, which hold no data) are API misuse, not host transfers.
     """
     classes, specs = [], []
-    for i, (name, arg) in enumerate(zip(definition.param_names, positional)):
+    for i, arg in enumerate(positional):
         for path, x in flatten_with_path(arg)[0]:
             where = definition.param_path((jax.tree_util.SequenceKey(i), *path))
             if isinstance(x, type):
-                classes.append((name, where, x))
+                classes.append((where, x))
             elif not compiling and isinstance(x, jax.ShapeDtypeStruct):
-                specs.append((name, where, x))
+                specs.append((where, x))
     short = definition.short_name
     if classes:
-        name, where, cls = classes[0]
+        where, cls = classes[0]
         cls_name = getattr(cls, "__name__", repr(cls))
         has_spec = callable(getattr(cls, "spec", None))
+        lines = [f"  {w}: the class {getattr(c, '__name__', c)}" for w, c in classes]
         if compiling:
+            summary = (
+                f"{short}.compile() was given the class {cls_name} itself for `{where}`: "
+                "compile takes the arguments' specs (or the arguments), not their types."
+            )
             fix = (
                 f"{short}.compile({cls_name}.spec(...)), giving its dimension sizes "
                 "by name; or pass real arguments."
                 if has_spec
                 else "pass a spec (jax.ShapeDtypeStruct(shape, dtype)) or an array."
             )
-            summary = (
-                f"{short}.compile() was given the class {cls_name} itself for `{where}`: "
-                "compile takes the arguments' specs (or the arguments), not their types."
-            )
         else:
+            summary = (
+                f"{definition.name} was called with the class {cls_name} itself for `{where}`, "
+                "not an instance."
+            )
             fix = (
                 f"call it with an instance: {cls_name}.zeros(...) or {cls_name}(...) of arrays."
                 if has_spec
                 else "call it with arrays."
             )
-            summary = (
-                f"{definition.name} was called with the class {cls_name} itself for `{where}`, "
-                "not an instance."
-            )
-        return DefinitionError(
-            summary,
-            [f"  {w}: the class {getattr(c, '__name__', c)}" for _, w, c in classes],
-            fix=fix,
-            note="" if compiling else INPUTS_INTACT,
-            contract="definition",
-            step=definition.name,
-            leaves=[w for _, w, _ in classes],
-        )
-    if specs:
+    elif specs:
         state = next((a for a in positional if hasattr(type(a), "zeros")), None)
         make = (
             f"{type(state).__name__}.zeros(...)" if state is not None else "jnp.zeros(shape, dtype)"
         )
-        return DefinitionError(
+        summary = (
             f"{definition.name} was called with specs (jax.ShapeDtypeStruct), which hold "
-            "no data: a call needs arrays.",
-            [f"  {w}: {fmt_value(x)}" for _, w, x in specs],
-            fix=f"call it with arrays ({make}, or real data). To compile ahead of "
-            f"time without data, use {short}.compile(...) with the specs.",
-            note=INPUTS_INTACT,
-            contract="definition",
-            step=definition.name,
-            leaves=[w for _, w, _ in specs],
+            "no data: a call needs arrays."
         )
-    return None
+        lines = [f"  {w}: {fmt_value(x)}" for w, x in specs]
+        fix = (
+            f"call it with arrays ({make}, or real data). To compile ahead of "
+            f"time without data, use {short}.compile(...) with the specs."
+        )
+    else:
+        return None
+    return DefinitionError(
+        summary,
+        lines,
+        fix=fix,
+        note="" if compiling else INPUTS_INTACT,
+        contract="definition",
+        step=definition.name,
+        leaves=[w for w, _ in classes or specs],
+    )
 
 
 def _device_put_lines(paths: Sequence[str]) -> str:
@@ -113,7 +112,7 @@ def _device_put_lines(paths: Sequence[str]) -> str:
     (``x = jax.device_put(x)`` where the parameter is the leaf itself)."""
     lines: dict[str, str] = {}
     for path in paths:
-        name = re.match(r"\w*", path).group()  # type: ignore[union-attr]
+        name = param_of(path)
         if name:
             tree = path != name
             lines.setdefault(
@@ -133,7 +132,7 @@ def _host_candidates(definition: StepDefinition, host: Sequence[tuple[str, Any]]
     }
     names: dict[str, bool] = {}
     for path, x in host:
-        name = re.match(r"\w*", path).group()  # type: ignore[union-attr]
+        name = param_of(path)
         names[name] = names.get(name, True) and isinstance(x, np.ndarray)
     return [
         n for n, ok in names.items() if ok and n and n not in taken and n in definition.param_names
@@ -188,13 +187,13 @@ def hazard_error(
     deleted: Sequence[int],
     duplicates: Sequence[tuple[int, int]],
     donated: Sequence[int],
-    consumers: Sequence[str | None] = (),
+    consumers: Sequence[str | None],
 ) -> DonationError:
     """``consumers``: per leaf, the step its state was donated to, where the
     consumed class of a ``jc.state`` proves it (``_runtime.donated``)."""
     lines, unknown = [], False
     for i in deleted:
-        by = consumers[i] if consumers else None
+        by = consumers[i]
         unknown = unknown or by is None
         lines.append(
             f"  {paths[i]}: {fmt_aval(leaves[i].shape, leaves[i].dtype)} "
@@ -207,7 +206,7 @@ def hazard_error(
             f"  {paths[a]} and {paths[b]} are the same buffer, and "
             f"{paths[a] if a in donated else paths[b]} is donated"
         )
-    by = {consumers[i] if consumers else None for i in deleted}
+    by = {consumers[i] for i in deleted}
     if duplicates and not deleted:  # one buffer twice, the user's own making
         a, b = duplicates[0]
         fix = donation_fix("twice", value=f"jnp.copy({paths[a]}) at {paths[b]}")
@@ -217,7 +216,7 @@ def hazard_error(
     else:  # the consumer, where one is proven
         fix = donation_fix("pass", by.pop() if len(by) == 1 else None)
     donated_args = {definition.param_names[i] for i in definition.donated_params}
-    if any(re.split(r"[.\[]", paths[i], maxsplit=1)[0] in donated_args for i in deleted):
+    if any(param_of(paths[i]) in donated_args for i in deleted):
         fix += (
             f" An argument in donate_argnames ({', '.join(sorted(donated_args))}) is "
             "consumed by every call: pass a fresh array each call (or the one the step "
@@ -370,15 +369,7 @@ def new_signature_cause(
                 if d.expected or d.got
                 else f"{where}: its structure"
             )
-    return ", ".join(parts[:3]) + (f" (and {len(parts) - 3} more)" if len(parts) > 3 else "")
-
-
-def _moved_by_jax(current: CompiledSignature, positional: tuple[Any, ...]) -> set[str]:
-    """The paths of the arguments JAX moves to the compiled placement (never a cause)."""
-    flat = jax.tree_util.tree_leaves(positional)
-    if len(flat) != len(current.leaves):
-        return set()
-    return {current.leaves[i].path for i in moved_by_jax(flat, current.donated)}
+    return fmt_listed(parts)
 
 
 def signature_error(
@@ -389,7 +380,12 @@ def signature_error(
     blocks: list[str] = []
     all_diffs = []
     leaves: list[str] = []
-    moved = _moved_by_jax(current, positional)
+    flat = jax.tree_util.tree_leaves(positional)
+    moved = (  # the paths of the arguments JAX moves to the compiled placement (never a cause)
+        {current.leaves[i].path for i in moved_by_jax(flat, current.donated)}
+        if len(flat) == len(current.leaves)
+        else set()
+    )
     for i, name in enumerate(definition.param_names):
         diffs = [
             d for d in diff_specs(current.spec_args[i], positional[i])

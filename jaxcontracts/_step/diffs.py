@@ -42,12 +42,13 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
     here = path or "(the value itself)"
     if same_structure(jax.tree_util.tree_structure(a), jax.tree_util.tree_structure(b)):
         return []
-    if type(a) is not type(b) and _same_name(type(a), type(b)):
+    ta, tb = type(a), type(b)
+    if ta is not tb and (ta.__qualname__, ta.__module__) == (tb.__qualname__, tb.__module__):
         return [
             LeafDiff(
                 here,
-                _class_id(type(a)),
-                _class_id(type(b)),
+                _class_id(ta),
+                _class_id(tb),
                 "a different class object with the same name: the class was defined "
                 "again (a re-run notebook cell, a re-imported or reloaded module), and "
                 "instances of the old and the new class never match; build the state "
@@ -55,50 +56,8 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
                 "class once, outside the re-run code)",
             )
         ]
-    where_, was, now = (
-        key_difference(a.key, b.key)
-        if isinstance(a, StaticArg)
-        and isinstance(b, StaticArg)
-        and a.key is not None
-        and b.key is not None
-        else ("", "", "")
-    )
-    if where_:  # a part of it (an object hashed by value is said below, by its hash and attributes)
-        same = "the same object" if a.value is b.value else "a value"
-        return [
-            LeafDiff(
-                here,
-                f"static {type(a.value).__name__} holding {was} at {where_ or '(the value)'}",
-                f"{same} holding {now} there",
-                "a static value is compiled for what it holds: changed in place since, or "
-                "another holding other values, it is a new signature (never the program traced "
-                "for the old value); pass a new value, such as a frozen dataclass or a tuple, "
-                "instead of changing the object",
-            )
-        ]
-    if isinstance(a, StaticArg) and isinstance(b, StaticArg) and a.value is b.value:
-        return [
-            LeafDiff(
-                here,
-                f"static {type(a.value).__name__} (object id {id(a.value):#x}, "
-                f"hashed {a.hash} then)",
-                f"the same object, changed in place since: {_short(b.value)}, hashed {b.hash}",
-                "a static value changed after the compile is a new signature (as jax.jit "
-                "hashes it anew); pass a new value, such as a frozen dataclass, instead of "
-                "changing the object",
-            )
-        ]
     if isinstance(a, StaticArg) and isinstance(b, StaticArg):
-        sa, sb = _pair(a.value, b.value)
-        return [
-            LeafDiff(
-                here,
-                f"static {sa}",
-                f"static {sb}",
-                "a static argument is part of the compiled signature; a new value "
-                "means a new compile" + _inside(a.value, b.value),
-            )
-        ]
+        return [_static_diff(a, b, here)]
     if isinstance(a, StaticArg) != isinstance(b, StaticArg):
         sa, sb = (
             f"static {_short(x.value)}" if isinstance(x, StaticArg) else _struct_name(x)
@@ -115,11 +74,11 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
                 "or pass it at every call",
             )
         ]
-    if dataclasses.is_dataclass(a) and not isinstance(a, type) and type(a) is type(b):
+    if ta is tb and dataclasses.is_dataclass(a) and not isinstance(a, type):
         found = _dataclass_diffs(a, b, path)
         if found:
             return found
-    if isinstance(a, Mapping) and isinstance(b, Mapping) and type(a) is type(b):
+    if ta is tb and isinstance(a, Mapping):
         out = []
         for k in sorted(set(a) | set(b), key=repr):
             if k not in b:
@@ -129,17 +88,11 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
             else:
                 out.extend(structure_diffs(a[k], b[k], f"{path}[{k!r}]"))
         return out
-    if (
-        isinstance(a, (list, tuple))
-        and isinstance(b, (list, tuple))
-        and type(a) is type(b)
-        and len(a) == len(b)
-    ):
-        out = []
-        for i, (x, y) in enumerate(zip(a, b)):
-            out.extend(structure_diffs(x, y, f"{path}[{i}]"))
-        return out
-    if type(a) is type(b):
+    if ta is tb and isinstance(a, (list, tuple)) and len(a) == len(b):
+        return [
+            d for i, (x, y) in enumerate(zip(a, b)) for d in structure_diffs(x, y, f"{path}[{i}]")
+        ]
+    if ta is tb:
         node = _node_diffs(a, b, path, here)
         if node:
             return node
@@ -151,6 +104,41 @@ def structure_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
             "the tree structure differs",
         )
     ]
+
+
+def _static_diff(a: StaticArg, b: StaticArg, here: str) -> LeafDiff:
+    """Two static values of one parameter: where inside they differ, else how."""
+    at, was, now = (
+        key_difference(a.key, b.key) if a.key is not None and b.key is not None else ("", "", "")
+    )
+    if at:  # a part of it (an object hashed by value is said below, by its hash and attributes)
+        same = "the same object" if a.value is b.value else "a value"
+        return LeafDiff(
+            here,
+            f"static {type(a.value).__name__} holding {was} at {at}",
+            f"{same} holding {now} there",
+            "a static value is compiled for what it holds: changed in place since, or "
+            "another holding other values, it is a new signature (never the program traced "
+            "for the old value); pass a new value, such as a frozen dataclass or a tuple, "
+            "instead of changing the object",
+        )
+    if a.value is b.value:
+        return LeafDiff(
+            here,
+            f"static {type(a.value).__name__} (object id {id(a.value):#x}, hashed {a.hash} then)",
+            f"the same object, changed in place since: {_short(b.value)}, hashed {b.hash}",
+            "a static value changed after the compile is a new signature (as jax.jit "
+            "hashes it anew); pass a new value, such as a frozen dataclass, instead of "
+            "changing the object",
+        )
+    sa, sb = _pair(a.value, b.value)
+    return LeafDiff(
+        here,
+        f"static {sa}",
+        f"static {sb}",
+        "a static argument is part of the compiled signature; a new value "
+        "means a new compile" + _inside(a.value, b.value),
+    )
 
 
 def _dataclass_diffs(a: Any, b: Any, path: str) -> list[LeafDiff]:
@@ -227,10 +215,11 @@ def _node_diffs(a: Any, b: Any, path: str, here: str) -> list[LeafDiff]:
     children_b = jax.tree_util.tree_flatten_with_path(b, is_leaf=lambda x: x is not b)[0]
     if len(children_a) != len(children_b):
         return []
-    out: list[LeafDiff] = []
-    for (ka, va), (_, vb) in zip(children_a, children_b):
-        out.extend(structure_diffs(va, vb, f"{path}{fmt_path(ka)}"))
-    return out
+    return [
+        d
+        for (ka, va), (_, vb) in zip(children_a, children_b)
+        for d in structure_diffs(va, vb, f"{path}{fmt_path(ka)}")
+    ]
 
 
 def _filtered_diffs(a: Any, b: Any, path: str, here: str) -> list[LeafDiff]:
@@ -259,10 +248,6 @@ def _is_static_field(f: Any) -> bool:
     ``pytree_node=False``, equinox ``static=True``."""
     md = f.metadata
     return bool(md.get(STATIC)) or md.get("pytree_node", True) is False or md.get("static") is True
-
-
-def _same_name(ta: type, tb: type) -> bool:
-    return ta.__qualname__ == tb.__qualname__ and ta.__module__ == tb.__module__
 
 
 def _class_id(t: type) -> str:
@@ -547,9 +532,8 @@ def _closure_hint(a: Any, b: Any) -> str:
     whole = lambda v: isinstance(v, functools.partial)  # noqa: E731 - jax flattens a partial
     fa = [v for v in jax.tree_util.tree_leaves(a, is_leaf=whole) if callable(v)]
     fb = [v for v in jax.tree_util.tree_leaves(b, is_leaf=whole) if callable(v)]
-    pairs = [(x, y) for x, y in zip(fa, fb) if x is not y and type(x) is not functools.partial]
     # partials compare by value (same_structure): their diff says what differs
-    if fa and fb and pairs:
+    if any(x is not y and type(x) is not functools.partial for x, y in zip(fa, fb)):
         return (
             "; it holds functions, which compare by identity: new closures (an "
             "optimizer built again, e.g. a second optax.adam(...)) are a new value "

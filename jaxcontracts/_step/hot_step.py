@@ -1,10 +1,6 @@
-"""``jc.HotStep``: an AOT-compiled step with derived, verified donation.
-
-Flow, one way: ``analyse`` -> ``definition`` -> specs -> a compiled signature
-with its contracts proven (``compile``) -> a call path for the checks level
-(``callpath``). The slow path here diagnoses what the call path does not
-handle (``diagnose``) or compiles a new signature within ``max_compiles``.
-"""
+"""``jc.HotStep``: a compiled signature (``compile``) and its call path for the
+checks level (``callpath``); the slow path here diagnoses what the call path does
+not handle (``diagnose``) or compiles a new signature within ``max_compiles``."""
 
 from __future__ import annotations
 
@@ -18,7 +14,6 @@ from collections.abc import Callable, Sequence
 from typing import Any, Generic, ParamSpec, TypeVar
 
 import jax
-import numpy as np
 
 from .. import _config, _steps
 from .._compat.guarded import guarded_call
@@ -44,7 +39,7 @@ from .._state.foreign import host_leaves_on_device
 from .._state.inplace import is_ref, ref_arrays, ref_params
 from .._state.spec import fmt_value, hashed_by_value, leaf_spec, static_hash
 from .._tracebacks import boundary, let_go, trim
-from .callctx import call_tree
+from .callctx import HOST_TYPES, call_tree
 from .callpath import make_dispatch
 from .callwrap import in_place_call, inside_in_place_call, module_params
 from .compile import compile_signature, jit_for, quiet_donation_warning, signature_diffs
@@ -67,7 +62,7 @@ P = ParamSpec("P")
 R = TypeVar("R")
 
 
-# The call slot reads the instance's one call path (no Python frame of its own).
+# The call slot reads the instance's one call path, ``_call`` (no Python frame of its own).
 _CALL = property(
     operator.attrgetter("_call"),
     doc="Call the step like the function it wraps (compiles on first use).",
@@ -96,19 +91,17 @@ class HotStep(Generic[P, R]):
         self._signatures: list[CompiledSignature] = []
         self._aliases: list[CompiledSignature] = []  # see _alias_for
         self._current: CompiledSignature | None = None
-        # see _use
-        self._paths: dict[tuple[int, str], tuple[StepDefinition, Callable[..., Any]]] = {}
+        self._paths: dict[tuple[int, str], tuple[StepDefinition, Callable[..., Any]]] = {}  # _use
         self.stats = StepStats()
         self._level = _config.get_checks()
         self.timing_counters = [0.0, 0, 0.0, 0]  # see _steps.LiveStep
         self.timing_due = [True]
         self.last_output: list[Any] = [None]
         self.last_consumed: list[Any] = [None]  # see _steps.LiveStep
-        self._set_dispatch(self._call_unbound if signature.is_method else self._slow)
+        self._call = self._call_unbound if signature.is_method else self._slow
         self._bound_to: tuple[HotStep[Any, Any], Any] | None = None  # (method step, instance)
         self._bound_hash: Any = None  # the instance's hash at the bind (_value_hash)
-        # A method step's bound steps for instances without a __dict__ (__slots__)
-        # (ref, bound, binds)
+        # A method step's bound steps for __slots__ instances: (ref, bound, binds)
         self._bound_steps: dict[int, tuple[weakref.ref[Any], HotStep[Any, Any], int]] = {}
         # The slow path's: held while it decides on (and makes) a compile, so
         # threads meeting new signatures at once respect max_compiles; and,
@@ -315,7 +308,7 @@ class HotStep(Generic[P, R]):
                 trim(err)
                 raise
 
-        bound._set_dispatch(refuse)
+        bound._call = refuse
         return bound
 
     def _instance_key(self, obj: Any) -> Any:
@@ -455,7 +448,7 @@ class HotStep(Generic[P, R]):
         host = [
             (self._definition.param_names[i], x)
             for i, x in enumerate(positional)
-            if isinstance(x, (bool, int, float, complex, np.ndarray, np.generic))
+            if isinstance(x, HOST_TYPES)
             and i not in self._definition.host_params
             and i not in self._definition.static_params
         ]
@@ -471,11 +464,7 @@ class HotStep(Generic[P, R]):
                 leaves=[p for p, _ in host],
             )
         refs = self._definition.ref_params  # compiled for the arrays the refs hold
-        return (
-            tuple(ref_arrays(x)[0] if i in refs else x for i, x in enumerate(positional))
-            if refs
-            else positional
-        )
+        return tuple(ref_arrays(x)[0] if i in refs else x for i, x in enumerate(positional))
 
     # -- the protocol the library's modules read (_steps, callctx) --------
 
@@ -505,7 +494,7 @@ class HotStep(Generic[P, R]):
         if self._current is not None:
             self._use(self._current)
         elif not self._definition.is_method:
-            self._set_dispatch(self._slow)
+            self._call = self._slow
 
     def slow_call(
         self, args: tuple[Any, ...], kwargs: dict[str, Any], exc: BaseException | None
@@ -567,10 +556,6 @@ class HotStep(Generic[P, R]):
             observers.compiled(self)
         return cs
 
-    def _set_dispatch(self, fn: Callable[..., Any]) -> None:
-        """Make ``fn`` the call path: ``_call``, which the class's call slot reads."""
-        self._call = fn
-
     def _use(self, cs: CompiledSignature) -> None:
         """Make ``cs``'s call path at the current level the step's, kept per
         definition: a level set back reuses its closure and its C++ call's cache."""
@@ -578,7 +563,7 @@ class HotStep(Generic[P, R]):
         # cs lives in _signatures (or _aliases, its paths dropped with it): no id reused
         key = (id(cs), self._level)
         kept = self._paths.get(key)
-        self._set_dispatch(
+        self._call = (
             self._build_at_call(cs, key)
             if kept is None or kept[0] is not self._definition
             else kept[1]
@@ -598,7 +583,7 @@ class HotStep(Generic[P, R]):
                 if any(c is cs for c in (*self._signatures, *self._aliases)):
                     self._paths[key] = kept
             if self._current is cs and self._level == level and self._definition is definition:
-                self._set_dispatch(kept[1])
+                self._call = kept[1]
             try:
                 return kept[1](*args, **kwargs)
             except Exception as err:  # the traceback ends at the user's line
@@ -679,13 +664,12 @@ def _decide(
         # Under a transformation (even over closed-over concrete arrays): trace,
         # donate nothing; under jax.disable_jit(): run op by op, as jax.jit does.
         step.stats.traced_calls += 1
-        if given is not None:  # the step updates its refs and objects itself
-            out = definition.positional(*given)
-            out = join_out(out) if definition.filtered_params else out
-            return out, tuple(given[i] for i in definition.inplace_params)
-        # (arguments may come bound by position: the function takes each by kind)
-        out = definition.positional(*definition.normalize(args, kwargs))
-        return join_out(out) if definition.filtered_params else out
+        # (the function takes each argument by kind; in its own in-place call
+        # the step updates its refs and objects itself)
+        bound = given if given is not None else definition.normalize(args, kwargs)
+        out = definition.positional(*bound)
+        out = join_out(out) if definition.filtered_params else out
+        return out if given is None else (out, tuple(given[i] for i in definition.inplace_params))
     if given is None and (definition.inplace_params or definition.ref_params):
         # Called directly (a first call, jc.check): around the call, what the
         # in-place call path does (refs passed as their arrays, written back)
@@ -848,9 +832,7 @@ def _signature_for(
                     exc.add_note(run_failed_note(definition, paths, leaves, donated))
                 raise exc  # the signature is right: a genuine runtime error
             step._use(cs)
-        elif step._current is not None and len(step._signatures) >= definition.max_compiles:
-            raise step._refuse(positional)
-        else:
+        else:  # compiled now, or refused past max_compiles
             step._new_signature(positional)
         return step._call
 

@@ -1,13 +1,9 @@
-"""The kept-reference check: a donated array that something besides its state still holds.
-
-Any other reference to a donated array (a kept sample, a variable) is a
-deleted array after the call. At ``full`` the call is refused before
-dispatch, inputs intact, where reference counts prove such a holder
-(``_compat.refcount``: exact once garbage is collected), for the leaves
-inside a state (:class:`KeptPlan`: each held once, by its container) and the
-containers inside it (:class:`InnerNodes`: each held once, by its parent;
-BlackJAX's ``samples.append(state.position)``). The arguments themselves
-cannot be proven (the caller's name and a kept copy count alike): donated as
+"""The kept-reference check: at ``full`` a call is refused before dispatch,
+inputs intact, where reference counts (``_compat.refcount``: exact once garbage
+is collected) prove something besides its state holds a donated leaf
+(:class:`KeptPlan`) or a container of such leaves (:class:`InnerNodes`:
+BlackJAX's ``samples.append(state.position)``). The arguments themselves cannot
+be proven (the caller's name and a kept copy count alike): donated as
 ``jax.jit`` does, a later read names the step (``_steps.consumed_by``).
 """
 
@@ -26,7 +22,7 @@ from .._steps import clear_last_outputs, keep
 from .callctx import CallContext, param_leaves, picker
 from .definition import StepDefinition
 
-__all__ = ["KeptPlan", "kept_plan"]
+__all__ = ["kept_plan"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -105,18 +101,10 @@ class InnerNodes:
 _PLAIN_CONTAINERS = (dict, list, tuple)
 
 
-def _not(node: Any) -> Callable[[Any], bool]:
-    """``is_leaf`` that flattens ``node`` one level: its children are leaves."""
-
-    def is_leaf(x: Any) -> bool:
-        return x is not node
-
-    return is_leaf
-
-
 def _children(node: Any) -> list[tuple[tuple[Any, ...], Any]]:
     """A node's children with their keys (a leaf: [])."""
-    kids = jax.tree_util.tree_flatten_with_path(node, is_leaf=_not(node))[0]
+    # flattened one level: its children are leaves
+    kids = jax.tree_util.tree_flatten_with_path(node, is_leaf=lambda x: x is not node)[0]
     return [] if len(kids) == 1 and kids[0][1] is node else kids
 
 
@@ -140,7 +128,7 @@ def _inner_nodes(
         if i in skip or not donated.intersection(leaves):
             continue
         kids, stored = _children(spec), _stored(spec)
-        top = jax.tree_util.tree_structure(spec, is_leaf=_not(spec))
+        top = jax.tree_util.tree_structure(spec, is_leaf=lambda x, spec=spec: x is not spec)
         watched: list[int] = []
         below: list[tuple[int, Any, Callable[[Sequence[Any]], Sequence[Any]]]] = []
         below_paths: list[str] = []  # of() lists the children first, then what is below them
