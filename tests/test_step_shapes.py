@@ -1243,6 +1243,23 @@ class _Scaler:
         return x * self.c
 
 
+@dataclasses.dataclass
+class _Tagged:
+    note: str = dataclasses.field(default="", compare=False)
+    b: float = 1.0
+    c: float = 2.0
+
+
+def test_a_changed_dataclass_field_is_named_past_a_field_it_does_not_compare():
+    # a compare=False field is not in the value's key: the names were taken from
+    # every field, so a change of .c was named .b
+    from jaxcontracts._state.spec import value_key
+    from jaxcontracts._step.diffs import key_difference
+
+    path, was, now = key_difference(value_key(_Tagged(c=2.0)), value_key(_Tagged(c=3.0)))
+    assert (path, was, now) == (".c", "2.0", "3.0")
+
+
 def test_value_keys_see_what_the_review_found_they_missed_and_end_on_cycles():
     # the review of the sixth round's fix: an argparse.Namespace and a bound
     # method of an unhashable dataclass were compared by identity (stale); two

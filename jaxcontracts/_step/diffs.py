@@ -302,7 +302,8 @@ def key_difference(a: Any, b: Any, path: str = "") -> tuple[str, str, str]:
         or dataclasses.is_dataclass(t)
     ):
         if dataclasses.is_dataclass(t):
-            names = [f".{f.name}" for f in dataclasses.fields(t)]
+            # (the fields value_key keys: those its == compares)
+            names = [f".{f.name}" for f in dataclasses.fields(t) if f.compare]
         elif t is functools.partial:
             names = [".func", ".args", ".keywords"]
         elif issubclass(t, dict):
