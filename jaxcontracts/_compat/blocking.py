@@ -20,9 +20,9 @@ import jax
 
 from .registry import capability, define
 
-__all__ = ["install", "uninstall", "wait_untimed", "wrap_function", "wrap_method"]
+__all__ = ["ArrayImpl", "install", "uninstall", "wait_untimed", "wrap_function", "wrap_method"]
 
-try:  # the concrete array class (as in .arrays, which this layer may not import)
+try:  # the concrete array class (a C++ type with Python methods; .arrays re-exports it)
     from jax._src.array import ArrayImpl
 except ImportError:  # pragma: no cover - future jax
     ArrayImpl = None  # type: ignore[assignment,misc]

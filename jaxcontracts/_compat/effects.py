@@ -45,7 +45,7 @@ def _probe() -> str | None:
 
 
 def _ordered(compiled: Any) -> tuple[list[Any], Any] | None:
-    """(the ordered effects, the local devices) of an AOT executable, or None."""
+    """(the ordered effects, the local devices) of an AOT executable."""
     try:
         call = compiled._executable.unsafe_call
         effects = list(call.ordered_effects)
@@ -56,9 +56,8 @@ def _ordered(compiled: Any) -> tuple[list[Any], Any] | None:
 
 
 def effect_tokens(compiled: Any) -> Callable[[], None] | None:
-    """A function making, on the calling thread, the runtime tokens of the
-    executable's ordered effects that do not exist yet (the host-to-device
-    guard lifted for that); None where it has no ordered effect or the
+    """A function making, on the calling thread, the missing runtime tokens
+    of the executable's ordered effects; None where it has none or the
     mechanism is missing (the first call inside a loop is then refused)."""
     found = _ordered(compiled)
     if found is None or not capability("effect-tokens").available:

@@ -84,9 +84,8 @@ def _probe_cache_events() -> str | None:
 
 
 class CacheOutcome:
-    """What JAX's persistent compilation cache did for a block's compiles, on the
-    compiling thread: ``hits`` and ``misses`` (its "considered" event fires
-    even without a cache directory, so it is not counted)."""
+    """JAX's persistent compilation cache's hits and misses on the compiling
+    thread (its "considered" event fires even without a cache directory)."""
 
     __slots__ = ("hits", "misses", "thread")
 
@@ -114,7 +113,7 @@ class CacheOutcome:
 
 
 def watch_cache() -> CacheOutcome | None:
-    """Start counting cache events on this thread (None: the capability is missing)."""
+    """Start counting cache events on this thread (None: not on this JAX)."""
     if not capability("compilation-cache-events").available:
         return None
     outcome = CacheOutcome()

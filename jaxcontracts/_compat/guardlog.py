@@ -101,9 +101,8 @@ class Capture:
         self._wake = (-1, -1)  # the running reader's wake pipe (closed here once it ended)
 
     def forget(self) -> None:
-        """In a forked child: the capture, its reader and its pipes are the
-        parent's (no thread came along); the child starts with none, so its
-        exit never wakes or hands over the parent's reader."""
+        """In a forked child: start with no capture (the reader and its pipes
+        are the parent's), so its exit never wakes or hands them over."""
         registered = self._registered  # (its exit handler came along, if any)
         self.__init__()  # type: ignore[misc]
         self._registered = registered
@@ -118,8 +117,7 @@ class Capture:
 
     def _give_back(self, saved: int) -> None:
         """fd 2 back to what it was, unless the script pointed it elsewhere
-        since: then it stays where the script put it (and the reader, which
-        met the pipe's end, closed the saved copy)."""
+        since (then the reader, which met the pipe's end, closed ``saved``)."""
         if self._holds_fd2():
             os.dup2(saved, 2)  # drops the pipe's last write end held here
         self._pipe = None
@@ -127,13 +125,10 @@ class Capture:
     # -- the reader thread -------------------------------------------------
 
     def _read(self, fd: int, out: int, wake: int) -> None:
-        # Runs until every writer of the pipe is gone: the loop's thread gives
-        # fd 2 back at the end, but a subprocess started inside the loop keeps
-        # the pipe as its stderr, so this goes on forwarding for it; it owns
-        # both descriptors and closes them at the end (fd 2 is given back from
-        # the saved one only while fd 2 is still the pipe: then no end came).
-        # Woken (``wake``) as the interpreter exits, with the pipe still held
-        # elsewhere, it stops and leaves the pipe to ``_hand_over``.
+        # Runs until every writer of the pipe is gone (a subprocess started in
+        # the loop keeps it as its stderr: this forwards for it), then closes
+        # both descriptors. Woken (``wake``) as the interpreter exits with the
+        # pipe still held elsewhere, it leaves the pipe to ``_hand_over``.
         pending, handed = b"", False
         poller = select.poll()
         poller.register(fd, select.POLLIN)
@@ -163,9 +158,8 @@ class Capture:
 
     def _feed(self, data: bytes, out: int) -> bytes:
         """Take the guard lines and sync marks out of ``data`` wherever they
-        start (after a progress bar's ``\r``, or a line without its newline),
-        and pass everything else on at once; returns the tail that may be the
-        start of one, kept until more comes."""
+        start (after a progress bar's ``\r``), pass the rest on at once; returns
+        the tail that may be the start of one, kept until more comes."""
         pos = 0
         while True:
             m = _OURS.search(data, pos)

@@ -49,7 +49,7 @@ def is_array_annotation(hint: Any) -> bool:
 
 
 def parse_dims(dim_str: str) -> tuple[Dim, ...]:
-    """Parse a jaxtyping shape string (``"*batch n 3 #m k+1 _ ..."``)."""
+    """``"*batch n 3 #m k+1 _ ..."``, read with jaxtyping's grammar."""
     dims = []
     for elem in dim_str.split():
         if elem == "...":
@@ -106,6 +106,4 @@ def is_pytree_annotation(hint: Any) -> bool:
 
 def pytree_leaf(hint: Any) -> Any:
     """The leaf annotation of ``PyTree[leaf]``, or ``None`` where unknown."""
-    if not capability("jaxtyping-pytree").available:
-        return None
-    return getattr(hint, "leaftype", None)
+    return getattr(hint, "leaftype", None) if capability("jaxtyping-pytree").available else None

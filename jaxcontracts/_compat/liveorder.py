@@ -49,9 +49,8 @@ def _order_broken() -> str | None:
 
 def made_before(xs: Sequence[Any], ys: Sequence[Any]) -> set[int]:
     """The ids of the arrays among ``xs`` made before every array of ``ys``
-    (alive, on the default backend); an array not listed, or no ``ys``
-    listed, is not among them (its order unknown). One scan of every live
-    array."""
+    (alive, on the default backend; an order unknown is not before). One scan
+    of every live array."""
     if not capability("live-array-order").available:
         return set()
     if _held[0] is None:  # probed before any backend ran: checked now, once

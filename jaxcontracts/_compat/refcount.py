@@ -61,7 +61,6 @@ def _probe() -> str | None:
 
 
 def available() -> bool:
-    """Whether the check can run here (the capability's probe passed)."""
     return capability("kept-references").available
 
 
@@ -72,8 +71,7 @@ def kept_after_collecting(
     ``sequences`` times) of the leaves held elsewhere after a garbage
     collection, and of those held only by the interpreter's records of a call
     (:func:`_frame_records`: no reader proven, so as under ``jax.jit``).
-    ``arguments``: the call's, never taken for a snapshot. Called only after
-    a count found something (a collection costs milliseconds)."""
+    Called only after a count found something (a collection costs ms)."""
     gc.collect()
     limit = BASELINE + sequences - 1
     held = [i for i, n in enumerate(map(count, leaves)) if n > limit]
@@ -130,10 +128,7 @@ def _is_record(record: Any, children: list[Any]) -> bool:
     """Whether ``record`` is a tuple or list of exactly ``children``."""
     if not isinstance(record, (tuple, list)) or len(record) != len(children):
         return False
-    for a, b in zip(record, children):
-        if a is not b:
-            return False
-    return True
+    return all(a is b for a, b in zip(record, children))
 
 
 def _frame_records(held: list[Any], own: set[int]) -> dict[int, int]:
@@ -230,8 +225,7 @@ _LOCAL = _local_count()
 
 def _dict_records(returned: list[FrameType], debuggers: list[dict[str, Any]]) -> dict[int, int]:
     """Per dict ``id``, the references from ``returned`` frames (not their
-    globals) and ``debuggers``' snapshots (a function of its own: none of its
-    variables outlives it)."""
+    globals) and ``debuggers``' snapshots (a function: none of its locals outlive it)."""
     records: dict[int, int] = {}
     for frame in returned:
         for r in gc.get_referents(frame):
@@ -253,8 +247,7 @@ def _variables(code: Any) -> tuple[frozenset[str], frozenset[str]]:
 
 
 def _shaped(d: dict[Any, Any], shapes: list[tuple[frozenset[str], frozenset[str]]]) -> bool:
-    """Whether ``d``'s keys are variables of one of ``shapes``' functions, its parameters among
-    them."""
+    """Whether ``d``'s keys are one function's variables, its parameters among them."""
     keys = d.keys()
     return any(params <= keys <= variables for variables, params in shapes)
 
@@ -288,7 +281,6 @@ def _tracebacks_and_debuggers() -> tuple[set[int], list[Any]]:
 
 
 def _add_chain(frame: FrameType | None, into: set[int]) -> None:
-    """Adds the ids of ``frame`` and its callers (``f_back``)."""
     while frame is not None and id(frame) not in into:
         into.add(id(frame))
         frame = frame.f_back

@@ -42,7 +42,6 @@ def _probe() -> str | None:
 
 
 def usable() -> bool:
-    """Whether refs' arrays can be read and replaced on the installed JAX."""
     return capability("ref-buffers").available
 
 
@@ -70,8 +69,7 @@ def _probe_weak() -> str | None:
 
 
 def replace(ref: Any, new: jax.Array) -> None:
-    """Make ``ref`` hold ``new`` (the executable's output for it), with the
-    weak type of the ref's own type (see the module's docstring)."""
+    """Make ``ref`` hold ``new``, with the weak type of the ref's own type."""
     impl = ref._refs
     if (
         impl._aval.inner_aval.weak_type

@@ -16,7 +16,7 @@ import jaxlib
 
 from .registry import define
 
-__all__ = ["JAX_DIRS", "GuardErrorKind", "classify", "debug_nans_kind", "is_runtime_error"]
+__all__ = ["JAX_DIRS", "classify", "debug_nans_kind", "is_runtime_error"]
 
 GuardErrorKind = Literal["host-to-device", "device-to-host", "device-to-device", "deleted"]
 
@@ -48,14 +48,13 @@ def _probe() -> str | None:
 
 
 def is_runtime_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is JAX's runtime error: what an executable raises when
-    it fails while running (a callback raised, out of memory...), and also for
-    some refusals before it runs (one buffer donated twice)."""
+    """Whether ``exc`` is JAX's runtime error: an executable failed while
+    running (a callback raised, out of memory...), or refused to (one buffer
+    donated twice)."""
     return isinstance(exc, _JAX_ERRORS)
 
 
 def _raised_by_jax(exc: BaseException) -> bool:
-    """Whether the innermost Python frame of ``exc``'s traceback is JAX's."""
     tb = exc.__traceback__
     if tb is None:
         return False
