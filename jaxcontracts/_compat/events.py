@@ -14,7 +14,7 @@ import jax
 
 from .registry import capability, define
 
-__all__ = ["BACKEND_EVENT", "COMPILE_EVENTS", "LOWERING_EVENT", "listen", "unlisten"]
+__all__ = ["BACKEND_EVENT", "LOWERING_EVENT", "listen", "unlisten"]
 
 COMPILE_EVENTS = (
     "/jax/core/compile/jaxpr_trace_duration",

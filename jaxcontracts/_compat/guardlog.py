@@ -1,15 +1,10 @@
 """JAX's transfer-guard log lines, taken off stderr and handed to record mode.
 
 In record mode a hot loop sets JAX's host-to-device guard to ``"log"``, and
-jaxlib's C++ logging writes one line per transfer straight to fd 2 (wrapped here)::
-
-    W1130 19:54:47.320191    7187 guard_lib.cc:125] host-to-device transfer:
-        aval=ShapedArray(float32[], weak_type=True), dst_sharding=...
-
-While a recording loop is active, fd 2 is a pipe; a reader thread passes
-other lines through at once and keeps the guard lines by the native thread
-id they carry, so each loop takes its own thread's. The format is jaxlib's,
-not an API: the probe checks its pieces, a test checks a real line, and a
+jaxlib's C++ logging writes one line per transfer straight to fd 2. While a
+recording loop is active, fd 2 is a pipe; a reader thread passes other lines
+through at once and keeps the guard lines by the native thread id they carry,
+so each loop takes its own thread's. The format is jaxlib's, not an API: a
 line that no longer parses is passed through and counted.
 """
 
@@ -336,11 +331,10 @@ _FORWARD = (
 
 
 def _hand_over(fd: int, out: int) -> None:
-    """Forward the pipe ``fd`` to ``out`` from a process of its own, which
-    ends when the last writer does (nothing is filtered: the lines are the
-    subprocesses', not this process's JAX's). Spawned with ``os.posix_spawn``
-    in a session of its own: no ``Popen`` object left to warn as it is
-    collected, no Ctrl-C of the terminal's group stopping it before them."""
+    """Forward the pipe ``fd`` to ``out`` from a process of its own, which ends
+    when the last writer does. ``os.posix_spawn``, in a session of its own: no
+    ``Popen`` left to warn as it is collected, no Ctrl-C of the terminal's
+    group stopping it before the writers."""
     try:
         if sys.executable and hasattr(os, "posix_spawn"):
             os.posix_spawn(

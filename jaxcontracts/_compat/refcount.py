@@ -92,9 +92,8 @@ def kept_after_collecting(
 
 def _stored_children(objects: list[Any]) -> dict[int, int]:
     """Per leaf ``id``, the second reference a custom pytree node among
-    ``objects`` (:func:`_walk`) holds to it: in a stored record of its
-    children held by nothing else (``self._children = (w, b)``), the node's
-    own structure, not a holder. A record the user keeps too is a holder."""
+    ``objects`` holds to it in a stored record of its children held by nothing
+    else (``self._children = (w, b)``): the node's own structure, not a holder."""
     found: dict[int, int] = {}
     here = inspect.currentframe()  # holds `record` below: not a holder of the user's
     try:
@@ -134,21 +133,17 @@ def _is_record(record: Any, children: list[Any]) -> bool:
 def _frame_records(held: list[Any], own: set[int]) -> dict[int, int]:
     """Per ``id`` in ``held``, the references that are the interpreter's records
     of a call, not a holder of the user's (no proof of a reader: the step
-    does what ``jax.jit`` does, and a later read names it). Three kinds:
+    does what ``jax.jit`` does, and a later read names it):
 
     * a returned call's frame that no traceback or thread's stack reaches
-      (kept by a debugger, a profiler): its variables are readable only
-      through it (the collector never reports a running frame's variables; a
-      suspended generator's are reported as the generator). The frames a
-      traceback reaches, its own and their callers through ``f_back``, hold
-      (a kept exception: post-mortem reads them);
+      (kept by a debugger, a profiler; the collector never reports a running
+      frame's variables). The frames a traceback reaches hold (post-mortem
+      reads them);
     * before 3.13, a dict only such frames and a debugger's
-      ``curframe_locals`` (pdb's snapshot, replaced at its next stop) hold;
+      ``curframe_locals`` (pdb's snapshot) hold;
     * before 3.13, a dict shaped like a running function's ``locals()``
-      snapshot (keys all its variables, its parameters among them): synced
-      only at the next read, it may hold a deleted ``x``. A user's dict
-      whose keys happen to be variable names lacks the parameters: it holds.
-      ``own``: the call's containers, never taken for a snapshot.
+      snapshot (its variables as keys, its parameters among them): it may hold
+      a deleted ``x`` until the next read. ``own``: the call's containers.
 
     One heap scan for the holders, one more where a frame or dict is among them.
     """
@@ -197,10 +192,9 @@ def _frame_records(held: list[Any], own: set[int]) -> dict[int, int]:
 
 
 def last_error_holding(objects: Sequence[Any]) -> BaseException | None:
-    """The last unhandled error the interpreter keeps (``sys.last_exc``, else
-    ``sys.last_value``: the REPL's and IPython's record, replaced at the next
-    error) where a frame its traceback holds refers to one of ``objects``
-    (a notebook cell that failed inside JAX on a state's leaf), else None."""
+    """The last unhandled error the REPL or IPython keeps (``sys.last_exc``)
+    where a frame its traceback holds refers to one of ``objects`` (a
+    notebook cell that failed inside JAX on a state's leaf), else None."""
     err = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
     if not isinstance(err, BaseException):
         return None
@@ -254,8 +248,7 @@ def _shaped(d: dict[Any, Any], shapes: list[tuple[frozenset[str], frozenset[str]
 
 def _tracebacks_and_debuggers() -> tuple[set[int], list[Any]]:
     """One heap scan: the ids of the frames live tracebacks and thread stacks
-    reach, and the ``curframe_locals`` snapshots ``bdb`` debuggers keep (read
-    from the instance ``__dict__``: no user property runs)."""
+    reach, and ``bdb`` debuggers' ``curframe_locals`` (no user property runs)."""
     reached: set[int] = set()
     for top in sys._current_frames().values():
         _add_chain(top, reached)
@@ -296,8 +289,8 @@ def _held_besides(obj: Any, owners: tuple[Any, ...]) -> bool:
 
 
 def _walk(arguments: tuple[Any, ...], limit: int = 10_000) -> tuple[set[int], list[Any]]:
-    """The ids of the Python containers the arguments are made of (at most
-    ``limit``), and the objects among them with a ``__dict__``."""
+    """The ids of the containers the arguments are made of (at most ``limit``),
+    and the objects among them with a ``__dict__``."""
     seen: set[int] = set()
     objects: list[Any] = []
     stack: list[Any] = [arguments]
