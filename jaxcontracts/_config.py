@@ -1,9 +1,7 @@
 """The checks level: ``JAXCONTRACTS_CHECKS=full|fast|off`` and a setter.
 
-``full`` (default) runs every pre- and post-dispatch check, ``fast`` only the
-pre-dispatch ones, ``off`` makes a hot_step a bare compiled call. Hot steps
-pick their call path when the level changes (listeners), so the per-call path
-never reads the level: ``set_checks`` tells every live step (``_steps``).
+The per-call path never reads the level: a change tells every live step
+(``_steps``), which picks its call path for it.
 """
 
 from __future__ import annotations

@@ -75,6 +75,5 @@ def array_nbytes(shape: Any, dtype: Any) -> int:
 
 
 def default_key_dtype() -> Any:
-    """The dtype of ``jax.random.key(seed)`` under ``jax_default_prng_impl``,
-    worked out without a device."""
+    """The dtype of ``jax.random.key(seed)`` now, worked out without a device."""
     return jax.eval_shape(lambda: jax.random.key(0)).dtype

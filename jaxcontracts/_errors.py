@@ -41,10 +41,8 @@ __all__ = [
 
 INPUTS_INTACT = "The call did not run; your inputs are intact."
 
-#: The documentation site (mkdocs.yml's ``site_url``; tests/test_docs.py keeps
-#: them equal). Messages point at the offline page (``python -m jaxcontracts
-#: explain``); ``JAXCONTRACTS_DOCS_URL`` adds a copy of the site to open (a
-#: mirror, a pinned version, ``mkdocs serve``'s http://127.0.0.1:8000/).
+#: The documentation site (mkdocs.yml's ``site_url``). Messages point at the
+#: offline page; ``JAXCONTRACTS_DOCS_URL`` adds a copy of the site to open.
 DOCS_URL = "https://jaxcontracts.readthedocs.io/en/stable/"
 #: The errors page on that site (jaxcontracts/_pages/errors.md, which docs/errors.md includes).
 DOCS_ERRORS = "errors/"

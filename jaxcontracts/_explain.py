@@ -67,8 +67,7 @@ def topics() -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Explanation:
-    """One section of the errors page: plain text for a terminal (``str``),
-    markdown in a notebook (``_repr_markdown_``)."""
+    """One section of the errors page: plain text in a terminal, markdown in a notebook."""
 
     name: str
     markdown: str

@@ -43,8 +43,7 @@ def find_hazards(
 
 
 def is_deleted_array(x: Any) -> bool:
-    """Whether ``x`` is a jax array whose buffer was deleted (donated); never
-    raises (a host value, a tracer or an exotic array is not deleted)."""
+    """Whether ``x`` is a jax array whose buffer was deleted (donated); never raises."""
     if not isinstance(x, jax.Array):
         return False
     try:

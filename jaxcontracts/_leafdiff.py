@@ -1,7 +1,5 @@
-"""Leaf diffs: how one array's spec differs from another's, in a message's words.
-
-Shape, dtype, weak type, memory kind and placement, with the likely cause,
-for hot steps and plain ``jax.jit`` alike; from specs, never device memory.
+"""Leaf diffs: how one array's spec differs from another's, in a message's words,
+with the likely cause, for hot steps and plain ``jax.jit`` alike (from specs).
 """
 
 from __future__ import annotations

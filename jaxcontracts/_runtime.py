@@ -10,9 +10,9 @@ import contextlib
 import linecache
 import re
 import threading
-import types
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any, Protocol
 
 import jax
@@ -141,8 +141,7 @@ def recording_loop() -> LoopHandle | None:
 
 
 def produced_by(x: Any) -> str | None:
-    """``step -> .path`` where ``x`` is a leaf of a step's recorded output (its
-    last call inside a loop), else None."""
+    """``step -> .path`` where ``x`` is a leaf of a step's recorded loop output."""
     for name, out in _steps.last_outputs():
         for p, leaf in jax.tree_util.tree_leaves_with_path(out):
             if leaf is x:
@@ -243,12 +242,11 @@ _NOT_CONTAINERS = (  # a callable pytree (an equinox or NNX Module) is a contain
     int,
     float,
     complex,
-    bool,
     type,
-    types.ModuleType,
-    types.FunctionType,
-    types.BuiltinFunctionType,
-    types.MethodType,
+    ModuleType,
+    FunctionType,
+    BuiltinFunctionType,
+    MethodType,
 )
 
 

@@ -55,18 +55,16 @@ class LiveStep(Protocol):
     #: Cumulative host time of the timed calls inside loops: [seconds, calls,
     #: first-phase seconds, first-phase calls] (see ``_report.timing.timed``).
     timing_counters: list[float]
-    #: One slot: whether the step's next call inside a loop is timed (its
-    #: first calls, one in ``HOOK_EVERY`` after them, and the first call after
-    #: it left use); the call path reads it, ``_report.timing`` sets it.
+    #: One slot: whether the step's next call inside a loop is timed (set by
+    #: ``_report.timing``).
     timing_due: list[bool]
-    #: One slot: the output of the last call made while any loop was active
-    #: (``None`` when unknown). No argument is ever recorded: a consumed state
-    #: goes when the caller rebinds it, as in a plain ``s = f(s)`` loop.
+    #: One slot: the output of the last call made while any loop was active.
+    #: No argument is ever recorded: a consumed state goes when the caller
+    #: rebinds it, as in a plain ``s = f(s)`` loop.
     last_output: list[Any]
     #: One slot: ``(arrays, pick)``, the donated arrays of its last call at
-    #: checks ``full``, all consumed (deleted: they hold no device memory), and
-    #: the picker of one leaf per argument among them (``_step.callctx.make_tail``);
-    #: or None.
+    #: checks ``full``, all consumed (they hold no device memory), and the
+    #: picker of one leaf per argument among them; or None.
     last_consumed: list[Any]
 
     def checks_changed(self, level: str) -> None: ...  # build the call path for ``level``
@@ -97,8 +95,7 @@ def checks_changed(level: str) -> None:
 
 
 def last_outputs(steps: Iterable[LiveStep] | None = None) -> Iterator[tuple[str, Any]]:
-    """``(short name, output)`` of each step's last call inside a loop (default:
-    every live step)."""
+    """``(short name, output)`` of each step's last call inside a loop."""
     for step in live() if steps is None else steps:
         out = step.last_output[0]
         if out is not None:
@@ -111,9 +108,8 @@ def clear_last_outputs(steps: Iterable[LiveStep] | None = None) -> None:
 
 
 # -- which step consumed a deleted array -----------------------------------
-# Consumed arrays still held elsewhere at a step's next call (``make_tail``),
-# and a plain ``jax.jit``'s donations (a :class:`JitDonation`), are kept here
-# by weak reference (:func:`keep`), so a later read names the consumer.
+# Consumed arrays still held elsewhere at a step's next call, and a plain
+# ``jax.jit``'s donations, kept by weak reference so a later read names it.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -163,8 +159,7 @@ def prune_dead(table: dict[Any, tuple[Any, ...]], limit: int, floor: int = 64) -
 
 
 def consumed_by(x: Any) -> str | None:
-    """The short name of the step whose call consumed ``x``, where recorded
-    (at checks ``full``)."""
+    """The short name of the step whose call consumed ``x`` (recorded at checks ``full``)."""
     entry = _entry(x)
     if entry is not None:
         return str(entry)

@@ -1,10 +1,9 @@
 """The concrete array class and the hooks that intercept reads of it.
 
-``ArrayImpl`` (``jax._src.array``) is a C++ heap type whose read methods are
-Python functions; assigning a class attribute updates the C slots, so
-replacing them covers every existing array. On one CPU device numpy reads an
-array through the C buffer protocol instead, which is intercepted by
-replacing ``__buffer__`` (Python >= 3.12, PEP 688) or, on 3.11, the type's
+``ArrayImpl`` is a C++ heap type whose read methods are Python functions;
+assigning a class attribute updates the C slots, so replacing them covers
+every existing array. On one CPU device numpy reads an array through the C
+buffer protocol instead: ``__buffer__`` (>= 3.12) or, on 3.11, the type's
 ``bf_getbuffer`` slot through ctypes.
 """
 

@@ -1,12 +1,10 @@
 """Host callbacks an executable runs (``jax.debug.callback``/``print``,
-``pure_callback``, ``io_callback``): a hook around each.
+``pure_callback``, ``io_callback``): a hook around each, and where they are.
 
 On CPU a callback runs on the dispatching thread, inside its ``jc.hot_loop``,
 whose refusal of the callback's eager ops would fail the step after XLA took
-its donated buffers: the hook lifts the loop's guards for the callback. JAX
-calls ``debug_callback_p.impl``, ``pure_callback_impl`` and
-``io_callback_impl`` by name at run time, so replacing them reaches every
-compiled callback, even those compiled before.
+its donated buffers. JAX looks the runners up by name at run time, so
+replacing them reaches every compiled callback, even those compiled before.
 """
 
 from __future__ import annotations

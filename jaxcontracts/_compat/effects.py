@@ -1,12 +1,8 @@
 """JAX's runtime tokens for a compiled step's ordered effects, made ahead.
 
-JAX keeps the last token per ordered effect in
-``jax._src.dispatch.runtime_tokens`` (per thread); the first call on a
+JAX keeps the last token per ordered effect (per thread); the first call on a
 thread, or after ``jax.effects_barrier()``, makes one by transferring a
 ``bool[0]`` numpy array, which a ``jc.hot_loop`` would refuse as the user's.
-:func:`effect_tokens` reads the executable's ``ordered_effects`` and
-``_local_devices`` (``Compiled._executable.unsafe_call``) and makes each
-missing token before the call, with the host-to-device guard lifted.
 """
 
 from __future__ import annotations

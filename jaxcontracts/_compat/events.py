@@ -1,8 +1,5 @@
-"""Compile events: the names ``jax.monitoring`` gives each compile phase.
-
-``jax.monitoring``'s listener API is public; the event names and the
-``fun_name`` keyword are not documented, so they are a capability.
-"""
+"""Compile events: the names ``jax.monitoring`` gives each compile phase (the
+listener API is public, the event names are not)."""
 
 from __future__ import annotations
 

@@ -30,8 +30,7 @@ REFUSED: Any = _Refused()
 
 
 def _parts() -> tuple[Any, Any, Any, Any, Any]:
-    """(pjit, the cache keys class, the dispatch registry, the shard-arg
-    function, the tracing registry) of the installed jaxlib."""
+    """The pieces of a jaxlib pjit call, and the tracing registry."""
     from jax._src import tree_util
     from jax._src.interpreters import pxla
 

@@ -261,8 +261,7 @@ class Capture:
             self._marks.pop(token, None)
 
     def take(self, tid: int) -> tuple[list[GuardEvent], int]:
-        """The events logged on thread ``tid`` since the last take, and the
-        count of guard lines that did not parse (any thread)."""
+        """The events logged on thread ``tid`` since the last take, and the unparsed count."""
         self.sync()
         with self._lock:
             events = self._events.pop(tid, [])

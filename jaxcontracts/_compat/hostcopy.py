@@ -3,9 +3,7 @@
 On CPU a host read is a view of the device buffer, which XLA cannot donate
 while it lives; jaxlib 0.11.2 caches the view of ``__array__``, ``_value``,
 ``device_get`` and ``copy_to_host_async`` for the array's life (0.10.x,
-0.11.0/1 and 0.12 release it). :func:`host_copy` reads through the buffer
-protocol and releases the view at once (or copies the raw buffer), so the
-array stays donatable on every version; it compiles nothing.
+0.11.0/1 and 0.12 release it). :func:`host_copy` releases the view at once.
 """
 
 from __future__ import annotations

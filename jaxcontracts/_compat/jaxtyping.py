@@ -1,11 +1,8 @@
 """jaxtyping annotations, read through public attributes where they exist.
 
-An array annotation (``Float32[Array, "n 3"]``) is a subclass of the public
-``jaxtyping.AbstractArray`` with public ``dtypes``, ``dim_str`` and
-``array_type``; its dims are parsed here from ``dim_str`` with jaxtyping's
-grammar, so jaxtyping's private dim classes are never touched. A
-``PyTree[...]`` annotation is an instance of ``type(jaxtyping.PyTree)``; its
-leaf type lives in the undocumented ``leaftype`` attribute (a capability).
+An array annotation's dims are parsed here from its public ``dim_str``, so
+jaxtyping's private dim classes are never touched; a ``PyTree[...]``'s leaf
+type lives in the undocumented ``leaftype`` attribute (a capability).
 """
 
 from __future__ import annotations

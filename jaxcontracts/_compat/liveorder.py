@@ -1,10 +1,6 @@
-"""Which of two live arrays was made first: the order of ``jax.live_arrays()``.
-
-jaxlib keeps a client's live arrays in one list, each new array put at its
-head, so ``jax.live_arrays()`` lists them newest first; that order is not
-documented. The audit uses it to tell an eager result made before the last
-jitted call (``norm = optax.tree.norm(params)``, read one step late: the
-device runs that call while the host waits) from one made after it (a sync).
+"""Which of two live arrays was made first: ``jax.live_arrays()`` lists them
+newest first (undocumented). The audit tells by it an eager result made
+before the last jitted call (read one step late) from one made after it.
 """
 
 from __future__ import annotations

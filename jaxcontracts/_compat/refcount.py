@@ -289,8 +289,7 @@ def _held_besides(obj: Any, owners: tuple[Any, ...]) -> bool:
 
 
 def _walk(arguments: tuple[Any, ...], limit: int = 10_000) -> tuple[set[int], list[Any]]:
-    """The ids of the containers the arguments are made of (at most ``limit``),
-    and the objects among them with a ``__dict__``."""
+    """The ids of the containers the arguments are made of, and those with a ``__dict__``."""
     seen: set[int] = set()
     objects: list[Any] = []
     stack: list[Any] = [arguments]

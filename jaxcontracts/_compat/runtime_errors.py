@@ -1,9 +1,5 @@
-"""JAX's runtime errors for guard refusals and deleted buffers, recognised.
-
-JAX raises its transfer-guard refusals and reads of deleted arrays as plain
-runtime errors whose only distinguishing mark is their text. Matching is kept
-here, restricted to JAX's own exception types, so that a user's exception that
-merely mentions such a text is never rewritten.
+"""JAX's runtime errors for guard refusals and deleted buffers, recognised by
+their text (their only mark), restricted to JAX's own exception types.
 """
 
 from __future__ import annotations
@@ -64,11 +60,8 @@ def _raised_by_jax(exc: BaseException) -> bool:
 
 
 def classify(exc: BaseException) -> tuple[GuardErrorKind, str] | None:
-    """(kind, JAX's detail text) when ``exc`` is one of those JAX errors.
-
-    Only an exception of JAX's types raised from JAX's own code counts: a
-    user's ``RuntimeError`` that merely quotes such a text is left alone.
-    """
+    """(kind, JAX's detail text) when ``exc`` is one of those JAX errors,
+    raised by JAX (a user's ``RuntimeError`` quoting such a text is not)."""
     if type(exc).__module__.split(".")[0] not in ("jax", "jaxlib", "builtins"):
         return None  # a user's or another library's exception class
     text = str(exc)
@@ -78,9 +71,8 @@ def classify(exc: BaseException) -> tuple[GuardErrorKind, str] | None:
         or (isinstance(exc, _JAX_ERRORS) and "Disallowed " in text)
     ):
         # A warm jax.jit refuses a deleted buffer, or a numpy argument under
-        # JAX's guard, in C++: no Python frame of JAX's is on the traceback
-        # (and JAX's traceback filtering removes those there were), but the
-        # wording of XLA's own error type is unmistakable.
+        # JAX's guard, in C++: no Python frame of JAX's is on the traceback, but
+        # the wording of XLA's own error type is unmistakable.
         return None
     for marker, kind, types in _MARKERS:
         if marker in text and isinstance(exc, types):

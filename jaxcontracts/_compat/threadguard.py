@@ -1,11 +1,9 @@
 """A thread's transfer-guard levels, settable from another thread.
 
 JAX's ``transfer_guard_*`` context managers set thread-local levels, which
-only the thread that set them can restore. When a ``jc.hot_loop`` entered on
-one thread is exited on another (a generator closed there), the loop puts
-the first thread's levels back through jaxlib's ``guard_lib``: its
-``thread_local_state()`` is that thread's level record, and setting its
-fields from another thread changes what the first thread's transfers see.
+only the thread that set them can restore. A ``jc.hot_loop`` exited on
+another thread (a generator closed there) sets the fields of jaxlib's
+``guard_lib.thread_local_state()`` record of the thread it was entered on.
 """
 
 from __future__ import annotations

@@ -154,8 +154,7 @@ REGISTERED = "JAX options registered since the compile (an import: flax, orbax, 
 
 
 def context_changes(compiled_for: Any, now: Any) -> list[tuple[str, Any, Any]]:
-    """``(option, then, now)`` for each config value that differs between two
-    :func:`jit_context` values (empty when they are equal or unknown)."""
+    """``(option, then, now)`` for each value that differs between two :func:`jit_context`'s."""
     if compiled_for is None or now is None or compiled_for == now:
         return []
     if len(compiled_for) != len(now):  # an option registered since
@@ -247,8 +246,7 @@ def _probe_cpp_call() -> str | None:
 
 
 def cpp_call(compiled: Any) -> Any:
-    """The C++ call of a ``jax.stages.Compiled`` (what its warm ``__call__``
-    forwards to), or ``compiled`` itself."""
+    """The C++ call a warm ``Compiled.__call__`` forwards to, or ``compiled`` itself."""
     call = getattr(compiled, "_call", None)
     if call is None:
         try:
