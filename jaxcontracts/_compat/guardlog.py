@@ -110,12 +110,14 @@ class Capture:
         except OSError:
             return False
 
-    def _give_back(self, saved: int) -> None:
-        """fd 2 back to what it was, unless the script pointed it elsewhere
-        since (then the reader, which met the pipe's end, closed ``saved``)."""
+    def _give_back(self) -> threading.Thread | None:
+        """fd 2 back to what it was, unless the script pointed it elsewhere since
+        (then the reader, which met the pipe's end, closed the saved copy); the
+        reader, left to drain the pipe."""
         if self._holds_fd2():
-            os.dup2(saved, 2)  # drops the pipe's last write end held here
-        self._pipe = None
+            os.dup2(self._saved_fd, 2)  # drops the pipe's last write end held here
+        reader, self._reader, self._saved_fd, self._pipe = self._reader, None, -1, None
+        return reader
 
     # -- the reader thread -------------------------------------------------
 
@@ -221,8 +223,7 @@ class Capture:
             try:
                 os.dup2(write_fd, 2)
             except OSError:
-                for fd in (read_fd, write_fd, saved):
-                    os.close(fd)
+                _close(read_fd, write_fd, saved)
                 return False
             self._pipe = _identity(write_fd)
             os.close(write_fd)
@@ -239,9 +240,8 @@ class Capture:
             try:
                 self._reader.start()
             except RuntimeError:  # no new thread (the interpreter is exiting): fd 2 given back
-                os.dup2(saved, 2)
+                self._give_back()
                 _close(read_fd, saved, *self._wake)
-                self._reader, self._saved_fd, self._pipe = None, -1, None
                 return False
             self._users = 1
             return True
@@ -277,9 +277,7 @@ class Capture:
             self._users -= 1
             if self._users:
                 return
-            saved, reader, wake = self._saved_fd, self._reader, self._wake
-            self._saved_fd, self._reader = -1, None
-            self._give_back(saved)
+            reader, wake = self._give_back(), self._wake
             self._events.clear()
         if reader is not None:
             reader.join(0.5)  # what was written before take()'s sync is read already
@@ -299,9 +297,7 @@ class Capture:
         with self._lock:
             if self._users:
                 self._users = 0
-                saved, reader = self._saved_fd, self._reader
-                self._saved_fd, self._reader = -1, None
-                self._give_back(saved)  # the pipe's last write end here: the reader drains it
+                reader = self._give_back()  # the pipe's last write end here: the reader drains it
                 if reader is not None:
                     self._draining.append((reader, self._wake))
             draining, self._draining = self._draining, []
