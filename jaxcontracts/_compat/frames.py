@@ -78,9 +78,8 @@ def library_locals(frame: Any) -> dict[str, Any]:
 
 def caller_locals(depth: int) -> Mapping[str, Any]:
     """The local namespace of the frame ``depth`` levels above the caller, for
-    resolving annotations: ``f_locals`` is read (before 3.13, syncing an
-    earlier ``locals()``, as a debugger does) only for a name that is one of
-    the frame's variables."""
+    annotations: ``f_locals`` is read (before 3.13, syncing an earlier
+    ``locals()``) only for a name that is one of the frame's variables."""
     frame = caller_frame(depth + 1)
     return {} if frame is None else namespace_of(frame)
 

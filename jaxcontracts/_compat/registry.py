@@ -55,9 +55,8 @@ _probe_context: list[Callable[[], AbstractContextManager[Any]]] = []
 
 
 def probe_in(context: Callable[[], AbstractContextManager[Any]]) -> None:
-    """Run every probe inside ``context()``: a probe first asked for inside
-    the user's ``jc.hot_loop`` (``loop.report()`` lists the capabilities)
-    traces and reads as library code, not as the user's loop body, whose
+    """Run every probe inside ``context()``: a probe first asked for inside the
+    user's ``jc.hot_loop`` runs as library code, not as the loop's body, whose
     refusal would both fail the loop and switch the capability off."""
     _probe_context[:] = [context]
 

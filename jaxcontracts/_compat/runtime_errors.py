@@ -86,10 +86,9 @@ def classify(exc: BaseException) -> tuple[GuardErrorKind, str] | None:
 
 
 def debug_nans_kind(exc: BaseException) -> str | None:
-    """``"nan"`` or ``"inf"`` when ``exc`` is the error a compiled call raises
-    under ``jax_debug_nans`` / ``jax_debug_infs`` (``jax._src.api_util.
-    InternalFloatingPointError(name, ty)``, which ``jax.jit`` catches to re-run
-    its function op by op), else None. Recognised by class name: it is private."""
+    """``"nan"`` or ``"inf"`` when ``exc`` is the private error a compiled call
+    raises under ``jax_debug_nans`` / ``jax_debug_infs`` (``jax.jit`` catches it
+    to re-run its function op by op), recognised by its class name."""
     kind = type(exc)
     if kind.__name__ != "InternalFloatingPointError" or not kind.__module__.startswith("jax."):
         return None
