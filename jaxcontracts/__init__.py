@@ -5,8 +5,8 @@ where it is cheapest and failing loudly, with the culprit named, on every
 backend, CPU included.
 
 The public names are re-exported lazily (PEP 562), so that importing the
-package, or loading its pytest plugin at pytest's start, does not import jax:
-``JAX_*`` settings made afterwards (in a conftest, say) still take effect.
+package (the pytest plugin does, at pytest's start) does not import jax:
+``JAX_*`` settings made afterwards still take effect.
 """
 
 from __future__ import annotations
@@ -17,8 +17,7 @@ from importlib.metadata import PackageNotFoundError as _PNF
 from importlib.metadata import version as _version
 from typing import TYPE_CHECKING, Any
 
-# Light modules (no jax): imported now, so JAXCONTRACTS_CHECKS is validated
-# at import.
+# Light modules (no jax): imported now, so JAXCONTRACTS_CHECKS is validated at import.
 from . import _config as _config
 from . import (
     _contracts as _contracts,  # every contract declared (light: its hooks import JAX when they run)

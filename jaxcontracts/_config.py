@@ -1,9 +1,7 @@
 """The checks level: ``JAXCONTRACTS_CHECKS=full|fast|off`` and a setter.
 
-``full`` (default) runs every pre- and post-dispatch check, ``fast`` only the
-pre-dispatch ones, ``off`` makes a hot_step a bare compiled call. Hot steps
-pick their call path when the level changes (listeners), so the per-call path
-never reads the level: ``set_checks`` tells every live step (``_steps``).
+The per-call path never reads the level: a change tells every live step
+(``_steps``), which picks its call path for it.
 """
 
 from __future__ import annotations
@@ -35,29 +33,21 @@ def _validate(level: object, where: str) -> CheckLevel:
 
 
 def _from_env() -> tuple[CheckLevel, DefinitionError | None]:
+    value = os.environ.get(_ENV, "full").strip().lower() or "full"
     try:
-        return (
-            _validate(
-                os.environ.get(_ENV, "full").strip().lower() or "full",
-                f"the environment variable {_ENV}",
-            ),
-            None,
-        )
+        return _validate(value, f"the environment variable {_ENV}"), None
     except DefinitionError as e:
         return "full", e
 
 
 # A bad JAXCONTRACTS_CHECKS is kept, not raised here: the pytest plugin imports
 # this package in every pytest run of the environment, and a suite that never
-# uses the library must not break. It is raised where the library is used
-# (``require_valid_env``: importing jaxcontracts outside pytest, any public
-# name, the level's getters and setters, the plugin's fixture, marker and
-# --jc-checks).
+# uses the library must not break. ``require_valid_env`` raises it where the
+# library is used.
 _level, env_error = _from_env()
 
 
 def require_valid_env() -> None:
-    """Raise the DefinitionError of a bad ``JAXCONTRACTS_CHECKS``, if any."""
     if env_error is not None:
         raise env_error.with_traceback(None)
 
@@ -78,7 +68,6 @@ _blocks: list[list[CheckLevel]] = []
 
 
 def _apply() -> None:
-    """Make the level the latest block's (else the base) and tell the live steps."""
     global _level
     level = _blocks[-1][0] if _blocks else _base
     if level != _level:

@@ -1,9 +1,7 @@
 """Dtypes of every kind a leaf may have, typed PRNG keys included.
 
-``numpy.dtype(...)`` refuses JAX's extended dtypes: a typed PRNG key made by
-``jax.random.key`` has dtype ``key<fry>`` (``jax.dtypes.prng_key``), which
-numpy cannot interpret. Every comparison, size or name of a dtype in this
-package goes through these helpers, so keys are leaves like any other.
+``numpy.dtype(...)`` refuses JAX's extended dtypes (a typed PRNG key's
+``key<fry>``): every comparison or size of a dtype goes through these helpers.
 """
 
 from __future__ import annotations
@@ -19,8 +17,7 @@ __all__ = ["array_nbytes", "canonical", "default_key_dtype", "is_key", "same_dty
 
 
 def _per_dtype(compute: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``compute(dtype)``, remembered per dtype: a few entries, read per leaf
-    (a dtype that cannot be hashed is worked out each time)."""
+    """``compute(dtype)``, remembered per dtype (read per leaf)."""
     seen: dict[Any, Any] = {}
 
     def cached(dtype: Any) -> Any:
@@ -41,7 +38,6 @@ def _per_dtype(compute: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 @_per_dtype
 def is_key(dtype: Any) -> bool:
-    """Whether ``dtype`` is a typed PRNG key dtype (``key<fry>``, ``key<rbg>``...)."""
     try:
         return bool(jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key))
     except TypeError:
@@ -62,8 +58,7 @@ def same_dtype(a: Any, b: Any) -> bool:
 
 @_per_dtype
 def _bits(dtype: Any) -> int:
-    """Bits per element: 4 for int4/uint4/float4, 2 for int2, which XLA packs
-    two (four) to a byte; a key's key data in full."""
+    """Bits per element (XLA packs int4 two to a byte); a key's key data in full."""
     if is_key(dtype):
         return 8 * int(dtype.itemsize)
     dt = np.dtype(dtype)
@@ -80,6 +75,5 @@ def array_nbytes(shape: Any, dtype: Any) -> int:
 
 
 def default_key_dtype() -> Any:
-    """The dtype of ``jax.random.key(seed)`` under the current default PRNG
-    implementation (``jax_default_prng_impl``), worked out without a device."""
+    """The dtype of ``jax.random.key(seed)`` now, worked out without a device."""
     return jax.eval_shape(lambda: jax.random.key(0)).dtype

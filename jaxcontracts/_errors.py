@@ -1,12 +1,10 @@
 """The exception hierarchy, and the one place where messages are assembled.
 
-`DefinitionError` is raised at definition (API misuse), the others while a
-program runs. Every error carries structured fields (``contract``, ``step``,
-``leaves``, ``fix``) that reports read, never the text; :func:`compose` lays
-out the message: summary, details, ``Fix: ...``, a note on the inputs. Each
-contract is one :class:`Contract`, declared (:func:`declare`) in its module
-under ``_contracts``; :data:`CONTRACTS`, :data:`VIOLATIONS` and
-:func:`loop_options` derive from them.
+Every error carries structured fields (``contract``, ``step``, ``leaves``,
+``fix``) that reports read, never the text. Each contract is one
+:class:`Contract`, declared (:func:`declare`) in its module under
+``_contracts``; :data:`CONTRACTS`, :data:`VIOLATIONS` and :func:`loop_options`
+derive from them.
 """
 
 from __future__ import annotations
@@ -31,11 +29,9 @@ __all__ = [
     "RecompileError",
     "SpecError",
     "TransferError",
-    "ViolationKind",
     "compose",
     "contract_of_finding",
     "declare",
-    "docs_base",
     "docs_pointer",
     "error_name",
     "hooked",
@@ -45,27 +41,16 @@ __all__ = [
 
 INPUTS_INTACT = "The call did not run; your inputs are intact."
 
-#: The documentation site (mkdocs.yml's ``site_url``; tests/test_docs.py keeps
-#: them equal). Messages point at the offline page (``python -m jaxcontracts
-#: explain``); ``JAXCONTRACTS_DOCS_URL`` adds a copy of the site to open (a
-#: mirror, a pinned version, ``mkdocs serve``'s http://127.0.0.1:8000/).
+#: The documentation site (mkdocs.yml's ``site_url``). Messages point at the
+#: offline page; ``JAXCONTRACTS_DOCS_URL`` adds a copy of the site to open.
 DOCS_URL = "https://jaxcontracts.readthedocs.io/en/stable/"
 #: The errors page on that site (jaxcontracts/_pages/errors.md, which docs/errors.md includes).
 DOCS_ERRORS = "errors/"
 
 
-def docs_base() -> str | None:
-    """The documentation site's base URL, ending in ``/``, where one is set."""
-    base = os.environ.get("JAXCONTRACTS_DOCS_URL")
-    if not base:
-        return None
-    return base if base.endswith("/") else base + "/"
-
-
 def error_name(cls: type) -> str | None:
-    """The nearest jaxcontracts error class in ``cls``'s MRO (a user's
-    subclass is explained by its jaxcontracts parent), by name; None where
-    it has none."""
+    """The name of the nearest jaxcontracts error class in ``cls``'s MRO (a
+    user's subclass is explained by its jaxcontracts parent)."""
     return next(
         (
             k.__name__
@@ -81,7 +66,9 @@ def docs_pointer(cls: type) -> str:
     section on ``JAXCONTRACTS_DOCS_URL``'s site where set (anchor ``{#name}``;
     ``tests/test_explain.py`` checks each resolves)."""
     name = error_name(cls) or "ContractError"
-    base = docs_base()
+    base = os.environ.get("JAXCONTRACTS_DOCS_URL")
+    if base and not base.endswith("/"):
+        base += "/"
     site = f" (or {base}{DOCS_ERRORS}#{name.lower()})" if base else ""
     return f"See: python -m jaxcontracts explain {name}{site}"
 
@@ -103,8 +90,7 @@ def _clip(line: str) -> str:
 
 def compose(summary: str, details: Sequence[str] = (), fix: str = "", note: str = "") -> str:
     """The message anatomy: summary, details, ``Fix:``, note (each optional),
-    bounded whatever the state's size (:data:`MAX_DETAIL_LINES`,
-    :data:`MAX_LINE`); the whole list stays on the error (``.details``)."""
+    bounded whatever the state's size; the whole list stays on the error."""
     detail_lines = [line for d in details for line in d.split("\n")]
     hidden = len(detail_lines) - MAX_DETAIL_LINES
     if hidden > 0:
@@ -157,8 +143,7 @@ class ContractError(Exception):
         self.fix = fix
 
     def add_note(self, note: str, /) -> None:
-        """A note, except JAX's "removed its internal frames" one (our error
-        already ends at the user's line)."""
+        # not JAX's "removed its internal frames" note: ours ends at the user's line
         if note.startswith("--------------------\nFor simplicity, JAX has removed"):
             return
         super().add_note(note)
@@ -219,22 +204,16 @@ class TransferError(ContractError):
 class Contract:
     """One contract, declared once (:func:`declare`): its words, its error,
     what a ``jc.hot_loop`` calls breaking it, the loop option that switches it,
-    and the hooks through which hot steps, loops and reports apply it.
+    and its optional hooks (ARCHITECTURE.md, "Adding a contract"):
 
-    Hooks (each optional; the callers iterate the contracts that have one):
-
-    * ``scan(name, closed_jaxpr)``: at each compile of a hot step, and at a
-      plain ``jax.jit``'s cache miss in a loop that ``wanted(loop)`` says
-      needs it, what the program holds that the contract is about (a tuple,
-      empty where nothing); kept with the compiled signature.
+    * ``scan(name, closed_jaxpr)``: at each compile (of a hot step, or of a
+      plain ``jax.jit`` in a loop that ``wanted(loop)``), what the program
+      holds that the contract is about (a tuple, empty where nothing);
     * ``refuse(loop, name, found)``: before a call whose compile found
-      something, inside ``loop`` (active, not paused): raise or record the
-      violation (a hot step builds its call path with this hook only where
-      ``scan`` found something, so a step without pays nothing).
-    * ``fact(found)``: a (name, text) line of the step's report, or None.
-    * ``verdict(cs, stats)``: its row in a hot step's report, from the
-      current compiled signature and the step's counters: (held, detail, a
-      suffix to the row's name, why it is unchecked where it is).
+      something, inside ``loop``: raise or record the violation;
+    * ``fact(found)``: a (name, text) line of the step's report, or None;
+    * ``verdict(cs, stats)``: its row in a hot step's report: (held, detail,
+      a suffix to the row's name, why it is unchecked where it is).
     """
 
     key: str
@@ -263,12 +242,10 @@ class ViolationKind:
 
     @property
     def contract_name(self) -> str:
-        """The sentence a report shows for the contract."""
         return CONTRACTS[self.contract].sentence
 
     @property
     def error(self) -> type[ContractError]:
-        """The error class a raising loop raises."""
         return CONTRACTS[self.contract].error
 
 
@@ -306,14 +283,9 @@ def hooked(hook: str) -> list[Contract]:
     return [c for c in CONTRACTS.values() if getattr(c, hook) is not None]
 
 
-
-
 def violation_summary(kind: str, what: str, where: str, source: str = "") -> str:
-    """The first lines of a violation's message: its title, what, and the line.
-
-    ``implicit transfer inside jc.hot_loop: float() of f32[]`` then
-    ``  at loop.py:12:  x = float(s.t)``.
-    """
+    """``implicit transfer inside jc.hot_loop: float() of f32[]`` then
+    ``  at loop.py:12:  x = float(s.t)``: a violation message's first lines."""
     return f"{VIOLATIONS[kind].title}: {what}\n  at {where}" + (f":  {source}" if source else "")
 
 

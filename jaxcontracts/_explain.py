@@ -1,8 +1,6 @@
-"""Help that resolves offline: the errors page, read from the installed package.
-
-``python -m jaxcontracts explain DonationError`` (or ``jc.explain(err)``)
-prints the section of ``_pages/errors.md`` a message points to, as ``rustc
---explain`` does; ``docs/errors.md`` includes the same file.
+"""Help that resolves offline: ``python -m jaxcontracts explain DonationError``
+(or ``jc.explain(err)``) prints the section of ``_pages/errors.md`` a message
+points to, as ``rustc --explain`` does; ``docs/errors.md`` includes the file.
 """
 
 from __future__ import annotations
@@ -16,7 +14,7 @@ from importlib import resources
 
 from ._errors import CONTRACTS, VIOLATIONS, error_name
 
-__all__ = ["Explanation", "explain", "main", "topics"]
+__all__ = ["Explanation", "explain", "main"]
 
 _HEADING = re.compile(r"^(#{2,3}) (.*?)\s*\{#([\w-]+)\}\s*$", re.MULTILINE)
 _LINK = re.compile(r"\[([^\]]+)\]\([^)]+\)")
@@ -32,7 +30,7 @@ def _page() -> str:
 
 @cache
 def _sections() -> dict[str, tuple[str, str]]:
-    """anchor -> (title, the section's markdown: its heading to the next one as deep or less)."""
+    """anchor -> (title, markdown from its heading to the next one as deep or less)."""
     page = _page()
     heads = list(_HEADING.finditer(page))
     out: dict[str, tuple[str, str]] = {}
@@ -73,8 +71,7 @@ def topics() -> list[str]:
 
 @dataclasses.dataclass(frozen=True)
 class Explanation:
-    """One section of the errors page: plain text for a terminal (``str``),
-    markdown in a notebook (``_repr_markdown_``)."""
+    """One section of the errors page: plain text in a terminal, markdown in a notebook."""
 
     name: str
     markdown: str
@@ -82,8 +79,7 @@ class Explanation:
     def __str__(self) -> str:
         return re.sub(r"^#{2,3} ", "", self._repr_markdown_(), flags=re.MULTILINE)
 
-    def _repr_markdown_(self) -> str:
-        """Without links (relative to the site) and heading anchors."""
+    def _repr_markdown_(self) -> str:  # without links (relative to the site) and anchors
         return _ANCHOR.sub("", _LINK.sub(r"\1", self.markdown))
 
     def __repr__(self) -> str:

@@ -16,7 +16,6 @@ __all__ = [
     "fmt_change",
     "fmt_aval",
     "fmt_bindings",
-    "fmt_dtype",
     "fmt_error",
     "fmt_listed",
     "fmt_logged_aval",
@@ -30,10 +29,11 @@ __all__ = [
     "qualname",
 ]
 
+
 def flatten_with_path(tree: Any) -> tuple[list[tuple[tuple[Any, ...], Any]], Any]:
     """``jax.tree_util.tree_flatten_with_path``, with the leaves of an
-    ``equinox.nn.State`` named by their state index (``state['M.norm.batch_state_index'][0]``,
-    the layer's path equinox keeps as the index's marker) instead of
+    ``equinox.nn.State`` named by the layer's path equinox keeps as their
+    index's marker (``state['M.norm.batch_state_index'][0]``), not
     ``[<flat index 1>]``: State registers no keys, only its markers as aux data."""
     with_path, treedef = jax.tree_util.tree_flatten_with_path(tree)
     state_cls = getattr(sys.modules.get("equinox.nn"), "State", None)
@@ -83,8 +83,7 @@ def param_of(path: str) -> str:
 
 
 def fmt_listed(items: Sequence[str], limit: int = 3) -> str:
-    """``a, b, c (and 2 more)``: the first ``limit`` items of a list, and how
-    many more there are."""
+    """``a, b, c (and 2 more)``."""
     more = f" (and {len(items) - limit} more)" if len(items) > limit else ""
     return ", ".join(items[:limit]) + more
 
@@ -124,7 +123,6 @@ def qualname(fn: Any) -> str:
     mod = getattr(fn, "__module__", None) or "?"
     name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", repr(fn))
     return f"{mod}.{name}"
-
 
 
 def n_leaves(n: int) -> str:
@@ -184,9 +182,8 @@ def fmt_object(value: Any, limit: int = 60) -> str:
     ``repr`` (which may read device arrays, be slow, or fail): plain values by
     ``repr``, others by type name and the specs of their ``__dict__``'s arrays."""
     if isinstance(value, (jax.Array, np.ndarray)):
-        weak = bool(getattr(getattr(value, "aval", None), "weak_type", False))
         kind = "numpy" if isinstance(value, np.ndarray) else "jax"
-        return f"{fmt_aval(value.shape, value.dtype, weak)} {kind} array"
+        return f"{_fmt_array(value)} {kind} array"
     if isinstance(value, _PLAIN):
         try:
             text = f"{type(value).__name__} {value!r}"
@@ -202,12 +199,16 @@ def fmt_object(value: Any, limit: int = 60) -> str:
     if isinstance(attrs, dict):
         for key, x in list(attrs.items())[:50]:
             if isinstance(x, (jax.Array, np.ndarray)) and isinstance(key, str):
-                weak = bool(getattr(getattr(x, "aval", None), "weak_type", False))
-                arrays.append(f"{key}: {fmt_aval(x.shape, x.dtype, weak)}")
+                arrays.append(f"{key}: {_fmt_array(x)}")
     if not arrays:
         return f"{name} object"
     text = f"{name}({', '.join(arrays[:3])}{', ...' if len(arrays) > 3 else ''})"
     return text if len(text) <= limit else text[: limit - 4] + "...)"
+
+
+def _fmt_array(x: Any) -> str:
+    weak = bool(getattr(getattr(x, "aval", None), "weak_type", False))
+    return fmt_aval(x.shape, x.dtype, weak)
 
 
 def fmt_change(old: str, new: str, room: int = 14) -> str:
@@ -227,10 +228,9 @@ def fmt_change(old: str, new: str, room: int = 14) -> str:
 
 def fit_change(line: str, width: int) -> str:
     """A diff line ``what: old -> new`` fitted to ``width`` around where old
-    and new first differ (:func:`fmt_change`), never cut before it: ``static
-    cfg: ...rtol=0.001) -> ...rtol=0.0001)``. Old and new are split at the
-    middle ``->`` (a repr may hold some, each side as many); a line that
-    cannot be split so is cut at the end."""
+    and new first differ (:func:`fmt_change`): ``static cfg: ...rtol=0.001) ->
+    ...rtol=0.0001)``. Split at the middle ``->`` (a repr may hold some, each
+    side as many); a line that cannot be split so is cut at the end."""
     if len(line) <= width:
         return line
     head, sep, rest = line.partition(": ")

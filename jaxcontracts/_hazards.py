@@ -1,7 +1,5 @@
-"""Donation hazards at call time, and the field a leaf path selects.
-
-The checks that need the arguments themselves: a buffer already deleted, or
-one buffer passed twice.
+"""Donation hazards at call time (a buffer already deleted, or one buffer
+passed twice), and the field a leaf path selects.
 """
 
 from __future__ import annotations
@@ -45,8 +43,7 @@ def find_hazards(
 
 
 def is_deleted_array(x: Any) -> bool:
-    """Whether ``x`` is a jax array whose buffer was deleted (donated); never
-    raises (a host value, a tracer or an exotic array is not deleted)."""
+    """Whether ``x`` is a jax array whose buffer was deleted (donated); never raises."""
     if not isinstance(x, jax.Array):
         return False
     try:
@@ -56,7 +53,6 @@ def is_deleted_array(x: Any) -> bool:
 
 
 def holds_deleted(tree: Any) -> bool:
-    """Whether any leaf of ``tree`` is a deleted jax array (no device read)."""
     if isinstance(tree, jax.Array):
         return is_deleted_array(tree)
     return any(map(is_deleted_array, jax.tree_util.tree_leaves(tree)))

@@ -23,11 +23,8 @@ def _version(name: str) -> str:
 
 
 def info() -> Report:
-    """A report of the installed versions and every capability, probed.
-
-    Each capability is a private JAX/jaxtyping/CPython mechanism; a missing one
-    is a failed contract whose detail says what is no longer checked.
-    """
+    """A report of the installed versions and every capability, probed (a
+    missing one is a failed row saying what is no longer checked)."""
     import jax
 
     report = Report(title="jaxcontracts info")

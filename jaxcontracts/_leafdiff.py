@@ -1,7 +1,5 @@
-"""Leaf diffs: how one array's spec differs from another's, in a message's words.
-
-Shape, dtype, weak type, memory kind and placement, with the likely cause,
-for hot steps and plain ``jax.jit`` alike; from specs, never device memory.
+"""Leaf diffs: how one array's spec differs from another's, in a message's words,
+with the likely cause, for hot steps and plain ``jax.jit`` alike (from specs).
 """
 
 from __future__ import annotations
@@ -15,16 +13,7 @@ import numpy as np
 from ._dtypes import is_key, same_dtype
 from ._format import fmt_aval, fmt_sharding
 
-__all__ = [
-    "LeafDiff",
-    "describe_leaf",
-    "diff_kind",
-    "diff_leaves",
-    "diff_lines",
-    "leaf_cause",
-    "memory_kind",
-    "same_placement",
-]
+__all__ = ["LeafDiff", "diff_leaves", "diff_lines", "memory_kind", "same_placement"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +37,7 @@ def diff_lines(
     full_paths: bool = True,
 ) -> tuple[list[str], list[str]]:
     """The detail lines of a message about leaf diffs (``    s.pos: takes f32[4],
-    returns i32[4]``, then the cause), and the leaves they name.
-    ``full_paths``: ``s.pos`` (else ``.pos``, under a header naming it)."""
+    returns i32[4]``, then the cause), and the leaves they name."""
     lines: list[str] = []
     leaves: list[str] = []
     for d in diffs:
@@ -95,8 +83,7 @@ def _placement(sharding: Any) -> str:
 
 
 def diff_kind(exp: Any, got: Any) -> str:
-    """What differs first between two leaf specs: dtype, shape, weak_type,
-    memory_kind, sharding."""
+    """What differs first between two leaf specs."""
     if not same_dtype(exp.dtype, got.dtype):
         return "dtype"
     if tuple(exp.shape) != tuple(got.shape):
@@ -114,7 +101,6 @@ def memory_kind(spec: Any) -> str | None:
 
 
 def leaf_cause(exp: Any, got: Any) -> str:
-    """A likely cause for one leaf's difference, in a few words."""
     kind = diff_kind(exp, got)
     if kind == "dtype":
         if is_key(exp.dtype) or is_key(got.dtype):

@@ -1,8 +1,7 @@
 """Plain records passed up the layers: what was compiled, proven and seen.
 
 Reports, the loop guard and users read a step through these frozen records
-(``step.describe()``), never through a step's private attributes. Nothing here
-imports JAX or any other module of the package.
+(``step.describe()``), never through a step's private attributes.
 """
 
 from __future__ import annotations
@@ -14,7 +13,6 @@ from typing import Any
 __all__ = [
     "CompiledSignature",
     "LeafRecord",
-    "MemoryRecord",
     "StepDescription",
     "StepStats",
     "Violation",
@@ -77,11 +75,9 @@ class MemoryRecord:
 
 @dataclasses.dataclass(frozen=True)
 class CompiledSignature:
-    """One compiled signature of a hot step and everything proven about it.
-
-    Built once, when the step compiles; carry invariance and aliasing were
-    verified before it was made (``aliased`` is ``None`` where the
-    executable's alias table could not be read: not verified).
+    """One compiled signature of a hot step and everything proven about it:
+    carry invariance and aliasing were verified before it was made
+    (``aliased`` is ``None`` where the alias table could not be read).
     """
 
     spec_args: tuple[Any, ...]  # per parameter, a spec tree (with shardings)
@@ -94,26 +90,20 @@ class CompiledSignature:
     weak: tuple[bool, ...]
     multi_device: bool
     compile_seconds: float
-    # JAX's persistent compilation cache for this compile: "hit" (the
-    # executable was loaded from it), "miss" (compiled, then stored), "off"
-    # (not consulted: disabled, or under its min compile time / entry size),
-    # None (unknown: the compilation-cache-events capability is missing).
+    # JAX's persistent compilation cache for this compile: "hit" (loaded from
+    # it), "miss" (compiled, then stored), "off" (not consulted), None (unknown).
     cache: str | None = None
-    # Flat leaf indices of declared host data (``host=``): numpy arrays the
-    # executable's call transfers, and their bytes per call.
+    # Flat leaf indices of declared host data (``host=``), and their bytes per call.
     host: tuple[int, ...] = ()
     host_nbytes: int = 0
-    # Another compiled signature's executable, taken by arguments whose tree
-    # structure differs from its only by functools.partial statics equal by
-    # value (a second model instance's own partial): the C++ call takes the
-    # arguments in this structure (HotStep's aliases; not a compile).
+    # Another signature's executable, taken by arguments whose tree structure
+    # differs only by functools.partial statics equal by value (a second model
+    # instance's own partial): not a compile.
     alias: bool = False
-    # What each declared contract's scan hook found in the compiled program,
-    # by contract key (``_contracts.scan``: its host callbacks), where something.
+    # What each declared contract's scan hook found in the program, by contract key.
     found: dict[str, tuple[Any, ...]] = dataclasses.field(default_factory=dict)
-    # The config values jax.jit compiles for (``_compat.tracing.jit_context``:
-    # x64, default device...) as they were at the compile: under others, the
-    # executable is another signature, as jax.jit's cache key says.
+    # The config values jax.jit compiles for (x64, default device...) at the
+    # compile: under others the executable is another signature, as under jax.jit.
     context: Any = None
 
     def donated_arrays(self, params: tuple[str, ...]) -> tuple[int, ...]:

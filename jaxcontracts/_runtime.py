@@ -1,7 +1,6 @@
-"""What hot steps and hot loops share at run time, below both of them: the
-thread's active loop (set by ``_loop.guard``), whether any loop is active,
-which step returned an array in a loop, and how a donated array is worded
-(its fixes: ``_contracts.donation``).
+"""What hot steps and hot loops share at run time, below both: the thread's
+active loop (set by ``_loop.guard``), which step returned an array in a loop,
+and how a donated array is worded (its fixes: ``_contracts.donation``).
 """
 
 from __future__ import annotations
@@ -11,9 +10,9 @@ import contextlib
 import linecache
 import re
 import threading
-import types
 import weakref
 from collections.abc import Callable, Iterator, Sequence
+from types import BuiltinFunctionType, FunctionType, MethodType, ModuleType
 from typing import Any, Protocol
 
 import jax
@@ -63,30 +62,27 @@ class LoopHandle(Protocol):
     def admit_compile(self, key: Any, what: str, frame: Any = None) -> bool:
         """Whether a compile is a warm-up compile the loop lets through (recorded)."""
 
-    def seen_compile(self, key: Any) -> bool:
-        """Whether a compile with this key was let through already (warm-up)."""
+    def seen_compile(self, key: Any) -> bool: ...
 
     def withdraw_compile(self, key: Any) -> None:
         """A compile let through that failed (its trace raised): not spent."""
 
     def compiles_admitted(self) -> bool:
-        """Whether a first compile would be let through now (``compiles="allow"``,
-        or the warm-up pass): a trace running now may read concrete arrays."""
+        """Whether a first compile would be let through now: a trace running
+        now may read concrete arrays."""
 
-    def option(self, name: str) -> str:
-        """One of the loop's options (``_errors.loop_options``)."""
+    def option(self, name: str) -> str: ...
 
     def violation(
         self, kind: str, what: str, fix: str, frame: Any = None, before_call: bool = False
     ) -> None:
-        """Raise or record one violation (``kind``: a key of ``_errors.VIOLATIONS``;
-        ``before_call``: refused before a call, which does not run where it raises)."""
+        """Raise or record one violation (``before_call``: refused before a
+        call, which does not run where it raises)."""
 
 
 class LoopStack:
     """One thread's active loops, in entry order (an object, so a loop exited
-    on another thread can update its own); ``loop``: the innermost checking
-    one, kept by the guard."""
+    on another thread can update its own); ``loop``: the innermost checking one."""
 
     __slots__ = ("entries", "loop", "saved", "thread")
 
@@ -108,7 +104,6 @@ class _Local(threading.local):
 
     @property
     def loop(self) -> LoopHandle | None:
-        """The innermost active loop on this thread."""
         return self.stack.loop
 
 
@@ -116,9 +111,8 @@ local = _Local()
 
 
 def take_recompile(name: str) -> tuple[list[str], str] | None:
-    """The leaf-by-leaf diff and fix of the plain jax.jit ``name`` whose cache
-    miss is compiling now, if it compiled another signature in this loop
-    (set by ``_loop.plainjit``, read once by the compile listener)."""
+    """The diff and fix of the plain jax.jit ``name`` whose cache miss is
+    compiling now (set by ``_loop.plainjit``, read once by the compile listener)."""
     found = local.plain_recompile
     if found is None or found[0] != name:
         return None
@@ -127,16 +121,13 @@ def take_recompile(name: str) -> tuple[list[str], str] | None:
 
 
 class _Tracking:
-    """Read by hot steps after each call: is any loop active anywhere?"""
-
-    count = 0
+    count = 0  # active loops, any thread (hot steps read it after each call)
 
 
 tracking = _Tracking()
 
 
 def in_hot_loop() -> bool:
-    """Whether the current thread is inside a transfer-checking hot loop."""
     loop = local.loop
     return loop is not None and loop.checks_transfers and not local.allow
 
@@ -150,9 +141,7 @@ def recording_loop() -> LoopHandle | None:
 
 
 def produced_by(x: Any) -> str | None:
-    """``step -> .path`` where ``x`` is a leaf of a step's recorded output (the
-    output of its last call inside a loop), else None. Only called to word a
-    message."""
+    """``step -> .path`` where ``x`` is a leaf of a step's recorded loop output."""
     for name, out in _steps.last_outputs():
         for p, leaf in jax.tree_util.tree_leaves_with_path(out):
             if leaf is x:
@@ -162,8 +151,7 @@ def produced_by(x: Any) -> str | None:
 
 def donated(by: str | None, already: bool = False, brief: bool = False) -> str:
     """How every message says that an array was donated: to ``by`` where proven,
-    else deleted, naming the live donating steps. ``already``: passed again;
-    ``brief``: "was deleted" alone (:func:`deleted_because` says why, once)."""
+    else deleted, naming the live donating steps (``brief``: not why)."""
     was = "was already" if already else "was"
     if by:
         return f"{was} donated to {by}"
@@ -171,7 +159,7 @@ def donated(by: str | None, already: bool = False, brief: bool = False) -> str:
 
 
 def deleted_because() -> str:
-    """Why an array whose consumer is not known was deleted (see :func:`donated`)."""
+    """Why an array whose consumer is not known was deleted."""
     steps = _steps.donating()
     if not steps:
         return "donated to a jax.jit with donate_argnums, or x.delete()"
@@ -191,9 +179,8 @@ def static_is_exact(x: Any) -> bool:
 
 
 def held_outputs(steps: Sequence[Any]) -> list[Any]:
-    """The leaves of the recorded last outputs of ``steps`` (those a loop
-    called: ``_timing.in_use``), for the loop clock (are they still being
-    computed at exit?). Never blocks, never reads device memory."""
+    """The leaves of the recorded last outputs of ``steps``, for the loop clock
+    (are they still being computed at exit?). Never reads device memory."""
     held: list[Any] = []
     for _, out in _steps.last_outputs(steps):
         held.extend(jax.tree_util.tree_leaves(out))
@@ -204,10 +191,9 @@ def arrays_named(
     frame: Any, lineno: int, only: Any = None, limit: int = 5
 ) -> list[tuple[str, Any]]:
     """(``name.path``, array) for the deleted arrays ``frame``'s code refers to
-    (``only``: that one), the names on line ``lineno`` first, directly or
-    inside a state (``state.params['w']``); inside the user's own method, the
-    callers' name for ``only`` (``model.l1.kernel.value``). Reads no device memory.
-    """
+    (``only``: that one), the names on line ``lineno`` first, also inside a
+    state (``state.params['w']``); inside the user's own method, the callers'
+    name for ``only`` (``model.l1.kernel.value``). Reads no device memory."""
     found = _named_in(frame, lineno, only, limit)
     caller, searched = frame.f_back, 0
     while (
@@ -233,7 +219,6 @@ def _by_self(found: list[tuple[str, Any]]) -> bool:
 
 
 def _named_in(frame: Any, lineno: int, only: Any, limit: int) -> list[tuple[str, Any]]:
-    """:func:`arrays_named` in ``frame`` alone."""
     found: list[tuple[str, Any]] = []
     code = frame.f_code
     scope = {**frame.f_globals, **locals_of(frame)}
@@ -241,9 +226,7 @@ def _named_in(frame: Any, lineno: int, only: Any, limit: int) -> list[tuple[str,
         dict.fromkeys((*code.co_varnames, *code.co_freevars, *code.co_cellvars, *code.co_names))
     )
     line = linecache.getline(code.co_filename, lineno)
-    names.sort(
-        key=lambda n: re.search(rf"\b{re.escape(n)}\b", line) is None
-    )  # the failing line's first
+    names.sort(key=lambda n: re.search(rf"\b{re.escape(n)}\b", line) is None)  # the line's first
     for name in names[:200]:  # the names this code refers to
         for path, x in _arrays_in(scope.get(name)):
             if (x is only) if only is not None else is_deleted_array(x):
@@ -259,17 +242,16 @@ _NOT_CONTAINERS = (  # a callable pytree (an equinox or NNX Module) is a contain
     int,
     float,
     complex,
-    bool,
     type,
-    types.ModuleType,
-    types.FunctionType,
-    types.BuiltinFunctionType,
-    types.MethodType,
+    ModuleType,
+    FunctionType,
+    BuiltinFunctionType,
+    MethodType,
 )
 
 
 def _arrays_in(value: Any) -> list[tuple[str, Any]]:
-    """(path, array) for an array, or the arrays of a container (a state), bounded."""
+    """(path, array) for an array, or the arrays of a container, bounded."""
     if isinstance(value, jax.Array):
         return [] if isinstance(value, jax.core.Tracer) else [("", value)]
     if value is None or isinstance(value, _NOT_CONTAINERS):
@@ -306,9 +288,8 @@ def compiling(
 ) -> Iterator[None]:
     """Wrap a hot step's compile: a violation inside a loop (recorded once).
 
-    ``spec``: the fix's ``.compile`` arguments (``lr, S.spec(...)``); ``fn``:
-    what a warm-up tells steps apart by (held weakly; names may repeat);
-    ``why``: what makes the arguments a new signature.
+    ``spec``: the fix's ``.compile`` arguments; ``fn``: what a warm-up tells
+    steps apart by (held weakly; names may repeat); ``why``: what is new.
     """
     __tracebackhide__ = True
     loop = local.loop
@@ -350,14 +331,10 @@ def compiling(
         local.allow -= 1
 
 
-# --------------------------------------------------------------------------
-# Observers: what contract snapshots (``_testing.recorder``) are told. Each hook costs
-# one attribute read when nobody records; none is on a step's call path.
-
-
 class _Observers:
-    """The ``jc.fetch`` count and the active recorders (live steps are in
-    ``_steps``). A recorder has ``on_compile(step)`` and ``on_loop(loop, entering)``.
+    """What contract snapshots (``_testing.recorder``) are told: the ``jc.fetch``
+    count and the active recorders (``on_compile(step)``, ``on_loop(loop,
+    entering)``). One attribute read when nobody records; none on a call path.
     """
 
     def __init__(self) -> None:

@@ -1,6 +1,5 @@
-"""The one registry of live hot steps (held weakly: a freed step leaves it
-with no finalizer), and the :class:`LiveStep` protocol, all that other modules
-(the checks level, the loop clock, messages, snapshots) read of one.
+"""The one registry of live hot steps (held weakly, no finalizer), and the
+:class:`LiveStep` protocol, all that other modules read of one.
 """
 
 from __future__ import annotations
@@ -44,56 +43,44 @@ class LiveStep(Protocol):
     """What the registry and its readers need of a hot step (``jc.HotStep``)."""
 
     @property
-    def name(self) -> str:
-        """``module.qualname`` of the step."""
-        ...
+    def name(self) -> str: ...  # module.qualname
 
     @property
-    def short_name(self) -> str:
-        """The step's own name (``advance``), as messages write it."""
-        ...
+    def short_name(self) -> str: ...  # the step's own name (``advance``), as messages write it
 
     @property
-    def donates(self) -> bool:
-        """Whether one of its compiled signatures donates buffers."""
-        ...
+    def donates(self) -> bool: ...  # whether one of its compiled signatures donates
 
     stats: StepStats
     #: Cumulative host time of the timed calls inside loops: [seconds, calls,
     #: first-phase seconds, first-phase calls] (see ``_report.timing.timed``).
     timing_counters: list[float]
-    #: One slot: whether the step's next call inside a loop is timed (its
-    #: first calls, one in ``HOOK_EVERY`` after them, and the first call after
-    #: it left use); the call path reads it, ``_report.timing`` sets it.
+    #: One slot: whether the step's next call inside a loop is timed (set by
+    #: ``_report.timing``).
     timing_due: list[bool]
-    #: One slot: the output of the last call made while any loop was active
-    #: (``None`` when unknown). No argument is ever recorded: a consumed state
-    #: goes when the caller rebinds it, as in a plain ``s = f(s)`` loop.
+    #: One slot: the output of the last call made while any loop was active.
+    #: No argument is ever recorded: a consumed state goes when the caller
+    #: rebinds it, as in a plain ``s = f(s)`` loop.
     last_output: list[Any]
     #: One slot: ``(arrays, pick)``, the donated arrays of its last call at
-    #: checks ``full``, all consumed (deleted: they hold no device memory), and
-    #: the picker of one leaf per argument among them (``_step.callctx.make_tail``);
-    #: or None.
+    #: checks ``full``, all consumed (they hold no device memory), and the
+    #: picker of one leaf per argument among them; or None.
     last_consumed: list[Any]
 
-    def checks_changed(self, level: str) -> None:
-        """The checks level changed: build the call path for ``level``."""
+    def checks_changed(self, level: str) -> None: ...  # build the call path for ``level``
 
-    def describe(self) -> StepDescription:
-        """The step's frozen record (for contract snapshots)."""
-        ...
+    def describe(self) -> StepDescription: ...
 
 
 _live: weakref.WeakSet[Any] = weakref.WeakSet()
 
 
 def register(step: LiveStep) -> None:
-    """Add a step to the registry (held weakly: it leaves when it is freed)."""
     _live.add(step)
 
 
 def live() -> list[LiveStep]:
-    """Every live step, in no particular order (a copy: safe to iterate)."""
+    """Every live step (a copy: safe to iterate)."""
     return list(_live)
 
 
@@ -103,14 +90,12 @@ def donating() -> list[str]:
 
 
 def checks_changed(level: str) -> None:
-    """Tell every live step that the checks level is now ``level``."""
     for step in live():
         step.checks_changed(level)
 
 
 def last_outputs(steps: Iterable[LiveStep] | None = None) -> Iterator[tuple[str, Any]]:
-    """``(short name, output)`` of each step's last call inside a loop (default:
-    every live step), for the loop clock and messages (``advance -> .t``)."""
+    """``(short name, output)`` of each step's last call inside a loop."""
     for step in live() if steps is None else steps:
         out = step.last_output[0]
         if out is not None:
@@ -118,15 +103,13 @@ def last_outputs(steps: Iterable[LiveStep] | None = None) -> Iterator[tuple[str,
 
 
 def clear_last_outputs(steps: Iterable[LiveStep] | None = None) -> None:
-    """Forget the recorded output of ``steps`` (default: every live step)."""
     for step in live() if steps is None else steps:
         step.last_output[0] = None
 
 
 # -- which step consumed a deleted array -----------------------------------
-# Consumed arrays still held elsewhere at a step's next call (``make_tail``),
-# and a plain ``jax.jit``'s donations (a :class:`JitDonation`), are kept here
-# by weak reference (:func:`keep`), so a later read names the consumer.
+# Consumed arrays still held elsewhere at a step's next call, and a plain
+# ``jax.jit``'s donations, kept by weak reference so a later read names it.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -150,9 +133,9 @@ _prune_at = [64]
 
 
 def keep(arrays: Iterable[Any], step: str | JitDonation, held_only: bool = False) -> None:
-    """Remember that ``step`` consumed ``arrays``, for as long as each lives
-    (``held_only``: those that something besides ``arrays`` holds); ``step``
-    a hot step's short name, or a plain ``jax.jit``'s donated parameter."""
+    """Remember that ``step`` (a hot step's short name, or a plain ``jax.jit``'s
+    donated parameter) consumed ``arrays``, for as long as each lives
+    (``held_only``: those that something besides ``arrays`` holds)."""
     for x in arrays:
         if held_only and sys.getrefcount(x) <= 3:  # `arrays`, `x`, the count's argument
             continue
@@ -176,8 +159,7 @@ def prune_dead(table: dict[Any, tuple[Any, ...]], limit: int, floor: int = 64) -
 
 
 def consumed_by(x: Any) -> str | None:
-    """The short name of the step whose call consumed ``x``, where recorded
-    (at checks ``full``); None where no record says so."""
+    """The short name of the step whose call consumed ``x`` (recorded at checks ``full``)."""
     entry = _entry(x)
     if entry is not None:
         return str(entry)
@@ -189,7 +171,6 @@ def consumed_by(x: Any) -> str | None:
 
 
 def jit_donation(x: Any) -> JitDonation | None:
-    """The plain ``jax.jit`` parameter whose donation consumed ``x``, where recorded."""
     entry = _entry(x)
     return entry if isinstance(entry, JitDonation) else None
 

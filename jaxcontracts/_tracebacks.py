@@ -38,8 +38,8 @@ _INSTALLED = (os.sep + "site-packages" + os.sep, os.sep + "dist-packages" + os.s
 @functools.lru_cache(maxsize=4096)
 def _is_installed(path: str) -> bool:
     """Code of an installed package (flax, optax): in a site folder, or listed in
-    a ``RECORD`` on ``sys.path`` (``pip install --target``). An editable
-    install is the user's own code (its record lists only the finder hook)."""
+    a ``RECORD`` on ``sys.path`` (``pip install --target``); not an editable
+    install (its record lists only the finder hook)."""
     if any(marker in path for marker in _INSTALLED):
         return True
     for entry in sys.path:
@@ -51,9 +51,8 @@ def _is_installed(path: str) -> bool:
 
 @functools.lru_cache(maxsize=64)
 def _recorded(root: str) -> frozenset[str]:
-    """The top-level names (packages, modules) that an installer's ``RECORD``
-    lists in the folder ``root``; egg-info sources (``setup.py develop``) are
-    not a record of installed files."""
+    """The top-level names an installer's ``RECORD`` lists in the folder
+    ``root`` (egg-info sources, ``setup.py develop``, are no record)."""
     names = set()
     for dist in importlib.metadata.distributions(path=[root]):
         if dist.read_text("RECORD") is not None:
@@ -83,8 +82,7 @@ def is_library(filename: str, installed: bool = True, name: str = "") -> bool:
 
 
 def filtering() -> bool:
-    """Whether tracebacks are trimmed: JAX's switch, ``JAX_TRACEBACK_FILTERING``,
-    is not ``off``."""
+    """Whether tracebacks are trimmed: JAX's ``JAX_TRACEBACK_FILTERING`` is not ``off``."""
     return str(jax.config.jax_traceback_filtering) != "off"
 
 
@@ -117,15 +115,14 @@ def trim(err: BaseException) -> None:
 
 def trim_ours(err: BaseException) -> None:
     """Drop this package's private frames from any error's traceback, in place
-    (JAX's own error crossing the audit's wrapper reads as it would without
-    it); every other frame stays, JAX's own filtering aside."""
+    (JAX's own error crossing the audit's wrapper reads as it would without it)."""
     _drop_frames(err, lambda code: _private_here(os.path.abspath(code.co_filename)))
 
 
 def let_go(tb: TracebackType | None) -> None:
     """Clear the locals of our private frames in ``tb`` (past its first, still
     running): a kept traceback (``sys.last_traceback``) then holds none of the
-    user's arrays, which a step's next call would count as held elsewhere."""
+    user's arrays, which a step's next call would count as kept."""
     tb = tb.tb_next if tb is not None else None
     while tb is not None:
         frame = tb.tb_frame
@@ -158,14 +155,12 @@ def is_jax_or_ours(filename: str) -> bool:
 
 
 def _private_here(path: str) -> bool:
-    """A module of this package below a component starting with ``_``."""
     if not path.startswith(_PACKAGE_DIR + os.sep):
         return False
     return any(part.startswith("_") for part in path[len(_PACKAGE_DIR) + 1 :].split(os.sep))
 
 
 def _private_prefixes() -> list[str]:
-    """The path prefixes of this package's private modules and subpackages."""
     return [
         os.path.join(_PACKAGE_DIR, name) + ("" if name.endswith(".py") else os.sep)
         for name in sorted(os.listdir(_PACKAGE_DIR))

@@ -1,8 +1,5 @@
-"""Finding the user's line: the frame, ``file:line`` and source text a message points at.
-
-A violation is reported at the innermost frame of the user's own code
-(preferably not an installed package's: a read inside flax is reported at the
-user's call into it).
+"""Finding the user's line: the frame, ``file:line`` and source text a message
+points at (a read inside flax is reported at the user's call into it).
 """
 
 from __future__ import annotations
@@ -38,19 +35,17 @@ def user_frame(frame: FrameType | None = None) -> FrameType | None:
 
 
 def where(frame: FrameType | None, lineno: int | None = None) -> tuple[str, str]:
-    """(``file:line``, the source text of that line)."""
     if frame is None:
         return "<unknown>", ""
     return place(frame.f_code.co_filename, frame.f_lineno if lineno is None else lineno)
 
 
 def place(filename: str, lineno: int) -> tuple[str, str]:
-    """(``file:line``, the line's source text) of a line in a file: the path
-    relative to the working folder where it is below it, a notebook cell as
-    IPython names it."""
+    """(``file:line``, the line's source text): the path relative to the working
+    folder where it is below it, a notebook cell as IPython names it."""
     text = linecache.getline(filename, lineno).strip()
     cell = frames.notebook_cell(filename)
-    if cell is not None:  # name it as IPython's tracebacks do
+    if cell is not None:
         return f"Cell In[{cell}], line {lineno}", text
     short = filename
     if not filename.startswith("<"):
@@ -76,7 +71,6 @@ def traceback_where(tb: Any) -> tuple[str, str]:
 
 
 def _strip_comment(line: str) -> str:
-    """``line`` without its trailing ``# comment`` (strings are respected)."""
     try:
         for tok in tokenize.generate_tokens(io.StringIO(line).readline):
             if tok.type == tokenize.COMMENT:
@@ -178,14 +172,8 @@ def host_read_on_line(user: FrameType | None, compiled: str = "") -> str | None:
             and not _static_test(node.test, values)
             and not (compiled and _calls(node, compiled, node.test, values))
         ):
-            kind = (
-                "assert"
-                if isinstance(node, ast.Assert)
-                else "while"
-                if isinstance(node, ast.While)
-                else "if"
-            )
-            return f"the `{kind}` on this line"
+            kinds = {ast.Assert: "assert", ast.While: "while"}
+            return f"the `{kinds.get(type(node), 'if')}` on this line"
         if isinstance(node, ast.Call):
             f = node.func
             if isinstance(f, ast.Name) and f.id in _BUILTIN_READS and f.id not in names:

@@ -1,8 +1,5 @@
-"""Every private JAX, jaxlib, jaxtyping, IPython or CPython mechanism, fenced.
-
-Each lives in one module here, behind a named capability with a probe
-(:mod:`.registry`); the rest of the package imports only from this package.
-``tests/test_compat.py`` probes each capability on the installed versions.
+"""Every private JAX, jaxlib, jaxtyping, IPython or CPython mechanism, one
+module each, behind a named capability with a probe (:mod:`.registry`).
 """
 
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """The concrete array class and the hooks that intercept reads of it.
 
-``ArrayImpl`` (``jax._src.array``) is a C++ heap type whose read methods are
-Python functions; assigning a class attribute updates the C slots, so
-replacing them covers every existing array. On one CPU device numpy reads an
-array through the C buffer protocol instead, which is intercepted by
-replacing ``__buffer__`` (Python >= 3.12, PEP 688) or, on 3.11, the type's
+``ArrayImpl`` is a C++ heap type whose read methods are Python functions;
+assigning a class attribute updates the C slots, so replacing them covers
+every existing array. On one CPU device numpy reads an array through the C
+buffer protocol instead: ``__buffer__`` (>= 3.12) or, on 3.11, the type's
 ``bf_getbuffer`` slot through ctypes.
 """
 
@@ -18,7 +17,7 @@ from typing import Any
 
 import jax
 
-from .blocking import wrap_function, wrap_method
+from .blocking import ArrayImpl, wrap_function, wrap_method
 from .registry import capability, define
 
 __all__ = [
@@ -35,11 +34,6 @@ __all__ = [
     "read_methods",
     "set_class_attr",
 ]
-
-try:  # the concrete array class (a C++ type with Python methods)
-    from jax._src.array import ArrayImpl
-except ImportError:  # pragma: no cover - future jax
-    ArrayImpl = None  # type: ignore[assignment,misc]
 
 
 def _key_array_class() -> type | None:
@@ -121,7 +115,7 @@ def _probe_reads() -> str | None:
 
 
 def read_methods() -> dict[str, Any]:
-    """The class's current read methods (and ``_value``) by name, where present."""
+    """The class's current read methods (and ``_value``) by name."""
     capability("array-read-hooks")  # warns once if any of them moved
     if ArrayImpl is None:
         return {}
@@ -165,8 +159,7 @@ def hook_deleted_reads(
     """Make ``ArrayImpl._check_if_deleted`` raise ``explain(array)`` (once), and
     a deleted array's ``block_until_ready`` error ``explain_wait(array)``'s
     (None from either: JAX's own error). JAX calls it before every Python
-    read and before an op or ``jax.jit`` call takes the array; it costs one
-    ``is_deleted()`` as before."""
+    read and before an op or ``jax.jit`` call takes the array."""
     if _deleted_hook or not capability("deleted-read-hook").available:
         return
     original = ArrayImpl.__dict__["_check_if_deleted"]
@@ -190,7 +183,7 @@ def _explained_wait(
     wait: Callable[[Any], Any], explain: Callable[[Any], BaseException | None]
 ) -> Any:
     """``block_until_ready`` (jaxlib's C++ method, which runs no Python check),
-    its error for a deleted array replaced by ``explain``'s (None: JAX's own)."""
+    its error for a deleted array replaced by ``explain``'s."""
 
     def block_until_ready(self: Any) -> Any:
         try:
@@ -211,9 +204,8 @@ def _explained_wait(
 def _explained_tree_wait(
     wait: Callable[[Any], Any], explain: Callable[[Any], BaseException | None]
 ) -> Any:
-    """``jax.block_until_ready(tree)``, which waits on several arrays at once
-    in C++ without the method: its error for a deleted leaf replaced by
-    ``explain``'s for the first deleted leaf it words (else JAX's own)."""
+    """``jax.block_until_ready(tree)`` (several arrays at once in C++, without
+    the method): its error replaced by ``explain``'s for a deleted leaf."""
 
     def block_until_ready(x: Any) -> Any:
         try:
@@ -246,11 +238,7 @@ def _probe_buffer() -> str | None:
     if ArrayImpl is None:
         return "jax._src.array.ArrayImpl is gone"
     if sys.version_info >= (3, 12):
-        return (
-            None
-            if ArrayImpl.__dict__.get("__buffer__") is not None
-            else "ArrayImpl has no __buffer__"
-        )
+        return None if "__buffer__" in ArrayImpl.__dict__ else "ArrayImpl has no __buffer__"
     return None if _buffer_slot() is not None else "the PyTypeObject layout is not the expected one"
 
 
@@ -258,8 +246,7 @@ def _buffer_slot() -> ctypes.c_void_p | None:
     """CPython 3.11: the ``bf_getbuffer`` slot of ArrayImpl, after sanity checks."""
     ptr = ctypes.sizeof(ctypes.c_void_p)
     base = id(ArrayImpl)
-    # PyTypeObject: ob_refcnt, ob_type, ob_size, tp_name, tp_basicsize, ...;
-    # tp_as_buffer is field 20. Check two known fields before touching it.
+    # PyTypeObject: tp_name is field 3, tp_basicsize 4, tp_as_buffer 20.
     name_ptr = ctypes.c_void_p.from_address(base + 3 * ptr).value
     basicsize = ctypes.c_ssize_t.from_address(base + 4 * ptr).value
     procs = ctypes.c_void_p.from_address(base + 20 * ptr).value
@@ -285,14 +272,11 @@ def buffer_hooks(
 ) -> tuple[Callable[[], None], Callable[[], None]]:
     """(install, remove) for the buffer-protocol interceptor of this Python.
 
-    Args:
-        refuse: called with the array on every buffer export; ``True`` refuses
-            it (numpy then falls back to ``__array__``).
-        refused: called when an export is refused; on >= 3.12 it raises the
-            error ``memoryview()`` sees. On 3.11 a ctypes callback cannot
-            leave an exception set, so the consumer raises ``SystemError``;
-            ``refused`` runs first in a ``try`` so the caller can keep its
-            error and put it in that one's place (:func:`is_unset_error`).
+    ``refuse(array)``, on every export: True refuses it (numpy then falls back
+    to ``__array__``). ``refused(array)`` then raises the error ``memoryview()``
+    sees (>= 3.12); on 3.11 a ctypes callback cannot leave an exception set, so
+    the consumer raises ``SystemError`` and the caller puts the error
+    ``refused`` kept in its place (:func:`is_unset_error`).
     """
     if not capability("buffer-hook").available:
         return (lambda: None), (lambda: None)

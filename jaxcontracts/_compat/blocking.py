@@ -1,12 +1,9 @@
 """Timing the waits for the device: ``block_until_ready``, both spellings.
 
-While a timing loop is active, ``jax.Array.block_until_ready`` (a method of
-the concrete class, ``jax._src.array.ArrayImpl``) and the module function
-``jax.block_until_ready`` (which waits on several arrays at once without
-calling the method) are replaced by wrappers that report how long each call
-blocked. Replacing the class attribute reaches every array; replacing the
-module attribute reaches code that looks the function up as
-``jax.block_until_ready`` at call time (not a name imported before the loop).
+While a timing loop is active, the method of the concrete array class and the
+module function ``jax.block_until_ready`` (which waits on several arrays
+without calling the method) report how long each call blocked. Replacing the
+module attribute misses a name imported before the loop.
 """
 
 from __future__ import annotations
@@ -20,9 +17,9 @@ import jax
 
 from .registry import capability, define
 
-__all__ = ["install", "uninstall", "wait_untimed", "wrap_function", "wrap_method"]
+__all__ = ["ArrayImpl", "install", "uninstall", "wait_untimed", "wrap_function", "wrap_method"]
 
-try:  # the concrete array class (as in .arrays, which this layer may not import)
+try:  # the concrete array class (a C++ type with Python methods; .arrays re-exports it)
     from jax._src.array import ArrayImpl
 except ImportError:  # pragma: no cover - future jax
     ArrayImpl = None  # type: ignore[assignment,misc]
@@ -49,8 +46,7 @@ def _probe_blocking() -> str | None:
 
 
 def install(report: Callable[[str, float, Any], None]) -> None:
-    """Replace both with wrappers calling ``report(where, seconds, value)``
-    (idempotent): ``value``, the array or tree waited on."""
+    """Replace both with wrappers calling ``report(where, seconds, value)``."""
     if _saved or not capability("block-timing").available:
         return
     base = [ArrayImpl.__dict__["block_until_ready"]]  # the method beneath (wrap_method)
@@ -96,7 +92,6 @@ def wait_untimed(x: Any) -> None:
 
 
 def uninstall() -> None:
-    """Put the originals back (idempotent)."""
     if not _saved:
         return
     ArrayImpl.block_until_ready = _saved["base"][0]
@@ -115,8 +110,7 @@ def wrap_method(wrap: Callable[[Any], Any]) -> None:
 
 
 def wrap_function(wrap: Callable[[Any], Any]) -> None:
-    """Replace the module function ``jax.block_until_ready`` by
-    ``wrap(function)``, for good, as ``wrap_method`` does the method."""
+    """As :func:`wrap_method`, for the module function."""
     if _saved:
         _saved["function"][0] = wrap(_saved["function"][0])
     else:

@@ -1,12 +1,10 @@
 """Host callbacks an executable runs (``jax.debug.callback``/``print``,
-``pure_callback``, ``io_callback``): a hook around each.
+``pure_callback``, ``io_callback``): a hook around each, and where they are.
 
 On CPU a callback runs on the dispatching thread, inside its ``jc.hot_loop``,
 whose refusal of the callback's eager ops would fail the step after XLA took
-its donated buffers: the hook lifts the loop's guards for the callback. JAX
-calls ``debug_callback_p.impl``, ``pure_callback_impl`` and
-``io_callback_impl`` by name at run time, so replacing them reaches every
-compiled callback, even those compiled before.
+its donated buffers. JAX looks the runners up by name at run time, so
+replacing them reaches every compiled callback, even those compiled before.
 """
 
 from __future__ import annotations
@@ -20,7 +18,7 @@ import jax
 
 from .registry import capability, define
 
-__all__ = ["CallbackSite", "callback_sites", "hook_host_callbacks"]
+__all__ = ["callback_sites", "hook_host_callbacks"]
 
 try:
     from jax._src import callback as _callback
@@ -32,7 +30,7 @@ _hooked: list[Any] = []
 
 
 def _targets() -> list[tuple[Any, str]]:
-    """(owner, attribute) of each callback runner, where they are."""
+    """(owner, attribute) of each callback runner."""
     out: list[tuple[Any, str]] = []
     if _debugging is not None and callable(
         getattr(getattr(_debugging, "debug_callback_p", None), "impl", None)
@@ -61,11 +59,8 @@ def _probe() -> str | None:
 def hook_host_callbacks(
     around: Callable[[Callable[..., Any], tuple[Any, ...], dict[str, Any]], Any]
 ) -> None:
-    """Run each host callback as ``around(runner, args, kwargs)`` (once, for good).
-
-    ``around`` must call ``runner(*args, **kwargs)`` and return its result;
-    it costs the callback one call when no loop is active.
-    """
+    """Run each host callback as ``around(runner, args, kwargs)`` (once, for
+    good), which must return ``runner(*args, **kwargs)``."""
     if _hooked or not capability("host-callback-hook").available:
         return
     for owner, name in _targets():
@@ -82,7 +77,6 @@ def _runner(original: Callable[..., Any], around: Callable[..., Any]) -> Callabl
     return runner
 
 
-# The primitives by which a compiled program calls back into Python.
 _CALLBACKS = frozenset({"debug_callback", "debug_print", "pure_callback", "io_callback"})
 
 
@@ -141,10 +135,10 @@ _DEVICE_KERNELS = frozenset({"pallas_call"})
 
 
 def _jaxpr_types() -> tuple[type, type]:
-    """The classes of a closed jaxpr and of its jaxpr (one class on newer jax), as
-    ``jax.make_jaxpr`` returns them: importing ``jax.extend`` for them would change
-    JAX's trace context on jax 0.12 (it registers Pallas's options) and so
-    recompile every ``jax.jit`` the user warmed before the first loop."""
+    """The classes of a closed jaxpr and of its jaxpr, as ``jax.make_jaxpr``
+    returns them: importing ``jax.extend`` for them would change JAX's trace
+    context on jax 0.12 (it registers Pallas's options) and so recompile every
+    ``jax.jit`` the user warmed before the first loop."""
     closed = jax.make_jaxpr(lambda: None)()
     return type(closed), type(getattr(closed, "jaxpr", closed))
 

@@ -1,12 +1,8 @@
 """JAX's runtime tokens for a compiled step's ordered effects, made ahead.
 
-JAX keeps the last token per ordered effect in
-``jax._src.dispatch.runtime_tokens`` (per thread); the first call on a
+JAX keeps the last token per ordered effect (per thread); the first call on a
 thread, or after ``jax.effects_barrier()``, makes one by transferring a
 ``bool[0]`` numpy array, which a ``jc.hot_loop`` would refuse as the user's.
-:func:`effect_tokens` reads the executable's ``ordered_effects`` and
-``_local_devices`` (``Compiled._executable.unsafe_call``) and makes each
-missing token before the call, with the host-to-device guard lifted.
 """
 
 from __future__ import annotations
@@ -45,7 +41,7 @@ def _probe() -> str | None:
 
 
 def _ordered(compiled: Any) -> tuple[list[Any], Any] | None:
-    """(the ordered effects, the local devices) of an AOT executable, or None."""
+    """(the ordered effects, the local devices) of an AOT executable."""
     try:
         call = compiled._executable.unsafe_call
         effects = list(call.ordered_effects)
@@ -56,9 +52,8 @@ def _ordered(compiled: Any) -> tuple[list[Any], Any] | None:
 
 
 def effect_tokens(compiled: Any) -> Callable[[], None] | None:
-    """A function making, on the calling thread, the runtime tokens of the
-    executable's ordered effects that do not exist yet (the host-to-device
-    guard lifted for that); None where it has no ordered effect or the
+    """A function making, on the calling thread, the missing runtime tokens
+    of the executable's ordered effects; None where it has none or the
     mechanism is missing (the first call inside a loop is then refused)."""
     found = _ordered(compiled)
     if found is None or not capability("effect-tokens").available:

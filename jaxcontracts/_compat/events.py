@@ -1,8 +1,5 @@
-"""Compile events: the names ``jax.monitoring`` gives each compile phase.
-
-``jax.monitoring``'s listener API is public; the event names and the
-``fun_name`` keyword are not documented, so they are a capability.
-"""
+"""Compile events: the names ``jax.monitoring`` gives each compile phase (the
+listener API is public, the event names are not)."""
 
 from __future__ import annotations
 
@@ -14,7 +11,7 @@ import jax
 
 from .registry import capability, define
 
-__all__ = ["BACKEND_EVENT", "COMPILE_EVENTS", "LOWERING_EVENT", "listen", "unlisten"]
+__all__ = ["BACKEND_EVENT", "LOWERING_EVENT", "listen", "unlisten"]
 
 COMPILE_EVENTS = (
     "/jax/core/compile/jaxpr_trace_duration",
@@ -84,9 +81,8 @@ def _probe_cache_events() -> str | None:
 
 
 class CacheOutcome:
-    """What JAX's persistent compilation cache did for a block's compiles, on the
-    compiling thread: ``hits`` and ``misses`` (its "considered" event fires
-    even without a cache directory, so it is not counted)."""
+    """JAX's persistent compilation cache's hits and misses on the compiling
+    thread (its "considered" event fires even without a cache directory)."""
 
     __slots__ = ("hits", "misses", "thread")
 
@@ -114,7 +110,7 @@ class CacheOutcome:
 
 
 def watch_cache() -> CacheOutcome | None:
-    """Start counting cache events on this thread (None: the capability is missing)."""
+    """Start counting cache events on this thread (None: not on this JAX)."""
     if not capability("compilation-cache-events").available:
         return None
     outcome = CacheOutcome()

@@ -3,13 +3,10 @@
 JAX's ``args_info[...].donated`` is the request; what XLA did is the alias
 table on the first line of the HLO module, which no public API returns: we
 parse it, with ``memory_analysis().alias_size_in_bytes`` as the fallback, else
-the aliasing is *not verified* (reports say so, never a pass).
-
-Printing the module costs ~1 us per HLO op (50 ms for a 12-layer
-transformer). XLA keeps an alias JAX requested (``tf.aliasing_output`` on the
-entry parameter), so :func:`requested_aliases` reads those attributes, and
-the text is printed only where XLA chose (``jax.buffer_donor``) or the
-executable came from JAX's persistent compilation cache.
+the aliasing is *not verified*. Printing the module costs ~1 us per HLO op;
+XLA keeps an alias JAX requested (``tf.aliasing_output``), so
+:func:`requested_aliases` reads those, and the text is printed only where XLA
+chose (``jax.buffer_donor``) or the executable came from JAX's cache.
 """
 
 from __future__ import annotations
@@ -110,9 +107,8 @@ def _entry_param_count(header: str) -> int | None:
 
 
 def _parameter_count(compiled: Any) -> int | None:
-    """Entry parameters of the executable (hoisted constants included), from
-    its parameter layouts: the count the HLO header's layout lists, read
-    without scanning the header (None where the runtime executable has none)."""
+    """Entry parameters of the executable (hoisted constants included), without
+    scanning the header (None where the runtime executable has no layouts)."""
     try:
         return len(compiled.runtime_executable().get_parameter_layouts())
     except Exception:  # noqa: BLE001 - older or other runtimes: the header is read
@@ -120,17 +116,9 @@ def _parameter_count(compiled: Any) -> int | None:
 
 
 def aliased_parameters(compiled: Any, n_args: int) -> set[int] | None:
-    """Indices of the flat arguments XLA aliases to an output.
-
-    Args:
-        compiled: a ``jax.stages.Compiled``.
-        n_args: how many flat arguments the caller passes (JAX may prepend
-            hoisted constants as extra entry parameters; they are skipped).
-
-    Returns:
-        The set of flat argument indices that alias an output, or ``None`` when
-        the executable's HLO could not be read.
-    """
+    """Indices of the ``n_args`` flat arguments XLA aliases to an output (JAX
+    may prepend hoisted constants as entry parameters: skipped); ``None``
+    where the executable's HLO could not be read."""
     try:
         text = compiled.as_text()
     except Exception as e:  # noqa: BLE001 - some backends cannot print

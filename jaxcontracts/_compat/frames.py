@@ -27,7 +27,6 @@ __all__ = [
 ]
 
 
-
 @define(
     "caller-frames",
     "sys._getframe (CPython)",
@@ -38,7 +37,7 @@ def _probe_frames() -> str | None:
 
 
 def caller_frame(depth: int) -> FrameType | None:
-    """The frame ``depth`` levels above the caller of this function."""
+    """The frame ``depth`` levels above our caller."""
     if not capability("caller-frames").available:
         return None
     try:
@@ -51,8 +50,7 @@ def locals_of(frame: Any) -> dict[str, Any]:
     """A copy of a user frame's locals where reading them writes nothing; ``{}``
     where it would: before 3.13 a function frame's ``f_locals`` read syncs the
     dict ``locals()`` returned (the user's ``hparams = locals()`` changes, and
-    keeps every local alive). Since 3.13 it is a proxy that keeps nothing.
-    """
+    keeps every local alive)."""
     if sys.version_info < (3, 13) and frame.f_code.co_flags & inspect.CO_OPTIMIZED:
         return {}
     try:
@@ -80,15 +78,13 @@ def library_locals(frame: Any) -> dict[str, Any]:
 
 def caller_locals(depth: int) -> Mapping[str, Any]:
     """The local namespace of the frame ``depth`` levels above the caller, for
-    resolving annotations: ``f_locals`` is read (before 3.13, syncing an
-    earlier ``locals()``, as a debugger does) only for a name that is one of
-    the frame's variables."""
+    annotations: ``f_locals`` is read (before 3.13, syncing an earlier
+    ``locals()``) only for a name that is one of the frame's variables."""
     frame = caller_frame(depth + 1)
     return {} if frame is None else namespace_of(frame)
 
 
 def namespace_of(frame: FrameType) -> Mapping[str, Any]:
-    """:func:`caller_locals` of ``frame`` itself."""
     return _Namespace(frame)
 
 
@@ -153,7 +149,7 @@ def _probe_callbacks() -> str | None:
 
 
 def allowed_reader(frame: FrameType | None) -> bool:
-    """Is a read made from this frame (or a caller of it) a read on purpose?"""
+    """Is a read made from this frame (or a caller) a read on purpose?"""
     while frame is not None:
         code = frame.f_code
         for suffix, name in _ALLOWED:
@@ -181,9 +177,8 @@ def _probe_ipython() -> str | None:
 def notebook_cell(filename: str) -> int | None:
     """The execution count of a notebook cell's pseudo-file, under IPython."""
     ipython = sys.modules.get("IPython")
-    if (
-        ipython is None
-        or "ipykernel_" not in filename and not filename.startswith("<ipython-input")
+    if ipython is None or (
+        "ipykernel_" not in filename and not filename.startswith("<ipython-input")
     ):
         return None
     if not capability("ipython-cells").available:

@@ -5,15 +5,8 @@ the executable for a signature it has seen (tree structure, per-leaf dtype,
 shape, weak type, placement, numpy or device; trace state and jit config).
 On a new one its cache miss, for an AOT executable, checks shape and dtype
 only and caches the signature: a weak leaf, numpy or another device is then
-taken silently forever after.
-
-:func:`guarded_call` builds the same C++ call with a cache miss of ours:
-``approve(args)`` runs on every unseen signature, and only an approved one
-reaches JAX's miss; a refused one returns :data:`REFUSED`. So per-leaf checks
-run once per signature, and later calls cost JAX's own flatten. ``in_tree``
-lets the executable take another tree with the same leaves. The mechanism is
-private (``_jax.pjit``, ``create_cpp_call``, ``CompiledCallParams``): the
-``guarded-call`` capability; without it callers check every call in Python.
+taken silently forever after. :func:`guarded_call` builds the same C++ call
+with a cache miss of ours, so per-leaf checks run once per signature.
 """
 
 from __future__ import annotations
@@ -27,8 +20,6 @@ __all__ = ["REFUSED", "flat_in_tree", "guarded_call", "tree_in_tree"]
 
 
 class _Refused:
-    """What a guarded call returns when ``approve`` refused the arguments."""
-
     __slots__ = ()
 
     def __repr__(self) -> str:
@@ -39,8 +30,7 @@ REFUSED: Any = _Refused()
 
 
 def _parts() -> tuple[Any, Any, Any, Any, Any]:
-    """(the pjit constructor, the cache keys class, the dispatch registry,
-    the shard-arg function, the tracing registry) of the installed jaxlib."""
+    """The pieces of a jaxlib pjit call, and the tracing registry."""
     from jax._src import tree_util
     from jax._src.interpreters import pxla
 
@@ -95,26 +85,17 @@ def guarded_call(
         tuple[tuple[int, ...], tuple[str, ...], Callable[..., tuple[Any, ...] | None]] | None
     ) = None,
 ) -> Callable[..., Any] | None:
-    """The C++ call of ``compiled``'s executable that runs only signatures ``approve`` took.
+    """The C++ call of ``compiled``'s executable that runs only signatures
+    ``approve`` took (else it returns :data:`REFUSED`); None where the
+    executable has no C++ fast path (host callbacks) or the mechanism is missing.
 
-    Args:
-        compiled: a ``jax.stages.Compiled``.
-        approve: called with the positional arguments of a call whose
-            signature the C++ path has not seen (never with keywords: those
-            are refused); True lets JAX run the call and cache the signature.
-            It must not raise and must not touch the device.
-        in_tree: the call tree the executable takes its flat arguments in
-            (:func:`flat_in_tree`, :func:`tree_in_tree`); None: its own.
-        static: ``(argnums, argnames, bind)``: static in the C++ call, as
-            ``jax.jit``'s ``static_argnums``/``static_argnames`` (hashed into
-            the signature). On a miss, ``bind(args, kwargs)`` gives the
-            positional arguments or None (refused), never raising; it must
-            refuse any non-static keyword (the C++ call orders those by name).
-
-    Returns:
-        The call (which returns :data:`REFUSED` for a refused signature), or
-        None where the executable has no C++ fast path (host callbacks,
-        unordered effects) or the mechanism is missing here.
+    ``approve(args)``: on a signature the C++ path has not seen (keywords are
+    refused); True lets JAX run the call and cache the signature. It must not
+    raise nor touch the device. ``in_tree``: the call tree the executable
+    takes its flat arguments in (None: its own). ``static``: ``(argnums,
+    argnames, bind)``, static in the C++ call as ``jax.jit``'s; on a miss
+    ``bind(args, kwargs)`` gives the positional arguments or None (refused),
+    never raising, refusing any non-static keyword (C++ orders those by name).
     """
     if not capability("guarded-call").available:
         return None

@@ -1,15 +1,10 @@
 """JAX's transfer-guard log lines, taken off stderr and handed to record mode.
 
 In record mode a hot loop sets JAX's host-to-device guard to ``"log"``, and
-jaxlib's C++ logging writes one line per transfer straight to fd 2 (wrapped here)::
-
-    W1130 19:54:47.320191    7187 guard_lib.cc:125] host-to-device transfer:
-        aval=ShapedArray(float32[], weak_type=True), dst_sharding=...
-
-While a recording loop is active, fd 2 is a pipe; a reader thread passes
-other lines through at once and keeps the guard lines by the native thread
-id they carry, so each loop takes its own thread's. The format is jaxlib's,
-not an API: the probe checks its pieces, a test checks a real line, and a
+jaxlib's C++ logging writes one line per transfer straight to fd 2. While a
+recording loop is active, fd 2 is a pipe; a reader thread passes other lines
+through at once and keeps the guard lines by the native thread id they carry,
+so each loop takes its own thread's. The format is jaxlib's, not an API: a
 line that no longer parses is passed through and counted.
 """
 
@@ -101,9 +96,8 @@ class Capture:
         self._wake = (-1, -1)  # the running reader's wake pipe (closed here once it ended)
 
     def forget(self) -> None:
-        """In a forked child: the capture, its reader and its pipes are the
-        parent's (no thread came along); the child starts with none, so its
-        exit never wakes or hands over the parent's reader."""
+        """In a forked child: start with no capture (the reader and its pipes
+        are the parent's), so its exit never wakes or hands them over."""
         registered = self._registered  # (its exit handler came along, if any)
         self.__init__()  # type: ignore[misc]
         self._registered = registered
@@ -116,24 +110,22 @@ class Capture:
         except OSError:
             return False
 
-    def _give_back(self, saved: int) -> None:
-        """fd 2 back to what it was, unless the script pointed it elsewhere
-        since: then it stays where the script put it (and the reader, which
-        met the pipe's end, closed the saved copy)."""
+    def _give_back(self) -> threading.Thread | None:
+        """fd 2 back to what it was, unless the script pointed it elsewhere since
+        (then the reader, which met the pipe's end, closed the saved copy); the
+        reader, left to drain the pipe."""
         if self._holds_fd2():
-            os.dup2(saved, 2)  # drops the pipe's last write end held here
-        self._pipe = None
+            os.dup2(self._saved_fd, 2)  # drops the pipe's last write end held here
+        reader, self._reader, self._saved_fd, self._pipe = self._reader, None, -1, None
+        return reader
 
     # -- the reader thread -------------------------------------------------
 
     def _read(self, fd: int, out: int, wake: int) -> None:
-        # Runs until every writer of the pipe is gone: the loop's thread gives
-        # fd 2 back at the end, but a subprocess started inside the loop keeps
-        # the pipe as its stderr, so this goes on forwarding for it; it owns
-        # both descriptors and closes them at the end (fd 2 is given back from
-        # the saved one only while fd 2 is still the pipe: then no end came).
-        # Woken (``wake``) as the interpreter exits, with the pipe still held
-        # elsewhere, it stops and leaves the pipe to ``_hand_over``.
+        # Runs until every writer of the pipe is gone (a subprocess started in
+        # the loop keeps it as its stderr: this forwards for it), then closes
+        # both descriptors. Woken (``wake``) as the interpreter exits with the
+        # pipe still held elsewhere, it leaves the pipe to ``_hand_over``.
         pending, handed = b"", False
         poller = select.poll()
         poller.register(fd, select.POLLIN)
@@ -163,9 +155,8 @@ class Capture:
 
     def _feed(self, data: bytes, out: int) -> bytes:
         """Take the guard lines and sync marks out of ``data`` wherever they
-        start (after a progress bar's ``\r``, or a line without its newline),
-        and pass everything else on at once; returns the tail that may be the
-        start of one, kept until more comes."""
+        start (after a progress bar's ``\r``), pass the rest on at once; returns
+        the tail that may be the start of one, kept until more comes."""
         pos = 0
         while True:
             m = _OURS.search(data, pos)
@@ -232,8 +223,7 @@ class Capture:
             try:
                 os.dup2(write_fd, 2)
             except OSError:
-                for fd in (read_fd, write_fd, saved):
-                    os.close(fd)
+                _close(read_fd, write_fd, saved)
                 return False
             self._pipe = _identity(write_fd)
             os.close(write_fd)
@@ -250,9 +240,8 @@ class Capture:
             try:
                 self._reader.start()
             except RuntimeError:  # no new thread (the interpreter is exiting): fd 2 given back
-                os.dup2(saved, 2)
+                self._give_back()
                 _close(read_fd, saved, *self._wake)
-                self._reader, self._saved_fd, self._pipe = None, -1, None
                 return False
             self._users = 1
             return True
@@ -272,8 +261,7 @@ class Capture:
             self._marks.pop(token, None)
 
     def take(self, tid: int) -> tuple[list[GuardEvent], int]:
-        """The events logged on thread ``tid`` since the last take, and the
-        count of guard lines that did not parse (any thread)."""
+        """The events logged on thread ``tid`` since the last take, and the unparsed count."""
         self.sync()
         with self._lock:
             events = self._events.pop(tid, [])
@@ -289,9 +277,7 @@ class Capture:
             self._users -= 1
             if self._users:
                 return
-            saved, reader, wake = self._saved_fd, self._reader, self._wake
-            self._saved_fd, self._reader = -1, None
-            self._give_back(saved)
+            reader, wake = self._give_back(), self._wake
             self._events.clear()
         if reader is not None:
             reader.join(0.5)  # what was written before take()'s sync is read already
@@ -311,9 +297,7 @@ class Capture:
         with self._lock:
             if self._users:
                 self._users = 0
-                saved, reader = self._saved_fd, self._reader
-                self._saved_fd, self._reader = -1, None
-                self._give_back(saved)  # the pipe's last write end here: the reader drains it
+                reader = self._give_back()  # the pipe's last write end here: the reader drains it
                 if reader is not None:
                     self._draining.append((reader, self._wake))
             draining, self._draining = self._draining, []
@@ -342,11 +326,10 @@ _FORWARD = (
 
 
 def _hand_over(fd: int, out: int) -> None:
-    """Forward the pipe ``fd`` to ``out`` from a process of its own, which
-    ends when the last writer does (nothing is filtered: the lines are the
-    subprocesses', not this process's JAX's). Spawned with ``os.posix_spawn``
-    in a session of its own: no ``Popen`` object left to warn as it is
-    collected, no Ctrl-C of the terminal's group stopping it before them."""
+    """Forward the pipe ``fd`` to ``out`` from a process of its own, which ends
+    when the last writer does. ``os.posix_spawn``, in a session of its own: no
+    ``Popen`` left to warn as it is collected, no Ctrl-C of the terminal's
+    group stopping it before the writers."""
     try:
         if sys.executable and hasattr(os, "posix_spawn"):
             os.posix_spawn(

@@ -3,9 +3,7 @@
 On CPU a host read is a view of the device buffer, which XLA cannot donate
 while it lives; jaxlib 0.11.2 caches the view of ``__array__``, ``_value``,
 ``device_get`` and ``copy_to_host_async`` for the array's life (0.10.x,
-0.11.0/1 and 0.12 release it). :func:`host_copy` reads through the buffer
-protocol and releases the view at once (or copies the raw buffer), so the
-array stays donatable on every version; it compiles nothing.
+0.11.0/1 and 0.12 release it). :func:`host_copy` releases the view at once.
 """
 
 from __future__ import annotations
@@ -19,15 +17,12 @@ import numpy as np
 
 from .registry import define
 
-__all__ = ["PINNING_JAXLIB", "host_copy", "pins_host_views"]
-
-#: jaxlib versions that keep a CPU array's host view alive after a read.
-PINNING_JAXLIB = ("0.11.2",)
+__all__ = ["host_copy", "pins_host_views"]
 
 
 def pins_host_views() -> bool:
-    """Whether the installed jaxlib pins a CPU buffer after any host read."""
-    return getattr(jaxlib, "__version__", "") in PINNING_JAXLIB
+    """Whether the installed jaxlib keeps a CPU array's host view alive after a read."""
+    return getattr(jaxlib, "__version__", "") in ("0.11.2",)
 
 
 @define(
@@ -59,7 +54,6 @@ def _dense_row_major(a: Any) -> bool:
 
 
 def _single_to_numpy(a: Any) -> np.ndarray:
-    """One single-device CPU array -> a fresh numpy array owning its data."""
     try:
         view = memoryview(a)  # an external reference until release()
     except (BufferError, TypeError, SystemError):

@@ -1,11 +1,8 @@
 """jaxtyping annotations, read through public attributes where they exist.
 
-An array annotation (``Float32[Array, "n 3"]``) is a subclass of the public
-``jaxtyping.AbstractArray`` with public ``dtypes``, ``dim_str`` and
-``array_type``; its dims are parsed here from ``dim_str`` with jaxtyping's
-grammar, so jaxtyping's private dim classes are never touched. A
-``PyTree[...]`` annotation is an instance of ``type(jaxtyping.PyTree)``; its
-leaf type lives in the undocumented ``leaftype`` attribute (a capability).
+An array annotation's dims are parsed here from its public ``dim_str``, so
+jaxtyping's private dim classes are never touched; a ``PyTree[...]``'s leaf
+type lives in the undocumented ``leaftype`` attribute (a capability).
 """
 
 from __future__ import annotations
@@ -49,7 +46,7 @@ def is_array_annotation(hint: Any) -> bool:
 
 
 def parse_dims(dim_str: str) -> tuple[Dim, ...]:
-    """Parse a jaxtyping shape string (``"*batch n 3 #m k+1 _ ..."``)."""
+    """``"*batch n 3 #m k+1 _ ..."``, read with jaxtyping's grammar."""
     dims = []
     for elem in dim_str.split():
         if elem == "...":
@@ -106,6 +103,4 @@ def is_pytree_annotation(hint: Any) -> bool:
 
 def pytree_leaf(hint: Any) -> Any:
     """The leaf annotation of ``PyTree[leaf]``, or ``None`` where unknown."""
-    if not capability("jaxtyping-pytree").available:
-        return None
-    return getattr(hint, "leaftype", None)
+    return getattr(hint, "leaftype", None) if capability("jaxtyping-pytree").available else None

@@ -1,16 +1,11 @@
 """Observing plain ``jax.jit`` functions: what ``jc.watch()`` and the audit need.
 
-Three mechanisms, one capability (``jit-observation``):
-
-* the public ``jax.jit`` attribute, replaced while a watch is open, so that a
-  function jitted then (``@jax.jit``, ``jax.jit(f, ...)``, and the ``jax.jit``
-  that ``eqx.filter_jit`` and ``nnx.jit`` call) comes back wrapped; and
-  ``jax.device_put``, so that the watch sees the new arrays it makes over an
-  argument's buffers (onto the device they are on);
-* ``PjitFunction._jit_info`` (private): a jitted function's static and
-  donated parameters, resolved by JAX from numbers and names alike;
-* ``PjitFunction._cache_size()`` (private): the number of signatures its C++
-  cache holds, so that a call that grew it compiled (or at least traced).
+``jax.jit`` is replaced while a watch is open, so that a function jitted then
+(also by ``eqx.filter_jit`` and ``nnx.jit``) comes back wrapped, and
+``jax.device_put``, so that the watch sees the arrays it makes over an
+argument's buffers. ``PjitFunction._jit_info`` (private) gives a jitted
+function's static and donated parameters, resolved by JAX; its
+``_cache_size()``, whether a call compiled (or at least traced).
 """
 
 from __future__ import annotations
@@ -79,12 +74,10 @@ def available() -> bool:
 
 
 def options_of(jitted: Any) -> JitOptions:
-    """The static and donated parameters of a ``jax.jit`` function."""
     return options_from_info(jitted._jit_info)
 
 
 def cache_size(jitted: Any) -> int:
-    """How many signatures the function's C++ cache holds."""
     return int(jitted._cache_size())
 
 
@@ -118,7 +111,6 @@ def uninstall() -> None:
 
 
 def installed() -> bool:
-    """Whether ``jax.jit`` is replaced now (a ``jc.watch()`` is open)."""
     return jax.jit is not _ORIGINAL
 
 
@@ -166,9 +158,8 @@ _original_infer: Any = None
 
 
 def add_miss_observer(observer: Callable[..., Any]) -> bool:
-    """Install an observer of jax.jit cache misses (False: not on this JAX).
-    Added once per user (a loop entry): each ``remove`` takes one away, and
-    the last puts JAX's function back."""
+    """Install an observer of jax.jit cache misses (False: not on this JAX),
+    once per user (a loop entry); the last ``remove`` puts JAX's function back."""
     global _original_infer
     if not capability("jit-cache-miss").available:
         return False
@@ -201,7 +192,6 @@ def _observed(fun: Any, ji: Any, args: Any, kwargs: Any) -> Any:
 
 
 def options_from_info(ji: Any) -> JitOptions:
-    """:class:`JitOptions` from a cache miss's ``PjitInfo``."""
     sig = getattr(ji, "fun_signature", None)
     return JitOptions(
         tuple(ji.static_argnums),
@@ -218,7 +208,6 @@ def outputs_of(params: Any) -> tuple[Any, list[Any]]:
 
 
 def jaxpr_of(params: Any) -> Any:
-    """The closed jaxpr of a cache miss's ``PjitParams``."""
     return params.params["jaxpr"]
 
 

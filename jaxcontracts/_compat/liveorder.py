@@ -1,10 +1,6 @@
-"""Which of two live arrays was made first: the order of ``jax.live_arrays()``.
-
-jaxlib keeps a client's live arrays in one list, each new array put at its
-head, so ``jax.live_arrays()`` lists them newest first; that order is not
-documented. The audit uses it to tell an eager result made before the last
-jitted call (``norm = optax.tree.norm(params)``, read one step late: the
-device runs that call while the host waits) from one made after it (a sync).
+"""Which of two live arrays was made first: ``jax.live_arrays()`` lists them
+newest first (undocumented). The audit tells by it an eager result made
+before the last jitted call (read one step late) from one made after it.
 """
 
 from __future__ import annotations
@@ -49,9 +45,8 @@ def _order_broken() -> str | None:
 
 def made_before(xs: Sequence[Any], ys: Sequence[Any]) -> set[int]:
     """The ids of the arrays among ``xs`` made before every array of ``ys``
-    (alive, on the default backend); an array not listed, or no ``ys``
-    listed, is not among them (its order unknown). One scan of every live
-    array."""
+    (alive, on the default backend; an order unknown is not before). One scan
+    of every live array."""
     if not capability("live-array-order").available:
         return set()
     if _held[0] is None:  # probed before any backend ran: checked now, once

@@ -62,7 +62,6 @@ def _probe() -> str | None:
 
 
 def available() -> bool:
-    """Whether the check can run here (the capability's probe passed)."""
     return capability("kept-references").available
 
 
@@ -73,8 +72,7 @@ def kept_after_collecting(
     ``sequences`` times) of the leaves held elsewhere after a garbage
     collection, and of those held only by the interpreter's records of a call
     (:func:`_frame_records`: no reader proven, so as under ``jax.jit``).
-    ``arguments``: the call's, never taken for a snapshot. Called only after
-    a count found something (a collection costs milliseconds)."""
+    Called only after a count found something (a collection costs ms)."""
     gc.collect()
     limit = BASELINE + sequences - 1
     held = [i for i, n in enumerate(map(count, leaves)) if n > limit]
@@ -132,9 +130,8 @@ def _display_records(held: list[Any]) -> dict[int, int]:
 
 def _stored_children(objects: list[Any]) -> dict[int, int]:
     """Per leaf ``id``, the second reference a custom pytree node among
-    ``objects`` (:func:`_walk`) holds to it: in a stored record of its
-    children held by nothing else (``self._children = (w, b)``), the node's
-    own structure, not a holder. A record the user keeps too is a holder."""
+    ``objects`` holds to it in a stored record of its children held by nothing
+    else (``self._children = (w, b)``): the node's own structure, not a holder."""
     found: dict[int, int] = {}
     here = inspect.currentframe()  # holds `record` below: not a holder of the user's
     try:
@@ -168,30 +165,23 @@ def _is_record(record: Any, children: list[Any]) -> bool:
     """Whether ``record`` is a tuple or list of exactly ``children``."""
     if not isinstance(record, (tuple, list)) or len(record) != len(children):
         return False
-    for a, b in zip(record, children):
-        if a is not b:
-            return False
-    return True
+    return all(a is b for a, b in zip(record, children))
 
 
 def _frame_records(held: list[Any], own: set[int]) -> dict[int, int]:
     """Per ``id`` in ``held``, the references that are the interpreter's records
     of a call, not a holder of the user's (no proof of a reader: the step
-    does what ``jax.jit`` does, and a later read names it). Three kinds:
+    does what ``jax.jit`` does, and a later read names it):
 
     * a returned call's frame that no traceback or thread's stack reaches
-      (kept by a debugger, a profiler): its variables are readable only
-      through it (the collector never reports a running frame's variables; a
-      suspended generator's are reported as the generator). The frames a
-      traceback reaches, its own and their callers through ``f_back``, hold
-      (a kept exception: post-mortem reads them);
+      (kept by a debugger, a profiler; the collector never reports a running
+      frame's variables). The frames a traceback reaches hold (post-mortem
+      reads them);
     * before 3.13, a dict only such frames and a debugger's
-      ``curframe_locals`` (pdb's snapshot, replaced at its next stop) hold;
+      ``curframe_locals`` (pdb's snapshot) hold;
     * before 3.13, a dict shaped like a running function's ``locals()``
-      snapshot (keys all its variables, its parameters among them): synced
-      only at the next read, it may hold a deleted ``x``. A user's dict
-      whose keys happen to be variable names lacks the parameters: it holds.
-      ``own``: the call's containers, never taken for a snapshot.
+      snapshot (its variables as keys, its parameters among them): it may hold
+      a deleted ``x`` until the next read. ``own``: the call's containers.
 
     One heap scan for the holders, one more where a frame or dict is among them.
     """
@@ -240,10 +230,9 @@ def _frame_records(held: list[Any], own: set[int]) -> dict[int, int]:
 
 
 def last_error_holding(objects: Sequence[Any]) -> BaseException | None:
-    """The last unhandled error the interpreter keeps (``sys.last_exc``, else
-    ``sys.last_value``: the REPL's and IPython's record, replaced at the next
-    error) where a frame its traceback holds refers to one of ``objects``
-    (a notebook cell that failed inside JAX on a state's leaf), else None."""
+    """The last unhandled error the REPL or IPython keeps (``sys.last_exc``)
+    where a frame its traceback holds refers to one of ``objects`` (a
+    notebook cell that failed inside JAX on a state's leaf), else None."""
     err = getattr(sys, "last_exc", None) or getattr(sys, "last_value", None)
     if not isinstance(err, BaseException):
         return None
@@ -268,8 +257,7 @@ _LOCAL = _local_count()
 
 def _dict_records(returned: list[FrameType], debuggers: list[dict[str, Any]]) -> dict[int, int]:
     """Per dict ``id``, the references from ``returned`` frames (not their
-    globals) and ``debuggers``' snapshots (a function of its own: none of its
-    variables outlives it)."""
+    globals) and ``debuggers``' snapshots (a function: none of its locals outlive it)."""
     records: dict[int, int] = {}
     for frame in returned:
         for r in gc.get_referents(frame):
@@ -291,16 +279,14 @@ def _variables(code: Any) -> tuple[frozenset[str], frozenset[str]]:
 
 
 def _shaped(d: dict[Any, Any], shapes: list[tuple[frozenset[str], frozenset[str]]]) -> bool:
-    """Whether ``d``'s keys are variables of one of ``shapes``' functions, its parameters among
-    them."""
+    """Whether ``d``'s keys are one function's variables, its parameters among them."""
     keys = d.keys()
     return any(params <= keys <= variables for variables, params in shapes)
 
 
 def _tracebacks_and_debuggers() -> tuple[set[int], list[Any]]:
     """One heap scan: the ids of the frames live tracebacks and thread stacks
-    reach, and the ``curframe_locals`` snapshots ``bdb`` debuggers keep (read
-    from the instance ``__dict__``: no user property runs)."""
+    reach, and ``bdb`` debuggers' ``curframe_locals`` (no user property runs)."""
     reached: set[int] = set()
     for top in sys._current_frames().values():
         _add_chain(top, reached)
@@ -326,7 +312,6 @@ def _tracebacks_and_debuggers() -> tuple[set[int], list[Any]]:
 
 
 def _add_chain(frame: FrameType | None, into: set[int]) -> None:
-    """Adds the ids of ``frame`` and its callers (``f_back``)."""
     while frame is not None and id(frame) not in into:
         into.add(id(frame))
         frame = frame.f_back
@@ -342,8 +327,7 @@ def _held_besides(obj: Any, owners: tuple[Any, ...]) -> bool:
 
 
 def _walk(arguments: tuple[Any, ...], limit: int = 10_000) -> tuple[set[int], list[Any]]:
-    """The ids of the Python containers the arguments are made of (at most
-    ``limit``), and the objects among them with a ``__dict__``."""
+    """The ids of the containers the arguments are made of, and those with a ``__dict__``."""
     seen: set[int] = set()
     objects: list[Any] = []
     stack: list[Any] = [arguments]

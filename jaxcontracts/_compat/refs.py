@@ -1,14 +1,10 @@
 """The array a JAX ref (``jax.new_ref``) holds, read and replaced.
 
-The call passes each ref's array (donated; the ref's alone: ``new_ref`` and
-``ref[...]`` copy) and puts the returned one back, as JAX's own dispatch does
-(``pxla``: ``x._refs._buf`` in, ``_refs._buf._replace_with(out)`` after).
-Private: ``Ref._refs`` and its field ``_buf`` (jax 0.10.0 to 0.12).
-
+A step's call passes each ref's array (donated: ``new_ref`` and ``ref[...]``
+copy) and puts the returned one back, as JAX's own dispatch does (``pxla``).
 ``jax.jit`` keys a ref on its type, fixed at ``new_ref`` (maybe weak); the
 returned array is strong, so :func:`replace` puts back a view with the ref's
-weak type (capability ``ref-weak-types``): the next call's signature is the
-first's, as under ``jax.jit``.
+weak type: the next call's signature is the first's, as under ``jax.jit``.
 """
 
 from __future__ import annotations
@@ -42,7 +38,6 @@ def _probe() -> str | None:
 
 
 def usable() -> bool:
-    """Whether refs' arrays can be read and replaced on the installed JAX."""
     return capability("ref-buffers").available
 
 
@@ -70,8 +65,7 @@ def _probe_weak() -> str | None:
 
 
 def replace(ref: Any, new: jax.Array) -> None:
-    """Make ``ref`` hold ``new`` (the executable's output for it), with the
-    weak type of the ref's own type (see the module's docstring)."""
+    """Make ``ref`` hold ``new``, with the weak type of the ref's own type."""
     impl = ref._refs
     if (
         impl._aval.inner_aval.weak_type

@@ -1,11 +1,9 @@
 """Named capabilities: each private mechanism the library relies on.
 
-A capability is one private or undocumented JAX, jaxlib, jaxtyping, IPython or
-CPython mechanism, named, with what it lets the library check. Each is probed
-once, lazily (probes never initialise a JAX backend). When one is missing the
-library warns once (:class:`jaxcontracts.CapabilityWarning`, naming the
-capability and what is no longer checked) and reports list the capabilities
-in force, so nothing turns itself off silently.
+Each is probed once, lazily (probes never initialise a JAX backend). When one
+is missing the library warns once (:class:`jaxcontracts.CapabilityWarning`,
+naming what is no longer checked) and reports list the capabilities in force,
+so nothing turns itself off silently.
 """
 
 from __future__ import annotations
@@ -57,9 +55,8 @@ _probe_context: list[Callable[[], AbstractContextManager[Any]]] = []
 
 
 def probe_in(context: Callable[[], AbstractContextManager[Any]]) -> None:
-    """Run every probe inside ``context()``: a probe first asked for inside
-    the user's ``jc.hot_loop`` (``loop.report()`` lists the capabilities)
-    traces and reads as library code, not as the user's loop body, whose
+    """Run every probe inside ``context()``: a probe first asked for inside the
+    user's ``jc.hot_loop`` runs as library code, not as the loop's body, whose
     refusal would both fail the loop and switch the capability off."""
     _probe_context[:] = [context]
 
@@ -96,7 +93,7 @@ def capability(name: str) -> Capability:
 
 
 def missing(name: str, why: str) -> None:
-    """Warn, once per capability, that a mechanism is missing and what it costs."""
+    """Warn, once per capability, that a mechanism is missing."""
     with _lock:
         if name in _warned:
             return

@@ -1,9 +1,5 @@
-"""JAX's runtime errors for guard refusals and deleted buffers, recognised.
-
-JAX raises its transfer-guard refusals and reads of deleted arrays as plain
-runtime errors whose only distinguishing mark is their text. Matching is kept
-here, restricted to JAX's own exception types, so that a user's exception that
-merely mentions such a text is never rewritten.
+"""JAX's runtime errors for guard refusals and deleted buffers, recognised by
+their text (their only mark), restricted to JAX's own exception types.
 """
 
 from __future__ import annotations
@@ -16,7 +12,7 @@ import jaxlib
 
 from .registry import define
 
-__all__ = ["JAX_DIRS", "GuardErrorKind", "classify", "debug_nans_kind", "is_runtime_error"]
+__all__ = ["JAX_DIRS", "classify", "debug_nans_kind", "is_runtime_error"]
 
 GuardErrorKind = Literal["host-to-device", "device-to-host", "device-to-device", "deleted"]
 
@@ -48,14 +44,13 @@ def _probe() -> str | None:
 
 
 def is_runtime_error(exc: BaseException) -> bool:
-    """Whether ``exc`` is JAX's runtime error: what an executable raises when
-    it fails while running (a callback raised, out of memory...), and also for
-    some refusals before it runs (one buffer donated twice)."""
+    """Whether ``exc`` is JAX's runtime error: an executable failed while
+    running (a callback raised, out of memory...), or refused to (one buffer
+    donated twice)."""
     return isinstance(exc, _JAX_ERRORS)
 
 
 def _raised_by_jax(exc: BaseException) -> bool:
-    """Whether the innermost Python frame of ``exc``'s traceback is JAX's."""
     tb = exc.__traceback__
     if tb is None:
         return False
@@ -65,11 +60,8 @@ def _raised_by_jax(exc: BaseException) -> bool:
 
 
 def classify(exc: BaseException) -> tuple[GuardErrorKind, str] | None:
-    """(kind, JAX's detail text) when ``exc`` is one of those JAX errors.
-
-    Only an exception of JAX's types raised from JAX's own code counts: a
-    user's ``RuntimeError`` that merely quotes such a text is left alone.
-    """
+    """(kind, JAX's detail text) when ``exc`` is one of those JAX errors,
+    raised by JAX (a user's ``RuntimeError`` quoting such a text is not)."""
     if type(exc).__module__.split(".")[0] not in ("jax", "jaxlib", "builtins"):
         return None  # a user's or another library's exception class
     text = str(exc)
@@ -79,9 +71,8 @@ def classify(exc: BaseException) -> tuple[GuardErrorKind, str] | None:
         or (isinstance(exc, _JAX_ERRORS) and "Disallowed " in text)
     ):
         # A warm jax.jit refuses a deleted buffer, or a numpy argument under
-        # JAX's guard, in C++: no Python frame of JAX's is on the traceback
-        # (and JAX's traceback filtering removes those there were), but the
-        # wording of XLA's own error type is unmistakable.
+        # JAX's guard, in C++: no Python frame of JAX's is on the traceback, but
+        # the wording of XLA's own error type is unmistakable.
         return None
     for marker, kind, types in _MARKERS:
         if marker in text and isinstance(exc, types):
@@ -95,10 +86,9 @@ def classify(exc: BaseException) -> tuple[GuardErrorKind, str] | None:
 
 
 def debug_nans_kind(exc: BaseException) -> str | None:
-    """``"nan"`` or ``"inf"`` when ``exc`` is the error a compiled call raises
-    under ``jax_debug_nans`` / ``jax_debug_infs`` (``jax._src.api_util.
-    InternalFloatingPointError(name, ty)``, which ``jax.jit`` catches to re-run
-    its function op by op), else None. Recognised by class name: it is private."""
+    """``"nan"`` or ``"inf"`` when ``exc`` is the private error a compiled call
+    raises under ``jax_debug_nans`` / ``jax_debug_infs`` (``jax.jit`` catches it
+    to re-run its function op by op), recognised by its class name."""
     kind = type(exc)
     if kind.__name__ != "InternalFloatingPointError" or not kind.__module__.startswith("jax."):
         return None

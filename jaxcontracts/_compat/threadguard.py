@@ -1,11 +1,9 @@
 """A thread's transfer-guard levels, settable from another thread.
 
 JAX's ``transfer_guard_*`` context managers set thread-local levels, which
-only the thread that set them can restore. When a ``jc.hot_loop`` entered on
-one thread is exited on another (a generator closed there), the loop puts
-the first thread's levels back through jaxlib's ``guard_lib``: its
-``thread_local_state()`` is that thread's level record, and setting its
-fields from another thread changes what the first thread's transfers see.
+only the thread that set them can restore. A ``jc.hot_loop`` exited on
+another thread (a generator closed there) sets the fields of jaxlib's
+``guard_lib.thread_local_state()`` record of the thread it was entered on.
 """
 
 from __future__ import annotations
@@ -15,7 +13,7 @@ from typing import Any
 
 from .registry import capability, define
 
-__all__ = ["FIELDS", "allow_host_to_device", "current", "levels", "set_levels"]
+__all__ = ["allow_host_to_device", "current", "levels", "set_levels"]
 
 #: The guard_lib fields a hot loop sets (JAX's names, as in its config).
 FIELDS = ("host_to_device", "device_to_host", "device_to_device")
@@ -55,7 +53,6 @@ def current() -> Any | None:
 
 
 def levels(state: Any) -> dict[str, Any]:
-    """The record's levels, to give back to :func:`set_levels` later."""
     return {f: getattr(state, f) for f in FIELDS}
 
 
@@ -70,9 +67,8 @@ def set_levels(state: Any, saved: dict[str, Any], overlay: dict[str, str] | None
 
 def allow_host_to_device(call: Callable[..., Any]) -> Callable[..., Any]:
     """``call`` run with the calling thread's host-to-device guard at ``allow``
-    (declared host data: the declaration is the permission), by one field
-    store before and after, not JAX's context manager (several microseconds),
-    which is the fallback without the capability."""
+    (declared host data), by one field store before and after, not JAX's
+    context manager (several microseconds): the fallback without the capability."""
     if not capability("thread-guard-state").available:
         import jax
 

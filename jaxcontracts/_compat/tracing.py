@@ -36,7 +36,6 @@ try:  # what trace_state_clean() returns, one Python frame sooner (bound once)
 except (ImportError, AttributeError):  # pragma: no cover - future jax
     _is_top_level = None
 
-
 try:  # what is_top_level() compares, for the call path to read inline
     from jax._src.core import axis_env_state as _axis_ref
     from jax._src.core import eval_trace as _eval_trace
@@ -46,7 +45,6 @@ try:  # what is_top_level() compares, for the call path to read inline
     _refs: tuple[Any, Any, Any, Any] | None = (_trace_ref, _eval_trace, _axis_ref, _top_axis_env)
 except ImportError:  # pragma: no cover - future jax
     _refs = None
-
 
 try:  # the paths JAX's messages skip when they name the user's line, and its tracebacks leave out
     from jax._src import source_info_util as _source_info
@@ -117,7 +115,6 @@ except ImportError:  # jax 0.10.0
 
 
 def _names() -> tuple[str, ...] | None:
-    """The option names of :func:`jit_context`'s values, where this jax gives them."""
     try:
         return tuple(_trace_context_names()) if _trace_context_names is not None else None
     except Exception:  # noqa: BLE001 - NotImplementedError with an older jaxlib
@@ -146,11 +143,9 @@ def _probe_context() -> str | None:
 def jit_context() -> Any:
     """The config values ``jax.jit`` compiles for, as one comparable value
     (None when the mechanism is missing: every context then looks the same)."""
-    return (
-        _trace_context()
-        if _trace_context is not None and capability("jit-context").available
-        else None
-    )
+    if _trace_context is None or not capability("jit-context").available:
+        return None
+    return _trace_context()
 
 
 #: What :func:`context_changes` names when JAX registered options since the
@@ -159,8 +154,7 @@ REGISTERED = "JAX options registered since the compile (an import: flax, orbax, 
 
 
 def context_changes(compiled_for: Any, now: Any) -> list[tuple[str, Any, Any]]:
-    """``(option, then, now)`` for each config value that differs between two
-    :func:`jit_context` values (empty when they are equal or unknown)."""
+    """``(option, then, now)`` for each value that differs between two :func:`jit_context`'s."""
     if compiled_for is None or now is None or compiled_for == now:
         return []
     if len(compiled_for) != len(now):  # an option registered since
@@ -196,8 +190,6 @@ trace_state_clean: Callable[[], bool] = (
 
 
 class _Clean:
-    """Stands in for the refs when they are gone: ``.value`` asks the function."""
-
     def __init__(self, yes: object) -> None:
         self._yes = yes
 
@@ -209,9 +201,8 @@ class _Clean:
 def top_level_refs() -> tuple[Any, Any, Any, Any]:
     """``(trace_ref, eval_trace, axis_ref, top_axis_env)``: no trace is active
     exactly when ``trace_ref.value is eval_trace and axis_ref.value is
-    top_axis_env`` (JAX's ``is_top_level()`` without its three Python frames,
-    read per call). Without the refs, objects whose ``.value`` calls
-    :data:`trace_state_clean` keep the test working."""
+    top_axis_env`` (JAX's ``is_top_level()`` without its three Python frames).
+    Without the refs, stand-ins that call :data:`trace_state_clean`."""
     if _refs is not None and capability("trace-state").available:
         return _refs
     yes, top = object(), object()
@@ -255,8 +246,7 @@ def _probe_cpp_call() -> str | None:
 
 
 def cpp_call(compiled: Any) -> Any:
-    """The C++ call of a ``jax.stages.Compiled`` (what its warm ``__call__``
-    forwards to: a Python frame saved per call), or ``compiled`` itself."""
+    """The C++ call a warm ``Compiled.__call__`` forwards to, or ``compiled`` itself."""
     call = getattr(compiled, "_call", None)
     if call is None:
         try:
