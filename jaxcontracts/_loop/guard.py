@@ -405,7 +405,7 @@ class HotLoop:
                     entry.native.close()
                 release(checked)
                 if counted:
-                    interrupts.leaving()
+                    interrupts.depth -= 1
             raise
         if observers.recorders:
             observers.loop(self, True)
@@ -472,7 +472,7 @@ class HotLoop:
             finally:
                 release(entry.checked)
                 if entry.counted:
-                    interrupts.leaving()
+                    interrupts.depth -= 1
         if entry.capture_tid is not None:
             self._record_logged(*guardlog.stop(entry.capture_tid))
         if observers.recorders:

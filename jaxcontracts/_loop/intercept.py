@@ -3,30 +3,19 @@
 JAX's device-to-host guard never fires on CPU (a CPU array lends numpy its
 buffer, no copy), so a loop intercepts the reads themselves, on every backend:
 
-* **Read methods** (``_compat.arrays.READS``: ``__float__``, ``__array__``,
-  ``tolist``, the ``_value`` property...), Python functions on ``ArrayImpl``,
-  a mutable heap type. While any loop is active they are replaced on the
-  class (the C slots follow, so existing arrays are covered) by wrappers
-  that check a thread-local flag; the last loop out puts the same objects
-  back, so nothing costs anything outside a loop. Iterating a single-device
-  or fully replicated array slices it on the device
-  (``k, sub = jax.random.split(k)``) and is let through; a sharded one reads
-  ``_value`` and is caught there.
-* **The buffer protocol**, which ``np.asarray``, ufuncs and ``memoryview``
-  use on one CPU device instead of ``__array__``: ``__buffer__`` (PEP 688)
-  is replaced on Python >= 3.12, the ``bf_getbuffer`` slot swapped on 3.11
-  (``_compat.arrays``). A refused export makes numpy fall back to the
-  guarded ``__array__``, which names the array; other consumers
-  (``memoryview``, ``hashlib``) see the error on 3.12, and on 3.11, where
-  the slot cannot raise through C, a ``SystemError`` that the kept refusal
-  replaces as it leaves the loop. ``__dlpack__`` of a CPU array is guarded
-  like the read methods.
-* **Compiles**: ``jax.monitoring`` reports each trace, MLIR lowering and
-  backend compile on the calling thread; the listener makes them violations,
-  naming the true cause when the stack shows it (a donated array, a host
-  read on the user's line). A hot step meeting a new signature reports
-  itself first, by name; warm calls emit nothing; ``jax.debug.print``
-  callbacks (host reads) are allowed.
+* **Read methods** (``_compat.arrays.READS``) are replaced on ``ArrayImpl``,
+  a mutable heap type (the C slots follow, so existing arrays are covered),
+  while any loop is active: nothing costs anything outside a loop.
+  Iterating a single-device or fully replicated array slices it on the
+  device and is let through; a sharded one reads ``_value``, caught there.
+* **The buffer protocol** (``np.asarray`` on one CPU device): a refused
+  export makes numpy fall back to the guarded ``__array__``, which names the
+  array; on 3.11 the slot cannot raise through C, so the consumer sees a
+  ``SystemError`` that the kept refusal (``pending``) replaces as it leaves
+  the loop.
+* **Compiles**: ``jax.monitoring`` reports each trace, lowering and backend
+  compile on the calling thread; the listener names the true cause when the
+  stack shows it (a donated array, a host read on the user's line).
 
 :func:`acquire` and :func:`release` install and remove them, reference
 counted across every loop of every thread.
@@ -136,7 +125,7 @@ def _on_read(x: Any, name: str, frame: Any = None) -> None:
     if (
         loop is not None
         and not trace_state_clean()
-        and (loop.compiles_admitted() or in_recorded_compile())
+        and (loop.compiles_admitted() or (_thread.cell is not None and _thread.cell[0]))
     ):
         # A concrete read while a compile traces (an `if` on a global flag: jax-md's
         # neighbor lists) is part of that compile, admitted with it; where the loop
@@ -176,6 +165,7 @@ def _in_host_memory(x: Any) -> bool:
 
 
 def _on_cpu(x: Any) -> bool:
+    """Whether ``x`` lives on the host CPU (JAX exports only those buffers)."""
     try:
         return all(d.platform == "cpu" for d in x.devices())
     except Exception:  # noqa: BLE001 - unknown placement: treat as a read
@@ -232,8 +222,7 @@ def _must_refuse_buffer(x: Any) -> bool:
         return False
     if loop.on_violation == "raise":
         return True
-    if _on_accelerator(x):
-        # no buffer to export: numpy falls back to __array__, which records it once
+    if not _on_cpu(x):  # no buffer to export: numpy falls back to __array__, which records it
         return False
     _on_read(x, "buffer", frames.caller_frame(1))
     timer = loop.read_timer
@@ -243,14 +232,6 @@ def _must_refuse_buffer(x: Any) -> bool:
             blocking.wait_untimed(x)  # the read's wait, not the user's block_until_ready
         timer(perf_counter() - t0, x, "buffer")
     return False
-
-
-def _on_accelerator(x: Any) -> bool:
-    """Whether ``x`` lives off the host CPU, whose buffers JAX does not export."""
-    try:
-        return any(d.platform != "cpu" for d in x.sharding.device_set)
-    except Exception:  # noqa: BLE001 - no sharding to read: as on CPU
-        return False
 
 
 pending = threading.local()  # 3.11: the error of a refused buffer export
@@ -319,7 +300,7 @@ def _copying_device_get(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
                 and not leaf.is_deleted()
                 and not is_key(leaf.dtype)
                 and leaf.is_fully_addressable
-                and all(d.platform == "cpu" for d in leaf.devices())
+                and _on_cpu(leaf)
                 else original(leaf)
                 for leaf in leaves
             ]
@@ -431,9 +412,10 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
     if loop.on_violation != "raise":
         if event == events.BACKEND_EVENT:
             return
-        traced, _traced.key = _traced.key, (key if event == _TRACE_EVENT else None)
+        traced, _thread.traced = _thread.traced, (key if event == _TRACE_EVENT else None)
         if event == _TRACE_EVENT:
-            _recording_compile()
+            if _thread.cell is not None:  # a plain jax.jit's trace: its reads are part of it
+                _thread.cell[0] = True
         elif traced == key:
             return
     # The compile is often a symptom: say the cause when the stack shows it.
@@ -513,46 +495,28 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
     )
 
 
-class _Traced(threading.local):
+class _Thread(threading.local):
     # the (function, file, line) of the trace a recording loop recorded last on
     # this thread, until the next compile event: its lowering is not recorded again
-    key: tuple[str, str | None, int | None] | None = None
-
-
-_traced = _Traced()
-
-
-class _PlainTrace(threading.local):
-    # the plain jax.jit traces running on this thread (``plain_trace``), the
-    # innermost's cell: [whether the loop recorded its compile]
+    traced: tuple[str, str | None, int | None] | None = None
+    # the innermost plain jax.jit trace running on this thread (``plain_trace``):
+    # [whether the loop recorded its compile]
     cell: list[bool] | None = None
 
 
-_plain_trace = _PlainTrace()
+_thread = _Thread()
 
 
 @contextlib.contextmanager
 def plain_trace() -> Iterator[None]:
     """Around a plain ``jax.jit``'s trace (``_loop.plainjit``): a compile the
     loop records as it starts (record mode, which traces on) makes the
-    concrete reads of that trace part of it (``in_recorded_compile``)."""
-    outer, _plain_trace.cell = _plain_trace.cell, [False]
+    concrete reads of that trace part of it (``_on_read``)."""
+    outer, _thread.cell = _thread.cell, [False]
     try:
         yield
     finally:
-        _plain_trace.cell = outer
-
-
-def _recording_compile() -> None:
-    cell = _plain_trace.cell
-    if cell is not None:
-        cell[0] = True
-
-
-def in_recorded_compile() -> bool:
-    """Whether the plain ``jax.jit`` trace running now is a compile the loop records."""
-    cell = _plain_trace.cell
-    return cell is not None and cell[0]
+        _thread.cell = outer
 
 
 def _deleted_in_stack(user: FrameType | None, limit: int = 80) -> Any | None:

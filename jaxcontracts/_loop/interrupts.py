@@ -13,7 +13,7 @@ from typing import Any
 
 from .._compat.arrays import UNRAISING_CODES
 
-__all__ = ["MAIN_THREAD", "interrupts"]
+__all__ = ["interrupts"]
 
 MAIN_THREAD = threading.main_thread()
 
@@ -43,7 +43,9 @@ class _Interrupts:
     """
 
     def __init__(self) -> None:
-        self.depth = 0  # loops entered on the main thread and not yet exited
+        # loops entered on the main thread and not yet exited (an exit, on any thread,
+        # lowers it; after the last, the main thread's finish() gives the handlers back)
+        self.depth = 0
         self.originals: dict[int, Any] = {}  # signal -> the Python handler this one is in front of
         self.noted: list[tuple[int, Any]] = []  # held: (signal, the handler it was meant for)
         self.codes: frozenset[Any] = frozenset()  # HotLoop.__enter__'s and __exit__'s (_loop.guard)
@@ -103,12 +105,6 @@ class _Interrupts:
                 if _signal.getsignal(signum) == self.handler:
                     _signal.signal(signum, original)
             del self.originals[signum]
-
-    def leaving(self) -> None:
-        """At the exit of an entry that kept the handler (on any thread): after
-        the last one, the handlers are given back by :meth:`finish`, the last
-        thing an exit on the main thread does."""
-        self.depth -= 1
 
     def finish(self) -> None:
         """The end of an entry or exit on the main thread: give the handlers

@@ -26,9 +26,9 @@ from .._steps import JitDonation, jit_donation
 from .._userline import is_library, user_frame
 
 __all__ = [
-    "COMMITTED_FIX", "COMPILED_AGAIN", "COMPILED_AGAIN_FIX", "SAME_LEAVES",
+    "COMPILED_AGAIN", "COMPILED_AGAIN_FIX", "SAME_LEAVES",
     "Dropped", "enclosing",
-    "Signature", "by_name", "by_param", "diff", "donated_params", "missed_donation_fix", "names",
+    "Signature", "by_name", "by_param", "diff", "donated_params", "missed_donation_fix",
     "param_of", "paths", "reusable", "short", "signature", "wrong_donations", "donations", "drift",
     "drift_fix", "jit_site", "leave_out", "passed_again",
 ]
@@ -138,10 +138,9 @@ def signature(
 
 
 def _node_statics(value: Any, path: str, depth: int = 0) -> list[tuple[str, Any]]:
-    """(path, value) of the static fields (``pytree_node=False``, a
-    ``register_dataclass`` meta field: not among the node's children) of the
-    dataclass nodes in ``value``, through tuples, lists and dicts; a function
-    by its name (two functions of one name are told apart by identity)."""
+    """(path, value) of the static fields (not among the node's children) of
+    the dataclass nodes in ``value``, through tuples, lists and dicts; a
+    function by its name and identity."""
     if depth > 8:
         return []
     if isinstance(value, (tuple, list)):
@@ -171,7 +170,6 @@ def _node_statics(value: Any, path: str, depth: int = 0) -> list[tuple[str, Any]
 def by_name(
     opts: jitwatch.JitOptions, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]
 ) -> dict[str, Any]:
-    """The dynamic arguments by parameter name."""
     values = dict(zip(names(opts, len(dyn_args) + len(opts.static_argnums)), dyn_args))
     values.update(dyn_kwargs)
     return values
@@ -184,10 +182,8 @@ def reusable(
     """The undonated dynamic leaves whose buffers an output could take, each
     output taken once: first by the donated parameters, then by those whose
     structure an output (or a top-level part of it) has (``state = f(state)``),
-    then by the others, those with more leaves an output matches first (an
-    ``nnx.jit`` step's model before its batch ``y``, whose ``f32[32]`` is the
-    bias's shape). A fresh batch whose shape happens to match a carried leaf
-    is not a candidate while the carried leaf takes it."""
+    then by those with more leaves an output matches (an ``nnx.jit`` step's
+    model before its batch ``y``, whose ``f32[32]`` is the bias's shape)."""
     free = collections.Counter((tuple(x.shape), str(x.dtype)) for x in out_leaves)
     parts = [
         out,
@@ -265,7 +261,7 @@ def diff(old: Signature, new: Signature) -> tuple[list[str], str]:
                 f"{p}: committed to its device -> uncommitted" if a
                 else f"{p}: uncommitted -> committed to its device"
                 for p, a in moved
-            ], COMMITTED_FIX
+            ], _COMMITTED_FIX
         return [SAME_LEAVES], "call it on the device and in the context it was compiled for"
     return out, diffs[0].cause
 
@@ -305,7 +301,7 @@ def _changed_fields(
 
 
 #: The fix of a recompile where only whether arrays are committed changed.
-COMMITTED_FIX = ("JAX compiles apart for an uncommitted array (made by jnp.array, jnp.zeros... on "
+_COMMITTED_FIX = ("JAX compiles apart for an uncommitted array (made by jnp.array, jnp.zeros... on "
                  "the default device) and a committed one (jax.device_put to a device, or a jitted "
                  "call's output): commit it where it is made, jax.device_put(x, jax.devices()[0]), "
                  "so that every call gives the same")
@@ -576,7 +572,7 @@ def sharers(arrays: Sequence[Any]) -> dict[int, list[Any]] | None:
     ids = {id(x) for x in arrays}
     mine: dict[int, set[int]] = {}
     for x in arrays:
-        held = buffers([x])
+        held = buffers(x)
         if held is None:
             return None
         for address in held:
@@ -585,7 +581,7 @@ def sharers(arrays: Sequence[Any]) -> dict[int, list[Any]] | None:
     for y in jax.live_arrays():
         if id(y) in ids or y.is_deleted():
             continue
-        for address in (buffers([y]) or frozenset()) & mine.keys():
+        for address in (buffers(y) or frozenset()) & mine.keys():
             for xid in mine[address]:
                 found.setdefault(xid, []).append(weakref.ref(y))
     return found
@@ -608,8 +604,8 @@ def note_device_put(given: Any, made: Any) -> None:
     for a, r in zip(leaves_given, leaves_made):
         if a is r or not isinstance(a, jax.Array) or not isinstance(r, jax.Array):
             continue
-        held = buffers([a])
-        if held is not None and not held & (buffers([r]) or held):
+        held = buffers(a)
+        if held is not None and not held & (buffers(r) or held):
             continue  # copied: nothing shared
         key = id(a)
         entry = _put_over.get(key)
@@ -632,16 +628,12 @@ def put_over(arrays: Sequence[Any]) -> list[Any]:
     return [r for x in arrays for r in _put_over.get(id(x), (None, ()))[1]]
 
 
-def buffers(arrays: Sequence[Any]) -> frozenset[int] | None:
-    """The device buffers of ``arrays`` (each shard's), by address; None
-    where one cannot be told."""
-    found: set[int] = set()
+def buffers(x: Any) -> frozenset[int] | None:
+    """The device buffers of ``x`` (each shard's), by address; None where they
+    cannot be told."""
     try:
-        for x in arrays:
-            if len(x.sharding.device_set) == 1:
-                found.add(x.unsafe_buffer_pointer())
-            else:
-                found.update(shard.data.unsafe_buffer_pointer() for shard in x.addressable_shards)
+        if len(x.sharding.device_set) == 1:
+            return frozenset((x.unsafe_buffer_pointer(),))
+        return frozenset(shard.data.unsafe_buffer_pointer() for shard in x.addressable_shards)
     except Exception:  # noqa: BLE001 - a backend without buffer addresses, a deleted array
         return None
-    return frozenset(found)
