@@ -185,8 +185,7 @@ class HotLoop:
             self._iterating[:] = [c for c in self._iterating if c is not cell]
 
     @property
-    def _iteration(self) -> int | None:
-        """The innermost active iterate's index (None: none is active)."""
+    def _iteration(self) -> int | None:  # the innermost active iterate's index
         return self._iterating[-1][0] if self._iterating else None
 
     def _first_pass(self) -> bool:
@@ -211,9 +210,7 @@ class HotLoop:
 
     def compiles_admitted(self) -> bool:
         """Whether a first compile would be let through now (see ``LoopHandle``)."""
-        if not self.checks_compiles:
-            return True
-        return self.warmup and self._first_pass()
+        return not self.checks_compiles or (self.warmup and self._first_pass())
 
     def violation(
         self, kind: str, what: str, fix: str, frame: Any = None, before_call: bool = False

@@ -61,7 +61,6 @@ _TRACE_EVENT = events.COMPILE_EVENTS[0]
 
 
 def _violation(kind: str, what: str, fix: str, frame: Any = None) -> None:
-    """Raise or record one violation for the current thread's loop."""
     __tracebackhide__ = True
     loop = local.loop
     if loop is not None:
@@ -83,8 +82,7 @@ def _describe(x: Any) -> str:
 
 def _key_owner() -> Any:
     """The typed PRNG key whose method (``repr``, ``print``) is reading its key
-    data: only library frames below the user's line are looked at, and only
-    when a violation is being reported."""
+    data, from the library frames below the user's line."""
     if arrays.KeyArray is None:
         return None
     frame = frames.caller_frame(2)
@@ -213,8 +211,8 @@ def _guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _must_refuse_buffer(x: Any) -> bool:
-    """For the buffer hooks: refuse the export (raise mode: numpy falls back
-    to the guarded ``__array__``)? In record mode the read is recorded here."""
+    """For the buffer hooks: refuse the export? (numpy then falls back to the
+    guarded ``__array__``); in record mode the read is recorded here."""
     loop = local.loop
     if loop is None or local.allow or not loop.checks_transfers or _in_host_memory(x):
         return False
@@ -281,11 +279,10 @@ def _read_only(x: Any) -> Any:
 
 
 def _copying_device_get(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``jax.device_get`` inside a loop: CPU arrays come back as copies, read-only
-    as JAX's own results are. On CPU JAX's own caches a view of the buffer on
-    the array, which pins it: the next step donating it makes XLA copy, and
-    the consumed-input check refuses the call. Other leaves (typed keys,
-    accelerator arrays, deleted ones) go to JAX's ``device_get``."""
+    """``jax.device_get`` inside a loop: CPU arrays come back as read-only copies.
+    On CPU JAX's own caches a view of the buffer on the array, which pins it:
+    the next step donating it makes XLA copy (the consumed-input check refuses
+    the call)."""
 
     def device_get(x: Any) -> Any:
         __tracebackhide__ = True
@@ -313,7 +310,7 @@ def _copying_device_get(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 class _Patches:
-    """Install and remove the class-level interceptors (reference counted)."""
+    """The interceptors, installed and removed (reference counted: ``depth``)."""
 
     def __init__(self) -> None:
         self.originals = arrays.read_methods()
@@ -418,23 +415,23 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
                 _thread.cell[0] = True
         elif traced == key:
             return
-    # The compile is often a symptom: say the cause when the stack shows it.
+    # The compile is often a symptom: say the cause when the stack shows it
+    # (a host read only where the loop refuses reads).
     stale = _deleted_in_stack(user)
+    read = host_read_on_line(user) if stale is None and loop.checks_transfers else None
+    # a plain jax.jit that compiled another signature in this loop
+    changed = take_recompile(name) if stale is None and read is None else None
     if stale is not None:
         by = consumed_by(stale)
-        _violation(
+        kind, what, fix = (
             "donation",
             f"`{name}` on {_named(stale, user)}an array "
             f"({fmt_aval(stale.shape, stale.dtype)}) that {donated(by)} (jax would compile it, "
             f"then fail on the deleted buffer)",
             donation_fix("use", by),
-            user,
         )
-        return
-    # (a loop that allows the read)
-    read = host_read_on_line(user) if loop.checks_transfers else None
-    if read is not None:
-        _violation(
+    elif read is not None:
+        kind, what, fix = (
             "transfer",
             f"device-to-host read: {read} reads the result of an eager `{name}` "
             "on the host (the op compiles here, then its result is copied to "
@@ -442,21 +439,15 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
             "decide on the device (jnp.where / lax.cond in the step, returning a "
             "flag), or read deliberately and rarely: `if jc.fetch(x) < 1e-3:` "
             "every N steps.",
-            user,
         )
-        return
-    changed = take_recompile(name)
-    if changed is not None:  # a plain jax.jit that compiled another signature in this loop
-        diff, fix = changed
-        _violation(
+    elif changed is not None:
+        kind, what, fix = (
             "compile",
-            f"jax compiles `{name}` again, because:\n    " + "\n    ".join(diff[:8]),
-            fix + ", or move it into a hot step, whose contract keeps one signature.",
-            user,
+            f"jax compiles `{name}` again, because:\n    " + "\n    ".join(changed[0][:8]),
+            changed[1] + ", or move it into a hot step, whose contract keeps one signature.",
         )
-        return
-    if again:
-        _violation(
+    elif again:
+        kind, what, fix = (
             "compile",
             f"jax compiles `{name}` again (it compiled once in this loop's warm-up: "
             "a new input signature, a weak-typed retrace, or a fresh jax.jit each time)",
@@ -464,11 +455,9 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
             "every time: a smaller last batch, a Python scalar that is sometimes an "
             "int, a jax.jit made inside the loop), or move it into a hot_step, whose "
             "refusal shows the differing leaf.",
-            user,
         )
-        return
-    if loop.warmup and not loop.compiles_admitted():
-        _violation(
+    elif loop.warmup and not loop.compiles_admitted():
+        kind, what, fix = (
             "compile",
             f"jax compiles `{name}` after the warm-up (with loop.iterate(), only its "
             "first iteration may compile: a jax.jit first called here, a new input "
@@ -476,23 +465,24 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
             "call it in the first iteration too, or warm it before the loop on what the "
             "loop will pass; where a compile is expected here (a rare branch), mark it "
             'with jc.hot_loop(compiles="allow") around that branch.',
-            user,
         )
-        return
-    _violation(
-        "compile",
-        f"jax compiles `{name}` (a fresh jax.jit, a new input signature, or a cold eager op)"
-        + ("; or it only traces it, again at each call (jax.eval_shape, jax.make_jaxpr: move "
-           "them before the loop, their result does not change)" if event == _TRACE_EVENT else ""),
-        'let the loop\'s first pass compile it: jc.hot_loop(compiles="warmup") (the first '
-        "compile of each function is let through once, a second one refused); or run it "
-        "once before the loop so it is compiled and cached, or move the eager op into a "
-        "hot_step. Warm it on what the loop will pass: a jax.jit "
-        "warmed on arrays made outside any step (jnp.zeros, jax.random.key: "
-        "uncommitted) compiles again for a hot step's outputs, which are committed "
-        "to their device; warm it on a step's outputs, or on jc.device_tree(x) "
-        "(committed).",
-    )
+    else:
+        kind, what, fix = (
+            "compile",
+            f"jax compiles `{name}` (a fresh jax.jit, a new input signature, or a cold eager op)"
+            + ("; or it only traces it, again at each call (jax.eval_shape, jax.make_jaxpr: "
+               "move them before the loop, their result does not change)"
+               if event == _TRACE_EVENT else ""),
+            'let the loop\'s first pass compile it: jc.hot_loop(compiles="warmup") (the first '
+            "compile of each function is let through once, a second one refused); or run it "
+            "once before the loop so it is compiled and cached, or move the eager op into a "
+            "hot_step. Warm it on what the loop will pass: a jax.jit "
+            "warmed on arrays made outside any step (jnp.zeros, jax.random.key: "
+            "uncommitted) compiles again for a hot step's outputs, which are committed "
+            "to their device; warm it on a step's outputs, or on jc.device_tree(x) "
+            "(committed).",
+        )
+    _violation(kind, what, fix, user)
 
 
 class _Thread(threading.local):

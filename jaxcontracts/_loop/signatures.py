@@ -316,10 +316,9 @@ COMPILED_AGAIN_FIX = ("keep the compiled programs between calls (call jax.clear_
 
 
 def missed_donation_fix(name: str, param: str, jit: str = "jax.jit", written: str = "") -> str:
-    """The fix of a missed donation of ``param`` to the jitted function ``name``
-    (the watch's finding and the loop's violation say it alike); ``jit``: the
-    transform the user wrote (``nnx.jit`` passes donation on to jax.jit);
-    ``written``: what the user gave it, where not the function itself (a partial)."""
+    """The fix of a missed donation of ``param`` to the jitted function ``name``;
+    ``jit``: the transform the user wrote (``nnx.jit``); ``written``: what the
+    user gave it, where not the function itself (a partial)."""
     return (
         f"{jit}({written or short(name)}, donate_argnames=({param!r},)) (names do not drift when "
         f'parameters move); or @jc.hot_step(state={param!r}, donate="all")'
@@ -338,10 +337,9 @@ def wrong_donations(
     """(parameter, why, fix) for each donated parameter JAX cannot donate (a
     host value, skipped silently) or whose buffers no output can reuse while
     another's could (a drifted index). The fix leaves it out; with ``offer``
-    (a loop, refusing before the call) it names another to donate where
-    nothing reads its old value after the call (a step that rejects and
-    retries would lose it); a watch, which sees the calls that follow, names
-    it once each call's statement is proven to drop it (:func:`drift_fix`)."""
+    (a loop, refusing before the call) it names another to donate, with a
+    caution; a watch names it once each call's statement is proven to drop
+    it (:func:`drift_fix`)."""
     params = by_param(sig)
     can = {
         p for p, js in params.items()
@@ -426,9 +424,8 @@ def donations(
     candidates: Sequence[int], name: str, jit_line: str,
 ) -> list[tuple[list[Any], JitDonation]]:
     """The device arrays of each donated parameter of one call, and the
-    consumer that names them once they are deleted (``_steps.keep``):
-    ``instead`` the parameters an output could reuse that are not donated
-    (``reusable``'s candidates), whose positions the fix gives."""
+    consumer that names them once they are deleted (``_steps.keep``), with
+    ``reusable``'s candidates as what to donate ``instead``."""
     params = list(opts.signature.parameters) if opts.signature is not None else []
     instead = tuple(by_param(sig, candidates))
     argnums = tuple(params.index(p) for p in instead if p in params)
@@ -566,9 +563,8 @@ def sharers(arrays: Sequence[Any]) -> dict[int, list[Any]] | None:
     (``jax.device_put`` onto their own device makes new arrays over the same
     buffers: donating one deletes the other), weak references to those; None
     where a buffer cannot be told (a miss, never a fix that deletes what the
-    user keeps). Asked while the arrays live (the allocator reuses addresses),
-    with one scan of ``jax.live_arrays()``: at a compile or in the first calls
-    after it, never at every call."""
+    user keeps). Asked while the arrays live (the allocator reuses addresses);
+    one scan of ``jax.live_arrays()``, so never at every call."""
     ids = {id(x) for x in arrays}
     mine: dict[int, set[int]] = {}
     for x in arrays:
@@ -594,10 +590,8 @@ _put_over: dict[int, tuple[Any, list[Any]]] = {}
 
 def note_device_put(given: Any, made: Any) -> None:
     """After ``made = jax.device_put(given, ...)`` while a watch is open: each
-    array of ``made`` that is a new object over its source's buffers (onto
-    their own device, at any call, after the first calls' scan) noted as
-    sharing them (:func:`put_over`); where buffers cannot be told, as sharing
-    (a miss, never a fix that deletes)."""
+    array of ``made`` that is a new object over its source's buffers noted as
+    sharing them (:func:`put_over`); where buffers cannot be told, as sharing."""
     leaves_given, leaves_made = jax.tree_util.tree_leaves(given), jax.tree_util.tree_leaves(made)
     if len(leaves_given) != len(leaves_made):
         return
