@@ -57,14 +57,10 @@ class Entry:
 def enter_native(modes: dict[str, str]) -> contextlib.ExitStack | None:
     if not modes:
         return None
-    native = contextlib.ExitStack()
-    try:
+    with contextlib.ExitStack() as native:  # a failed entry closes those entered before it
         for field, mode in modes.items():
             native.enter_context(_NATIVE_GUARDS[field](mode))
-    except BaseException:
-        native.close()
-        raise
-    return native
+        return native.pop_all()
 
 
 def relink(stack: LoopStack) -> None:

@@ -70,12 +70,9 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
         # the PjitInfo kept: its id stays its own
         _, seen = loop.plain_signatures.setdefault(id(ji), (ji, []))
         recompile = (name, *sigs.diff(seen[-1], sig)) if seen and sig not in seen else None
-        host = (
-            [(j, path) for j, path in enumerate(sig.paths) if sig.host[j]]
-            if loop.checks_transfers
-            else []
-        )
-        logged = [_logged_aval(sig.specs[j]) for j, _ in host[:1]]
+        # the first host leaf (record mode: one per function and line)
+        host = [j for j, h in enumerate(sig.host) if h][:1] if loop.checks_transfers else []
+        logged = [_logged_aval(sig.specs[j]) for j in host]
     except Exception:  # noqa: BLE001 - an argument we cannot describe: JAX's own path explains it
         return _traced(loop, run, fun, ji, args, kwargs)
     user = user_frame()
@@ -87,9 +84,10 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
     local.plain_recompile = recompile
     if sig not in seen:  # (a function with effects misses JAX's C++ cache at every call)
         seen.append(sig)
-    for j, path in host[:1]:  # record mode: one per function and line
+    for j in host:
         # JAX's guard logs this transfer too (record mode): the loop drops that line
         loop.named_transfers[logged[0]] += 1
+        path = sig.paths[j]
         param = sigs.param_of(path)
         fixes = (
             ("constant", "static", "batch") if static_is_exact(leaves[j]) else ("constant", "batch")
