@@ -48,13 +48,7 @@ from .._tracebacks import trim
 from .._userline import host_read_on_line, user_frame
 from . import rng as _rng
 
-__all__ = [
-    "acquire",
-    "on_monitoring_event",
-    "pending",
-    "plain_trace",
-    "release",
-]
+__all__ = ["acquire", "pending", "plain_trace", "release"]
 
 _lock = threading.Lock()
 _TRACE_EVENT = events.COMPILE_EVENTS[0]

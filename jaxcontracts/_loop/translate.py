@@ -77,24 +77,20 @@ _INDEXING = {("/jax/_src/array.py", "__getitem__"), ("/jax/_src/numpy/array_meth
              ("/jax/_src/numpy/array_methods.py", "__getitem__")}
 
 
-def _indexing_cause(tb: Any) -> tuple[str, str] | None:
-    """The title and fix for a transfer made by JAX's eager indexing."""
+def _host_cause(tb: Any, weak: bool) -> tuple[str, str] | None:
+    """The title and fix for a host-to-device transfer made by a ``jax.random``
+    function or, of weakly typed Python ints (a numpy index is the user's own),
+    by JAX's eager indexing."""
     path, name = _jax_entry(tb)
-    if not any(path.endswith(p) and name == n for p, n in _INDEXING):
-        return None
-    return (
-        "implicit transfer inside jc.hot_loop: host-to-device, the index constants of an "
-        "eager x[...] (Python ints JAX makes of the index, copied on every call)",
-        "index with jnp.take(x, idx, axis=0) for an array or device-scalar index, or "
-        "jax.lax.slice_in_dim(x, start, stop) / jax.lax.index_in_dim(x, i) for fixed "
-        "positions (each compiles its constants in: clean once warm); or index inside "
-        "the hot_step and return what you need.",
-    )
-
-
-def _random_cause(tb: Any, weak: bool) -> tuple[str, str] | None:
-    """The title and fix for a transfer made by a ``jax.random`` function."""
-    path, name = _jax_entry(tb)
+    if weak and any(path.endswith(p) and name == n for p, n in _INDEXING):
+        return (
+            "implicit transfer inside jc.hot_loop: host-to-device, the index constants of an "
+            "eager x[...] (Python ints JAX makes of the index, copied on every call)",
+            "index with jnp.take(x, idx, axis=0) for an array or device-scalar index, or "
+            "jax.lax.slice_in_dim(x, start, stop) / jax.lax.index_in_dim(x, i) for fixed "
+            "positions (each compiles its constants in: clean once warm); or index inside "
+            "the hot_step and return what you need.",
+        )
     if "/jax/_src/random" not in path:
         return None
     if name in ("fold_in", "key", "PRNGKey"):
@@ -173,8 +169,7 @@ def translate(exc: BaseException, tb: Any) -> Exception | None:
     else:
         title, fix = _TRANSFERS[kind]
     if kind == "host-to-device":
-        # JAX's index constants are weakly typed Python ints; a numpy index is the user's own
-        cause = _random_cause(tb, weak) or (_indexing_cause(tb) if weak else None)
+        cause = _host_cause(tb, weak)
         if cause is not None:
             title, fix = cause
         elif weak:
