@@ -30,16 +30,12 @@ class _Interrupts:
 
     An entry or exit changes several things that must change together
     (ArrayImpl's methods, the loop stack, JAX's guard levels); a
-    KeyboardInterrupt between two left some engaged. Python runs signal
-    handlers on the main thread between bytecodes, with the running frame:
-    while loops are active there this handler stands in front of every Python
-    handler, holds a signal arriving below ``HotLoop.__enter__`` or
-    ``__exit__`` until that is whole, and passes any other straight on.
-
-    A loop entered in a generator or coroutine may end on another thread,
-    where no handler can be given back: it holds signals only while its own
-    entry and exit run on the main thread (``keep=False``), leaving nothing
-    installed behind it.
+    KeyboardInterrupt between two left some engaged. While loops are active
+    on the main thread this handler stands in front of every Python handler,
+    holds a signal arriving below ``HotLoop.__enter__`` or ``__exit__`` until
+    that is whole, and passes any other straight on. A loop entered in a
+    generator or coroutine may end on another thread, where no handler can be
+    given back: it holds signals only while its own entry and exit run.
     """
 
     def __init__(self) -> None:

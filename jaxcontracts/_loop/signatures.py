@@ -215,6 +215,8 @@ def reusable(
 
 
 SAME_LEAVES = "the same leaves (another device or trace context)"
+_KEEP_FIXED = ("each new value compiles anew; keep it fixed (for a buffer that grows, allocate "
+               "room to spare once)")
 
 
 def diff(old: Signature, new: Signature) -> tuple[list[str], str]:
@@ -240,17 +242,14 @@ def diff(old: Signature, new: Signature) -> tuple[list[str], str]:
         if fields:
             named = ", ".join(p for p, _ in fields)
             return [line for _, line in fields], (
-                f"a static field of a pytree node ({named}) changed: each new value compiles "
-                "anew; keep it fixed (for a buffer that grows, allocate room to spare once)")
+                f"a static field of a pytree node ({named}) changed: {_KEEP_FIXED}")
         # the same leaves: a node's static data changed (a capacity, a flag)
         before = dict(old.parts)
         changed = [(k, before[k], t) for k, t in new.parts if k in before and before[k] != t]
         out += [f"{k}: its tree's static data: {fmt_change(str(a), str(b))}"
                 for k, a, b in changed] or ["the arguments' structure changed (the same leaves)"]
         named = ", ".join(k for k, _, _ in changed) or "the arguments"
-        return out, (f"a pytree node's static data (aux data) in {named} changed: each new value "
-                     "compiles anew; keep it fixed (for a buffer that grows, allocate room to "
-                     "spare once)")
+        return out, f"a pytree node's static data (aux data) in {named} changed: {_KEEP_FIXED}"
     diffs = diff_leaves(list(zip(old.paths, old.specs)), list(zip(new.paths, new.specs)))
     out = [f"{d.path}: {d.expected} -> {d.got}" for d in diffs]
     if not diffs:
@@ -382,9 +381,8 @@ def leave_out(param: str) -> str:
 def drift_fix(
     name: str, param: str, jit: str = "jax.jit", keep: set[str] | frozenset[str] = frozenset()
 ) -> str:
-    """The fix of a wrong donation once the statement of each call is proven
-    to drop ``param``, which an output could reuse (a missed donation);
-    ``keep``: the parameters it donates rightly, donated still."""
+    """The fix of a wrong donation once each call's statement is proven to
+    drop ``param``; ``keep``: the parameters it donates rightly."""
     names = tuple(sorted({param, *keep}))
     return (f"donate by name, which cannot drift: {jit}({name}, donate_argnames={names!r}) "
             f"(each call's statement drops {param}: see the missed donation)")
@@ -392,8 +390,7 @@ def drift_fix(
 
 def jit_site(fun: Any) -> str:
     """``file:line`` of the ``jax.jit`` that made ``fun`` jitted, read from its
-    source: a decorator line that names ``jit`` above its ``def``, else a line
-    of its file that passes it to a ``jit(``; "" where none is found."""
+    source ("" where none is found)."""
     code = getattr(inspect.unwrap(fun), "__code__", None)
     if code is None:
         return ""
@@ -442,8 +439,8 @@ def passed_again(
     function: str | None = None,
 ) -> tuple[JitDonation, str, str] | None:
     """The first array at ``positions`` of a call's leaves that a plain
-    ``jax.jit``'s drifted donation (of ``function``, where given) deleted,
-    passed again: its record, and what and fix (:func:`drift`)."""
+    ``jax.jit``'s drifted donation (of ``function``, where given) deleted:
+    its record, and what and fix (:func:`drift`)."""
     for j in positions:
         x = leaves[j] if j < len(leaves) else None
         if isinstance(x, jax.Array) and x.is_deleted():
@@ -476,18 +473,15 @@ def drift(rec: JitDonation, path: str) -> tuple[str, str]:
 class Dropped:
     """Whether the statement that made a call dropped its arguments: a weak
     reference to each array notes whether it died while the user's frame was
-    still on the call's line (``state = f(state, x)`` rebinds ``state`` as the
-    statement ends: donating it would have been safe). An array dying later
-    (the next step consumed it, a later line dropped it after reading it) is
-    not counted: after ``jax.jit(norm)(s.params)``, ``s = step(s)`` drops the
-    params, and donating them to ``norm`` would have deleted what the step
-    needed. No frame is kept (only its id and line).
+    still on the call's line (``state = f(state, x)``: donating it would have
+    been safe). An array dying later is not counted: after
+    ``jax.jit(norm)(s.params)``, ``s = step(s)`` drops the params, and
+    donating them to ``norm`` would have deleted what the step needed. No
+    frame is kept (only its id and line).
 
     ``outer`` (:func:`enclosing`): the user's statements running the call's
-    function, each as (frame id, line); an array dying as one of them ends
-    was used by nothing after the call either (flax MNIST's ``train_epoch``
-    rebinds its ``state`` at its first step, while its caller holds the old
-    one until ``state = train_epoch(state, ...)`` ends)."""
+    function, as (frame id, line); an array dying as one of them ends was
+    used by nothing after the call either (flax MNIST's ``train_epoch``)."""
 
     __slots__ = ("_frame", "_line", "_outer", "at_call", "refs", "sharers", "__weakref__")
 
@@ -525,10 +519,9 @@ class Dropped:
         """Whether it is too soon to tell, at a later call whose user frames
         are ``now`` (:func:`enclosing`): every array that died so far died at
         the call's statement or one enclosing it, some are alive, and the
-        frame that made the call is still running under the same statement of
-        its caller (the next step of flax's epoch), whose end may drop them.
-        A frame id may be a new frame's (an ended one's memory reused): then
-        it is told at the watch's end, as kept."""
+        frame that made the call still runs under the same statement of its
+        caller, whose end may drop them. (A frame id reused by a new frame is
+        told at the watch's end, as kept.)"""
         if not self._outer or self.at_call != sum(r() is None for r in self.refs) or self.dropped:
             return False
         ids = [i for i, _ in now]
@@ -540,8 +533,7 @@ class Dropped:
 
 def enclosing(frame: FrameType | None) -> tuple[tuple[int, int], ...]:
     """(id, line) of ``frame`` and of each user frame above it, innermost
-    first (:class:`Dropped`'s ``outer``): frames of JAX, installed packages
-    and the standard library are skipped."""
+    first (:class:`Dropped`'s ``outer``)."""
     out = []
     while frame is not None:
         code = frame.f_code
