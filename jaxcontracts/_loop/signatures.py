@@ -81,19 +81,14 @@ def by_param(sig: Signature, leaves: Sequence[int] | None = None) -> dict[str, l
 
 def names(opts: jitwatch.JitOptions, n_args: int) -> list[str]:
     """The parameter names of the dynamic positional arguments of a call."""
-    sig = opts.signature
-    params = list(sig.parameters.values()) if sig is not None else []
-    out = []
-    for i in range(n_args):
-        if i in opts.static_argnums:
-            continue
-        if i < len(params) and params[i].kind in (
-            params[i].POSITIONAL_ONLY, params[i].POSITIONAL_OR_KEYWORD
-        ):
-            out.append(params[i].name)
-        else:
-            out.append(f"args[{i}]")
-    return out
+    params = opts.signature.parameters.values() if opts.signature is not None else ()
+    # (positional parameters come first in a signature)
+    named = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return [
+        named[i] if i < len(named) else f"args[{i}]"
+        for i in range(n_args)
+        if i not in opts.static_argnums
+    ]
 
 
 def paths(
