@@ -1,11 +1,7 @@
-"""Every contract, declared in a module of its own (``_errors.declare``):
-its words, its error, its loop option, its fixes and its hooks. Hot steps
-and loops apply the hooks through :func:`scan` and :func:`refuse`, reports
-through ``_errors.hooked("fact")``; the contracts declared before the hooks
-existed keep their checks where they run (the call path, the loop's guard),
-named in their module's docstring.
+"""Every contract, declared in a module of its own (``_errors.declare``).
 
-The recipe for a new one is in ARCHITECTURE.md ("Adding a contract").
+Hot steps and loops apply the hooks through :func:`scan` and :func:`refuse`;
+a new contract: ARCHITECTURE.md ("Adding a contract").
 """
 
 from __future__ import annotations

@@ -1,25 +1,14 @@
 """No host callbacks in a loop's compiled steps: ``jc.hot_loop(callbacks="disallow")``.
 
-A compiled program that calls back into Python (``jax.debug.print``,
-``jax.debug.callback``, ``jax.pure_callback``, ``io_callback``) makes a
-device-to-host round trip at every call, which stalls an accelerator's
-pipeline as a ``print`` in the loop does. Beyond the round trip, JAX keeps a
-program with callback effects off its C++ fast path (each call takes Python
-dispatch) and writes no persistent compilation-cache entry for it.
+A program that calls back into Python makes a device-to-host round trip at
+every call; JAX also keeps one with callback effects off its C++ fast path
+and out of its persistent compilation cache. A plain ``jax.jit`` is seen
+where the loop sees its call: a compile inside the loop, or any call of a
+program with callback effects; one with only ``pure_callback``, compiled
+before the loop, takes JAX's C++ path there and is not seen.
 
-Allowed by default (a ``jax.debug.print`` while developing is what users
-expect); listed in the step's report either way. With ``"disallow"``, a hot
-step whose program has one is refused before its call runs (at its compile
-inside the loop, or at its first call there when it was compiled before); a
-plain ``jax.jit`` is, where the loop sees its call: a compile inside the
-loop, or any call of a program with callback effects (``jax.debug.*``,
-``io_callback``: JAX gives it no C++ fast path). A plain ``jax.jit`` with
-only ``pure_callback``, compiled before the loop, takes JAX's C++ path there
-and is not seen.
-
-The declaration is light (no JAX at import): ``explain`` and the loop's
-options read it before any hot step or loop exists; the hooks import what
-they use when they run.
+No JAX at import (``explain`` and the loop's options read the declaration):
+the hooks import what they use when they run.
 """
 
 from __future__ import annotations
@@ -28,7 +17,7 @@ from typing import Any
 
 from .._errors import Contract, TransferError, declare
 
-__all__ = ["CONTRACT"]
+__all__: list[str] = []
 
 
 def _wanted(loop: Any) -> bool:
@@ -77,7 +66,7 @@ def _fact(sites: tuple[Any, ...]) -> tuple[str, str] | None:
     )
 
 
-CONTRACT = declare(
+declare(
     Contract(
         "no-host-callback",
         "no host callbacks in compiled steps",

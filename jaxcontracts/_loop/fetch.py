@@ -72,27 +72,28 @@ def fetch(tree: Any) -> Any:
 
 
 def _host_copies(leaves: list[Any], what: str, keys: bool = True) -> list[Any]:
-    """The leaves copied to numpy (see :func:`_each`), an explicit transfer whose
-    time counts as blocked on the device under ``what``."""
-    local.allow += 1
+    """The leaves copied to numpy, the time counted as blocked under ``what``."""
     t0 = time.perf_counter()
     try:
         return _each(leaves, hostcopy.host_copy, keys)
     finally:
-        local.allow -= 1
         _timing.blocked(what, time.perf_counter() - t0)
 
 
 def _each(leaves: list[Any], copy: Any, keys: bool = True) -> list[Any]:
     """``copy`` of each device leaf (a typed key's data, with ``keys``; a ref's
-    value), a copy of each numpy one."""
-    leaves = [x[...] if is_ref(x) else x for x in leaves]
-    return [
-        copy(jax.random.key_data(x) if keys and is_key(x.dtype) else x)
-        if isinstance(x, jax.Array)
-        else (np.array(x, copy=True) if isinstance(x, np.ndarray) else x)
-        for x in leaves
-    ]
+    value), a copy of each numpy one: an explicit transfer."""
+    local.allow += 1
+    try:
+        leaves = [x[...] if is_ref(x) else x for x in leaves]
+        return [
+            copy(jax.random.key_data(x) if keys and is_key(x.dtype) else x)
+            if isinstance(x, jax.Array)
+            else (np.array(x, copy=True) if isinstance(x, np.ndarray) else x)
+            for x in leaves
+        ]
+    finally:
+        local.allow -= 1
 
 
 def _readable(tree: Any, what: str) -> tuple[list[Any], Any]:
@@ -232,11 +233,7 @@ def _host_memory_copies(tree: Any, what: str, keys: bool) -> tuple[list[Any], An
     __tracebackhide__ = True
     observers.fetches += 1
     leaves, treedef = _readable(tree, what)
-    local.allow += 1
-    try:
-        return _each(leaves, _to_host_memory, keys=keys), treedef
-    finally:
-        local.allow -= 1
+    return _each(leaves, _to_host_memory, keys=keys), treedef
 
 
 def _to_host_memory(x: Any) -> Any:

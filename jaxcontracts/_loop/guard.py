@@ -1,12 +1,9 @@
 """``jc.hot_loop``: critical sections that catch transfers and compiles.
 
-A loop's entry engages, on its thread, the interceptors of ``intercept``
-(which see device-to-host reads on every backend, CPU included, where JAX's
-own guard never fires) and JAX's native transfer guards; its exit restores
-what that entry changed, in whatever order loops end and on whatever thread.
-A violation is raised (or recorded) at the user's line (``_userline``); a JAX
-runtime error leaving the loop becomes its contract error (``translate``).
-What each piece costs: ``docs/guides/performance.md``.
+An entry engages, on its thread, ``intercept``'s interceptors and JAX's
+native transfer guards; its exit restores what that entry changed, in
+whatever order loops end and on whatever thread. Costs:
+``docs/guides/performance.md``.
 """
 
 from __future__ import annotations
@@ -49,7 +46,6 @@ from .loopstack import (
     enter_native,
     relink,
     repair,
-    restore_elsewhere,
     stacks_lock,
 )
 from .translate import translate
@@ -67,31 +63,6 @@ _LOGGED_FIX = (
     "given to a jax.jit call (f(np_array)): " + host_fix("constant") + "; " + host_fix("eager")
     + "."
 )
-
-
-class _WarmUp:
-    """What a ``compiles="warmup"`` loop let compile: once per key, any thread."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._seen: dict[Any, WarmupCompile] = {}
-        self.compiles: list[WarmupCompile] = []
-
-    def admit(self, key: Any, record: WarmupCompile) -> bool:
-        with self._lock:
-            if key in self._seen:
-                return False
-            self._seen[key] = record
-            self.compiles.append(record)
-            return True
-
-    def seen(self, key: Any) -> bool:
-        return key in self._seen
-
-    def withdraw(self, key: Any) -> None:
-        with self._lock:
-            record = self._seen.pop(key, None)
-            self.compiles[:] = [c for c in self.compiles if c is not record]
 
 
 def acquire(checked: bool) -> None:
@@ -147,29 +118,26 @@ class HotLoop:
         # None: inherited from the enclosing loop at entry (else the default)
         self._given = {k: given.get(k) for k in choices}
         self._apply({k: v if v is not None else choices[k][0] for k, v in self._given.items()})
-        self._warm = _WarmUp()
+        self._warm: dict[Any, WarmupCompile] = {}  # compiles="warmup": once per key, any thread
+        self._warm_lock = threading.Lock()
         self._raised: dict[int, ContractError] = {}  # per thread: the first violation raised
         self.iterations = 0
         self.sampler_calls = 0
-        # the active iterate()s' current indices, outermost first
-        self._iterating: list[list[int]] = []
+        self._iterating: list[list[int]] = []  # the active iterate()s' indices, outermost first
         self._violations: dict[tuple[str, str, str], Violation] = {}
-        # plain jax.jit functions' signatures compiled in this loop (_loop.plainjit), by PjitInfo
+        # _loop.plainjit's: signatures by PjitInfo, undonated arguments followed until settled
         self.plain_signatures: dict[int, tuple[Any, list[Any]]] = {}
-        # their undonated arguments an output could have taken, followed
-        # until settled (_loop.plainjit)
         self.plain_followed: list[plainjit.Followed] = []
         self.audit = False  # jc.watch()'s recording loop (loops inside it inherit nothing from it)
         # called with the seconds each device-to-host read it recorded blocked (jc.watch()'s loop)
         self.read_timer: Callable[[float, Any, str], None] | None = None
-        # host arguments of plain jax.jit calls already named at the user's line, by the aval
-        # text JAX's guard log gives them: those log lines are not recorded a second time
+        # host arguments already named at the user's line, by the aval text JAX's guard
+        # log gives them: those log lines are not recorded a second time
         self.named_transfers: collections.Counter[str] = collections.Counter()
         self._entries: list[Entry] = []  # active entries (re-entrant, any thread)
         self._clock = _timing.LoopClock()
         self._entered = self._checked = False  # entered; entered at checks level fast or full once
-        # what its notes call it (the pytest plugin's name)
-        self.label = 'jc.hot_loop(on_violation="record")'
+        self.label = 'jc.hot_loop(on_violation="record")'  # what its notes call it (pytest plugin)
 
     def _apply(self, options: dict[str, str]) -> None:
         transfers, compiles = options["transfers"], options["compiles"]
@@ -195,7 +163,7 @@ class HotLoop:
 
     @property
     def warmup_compiles(self) -> list[WarmupCompile]:
-        return list(self._warm.compiles)
+        return list(self._warm.values())
 
     def iterate(self, iterable: Iterable[T]) -> Iterator[T]:
         """Yield ``iterable``'s items, counting iterations (``for b in loop.iterate(loader)``).
@@ -217,8 +185,7 @@ class HotLoop:
             self._iterating[:] = [c for c in self._iterating if c is not cell]
 
     @property
-    def _iteration(self) -> int | None:
-        """The innermost active iterate's index (None: none is active)."""
+    def _iteration(self) -> int | None:  # the innermost active iterate's index
         return self._iterating[-1][0] if self._iterating else None
 
     def _first_pass(self) -> bool:
@@ -230,21 +197,20 @@ class HotLoop:
         it is the first of its kind, in the first pass (of every nested iterate)."""
         if not self.warmup or not self._first_pass():
             return False
-        return self._warm.admit(
-            key, WarmupCompile(what, where(user_frame(frame))[0], self._iteration)
-        )
+        record = WarmupCompile(what, where(user_frame(frame))[0], self._iteration)
+        with self._warm_lock:
+            return self._warm.setdefault(key, record) is record
 
     def seen_compile(self, key: Any) -> bool:
-        return self._warm.seen(key)
+        return key in self._warm
 
     def withdraw_compile(self, key: Any) -> None:
-        self._warm.withdraw(key)
+        with self._warm_lock:
+            self._warm.pop(key, None)
 
     def compiles_admitted(self) -> bool:
         """Whether a first compile would be let through now (see ``LoopHandle``)."""
-        if not self.checks_compiles:
-            return True
-        return self.warmup and self._first_pass()
+        return not self.checks_compiles or (self.warmup and self._first_pass())
 
     def violation(
         self, kind: str, what: str, fix: str, frame: Any = None, before_call: bool = False,
@@ -274,13 +240,7 @@ class HotLoop:
         self._record(kind, what, at, compose(summary, fix=fix), text, fix, self._iteration)
 
     def _record(
-        self,
-        kind: str,
-        what: str,
-        where: str,
-        message: str,
-        source: str = "",
-        fix: str = "",
+        self, kind: str, what: str, where: str, message: str, source: str = "", fix: str = "",
         iteration: int | None = None,
     ) -> None:
         key = (kind, where, what)
@@ -355,7 +315,8 @@ class HotLoop:
         """Enter the loop; a signal (Ctrl-C, an alarm) during the entry is held until it
         is whole (then the entry is undone and the signal delivered: never half entered)."""
         # in a generator or coroutine it may end on another thread: see interrupts.entering
-        suspendable = _in_generator(frames.caller_frame(1))
+        frame = frames.caller_frame(1)
+        suspendable = frame is not None and bool(frame.f_code.co_flags & _SUSPENDABLE)
         depth = interrupts.depth  # (main-thread entries only: no other thread changes it now)
         counted = interrupts.entering(keep=not suspendable)
         try:
@@ -394,19 +355,16 @@ class HotLoop:
         # JAX's own guards, set whatever the backend: nothing here may start it
         # (jc.watch() enters a loop before the audited script's first line, which
         # may still configure it), and a guard that has nothing to watch is free.
+        raising = self.on_violation == "raise"
         modes: dict[str, str] = {}
         if self.audit:
-            # the audit's: it reads through the array hooks, JAX's
-            # guards stay as the script set them
-            pass
+            pass  # it reads through the array hooks: JAX's guards stay as the script set them
         elif self.checks_transfers:
-            if self.checks_host_to_device:
-                modes["host_to_device"] = "disallow" if self.on_violation == "raise" else "log"
-            else:  # allow_host_to_device: even inside an outer loop that refuses them
-                modes["host_to_device"] = "allow"
-            # (JAX's CPU backend never asks its device-to-host guard: the loop's own reads do)
-            modes["device_to_host"] = "disallow" if self.on_violation == "raise" else "allow"
-            if self.on_violation == "raise":
+            # allow_host_to_device: "allow" even inside an outer loop that refuses them;
+            # JAX's CPU backend never asks its device-to-host guard (the loop's reads do)
+            h2d = ("disallow" if raising else "log") if self.checks_host_to_device else "allow"
+            modes = {"host_to_device": h2d, "device_to_host": "disallow" if raising else "allow"}
+            if raising:
                 # a committed array passed to a computation placed elsewhere: JAX
                 # enforces this guard on GPU and TPU (its CPU backend copies unasked)
                 modes["device_to_device"] = "disallow"
@@ -417,10 +375,8 @@ class HotLoop:
         # At checks level off only JAX's native guards (see acquire()): no active
         # loop for the call path to report to.
         checked = get_checks() != "off"
-        # (its report: entered only at off?)
         self._entered, self._checked = True, self._checked or checked
-        entry = Entry(self, stack, modes, checked=checked)
-        entry.counted = counted
+        entry = Entry(self, stack, modes, checked, counted)
         # In a generator or coroutine its exit may run on another thread, where JAX's
         # config contexts cannot be left: the levels go on the thread's record directly.
         entry.direct = bool(modes) and suspendable and threadguard.current() is not None
@@ -448,7 +404,7 @@ class HotLoop:
                     entry.native.close()
                 release(checked)
                 if counted:
-                    interrupts.leaving()
+                    interrupts.depth -= 1
             raise
         if observers.recorders:
             observers.loop(self, True)
@@ -508,12 +464,14 @@ class HotLoop:
                 if stack is local.stack:
                     repair(stack)
                     apply_direct(stack, entry.direct)
-                else:
-                    restore_elsewhere(stack)
+                elif stack.thread.is_alive():
+                    # another thread's loop: its JAX config contexts exit only on that
+                    # thread (at its next entry or exit: repair); the levels, set directly
+                    apply_direct(stack, left=True)
             finally:
                 release(entry.checked)
                 if entry.counted:
-                    interrupts.leaving()
+                    interrupts.depth -= 1
         if entry.capture_tid is not None:
             self._record_logged(*guardlog.stop(entry.capture_tid))
         if observers.recorders:
@@ -611,11 +569,6 @@ _SUSPENDABLE = (
     inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
     | inspect.CO_ITERABLE_COROUTINE
 )
-
-
-def _in_generator(frame: Any) -> bool:
-    """Whether ``frame`` (the one entering a loop) is a generator's or a coroutine's."""
-    return frame is not None and bool(frame.f_code.co_flags & _SUSPENDABLE)
 
 
 # The frames in which a signal is held (their callees' included).

@@ -3,30 +3,19 @@
 JAX's device-to-host guard never fires on CPU (a CPU array lends numpy its
 buffer, no copy), so a loop intercepts the reads themselves, on every backend:
 
-* **Read methods** (``_compat.arrays.READS``: ``__float__``, ``__array__``,
-  ``tolist``, the ``_value`` property...), Python functions on ``ArrayImpl``,
-  a mutable heap type. While any loop is active they are replaced on the
-  class (the C slots follow, so existing arrays are covered) by wrappers
-  that check a thread-local flag; the last loop out puts the same objects
-  back, so nothing costs anything outside a loop. Iterating a single-device
-  or fully replicated array slices it on the device
-  (``k, sub = jax.random.split(k)``) and is let through; a sharded one reads
-  ``_value`` and is caught there.
-* **The buffer protocol**, which ``np.asarray``, ufuncs and ``memoryview``
-  use on one CPU device instead of ``__array__``: ``__buffer__`` (PEP 688)
-  is replaced on Python >= 3.12, the ``bf_getbuffer`` slot swapped on 3.11
-  (``_compat.arrays``). A refused export makes numpy fall back to the
-  guarded ``__array__``, which names the array; other consumers
-  (``memoryview``, ``hashlib``) see the error on 3.12, and on 3.11, where
-  the slot cannot raise through C, a ``SystemError`` that the kept refusal
-  replaces as it leaves the loop. ``__dlpack__`` of a CPU array is guarded
-  like the read methods.
-* **Compiles**: ``jax.monitoring`` reports each trace, MLIR lowering and
-  backend compile on the calling thread; the listener makes them violations,
-  naming the true cause when the stack shows it (a donated array, a host
-  read on the user's line). A hot step meeting a new signature reports
-  itself first, by name; warm calls emit nothing; ``jax.debug.print``
-  callbacks (host reads) are allowed.
+* **Read methods** (``_compat.arrays.READS``) are replaced on ``ArrayImpl``,
+  a mutable heap type (the C slots follow, so existing arrays are covered),
+  while any loop is active: nothing costs anything outside a loop.
+  Iterating a single-device or fully replicated array slices it on the
+  device and is let through; a sharded one reads ``_value``, caught there.
+* **The buffer protocol** (``np.asarray`` on one CPU device): a refused
+  export makes numpy fall back to the guarded ``__array__``, which names the
+  array; on 3.11 the slot cannot raise through C, so the consumer sees a
+  ``SystemError`` that the kept refusal (``pending``) replaces as it leaves
+  the loop.
+* **Compiles**: ``jax.monitoring`` reports each trace, lowering and backend
+  compile on the calling thread; the listener names the true cause when the
+  stack shows it (a donated array, a host read on the user's line).
 
 :func:`acquire` and :func:`release` install and remove them, reference
 counted across every loop of every thread.
@@ -59,20 +48,13 @@ from .._tracebacks import trim
 from .._userline import host_read_on_line, user_frame
 from . import rng as _rng
 
-__all__ = [
-    "acquire",
-    "on_monitoring_event",
-    "pending",
-    "plain_trace",
-    "release",
-]
+__all__ = ["acquire", "pending", "plain_trace", "release"]
 
 _lock = threading.Lock()
 _TRACE_EVENT = events.COMPILE_EVENTS[0]
 
 
 def _violation(kind: str, what: str, fix: str, frame: Any = None) -> None:
-    """Raise or record one violation for the current thread's loop."""
     __tracebackhide__ = True
     loop = local.loop
     if loop is not None:
@@ -94,8 +76,7 @@ def _describe(x: Any) -> str:
 
 def _key_owner() -> Any:
     """The typed PRNG key whose method (``repr``, ``print``) is reading its key
-    data: only library frames below the user's line are looked at, and only
-    when a violation is being reported."""
+    data, from the library frames below the user's line."""
     if arrays.KeyArray is None:
         return None
     frame = frames.caller_frame(2)
@@ -136,7 +117,7 @@ def _on_read(x: Any, name: str, frame: Any = None) -> None:
     if (
         loop is not None
         and not trace_state_clean()
-        and (loop.compiles_admitted() or in_recorded_compile())
+        and (loop.compiles_admitted() or (_thread.cell is not None and _thread.cell[0]))
     ):
         # A concrete read while a compile traces (an `if` on a global flag: jax-md's
         # neighbor lists) is part of that compile, admitted with it; where the loop
@@ -176,6 +157,7 @@ def _in_host_memory(x: Any) -> bool:
 
 
 def _on_cpu(x: Any) -> bool:
+    """Whether ``x`` lives on the host CPU (JAX exports only those buffers)."""
     try:
         return all(d.platform == "cpu" for d in x.devices())
     except Exception:  # noqa: BLE001 - unknown placement: treat as a read
@@ -223,8 +205,8 @@ def _guarded(name: str, original: Callable[..., Any]) -> Callable[..., Any]:
 
 
 def _must_refuse_buffer(x: Any) -> bool:
-    """For the buffer hooks: refuse the export (raise mode: numpy falls back
-    to the guarded ``__array__``)? In record mode the read is recorded here."""
+    """For the buffer hooks: refuse the export? (numpy then falls back to the
+    guarded ``__array__``); in record mode the read is recorded here."""
     loop = local.loop
     if loop is None or local.allow or not loop.checks_transfers or _in_host_memory(x):
         return False
@@ -232,8 +214,7 @@ def _must_refuse_buffer(x: Any) -> bool:
         return False
     if loop.on_violation == "raise":
         return True
-    if _on_accelerator(x):
-        # no buffer to export: numpy falls back to __array__, which records it once
+    if not _on_cpu(x):  # no buffer to export: numpy falls back to __array__, which records it
         return False
     _on_read(x, "buffer", frames.caller_frame(1))
     timer = loop.read_timer
@@ -243,14 +224,6 @@ def _must_refuse_buffer(x: Any) -> bool:
             blocking.wait_untimed(x)  # the read's wait, not the user's block_until_ready
         timer(perf_counter() - t0, x, "buffer")
     return False
-
-
-def _on_accelerator(x: Any) -> bool:
-    """Whether ``x`` lives off the host CPU, whose buffers JAX does not export."""
-    try:
-        return any(d.platform != "cpu" for d in x.sharding.device_set)
-    except Exception:  # noqa: BLE001 - no sharding to read: as on CPU
-        return False
 
 
 pending = threading.local()  # 3.11: the error of a refused buffer export
@@ -300,11 +273,10 @@ def _read_only(x: Any) -> Any:
 
 
 def _copying_device_get(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
-    """``jax.device_get`` inside a loop: CPU arrays come back as copies, read-only
-    as JAX's own results are. On CPU JAX's own caches a view of the buffer on
-    the array, which pins it: the next step donating it makes XLA copy, and
-    the consumed-input check refuses the call. Other leaves (typed keys,
-    accelerator arrays, deleted ones) go to JAX's ``device_get``."""
+    """``jax.device_get`` inside a loop: CPU arrays come back as read-only copies.
+    On CPU JAX's own caches a view of the buffer on the array, which pins it:
+    the next step donating it makes XLA copy (the consumed-input check refuses
+    the call)."""
 
     def device_get(x: Any) -> Any:
         __tracebackhide__ = True
@@ -319,7 +291,7 @@ def _copying_device_get(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
                 and not leaf.is_deleted()
                 and not is_key(leaf.dtype)
                 and leaf.is_fully_addressable
-                and all(d.platform == "cpu" for d in leaf.devices())
+                and _on_cpu(leaf)
                 else original(leaf)
                 for leaf in leaves
             ]
@@ -332,7 +304,7 @@ def _copying_device_get(original: Callable[[Any], Any]) -> Callable[[Any], Any]:
 
 
 class _Patches:
-    """Install and remove the class-level interceptors (reference counted)."""
+    """The interceptors, installed and removed (reference counted: ``depth``)."""
 
     def __init__(self) -> None:
         self.originals = arrays.read_methods()
@@ -431,28 +403,29 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
     if loop.on_violation != "raise":
         if event == events.BACKEND_EVENT:
             return
-        traced, _traced.key = _traced.key, (key if event == _TRACE_EVENT else None)
+        traced, _thread.traced = _thread.traced, (key if event == _TRACE_EVENT else None)
         if event == _TRACE_EVENT:
-            _recording_compile()
+            if _thread.cell is not None:  # a plain jax.jit's trace: its reads are part of it
+                _thread.cell[0] = True
         elif traced == key:
             return
-    # The compile is often a symptom: say the cause when the stack shows it.
+    # The compile is often a symptom: say the cause when the stack shows it
+    # (a host read only where the loop refuses reads).
     stale = _deleted_in_stack(user)
+    read = host_read_on_line(user, name) if stale is None and loop.checks_transfers else None
+    # a plain jax.jit that compiled another signature in this loop
+    changed = take_recompile(name) if stale is None and read is None else None
     if stale is not None:
         by = consumed_by(stale)
-        _violation(
+        kind, what, fix = (
             "donation",
             f"`{name}` on {_named(stale, user)}an array "
             f"({fmt_aval(stale.shape, stale.dtype)}) that {donated(by)} (jax would compile it, "
             f"then fail on the deleted buffer)",
             donation_fix("use", by),
-            user,
         )
-        return
-    # (a loop that allows the read)
-    read = host_read_on_line(user, name) if loop.checks_transfers else None
-    if read is not None:
-        _violation(
+    elif read is not None:
+        kind, what, fix = (
             "transfer",
             f"device-to-host read: {read} reads the result of an eager `{name}` "
             "on the host (the op compiles here, then its result is copied to "
@@ -460,21 +433,15 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
             "decide on the device (jnp.where / lax.cond in the step, returning a "
             "flag), or read deliberately and rarely: `if jc.fetch(x) < 1e-3:` "
             "every N steps.",
-            user,
         )
-        return
-    changed = take_recompile(name)
-    if changed is not None:  # a plain jax.jit that compiled another signature in this loop
-        diff, fix = changed
-        _violation(
+    elif changed is not None:
+        kind, what, fix = (
             "compile",
-            f"jax compiles `{name}` again, because:\n    " + "\n    ".join(diff[:8]),
-            fix + ", or move it into a hot step, whose contract keeps one signature.",
-            user,
+            f"jax compiles `{name}` again, because:\n    " + "\n    ".join(changed[0][:8]),
+            changed[1] + ", or move it into a hot step, whose contract keeps one signature.",
         )
-        return
-    if again:
-        _violation(
+    elif again:
+        kind, what, fix = (
             "compile",
             f"jax compiles `{name}` again (it compiled once in this loop's warm-up: "
             "a new input signature, a weak-typed retrace, or a fresh jax.jit each time)",
@@ -482,11 +449,9 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
             "every time: a smaller last batch, a Python scalar that is sometimes an "
             "int, a jax.jit made inside the loop), or move it into a hot_step, whose "
             "refusal shows the differing leaf.",
-            user,
         )
-        return
-    if loop.warmup and not loop.compiles_admitted():
-        _violation(
+    elif loop.warmup and not loop.compiles_admitted():
+        kind, what, fix = (
             "compile",
             f"jax compiles `{name}` after the warm-up (with loop.iterate(), only its "
             "first iteration may compile: a jax.jit first called here, a new input "
@@ -494,75 +459,57 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
             "call it in the first iteration too, or warm it before the loop on what the "
             "loop will pass; where a compile is expected here (a rare branch), mark it "
             'with jc.hot_loop(compiles="allow") around that branch.',
-            user,
         )
-        return
-    lifted = name in _LIFTING
-    _violation(
-        "compile",
-        f"jax compiles `{name}` (a fresh jax.jit, a new input signature, or a cold eager op)"
-        + ("; or it only traces it, again at each call (jax.eval_shape, jax.make_jaxpr: move "
-           "them before the loop, their result does not change)" if event == _TRACE_EVENT else ""),
-        ("JAX's `stage` turns a host value into a device array: a numpy array or Python number "
-         "given to an eager op here (jnp.asarray(batch), jnp.array(values)) would be copied to the "
-         "device at every call once compiled, refused too: put it on the device once, before "
-         "the loop, or pass it to a hot step (host= for a loader's batch). Otherwise: "
-         if lifted else "")
-        + 'let the loop\'s first pass compile it: jc.hot_loop(compiles="warmup") (the first '
-        "compile of each function is let through once, a second one refused); or run it "
-        "once before the loop so it is compiled and cached, or move the eager op into a "
-        "hot_step. Warm it on what the loop will pass: a jax.jit "
-        "warmed on arrays made outside any step (jnp.zeros, jax.random.key: "
-        "uncommitted) compiles again for a hot step's outputs, which are committed "
-        "to their device; warm it on a step's outputs, or on jc.device_tree(x) "
-        "(committed).",
-    )
+    else:
+        kind, what, fix = (
+            "compile",
+            f"jax compiles `{name}` (a fresh jax.jit, a new input signature, or a cold eager op)"
+            + ("; or it only traces it, again at each call (jax.eval_shape, jax.make_jaxpr: "
+               "move them before the loop, their result does not change)"
+               if event == _TRACE_EVENT else ""),
+            ("JAX's `stage` turns a host value into a device array: a numpy array or Python "
+             "number given to an eager op here (jnp.asarray(batch), jnp.array(values)) would be "
+             "copied to the device at every call once compiled, refused too: put it on the "
+             "device once, before the loop, or pass it to a hot step (host= for a loader's "
+             "batch). Otherwise: " if name in _LIFTING else "")
+            + 'let the loop\'s first pass compile it: jc.hot_loop(compiles="warmup") (the first '
+            "compile of each function is let through once, a second one refused); or run it "
+            "once before the loop so it is compiled and cached, or move the eager op into a "
+            "hot_step. Warm it on what the loop will pass: a jax.jit "
+            "warmed on arrays made outside any step (jnp.zeros, jax.random.key: "
+            "uncommitted) compiles again for a hot step's outputs, which are committed "
+            "to their device; warm it on a step's outputs, or on jc.device_tree(x) "
+            "(committed).",
+        )
+    _violation(kind, what, fix, user)
 
 
 #: JAX's functions that lift a host value into a device array as they compile
 _LIFTING = frozenset({"stage"})
 
 
-class _Traced(threading.local):
+class _Thread(threading.local):
     # the (function, file, line) of the trace a recording loop recorded last on
     # this thread, until the next compile event: its lowering is not recorded again
-    key: tuple[str, str | None, int | None] | None = None
-
-
-_traced = _Traced()
-
-
-class _PlainTrace(threading.local):
-    # the plain jax.jit traces running on this thread (``plain_trace``), the
-    # innermost's cell: [whether the loop recorded its compile]
+    traced: tuple[str, str | None, int | None] | None = None
+    # the innermost plain jax.jit trace running on this thread (``plain_trace``):
+    # [whether the loop recorded its compile]
     cell: list[bool] | None = None
 
 
-_plain_trace = _PlainTrace()
+_thread = _Thread()
 
 
 @contextlib.contextmanager
 def plain_trace() -> Iterator[None]:
     """Around a plain ``jax.jit``'s trace (``_loop.plainjit``): a compile the
     loop records as it starts (record mode, which traces on) makes the
-    concrete reads of that trace part of it (``in_recorded_compile``)."""
-    outer, _plain_trace.cell = _plain_trace.cell, [False]
+    concrete reads of that trace part of it (``_on_read``)."""
+    outer, _thread.cell = _thread.cell, [False]
     try:
         yield
     finally:
-        _plain_trace.cell = outer
-
-
-def _recording_compile() -> None:
-    cell = _plain_trace.cell
-    if cell is not None:
-        cell[0] = True
-
-
-def in_recorded_compile() -> bool:
-    """Whether the plain ``jax.jit`` trace running now is a compile the loop records."""
-    cell = _plain_trace.cell
-    return cell is not None and cell[0]
+        _thread.cell = outer
 
 
 def _deleted_in_stack(user: FrameType | None, limit: int = 80) -> Any | None:

@@ -13,7 +13,7 @@ from typing import Any
 
 from .._compat.arrays import UNRAISING_CODES
 
-__all__ = ["MAIN_THREAD", "interrupts"]
+__all__ = ["interrupts"]
 
 MAIN_THREAD = threading.main_thread()
 
@@ -30,20 +30,18 @@ class _Interrupts:
 
     An entry or exit changes several things that must change together
     (ArrayImpl's methods, the loop stack, JAX's guard levels); a
-    KeyboardInterrupt between two left some engaged. Python runs signal
-    handlers on the main thread between bytecodes, with the running frame:
-    while loops are active there this handler stands in front of every Python
-    handler, holds a signal arriving below ``HotLoop.__enter__`` or
-    ``__exit__`` until that is whole, and passes any other straight on.
-
-    A loop entered in a generator or coroutine may end on another thread,
-    where no handler can be given back: it holds signals only while its own
-    entry and exit run on the main thread (``keep=False``), leaving nothing
-    installed behind it.
+    KeyboardInterrupt between two left some engaged. While loops are active
+    on the main thread this handler stands in front of every Python handler,
+    holds a signal arriving below ``HotLoop.__enter__`` or ``__exit__`` until
+    that is whole, and passes any other straight on. A loop entered in a
+    generator or coroutine may end on another thread, where no handler can be
+    given back: it holds signals only while its own entry and exit run.
     """
 
     def __init__(self) -> None:
-        self.depth = 0  # loops entered on the main thread and not yet exited
+        # loops entered on the main thread and not yet exited (an exit, on any thread,
+        # lowers it; after the last, the main thread's finish() gives the handlers back)
+        self.depth = 0
         self.originals: dict[int, Any] = {}  # signal -> the Python handler this one is in front of
         self.noted: list[tuple[int, Any]] = []  # held: (signal, the handler it was meant for)
         self.codes: frozenset[Any] = frozenset()  # HotLoop.__enter__'s and __exit__'s (_loop.guard)
@@ -103,12 +101,6 @@ class _Interrupts:
                 if _signal.getsignal(signum) == self.handler:
                     _signal.signal(signum, original)
             del self.originals[signum]
-
-    def leaving(self) -> None:
-        """At the exit of an entry that kept the handler (on any thread): after
-        the last one, the handlers are given back by :meth:`finish`, the last
-        thing an exit on the main thread does."""
-        self.depth -= 1
 
     def finish(self) -> None:
         """The end of an entry or exit on the main thread: give the handlers

@@ -17,9 +17,7 @@ import jax
 from .._compat import threadguard
 from .._runtime import LoopStack
 
-__all__ = [
-    "Entry", "apply_direct", "enter_native", "relink", "repair", "restore_elsewhere", "stacks_lock"
-]
+__all__ = ["Entry", "apply_direct", "enter_native", "relink", "repair", "stacks_lock"]
 
 _NATIVE_GUARDS = {
     "host_to_device": jax.transfer_guard_host_to_device,
@@ -39,34 +37,30 @@ class Entry:
         "timing",
     )
 
-    def __init__(self, loop: Any, stack: LoopStack, modes: dict[str, str], checked: bool) -> None:
+    def __init__(
+        self, loop: Any, stack: LoopStack, modes: dict[str, str], checked: bool, counted: bool
+    ) -> None:
         self.loop = loop  # the HotLoop entered
         self.stack = stack
         self.modes = modes  # JAX's native guards: field -> level
         self.checked = checked  # holds the class patches and the compile listener
+        self.counted = counted  # entered on the main thread, keeping the signal handler till exit
         self.timing: Any = None  # the loop clock's token, while timing
         self.native: contextlib.ExitStack | None = None
         self.ended = False
-        # entered on the main thread, keeping the signal handler until its exit
-        self.counted = False
         # Entered in a generator or coroutine, whose exit may run on another
         # thread: its levels are set on the thread's record, not in JAX's config.
         self.direct = False
-        # Record mode: the native thread id whose guard log lines this entry takes.
-        self.capture_tid: int | None = None
+        self.capture_tid: int | None = None  # record mode: whose guard log lines it takes
 
 
 def enter_native(modes: dict[str, str]) -> contextlib.ExitStack | None:
     if not modes:
         return None
-    native = contextlib.ExitStack()
-    try:
+    with contextlib.ExitStack() as native:  # a failed entry closes those entered before it
         for field, mode in modes.items():
             native.enter_context(_NATIVE_GUARDS[field](mode))
-    except BaseException:
-        native.close()
-        raise
-    return native
+        return native.pop_all()
 
 
 def relink(stack: LoopStack) -> None:
@@ -107,19 +101,11 @@ def repair(stack: LoopStack) -> None:
         raise errors[0]
 
 
-def restore_elsewhere(stack: LoopStack) -> None:
-    """A loop of another thread ended here: its JAX config contexts can only exit
-    on that thread (at its next loop entry or exit: :func:`repair`); until then
-    the levels JAX's transfers read are set directly."""
-    if stack.thread.is_alive():
-        apply_direct(stack, left=True)
-
-
 def apply_direct(stack: LoopStack, left: bool = False) -> None:
     """After an entry or exit: where the innermost live entry sets its levels
     directly (:attr:`Entry.direct`), set them; ``left`` (a direct entry just
-    ended, or :func:`restore_elsewhere`): set those of the innermost live
-    entry, or the thread's own."""
+    ended, or another thread's loop ended here): set those of the innermost
+    live entry, or the thread's own."""
     if stack.saved is None:
         return
     state, saved = stack.saved

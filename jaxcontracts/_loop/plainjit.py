@@ -1,29 +1,14 @@
 """Plain ``jax.jit`` functions inside a hot loop: their cache misses, observed.
 
 ``_compat.jitwatch`` calls :func:`observe` on a cache miss, before JAX
-traces, with the function, its options and the call's arguments. The loop
-keeps each function's compiled signatures (a second compile's message names
-the leaf that changed, as a hot step's ``RecompileError`` does) and checks
-what can be known before the call runs:
-
-* a numpy array or Python number given to it: an implicit transfer at every
-  call, a ``TransferError`` naming the function and the parameter at the
-  user's line (not JAX's log line, which has no Python line);
-* a donated parameter JAX cannot donate (a host value, skipped silently) or
-  whose buffers no output can reuse while another's could (a drifted
-  ``donate_argnums`` index): a ``DonationError`` before the call runs
-  (nothing is donated: the inputs are intact);
-* an undonated parameter whose buffers an output could take is followed
-  (``signatures.Dropped``); when all its arrays died at the call's own
-  statement (``state = f(state)``) the donation was missed: a
-  ``missed_donation`` at the next ``loop.iterate`` iteration, compile or the
-  loop's end (:func:`settle`). Only what one call shows is claimed.
-
-A trace's concrete reads (an ``if`` on a device flag) are part of its
-compile (``_traced``). At checks level ``off`` nothing is checked: JAX's
-device-to-host guard is only lifted for the trace. JAX's own jits (behind
-eager ops) are left to the compile listener; a miss under a trace, or where
-the loop allows reads (``jc.fetch``, a hot step's compile), is not looked at.
+traces. The loop keeps each function's compiled signatures (a second
+compile's message names the leaf that changed) and refuses, before the call
+runs, host arguments (named at the user's line, which JAX's log line lacks)
+and donations that cannot happen. An undonated parameter whose buffers an
+output could take is followed (``signatures.Dropped``); when all its arrays
+died at the call's own statement (``state = f(state)``) the donation was
+missed (:func:`settle`). JAX's own jits (behind eager ops) are left to the
+compile listener.
 """
 
 from __future__ import annotations
@@ -86,12 +71,9 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
         # the PjitInfo kept: its id stays its own
         _, seen = loop.plain_signatures.setdefault(id(ji), (ji, []))
         recompile = (name, *sigs.diff(seen[-1], sig)) if seen and sig not in seen else None
-        host = (
-            [(j, path) for j, path in enumerate(sig.paths) if sig.host[j]]
-            if loop.checks_transfers
-            else []
-        )
-        logged = [_logged_aval(sig.specs[j]) for j, _ in host[:1]]
+        # the first host leaf (record mode: one per function and line)
+        host = [j for j, h in enumerate(sig.host) if h][:1] if loop.checks_transfers else []
+        logged = [_logged_aval(sig.specs[j]) for j in host]
     except Exception:  # noqa: BLE001 - an argument we cannot describe: JAX's own path explains it
         return _traced(loop, run, fun, ji, args, kwargs)
     user = user_frame()
@@ -103,9 +85,10 @@ def observe(fun: Any, ji: Any, args: tuple[Any, ...], kwargs: dict[str, Any], ru
     local.plain_recompile = recompile
     if sig not in seen:  # (a function with effects misses JAX's C++ cache at every call)
         seen.append(sig)
-    for j, path in host[:1]:  # record mode: one per function and line
+    for j in host:
         # JAX's guard logs this transfer too (record mode): the loop drops that line
         loop.named_transfers[logged[0]] += 1
+        path = sig.paths[j]
         param = sigs.param_of(path)
         fixes = (
             ("constant", "static", "batch") if static_is_exact(leaves[j]) else ("constant", "batch")

@@ -1,13 +1,11 @@
 """``jax.random`` samplers inside a hot loop: their Python-number parameters.
 
-An eager sampler (``jax.random.uniform(key)``) copies its parameters and their
-defaults (``minval``, ``p``, ``lam``...), Python numbers, to the device at every
-call, which JAX's guard refuses: documented idioms, a few bytes, no user data.
-While loops are active the public samplers are replaced (as ``jax.device_get``
-is) by wrappers that lift the guard for the call unless an argument is numpy
-data, and count it (``loop.sampler_calls``). A key made from a seed and
-``fold_in(key, i)`` stay refused (their int is the loop's data), as does a
-sampler imported by name before the loop; the message says so.
+An eager sampler copies its parameters and their defaults (``minval``,
+``p``...), Python numbers, to the device at every call: documented idioms, a
+few bytes, no user data. While loops are active the public samplers are
+replaced by wrappers that lift JAX's guard for the call unless an argument
+is numpy data, and count it (``loop.sampler_calls``). ``fold_in(key, i)``
+(its int is the loop's data) and a sampler imported by name stay refused.
 """
 
 from __future__ import annotations
@@ -102,7 +100,6 @@ _samplers: _Samplers | None = None
 
 
 def install() -> None:
-    """Called with the interceptors' lock held, when the first loop starts."""
     global _samplers
     if _samplers is None:
         _samplers = _Samplers()

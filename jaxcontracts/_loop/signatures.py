@@ -26,9 +26,9 @@ from .._steps import JitDonation, jit_donation
 from .._userline import is_library, user_frame
 
 __all__ = [
-    "COMMITTED_FIX", "COMPILED_AGAIN", "COMPILED_AGAIN_FIX", "SAME_LEAVES",
+    "COMPILED_AGAIN", "COMPILED_AGAIN_FIX", "SAME_LEAVES",
     "Dropped", "enclosing",
-    "Signature", "by_name", "by_param", "diff", "donated_params", "missed_donation_fix", "names",
+    "Signature", "by_name", "by_param", "diff", "donated_params", "missed_donation_fix",
     "param_of", "paths", "reusable", "short", "signature", "wrong_donations", "donations", "drift",
     "drift_fix", "jit_site", "leave_out", "passed_again", "decorator_at",
 ]
@@ -81,19 +81,14 @@ def by_param(sig: Signature, leaves: Sequence[int] | None = None) -> dict[str, l
 
 def names(opts: jitwatch.JitOptions, n_args: int) -> list[str]:
     """The parameter names of the dynamic positional arguments of a call."""
-    sig = opts.signature
-    params = list(sig.parameters.values()) if sig is not None else []
-    out = []
-    for i in range(n_args):
-        if i in opts.static_argnums:
-            continue
-        if i < len(params) and params[i].kind in (
-            params[i].POSITIONAL_ONLY, params[i].POSITIONAL_OR_KEYWORD
-        ):
-            out.append(params[i].name)
-        else:
-            out.append(f"args[{i}]")
-    return out
+    params = opts.signature.parameters.values() if opts.signature is not None else ()
+    # (positional parameters come first in a signature)
+    named = [p.name for p in params if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+    return [
+        named[i] if i < len(named) else f"args[{i}]"
+        for i in range(n_args)
+        if i not in opts.static_argnums
+    ]
 
 
 def paths(
@@ -138,10 +133,9 @@ def signature(
 
 
 def _node_statics(value: Any, path: str, depth: int = 0) -> list[tuple[str, Any]]:
-    """(path, value) of the static fields (``pytree_node=False``, a
-    ``register_dataclass`` meta field: not among the node's children) of the
-    dataclass nodes in ``value``, through tuples, lists and dicts; a function
-    by its name (two functions of one name are told apart by identity)."""
+    """(path, value) of the static fields (not among the node's children) of
+    the dataclass nodes in ``value``, through tuples, lists and dicts; a
+    function by its name and identity."""
     if depth > 8:
         return []
     if isinstance(value, (tuple, list)):
@@ -171,7 +165,6 @@ def _node_statics(value: Any, path: str, depth: int = 0) -> list[tuple[str, Any]
 def by_name(
     opts: jitwatch.JitOptions, dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any]
 ) -> dict[str, Any]:
-    """The dynamic arguments by parameter name."""
     values = dict(zip(names(opts, len(dyn_args) + len(opts.static_argnums)), dyn_args))
     values.update(dyn_kwargs)
     return values
@@ -184,10 +177,8 @@ def reusable(
     """The undonated dynamic leaves whose buffers an output could take, each
     output taken once: first by the donated parameters, then by those whose
     structure an output (or a top-level part of it) has (``state = f(state)``),
-    then by the others, those with more leaves an output matches first (an
-    ``nnx.jit`` step's model before its batch ``y``, whose ``f32[32]`` is the
-    bias's shape). A fresh batch whose shape happens to match a carried leaf
-    is not a candidate while the carried leaf takes it."""
+    then by those with more leaves an output matches (an ``nnx.jit`` step's
+    model before its batch ``y``, whose ``f32[32]`` is the bias's shape)."""
     free = collections.Counter((tuple(x.shape), str(x.dtype)) for x in out_leaves)
     parts = [
         out,
@@ -219,6 +210,8 @@ def reusable(
 
 
 SAME_LEAVES = "the same leaves (another device or trace context)"
+_KEEP_FIXED = ("each new value compiles anew; keep it fixed (for a buffer that grows, allocate "
+               "room to spare once)")
 
 
 def diff(old: Signature, new: Signature) -> tuple[list[str], str]:
@@ -244,17 +237,14 @@ def diff(old: Signature, new: Signature) -> tuple[list[str], str]:
         if fields:
             named = ", ".join(p for p, _ in fields)
             return [line for _, line in fields], (
-                f"a static field of a pytree node ({named}) changed: each new value compiles "
-                "anew; keep it fixed (for a buffer that grows, allocate room to spare once)")
+                f"a static field of a pytree node ({named}) changed: {_KEEP_FIXED}")
         # the same leaves: a node's static data changed (a capacity, a flag)
         before = dict(old.parts)
         changed = [(k, before[k], t) for k, t in new.parts if k in before and before[k] != t]
         out += [f"{k}: its tree's static data: {fmt_change(str(a), str(b))}"
                 for k, a, b in changed] or ["the arguments' structure changed (the same leaves)"]
         named = ", ".join(k for k, _, _ in changed) or "the arguments"
-        return out, (f"a pytree node's static data (aux data) in {named} changed: each new value "
-                     "compiles anew; keep it fixed (for a buffer that grows, allocate room to "
-                     "spare once)")
+        return out, f"a pytree node's static data (aux data) in {named} changed: {_KEEP_FIXED}"
     diffs = diff_leaves(list(zip(old.paths, old.specs)), list(zip(new.paths, new.specs)))
     out = [f"{d.path}: {d.expected} -> {d.got}" for d in diffs]
     if not diffs:
@@ -265,7 +255,7 @@ def diff(old: Signature, new: Signature) -> tuple[list[str], str]:
                 f"{p}: committed to its device -> uncommitted" if a
                 else f"{p}: uncommitted -> committed to its device"
                 for p, a in moved
-            ], COMMITTED_FIX
+            ], _COMMITTED_FIX
         return [SAME_LEAVES], "call it on the device and in the context it was compiled for"
     return out, diffs[0].cause
 
@@ -305,7 +295,7 @@ def _changed_fields(
 
 
 #: The fix of a recompile where only whether arrays are committed changed.
-COMMITTED_FIX = ("JAX compiles apart for an uncommitted array (made by jnp.array, jnp.zeros... on "
+_COMMITTED_FIX = ("JAX compiles apart for an uncommitted array (made by jnp.array, jnp.zeros... on "
                  "the default device) and a committed one (jax.device_put to a device, or a jitted "
                  "call's output): commit it where it is made, jax.device_put(x, jax.devices()[0]), "
                  "so that every call gives the same")
@@ -328,8 +318,8 @@ def missed_donation_fix(
     ``written``: what the user gave it, where not the function itself (a partial);
     ``decorator``: the decorator line that jitted it, where one did."""
     how = donate_by_name(jit, written or short(name), (param,), decorator)
-    return f'{how} (names do not drift when parameters move); or @jc.hot_step(state={param!r}, ' \
-        'donate="all")'
+    return (f"{how} (names do not drift when parameters move); or "
+            f'@jc.hot_step(state={param!r}, donate="all")')
 
 
 def donate_by_name(jit: str, written: str, names: tuple[str, ...], decorator: str = "") -> str:
@@ -366,10 +356,9 @@ def wrong_donations(
     """(parameter, why, fix) for each donated parameter JAX cannot donate (a
     host value, skipped silently) or whose buffers no output can reuse while
     another's could (a drifted index). The fix leaves it out; with ``offer``
-    (a loop, refusing before the call) it names another to donate where
-    nothing reads its old value after the call (a step that rejects and
-    retries would lose it); a watch, which sees the calls that follow, names
-    it once each call's statement is proven to drop it (:func:`drift_fix`)."""
+    (a loop, refusing before the call) it names another to donate, with a
+    caution; a watch names it once each call's statement is proven to drop
+    it (:func:`drift_fix`)."""
     params = by_param(sig)
     can = {
         p for p, js in params.items()
@@ -413,9 +402,8 @@ def drift_fix(
     name: str, param: str, jit: str = "jax.jit", keep: set[str] | frozenset[str] = frozenset(),
     decorator: str = "",
 ) -> str:
-    """The fix of a wrong donation once the statement of each call is proven
-    to drop ``param``, which an output could reuse (a missed donation);
-    ``keep``: the parameters it donates rightly, donated still."""
+    """The fix of a wrong donation once each call's statement is proven to
+    drop ``param``; ``keep``: the parameters it donates rightly."""
     names = tuple(sorted({param, *keep}))
     return (f"donate by name, which cannot drift: {donate_by_name(jit, name, names, decorator)} "
             f"(each call's statement drops {param}: see the missed donation)")
@@ -423,8 +411,7 @@ def drift_fix(
 
 def jit_site(fun: Any) -> str:
     """``file:line`` of the ``jax.jit`` that made ``fun`` jitted, read from its
-    source: a decorator line that names ``jit`` above its ``def``, else a line
-    of its file that passes it to a ``jit(``; "" where none is found."""
+    source ("" where none is found)."""
     code = getattr(inspect.unwrap(fun), "__code__", None)
     if code is None:
         return ""
@@ -455,9 +442,8 @@ def donations(
     candidates: Sequence[int], name: str, jit_line: str,
 ) -> list[tuple[list[Any], JitDonation]]:
     """The device arrays of each donated parameter of one call, and the
-    consumer that names them once they are deleted (``_steps.keep``):
-    ``instead`` the parameters an output could reuse that are not donated
-    (``reusable``'s candidates), whose positions the fix gives."""
+    consumer that names them once they are deleted (``_steps.keep``), with
+    ``reusable``'s candidates as what to donate ``instead``."""
     params = list(opts.signature.parameters) if opts.signature is not None else []
     instead = tuple(by_param(sig, candidates))
     argnums = tuple(params.index(p) for p in instead if p in params)
@@ -474,8 +460,8 @@ def passed_again(
     function: str | None = None,
 ) -> tuple[JitDonation, str, str] | None:
     """The first array at ``positions`` of a call's leaves that a plain
-    ``jax.jit``'s drifted donation (of ``function``, where given) deleted,
-    passed again: its record, and what and fix (:func:`drift`)."""
+    ``jax.jit``'s drifted donation (of ``function``, where given) deleted:
+    its record, and what and fix (:func:`drift`)."""
     for j in positions:
         x = leaves[j] if j < len(leaves) else None
         if isinstance(x, jax.Array) and x.is_deleted():
@@ -508,18 +494,15 @@ def drift(rec: JitDonation, path: str) -> tuple[str, str]:
 class Dropped:
     """Whether the statement that made a call dropped its arguments: a weak
     reference to each array notes whether it died while the user's frame was
-    still on the call's line (``state = f(state, x)`` rebinds ``state`` as the
-    statement ends: donating it would have been safe). An array dying later
-    (the next step consumed it, a later line dropped it after reading it) is
-    not counted: after ``jax.jit(norm)(s.params)``, ``s = step(s)`` drops the
-    params, and donating them to ``norm`` would have deleted what the step
-    needed. No frame is kept (only its id and line).
+    still on the call's line (``state = f(state, x)``: donating it would have
+    been safe). An array dying later is not counted: after
+    ``jax.jit(norm)(s.params)``, ``s = step(s)`` drops the params, and
+    donating them to ``norm`` would have deleted what the step needed. No
+    frame is kept (only its id and line).
 
     ``outer`` (:func:`enclosing`): the user's statements running the call's
-    function, each as (frame id, line); an array dying as one of them ends
-    was used by nothing after the call either (flax MNIST's ``train_epoch``
-    rebinds its ``state`` at its first step, while its caller holds the old
-    one until ``state = train_epoch(state, ...)`` ends)."""
+    function, as (frame id, line); an array dying as one of them ends was
+    used by nothing after the call either (flax MNIST's ``train_epoch``)."""
 
     __slots__ = ("_frame", "_line", "_outer", "at_call", "refs", "sharers", "__weakref__")
 
@@ -557,10 +540,9 @@ class Dropped:
         """Whether it is too soon to tell, at a later call whose user frames
         are ``now`` (:func:`enclosing`): every array that died so far died at
         the call's statement or one enclosing it, some are alive, and the
-        frame that made the call is still running under the same statement of
-        its caller (the next step of flax's epoch), whose end may drop them.
-        A frame id may be a new frame's (an ended one's memory reused): then
-        it is told at the watch's end, as kept."""
+        frame that made the call still runs under the same statement of its
+        caller, whose end may drop them. (A frame id reused by a new frame is
+        told at the watch's end, as kept.)"""
         if not self._outer or self.at_call != sum(r() is None for r in self.refs) or self.dropped:
             return False
         ids = [i for i, _ in now]
@@ -572,8 +554,7 @@ class Dropped:
 
 def enclosing(frame: FrameType | None) -> tuple[tuple[int, int], ...]:
     """(id, line) of ``frame`` and of each user frame above it, innermost
-    first (:class:`Dropped`'s ``outer``): frames of JAX, installed packages
-    and the standard library are skipped."""
+    first (:class:`Dropped`'s ``outer``)."""
     out = []
     while frame is not None:
         code = frame.f_code
@@ -595,13 +576,12 @@ def sharers(arrays: Sequence[Any]) -> dict[int, list[Any]] | None:
     (``jax.device_put`` onto their own device makes new arrays over the same
     buffers: donating one deletes the other), weak references to those; None
     where a buffer cannot be told (a miss, never a fix that deletes what the
-    user keeps). Asked while the arrays live (the allocator reuses addresses),
-    with one scan of ``jax.live_arrays()``: at a compile or in the first calls
-    after it, never at every call."""
+    user keeps). Asked while the arrays live (the allocator reuses addresses);
+    one scan of ``jax.live_arrays()``, so never at every call."""
     ids = {id(x) for x in arrays}
     mine: dict[int, set[int]] = {}
     for x in arrays:
-        held = buffers([x])
+        held = buffers(x)
         if held is None:
             return None
         for address in held:
@@ -610,7 +590,7 @@ def sharers(arrays: Sequence[Any]) -> dict[int, list[Any]] | None:
     for y in jax.live_arrays():
         if id(y) in ids or y.is_deleted():
             continue
-        for address in (buffers([y]) or frozenset()) & mine.keys():
+        for address in (buffers(y) or frozenset()) & mine.keys():
             for xid in mine[address]:
                 found.setdefault(xid, []).append(weakref.ref(y))
     return found
@@ -623,18 +603,16 @@ _put_over: dict[int, tuple[Any, list[Any]]] = {}
 
 def note_device_put(given: Any, made: Any) -> None:
     """After ``made = jax.device_put(given, ...)`` while a watch is open: each
-    array of ``made`` that is a new object over its source's buffers (onto
-    their own device, at any call, after the first calls' scan) noted as
-    sharing them (:func:`put_over`); where buffers cannot be told, as sharing
-    (a miss, never a fix that deletes)."""
+    array of ``made`` that is a new object over its source's buffers noted as
+    sharing them (:func:`put_over`); where buffers cannot be told, as sharing."""
     leaves_given, leaves_made = jax.tree_util.tree_leaves(given), jax.tree_util.tree_leaves(made)
     if len(leaves_given) != len(leaves_made):
         return
     for a, r in zip(leaves_given, leaves_made):
         if a is r or not isinstance(a, jax.Array) or not isinstance(r, jax.Array):
             continue
-        held = buffers([a])
-        if held is not None and not held & (buffers([r]) or held):
+        held = buffers(a)
+        if held is not None and not held & (buffers(r) or held):
             continue  # copied: nothing shared
         key = id(a)
         entry = _put_over.get(key)
@@ -657,16 +635,12 @@ def put_over(arrays: Sequence[Any]) -> list[Any]:
     return [r for x in arrays for r in _put_over.get(id(x), (None, ()))[1]]
 
 
-def buffers(arrays: Sequence[Any]) -> frozenset[int] | None:
-    """The device buffers of ``arrays`` (each shard's), by address; None
-    where one cannot be told."""
-    found: set[int] = set()
+def buffers(x: Any) -> frozenset[int] | None:
+    """The device buffers of ``x`` (each shard's), by address; None where they
+    cannot be told."""
     try:
-        for x in arrays:
-            if len(x.sharding.device_set) == 1:
-                found.add(x.unsafe_buffer_pointer())
-            else:
-                found.update(shard.data.unsafe_buffer_pointer() for shard in x.addressable_shards)
+        if len(x.sharding.device_set) == 1:
+            return frozenset((x.unsafe_buffer_pointer(),))
+        return frozenset(shard.data.unsafe_buffer_pointer() for shard in x.addressable_shards)
     except Exception:  # noqa: BLE001 - a backend without buffer addresses, a deleted array
         return None
-    return frozenset(found)

@@ -1,10 +1,9 @@
 """JAX runtime errors that leave a hot loop, as the contract errors they are.
 
-JAX's own guards raise bare ``JaxRuntimeError`` s (a disallowed host-to-device
-transfer, a deleted buffer); when one leaves a ``jc.hot_loop`` it is turned
-into a :class:`TransferError` or :class:`DonationError` naming the user's
-line, the cause (a Python constant in an eager op, ``jax.device_get`` of a
-typed key, which local was donated and to what) and the fix.
+JAX's own guards raise bare ``JaxRuntimeError`` s (a disallowed transfer, a
+deleted buffer); leaving a ``jc.hot_loop`` one becomes a
+:class:`TransferError` or :class:`DonationError` naming the user's line, the
+cause and the fix.
 """
 
 from __future__ import annotations
@@ -25,33 +24,21 @@ from . import signatures as sigs
 __all__ = ["translate"]
 
 
-# JAX runtime errors that leave a loop, and what they mean there.
-_RUNTIME_ERRORS: dict[str, tuple[type[Exception], str, str, str]] = {
+# JAX's transfer-guard errors that leave a loop: their title and fix there.
+_TRANSFERS: dict[str, tuple[str, str]] = {
     "host-to-device": (
-        TransferError,
-        "no-transfer",
         "implicit transfer inside jc.hot_loop: host-to-device",
         host_fix("constant", "eager") + ".",
     ),
     "device-to-host": (
-        TransferError,
-        "no-transfer",
         "implicit transfer inside jc.hot_loop: device-to-host (seen by JAX's own guard)",
         "read it deliberately and rarely with jc.fetch(x), or move the read after the loop.",
     ),
     "device-to-device": (
-        TransferError,
-        "no-transfer",
         "implicit transfer inside jc.hot_loop: device-to-device (an array committed "
         "to one device, passed to a computation placed on another; seen by JAX's own guard)",
         "move it on purpose before the loop (x = jax.device_put(x, device)), or make "
         "it on the device the computation runs on.",
-    ),
-    "deleted": (
-        DonationError,
-        "no-donated-use",
-        "use of a donated array inside jc.hot_loop",  # worded by translate()
-        "",
     ),
 }
 
@@ -90,24 +77,20 @@ _INDEXING = {("/jax/_src/array.py", "__getitem__"), ("/jax/_src/numpy/array_meth
              ("/jax/_src/numpy/array_methods.py", "__getitem__")}
 
 
-def _indexing_cause(tb: Any) -> tuple[str, str] | None:
-    """The title and fix for a transfer made by JAX's eager indexing."""
+def _host_cause(tb: Any, weak: bool) -> tuple[str, str] | None:
+    """The title and fix for a host-to-device transfer made by a ``jax.random``
+    function or, of weakly typed Python ints (a numpy index is the user's own),
+    by JAX's eager indexing."""
     path, name = _jax_entry(tb)
-    if not any(path.endswith(p) and name == n for p, n in _INDEXING):
-        return None
-    return (
-        "implicit transfer inside jc.hot_loop: host-to-device, the index constants of an "
-        "eager x[...] (Python ints JAX makes of the index, copied on every call)",
-        "index with jnp.take(x, idx, axis=0) for an array or device-scalar index, or "
-        "jax.lax.slice_in_dim(x, start, stop) / jax.lax.index_in_dim(x, i) for fixed "
-        "positions (each compiles its constants in: clean once warm); or index inside "
-        "the hot_step and return what you need.",
-    )
-
-
-def _random_cause(tb: Any, weak: bool) -> tuple[str, str] | None:
-    """The title and fix for a transfer made by a ``jax.random`` function."""
-    path, name = _jax_entry(tb)
+    if weak and any(path.endswith(p) and name == n for p, n in _INDEXING):
+        return (
+            "implicit transfer inside jc.hot_loop: host-to-device, the index constants of an "
+            "eager x[...] (Python ints JAX makes of the index, copied on every call)",
+            "index with jnp.take(x, idx, axis=0) for an array or device-scalar index, or "
+            "jax.lax.slice_in_dim(x, start, stop) / jax.lax.index_in_dim(x, i) for fixed "
+            "positions (each compiles its constants in: clean once warm); or index inside "
+            "the hot_step and return what you need.",
+        )
     if "/jax/_src/random" not in path:
         return None
     if name in ("fold_in", "key", "PRNGKey"):
@@ -168,25 +151,11 @@ def translate(exc: BaseException, tb: Any) -> Exception | None:
     if found is None:
         return None
     kind, detail = found
-    error, contract, title, fix = _RUNTIME_ERRORS[kind]
     weak = "weak_type=True" in detail  # a Python number made a device array
-    cause = None
-    if kind == "host-to-device":
-        # JAX's index constants are weakly typed Python ints; a numpy index is the user's own
-        cause = _random_cause(tb, weak) or (_indexing_cause(tb) if weak else None)
-    if cause is not None:
-        title, fix = cause
-    elif kind == "host-to-device" and weak:
-        title, fix = _CONSTANT_TITLE, _CONSTANT_FIX
-    elif kind == "host-to-device" and _in_device_get(tb):
-        title = "implicit transfer inside jc.hot_loop: jax.device_get of a typed PRNG key"
-        fix = (
-            "jax.device_get rebuilds a typed key on the device (a host-to-device "
-            "copy of its data); read it with jc.fetch(key), which returns the key "
-            "data (jax.random.wrap_key_data(data) makes it a key again)."
-        )
-    where, source = traceback_where(tb)
+    error: type[Exception] = TransferError
+    contract = "no-transfer"
     if kind == "deleted":
+        error, contract = DonationError, "no-donated-use"
         named, by, drifted = _donated_names(tb)
         title = (
             "use of a donated array inside jc.hot_loop: "
@@ -194,9 +163,25 @@ def translate(exc: BaseException, tb: Any) -> Exception | None:
         )
         fix = donation_fix("use", by)
         if drifted is not None:
-            error, contract = DonationError, VIOLATIONS["wrong_donation"].contract
+            contract = VIOLATIONS["wrong_donation"].contract
             title = f"{VIOLATIONS['wrong_donation'].title}: {drifted[0]}"
             fix = drifted[1]
+    else:
+        title, fix = _TRANSFERS[kind]
+    if kind == "host-to-device":
+        cause = _host_cause(tb, weak)
+        if cause is not None:
+            title, fix = cause
+        elif weak:
+            title, fix = _CONSTANT_TITLE, _CONSTANT_FIX
+        elif _in_device_get(tb):
+            title = "implicit transfer inside jc.hot_loop: jax.device_get of a typed PRNG key"
+            fix = (
+                "jax.device_get rebuilds a typed key on the device (a host-to-device "
+                "copy of its data); read it with jc.fetch(key), which returns the key "
+                "data (jax.random.wrap_key_data(data) makes it a key again)."
+            )
+    where, source = traceback_where(tb)
     return error(
         f"{title}{f' ({detail})' if detail else ''}\n  at {where}"
         + (f":  {source}" if source else ""),
