@@ -283,7 +283,7 @@ class Watch:
                     at == self._last_at and self._closed != at and self._chained(fn, leaves)
                 )
                 fn.run = (at, self._visit(at, frame is caller, chained))
-            note = self._before(fn, args, dyn_args, dyn_kwargs, leaves)  # (this call's own)
+            note = self._before(fn, leaves)
             before = jitwatch.cache_size(jitted)
         except ContractError:  # the user's loop refusing a missed donation, before the call
             raise
@@ -322,10 +322,7 @@ class Watch:
             self._trouble(fn, err)
         return out
 
-    def _before(
-        self, fn: _Function, args: tuple[Any, ...], dyn_args: tuple[Any, ...],
-        dyn_kwargs: dict[str, Any], leaves: list[Any],
-    ) -> str:
+    def _before(self, fn: _Function, leaves: list[Any]) -> str:
         """Before a call: the note for JAX's error where it passes a deleted argument again."""
         given = self._given_elsewhere
         if given:  # a followed array given to another function: not dropped, used
@@ -337,7 +334,7 @@ class Watch:
         if fn.candidates and len(set(map(id, leaves))) != len(leaves):
             self._aliased(fn, leaves)
         note = ""
-        n = len(leaves)  # passed again after this function's donation deleted it:
+        n = len(leaves)  # passed again after this function's donation deleted it
         if any(
             j < n and isinstance(leaves[j], jax.Array) and leaves[j].is_deleted()
             for j in fn.donated_leaves
@@ -1302,10 +1299,8 @@ class WatchReport:
     calls: int
     functions: int
     blind: list[str] = dataclasses.field(default_factory=list)  # findings not made here, and why
-    # the audited script raised this (its traceback printed before the report)
-    stopped: str | None = None
-    # reads whose line ran once, between calls
-    once: list[str] = dataclasses.field(default_factory=list)
+    stopped: str | None = None  # what the audited script raised (its traceback printed above)
+    once: list[str] = dataclasses.field(default_factory=list)  # reads whose line ran once
 
     @property
     def ok(self) -> bool:
@@ -1319,9 +1314,7 @@ class WatchReport:
         yield (f"jaxcontracts audit: {len(self.findings)} finding(s) in {self.functions} jitted "
                f"function(s), {self.calls} call(s) observed")
         for why in self.blind:
-            yield from textwrap.wrap(
-                "NOT CHECKED: " + why, _WIDTH, initial_indent="  ", subsequent_indent="    "
-            )
+            yield from _wrap("NOT CHECKED: " + why, "  ", "    ")
         if self.stopped:
             yield (f"  the script stopped with {self.stopped} (its traceback is above): what it "
                    "did up to there")
@@ -1341,30 +1334,22 @@ class WatchReport:
             cost = f.cost_text()
             if cost:
                 yield f"    cost: {cost}"
-            yield from textwrap.wrap(
-                f.message, _WIDTH, initial_indent="    ", subsequent_indent="    "
-            )
+            yield from _wrap(f.message, "    ", "    ")
             for d in (f.diff or [])[:8]:  # a change trimmed to what differs; a sentence wrapped
                 if " -> " in d:
                     yield "      " + fit_change(d, _WIDTH - 6)
                 else:
-                    yield from textwrap.wrap(
-                        d, _WIDTH, initial_indent="      ", subsequent_indent="        "
-                    )
+                    yield from _wrap(d, "      ", "        ")
             if f.jit_line:
                 yield f"    donation set at {f.jit_line}"
-            yield from textwrap.wrap(
-                "fix: " + f.fix, _WIDTH, initial_indent="    ", subsequent_indent="      "
-            )
+            yield from _wrap("fix: " + f.fix, "    ", "      ")
         # the loop may have been left at its first pass: say what it did once
         if self.stopped and self.once:
             yield (
                 "  seen once before the script stopped (repeated work if the line is in its loop):"
             )
             for text in self.once:
-                yield from textwrap.wrap(
-                    text, _WIDTH, initial_indent="  - ", subsequent_indent="      "
-                )
+                yield from _wrap(text, "  - ", "      ")
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
@@ -1376,3 +1361,7 @@ class WatchReport:
         ]
         return findings_html(next(iter(self.lines())), self.ok, rows, self.blind)
 
+
+
+def _wrap(text: str, first: str, rest: str) -> list[str]:
+    return textwrap.wrap(text, _WIDTH, initial_indent=first, subsequent_indent=rest)
