@@ -1,10 +1,6 @@
-"""What hot steps and loops were proven to be, as a :class:`Snapshot`.
-
-``jc.snapshot(*steps)`` builds one from steps' records
-(``step.describe()``); the pytest plugin's :class:`Recorder` also records
-every ``jc.hot_loop`` run of a test (options, calls of each step, fetches,
-violations) and every step compiled or called meanwhile. Each reads records
-and counters only, never the device.
+"""What hot steps and loops were proven to be, as a :class:`Snapshot`, from records
+and counters only: ``jc.snapshot(*steps)``, and the pytest plugin's :class:`Recorder`
+of a test's steps and ``jc.hot_loop`` runs.
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ from .._records import CompiledSignature, StepDescription
 from .._runtime import observers
 from .._step.hot_step import HotStep
 from .._tracebacks import boundary
-from .snapshot import COST_KEYS, Path, Snapshot, version_of
+from .snapshot import TOLERANCED, Path, Snapshot, version_of
 
 __all__ = ["Recorder", "snapshot"]
 
@@ -48,14 +44,12 @@ def _leaf_line(leaf: Any) -> str:
     )
 
 
-def _costs(cs: CompiledSignature) -> dict[str, int] | None:
+def _costs(cs: CompiledSignature) -> Mapping[str, Any] | None:
     try:
         analysis = cs.compiled.cost_analysis()
     except Exception:  # noqa: BLE001 - not every backend has one
         return None
-    if not isinstance(analysis, Mapping):
-        return None
-    return {name: int(round(float(analysis.get(key, 0.0)))) for key, name in COST_KEYS}
+    return analysis if isinstance(analysis, Mapping) else None
 
 
 def _step_fields(head: str, desc: StepDescription) -> list[tuple[Path, str]]:
@@ -63,13 +57,17 @@ def _step_fields(head: str, desc: StepDescription) -> list[tuple[Path, str]]:
     for n, cs in enumerate(desc.signatures, 1):
         sig = (head, f"signature {n}")
         out += [((*sig, f"leaf {leaf.path}"), _leaf_line(leaf)) for leaf in cs.leaves]
-        memory = cs.memory
-        for name in ("arguments", "outputs", "aliased", "temporaries"):
-            value = getattr(memory, name)
+        costs = _costs(cs)
+        for key in TOLERANCED:  # memory.*, then cost.* (XLA's keys have spaces: "bytes accessed")
+            kind, name = key.split(".")
+            if kind == "memory":
+                value = getattr(cs.memory, name)
+            elif costs is not None:
+                value = int(round(float(costs.get(name.replace("_", " "), 0.0))))
+            else:
+                continue
             if value is not None:
-                out.append(((*sig, f"memory.{name}"), str(value)))
-        for name, value in (_costs(cs) or {}).items():
-            out.append(((*sig, f"cost.{name}"), str(value)))
+                out.append(((*sig, key), str(value)))
     return out
 
 
@@ -170,14 +168,9 @@ class _Open:
 
 
 class Recorder:
-    """Records the hot steps compiled or called and the loops run meanwhile.
-
-    ``start()`` ... ``stop()``, then :meth:`snapshot`. A step is recorded if
-    it compiles while recording, or (at checks ``fast``/``full``, where calls
-    are counted) if it is called. Loop runs are recorded in the order they
-    end, with the calls of each step, the ``jc.fetch`` calls and the
-    violations of that run; at checks ``off`` calls are not counted (``?``,
-    not compared).
+    """Records, between ``start()`` and ``stop()``, the hot steps compiled or called
+    (calls are counted at checks ``fast``/``full``) and the loop runs, in the order
+    they end: each step's calls (``?`` at checks ``off``), fetches and violations.
     """
 
     def __init__(self) -> None:
