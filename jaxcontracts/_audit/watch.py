@@ -1168,25 +1168,19 @@ def _static_fix(numbers: list[str], rest: str) -> str:
 
 
 def _marker(x: Any) -> Any:
-    """What tells a host value passed again from a new one (None: nothing)."""
+    """What tells a host value passed again from a new one (None: nothing): a number
+    itself; a numpy array's dtype, shape and bytes (as the device gets it, a NaN included)."""
     if isinstance(x, np.ndarray):
-        return (None, _snapshot(x)) if x.nbytes <= _COMPARED_BYTES else None
+        return (x.dtype, x.shape, x.tobytes()) if x.nbytes <= _COMPARED_BYTES else None
     return x if isinstance(x, (int, float, complex, np.generic)) else None
 
 
 def _same(marker: Any, other: Any) -> bool:
-    """Whether two :func:`_marker` values tell the same value (the same bits)."""
-    if isinstance(marker, tuple):  # a numpy array's copy
-        return isinstance(other, tuple) and marker[1] == other[1]
+    """Whether two :func:`_marker` values tell the same value."""
     try:
         return marker is not None and type(marker) is type(other) and bool(marker == other)
     except Exception:  # noqa: BLE001 - an odd ==: not the same
         return False
-
-
-def _snapshot(x: np.ndarray) -> tuple[np.dtype[Any], tuple[int, ...], bytes]:
-    """A numpy array's values as the device gets them (the same bits, a NaN included)."""
-    return x.dtype, x.shape, x.tobytes()
 
 
 def _numpy_key(x: np.ndarray) -> tuple[Any, np.ndarray]:
@@ -1206,7 +1200,7 @@ def _unchanged(seen: dict[Any, tuple[Any, Any]], x: np.ndarray, mark: Any) -> bo
     call, with the same values."""
     key, anchor = _numpy_key(x)
     entry = seen.get(key)
-    return entry is not None and entry[0]() is anchor and mark is not None and entry[1] == mark[1]
+    return entry is not None and entry[0]() is anchor and mark is not None and entry[1] == mark
 
 
 def _remember_numpy(fn: _Function, values: Sequence[tuple[Any, Any]]) -> None:
@@ -1223,7 +1217,7 @@ def _remember_numpy(fn: _Function, values: Sequence[tuple[Any, Any]]) -> None:
         if entry is not None and entry[1] is not None:  # a dead array's, its id reused
             fn.numpy_kept -= len(entry[1][2])
         keep = mark is not None and fn.numpy_kept + x.nbytes <= _KEPT_BYTES
-        seen[key] = (weakref.ref(anchor), mark[1] if keep else None)
+        seen[key] = (weakref.ref(anchor), mark if keep else None)
         fn.numpy_kept += x.nbytes if keep else 0
         size = len(seen)
         fn.numpy_limit = _steps.prune_dead(seen, fn.numpy_limit)

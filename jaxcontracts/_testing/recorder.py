@@ -92,10 +92,10 @@ def _build(steps: Sequence[Any], loops: Sequence[_LoopRun] = ()) -> Snapshot:
     for n, run in enumerate(loops, 1):
         head = f"loop {n}"
         fields.append(((head, "options"), run.options))
-        for step_id, calls in sorted(run.calls.items(), key=lambda kv: run.names[kv[0]]):
-            fields.append(
-                ((head, f"calls {run.names[step_id]}"), "?" if calls is None else str(calls))
-            )
+        # named as in the steps section (else as the loop named them)
+        called = {sid: names.get(sid, name) for sid, name in run.names.items()}
+        for sid, calls in sorted(run.calls.items(), key=lambda kv: called[kv[0]]):
+            fields.append(((head, f"calls {called[sid]}"), "?" if calls is None else str(calls)))
         fields.append(((head, "fetches"), str(run.fetches)))
         fields.append(((head, "violations"), str(sum(v[3] for v in run.violations))))
         for i, (kind, what, where, count) in enumerate(run.violations, 1):
@@ -253,9 +253,5 @@ class Recorder:
 
     def snapshot(self) -> Snapshot:
         """The snapshot of everything recorded."""
-        steps = list(self._steps.values())
-        names = _names(steps)
-        for run in self.loops:  # name loop calls like the steps section
-            run.names = {sid: names.get(sid, name) for sid, name in run.names.items()}
-        return _build(steps, self.loops)
+        return _build(list(self._steps.values()), self.loops)
 

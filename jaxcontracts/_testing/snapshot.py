@@ -228,9 +228,6 @@ class Snapshot:
         heads_after = {p[:i] for p in after for i in range(1, len(p))}
         blocks_done: set[Path] = set()
         for path in order:
-            key = path[-1]
-            old, new = before.get(path), after.get(path)
-            where = " / ".join(path)
             block = next(
                 (
                     path[:i]
@@ -248,9 +245,9 @@ class Snapshot:
                         Change(" / ".join(block), text if gone else "-", "-" if gone else text)
                     )
                 continue
-            found = _compare_field(where, key, old, new, rules, same_versions)
+            found = _compare_field(path, before.get(path), after.get(path), rules, same_versions)
             if found is None:
-                skipped.append(where)
+                skipped.append(" / ".join(path))
             else:
                 changes += found
         note = ""
@@ -265,10 +262,11 @@ class Snapshot:
 
 
 def _compare_field(
-    where: str, key: str, old: str | None, new: str | None, rules: Mapping[str, float | None],
+    path: Path, old: str | None, new: str | None, rules: Mapping[str, float | None],
     same_versions: bool,
 ) -> list[Change] | None:
     """The changes of one field (empty: none); ``None``: not compared (skipped)."""
+    where, key = " / ".join(path), path[-1]
     if not same_versions and key.startswith(("memory.", "cost.")):
         return None
     if key in rules and old is not None and new is not None:
