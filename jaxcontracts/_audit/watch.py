@@ -88,8 +88,9 @@ class Finding:
 
     def cost_text(self) -> str:
         if self.seconds is not None:
-            what = "blocked" if self.kind == "host_sync" else "compiling"
-            return f"{_fmt_seconds(self.seconds)} {what}"
+            s = self.seconds
+            took = f"{s:.2f} s" if s >= 1 else f"{s * 1e3:.1f} ms"
+            return f"{took} {'blocked' if self.kind == 'host_sync' else 'compiling'}"
         if self.bytes_per_call:
             per, total = fmt_bytes(self.bytes_per_call), fmt_bytes(self.bytes_per_call * self.count)
             return f"{per}/call, {total} {'copied' if self.kind == 'host_transfer' else 'in all'}"
@@ -105,10 +106,6 @@ class Finding:
             **{k: v for k, v in dataclasses.asdict(self).items() if v is not None},
             "contract": self.contract,
         }
-
-
-def _fmt_seconds(seconds: float) -> str:
-    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1e3:.1f} ms"
 
 
 def _unwrapped(fun: Any) -> Any:
