@@ -1134,14 +1134,10 @@ def _static_changed(a: Any, b: Any) -> bool:
 
 def _static_line(path: str, a: Any, b: Any) -> str:
     """The diff line of a leaf whose static value changed under eqx.filter_jit."""
-    def said(v: Any) -> str:
-        if isinstance(v, _Traced):
-            return f"{v.aval} (an array)"
-        return repr(v)
-
+    was, now = (f"{v.aval} (an array)" if isinstance(v, _Traced) else repr(v) for v in (a, b))
     tail = (f"a Python {type(b).__name__}: static under eqx.filter_jit"
             if not isinstance(b, _Traced) else "traced under eqx.filter_jit")
-    return f"{path}: {said(a)} -> {said(b)} ({tail})"
+    return f"{path}: {was} -> {now} ({tail})"
 
 
 def _is_number(value: Any) -> bool:
@@ -1151,17 +1147,14 @@ def _is_number(value: Any) -> bool:
 def _static_fix(numbers: list[str], rest: str) -> str:
     """The fix of a recompile over eqx.filter_jit's static values: numbers go in
     as arrays; a bool or a string compiles one program per value (kept)."""
-    parts = []
-    if numbers:
-        parts.append(f"pass {', '.join(numbers)} as {'arrays' if len(numbers) > 1 else 'an array'} "
-                     "(jnp.asarray(...)): eqx.filter_jit traces arrays and compiles anew for each "
-                     "new Python number")
-    else:
-        parts.append("a bool or a string under eqx.filter_jit compiles one program per value: "
-                     "expected where it takes few values; keep it fixed where it changes often")
-    if rest:
-        parts.append(rest)
-    return "; ".join(parts)
+    first = (
+        f"pass {', '.join(numbers)} as {'arrays' if len(numbers) > 1 else 'an array'} "
+        "(jnp.asarray(...)): eqx.filter_jit traces arrays and compiles anew for each new "
+        "Python number" if numbers
+        else "a bool or a string under eqx.filter_jit compiles one program per value: "
+        "expected where it takes few values; keep it fixed where it changes often"
+    )
+    return f"{first}; {rest}" if rest else first
 
 
 def _marker(x: Any) -> Any:

@@ -30,14 +30,12 @@ def _sharding(spec: Any) -> str:
     return fmt_sharding(sharding)
 
 
-def _yes(flag: bool | None) -> str:
-    return "unverified" if flag is None else ("yes" if flag else "no")
-
-
 def _leaf_line(leaf: Any) -> str:
     spec = leaf.spec
     aval = fmt_aval(spec.shape, spec.dtype, bool(getattr(spec, "weak_type", False)))
-    aliased = _yes(leaf.aliased) if leaf.donated else "-"
+    aliased = "-" if not leaf.donated else (
+        "unverified" if leaf.aliased is None else ("yes" if leaf.aliased else "no")
+    )
     return (
         f"{aval} donated={'yes' if leaf.donated else 'no'} aliased={aliased} "
         f"bytes={leaf.nbytes} sharding={_sharding(spec)}"
