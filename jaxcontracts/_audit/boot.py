@@ -1,17 +1,10 @@
 """How the audit runs a script as ``python SCRIPT.py`` would, JAX included.
 
-JAX reads its environment (``JAX_ENABLE_X64``, ``JAX_PLATFORMS``, ...) when
-it is imported, so a script that sets ``os.environ`` before ``import jax``
-only gets what it asked for if nothing imported JAX before its first line.
-``python -m jaxcontracts audit`` imports no JAX, and on POSIX it starts this
-file afresh in the same process (``os.execv``), with the environment its
-shell gave it: it imports only the standard library, runs the script, and
-begins the watch the moment the script's own ``import jax`` (or ``import
-jaxcontracts``) has finished. The report comes as the process exits, after
-Python waited for the script's threads and ran its exit handlers.
-
-Standard library only, here: run as a file (``python .../boot.py``), this
-module must not import the package before the script imports JAX.
+JAX reads its environment (``JAX_PLATFORMS``, ...) when imported, so nothing may
+import it before the script's first line: on POSIX the command line ``os.execv``s
+this file, which imports the standard library only, runs the script, begins the
+watch once the script's own ``import jax`` has finished, and reports as the
+process exits (after the script's threads and exit handlers).
 """
 
 from __future__ import annotations
@@ -39,9 +32,8 @@ _PACKAGE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class _AfterImport(importlib.abc.MetaPathFinder, importlib.abc.Loader):
-    """Calls ``begin`` once the first top-level import of ``jax`` or of this
-    package has finished (one inside the other: the outer one). Finds this
-    package at its own folder, so the script and the audit share one copy."""
+    """Calls ``begin`` once the outermost import of ``jax`` or this package has
+    finished; finds this package at its own folder (the script and audit share it)."""
 
     def __init__(self, begin: Callable[[], None], package: bool) -> None:
         self.begin, self.package = begin, package
@@ -87,14 +79,10 @@ def run_script(
     script: str, args: Sequence[str], begin: Callable[[], None], fresh: bool,
     argv0: str | None = None,
 ) -> tuple[int, str | None]:
-    """Run ``script`` (an absolute path) as ``python SCRIPT.py ARGS`` does:
-    ``sys.argv`` (``argv0`` as typed), its real folder first on ``sys.path``
-    (not with ``-P``), a module that is ``__main__`` from then on, its
-    uncaught error through ``sys.excepthook``, its non-daemon threads waited
-    for; ``begin`` runs once JAX is imported (at once where it is already).
-    ``fresh``: this process is the script's own (nothing restored after it).
-    Returns the exit status and the name of the exception that stopped the
-    script, if one did."""
+    """Run ``script`` (an absolute path) as ``python SCRIPT.py ARGS`` does; ``begin``
+    runs once JAX is imported. ``fresh``: this process is the script's own (nothing
+    restored after it). Returns the exit status and the name of the exception that
+    stopped the script, if one did."""
     saved_argv, saved_path = sys.argv[:], sys.path[:]
     sys.argv = [argv0 or script, *args]
     if fresh and sys.path and sys.path[0] == os.path.dirname(os.path.abspath(__file__)):
@@ -121,9 +109,7 @@ def run_script(
             sys.modules["__main__"] = module  # and from then on: atexit handlers pickle its classes
             exec(code, module.__dict__)
         finally:
-            # In process, the script's threads are waited for here; in its own
-            # process, Python waits for them as it exits (stopping thread pools
-            # first, as concurrent.futures asks), and the report follows (_fresh).
+            # in its own process Python waits for them as it exits (thread pools first)
             for thread in threading.enumerate() if not fresh else ():
                 if not thread.daemon and thread not in others and thread.is_alive():
                     thread.join()
@@ -150,8 +136,7 @@ def run_script(
 
 
 def _flush_open_files() -> None:
-    """Flush the files the script left open (``log = open(...)``, never
-    closed), as the interpreter's exit would as it closes them."""
+    """Flush the files the script left open, as the interpreter's exit would."""
     for obj in gc.get_objects():
         try:
             if isinstance(obj, io.IOBase) and not obj.closed and obj.writable():
@@ -161,9 +146,8 @@ def _flush_open_files() -> None:
 
 
 def _fresh(argv: Sequence[str]) -> None:
-    """This file run as a script: ``boot.py JSON STRICT PROGRESS SCRIPT ARGV0
-    ARGS...`` (``JSON`` empty for none, ``STRICT`` 0 or 1), from the audit's
-    command line. A script stopped by Ctrl-C ends as Python's does, by SIGINT."""
+    """``boot.py JSON STRICT PROGRESS SCRIPT ARGV0 ARGS...`` (``JSON`` empty for none,
+    ``STRICT`` 0 or 1). A script stopped by Ctrl-C ends as Python's does, by SIGINT."""
     json_path, strict, every, script, argv0, *args = argv
     started: list[Any] = []
 
@@ -176,10 +160,8 @@ def _fresh(argv: Sequence[str]) -> None:
     pid = os.getpid()
 
     def end() -> None:
-        """The report, as the process exits: after Python waited for the
-        script's threads and ran the script's own exit handlers (registered
-        after this one, so run before it). Not in a child the script forked
-        (it inherited this handler): the script's own process reports."""
+        """The report, after the script's threads and exit handlers (registered after
+        this one, so run before it); not in a child the script forked."""
         if os.getpid() != pid:
             return
         status, stopped = outcome[0] if outcome else (1, None)
@@ -206,10 +188,8 @@ def _fresh(argv: Sequence[str]) -> None:
 def _finish(
     started: list[Any], status: int, stopped: str | None, json_path: str, strict: bool
 ) -> int:
-    """The report and the exit status. A script that never imported JAX is
-    said to, and JAX is not imported for it: the import alone can write to
-    stderr (an accelerator's start-up warnings) and set environment variables
-    the script's exit handlers or children would see."""
+    """The report and the exit status. JAX is not imported for a script that never
+    did: the import can write to stderr and set environment variables."""
     if started:
         from jaxcontracts._audit import run
 

@@ -1,13 +1,8 @@
 """``python -m jaxcontracts audit [--json PATH] [--strict] SCRIPT.py [ARGS...]``.
 
-Runs the script as ``python SCRIPT.py ARGS`` would (``__name__ ==
-"__main__"``, ``sys.argv``, its folder first on ``sys.path``), no line of it
-changed, inside a :func:`~jaxcontracts._audit.watch.watch`; at its end the
-ranked findings go to stderr (the script's stdout is untouched) and, with
-``--json``, to a file. The exit status is the script's, or 1 with
-``--strict`` when anything was found. From the command line on POSIX the
-script runs in this process started afresh (``boot``), where nothing
-imports JAX before the script does.
+Runs the script unchanged inside a watch; the ranked findings go to stderr (and
+``--json``'s file). The exit status is the script's, or 1 with ``--strict`` when
+anything was found.
 """
 
 from __future__ import annotations
@@ -24,9 +19,8 @@ __all__ = ["main"]
 
 
 def main(argv: Sequence[str], progress_every: float = 2.0, fresh: bool = False) -> int:
-    """``fresh`` (the command line, on POSIX): run the script in this process
-    anew (``os.execv`` of ``boot.py``), where nothing has imported JAX before
-    it; else here, where JAX is imported already (its environment read)."""
+    """``fresh`` (the command line, on POSIX): run the script in this process anew
+    (``os.execv`` of ``boot.py``); else here, where JAX is imported already."""
     parser = argparse.ArgumentParser(
         prog="python -m jaxcontracts audit",
         description="Run a script unchanged and list, ranked, what its JAX code does again "
@@ -71,8 +65,7 @@ def main(argv: Sequence[str], progress_every: float = 2.0, fresh: bool = False) 
 
 
 def _interpreter_options() -> list[str]:
-    """The options this interpreter was started with (``-W error``, ``-X
-    dev``, ``-O``...), for the fresh one: everything before ``-m``."""
+    """This interpreter's options (``-W error``, ``-X dev``...), for the fresh one."""
     out, orig = [], list(getattr(sys, "orig_argv", []))[1:]
     i = 0
     while i < len(orig) and orig[i].startswith("-") and not orig[i].startswith(("-m", "-c")):

@@ -1,6 +1,4 @@
-"""An audited run begun and finished: the watch, its progress line on a
-terminal, and the report at the end (``cli`` in this process, ``boot`` in a
-fresh one)."""
+"""An audited run begun and finished: the watch, its progress line, the report."""
 
 from __future__ import annotations
 
@@ -15,10 +13,8 @@ __all__ = ["begin", "finish"]
 
 
 class _Progress:
-    """One line on a terminal's stderr while the script runs, rewritten in
-    place every ``interval`` seconds (calls seen, jitted functions), cleared
-    at the end; nothing where stderr is not a terminal (a log, CI, a pipe).
-    It reads two counters of the watch: it never touches the device."""
+    """One line on a terminal's stderr, rewritten every ``interval`` seconds and
+    cleared at the end; nothing where stderr is not a terminal (a log, CI)."""
 
     def __init__(self, w: Any, stream: Any, interval: float = 2.0) -> None:
         self.w, self.stream, self.interval = w, stream, interval
@@ -56,8 +52,7 @@ class _Progress:
 
 
 def begin(progress_every: float = 2.0) -> tuple[Any, _Progress]:
-    """The watch, begun (the script's own loops behave as they would alone),
-    and its progress line on a terminal."""
+    """The watch, begun (leaving the script's own loops alone), and its progress line."""
     w = watch(loops=False)
     # a terminal? asked before the watch takes stderr
     progress = _Progress(w, sys.stderr, progress_every)
@@ -73,9 +68,7 @@ def finish(
     json_path: str | None,
     strict: bool,
 ) -> int:
-    """The watch ended and its report written (stderr, and ``json_path``);
-    the exit status: the script's, or 1 with ``strict`` where anything was
-    found."""
+    """The watch ended and its report written; the exit status."""
     w, progress = started
     progress.__exit__()
     w.__exit__(None, None, None)

@@ -1,13 +1,7 @@
-"""``jc.watch()``: a :class:`~jaxcontracts._audit.watch.Watch` of the jitted
-functions, and a recording hot loop around the same code for its
-device-to-host reads (``host_sync``).
-
-The loop records, never raises, lets compiles through, and passes none of
-its options on to the loops the code opens itself (their defaults stay
-theirs); of what it records, only the device-to-host reads at the user's
-lines are kept (a jitted function's host arguments are the watch's own
-``host_transfer`` findings; an explicit ``jax.device_get`` or ``jc.fetch``
-is not a read it records).
+"""``jc.watch()``: a :class:`~jaxcontracts._audit.watch.Watch`, and a recording hot
+loop around the same code whose device-to-host reads at the user's lines are its
+``host_sync`` findings (the loop raises nothing, lets compiles through, and passes
+none of its options on to the loops the code opens).
 """
 
 from __future__ import annotations
@@ -27,9 +21,8 @@ class _Reads(HotLoop):
     """A recording loop that hands each device-to-host read to its watch."""
 
     def __init__(self, owner: Watch) -> None:
-        # implicit host-to-device copies are not its findings: JAX's guard is
-        # left to allow them (logging each one costs the loop a stderr line,
-        # and the script a thread reading its stderr)
+        # host-to-device copies are the watch's findings: JAX's guard allows them (logging
+        # each would cost a stderr line, and the script a thread reading its stderr)
         super().__init__(on_violation="record", compiles="allow", transfers="allow_host_to_device")
         self.audit = True
         self._owner = owner
@@ -38,9 +31,8 @@ class _Reads(HotLoop):
         self._clock.on_wait = self._waited  # each block_until_ready while it is open on a thread
 
     def _waited(self, seconds: float, value: Any) -> None:
-        """``block_until_ready`` returned after ``seconds``: a wait at the
-        user's line, where the user's code waited (not an installed package:
-        equinox's filter_jit waits on a marker after each call)."""
+        """``block_until_ready`` returned after ``seconds``: a wait at the user's line
+        (not an installed package's: equinox's filter_jit waits after each call)."""
         at = frames.caller_frame(1)
         while at is not None and is_jax_or_ours(at.f_code.co_filename):
             at = at.f_back
@@ -60,8 +52,8 @@ class _Reads(HotLoop):
                 self._last = line
 
     def _blocked(self, seconds: float, x: Any, name: str) -> None:
-        """A recorded read finished: the time it waited on the device and
-        copied; one that stalled nothing (:meth:`Watch.stalls`) is not a sync."""
+        """A recorded read finished after ``seconds``; one that stalled nothing
+        (:meth:`Watch.stalls`) is not a sync."""
         if self._last is not None:
             if self._owner.stalls(x, name):
                 self._owner.read_seconds[self._last] = (
@@ -95,8 +87,7 @@ def watch(*, loops: bool = True) -> Watch:
 
 
 def _function_of(frame: Any) -> str:
-    """The user's function a frame runs in: a comprehension's (3.11's
-    ``<listcomp>`` frame) is the function it is written in."""
+    """The user's function a frame runs in (3.11's comprehension frames: the enclosing)."""
     while (
         frame is not None
         and frame.f_code.co_name in ("<listcomp>", "<dictcomp>", "<setcomp>", "<genexpr>")

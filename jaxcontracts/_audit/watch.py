@@ -1,32 +1,12 @@
 """``jc.watch()``: the three contracts, observed in plain ``jax.jit`` code.
 
-While a watch is open, every function ``jax.jit`` makes (``@jax.jit``,
-``jax.jit(f, donate_argnums=...)``, and those ``eqx.filter_jit`` and
-``nnx.jit`` make through it) comes back wrapped (``_compat.jitwatch``). A
-wrapped call looks at its arguments and, where its cache grew, at what it
-compiled; it never changes an argument, an output or a donation. What it
-finds, with the user's line:
-
-* ``recompile``: a second signature of one function, leaf by leaf (dtype,
-  shape, weak type, placement, a static value, the tree's structure), with
-  the compile time spent;
-* ``missed_donation``: an argument not donated whose buffers an output of
-  the same shape and dtype could reuse, and that the caller dropped after
-  the call (its arrays were gone by the function's next call, and no other
-  watched call was given them in between), with the bytes per call;
-* ``wrong_donation``: a donated parameter JAX cannot donate (a Python
-  scalar, a numpy array: JAX skips those without a word), or whose buffers
-  no output can reuse while another parameter's could (an index that
-  drifted when a parameter was inserted);
-* ``host_transfer``: a numpy array or Python scalar passed to a jitted
-  function at every call after the first (each is a host-to-device copy);
-* ``compile_in_loop``: ``jax.jit`` called again and again at one line, each
-  new function compiling afresh.
-
-The first call of each function (its warm-up compile, and the setup code
-before it) is not a loop finding. Not observed: functions jitted before the
-watch opened (their calls are JAX's C++ alone), device-to-host reads (a
-``jc.hot_loop`` finds those), and a use of a dropped array by an eager op.
+While a watch is open, every function ``jax.jit`` makes (``eqx.filter_jit``'s
+and ``nnx.jit``'s included) comes back wrapped (``_compat.jitwatch``); a call
+is looked at before and after, never changed. Findings, each at the user's
+line: ``recompile``, ``missed_donation``, ``wrong_donation``,
+``host_transfer``, ``compile_in_loop`` (and ``host_sync``, from the reads
+loop of ``session``). A function's first call (its warm-up) is not a loop
+finding; functions jitted before the watch opened are not observed.
 """
 
 from __future__ import annotations
@@ -67,21 +47,17 @@ from .._userline import user_frame, where
 
 __all__ = ["Finding", "Watch", "WatchReport"]
 
-#: Calls after each compile in which a function's undonated arguments are
-#: followed (weak references): enough to see a loop's pattern, and bounded,
-#: so that a long loop pays nothing more after them.
+#: Calls after each compile whose undonated arguments are followed with their
+#: sharers: enough to see a loop's pattern, bounded so a long loop pays no more.
 DONATION_WINDOW = 4
-#: Output arrays remembered with the call that made them, before the dead
-#: ones are dropped (the table then doubles past what is alive).
+#: Output arrays remembered before the dead ones are dropped (then: twice the live).
 MADE_KEPT = 4096
-#: Records of one parameter told later at once (Dropped.undecided: one per
-#: nested statement holding the state); past it, one more is taken as kept.
+#: Records of one parameter left undecided at once (one per nested statement
+#: holding the state); past it, one more is taken as kept.
 UNDECIDED_KEPT = 4
 #: A line that makes this many jitted functions that each compile is a jit made in a loop.
 COMPILES_AT_ONE_LINE = 3
-#: Bytes per second at which a finding's bytes (copied to the device at each
-#: call, or held twice at each call) are counted as time, to rank them with
-#: the seconds measured (compiling, blocked): a host-to-device link's order.
+#: A finding's bytes are ranked with measured seconds at this rate (a host-to-device link's).
 BYTES_PER_SECOND = 10e9
 _WIDTH = 100
 
@@ -101,22 +77,20 @@ class Finding:
     bytes_per_call: int | None = None
     diff: list[str] | None = None
     jit_line: str | None = None  # where jax.jit(...) set the donation (wrong_donation)
-    # compiles: the compile time spent; host_sync: the time its reads blocked
-    seconds: float | None = None
+    seconds: float | None = None  # compiling (recompile), blocked (host_sync)
 
     @property
     def cost(self) -> float:
-        """What it cost the run, in seconds: the time measured (compiling,
-        blocked), else its bytes at every call counted at ``BYTES_PER_SECOND``."""
+        """What it cost the run, in seconds (its bytes counted at ``BYTES_PER_SECOND``)."""
         if self.seconds is not None:
             return self.seconds
         return (self.bytes_per_call or 0) * self.count / BYTES_PER_SECOND
 
     def cost_text(self) -> str:
-        """The cost, as the report's row shows it."""
         if self.seconds is not None:
-            what = "blocked" if self.kind == "host_sync" else "compiling"
-            return f"{_fmt_seconds(self.seconds)} {what}"
+            s = self.seconds
+            took = f"{s:.2f} s" if s >= 1 else f"{s * 1e3:.1f} ms"
+            return f"{took} {'blocked' if self.kind == 'host_sync' else 'compiling'}"
         if self.bytes_per_call:
             per, total = fmt_bytes(self.bytes_per_call), fmt_bytes(self.bytes_per_call * self.count)
             return f"{per}/call, {total} {'copied' if self.kind == 'host_transfer' else 'in all'}"
@@ -124,8 +98,7 @@ class Finding:
 
     @property
     def contract(self) -> str:
-        """The contract it breaks, in the loop's words (``_errors.CONTRACTS``):
-        a host_sync and a host_transfer are a jc.hot_loop's ``transfer``."""
+        """The contract it breaks, a key of ``_errors.CONTRACTS`` (host data: ``transfer``)."""
         return contract_of_finding(self.kind)
 
     def as_dict(self) -> dict[str, Any]:
@@ -133,10 +106,6 @@ class Finding:
             **{k: v for k, v in dataclasses.asdict(self).items() if v is not None},
             "contract": self.contract,
         }
-
-
-def _fmt_seconds(seconds: float) -> str:
-    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1e3:.1f} ms"
 
 
 def _unwrapped(fun: Any) -> Any:
@@ -147,9 +116,7 @@ def _unwrapped(fun: Any) -> Any:
 
 
 def _name_of(fun: Any) -> str:
-    """The name of the function ``jax.jit`` was given, as its author wrote it:
-    a ``functools.partial`` or a bound method is named by the function it
-    calls, never by its repr (an address)."""
+    """The name of the function a partial or bound method calls (never a repr: an address)."""
     fun = _unwrapped(fun)
     name = getattr(fun, "__qualname__", None) or getattr(fun, "__name__", None)
     return str(name) if name else type(fun).__qualname__
@@ -157,23 +124,19 @@ def _name_of(fun: Any) -> str:
 
 @dataclasses.dataclass
 class _HostLine:
-    """The host data one line of the user's gives a function at each call:
-    a claim about it needs that line to run again (a call made once after the
-    loop claims nothing, nor changes the loop line's claims)."""
+    """The host data one user line gives a function: a claim needs that line
+    to run again (a call made once after the loop claims nothing)."""
 
-    at: Any  # the line (file, number), None where no user frame was found
+    at: Any  # (file, line), None where no user frame was found
     first_run: tuple[Any, ...]  # (line, run) of its first call: not looked at
-    # leaf -> _marker, its last call
-    before: dict[int, Any] = dataclasses.field(default_factory=dict)
-    # positions of the host leaves of a call -> the host_transfer findings they count for, and
-    # the leaves each "the same value at each call" claim rests on (param -> positions)
+    before: dict[int, Any] = dataclasses.field(default_factory=dict)  # leaf -> its last _marker
+    # host leaf positions -> their host_transfer findings, and param -> the leaves of a
+    # "the same value at each call" claim
     findings: dict[tuple[int, ...], tuple[list[Finding], dict[str, list[int]]]] = dataclasses.field(
         default_factory=dict)
-    # params taken for a constant, then changed
-    varied: set[str] = dataclasses.field(default_factory=set)
-    # params claimed "the same value at each call"
-    claimed: set[str] = dataclasses.field(default_factory=set)
-    # param -> the calls a withdrawn claim had counted: copies still, counted by its next finding
+    varied: set[str] = dataclasses.field(default_factory=set)  # taken for constants, then changed
+    claimed: set[str] = dataclasses.field(default_factory=set)  # claimed "the same value"
+    # param -> the calls a withdrawn claim had counted (counted by its next finding)
     carried: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
@@ -184,13 +147,13 @@ class _Function:
     name: str
     site: tuple[str, int]  # where jax.jit made it
     options: jitwatch.JitOptions
-    calls: int = 0  # the calls that ran (not those that raised: nothing was held or copied)
-    last_call: int = -1  # the watch's count of calls at its last call that ran (Watch._made_by)
+    calls: int = 0  # the calls that ran (one that raised held and copied nothing)
+    last_call: int = -1  # Watch.calls at its last call that ran
     signatures: list[sigs.Signature] = dataclasses.field(default_factory=list)
-    window: int = 0  # calls left in which undonated arguments are followed (all of them)
-    groups: tuple[tuple[int, ...], ...] = ()  # the candidates by parameter, followed at every call
+    window: int = 0  # calls left in which the followed arrays' sharers are looked for
+    groups: tuple[tuple[int, ...], ...] = ()  # the candidates by parameter
     candidates: tuple[int, ...] = ()  # dynamic leaf indices an output could reuse
-    # (the parameter's candidates, their arrays' signatures.Dropped, their ids when followed)
+    # (the parameter's candidates, their signatures.Dropped, their ids)
     pending: list[tuple[tuple[int, ...], Any, tuple[int, ...]]] = dataclasses.field(
         default_factory=list)
     follow_site: tuple[str, int] = ("<unknown>", 0)  # the user's line of the last followed call
@@ -202,44 +165,37 @@ class _Function:
     written: str = ""  # what the user gave it where that is not the function's name (a partial)
     decorator: str = ""  # the decorator line that jitted it (@jax.jit), where one did
     library: bool = False  # defined in an installed package: its arguments are the package's to fix
-    # eqx.filter_jit: leaf -> the user's name
-    user_params: dict[int, str] = dataclasses.field(default_factory=dict)
-    # eqx.filter_jit, whose donate="all" donates every array argument: the
-    # leaves no output reuses, followed too; the user's names of them; whether
-    # a call's statement kept one of them (then donate="all" would delete it)
+    user_params: dict[int, str] = dataclasses.field(default_factory=dict)  # eqx: leaf -> name
+    # eqx.filter_jit's donate="all" donates every array argument: the leaves no output
+    # reuses, followed too; their names; whether a call's statement kept one of them
     rest: tuple[int, ...] = ()
     rest_pending: Any = None
     rest_params: set[str] = dataclasses.field(default_factory=set)
     rest_kept: bool = False
     # param -> weak references to arrays that held its followed buffers (None: not told)
     sharers: dict[str, list[Any] | None] = dataclasses.field(default_factory=dict)
-    # the user's line -> its host data
     host_lines: dict[Any, _HostLine] = dataclasses.field(default_factory=dict)
     donated_leaves: tuple[int, ...] = ()  # the first dynamic leaf of each donated parameter
-    # numpy arrays given at earlier calls, by id -> a weak reference (a dataset re-fed each
-    # epoch is copied again at each call; a fresh batch each call is the cheapest copy)
-    # _numpy_key -> (ref, _snapshot)
+    # numpy arrays given at earlier calls (a dataset re-fed each epoch): _numpy_key -> (weak
+    # reference, values)
     numpy_seen: dict[Any, tuple[Any, Any]] = dataclasses.field(default_factory=dict)
     numpy_kept: int = 0  # bytes of the copies numpy_seen holds
     numpy_limit: int = 64  # numpy_seen's size at which its dead entries go (_steps.prune_dead)
-    # eqx.filter_jit: its numbers
-    user_statics: dict[str, Any] = dataclasses.field(default_factory=dict)
+    user_statics: dict[str, Any] = dataclasses.field(default_factory=dict)  # eqx: _user_statics
 
 
 class Watch:
     """An open ``jc.watch()``: its findings so far, and its report."""
 
     def __init__(self, reads: Any = None, loops: bool = True) -> None:
-        # makes a recording jc.hot_loop whose device-to-host reads give host_sync
-        self._make_reads = reads
+        self._make_reads = reads  # makes the recording loop whose reads give host_sync
         self._loops = loops  # a missed donation is also the user's jc.hot_loop's violation
         self._reads: Any = None
         # line -> per read: (self.calls, its run, (id, calls) of the function called last)
         self.read_stamps: dict[str, list[tuple[int, int, tuple[int, int] | None]]] = {}
         self.read_seconds: dict[str, float] = {}  # line -> seconds its reads blocked, in all
-        # the output arrays of the calls: id -> a weak reference (the id of a dead array may be
-        # a new array's), and id -> self.calls at their call (no object per array: the
-        # collector's work grows with the objects kept)
+        # the calls' output arrays: id -> a weak reference (an id may be reused), and id ->
+        # self.calls at their call (no object per array: the collector's work grows with them)
         self._made: dict[int, Any] = {}
         self._made_at: dict[int, int] = {}
         self._made_limit = MADE_KEPT
@@ -247,36 +203,30 @@ class Watch:
         self._last_call = -1
         self._last_fn: _Function | None = None  # the function of that call
         self._waited = -1  # the call count when a read last waited for the device
-        # line -> (what, fix, the user's function)
-        self._read_text: dict[str, tuple[str, str, str]] = {}
+        self._read_text: dict[str, tuple[str, str, str]] = {}  # line -> (what, fix, function)
         self._lock = threading.Lock()
         self._functions: list[_Function] = []
         self._findings: dict[tuple[Any, ...], Finding] = {}
-        # id(array) -> the function and the record following it (the id of a dead
-        # array may be a new array's: the record's weak reference tells them apart)
+        # id(array) -> the function and the record following it (its weak reference tells
+        # a reused id apart)
         self._given_elsewhere: dict[int, tuple[_Function, sigs.Dropped, int]] = {}
-        # jit line -> (the visits of that line that made a function that compiled, seconds)
         # per jax.jit line: the signatures its functions compiled, the runs of the line that
         # compiled one of them again (a new function), the seconds those took
         self._sites: dict[tuple[str, int], tuple[list[sigs.Signature], set[int], float]] = {}
-        # Which run of a line an event belongs to (see _visit): line -> runs so far
-        self._visits: dict[tuple[str, int], int] = {}
+        self._visits: dict[tuple[str, int], int] = {}  # line -> its runs so far (_visit)
         self._last_at: tuple[str, int] | None = None  # the line of the last event
         self._calling = threading.local()  # .depth: inside a watched call on this thread
-        # .n: the compiles JAX lowered on this thread (every compile lowers once): a call
-        # whose C++ cache grew without one took an executable JAX had (not a recompile)
+        # .n: the compiles JAX lowered on this thread: a call whose C++ cache grew without
+        # one took an executable JAX had (not a recompile)
         self._lowered = threading.local()
         self._counting = capability("compile-events").available
-        # (the jax.jit line, parameter) the user kept arrays of, at a call of any function
-        # made there: the fix edits that line, for each of them
+        # (jax.jit line, parameter) the user kept arrays of, at a call of any function made there
         self._kept_params: set[tuple[tuple[str, int], str]] = set()
-        # missed donation -> its first call
-        self._missed_from: dict[tuple[Any, ...], tuple[_Function, int]] = {}
+        self._missed_from: dict[tuple[Any, ...], tuple[_Function, int]] = {}  # -> its first call
         self._closed: tuple[str, int] | None = None  # a line whose run a direct call ended
         self.calls = 0
         self.blind: list[str] = []  # findings this watch cannot make here, and why
-        # reads between calls whose line ran once (shown if the script stopped)
-        self.once: list[str] = []
+        self.once: list[str] = []  # reads between calls whose line ran once
         self.active = False
 
     # -- the wrapper ---------------------------------------------------------
@@ -289,8 +239,7 @@ class Watch:
         state = _Function(_name_of(fun), site, jitwatch.options_of(jitted))
         frame = user_frame()
         state.site_visit = self._visit(_key(frame), False, False) if frame is not None else 0
-        # eqx.filter_jit calls jax.jit on its own wrapper, whose parameters
-        # group the arguments (dynamic_donate, dynamic_nodonate): its fixes are equinox's
+        # eqx.filter_jit jits its own wrapper, whose parameters group the arguments
         module = str(getattr(fun, "__module__", "") or "")
         state.equinox = module.startswith("equinox")
         # what the user wrote: nnx.jit hands jax.jit a JitFn (its __module__ is the user's)
@@ -312,8 +261,7 @@ class Watch:
     def observe(
         self, fn: _Function, jitted: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
-        """One call of a watched function: looked at before and after, never
-        changed; the watch's own bookkeeping never fails the user's call."""
+        """One call, looked at before and after; the watch's own failure never fails it."""
         self.calls += 1
         try:
             opts = fn.options
@@ -334,7 +282,7 @@ class Watch:
                     at == self._last_at and self._closed != at and self._chained(fn, leaves)
                 )
                 fn.run = (at, self._visit(at, frame is caller, chained))
-            note = self._before(fn, args, dyn_args, dyn_kwargs, leaves)  # (this call's own)
+            note = self._before(fn, leaves)
             before = jitwatch.cache_size(jitted)
         except ContractError:  # the user's loop refusing a missed donation, before the call
             raise
@@ -364,24 +312,17 @@ class Watch:
                     fn, args, kwargs, dyn_args, dyn_kwargs, leaves, out,
                     time.perf_counter() - t0, compiled,
                 )
-            elif not fn.signatures:  # a first call served by programs JAX already had (the same
-                # function jitted again: a notebook cell run again): its signature, nothing compiled
+            elif not fn.signatures:  # a first call JAX had a program for (a cell run again)
                 self._compiled(fn, args, kwargs, dyn_args, dyn_kwargs, leaves, out, 0.0, False)
-            if fn.groups:
-                # every call: a state kept later (`best = state.params` at
-                # epoch 4) withdraws a claim whose fix would delete it
+            if fn.groups:  # at every call: a state kept later withdraws a claim
                 self._follow(fn, leaves, first=fn.window > 0)
                 fn.window = max(fn.window - 1, 0)
         except Exception as err:  # noqa: BLE001
             self._trouble(fn, err)
         return out
 
-    def _before(
-        self, fn: _Function, args: tuple[Any, ...], dyn_args: tuple[Any, ...],
-        dyn_kwargs: dict[str, Any], leaves: list[Any],
-    ) -> str:
-        """What the watch looks at before a call; the note for JAX's error where
-        the call passes a deleted argument again ("" if not)."""
+    def _before(self, fn: _Function, leaves: list[Any]) -> str:
+        """Before a call: the note for JAX's error where it passes a deleted argument again."""
         given = self._given_elsewhere
         if given:  # a followed array given to another function: not dropped, used
             for x in leaves:
@@ -392,7 +333,7 @@ class Watch:
         if fn.candidates and len(set(map(id, leaves))) != len(leaves):
             self._aliased(fn, leaves)
         note = ""
-        n = len(leaves)  # passed again after this function's donation deleted it:
+        n = len(leaves)  # passed again after this function's donation deleted it
         if any(
             j < n and isinstance(leaves[j], jax.Array) and leaves[j].is_deleted()
             for j in fn.donated_leaves
@@ -410,10 +351,8 @@ class Watch:
         self, fn: _Function, args: tuple[Any, ...], dyn_args: tuple[Any, ...],
         dyn_kwargs: dict[str, Any], leaves: list[Any],
     ) -> None:
-        """The host data of a call that ran: at a call of a line after its
-        first, from another run of that line than its first call's (calls
-        inside one setup statement repeat nothing), compared with that line's
-        call before."""
+        """The host data of a call that ran, compared with its line's call before (calls
+        inside the line's first run, one setup statement, repeat nothing)."""
         where_host = tuple([
             i for i, x in enumerate(leaves)
             if type(x) is not ArrayImpl and not isinstance(x, jax.Array)
@@ -441,7 +380,7 @@ class Watch:
             _remember_numpy(fn, [(leaves[i], marks[i]) for i in where_host])
 
     def _trouble(self, fn: _Function, err: Exception) -> None:
-        """The watch could not look at a call: said once per function in the report."""
+        """A call the watch could not look at: said once per function."""
         note = f"{sigs.short(fn.name)}: some calls were not looked at ({type(err).__name__}: {err})"
         if not any(b.startswith(f"{sigs.short(fn.name)}: ") for b in self.blind):
             self.blind.append(note)
@@ -449,9 +388,8 @@ class Watch:
     # -- donation ------------------------------------------------------------
 
     def _follow(self, fn: _Function, leaves: Sequence[Any], first: bool) -> None:
-        """This call's undonated candidates followed, one ``signatures.Dropped``
-        per parameter, settled at the next call; in the ``first`` calls after
-        a compile, with the other arrays that hold their buffers."""
+        """This call's undonated candidates followed (a ``signatures.Dropped`` per
+        parameter, settled at the next call); ``first``: with their buffers' sharers."""
         fn.follow_site = _user_line(fn.follow_site)
         fn.follow_run = fn.run
         frame = user_frame()
@@ -460,10 +398,8 @@ class Watch:
         if fn.equinox:
             rest = [leaves[i] for i in fn.rest if i < len(leaves) and type(leaves[i]) is ArrayImpl]
             fn.rest_pending = sigs.Dropped(rest, frame) if rest else None
-            if first:  # the user's names of equinox's grouped leaves (first calls)
-                named = _user_names(
-                    frames.caller_frame(1), [leaves[i] for i in fn.candidates] + rest
-                )
+            if first:  # the user's names of equinox's grouped leaves
+                named = _user_names([leaves[i] for i in fn.candidates] + rest)
                 fn.user_params = {i: sigs.param_of(n) for i, n in zip(fn.candidates, named) if n}
                 fn.rest_params |= {sigs.param_of(n) for n in named[len(fn.candidates):] if n}
         groups = [[leaves[i] for i in group if type(leaves[i]) is ArrayImpl] for group in fn.groups]
@@ -484,10 +420,8 @@ class Watch:
                 given[xid] = (fn, followed, k)
 
     def _aliased(self, fn: _Function, leaves: Sequence[Any]) -> None:
-        """A candidate array passed twice in one call (a DQN's ``update(w,
-        target_w)`` after ``target_w = w``; an EMA that starts as the
-        parameters, at the call that compiles): donating its parameter would
-        fail that call, so it is never claimed."""
+        """A candidate array passed twice in one call (``update(w, target_w)`` after
+        ``target_w = w``): donating its parameter would fail the call, never claimed."""
         counts = collections.Counter(map(id, leaves))
         paths = fn.signatures[-1].paths
         for i in fn.candidates:
@@ -495,22 +429,19 @@ class Watch:
                 self._never_claim(fn, sigs.param_of(paths[i]))
 
     def _never_claim(self, fn: _Function, param: str) -> None:
-        """Donating ``param`` would delete what the user keeps: no claim for
-        it, for any function made at ``fn``'s ``jax.jit`` line (a factory's
-        two steps share the line the fix edits), now or later."""
+        """Donating ``param`` would delete what the user keeps: no claim for it by any
+        function made at ``fn``'s ``jax.jit`` line (the line the fix edits), ever."""
         self._kept_params.add((fn.site, param))
         for other in self._functions:
             if other.site == fn.site:
                 self._findings.pop(("missed_donation", id(other), param), None)
 
     def _settle(self, fn: _Function, at_call: bool = False) -> None:
-        """At the function's next call (or the watch's end): a followed
-        argument whose arrays died at the statement that made the call
-        (``state = f(state)``) was dropped by the caller, unused after it.
-        A parameter is claimed only where every followed array of it was:
-        donating it donates them all, so one the user keeps (BlackJAX's
-        ``samples.append(state.position)``) would be deleted. Only at a call:
-        a function never called again (setup) repeats nothing."""
+        """At the function's next call (or the watch's end): a followed argument whose
+        arrays all died at the call's statement (``state = f(state)``) was dropped.
+        Every one must be: donating a parameter donates them all, so one the user
+        keeps (``samples.append(state.position)``) would be deleted. Claimed only
+        at a call: a function never called again (setup) repeats nothing."""
         dropped: dict[str, list[int]] = {}
         kept: set[str] = set()
         # held by a caller whose statement still runs (flax's epoch's first step): told later
@@ -565,11 +496,9 @@ class Watch:
                 if at_call and param not in untold:
                     self._tell_loop(found)
                 continue
-            if shared:
-                # an array that held their buffers at a call is alive: donating would delete it
+            if shared:  # an array that held their buffers at a call is alive: donating deletes it
                 continue
-            # counted from here: each call after it holds them twice
-            self._missed_from[key] = (fn, fn.calls)
+            self._missed_from[key] = (fn, fn.calls)  # each call after it holds them twice
             names = sorted({fn.user_params[i] for i in idx if i in fn.user_params})
             what = param if not fn.equinox else (
                 f"{', '.join(names) if names else 'its arguments'} (eqx.filter_jit passes them as "
@@ -578,11 +507,9 @@ class Watch:
                    else sigs.missed_donation_fix(fn.name, param, fn.jit, fn.written, fn.decorator))
             # a wrong donation of this function: the index drifted, now that the drop is proven
             wrong = [f for k, f in self._findings.items() if k[:2] == ("wrong_donation", id(fn))]
-            # donated rightly: kept
-            keep = sigs.donated_params(fn.options) - {f.param for f in wrong}
+            keep = sigs.donated_params(fn.options) - {f.param for f in wrong}  # donated rightly
             for found in wrong:
-                # (not a deleted array passed again)
-                if found.fix == sigs.leave_out(found.param or ""):
+                if found.fix == sigs.leave_out(found.param or ""):  # (not an array passed again)
                     found.fix = sigs.drift_fix(
                         fn.written or sigs.short(fn.name), param, fn.jit, keep, fn.decorator
                     )
@@ -600,57 +527,30 @@ class Watch:
                 self._tell_loop(self._findings[key])
 
     def _passed_again(self, fn: _Function, rec: _steps.JitDonation, what: str, fix: str) -> str:
-        """A donated argument deleted by this function's own donation, passed
-        again: the drifted index, named before JAX refuses the deleted buffer;
-        the note for JAX's error, should the call go on to it."""
+        """A donated argument deleted by this function's own donation, passed again:
+        the drifted index, named before JAX refuses the buffer; the note for JAX's error."""
         key = ("wrong_donation", id(fn), rec.param)
-        found = self._findings.get(key)
-        if found is None:
-            found = self._findings[key] = Finding(
+        if key not in self._findings:
+            self._findings[key] = Finding(
                 "wrong_donation", fn.name, *_user_line(fn.site), count=1, param=rec.param,
                 message=what, jit_line=rec.jit_line, fix=fix,
             )
-        loop = self._user_loop()
-        if loop is not None:
-            loop.violation("wrong_donation", what, fix, user_frame(), before_call=True)
+        self._violation("wrong_donation", what, fix)
         return f"(jaxcontracts audit) {what}\nFix: {fix}."
 
-    def _user_loop(self) -> Any:
-        """The user's own hot loop running here, whose violations the watch's
-        proofs are (None: none, the audit's own, or ``loops=False``)."""
-        loop = local.loop
-        if not self._loops or loop is None or getattr(loop, "audit", False) or local.allow:
-            return None
-        return loop
-
     def _tell_loop(self, found: Finding) -> None:
-        """A missed donation proven inside the user's own hot loop: its
-        violation (raised there, before this call runs, in raise mode)."""
-        loop = self._user_loop()
-        if loop is None:
-            return
-        loop.violation(
-            "missed_donation",
-            f"`{sigs.short(found.function)}`: {found.message}",
-            found.fix,
-            user_frame(),
-            before_call=True,
+        """A missed donation proven inside the user's own hot loop: its violation."""
+        self._violation(
+            "missed_donation", f"`{sigs.short(found.function)}`: {found.message}", found.fix
         )
 
-    def _wrong(
-        self, fn: _Function, sig: sigs.Signature, donated: set[str],
-        out_avals: set[tuple[Any, ...]], where_: tuple[str, int],
-    ) -> None:
-        """Donated parameters JAX cannot donate, or whose buffers nothing reuses."""
-        for param, why, fix in sigs.wrong_donations(
-            sig, donated, out_avals, sigs.short(fn.name), offer=False
-        ):
-            key = ("wrong_donation", id(fn), param)
-            if key not in self._findings:
-                self._findings[key] = Finding(
-                    "wrong_donation", fn.name, *where_, count=1, param=param,
-                    message=why, jit_line=f"{fn.site[0]}:{fn.site[1]}", fix=fix,
-                )
+    def _violation(self, kind: str, what: str, fix: str) -> None:
+        """A violation of the user's own hot loop running here, before the call (none:
+        no loop, the audit's own, or ``loops=False``)."""
+        loop = local.loop
+        if not self._loops or loop is None or getattr(loop, "audit", False) or local.allow:
+            return
+        loop.violation(kind, what, fix, user_frame(), before_call=True)
 
     # -- compiles ------------------------------------------------------------
 
@@ -659,16 +559,15 @@ class Watch:
         dyn_args: tuple[Any, ...], dyn_kwargs: dict[str, Any], leaves: Sequence[Any], out: Any,
         seconds: float, compiled: bool = True,
     ) -> None:
-        """A call that grew the function's C++ cache: a new signature, and a
-        recompile where JAX lowered a program for it (``compiled``: not where
-        the entry took an executable JAX already had, such as a Python int
-        ``step`` become an array of the same weak type)."""
+        """A call that grew the function's C++ cache: a new signature, and a recompile
+        where JAX lowered a program for it (``compiled``: not where the entry took an
+        executable JAX had, a Python int become an array of the same weak type)."""
         sig = sigs.signature(fn.options, args, kwargs, dyn_args, dyn_kwargs)
         here = _user_line(fn.site)
         previous = fn.signatures[-1] if fn.signatures else None
         known = sig in fn.signatures
         fn.signatures.append(sig)
-        statics = _user_statics(fn) if fn.equinox else {}
+        statics = _user_statics() if fn.equinox else {}
         # (the arguments known: a recompile only where JAX's events show it lowered them)
         if previous is not None and compiled and (not known or self._counting):
             diff, fix = (
@@ -678,8 +577,7 @@ class Watch:
             changed = [(k, fn.user_statics[k], v) for k, v in statics.items()
                        if not known and k in fn.user_statics
                        and _static_changed(fn.user_statics[k], v)]
-            if changed:  # eqx.filter_jit made them static: named as the user wrote them, with
-                # what else changed (equinox's own static part, which holds them, left out)
+            if changed:  # eqx.filter_jit's statics, by the user's names (its own static part out)
                 rest, rest_fix = sigs.diff(dataclasses.replace(previous, statics=sig.statics), sig)
                 rest = [] if rest == [sigs.SAME_LEAVES] else rest
                 if any(isinstance(a, _Traced) or isinstance(b, _Traced) for _, a, b in changed):
@@ -732,7 +630,15 @@ class Watch:
         out_leaves = [x for x in jax.tree_util.tree_leaves(out) if isinstance(x, jax.Array)]
         out_avals = {(tuple(x.shape), str(x.dtype)) for x in out_leaves}
         donated = sigs.donated_params(fn.options)
-        self._wrong(fn, sig, donated, out_avals, here)
+        site = f"{fn.site[0]}:{fn.site[1]}"
+        # donated parameters JAX cannot donate, or whose buffers nothing reuses
+        for param, why, wrong_fix in sigs.wrong_donations(
+            sig, donated, out_avals, sigs.short(fn.name), offer=False
+        ):
+            self._findings.setdefault(("wrong_donation", id(fn), param), Finding(
+                "wrong_donation", fn.name, *here, count=1, param=param, message=why,
+                jit_line=site, fix=wrong_fix,
+            ))
         fn.candidates = sigs.reusable(
             fn.options, sig, dyn_args, dyn_kwargs, out, out_leaves, donated
         )
@@ -749,7 +655,6 @@ class Watch:
                 del self._findings[key]
         # the donated arrays, named once deleted: passed again, the index drifted
         fn.donated_leaves = tuple(idx[0] for p, idx in sigs.by_param(sig).items() if p in donated)
-        site = f"{fn.site[0]}:{fn.site[1]}"
         for arrays, rec in sigs.donations(
             fn.options, sig, leaves, donated, fn.candidates, fn.name, site
         ):
@@ -765,38 +670,31 @@ class Watch:
         self, fn: _Function, line: _HostLine, constants: dict[str, list[int]],
         marks: dict[int, Any],
     ) -> bool:
-        """Whether every value claimed "the same at each call" is the last
-        call's again; a claim whose value changed (sparse rewards all zero for
-        a while) is withdrawn, and never made again for that parameter."""
-        before, changed = line.before, False
+        """Whether every value claimed "the same at each call" is the last call's
+        again; a claim whose value changed (sparse rewards zero for a while) is withdrawn."""
+        changed = False
         for param, where_ in constants.items():
-            for i in where_:
-                if not _same(before.get(i), marks[i]):
-                    self._withdraw_constant(fn, line, param)
-                    changed = True
-                    break
+            if not all(_same(line.before.get(i), marks[i]) for i in where_):
+                self._withdraw_constant(fn, line, param)
+                changed = True
         return not changed
 
     def _withdraw_constant(self, fn: _Function, line: _HostLine, param: str) -> None:
-        """A value claimed "the same at each call" changed: the claim is
-        withdrawn, and never made again for that parameter."""
+        """A "the same at each call" claim withdrawn, never made again for ``param``."""
         found = self._findings.pop(("host_transfer", id(fn), param, line.at), None)
-        # its calls each copied the value: counted by the finding that follows
-        if found is not None:
+        if found is not None:  # its calls each copied the value: counted by the next finding
             line.carried[param] = line.carried.get(param, 0) + found.count
         line.claimed.discard(param)
         line.varied.add(param)
 
     @staticmethod
     def _host_kind(fn: _Function, line: _HostLine, x: Any, i: int, mark: Any) -> str:
-        """What the host value ``x`` at leaf ``i`` of this call (from ``line``;
-        its :func:`_marker` ``mark``) is."""
+        """What the host value ``x`` at leaf ``i`` (its :func:`_marker` ``mark``) is."""
         if _same(line.before.get(i), mark):
             return "constant"  # the last call's value again: one copy before the loop does
         if not isinstance(x, np.ndarray):
             return "number"  # a number that changes: a copy, and a new value to trace in
-        if _unchanged(fn.numpy_seen, x, mark):
-            # an array given at an earlier call, its values unchanged: a dataset re-fed
+        if _unchanged(fn.numpy_seen, x, mark):  # given at an earlier call: a dataset re-fed
             return "refed"
         return "fresh"  # a new batch: the call's own copy is the cheapest, nothing to fix
 
@@ -805,19 +703,16 @@ class Watch:
         dyn_kwargs: dict[str, Any], given: list[Any], where_host: tuple[int, ...],
         marks: dict[int, Any],
     ) -> tuple[list[Finding], bool, dict[str, list[int]]]:
-        """Numpy arrays and Python numbers given to the function (after its
-        first call), counted: the findings they count for (their bytes are
-        those of the first call that had them), whether a parameter held
-        a fresh numpy batch (new arrays: the call's own copy is the cheapest,
-        nothing to fix; a batch passed at an earlier call again is), and the
-        leaves each "the same value at each call" finding rests on."""
+        """Numpy arrays and Python numbers given after the first call, counted: the
+        findings they count for, whether a parameter held a fresh numpy batch (its
+        own copy is the cheapest: nothing to fix), and the leaves of each "the same
+        value at each call" claim."""
         kinds = {}
         for i in where_host:
             x = given[i]
             if isinstance(x, _HOST_TYPES):  # (a JAX ref is not host data)
                 kinds[i] = self._host_kind(fn, line, x, i, marks[i])
-        # a loader's batch: nothing to name (unless a "same value" claim of this line is to be
-        # withdrawn: an array changed in place is "fresh" now)
+        # a loader's batch: nothing to name (unless a claim is withdrawn: changed in place)
         if not line.claimed and all(what == "fresh" for what in kinds.values()):
             return [], bool(kinds), {}
         touched = []
@@ -826,7 +721,7 @@ class Watch:
             if i in kinds:
                 leaves.append((path, x, spec_nbytes(leaf_spec(x)), kinds[i], i))
         if fn.equinox:  # equinox's grouped parameters: the user's names, where found
-            named = _user_names(frames.caller_frame(1), [x for _, x, _, _, _ in leaves])
+            named = _user_names([x for _, x, _, _, _ in leaves])
             paths = [n or "an argument" for n in named]
         else:
             paths = [path for path, _, _, _, _ in leaves]
@@ -835,13 +730,11 @@ class Watch:
         constants: dict[str, list[int]] = {}
         for path, (_, x, nbytes, what, i) in zip(paths, leaves):
             param = sigs.param_of(path) if path != "an argument" else path
-            # its value changed before: not a constant
-            if what == "constant" and param in line.varied:
+            if what == "constant" and param in line.varied:  # changed before: not a constant
                 what = "fresh" if isinstance(x, np.ndarray) else "number"
             if what == "constant":
                 constants.setdefault(param, []).append(i)
-            entry = host.get(param)
-            # its first leaf to fix names it
+            entry = host.get(param)  # its first leaf to fix names it
             if entry is None or (entry[3] == "fresh" and what != "fresh"):
                 host[param] = [[path], x, 0 if what == "fresh" else nbytes, what, [value_kind(x)]]
             elif what != "fresh":
@@ -862,7 +755,6 @@ class Watch:
                 touched.append(found)
                 continue
             kind = value_kind(x)
-            # the leaves, where not the parameter itself
             path = f" ({fmt_listed(fixed)})" if fixed != [param] else ""
             if what == "constant":  # (gymnax's EnvParams: ints and floats; evosax's Params: floats)
                 if fixed == [param]:
@@ -872,8 +764,7 @@ class Watch:
                     same = f"{_holding(value, kinds_of)}, the same"
                 message = (f"{param} of {sigs.short(fn.name)} {same} at each call{path}: copied to "
                            "the device again every time")
-                # static only where the argument is one hashable leaf (a dict or a numpy array is
-                # not) whose results it keeps (not a float)
+                # static only for one hashable leaf whose results it keeps (not a float)
                 static = not fn.equinox and fixed == [param] and static_is_exact(x)
                 fix = (
                     host_fix("constant", "static", param=param) if static
@@ -899,8 +790,8 @@ class Watch:
         return touched, fresh, constants
 
     def _host_syncs(self) -> None:
-        """A line whose reads were followed by more jitted calls, at least twice:
-        a sync inside a repeated section (a read after the last call is not)."""
+        """A line whose reads were followed by more jitted calls, at least twice: a sync
+        inside a repeated section (a read after the last call is not)."""
         for at, stamps in self.read_stamps.items():
             followed = len({run for n, run, _ in stamps if n < self.calls})  # runs of the line
             what, fix, function = self._read_text[at]
@@ -926,15 +817,13 @@ class Watch:
     # -- the report ----------------------------------------------------------
 
     def findings(self) -> list[Finding]:
-        """The findings so far: wrong donations first (a donation set on the wrong
-        parameter is a mistake in the program, not a cost), then the rest by
-        what each cost the run (:attr:`Finding.cost`)."""
+        """The findings so far: wrong donations first (a mistake, not a cost), then
+        by what each cost the run (:attr:`Finding.cost`)."""
         for key, (fn, first) in self._missed_from.items():  # every call since the first proven
             missed = self._findings.get(key)
             if missed is not None:
                 missed.count = max(missed.count, fn.calls - first)
-        # one row per line and fix: a jax.jit made again each epoch is one function
-        # to the user (its findings of every epoch's function summed)
+        # one row per line and fix: a jax.jit made again each epoch is one function to the user
         rows: dict[tuple[Any, ...], Finding] = {}
         for f in self._findings.values():
             key = (f.kind, f.function, f.file, f.line, f.param, f.fix)
@@ -995,14 +884,11 @@ class Watch:
     def _chained(self, fn: _Function, leaves: Sequence[Any]) -> bool:
         """Whether a call of ``fn`` is given an output of its call before."""
         made, at, last = self._made, self._made_at, fn.last_call
-        for x in leaves:
-            if at.get(id(x)) == last and made[id(x)]() is x:
-                return True
-        return False
+        return any(at.get(id(x)) == last and made[id(x)]() is x for x in leaves)
 
     def _made_by(self, out: Any, fn: _Function) -> None:
-        """Remember which call made each output array (dead ones dropped as
-        the table doubles: no callback runs at an array's death)."""
+        """Remember which call made each output array (the dead dropped as the table
+        doubles: no callback runs at an array's death)."""
         made, at, n, ref = self._made, self._made_at, self.calls, None
         for x in jax.tree_util.tree_leaves(out):
             if type(x) is ArrayImpl:
@@ -1017,17 +903,11 @@ class Watch:
             self._made_limit = max(MADE_KEPT, 2 * len(made))
 
     def stalls(self, x: Any, name: str) -> bool:
-        """Whether a device-to-host read of ``x`` stalls the loop: the host
-        waits while the device has nothing queued after it. Starting an
-        asynchronous copy waits for nothing; an output of an earlier call
-        than the last (a print one step late, a per-epoch mean of losses
-        gathered each step), or an eager result made before the last call
-        (``norm = optax.tree.norm(params)`` read at the next step), waits, if
-        at all, while the device runs the calls queued since; an output of
-        the last call, or an array made after it (a slice or a sum of one),
-        stalls, once: a second read before the next
-        call (``acc = float(m["acc"])`` after ``loss = float(m["loss"])``)
-        finds the device done already."""
+        """Whether a device-to-host read of ``x`` stalls the loop (the host waits with
+        nothing queued after it): an output of the last call, or an array made after
+        it, once per call (a second read finds the device done). An earlier call's
+        output, or an eager result made before the last call, waits while the device
+        runs the calls queued since; an asynchronous copy waits for nothing."""
         if name == "copy_to_host_async" or self._earlier_output(x):
             return False
         if self._waited == self.calls or self._made_before_last([x]):
@@ -1036,11 +916,9 @@ class Watch:
         return True
 
     def _made_before_last(self, xs: Sequence[Any]) -> bool:
-        """Whether every one of ``xs`` (an eager result: ``norm =
-        optax.tree.norm(params)``, read one step late) was made before the
-        last call's outputs, by the order of the live arrays
-        (``_compat.liveorder``): the device runs that call while the host
-        waits. An output of a watched call is judged by its call alone."""
+        """Whether every one of ``xs`` (eager results) was made before the last call's
+        outputs, by the order of the live arrays (``_compat.liveorder``). An output
+        of a watched call is judged by its call alone."""
         made, at, n = self._made, self._made_at, self.calls
         if any(id(x) in at and made[id(x)]() is x for x in xs):
             return False
@@ -1055,31 +933,25 @@ class Watch:
         )
 
     def _earlier_output(self, x: Any) -> bool:
-        """Whether ``x`` is an output of a watched call before the last: the
-        device runs the calls queued since while the host waits for it."""
+        """Whether ``x`` is an output of a watched call before the last."""
         n = self._made_at.get(id(x))
         return n is not None and n != self.calls and self._made[id(x)]() is x
 
     def _visit(self, at: tuple[str, int], direct: bool, chained: bool) -> int:
-        """Which run of the user's line ``at`` an event there (a call, a read,
-        a jax.jit) belongs to. A new run begins where the event before was at
-        another line, where a call made directly from this line ended the run
-        before (``x = step(x)`` in a loop), or at a call given an output of an
-        earlier call of the same function (``chained``: ``model =
-        make_step(model)`` through equinox's or flax's wrapper). Calls a
-        library makes inside one statement (jax-md's
-        ``neighbor_fn.allocate(R)``) are one run: repeated work is claimed
-        only of a line that runs again and again."""
+        """Which run of the user's line ``at`` an event there (a call, a read, a jax.jit)
+        belongs to. A new run begins where the event before was at another line, where
+        a call made directly from this line ended the run before (``x = step(x)``), or
+        at a call given an output of the function's call before (``chained``, through
+        equinox's or flax's wrapper). A library's calls inside one statement are one
+        run: repeated work is claimed only of a line that runs again and again."""
         if at != self._last_at or self._closed == at or chained:
             self._visits[at] = self._visits.get(at, 0) + 1
         self._last_at, self._closed = at, (at if direct else None)
         return self._visits[at]
 
     def read(self, where: str, what: str, fix: str, function: str, frame: Any) -> bool:
-        """A device-to-host read at ``where`` (file:line, the user's ``frame``)
-        in the user's ``function``, from the reads context; False: not one
-        the watch counts (made inside a watched call: while it traces and
-        compiles, once per compile, as the compile is)."""
+        """A device-to-host read at ``where`` (file:line) in the user's ``function``;
+        False: not counted (inside a watched call: it traces and compiles once)."""
         if getattr(self._calling, "depth", 0):
             return False
         run = self._visit(_key(frame), False, False) if frame is not None else 0
@@ -1087,25 +959,19 @@ class Watch:
         self.read_stamps.setdefault(where, []).append(
             (self.calls, run, None if last is None else (id(last), last.calls))
         )
-        # (a read there that stalled nothing is withdrawn)
         self._read_text[where] = (what, fix, function)
         return True
 
     def waited(self, line: str, seconds: float, value: Any, function: str, frame: Any) -> None:
-        """A ``block_until_ready`` at ``line`` (the user's ``frame``) that took
-        ``seconds``: a sync where it stalled the loop (an array of the last
-        call's, or one no call made; not outputs of earlier calls only), once
-        per call as a read is; a read after it before the next call waits for
-        nothing more (:meth:`stalls`)."""
-        arrays = [x for x in jax.tree_util.tree_leaves(value) if isinstance(x, jax.Array)]
-        if not arrays or all(map(self._earlier_output, arrays)):
-            return  # outputs of earlier calls: the device runs the calls queued since
-        later = [x for x in arrays if not self._earlier_output(x)]
-        if self._waited != self.calls and self._made_before_last(later):
-            return  # eager results made before the last call: the same
-        if self._waited == self.calls or not self.read(
-            line, "block_until_ready", WAIT_FIX, function, frame
-        ):
+        """A ``block_until_ready`` at ``line`` that took ``seconds``: a sync where it
+        stalled the loop, as :meth:`stalls` tells of a read."""
+        later = [
+            x for x in jax.tree_util.tree_leaves(value)
+            if isinstance(x, jax.Array) and not self._earlier_output(x)
+        ]
+        if not later or self._waited == self.calls or self._made_before_last(later):
+            return
+        if not self.read(line, "block_until_ready", WAIT_FIX, function, frame):
             return
         self._waited = self.calls
         self.read_seconds[line] = self.read_seconds.get(line, 0.0) + seconds
@@ -1127,8 +993,7 @@ class Watch:
 
 
 def _holding(value: Any, kinds: Sequence[str]) -> str:
-    """What an argument whose leaves are host values is, in words: ``is a
-    Params (a dataclass) holding 3 Python floats``; ``holds ...`` where the
+    """``is a Params (a dataclass) holding 3 Python floats``; ``holds ...`` where the
     argument is not known (an equinox group)."""
     counts = collections.Counter(kinds)
     held = " and ".join(f"{n} {kind}{'s' if n > 1 else ''}" for kind, n in counts.items())
@@ -1142,11 +1007,9 @@ def _holding(value: Any, kinds: Sequence[str]) -> str:
 
 
 def _steps_per_run(stamps: Sequence[tuple[int, int, tuple[int, int] | None]]) -> tuple[int, int]:
-    """How far apart a line's reads are, as measured: the median, between
-    two runs of the line, of the calls of the function called last before
-    each (the loop's step; a second function called each step, an eval
-    every epoch, counts apart), and that function's id; (1, 0) where none
-    was measured."""
+    """How far apart a line's reads are: the median, between two runs of the line, of
+    the calls of the function called last before each (the loop's step), and that
+    function's id; (1, 0) where none was measured."""
     firsts = {}
     for _, run, last in stamps:
         firsts.setdefault(run, last)
@@ -1156,10 +1019,9 @@ def _steps_per_run(stamps: Sequence[tuple[int, int, tuple[int, int] | None]]) ->
 
 
 def _jitted_by_library(frame: Any) -> bool:
-    """Whether the code that called ``jax.jit`` (the first frame above
-    ``frame`` outside JAX, this package, numpy and the standard library) is
-    an installed package's: the jitted function, and what it is given, are
-    then the package's, not the user's line's to change."""
+    """Whether the code that called ``jax.jit`` (the first frame above ``frame``
+    outside JAX, this package, numpy and the standard library) is an installed
+    package's: what it jits and gives is then the package's to change."""
     f = frame
     while f is not None and is_library(f.f_code.co_filename, False, f.f_code.co_name):
         f = f.f_back
@@ -1173,19 +1035,16 @@ def _jitted_by_library(frame: Any) -> bool:
 
 
 def _method_written(site: tuple[str, int], name: str) -> str:
-    """How the user's ``jax.jit`` line at ``site`` names the bound method
-    ``name`` it jits (``es.ask`` in ``ask = jax.jit(es.ask)``); "" where the
-    line does not show it."""
+    """``es.ask`` in ``ask = jax.jit(es.ask)``: how the line at ``site`` names the
+    bound method ``name`` ("" where it does not show it)."""
     found = re.search(rf"jit\(\s*([A-Za-z_][\w.]*\.{re.escape(name)})\b", linecache.getline(*site))
     return found.group(1) if found else ""
 
 
 def _equinox_fix(fn: _Function, idx: Sequence[int]) -> str:
-    """The fix of an eqx.filter_jit function's missed donation (of its
-    leaves ``idx``): ``donate="all"`` where every array argument died at each
-    call's statement; where one outlived a call (the initial weights kept as
-    an anchor, a dataset given at every step), a hot step donating the
-    user's parameters alone, as equinox cannot."""
+    """The fix of an eqx.filter_jit missed donation (leaves ``idx``): ``donate="all"``
+    where every array argument died at each call's statement; else (one outlived a
+    call) a hot step donating the user's parameters alone, as equinox cannot."""
     names = sorted({fn.user_params[i] for i in idx if i in fn.user_params})
     short = sigs.short(fn.name)
     state = (
@@ -1202,25 +1061,31 @@ def _equinox_fix(fn: _Function, idx: Sequence[int]) -> str:
             f"{', '.join(kept) or 'the other array arguments'}, which outlive the call")
 
 
-def _user_names(frame: Any, leaves: Sequence[Any]) -> list[str]:
-    """Per leaf, its path among the arguments of the eqx.filter_jit call
-    running above ``frame`` (``model.layers[0].weight``, ``x``), by identity;
-    "" where not found."""
-    arguments = jitwatch.equinox_arguments(frame)
-    if not arguments:
-        return ["" for _ in leaves]
+def _equinox_leaves() -> list[tuple[str, Any]]:
+    """(the user's path, leaf) of each leaf of the arguments of the eqx.filter_jit call
+    running above (``model.layers[0].weight``, ``x``)."""
+    out = []
+    for name, value in (jitwatch.equinox_arguments(frames.caller_frame(1)) or {}).items():
+        try:
+            flat = jax.tree_util.tree_flatten_with_path(value)[0]
+        except Exception:  # noqa: BLE001, S112 - an argument that does not flatten: unnamed
+            continue
+        out += [(name + jax.tree_util.keystr(p), leaf) for p, leaf in flat]
+    return out
+
+
+def _user_names(leaves: Sequence[Any]) -> list[str]:
+    """Per leaf, its user's path (:func:`_equinox_leaves`), by identity; "" where not found."""
     where_: dict[int, str] = {}
-    for name, value in arguments.items():
-        for p, leaf in jax.tree_util.tree_flatten_with_path(value)[0]:
-            where_.setdefault(id(leaf), name + jax.tree_util.keystr(p))
+    for path, leaf in _equinox_leaves():
+        where_.setdefault(id(leaf), path)
     return [where_.get(id(x), "") for x in leaves]
 
 
 def _by_user_path(diff: list[str], found: list[tuple[str, Any]]) -> list[str]:
-    """A recompile's diff lines under eqx.filter_jit, each led by the user's
-    path of the leaf (``y``, ``model.weight``) where equinox's grouped one
-    (``dynamic_nodonate['rest'][1]``) led it."""
-    names = _user_names(frames.caller_frame(1), [x for _, x in found])
+    """A recompile's diff lines under eqx.filter_jit, led by the user's path of the
+    leaf (``model.weight``) where equinox's grouped one led it."""
+    names = _user_names([x for _, x in found])
     ours = sorted(((p, n) for (p, _), n in zip(found, names) if n), key=lambda pn: -len(pn[0]))
     out = []
     for line in diff:
@@ -1238,11 +1103,10 @@ _ONLY_ARRAYS = frozenset({ArrayImpl})  # a call given these alone gives no host 
 _HOST_TYPES = (np.ndarray, np.generic, bool, int, float, complex)  # host data: leaf_spec's kinds
 
 
-# A numpy array is the same value again only where its values were compared:
-# a copy is kept of each array up to this size (a loader may refill one buffer
-# in place, so its identity proves nothing), and of at most _KEPT_BYTES of the
-# arrays a function was given (a dataset re-fed each epoch); a larger one is
-# taken for a new batch (not a finding: a miss, never a false claim).
+# A numpy array is the same value again only where its values were compared (a loader
+# may refill one buffer in place): a copy is kept of each array up to _COMPARED_BYTES,
+# and of at most _KEPT_BYTES per function; a larger one is taken for a new batch (a
+# miss, never a false claim).
 _COMPARED_BYTES = 1 << 20
 _KEPT_BYTES = 64 << 20
 
@@ -1254,31 +1118,20 @@ class _Traced:
     aval: str
 
 
-def _user_statics(fn: _Function) -> dict[str, Any]:
-    """The leaves of the user's arguments of the eqx.filter_jit call running
-    now, by the user's path (``solver.atol``, ``state[0]``): a Python number,
-    bool or string as itself (equinox makes them static: each new value
-    compiles), an array as its :class:`_Traced` aval."""
-    arguments = jitwatch.equinox_arguments(frames.caller_frame(1)) or {}
+def _user_statics() -> dict[str, Any]:
+    """The eqx.filter_jit call's leaves by the user's path: a Python number, bool or
+    string as itself (equinox makes them static), an array as its :class:`_Traced`."""
     out: dict[str, Any] = {}
-    for name, value in arguments.items():
-        try:
-            flat = jax.tree_util.tree_flatten_with_path(value)[0]
-        except Exception:  # noqa: BLE001 - an argument that does not flatten: unnamed
-            continue
-        for p, leaf in flat:
-            if isinstance(leaf, (bool, int, float, complex, str)):
-                out[name + jax.tree_util.keystr(p)] = leaf
-            elif isinstance(leaf, jax.Array):
-                out[name + jax.tree_util.keystr(p)] = _Traced(
-                    fmt_aval(leaf.shape, leaf.dtype, leaf.weak_type)
-                )
+    for path, leaf in _equinox_leaves():
+        if isinstance(leaf, (bool, int, float, complex, str)):
+            out[path] = leaf
+        elif isinstance(leaf, jax.Array):
+            out[path] = _Traced(fmt_aval(leaf.shape, leaf.dtype, leaf.weak_type))
     return out
 
 
 def _static_changed(a: Any, b: Any) -> bool:
-    """Whether a leaf's static value changed, or it became static or traced
-    (two arrays: their avals are the leaf diff's)."""
+    """Whether a static value changed, or became traced (two arrays: the leaf diff's)."""
     if isinstance(a, _Traced) and isinstance(b, _Traced):
         return False
     return type(a) is not type(b) or a != b
@@ -1286,14 +1139,10 @@ def _static_changed(a: Any, b: Any) -> bool:
 
 def _static_line(path: str, a: Any, b: Any) -> str:
     """The diff line of a leaf whose static value changed under eqx.filter_jit."""
-    def said(v: Any) -> str:
-        if isinstance(v, _Traced):
-            return f"{v.aval} (an array)"
-        return repr(v)
-
+    was, now = (f"{v.aval} (an array)" if isinstance(v, _Traced) else repr(v) for v in (a, b))
     tail = (f"a Python {type(b).__name__}: static under eqx.filter_jit"
             if not isinstance(b, _Traced) else "traced under eqx.filter_jit")
-    return f"{path}: {said(a)} -> {said(b)} ({tail})"
+    return f"{path}: {was} -> {now} ({tail})"
 
 
 def _is_number(value: Any) -> bool:
@@ -1303,47 +1152,35 @@ def _is_number(value: Any) -> bool:
 def _static_fix(numbers: list[str], rest: str) -> str:
     """The fix of a recompile over eqx.filter_jit's static values: numbers go in
     as arrays; a bool or a string compiles one program per value (kept)."""
-    parts = []
-    if numbers:
-        parts.append(f"pass {', '.join(numbers)} as {'arrays' if len(numbers) > 1 else 'an array'} "
-                     "(jnp.asarray(...)): eqx.filter_jit traces arrays and compiles anew for each "
-                     "new Python number")
-    else:
-        parts.append("a bool or a string under eqx.filter_jit compiles one program per value: "
-                     "expected where it takes few values; keep it fixed where it changes often")
-    if rest:
-        parts.append(rest)
-    return "; ".join(parts)
+    first = (
+        f"pass {', '.join(numbers)} as {'arrays' if len(numbers) > 1 else 'an array'} "
+        "(jnp.asarray(...)): eqx.filter_jit traces arrays and compiles anew for each new "
+        "Python number" if numbers
+        else "a bool or a string under eqx.filter_jit compiles one program per value: "
+        "expected where it takes few values; keep it fixed where it changes often"
+    )
+    return f"{first}; {rest}" if rest else first
 
 
 def _marker(x: Any) -> Any:
-    """What tells a host value passed again from a new one: a numpy array's
-    values (a copy, up to ``_COMPARED_BYTES``), a number's value."""
+    """What tells a host value passed again from a new one (None: nothing): a number
+    itself; a numpy array's dtype, shape and bytes (as the device gets it, a NaN included)."""
     if isinstance(x, np.ndarray):
-        return (None, _snapshot(x)) if x.nbytes <= _COMPARED_BYTES else None
+        return (x.dtype, x.shape, x.tobytes()) if x.nbytes <= _COMPARED_BYTES else None
     return x if isinstance(x, (int, float, complex, np.generic)) else None
 
 
 def _same(marker: Any, other: Any) -> bool:
-    """Whether two :func:`_marker` values tell the same value (the same bits)."""
-    if isinstance(marker, tuple):  # a numpy array's copy
-        return isinstance(other, tuple) and marker[1] == other[1]
+    """Whether two :func:`_marker` values tell the same value."""
     try:
         return marker is not None and type(marker) is type(other) and bool(marker == other)
     except Exception:  # noqa: BLE001 - an odd ==: not the same
         return False
 
 
-def _snapshot(x: np.ndarray) -> tuple[np.dtype[Any], tuple[int, ...], bytes]:
-    """A numpy array's values as the device would get them: its dtype, shape
-    and bytes (the same bits are the same transfer, a NaN included)."""
-    return x.dtype, x.shape, x.tobytes()
-
-
 def _numpy_key(x: np.ndarray) -> tuple[Any, np.ndarray]:
-    """Where a numpy array's values live: the array itself, or, for a view
-    (``X[i:i + 128]``, a new object at each epoch), the array it views and its
-    place in it; and the object that key's weak reference follows."""
+    """Where a numpy array's values live (for a view, ``X[i:i + 128]``, a new object at
+    each epoch: the array it views and its place), and the object to follow weakly."""
     base = x
     while isinstance(base.base, np.ndarray):
         base = base.base
@@ -1354,18 +1191,16 @@ def _numpy_key(x: np.ndarray) -> tuple[Any, np.ndarray]:
 
 
 def _unchanged(seen: dict[Any, tuple[Any, Any]], x: np.ndarray, mark: Any) -> bool:
-    """Whether ``x`` (or the same place of the array it views; its
-    :func:`_marker` ``mark``) was given at an earlier call, with the values it
-    had then."""
+    """Whether ``x`` (or the same place of the array it views) was given at an earlier
+    call, with the same values."""
     key, anchor = _numpy_key(x)
     entry = seen.get(key)
-    return entry is not None and entry[0]() is anchor and mark is not None and entry[1] == mark[1]
+    return entry is not None and entry[0]() is anchor and mark is not None and entry[1] == mark
 
 
 def _remember_numpy(fn: _Function, values: Sequence[tuple[Any, Any]]) -> None:
-    """Note the numpy arrays among ``values`` (each with its :func:`_marker`)
-    as given (weakly: the dead are forgotten as the table doubles), with a
-    copy of their values while the copies fit in ``_KEPT_BYTES``."""
+    """Note the numpy arrays among ``values`` (with their :func:`_marker`) as given,
+    weakly, with a copy of their values while the copies fit in ``_KEPT_BYTES``."""
     seen = fn.numpy_seen
     for x, mark in values:
         if not isinstance(x, np.ndarray):
@@ -1377,7 +1212,7 @@ def _remember_numpy(fn: _Function, values: Sequence[tuple[Any, Any]]) -> None:
         if entry is not None and entry[1] is not None:  # a dead array's, its id reused
             fn.numpy_kept -= len(entry[1][2])
         keep = mark is not None and fn.numpy_kept + x.nbytes <= _KEPT_BYTES
-        seen[key] = (weakref.ref(anchor), mark[1] if keep else None)
+        seen[key] = (weakref.ref(anchor), mark if keep else None)
         fn.numpy_kept += x.nbytes if keep else 0
         size = len(seen)
         fn.numpy_limit = _steps.prune_dead(seen, fn.numpy_limit)
@@ -1461,10 +1296,8 @@ class WatchReport:
     calls: int
     functions: int
     blind: list[str] = dataclasses.field(default_factory=list)  # findings not made here, and why
-    # the audited script raised this (its traceback printed before the report)
-    stopped: str | None = None
-    # reads whose line ran once, between calls
-    once: list[str] = dataclasses.field(default_factory=list)
+    stopped: str | None = None  # what the audited script raised (its traceback printed above)
+    once: list[str] = dataclasses.field(default_factory=list)  # reads whose line ran once
 
     @property
     def ok(self) -> bool:
@@ -1478,9 +1311,7 @@ class WatchReport:
         yield (f"jaxcontracts audit: {len(self.findings)} finding(s) in {self.functions} jitted "
                f"function(s), {self.calls} call(s) observed")
         for why in self.blind:
-            yield from textwrap.wrap(
-                "NOT CHECKED: " + why, _WIDTH, initial_indent="  ", subsequent_indent="    "
-            )
+            yield from _wrap("NOT CHECKED: " + why, "  ", "    ")
         if self.stopped:
             yield (f"  the script stopped with {self.stopped} (its traceback is above): what it "
                    "did up to there")
@@ -1500,30 +1331,22 @@ class WatchReport:
             cost = f.cost_text()
             if cost:
                 yield f"    cost: {cost}"
-            yield from textwrap.wrap(
-                f.message, _WIDTH, initial_indent="    ", subsequent_indent="    "
-            )
+            yield from _wrap(f.message, "    ", "    ")
             for d in (f.diff or [])[:8]:  # a change trimmed to what differs; a sentence wrapped
                 if " -> " in d:
                     yield "      " + fit_change(d, _WIDTH - 6)
                 else:
-                    yield from textwrap.wrap(
-                        d, _WIDTH, initial_indent="      ", subsequent_indent="        "
-                    )
+                    yield from _wrap(d, "      ", "        ")
             if f.jit_line:
                 yield f"    donation set at {f.jit_line}"
-            yield from textwrap.wrap(
-                "fix: " + f.fix, _WIDTH, initial_indent="    ", subsequent_indent="      "
-            )
+            yield from _wrap("fix: " + f.fix, "    ", "      ")
         # the loop may have been left at its first pass: say what it did once
         if self.stopped and self.once:
             yield (
                 "  seen once before the script stopped (repeated work if the line is in its loop):"
             )
             for text in self.once:
-                yield from textwrap.wrap(
-                    text, _WIDTH, initial_indent="  - ", subsequent_indent="      "
-                )
+                yield from _wrap(text, "  - ", "      ")
 
     def __str__(self) -> str:
         return "\n".join(self.lines())
@@ -1535,3 +1358,7 @@ class WatchReport:
         ]
         return findings_html(next(iter(self.lines())), self.ok, rows, self.blind)
 
+
+
+def _wrap(text: str, first: str, rest: str) -> list[str]:
+    return textwrap.wrap(text, _WIDTH, initial_indent=first, subsequent_indent=rest)

@@ -1,8 +1,7 @@
 """Reports: what a step compiled, donated and aliased, and which contracts hold.
 
-A :class:`Report` is plain data rendered as text (``str()``) or HTML
-(``_repr_html_()``), built from records (``step.describe()``, a loop's
-violations), never from a step's private attributes.
+A :class:`Report` is plain data, built from records (never a step's private
+attributes), rendered as text (``str()``) or HTML (``_repr_html_()``).
 """
 
 from __future__ import annotations
@@ -20,8 +19,8 @@ from .._records import StepDescription, Violation, WarmupCompile
 from .timing import LoopTiming
 
 __all__ = [
-    "Contract", "LeafRow", "Report", "error_contract", "findings_html", "format_violations",
-    "loop_report", "step_report",
+    "Contract", "Report", "error_contract", "findings_html", "format_violations", "loop_report",
+    "step_report",
 ]
 
 
@@ -191,7 +190,7 @@ class Report:
         status = "ok" if self.ok else "failed"
         parts = [
             f'<div class="jc-report jc-{status}" style="{_CSS_BOX}">',
-            f'<div style="{_CSS_TITLE}"><code style="{_CSS_CODE}">{e(self.title)}</code> '
+            f'<div style="{_CSS_TITLE}">{_code(self.title)} '
             f'<span style="{_badge(self.ok)}">{"OK" if self.ok else "FAILED"}</span></div>',
         ]
         if self.rows:
@@ -227,41 +226,29 @@ def _html_leaves(rows: Sequence[LeafRow]) -> list[str]:
     e = html.escape
     total = sum(r.nbytes for r in rows)
     donated = sum(r.nbytes for r in rows if r.donated)
-    parts = [_table_head("jc-leaves", _LEAF_COLUMNS, "bytes")]
-    for i, r in enumerate(rows):
-        aliased = "&ndash;" if r.aliased is None else ("yes" if r.aliased else "<b>NO</b>")
-        bad = r.aliased is False and r.donated
-        parts.append(
-            f'<tr style="{_tr(i)}"><td style="{_td()}"><code style="{_CSS_CODE}">'
-            f'{e(r.path)}</code></td><td style="{_td()}"><code style="{_CSS_CODE}">'
-            f'{e(r.spec)}</code></td><td style="{_td()}">{e(r.sharding)}</td>'
-            f'<td style="{_td()}">{"yes" if r.donated else "no"}</td>'
-            f'<td style="{_td(color=_RED if bad else _FG)}">{aliased}</td>'
-            f'<td style="{_td(right=True)}">{e(fmt_bytes(r.nbytes))}</td></tr>'
-        )
-    parts.append(
-        f'</tbody><tfoot><tr style="{_CSS_TR}"><td style="{_foot()}" colspan="5">'
+    cells = [[
+        (_td(), _code(r.path)), (_td(), _code(r.spec)), (_td(), e(r.sharding)),
+        (_td(), "yes" if r.donated else "no"),
+        (_td(color=_RED if r.aliased is False and r.donated else _FG),
+         "&ndash;" if r.aliased is None else ("yes" if r.aliased else "<b>NO</b>")),
+        (_td(right=True), e(fmt_bytes(r.nbytes))),
+    ] for r in rows]
+    foot = (
+        f'<tfoot><tr style="{_CSS_TR}"><td style="{_foot()}" colspan="5">'
         f"{len(rows)} leaves, {e(fmt_bytes(donated))} donated</td>"
-        f'<td style="{_foot(right=True)}">{e(fmt_bytes(total))}</td></tr></tfoot></table>'
+        f'<td style="{_foot(right=True)}">{e(fmt_bytes(total))}</td></tr></tfoot>'
     )
-    return parts
+    return _table("jc-leaves", _LEAF_COLUMNS, "bytes", cells, foot)
 
 
 def _html_violations(violations: Sequence[Violation]) -> list[str]:
     e = html.escape
-    parts = [_table_head("jc-violations", _VIOLATION_COLUMNS, "count")]
-    for i, v in enumerate(violations):
-        # `where` stays on one line (the theme's code style may wrap it: nowrap
-        # on the chip itself); `what` wraps inside the box, so a row reads
-        # within the report's width, with no scroll bar.
-        parts.append(
-            f'<tr style="{_tr(i)}"><td style="{_td()}">{e(v.kind)}</td>'
-            f'<td style="{_td()}"><code style="{_CSS_CODE}white-space:nowrap;">'
-            f'{e(v.where)}</code></td><td style="{_td(right=True)}">{v.count}</td>'
-            f'<td style="{_td(wrap=True)}min-width:24em;">{e(v.what)}</td></tr>'
-        )
-    parts.append("</tbody></table>")
-    return parts
+    cells = [
+        [(_td(), e(v.kind)), (_td(), _code(v.where, nowrap=True)), (_td(right=True), str(v.count)),
+         (_PROSE, e(v.what))]
+        for v in violations
+    ]
+    return _table("jc-violations", _VIOLATION_COLUMNS, "count", cells)
 
 
 def findings_html(
@@ -280,28 +267,36 @@ def findings_html(
         parts.append(f'<pre class="jc-blind" style="{_CSS_PRE}">NOT CHECKED: {e(note)}</pre>')
     if rows:
         columns = ("kind", "function", "where", "count", "what, and the fix")
-        parts.append(_table_head("jc-findings", columns, "count"))
-        for i, (kind, function, where, count, what, fix) in enumerate(rows):
-            parts.append(
-                f'<tr style="{_tr(i)}"><td style="{_td()}">{e(kind)}</td>'
-                f'<td style="{_td()}"><code style="{_CSS_CODE}">{e(function)}</code></td>'
-                f'<td style="{_td()}"><code style="{_CSS_CODE}white-space:nowrap;">'
-                f'{e(where)}</code></td><td style="{_td(right=True)}">{count}</td>'
-                f'<td style="{_td(wrap=True)}min-width:24em;">{e(what)}<br><b>fix:</b>'
-                f' {e(fix)}</td></tr>'
-            )
-        parts.append("</tbody></table>")
+        cells = [
+            [(_td(), e(kind)), (_td(), _code(function)), (_td(), _code(where, nowrap=True)),
+             (_td(right=True), str(count)), (_PROSE, f"{e(what)}<br><b>fix:</b> {e(fix)}")]
+            for kind, function, where, count, what, fix in rows
+        ]
+        parts += _table("jc-findings", columns, "count", cells)
     parts.append("</div>")
     return "".join(parts)
 
 
-def _table_head(cls: str, headers: Sequence[str], right: str) -> str:
-    """A table's opening tag and header row; column ``right`` is right-aligned."""
-    cells = "".join(f'<th style="{_th(h == right)}">{h}</th>' for h in headers)
-    return (
-        f'<table class="{cls}" style="{_CSS_TABLE}"><thead><tr style="{_CSS_TR}">'
-        f"{cells}</tr></thead><tbody>"
+def _table(
+    cls: str, headers: Sequence[str], right: str, rows: Sequence[Sequence[tuple[str, str]]],
+    foot: str = "",
+) -> list[str]:
+    """A table: column ``right`` right-aligned; each row's cells as (style, HTML)."""
+    head = "".join(f'<th style="{_th(h == right)}">{h}</th>' for h in headers)
+    body = "".join(
+        f'<tr style="{_tr(i)}">' + "".join(f'<td style="{st}">{c}</td>' for st, c in row) + "</tr>"
+        for i, row in enumerate(rows)
     )
+    return [
+        f'<table class="{cls}" style="{_CSS_TABLE}"><thead><tr style="{_CSS_TR}">{head}</tr>'
+        f"</thead><tbody>{body}</tbody>{foot}</table>"
+    ]
+
+
+def _code(text: str, nowrap: bool = False) -> str:
+    """A code chip (``nowrap``: kept on one line, whatever the theme's code style)."""
+    style = _CSS_CODE + ("white-space:nowrap;" if nowrap else "")
+    return f'<code style="{style}">{html.escape(text)}</code>'
 
 
 def _html_facts(label: str, facts: Sequence[tuple[str, str]]) -> list[str]:
@@ -399,6 +394,10 @@ def _th(right: bool = False) -> str:
 
 def _td(right: bool = False, color: str = _FG, wrap: bool = False) -> str:
     return _cell(right, color, wrap) + f"border-bottom:1px solid {_HAIR};font-size:13px;"
+
+
+# A prose cell (`what`) wraps inside the box: a row reads within the report's width.
+_PROSE = _td(wrap=True) + "min-width:24em;"
 
 
 def _foot(right: bool = False) -> str:
@@ -505,17 +504,13 @@ def step_report(desc: StepDescription, extra: Sequence[Contract] = ()) -> Report
             Contract("compiled", False, "not compiled yet: call it or use .compile(specs)")
         ]
         return report
-    for leaf in cs.leaves:
-        report.rows.append(
-            LeafRow(
-                path=leaf.path,
-                spec=fmt_aval(leaf.spec.shape, leaf.spec.dtype, leaf.spec.weak_type),
-                sharding=fmt_sharding(leaf.spec.sharding),
-                donated=leaf.donated,
-                aliased=leaf.aliased,
-                nbytes=leaf.nbytes,
-            )
+    report.rows = [
+        LeafRow(
+            leaf.path, fmt_aval(leaf.spec.shape, leaf.spec.dtype, leaf.spec.weak_type),
+            fmt_sharding(leaf.spec.sharding), leaf.donated, leaf.aliased, leaf.nbytes,
         )
+        for leaf in cs.leaves
+    ]
     memory = ("arguments", "outputs", "aliased", "temporaries")
     report.totals = {k: getattr(cs.memory, k) for k in memory}
     failed_now = {c.key for c in extra if not c.ok}  # jc.check: this compile's failure

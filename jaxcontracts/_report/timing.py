@@ -1,11 +1,9 @@
 """Where a hot loop's time goes: host time in steps, time blocked on the device.
 
-While a timing loop is active (``_steps.timing_on``), a step's first
-``FIRST`` calls, then one in ``SAMPLE`` (its ``timing_due`` slot), are timed
-from closure entry to tail into the step's counters (:func:`timed`); a
-:class:`LoopClock` takes their difference between a loop's entry and exit.
-Outside loops a call pays one test of ``timing_on``. The estimate and its
-limits: ``docs/guides/performance.md``, "How loop timing works".
+While a timing loop is active (``_steps.timing_on``), a step's first ``FIRST``
+calls, then one in ``SAMPLE``, are timed into its counters (:func:`timed`); a
+:class:`LoopClock` takes their difference between a loop's entry and exit. The
+estimate and its limits: ``docs/guides/performance.md``.
 """
 
 from __future__ import annotations
@@ -33,8 +31,6 @@ DISPATCH_BOUND_SHARE = 0.05  # blocked under this share, nothing pending: the de
 USER_BOUND_SHARE = 0.5  # the caller's own code between calls took at least this share
 
 perf = time.perf_counter
-
-
 _lock = threading.Lock()
 _active = 0  # clocks entered, all threads
 
@@ -160,7 +156,6 @@ class LoopTiming:
         out.append(f"  at exit: {self.pending_at_exit} of {self.outputs_at_exit} step outputs "
                    "still computing")
         out.append("  " + self.advice())
-        # Within 80 columns, as the rest of a report (a terminal's width).
         return [part for line in out for part in textwrap.wrap(
             line, width=80, subsequent_indent="    " if line.startswith("  ") else "  ",
             break_on_hyphens=False, drop_whitespace=True) or [""]]
@@ -169,8 +164,8 @@ class LoopTiming:
 def _host_seconds(
     calls: int, seconds: float, timed: int, first_seconds: float, first_timed: int
 ) -> float:
-    """A step's host time, stratified: the first-phase calls (often slower) as
-    timed, the others at the mean of the sampled ones."""
+    """A step's host time: the first-phase calls (often slower) as timed, the others
+    at the mean of the sampled ones."""
     if not timed:
         return 0.0
     sampled = timed - first_timed
@@ -193,8 +188,7 @@ def _verdict(wall: float, calls: int, blocked: float, pending: int, host: float 
 
 
 class LoopClock:
-    """A loop's running sums (one per ``HotLoop``): the steps' counters
-    snapshotted at entry, the difference added at exit."""
+    """A loop's running sums: the steps' counters at entry, the difference added at exit."""
 
     def __init__(self) -> None:
         self.wall = 0.0
@@ -202,8 +196,7 @@ class LoopClock:
         # phase, calls and seconds of entries that timed none (at the step's mean)]
         self.steps: dict[str, list[float]] = {}
         self.blocked: dict[str, float] = {}
-        # each block_until_ready while the loop is open on this thread:
-        # (seconds, the value waited on)
+        # told of each block_until_ready while open on its thread: (seconds, value)
         self.on_wait: Callable[[float, Any], None] | None = None
         self.pending = 0
         self.outputs = 0
@@ -267,9 +260,8 @@ class LoopClock:
 
 
 class _Joined:
-    """A step in an open entry's snapshot: its counters as it began (or the step
-    joined). The step is held weakly (a dropped step still counts); keyed by
-    the id of its counters list, held here, so the id is never reused."""
+    """A step in an open entry's snapshot: its counters as it began (or joined). The
+    step is held weakly; keyed by the id of its counters list, held here (never reused)."""
 
     __slots__ = ("baseline", "counters", "name", "stats", "step")
 
@@ -281,19 +273,10 @@ class _Joined:
         self.baseline = (step.stats.calls, *counters)
 
 
-# The steps in use (called in a timing loop since the last loop that did not
-# call them): an entry snapshots only theirs; another step joins at its next
-# (timed) call. id -> weak ref, each operation one atomic dict operation (no
-# lock: a Ctrl-C in a loop's body may interrupt ``_join`` anywhere).
+# The steps in use (called in a timing loop since the last loop that did not call
+# them): an entry snapshots only theirs; another joins at its next (timed) call.
+# Each operation is one atomic dict operation (no lock: a Ctrl-C may interrupt _join).
 _in_use: dict[int, weakref.ref[Any]] = {}
-
-
-def _forget(key: int) -> Callable[[Any], None]:
-    def forget(ref: Any) -> None:
-        if _in_use.get(key) is ref:  # not a later step that has the id now
-            _in_use.pop(key, None)
-
-    return forget
 
 
 # The clocks with an open entry on any thread: a joining step enters them all.
@@ -303,7 +286,8 @@ _open_clocks: dict[int, LoopClock] = {}
 def _join(step: Any, acc: list[float]) -> None:
     """``step`` (counters ``acc``) joins every open entry that lacks it."""
     key = id(step)
-    _in_use[key] = weakref.ref(step, _forget(key))
+    # at its death, forgotten (unless a later step has the id now)
+    _in_use[key] = weakref.ref(step, lambda r: _in_use.get(key) is r and _in_use.pop(key, None))
     joined = _Joined(step, acc)
     for clock in list(_open_clocks.values()):
         for opened in list(clock._open.values()):
@@ -314,7 +298,7 @@ def _idle(step: Any) -> None:
     """``step`` was not called in a loop: it leaves use; its next call is due."""
     _in_use.pop(id(step), None)
     step.timing_due[0] = True
-    step.last_output[0] = None  # what a loop recorded of it: nothing to keep alive
+    step.last_output[0] = None  # nothing to keep alive
 
 
 def in_use() -> list[Any]:
@@ -341,8 +325,8 @@ def enter(clock: LoopClock) -> Any:
 
 
 def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
-    """Stop timing (from any thread). ``held``: the step outputs' leaves the
-    loop sees at the outermost exit, looked at for queued work."""
+    """Stop timing (from any thread). ``held``: the step outputs' leaves the loop
+    sees at the outermost exit, looked at for queued work."""
     global _active
     clock, tid = token
     depth, start, snapshot = clock._open.get(tid, (1, perf(), {}))
@@ -361,8 +345,8 @@ def leave(token: Any, held: Callable[[], Sequence[Any]] = tuple) -> None:
 
 
 def blocked(where: str, seconds: float, value: Any = None) -> None:
-    """Add time blocked on the device to each clock open on this thread, and
-    tell one that takes each wait (the audit's) what was waited on."""
+    """Add time blocked on the device to each clock open on this thread (and tell
+    the audit's what was waited on)."""
     tid = threading.get_ident()
     for clock in list(_open_clocks.values()):
         if tid in clock._open:
@@ -376,8 +360,8 @@ FIRST = 64  # a step's first calls inside timing loops are all timed
 
 
 def start(step: Any, acc: list[float]) -> float:
-    """A due call of ``step`` is entered: join the open loops if not in use
-    (before anything runs), then read the clock. ``acc``: its counters."""
+    """A due call of ``step`` (counters ``acc``) is entered: join the open loops if
+    not in use, then read the clock."""
     if id(step) not in _in_use:
         _join(step, acc)
     return perf()

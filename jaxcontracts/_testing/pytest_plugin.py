@@ -1,11 +1,7 @@
-"""pytest plugin (entry point ``jaxcontracts``): the ``jc_hot_loop`` fixture and
-marker, ``--jc-checks``, and contract snapshots (``docs/guides/pytest.md``,
-``docs/snapshots.md``).
-
-Every name starts with ``jc`` (a ``hot_loop`` fixture would shadow the
-import). Its loops record and fail the test afterwards, outside the user's
-code. Loading it does not import jax (internals are imported when a test uses
-them), so ``JAX_*`` settings made in a ``conftest.py`` still apply.
+"""pytest plugin: the ``jc_hot_loop`` fixture and marker, ``--jc-checks``, and contract
+snapshots (``docs/guides/pytest.md``). Every name starts with ``jc`` (a ``hot_loop``
+fixture would shadow the import). Loading it imports no jax, so ``JAX_*`` settings
+made in a ``conftest.py`` still apply.
 """
 
 from __future__ import annotations

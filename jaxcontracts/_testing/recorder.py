@@ -1,10 +1,6 @@
-"""What hot steps and loops were proven to be, as a :class:`Snapshot`.
-
-``jc.snapshot(*steps)`` builds one from steps' records
-(``step.describe()``); the pytest plugin's :class:`Recorder` also records
-every ``jc.hot_loop`` run of a test (options, calls of each step, fetches,
-violations) and every step compiled or called meanwhile. Each reads records
-and counters only, never the device.
+"""What hot steps and loops were proven to be, as a :class:`Snapshot`, from records
+and counters only: ``jc.snapshot(*steps)``, and the pytest plugin's :class:`Recorder`
+of a test's steps and ``jc.hot_loop`` runs.
 """
 
 from __future__ import annotations
@@ -21,7 +17,7 @@ from .._records import CompiledSignature, StepDescription
 from .._runtime import observers
 from .._step.hot_step import HotStep
 from .._tracebacks import boundary
-from .snapshot import COST_KEYS, Path, Snapshot, version_of
+from .snapshot import TOLERANCED, Path, Snapshot, version_of
 
 __all__ = ["Recorder", "snapshot"]
 
@@ -34,28 +30,24 @@ def _sharding(spec: Any) -> str:
     return fmt_sharding(sharding)
 
 
-def _yes(flag: bool | None) -> str:
-    return "unverified" if flag is None else ("yes" if flag else "no")
-
-
 def _leaf_line(leaf: Any) -> str:
     spec = leaf.spec
     aval = fmt_aval(spec.shape, spec.dtype, bool(getattr(spec, "weak_type", False)))
-    aliased = _yes(leaf.aliased) if leaf.donated else "-"
+    aliased = "-" if not leaf.donated else (
+        "unverified" if leaf.aliased is None else ("yes" if leaf.aliased else "no")
+    )
     return (
         f"{aval} donated={'yes' if leaf.donated else 'no'} aliased={aliased} "
         f"bytes={leaf.nbytes} sharding={_sharding(spec)}"
     )
 
 
-def _costs(cs: CompiledSignature) -> dict[str, int] | None:
+def _costs(cs: CompiledSignature) -> Mapping[str, Any] | None:
     try:
         analysis = cs.compiled.cost_analysis()
     except Exception:  # noqa: BLE001 - not every backend has one
         return None
-    if not isinstance(analysis, Mapping):
-        return None
-    return {name: int(round(float(analysis.get(key, 0.0)))) for key, name in COST_KEYS}
+    return analysis if isinstance(analysis, Mapping) else None
 
 
 def _step_fields(head: str, desc: StepDescription) -> list[tuple[Path, str]]:
@@ -63,13 +55,17 @@ def _step_fields(head: str, desc: StepDescription) -> list[tuple[Path, str]]:
     for n, cs in enumerate(desc.signatures, 1):
         sig = (head, f"signature {n}")
         out += [((*sig, f"leaf {leaf.path}"), _leaf_line(leaf)) for leaf in cs.leaves]
-        memory = cs.memory
-        for name in ("arguments", "outputs", "aliased", "temporaries"):
-            value = getattr(memory, name)
+        costs = _costs(cs)
+        for key in TOLERANCED:  # memory.*, then cost.* (XLA's keys have spaces: "bytes accessed")
+            kind, name = key.split(".")
+            if kind == "memory":
+                value = getattr(cs.memory, name)
+            elif costs is not None:
+                value = int(round(float(costs.get(name.replace("_", " "), 0.0))))
+            else:
+                continue
             if value is not None:
-                out.append(((*sig, f"memory.{name}"), str(value)))
-        for name, value in (_costs(cs) or {}).items():
-            out.append(((*sig, f"cost.{name}"), str(value)))
+                out.append(((*sig, key), str(value)))
     return out
 
 
@@ -94,10 +90,10 @@ def _build(steps: Sequence[Any], loops: Sequence[_LoopRun] = ()) -> Snapshot:
     for n, run in enumerate(loops, 1):
         head = f"loop {n}"
         fields.append(((head, "options"), run.options))
-        for step_id, calls in sorted(run.calls.items(), key=lambda kv: run.names[kv[0]]):
-            fields.append(
-                ((head, f"calls {run.names[step_id]}"), "?" if calls is None else str(calls))
-            )
+        # named as in the steps section (else as the loop named them)
+        called = {sid: names.get(sid, name) for sid, name in run.names.items()}
+        for sid, calls in sorted(run.calls.items(), key=lambda kv: called[kv[0]]):
+            fields.append(((head, f"calls {called[sid]}"), "?" if calls is None else str(calls)))
         fields.append(((head, "fetches"), str(run.fetches)))
         fields.append(((head, "violations"), str(sum(v[3] for v in run.violations))))
         for i, (kind, what, where, count) in enumerate(run.violations, 1):
@@ -170,14 +166,9 @@ class _Open:
 
 
 class Recorder:
-    """Records the hot steps compiled or called and the loops run meanwhile.
-
-    ``start()`` ... ``stop()``, then :meth:`snapshot`. A step is recorded if
-    it compiles while recording, or (at checks ``fast``/``full``, where calls
-    are counted) if it is called. Loop runs are recorded in the order they
-    end, with the calls of each step, the ``jc.fetch`` calls and the
-    violations of that run; at checks ``off`` calls are not counted (``?``,
-    not compared).
+    """Records, between ``start()`` and ``stop()``, the hot steps compiled or called
+    (calls are counted at checks ``fast``/``full``) and the loop runs, in the order
+    they end: each step's calls (``?`` at checks ``off``), fetches and violations.
     """
 
     def __init__(self) -> None:
@@ -260,9 +251,5 @@ class Recorder:
 
     def snapshot(self) -> Snapshot:
         """The snapshot of everything recorded."""
-        steps = list(self._steps.values())
-        names = _names(steps)
-        for run in self.loops:  # name loop calls like the steps section
-            run.names = {sid: names.get(sid, name) for sid, name in run.names.items()}
-        return _build(steps, self.loops)
+        return _build(list(self._steps.values()), self.loops)
 

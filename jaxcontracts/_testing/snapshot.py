@@ -1,11 +1,9 @@
 """Contract snapshots: what hot steps and loops were proven to be, as text.
 
-A :class:`Snapshot` is an ordered list of fields (a path of headers, a key, a
-one-line value), keyed by backend and device count (``cpu x8``), recording
-the jax/jaxlib versions (fields: ``docs/snapshots.md``). :meth:`Snapshot.diff`:
-exact fields equal; :data:`TOLERANCED` ones may grow by their tolerance;
-across versions memory and cost (XLA's output) are not compared. Built from
-records by ``recorder``, written by ``snapshot_file``; never touches the device.
+A :class:`Snapshot` is an ordered list of one-line fields keyed by backend and
+device count (``cpu x8``; fields: ``docs/snapshots.md``). :meth:`Snapshot.diff`:
+:data:`TOLERANCED` fields may grow by their tolerance, the others are exact;
+across jax/jaxlib versions memory and cost (XLA's output) are not compared.
 """
 
 from __future__ import annotations
@@ -21,7 +19,6 @@ from typing import Any
 from .._errors import MAX_DETAIL_LINES, DefinitionError
 
 __all__ = [
-    "COST_KEYS",
     "Change",
     "Path",
     "Snapshot",
@@ -46,10 +43,6 @@ TOLERANCED: dict[str, float | None] = {
     "cost.bytes_accessed": 0.10,
 }
 _SHORT = {k.split(".", 1)[1]: k for k in TOLERANCED}  # "temporaries" -> "memory.temporaries"
-
-COST_KEYS = (
-    ("flops", "flops"), ("transcendentals", "transcendentals"), ("bytes accessed", "bytes_accessed")
-)
 
 
 def version_of(name: str) -> str:
@@ -235,9 +228,6 @@ class Snapshot:
         heads_after = {p[:i] for p in after for i in range(1, len(p))}
         blocks_done: set[Path] = set()
         for path in order:
-            key = path[-1]
-            old, new = before.get(path), after.get(path)
-            where = " / ".join(path)
             block = next(
                 (
                     path[:i]
@@ -255,9 +245,9 @@ class Snapshot:
                         Change(" / ".join(block), text if gone else "-", "-" if gone else text)
                     )
                 continue
-            found = _compare_field(where, key, old, new, rules, same_versions)
+            found = _compare_field(path, before.get(path), after.get(path), rules, same_versions)
             if found is None:
-                skipped.append(where)
+                skipped.append(" / ".join(path))
             else:
                 changes += found
         note = ""
@@ -272,10 +262,11 @@ class Snapshot:
 
 
 def _compare_field(
-    where: str, key: str, old: str | None, new: str | None, rules: Mapping[str, float | None],
+    path: Path, old: str | None, new: str | None, rules: Mapping[str, float | None],
     same_versions: bool,
 ) -> list[Change] | None:
     """The changes of one field (empty: none); ``None``: not compared (skipped)."""
+    where, key = " / ".join(path), path[-1]
     if not same_versions and key.startswith(("memory.", "cost.")):
         return None
     if key in rules and old is not None and new is not None:
@@ -320,13 +311,13 @@ def parse_tolerance(value: Any) -> float | None:
     Raises:
         DefinitionError: anything else.
     """
-    if value is None or (isinstance(value, str) and value.strip().lower() == "any"):
+    text = value.strip().lower() if isinstance(value, str) else None
+    if value is None or text == "any":
         return None
+    if text == "exact":
+        return 0.0
     number = value
-    if isinstance(value, str):
-        text = value.strip().lower()
-        if text == "exact":
-            return 0.0
+    if text is not None:
         m = re.fullmatch(r"\+?(\d+(?:\.\d+)?)\s*%", text)
         if m:
             return float(m.group(1)) / 100
@@ -334,9 +325,8 @@ def parse_tolerance(value: Any) -> float | None:
             number = float(text)
         except ValueError:
             number = None
-    if isinstance(number, int | float) and not isinstance(number, bool) and number >= 0:
-        if math.isfinite(number):
-            return float(number)
+    if isinstance(number, int | float) and not isinstance(number, bool) and 0 <= number < math.inf:
+        return float(number)  # (a NaN compares False)
     raise DefinitionError(  # the value as written, not as converted
         f"jc snapshot tolerance {value!r}: write a growth like '10%' (or 0.1), "
         "'exact' (or 0), or 'any' (not compared).",

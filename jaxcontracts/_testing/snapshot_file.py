@@ -1,12 +1,7 @@
-"""Snapshot files: one per test, one section per backend and device count.
-
-:func:`render_file` writes the text ``pytest --jc-snapshot-update`` saves;
-:func:`parse` reads it back, as data only. :func:`file_name` names a test's
-file so that no collector picks it up (``.jcsnap``: not pytest's doctest
-glob ``test*.txt``) and no two tests share one; :func:`read` and
-:func:`write` refuse links out of the snapshot folder, bound what they read,
-and replace a file atomically under a lock, merging the sections other
-sessions wrote meanwhile (two backends, pytest-xdist workers).
+"""Snapshot files: one per test, one section per backend and device count, read back
+as data only. :func:`read` and :func:`write` refuse links out of the snapshot folder,
+bound what they read, and replace a file atomically under a lock, merging the
+sections other sessions wrote meanwhile (pytest-xdist workers).
 """
 
 from __future__ import annotations
@@ -32,12 +27,10 @@ _CONFLICT = re.compile(r"^(<<<<<<<|=======$|>>>>>>>)")
 
 
 def file_name(module: str, test_parts: Iterable[str]) -> str:
-    """``<module>.<Class>.<test[params]>.jcsnap``, readable and collision-free.
+    """``<module>.<Class>.<test[params]>.jcsnap`` (``.jcsnap``: no collector's pattern).
 
-    Characters a file name should not hold become ``_``; where that changed
-    the id, or the id is long, a hash of the exact id follows, so
-    ``test_x[a b]`` and ``test_x[a_b]`` get two files and a 300-character id
-    fits every file system's name limit.
+    Where ``_`` replaced characters, or the id is long, a hash of the exact id
+    follows: ``test_x[a b]`` and ``test_x[a_b]`` get two files, a long id fits.
     """
     exact = ".".join([module, *test_parts])
     name = re.sub(r"[^A-Za-z0-9_.\[\]=+,-]", "_", exact)
@@ -111,12 +104,8 @@ def write(
     update: Callable[[dict[str, Snapshot]], dict[str, Snapshot]],
     header: str,
 ) -> None:
-    """Replace ``file`` with ``update(its sections as they are now)``.
-
-    Under a lock, re-read so that another session's sections are kept; write a
-    temporary file in the folder, then rename it over the old one, so that a
-    failed write never destroys it.
-    """
+    """Replace ``file`` with ``update(its sections as they are now)``, under a lock,
+    through a temporary file renamed over it (a failed write never destroys it)."""
     _inside(folder, file)
     folder.mkdir(parents=True, exist_ok=True)
     with _locked(folder):
