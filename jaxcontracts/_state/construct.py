@@ -17,7 +17,7 @@ import numpy as np
 from .._errors import DefinitionError, SpecError
 from .._format import fmt_aval, fmt_object, fmt_sharding
 from .._marks import CONSUMED_BY, STATE_INFO
-from .annotations import x64_field_fix, x64_leaf_fix, x64_loss
+from .annotations import x64_fix, x64_loss
 from .fields import ArrayField, PyTreeField, StateField, StaticField, build, hint_name, info_of
 from .spec import fmt_value, leaf_spec
 from .validate import check_static, spec_error
@@ -247,7 +247,7 @@ def _refuse_x64_spec(where: str, what: str, dtype: Any, *, leaf: bool) -> None:
         raise SpecError(
             f"{where}: {what} is not what JAX would make: {reason}, and the "
             "spec would not describe the arrays.",
-            fix=x64_leaf_fix(short) if leaf else x64_field_fix(short),
+            fix=x64_fix(short, leaf=leaf),
         )
 
 
