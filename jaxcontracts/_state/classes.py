@@ -1,9 +1,5 @@
-"""``jc.state`` and ``jc.State``: validated state dataclasses with exact specs.
-
-The decorator and the base class; what they assemble lives in ``fields``,
-``validate`` and ``construct`` (ARCHITECTURE.md, "States"). Nothing is checked
-inside a trace or in ``tree_unflatten``, so compiled steps pay nothing.
-"""
+"""``jc.state`` and ``jc.State``: the decorator and the base class. Nothing is
+checked inside a trace or in ``tree_unflatten``, so compiled steps pay nothing."""
 
 from __future__ import annotations
 
@@ -80,21 +76,15 @@ def state(cls: Any = None, /, *, eq: bool = False) -> Any:
     """
     # Annotations may name classes local to the defining function: resolve there.
     localns = caller_locals(1)
-    if cls is None:
 
-        def decorate(cls: type[T]) -> type[T]:
-            try:
-                return _make_state(cls, eq, localns)
-            except ContractError as err:  # the traceback ends at the user's line
-                trim(err)
-                raise
+    def decorate(cls: type[T]) -> type[T]:
+        try:
+            return _make_state(cls, eq, localns)
+        except ContractError as err:  # the traceback ends at the user's line
+            trim(err)
+            raise
 
-        return decorate
-    try:
-        return _make_state(cls, eq, localns)
-    except ContractError as err:
-        trim(err)
-        raise
+    return decorate if cls is None else decorate(cls)
 
 
 def _make_state(cls: Any, eq: bool, localns: Mapping[str, Any]) -> Any:
