@@ -58,21 +58,15 @@ def _check_dims(cls: type, dims: Mapping[str, Any], what: str) -> dict[str, Any]
     checked: dict[str, Any] = {}
     bad: list[str] = []
     for name, value in dims.items():
-        if name in variadic:
-            if _is_size(value):
-                checked[name] = int(value)
-            elif isinstance(value, (tuple, list)) and all(_is_size(v) for v in value):
-                checked[name] = tuple(int(v) for v in value)
-            else:
-                bad.append(
-                    f"  {name}={_shown(value)}: *{name} takes a "
-                    "tuple of non-negative ints, e.g. (2, 3)"
-                )
-        elif _is_size(value):
+        if _is_size(value):
             checked[name] = int(value)
+        elif name not in variadic:
+            bad.append(f"  {name}={_shown(value)}: expected a non-negative int")
+        elif isinstance(value, (tuple, list)) and all(_is_size(v) for v in value):
+            checked[name] = tuple(int(v) for v in value)
         else:
             bad.append(
-                f"  {name}={_shown(value)}: expected a non-negative int"
+                f"  {name}={_shown(value)}: *{name} takes a tuple of non-negative ints, e.g. (2, 3)"
             )
     if bad:
         first = next((n for n in dims if n not in checked and n not in variadic), "n")
@@ -261,13 +255,11 @@ def _static_default(cls: type, name: str) -> Any:
 
 
 def to_spec(s: jax.ShapeDtypeStruct, sharding: Any) -> jax.ShapeDtypeStruct:
-    sharding = sharding if sharding is not None else getattr(s, "sharding", None)
+    sharding = sharding if sharding is not None else s.sharding  # a given leaf's own
     return jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
 
 
 def to_zeros(s: jax.ShapeDtypeStruct, sharding: Any) -> jax.Array:
-    sharding = sharding if sharding is not None else getattr(s, "sharding", None)
-    if sharding is None:
-        return jnp.zeros(s.shape, s.dtype)
-    return jax.device_put(jnp.zeros(s.shape, s.dtype), sharding)
-
+    sharding = sharding if sharding is not None else s.sharding
+    zeros = jnp.zeros(s.shape, s.dtype)
+    return zeros if sharding is None else jax.device_put(zeros, sharding)

@@ -75,8 +75,6 @@ _CACHE_LIMIT = 256  # signatures kept per class; the set is emptied when full
 
 _ATOMS = frozenset({bool, int, float, complex, str, type(None)})
 
-_MISS = object()
-
 
 def _signature_key(d: dict[str, Any], info: StateInfo) -> tuple[Any, ...] | None:
     """The validation signature of an instance's fields, or None when uncacheable."""
@@ -86,7 +84,7 @@ def _signature_key(d: dict[str, Any], info: StateInfo) -> tuple[Any, ...] | None
     key: list[Any] = []
     append = key.append
     for name, kind in info.kinds:
-        v = d.get(name, _MISS)
+        v = d[name]
         t = type(v)
         if kind is ArrayField:
             if t is not array_impl:
