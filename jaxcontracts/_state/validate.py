@@ -75,6 +75,8 @@ _CACHE_LIMIT = 256  # signatures kept per class; the set is emptied when full
 
 _ATOMS = frozenset({bool, int, float, complex, str, type(None)})
 
+_MISS = object()  # a field not set (init=False, no default): no key, not an error here
+
 
 def _signature_key(d: dict[str, Any], info: StateInfo) -> tuple[Any, ...] | None:
     """The validation signature of an instance's fields, or None when uncacheable."""
@@ -84,7 +86,7 @@ def _signature_key(d: dict[str, Any], info: StateInfo) -> tuple[Any, ...] | None
     key: list[Any] = []
     append = key.append
     for name, kind in info.kinds:
-        v = d[name]
+        v = d.get(name, _MISS)
         t = type(v)
         if kind is ArrayField:
             if t is not array_impl:
