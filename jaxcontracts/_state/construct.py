@@ -1,8 +1,5 @@
-"""``spec()`` and ``zeros()``: a state built from its dims, with no data.
-
-Both read the class's field table: dims per array field, nested states from
-the same dims, ``PyTree`` fields and statics by value, shardings per field.
-"""
+"""``spec()`` and ``zeros()``: a state built from its dims (nested states from the
+same dims; ``PyTree`` fields and statics by value), with no data."""
 
 from __future__ import annotations
 
