@@ -159,7 +159,7 @@ class ArrayAnnotation:
             middle = tuple(shape[k : len(shape) - tail])
             var = dims[k]
             if var.kind == "variadic":
-                known = bindings.get(var.name, new.get(var.name))
+                known = bindings.get(var.name)
                 if known is not None and tuple(known) != middle:
                     return f"*{var.name} is {middle}, but {var.name}={tuple(known)}", new
                 new[var.name] = middle

@@ -201,9 +201,7 @@ def _check_sharding_names(cls: type, sharding: Mapping[Any, Any], what: str) -> 
 
 def _check_sharding_fits(where: str, spec: jax.ShapeDtypeStruct, sharding: Any) -> None:
     """A SpecError naming the field when a sharding cannot apply to its shape."""
-    if sharding is None:
-        return
-    check = getattr(sharding, "check_compatible_aval", None)
+    check = getattr(sharding, "check_compatible_aval", None)  # (None for no sharding)
     if check is None:
         return
     try:

@@ -313,16 +313,14 @@ def _jax_leaf(x: jax.Array, sharding: Any) -> tuple[jax.Array, str]:
     if x.aval.weak_type and not is_key(x.dtype):
         y = jax.lax.convert_element_type(y, y.dtype)  # same dtype, strong
         whys.append("weakly typed: made strongly typed")
-    if sharding is not None:
-        if not _same_place(y, sharding):
-            y = jax.device_put(y, sharding)
-            whys.append("moved to the requested sharding")
-        elif movable(y):
-            y = jax.device_put(y, sharding)
-            whys.append("uncommitted: committed to its device")
+    if sharding is not None and not _same_place(y, sharding):
+        y = jax.device_put(y, sharding)
+        whys.append("moved to the requested sharding")
     elif movable(y):
-        (device,) = y.devices() if len(y.devices()) == 1 else (None,)
-        y = jax.device_put(y, device if device is not None else y.sharding)
+        if sharding is None:  # its own device (or sharding), committed
+            devices = y.devices()
+            sharding = next(iter(devices)) if len(devices) == 1 else y.sharding
+        y = jax.device_put(y, sharding)
         whys.append("uncommitted: committed to its device")
     return y, "; ".join(whys)
 
