@@ -23,7 +23,7 @@ class FilterKey:
     def __init__(self, treedef: Any, static: tuple[int, ...], values: tuple[Any, ...]) -> None:
         self.treedef, self.static, self.values = treedef, static, values
         self.static_set = frozenset(static)
-        self.paths: tuple[str, ...] | None = None  # the array leaves' paths, when asked
+        self.paths: tuple[str, ...] | None = None  # every leaf's path, when first asked
         try:
             self._hash = hash((treedef, static, values))
         except TypeError:  # an unhashable static leaf: equal keys still compare equal
