@@ -76,15 +76,21 @@ def state(cls: Any = None, /, *, eq: bool = False) -> Any:
     """
     # Annotations may name classes local to the defining function: resolve there.
     localns = caller_locals(1)
+    if cls is None:
 
-    def decorate(cls: type[T]) -> type[T]:
-        try:
-            return _make_state(cls, eq, localns)
-        except ContractError as err:  # the traceback ends at the user's line
-            trim(err)
-            raise
+        def decorate(cls: type[T]) -> type[T]:
+            try:
+                return _make_state(cls, eq, localns)
+            except ContractError as err:  # the traceback ends at the user's line
+                trim(err)
+                raise
 
-    return decorate if cls is None else decorate(cls)
+        return decorate
+    try:  # here, not through decorate(): a frame re-raised through is kept in the traceback
+        return _make_state(cls, eq, localns)
+    except ContractError as err:
+        trim(err)
+        raise
 
 
 def _make_state(cls: Any, eq: bool, localns: Mapping[str, Any]) -> Any:
