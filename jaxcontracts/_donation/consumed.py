@@ -1,11 +1,6 @@
-"""Consumed states: what a donating hot step leaves behind.
-
-A ``jc.state`` passed to a hot step that donated its buffers changes class to
-a *consumed* subclass, made once per (state class, step), so the change is
-one ``__class__`` store per call. The class names the step
-(``_marks.CONSUMED_BY``), so every message about the state (a field read,
-its repr, passing it again, ``jc.fetch``) names the step, in loops and out.
-"""
+"""Consumed states: a ``jc.state`` donated to a hot step takes a subclass made
+once per (state class, step), so the change is one ``__class__`` store per
+call; the class names the step (``_marks.CONSUMED_BY``) for every message."""
 
 from __future__ import annotations
 
@@ -29,13 +24,9 @@ _consumed: dict[tuple[type, str], type] = {}
 
 
 def consumed_class(cls: type, step: str) -> type:
-    """The class a ``cls`` instance takes once ``step`` donated its buffers.
-
-    A subclass with the same name and layout, registered as a pytree like
-    ``cls`` (a tree_map over it rebuilds a plain ``cls``). Reading a field
-    whose arrays were donated raises a DonationError naming the step and the
-    field; fields whose buffers survived read as before.
-    """
+    """The class a ``cls`` instance takes once ``step`` donated its buffers: same
+    name and layout (a tree_map over it rebuilds a plain ``cls``); reading a
+    donated field raises a DonationError naming the step and the field."""
     key = (cls, step)
     made = _consumed.get(key)
     if made is None:

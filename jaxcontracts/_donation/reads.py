@@ -1,9 +1,6 @@
-"""A read of a deleted array outside a hot loop's interceptors, worded as a donation.
-
-JAX checks ``ArrayImpl._check_if_deleted`` before any use of an array; once a
-hot step has donated, that check is hooked (``_compat.arrays``), so the use of
-a consumed array says what happened instead of "Array has been deleted".
-"""
+"""A read of a deleted array outside a hot loop's interceptors, worded as a donation:
+once a hot step has donated, JAX's ``ArrayImpl._check_if_deleted`` is hooked
+(``_compat.arrays``) to say what happened instead of "Array has been deleted"."""
 
 from __future__ import annotations
 
@@ -21,11 +18,9 @@ __all__ = ["consumed_wait", "deleted_read"]
 
 
 def deleted_read(x: Any) -> Exception | None:
-    """The error for a use of ``x``, a deleted array, outside a hot loop's
-    interceptors: the leaf named by its path in what the user's frame holds
-    (``_runtime.arrays_named``); None (JAX's own ``RuntimeError``) when
-    nothing names it and no step donates. Inside a loop it is the loop's
-    donation violation."""
+    """The error for a use of ``x``, a deleted array, named by its path in the
+    user's frame; None (JAX's own error) when nothing names it and no step
+    donates. Inside a loop it is the loop's donation violation."""
     __tracebackhide__ = True
     frame = user_frame(frames.caller_frame(1))
     found = arrays_named(frame, frame.f_lineno, only=x, limit=1) if frame is not None else []

@@ -1,10 +1,6 @@
-"""Annotations: jaxtyping array types reduced to what a spec needs.
-
-``Float32[Array, "n 3"]`` becomes an :class:`ArrayAnnotation`: a concrete
-dtype and a tuple of dims, which give a concrete shape for dim bindings and
-explain why a shape does not match. jaxtyping itself stays the authority on
-pass/fail at construction; this module explains failures and builds specs.
-"""
+"""jaxtyping array annotations reduced to a concrete dtype and dims, which give a
+shape for dim bindings and explain a mismatch (jaxtyping itself stays the
+authority on pass/fail at construction)."""
 
 from __future__ import annotations
 
@@ -25,8 +21,7 @@ __all__ = [
     "STATIC",
     "ArrayAnnotation",
     "parse_array_annotation",
-    "x64_field_fix",
-    "x64_leaf_fix",
+    "x64_fix",
     "x64_loss",
 ]
 
@@ -63,15 +58,13 @@ X64_ON = (
 )
 
 
-def x64_field_fix(short: str) -> str:
-    """The fix for a field annotated with a 64-bit dtype while x64 is off."""
+def x64_fix(short: str, *, leaf: bool) -> str:
+    """The fix for a field annotated with a 64-bit dtype (``leaf``: a 64-bit leaf
+    of a PyTree field or a spec) while x64 is off."""
+    if leaf:
+        return f"{X64_ON}; or pass {short} leaves (x.astype(np.{short}))."
     annotation = {"uint32": "UInt32"}.get(short, short.capitalize())
     return f"{X64_ON}; or annotate the field {annotation} and pass {short}."
-
-
-def x64_leaf_fix(short: str) -> str:
-    """The fix for a 64-bit leaf (of a PyTree field or a spec) while x64 is off."""
-    return f"{X64_ON}; or pass {short} leaves (x.astype(np.{short}))."
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,7 +159,7 @@ class ArrayAnnotation:
             middle = tuple(shape[k : len(shape) - tail])
             var = dims[k]
             if var.kind == "variadic":
-                known = bindings.get(var.name, new.get(var.name))
+                known = bindings.get(var.name)
                 if known is not None and tuple(known) != middle:
                     return f"*{var.name} is {middle}, but {var.name}={tuple(known)}", new
                 new[var.name] = middle

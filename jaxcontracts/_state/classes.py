@@ -1,9 +1,5 @@
-"""``jc.state`` and ``jc.State``: validated state dataclasses with exact specs.
-
-The decorator and the base class; what they assemble lives in ``fields``,
-``validate`` and ``construct`` (ARCHITECTURE.md, "States"). Nothing is checked
-inside a trace or in ``tree_unflatten``, so compiled steps pay nothing.
-"""
+"""``jc.state`` and ``jc.State``: the decorator and the base class. Nothing is
+checked inside a trace or in ``tree_unflatten``, so compiled steps pay nothing."""
 
 from __future__ import annotations
 
@@ -90,7 +86,7 @@ def state(cls: Any = None, /, *, eq: bool = False) -> Any:
                 raise
 
         return decorate
-    try:
+    try:  # here, not through decorate(): a frame re-raised through is kept in the traceback
         return _make_state(cls, eq, localns)
     except ContractError as err:
         trim(err)

@@ -1,8 +1,5 @@
-"""``spec()`` and ``zeros()``: a state built from its dims, with no data.
-
-Both read the class's field table: dims per array field, nested states from
-the same dims, ``PyTree`` fields and statics by value, shardings per field.
-"""
+"""``spec()`` and ``zeros()``: a state built from its dims (nested states from the
+same dims; ``PyTree`` fields and statics by value), with no data."""
 
 from __future__ import annotations
 
@@ -17,7 +14,7 @@ import numpy as np
 from .._errors import DefinitionError, SpecError
 from .._format import fmt_aval, fmt_object, fmt_sharding
 from .._marks import CONSUMED_BY, STATE_INFO
-from .annotations import x64_field_fix, x64_leaf_fix, x64_loss
+from .annotations import x64_fix, x64_loss
 from .fields import ArrayField, PyTreeField, StateField, StaticField, build, hint_name, info_of
 from .spec import fmt_value, leaf_spec
 from .validate import check_static, spec_error
@@ -58,21 +55,15 @@ def _check_dims(cls: type, dims: Mapping[str, Any], what: str) -> dict[str, Any]
     checked: dict[str, Any] = {}
     bad: list[str] = []
     for name, value in dims.items():
-        if name in variadic:
-            if _is_size(value):
-                checked[name] = int(value)
-            elif isinstance(value, (tuple, list)) and all(_is_size(v) for v in value):
-                checked[name] = tuple(int(v) for v in value)
-            else:
-                bad.append(
-                    f"  {name}={_shown(value)}: *{name} takes a "
-                    "tuple of non-negative ints, e.g. (2, 3)"
-                )
-        elif _is_size(value):
+        if _is_size(value):
             checked[name] = int(value)
+        elif name not in variadic:
+            bad.append(f"  {name}={_shown(value)}: expected a non-negative int")
+        elif isinstance(value, (tuple, list)) and all(_is_size(v) for v in value):
+            checked[name] = tuple(int(v) for v in value)
         else:
             bad.append(
-                f"  {name}={_shown(value)}: expected a non-negative int"
+                f"  {name}={_shown(value)}: *{name} takes a tuple of non-negative ints, e.g. (2, 3)"
             )
     if bad:
         first = next((n for n in dims if n not in checked and n not in variadic), "n")
@@ -210,9 +201,7 @@ def _check_sharding_names(cls: type, sharding: Mapping[Any, Any], what: str) -> 
 
 def _check_sharding_fits(where: str, spec: jax.ShapeDtypeStruct, sharding: Any) -> None:
     """A SpecError naming the field when a sharding cannot apply to its shape."""
-    if sharding is None:
-        return
-    check = getattr(sharding, "check_compatible_aval", None)
+    check = getattr(sharding, "check_compatible_aval", None)  # (None for no sharding)
     if check is None:
         return
     try:
@@ -247,7 +236,7 @@ def _refuse_x64_spec(where: str, what: str, dtype: Any, *, leaf: bool) -> None:
         raise SpecError(
             f"{where}: {what} is not what JAX would make: {reason}, and the "
             "spec would not describe the arrays.",
-            fix=x64_leaf_fix(short) if leaf else x64_field_fix(short),
+            fix=x64_fix(short, leaf=leaf),
         )
 
 
@@ -261,13 +250,11 @@ def _static_default(cls: type, name: str) -> Any:
 
 
 def to_spec(s: jax.ShapeDtypeStruct, sharding: Any) -> jax.ShapeDtypeStruct:
-    sharding = sharding if sharding is not None else getattr(s, "sharding", None)
+    sharding = sharding if sharding is not None else s.sharding  # a given leaf's own
     return jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=sharding)
 
 
 def to_zeros(s: jax.ShapeDtypeStruct, sharding: Any) -> jax.Array:
-    sharding = sharding if sharding is not None else getattr(s, "sharding", None)
-    if sharding is None:
-        return jnp.zeros(s.shape, s.dtype)
-    return jax.device_put(jnp.zeros(s.shape, s.dtype), sharding)
-
+    sharding = sharding if sharding is not None else s.sharding
+    zeros = jnp.zeros(s.shape, s.dtype)
+    return zeros if sharding is None else jax.device_put(zeros, sharding)

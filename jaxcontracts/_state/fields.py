@@ -1,14 +1,6 @@
-"""A ``jc.state`` class's fields: their kinds, ``jc.static``, the class's
-field table, and its registration as a pytree.
-
-Each field is one of four kinds: an array (a jaxtyping annotation with a
-concrete dtype), a nested ``jc.state``, a ``PyTree[...]`` (parameters,
-optimiser state) or a ``jc.static`` value (hashable, part of the tree
-structure). :func:`classify` reads an annotation into its kind; the
-:class:`StateInfo` of a class (its ``_marks.STATE_INFO``) lists them; the
-pytree registration flattens an instance into its data fields' leaves, with
-paths that read as field names (``.pos``).
-"""
+"""A ``jc.state`` class's fields: ``jc.static``, the four field kinds (array,
+nested state, ``PyTree[...]``, static), the class's field table
+(:class:`StateInfo`) and its registration as a pytree with ``.name`` paths."""
 
 from __future__ import annotations
 
@@ -38,7 +30,6 @@ __all__ = [
     "StaticField",
     "build",
     "classify",
-    "data_field_names",
     "hint_name",
     "info_of",
     "is_sealed_state",
@@ -46,7 +37,6 @@ __all__ = [
     "refuse_init_vars",
     "register_pytree",
     "static",
-    "static_field_names",
     "tree_summary",
 ]
 
@@ -151,10 +141,6 @@ def static(
     )
 
 
-# --------------------------------------------------------------------------
-# Field kinds
-
-
 @dataclasses.dataclass(frozen=True)
 class ArrayField:
     name: str
@@ -225,14 +211,6 @@ def is_state(x: Any) -> bool:
 
 def info_of(cls: type) -> StateInfo:
     return getattr(cls, STATE_INFO)
-
-
-def static_field_names(cls: type) -> tuple[str, ...]:
-    return info_of(cls).static_names
-
-
-def data_field_names(cls: type) -> tuple[str, ...]:
-    return info_of(cls).data_names
 
 
 def classify(cls: type, f: dataclasses.Field, hint: Any) -> Field:
@@ -309,10 +287,6 @@ def hint_name(hint: Any) -> str:
     name = getattr(hint, "__name__", None) or repr(hint)
     # (as jaxtyping names them)
     return name.replace("jaxlib._jax.Array", "Array").replace("jaxtyping.", "")
-
-
-# --------------------------------------------------------------------------
-# Pytree registration and leaf getters
 
 
 def register_pytree(

@@ -1,11 +1,7 @@
-"""Equinox Modules as state: their non-array leaves are static, as ``eqx.filter_jit`` has them.
-
-A hot step carries and donates a Module's arrays; its functions and Python
-numbers are part of the signature: the argument travels as a
-:class:`Filtered` node (array children; aux data a :class:`FilterKey` of the
-structure and other leaves). The function sees the Module rebuilt; its
-output is filtered inside the executable and rebuilt after the call.
-"""
+"""Equinox Modules as state: their non-array leaves are static, as ``eqx.filter_jit``
+has them. The argument travels as a :class:`Filtered` node (array children; aux
+data a :class:`FilterKey` of the structure and the other leaves); the output is
+filtered inside the executable and rebuilt after the call."""
 
 from __future__ import annotations
 
@@ -27,7 +23,7 @@ class FilterKey:
     def __init__(self, treedef: Any, static: tuple[int, ...], values: tuple[Any, ...]) -> None:
         self.treedef, self.static, self.values = treedef, static, values
         self.static_set = frozenset(static)
-        self.paths: tuple[str, ...] | None = None  # the array leaves' paths, when asked
+        self.paths: tuple[str, ...] | None = None  # every leaf's path, when first asked
         try:
             self._hash = hash((treedef, static, values))
         except TypeError:  # an unhashable static leaf: equal keys still compare equal

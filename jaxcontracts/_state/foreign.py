@@ -17,6 +17,7 @@ from .._dtypes import is_key
 from .._errors import DefinitionError, SpecError
 from .._format import fmt_aval, fmt_object, fmt_path, n_leaves
 from .._tracebacks import boundary
+from .spec import movable
 
 __all__ = [
     "Change", "Changes", "any_node", "device_tree", "holds_module", "host_leaves_on_device",
@@ -125,10 +126,6 @@ def host_leaves_on_device(tree: Any, dtypes: Sequence[Any] | None = None) -> Any
         for i, x in enumerate(leaves)
     ]
     return jax.tree_util.tree_unflatten(treedef, put)
-
-
-def _committed(x: jax.Array) -> bool:
-    return bool(getattr(x, "committed", getattr(x, "_committed", True)))
 
 
 def _kind(x: Any) -> str:
@@ -256,38 +253,16 @@ def device_tree(tree: Any, *, sharding: Any = None, changes: bool = False) -> An
     # equinox: a Module's own non-array leaves are static, left as they are
     static = _module_leaves(tree) if holds_module(tree) else ()
     for i, (path, x) in enumerate(leaves):
+        if isinstance(x, Tracer) or (
+            i in static and not isinstance(x, (jax.Array, np.ndarray, np.generic))
+        ):
+            out.append(x)  # under a trace (the step's own business), or a Module's static leaf
+            continue
         p = fmt_path(path)
-        if i in static and not isinstance(x, (jax.Array, np.ndarray, np.generic)):
-            out.append(x)
-            continue
-        if isinstance(x, Tracer):
-            out.append(x)  # under a trace: the step's own business
-            continue
-        if isinstance(x, jax.Array):
-            y, why = _jax_leaf(x, sharding)
-        elif isinstance(x, (np.ndarray, np.generic)):
-            if not _jax_can_hold(x.dtype):
-                bad.append(f"  {p}: {_kind(x)}: JAX has no {np.dtype(x.dtype).name} arrays")
-                out.append(x)
-                continue
-            problem = _narrowing_problem(x)
-            if problem:
-                bad.append(f"  {p}: {_kind(x)}: {problem}")
-                out.append(x)
-                continue
-            y, why = _numpy_leaf(x, where)
-        elif isinstance(x, _SCALARS):
-            host, problem = scalar_to_host(x)
-            if host is None:
-                bad.append(f"  {p}: {_kind(x)}: {problem}")
-                out.append(x)
-                continue
-            y, why = to_device(host, where), "a Python scalar: JAX's default dtype, strongly typed"
-        else:
-            bad.append(f"  {p}: {_kind(x)}")
-            out.append(x)
-            continue
-        if why:
+        y, why, problem = _device_leaf(x, sharding, where)
+        if problem is not None:
+            bad.append(f"  {p}: {_kind(x)}{problem}")
+        elif why:
             done.append(Change(p, _kind(x), fmt_aval(y.shape, y.dtype, y.aval.weak_type), why))
         out.append(y)
     if bad:
@@ -308,22 +283,44 @@ def device_tree(tree: Any, *, sharding: Any = None, changes: bool = False) -> An
     return (result, Changes(done)) if changes else result
 
 
+def _device_leaf(x: Any, sharding: Any, where: Any) -> tuple[Any, str, str | None]:
+    """(the leaf as a device array, why it changed, None), or (``x``, "", the
+    problem: ``": why"``, or "" for an object that is no array at all)."""
+    if isinstance(x, jax.Array):
+        return (*_jax_leaf(x, sharding), None)
+    if isinstance(x, (np.ndarray, np.generic)):
+        if not _jax_can_hold(x.dtype):
+            return x, "", f": JAX has no {np.dtype(x.dtype).name} arrays"
+        problem = _narrowing_problem(x)
+        if problem:
+            return x, "", f": {problem}"
+        want = np.dtype(jax.dtypes.canonicalize_dtype(x.dtype))
+        why = "a numpy array: copied to the device once"
+        if want != np.dtype(x.dtype):
+            why += f" as {want.name} ({np.dtype(x.dtype).name} needs jax_enable_x64, which is off)"
+        return to_device(np.asarray(x, dtype=want), where), why, None
+    if isinstance(x, _SCALARS):
+        host, problem = scalar_to_host(x)
+        if host is None:
+            return x, "", f": {problem}"
+        return to_device(host, where), "a Python scalar: JAX's default dtype, strongly typed", None
+    return x, "", ""
+
+
 def _jax_leaf(x: jax.Array, sharding: Any) -> tuple[jax.Array, str]:
     whys = []
     y = x
     if x.aval.weak_type and not is_key(x.dtype):
         y = jax.lax.convert_element_type(y, y.dtype)  # same dtype, strong
         whys.append("weakly typed: made strongly typed")
-    if sharding is not None:
-        if not _same_place(y, sharding):
-            y = jax.device_put(y, sharding)
-            whys.append("moved to the requested sharding")
-        elif not _committed(y):
-            y = jax.device_put(y, sharding)
-            whys.append("uncommitted: committed to its device")
-    elif not _committed(y):
-        (device,) = y.devices() if len(y.devices()) == 1 else (None,)
-        y = jax.device_put(y, device if device is not None else y.sharding)
+    if sharding is not None and not _same_place(y, sharding):
+        y = jax.device_put(y, sharding)
+        whys.append("moved to the requested sharding")
+    elif movable(y):
+        if sharding is None:  # its own device (or sharding), committed
+            devices = y.devices()
+            sharding = next(iter(devices)) if len(devices) == 1 else y.sharding
+        y = jax.device_put(y, sharding)
         whys.append("uncommitted: committed to its device")
     return y, "; ".join(whys)
 
@@ -373,12 +370,3 @@ def _narrowing_problem(x: np.ndarray | np.generic) -> str:
                 if np.isinf(big.astype(np.finfo(want).dtype)).any():
                     return f"finite values past {want.name}'s range would become inf {off}"
     return ""
-
-
-def _numpy_leaf(x: np.ndarray | np.generic, where: Any) -> tuple[jax.Array, str]:
-    want = np.dtype(jax.dtypes.canonicalize_dtype(x.dtype))
-    host = np.asarray(x, dtype=want)
-    why = "a numpy array: copied to the device once"
-    if want != np.dtype(x.dtype):
-        why += f" as {want.name} ({np.dtype(x.dtype).name} needs jax_enable_x64, which is off)"
-    return to_device(host, where), why

@@ -1,13 +1,9 @@
-"""States updated in place: flax NNX objects (Modules, Optimizers, Metrics,
-Rngs) and JAX refs (``jax.new_ref``).
+"""States updated in place: flax NNX objects and JAX refs (``jax.new_ref``).
 
 A compiled function cannot change objects outside it, so a hot step carries
-them: the compiled function returns each object after the step ran (donated
-and aliased like any carried state), and :func:`write_back` puts the new
-arrays into the user's objects' Variables, seen by every object sharing them,
-as after ``nnx.jit``. A pytree of refs passes the arrays they hold
-(:func:`ref_arrays`), the traced step gets fresh refs, and the results are
-written back into the caller's refs. flax is never imported here.
+them: it returns each object (or the arrays a pytree of refs holds) after the
+step ran, and the new arrays are written back into the user's Variables or
+refs, as after ``nnx.jit``. flax is never imported here.
 """
 
 from __future__ import annotations
@@ -92,12 +88,9 @@ def static_attributes(kind: type, aux: Any) -> dict[str, Any] | None:
     return {n: v for n, v in zip(names, values) if not n.startswith("_pytree__")}
 
 
-_REF = jax.Ref
-
-
 def is_ref(x: Any) -> bool:
     """Whether ``x`` is a JAX ref (``jax.new_ref``), which a step updates in place."""
-    return isinstance(x, _REF)
+    return isinstance(x, jax.Ref)
 
 
 def ref_params(

@@ -1,11 +1,6 @@
-"""Validation at construction: every field against its annotation, once.
-
-Outside a trace, jaxtyping decides dtype and shape and beartype checks static
-fields and pytree leaves; every failure goes into one :class:`SpecError`.
-Values take their exact device form (numpy placed, scalars in the annotated
-dtype, weak types made strong); a wrong dtype is an error, never cast. A
-field signature that passed is cached per class (below).
-"""
+"""Validation at construction, outside traces: jaxtyping decides dtype and shape,
+beartype checks static fields; every failure goes into one :class:`SpecError`.
+Values take their exact device form; a wrong dtype is an error, never cast."""
 
 from __future__ import annotations
 
@@ -26,7 +21,7 @@ from .._compat.tracing import trace_state_clean as _trace_state_clean
 from .._dtypes import is_key, same_dtype
 from .._errors import SpecError
 from .._format import fmt_aval, fmt_bindings
-from .annotations import ArrayAnnotation, x64_field_fix, x64_leaf_fix, x64_loss
+from .annotations import ArrayAnnotation, x64_fix, x64_loss
 from .fields import (
     ArrayField,
     PyTreeField,
@@ -59,12 +54,6 @@ class Problem:
     fix: str
 
 
-def _is_tracing(self: Any, info: StateInfo) -> bool:
-    return not _trace_state_clean() or any(
-        isinstance(self.__dict__[name], _Tracer) for name in info.data_names
-    )
-
-
 # --------------------------------------------------------------------------
 # The validation cache
 #
@@ -86,7 +75,7 @@ _CACHE_LIMIT = 256  # signatures kept per class; the set is emptied when full
 
 _ATOMS = frozenset({bool, int, float, complex, str, type(None)})
 
-_MISS = object()
+_MISS = object()  # a field not set (init=False, no default): no key, not an error here
 
 
 def _signature_key(d: dict[str, Any], info: StateInfo) -> tuple[Any, ...] | None:
@@ -173,7 +162,9 @@ def validate(self: Any) -> None:
     cls = type(self)
     info = info_of(cls)
     hit, key = _cached(self, info)
-    if hit or _is_tracing(self, info):
+    if hit or not _trace_state_clean():
+        return
+    if any(isinstance(self.__dict__[name], _Tracer) for name in info.data_names):
         return
     run = _Validation()
     for f in info.fields:
@@ -367,7 +358,7 @@ def _x64_problem(name: str, value: Any, ann: ArrayAnnotation) -> Problem | None:
     if loss is None:
         return None
     reason, short = loss
-    return Problem(name, ann.pretty(), fmt_value(value), f"{reason}: {x64_field_fix(short)}")
+    return Problem(name, ann.pretty(), fmt_value(value), f"{reason}: {x64_fix(short, leaf=False)}")
 
 
 def _wrong_dtype(name: str, ann: ArrayAnnotation, value: Any, kind: str) -> Problem:
@@ -480,7 +471,7 @@ def _convert_pytree(f: PyTreeField, value: Any) -> tuple[Any, list[Problem]]:
                     where,
                     "an array leaf JAX can hold",
                     fmt_value(leaf),
-                    f"{loss[0]}: {x64_leaf_fix(loss[1])}",
+                    f"{loss[0]}: {x64_fix(loss[1], leaf=True)}",
                 )
             )
             out.append(leaf)
@@ -518,49 +509,34 @@ def _all_specs(tree: Any) -> bool:
 
 
 def check_static(f: StaticField, value: Any) -> list[Problem]:
+    expected, got = f"a hashable {hint_name(f.annotation)}", None
     try:
         hash(value)
     except TypeError:
-        return [
-            Problem(
-                f.name,
-                f"a hashable {hint_name(f.annotation)}",
-                fmt_value(value),
-                "static fields are part of the tree structure and must be hashable; "
-                "use a tuple instead of a list, or make it an array field.",
-            )
-        ]
-    if isinstance(value, (jax.Array, np.ndarray)):
-        return [
-            Problem(
-                f.name,
-                f"a hashable {hint_name(f.annotation)}",
-                fmt_value(value),
+        fix = (
+            "static fields are part of the tree structure and must be hashable; "
+            "use a tuple instead of a list, or make it an array field."
+        )
+    else:
+        if isinstance(value, (jax.Array, np.ndarray)):
+            fix = (
                 "an array in a static field would be compared by identity and "
-                "recompile every time; make it an array field instead.",
+                "recompile every time; make it an array field instead."
             )
-        ]
-    if (eq := eq_answers_bool(value)) is not None:
-        return [
-            Problem(
-                f.name,
-                "a static value whose == answers True or False",
-                f"{fmt_value(value)}, whose __eq__ {eq}",
+        elif (eq := eq_answers_bool(value)) is not None:
+            expected = "a static value whose == answers True or False"
+            got = f"{fmt_value(value)}, whose __eq__ {eq}"
+            fix = (
                 "JAX compares static values with == to pick the compiled signature; make "
                 f"{type(value).__name__}.__eq__ return a bool (compare Python values, not "
-                "arrays), or make the arrays it holds fields of the state.",
+                "arrays), or make the arrays it holds fields of the state."
             )
-        ]
-    if not is_bearable(value, f.annotation, conf=_BEAR):
-        return [
-            Problem(
-                f.name,
-                hint_name(f.annotation),
-                fmt_value(value),
-                f"pass a {hint_name(f.annotation)}.",
-            )
-        ]
-    return []
+        elif not is_bearable(value, f.annotation, conf=_BEAR):
+            expected = hint_name(f.annotation)
+            fix = f"pass a {expected}."
+        else:
+            return []
+    return [Problem(f.name, expected, got or fmt_value(value), fix)]
 
 
 def spec_error(

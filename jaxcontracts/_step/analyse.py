@@ -15,7 +15,7 @@ import jax
 
 from .._errors import DefinitionError
 from .._format import qualname
-from .._state.fields import data_field_names, is_state, static_field_names
+from .._state.fields import info_of, is_state
 from .definition import DONATE_WORDS, StepDefinition, check_donated_names, positional_call
 
 __all__ = ["analyse"]
@@ -189,7 +189,7 @@ def analyse(
         )
     # a jc.state class's field names are known now; other types' only from instances
     state_class = isinstance(signature, type) and is_state(signature)
-    data_fields = data_field_names(signature) if state_class else None
+    data_fields = info_of(signature).data_names if state_class else None
     _check_host(name, params, host_params, state_params, static_params, donated_params)
     result = StepDefinition(
         fn=fn,
@@ -210,7 +210,7 @@ def analyse(
         state_named=state is not None,
     )
     if data_fields is not None and (carried is None or carried):
-        check_donated_names(result, data_fields, static_field_names(signature))
+        check_donated_names(result, data_fields, info_of(signature).static_names)
     return result
 
 
