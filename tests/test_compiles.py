@@ -193,6 +193,8 @@ def test_a_cold_jit_called_in_the_body_of_a_one_line_if_is_the_compile_not_a_rea
 def test_a_cold_asarray_of_a_numpy_batch_says_it_is_a_transfer_to_put_on_the_device():
     # hostile round 64: the first refusal named JAX's `stage` and its fix (a warm-up)
     # only led to the TransferError the line really is
+    if not hasattr(jax.lax, "stage"):  # jax 0.10.0: asarray puts it explicitly (JAX allows it)
+        pytest.skip("this jax's jnp.asarray of a numpy array is an explicit device_put")
     batch = np.ones(3, np.float32)
     jax.clear_caches()
     with pytest.raises((jc.RecompileError, jc.TransferError)) as info:

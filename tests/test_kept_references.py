@@ -22,6 +22,7 @@ import pytest
 from test_consumed_state import S, step  # the consumed-state tests' state and step
 
 import jaxcontracts as jc
+from jaxcontracts._compat.hostcopy import pins_host_views
 
 # -- kept outputs: a donated leaf held elsewhere is refused before dispatch ---
 
@@ -1302,11 +1303,17 @@ def test_a_leaf_held_by_the_last_errors_traceback_is_named_with_how_to_let_it_go
                 delattr(sys, k)
 
 
+#: jaxlib 0.11.2 pins a CPU buffer once read, and showing a value reads it (documented)
+_PINS = "this jaxlib pins a CPU buffer once it is shown: the donation is not consumed"
+
+
 def test_a_leaf_the_repl_displayed_goes_as_under_jax_jit_and_its_later_read_names_the_step():
     # The REPL keeps the last value it displayed in builtins._ (sys.displayhook):
     # looking at a leaf is not keeping it; every later training call was refused
     import builtins
 
+    if pins_host_views():
+        pytest.skip(_PINS)
     train = jc.hot_step(lambda s: {"x": s["x"] + 1}, state="s")
     s = train(jc.device_tree({"x": jnp.zeros(4)}))
     saved = builtins.__dict__.get("_", None)
@@ -1346,6 +1353,8 @@ def test_a_leaf_a_notebook_displayed_goes_as_under_jax_jit_and_out_names_the_ste
     # IPython keeps a displayed value in Out[n], _n and _ (and its display hook):
     # the next training cell was refused, every time, with a fix naming none of them
     pytest.importorskip("IPython")
+    if pins_host_views():
+        pytest.skip(_PINS)
     script = tmp_path / "notebook.py"
     script.write_text(_NOTEBOOK)
     proc = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
