@@ -12,7 +12,7 @@ import builtins
 import gc
 import inspect
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import (
     BuiltinFunctionType,
     FrameType,
@@ -93,12 +93,9 @@ def kept_after_collecting(
     return kept, [i for i in held if i not in kept]
 
 
-def _display_records(held: list[Any]) -> dict[int, int]:
-    """Per ``id`` in ``held``, the references of the interpreter's display
-    history: the REPL's ``builtins._`` (``sys.displayhook``) and IPython's
-    output cache (``Out[n]``, ``_n``, ``_``, ``__``, ``___``, in its namespaces
-    and display hook, and the last cell's result). A value shown, not one the user kept: the step
-    does what ``jax.jit`` does, and a later read of ``Out[n]`` names it."""
+def _tally(held: Sequence[Any]) -> tuple[dict[int, int], Callable[[Any], None]]:
+    """A count per ``id`` in ``held``, and the function that adds to it the
+    references among the values it is given."""
     ids = set(map(id, held))
     found: dict[int, int] = {}
 
@@ -107,6 +104,17 @@ def _display_records(held: list[Any]) -> dict[int, int]:
             if id(v) in ids:
                 found[id(v)] = found.get(id(v), 0) + 1
 
+    return found, add
+
+
+def _display_records(held: list[Any]) -> dict[int, int]:
+    """Per ``id`` in ``held``, the references of the interpreter's display
+    history: the REPL's ``builtins._`` (``sys.displayhook``) and IPython's
+    output cache (``Out[n]``, ``_n``, ``_``, ``__``, ``___``, in its
+    namespaces and display hook, and the last cell's result). A value shown,
+    not one the user kept: the step does what ``jax.jit`` does, and a later
+    read of ``Out[n]`` names it."""
+    found, add = _tally(held)
     history = ("_", "__", "___")
     add([vars(builtins).get("_")])
     ipython = sys.modules.get("IPython")
@@ -186,14 +194,7 @@ def _frame_records(held: list[Any], own: set[int]) -> dict[int, int]:
     One heap scan for the holders, one more where a frame or dict is among them.
     """
     referrers = gc.get_referrers(*held)
-    ids = set(map(id, held))
-    found: dict[int, int] = {}
-
-    def add(values: Any) -> None:
-        for v in values:
-            if id(v) in ids:
-                found[id(v)] = found.get(id(v), 0) + 1
-
+    found, add = _tally(held)
     snapshots = sys.version_info < (3, 13)
     frames = [r for r in referrers if type(r) is FrameType]
     dicts = [r for r in referrers if snapshots and type(r) is dict and id(r) not in own]
