@@ -471,7 +471,7 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
              "number given to an eager op here (jnp.asarray(batch), jnp.array(values)) would be "
              "copied to the device at every call once compiled, refused too: put it on the "
              "device once, before the loop, or pass it to a hot step (host= for a loader's "
-             "batch). Otherwise: " if name in _LIFTING else "")
+             "batch). Otherwise: " if name == "stage" else "")
             + 'let the loop\'s first pass compile it: jc.hot_loop(compiles="warmup") (the first '
             "compile of each function is let through once, a second one refused); or run it "
             "once before the loop so it is compiled and cached, or move the eager op into a "
@@ -482,10 +482,6 @@ def on_monitoring_event(event: str, value: float, **kwargs: Any) -> None:
             "(committed).",
         )
     _violation(kind, what, fix, user)
-
-
-#: JAX's functions that lift a host value into a device array as they compile
-_LIFTING = frozenset({"stage"})
 
 
 class _Thread(threading.local):
