@@ -297,7 +297,7 @@ def _guarded(ctx: CallContext, native: bool) -> Callable[..., Any]:
     short, n_params = ctx.defaults, ctx.n_params
     tref, ev, aref, top = top_level_refs()
     in_treedef, donated, n_leaves = cs.in_treedef, cs.donated, len(cs.leaves)
-    signature_ok, tail, kept = _signature_check(cs), make_tail(ctx), kept_plan(ctx)
+    signature_ok = _signature_check(cs)
     host = frozenset(cs.host)
     if not full:  # the first donated leaf only (a declared host leaf is never donated)
         device_of = picker(donated[:1])
@@ -341,6 +341,7 @@ def _guarded(ctx: CallContext, native: bool) -> Callable[..., Any]:
 
     if cs.host:
         call = host_call(ctx, call, True)
+    tail, kept = make_tail(ctx), kept_plan(ctx)  # (full's: fast returned above)
     is_deleted, refused_mark = is_deleted_for(cs), REFUSED
     # A buffer passed twice raises the count of a watched leaf: where every
     # donated leaf is watched, the ids are compared only on a kept-reference hit.
